@@ -1,0 +1,35 @@
+"""numpyro-dgp: deep Gaussian processes written as ordinary NumPyro programs.
+
+Write a DGP with :func:`gp_layer`; choose inference by choosing a guide
+(:mod:`numpyro_dgp.guides`), an objective (:class:`DGPElbo` or NumPyro's own ELBOs) or a
+handler (:mod:`numpyro_dgp.handlers`); train with :func:`fit`; predict with :func:`predict`.
+"""
+
+from numpyro_dgp import core, datasets, guides, handlers, kernels
+from numpyro_dgp.infer import FitResult, fit
+from numpyro_dgp.io import load_params, save_params
+from numpyro_dgp.layers import gp_layer
+from numpyro_dgp.objectives import DGPElbo
+from numpyro_dgp.predict import Prediction, gaussian_mixture_crps, log_likelihood, metrics, predict, sample_layers
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DGPElbo",
+    "FitResult",
+    "Prediction",
+    "core",
+    "datasets",
+    "fit",
+    "gaussian_mixture_crps",
+    "gp_layer",
+    "guides",
+    "handlers",
+    "kernels",
+    "load_params",
+    "log_likelihood",
+    "metrics",
+    "predict",
+    "sample_layers",
+    "save_params",
+]

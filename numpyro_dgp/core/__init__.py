@@ -1,0 +1,32 @@
+"""Pure-JAX numerical core: no NumPyro below this line."""
+
+from numpyro_dgp.core.conditionals import conditional, project
+from numpyro_dgp.core.kl import gauss_kl
+from numpyro_dgp.core.kmeans import kmeans
+from numpyro_dgp.core.linalg import (
+    check_jitter,
+    default_jitter,
+    jittered_cholesky,
+    robust_cholesky,
+    triangular_inverse,
+)
+from numpyro_dgp.core.quadrature import (
+    expected_log_normal,
+    gauss_hermite,
+    gauss_hermite_product,
+)
+
+__all__ = [
+    "check_jitter",
+    "conditional",
+    "default_jitter",
+    "expected_log_normal",
+    "gauss_hermite",
+    "gauss_hermite_product",
+    "gauss_kl",
+    "jittered_cholesky",
+    "kmeans",
+    "project",
+    "robust_cholesky",
+    "triangular_inverse",
+]

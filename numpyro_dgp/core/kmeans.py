@@ -1,0 +1,77 @@
+"""k-means for inducing-input initialisation (pure JAX, runs on traced or concrete data)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["kmeans"]
+
+
+def _sqdist_to(X, c):
+    return jnp.sum((X - c) ** 2, -1)
+
+
+def _kmeanspp_start(rng_key, X, num_clusters: int):
+    """k-means++ seeding: ``num_clusters`` distinct data points, each drawn with probability
+    proportional to its squared distance from the points already chosen.
+
+    A uniform draw often puts two starting points in one cluster, and Lloyd's iterations
+    then stay in that local optimum (on three well-separated blobs, about 40% of keys).
+    """
+    N = X.shape[0]
+    first_key, rest_key = jax.random.split(rng_key)
+    first = jax.random.randint(first_key, (), 0, N)
+    chosen = jnp.zeros((N,), bool).at[first].set(True)
+    d2 = _sqdist_to(X, X[first])
+    idx = jnp.zeros((num_clusters,), first.dtype).at[0].set(first)
+
+    def body(i, carry):
+        idx, chosen, d2 = carry
+        key = jax.random.fold_in(rest_key, i)
+        d2 = jnp.where(chosen, 0.0, d2)
+        # D^2 sampling among unchosen points; if every unchosen point duplicates a chosen
+        # one (all d2 == 0), draw uniformly among the unchosen points instead.
+        weights = jnp.where(jnp.any(d2 > 0), d2, jnp.where(chosen, 0.0, 1.0))
+        logits = jnp.where(weights > 0, jnp.log(jnp.where(weights > 0, weights, 1.0)), -jnp.inf)
+        new = jax.random.categorical(key, logits).astype(idx.dtype)
+        chosen = chosen.at[new].set(True)
+        d2 = jnp.minimum(d2, _sqdist_to(X, X[new]))
+        return idx.at[i].set(new), chosen, d2
+
+    idx, _, _ = jax.lax.fori_loop(1, num_clusters, body, (idx, chosen, d2))
+    return X[idx]
+
+
+def kmeans(rng_key, X, num_clusters: int, num_iters: int = 25):
+    """Lloyd's algorithm started from ``num_clusters`` distinct data points (k-means++
+    seeding).
+
+    :param rng_key: PRNG key choosing the starting points.
+    :param X: ``(N, D)`` data.
+    :param num_clusters: number of centres ``M`` (``<= N``).
+    :param num_iters: Lloyd iterations.
+    :return: ``(M, D)`` centres; an empty cluster keeps its previous centre.
+    """
+    N = X.shape[0]
+    if num_clusters > N:
+        raise ValueError(
+            f"num_inducing={num_clusters} exceeds the {N} points available to initialise "
+            "the inducing inputs by k-means; lower num_inducing or pass inducing_inputs="
+        )
+    centres = _kmeanspp_start(rng_key, X, num_clusters)
+
+    def step(centres, _):
+        d2 = (
+            jnp.sum(X**2, -1)[:, None]
+            + jnp.sum(centres**2, -1)[None, :]
+            - 2 * X @ centres.T
+        )
+        assign = jax.nn.one_hot(jnp.argmin(d2, axis=1), num_clusters, dtype=X.dtype)  # (N, M)
+        counts = assign.sum(0)
+        sums = assign.T @ X
+        new = jnp.where(counts[:, None] > 0, sums / jnp.maximum(counts, 1)[:, None], centres)
+        return new, None
+
+    centres, _ = jax.lax.scan(step, centres, None, length=num_iters)
+    return centres

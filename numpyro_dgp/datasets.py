@@ -1,0 +1,524 @@
+"""Toy regression problems and the standard UCI regression splits.
+
+Two kinds of data are provided:
+
+* one-dimensional toy problems (:func:`step_function`, :func:`sine`, :func:`identity`) used
+  to show what depth buys a Gaussian-process model, and
+* the seven UCI regression data sets with the 20 fixed 90/10 train/test splits used across
+  the Bayesian deep-learning literature (:func:`load_uci`).
+
+All arrays are returned as NumPy arrays (``float64`` unless asked otherwise); pass them to
+``jnp.asarray`` when a model needs them on the device.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "Dataset",
+    "UCISplit",
+    "step_function",
+    "sine",
+    "identity",
+    "TOY_PROBLEMS",
+    "UCI_DATASETS",
+    "UCI_ALIASES",
+    "DATA_DIR_ENV_VAR",
+    "resolve_uci_name",
+    "default_data_dir",
+    "num_uci_splits",
+    "uci_split_indices",
+    "load_uci",
+]
+
+
+# ----------------------------------------------------------------------------------------
+# Containers
+# ----------------------------------------------------------------------------------------
+
+
+class Dataset(NamedTuple):
+    """A regression problem with a fixed train/test split.
+
+    :param X_train: training inputs, shape ``(N, D)``.
+    :param y_train: training targets, shape ``(N,)``.
+    :param X_test: test inputs, shape ``(N*, D)``.
+    :param y_test: test targets, shape ``(N*,)``.
+    :param name: short name of the problem, e.g. ``"step"``.
+    """
+
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    name: str
+
+
+class UCISplit(NamedTuple):
+    """One train/test split of a UCI data set, standardised with the *training* statistics.
+
+    Both splits are transformed with the training split's mean and standard deviation, so
+    ``X_train`` has column means 0 and standard deviations 1 (up to rounding) while
+    ``X_test`` in general does not. Columns that are constant on the training split get a
+    standard deviation of 1 instead of 0, so they become all-zero rather than NaN.
+
+    Reporting in the original target units (as the published tables do):
+
+    * test log-likelihood per point: ``ll_original = ll_standardised - log(y_std)``;
+    * RMSE: ``rmse_original = rmse_standardised * y_std``;
+    * predictive means: :meth:`unstandardize_y`; predictive standard deviations scale by
+      ``y_std`` (variances by ``y_std ** 2``).
+
+    :param X_train: standardised training inputs, shape ``(N, D)``.
+    :param y_train: standardised training targets, shape ``(N,)``.
+    :param X_test: test inputs standardised with the training statistics, shape ``(N*, D)``.
+    :param y_test: test targets standardised with the training statistics, shape ``(N*,)``.
+    :param x_mean: training-input column means, shape ``(D,)``.
+    :param x_std: training-input column standard deviations (1 for constant columns),
+        shape ``(D,)``.
+    :param y_mean: training-target mean.
+    :param y_std: training-target standard deviation (1 if the target is constant).
+    :param name: canonical data set name, e.g. ``"bostonHousing"``.
+    :param split: index of the split, ``0 <= split < num_uci_splits(name)``.
+    """
+
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    x_mean: np.ndarray
+    x_std: np.ndarray
+    y_mean: float
+    y_std: float
+    name: str
+    split: int
+
+    def unstandardize_y(self, y):
+        """Map standardised targets (or predictive means) back to the original units.
+
+        :param y: standardised values, any shape; NumPy or JAX array.
+        :return: ``y * y_std + y_mean``, same shape and array type as ``y``.
+        """
+        return y * self.y_std + self.y_mean
+
+
+# ----------------------------------------------------------------------------------------
+# Toy 1-D problems
+# ----------------------------------------------------------------------------------------
+
+
+def _numpy_rng(rng_key) -> np.random.Generator:
+    # Seed a NumPy generator from the JAX key so the data are float64 and reproducible
+    # whether or not jax_enable_x64 is set (jax.random would give float32 without it).
+    # jax.random.bits accepts both raw uint32 keys (PRNGKey) and typed keys (key).
+    try:
+        seed = np.asarray(jax.random.bits(rng_key, (4,), jnp.uint32))
+    except Exception as err:  # noqa: BLE001 - re-raised with a clearer message
+        raise TypeError(
+            f"rng_key must be a JAX PRNG key (jax.random.key or jax.random.PRNGKey), "
+            f"got {type(rng_key).__name__}: {err}"
+        ) from err
+    return np.random.default_rng([int(s) for s in seed])
+
+
+def _check_toy_args(num_train: int, num_test: int, noise_std: float) -> None:
+    for arg_name, value in (("num_train", num_train), ("num_test", num_test)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{arg_name} must be a positive integer, got {value!r}")
+    try:
+        noise_ok = bool(np.isfinite(noise_std)) and noise_std >= 0
+    except TypeError:
+        noise_ok = False
+    if not noise_ok:
+        raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
+
+
+def _toy_problem(
+    rng_key,
+    fn: Callable[[np.ndarray], np.ndarray],
+    name: str,
+    num_train: int,
+    num_test: int,
+    noise_std: float,
+) -> Dataset:
+    _check_toy_args(num_train, num_test, noise_std)
+    rng = _numpy_rng(rng_key)
+    x_train = rng.uniform(-1.0, 1.0, size=num_train)
+    # Evenly spaced test inputs make predictive plots and test metrics easy to read.
+    x_test = np.linspace(-1.0, 1.0, num_test)
+    # Test targets carry the same noise as the training targets so that test
+    # log-likelihoods measure calibration against the generating process.
+    y_train = fn(x_train) + noise_std * rng.standard_normal(num_train)
+    y_test = fn(x_test) + noise_std * rng.standard_normal(num_test)
+    return Dataset(
+        X_train=x_train[:, None].astype(np.float64),
+        y_train=y_train.astype(np.float64),
+        X_test=x_test[:, None].astype(np.float64),
+        y_test=y_test.astype(np.float64),
+        name=name,
+    )
+
+
+def _step(x: np.ndarray) -> np.ndarray:
+    return np.where(x >= 0.0, 1.0, -1.0)
+
+
+def _sine(x: np.ndarray) -> np.ndarray:
+    return np.sin(np.pi * x)
+
+
+def _identity(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64).copy()
+
+
+def step_function(
+    rng_key, num_train: int = 100, num_test: int = 200, noise_std: float = 0.01
+) -> Dataset:
+    """Noisy step function, the standard deep-GP demonstration problem.
+
+    ``y = 1`` for ``x >= 0`` and ``y = -1`` otherwise, plus Gaussian noise. A stationary
+    GP has to choose between a short lengthscale (wiggly everywhere) and a long one (smooth
+    through the jump); a two-layer DGP warps the input and fits both regimes.
+
+    :param rng_key: JAX PRNG key.
+    :param num_train: number of training points, drawn uniformly on ``[-1, 1]``.
+    :param num_test: number of test points, on an evenly spaced grid over ``[-1, 1]``.
+    :param noise_std: standard deviation of the additive Gaussian noise (train and test).
+    :return: :class:`Dataset` with ``X_train (num_train, 1)``, ``y_train (num_train,)``,
+        ``X_test (num_test, 1)``, ``y_test (num_test,)``, all ``float64``; name ``"step"``.
+    """
+    return _toy_problem(rng_key, _step, "step", num_train, num_test, noise_std)
+
+
+def sine(rng_key, num_train: int = 100, num_test: int = 200, noise_std: float = 0.01) -> Dataset:
+    """Noisy ``y = sin(pi x)`` on ``[-1, 1]`` (the 3-layer sine fit of the
+    "compositional uncertainty" paper, App. E).
+
+    :param rng_key: JAX PRNG key.
+    :param num_train: number of training points, drawn uniformly on ``[-1, 1]``.
+    :param num_test: number of test points, on an evenly spaced grid over ``[-1, 1]``.
+    :param noise_std: standard deviation of the additive Gaussian noise (train and test).
+    :return: :class:`Dataset` with ``X (N, 1)``, ``y (N,)`` arrays in ``float64``; name
+        ``"sine"``.
+    """
+    return _toy_problem(rng_key, _sine, "sine", num_train, num_test, noise_std)
+
+
+def identity(
+    rng_key, num_train: int = 100, num_test: int = 200, noise_std: float = 0.01
+) -> Dataset:
+    """Noisy ``y = x`` on ``[-1, 1]``; a sanity check that depth does not hurt simple fits.
+
+    :param rng_key: JAX PRNG key.
+    :param num_train: number of training points, drawn uniformly on ``[-1, 1]``.
+    :param num_test: number of test points, on an evenly spaced grid over ``[-1, 1]``.
+    :param noise_std: standard deviation of the additive Gaussian noise (train and test).
+    :return: :class:`Dataset` with ``X (N, 1)``, ``y (N,)`` arrays in ``float64``; name
+        ``"identity"``.
+    """
+    return _toy_problem(rng_key, _identity, "identity", num_train, num_test, noise_std)
+
+
+#: Toy problems by name; each is called as ``fn(rng_key, num_train=..., num_test=...,
+#: noise_std=...)``.
+TOY_PROBLEMS: dict[str, Callable[..., Dataset]] = {
+    "step": step_function,
+    "sine": sine,
+    "identity": identity,
+}
+
+
+# ----------------------------------------------------------------------------------------
+# UCI regression data
+# ----------------------------------------------------------------------------------------
+
+#: Canonical names, equal to the folder names under the data directory.
+UCI_DATASETS: tuple[str, ...] = (
+    "bostonHousing",
+    "concrete",
+    "energy",
+    "kin8nm",
+    "power-plant",
+    "wine-quality-red",
+    "yacht",
+)
+
+#: Accepted short names (matched case-insensitively) -> canonical names.
+UCI_ALIASES: dict[str, str] = {
+    "boston": "bostonHousing",
+    "boston-housing": "bostonHousing",
+    "housing": "bostonHousing",
+    "power": "power-plant",
+    "powerplant": "power-plant",
+    "ccpp": "power-plant",
+    "wine": "wine-quality-red",
+    "wine-red": "wine-quality-red",
+    "winered": "wine-quality-red",
+    "red-wine": "wine-quality-red",
+}
+
+#: Environment variable consulted by :func:`default_data_dir`.
+DATA_DIR_ENV_VAR = "NUMPYRO_DGP_DATA"
+
+# Parent of the package directory; a module attribute so tests can point it elsewhere.
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+_RELATIVE_DATA_DIR = Path("..") / "shared" / "data" / "uci"
+
+
+def resolve_uci_name(name: str) -> str:
+    """Map a data set name or alias to its canonical name.
+
+    Matching is case-insensitive, so ``"Boston"``, ``"bostonhousing"`` and
+    ``"bostonHousing"`` all give ``"bostonHousing"``.
+
+    :param name: canonical name (see :data:`UCI_DATASETS`) or alias (see
+        :data:`UCI_ALIASES`).
+    :return: canonical name.
+    :raises ValueError: if ``name`` is not known.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a string, got {type(name).__name__}")
+    if name in UCI_DATASETS:
+        return name
+    key = name.strip().lower()
+    for canonical in UCI_DATASETS:
+        if canonical.lower() == key:
+            return canonical
+    if key in UCI_ALIASES:
+        return UCI_ALIASES[key]
+    raise ValueError(
+        f"unknown UCI data set name={name!r}; valid names: {', '.join(UCI_DATASETS)} "
+        f"(aliases: {', '.join(sorted(UCI_ALIASES))})"
+    )
+
+
+def default_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """Find the folder that holds the UCI data sets.
+
+    Lookup order: the explicit ``data_dir`` argument, then the ``NUMPYRO_DGP_DATA``
+    environment variable, then ``../shared/data/uci`` relative to the repository root (the
+    parent of the ``numpyro_dgp`` package directory) and relative to the current working
+    directory. An explicit argument or a set environment variable that points nowhere is an
+    error rather than being skipped, so a typo never silently loads other data.
+
+    :param data_dir: explicit data directory, or ``None`` to search.
+    :return: absolute path of the data directory.
+    :raises FileNotFoundError: if no candidate directory exists; the message lists every
+        place tried.
+    """
+    hint = f"pass --data-dir or set the {DATA_DIR_ENV_VAR} environment variable"
+    if data_dir is not None:
+        path = Path(data_dir).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"data_dir={str(path)!r} is not an existing directory")
+        return path.resolve()
+
+    env_value = os.environ.get(DATA_DIR_ENV_VAR, "")
+    if env_value:
+        path = Path(env_value).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"{DATA_DIR_ENV_VAR}={env_value!r} is not an existing directory; "
+                f"fix it, unset it, or pass --data-dir"
+            )
+        return path.resolve()
+
+    candidates = [_REPO_ROOT / _RELATIVE_DATA_DIR, Path.cwd() / _RELATIVE_DATA_DIR]
+    for path in candidates:
+        if path.is_dir():
+            return path.resolve()
+    tried = "; ".join(
+        ["argument data_dir (not given)", f"${DATA_DIR_ENV_VAR} (not set)"]
+        + [str(p) for p in candidates]
+    )
+    raise FileNotFoundError(f"could not find the UCI data directory; tried: {tried}. Please {hint}")
+
+
+def _dataset_dir(name: str, data_dir) -> tuple[str, Path]:
+    canonical = resolve_uci_name(name)
+    folder = default_data_dir(data_dir) / canonical
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"data set folder for name={canonical!r} not found: {folder} does not exist"
+        )
+    return canonical, folder
+
+
+def _read_indices(path: Path, upper: int | None = None) -> np.ndarray:
+    """Read a whitespace-separated index file; tolerates floats such as ``3.0``."""
+    if not path.is_file():
+        raise FileNotFoundError(f"index file {path} does not exist")
+    try:
+        raw = np.loadtxt(path, dtype=np.float64, ndmin=1)
+    except ValueError as err:
+        raise ValueError(f"index file {path} could not be parsed as numbers: {err}") from err
+    raw = raw.reshape(-1)
+    if raw.size == 0:
+        raise ValueError(f"index file {path} is empty")
+    if not np.all(np.isfinite(raw)) or not np.all(raw == np.round(raw)):
+        raise ValueError(f"index file {path} holds non-integer indices")
+    idx = raw.astype(np.int64)
+    if np.any(idx < 0):
+        raise ValueError(f"index file {path} holds negative indices (they must be 0-based)")
+    if upper is not None and np.any(idx >= upper):
+        raise ValueError(
+            f"index file {path} holds index {int(idx.max())} but only {upper} are valid"
+        )
+    return idx
+
+
+def _read_data(path: Path) -> np.ndarray:
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {path} does not exist")
+    try:
+        data = np.loadtxt(path, dtype=np.float64, ndmin=2)
+    except ValueError as err:
+        raise ValueError(f"data file {path} could not be parsed: {err}") from err
+    if data.size == 0:
+        raise ValueError(f"data file {path} holds no rows")
+    bad_rows = np.flatnonzero(~np.all(np.isfinite(data), axis=1))
+    if bad_rows.size:
+        shown = ", ".join(str(int(r)) for r in bad_rows[:5])
+        more = "" if bad_rows.size <= 5 else f" and {bad_rows.size - 5} more"
+        raise ValueError(
+            f"data file {path} has {bad_rows.size} row(s) with NaN/inf values "
+            f"(0-based rows {shown}{more})"
+        )
+    return data
+
+
+def num_uci_splits(name: str, data_dir: str | os.PathLike | None = None) -> int:
+    """Number of train/test splits shipped with a UCI data set (20 for the standard sets).
+
+    :param name: data set name or alias.
+    :param data_dir: data directory; see :func:`default_data_dir`.
+    :return: number of splits, read from ``n_splits.txt``.
+    """
+    _, folder = _dataset_dir(name, data_dir)
+    path = folder / "n_splits.txt"
+    if not path.is_file():
+        raise FileNotFoundError(f"split count file {path} does not exist")
+    text = path.read_text().strip()
+    try:
+        value = float(text.split()[0])
+    except (ValueError, IndexError) as err:
+        raise ValueError(f"split count file {path} does not hold a number: {text!r}") from err
+    if value != int(value) or value < 1:
+        raise ValueError(f"split count file {path} must hold a positive integer, got {text!r}")
+    return int(value)
+
+
+def _check_split(split: int, n_splits: int, canonical: str) -> int:
+    if isinstance(split, bool) or not isinstance(split, (int, np.integer)):
+        raise ValueError(f"split must be an integer, got {type(split).__name__}")
+    if not 0 <= split < n_splits:
+        raise ValueError(
+            f"split={split} is out of range for {canonical!r}: valid splits are 0..{n_splits - 1}"
+        )
+    return int(split)
+
+
+def uci_split_indices(
+    name: str, split: int = 0, data_dir: str | os.PathLike | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices of one train/test split, as stored in ``index_{train,test}_K.txt``.
+
+    :param name: data set name or alias.
+    :param split: split index, ``0 <= split < num_uci_splits(name)``.
+    :param data_dir: data directory; see :func:`default_data_dir`.
+    :return: ``(train_idx (N,), test_idx (N*,))`` 0-based ``int64`` row indices into
+        ``data.txt``.
+    """
+    canonical, folder = _dataset_dir(name, data_dir)
+    split = _check_split(split, num_uci_splits(canonical, data_dir), canonical)
+    train_idx = _read_indices(folder / f"index_train_{split}.txt")
+    test_idx = _read_indices(folder / f"index_test_{split}.txt")
+    return train_idx, test_idx
+
+
+def _standardise_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = values.mean(axis=0)
+    std = values.std(axis=0)
+    # A constant training column would divide by zero; scaling by 1 maps it to zeros.
+    std = np.where(std > 0.0, std, 1.0)
+    return mean, std
+
+
+def load_uci(
+    name: str,
+    split: int = 0,
+    data_dir: str | os.PathLike | None = None,
+    dtype=np.float64,
+) -> UCISplit:
+    """Load one standardised train/test split of a UCI regression data set.
+
+    Inputs and target are standardised with the training split's mean and standard deviation
+    (population std, ``ddof=0``); see :class:`UCISplit` for converting metrics back to the
+    original units.
+
+    :param name: data set name (see :data:`UCI_DATASETS`) or alias (see :data:`UCI_ALIASES`).
+    :param split: split index, ``0 <= split < num_uci_splits(name)``.
+    :param data_dir: data directory; see :func:`default_data_dir`.
+    :param dtype: floating dtype of the returned arrays (statistics are computed in float64).
+    :return: :class:`UCISplit` with ``X_train (N, D)``, ``y_train (N,)``, ``X_test (N*, D)``,
+        ``y_test (N*,)``, ``x_mean (D,)``, ``x_std (D,)`` and float ``y_mean``, ``y_std``.
+    :raises ValueError: unknown ``name``, ``split`` out of range, malformed or NaN-holding
+        files, overlapping train/test indices.
+    :raises FileNotFoundError: missing data directory or files.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+    canonical, folder = _dataset_dir(name, data_dir)
+    split = _check_split(split, num_uci_splits(canonical, data_dir), canonical)
+
+    data = _read_data(folder / "data.txt")
+    num_rows, num_cols = data.shape
+    features = _read_indices(folder / "index_features.txt", upper=num_cols)
+    target = _read_indices(folder / "index_target.txt", upper=num_cols)
+    if target.size != 1:
+        raise ValueError(
+            f"index file {folder / 'index_target.txt'} must hold exactly one column, "
+            f"got {target.size}"
+        )
+    if target[0] in features:
+        raise ValueError(
+            f"target column {int(target[0])} is also listed in {folder / 'index_features.txt'}"
+        )
+
+    train_idx = _read_indices(folder / f"index_train_{split}.txt", upper=num_rows)
+    test_idx = _read_indices(folder / f"index_test_{split}.txt", upper=num_rows)
+    overlap = np.intersect1d(train_idx, test_idx)
+    if overlap.size:
+        raise ValueError(
+            f"split={split} of {canonical!r}: {overlap.size} row(s) appear in both "
+            f"index_train_{split}.txt and index_test_{split}.txt"
+        )
+
+    X = data[:, features]
+    y = data[:, target[0]]
+    X_train, X_test = X[train_idx], X[test_idx]
+    y_train, y_test = y[train_idx], y[test_idx]
+
+    x_mean, x_std = _standardise_stats(X_train)
+    y_mean, y_std = _standardise_stats(y_train)
+
+    return UCISplit(
+        X_train=((X_train - x_mean) / x_std).astype(dtype),
+        y_train=((y_train - y_mean) / y_std).astype(dtype),
+        X_test=((X_test - x_mean) / x_std).astype(dtype),
+        y_test=((y_test - y_mean) / y_std).astype(dtype),
+        x_mean=x_mean.astype(dtype),
+        x_std=x_std.astype(dtype),
+        y_mean=float(y_mean),
+        y_std=float(y_std),
+        name=canonical,
+        split=split,
+    )

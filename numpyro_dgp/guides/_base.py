@@ -1,0 +1,106 @@
+"""Shared machinery of the DGP guides: finding the layers' inducing sites in a model."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from numpyro import handlers
+from numpyro.infer.autoguide import AutoGuide, AutoNormal
+
+from numpyro_dgp.handlers import gaussian_parameters
+
+__all__ = ["InducingSite", "DGPGuide"]
+
+
+class InducingSite(NamedTuple):
+    """One layer's inducing-value site as the guide sees it.
+
+    :ivar name: site name (``"<layer>.u"``).
+    :ivar layer: layer name.
+    :ivar out_dim: ``P``.
+    :ivar num_inducing: ``M``.
+    :ivar whiten: whitened prior ``N(0, I)``.
+    :ivar prior_scale_tril: ``(P, M, M)`` prior Cholesky factor at initialisation.
+    :ivar is_last: the last layer in execution order.
+    """
+
+    name: str
+    layer: str
+    out_dim: int
+    num_inducing: int
+    whiten: bool
+    prior_scale_tril: jax.Array
+    is_last: bool
+
+
+class DGPGuide(AutoGuide):
+    """Base class: finds the ``gp_layer`` inducing sites in the prototype trace and hands the
+    remaining latent sites (e.g. hyperparameters with priors) to an ``AutoNormal``."""
+
+    def __init__(self, model, *, prefix: str = "auto", init_loc_fn=None):
+        kwargs = {} if init_loc_fn is None else {"init_loc_fn": init_loc_fn}
+        super().__init__(model, prefix=prefix, **kwargs)
+        self.inducing_sites: list[InducingSite] = []
+        self._other_guide = None
+
+    def _setup_prototype(self, *args, **kwargs):
+        super()._setup_prototype(*args, **kwargs)
+        sites = []
+        for name, site in self.prototype_trace.items():
+            if site["type"] != "sample" or "dgp_layer" not in (site.get("infer") or {}):
+                continue
+            if site["cond_indep_stack"]:
+                plates = [f.name for f in site["cond_indep_stack"]]
+                raise ValueError(
+                    f"{type(self).__name__}: inducing site {name!r} is inside plate(s) {plates}; "
+                    "call gp_layer outside data plates (subsample the inputs first)"
+                )
+            P, M = site["value"].shape[-2:]
+            tril = gaussian_parameters(site["fn"], (P, M))[1]
+            sites.append([name, site["infer"]["dgp_layer"], P, M, bool(site["infer"]["whiten"]), tril])
+        if not sites:
+            raise ValueError(
+                f"{type(self).__name__}: the model has no gp_layer inducing sites ('<name>.u'); "
+                "build the model with numpyro_dgp.gp_layer"
+            )
+        self.inducing_sites = [
+            InducingSite(*s, is_last=(i == len(sites) - 1)) for i, s in enumerate(sites)
+        ]
+        u_names = {s.name for s in self.inducing_sites}
+        others = [
+            n for n, s in self.prototype_trace.items()
+            if s["type"] == "sample" and not s["is_observed"] and n not in u_names
+        ]
+        if others:
+            self._other_guide = AutoNormal(
+                handlers.block(self.model, hide=list(u_names)), prefix=f"{self.prefix}_other"
+            )
+
+    def _sample_others(self, *args, **kwargs):
+        return {} if self._other_guide is None else self._other_guide(*args, **kwargs)
+
+    def sample_posterior(self, rng_key, params, *args, sample_shape=(), **kwargs):
+        """Draw latent values (inducing sites and any others) from the fitted guide.
+
+        :return: ``{site: array of shape sample_shape + site shape}``.
+        """
+        def one(key):
+            tr = handlers.trace(handlers.seed(handlers.substitute(self, data=params), key)).get_trace(*args, **kwargs)
+            return {n: s["value"] for n, s in tr.items() if s["type"] == "sample" and not s["is_observed"]}
+
+        num = int(jnp.prod(jnp.asarray(sample_shape))) if sample_shape else 1
+        keys = jax.random.split(rng_key, num)
+        samples = jax.vmap(one)(keys)
+        return jax.tree_util.tree_map(lambda x: x.reshape(tuple(sample_shape) + x.shape[1:]), samples)
+
+    def _other_median(self, params):
+        return {} if self._other_guide is None else self._other_guide.median(params)
+
+    def _other_quantiles(self, params, quantiles):
+        return {} if self._other_guide is None else self._other_guide.quantiles(params, quantiles)
+
+
+

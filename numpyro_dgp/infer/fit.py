@@ -1,0 +1,160 @@
+"""``fit``: a compiled SVI loop (``lax.scan`` over chunks of steps) with a host progress bar."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["FitResult", "fit"]
+
+
+class FitResult(NamedTuple):
+    """What :func:`fit` returns.
+
+    :ivar params: constrained parameters (``svi.get_params(state)``).
+    :ivar losses: ``(num_steps,)`` loss per step (non-finite where the step was skipped).
+    :ivar state: the final ``SVIState`` (pass back as ``init_state`` to continue).
+    :ivar num_skipped: steps whose loss or new parameters were not finite (not applied).
+    """
+
+    params: dict
+    losses: np.ndarray
+    state: Any
+    num_skipped: int
+
+
+def _is_array(x):
+    return isinstance(x, (jax.Array, np.ndarray))
+
+
+def _check_finite_args(args, kwargs):
+    for where, value in [(f"args[{i}]", a) for i, a in enumerate(args)] + [
+        (f"{k}=", v) for k, v in kwargs.items()
+    ]:
+        if _is_array(value) and jnp.issubdtype(value.dtype, jnp.floating):
+            if not bool(jnp.all(jnp.isfinite(value))):
+                raise ValueError(f"fit: model argument {where} contains NaN or inf values")
+
+
+def _all_finite(tree):
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)
+              if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def fit(
+    svi,
+    rng_key,
+    *args,
+    num_steps: int,
+    chunk_size: int = 100,
+    progress_bar: bool = True,
+    init_state=None,
+    init_params=None,
+    **kwargs,
+) -> FitResult:
+    """Run ``num_steps`` SVI updates compiled as a ``lax.scan`` over chunks of ``chunk_size``.
+
+    The chunk function is compiled once; between chunks the host updates a progress bar
+    (the only host synchronisation). An update whose loss or new parameters are not finite
+    is not applied (the random key still advances) and is counted in ``num_skipped``.
+    Minibatching comes from the model's ``numpyro.plate(..., subsample_size=...)``.
+
+    :param svi: a ``numpyro.infer.SVI`` (any NumPyro or optax optimiser, any ELBO).
+    :param rng_key: PRNG key for initialisation (ignored when ``init_state`` is given).
+    :param args: model arguments; arrays are passed to the compiled function, other
+        values are treated as static.
+    :param num_steps: number of optimisation steps.
+    :param chunk_size: steps per compiled chunk (progress-bar granularity).
+    :param progress_bar: show a tqdm progress bar.
+    :param init_state: continue from a previous ``FitResult.state``.
+    :param init_params: initial constrained parameter values for ``svi.init``.
+    :return: :class:`FitResult`.
+    """
+    if not (isinstance(num_steps, (int, np.integer)) and num_steps >= 1):
+        raise ValueError(f"fit: num_steps must be a positive integer, got {num_steps!r}")
+    if not (isinstance(chunk_size, (int, np.integer)) and chunk_size >= 1):
+        raise ValueError(f"fit: chunk_size must be a positive integer, got {chunk_size!r}")
+    _check_finite_args(args, kwargs)
+
+    if init_state is None:
+        state = svi.init(rng_key, *args, init_params=init_params, **kwargs)
+    else:
+        state = init_state
+    params0 = svi.get_params(state)
+    if not bool(_all_finite(params0)):
+        bad = [k for k, v in params0.items() if not bool(jnp.all(jnp.isfinite(v)))]
+        raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
+
+    # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
+    dyn_args = [a if _is_array(a) else None for a in args]
+    static_args = [None if _is_array(a) else a for a in args]
+    dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
+    static_kwargs = {k: v for k, v in kwargs.items() if not _is_array(v)}
+    chunk = min(int(chunk_size), int(num_steps))
+
+    def merge(dyn_a, dyn_kw):
+        full = [d if s is None else s for d, s in zip(dyn_a, static_args)]
+        return full, {**static_kwargs, **dyn_kw}
+
+    def step(carry, step_index, num_remaining, dyn_a, dyn_kw):
+        state = carry
+        a, kw = merge(dyn_a, dyn_kw)
+        new_state, loss = svi.update(state, *a, **kw)
+        finite = jnp.isfinite(loss) & _all_finite(new_state.optim_state)
+        active = step_index < num_remaining
+        accept = finite & active
+        kept = jax.tree_util.tree_map(lambda n, o: jnp.where(accept, n, o), new_state.optim_state, state.optim_state)
+        kept_mutable = new_state.mutable_state if new_state.mutable_state is None else jax.tree_util.tree_map(
+            lambda n, o: jnp.where(accept, n, o), new_state.mutable_state, state.mutable_state)
+        # the key always advances so a skipped step is not retried with the same draw
+        state = new_state._replace(optim_state=kept, mutable_state=kept_mutable)
+        return state, (loss, active & ~finite)
+
+    @jax.jit
+    def run_chunk(state, num_remaining, dyn_a, dyn_kw):
+        def body(carry, i):
+            return step(carry, i, num_remaining, dyn_a, dyn_kw)
+        return jax.lax.scan(body, state, jnp.arange(chunk))
+
+    num_chunks = math.ceil(num_steps / chunk)
+    losses = np.empty(num_chunks * chunk)
+    num_skipped = 0
+    bar = None
+    if progress_bar:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=num_steps, desc="fit", unit="step")
+    try:
+        for c in range(num_chunks):
+            remaining = num_steps - c * chunk
+            state, (chunk_losses, skipped) = run_chunk(state, jnp.asarray(remaining), dyn_args, dyn_kwargs)
+            chunk_losses = np.asarray(chunk_losses)
+            losses[c * chunk:(c + 1) * chunk] = chunk_losses
+            num_skipped += int(np.sum(np.asarray(skipped)))
+            if bar is not None:
+                done = min(chunk, remaining)
+                finite = chunk_losses[:done][np.isfinite(chunk_losses[:done])]
+                bar.set_postfix(loss=f"{finite.mean():.4g}" if finite.size else "nan", skipped=num_skipped)
+                bar.update(done)
+    finally:
+        if bar is not None:
+            bar.close()
+    losses = losses[:num_steps]
+    if num_skipped == num_steps:
+        raise FloatingPointError(
+            "fit: every update produced a non-finite loss or parameters; check the data scale, "
+            "the jitter (numpyro_dgp.core.default_jitter) and the learning rate"
+        )
+    if num_skipped:
+        warnings.warn(
+            f"fit: skipped {num_skipped} of {num_steps} updates with non-finite loss or parameters",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return FitResult(svi.get_params(state), losses, state, num_skipped)

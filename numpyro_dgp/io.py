@@ -1,0 +1,352 @@
+"""Saving and loading parameter dictionaries as ``.npz`` files.
+
+:func:`save_params` writes a (possibly nested) dict of arrays such that :func:`load_params`
+gives back exactly the same tree: same keys and nesting, dtypes, shapes and bit-identical
+values (NaN payloads and ``-0.0`` included). Keys may be any strings, including ones with
+dots or slashes such as ``"h1.kernel.lengthscale"``: array members of the archive get
+generated names and the tree is described by a JSON header, so keys are never parsed.
+
+Writes are atomic: the archive goes to a temporary file in the target's directory, is
+flushed to disk and then renamed onto the target, so a failed save leaves any previous file
+untouched.
+
+File layout (format version 1): an uncompressed ``.npz`` holding ``a0``, ``a1``, ... (one
+member per leaf array) and ``__numpyro_dgp_header__``, a 0-d unicode array with a JSON
+object ``{"format", "format_version", "library_version", "tree", "metadata"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["FORMAT_VERSION", "save_params", "load_params"]
+
+#: Version of the on-disk layout written by :func:`save_params`.
+FORMAT_VERSION = 1
+
+_FORMAT_NAME = "numpyro_dgp.params"
+_HEADER_KEY = "__numpyro_dgp_header__"
+# dtype kinds np.save stores natively: bool, signed/unsigned int, float, complex.
+_NATIVE_KINDS = frozenset("biufc")
+
+
+def _key_repr(key_path: tuple[str, ...]) -> str:
+    # Subscript notation stays unambiguous for keys that contain dots or slashes.
+    return "params" + "".join(f"[{k!r}]" for k in key_path)
+
+
+def _library_version() -> str | None:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover - always present on Python >= 3.8
+        return None
+    try:
+        return version("numpyro-dgp")
+    except PackageNotFoundError:
+        return None
+
+
+def _is_ml_dtype(dtype: np.dtype) -> bool:
+    # bfloat16, float8_* etc. come from ml_dtypes (a jax dependency); np.save would store
+    # them as opaque void bytes, so they need the raw encoding below.
+    return dtype.kind == "V" and getattr(dtype.type, "__module__", "").startswith("ml_dtypes")
+
+
+def _ml_dtype(name: str) -> np.dtype:
+    import ml_dtypes
+
+    try:
+        return np.dtype(getattr(ml_dtypes, name))
+    except (AttributeError, TypeError) as err:
+        raise ValueError(f"unsupported stored dtype {name!r}") from err
+
+
+def _to_numpy(value: Any, key_path: tuple[str, ...]) -> np.ndarray:
+    where = _key_repr(key_path)
+    if value is None or isinstance(value, (str, bytes, bytearray)):
+        raise TypeError(f"{where} must be array-like, got {type(value).__name__}")
+    try:
+        arr = np.asarray(value)
+    except Exception as err:  # noqa: BLE001 - tracers, PRNG key arrays, arbitrary objects
+        raise TypeError(
+            f"{where} must be array-like, got {type(value).__name__} that cannot be "
+            f"converted to a NumPy array: {err}"
+        ) from err
+    if arr.dtype.kind not in _NATIVE_KINDS and not _is_ml_dtype(arr.dtype):
+        raise TypeError(
+            f"{where} must be a numeric or boolean array, got {type(value).__name__} "
+            f"with dtype {arr.dtype}"
+        )
+    return arr
+
+
+def _encode(
+    tree: Mapping, key_path: tuple[str, ...], members: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    items = []
+    for key, value in tree.items():
+        if not isinstance(key, str):
+            raise TypeError(
+                f"keys must be strings, got {type(key).__name__} key {key!r} in "
+                f"{_key_repr(key_path)}"
+            )
+        child_path = key_path + (key,)
+        if isinstance(value, Mapping):
+            items.append([key, _encode(value, child_path, members)])
+            continue
+        arr = _to_numpy(value, child_path)
+        name = f"a{len(members)}"
+        node = {"type": "array", "name": name, "dtype": arr.dtype.name, "shape": list(arr.shape)}
+        if _is_ml_dtype(arr.dtype):
+            node["encoding"] = "raw"
+            # Bytes as uint8 keep the exact bits; reshape(-1) first so 0-d arrays can be viewed.
+            arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        else:
+            node["encoding"] = "npy"
+            node["dtype"] = arr.dtype.str  # includes byte order, e.g. "<f8"
+        members[name] = arr
+        items.append([key, node])
+    return {"type": "dict", "items": items}
+
+
+def _default_file_mode() -> int:
+    # NamedTemporaryFile creates 0600 files; give new files the mode open() would give them.
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Makes the rename itself durable on POSIX; not possible (nor needed) everywhere.
+    if os.name != "posix":
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_params(
+    path: str | os.PathLike, params: Mapping[str, Any], metadata: Mapping[str, Any] | None = None
+) -> Path:
+    """Atomically save a (nested) dict of arrays to an ``.npz`` file.
+
+    Leaves may be JAX or NumPy arrays of any numeric or boolean dtype (``bfloat16`` and other
+    ``ml_dtypes`` included), NumPy scalars, Python numbers or nested sequences of numbers;
+    they are stored as NumPy arrays (Python numbers as 0-d arrays). Nested dicts (any
+    :class:`~collections.abc.Mapping`) are kept as nesting, empty ones included.
+
+    The file is written exactly at ``path``: no ``.npz`` suffix is appended.
+
+    :param path: target file path (``str`` or :class:`pathlib.Path`); its directory must exist.
+    :param params: mapping from string keys to arrays or nested mappings.
+    :param metadata: JSON-serialisable mapping stored alongside (e.g. library version, model
+        description); returned by ``load_params(..., return_metadata=True)``.
+    :return: the path written.
+    :raises TypeError: a non-string key, a leaf that is not a numeric/boolean array, or
+        metadata that is not a JSON-serialisable mapping.
+    :raises FileNotFoundError: the target directory does not exist.
+    """
+    path = Path(os.fspath(path)).expanduser()
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of str -> array, got {type(params).__name__}")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a mapping or None, got {type(metadata).__name__}")
+
+    # Convert and validate everything before touching the file system.
+    members: dict[str, np.ndarray] = {}
+    tree = _encode(params, (), members)
+    header = {
+        "format": _FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "library_version": _library_version(),
+        "tree": tree,
+        "metadata": dict(metadata) if metadata is not None else {},
+    }
+    try:
+        header_json = json.dumps(header)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"metadata must be JSON-serialisable: {err}") from err
+    members[_HEADER_KEY] = np.array(header_json, dtype=np.str_)
+
+    directory = path.parent
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            f"directory {str(directory)!r} for path={str(path)!r} does not exist"
+        )
+    if path.is_dir():
+        raise IsADirectoryError(f"path={str(path)!r} is a directory, expected a file path")
+
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = _default_file_mode()
+
+    tmp = tempfile.NamedTemporaryFile(
+        mode="wb", delete=False, dir=directory, prefix=f".{path.name}.", suffix=".tmp"
+    )
+    try:
+        with tmp:
+            # Writing through a file object stops np.savez from appending ".npz" to the name.
+            np.savez(tmp, allow_pickle=False, **members)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.chmod(tmp.name, mode)
+        os.replace(tmp.name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp.name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_directory(directory)
+    return path
+
+
+def _decode(node: Any, key_path: tuple[str, ...], members: Mapping[str, np.ndarray]) -> Any:
+    if not isinstance(node, dict) or node.get("type") not in ("dict", "array"):
+        raise ValueError(f"malformed tree entry at {_key_repr(key_path)}")
+    if node["type"] == "dict":
+        out = {}
+        for item in node.get("items", []):
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+                raise ValueError(f"malformed tree entry inside {_key_repr(key_path)}")
+            out[item[0]] = _decode(item[1], key_path + (item[0],), members)
+        return out
+
+    where = _key_repr(key_path)
+    name = node.get("name")
+    if name not in members:
+        raise ValueError(f"array for {where} (member {name!r}) is missing")
+    arr = members[name]
+    shape = tuple(node.get("shape", ()))
+    encoding = node.get("encoding")
+    if encoding == "raw":
+        dtype = _ml_dtype(node["dtype"])
+        expected_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if arr.dtype != np.uint8 or arr.size != expected_bytes:
+            raise ValueError(f"array for {where} does not match its recorded dtype/shape")
+        arr = arr.view(dtype).reshape(shape)
+    elif encoding == "npy":
+        if arr.dtype != np.dtype(node["dtype"]) or arr.shape != shape:
+            raise ValueError(
+                f"array for {where} has dtype {arr.dtype} and shape {arr.shape}, but the "
+                f"header records {node['dtype']} and {shape}"
+            )
+    else:
+        raise ValueError(f"unknown encoding {encoding!r} for {where}")
+    return arr
+
+
+def _read_archive(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    loaded = np.load(path, allow_pickle=False)
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ValueError("file is a single .npy array, not an .npz archive")
+    with loaded as npz:
+        if _HEADER_KEY not in npz.files:
+            raise ValueError("no numpyro_dgp header found (not written by save_params?)")
+        # Read every member now: truncation/CRC errors surface here, not later.
+        members = {name: npz[name] for name in npz.files}
+    header_arr = members.pop(_HEADER_KEY)
+    if header_arr.dtype.kind != "U" or header_arr.shape != ():
+        raise ValueError("header is not a JSON string")
+    header = json.loads(str(header_arr[()]))
+    if not isinstance(header, dict) or header.get("format") != _FORMAT_NAME:
+        raise ValueError("header does not describe a numpyro_dgp parameter file")
+    return header, members
+
+
+def _check_jax_representable(arr: np.ndarray, where: str, path: Path) -> None:
+    canonical = np.dtype(jax.dtypes.canonicalize_dtype(arr.dtype))
+    if canonical != arr.dtype.newbyteorder("="):
+        raise ValueError(
+            f"{str(path)!r}: {where} has dtype {arr.dtype.name}, which JAX would silently turn "
+            f"into {canonical.name} because 64-bit mode is off. Call "
+            f'jax.config.update("jax_enable_x64", True) before loading, or pass '
+            f"as_numpy=True to get NumPy arrays."
+        )
+
+
+def _to_jax(tree: dict, key_path: tuple[str, ...], path: Path) -> dict:
+    # Check every leaf first so nothing is transferred when one of them would fail.
+    def check(node, kp):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                check(value, kp + (key,))
+            else:
+                _check_jax_representable(value, _key_repr(kp + (key,)), path)
+
+    def convert(node):
+        return {k: convert(v) if isinstance(v, dict) else jnp.asarray(v) for k, v in node.items()}
+
+    check(tree, key_path)
+    return convert(tree)
+
+
+def load_params(
+    path: str | os.PathLike, return_metadata: bool = False, *, as_numpy: bool = False
+):
+    """Load a parameter dict written by :func:`save_params`.
+
+    :param path: file path (``str`` or :class:`pathlib.Path`), exactly as given to
+        :func:`save_params`.
+    :param return_metadata: also return the stored metadata dict (``{}`` if none was saved).
+    :param as_numpy: return NumPy arrays instead of JAX arrays (no 64-bit check needed).
+    :return: nested dict of arrays with the saved keys, dtypes, shapes and bits; or
+        ``(params, metadata)`` when ``return_metadata`` is true.
+    :raises FileNotFoundError: ``path`` does not exist.
+    :raises ValueError: the file is truncated, corrupt, not written by :func:`save_params`,
+        written by a newer format version, or holds 64-bit arrays while JAX's 64-bit mode
+        is off (and ``as_numpy`` is false).
+    """
+    path = Path(os.fspath(path)).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"parameter file path={str(path)!r} does not exist")
+    if path.is_dir():
+        raise IsADirectoryError(f"path={str(path)!r} is a directory, expected a parameter file")
+
+    try:
+        header, members = _read_archive(path)
+    except (PermissionError, MemoryError):
+        raise
+    except Exception as err:  # noqa: BLE001 - zipfile, zlib, EOF, JSON and format errors
+        raise ValueError(
+            f"could not read parameter file {str(path)!r} (truncated, corrupt or not an "
+            f"npz written by save_params): {type(err).__name__}: {err}"
+        ) from err
+
+    version = header.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+        raise ValueError(
+            f"parameter file {str(path)!r} has format_version={version!r}; this library "
+            f"reads versions 1..{FORMAT_VERSION} (upgrade numpyro_dgp to read it)"
+        )
+    try:
+        params = _decode(header.get("tree"), (), members)
+    except ValueError as err:
+        raise ValueError(f"parameter file {str(path)!r} is corrupt: {err}") from err
+    if not isinstance(params, dict):
+        raise ValueError(f"parameter file {str(path)!r} is corrupt: top level is not a dict")
+
+    if not as_numpy:
+        params = _to_jax(params, (), path)
+    if return_metadata:
+        metadata = header.get("metadata") or {}
+        return params, metadata
+    return params

@@ -1,0 +1,302 @@
+"""Covariance functions (pure JAX, no NumPyro).
+
+A kernel is a small immutable object holding its hyperparameter *values*. Its
+hyperparameters are listed by :meth:`Kernel.hyperparameters` (name -> value) and replaced by
+:meth:`Kernel.replace`; this is what :func:`numpyro_dgp.gp_layer` uses to register them as
+``numpyro.param`` / ``numpyro.sample`` sites. Every hyperparameter is constrained positive.
+
+Shapes: inputs ``X1 (N1, D)``, ``X2 (N2, D)``; ``kernel(X1, X2)`` is ``(N1, N2)`` and
+``kernel.diag(X)`` is ``(N,)``. Lengthscales may be scalars or ARD vectors of shape ``(D,)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax.numpy as jnp
+
+__all__ = [
+    "Kernel",
+    "Stationary",
+    "RBF",
+    "SquaredExponential",
+    "Matern12",
+    "Matern32",
+    "Matern52",
+    "Periodic",
+    "Linear",
+    "Sum",
+    "Product",
+]
+
+
+def _check_inputs(X1, X2):
+    X1 = jnp.asarray(X1)
+    X2 = X1 if X2 is None else jnp.asarray(X2)
+    if X1.ndim != 2 or X2.ndim != 2:
+        raise ValueError(
+            f"kernel inputs must be 2-D (num_points, dim); got shapes {X1.shape} and {X2.shape}"
+        )
+    if X1.shape[-1] != X2.shape[-1]:
+        raise ValueError(
+            f"kernel inputs disagree in dimension: {X1.shape[-1]} vs {X2.shape[-1]}"
+        )
+    return X1, X2
+
+
+def _check_diag_input(X):
+    X = jnp.asarray(X)
+    if X.ndim < 2:
+        raise ValueError(f"kernel inputs must be 2-D (num_points, dim); got shape {X.shape}")
+    return X
+
+
+class Kernel:
+    """Base class. Subclasses are frozen dataclasses whose fields listed in
+    ``_hyperparameter_names`` are the positive hyperparameters."""
+
+    _hyperparameter_names: ClassVar[tuple[str, ...]] = ()
+
+    def __call__(self, X1, X2=None):
+        raise NotImplementedError
+
+    def diag(self, X):
+        """Diagonal of ``self(X, X)``, shape ``(N,)``, without forming the matrix."""
+        raise NotImplementedError
+
+    def hyperparameters(self) -> dict:
+        """Flat dict of hyperparameter name -> value (floats or arrays)."""
+        return {name: getattr(self, name) for name in self._hyperparameter_names}
+
+    def replace(self, **values) -> "Kernel":
+        """A copy with some hyperparameters replaced (names as in :meth:`hyperparameters`)."""
+        unknown = set(values) - set(self.hyperparameters())
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__} has no hyperparameter(s) {sorted(unknown)}; "
+                f"it has {sorted(self.hyperparameters())}"
+            )
+        return dataclasses.replace(self, **values)
+
+    def with_input_dim(self, input_dim: int) -> "Kernel":
+        """A copy whose ARD lengthscales (if any) are broadcast to ``(input_dim,)``."""
+        return self
+
+    def __add__(self, other: "Kernel") -> "Sum":
+        return Sum(self, other)
+
+    def __mul__(self, other: "Kernel") -> "Product":
+        return Product(self, other)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stationary(Kernel):
+    """``variance * g(r)`` with ``r`` the lengthscale-scaled Euclidean distance.
+
+    :param variance: signal variance (> 0).
+    :param lengthscale: scalar or ``(D,)`` lengthscales (> 0).
+    :param ard: if True, :meth:`with_input_dim` gives one lengthscale per input dimension.
+    """
+
+    variance: object = 1.0
+    lengthscale: object = 1.0
+    ard: bool = True
+    _hyperparameter_names: ClassVar[tuple[str, ...]] = ("variance", "lengthscale")
+
+    def with_input_dim(self, input_dim):
+        ls = jnp.asarray(self.lengthscale)
+        if self.ard and ls.ndim == 0:
+            return dataclasses.replace(self, lengthscale=jnp.full((input_dim,), ls))
+        if ls.ndim == 1 and ls.shape[0] not in (1, input_dim):
+            raise ValueError(
+                f"{type(self).__name__}.lengthscale has shape {ls.shape}, "
+                f"but the layer input has {input_dim} dimensions"
+            )
+        return self
+
+    # Profiles with a kink at r = 0 (Matern12) set squared distances below the round-off of
+    # the expansion in _scaled_sqdist to exactly 0, see there.
+    _zero_roundoff: ClassVar[bool] = False
+
+    def _scaled_sqdist(self, X1, X2):
+        ls = jnp.asarray(self.lengthscale)
+        A = X1 / ls
+        B = X2 / ls
+        # |a-b|^2 via the BLAS-friendly expansion; clip tiny negatives from cancellation.
+        nA = jnp.sum(A**2, -1)[:, None]
+        nB = jnp.sum(B**2, -1)[None, :]
+        sq = jnp.maximum(nA + nB - 2.0 * A @ B.T, 0.0)
+        if self._zero_roundoff:
+            # The expansion leaves O(eps (|a|^2 + |b|^2)) of round-off where a == b; exp(-r)
+            # turns that into an O(sqrt(eps)) error (k(x, x) = variance * (1 - 1e-7) in
+            # float64, 1 - 1e-3 in float32). Distances below the round-off are
+            # indistinguishable from 0 anyway, so make them 0.
+            dim = A.shape[-1]
+            tol = (4.0 + 2.0 * dim**0.5) * jnp.finfo(sq.dtype).eps * (nA + nB)
+            sq = jnp.where(sq > tol, sq, 0.0)
+        return sq
+
+    def _profile(self, sqdist):
+        raise NotImplementedError
+
+    def __call__(self, X1, X2=None):
+        X1, X2 = _check_inputs(X1, X2)
+        return self.variance * self._profile(self._scaled_sqdist(X1, X2))
+
+    def diag(self, X):
+        X = _check_diag_input(X)
+        return jnp.broadcast_to(jnp.asarray(self.variance, X.dtype), X.shape[:-1])
+
+
+def _safe_sqrt(sq):
+    # sqrt with a finite gradient at 0 (the diagonal of K(X, X)).
+    positive = sq > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, sq, 1.0)), 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RBF(Stationary):
+    """Squared exponential: ``variance * exp(-r^2 / 2)``."""
+
+    def _profile(self, sq):
+        return jnp.exp(-0.5 * sq)
+
+
+SquaredExponential = RBF
+
+
+@dataclasses.dataclass(frozen=True)
+class Matern12(Stationary):
+    """Matérn 1/2 (exponential): ``variance * exp(-r)``."""
+
+    _zero_roundoff: ClassVar[bool] = True
+
+    def _profile(self, sq):
+        return jnp.exp(-_safe_sqrt(sq))
+
+
+@dataclasses.dataclass(frozen=True)
+class Matern32(Stationary):
+    """Matérn 3/2: ``variance * (1 + sqrt(3) r) exp(-sqrt(3) r)``."""
+
+    def _profile(self, sq):
+        r = jnp.sqrt(3.0) * _safe_sqrt(sq)
+        return (1.0 + r) * jnp.exp(-r)
+
+
+@dataclasses.dataclass(frozen=True)
+class Matern52(Stationary):
+    """Matérn 5/2: ``variance * (1 + sqrt(5) r + 5 r^2 / 3) exp(-sqrt(5) r)``."""
+
+    def _profile(self, sq):
+        r = jnp.sqrt(5.0) * _safe_sqrt(sq)
+        return (1.0 + r + 5.0 * sq / 3.0) * jnp.exp(-r)
+
+
+@dataclasses.dataclass(frozen=True)
+class Periodic(Kernel):
+    """Periodic (MacKay) kernel on the Euclidean distance per dimension:
+    ``variance * exp(-2 sum_d sin^2(pi |x_d - x'_d| / period) / lengthscale_d^2)``.
+
+    :param variance: signal variance (> 0).
+    :param lengthscale: scalar or ``(D,)`` (> 0).
+    :param period: scalar (> 0).
+    """
+
+    variance: object = 1.0
+    lengthscale: object = 1.0
+    period: object = 1.0
+    _hyperparameter_names: ClassVar[tuple[str, ...]] = ("variance", "lengthscale", "period")
+
+    def __call__(self, X1, X2=None):
+        X1, X2 = _check_inputs(X1, X2)
+        diff = X1[:, None, :] - X2[None, :, :]
+        s = jnp.sin(jnp.pi * diff / self.period) / jnp.asarray(self.lengthscale)
+        return self.variance * jnp.exp(-2.0 * jnp.sum(s**2, -1))
+
+    def diag(self, X):
+        X = _check_diag_input(X)
+        return jnp.broadcast_to(jnp.asarray(self.variance, X.dtype), X.shape[:-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Linear(Kernel):
+    """Linear kernel ``variance * x^T x'`` (a Bayesian linear model through the origin)."""
+
+    variance: object = 1.0
+    _hyperparameter_names: ClassVar[tuple[str, ...]] = ("variance",)
+
+    def __call__(self, X1, X2=None):
+        X1, X2 = _check_inputs(X1, X2)
+        return self.variance * (X1 @ X2.T)
+
+    def diag(self, X):
+        X = _check_diag_input(X)
+        return self.variance * jnp.sum(X**2, -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Combination(Kernel):
+    """Hyperparameters of the parts are namespaced ``k0.<name>``, ``k1.<name>``, ..."""
+
+    kernels: tuple
+
+    def __init__(self, *kernels):
+        flat = []
+        for k in kernels:
+            if not isinstance(k, Kernel):
+                raise TypeError(f"{type(self).__name__} takes Kernel objects, got {type(k)}")
+            # flatten nested combinations of the same kind so names stay short
+            flat.extend(k.kernels if type(k) is type(self) else [k])
+        object.__setattr__(self, "kernels", tuple(flat))
+
+    def hyperparameters(self):
+        out = {}
+        for i, k in enumerate(self.kernels):
+            for name, value in k.hyperparameters().items():
+                out[f"k{i}.{name}"] = value
+        return out
+
+    def replace(self, **values):
+        unknown = set(values) - set(self.hyperparameters())
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__} has no hyperparameter(s) {sorted(unknown)}; "
+                f"it has {sorted(self.hyperparameters())}"
+            )
+        parts = []
+        for i, k in enumerate(self.kernels):
+            prefix = f"k{i}."
+            mine = {n[len(prefix):]: v for n, v in values.items() if n.startswith(prefix)}
+            parts.append(k.replace(**mine) if mine else k)
+        return type(self)(*parts)
+
+    def with_input_dim(self, input_dim):
+        return type(self)(*(k.with_input_dim(input_dim) for k in self.kernels))
+
+
+class Sum(_Combination):
+    """Sum of kernels."""
+
+    def __call__(self, X1, X2=None):
+        return sum(k(X1, X2) for k in self.kernels)
+
+    def diag(self, X):
+        return sum(k.diag(X) for k in self.kernels)
+
+
+class Product(_Combination):
+    """Elementwise product of kernels."""
+
+    def __call__(self, X1, X2=None):
+        out = self.kernels[0](X1, X2)
+        for k in self.kernels[1:]:
+            out = out * k(X1, X2)
+        return out
+
+    def diag(self, X):
+        out = self.kernels[0].diag(X)
+        for k in self.kernels[1:]:
+            out = out * k.diag(X)
+        return out

@@ -1,0 +1,306 @@
+"""The ``gp_layer`` primitive: one sparse GP layer of a deep GP, as NumPyro sites.
+
+A call ``gp_layer("h1", X, kernel, num_inducing=50, out_dim=2)`` inside a model
+
+1. registers the kernel hyperparameters (``"h1.kernel.<name>"``; ``numpyro.param`` by
+   default, ``numpyro.sample`` for those given a prior), the inducing inputs
+   (``"h1.inducing_inputs"``) and any mean-function weights (``"h1.mean.*"``);
+2. samples the inducing values as the latent site ``"h1.u"`` of shape ``(out_dim, M)``
+   (whitened: prior ``N(0, I)`` per output; otherwise ``N(0, K(Z, Z))``; always the
+   residual about the mean function), tagged ``infer={"dgp_layer": "h1", ...}``;
+3. emits one message of type ``"dgp_layer"`` named ``"h1.layer"`` whose default handling
+   draws the layer's output at ``X`` from ``p(f(X) | u)`` point by point (DSVI propagation);
+   handlers (``DGPElbo``'s analytic marginalisation, coherent sampling, ...) reinterpret it;
+4. records the output as ``numpyro.deterministic("h1", f)`` so ``Predictive`` returns it.
+
+Shapes: ``X (N, D)``; returns ``(N, out_dim)``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from numpyro.distributions import constraints
+from numpyro.primitives import apply_stack
+
+from numpyro_dgp.core import (
+    check_jitter,
+    conditional,
+    default_jitter,
+    jittered_cholesky,
+    kmeans,
+)
+from numpyro_dgp.kernels import Kernel
+
+__all__ = ["gp_layer", "Layer", "MEAN_FUNCTIONS", "layer_moments", "sample_moments"]
+
+MEAN_FUNCTIONS = ("zero", "identity", "linear")
+_INDUCING_MODES = ("global",)
+
+
+class Layer(NamedTuple):
+    """Everything a handler needs to evaluate one GP layer (carried by its message).
+
+    :ivar name: layer name (site prefix).
+    :ivar kernel: kernel with its current hyperparameter values.
+    :ivar inducing_inputs: ``(M, D)``.
+    :ivar Kmm_chol: ``(M, M)`` lower Cholesky factor of ``k(Z, Z) + jitter I`` (computed once).
+    :ivar mean_fn: callable ``(N, D) -> (N, out_dim)``.
+    :ivar whiten: whether ``"<name>.u"`` is whitened.
+    :ivar jitter: diagonal jitter.
+    :ivar out_dim: number of outputs ``P``.
+    :ivar u_site: name of the inducing-value site.
+    """
+
+    name: str
+    kernel: Kernel
+    inducing_inputs: jax.Array
+    Kmm_chol: jax.Array
+    mean_fn: Callable
+    whiten: bool
+    jitter: float
+    out_dim: int
+    u_site: str
+
+
+def layer_moments(layer: Layer, X, q_mean, q_sqrt=None, full_cov: bool = False):
+    """Mean and (co)variance of the layer's output at ``X`` given ``u ~ N(q_mean, q_sqrt q_sqrt^T)``.
+
+    ``q_sqrt=None`` means ``u = q_mean`` exactly (the conditional ``p(f | u)``).
+
+    :param X: ``(N, D)`` layer inputs.
+    :param q_mean: ``(P, M)``.
+    :param q_sqrt: ``(P, M, M)``, ``(P, M)`` or ``None``.
+    :return: ``mean (N, P)`` and ``var (N, P)`` (or ``cov (P, N, N)`` if ``full_cov``).
+    """
+    Z = layer.inducing_inputs
+    Kmn = layer.kernel(Z, X)
+    Knn = layer.kernel(X) if full_cov else layer.kernel.diag(X)
+    mean, var = conditional(
+        Kmn, layer.Kmm_chol, Knn, q_mean, q_sqrt, whiten=layer.whiten, full_cov=full_cov
+    )
+    return mean + layer.mean_fn(X), var
+
+
+def sample_moments(rng_key, mean, var, full_cov: bool = False, jitter: float = 1e-6):
+    """One reparameterised draw from the moments returned by :func:`layer_moments`.
+
+    Variances below zero from round-off are clipped; full covariances get ``jitter``.
+    """
+    if full_cov:
+        L = jittered_cholesky(var, jitter)  # (P, N, N)
+        eps = jax.random.normal(rng_key, mean.shape[::-1], mean.dtype)  # (P, N)
+        return mean + jnp.einsum("pnm,pm->np", L, eps)
+    eps = jax.random.normal(rng_key, mean.shape, mean.dtype)
+    return mean + jnp.sqrt(jnp.maximum(var, 0.0)) * eps
+
+
+def _propagate(layer: Layer, X, u, *, rng_key, full_cov: bool = False):
+    """Default handling of a ``"dgp_layer"`` message: draw ``f(X) ~ p(f | u)``."""
+    mean, var = layer_moments(layer, X, u, None, full_cov)
+    return sample_moments(rng_key, mean, var, full_cov, layer.jitter)
+
+
+def _concrete_bool(x):
+    """``bool(x)`` for a concrete array, ``None`` for a traced one (checks run only eagerly)."""
+    try:
+        return bool(x)
+    except jax.errors.ConcretizationTypeError:
+        return None
+
+
+def _check_finite(x, what: str) -> None:
+    if _concrete_bool(jnp.all(jnp.isfinite(x))) is False:
+        raise ValueError(f"{what} contains NaN or inf values")
+
+
+def _projection(X, in_dim: int, out_dim: int):
+    """DSVI's fixed inner-layer mean ``X @ W``: identity, zero-padding or PCA projection."""
+    if in_dim == out_dim:
+        return jnp.eye(in_dim, dtype=X.dtype)
+    if in_dim < out_dim:
+        return jnp.eye(in_dim, out_dim, dtype=X.dtype)  # [I, 0]: pad with zeros
+    # top out_dim right singular vectors of the (uncentred) inputs, as in DSVI
+    _, _, Vt = jnp.linalg.svd(X, full_matrices=False)
+    return Vt[:out_dim].T
+
+
+def _mean_function(name, mean, X, in_dim, out_dim):
+    if callable(mean):
+        return mean
+    if mean == "zero":
+        return lambda A: jnp.zeros(A.shape[:-1] + (out_dim,), A.dtype)
+    if mean == "identity":
+        if in_dim == out_dim:
+            return lambda A: A
+        W = numpyro.param(f"{name}.mean.weight", lambda _: _projection(X, in_dim, out_dim))
+        W = jax.lax.stop_gradient(W)  # fixed, as in DSVI; stored so predictions reuse it
+        return lambda A: A @ W
+    if mean == "linear":
+        W = numpyro.param(f"{name}.mean.weight", lambda _: _projection(X, in_dim, out_dim))
+        b = numpyro.param(f"{name}.mean.bias", jnp.zeros(out_dim, X.dtype))
+        return lambda A: A @ W + b
+    raise ValueError(
+        f"gp_layer {name!r}: mean must be one of {MEAN_FUNCTIONS} or a callable, got {mean!r}"
+    )
+
+
+def _hyperparameters(name, kernel, dtype, priors, learn):
+    values = {}
+    for hp, init in kernel.hyperparameters().items():
+        site = f"{name}.kernel.{hp}"
+        if hp in priors:
+            values[hp] = numpyro.sample(site, priors[hp])
+            continue
+        init = jnp.asarray(init, dtype)
+        if _concrete_bool(jnp.all(init > 0)) is False:
+            raise ValueError(
+                f"gp_layer {name!r}: kernel hyperparameter {hp!r} must be positive, got {init}"
+            )
+        value = numpyro.param(site, init, constraint=constraints.positive)
+        values[hp] = value if learn else jax.lax.stop_gradient(value)
+    return kernel.replace(**values)
+
+
+def gp_layer(
+    name: str,
+    X,
+    kernel: Kernel,
+    *,
+    num_inducing: int | None = None,
+    out_dim: int = 1,
+    mean="zero",
+    inducing_inputs=None,
+    learn_inducing: bool = True,
+    learn_hyperparameters: bool = True,
+    priors: dict | None = None,
+    whiten: bool = True,
+    jitter: float | None = None,
+    inducing: str = "global",
+):
+    """One sparse GP layer ``f: R^D -> R^out_dim`` with inducing points, as NumPyro sites.
+
+    :param name: layer name; prefixes every site (``"<name>.u"``, ``"<name>.kernel.*"``, ...).
+    :param X: ``(N, D)`` inputs (the data, or the previous layer's output).
+    :param kernel: a :mod:`numpyro_dgp.kernels` kernel; its values are the initial values.
+        One kernel is shared by the ``out_dim`` outputs.
+    :param num_inducing: ``M``; inducing inputs are initialised by k-means on ``X`` (for inner
+        layers: on the propagated values at initialisation).
+    :param out_dim: output width ``P``.
+    :param mean: ``"zero"``, ``"identity"`` (fixed ``X @ W``: identity, zero-padding or PCA
+        projection when widths differ, as in DSVI), ``"linear"`` (learnable ``X @ W + b``,
+        initialised like ``"identity"``) or a callable ``(N, D) -> (N, P)``.
+    :param inducing_inputs: ``(M, D)`` initial inducing inputs (instead of k-means).
+    :param learn_inducing: optimise the inducing inputs (otherwise they stay fixed).
+    :param learn_hyperparameters: optimise kernel hyperparameters without priors.
+    :param priors: ``{hyperparameter name: Distribution}``; those become ``numpyro.sample``
+        sites (names as in ``kernel.hyperparameters()``).
+    :param whiten: whitened inducing values ``u = L v`` (default, better conditioned).
+    :param jitter: diagonal jitter; default :func:`numpyro_dgp.core.default_jitter` of ``X``'s dtype.
+    :param inducing: ``"global"`` (shared inducing points; the only mode implemented so far).
+    :return: ``(N, out_dim)`` layer output.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"gp_layer {name!r}: kernel must be a numpyro_dgp.kernels.Kernel, got {type(kernel)}")
+    if inducing not in _INDUCING_MODES:
+        raise NotImplementedError(
+            f"gp_layer {name!r}: inducing={inducing!r} is not available; supported: {_INDUCING_MODES}"
+        )
+    X = jnp.asarray(X)
+    if X.ndim != 2:
+        raise ValueError(f"gp_layer {name!r}: X must have shape (num_points, dim), got {X.shape}")
+    if not jnp.issubdtype(X.dtype, jnp.floating):
+        X = X.astype(jnp.result_type(float))
+    _check_finite(X, f"gp_layer {name!r}: X")
+    if not (isinstance(out_dim, (int, np.integer)) and out_dim >= 1):
+        raise ValueError(f"gp_layer {name!r}: out_dim must be a positive integer, got {out_dim!r}")
+    priors = dict(priors or {})
+    for hp, prior in priors.items():
+        if hp not in kernel.hyperparameters():
+            raise ValueError(
+                f"gp_layer {name!r}: priors has {hp!r}, not a hyperparameter of "
+                f"{type(kernel).__name__} (it has {sorted(kernel.hyperparameters())})"
+            )
+        if not isinstance(prior, dist.Distribution):
+            raise TypeError(f"gp_layer {name!r}: priors[{hp!r}] must be a Distribution")
+    jitter = default_jitter(X.dtype) if jitter is None else jitter
+    try:
+        check_jitter(jitter)
+    except ValueError:
+        raise ValueError(f"gp_layer {name!r}: jitter must be a finite positive number, got {jitter!r}") from None
+    in_dim = X.shape[-1]
+
+    kernel = _hyperparameters(name, kernel.with_input_dim(in_dim), X.dtype, priors, learn_hyperparameters)
+
+    # inducing inputs
+    if inducing_inputs is not None:
+        Z0 = jnp.asarray(inducing_inputs, X.dtype)
+        if Z0.ndim != 2 or Z0.shape[1] != in_dim:
+            raise ValueError(
+                f"gp_layer {name!r}: inducing_inputs must have shape (M, {in_dim}), got {Z0.shape}"
+            )
+        if num_inducing is not None and num_inducing != Z0.shape[0]:
+            raise ValueError(
+                f"gp_layer {name!r}: num_inducing={num_inducing} disagrees with "
+                f"inducing_inputs of shape {Z0.shape}"
+            )
+        _check_finite(Z0, f"gp_layer {name!r}: inducing_inputs")
+        init_Z = Z0
+    else:
+        if not (isinstance(num_inducing, (int, np.integer)) and num_inducing >= 1):
+            raise ValueError(
+                f"gp_layer {name!r}: give num_inducing (a positive integer) or inducing_inputs; "
+                f"got num_inducing={num_inducing!r}"
+            )
+        init_Z = lambda rng_key: kmeans(rng_key, jax.lax.stop_gradient(X), int(num_inducing))  # noqa: E731
+    Z = numpyro.param(f"{name}.inducing_inputs", init_Z)
+    if not learn_inducing:
+        Z = jax.lax.stop_gradient(Z)
+    M = Z.shape[0]
+
+    mean_fn = _mean_function(name, mean, X, in_dim, out_dim)
+
+    # A failed factorisation gives NaN, which fit() detects (skips and counts the step);
+    # a lax.cond retry here would triple the compile time of every layer.
+    Kmm_chol = jittered_cholesky(kernel(Z), jitter)
+    if whiten:
+        prior = dist.MultivariateNormal(jnp.zeros(M, X.dtype), scale_tril=jnp.eye(M, dtype=X.dtype))
+    else:
+        prior = dist.MultivariateNormal(jnp.zeros(M, X.dtype), scale_tril=Kmm_chol)
+    u_site = f"{name}.u"
+    u = numpyro.sample(
+        u_site,
+        prior.expand([out_dim]).to_event(1),
+        infer={"dgp_layer": name, "whiten": whiten},
+    )
+
+    layer = Layer(name, kernel, Z, Kmm_chol, mean_fn, whiten, jitter, out_dim, u_site)
+    rng_key = numpyro.prng_key()
+    if rng_key is None:
+        raise RuntimeError(
+            f"gp_layer {name!r} needs a random key: run the model under numpyro.handlers.seed "
+            "(SVI, MCMC and Predictive do this)"
+        )
+    msg = {
+        "type": "dgp_layer",
+        "name": f"{name}.layer",
+        "fn": _propagate,
+        "args": (layer, X, u),
+        "kwargs": {"rng_key": rng_key, "full_cov": False},
+        "value": None,
+        "scale": None,
+        "is_observed": False,
+        "intermediates": [],
+        "cond_indep_stack": [],
+        "infer": {},
+    }
+    out = apply_stack(msg)["value"]
+    numpyro.deterministic(name, out)
+    return out

@@ -1,0 +1,203 @@
+"""Predictive mixtures, their metrics, and per-layer function samples.
+
+A fitted DGP predicts with a mixture over ``S`` propagated samples: sample ``s`` gives each
+test point a Gaussian ``N(m_s, v_s)`` for ``y`` (last layer's marginal variance plus the
+likelihood noise). Mean and variance follow from the law of total variance; the test
+log-likelihood is ``logsumexp_s log N(y | m_s, v_s) - log S``; CRPS uses the closed form for
+Gaussian mixtures (notes/amortized.md, with ``erf(mu / (sqrt 2 s))`` as it must be).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpyro.distributions as dist
+from jax.scipy.special import logsumexp, ndtr
+from jax.scipy.stats import norm
+from numpyro.handlers import replay, seed, substitute, trace
+
+from numpyro_dgp.handlers import coherent_layers
+from numpyro_dgp.objectives import marginal_trace
+
+__all__ = [
+    "Prediction",
+    "predict",
+    "sample_layers",
+    "log_likelihood",
+    "gaussian_mixture_crps",
+    "metrics",
+]
+
+
+class Prediction(NamedTuple):
+    """Predictive mixture at ``N`` test points from ``S`` samples.
+
+    :ivar mean: ``(N,)`` predictive mean of ``y``.
+    :ivar variance: ``(N,)`` predictive variance of ``y`` (law of total variance).
+    :ivar component_means: ``(S, N)`` mean of ``y`` in each mixture component.
+    :ivar component_variances: ``(S, N)`` variance of ``y`` in each component (noise included).
+    :ivar layers: ``{layer: (S, N, P)}`` one draw of every layer's output per sample.
+    :ivar layer_means: ``{layer: (S, N, P)}`` each layer's marginal mean given the sample's inputs.
+    :ivar layer_variances: ``{layer: (S, N, P)}`` the matching marginal variances.
+    """
+
+    mean: jax.Array
+    variance: jax.Array
+    component_means: jax.Array
+    component_variances: jax.Array
+    layers: dict
+    layer_means: dict
+    layer_variances: dict
+
+
+def _observation_site(model_trace, obs_site):
+    tail = [n for n, s in model_trace.items() if s["type"] == "sample" and (s.get("infer") or {}).get("dgp_quadrature")]
+    if obs_site is None:
+        if len(tail) != 1:
+            raise ValueError(
+                f"predict: cannot tell the observation site; sample sites after the last layer: {tail}. "
+                "Pass obs_site="
+            )
+        obs_site = tail[0]
+    if obs_site not in tail:
+        raise ValueError(f"predict: obs_site {obs_site!r} is not a sample site after the last GP layer ({tail})")
+    return obs_site
+
+
+def _normal_of(fn, name):
+    while isinstance(fn, dist.Independent):
+        fn = fn.base_dist
+    if not isinstance(fn, dist.Normal):
+        raise NotImplementedError(
+            f"predict: observation site {name!r} has likelihood {type(fn).__name__}; predictive "
+            "mixtures are implemented for Normal likelihoods"
+        )
+    return fn.loc, fn.scale
+
+
+def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100, obs_site=None, **kwargs):
+    """Predictive mixture of a fitted DGP at ``X_new``.
+
+    Each sample propagates ``X_new`` through the inner layers' marginals ``q(f_l | f_{l-1})``
+    (DSVI) and takes the last layer's marginal Gaussian analytically, mapped through the
+    observation site's Normal likelihood (exact when the location is affine in the last
+    layer, as in ``Normal(f[..., 0], sigma)``).
+
+    :param model: the NumPyro model; called as ``model(X_new, *args, **kwargs)``.
+    :param guide: the fitted guide.
+    :param params: ``svi.get_params(state)`` / ``FitResult.params``.
+    :param rng_key: PRNG key.
+    :param X_new: ``(N, D)`` test inputs.
+    :param num_samples: ``S``, mixture components.
+    :param obs_site: name of the observation site (found automatically if there is one).
+    :return: :class:`Prediction`.
+    """
+    if int(num_samples) < 1:
+        raise ValueError(f"predict: num_samples must be >= 1, got {num_samples}")
+    X_new = jnp.asarray(X_new)
+    if X_new.ndim != 2:
+        raise ValueError(f"predict: X_new must have shape (num_points, dim), got {X_new.shape}")
+    if not bool(jnp.all(jnp.isfinite(X_new))):
+        raise ValueError("predict: X_new contains NaN or inf values")
+    model_args = (X_new,) + args
+    # 3 Gauss-Hermite nodes give the exact mean and variance of an affine location
+    run0 = marginal_trace(model, guide, params, rng_key, model_args, kwargs, 3)
+    name = _observation_site(run0.model_trace, obs_site)
+    layer_names = list(run0.layer_order)
+    last = layer_names[-1]
+
+    def one(key):
+        run_key, draw_key = jax.random.split(key)
+        run = marginal_trace(model, guide, params, run_key, model_args, kwargs, 3)
+        loc, scale = _normal_of(run.model_trace[name]["fn"], name)
+        w = jnp.asarray(run.quadrature_weights, loc.dtype)
+        loc = jnp.broadcast_to(loc, jnp.broadcast_shapes(jnp.shape(loc), jnp.shape(scale)))
+        m = jnp.tensordot(w, loc, axes=(0, 0))
+        v_f = jnp.tensordot(w, (loc - m) ** 2, axes=(0, 0))
+        noise = jnp.broadcast_to(scale, loc.shape)[0] ** 2
+        layers = {n: run.model_trace[n]["value"] for n in layer_names if n != last}
+        mean_L, var_L = run.moments[last]
+        layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * jax.random.normal(draw_key, mean_L.shape, mean_L.dtype)
+        means = {n: run.moments[n][0] for n in layer_names}
+        variances = {n: run.moments[n][1] for n in layer_names}
+        return m, v_f + noise, layers, means, variances
+
+    keys = jax.random.split(rng_key, int(num_samples))
+    comp_m, comp_v, layers, means, variances = jax.vmap(one)(keys)
+    mean = comp_m.mean(0)
+    variance = (comp_v + comp_m**2).mean(0) - mean**2
+    return Prediction(mean, variance, comp_m, comp_v, layers, means, variances)
+
+
+def sample_layers(model, guide, params, rng_key, X, *args, num_samples: int = 25, coherent: bool = True, **kwargs):
+    """Function samples of every layer at ``X``: ``{layer: (S, N, P)}``.
+
+    Inducing values are drawn from the guide; with ``coherent=True`` each layer's output is
+    drawn with its full covariance over the ``N`` points, so a sample is a smooth function
+    (use a grid of a few hundred points).
+    """
+
+    def one(key):
+        guide_key, model_key = jax.random.split(key)
+        guide_trace = trace(substitute(seed(guide, guide_key), data=params)).get_trace(X, *args, **kwargs)
+        m = substitute(replay(seed(model, model_key), guide_trace), data=params)
+        if coherent:
+            m = coherent_layers(m)
+        tr = trace(m).get_trace(X, *args, **kwargs)
+        names = [s["args"][0].name for s in tr.values() if s["type"] == "dgp_layer"]
+        return {n: tr[n]["value"] for n in names}
+
+    keys = jax.random.split(rng_key, int(num_samples))
+    return jax.vmap(one)(keys)
+
+
+def log_likelihood(prediction: Prediction, y):
+    """Per-point mixture log-density ``logsumexp_s log N(y | m_s, v_s) - log S``, shape ``(N,)``."""
+    y = jnp.asarray(y)
+    lp = norm.logpdf(y, prediction.component_means, jnp.sqrt(prediction.component_variances))
+    return logsumexp(lp, axis=0) - jnp.log(lp.shape[0])
+
+
+def _crps_A(mu, var):
+    s = jnp.sqrt(var)
+    z = mu / s
+    return 2 * s * norm.pdf(z) + mu * (2 * ndtr(z) - 1)
+
+
+def gaussian_mixture_crps(y, means, variances, weights=None):
+    """CRPS of an equally (or ``weights``-) weighted Gaussian mixture, per point.
+
+    ``sum_s w_s A(y - mu_s, s_s^2) - 0.5 sum_ij w_i w_j A(mu_i - mu_j, s_i^2 + s_j^2)`` with
+    ``A(mu, s2) = 2 s phi(mu / s) + mu (2 Phi(mu / s) - 1)``.
+
+    :param y: ``(N,)``; :param means: ``(S, N)``; :param variances: ``(S, N)``.
+    :return: ``(N,)``.
+    """
+    S = means.shape[0]
+    w = jnp.full((S,), 1.0 / S, means.dtype) if weights is None else jnp.asarray(weights, means.dtype)
+
+    def per_point(args):
+        yi, mi, vi = args
+        first = jnp.sum(w * _crps_A(yi - mi, vi))
+        pair = _crps_A(mi[:, None] - mi[None, :], vi[:, None] + vi[None, :])
+        return first - 0.5 * w @ pair @ w
+
+    return jax.lax.map(per_point, (jnp.asarray(y), means.T, variances.T))
+
+
+def metrics(prediction: Prediction, y, y_scale: float = 1.0) -> dict:
+    """Test metrics of a prediction: mean log-likelihood, RMSE and CRPS.
+
+    :param y_scale: the targets' standard deviation if the model saw standardised targets:
+        metrics are then reported in original units (LL - log y_scale, RMSE and CRPS times y_scale).
+    :return: ``{"log_likelihood", "rmse", "crps"}`` as Python floats.
+    """
+    y = jnp.asarray(y)
+    if y.shape != prediction.mean.shape:
+        raise ValueError(f"metrics: y has shape {y.shape}, predictions have {prediction.mean.shape}")
+    ll = log_likelihood(prediction, y).mean() - jnp.log(y_scale)
+    rmse = jnp.sqrt(jnp.mean((y - prediction.mean) ** 2)) * y_scale
+    crps = gaussian_mixture_crps(y, prediction.component_means, prediction.component_variances).mean() * y_scale
+    return {"log_likelihood": float(ll), "rmse": float(rmse), "crps": float(crps)}

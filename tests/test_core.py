@@ -1,0 +1,491 @@
+"""numpyro_dgp.core against independent dense float64 NumPy/SciPy references."""
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import scipy.linalg  # noqa: E402
+from scipy.stats import multivariate_normal  # noqa: E402
+
+from numpyro_dgp.core import (  # noqa: E402
+    conditional,
+    default_jitter,
+    expected_log_normal,
+    gauss_hermite,
+    gauss_hermite_product,
+    gauss_kl,
+    jittered_cholesky,
+    kmeans,
+    project,
+    robust_cholesky,
+    triangular_inverse,
+)
+
+RTOL = 1e-8
+ATOL = 1e-8
+
+
+def _rs(seed=0):
+    return np.random.RandomState(seed)
+
+
+def rbf(X1, X2, variance=1.3, lengthscale=0.9):
+    d2 = ((X1[:, None, :] - X2[None, :, :]) ** 2).sum(-1)
+    return variance * np.exp(-0.5 * d2 / lengthscale**2)
+
+
+def random_lower(rs, P, M, scale=0.5):
+    """(P, M, M) lower-triangular factors with a positive, well-away-from-zero diagonal."""
+    L = np.tril(rs.randn(P, M, M)) * scale
+    idx = np.arange(M)
+    L[:, idx, idx] = 0.3 + np.abs(L[:, idx, idx])
+    return L
+
+
+def setup_problem(seed=0, M=7, N=9, D=2, jitter=1e-8):
+    rs = _rs(seed)
+    Z = rs.randn(M, D) * 1.5
+    X = rs.randn(N, D) * 1.5
+    Kmm = rbf(Z, Z) + jitter * np.eye(M)
+    Kmn = rbf(Z, X)
+    Knn = rbf(X, X)
+    L = np.linalg.cholesky(Kmm)
+    return rs, Kmm, Kmn, Knn, L
+
+
+def ref_conditional(Kmm, Kmn, Knn, q_mean, S, whiten):
+    """Dense reference; S: (P, M, M) covariance of u (unwhitened) or v (whitened)."""
+    Kinv = np.linalg.inv(Kmm)
+    Knm = Kmn.T
+    P = q_mean.shape[0]
+    means, covs = [], []
+    if whiten:
+        L = np.linalg.cholesky(Kmm)
+        LinvT = np.linalg.inv(L).T  # L^{-T}
+        for p in range(P):
+            means.append(Knm @ LinvT @ q_mean[p])
+            covs.append(Knn - Knm @ Kinv @ Kmn + Knm @ LinvT @ S[p] @ LinvT.T @ Kmn)
+    else:
+        for p in range(P):
+            means.append(Knm @ Kinv @ q_mean[p])
+            covs.append(Knn - Knm @ Kinv @ (Kmm - S[p]) @ Kinv @ Kmn)
+    return np.stack(means, axis=1), np.stack(covs)  # (N, P), (P, N, N)
+
+
+# ======================================================================== conditional
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("sqrt_kind", ["full", "diag", "none"])
+@pytest.mark.parametrize("P", [1, 3])
+def test_conditional_matches_dense_reference(whiten, sqrt_kind, P):
+    rs, Kmm, Kmn, Knn, L = setup_problem(seed=P + 10 * whiten)
+    M = Kmm.shape[0]
+    q_mean = rs.randn(P, M)
+    if sqrt_kind == "full":
+        q_sqrt = random_lower(rs, P, M)
+        S = np.einsum("pij,pkj->pik", q_sqrt, q_sqrt)
+    elif sqrt_kind == "diag":
+        q_sqrt = 0.2 + np.abs(rs.randn(P, M))
+        S = np.stack([np.diag(s**2) for s in q_sqrt])
+    else:
+        q_sqrt = None
+        S = np.zeros((P, M, M))
+    ref_mean, ref_cov = ref_conditional(Kmm, Kmn, Knn, q_mean, S, whiten)
+    qs = None if q_sqrt is None else jnp.asarray(q_sqrt)
+
+    mean, cov = conditional(
+        jnp.asarray(Kmn), jnp.asarray(L), jnp.asarray(Knn), jnp.asarray(q_mean), qs,
+        whiten=whiten, full_cov=True,
+    )
+    assert mean.shape == (Knn.shape[0], P) and cov.shape == (P,) + Knn.shape
+    np.testing.assert_allclose(np.asarray(mean), ref_mean, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(np.asarray(cov), ref_cov, rtol=RTOL, atol=ATOL)
+
+    mean2, var = conditional(
+        jnp.asarray(Kmn), jnp.asarray(L), jnp.asarray(np.diag(Knn)), jnp.asarray(q_mean), qs,
+        whiten=whiten, full_cov=False,
+    )
+    assert var.shape == (Knn.shape[0], P)
+    np.testing.assert_allclose(np.asarray(mean2), ref_mean, rtol=RTOL, atol=ATOL)
+    ref_var = np.stack([np.diag(c) for c in ref_cov], axis=1)
+    np.testing.assert_allclose(np.asarray(var), ref_var, rtol=RTOL, atol=ATOL)
+    # variances are the diagonal of the full covariance from the same code
+    np.testing.assert_allclose(
+        np.asarray(var), np.diagonal(np.asarray(cov), axis1=1, axis2=2).T, rtol=1e-12, atol=1e-12
+    )
+
+
+def test_conditional_diag_sqrt_equals_full_diagonal_sqrt():
+    rs, Kmm, Kmn, Knn, L = setup_problem(seed=3)
+    q_mean = rs.randn(2, 7)
+    s = 0.1 + np.abs(rs.randn(2, 7))
+    full = np.stack([np.diag(v) for v in s])
+    for whiten in (True, False):
+        a = conditional(Kmn, L, np.diag(Knn), q_mean, jnp.asarray(s), whiten=whiten)
+        b = conditional(Kmn, L, np.diag(Knn), q_mean, jnp.asarray(full), whiten=whiten)
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-12, atol=1e-12)
+
+
+def test_conditional_interpolates_at_inducing_inputs():
+    # Z = X, whitened, v = L^{-1} f, S = 0: the mean reproduces f and the variance vanishes
+    rs = _rs(4)
+    X = np.linspace(-3, 3, 8)[:, None]
+    K = rbf(X, X, variance=1.0, lengthscale=0.7)
+    L = np.linalg.cholesky(K)
+    f = rs.randn(2, 8)
+    q_mean = scipy.linalg.solve_triangular(L, f.T, lower=True).T  # (P, M)
+    mean, var = conditional(K, L, np.diag(K), q_mean, None, whiten=True)
+    np.testing.assert_allclose(np.asarray(mean), f.T, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(np.asarray(var), 0.0, atol=1e-8)
+    _, cov = conditional(K, L, K, q_mean, jnp.zeros((2, 8, 8)), whiten=True, full_cov=True)
+    np.testing.assert_allclose(np.asarray(cov), 0.0, atol=1e-8)
+    # unwhitened: u = f directly
+    mean_u, var_u = conditional(K, L, np.diag(K), f, None, whiten=False)
+    np.testing.assert_allclose(np.asarray(mean_u), f.T, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(np.asarray(var_u), 0.0, atol=1e-8)
+
+
+def test_conditional_with_prior_q_returns_prior():
+    rs, Kmm, Kmn, Knn, L = setup_problem(seed=5)
+    M, N, P = Kmm.shape[0], Knn.shape[0], 3
+    zeros = np.zeros((P, M))
+    # whitened prior: v ~ N(0, I), full and diagonal parameterisations
+    for q_sqrt in (np.broadcast_to(np.eye(M), (P, M, M)), np.ones((P, M))):
+        mean, cov = conditional(Kmn, L, Knn, zeros, jnp.asarray(q_sqrt), whiten=True, full_cov=True)
+        np.testing.assert_allclose(np.asarray(mean), 0.0, atol=1e-12)
+        np.testing.assert_allclose(
+            np.asarray(cov), np.broadcast_to(Knn, (P, N, N)), rtol=RTOL, atol=ATOL
+        )
+    # unwhitened prior: u ~ N(0, Kmm), q_sqrt = chol(Kmm)
+    mean, var = conditional(
+        Kmn, L, np.diag(Knn), zeros, jnp.asarray(np.broadcast_to(L, (P, M, M))), whiten=False
+    )
+    np.testing.assert_allclose(np.asarray(mean), 0.0, atol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(var), np.tile(np.diag(Knn)[:, None], (1, P)), rtol=RTOL, atol=ATOL
+    )
+
+
+def test_project_matches_reference():
+    _, Kmm, Kmn, _, L = setup_problem(seed=6)
+    for whiten in (True, False):
+        A, B = project(jnp.asarray(Kmn), jnp.asarray(L), whiten)
+        A_ref = np.linalg.solve(L, Kmn)
+        np.testing.assert_allclose(np.asarray(A), A_ref, rtol=RTOL, atol=ATOL)
+        B_ref = A_ref if whiten else np.linalg.solve(Kmm, Kmn)
+        np.testing.assert_allclose(np.asarray(B), B_ref, rtol=RTOL, atol=ATOL)
+
+
+def test_conditional_shape_errors():
+    rs, Kmm, Kmn, Knn, L = setup_problem(seed=7)
+    q_mean = rs.randn(2, 7)
+    with pytest.raises(ValueError):
+        conditional(Kmn, L, np.diag(Knn), q_mean, jnp.ones((2, 7, 7, 1)))
+    with pytest.raises(ValueError):
+        conditional(Kmn, L, np.diag(Knn), q_mean, None, full_cov=True)
+    with pytest.raises(ValueError):
+        conditional(Kmn, L, Knn, q_mean, None, full_cov=False)
+
+
+# ======================================================================== KL
+
+
+def ref_kl(q_mean, S, K):
+    """sum_p KL[N(m_p, S_p) || N(0, K)], dense."""
+    P, M = q_mean.shape
+    Kinv = np.linalg.inv(K)
+    _, logdet_K = np.linalg.slogdet(K)
+    total = 0.0
+    for p in range(P):
+        _, logdet_S = np.linalg.slogdet(S[p])
+        total += 0.5 * (
+            np.trace(Kinv @ S[p]) + q_mean[p] @ Kinv @ q_mean[p] - M + logdet_K - logdet_S
+        )
+    return total
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("sqrt_kind", ["full", "diag"])
+def test_gauss_kl_matches_dense_formula(whiten, sqrt_kind):
+    rs = _rs(20 + 2 * whiten + (sqrt_kind == "diag"))
+    P, M = 3, 6
+    q_mean = rs.randn(P, M)
+    if sqrt_kind == "full":
+        q_sqrt = random_lower(rs, P, M)
+        S = np.einsum("pij,pkj->pik", q_sqrt, q_sqrt)
+    else:
+        q_sqrt = 0.2 + np.abs(rs.randn(P, M))
+        S = np.stack([np.diag(s**2) for s in q_sqrt])
+    if whiten:
+        K, prior_chol = np.eye(M), None
+    else:
+        Z = rs.randn(M, 2) * 1.5
+        K = rbf(Z, Z) + 1e-6 * np.eye(M)
+        prior_chol = jnp.asarray(np.linalg.cholesky(K))
+    kl = gauss_kl(jnp.asarray(q_mean), jnp.asarray(q_sqrt), prior_chol)
+    assert np.ndim(kl) == 0
+    np.testing.assert_allclose(float(kl), ref_kl(q_mean, S, K), rtol=1e-8, atol=1e-8)
+
+
+def test_gauss_kl_zero_when_q_equals_p():
+    rs = _rs(30)
+    M, P = 6, 2
+    Z = rs.randn(M, 2)
+    K = rbf(Z, Z) + 1e-3 * np.eye(M)
+    L = np.linalg.cholesky(K)
+    zeros = np.zeros((P, M))
+    assert abs(float(gauss_kl(zeros, jnp.asarray(np.broadcast_to(np.eye(M), (P, M, M)))))) < 1e-12
+    assert abs(float(gauss_kl(zeros, jnp.ones((P, M))))) < 1e-12
+    assert abs(float(gauss_kl(zeros, jnp.asarray(np.broadcast_to(L, (P, M, M))), L))) < 1e-9
+    # a diagonal prior matched by a diagonal q
+    Kd = np.diag(0.5 + rs.rand(M))
+    kl = gauss_kl(zeros, jnp.asarray(np.tile(np.sqrt(np.diag(Kd)), (P, 1))), np.linalg.cholesky(Kd))
+    assert abs(float(kl)) < 1e-12
+
+
+def test_gauss_kl_nonnegative_random():
+    rs = _rs(31)
+    P, M = 2, 5
+    kl_white = jax.jit(lambda m, s: gauss_kl(m, s))
+    kl_prior = jax.jit(lambda m, s, L: gauss_kl(m, s, L))
+    for _ in range(10):
+        q_mean = rs.randn(P, M) * rs.rand()
+        Z = rs.randn(M, 2) * 2
+        L = np.linalg.cholesky(rbf(Z, Z) + 1e-4 * np.eye(M))
+        for q_sqrt in (random_lower(rs, P, M, scale=rs.rand()), 0.1 + rs.rand(P, M)):
+            assert float(kl_white(q_mean, q_sqrt)) >= 0.0
+            assert float(kl_prior(q_mean, q_sqrt, L)) >= 0.0
+
+
+def test_gauss_kl_monte_carlo():
+    rs = _rs(32)
+    M = 3
+    m = rs.randn(M) * 0.5
+    Lq = random_lower(rs, 1, M, scale=0.3)[0]
+    S = Lq @ Lq.T
+    Z = rs.randn(M, 1) * 1.5
+    K = rbf(Z, Z) + 1e-2 * np.eye(M)
+    q = multivariate_normal(mean=m, cov=S)
+    p = multivariate_normal(mean=np.zeros(M), cov=K)
+    x = q.rvs(size=200_000, random_state=rs)
+    d = q.logpdf(x) - p.logpdf(x)
+    est, se = d.mean(), d.std(ddof=1) / np.sqrt(d.size)
+    kl = float(gauss_kl(m[None], jnp.asarray(Lq[None]), np.linalg.cholesky(K)))
+    assert abs(kl - est) < 4 * se, (kl, est, se)
+
+
+# ======================================================================== linalg
+
+
+def test_jittered_cholesky_reconstructs():
+    rs = _rs(40)
+    A = rs.randn(8, 8)
+    K = A @ A.T
+    for jitter in (1e-6, 0.5):
+        L = np.asarray(jittered_cholesky(jnp.asarray(K), jitter))
+        assert np.allclose(L, np.tril(L))
+        np.testing.assert_allclose(L @ L.T, K + jitter * np.eye(8), rtol=1e-10, atol=1e-10)
+    # batched
+    Kb = np.stack([K, K + np.eye(8)])
+    Lb = np.asarray(jittered_cholesky(jnp.asarray(Kb), 1e-3))
+    np.testing.assert_allclose(
+        np.einsum("bij,bkj->bik", Lb, Lb), Kb + 1e-3 * np.eye(8), rtol=1e-10, atol=1e-10
+    )
+
+
+def test_robust_cholesky_recovers_from_singular():
+    rs = _rs(41)
+    V = rs.randn(50, 3) * 100.0
+    K = V @ V.T  # exactly rank 3, entries ~1e4
+    plain = np.asarray(jittered_cholesky(jnp.asarray(K), 1e-12))
+    assert not np.all(np.isfinite(plain))  # precondition: plain Cholesky fails
+    L, used = jax.jit(lambda k: robust_cholesky(k, 1e-12, max_tries=6, factor=100.0))(K)
+    L, used = np.asarray(L), float(used)
+    assert np.all(np.isfinite(L))
+    assert used > 1e-12
+    np.testing.assert_allclose(
+        L @ L.T, K + used * np.eye(50), rtol=1e-8, atol=1e-8 * np.abs(K).max()
+    )
+
+
+def test_robust_cholesky_float32_near_duplicates():
+    rs = _rs(42)
+    base = rs.rand(10, 1)
+    X = np.repeat(base, 5, axis=0) + 1e-6 * rs.randn(50, 1)
+    K = jnp.asarray(rbf(X, X, variance=1.0, lengthscale=1.0), jnp.float32)
+    jitter = 1e-7
+    assert not np.all(np.isfinite(np.asarray(jittered_cholesky(K, jitter))))
+    L, used = jax.jit(lambda k: robust_cholesky(k, jitter, max_tries=5, factor=10.0))(K)
+    assert np.all(np.isfinite(np.asarray(L)))
+    assert float(used) > jitter
+    Ln = np.asarray(L, np.float64)
+    np.testing.assert_allclose(
+        Ln @ Ln.T, np.asarray(K, np.float64) + float(used) * np.eye(50), atol=1e-4
+    )
+
+
+def test_robust_cholesky_keeps_first_jitter_when_fine():
+    rs = _rs(43)
+    A = rs.randn(6, 6)
+    K = jnp.asarray(A @ A.T + np.eye(6))
+    L, used = robust_cholesky(K, 1e-6)
+    assert float(used) == 1e-6
+    L_plain = np.asarray(jittered_cholesky(K, 1e-6))
+    np.testing.assert_allclose(np.asarray(L), L_plain, rtol=0, atol=0)
+    # also under jit
+    L2, used2 = jax.jit(lambda k: robust_cholesky(k, 1e-6))(K)
+    np.testing.assert_allclose(np.asarray(L2), np.asarray(L), rtol=1e-12, atol=1e-12)
+    assert float(used2) == 1e-6
+
+
+@pytest.mark.parametrize("bad", [0.0, -1e-6, float("nan"), float("inf")])
+def test_bad_jitter_raises(bad):
+    K = jnp.eye(3)
+    with pytest.raises(ValueError, match="jitter"):
+        jittered_cholesky(K, bad)
+    with pytest.raises(ValueError, match="jitter"):
+        robust_cholesky(K, bad)
+
+
+def test_triangular_inverse():
+    rs = _rs(44)
+    L = random_lower(rs, 1, 9)[0]
+    np.testing.assert_allclose(
+        np.asarray(triangular_inverse(jnp.asarray(L))), np.linalg.inv(L), rtol=1e-10, atol=1e-10
+    )
+    Lb = random_lower(rs, 4, 5)
+    np.testing.assert_allclose(
+        np.asarray(triangular_inverse(jnp.asarray(Lb))), np.linalg.inv(Lb), rtol=1e-10, atol=1e-10
+    )
+
+
+def test_default_jitter():
+    assert default_jitter(jnp.float32) > default_jitter(jnp.float64) > 0
+    assert default_jitter(np.float64) == default_jitter(jnp.float64)
+
+
+# ======================================================================== quadrature
+
+
+NORMAL_MOMENTS = {0: 1.0, 1: 0.0, 2: 1.0, 3: 0.0, 4: 3.0, 5: 0.0, 6: 15.0, 7: 0.0, 8: 105.0, 9: 0.0}
+
+
+@pytest.mark.parametrize("K", [1, 2, 3, 4, 5])
+def test_gauss_hermite_exact_up_to_degree(K):
+    nodes, weights = gauss_hermite(K)
+    assert nodes.shape == weights.shape == (K,)
+    np.testing.assert_allclose(weights.sum(), 1.0, rtol=1e-14)
+    for deg in range(0, min(2 * K - 1, 9) + 1):
+        np.testing.assert_allclose(
+            np.sum(weights * nodes**deg), NORMAL_MOMENTS[deg], rtol=1e-10, atol=1e-10
+        )
+    # degree 2K is not integrated exactly (sanity check of the claim's sharpness)
+    if 2 * K <= 8:
+        assert abs(np.sum(weights * nodes ** (2 * K)) - NORMAL_MOMENTS[2 * K]) > 1e-3
+
+
+def test_gauss_hermite_rejects_zero_points():
+    with pytest.raises(ValueError):
+        gauss_hermite(0)
+
+
+def test_gauss_hermite_product_2d():
+    K = 4
+    nodes, weights = gauss_hermite_product(K, 2)
+    assert nodes.shape == (K**2, 2) and weights.shape == (K**2,)
+    np.testing.assert_allclose(weights.sum(), 1.0, rtol=1e-14)
+    x, y = nodes[:, 0], nodes[:, 1]
+    for a in range(0, 7):
+        for b in range(0, 7):
+            np.testing.assert_allclose(
+                np.sum(weights * x**a * y**b),
+                NORMAL_MOMENTS[a] * NORMAL_MOMENTS[b],
+                rtol=1e-10,
+                atol=1e-10,
+            )
+    # E[(x + 2 y)^2] = 5 (a rotated quadratic)
+    np.testing.assert_allclose(np.sum(weights * (x + 2 * y) ** 2), 5.0, rtol=1e-12)
+
+
+def _ref_log_normal(y, f, s2):
+    return -0.5 * np.log(2 * np.pi * s2) - 0.5 * (y - f) ** 2 / s2
+
+
+def test_expected_log_normal_vs_gauss_hermite_and_monte_carlo():
+    rs = _rs(50)
+    n = 6
+    y = rs.randn(n)
+    m = rs.randn(n)
+    v = 0.1 + rs.rand(n)
+    s2 = 0.2 + rs.rand(n)
+    out = np.asarray(
+        expected_log_normal(jnp.asarray(y), jnp.asarray(m), jnp.asarray(v), jnp.asarray(s2))
+    )
+    assert out.shape == (n,)
+    nodes, weights = np.polynomial.hermite_e.hermegauss(20)
+    weights = weights / np.sqrt(2 * np.pi)
+    f = m[:, None] + np.sqrt(v)[:, None] * nodes[None, :]
+    gh = np.sum(weights * _ref_log_normal(y[:, None], f, s2[:, None]), axis=1)
+    np.testing.assert_allclose(out, gh, rtol=1e-10, atol=1e-10)
+    # Monte Carlo
+    S = 200_000
+    fs = m[:, None] + np.sqrt(v)[:, None] * rs.randn(n, S)
+    vals = _ref_log_normal(y[:, None], fs, s2[:, None])
+    est = vals.mean(1)
+    se = vals.std(1, ddof=1) / np.sqrt(S)
+    assert np.all(np.abs(out - est) < 4 * se), (out, est, se)
+
+
+# ======================================================================== kmeans
+
+
+def _blobs():
+    rs = _rs(60)
+    centres = np.array([[-5.0, 0.0], [0.0, 5.0], [5.0, -1.0]])
+    X = np.concatenate([c + 0.05 * rs.randn(100, 2) for c in centres])
+    # the exact blob means (what Lloyd's algorithm converges to)
+    means = np.stack([X[i * 100:(i + 1) * 100].mean(0) for i in range(3)])
+    return X, centres, means
+
+
+def _sorted(C):
+    C = np.asarray(C)
+    return C[np.lexsort(C.T[::-1])]
+
+
+_kmeans_jit = jax.jit(kmeans, static_argnums=2)
+
+
+def test_kmeans_recovers_blob_centres():
+    # every key, not a lucky one: the start must not leave two centres in one blob
+    X, centres, means = _blobs()
+    for seed in range(20):
+        C = _kmeans_jit(jax.random.PRNGKey(seed), jnp.asarray(X), 3)
+        assert C.shape == (3, 2)
+        np.testing.assert_allclose(_sorted(C), _sorted(centres), atol=1e-2)
+        np.testing.assert_allclose(_sorted(C), _sorted(means), atol=1e-10)
+
+
+def test_kmeans_eager_equals_jit():
+    X, centres, _ = _blobs()
+    C = kmeans(jax.random.PRNGKey(5), jnp.asarray(X), 3)
+    np.testing.assert_allclose(_sorted(C), _sorted(centres), atol=1e-2)
+    C2 = _kmeans_jit(jax.random.PRNGKey(5), jnp.asarray(X), 3)
+    np.testing.assert_allclose(np.asarray(C2), np.asarray(C), rtol=0, atol=1e-12)
+
+
+def test_kmeans_too_many_clusters():
+    X = jnp.asarray(_rs(61).randn(5, 2))
+    with pytest.raises(ValueError, match="num_inducing"):
+        kmeans(jax.random.PRNGKey(0), X, 6)
+
+
+def test_kmeans_m_equals_n_returns_the_points():
+    X = _rs(62).randn(6, 2)
+    C = _kmeans_jit(jax.random.PRNGKey(1), jnp.asarray(X), 6)
+    np.testing.assert_allclose(_sorted(C), _sorted(X), atol=1e-12)
