@@ -154,10 +154,14 @@ def _hyperparameters(name, kernel, dtype, priors, learn):
     values = {}
     for hp, init in kernel.hyperparameters().items():
         site = f"{name}.kernel.{hp}"
-        if hp in priors:
-            values[hp] = numpyro.sample(site, priors[hp])
-            continue
         init = jnp.asarray(init, dtype)
+        if hp in priors:
+            prior = priors[hp]
+            if prior.event_shape == () and prior.batch_shape != init.shape:
+                # a scalar prior on an ARD hyperparameter: one independent copy per dimension
+                prior = prior.expand(init.shape).to_event(init.ndim)
+            values[hp] = numpyro.sample(site, prior)
+            continue
         if _concrete_bool(jnp.all(init > 0)) is False:
             raise ValueError(
                 f"gp_layer {name!r}: kernel hyperparameter {hp!r} must be positive, got {init}"
@@ -212,6 +216,18 @@ def gp_layer(
     if inducing not in _INDUCING_MODES:
         raise NotImplementedError(
             f"gp_layer {name!r}: inducing={inducing!r} is not available; supported: {_INDUCING_MODES}"
+        )
+    if not numpyro.primitives._PYRO_STACK:
+        raise RuntimeError(
+            f"gp_layer {name!r} needs a random key: run the model under numpyro.handlers.seed "
+            "(SVI, MCMC and Predictive do this)"
+        )
+    plates = [h.name for h in numpyro.primitives._PYRO_STACK if isinstance(h, numpyro.plate)]
+    if plates:
+        raise ValueError(
+            f"gp_layer {name!r} is called inside plate(s) {plates}: its inducing points are global. "
+            "Call it outside data plates and subsample the inputs first "
+            "(with plate: X_batch = numpyro.subsample(X, event_dim=1))"
         )
     X = jnp.asarray(X)
     if X.ndim != 2:
@@ -281,6 +297,8 @@ def gp_layer(
         infer={"dgp_layer": name, "whiten": whiten},
     )
 
+    # NumPyro draws in the default float type; keep the layer in its inputs' precision
+    u = jnp.asarray(u, X.dtype)
     layer = Layer(name, kernel, Z, Kmm_chol, mean_fn, whiten, jitter, out_dim, u_site)
     rng_key = numpyro.prng_key()
     if rng_key is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 
@@ -59,6 +61,12 @@ def kmeans(rng_key, X, num_clusters: int, num_iters: int = 25):
             f"num_inducing={num_clusters} exceeds the {N} points available to initialise "
             "the inducing inputs by k-means; lower num_inducing or pass inducing_inputs="
         )
+    return _kmeans(rng_key, X, int(num_clusters), int(num_iters))
+
+
+@partial(jax.jit, static_argnums=(2, 3))
+def _kmeans(rng_key, X, num_clusters, num_iters):
+    # jitted: run eagerly (at model initialisation) the loops would be re-traced op by op
     centres = _kmeanspp_start(rng_key, X, num_clusters)
 
     def step(centres, _):

@@ -1,0 +1,175 @@
+"""gp_layer: sites, options (mean functions, fixed/learned parameters, k-means) and bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro import handlers
+from numpyro.infer import SVI
+
+import numpyro_dgp as dgp
+
+
+def run_layer(X, seed=0, **kwargs):
+    def model():
+        return dgp.gp_layer("h", X, kwargs.pop("kernel", dgp.kernels.RBF()), **kwargs)
+
+    return handlers.trace(handlers.seed(model, seed)).get_trace()
+
+
+def test_sites_and_shapes():
+    X = jnp.asarray(np.random.RandomState(0).randn(20, 3))
+    tr = run_layer(X, num_inducing=6, out_dim=2)
+    assert tr["h.u"]["type"] == "sample" and tr["h.u"]["value"].shape == (2, 6)
+    assert tr["h.u"]["infer"]["dgp_layer"] == "h"
+    assert tr["h.layer"]["type"] == "dgp_layer"
+    assert tr["h"]["type"] == "deterministic" and tr["h"]["value"].shape == (20, 2)
+    assert tr["h.inducing_inputs"]["value"].shape == (6, 3)
+    assert tr["h.kernel.lengthscale"]["value"].shape == (3,)  # ARD by default
+    assert tr["h.kernel.variance"]["type"] == "param"
+
+
+def test_default_propagation_is_the_conditional_given_u():
+    """Draws of the layer output given u have the conditional mean and variance of p(f | u)."""
+    X = jnp.linspace(-1, 1, 4)[:, None]
+    Z = jnp.linspace(-1, 1, 3)[:, None]
+    k = dgp.kernels.RBF(variance=0.7, lengthscale=0.5)
+    u = jnp.array([[0.3, -1.0, 0.5]])
+
+    def model():
+        return dgp.gp_layer("h", X, k, inducing_inputs=Z, jitter=1e-9)
+
+    draws = jax.vmap(lambda key: handlers.seed(handlers.condition(model, {"h.u": u}), key)())(
+        jax.random.split(jax.random.PRNGKey(0), 40_000))[..., 0]
+    Kzz = np.asarray(k(Z)) + 1e-9 * np.eye(3)
+    L = np.linalg.cholesky(Kzz)
+    A = np.linalg.solve(L, np.asarray(k(Z, X)))
+    mean = A.T @ np.asarray(u[0])  # whitened: u - mu(Z) = L v
+    var = 0.7 - (A**2).sum(0)
+    np.testing.assert_allclose(np.asarray(draws).mean(0), mean, atol=4 * np.sqrt(var.max() / 40_000))
+    np.testing.assert_allclose(np.asarray(draws).var(0), var, rtol=0.05, atol=1e-6)
+
+
+def test_kmeans_initialisation_finds_clusters():
+    rng = np.random.RandomState(1)
+    centres = np.array([[-3.0, 0.0], [0.0, 3.0], [3.0, -1.0]])
+    X = jnp.asarray(np.concatenate([c + 0.05 * rng.randn(30, 2) for c in centres]))
+    Z = np.asarray(run_layer(X, num_inducing=3)["h.inducing_inputs"]["value"])
+    found = Z[np.argsort(Z[:, 0])]
+    np.testing.assert_allclose(found, centres, atol=0.05)
+
+
+def test_mean_functions():
+    rng = np.random.RandomState(2)
+    X = jnp.asarray(rng.randn(40, 5) * np.array([5.0, 2.0, 1.0, 0.5, 0.1]))
+    # wider input than output: the PCA projection of the (uncentred) inputs, fixed
+    tr = run_layer(X, num_inducing=4, out_dim=2, mean="identity")
+    W = np.asarray(tr["h.mean.weight"]["value"])
+    _, _, Vt = np.linalg.svd(np.asarray(X), full_matrices=False)
+    np.testing.assert_allclose(np.abs(W), np.abs(Vt[:2].T), atol=1e-10)
+    # narrower input than output: zero padding
+    tr = run_layer(X[:, :2], num_inducing=4, out_dim=3, mean="identity")
+    np.testing.assert_array_equal(tr["h.mean.weight"]["value"], np.eye(2, 3))
+    # linear: learnable weight and bias
+    tr = run_layer(X, num_inducing=4, out_dim=2, mean="linear")
+    assert "h.mean.bias" in tr and tr["h.mean.weight"]["value"].shape == (5, 2)
+    # same width: no parameter, and a zero-variance layer returns its input
+    tr = run_layer(X[:, :2], num_inducing=4, out_dim=2, mean="identity")
+    assert "h.mean.weight" not in tr
+    # callable
+    tr = run_layer(X[:, :1], num_inducing=3, mean=lambda A: 2 * A, kernel=dgp.kernels.RBF(variance=1e-12))
+    np.testing.assert_allclose(tr["h"]["value"], 2 * np.asarray(X[:, :1]), atol=1e-4)
+
+
+def test_fixed_inducing_inputs_hyperparameters_and_identity_mean_do_not_move():
+    rng = np.random.RandomState(3)
+    X = jnp.asarray(rng.randn(25, 3))
+    y = jnp.asarray(rng.randn(25))
+
+    def model(X, y=None):
+        h = dgp.gp_layer("h1", X, dgp.kernels.RBF(), num_inducing=5, out_dim=2, mean="identity",
+                         learn_inducing=False, learn_hyperparameters=False)
+        f = dgp.gp_layer("h2", h, dgp.kernels.RBF(), num_inducing=5)
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(f[..., 0], 0.3), obs=y)
+
+    guide = dgp.guides.AutoFactorisedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(0.05), dgp.DGPElbo())
+    state = svi.init(jax.random.PRNGKey(0), X, y)
+    before = svi.get_params(state)
+    after = dgp.fit(svi, None, X, y, num_steps=30, init_state=state, progress_bar=False).params
+    for fixed in ("h1.inducing_inputs", "h1.kernel.variance", "h1.kernel.lengthscale", "h1.mean.weight"):
+        np.testing.assert_array_equal(after[fixed], before[fixed])
+    for learned in ("h2.inducing_inputs", "h2.kernel.lengthscale", "h1.u_auto_loc"):
+        assert not np.allclose(after[learned], before[learned])
+
+
+def test_inducing_inputs_argument():
+    X = jnp.linspace(0, 1, 10)[:, None]
+    Z = jnp.array([[0.1], [0.5], [0.9]])
+    tr = run_layer(X, inducing_inputs=Z)
+    np.testing.assert_array_equal(tr["h.inducing_inputs"]["value"], Z)
+    with pytest.raises(ValueError, match=r"inducing_inputs must have shape \(M, 1\)"):
+        run_layer(X, inducing_inputs=jnp.ones((3, 2)))
+    with pytest.raises(ValueError, match="disagrees"):
+        run_layer(X, inducing_inputs=Z, num_inducing=4)
+    with pytest.raises(ValueError, match="inducing_inputs contains NaN"):
+        run_layer(X, inducing_inputs=Z.at[0, 0].set(jnp.nan))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(X=jnp.ones(5), num_inducing=2), ValueError, r"X must have shape \(num_points, dim\)"),
+        (dict(X=jnp.ones((5, 1)).at[2, 0].set(jnp.nan), num_inducing=2), ValueError, "X contains NaN"),
+        (dict(num_inducing=2, kernel=dgp.kernels.RBF(variance=-1.0)), ValueError, "'variance' must be positive"),
+        (dict(num_inducing=2, kernel=dgp.kernels.Matern32(lengthscale=0.0)), ValueError, "'lengthscale' must be positive"),
+        (dict(num_inducing=2, jitter=0.0), ValueError, "jitter must be a finite positive"),
+        (dict(num_inducing=2, jitter=float("nan")), ValueError, "jitter"),
+        (dict(), ValueError, "give num_inducing"),
+        (dict(num_inducing=50), ValueError, "num_inducing=50 exceeds"),
+        (dict(num_inducing=2, out_dim=0), ValueError, "out_dim must be a positive integer"),
+        (dict(num_inducing=2, mean="quadratic"), ValueError, "mean must be one of"),
+        (dict(num_inducing=2, priors={"period": dist.LogNormal()}), ValueError, "not a hyperparameter"),
+        (dict(num_inducing=2, inducing="locations"), NotImplementedError, "inducing='locations'"),
+        (dict(num_inducing=2, kernel="rbf"), TypeError, "kernel must be"),
+    ],
+)
+def test_bad_input_names_the_argument(kwargs, error, match):
+    X = kwargs.pop("X", jnp.linspace(0, 1, 8)[:, None])
+    with pytest.raises(error, match=match):
+        run_layer(X, **kwargs)
+
+
+def test_guides_refuse_models_they_cannot_handle():
+    def no_layers(X, y=None):
+        numpyro.sample("y", dist.Normal(X[:, 0], 1.0), obs=y)
+
+    X = jnp.ones((4, 1))
+    with pytest.raises(ValueError, match="no gp_layer"):
+        handlers.seed(dgp.guides.AutoFactorisedDGP(no_layers), 0)(X)
+
+    def layer_in_plate(X, y=None):
+        with numpyro.plate("data", X.shape[0]):
+            f = dgp.gp_layer("f", X, dgp.kernels.RBF(), num_inducing=2)
+            numpyro.sample("y", dist.Normal(f[..., 0], 1.0), obs=y)
+
+    with pytest.raises(ValueError, match=r"'f' is called inside plate\(s\) \['data'\]"):
+        handlers.seed(dgp.guides.AutoFactorisedDGP(layer_in_plate), 0)(jnp.linspace(0, 1, 4)[:, None])
+    with pytest.raises(ValueError, match="inner_init"):
+        dgp.guides.AutoFactorisedDGP(no_layers, inner_init="zero")
+
+
+def test_model_without_seed_explains_itself():
+    with pytest.raises(RuntimeError, match="needs a random key"):
+        dgp.gp_layer("h", jnp.ones((3, 1)), dgp.kernels.RBF(), inducing_inputs=jnp.ones((1, 1)))
+
+
+def test_float32_layer_uses_float32_jitter():
+    X = jnp.linspace(0, 1, 50, dtype=jnp.float32)[:, None]
+    tr = run_layer(X, num_inducing=10)
+    assert tr["h"]["value"].dtype == jnp.float32
+    assert bool(jnp.all(jnp.isfinite(tr["h"]["value"])))
+    assert tr["h.layer"]["args"][0].jitter == dgp.core.default_jitter(jnp.float32)
