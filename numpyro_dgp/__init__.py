@@ -5,7 +5,7 @@ Write a DGP with :func:`gp_layer`; choose inference by choosing a guide
 handler (:mod:`numpyro_dgp.handlers`); train with :func:`fit`; predict with :func:`predict`.
 """
 
-from numpyro_dgp import core, datasets, guides, handlers, kernels
+from numpyro_dgp import core, datasets, experiments, guides, handlers, kernels, models
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.io import load_params, save_params
 from numpyro_dgp.layers import gp_layer
@@ -20,6 +20,7 @@ __all__ = [
     "Prediction",
     "core",
     "datasets",
+    "experiments",
     "fit",
     "gaussian_mixture_crps",
     "gp_layer",
@@ -29,6 +30,7 @@ __all__ = [
     "load_params",
     "log_likelihood",
     "metrics",
+    "models",
     "predict",
     "sample_layers",
     "save_params",

@@ -66,27 +66,10 @@ def fit_dsvi(
     model = deep_gp_regression(num_layers, num_inducing=num_inducing, hidden_width=hidden_width, noise_init=noise_init)
     guide = AutoFactorisedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(learning_rate), DGPElbo(num_particles=num_particles))
-    init_key, run_key = jax.random.split(rng_key)
     kwargs = {"batch_size": batch_size} if batch_size else {}
-    state = svi.init(init_key, X, y, **kwargs)
-    chunk = min(chunk_size, num_steps)
-    # First chunk: compile + run; remaining chunks: steady speed.
-    t0 = time.perf_counter()
-    first = fit(svi, run_key, X, y, num_steps=chunk, chunk_size=chunk, progress_bar=False, init_state=state, **kwargs)
-    jax.block_until_ready(first.params)
-    t_first = time.perf_counter() - t0
-    if num_steps > chunk:
-        t1 = time.perf_counter()
-        result = fit(svi, run_key, X, y, num_steps=num_steps - chunk, chunk_size=chunk,
-                     progress_bar=progress_bar, init_state=first.state, **kwargs)
-        jax.block_until_ready(result.params)
-        steady = (time.perf_counter() - t1) / (num_steps - chunk)
-        losses = np.concatenate([first.losses, result.losses])
-        result = result._replace(losses=losses, num_skipped=first.num_skipped + result.num_skipped)
-    else:
-        result = first
-        steady = float("nan")
-    compile_seconds = t_first - (chunk * steady if np.isfinite(steady) else 0.0)
+    result = fit(svi, rng_key, X, y, num_steps=num_steps, chunk_size=min(chunk_size, num_steps),
+                 progress_bar=progress_bar, **kwargs)
+    steady, compile_seconds = result.seconds_per_step, result.compile_seconds
     return model, guide, result, steady, compile_seconds
 
 

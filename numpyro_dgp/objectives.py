@@ -137,6 +137,8 @@ def _weighted_log_prob(site, weights):
     """Site log-density summed over its plates, averaging the quadrature axis if present."""
     lp = site["fn"].log_prob(site["value"])
     if site["infer"].get("dgp_quadrature"):
+        # Sites after the last layer carry the quadrature axis in front of their plate/batch
+        # dimensions when they depend on the layer's output; one that does not has no such axis.
         batch_ndim = max([-f.dim for f in site["cond_indep_stack"]] + [len(site["fn"].batch_shape) - 1, 0])
         if jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == len(weights):
             lp = jnp.tensordot(jnp.asarray(weights, lp.dtype), lp, axes=(0, 0))

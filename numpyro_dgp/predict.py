@@ -52,6 +52,16 @@ class Prediction(NamedTuple):
     layer_variances: dict
 
 
+def _check_guide_is_set_up(guide, caller):
+    # AutoGuides build themselves on first call; inside jit/eval_shape that would leak
+    # tracers, and on test inputs (y absent) it would treat y as a latent site.
+    if getattr(guide, "prototype_trace", "absent") is None:
+        raise ValueError(
+            f"{caller}: the guide has not been set up. Run svi.init(...) / fit(...) with it, or "
+            "call guide.setup(rng_key, X_train, y_train) on the training data (e.g. after load_params)"
+        )
+
+
 def _observation_site(model_trace, obs_site):
     tail = [n for n, s in model_trace.items() if s["type"] == "sample" and (s.get("infer") or {}).get("dgp_quadrature")]
     if obs_site is None:
@@ -101,16 +111,24 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
         raise ValueError(f"predict: X_new must have shape (num_points, dim), got {X_new.shape}")
     if not bool(jnp.all(jnp.isfinite(X_new))):
         raise ValueError("predict: X_new contains NaN or inf values")
-    model_args = (X_new,) + args
-    # 3 Gauss-Hermite nodes give the exact mean and variance of an affine location
-    run0 = marginal_trace(model, guide, params, rng_key, model_args, kwargs, 3)
-    name = _observation_site(run0.model_trace, obs_site)
-    layer_names = list(run0.layer_order)
+    _check_guide_is_set_up(guide, "predict")
+    found = {}
+
+    def probe():
+        # abstract run (jax.eval_shape): finds the observation site and the layers, computes nothing
+        run = marginal_trace(model, guide, params, rng_key, (X_new,) + args, kwargs, 3)
+        found["name"] = _observation_site(run.model_trace, obs_site)
+        found["layers"] = list(run.layer_order)
+        return 0
+
+    jax.eval_shape(probe)
+    name, layer_names = found["name"], found["layers"]
     last = layer_names[-1]
 
-    def one(key):
+    def one(key, params, X_new):
         run_key, draw_key = jax.random.split(key)
-        run = marginal_trace(model, guide, params, run_key, model_args, kwargs, 3)
+        # 3 Gauss-Hermite nodes give the exact mean and variance of an affine location
+        run = marginal_trace(model, guide, params, run_key, (X_new,) + args, kwargs, 3)
         loc, scale = _normal_of(run.model_trace[name]["fn"], name)
         w = jnp.asarray(run.quadrature_weights, loc.dtype)
         loc = jnp.broadcast_to(loc, jnp.broadcast_shapes(jnp.shape(loc), jnp.shape(scale)))
@@ -125,7 +143,8 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
         return m, v_f + noise, layers, means, variances
 
     keys = jax.random.split(rng_key, int(num_samples))
-    comp_m, comp_v, layers, means, variances = jax.vmap(one)(keys)
+    batched = jax.jit(jax.vmap(one, in_axes=(0, None, None)))
+    comp_m, comp_v, layers, means, variances = batched(keys, params, X_new)
     mean = comp_m.mean(0)
     variance = (comp_v + comp_m**2).mean(0) - mean**2
     return Prediction(mean, variance, comp_m, comp_v, layers, means, variances)
@@ -138,8 +157,9 @@ def sample_layers(model, guide, params, rng_key, X, *args, num_samples: int = 25
     drawn with its full covariance over the ``N`` points, so a sample is a smooth function
     (use a grid of a few hundred points).
     """
+    _check_guide_is_set_up(guide, "sample_layers")
 
-    def one(key):
+    def one(key, params, X):
         guide_key, model_key = jax.random.split(key)
         guide_trace = trace(substitute(seed(guide, guide_key), data=params)).get_trace(X, *args, **kwargs)
         m = substitute(replay(seed(model, model_key), guide_trace), data=params)
@@ -150,7 +170,7 @@ def sample_layers(model, guide, params, rng_key, X, *args, num_samples: int = 25
         return {n: tr[n]["value"] for n in names}
 
     keys = jax.random.split(rng_key, int(num_samples))
-    return jax.vmap(one)(keys)
+    return jax.jit(jax.vmap(one, in_axes=(0, None, None)))(keys, params, jnp.asarray(X))
 
 
 def log_likelihood(prediction: Prediction, y):

@@ -244,6 +244,9 @@ def test_save_load_round_trip_gives_identical_predictions(data, fitted, tmp_path
         assert loaded[k].dtype == params[k].dtype
         np.testing.assert_array_equal(loaded[k], params[k])
     fresh_guide = dgp.guides.AutoFactorisedDGP(one_layer)
+    with pytest.raises(ValueError, match="guide has not been set up"):
+        dgp.predict(one_layer, fresh_guide, loaded, jax.random.PRNGKey(0), X, num_samples=3)
+    fresh_guide.setup(jax.random.PRNGKey(9), X, y)
     a = dgp.predict(one_layer, guide, params, jax.random.PRNGKey(0), X, num_samples=3)
     b = dgp.predict(one_layer, fresh_guide, loaded, jax.random.PRNGKey(0), X, num_samples=3)
     np.testing.assert_array_equal(a.mean, b.mean)

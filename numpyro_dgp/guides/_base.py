@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from numpyro import handlers
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
@@ -79,6 +80,17 @@ class DGPGuide(AutoGuide):
                 handlers.block(self.model, hide=list(u_names)), prefix=f"{self.prefix}_other"
             )
 
+    def setup(self, rng_key, *args, **kwargs):
+        """Build the guide's structure from the model run on the *training* arguments.
+
+        ``svi.init`` does this; call it on a fresh guide before :func:`numpyro_dgp.predict`
+        with loaded parameters (with ``y`` given, so ``y`` is not mistaken for a latent site).
+
+        :return: ``self``.
+        """
+        handlers.seed(self._setup_prototype, rng_key)(*args, **kwargs)
+        return self
+
     def _sample_others(self, *args, **kwargs):
         return {} if self._other_guide is None else self._other_guide(*args, **kwargs)
 
@@ -87,13 +99,16 @@ class DGPGuide(AutoGuide):
 
         :return: ``{site: array of shape sample_shape + site shape}``.
         """
-        def one(key):
+        if self.prototype_trace is None:
+            self.setup(rng_key, *args, **kwargs)
+
+        def one(key, params):
             tr = handlers.trace(handlers.seed(handlers.substitute(self, data=params), key)).get_trace(*args, **kwargs)
             return {n: s["value"] for n, s in tr.items() if s["type"] == "sample" and not s["is_observed"]}
 
-        num = int(jnp.prod(jnp.asarray(sample_shape))) if sample_shape else 1
+        num = int(np.prod(sample_shape)) if sample_shape else 1
         keys = jax.random.split(rng_key, num)
-        samples = jax.vmap(one)(keys)
+        samples = jax.jit(jax.vmap(one, in_axes=(0, None)))(keys, params)
         return jax.tree_util.tree_map(lambda x: x.reshape(tuple(sample_shape) + x.shape[1:]), samples)
 
     def _other_median(self, params):

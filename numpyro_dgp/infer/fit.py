@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from typing import Any, NamedTuple
 
@@ -20,12 +21,30 @@ class FitResult(NamedTuple):
     :ivar losses: ``(num_steps,)`` loss per step (non-finite where the step was skipped).
     :ivar state: the final ``SVIState`` (pass back as ``init_state`` to continue).
     :ivar num_skipped: steps whose loss or new parameters were not finite (not applied).
+    :ivar chunk_seconds: wall time of each compiled chunk (the first includes compilation).
+    :ivar chunk_size: steps per chunk.
     """
 
     params: dict
     losses: np.ndarray
     state: Any
     num_skipped: int
+    chunk_seconds: np.ndarray
+    chunk_size: int
+
+    @property
+    def seconds_per_step(self) -> float:
+        """Steady time per step: median over the chunks after the first (NaN with one chunk)."""
+        if len(self.chunk_seconds) < 2:
+            return float("nan")
+        return float(np.median(self.chunk_seconds[1:]) / self.chunk_size)
+
+    @property
+    def compile_seconds(self) -> float:
+        """First chunk's time minus a steady chunk's: roughly the compilation time."""
+        if len(self.chunk_seconds) < 2:
+            return float(self.chunk_seconds[0])
+        return float(self.chunk_seconds[0] - np.median(self.chunk_seconds[1:]))
 
 
 def _is_array(x):
@@ -125,6 +144,7 @@ def fit(
     num_chunks = math.ceil(num_steps / chunk)
     losses = np.empty(num_chunks * chunk)
     num_skipped = 0
+    chunk_seconds = []
     bar = None
     if progress_bar:
         from tqdm.auto import tqdm
@@ -133,8 +153,10 @@ def fit(
     try:
         for c in range(num_chunks):
             remaining = num_steps - c * chunk
+            start = time.perf_counter()
             state, (chunk_losses, skipped) = run_chunk(state, jnp.asarray(remaining), dyn_args, dyn_kwargs)
-            chunk_losses = np.asarray(chunk_losses)
+            chunk_losses = np.asarray(chunk_losses)  # the host sync that ends the chunk
+            chunk_seconds.append(time.perf_counter() - start)
             losses[c * chunk:(c + 1) * chunk] = chunk_losses
             num_skipped += int(np.sum(np.asarray(skipped)))
             if bar is not None:
@@ -157,4 +179,4 @@ def fit(
             RuntimeWarning,
             stacklevel=2,
         )
-    return FitResult(svi.get_params(state), losses, state, num_skipped)
+    return FitResult(svi.get_params(state), losses, state, num_skipped, np.asarray(chunk_seconds), chunk)
