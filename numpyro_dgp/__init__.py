@@ -5,7 +5,7 @@ Write a DGP with :func:`gp_layer`; choose inference by choosing a guide
 handler (:mod:`numpyro_dgp.handlers`); train with :func:`fit`; predict with :func:`predict`.
 """
 
-from numpyro_dgp import core, datasets, experiments, guides, handlers, kernels, models
+from numpyro_dgp import core, datasets, experiments, guides, handlers, kernels, models, plots
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.io import load_params, save_params
 from numpyro_dgp.layers import gp_layer
@@ -31,6 +31,7 @@ __all__ = [
     "log_likelihood",
     "metrics",
     "models",
+    "plots",
     "predict",
     "sample_layers",
     "save_params",

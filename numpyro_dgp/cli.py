@@ -48,6 +48,9 @@ def _setup_precision(float32):
 def cmd_demo(args):
     _setup_precision(args.float32)
     import jax
+    import matplotlib
+
+    matplotlib.use("Agg")  # the command writes files; no display needed
 
     from numpyro_dgp.experiments import run_demo
 

@@ -16,6 +16,7 @@ from numpyro_dgp.guides import AutoFactorisedDGP
 from numpyro_dgp.infer import fit
 from numpyro_dgp.models import deep_gp_regression
 from numpyro_dgp.objectives import DGPElbo
+from numpyro_dgp.plots import plot_layer_samples
 from numpyro_dgp.predict import metrics, predict, sample_layers
 
 __all__ = ["RunResult", "run_uci", "run_demo", "fit_dsvi"]
@@ -142,28 +143,12 @@ def run_demo(rng_key=None, *, num_steps=3000, num_inducing=30, output=None, num_
 
 def plot_demo(run: RunResult, data, rng_key, path):
     """Each layer's function samples and the composition (paper 000, Fig. 5 style)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     dtype = jnp.result_type(float)
     grid = jnp.linspace(-1.2, 1.2, 200, dtype=dtype)[:, None]
     samples = sample_layers(run.model, run.guide, run.params, rng_key, grid, num_samples=25)
-    h1, f = np.asarray(samples["h1"][..., 0]), np.asarray(samples["h2"][..., 0])
-    # the second layer as a function of its own input, on the range the first layer covers
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    g = np.asarray(grid[:, 0])
-    axes[0].plot(g, h1.T, color="C0", alpha=0.4, lw=1)
-    axes[0].set(title="layer 1: h1(x)", xlabel="x", ylabel="h1")
-    for s in range(h1.shape[0]):
-        order = np.argsort(h1[s])
-        axes[1].plot(h1[s][order], f[s][order], color="C1", alpha=0.4, lw=1)
-    axes[1].set(title="layer 2: f(h1) along each sample", xlabel="h1", ylabel="f")
-    axes[2].plot(g, f.T, color="C2", alpha=0.4, lw=1)
-    axes[2].scatter(data.X_train[:, 0], data.y_train, s=8, color="k", zorder=3, label="train")
-    axes[2].set(title="composition f(h1(x))", xlabel="x", ylabel="y")
-    axes[2].legend(loc="upper left")
+    fig = plot_layer_samples(grid, samples, data.X_train, data.y_train)
     fig.suptitle(f"2-layer DGP (DSVI) on the step function: test LL {run.metrics['log_likelihood']:.2f}, "
                  f"RMSE {run.metrics['rmse']:.3f}")
     fig.tight_layout()

@@ -327,21 +327,7 @@ code(r"""
 grid = jnp.linspace(-1.2, 1.2, 200)[:, None]
 samples = dgp.sample_layers(model, guide, params, key_layers, grid, num_samples=NUM_LAYER_SAMPLES)
 print({name: value.shape for name, value in samples.items()})
-h1, f = np.asarray(samples["h1"][..., 0]), np.asarray(samples["h2"][..., 0])
-g = np.asarray(grid[:, 0])
-
-fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-axes[0].plot(g, h1.T, color="C0", alpha=0.4, lw=1)
-axes[0].set(title="layer 1: h1(x)", xlabel="x", ylabel="h1")
-for s in range(h1.shape[0]):
-    order = np.argsort(h1[s])
-    axes[1].plot(h1[s][order], f[s][order], color="C1", alpha=0.4, lw=1)
-axes[1].set(title="layer 2: f(h1) along each sample", xlabel="h1", ylabel="f")
-axes[2].plot(g, f.T, color="C2", alpha=0.4, lw=1)
-axes[2].scatter(data.X_train[:, 0], data.y_train, s=8, color="k", zorder=3, label="train")
-axes[2].set(title="composition f(h1(x))", xlabel="x", ylabel="y")
-axes[2].legend(loc="upper left")
-fig.tight_layout()
+fig = dgp.plots.plot_layer_samples(grid, samples, data.X_train, data.y_train)
 plt.show()
 """)
 md(r"""

@@ -147,7 +147,7 @@ def fit(
     chunk_seconds = []
     bar = None
     if progress_bar:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm  # plain text: no ipywidgets needed in notebooks
 
         bar = tqdm(total=num_steps, desc="fit", unit="step")
     try:

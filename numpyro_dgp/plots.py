@@ -1,0 +1,48 @@
+"""Plots of per-layer function samples (matplotlib, imported lazily)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["plot_layer_samples"]
+
+
+def plot_layer_samples(grid, samples, X=None, y=None, layer_names=None, axes=None, output_dim=0):
+    """Each layer's samples and their composition (paper 000, Fig. 5 style).
+
+    Panels: the first layer against ``x``; every later layer against its own input, drawn
+    along the range each sample of the previous layer covers; the composition against ``x``
+    (with the data, if given). Only output ``output_dim`` of each layer is shown.
+
+    :param grid: ``(N, 1)`` inputs the samples were drawn at.
+    :param samples: ``{layer: (S, N, P)}`` from :func:`numpyro_dgp.sample_layers`.
+    :param X: ``(n, 1)`` training inputs to scatter on the composition panel.
+    :param y: ``(n,)`` training targets.
+    :param layer_names: layers in order (default: the order of ``samples``).
+    :param axes: ``len(layers) + 1`` matplotlib axes to draw on (default: a new figure).
+    :return: the matplotlib figure.
+    """
+    import matplotlib.pyplot as plt
+
+    names = list(samples) if layer_names is None else list(layer_names)
+    values = [np.asarray(samples[n])[..., output_dim] for n in names]
+    x = np.asarray(grid)[:, 0]
+    if axes is None:
+        fig, axes = plt.subplots(1, len(names) + 1, figsize=(4.3 * (len(names) + 1), 3.7))
+    fig = axes[0].figure
+    axes[0].plot(x, values[0].T, color="C0", alpha=0.4, lw=1)
+    axes[0].set(title=f"layer 1: {names[0]}(x)", xlabel="x", ylabel=names[0])
+    for i in range(1, len(names)):
+        ax, inputs, outputs = axes[i], values[i - 1], values[i]
+        for s in range(outputs.shape[0]):
+            order = np.argsort(inputs[s])
+            ax.plot(inputs[s][order], outputs[s][order], color=f"C{i}", alpha=0.4, lw=1)
+        ax.set(title=f"layer {i + 1}: {names[i]}({names[i - 1]}) along each sample", xlabel=names[i - 1], ylabel=names[i])
+    last = axes[len(names)]
+    last.plot(x, values[-1].T, color="C2", alpha=0.4, lw=1)
+    if X is not None and y is not None:
+        last.scatter(np.asarray(X)[:, 0], np.asarray(y), s=8, color="k", zorder=3, label="train")
+        last.legend(loc="upper left")
+    last.set(title="composition", xlabel="x", ylabel="y")
+    fig.tight_layout()
+    return fig
