@@ -249,6 +249,11 @@ def test_hyperparameter_priors_are_latent_sites_covered_by_the_guide(data1d):
     assert abs(ours.mean() - theirs.mean()) < 3 * se
     post = guide.sample_posterior(jax.random.PRNGKey(0), params, X, sample_shape=(3,))
     assert post["f.kernel.lengthscale"].shape == (3, 1) and post["f.u"].shape == (3, 1, 5)
+    # a fresh guide (new session) set up on the training data predicts with the same params
+    fresh = dgp.guides.AutoFactorisedDGP(model).setup(jax.random.PRNGKey(3), X, y)
+    a = dgp.predict(model, guide, params, jax.random.PRNGKey(4), X, num_samples=3)
+    b = dgp.predict(model, fresh, params, jax.random.PRNGKey(4), X, num_samples=3)
+    np.testing.assert_array_equal(a.mean, b.mean)
 
 
 def test_guide_initialisation_conventions(data1d):

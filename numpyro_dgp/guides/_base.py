@@ -88,7 +88,9 @@ class DGPGuide(AutoGuide):
 
         :return: ``self``.
         """
-        handlers.seed(self._setup_prototype, rng_key)(*args, **kwargs)
+        # one eager, blocked run builds this guide and any sub-guide (AutoNormal) it owns
+        with handlers.block():
+            handlers.seed(self, rng_key)(*args, **kwargs)
         return self
 
     def _sample_others(self, *args, **kwargs):
