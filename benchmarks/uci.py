@@ -34,24 +34,9 @@ PUBLISHED_DGP2 = {
 }
 
 
-def parse_splits(text):
-    out = []
-    for part in text.split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out.extend(range(int(a), int(b) + 1))
-        else:
-            out.append(int(part))
-    return out
-
-
-def summarise(values):
-    v = np.asarray(values, float)
-    se = v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
-    return float(v.mean()), float(se)
-
-
 def write_markdown(path, record):
+    from numpyro_dgp.experiments import mean_and_standard_error as summarise
+
     lines = [
         "# UCI regression: 2-layer DSVI DGP (numpyro-dgp)",
         "",
@@ -105,7 +90,7 @@ def main(argv=None):
     if not args.float32:
         jax.config.update("jax_enable_x64", True)
     from numpyro_dgp.datasets import resolve_uci_name
-    from numpyro_dgp.experiments import run_uci
+    from numpyro_dgp.experiments import parse_splits, run_uci
 
     names = [resolve_uci_name(n) for n in args.datasets.split(",")]
     splits = parse_splits(args.splits)

@@ -16,19 +16,12 @@ __all__ = ["main"]
 
 
 def _parse_splits(text):
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            a, b = part.split("-", 1)
-            out.extend(range(int(a), int(b) + 1))
-        else:
-            out.append(int(part))
-    if not out:
-        raise argparse.ArgumentTypeError(f"--splits: no split indices in {text!r}")
-    return out
+    from numpyro_dgp.experiments import parse_splits
+
+    try:
+        return parse_splits(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _positive_int(text):
@@ -71,10 +64,8 @@ def cmd_demo(args):
 
 def cmd_uci(args):
     _setup_precision(args.float32)
-    import numpy as np
-
     from numpyro_dgp.datasets import load_uci, num_uci_splits, resolve_uci_name
-    from numpyro_dgp.experiments import run_uci
+    from numpyro_dgp.experiments import mean_and_standard_error, run_uci
 
     name = resolve_uci_name(args.dataset)
     available = num_uci_splits(name, args.data_dir)
@@ -93,12 +84,7 @@ def cmd_uci(args):
         print(f"{split:>5} {lls[-1]:>9.4f} {rmses[-1]:>9.4g} {r.metrics['crps']:>9.4g} "
               f"{r.seconds_per_step * 1e3:>8.2f} {r.total_seconds:>8.1f}", flush=True)
 
-    def mean_se(v):
-        v = np.asarray(v)
-        se = v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
-        return v.mean(), se
-
-    (ll, ll_se), (rm, rm_se) = mean_se(lls), mean_se(rmses)
+    (ll, ll_se), (rm, rm_se) = mean_and_standard_error(lls), mean_and_standard_error(rmses)
     print(f"{'mean':>5} {ll:>9.4f} {rm:>9.4g}")
     print(f"{'s.e.':>5} {ll_se:>9.4f} {rm_se:>9.4g}")
     return 0

@@ -19,7 +19,31 @@ from numpyro_dgp.objectives import DGPElbo
 from numpyro_dgp.plots import plot_layer_samples
 from numpyro_dgp.predict import metrics, predict, sample_layers
 
-__all__ = ["RunResult", "run_uci", "run_demo", "fit_dsvi"]
+__all__ = ["RunResult", "fit_dsvi", "mean_and_standard_error", "parse_splits", "run_demo", "run_uci"]
+
+
+def parse_splits(text):
+    """``"0-4"`` -> ``[0, 1, 2, 3, 4]``; ``"0,3,7"`` -> ``[0, 3, 7]``; ranges and lists combine."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    if not out:
+        raise ValueError(f"no split indices in {text!r}")
+    return out
+
+
+def mean_and_standard_error(values):
+    """Mean and standard error (``ddof=1``; NaN for one value) as Python floats."""
+    v = np.asarray(values, float)
+    se = v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
+    return float(v.mean()), float(se)
 
 
 class RunResult(NamedTuple):
@@ -62,7 +86,8 @@ def fit_dsvi(
 ):
     """Fit a DSVI DGP (``AutoFactorisedDGP`` + ``DGPElbo`` + Adam) and time it.
 
-    :return: ``(model, guide, FitResult, seconds_per_step, compile_seconds)``.
+    :return: ``(model, guide, FitResult)``; timings are ``FitResult.seconds_per_step`` and
+        ``FitResult.compile_seconds``.
     """
     model = deep_gp_regression(num_layers, num_inducing=num_inducing, hidden_width=hidden_width, noise_init=noise_init)
     guide = AutoFactorisedDGP(model)
@@ -70,8 +95,7 @@ def fit_dsvi(
     kwargs = {"batch_size": batch_size} if batch_size else {}
     result = fit(svi, rng_key, X, y, num_steps=num_steps, chunk_size=min(chunk_size, num_steps),
                  progress_bar=progress_bar, **kwargs)
-    steady, compile_seconds = result.seconds_per_step, result.compile_seconds
-    return model, guide, result, steady, compile_seconds
+    return model, guide, result
 
 
 def run_uci(
@@ -100,7 +124,7 @@ def run_uci(
     width = hidden_width if hidden_width is not None else min(X.shape[1], 30)
     t0 = time.perf_counter()
     fit_key, pred_key = jax.random.split(rng_key)
-    model, guide, result, steady, compile_s = fit_dsvi(
+    model, guide, result = fit_dsvi(
         fit_key, X, y, num_layers=num_layers, num_inducing=min(num_inducing, X.shape[0]),
         hidden_width=width, num_steps=num_steps, batch_size=batch_size if batch_size < X.shape[0] else None,
         learning_rate=learning_rate, progress_bar=progress_bar,
@@ -109,7 +133,8 @@ def run_uci(
     m = metrics(pred, jnp.asarray(data.y_test, dtype), y_scale=data.y_std)
     total = time.perf_counter() - t0
     final_elbo = float(-np.nanmean(result.losses[-100:]))
-    return RunResult(m, final_elbo, steady, compile_s, total, result.num_skipped, model, guide, result.params)
+    return RunResult(m, final_elbo, result.seconds_per_step, result.compile_seconds, total, result.num_skipped,
+                     model, guide, result.params)
 
 
 def run_demo(rng_key=None, *, num_steps=3000, num_inducing=30, output=None, num_test_samples=100):
@@ -128,14 +153,15 @@ def run_demo(rng_key=None, *, num_steps=3000, num_inducing=30, output=None, num_
     for label, layers, key in (("dgp", 2, dgp_key), ("svgp", 1, gp_key)):
         t0 = time.perf_counter()
         fit_key, pred_key = jax.random.split(key)
-        model, guide, result, steady, compile_s = fit_dsvi(
+        model, guide, result = fit_dsvi(
             fit_key, X, y, num_layers=layers, num_inducing=num_inducing, num_steps=num_steps,
             learning_rate=0.01, noise_init=0.01,
         )
         pred = predict(model, guide, result.params, pred_key, Xt, num_samples=num_test_samples)
         m = metrics(pred, yt)
-        out[label] = RunResult(m, float(-np.nanmean(result.losses[-100:])), steady, compile_s,
-                               time.perf_counter() - t0, result.num_skipped, model, guide, result.params)
+        out[label] = RunResult(m, float(-np.nanmean(result.losses[-100:])), result.seconds_per_step,
+                               result.compile_seconds, time.perf_counter() - t0, result.num_skipped,
+                               model, guide, result.params)
     if output is not None:
         plot_demo(out["dgp"], data, plot_key, output)
     return out
