@@ -1,22 +1,81 @@
 """Effect handlers that reinterpret ``"dgp_layer"`` messages.
 
 * :class:`marginalise_inducing` -- propagate through ``q(f_l | f_{l-1}) = int p(f_l | f_{l-1}, u_l)
-  q(u_l) du_l`` (DSVI) instead of through a sampled ``u_l``; optionally put Gauss-Hermite
-  nodes of the last layer's marginal on a leading axis (exact Gaussian expectations).
-  Used by :class:`numpyro_dgp.DGPElbo` and :func:`numpyro_dgp.predict`.
+  q(u_l) du_l`` (DSVI) instead of through a sampled ``u_l``; for guides that correlate the
+  layers (:class:`ChainLink`, :class:`JointBlock`), through the exact per-point recursion of
+  notes/compositional.md §3b; optionally put Gauss-Hermite nodes of the last layer's
+  marginal on a leading axis (exact Gaussian expectations). Used by
+  :class:`numpyro_dgp.DGPElbo` and :func:`numpyro_dgp.predict`.
 * :class:`coherent_layers` -- draw each layer's output with its full covariance over the
   points (smooth function samples for plots) instead of point by point.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 import numpyro.distributions as dist
 from numpyro.primitives import Messenger
 
+from numpyro_dgp.core.chain import (
+    block_diag_covariance,
+    chain_transition,
+    condition_on_output,
+    output_moments,
+    point_projection,
+    sample_output,
+)
 from numpyro_dgp.layers import layer_moments, sample_moments
 
-__all__ = ["marginalise_inducing", "coherent_layers", "gaussian_parameters"]
+__all__ = [
+    "ChainLink",
+    "JointBlock",
+    "marginalise_inducing",
+    "coherent_layers",
+    "gaussian_parameters",
+    "site_gaussian",
+]
+
+
+class ChainLink(NamedTuple):
+    """One factor ``q(u_l | u_parent) = N(mean + C vec(u_parent - parent_mean), D D^T)`` of a
+    chain-structured guide, carried in the guide site's ``infer["dgp_gaussian"]``.
+
+    :ivar parent: the parent's u-site name, or ``None`` for the first layer of the chain.
+    :ivar mean: ``(P, M)`` marginal mean ``m_l``.
+    :ivar scale_tril: ``(P, M, M)`` ``D_l``, one factor per output.
+    :ivar parent_mean: ``(P', M')`` ``m_{l-1}`` (``None`` without parent).
+    :ivar coupling: ``(P M, P' M')`` ``C_l`` (``None`` without parent).
+    """
+
+    parent: str | None
+    mean: jax.Array
+    scale_tril: jax.Array
+    parent_mean: jax.Array | None = None
+    coupling: jax.Array | None = None
+
+
+class JointBlock(NamedTuple):
+    """One Gaussian ``N(loc, L L^T)`` over the flattened inducing values of several sites, in
+    order (``vec(u)`` output-major), carried in each site's ``infer["dgp_gaussian"]``.
+
+    :ivar sites: u-site names in order.
+    :ivar shapes: ``(P, M)`` per site.
+    :ivar loc: ``(D,)``, ``D = sum P M``.
+    :ivar scale_tril: ``(D, D)`` lower-triangular.
+    """
+
+    sites: tuple
+    shapes: tuple
+    loc: jax.Array
+    scale_tril: jax.Array
+
+    def offset(self, name):
+        """Start of ``name``'s block in the flattened vector."""
+        k = self.sites.index(name)
+        return sum(P * M for P, M in self.shapes[:k])
 
 
 def _unwrap(fn):
@@ -49,17 +108,42 @@ def gaussian_parameters(fn, shape):
     return None
 
 
+def site_gaussian(name, fn, shape):
+    """A site distribution over ``(P, M)`` inducing values as :func:`gaussian_parameters`'
+    ``(loc, scale)``, or as a one-site :class:`JointBlock` when it is a multivariate normal
+    over all ``P M`` values reshaped to ``(P, M)`` (outputs correlated); ``None`` otherwise."""
+    params = gaussian_parameters(fn, shape)
+    if params is not None:
+        return params
+    base = _unwrap(fn)
+    P, M = shape
+    if (
+        isinstance(base, dist.TransformedDistribution)
+        and len(base.transforms) == 1
+        and isinstance(base.transforms[0], dist.transforms.ReshapeTransform)
+        and isinstance(base.base_dist, dist.MultivariateNormal)
+        and base.base_dist.event_shape == (P * M,)
+        and base.base_dist.batch_shape == ()
+    ):
+        return JointBlock((name,), (tuple(shape),), base.base_dist.loc, base.base_dist.scale_tril)
+    return None
+
+
 class marginalise_inducing(Messenger):
     """Propagate each layer through its marginal ``q(f_l | f_{l-1})`` instead of a sampled ``u_l``.
 
     :param fn: the model.
-    :param posteriors: ``{u-site name: (loc (P, M), scale (P, M, M) or (P, M))}``, the
-        guide's Gaussian over each layer's inducing values. Layers whose ``u`` site is not
-        listed fall back to ``p(f | u)`` with the ``u`` value at hand.
+    :param posteriors: ``{u-site name: posterior}`` where a posterior is the guide's Gaussian
+        over that layer's inducing values: ``(loc (P, M), scale (P, M, M) or (P, M))`` for
+        independent layers (DSVI marginals, point by point), or a :class:`ChainLink` /
+        :class:`JointBlock` for guides that correlate layers (the exact per-point recursion
+        of notes/compositional.md §3b: each point's outputs condition the belief over the
+        inducing values of the layers still to come). Layers whose ``u`` site is not listed
+        fall back to ``p(f | u)`` with the ``u`` value at hand.
     :param quadrature_layer: name of the layer whose output is replaced by quadrature nodes
-        of its (Gaussian, diagonal) marginal: value ``(K, N, P)``; every sample site after
-        it is tagged ``infer["dgp_quadrature"] = True`` so an objective can weight the
-        leading axis with :attr:`quadrature_weights`.
+        of its (Gaussian) marginal: value ``(K, N, P)``; every sample site after it is tagged
+        ``infer["dgp_quadrature"] = True`` so an objective can weight the leading axis with
+        :attr:`quadrature_weights`.
     :param quadrature_nodes: ``(K, P)`` standard-normal nodes.
     :param quadrature_weights: ``(K,)`` weights summing to one.
 
@@ -75,21 +159,31 @@ class marginalise_inducing(Messenger):
         quadrature_nodes=None,
         quadrature_weights=None,
     ):
-        self.posteriors = dict(posteriors or {})
+        posteriors = dict(posteriors or {})
+        parents = {p.parent for p in posteriors.values() if isinstance(p, ChainLink) and p.parent is not None}
+        # a chain factor with neither parent nor child is an independent Gaussian: DSVI path
+        for name, post in list(posteriors.items()):
+            if isinstance(post, ChainLink) and post.parent is None and name not in parents:
+                posteriors[name] = (post.mean, post.scale_tril)
+        self.posteriors = posteriors
+        self._chain_parents = parents
         self.quadrature_layer = quadrature_layer
         self.quadrature_nodes = quadrature_nodes
         self.quadrature_weights = quadrature_weights
         if quadrature_layer is not None and quadrature_nodes is None:
             raise ValueError("marginalise_inducing: quadrature_layer needs quadrature_nodes")
-        self.moments = {}
-        self.layer_order = []
-        self._in_tail = False
+        self._reset()
         super().__init__(fn)
 
-    def __enter__(self):
+    def _reset(self):
         self.moments = {}
         self.layer_order = []
         self._in_tail = False
+        self._beliefs = {}  # chain: u-site -> per-point belief over its values given its output
+        self._joint_states = {}  # joint group -> (next block index, per-point belief over the rest)
+
+    def __enter__(self):
+        self._reset()
         return super().__enter__()
 
     def process_message(self, msg):
@@ -106,12 +200,22 @@ class marginalise_inducing(Messenger):
         layer, X, u = msg["args"]
         full_cov = msg["kwargs"].get("full_cov", False)
         rng_key = msg["kwargs"]["rng_key"]
-        if layer.u_site in self.posteriors:
-            q_loc, q_scale = self.posteriors[layer.u_site]
-            mean, var = layer_moments(layer, X, q_loc, q_scale, full_cov)
+        post = self.posteriors.get(layer.u_site)
+        self.layer_order.append(layer.name)
+        if isinstance(post, (ChainLink, JointBlock)):
+            if full_cov:
+                raise NotImplementedError(
+                    f"marginalise_inducing: layer {layer.name!r} has a guide that correlates layers; "
+                    "its marginals are per point (full_cov=False). For coherent function samples "
+                    "use numpyro_dgp.sample_layers, which samples the inducing values."
+                )
+            msg["value"] = self._correlated(layer, X, post, rng_key)
+            return
+        if post is not None:
+            mean, var = layer_moments(layer, X, post[0], post[1], full_cov)
         else:
             mean, var = layer_moments(layer, X, u, None, full_cov)
-        self.layer_order.append(layer.name)
+        self.moments[layer.name] = (mean, var)
         if layer.name == self.quadrature_layer:
             if full_cov:
                 raise ValueError("marginalise_inducing: quadrature needs full_cov=False")
@@ -119,10 +223,75 @@ class marginalise_inducing(Messenger):
             std = jnp.sqrt(jnp.maximum(var, 0.0))
             msg["value"] = mean[None] + std[None] * nodes[:, None, :]
             self._in_tail = True
-            self.moments[layer.name] = (mean, var)
         else:
             msg["value"] = sample_moments(rng_key, mean, var, full_cov, layer.jitter)
-            self.moments[layer.name] = (mean, var)
+
+    # --- guides that correlate layers: per-point beliefs over the inducing values ---
+
+    def _belief(self, layer, post, N):
+        """The belief ``N(loc, cov)`` (``(N?, K)``, ``(N?, K, K)``) over this layer's inducing
+        values (first) and those of later layers in its joint group, given earlier outputs."""
+        name = layer.u_site
+        if isinstance(post, ChainLink):
+            if post.parent is None:
+                return post.mean.reshape(-1), block_diag_covariance(post.scale_tril)
+            if post.parent not in self._beliefs:
+                raise ValueError(
+                    f"marginalise_inducing: the guide chains {name!r} to {post.parent!r}, but layer "
+                    f"{post.parent!r} has not run before it at these points"
+                )
+            loc, cov = self._beliefs.pop(post.parent)
+            return chain_transition(
+                loc, cov, post.parent_mean.reshape(-1), post.mean, post.coupling, post.scale_tril
+            )
+        k = post.sites.index(name)
+        if k == 0:
+            return post.loc, post.scale_tril @ post.scale_tril.T
+        state = self._joint_states.get(post.sites)
+        if state is None or state[0] != k:
+            raise ValueError(
+                f"marginalise_inducing: the guide's joint Gaussian orders the layers {post.sites}; "
+                f"{name!r} ran out of that order"
+            )
+        return state[1]
+
+    def _correlated(self, layer, X, post, rng_key):
+        N = X.shape[0]
+        P, M = layer.out_dim, layer.inducing_inputs.shape[0]
+        loc, cov = self._belief(layer, post, N)
+        if loc.ndim == 2 and loc.shape[0] != N:
+            raise ValueError(
+                f"marginalise_inducing: layer {layer.name!r} runs at {N} points but the layer before "
+                f"it in the guide's chain ran at {loc.shape[0]}; a correlated guide needs each "
+                "point's chain of layer outputs"
+            )
+        Z = layer.inducing_inputs
+        alpha, base_var = point_projection(layer.kernel(Z, X), layer.Kmm_chol, layer.kernel.diag(X), layer.whiten)
+        res_mean, out_cov, HB = output_moments(alpha, base_var, loc, cov, P)
+        # the belief is over the inducing values themselves; the conditional needs their
+        # residual about the prior mean (zero except for inducing="locations")
+        res_mean = res_mean - alpha @ layer.prior_mean.T
+        mean = res_mean + layer.mean_fn(X)
+        var = jnp.diagonal(out_cov, axis1=-2, axis2=-1)
+        self.moments[layer.name] = (mean, var)
+        if layer.name == self.quadrature_layer:
+            nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)  # (K, P)
+            self._in_tail = True
+            return sample_output(mean, out_cov, nodes)
+        eps = jax.random.normal(rng_key, mean.shape, mean.dtype)
+        value = sample_output(mean, out_cov, eps)
+        if isinstance(post, ChainLink):
+            if layer.u_site in self._chain_parents:
+                self._beliefs[layer.u_site] = condition_on_output(
+                    loc, cov, HB, out_cov, value - mean
+                )
+        else:
+            k = post.sites.index(layer.u_site)
+            if k + 1 < len(post.sites):
+                new_loc, new_cov = condition_on_output(loc, cov, HB, out_cov, value - mean)
+                # this layer's block is used: keep the belief over the later blocks only
+                self._joint_states[post.sites] = (k + 1, (new_loc[:, P * M :], new_cov[:, P * M :, P * M :]))
+        return value
 
 
 class coherent_layers(Messenger):

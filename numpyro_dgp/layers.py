@@ -14,6 +14,18 @@ A call ``gp_layer("h1", X, kernel, num_inducing=50, out_dim=2)`` inside a model
 4. records the output as ``numpyro.deterministic("h1", f)`` so ``Predictive`` returns it.
 
 Shapes: ``X (N, D)``; returns ``(N, out_dim)``.
+
+With ``inducing="locations"`` (paper 000 §4.2, notes/compositional.md §4) inducing inputs
+exist only in the input space: a layer maps the pair (points, inducing locations) to the pair
+(outputs, inducing values), and layer ``l``'s inducing inputs are layer ``l-1``'s inducing
+values, so neighbouring layers share ``f_{l-1}^z``::
+
+    h, hz = gp_layer("h1", X, k1, num_inducing=20, inducing="locations")
+    f, fz = gp_layer("f", (h, hz), k2, inducing="locations")
+
+The u site then holds the inducing values themselves (not a residual) with prior
+``N(mean(Z_l), K(Z_l, Z_l) + jitter)``; it is never whitened (whitening against a random
+``K(f_{l-1}^z)`` is a different family).
 """
 
 from __future__ import annotations
@@ -40,7 +52,7 @@ from numpyro_dgp.kernels import Kernel
 __all__ = ["gp_layer", "Layer", "MEAN_FUNCTIONS", "layer_moments", "sample_moments"]
 
 MEAN_FUNCTIONS = ("zero", "identity", "linear")
-_INDUCING_MODES = ("global",)
+INDUCING_MODES = ("global", "locations")
 
 
 class Layer(NamedTuple):
@@ -55,6 +67,9 @@ class Layer(NamedTuple):
     :ivar jitter: diagonal jitter.
     :ivar out_dim: number of outputs ``P``.
     :ivar u_site: name of the inducing-value site.
+    :ivar prior_mean: ``(P, M)`` prior mean of the u site (zero unless ``inducing="locations"``,
+        where the site holds the inducing values rather than their residual).
+    :ivar inducing: ``"global"`` or ``"locations"``.
     """
 
     name: str
@@ -66,6 +81,8 @@ class Layer(NamedTuple):
     jitter: float
     out_dim: int
     u_site: str
+    prior_mean: jax.Array | None = None
+    inducing: str = "global"
 
 
 def layer_moments(layer: Layer, X, q_mean, q_sqrt=None, full_cov: bool = False):
@@ -81,6 +98,8 @@ def layer_moments(layer: Layer, X, q_mean, q_sqrt=None, full_cov: bool = False):
     Z = layer.inducing_inputs
     Kmn = layer.kernel(Z, X)
     Knn = layer.kernel(X) if full_cov else layer.kernel.diag(X)
+    if layer.prior_mean is not None:
+        q_mean = q_mean - layer.prior_mean
     mean, var = conditional(
         Kmn, layer.Kmm_chol, Knn, q_mean, q_sqrt, whiten=layer.whiten, full_cov=full_cov
     )
@@ -183,17 +202,19 @@ def gp_layer(
     learn_inducing: bool = True,
     learn_hyperparameters: bool = True,
     priors: dict | None = None,
-    whiten: bool = True,
+    whiten: bool | None = None,
     jitter: float | None = None,
     inducing: str = "global",
 ):
     """One sparse GP layer ``f: R^D -> R^out_dim`` with inducing points, as NumPyro sites.
 
     :param name: layer name; prefixes every site (``"<name>.u"``, ``"<name>.kernel.*"``, ...).
-    :param X: ``(N, D)`` inputs (the data, or the previous layer's output).
+    :param X: ``(N, D)`` inputs (the data, or the previous layer's output); with
+        ``inducing="locations"`` also the pair ``(X, Z)`` returned by the previous layer.
     :param kernel: a :mod:`numpyro_dgp.kernels` kernel; its values are the initial values.
         One kernel is shared by the ``out_dim`` outputs.
-    :param num_inducing: ``M``; inducing inputs are initialised by k-means on ``X`` (for inner
+    :param num_inducing: ``M``; inducing inputs are initialised by k-means (seeded with a fixed
+        key, so deterministic given the data) on ``X`` (for inner
         layers: on the propagated values at initialisation).
     :param out_dim: output width ``P``.
     :param mean: ``"zero"``, ``"identity"`` (fixed ``X @ W``: identity, zero-padding or PCA
@@ -204,19 +225,40 @@ def gp_layer(
     :param learn_hyperparameters: optimise kernel hyperparameters without priors.
     :param priors: ``{hyperparameter name: Distribution}``; those become ``numpyro.sample``
         sites (names as in ``kernel.hyperparameters()``).
-    :param whiten: whitened inducing values ``u = L v`` (default, better conditioned).
+    :param whiten: whitened inducing values ``u = L v`` (default for ``"global"``, better
+        conditioned; not available for ``"locations"``).
     :param jitter: diagonal jitter; default :func:`numpyro_dgp.core.default_jitter` of ``X``'s dtype.
-    :param inducing: ``"global"`` (shared inducing points; the only mode implemented so far).
-    :return: ``(N, out_dim)`` layer output.
+    :param inducing: ``"global"`` (each layer has its own inducing inputs in its input space)
+        or ``"locations"`` (inducing points as inducing locations, see the module docstring).
+    :return: ``(N, out_dim)`` layer output; with ``"locations"`` the pair
+        ``(output (N, out_dim), inducing values (M, out_dim))`` for the next layer.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
     if not isinstance(kernel, Kernel):
         raise TypeError(f"gp_layer {name!r}: kernel must be a numpyro_dgp.kernels.Kernel, got {type(kernel)}")
-    if inducing not in _INDUCING_MODES:
+    if inducing not in INDUCING_MODES:
         raise NotImplementedError(
-            f"gp_layer {name!r}: inducing={inducing!r} is not available; supported: {_INDUCING_MODES}"
+            f"gp_layer {name!r}: inducing={inducing!r} is not available; supported: {INDUCING_MODES}"
         )
+    locations = inducing == "locations"
+    if whiten is None:
+        whiten = not locations
+    elif whiten and locations:
+        raise ValueError(
+            f"gp_layer {name!r}: inducing='locations' does not support whiten=True (whitening "
+            "q(f_l^z) against K(f_(l-1)^z) would be a different variational family)"
+        )
+    propagated_Z = None
+    if isinstance(X, (tuple, list)):
+        if not locations:
+            raise ValueError(
+                f"gp_layer {name!r}: X is a pair (points, inducing locations), which only "
+                "inducing='locations' takes; pass the points alone"
+            )
+        if len(X) != 2:
+            raise ValueError(f"gp_layer {name!r}: X must be an array or the pair (X, Z); got {len(X)} items")
+        X, propagated_Z = X
     if not numpyro.primitives._PYRO_STACK:
         raise RuntimeError(
             f"gp_layer {name!r} needs a random key: run the model under numpyro.handlers.seed "
@@ -256,7 +298,25 @@ def gp_layer(
     kernel = _hyperparameters(name, kernel.with_input_dim(in_dim), X.dtype, priors, learn_hyperparameters)
 
     # inducing inputs
-    if inducing_inputs is not None:
+    if propagated_Z is not None:
+        if inducing_inputs is not None:
+            raise ValueError(
+                f"gp_layer {name!r}: the inducing locations come with X as (X, Z); do not also "
+                "pass inducing_inputs"
+            )
+        propagated_Z = jnp.asarray(propagated_Z, X.dtype)
+        if propagated_Z.ndim != 2 or propagated_Z.shape[1] != in_dim:
+            raise ValueError(
+                f"gp_layer {name!r}: the inducing locations Z of (X, Z) must have shape "
+                f"(M, {in_dim}), got {propagated_Z.shape}"
+            )
+        if num_inducing is not None and num_inducing != propagated_Z.shape[0]:
+            raise ValueError(
+                f"gp_layer {name!r}: num_inducing={num_inducing} disagrees with the "
+                f"{propagated_Z.shape[0]} inducing locations passed in (X, Z)"
+            )
+        Z = propagated_Z
+    elif inducing_inputs is not None:
         Z0 = jnp.asarray(inducing_inputs, X.dtype)
         if Z0.ndim != 2 or Z0.shape[1] != in_dim:
             raise ValueError(
@@ -275,10 +335,13 @@ def gp_layer(
                 f"gp_layer {name!r}: give num_inducing (a positive integer) or inducing_inputs; "
                 f"got num_inducing={num_inducing!r}"
             )
-        init_Z = lambda rng_key: kmeans(rng_key, jax.lax.stop_gradient(X), int(num_inducing))  # noqa: E731
-    Z = numpyro.param(f"{name}.inducing_inputs", init_Z)
-    if not learn_inducing:
-        Z = jax.lax.stop_gradient(Z)
+        # A fixed key: the same data give the same inducing inputs in every run of the model
+        # (a guide's prototype run and SVI's initial run must agree, e.g. for inducing locations).
+        init_Z = lambda _: kmeans(jax.random.PRNGKey(0), jax.lax.stop_gradient(X), int(num_inducing))  # noqa: E731
+    if propagated_Z is None:
+        Z = numpyro.param(f"{name}.inducing_inputs", init_Z)
+        if not learn_inducing:
+            Z = jax.lax.stop_gradient(Z)
     M = Z.shape[0]
 
     mean_fn = _mean_function(name, mean, X, in_dim, out_dim)
@@ -286,20 +349,23 @@ def gp_layer(
     # A failed factorisation gives NaN, which fit() detects (skips and counts the step);
     # a lax.cond retry here would triple the compile time of every layer.
     Kmm_chol = jittered_cholesky(kernel(Z), jitter)
+    # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
+    prior_mean = mean_fn(Z).T if locations else jnp.zeros((out_dim, M), X.dtype)
     if whiten:
         prior = dist.MultivariateNormal(jnp.zeros(M, X.dtype), scale_tril=jnp.eye(M, dtype=X.dtype))
     else:
         prior = dist.MultivariateNormal(jnp.zeros(M, X.dtype), scale_tril=Kmm_chol)
+    prior = prior.expand([out_dim]) if not locations else dist.MultivariateNormal(prior_mean, scale_tril=Kmm_chol)
     u_site = f"{name}.u"
     u = numpyro.sample(
         u_site,
-        prior.expand([out_dim]).to_event(1),
-        infer={"dgp_layer": name, "whiten": whiten},
+        prior.to_event(1),
+        infer={"dgp_layer": name, "whiten": whiten, "inducing": inducing},
     )
 
     # NumPyro draws in the default float type; keep the layer in its inputs' precision
     u = jnp.asarray(u, X.dtype)
-    layer = Layer(name, kernel, Z, Kmm_chol, mean_fn, whiten, jitter, out_dim, u_site)
+    layer = Layer(name, kernel, Z, Kmm_chol, mean_fn, whiten, jitter, out_dim, u_site, prior_mean, inducing)
     rng_key = numpyro.prng_key()
     if rng_key is None:
         raise RuntimeError(
@@ -321,4 +387,6 @@ def gp_layer(
     }
     out = apply_stack(msg)["value"]
     numpyro.deterministic(name, out)
+    if locations:
+        return out, u.T
     return out

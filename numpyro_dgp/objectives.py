@@ -10,26 +10,34 @@ import numpy as np
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer.elbo import ELBO
 
+from jax.scipy.linalg import block_diag
+
 from numpyro_dgp.core import gauss_hermite, gauss_hermite_product, gauss_kl
-from numpyro_dgp.handlers import gaussian_parameters, marginalise_inducing
+from numpyro_dgp.core.chain import block_diag_covariance, chain_gauss_kl_term
+from numpyro_dgp.handlers import ChainLink, JointBlock, gaussian_parameters, marginalise_inducing, site_gaussian
 
 __all__ = ["DGPElbo", "MarginalRun", "final_layer_name", "guide_posteriors", "marginal_trace", "quadrature_rule"]
 
 
-def guide_posteriors(guide_trace, model_u_sites):
-    """The guide's Gaussian ``(loc, scale)`` for every inducing site it samples.
+def guide_posteriors(guide_trace, model_u_sites, structured: bool = True):
+    """The guide's Gaussian over every inducing site it samples.
 
     :param guide_trace: a trace of the guide.
     :param model_u_sites: ``{u-site name: value shape (P, M)}`` from the model.
-    :return: ``{u-site name: (loc, scale)}`` for the sites whose guide distribution is
-        Gaussian over the inducing values (others are left to sampling).
+    :param structured: use the structure a guide declares in ``infer["dgp_gaussian"]``
+        (:class:`~numpyro_dgp.handlers.ChainLink`, :class:`~numpyro_dgp.handlers.JointBlock`:
+        the marginal over the layers); otherwise read each site's distribution as it is (for
+        a chain or joint guide that is the Gaussian *given* the sampled earlier layers).
+    :return: ``{u-site name: posterior}`` for the sites whose guide distribution is Gaussian
+        over the inducing values (others are left to sampling).
     """
     out = {}
     for name, shape in model_u_sites.items():
         site = guide_trace.get(name)
         if site is None or site["type"] != "sample":
             continue
-        params = gaussian_parameters(site["fn"], shape)
+        declared = (site.get("infer") or {}).get("dgp_gaussian")
+        params = declared if (structured and declared is not None) else site_gaussian(name, site["fn"], shape)
         if params is not None:
             out[name] = params
     return out
@@ -63,6 +71,11 @@ def layers_by_u_site(model_trace):
     the guide's.)
     """
     return {s["args"][0].u_site: s["args"][0] for s in model_trace.values() if s["type"] == "dgp_layer"}
+
+
+def uses_inducing_locations(model_trace) -> bool:
+    """Whether any ``gp_layer`` of the trace has ``inducing="locations"``."""
+    return any(layer.inducing == "locations" for layer in layers_by_u_site(model_trace).values())
 
 
 def _model_u_sites(model_trace):
@@ -114,6 +127,8 @@ def marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature=N
         found["u_sites"] = _model_u_sites(tr)
         found["last"] = last
         found["out_dim"] = tr[f"{last}.layer"]["args"][0].out_dim
+        found["locations"] = uses_inducing_locations(tr)
+        found["last_u_site"] = tr[f"{last}.layer"]["args"][0].u_site
         return 0
 
     # closing over args keeps static ones (subsample sizes) concrete
@@ -121,7 +136,14 @@ def marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature=N
     last = found["last"]
     nodes, weights = quadrature_rule(found["out_dim"], num_quadrature)
 
-    posteriors = guide_posteriors(guide_trace, found["u_sites"])
+    if found["locations"]:
+        # Layer l's inducing inputs are layer l-1's inducing values: those must be the very
+        # samples every point is propagated with, so the inner layers run on sampled u and only
+        # the last layer is marginalised, given the samples (its guide site's own Gaussian).
+        last_u = found["last_u_site"]
+        posteriors = guide_posteriors(guide_trace, {last_u: found["u_sites"][last_u]}, structured=False)
+    else:
+        posteriors = guide_posteriors(guide_trace, found["u_sites"])
     handler = marginalise_inducing(
         seeded_model,
         posteriors=posteriors,
@@ -145,6 +167,67 @@ def _weighted_log_prob(site, weights):
     if site["scale"] is not None:
         lp = site["scale"] * lp
     return jnp.sum(lp)
+
+
+def _prior_chol(layer):
+    return None if layer.whiten else layer.Kmm_chol
+
+
+def _dense_kl(loc, scale_tril, prior_blocks):
+    """``KL[N(loc, L L^T) || N(0, blockdiag(prior_blocks))]``; ``prior_blocks`` of ``None``
+    stand for identity blocks (whitened)."""
+    if all(b is None for b, _ in prior_blocks):
+        return gauss_kl(loc[None], scale_tril[None])
+    eye = lambda m: jnp.eye(m, dtype=loc.dtype)  # noqa: E731
+    chol = block_diag(*[eye(m) if b is None else b for b, m in prior_blocks])
+    return gauss_kl(loc[None], scale_tril[None], chol)
+
+
+def inducing_kl(name, model_site, guide_site, layers, locations, marginal_covs):
+    """Closed-form KL term of one inducing site, or ``None`` if the guide's site is not Gaussian.
+
+    * global inducing points: the exact ``KL[q(u) || p(u)]`` for the guide's structure --
+      per site for independent layers, the chain decomposition for a :class:`ChainLink`
+      (``marginal_covs`` carries each link's marginal covariance to its child), the whole
+      dense KL at the first site of a :class:`JointBlock` (zero at the others);
+    * inducing locations: ``KL[q(u_l | earlier samples) || p(u_l | u_{l-1})]`` given the
+      sampled earlier layers, whose expectation is the ELBO's KL (notes/compositional.md §4).
+    """
+    layer = layers[name]
+    shape = (layer.out_dim, layer.inducing_inputs.shape[0])
+    P, M = shape
+    if locations:
+        q = site_gaussian(name, guide_site["fn"], shape)
+        p = gaussian_parameters(model_site["fn"], shape)
+        if q is None or p is None:
+            return None
+        p_loc, p_scale = p
+        if isinstance(q, JointBlock):
+            return _dense_kl(q.loc - p_loc.reshape(-1), q.scale_tril, [(p_scale[0], M)] * P)
+        return gauss_kl(q[0] - p_loc, q[1], p_scale[0])
+    q = (guide_site.get("infer") or {}).get("dgp_gaussian") or site_gaussian(name, guide_site["fn"], shape)
+    if q is None:
+        return None
+    prior_chol = _prior_chol(layer)
+    if isinstance(q, ChainLink):
+        cov = block_diag_covariance(q.scale_tril)
+        if q.parent is not None:
+            if q.parent not in marginal_covs:
+                raise ValueError(f"DGPElbo: the guide chains {name!r} to {q.parent!r}, which the model did not run before it")
+            cov = cov + q.coupling @ marginal_covs[q.parent] @ q.coupling.T
+        marginal_covs[name] = cov
+        return chain_gauss_kl_term(q.mean - layer.prior_mean, q.scale_tril, cov, prior_chol)
+    if isinstance(q, JointBlock):
+        if name != q.sites[0]:
+            return jnp.zeros((), q.loc.dtype)  # the group's KL was counted at its first site
+        missing = [s for s in q.sites if s not in layers]
+        if missing:
+            raise ValueError(f"DGPElbo: the guide's joint Gaussian covers {missing}, which the model did not run")
+        blocks = []
+        for s, (Ps, Ms) in zip(q.sites, q.shapes):
+            blocks += [(_prior_chol(layers[s]), Ms)] * Ps
+        return _dense_kl(q.loc, q.scale_tril, blocks)
+    return gauss_kl(q[0] - layer.prior_mean, q[1], prior_chol)
 
 
 class DGPElbo(ELBO):
@@ -179,22 +262,22 @@ class DGPElbo(ELBO):
             run.guide_trace, run.model_trace, run.posteriors, run.quadrature_weights)
 
         layers = layers_by_u_site(model_trace)
+        locations = any(layer.inducing == "locations" for layer in layers.values())
         ell = 0.0
         kl = 0.0
         other = 0.0
+        marginal_covs = {}
         for name, site in model_trace.items():
             if site["type"] != "sample":
                 continue
             infer = site.get("infer") or {}
             if site["is_observed"]:
                 ell = ell + _weighted_log_prob(site, weights)
-            elif infer.get("dgp_marginalised"):
-                q_loc, q_scale = posteriors[name]
-                if layers[name].whiten:
-                    site_kl = gauss_kl(q_loc, q_scale)
-                else:
-                    p_loc, p_scale = gaussian_parameters(site["fn"], q_loc.shape)
-                    site_kl = gauss_kl(q_loc - p_loc, q_scale, p_scale[0])
+                continue
+            site_kl = None
+            if name in layers and name in guide_trace:
+                site_kl = inducing_kl(name, site, guide_trace[name], layers, locations, marginal_covs)
+            if site_kl is not None:
                 kl = kl + (site["scale"] if site["scale"] is not None else 1.0) * site_kl
             else:
                 if infer.get("dgp_quadrature"):

@@ -133,7 +133,8 @@ def test_inducing_inputs_argument():
         (dict(num_inducing=2, out_dim=0), ValueError, "out_dim must be a positive integer"),
         (dict(num_inducing=2, mean="quadratic"), ValueError, "mean must be one of"),
         (dict(num_inducing=2, priors={"period": dist.LogNormal()}), ValueError, "not a hyperparameter"),
-        (dict(num_inducing=2, inducing="locations"), NotImplementedError, "inducing='locations'"),
+        (dict(num_inducing=2, inducing="amortized"), NotImplementedError, "inducing='amortized'"),
+        (dict(num_inducing=2, inducing="locations", whiten=True), ValueError, "whiten"),
         (dict(num_inducing=2, kernel="rbf"), TypeError, "kernel must be"),
     ],
 )

@@ -1,6 +1,12 @@
-"""Guides over the inducing values of ``gp_layer`` models."""
+"""Guides over the inducing values of ``gp_layer`` models: swap one for another on the same model.
+
+* :class:`AutoFactorisedDGP` -- independent layers (DSVI).
+* :class:`AutoJointDGP` -- one Gaussian over all layers.
+* :class:`AutoChainDGP` -- chain-structured ``q(u_1) prod q(u_l | u_{l-1})``.
+"""
 
 from numpyro_dgp.guides._base import DGPGuide, InducingSite
+from numpyro_dgp.guides.correlated import AutoChainDGP, AutoJointDGP
 from numpyro_dgp.guides.factorised import AutoFactorisedDGP
 
-__all__ = ["AutoFactorisedDGP", "DGPGuide", "InducingSite"]
+__all__ = ["AutoChainDGP", "AutoFactorisedDGP", "AutoJointDGP", "DGPGuide", "InducingSite"]

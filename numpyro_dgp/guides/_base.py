@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -9,6 +10,7 @@ import numpy as np
 
 from numpyro import handlers
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
+from numpyro.infer.initialization import init_to_mean, init_to_uniform
 
 from numpyro_dgp.handlers import gaussian_parameters
 
@@ -25,6 +27,8 @@ class InducingSite(NamedTuple):
     :ivar whiten: whitened prior ``N(0, I)``.
     :ivar prior_scale_tril: ``(P, M, M)`` prior Cholesky factor at initialisation.
     :ivar is_last: the last layer in execution order.
+    :ivar prior_mean: ``(P, M)`` prior mean at initialisation (zero unless ``inducing="locations"``).
+    :ivar inducing: the layer's inducing mode.
     """
 
     name: str
@@ -34,6 +38,24 @@ class InducingSite(NamedTuple):
     whiten: bool
     prior_scale_tril: jax.Array
     is_last: bool
+    prior_mean: jax.Array | None = None
+    inducing: str = "global"
+
+    @property
+    def size(self) -> int:
+        """``P * M``, the number of inducing values."""
+        return self.out_dim * self.num_inducing
+
+
+def _init_inducing_to_mean(site=None, init_loc_fn=init_to_uniform):
+    """Initial values for the prototype run: inducing sites at their prior mean (so that, with
+    inducing locations, each layer's locations are the previous layer's prior mean), others
+    by ``init_loc_fn``. (A ``functools.partial``, as NumPyro's ``initialize_model`` expects.)"""
+    if site is None:
+        return partial(_init_inducing_to_mean, init_loc_fn=init_loc_fn)
+    if site["type"] == "sample" and "dgp_layer" in (site.get("infer") or {}):
+        return init_to_mean(site)
+    return init_loc_fn(site)
 
 
 class DGPGuide(AutoGuide):
@@ -41,8 +63,8 @@ class DGPGuide(AutoGuide):
     remaining latent sites (e.g. hyperparameters with priors) to an ``AutoNormal``."""
 
     def __init__(self, model, *, prefix: str = "auto", init_loc_fn=None):
-        kwargs = {} if init_loc_fn is None else {"init_loc_fn": init_loc_fn}
-        super().__init__(model, prefix=prefix, **kwargs)
+        init_loc_fn = init_to_uniform if init_loc_fn is None else init_loc_fn
+        super().__init__(model, prefix=prefix, init_loc_fn=partial(_init_inducing_to_mean, init_loc_fn=init_loc_fn))
         self.inducing_sites: list[InducingSite] = []
         self._other_guide = None
 
@@ -59,15 +81,17 @@ class DGPGuide(AutoGuide):
                     "call gp_layer outside data plates (subsample the inputs first)"
                 )
             P, M = site["value"].shape[-2:]
-            tril = gaussian_parameters(site["fn"], (P, M))[1]
-            sites.append([name, site["infer"]["dgp_layer"], P, M, bool(site["infer"]["whiten"]), tril])
+            loc, tril = gaussian_parameters(site["fn"], (P, M))
+            sites.append([name, site["infer"]["dgp_layer"], P, M, bool(site["infer"]["whiten"]), tril, loc,
+                          site["infer"].get("inducing", "global")])
         if not sites:
             raise ValueError(
                 f"{type(self).__name__}: the model has no gp_layer inducing sites ('<name>.u'); "
                 "build the model with numpyro_dgp.gp_layer"
             )
         self.inducing_sites = [
-            InducingSite(*s, is_last=(i == len(sites) - 1)) for i, s in enumerate(sites)
+            InducingSite(*s[:6], is_last=(i == len(sites) - 1), prior_mean=s[6], inducing=s[7])
+            for i, s in enumerate(sites)
         ]
         u_names = {s.name for s in self.inducing_sites}
         others = [
@@ -111,6 +135,12 @@ class DGPGuide(AutoGuide):
         keys = jax.random.split(rng_key, num)
         samples = jax.jit(jax.vmap(one, in_axes=(0, None)))(keys, params)
         return jax.tree_util.tree_map(lambda x: x.reshape(tuple(sample_shape) + x.shape[1:]), samples)
+
+    def _initial_scale_tril(self, site, inner_init, init_scale):
+        start = site.prior_scale_tril
+        if inner_init == "deterministic" and not site.is_last:
+            start = start * init_scale
+        return start
 
     def _other_median(self, params):
         return {} if self._other_guide is None else self._other_guide.median(params)

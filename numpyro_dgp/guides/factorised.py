@@ -42,12 +42,8 @@ class AutoFactorisedDGP(DGPGuide):
 
     def _q(self, site):
         """The parameters of ``q(u)`` for one inducing site: ``loc (P, M)``, ``scale_tril (P, M, M)``."""
-        P, M = site.out_dim, site.num_inducing
-        dtype = site.prior_scale_tril.dtype
-        start = site.prior_scale_tril
-        if self.inner_init == "deterministic" and not site.is_last:
-            start = start * self.init_scale
-        loc = numpyro.param(f"{site.name}_{self.prefix}_loc", jnp.zeros((P, M), dtype))
+        start = self._initial_scale_tril(site, self.inner_init, self.init_scale)
+        loc = numpyro.param(f"{site.name}_{self.prefix}_loc", site.prior_mean)
         scale_tril = numpyro.param(
             f"{site.name}_{self.prefix}_scale_tril", start, constraint=constraints.softplus_lower_cholesky
         )

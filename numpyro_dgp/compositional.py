@@ -1,0 +1,166 @@
+"""Compositional uncertainty: one DGP, several variational families, per-layer variances.
+
+The driver behind paper 000's Table 1 / Fig. 5 reproduction (``benchmarks/compositional.py``,
+``tutorials/02_swapping_guides.ipynb``): :func:`composed_gp` builds a DGP of 1-D layers with
+fixed hyperparameters and noise; :data:`FAMILIES` names the four variational families (three
+guides on global inducing points, and inducing points as inducing locations with a
+factorised guide); :func:`fit_family` fits one; :func:`layer_variances` and
+:func:`elbo_estimate` measure what it kept.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+from numpyro.infer import SVI
+
+from numpyro_dgp.guides import AutoChainDGP, AutoFactorisedDGP, AutoJointDGP
+from numpyro_dgp.infer import FitResult, fit
+from numpyro_dgp.kernels import Kernel
+from numpyro_dgp.layers import gp_layer
+from numpyro_dgp.objectives import DGPElbo, marginal_trace
+
+__all__ = ["FAMILIES", "Family", "composed_gp", "fit_family", "layer_variances", "elbo_estimate"]
+
+
+class Family(NamedTuple):
+    """A variational family: a guide class, its options, and the layers' inducing mode."""
+
+    guide: type
+    inducing: str
+    label: str
+
+
+FAMILIES = {
+    "factorised": Family(AutoFactorisedDGP, "global", "DSVI (factorised)"),
+    "joint": Family(AutoJointDGP, "global", "jointly Gaussian"),
+    "chain": Family(AutoChainDGP, "global", "chain-structured"),
+    "locations": Family(AutoFactorisedDGP, "locations", "inducing locations (4.2)"),
+}
+
+
+def composed_gp(
+    kernels: Sequence[Kernel],
+    *,
+    num_inducing: int,
+    inducing: str = "global",
+    noise: float = 1e-3,
+    inner_mean: str = "identity",
+    inducing_inputs=None,
+    inner_inducing_inputs=None,
+    learn_hyperparameters: bool = False,
+    learn_inducing: bool = True,
+    jitter: float | None = None,
+) -> Callable:
+    """A DGP ``f_L o ... o f_1`` of 1-D GP layers ``h1 .. hL`` (kernels in order) with a fixed
+    Gaussian noise variance, as in paper 000's toy experiments.
+
+    :param kernels: one kernel per layer (their values are used as given unless
+        ``learn_hyperparameters``).
+    :param num_inducing: ``M`` per layer.
+    :param inducing: ``"global"`` or ``"locations"`` (see :func:`numpyro_dgp.gp_layer`).
+    :param noise: likelihood variance (fixed).
+    :param inner_mean: mean function of the inner layers.
+    :param inducing_inputs: ``(M, 1)`` initial inducing inputs of the first layer (default k-means).
+    :param inner_inducing_inputs: ``(M, 1)`` initial inducing inputs of the inner layers with
+        ``inducing="global"`` (default k-means on the propagated values).
+    :param learn_hyperparameters: optimise the kernel hyperparameters (default: fixed).
+    :param learn_inducing: optimise the inducing inputs (with ``"locations"``: the first layer's).
+    :param jitter: Cholesky jitter of every layer (default by dtype). Inducing locations need
+        more than the float64 default: ``K(f_(l-1)^z)`` is as ill-conditioned as the previous
+        layer makes its inducing values (notes/compositional.md §4).
+    :return: ``model(X, y=None)``.
+    """
+    kernels = list(kernels)
+    if not kernels:
+        raise ValueError("composed_gp: kernels must name at least one layer")
+    if not noise > 0:
+        raise ValueError(f"composed_gp: noise must be positive, got {noise!r}")
+
+    def model(X, y=None):
+        h = X
+        for i, kernel in enumerate(kernels):
+            last = i == len(kernels) - 1
+            kw = {}
+            if i == 0 or inducing == "global":
+                Z = inducing_inputs if i == 0 else inner_inducing_inputs
+                kw = {"inducing_inputs": Z} if Z is not None else {"num_inducing": num_inducing}
+            h = gp_layer(
+                f"h{i + 1}", h, kernel, mean="zero" if last else inner_mean,
+                inducing=inducing, learn_hyperparameters=learn_hyperparameters,
+                learn_inducing=learn_inducing, jitter=jitter, **kw,
+            )
+        f = h[0] if inducing == "locations" else h
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(f[..., 0], jnp.sqrt(jnp.asarray(noise, X.dtype))), obs=y)
+
+    return model
+
+
+def fit_family(
+    family: str,
+    kernels: Sequence[Kernel],
+    X,
+    y,
+    *,
+    rng_key,
+    num_steps: int,
+    learning_rate: float = 0.01,
+    clip_norm: float | None = 10.0,
+    inner_init: str = "deterministic",
+    num_particles: int = 1,
+    progress_bar: bool = False,
+    **model_kwargs,
+):
+    """Fit one family of :data:`FAMILIES` on ``(X, y)`` with Adam and :class:`DGPElbo`.
+
+    :param clip_norm: clip each update's gradient to this global norm (``None``: no clipping).
+        Inducing locations need it: a sample that puts two of layer ``l``'s locations close
+        together makes ``K(f_(l-1)^z)`` nearly singular and its KL gradient huge.
+    :return: ``(model, guide, FitResult)``.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"fit_family: family must be one of {sorted(FAMILIES)}, got {family!r}")
+    spec = FAMILIES[family]
+    model = composed_gp(kernels, inducing=spec.inducing, **model_kwargs)
+    guide = spec.guide(model, inner_init=inner_init)
+    adam = optax.adam(learning_rate)
+    optimizer = adam if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), adam)
+    svi = SVI(model, guide, numpyro.optim.optax_to_numpyro(optimizer), DGPElbo(num_particles=num_particles))
+    result: FitResult = fit(svi, rng_key, X, y, num_steps=num_steps, progress_bar=progress_bar)
+    return model, guide, result
+
+
+def layer_variances(model, guide, params, x, rng_key, num_samples: int = 2000) -> dict:
+    """Variance of every layer's output at the points ``x`` under the fitted ``q``.
+
+    Layer ``l`` at ``x`` is ``f_l(f_{l-1}(... f_1(x)))``; its variance is estimated by the law
+    of total variance over ``num_samples`` propagated samples, each contributing the layer's
+    exact Gaussian moments given its sampled input (and, with inducing locations, given the
+    sampled inducing values the layers share).
+
+    :return: ``{layer: (N,)}`` for the first output of each layer.
+    """
+    x = jnp.asarray(x)
+
+    def one(key):
+        run = marginal_trace(model, guide, params, key, (x,), {})
+        return {n: (m[:, 0], v[:, 0]) for n, (m, v) in run.moments.items()}
+
+    keys = jax.random.split(rng_key, int(num_samples))
+    moments = jax.jit(jax.vmap(one))(keys)
+    return {n: np.asarray(v.mean(0) + m.var(0)) for n, (m, v) in moments.items()}
+
+
+def elbo_estimate(model, guide, params, X, y, rng_key, num_draws: int = 500):
+    """The ELBO at ``params`` (mean of ``num_draws`` :class:`DGPElbo` draws) and its standard error."""
+    keys = jax.random.split(rng_key, int(num_draws))
+    draws = jax.jit(jax.vmap(lambda k: -DGPElbo().loss(k, params, model, guide, X, y)))(keys)
+    draws = np.asarray(draws)
+    return float(draws.mean()), float(draws.std(ddof=1) / np.sqrt(len(draws)))

@@ -1,0 +1,231 @@
+"""Guides that correlate the inducing values of different layers (paper 000 §4.1).
+
+* :class:`AutoJointDGP` -- one Gaussian over the inducing values of all layers (full
+  ``D x D`` covariance, ``D = sum_l P_l M_l``).
+* :class:`AutoChainDGP` -- ``q(u_1) prod_l q(u_l | u_{l-1})``: a block-tridiagonal precision
+  with parameters linear in the number of layers.
+
+Both sample the layers in order, each site from its Gaussian given the earlier samples, so
+NumPyro's own ELBOs see exact log-densities (``Trace_ELBO`` = paper 000's estimator (a):
+sample ``u`` jointly, propagate conditionally). Each site also declares the structure
+(``infer["dgp_gaussian"]``: :class:`~numpyro_dgp.handlers.JointBlock` /
+:class:`~numpyro_dgp.handlers.ChainLink`), from which :class:`numpyro_dgp.DGPElbo`
+marginalises the inducing values exactly, point by point, with closed-form KLs.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpyro
+import numpyro.distributions as dist
+from jax.scipy.linalg import block_diag, solve_triangular
+from jax.scipy.special import ndtri
+from numpyro.distributions import constraints
+
+from numpyro_dgp.core.chain import block_diag_covariance
+from numpyro_dgp.guides._base import DGPGuide
+from numpyro_dgp.handlers import ChainLink, JointBlock
+
+__all__ = ["AutoJointDGP", "AutoChainDGP"]
+
+_INNER_INITS = ("deterministic", "prior")
+
+
+def _check_init(cls, inner_init, init_scale):
+    if inner_init not in _INNER_INITS:
+        raise ValueError(f"{cls}: inner_init must be one of {_INNER_INITS}, got {inner_init!r}")
+    if not float(init_scale) > 0:
+        raise ValueError(f"{cls}: init_scale must be positive, got {init_scale!r}")
+
+
+def _quantiles_from_cov(loc, cov, quantiles):
+    std = jnp.sqrt(jnp.diagonal(cov)).reshape(loc.shape)
+    return loc + ndtri(jnp.asarray(quantiles)).reshape((-1,) + (1,) * loc.ndim) * std
+
+
+class AutoJointDGP(DGPGuide):
+    """One multivariate normal over the inducing values of every layer (paper 000 §4.1a).
+
+    ``q(vec(u_1), ..., vec(u_L)) = N(loc, L L^T)`` with a full lower-triangular ``L``
+    (softplus diagonal). Initialised with zero cross-layer covariance, i.e. exactly the
+    factorised guide (:class:`~numpyro_dgp.guides.AutoFactorisedDGP`) with the same
+    ``inner_init``. Cost ``O(D^3)`` for the KL and ``O(N D^2)`` per step for the exact
+    marginalisation, ``D = sum_l P_l M_l``.
+
+    :param model: a model built with :func:`numpyro_dgp.gp_layer`.
+    :param inner_init: ``"deterministic"`` (inner layers start at ``init_scale`` times their
+        prior factor, the DSVI convention) or ``"prior"``.
+    :param init_scale: the factor for ``"deterministic"``.
+    :param prefix: parameters are ``"<prefix>_joint_loc"`` and ``"<prefix>_joint_scale_tril"``.
+    """
+
+    def __init__(self, model, *, inner_init: str = "deterministic", init_scale: float = 1e-5, prefix: str = "auto", init_loc_fn=None):
+        _check_init("AutoJointDGP", inner_init, init_scale)
+        self.inner_init = inner_init
+        self.init_scale = float(init_scale)
+        super().__init__(model, prefix=prefix, init_loc_fn=init_loc_fn)
+
+    @property
+    def _names(self):
+        return f"{self.prefix}_joint_loc", f"{self.prefix}_joint_scale_tril"
+
+    def _q(self):
+        loc_name, tril_name = self._names
+        sites = self.inducing_sites
+
+        def init_loc():
+            return jnp.concatenate([s.prior_mean.reshape(-1) for s in sites])
+
+        def init_tril():
+            blocks = [
+                block_diag(*self._initial_scale_tril(s, self.inner_init, self.init_scale)) for s in sites
+            ]
+            return block_diag(*blocks)
+
+        loc = numpyro.param(loc_name, init_loc())
+        tril = numpyro.param(tril_name, init_tril(), constraint=constraints.softplus_lower_cholesky)
+        return loc, tril
+
+    def __call__(self, *args, **kwargs):
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        result = dict(self._sample_others(*args, **kwargs))
+        loc, tril = self._q()
+        block = JointBlock(
+            tuple(s.name for s in self.inducing_sites),
+            tuple((s.out_dim, s.num_inducing) for s in self.inducing_sites),
+            loc,
+            tril,
+        )
+        # ancestral sampling through the Cholesky factor: u_k | u_<k is Gaussian with mean
+        # loc_k + L[k, <k] eps_<k and factor L[k, k], where eps_<k are the earlier standard normals
+        eps = jnp.zeros((0,), loc.dtype)
+        start = 0
+        for site in self.inducing_sites:
+            stop = start + site.size
+            cond_loc = loc[start:stop] + tril[start:stop, :start] @ eps
+            factor = tril[start:stop, start:stop]
+            fn = dist.TransformedDistribution(
+                dist.MultivariateNormal(cond_loc, scale_tril=factor),
+                dist.transforms.ReshapeTransform((site.out_dim, site.num_inducing), (site.size,)),
+            )
+            u = numpyro.sample(site.name, fn, infer={"dgp_gaussian": block})
+            result[site.name] = u
+            eps_k = solve_triangular(factor, u.reshape(-1) - cond_loc, lower=True)
+            eps = jnp.concatenate([eps, eps_k])
+            start = stop
+        return result
+
+    def covariance(self, params):
+        """The full ``(D, D)`` covariance over all inducing values (blocks in layer order)."""
+        tril = params[self._names[1]]
+        return tril @ tril.T
+
+    def median(self, params):
+        """Posterior medians: the means of the inducing values (and AutoNormal's for others)."""
+        out = self._other_median(params)
+        loc = params[self._names[0]]
+        start = 0
+        for s in self.inducing_sites:
+            out[s.name] = loc[start : start + s.size].reshape(s.out_dim, s.num_inducing)
+            start += s.size
+        return out
+
+    def quantiles(self, params, quantiles):
+        """Marginal quantiles, shape ``(len(quantiles), P, M)`` per site."""
+        out = self._other_quantiles(params, jnp.asarray(quantiles))
+        loc, cov = params[self._names[0]], self.covariance(params)
+        start = 0
+        for s in self.inducing_sites:
+            sl = slice(start, start + s.size)
+            q = _quantiles_from_cov(loc[sl], cov[sl, sl], quantiles)
+            out[s.name] = q.reshape((-1, s.out_dim, s.num_inducing))
+            start += s.size
+        return out
+
+
+class AutoChainDGP(DGPGuide):
+    """Chain-structured Gaussian over the layers' inducing values (paper 000 §4.1b).
+
+    ``q(u_1) = N(m_1, D_1 D_1^T)``, ``q(u_l | u_{l-1}) = N(m_l + C_l vec(u_{l-1} - m_{l-1}),
+    D_l D_l^T)``: ``m_l`` is layer ``l``'s marginal mean, ``D_l`` one lower factor per output
+    (as in the factorised guide) and ``C_l`` a ``(P_l M_l, P_{l-1} M_{l-1})`` coupling,
+    initialised at zero (exactly the factorised guide). Layers are chained in execution order.
+
+    :param model: a model built with :func:`numpyro_dgp.gp_layer`.
+    :param inner_init: ``"deterministic"`` or ``"prior"`` (as for the factorised guide).
+    :param init_scale: the factor for ``"deterministic"``.
+    :param prefix: parameters are ``"<site>_<prefix>_loc"``, ``"<site>_<prefix>_scale_tril"``
+        and (from the second layer on) ``"<site>_<prefix>_coupling"``.
+    """
+
+    def __init__(self, model, *, inner_init: str = "deterministic", init_scale: float = 1e-5, prefix: str = "auto", init_loc_fn=None):
+        _check_init("AutoChainDGP", inner_init, init_scale)
+        self.inner_init = inner_init
+        self.init_scale = float(init_scale)
+        super().__init__(model, prefix=prefix, init_loc_fn=init_loc_fn)
+
+    def _q(self, site, parent):
+        loc = numpyro.param(f"{site.name}_{self.prefix}_loc", site.prior_mean)
+        tril = numpyro.param(
+            f"{site.name}_{self.prefix}_scale_tril",
+            self._initial_scale_tril(site, self.inner_init, self.init_scale),
+            constraint=constraints.softplus_lower_cholesky,
+        )
+        coupling = None
+        if parent is not None:
+            coupling = numpyro.param(
+                f"{site.name}_{self.prefix}_coupling", jnp.zeros((site.size, parent.size), loc.dtype)
+            )
+        return loc, tril, coupling
+
+    def __call__(self, *args, **kwargs):
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        result = dict(self._sample_others(*args, **kwargs))
+        parent = parent_loc = parent_u = None
+        for site in self.inducing_sites:
+            loc, tril, coupling = self._q(site, parent)
+            if parent is None:
+                cond_loc = loc
+                link = ChainLink(None, loc, tril)
+            else:
+                shift = coupling @ (parent_u - parent_loc).reshape(-1)
+                cond_loc = loc + shift.reshape(loc.shape)
+                link = ChainLink(parent.name, loc, tril, parent_loc, coupling)
+            u = numpyro.sample(
+                site.name,
+                dist.MultivariateNormal(cond_loc, scale_tril=tril).to_event(1),
+                infer={"dgp_gaussian": link},
+            )
+            result[site.name] = u
+            parent, parent_loc, parent_u = site, loc, u
+        return result
+
+    def marginal_covariances(self, params):
+        """``{site: (P M, P M)}`` marginal covariance ``S_l = C_l S_{l-1} C_l^T + D_l D_l^T``."""
+        out = {}
+        prev = None
+        for site in self.inducing_sites:
+            cov = block_diag_covariance(params[f"{site.name}_{self.prefix}_scale_tril"])
+            if prev is not None:
+                C = params[f"{site.name}_{self.prefix}_coupling"]
+                cov = cov + C @ out[prev] @ C.T
+            out[site.name] = cov
+            prev = site.name
+        return out
+
+    def median(self, params):
+        """Posterior medians: the marginal means ``m_l`` (and AutoNormal's for others)."""
+        out = self._other_median(params)
+        for s in self.inducing_sites:
+            out[s.name] = params[f"{s.name}_{self.prefix}_loc"]
+        return out
+
+    def quantiles(self, params, quantiles):
+        """Marginal quantiles, shape ``(len(quantiles), P, M)`` per site."""
+        out = self._other_quantiles(params, jnp.asarray(quantiles))
+        covs = self.marginal_covariances(params)
+        for s in self.inducing_sites:
+            out[s.name] = _quantiles_from_cov(params[f"{s.name}_{self.prefix}_loc"], covs[s.name], quantiles)
+        return out
