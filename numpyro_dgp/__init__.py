@@ -1,11 +1,11 @@
 """numpyro-dgp: deep Gaussian processes written as ordinary NumPyro programs.
 
 Write a DGP with :func:`gp_layer`; choose inference by choosing a guide
-(:mod:`numpyro_dgp.guides`), an objective (:class:`DGPElbo` or NumPyro's own ELBOs) or a
+(:mod:`numpyro_dgp.guides`: factorised, joint, chain-structured), an objective (:class:`DGPElbo` or NumPyro's own ELBOs) or a
 handler (:mod:`numpyro_dgp.handlers`); train with :func:`fit`; predict with :func:`predict`.
 """
 
-from numpyro_dgp import core, datasets, experiments, guides, handlers, kernels, models, plots
+from numpyro_dgp import compositional, core, datasets, experiments, guides, handlers, kernels, models, plots
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.io import load_params, save_params
 from numpyro_dgp.layers import gp_layer
@@ -18,6 +18,7 @@ __all__ = [
     "DGPElbo",
     "FitResult",
     "Prediction",
+    "compositional",
     "core",
     "datasets",
     "experiments",

@@ -112,7 +112,7 @@ def fit_family(
     rng_key,
     num_steps: int,
     learning_rate: float = 0.01,
-    clip_norm: float | None = 10.0,
+    clip_norm: float | None = 1000.0,
     inner_init: str = "deterministic",
     num_particles: int = 1,
     progress_bar: bool = False,
@@ -164,3 +164,50 @@ def elbo_estimate(model, guide, params, X, y, rng_key, num_draws: int = 500):
     draws = jax.jit(jax.vmap(lambda k: -DGPElbo().loss(k, params, model, guide, X, y)))(keys)
     draws = np.asarray(draws)
     return float(draws.mean()), float(draws.std(ddof=1) / np.sqrt(len(draws)))
+
+
+def family_samples(model, guide, params, grid, rng_key, num_samples: int = 25) -> dict:
+    """Coherent function samples of every layer on ``grid`` (see :func:`numpyro_dgp.sample_layers`):
+    the inducing values are drawn from the guide jointly, so a sample shows how the layers
+    co-vary. :return: ``{layer: (S, G)}`` (first output)."""
+    from numpyro_dgp.predict import sample_layers
+
+    samples = sample_layers(model, guide, params, rng_key, grid, num_samples=num_samples)
+    return {n: np.asarray(v[..., 0]) for n, v in samples.items()}
+
+
+def plot_compositions(samples_by_family: dict, grid, X=None, y=None, labels=None):
+    """Paper 000 Fig. 5: per family (rows), each layer against its own input and the composition.
+
+    :param samples_by_family: ``{family: {layer: (S, G)}}`` from :func:`family_samples`.
+    :param grid: ``(G, 1)`` inputs of the first layer.
+    :return: a matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    fams = list(samples_by_family)
+    layer_names = list(samples_by_family[fams[0]])
+    ncols = len(layer_names) + 1
+    fig, axes = plt.subplots(len(fams), ncols, figsize=(3.2 * ncols, 2.6 * len(fams)), squeeze=False)
+    g = np.asarray(grid)[:, 0]
+    for r, fam in enumerate(fams):
+        layers = samples_by_family[fam]
+        inputs = np.broadcast_to(g, layers[layer_names[0]].shape)
+        for c, name in enumerate(layer_names):
+            ax = axes[r, c]
+            out = layers[name]
+            for s in range(out.shape[0]):
+                ax.plot(inputs[s], out[s], lw=0.8, alpha=0.6, color=f"C{r}")
+            ax.set_title(f"{name} vs its input", fontsize=9)
+            inputs = out
+        ax = axes[r, -1]
+        last = layers[layer_names[-1]]
+        for s in range(last.shape[0]):
+            ax.plot(g, last[s], lw=0.8, alpha=0.6, color=f"C{r}")
+        if X is not None and y is not None:
+            ax.plot(np.asarray(X)[:, 0], np.asarray(y), "k.", ms=3)
+        ax.set_title("composition vs x", fontsize=9)
+        label = (labels or {}).get(fam, FAMILIES[fam].label if fam in FAMILIES else fam)
+        axes[r, 0].set_ylabel(label, fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -36,11 +36,23 @@ def guide_posteriors(guide_trace, model_u_sites, structured: bool = True):
         site = guide_trace.get(name)
         if site is None or site["type"] != "sample":
             continue
-        declared = (site.get("infer") or {}).get("dgp_gaussian")
-        params = declared if (structured and declared is not None) else site_gaussian(name, site["fn"], shape)
+        params = site_posterior(site, shape, structured)
         if params is not None:
             out[name] = params
     return out
+
+
+def site_posterior(site, shape, structured: bool = True):
+    """A guide site's Gaussian over its ``(P, M)`` inducing values: the structure it declares
+    (``infer["dgp_gaussian"]``) if ``structured``, else its Gaussian given the earlier
+    samples (``infer["dgp_conditional"]``, or the site distribution itself); ``None`` if
+    neither is Gaussian."""
+    infer = site.get("infer") or {}
+    if structured and infer.get("dgp_gaussian") is not None:
+        return infer["dgp_gaussian"]
+    if infer.get("dgp_conditional") is not None:
+        return infer["dgp_conditional"]
+    return site_gaussian(site["name"], site["fn"], shape)
 
 
 def quadrature_rule(out_dim: int, num_quadrature: int | None = None):
@@ -197,7 +209,7 @@ def inducing_kl(name, model_site, guide_site, layers, locations, marginal_covs):
     shape = (layer.out_dim, layer.inducing_inputs.shape[0])
     P, M = shape
     if locations:
-        q = site_gaussian(name, guide_site["fn"], shape)
+        q = site_posterior(guide_site, shape, structured=False)
         p = gaussian_parameters(model_site["fn"], shape)
         if q is None or p is None:
             return None
@@ -205,7 +217,7 @@ def inducing_kl(name, model_site, guide_site, layers, locations, marginal_covs):
         if isinstance(q, JointBlock):
             return _dense_kl(q.loc - p_loc.reshape(-1), q.scale_tril, [(p_scale[0], M)] * P)
         return gauss_kl(q[0] - p_loc, q[1], p_scale[0])
-    q = (guide_site.get("infer") or {}).get("dgp_gaussian") or site_gaussian(name, guide_site["fn"], shape)
+    q = site_posterior(guide_site, shape)
     if q is None:
         return None
     prior_chol = _prior_chol(layer)
@@ -235,7 +247,12 @@ class DGPElbo(ELBO):
 
     For every layer whose inducing site the guide covers with a Gaussian (``AutoFactorisedDGP``,
     ``AutoNormal``, ...), the layer output is drawn from ``q(f_l | f_{l-1})`` point by point
-    instead of through a sampled ``u_l``; ``KL[q(u_l) || p(u_l)]`` is computed in closed form;
+    instead of through a sampled ``u_l``. Guides that correlate layers (``AutoChainDGP``,
+    ``AutoJointDGP``) get the exact per-point recursion (each point's sampled outputs condition
+    the belief over the later layers' inducing values, notes/compositional.md §3b). With
+    ``inducing="locations"`` the inner layers run on sampled inducing values (they are the next
+    layer's inputs) and the last layer is marginalised given them. KLs are computed in closed
+    form (given the sampled locations, for inducing locations);
     and the expectation of the likelihood over the last layer's marginal is taken by
     Gauss-Hermite quadrature (exact for Gaussian likelihoods). Other latent sites
     (hyperparameters with priors) are estimated by sampling as in ``Trace_ELBO``.
@@ -258,8 +275,7 @@ class DGPElbo(ELBO):
     def elbo_components(self, rng_key, param_map, model, guide, *args, **kwargs):
         """One-particle ELBO split into ``{"expected_log_likelihood", "kl_inducing", "other"}``."""
         run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, self.num_quadrature)
-        guide_trace, model_trace, posteriors, weights = (
-            run.guide_trace, run.model_trace, run.posteriors, run.quadrature_weights)
+        guide_trace, model_trace, weights = run.guide_trace, run.model_trace, run.quadrature_weights
 
         layers = layers_by_u_site(model_trace)
         locations = any(layer.inducing == "locations" for layer in layers.values())

@@ -129,7 +129,10 @@ class DGPGuide(AutoGuide):
 
         def one(key, params):
             tr = handlers.trace(handlers.seed(handlers.substitute(self, data=params), key)).get_trace(*args, **kwargs)
-            return {n: s["value"] for n, s in tr.items() if s["type"] == "sample" and not s["is_observed"]}
+            return {
+                n: s["value"] for n, s in tr.items()
+                if s["type"] == "sample" and not s["is_observed"] and not s["infer"].get("is_auxiliary")
+            }
 
         num = int(np.prod(sample_shape)) if sample_shape else 1
         keys = jax.random.split(rng_key, num)

@@ -5,9 +5,9 @@
 * :class:`AutoChainDGP` -- ``q(u_1) prod_l q(u_l | u_{l-1})``: a block-tridiagonal precision
   with parameters linear in the number of layers.
 
-Both sample the layers in order, each site from its Gaussian given the earlier samples, so
-NumPyro's own ELBOs see exact log-densities (``Trace_ELBO`` = paper 000's estimator (a):
-sample ``u`` jointly, propagate conditionally). Each site also declares the structure
+Both sample ``u`` jointly with exact log-densities, so NumPyro's own ELBOs work
+(``Trace_ELBO`` = paper 000's estimator (a): sample ``u`` jointly, propagate conditionally).
+Each site also declares the structure
 (``infer["dgp_gaussian"]``: :class:`~numpyro_dgp.handlers.JointBlock` /
 :class:`~numpyro_dgp.handlers.ChainLink`), from which :class:`numpyro_dgp.DGPElbo`
 marginalises the inducing values exactly, point by point, with closed-form KLs.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
-from jax.scipy.linalg import block_diag, solve_triangular
+from jax.scipy.linalg import block_diag
 from jax.scipy.special import ndtri
 from numpyro.distributions import constraints
 
@@ -97,22 +97,31 @@ class AutoJointDGP(DGPGuide):
             loc,
             tril,
         )
-        # ancestral sampling through the Cholesky factor: u_k | u_<k is Gaussian with mean
-        # loc_k + L[k, <k] eps_<k and factor L[k, k], where eps_<k are the earlier standard normals
-        eps = jnp.zeros((0,), loc.dtype)
+        # One standard-normal draw for all layers, u = loc + L z, and each site a Delta with the
+        # log-density of its block (-log|L_kk|): the exact log q(u) without ever solving with
+        # L, which becomes badly conditioned when a near-deterministic layer (1e-5 start) grows
+        # cross-layer terms. The conditional N(loc_k + L[k, <k] z_<k, L_kk L_kk^T) of each block
+        # given the earlier ones is declared for DGPElbo (inducing locations).
+        D = loc.shape[0]
+        z = numpyro.sample(
+            f"_{self.prefix}_joint_std_normal",
+            dist.Normal(jnp.zeros(D, loc.dtype), 1.0).to_event(1),
+            infer={"is_auxiliary": True},
+        )
         start = 0
         for site in self.inducing_sites:
             stop = start + site.size
-            cond_loc = loc[start:stop] + tril[start:stop, :start] @ eps
             factor = tril[start:stop, start:stop]
-            fn = dist.TransformedDistribution(
-                dist.MultivariateNormal(cond_loc, scale_tril=factor),
-                dist.transforms.ReshapeTransform((site.out_dim, site.num_inducing), (site.size,)),
+            cond_loc = loc[start:stop] + tril[start:stop, :start] @ z[:start]
+            value = (cond_loc + factor @ z[start:stop]).reshape(site.out_dim, site.num_inducing)
+            log_det = jnp.sum(jnp.log(jnp.diagonal(factor)))
+            conditional = JointBlock((site.name,), ((site.out_dim, site.num_inducing),), cond_loc, factor)
+            u = numpyro.sample(
+                site.name,
+                dist.Delta(value, log_density=-log_det, event_dim=2),
+                infer={"dgp_gaussian": block, "dgp_conditional": conditional},
             )
-            u = numpyro.sample(site.name, fn, infer={"dgp_gaussian": block})
             result[site.name] = u
-            eps_k = solve_triangular(factor, u.reshape(-1) - cond_loc, lower=True)
-            eps = jnp.concatenate([eps, eps_k])
             start = stop
         return result
 
@@ -193,10 +202,19 @@ class AutoChainDGP(DGPGuide):
                 shift = coupling @ (parent_u - parent_loc).reshape(-1)
                 cond_loc = loc + shift.reshape(loc.shape)
                 link = ChainLink(parent.name, loc, tril, parent_loc, coupling)
+            # u = cond_loc + D z as a Delta with log-density -log|D|: exact log q without a
+            # triangular solve against D, which a near-deterministic layer makes ill-conditioned
+            z = numpyro.sample(
+                f"_{site.name}_{self.prefix}_std_normal",
+                dist.Normal(jnp.zeros_like(loc), 1.0).to_event(2),
+                infer={"is_auxiliary": True},
+            )
+            value = cond_loc + jnp.einsum("pmk,pk->pm", tril, z)
+            log_det = jnp.sum(jnp.log(jnp.diagonal(tril, axis1=-2, axis2=-1)))
             u = numpyro.sample(
                 site.name,
-                dist.MultivariateNormal(cond_loc, scale_tril=tril).to_event(1),
-                infer={"dgp_gaussian": link},
+                dist.Delta(value, log_density=-log_det, event_dim=2),
+                infer={"dgp_gaussian": link, "dgp_conditional": (cond_loc, tril)},
             )
             result[site.name] = u
             parent, parent_loc, parent_u = site, loc, u
