@@ -132,11 +132,11 @@ def write_report(rows, args, extra, path_md, path_json, elapsed):
         "Commands: " + (
             f"`python benchmarks/compositional.py {' '.join(sys.argv[1:])}`".rstrip()
             if not args.merge else
-            "`python benchmarks/compositional.py --inits deterministic --tag det` and "
-            "`python benchmarks/compositional.py --inits prior --skip-app-e --tag prior` run side by side, then "
-            f"`python benchmarks/compositional.py --merge {args.merge}`"
+            " and ".join(f"`python benchmarks/compositional.py {cmd}`" for cmd in getattr(args, "source_commands", []))
+            + f" run side by side, then `python benchmarks/compositional.py --merge {args.merge}"
+            + (f" --tag {args.tag}`" if args.tag else "`")
         ),
-        f"Machine: 2-core CPU (shared by the two processes), float64. Wall time: {elapsed / 60:.1f} min.",
+        f"Machine: 2-core CPU (shared by the processes run side by side), float64. Wall time: {elapsed / 60:.1f} min.",
         "",
         "Setup (ours; the paper gives none of it): " + ", ".join(f"{k} = {v}" for k, v in TABLE1.items())
         + f", {args.steps} Adam steps, first-layer inducing inputs initialised on an even grid (learned),"
@@ -201,15 +201,23 @@ def write_report(rows, args, extra, path_md, path_json, elapsed):
 
 def merge(args):
     """One report from runs made in parallel (e.g. one process per initialisation)."""
-    rows, extra, inits, elapsed = [], [], [], 0.0
+    rows, extra, inits, elapsed, sources = [], [], [], 0.0, []
     for tag in args.merge.split(","):
         data = json.load(open(RESULTS / f"compositional_{tag}.json"))
         rows += data["rows"]
         extra += data["extra"]
         inits += [i for i in data["args"]["inits"].split(",") if i not in inits]
         args.steps = data["args"]["steps"]
+        a = data["args"]
+        cmd = f"--inits {a['inits']} --steps {a['steps']} --seeds {a['seeds']}"
+        if a.get("families") and a["families"] != ",".join(FAMILIES):
+            cmd += f" --families {a['families']}"
+        if a.get("skip_app_e"):
+            cmd += " --skip-app-e"
+        sources.append(cmd + f" --tag {tag}")
         elapsed = max(elapsed, data.get("elapsed", 0.0))
     args.inits = ",".join(inits)
+    args.source_commands = sources
     suffix = f"_{args.tag}" if args.tag else ""
     write_report(rows, args, extra, RESULTS / f"compositional{suffix}.md", RESULTS / f"compositional{suffix}.json", elapsed)
     print(f"merged {args.merge} into compositional{suffix}.md")
