@@ -72,11 +72,6 @@ class JointBlock(NamedTuple):
     loc: jax.Array
     scale_tril: jax.Array
 
-    def offset(self, name):
-        """Start of ``name``'s block in the flattened vector."""
-        k = self.sites.index(name)
-        return sum(P * M for P, M in self.shapes[:k])
-
 
 def _unwrap(fn):
     while True:

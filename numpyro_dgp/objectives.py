@@ -278,7 +278,7 @@ class DGPElbo(ELBO):
         guide_trace, model_trace, weights = run.guide_trace, run.model_trace, run.quadrature_weights
 
         layers = layers_by_u_site(model_trace)
-        locations = any(layer.inducing == "locations" for layer in layers.values())
+        locations = uses_inducing_locations(model_trace)
         ell = 0.0
         kl = 0.0
         other = 0.0

@@ -8,27 +8,11 @@ Set ``NUMPYRO_DGP_SMOKE=1`` to execute with the short settings (the test suite d
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-import time
-from pathlib import Path
+from _notebook import HERE, NotebookBuilder
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
-HERE = Path(__file__).resolve().parent
 NOTEBOOK = HERE / "01_quickstart.ipynb"
-
-CELLS = []
-
-
-def md(text):
-    CELLS.append(new_markdown_cell(text.strip("\n")))
-
-
-def code(text):
-    CELLS.append(new_code_cell(text.strip("\n")))
+NB = NotebookBuilder()
+md, code = NB.md, NB.code
 
 
 # ------------------------------------------------------------------------------------------
@@ -427,33 +411,5 @@ In your own models, the other `gp_layer` arguments (`out_dim`, `mean`, `priors`,
 """)
 
 
-def build() -> nbformat.NotebookNode:
-    nb = new_notebook(cells=list(CELLS))
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    return nb
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--execute", action="store_true", help="execute and save with outputs")
-    parser.add_argument("--output", default=str(NOTEBOOK))
-    args = parser.parse_args(argv)
-    nb = build()
-    if args.execute:
-        from nbclient import NotebookClient
-
-        # the kernel must import this checkout's package
-        root = str(HERE.parent)
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-        t0 = time.perf_counter()
-        NotebookClient(nb, timeout=1200, kernel_name="python3", record_timing=False,
-                       resources={"metadata": {"path": str(HERE)}}).execute()
-        print(f"executed in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    nbformat.validate(nb)
-    nbformat.write(nb, args.output)
-    print(f"wrote {args.output} ({os.path.getsize(args.output)} bytes)", file=sys.stderr)
-
-
 if __name__ == "__main__":
-    main()
+    NB.main(NOTEBOOK, __doc__, timeout=1200)

@@ -58,11 +58,27 @@ def _init_inducing_to_mean(site=None, init_loc_fn=init_to_uniform):
     return init_loc_fn(site)
 
 
+INNER_INITS = ("deterministic", "prior")
+
+
 class DGPGuide(AutoGuide):
     """Base class: finds the ``gp_layer`` inducing sites in the prototype trace and hands the
-    remaining latent sites (e.g. hyperparameters with priors) to an ``AutoNormal``."""
+    remaining latent sites (e.g. hyperparameters with priors) to an ``AutoNormal``.
 
-    def __init__(self, model, *, prefix: str = "auto", init_loc_fn=None):
+    :param inner_init: ``"deterministic"`` (inner layers start at ``init_scale`` times their
+        prior factor, the DSVI convention) or ``"prior"``; the last layer starts at its prior.
+    :param init_scale: the factor for ``"deterministic"``.
+    """
+
+    def __init__(self, model, *, inner_init: str = "deterministic", init_scale: float = 1e-5,
+                 prefix: str = "auto", init_loc_fn=None):
+        name = type(self).__name__
+        if inner_init not in INNER_INITS:
+            raise ValueError(f"{name}: inner_init must be one of {INNER_INITS}, got {inner_init!r}")
+        if not float(init_scale) > 0:
+            raise ValueError(f"{name}: init_scale must be positive, got {init_scale!r}")
+        self.inner_init = inner_init
+        self.init_scale = float(init_scale)
         init_loc_fn = init_to_uniform if init_loc_fn is None else init_loc_fn
         super().__init__(model, prefix=prefix, init_loc_fn=partial(_init_inducing_to_mean, init_loc_fn=init_loc_fn))
         self.inducing_sites: list[InducingSite] = []
@@ -139,10 +155,11 @@ class DGPGuide(AutoGuide):
         samples = jax.jit(jax.vmap(one, in_axes=(0, None)))(keys, params)
         return jax.tree_util.tree_map(lambda x: x.reshape(tuple(sample_shape) + x.shape[1:]), samples)
 
-    def _initial_scale_tril(self, site, inner_init, init_scale):
+    def _initial_scale_tril(self, site):
+        """``(P, M, M)`` starting factor of ``site`` under :attr:`inner_init`."""
         start = site.prior_scale_tril
-        if inner_init == "deterministic" and not site.is_last:
-            start = start * init_scale
+        if self.inner_init == "deterministic" and not site.is_last:
+            start = start * self.init_scale
         return start
 
     def _other_median(self, params):

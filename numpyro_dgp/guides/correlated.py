@@ -24,19 +24,10 @@ from numpyro.distributions import constraints
 
 from numpyro_dgp.core.chain import block_diag_covariance
 from numpyro_dgp.guides._base import DGPGuide
+from numpyro_dgp.guides.factorised import AutoFactorisedDGP
 from numpyro_dgp.handlers import ChainLink, JointBlock
 
 __all__ = ["AutoJointDGP", "AutoChainDGP"]
-
-_INNER_INITS = ("deterministic", "prior")
-
-
-def _check_init(cls, inner_init, init_scale):
-    if inner_init not in _INNER_INITS:
-        raise ValueError(f"{cls}: inner_init must be one of {_INNER_INITS}, got {inner_init!r}")
-    if not float(init_scale) > 0:
-        raise ValueError(f"{cls}: init_scale must be positive, got {init_scale!r}")
-
 
 def _quantiles_from_cov(loc, cov, quantiles):
     std = jnp.sqrt(jnp.diagonal(cov)).reshape(loc.shape)
@@ -59,12 +50,6 @@ class AutoJointDGP(DGPGuide):
     :param prefix: parameters are ``"<prefix>_joint_loc"`` and ``"<prefix>_joint_scale_tril"``.
     """
 
-    def __init__(self, model, *, inner_init: str = "deterministic", init_scale: float = 1e-5, prefix: str = "auto", init_loc_fn=None):
-        _check_init("AutoJointDGP", inner_init, init_scale)
-        self.inner_init = inner_init
-        self.init_scale = float(init_scale)
-        super().__init__(model, prefix=prefix, init_loc_fn=init_loc_fn)
-
     @property
     def _names(self):
         return f"{self.prefix}_joint_loc", f"{self.prefix}_joint_scale_tril"
@@ -78,7 +63,7 @@ class AutoJointDGP(DGPGuide):
 
         def init_tril():
             blocks = [
-                block_diag(*self._initial_scale_tril(s, self.inner_init, self.init_scale)) for s in sites
+                block_diag(*self._initial_scale_tril(s)) for s in sites
             ]
             return block_diag(*blocks)
 
@@ -153,13 +138,14 @@ class AutoJointDGP(DGPGuide):
         return out
 
 
-class AutoChainDGP(DGPGuide):
+class AutoChainDGP(AutoFactorisedDGP):
     """Chain-structured Gaussian over the layers' inducing values (paper 000 §4.1b).
 
     ``q(u_1) = N(m_1, D_1 D_1^T)``, ``q(u_l | u_{l-1}) = N(m_l + C_l vec(u_{l-1} - m_{l-1}),
     D_l D_l^T)``: ``m_l`` is layer ``l``'s marginal mean, ``D_l`` one lower factor per output
     (as in the factorised guide) and ``C_l`` a ``(P_l M_l, P_{l-1} M_{l-1})`` coupling,
-    initialised at zero (exactly the factorised guide). Layers are chained in execution order.
+    initialised at zero (exactly the factorised guide, whose ``m_l``/``D_l`` parameters, names
+    and ``median`` it shares). Layers are chained in execution order.
 
     :param model: a model built with :func:`numpyro_dgp.gp_layer`.
     :param inner_init: ``"deterministic"`` or ``"prior"`` (as for the factorised guide).
@@ -168,19 +154,9 @@ class AutoChainDGP(DGPGuide):
         and (from the second layer on) ``"<site>_<prefix>_coupling"``.
     """
 
-    def __init__(self, model, *, inner_init: str = "deterministic", init_scale: float = 1e-5, prefix: str = "auto", init_loc_fn=None):
-        _check_init("AutoChainDGP", inner_init, init_scale)
-        self.inner_init = inner_init
-        self.init_scale = float(init_scale)
-        super().__init__(model, prefix=prefix, init_loc_fn=init_loc_fn)
-
-    def _q(self, site, parent):
-        loc = numpyro.param(f"{site.name}_{self.prefix}_loc", site.prior_mean)
-        tril = numpyro.param(
-            f"{site.name}_{self.prefix}_scale_tril",
-            self._initial_scale_tril(site, self.inner_init, self.init_scale),
-            constraint=constraints.softplus_lower_cholesky,
-        )
+    def _chain_q(self, site, parent):
+        """``m_l``, ``D_l`` (the factorised guide's parameters) and ``C_l`` (``None`` for the first layer)."""
+        loc, tril = self._q(site)
         coupling = None
         if parent is not None:
             coupling = numpyro.param(
@@ -194,7 +170,7 @@ class AutoChainDGP(DGPGuide):
         result = dict(self._sample_others(*args, **kwargs))
         parent = parent_loc = parent_u = None
         for site in self.inducing_sites:
-            loc, tril, coupling = self._q(site, parent)
+            loc, tril, coupling = self._chain_q(site, parent)
             if parent is None:
                 cond_loc = loc
                 link = ChainLink(None, loc, tril)
@@ -231,13 +207,6 @@ class AutoChainDGP(DGPGuide):
                 cov = cov + C @ out[prev] @ C.T
             out[site.name] = cov
             prev = site.name
-        return out
-
-    def median(self, params):
-        """Posterior medians: the marginal means ``m_l`` (and AutoNormal's for others)."""
-        out = self._other_median(params)
-        for s in self.inducing_sites:
-            out[s.name] = params[f"{s.name}_{self.prefix}_loc"]
         return out
 
     def quantiles(self, params, quantiles):

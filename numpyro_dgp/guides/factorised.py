@@ -12,8 +12,6 @@ from numpyro_dgp.guides._base import DGPGuide
 
 __all__ = ["AutoFactorisedDGP"]
 
-_INNER_INITS = ("deterministic", "prior")
-
 
 class AutoFactorisedDGP(DGPGuide):
     """Doubly stochastic variational inference's guide (Salimbeni & Deisenroth 2017).
@@ -31,18 +29,9 @@ class AutoFactorisedDGP(DGPGuide):
         ``"<site>_<prefix>_scale_tril"``.
     """
 
-    def __init__(self, model, *, inner_init: str = "deterministic", init_scale: float = 1e-5, prefix: str = "auto", init_loc_fn=None):
-        if inner_init not in _INNER_INITS:
-            raise ValueError(f"AutoFactorisedDGP: inner_init must be one of {_INNER_INITS}, got {inner_init!r}")
-        if not float(init_scale) > 0:
-            raise ValueError(f"AutoFactorisedDGP: init_scale must be positive, got {init_scale!r}")
-        self.inner_init = inner_init
-        self.init_scale = float(init_scale)
-        super().__init__(model, prefix=prefix, init_loc_fn=init_loc_fn)
-
     def _q(self, site):
         """The parameters of ``q(u)`` for one inducing site: ``loc (P, M)``, ``scale_tril (P, M, M)``."""
-        start = self._initial_scale_tril(site, self.inner_init, self.init_scale)
+        start = self._initial_scale_tril(site)
         loc = numpyro.param(f"{site.name}_{self.prefix}_loc", site.prior_mean)
         scale_tril = numpyro.param(
             f"{site.name}_{self.prefix}_scale_tril", start, constraint=constraints.softplus_lower_cholesky
