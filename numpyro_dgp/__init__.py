@@ -3,9 +3,24 @@
 Write a DGP with :func:`gp_layer`; choose inference by choosing a guide
 (:mod:`numpyro_dgp.guides`: factorised, joint, chain-structured), an objective (:class:`DGPElbo` or NumPyro's own ELBOs) or a
 handler (:mod:`numpyro_dgp.handlers`); train with :func:`fit`; predict with :func:`predict`.
+Run MCMC on the same model (NUTS on :class:`handlers.exact_layers` /
+:class:`handlers.latent_conditionals`, or :class:`infer.SGHMC`) and compare layer by layer
+with :mod:`numpyro_dgp.diagnostics`.
 """
 
-from numpyro_dgp import compositional, core, datasets, experiments, guides, handlers, kernels, models, plots
+from numpyro_dgp import (
+    compositional,
+    core,
+    datasets,
+    diagnostics,
+    experiments,
+    guides,
+    handlers,
+    kernels,
+    models,
+    plots,
+    signflip,
+)
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.io import load_params, save_params
 from numpyro_dgp.layers import gp_layer
@@ -21,6 +36,7 @@ __all__ = [
     "compositional",
     "core",
     "datasets",
+    "diagnostics",
     "experiments",
     "fit",
     "gaussian_mixture_crps",
@@ -36,4 +52,5 @@ __all__ = [
     "predict",
     "sample_layers",
     "save_params",
+    "signflip",
 ]

@@ -8,6 +8,10 @@
   :class:`numpyro_dgp.DGPElbo` and :func:`numpyro_dgp.predict`.
 * :class:`coherent_layers` -- draw each layer's output with its full covariance over the
   points (smooth function samples for plots) instead of point by point.
+* :class:`exact_layers` -- no inducing points: each layer's output at the data (and at grid
+  points) is a latent site with the full GP prior, so NUTS samples the exact DGP posterior.
+* :class:`latent_conditionals` -- the sparse model for MCMC: inducing values stay latent and
+  each layer's output is a latent site drawn from ``p(f_l | u_l, f_{l-1})``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpyro
 import numpyro.distributions as dist
 from numpyro.primitives import Messenger
 
@@ -27,6 +32,7 @@ from numpyro_dgp.core.chain import (
     point_projection,
     sample_output,
 )
+from numpyro_dgp.core import jittered_cholesky
 from numpyro_dgp.layers import layer_moments, sample_moments
 
 __all__ = [
@@ -34,6 +40,8 @@ __all__ = [
     "JointBlock",
     "marginalise_inducing",
     "coherent_layers",
+    "exact_layers",
+    "latent_conditionals",
     "gaussian_parameters",
     "site_gaussian",
 ]
@@ -300,3 +308,182 @@ class coherent_layers(Messenger):
         if msg["type"] == "dgp_layer":
             msg["kwargs"] = {**msg["kwargs"], "full_cov": True}
 
+
+
+PARAMETERISATIONS = ("noncentred", "centred")
+
+
+def _check_parameterisation(handler, parameterisation):
+    if parameterisation not in PARAMETERISATIONS:
+        raise ValueError(
+            f"{handler}: parameterisation must be one of {PARAMETERISATIONS}, got {parameterisation!r}"
+        )
+
+
+def _layer_output_site(name, mean, scale, parameterisation):
+    """Latent layer output ``f (n, P)`` with mean ``mean (n, P)``, as a NumPyro site.
+
+    ``scale`` is ``(P, n, n)`` lower-triangular (points correlated, one factor per output) or
+    ``(n, P)`` standard deviations (points independent). Non-centred: the site
+    ``"<name>.f_white"`` holds ``eps (P, n) ~ N(0, I)`` and ``f = mean + scale eps`` (better
+    for NUTS where the data constrain the layer weakly); centred: ``"<name>.f"`` holds
+    ``f^T (P, n)`` itself.
+    """
+    dense = scale.ndim == 3
+    if parameterisation == "noncentred":
+        eps = numpyro.sample(f"{name}.f_white", dist.Normal(jnp.zeros(mean.shape[::-1], mean.dtype), 1.0).to_event(2))
+        if dense:
+            return mean + jnp.einsum("pnm,pm->np", scale, eps)
+        return mean + scale * eps.T
+    if dense:
+        fn = dist.MultivariateNormal(mean.T, scale_tril=scale).to_event(1)
+    else:
+        fn = dist.Normal(mean.T, scale.T).to_event(2)
+    return numpyro.sample(f"{name}.f", fn).T
+
+
+class _PerRunMessenger(Messenger):
+    """A handler whose per-run state (layer order, grid outputs) is reset on every model run."""
+
+    def __enter__(self):
+        self._reset()
+        return super().__enter__()
+
+    def _reset(self):
+        pass
+
+
+class exact_layers(_PerRunMessenger):
+    """The exact DGP: every layer's output is a latent site with the full GP prior.
+
+    Under this handler a model built from :func:`numpyro_dgp.gp_layer` has no inducing
+    points: the ``"<name>.u"`` sites and the k-means initialisation of the inducing inputs
+    are removed, and layer ``l``'s output at its ``n`` input points is drawn from
+    ``N(mean_l(f_{l-1}), K_l(f_{l-1}, f_{l-1}) + jitter I)`` per output. NUTS on the result
+    samples the exact DGP posterior (``O(n^3)`` per layer and gradient: small data, ``n`` up
+    to a few hundred).
+
+    :param fn: the model.
+    :param grid: ``(G, D)`` extra inputs of the first layer at which every layer's output is
+        sampled jointly with the data (the posterior at the grid is not independent of the
+        data rows, so it must be part of the chain). Layer ``l``'s grid inputs are layer
+        ``l-1``'s grid outputs, so the layers must run as a chain (each takes the previous
+        layer's output). Recorded as ``numpyro.deterministic("<name>.grid", (G, P))``.
+    :param parameterisation: ``"noncentred"`` (default; site ``"<name>.f_white"`` holds the
+        standard-normal ``eps (P, n)`` with ``f = mean + L eps``) or ``"centred"`` (site
+        ``"<name>.f"`` holds ``f^T (P, n)``).
+    :param jitter: diagonal jitter of the prior covariances (default: each layer's own).
+
+    Kernel hyperparameters, noise and mean weights are whatever the model makes them:
+    ``numpyro.param`` values stay fixed under MCMC (substitute fitted ones with
+    ``numpyro.handlers.substitute``), hyperparameters with ``priors=`` are sampled. Data
+    subsampling (``plate(..., subsample_size=...)``) is not meaningful here: NUTS needs the
+    full data.
+    """
+
+    def __init__(self, fn=None, grid=None, parameterisation: str = "noncentred", jitter: float | None = None):
+        _check_parameterisation("exact_layers", parameterisation)
+        if grid is not None:
+            grid = jnp.asarray(grid)
+            if grid.ndim != 2:
+                raise ValueError(f"exact_layers: grid must have shape (num_grid, dim), got {grid.shape}")
+            if not bool(jnp.all(jnp.isfinite(grid))):
+                raise ValueError("exact_layers: grid contains NaN or inf values")
+        if jitter is not None and not (jitter > 0):
+            raise ValueError(f"exact_layers: jitter must be positive, got {jitter!r}")
+        self.grid = grid
+        self.parameterisation = parameterisation
+        self.jitter = jitter
+        self._reset()
+        super().__init__(fn)
+
+    def _reset(self):
+        self._grid_inputs = self.grid if hasattr(self, "grid") else None
+        self.layer_order = []
+
+    def process_message(self, msg):
+        infer = msg.get("infer") or {}
+        if msg["type"] == "param" and msg["name"].endswith(".inducing_inputs") and msg["value"] is None:
+            # No inducing points in the exact model: skip the k-means initialisation. NumPyro
+            # keeps a callable initialiser as the keyword default of the message's fn.
+            init = (getattr(msg["fn"], "__kwdefaults__", None) or {}).get("init_value")
+            if callable(init):
+                shape = jax.eval_shape(init, jax.random.PRNGKey(0))
+                msg["value"] = jnp.zeros(shape.shape, shape.dtype)
+            return
+        if msg["type"] == "sample" and "dgp_layer" in infer and not msg["is_observed"]:
+            # the inducing values do not exist in the exact model: hide the site from the
+            # handlers outside (trace, substitute, MCMC) and give it an inert value
+            msg["value"] = jnp.zeros(msg["fn"].shape(), msg["fn"].mean.dtype) + msg["fn"].mean
+            msg["stop"] = True
+            return
+        if msg["type"] == "dgp_layer":
+            msg["fn"] = self._exact
+
+    def _exact(self, layer, X, u, *, rng_key=None, full_cov=False):
+        del u, rng_key, full_cov
+        self.layer_order.append(layer.name)
+        grid = self._grid_inputs
+        if grid is not None and grid.shape[-1] != X.shape[-1]:
+            raise ValueError(
+                f"exact_layers: layer {layer.name!r} takes inputs of width {X.shape[-1]} but the grid "
+                f"reaching it has width {grid.shape[-1]}; the layers must form a chain starting at "
+                "the grid's input space"
+            )
+        A = X if grid is None else jnp.concatenate([X, jnp.asarray(grid, X.dtype)], axis=0)
+        jitter = layer.jitter if self.jitter is None else self.jitter
+        L = jittered_cholesky(layer.kernel(A), jitter)
+        L = jnp.broadcast_to(L, (layer.out_dim,) + L.shape)
+        f = _layer_output_site(layer.name, layer.mean_fn(A), L, self.parameterisation)
+        N = X.shape[0]
+        if grid is not None:
+            self._grid_inputs = f[N:]
+            numpyro.deterministic(f"{layer.name}.grid", f[N:])
+        return f[:N]
+
+
+class latent_conditionals(_PerRunMessenger):
+    """The sparse DGP for MCMC: inducing values latent, layer outputs latent given them.
+
+    Each layer's output becomes a latent site drawn from the sparse conditional
+    ``p(f_l | u_l, f_{l-1})``: point by point (``full_cov=False``, the DSVI model whose
+    marginals every variational family here approximates) or jointly over the points
+    (``full_cov=True``: the exact augmented prior ``N(mean + K_nm K_mm^-1 u, K_nn - Q_nn)``).
+    The ``"<name>.u"`` sites stay latent with the model's prior, so NUTS samples
+    ``p(u, f_1, ..., f_L | y)`` of the sparse model; the layer values at new inputs follow by
+    running the model on them with the sampled ``u`` (see :func:`numpyro_dgp.diagnostics`).
+
+    Inducing inputs and other ``numpyro.param`` values stay at their values; substitute fitted
+    ones with ``numpyro.handlers.substitute`` (inner layers' default k-means runs on the
+    propagated values and would otherwise move with the chain's state).
+
+    :param parameterisation: ``"noncentred"`` (default, ``"<name>.f_white"``) or ``"centred"``
+        (``"<name>.f"``), as in :class:`exact_layers`.
+    :param full_cov: joint conditional over the points instead of point by point.
+    """
+
+    def __init__(self, fn=None, parameterisation: str = "noncentred", full_cov: bool = False):
+        _check_parameterisation("latent_conditionals", parameterisation)
+        self.parameterisation = parameterisation
+        self.full_cov = bool(full_cov)
+        self._reset()
+        super().__init__(fn)
+
+    def _reset(self):
+        self.layer_order = []
+
+    def process_message(self, msg):
+        if msg["type"] == "dgp_layer":
+            msg["fn"] = self._conditional
+
+    def _conditional(self, layer, X, u, *, rng_key=None, full_cov=False):
+        del rng_key, full_cov
+        self.layer_order.append(layer.name)
+        mean, var = layer_moments(layer, X, u, None, self.full_cov)
+        if self.full_cov:
+            scale = jittered_cholesky(var, layer.jitter)  # (P, n, n), one per output
+        else:
+            # the jitter keeps the scale (and its gradient) finite where the conditional
+            # variance vanishes (inputs at inducing points)
+            scale = jnp.sqrt(jnp.maximum(var, 0.0) + layer.jitter)
+        return _layer_output_site(layer.name, mean, scale, self.parameterisation)
