@@ -25,7 +25,15 @@ from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.io import load_params, save_params
 from numpyro_dgp.layers import gp_layer
 from numpyro_dgp.objectives import DGPElbo
-from numpyro_dgp.predict import Prediction, gaussian_mixture_crps, log_likelihood, metrics, predict, sample_layers
+from numpyro_dgp.predict import (
+    Prediction,
+    gaussian_mixture_crps,
+    log_likelihood,
+    metrics,
+    predict,
+    predict_from_samples,
+    sample_layers,
+)
 
 __version__ = "0.1.0"
 
@@ -50,6 +58,7 @@ __all__ = [
     "models",
     "plots",
     "predict",
+    "predict_from_samples",
     "sample_layers",
     "save_params",
     "signflip",

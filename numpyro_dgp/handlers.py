@@ -44,6 +44,7 @@ __all__ = [
     "latent_conditionals",
     "gaussian_parameters",
     "site_gaussian",
+    "collapse_last_layer",
 ]
 
 
@@ -487,3 +488,119 @@ class latent_conditionals(_PerRunMessenger):
             # variance vanishes (inputs at inducing points)
             scale = jnp.sqrt(jnp.maximum(var, 0.0) + layer.jitter)
         return _layer_output_site(layer.name, mean, scale, self.parameterisation)
+
+
+class collapse_last_layer(Messenger):
+    """Collapse the last GP layer given its inducing values: the likelihood of sghmc_dgp.
+
+    Havasi et al. (2018) score the data with ``log N(y | m_L, v_L + s^2)``, where ``m_L, v_L``
+    are the last layer's conditional mean and variance given its inducing values ``u_L``
+    (and the sampled inner layers), instead of sampling ``f_L ~ p(f_L | u_L, f_{L-1})`` and
+    scoring ``log N(y | f_L, s^2)``. Under this handler the collapsed layer's ``"dgp_layer"``
+    message returns the conditional mean ``m_L`` (point by point), and the observation site
+    after it (a Normal whose location is that layer's output: ``Normal(f[..., 0], s)`` for a
+    one-output layer, or ``Normal(f, s)``) gets the scale ``sqrt(s^2 + v_L)``. Inner layers
+    keep their default propagation (sampled given their ``u``).
+
+    :param fn: the model.
+    :param layer: name of the layer to collapse (default: the last ``gp_layer`` the model
+        runs, found once by an abstract run of the model and cached).
+    :param obs_site: name of the observation site (default: the first Normal sample site
+        after the collapsed layer).
+
+    After a run, :attr:`moments` holds ``(mean (N, P), var (N, P))`` of the collapsed layer.
+    """
+
+    def __init__(self, fn=None, layer=None, obs_site=None):
+        self.layer = layer
+        self.obs_site = obs_site
+        self._found_last = None
+        self._reset()
+        super().__init__(fn)
+
+    def _reset(self):
+        self.moments = None
+        self._pending = None  # var (N, P) of the collapsed layer until the observation site
+
+    def __enter__(self):
+        self._reset()
+        return super().__enter__()
+
+    def __call__(self, *args, **kwargs):
+        if self.layer is None and self._found_last is None:
+            self._found_last = self._find_last_layer(args, kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def _find_last_layer(self, args, kwargs):
+        from numpyro.handlers import block, seed, trace
+
+        found = {}
+
+        def probe():
+            # block: the probe's messages reach none of the handlers outside this one
+            with block():
+                tr = trace(seed(self.fn, 0)).get_trace(*args, **kwargs)
+            names = [s["args"][0].name for s in tr.values() if s["type"] == "dgp_layer"]
+            if not names:
+                raise ValueError("collapse_last_layer: the model runs no gp_layer")
+            found["last"] = names[-1]
+            return 0
+
+        jax.eval_shape(probe)
+        return found["last"]
+
+    @property
+    def target(self):
+        return self.layer if self.layer is not None else self._found_last
+
+    def process_message(self, msg):
+        if msg["type"] == "dgp_layer":
+            layer, X, u = msg["args"]
+            if layer.name != self.target:
+                return
+            mean, var = layer_moments(layer, X, u, None, False)
+            var = jnp.maximum(var, 0.0)
+            self.moments = (mean, var)
+            self._pending = var
+            msg["value"] = mean
+            return
+        if msg["type"] != "sample" or self._pending is None:
+            return
+        if self.obs_site is not None and msg["name"] != self.obs_site:
+            return
+        rebuilt = _add_normal_variance(msg["fn"], self._pending)
+        if rebuilt is None:
+            if self.obs_site is not None:
+                raise NotImplementedError(
+                    f"collapse_last_layer: observation site {msg['name']!r} has likelihood "
+                    f"{type(msg['fn']).__name__}; only Normal likelihoods can absorb the layer's variance"
+                )
+            return
+        msg["fn"] = rebuilt
+        self._pending = None
+
+
+def _add_normal_variance(fn, var):
+    """``fn`` (a Normal, possibly wrapped in Independent / Expanded) with ``var`` added to its
+    variance; ``var (N, P)`` is matched to the location ``(..., N)`` (``P = 1``) or ``(..., N, P)``.
+    ``None`` if ``fn`` is not such a Normal."""
+    if isinstance(fn, dist.Independent):
+        inner = _add_normal_variance(fn.base_dist, var)
+        return None if inner is None else dist.Independent(inner, fn.reinterpreted_batch_ndims)
+    if isinstance(fn, dist.ExpandedDistribution):
+        inner = _add_normal_variance(fn.base_dist, var)
+        return None if inner is None else inner.expand(fn.batch_shape)
+    if not isinstance(fn, dist.Normal):
+        return None
+    loc_shape = jnp.shape(fn.loc)
+    if var.shape[-1] == 1 and loc_shape[-1:] == var.shape[:1]:
+        extra = var[..., 0]
+    elif loc_shape[-2:] == var.shape:
+        extra = var
+    else:
+        raise ValueError(
+            f"collapse_last_layer: cannot match the layer's variance {var.shape} to the "
+            f"observation's location {loc_shape}; the location must be the layer's output "
+            "(Normal(f[..., 0], s) for one output, Normal(f, s))"
+        )
+    return dist.Normal(fn.loc, jnp.sqrt(fn.scale**2 + extra))

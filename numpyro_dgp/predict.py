@@ -18,12 +18,13 @@ from jax.scipy.special import logsumexp, ndtr
 from jax.scipy.stats import norm
 from numpyro.handlers import replay, seed, substitute, trace
 
-from numpyro_dgp.handlers import coherent_layers
-from numpyro_dgp.objectives import marginal_trace
+from numpyro_dgp.handlers import coherent_layers, marginalise_inducing
+from numpyro_dgp.objectives import layers_by_u_site, marginal_trace, quadrature_rule
 
 __all__ = [
     "Prediction",
     "predict",
+    "predict_from_samples",
     "sample_layers",
     "log_likelihood",
     "gaussian_mixture_crps",
@@ -145,6 +146,123 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
     keys = jax.random.split(rng_key, int(num_samples))
     batched = jax.jit(jax.vmap(one, in_axes=(0, None, None)))
     comp_m, comp_v, layers, means, variances = batched(keys, params, X_new)
+    mean = comp_m.mean(0)
+    variance = (comp_v + comp_m**2).mean(0) - mean**2
+    return Prediction(mean, variance, comp_m, comp_v, layers, means, variances)
+
+
+def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, params=None, **kwargs):
+    """Predictive mixture of a DGP over posterior samples (MCMC, :class:`~numpyro_dgp.infer.SGHMC`).
+
+    Component ``s`` substitutes sample ``s`` into the model (the inducing values
+    ``"<layer>.u"`` and every other latent or ``numpyro.param`` site the sample holds:
+    kernel hyperparameters, noise, inducing inputs...), propagates ``X_new`` through the
+    inner layers by sampling ``p(f_l | u_l, f_{l-1})``, and takes the last layer's
+    conditional Gaussian given ``u_L`` analytically, mapped through the observation site's
+    Normal likelihood: ``N(m_s, v_s + noise_s)`` per test point (exact when the location is
+    affine in the last layer, as in ``Normal(f[..., 0], sigma)``). Sample sites the model does
+    not have at ``X_new`` (e.g. deterministic layer outputs at training points) are ignored.
+
+    :param model: the NumPyro model; called as ``model(X_new, *args, **kwargs)``.
+    :param samples: ``{site: (S, ...)}``, e.g. ``mcmc.get_samples()`` (SGHMC records the
+        params in force at every sample, so the dict covers them).
+    :param rng_key: PRNG key (inner-layer draws, one key per component).
+    :param X_new: ``(N, D)`` test inputs.
+    :param obs_site: name of the observation site (found automatically if there is one).
+    :param params: ``{param site: value}`` fixed for all components, for params the samples
+        do not hold (e.g. fitted values substituted into a NUTS run); samples take precedence.
+    :return: :class:`Prediction` with ``S`` components.
+    """
+    X_new = jnp.asarray(X_new)
+    if X_new.ndim != 2:
+        raise ValueError(f"predict_from_samples: X_new must have shape (num_points, dim), got {X_new.shape}")
+    if not bool(jnp.all(jnp.isfinite(X_new))):
+        raise ValueError("predict_from_samples: X_new contains NaN or inf values")
+    if not isinstance(samples, dict) or not samples:
+        raise ValueError("predict_from_samples: samples is empty; pass mcmc.get_samples() (a dict of (S, ...) arrays)")
+    samples = {k: jnp.asarray(v) for k, v in samples.items()}
+    sizes = {k: (v.shape[0] if v.ndim else None) for k, v in samples.items()}
+    S_set = set(sizes.values())
+    if None in S_set or len(S_set) != 1:
+        raise ValueError(f"predict_from_samples: every sample array needs the same leading (sample) axis; got {sizes}")
+    S = S_set.pop()
+    if S < 1:
+        raise ValueError("predict_from_samples: samples is empty (0 samples along the leading axis)")
+    fixed = {k: jnp.asarray(v) for k, v in (params or {}).items()}
+
+    def run(sample, key, quadrature):
+        data = {**fixed, **sample}
+        m = substitute(seed(model, key), data=data)
+        if quadrature is not None:
+            handler = marginalise_inducing(m, quadrature_layer=quadrature[0], quadrature_nodes=quadrature[1],
+                                           quadrature_weights=quadrature[2])
+        else:
+            handler = marginalise_inducing(m)
+        tr = trace(handler).get_trace(X_new, *args, **kwargs)
+        return tr, handler.moments
+
+    found = {}
+    one_sample = {k: v[0] for k, v in samples.items()}
+
+    def probe():
+        tr, _ = run(one_sample, jax.random.PRNGKey(0), None)
+        layers = [s["args"][0] for s in tr.values() if s["type"] == "dgp_layer"]
+        if not layers:
+            raise ValueError("predict_from_samples: the model runs no gp_layer")
+        found["layers"] = [layer.name for layer in layers]
+        found["u_sites"] = sorted(layers_by_u_site(tr))
+        found["out_dim"] = layers[-1].out_dim
+        found["sites"] = {n: s["type"] for n, s in tr.items() if s["type"] in ("sample", "param")}
+        return 0
+
+    jax.eval_shape(probe)
+    missing = [u for u in found["u_sites"] if u not in samples]
+    if missing:
+        raise ValueError(
+            f"predict_from_samples: samples lack the inducing-value site(s) {missing}; they hold "
+            f"{sorted(samples)}. Pass the samples of an MCMC run on the model (its '<layer>.u' sites)"
+        )
+    unset = [n for n, t in found["sites"].items() if t == "param" and n not in samples and n not in fixed]
+    if unset:
+        raise ValueError(
+            f"predict_from_samples: param site(s) {unset} are neither in the samples nor in params=; "
+            "they would take their initial values (e.g. k-means on X_new). Pass params= (fitted values)"
+        )
+    last = found["layers"][-1]
+    # 3 Gauss-Hermite nodes give the exact mean and variance of an affine location
+    nodes, weights = quadrature_rule(found["out_dim"], 3)
+    quad = (last, nodes, weights)
+
+    def probe_tail():
+        tr, _ = run(one_sample, jax.random.PRNGKey(0), quad)
+        found["name"] = _observation_site(tr, obs_site)
+        return 0
+
+    jax.eval_shape(probe_tail)
+    name = found["name"]
+    # substitute the model's latent and param sites only (not deterministic layer outputs
+    # recorded at training points, nor the observation site)
+    keep = [k for k in samples if k in found["sites"] and k != name]
+    samples = {k: samples[k] for k in keep}
+
+    def one(sample, key):
+        run_key, draw_key = jax.random.split(key)
+        tr, moments = run(sample, run_key, quad)
+        loc, scale = _normal_of(tr[name]["fn"], name)
+        w = jnp.asarray(weights, loc.dtype)
+        loc = jnp.broadcast_to(loc, jnp.broadcast_shapes(jnp.shape(loc), jnp.shape(scale)))
+        m = jnp.tensordot(w, loc, axes=(0, 0))
+        v_f = jnp.tensordot(w, (loc - m) ** 2, axes=(0, 0))
+        noise = jnp.broadcast_to(scale, loc.shape)[0] ** 2
+        layers = {n: tr[n]["value"] for n in found["layers"] if n != last}
+        mean_L, var_L = moments[last]
+        layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * jax.random.normal(draw_key, mean_L.shape, mean_L.dtype)
+        means = {n: moments[n][0] for n in found["layers"]}
+        variances = {n: moments[n][1] for n in found["layers"]}
+        return m, v_f + noise, layers, means, variances
+
+    keys = jax.random.split(rng_key, S)
+    comp_m, comp_v, layers, means, variances = jax.jit(jax.vmap(one))(samples, keys)
     mean = comp_m.mean(0)
     variance = (comp_v + comp_m**2).mean(0) - mean**2
     return Prediction(mean, variance, comp_m, comp_v, layers, means, variances)
