@@ -205,7 +205,8 @@ def test_trees_from_guide_and_from_mcmc_share_a_layout(data):
     # sparse-model MCMC: u sampled, layers re-run on the grid
     fixed = {k: v for k, v in result.params.items() if "inducing_inputs" in k or ".mean." in k}
     model = substitute(latent_conditionals(two_layer), data=fixed)
-    mcmc = MCMC(NUTS(model), num_warmup=30, num_samples=20, num_chains=2, chain_method="sequential", progress_bar=False)
+    mcmc = MCMC(NUTS(model, max_tree_depth=3), num_warmup=10, num_samples=20, num_chains=2,
+                chain_method="sequential", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(2), X, y)
     with pytest.raises(ValueError, match="pass model= and rng_key="):
         diagnostics.from_mcmc(mcmc, grid)
@@ -213,7 +214,8 @@ def test_trees_from_guide_and_from_mcmc_share_a_layout(data):
     assert mc["posterior"]["h2"].shape == (2, 20, 5, 1)
     assert "diverging" in mc["sample_stats"]
     # exact model: grid sites used as they are
-    mcmc = MCMC(NUTS(exact_layers(two_layer, grid=grid)), num_warmup=30, num_samples=20, progress_bar=False)
+    mcmc = MCMC(NUTS(exact_layers(two_layer, grid=grid), max_tree_depth=3), num_warmup=10, num_samples=20,
+                progress_bar=False)
     mcmc.run(jax.random.PRNGKey(2), X, y)
     exact = diagnostics.from_mcmc(mcmc, grid)
     with pytest.raises(ValueError, match="grid has 5 points"):

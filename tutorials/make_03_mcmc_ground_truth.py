@@ -61,8 +61,8 @@ from numpyro_dgp.compositional import composed_gp, fit_family
 
 SMOKE = os.environ.get("NUMPYRO_DGP_SMOKE") == "1"
 NUM_CHAINS = 2 if SMOKE else 4
-NUM_WARMUP = 30 if SMOKE else 500
-NUM_DRAWS = 30 if SMOKE else 500
+NUM_WARMUP = 30 if SMOKE else 400
+NUM_DRAWS = 30 if SMOKE else 400
 NUM_STEPS = 200 if SMOKE else 20000   # Adam steps per variational fit
 print(f"SMOKE={SMOKE}")
 """)
@@ -231,7 +231,7 @@ dgp_model = dgp.models.deep_gp_regression(2, num_inducing=20 if SMOKE else 100)
 batch = min(500, X_tr.shape[0])
 
 sghmc = MCMC(dgp.infer.SGHMC(dgp.handlers.collapse_last_layer(dgp_model), step_size=0.01, mdecay=0.05),
-             num_warmup=100 if SMOKE else 3000, num_samples=20 if SMOKE else 100, thinning=1 if SMOKE else 20,
+             num_warmup=100 if SMOKE else 2000, num_samples=20 if SMOKE else 100, thinning=1 if SMOKE else 10,
              progress_bar=False)
 start = time.perf_counter()
 sghmc.run(jax.random.PRNGKey(1), X_tr, y_tr, batch_size=batch)
@@ -242,7 +242,7 @@ print(f"{name}: SGHMC {dgp.metrics(pred, y_te, y_scale)} ({sghmc_seconds:.0f} s)
 guide = dgp.guides.AutoFactorisedDGP(dgp_model)
 svi = numpyro.infer.SVI(dgp_model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
 start = time.perf_counter()
-fit = dgp.fit(svi, jax.random.PRNGKey(1), X_tr, y_tr, batch_size=batch, num_steps=100 if SMOKE else 5000, progress_bar=False)
+fit = dgp.fit(svi, jax.random.PRNGKey(1), X_tr, y_tr, batch_size=batch, num_steps=100 if SMOKE else 3000, progress_bar=False)
 pred = dgp.predict(dgp_model, guide, fit.params, jax.random.PRNGKey(2), X_te)
 print(f"{name}: DSVI  {dgp.metrics(pred, y_te, y_scale)} ({time.perf_counter() - start:.0f} s)")
 """)
