@@ -490,7 +490,7 @@ class latent_conditionals(_PerRunMessenger):
         return _layer_output_site(layer.name, mean, scale, self.parameterisation)
 
 
-class collapse_last_layer(Messenger):
+class collapse_last_layer(_PerRunMessenger):
     """Collapse the last GP layer given its inducing values: the likelihood of sghmc_dgp.
 
     Havasi et al. (2018) score the data with ``log N(y | m_L, v_L + s^2)``, where ``m_L, v_L``
@@ -521,10 +521,6 @@ class collapse_last_layer(Messenger):
     def _reset(self):
         self.moments = None
         self._pending = None  # var (N, P) of the collapsed layer until the observation site
-
-    def __enter__(self):
-        self._reset()
-        return super().__enter__()
 
     def __call__(self, *args, **kwargs):
         if self.layer is None and self._found_last is None:

@@ -88,6 +88,32 @@ def _normal_of(fn, name):
     return fn.loc, fn.scale
 
 
+def _mixture_component(tr, moments, name, weights, layer_names, draw_key):
+    """One mixture component from a run with quadrature nodes on the last layer: the
+    predictive mean and variance of ``y`` (node-weighted moments of the observation site's
+    Normal location, plus its noise), one draw of every layer, and the layers' moments."""
+    last = layer_names[-1]
+    loc, scale = _normal_of(tr[name]["fn"], name)
+    w = jnp.asarray(weights, loc.dtype)
+    loc = jnp.broadcast_to(loc, jnp.broadcast_shapes(jnp.shape(loc), jnp.shape(scale)))
+    m = jnp.tensordot(w, loc, axes=(0, 0))
+    v_f = jnp.tensordot(w, (loc - m) ** 2, axes=(0, 0))
+    noise = jnp.broadcast_to(scale, loc.shape)[0] ** 2
+    layers = {n: tr[n]["value"] for n in layer_names if n != last}
+    mean_L, var_L = moments[last]
+    layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * jax.random.normal(draw_key, mean_L.shape, mean_L.dtype)
+    means = {n: moments[n][0] for n in layer_names}
+    variances = {n: moments[n][1] for n in layer_names}
+    return m, v_f + noise, layers, means, variances
+
+
+def _mixture(comp_m, comp_v, layers, means, variances):
+    """Equal-weight mixture of the components (law of total variance)."""
+    mean = comp_m.mean(0)
+    variance = (comp_v + comp_m**2).mean(0) - mean**2
+    return Prediction(mean, variance, comp_m, comp_v, layers, means, variances)
+
+
 def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100, obs_site=None, **kwargs):
     """Predictive mixture of a fitted DGP at ``X_new``.
 
@@ -124,31 +150,16 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
 
     jax.eval_shape(probe)
     name, layer_names = found["name"], found["layers"]
-    last = layer_names[-1]
 
     def one(key, params, X_new):
         run_key, draw_key = jax.random.split(key)
         # 3 Gauss-Hermite nodes give the exact mean and variance of an affine location
         run = marginal_trace(model, guide, params, run_key, (X_new,) + args, kwargs, 3)
-        loc, scale = _normal_of(run.model_trace[name]["fn"], name)
-        w = jnp.asarray(run.quadrature_weights, loc.dtype)
-        loc = jnp.broadcast_to(loc, jnp.broadcast_shapes(jnp.shape(loc), jnp.shape(scale)))
-        m = jnp.tensordot(w, loc, axes=(0, 0))
-        v_f = jnp.tensordot(w, (loc - m) ** 2, axes=(0, 0))
-        noise = jnp.broadcast_to(scale, loc.shape)[0] ** 2
-        layers = {n: run.model_trace[n]["value"] for n in layer_names if n != last}
-        mean_L, var_L = run.moments[last]
-        layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * jax.random.normal(draw_key, mean_L.shape, mean_L.dtype)
-        means = {n: run.moments[n][0] for n in layer_names}
-        variances = {n: run.moments[n][1] for n in layer_names}
-        return m, v_f + noise, layers, means, variances
+        return _mixture_component(run.model_trace, run.moments, name, run.quadrature_weights, layer_names, draw_key)
 
     keys = jax.random.split(rng_key, int(num_samples))
     batched = jax.jit(jax.vmap(one, in_axes=(0, None, None)))
-    comp_m, comp_v, layers, means, variances = batched(keys, params, X_new)
-    mean = comp_m.mean(0)
-    variance = (comp_v + comp_m**2).mean(0) - mean**2
-    return Prediction(mean, variance, comp_m, comp_v, layers, means, variances)
+    return _mixture(*batched(keys, params, X_new))
 
 
 def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, params=None, **kwargs):
@@ -248,24 +259,10 @@ def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, p
     def one(sample, key):
         run_key, draw_key = jax.random.split(key)
         tr, moments = run(sample, run_key, quad)
-        loc, scale = _normal_of(tr[name]["fn"], name)
-        w = jnp.asarray(weights, loc.dtype)
-        loc = jnp.broadcast_to(loc, jnp.broadcast_shapes(jnp.shape(loc), jnp.shape(scale)))
-        m = jnp.tensordot(w, loc, axes=(0, 0))
-        v_f = jnp.tensordot(w, (loc - m) ** 2, axes=(0, 0))
-        noise = jnp.broadcast_to(scale, loc.shape)[0] ** 2
-        layers = {n: tr[n]["value"] for n in found["layers"] if n != last}
-        mean_L, var_L = moments[last]
-        layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * jax.random.normal(draw_key, mean_L.shape, mean_L.dtype)
-        means = {n: moments[n][0] for n in found["layers"]}
-        variances = {n: moments[n][1] for n in found["layers"]}
-        return m, v_f + noise, layers, means, variances
+        return _mixture_component(tr, moments, name, weights, found["layers"], draw_key)
 
     keys = jax.random.split(rng_key, S)
-    comp_m, comp_v, layers, means, variances = jax.jit(jax.vmap(one))(samples, keys)
-    mean = comp_m.mean(0)
-    variance = (comp_v + comp_m**2).mean(0) - mean**2
-    return Prediction(mean, variance, comp_m, comp_v, layers, means, variances)
+    return _mixture(*jax.jit(jax.vmap(one))(samples, keys))
 
 
 def sample_layers(model, guide, params, rng_key, X, *args, num_samples: int = 25, coherent: bool = True, **kwargs):
