@@ -17,14 +17,17 @@ from numpyro_dgp import (
     guides,
     handlers,
     kernels,
+    likelihoods,
     models,
     plots,
+    sde,
     signflip,
 )
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.io import load_params, save_params
 from numpyro_dgp.layers import gp_layer
-from numpyro_dgp.objectives import DGPElbo
+from numpyro_dgp.likelihoods import bernoulli_probit
+from numpyro_dgp.objectives import DGPElbo, PredictiveObjective
 from numpyro_dgp.predict import (
     Prediction,
     gaussian_mixture_crps,
@@ -41,6 +44,8 @@ __all__ = [
     "DGPElbo",
     "FitResult",
     "Prediction",
+    "PredictiveObjective",
+    "bernoulli_probit",
     "compositional",
     "core",
     "datasets",
@@ -52,6 +57,7 @@ __all__ = [
     "guides",
     "handlers",
     "kernels",
+    "likelihoods",
     "load_params",
     "log_likelihood",
     "metrics",
@@ -61,5 +67,6 @@ __all__ = [
     "predict_from_samples",
     "sample_layers",
     "save_params",
+    "sde",
     "signflip",
 ]

@@ -12,10 +12,13 @@
   points) is a latent site with the full GP prior, so NUTS samples the exact DGP posterior.
 * :class:`latent_conditionals` -- the sparse model for MCMC: inducing values stay latent and
   each layer's output is a latent site drawn from ``p(f_l | u_l, f_{l-1})``.
+* :class:`sde_flow` -- DiffGP (paper 004): a layer becomes the drift and diffusion of an
+  Euler–Maruyama flow of its inputs.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -32,7 +35,7 @@ from numpyro_dgp.core.chain import (
     point_projection,
     sample_output,
 )
-from numpyro_dgp.core import jittered_cholesky
+from numpyro_dgp.core import euler_maruyama, jittered_cholesky
 from numpyro_dgp.layers import layer_moments, sample_moments
 
 __all__ = [
@@ -45,6 +48,8 @@ __all__ = [
     "gaussian_parameters",
     "site_gaussian",
     "collapse_last_layer",
+    "sde_flow",
+    "FlowSpec",
 ]
 
 
@@ -206,6 +211,10 @@ class marginalise_inducing(Messenger):
         rng_key = msg["kwargs"]["rng_key"]
         post = self.posteriors.get(layer.u_site)
         self.layer_order.append(layer.name)
+        flow = (msg.get("infer") or {}).get("dgp_flow")
+        if flow is not None:
+            msg["value"] = self._flow(layer, X, u, post, flow, rng_key)
+            return
         if isinstance(post, (ChainLink, JointBlock)):
             if full_cov:
                 raise NotImplementedError(
@@ -229,6 +238,29 @@ class marginalise_inducing(Messenger):
             self._in_tail = True
         else:
             msg["value"] = sample_moments(rng_key, mean, var, full_cov, layer.jitter)
+
+    def _flow(self, layer, X, u, post, flow, rng_key):
+        """An :class:`sde_flow` layer: integrate with the guide's marginal moments (the
+        ``"marginal"`` estimator) or with the sampled inducing values (``"ancestral"``)."""
+        spec, box = flow
+        if layer.name == self.quadrature_layer:
+            raise ValueError(
+                f"sde_flow: layer {layer.name!r} is the model's last gp_layer; a flow moves the "
+                "inputs of a predictor layer, so a gp_layer must follow it"
+            )
+        if isinstance(post, (ChainLink, JointBlock)):
+            raise NotImplementedError(
+                f"sde_flow: layer {layer.name!r} has a guide that correlates layers; the flow "
+                "supports guides with an independent Gaussian per layer (AutoFactorisedDGP, AutoNormal)"
+            )
+        if post is not None and spec.estimator == "marginal":
+            q_mean, q_sqrt = post
+        else:
+            q_mean, q_sqrt = u, None
+        value = _integrate_flow(spec, box, layer, X, q_mean, q_sqrt, rng_key)
+        # the end state is one path per sample, not a Gaussian: its own value, zero variance
+        self.moments[layer.name] = (value, jnp.zeros_like(value))
+        return value
 
     # --- guides that correlate layers: per-point beliefs over the inducing values ---
 
@@ -419,6 +451,7 @@ class exact_layers(_PerRunMessenger):
             msg["stop"] = True
             return
         if msg["type"] == "dgp_layer":
+            _refuse_flow(msg, "exact_layers")
             msg["fn"] = self._exact
 
     def _exact(self, layer, X, u, *, rng_key=None, full_cov=False):
@@ -475,6 +508,7 @@ class latent_conditionals(_PerRunMessenger):
 
     def process_message(self, msg):
         if msg["type"] == "dgp_layer":
+            _refuse_flow(msg, "latent_conditionals")
             msg["fn"] = self._conditional
 
     def _conditional(self, layer, X, u, *, rng_key=None, full_cov=False):
@@ -554,6 +588,7 @@ class collapse_last_layer(_PerRunMessenger):
             layer, X, u = msg["args"]
             if layer.name != self.target:
                 return
+            _refuse_flow(msg, "collapse_last_layer")
             mean, var = layer_moments(layer, X, u, None, False)
             var = jnp.maximum(var, 0.0)
             self.moments = (mean, var)
@@ -600,3 +635,169 @@ def _add_normal_variance(fn, var):
             "(Normal(f[..., 0], s) for one output, Normal(f, s))"
         )
     return dist.Normal(fn.loc, jnp.sqrt(fn.scale**2 + extra))
+
+
+# --- SDE flows (DiffGP, paper 004) ---
+
+FLOW_ESTIMATORS = ("marginal", "ancestral")
+
+
+class FlowSpec(NamedTuple):
+    """Settings of an :class:`sde_flow` layer (carried in its message's ``infer["dgp_flow"]``).
+
+    :ivar layer: the flow layer's name.
+    :ivar T: flow time.
+    :ivar num_steps: Euler–Maruyama steps.
+    :ivar estimator: ``"marginal"`` or ``"ancestral"``.
+    :ivar diffusion: whether the diffusion term is on.
+    :ivar time_input: whether the layer's last input column is time.
+    :ivar record: whether the path is recorded.
+    """
+
+    layer: str
+    T: float
+    num_steps: int
+    estimator: str = "marginal"
+    diffusion: bool = True
+    time_input: bool = False
+    record: bool = False
+
+
+def _refuse_flow(msg, handler):
+    if (msg.get("infer") or {}).get("dgp_flow") is not None:
+        raise NotImplementedError(
+            f"{handler}: layer {msg['args'][0].name!r} is an sde_flow layer, which {handler} does not support"
+        )
+
+
+def _integrate_flow(spec, box, layer, X, q_mean, q_sqrt, rng_key):
+    """Euler–Maruyama flow of ``X``'s state columns with drift and diffusion the layer's mean
+    and marginal variance under ``u ~ N(q_mean, q_sqrt q_sqrt^T)`` (``q_sqrt=None``: given u)."""
+    x0 = X[:, :-1] if spec.time_input else X
+
+    def drift_diffusion(x, t):
+        if spec.time_input:
+            x = jnp.concatenate([x, jnp.full((x.shape[0], 1), t, x.dtype)], axis=-1)
+        return layer_moments(layer, x, q_mean, q_sqrt, False)
+
+    out = euler_maruyama(
+        drift_diffusion, x0, spec.T, spec.num_steps, rng_key, diffusion=spec.diffusion, record=spec.record
+    )
+    if spec.record:
+        out, box["path"] = out
+    return out
+
+
+def _flow_given_u(spec, box, layer, X, u, *, rng_key, full_cov=False):
+    """Default handling of a flow layer's message: drift and diffusion given the sampled ``u``."""
+    del full_cov  # the flow moves each point on its own
+    return _integrate_flow(spec, box, layer, X, u, None, rng_key)
+
+
+class sde_flow(_PerRunMessenger):
+    """DiffGP (Hegde et al. 2019): reinterpret a GP layer as the vector field of an SDE flow.
+
+    The named layer ``f: R^D -> R^D`` (input width = output width; mean ``"zero"`` as in the
+    paper) no longer returns ``f(X)``: its output is the end state ``x_T`` of
+
+        ``dx_t = mu(x_t) dt + sqrt(Sigma(x_t)) dW_t``,  ``x_0 = X``,
+
+    integrated by Euler–Maruyama in ``num_steps`` steps of ``dt = T / num_steps``, with fresh
+    noise per step, point, dimension and sample. The rest of the model is unchanged: the
+    layer after it (the predictor) takes ``x_T``. ``T = 0`` returns ``X`` (an SVGP on top).
+
+    Drift and diffusion (notes/diffgp.md):
+
+    * ``estimator="marginal"`` (the paper's, default): ``mu``, ``Sigma`` are the layer's
+      variational mean and marginal variance ``int p(f(x) | u) q(u) du``; function
+      uncertainty is redrawn at every step and ``u`` is never sampled. This needs the guide's
+      Gaussian over ``"<layer>.u"``, which :class:`numpyro_dgp.DGPElbo`, :func:`numpyro_dgp.predict`
+      and :func:`numpyro_dgp.sde.flow_trajectories` supply (factorised guides:
+      ``AutoFactorisedDGP``, ``AutoNormal``);
+    * ``estimator="ancestral"``: ``u ~ q`` is sampled once per sample path, and ``mu``,
+      ``Sigma`` are the conditional mean and variance given it (a different path law).
+      Wherever the guide's Gaussian is not at hand (``Trace_ELBO``, ``Predictive``, MCMC over
+      ``u``) the flow is driven by the sampled ``u`` this way.
+
+    :param fn: the model.
+    :param layer: name of the flow layer.
+    :param T: flow time ``>= 0``.
+    :param num_steps: Euler–Maruyama steps (paper: 20).
+    :param estimator: ``"marginal"`` or ``"ancestral"``.
+    :param diffusion: ``False`` gives the ODE flow ``dx = mu dt``.
+    :param time_input: time-dependent vector field (the paper's "temporal DiffGP"): the
+        layer's inputs carry one extra last column that the flow sets to the current time
+        ``t_k``; build the layer on ``[X, 0]`` with a kernel over ``D + 1`` inputs (an ARD
+        RBF over ``(x, t)`` is exactly the product ``k(x, x') k(t, t')``) and inducing inputs
+        at a few times (:func:`numpyro_dgp.sde.temporal_inducing_inputs`).
+    :param record: record the path ``(num_steps + 1, N, D)`` (see
+        :func:`numpyro_dgp.sde.flow_trajectories`).
+    """
+
+    def __init__(
+        self,
+        fn=None,
+        layer: str | None = None,
+        T: float = 1.0,
+        num_steps: int = 20,
+        estimator: str = "marginal",
+        diffusion: bool = True,
+        time_input: bool = False,
+        record: bool = False,
+    ):
+        if not isinstance(layer, str) or not layer:
+            raise ValueError(f"sde_flow: layer must be the name of a gp_layer, got {layer!r}")
+        try:
+            T_value = float(T)
+        except (TypeError, ValueError):
+            raise ValueError(f"sde_flow: T must be a number, got {T!r}") from None
+        if not (T_value >= 0 and T_value < float("inf")):
+            raise ValueError(f"sde_flow: T must be finite and >= 0, got {T!r}")
+        if not (isinstance(num_steps, int) and num_steps >= 1):
+            raise ValueError(f"sde_flow: num_steps must be a positive integer, got {num_steps!r}")
+        if estimator not in FLOW_ESTIMATORS:
+            raise ValueError(f"sde_flow: estimator must be one of {FLOW_ESTIMATORS}, got {estimator!r}")
+        self.spec = FlowSpec(layer, T_value, num_steps, estimator, bool(diffusion), bool(time_input), bool(record))
+        self._reset()
+        super().__init__(fn)
+
+    def _reset(self):
+        self.layers_seen = []
+        self.path = None
+
+    def process_message(self, msg):
+        if msg["type"] != "dgp_layer":
+            return
+        layer, X, _ = msg["args"]
+        self.layers_seen.append(layer.name)
+        if layer.name != self.spec.layer:
+            return
+        if msg["value"] is not None:
+            raise ValueError(
+                f"sde_flow: layer {layer.name!r} was already handled by another handler; sde_flow "
+                "must wrap the model itself (innermost), e.g. DGPElbo on sde_flow(model, ...)"
+            )
+        state_dim = X.shape[-1] - (1 if self.spec.time_input else 0)
+        if layer.out_dim != state_dim:
+            extra = " plus the time column" if self.spec.time_input else ""
+            raise ValueError(
+                f"sde_flow: layer {layer.name!r} maps {X.shape[-1]} inputs{extra} to {layer.out_dim} "
+                f"outputs; a flow's vector field needs out_dim equal to the state width {state_dim}"
+            )
+        box = {}
+        msg["infer"] = {**(msg.get("infer") or {}), "dgp_flow": (self.spec, box)}
+        msg["fn"] = partial(_flow_given_u, self.spec, box)
+        self._box = box
+
+    def postprocess_message(self, msg):
+        if msg["type"] == "dgp_layer" and msg["args"][0].name == self.spec.layer and self.spec.record:
+            self.path = self._box.get("path")
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        result = super().__exit__(exc_type, exc_value, traceback)
+        if exc_type is None and self.spec.layer not in self.layers_seen:
+            raise ValueError(
+                f"sde_flow: the model ran no gp_layer named {self.spec.layer!r} "
+                f"(its layers: {self.layers_seen})"
+            )
+        return result

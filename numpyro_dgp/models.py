@@ -7,10 +7,13 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
+from numpyro_dgp.handlers import sde_flow
 from numpyro_dgp.kernels import RBF, Kernel
 from numpyro_dgp.layers import gp_layer
 
-__all__ = ["deep_gp_regression"]
+__all__ = ["deep_gp_regression", "diffgp"]
+
+LIKELIHOODS = ("gaussian", "probit")
 
 
 def deep_gp_regression(
@@ -75,3 +78,100 @@ def deep_gp_regression(
             numpyro.sample("y", dist.Normal(h[..., 0], jnp.sqrt(noise)), obs=y_batch)
 
     return model
+
+
+def _subsample(X, y, batch_size, caller):
+    N = X.shape[0]
+    if y is not None and y.shape != (N,):
+        raise ValueError(f"{caller}: y must have shape ({N},) to match X {X.shape}, got {y.shape}")
+    data = numpyro.plate("data", N, subsample_size=batch_size if batch_size and batch_size < N else None)
+    with data:
+        X_batch = numpyro.subsample(X, event_dim=1)
+        y_batch = None if y is None else numpyro.subsample(y, event_dim=0)
+    return data, X_batch, y_batch
+
+
+def diffgp(
+    T: float = 1.0,
+    *,
+    num_steps: int = 20,
+    num_inducing: int = 100,
+    flow_kernel: Kernel | None = None,
+    kernel: Kernel | None = None,
+    likelihood: str = "gaussian",
+    noise_init: float = 0.01,
+    estimator: str = "marginal",
+    diffusion: bool = True,
+    flow_inducing_inputs=None,
+    time_input: bool = False,
+    jitter: float | None = None,
+):
+    """The differential GP of Hegde et al. (2019), DiffGP: an SDE flow of the inputs, then a GP.
+
+    A ``gp_layer`` ``"flow"`` (``D -> D``, zero mean, a weak field: ``flow_kernel`` defaults
+    to an ARD RBF with variance 0.01 as in the paper) turned by
+    :class:`numpyro_dgp.handlers.sde_flow` into the drift and diffusion of an Euler–Maruyama
+    flow of the inputs to time ``T``; the end states go into the predictor ``gp_layer`` ``"g"``
+    (``D -> 1``), then the likelihood. ``T = 0`` is an SVGP.
+
+    The returned (``sde_flow``-wrapped) ``model(X, y=None, batch_size=None)`` subsamples
+    ``batch_size`` points per call when given.
+
+    :param T: flow time.
+    :param num_steps: Euler–Maruyama steps.
+    :param num_inducing: ``M`` of the flow and of the predictor (k-means initialised).
+    :param flow_kernel: kernel of the vector field (initial values).
+    :param kernel: kernel of the predictor (default ARD RBF).
+    :param likelihood: ``"gaussian"`` (learned noise) or ``"probit"`` (``y`` in {0, 1},
+        :func:`numpyro_dgp.likelihoods.bernoulli_probit`).
+    :param noise_init: initial Gaussian noise variance.
+    :param estimator: ``"marginal"`` (the paper's) or ``"ancestral"`` (see ``sde_flow``).
+    :param diffusion: ``False`` gives the ODE flow.
+    :param flow_inducing_inputs: initial inducing inputs of the flow (instead of k-means);
+        needed with ``time_input`` (:func:`numpyro_dgp.sde.temporal_inducing_inputs`).
+    :param time_input: time-dependent vector field ("temporal DiffGP"): the flow layer sees
+        ``[x, t]``; give ``flow_kernel`` over ``D + 1`` inputs (the default ARD RBF adapts).
+    :param jitter: Cholesky jitter (default by dtype).
+    """
+    if likelihood not in LIKELIHOODS:
+        raise NotImplementedError(f"diffgp: likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
+    if not noise_init > 0:
+        raise ValueError(f"diffgp: noise_init must be positive, got {noise_init!r}")
+    if time_input and flow_inducing_inputs is None:
+        raise ValueError(
+            "diffgp: time_input=True needs flow_inducing_inputs over (x, t), e.g. "
+            "numpyro_dgp.sde.temporal_inducing_inputs(X, num_inducing, jnp.linspace(0, T, 3))"
+        )
+    flow_kernel = RBF(variance=0.01) if flow_kernel is None else flow_kernel
+    kernel = RBF() if kernel is None else kernel
+
+    def model(X, y=None, batch_size=None):
+        data, X_batch, y_batch = _subsample(X, y, batch_size, "diffgp model")
+        D = X.shape[-1]
+        flow_in = X_batch
+        if time_input:
+            flow_in = jnp.concatenate([X_batch, jnp.zeros((X_batch.shape[0], 1), X_batch.dtype)], axis=-1)
+        h = gp_layer(
+            "flow",
+            flow_in,
+            flow_kernel,
+            num_inducing=None if flow_inducing_inputs is not None else num_inducing,
+            inducing_inputs=flow_inducing_inputs,
+            out_dim=D,
+            mean="zero",
+            jitter=jitter,
+        )
+        f = gp_layer("g", h, kernel, num_inducing=num_inducing, out_dim=1, mean="zero", jitter=jitter)
+        if likelihood == "gaussian":
+            noise = numpyro.param("noise", jnp.asarray(noise_init, X.dtype), constraint=constraints.positive)
+            with data:
+                numpyro.sample("y", dist.Normal(f[..., 0], jnp.sqrt(noise)), obs=y_batch)
+        else:
+            from numpyro_dgp.likelihoods import bernoulli_probit
+
+            with data:
+                numpyro.sample("y", bernoulli_probit(f[..., 0]), obs=y_batch)
+
+    return sde_flow(
+        model, "flow", T=T, num_steps=num_steps, estimator=estimator, diffusion=diffusion, time_input=time_input
+    )

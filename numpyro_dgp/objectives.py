@@ -7,16 +7,26 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro.distributions as dist
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer.elbo import ELBO
 
 from jax.scipy.linalg import block_diag
+from jax.scipy.special import logsumexp
 
 from numpyro_dgp.core import gauss_hermite, gauss_hermite_product, gauss_kl
 from numpyro_dgp.core.chain import block_diag_covariance, chain_gauss_kl_term
 from numpyro_dgp.handlers import ChainLink, JointBlock, gaussian_parameters, marginalise_inducing, site_gaussian
 
-__all__ = ["DGPElbo", "MarginalRun", "final_layer_name", "guide_posteriors", "marginal_trace", "quadrature_rule"]
+__all__ = [
+    "DGPElbo",
+    "MarginalRun",
+    "PredictiveObjective",
+    "final_layer_name",
+    "guide_posteriors",
+    "marginal_trace",
+    "quadrature_rule",
+]
 
 
 def guide_posteriors(guide_trace, model_u_sites, structured: bool = True):
@@ -242,6 +252,83 @@ def inducing_kl(name, model_site, guide_site, layers, locations, marginal_covs):
     return gauss_kl(q[0] - layer.prior_mean, q[1], prior_chol)
 
 
+def objective_terms(run: MarginalRun):
+    """The pieces of a bound from one :func:`marginal_trace` run: the observed sites
+    ``{name: site}`` (log-densities still to be taken), the closed-form KL of the inducing
+    sites (scaled by their plates), and ``log p - log q`` of the other latent sites (sampled,
+    as in ``Trace_ELBO``)."""
+    guide_trace, model_trace, weights = run.guide_trace, run.model_trace, run.quadrature_weights
+    layers = layers_by_u_site(model_trace)
+    locations = uses_inducing_locations(model_trace)
+    observed = {}
+    kl = 0.0
+    other = 0.0
+    marginal_covs = {}
+    for name, site in model_trace.items():
+        if site["type"] != "sample":
+            continue
+        infer = site.get("infer") or {}
+        if site["is_observed"]:
+            observed[name] = site
+            continue
+        site_kl = None
+        if name in layers and name in guide_trace:
+            site_kl = inducing_kl(name, site, guide_trace[name], layers, locations, marginal_covs)
+        if site_kl is not None:
+            kl = kl + (site["scale"] if site["scale"] is not None else 1.0) * site_kl
+        else:
+            if infer.get("dgp_quadrature"):
+                raise ValueError(
+                    f"DGPElbo: latent site {name!r} comes after the last GP layer; "
+                    "only observed sites may depend on the last layer's output. Use Trace_ELBO."
+                )
+            if name not in guide_trace:
+                raise ValueError(f"DGPElbo: latent site {name!r} is not covered by the guide")
+            other = other + _weighted_log_prob(site, weights) - _weighted_log_prob(guide_trace[name], weights)
+    return observed, kl, other
+
+
+def _normal_inside(fn):
+    """``(Normal, wrapped shape)`` if ``fn`` is a Normal inside ``Independent``/``expand``
+    wrappers, else ``(None, None)``."""
+    shape = tuple(fn.batch_shape) + tuple(fn.event_shape)
+    reinterpreted = 0
+    while isinstance(fn, (dist.Independent, dist.ExpandedDistribution)):
+        if isinstance(fn, dist.Independent):
+            reinterpreted += fn.reinterpreted_batch_ndims
+        fn = fn.base_dist
+    return (fn, shape, reinterpreted) if isinstance(fn, dist.Normal) else (None, None, None)
+
+
+def _log_predictive(site, weights):
+    """Per-point ``log E[p(y | f)]`` of an observed site over the last layer's marginal, with
+    the site's plate scale; shape: the site's batch shape.
+
+    A Normal site's location is taken as affine in the layer output (``Normal(f[..., 0], s)``):
+    ``log N(y | E[loc], Var[loc] + s^2)`` with the node-weighted moments, exact then; other
+    likelihoods: ``log sum_k w_k p(y | node_k)`` (Gauss-Hermite)."""
+    scale = site["scale"] if site["scale"] is not None else 1.0
+    fn, value = site["fn"], site["value"]
+    lp = fn.log_prob(value)
+    if not site["infer"].get("dgp_quadrature"):
+        return lp, scale
+    batch_ndim = max([-f.dim for f in site["cond_indep_stack"]] + [len(fn.batch_shape) - 1, 0])
+    if not (jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == len(weights)):
+        return lp, scale  # the site does not depend on the last layer
+    normal, shape, reinterpreted = _normal_inside(fn)
+    if normal is not None:
+        loc = jnp.broadcast_to(normal.loc, shape)
+        w = jnp.reshape(jnp.asarray(weights, loc.dtype), (-1,) + (1,) * (loc.ndim - 1))
+        mean = jnp.sum(w * loc, axis=0)
+        var = jnp.sum(w * (loc - mean) ** 2, axis=0) + jnp.broadcast_to(normal.scale, shape)[0] ** 2
+        lp = dist.Normal(mean, jnp.sqrt(var)).log_prob(value)
+        if reinterpreted:
+            lp = jnp.sum(lp, axis=tuple(range(-reinterpreted, 0)))
+        return lp, scale
+    w = jnp.reshape(jnp.asarray(weights, lp.dtype), (-1,) + (1,) * (lp.ndim - 1))
+    return logsumexp(lp, axis=0, b=w), scale
+
+
 class DGPElbo(ELBO):
     """The DSVI evidence lower bound with the inducing values marginalised analytically.
 
@@ -275,35 +362,8 @@ class DGPElbo(ELBO):
     def elbo_components(self, rng_key, param_map, model, guide, *args, **kwargs):
         """One-particle ELBO split into ``{"expected_log_likelihood", "kl_inducing", "other"}``."""
         run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, self.num_quadrature)
-        guide_trace, model_trace, weights = run.guide_trace, run.model_trace, run.quadrature_weights
-
-        layers = layers_by_u_site(model_trace)
-        locations = uses_inducing_locations(model_trace)
-        ell = 0.0
-        kl = 0.0
-        other = 0.0
-        marginal_covs = {}
-        for name, site in model_trace.items():
-            if site["type"] != "sample":
-                continue
-            infer = site.get("infer") or {}
-            if site["is_observed"]:
-                ell = ell + _weighted_log_prob(site, weights)
-                continue
-            site_kl = None
-            if name in layers and name in guide_trace:
-                site_kl = inducing_kl(name, site, guide_trace[name], layers, locations, marginal_covs)
-            if site_kl is not None:
-                kl = kl + (site["scale"] if site["scale"] is not None else 1.0) * site_kl
-            else:
-                if infer.get("dgp_quadrature"):
-                    raise ValueError(
-                        f"DGPElbo: latent site {name!r} comes after the last GP layer; "
-                        "only observed sites may depend on the last layer's output. Use Trace_ELBO."
-                    )
-                if name not in guide_trace:
-                    raise ValueError(f"DGPElbo: latent site {name!r} is not covered by the guide")
-                other = other + _weighted_log_prob(site, weights) - _weighted_log_prob(guide_trace[name], weights)
+        observed, kl, other = objective_terms(run)
+        ell = sum(_weighted_log_prob(site, run.quadrature_weights) for site in observed.values())
         return {"expected_log_likelihood": ell, "kl_inducing": kl, "other": other}
 
     def loss_with_mutable_state(self, rng_key, param_map, model, guide, *args, **kwargs):
@@ -318,3 +378,81 @@ class DGPElbo(ELBO):
             elbo = jnp.mean(self.vectorize_particles_fn(single_particle_elbo, keys))
         return {"loss": -elbo, "mutable_state": None}
 
+
+
+class PredictiveObjective(ELBO):
+    """The predictive (DSPP / PPGPR) objective of Jankowiak et al. (2020), AR2PP in paper 003.
+
+    ``sum_n log sum_s w_s p(y_n | x_n, s) - beta KL``, where particle ``s`` propagates the
+    inputs through the inner layers (as :class:`DGPElbo` does, inducing values marginalised)
+    and ``p(y_n | x_n, s) = E[p(y_n | f_L)]`` over the last layer's Gaussian marginal
+    (Gauss-Hermite; for a Normal likelihood whose location is affine in the last layer, the
+    exact ``N(y | m_s, v_s + noise)`` from the nodes' moments). The ``log`` sits
+    outside the mixture over particles and the likelihood expectation, unlike the ELBO's
+    ``E log``: it scores the predictive distribution directly and is no lower bound on the
+    evidence. The KL terms (closed form, averaged over particles) act as a regulariser of
+    weight ``beta``; latent sites other than inducing values (hyperparameter priors) enter
+    as ``log p - log q`` like in ``Trace_ELBO``, also weighted by ``beta``.
+
+    Plate subsampling rescales each point's log predictive by ``N / B``.
+
+    :param num_particles: ``S`` propagated samples of the inner layers per step.
+    :param beta: KL weight (paper 003 uses 1).
+    :param num_quadrature: Gauss-Hermite nodes per output of the last layer (see
+        :func:`quadrature_rule`).
+    :param particle_weights: ``(S,)`` mixture weights ``w_s`` (default ``1/S``), e.g. the
+        weights of a quadrature rule over a guide's sample space.
+    """
+
+    def __init__(self, num_particles: int = 8, beta: float = 1.0, num_quadrature: int | None = None,
+                 particle_weights=None):
+        if int(num_particles) < 1:
+            raise ValueError(f"PredictiveObjective: num_particles must be >= 1, got {num_particles}")
+        if not (float(beta) >= 0):
+            raise ValueError(f"PredictiveObjective: beta must be >= 0, got {beta}")
+        if particle_weights is not None:
+            w = np.asarray(particle_weights, float)
+            if w.shape != (int(num_particles),) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
+                raise ValueError(
+                    "PredictiveObjective: particle_weights must be num_particles non-negative "
+                    f"weights summing to 1, got {particle_weights!r}"
+                )
+        self.beta = float(beta)
+        self.num_quadrature = num_quadrature
+        self.particle_weights = particle_weights
+        super().__init__(num_particles=num_particles, vectorize_particles=True)
+
+    def components(self, rng_key, param_map, model, guide, *args, **kwargs):
+        """``{"log_predictive", "kl_inducing", "other"}``: the objective is
+        ``log_predictive - beta (kl_inducing - other)``."""
+
+        def one(key):
+            run = marginal_trace(model, guide, param_map, key, args, kwargs, self.num_quadrature)
+            observed, kl, other = objective_terms(run)
+            per_point = {}
+            for name, site in observed.items():
+                lp, scale = _log_predictive(site, run.quadrature_weights)
+                per_point[name] = (lp, jnp.asarray(scale, lp.dtype))
+            return per_point, kl, other
+
+        keys = jax.random.split(rng_key, self.num_particles)
+        per_point, kl, other = jax.vmap(one)(keys)
+        if self.particle_weights is None:
+            log_w = jnp.full((self.num_particles,), -np.log(self.num_particles))
+        else:
+            log_w = jnp.log(jnp.asarray(self.particle_weights))
+        total = 0.0
+        for lp, scale in per_point.values():  # lp (S, batch...), scale (S,) (the same for all)
+            mixture = logsumexp(lp + jnp.reshape(log_w.astype(lp.dtype), (-1,) + (1,) * (lp.ndim - 1)), axis=0)
+            total = total + scale[0] * jnp.sum(mixture)
+        if self.particle_weights is None:
+            kl, other = jnp.mean(kl), jnp.mean(other)
+        else:
+            weights = jnp.asarray(self.particle_weights)
+            kl, other = weights @ kl, weights @ other
+        return {"log_predictive": total, "kl_inducing": kl, "other": other}
+
+    def loss_with_mutable_state(self, rng_key, param_map, model, guide, *args, **kwargs):
+        parts = self.components(rng_key, param_map, model, guide, *args, **kwargs)
+        objective = parts["log_predictive"] - self.beta * (parts["kl_inducing"] - parts["other"])
+        return {"loss": -objective, "mutable_state": None}

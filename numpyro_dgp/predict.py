@@ -5,6 +5,11 @@ test point a Gaussian ``N(m_s, v_s)`` for ``y`` (last layer's marginal variance 
 likelihood noise). Mean and variance follow from the law of total variance; the test
 log-likelihood is ``logsumexp_s log N(y | m_s, v_s) - log S``; CRPS uses the closed form for
 Gaussian mixtures (notes/amortized.md, with ``erf(mu / (sqrt 2 s))`` as it must be).
+
+A Bernoulli observation site (classification, e.g. :func:`numpyro_dgp.likelihoods.bernoulli_probit`)
+gives each component ``p_s = E[p(y = 1 | f)]`` over the last layer's marginal (20-node
+Gauss-Hermite quadrature); the mixture's probability is ``mean_s p_s`` and its test
+log-likelihood ``logsumexp_s log Bernoulli(y | p_s) - log S``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from numpyro_dgp.handlers import coherent_layers, marginalise_inducing
 from numpyro_dgp.objectives import layers_by_u_site, marginal_trace, quadrature_rule
 
 __all__ = [
+    "LIKELIHOODS",
     "Prediction",
     "predict",
     "predict_from_samples",
@@ -32,16 +38,27 @@ __all__ = [
 ]
 
 
+#: Observation-site likelihoods with predictive mixtures, and the Gauss-Hermite nodes (per
+#: output of the last layer) each needs: 3 give the exact mean and variance of a Normal whose
+#: location is affine in the layer; a Bernoulli probability is a smooth nonlinear function of it.
+LIKELIHOODS = {"normal": 3, "bernoulli": 20}
+
+
 class Prediction(NamedTuple):
     """Predictive mixture at ``N`` test points from ``S`` samples.
 
-    :ivar mean: ``(N,)`` predictive mean of ``y``.
-    :ivar variance: ``(N,)`` predictive variance of ``y`` (law of total variance).
-    :ivar component_means: ``(S, N)`` mean of ``y`` in each mixture component.
-    :ivar component_variances: ``(S, N)`` variance of ``y`` in each component (noise included).
+    :ivar mean: ``(N,)`` predictive mean of ``y`` (Bernoulli: the probability of ``y = 1``).
+    :ivar variance: ``(N,)`` predictive variance of ``y`` (law of total variance; Bernoulli:
+        ``mean (1 - mean)``).
+    :ivar component_means: ``(S, N)`` mean of ``y`` in each mixture component (Bernoulli:
+        ``p_s``, the component's probability of ``y = 1``).
+    :ivar component_variances: ``(S, N)`` variance of ``y`` in each component (noise included;
+        Bernoulli: ``p_s (1 - p_s)``).
     :ivar layers: ``{layer: (S, N, P)}`` one draw of every layer's output per sample.
     :ivar layer_means: ``{layer: (S, N, P)}`` each layer's marginal mean given the sample's inputs.
     :ivar layer_variances: ``{layer: (S, N, P)}`` the matching marginal variances.
+    :ivar likelihood: the observation site's likelihood, a key of :data:`LIKELIHOODS`
+        (``"normal"`` or ``"bernoulli"``).
     """
 
     mean: jax.Array
@@ -51,6 +68,7 @@ class Prediction(NamedTuple):
     layers: dict
     layer_means: dict
     layer_variances: dict
+    likelihood: str = "normal"
 
 
 def _check_guide_is_set_up(guide, caller):
@@ -77,50 +95,82 @@ def _observation_site(model_trace, obs_site):
     return obs_site
 
 
-def _normal_of(fn, name):
-    while isinstance(fn, dist.Independent):
+def _base_distribution(fn):
+    """The distribution inside ``Independent``/``expand`` wrappers and the wrapped one's full
+    shape (batch + event), to which the inner parameters broadcast."""
+    shape = tuple(fn.batch_shape) + tuple(fn.event_shape)
+    while isinstance(fn, (dist.Independent, dist.ExpandedDistribution)):
         fn = fn.base_dist
-    if not isinstance(fn, dist.Normal):
-        raise NotImplementedError(
-            f"predict: observation site {name!r} has likelihood {type(fn).__name__}; predictive "
-            "mixtures are implemented for Normal likelihoods"
-        )
-    return fn.loc, fn.scale
+    return fn, shape
+
+
+def _likelihood_of(fn, name):
+    """The key of :data:`LIKELIHOODS` for an observation site's distribution ``fn``."""
+    base, _ = _base_distribution(fn)
+    if isinstance(base, dist.Normal):
+        return "normal"
+    if isinstance(base, (dist.BernoulliProbs, dist.BernoulliLogits)):
+        return "bernoulli"
+    raise NotImplementedError(
+        f"predict: observation site {name!r} has likelihood {type(base).__name__}; predictive "
+        "mixtures are implemented for Normal and Bernoulli (probs or logits) likelihoods"
+    )
+
+
+def _observation_moments(fn, name, weights):
+    """Mean and variance of ``y`` in one component: the node-weighted average of the
+    observation site's distribution over the quadrature axis (leading) of its parameters.
+
+    Normal: ``E[loc]`` and ``Var[loc] + scale^2`` (exact for an affine location with 3 nodes).
+    Bernoulli: ``p = E[probs]`` and ``p (1 - p)``.
+    """
+    kind = _likelihood_of(fn, name)
+    base, shape = _base_distribution(fn)
+    if kind == "bernoulli":
+        probs = jnp.broadcast_to(base.probs, shape)
+        p = jnp.tensordot(jnp.asarray(weights, probs.dtype), probs, axes=(0, 0))
+        return p, p * (1 - p)
+    loc = jnp.broadcast_to(base.loc, shape)
+    w = jnp.asarray(weights, loc.dtype)
+    m = jnp.tensordot(w, loc, axes=(0, 0))
+    v_f = jnp.tensordot(w, (loc - m) ** 2, axes=(0, 0))
+    noise = jnp.broadcast_to(base.scale, shape)[0] ** 2
+    return m, v_f + noise
 
 
 def _mixture_component(tr, moments, name, weights, layer_names, draw_key):
     """One mixture component from a run with quadrature nodes on the last layer: the
-    predictive mean and variance of ``y`` (node-weighted moments of the observation site's
-    Normal location, plus its noise), one draw of every layer, and the layers' moments."""
+    predictive mean and variance of ``y`` (:func:`_observation_moments`), one draw of every
+    layer, and the layers' moments."""
     last = layer_names[-1]
-    loc, scale = _normal_of(tr[name]["fn"], name)
-    w = jnp.asarray(weights, loc.dtype)
-    loc = jnp.broadcast_to(loc, jnp.broadcast_shapes(jnp.shape(loc), jnp.shape(scale)))
-    m = jnp.tensordot(w, loc, axes=(0, 0))
-    v_f = jnp.tensordot(w, (loc - m) ** 2, axes=(0, 0))
-    noise = jnp.broadcast_to(scale, loc.shape)[0] ** 2
+    m, v = _observation_moments(tr[name]["fn"], name, weights)
     layers = {n: tr[n]["value"] for n in layer_names if n != last}
     mean_L, var_L = moments[last]
     layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * jax.random.normal(draw_key, mean_L.shape, mean_L.dtype)
     means = {n: moments[n][0] for n in layer_names}
     variances = {n: moments[n][1] for n in layer_names}
-    return m, v_f + noise, layers, means, variances
+    return m, v, layers, means, variances
 
 
-def _mixture(comp_m, comp_v, layers, means, variances):
-    """Equal-weight mixture of the components (law of total variance)."""
+def _mixture(likelihood, comp_m, comp_v, layers, means, variances):
+    """Equal-weight mixture of the components (law of total variance; for Bernoulli
+    components that is ``mean (1 - mean)``, computed as such)."""
     mean = comp_m.mean(0)
-    variance = (comp_v + comp_m**2).mean(0) - mean**2
-    return Prediction(mean, variance, comp_m, comp_v, layers, means, variances)
+    if likelihood == "bernoulli":
+        variance = mean * (1 - mean)
+    else:
+        variance = (comp_v + comp_m**2).mean(0) - mean**2
+    return Prediction(mean, variance, comp_m, comp_v, layers, means, variances, likelihood)
 
 
 def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100, obs_site=None, **kwargs):
     """Predictive mixture of a fitted DGP at ``X_new``.
 
     Each sample propagates ``X_new`` through the inner layers' marginals ``q(f_l | f_{l-1})``
-    (DSVI) and takes the last layer's marginal Gaussian analytically, mapped through the
-    observation site's Normal likelihood (exact when the location is affine in the last
-    layer, as in ``Normal(f[..., 0], sigma)``).
+    (DSVI) and takes the last layer's marginal Gaussian by Gauss-Hermite quadrature, mapped
+    through the observation site's likelihood: Normal (3 nodes, exact when the location is
+    affine in the last layer, as in ``Normal(f[..., 0], sigma)``) or Bernoulli (20 nodes per
+    output: ``p_s(y = 1) = E[probs]``, e.g. ``Phi(m / sqrt(1 + v))`` for a plain probit).
 
     :param model: the NumPyro model; called as ``model(X_new, *args, **kwargs)``.
     :param guide: the fitted guide.
@@ -145,21 +195,22 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
         # abstract run (jax.eval_shape): finds the observation site and the layers, computes nothing
         run = marginal_trace(model, guide, params, rng_key, (X_new,) + args, kwargs, 3)
         found["name"] = _observation_site(run.model_trace, obs_site)
+        found["likelihood"] = _likelihood_of(run.model_trace[found["name"]]["fn"], found["name"])
         found["layers"] = list(run.layer_order)
         return 0
 
     jax.eval_shape(probe)
-    name, layer_names = found["name"], found["layers"]
+    name, likelihood, layer_names = found["name"], found["likelihood"], found["layers"]
+    num_nodes = LIKELIHOODS[likelihood]
 
     def one(key, params, X_new):
         run_key, draw_key = jax.random.split(key)
-        # 3 Gauss-Hermite nodes give the exact mean and variance of an affine location
-        run = marginal_trace(model, guide, params, run_key, (X_new,) + args, kwargs, 3)
+        run = marginal_trace(model, guide, params, run_key, (X_new,) + args, kwargs, num_nodes)
         return _mixture_component(run.model_trace, run.moments, name, run.quadrature_weights, layer_names, draw_key)
 
     keys = jax.random.split(rng_key, int(num_samples))
     batched = jax.jit(jax.vmap(one, in_axes=(0, None, None)))
-    return _mixture(*batched(keys, params, X_new))
+    return _mixture(likelihood, *batched(keys, params, X_new))
 
 
 def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, params=None, **kwargs):
@@ -169,9 +220,10 @@ def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, p
     ``"<layer>.u"`` and every other latent or ``numpyro.param`` site the sample holds:
     kernel hyperparameters, noise, inducing inputs...), propagates ``X_new`` through the
     inner layers by sampling ``p(f_l | u_l, f_{l-1})``, and takes the last layer's
-    conditional Gaussian given ``u_L`` analytically, mapped through the observation site's
-    Normal likelihood: ``N(m_s, v_s + noise_s)`` per test point (exact when the location is
-    affine in the last layer, as in ``Normal(f[..., 0], sigma)``). Sample sites the model does
+    conditional Gaussian given ``u_L`` by Gauss-Hermite quadrature, mapped through the
+    observation site's likelihood: Normal, ``N(m_s, v_s + noise_s)`` per test point (exact when
+    the location is affine in the last layer, as in ``Normal(f[..., 0], sigma)``), or
+    Bernoulli, ``p_s(y = 1) = E[probs]`` (20 nodes per output). Sample sites the model does
     not have at ``X_new`` (e.g. deterministic layer outputs at training points) are ignored.
 
     :param model: the NumPyro model; called as ``model(X_new, *args, **kwargs)``.
@@ -240,17 +292,17 @@ def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, p
             "they would take their initial values (e.g. k-means on X_new). Pass params= (fitted values)"
         )
     last = found["layers"][-1]
-    # 3 Gauss-Hermite nodes give the exact mean and variance of an affine location
-    nodes, weights = quadrature_rule(found["out_dim"], 3)
-    quad = (last, nodes, weights)
 
     def probe_tail():
-        tr, _ = run(one_sample, jax.random.PRNGKey(0), quad)
+        tr, _ = run(one_sample, jax.random.PRNGKey(0), (last, *quadrature_rule(found["out_dim"], 3)))
         found["name"] = _observation_site(tr, obs_site)
+        found["likelihood"] = _likelihood_of(tr[found["name"]]["fn"], found["name"])
         return 0
 
     jax.eval_shape(probe_tail)
-    name = found["name"]
+    name, likelihood = found["name"], found["likelihood"]
+    nodes, weights = quadrature_rule(found["out_dim"], LIKELIHOODS[likelihood])
+    quad = (last, nodes, weights)
     # substitute the model's latent and param sites only (not deterministic layer outputs
     # recorded at training points, nor the observation site)
     keep = [k for k in samples if k in found["sites"] and k != name]
@@ -262,7 +314,7 @@ def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, p
         return _mixture_component(tr, moments, name, weights, found["layers"], draw_key)
 
     keys = jax.random.split(rng_key, S)
-    return _mixture(*jax.jit(jax.vmap(one))(samples, keys))
+    return _mixture(likelihood, *jax.jit(jax.vmap(one))(samples, keys))
 
 
 def sample_layers(model, guide, params, rng_key, X, *args, num_samples: int = 25, coherent: bool = True, **kwargs):
@@ -288,10 +340,41 @@ def sample_layers(model, guide, params, rng_key, X, *args, num_samples: int = 25
     return jax.jit(jax.vmap(one, in_axes=(0, None, None)))(keys, params, jnp.asarray(X))
 
 
+def _check_binary_labels(y, caller):
+    """Raise ``ValueError`` unless a concrete ``y`` holds only 0/1 (traced values are not checked)."""
+    bad = ~((y == 0) | (y == 1))
+    try:
+        any_bad = bool(jnp.any(bad))
+    except jax.errors.ConcretizationTypeError:
+        return  # traced: cannot check here
+    if any_bad:
+        first = jnp.ravel(y)[jnp.argmax(jnp.ravel(bad))].item()
+        raise ValueError(
+            f"{caller}: y must hold only 0/1 labels for a Bernoulli prediction; got "
+            f"{int(jnp.sum(bad))} other value(s), e.g. {first!r}"
+        )
+
+
+def _bernoulli_log_prob(y, probs):
+    """``log Bernoulli(y | probs)`` with ``probs`` clipped into ``[tiny, 1 - eps]`` (a component
+    whose probability rounded to 0 or 1 keeps a finite log-probability)."""
+    info = jnp.finfo(probs.dtype)
+    p = jnp.clip(probs, info.tiny, 1 - info.epsneg)
+    return jnp.where(y == 1, jnp.log(p), jnp.log1p(-p))
+
+
 def log_likelihood(prediction: Prediction, y):
-    """Per-point mixture log-density ``logsumexp_s log N(y | m_s, v_s) - log S``, shape ``(N,)``."""
+    """Per-point mixture log-probability, shape ``(N,)``.
+
+    Normal: ``logsumexp_s log N(y | m_s, v_s) - log S``. Bernoulli:
+    ``logsumexp_s log Bernoulli(y | p_s) - log S`` (``y`` in {0, 1}).
+    """
     y = jnp.asarray(y)
-    lp = norm.logpdf(y, prediction.component_means, jnp.sqrt(prediction.component_variances))
+    if prediction.likelihood == "bernoulli":
+        _check_binary_labels(y, "log_likelihood")
+        lp = _bernoulli_log_prob(y, prediction.component_means)
+    else:
+        lp = norm.logpdf(y, prediction.component_means, jnp.sqrt(prediction.component_variances))
     return logsumexp(lp, axis=0) - jnp.log(lp.shape[0])
 
 
@@ -322,16 +405,39 @@ def gaussian_mixture_crps(y, means, variances, weights=None):
     return jax.lax.map(per_point, (jnp.asarray(y), means.T, variances.T))
 
 
+def _classification_metrics(prediction: Prediction, y) -> dict:
+    """Mean log-likelihood, error rate (threshold 0.5 on the mixture probability) and Brier score."""
+    _check_binary_labels(y, "metrics")
+    y = y.astype(prediction.mean.dtype)
+    ll = log_likelihood(prediction, y).mean()
+    error_rate = jnp.mean((prediction.mean > 0.5) != (y == 1))
+    brier = jnp.mean((prediction.mean - y) ** 2)
+    return {"log_likelihood": float(ll), "error_rate": float(error_rate), "brier": float(brier)}
+
+
 def metrics(prediction: Prediction, y, y_scale: float = 1.0) -> dict:
-    """Test metrics of a prediction: mean log-likelihood, RMSE and CRPS.
+    """Test metrics of a prediction.
+
+    Normal: mean log-likelihood, RMSE and CRPS. Bernoulli (``y`` in {0, 1}): mean
+    log-likelihood, error rate (predicted class ``1`` where the mixture probability exceeds
+    0.5) and Brier score ``mean (p - y)^2``.
 
     :param y_scale: the targets' standard deviation if the model saw standardised targets:
-        metrics are then reported in original units (LL - log y_scale, RMSE and CRPS times y_scale).
-    :return: ``{"log_likelihood", "rmse", "crps"}`` as Python floats.
+        metrics are then reported in original units (LL - log y_scale, RMSE and CRPS times
+        y_scale). Normal predictions only.
+    :return: ``{"log_likelihood", "rmse", "crps"}`` (Normal) or ``{"log_likelihood",
+        "error_rate", "brier"}`` (Bernoulli) as Python floats.
     """
     y = jnp.asarray(y)
     if y.shape != prediction.mean.shape:
         raise ValueError(f"metrics: y has shape {y.shape}, predictions have {prediction.mean.shape}")
+    if prediction.likelihood == "bernoulli":
+        if y_scale != 1.0:
+            raise ValueError(
+                f"metrics: y_scale applies to Normal predictions; a Bernoulli prediction takes "
+                f"y_scale=1.0, got {y_scale!r}"
+            )
+        return _classification_metrics(prediction, y)
     ll = log_likelihood(prediction, y).mean() - jnp.log(y_scale)
     rmse = jnp.sqrt(jnp.mean((y - prediction.mean) ** 2)) * y_scale
     crps = gaussian_mixture_crps(y, prediction.component_means, prediction.component_variances).mean() * y_scale

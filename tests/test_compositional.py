@@ -28,13 +28,26 @@ def data():
     return X, jnp.cos(jnp.pi * X[:, 0])
 
 
+@pytest.fixture(scope="module")
+def fitted(data):
+    """Each family fitted once (compiling a fit is the slow part), shared by the tests below."""
+    X, y = data
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            cache[family] = fit_family(family, KERNELS, X, y, rng_key=jax.random.PRNGKey(0), num_steps=150,
+                                       num_inducing=5, noise=1e-2, jitter=1e-4, inner_init="prior")
+        return cache[family]
+
+    return get
+
+
 @pytest.mark.parametrize("family", ["joint", "locations"])
-def test_layer_variances_agree_with_sampling_the_guide(data, family):
+def test_layer_variances_agree_with_sampling_the_guide(fitted, family):
     """Law of total variance over exact per-layer moments vs. the plain variance of values
     propagated from sampled inducing values (two estimators of the same quantity)."""
-    X, y = data
-    model, guide, result = fit_family(family, KERNELS, X, y, rng_key=jax.random.PRNGKey(0), num_steps=150,
-                                      num_inducing=5, noise=1e-2, jitter=1e-4, inner_init="prior")
+    model, guide, result = fitted(family)
     x0 = jnp.array([[0.0], [0.5]])
     ours = layer_variances(model, guide, result.params, x0, jax.random.PRNGKey(1), num_samples=4000)
     draws = dgp.sample_layers(model, guide, result.params, jax.random.PRNGKey(2), x0, num_samples=20000, coherent=False)
@@ -43,23 +56,20 @@ def test_layer_variances_agree_with_sampling_the_guide(data, family):
         np.testing.assert_allclose(ours[name], mc, rtol=0.1)
 
 
-def test_global_first_layer_variance_is_the_analytic_marginal(data):
-    X, y = data
-    model, guide, result = fit_family("factorised", KERNELS, X, y, rng_key=jax.random.PRNGKey(0), num_steps=50,
-                                      num_inducing=5, noise=1e-2, inner_init="prior")
+def test_global_first_layer_variance_is_the_analytic_marginal(fitted):
+    model, guide, result = fitted("factorised")
     x0 = jnp.array([[0.0]])
     var = layer_variances(model, guide, result.params, x0, jax.random.PRNGKey(1), num_samples=10)
     run = dgp.objectives.marginal_trace(model, guide, result.params, jax.random.PRNGKey(3), (x0,), {})
     np.testing.assert_allclose(var["h1"], np.asarray(run.moments["h1"][1][:, 0]), rtol=1e-12)
 
 
-def test_elbo_estimate_and_plots(data):
+def test_elbo_estimate_and_plots(data, fitted):
     X, y = data
     grid = jnp.linspace(-1, 1, 20)[:, None]
     samples = {}
     for family in FAMILIES:
-        model, guide, result = fit_family(family, KERNELS, X, y, rng_key=jax.random.PRNGKey(0), num_steps=20,
-                                          num_inducing=4, jitter=1e-4)
+        model, guide, result = fitted(family)
         elbo, se = elbo_estimate(model, guide, result.params, X, y, jax.random.PRNGKey(1), 20)
         assert np.isfinite(elbo) and se >= 0
         samples[family] = family_samples(model, guide, result.params, grid, jax.random.PRNGKey(2), num_samples=3)

@@ -200,32 +200,44 @@ def estimates(elbo, params, guide, X, y, n=3000, seed=8):
     return -np.asarray(jax.jit(jax.vmap(lambda k: elbo.loss(k, params, two_layer_model, guide, X, y)))(keys))
 
 
-@pytest.mark.parametrize("other", [Trace_ELBO(), TraceMeanField_ELBO()], ids=["Trace_ELBO", "TraceMeanField_ELBO"])
-def test_dgp_elbo_agrees_with_numpyro_elbos_in_expectation(data1d, other):
+@pytest.fixture(scope="module")
+def two_layer_estimates(data1d):
+    """ELBO draws at one perturbed two-layer q, computed once per estimator (each
+    ``jit(vmap(loss))`` compiles anew, so the estimators are shared between the tests)."""
     X, y = data1d
     guide, params = perturbed_two_layer(X, y)
-    ours = estimates(dgp.DGPElbo(), params, guide, X, y)
-    theirs = estimates(other, params, guide, X, y)
+    cache = {}
+
+    def get(name, n=3000):
+        if (name, n) not in cache:
+            elbo = {"DGPElbo": dgp.DGPElbo(), "DGPElbo8": dgp.DGPElbo(num_particles=8),
+                    "Trace_ELBO": Trace_ELBO(), "TraceMeanField_ELBO": TraceMeanField_ELBO()}[name]
+            cache[name, n] = estimates(elbo, params, guide, X, y, n=n)
+        return cache[name, n]
+
+    return get
+
+
+@pytest.mark.parametrize("other", ["Trace_ELBO", "TraceMeanField_ELBO"])
+def test_dgp_elbo_agrees_with_numpyro_elbos_in_expectation(two_layer_estimates, other):
+    ours = two_layer_estimates("DGPElbo")
+    theirs = two_layer_estimates(other)
     se = np.sqrt(ours.var() / len(ours) + theirs.var() / len(theirs))
     assert abs(ours.mean() - theirs.mean()) < 3 * se, (ours.mean(), theirs.mean(), se)
     # analytic marginalisation of u and quadrature at the output: lower variance
     assert ours.var() < theirs.var()
 
 
-def test_variance_ratio_is_large(data1d):
-    X, y = data1d
-    guide, params = perturbed_two_layer(X, y)
-    ours = estimates(dgp.DGPElbo(), params, guide, X, y, n=2000)
-    theirs = estimates(Trace_ELBO(), params, guide, X, y, n=2000)
+def test_variance_ratio_is_large(two_layer_estimates):
+    ours = two_layer_estimates("DGPElbo")
+    theirs = two_layer_estimates("Trace_ELBO")
     assert theirs.var() / ours.var() > 3.0
 
 
-def test_num_particles_averages(data1d):
-    X, y = data1d
-    guide, params = perturbed_two_layer(X, y)
-    one = estimates(dgp.DGPElbo(num_particles=1), params, guide, X, y, n=1000)
-    eight = estimates(dgp.DGPElbo(num_particles=8), params, guide, X, y, n=1000)
-    assert abs(one.mean() - eight.mean()) < 3 * np.sqrt(one.var() / 1000 + eight.var() / 1000)
+def test_num_particles_averages(two_layer_estimates):
+    one = two_layer_estimates("DGPElbo")
+    eight = two_layer_estimates("DGPElbo8", n=1000)
+    assert abs(one.mean() - eight.mean()) < 3 * np.sqrt(one.var() / len(one) + eight.var() / len(eight))
     assert eight.var() < one.var() / 3
 
 

@@ -253,20 +253,20 @@ def test_save_load_round_trip_gives_identical_predictions(data, fitted, tmp_path
     np.testing.assert_array_equal(a.variance, b.variance)
 
 
-def test_predict_rejects_non_gaussian_likelihoods_and_bad_inputs(data, fitted):
+def test_predict_rejects_unsupported_likelihoods_and_bad_inputs(data, fitted):
     X, y = data
 
-    def classifier(X, y=None):
+    def counts_model(X, y=None):
         f = dgp.gp_layer("f", X, dgp.kernels.RBF(), num_inducing=4)
         with numpyro.plate("data", X.shape[0]):
-            numpyro.sample("y", dist.Bernoulli(logits=f[..., 0]), obs=y)
+            numpyro.sample("y", dist.Poisson(jnp.exp(f[..., 0])), obs=y)
 
-    guide = dgp.guides.AutoFactorisedDGP(classifier)
-    labels = (y > 0).astype(jnp.float64)
-    svi = SVI(classifier, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
-    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, labels))
-    with pytest.raises(NotImplementedError, match="Bernoulli"):
-        dgp.predict(classifier, guide, params, jax.random.PRNGKey(0), X, num_samples=2)
+    guide = dgp.guides.AutoFactorisedDGP(counts_model)
+    counts = (y > 0).astype(jnp.float64)
+    svi = SVI(counts_model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, counts))
+    with pytest.raises(NotImplementedError, match="Poisson"):
+        dgp.predict(counts_model, guide, params, jax.random.PRNGKey(0), X, num_samples=2)
     g, p = fitted
     with pytest.raises(ValueError, match="X_new must have shape"):
         dgp.predict(one_layer, g, p, jax.random.PRNGKey(0), X[:, 0])

@@ -10,6 +10,7 @@ from numpyro_dgp.core.linalg import (
     robust_cholesky,
     triangular_inverse,
 )
+from numpyro_dgp.core.sde import euler_maruyama
 from numpyro_dgp.core.quadrature import (
     expected_log_normal,
     gauss_hermite,
@@ -20,6 +21,7 @@ __all__ = [
     "check_jitter",
     "conditional",
     "default_jitter",
+    "euler_maruyama",
     "expected_log_normal",
     "gauss_hermite",
     "gauss_hermite_product",

@@ -1,0 +1,78 @@
+"""Helpers for SDE-flow models (DiffGP, paper 004): paths for plots, temporal inducing inputs.
+
+The flow itself is the handler :class:`numpyro_dgp.handlers.sde_flow`; a ready-made model
+is :func:`numpyro_dgp.models.diffgp_regression`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from numpyro_dgp.core import kmeans
+from numpyro_dgp.handlers import sde_flow
+
+__all__ = ["flow_trajectories", "temporal_inducing_inputs"]
+
+
+def _with_record(model):
+    if not isinstance(model, sde_flow):
+        raise TypeError(
+            "flow_trajectories: model must be the sde_flow-wrapped model itself "
+            f"(sde_flow(model, layer=..., T=...)), got {type(model).__name__}"
+        )
+    return sde_flow(model.fn, **{**model.spec._asdict(), "record": True})
+
+
+def flow_trajectories(model, guide, params, rng_key, X, *args, num_samples: int = 10, **kwargs):
+    """Sample paths of the flow at inputs ``X``: ``(S, num_steps + 1, N, D)`` (``x_0 = X`` first).
+
+    Paths follow the flow's estimator as in training (:class:`~numpyro_dgp.handlers.sde_flow`):
+    the guide's marginal moments for ``"marginal"``, a sampled ``u`` per path for
+    ``"ancestral"``.
+
+    :param model: an :class:`~numpyro_dgp.handlers.sde_flow`-wrapped model.
+    :param guide: the fitted guide (set up, e.g. by :func:`numpyro_dgp.fit`).
+    :param params: fitted parameters.
+    :param rng_key: PRNG key.
+    :param X: ``(N, D)`` starting points (with the time column if ``time_input``).
+    :param num_samples: ``S`` paths per point.
+    """
+    # imported here: objectives imports handlers, which this module also needs
+    from numpyro_dgp.objectives import marginal_trace
+
+    recording = _with_record(model)
+    name = f"{recording.spec.layer}.layer"
+    X = jnp.asarray(X)
+    if X.ndim != 2:
+        raise ValueError(f"flow_trajectories: X must have shape (num_points, dim), got {X.shape}")
+    if int(num_samples) < 1:
+        raise ValueError(f"flow_trajectories: num_samples must be >= 1, got {num_samples}")
+
+    def one(key, params, X):
+        run = marginal_trace(recording, guide, params, key, (X,) + args, kwargs, 3)
+        return run.model_trace[name]["infer"]["dgp_flow"][1]["path"]
+
+    keys = jax.random.split(rng_key, int(num_samples))
+    return jax.jit(jax.vmap(one, in_axes=(0, None, None)))(keys, params, X)
+
+
+def temporal_inducing_inputs(X, num_inducing: int, times):
+    """Inducing inputs ``(num_inducing * len(times), D + 1)`` of a time-dependent flow layer:
+    k-means centres of ``X`` (fixed key, as :func:`numpyro_dgp.gp_layer` does) at each time.
+
+    :param X: ``(N, D)`` inputs.
+    :param num_inducing: centres per time.
+    :param times: ``(K,)`` inducing times (e.g. ``jnp.linspace(0, T, 3)``).
+    """
+    X = jnp.asarray(X)
+    times = jnp.atleast_1d(jnp.asarray(times, X.dtype))
+    if X.ndim != 2:
+        raise ValueError(f"temporal_inducing_inputs: X must have shape (num_points, dim), got {X.shape}")
+    if times.ndim != 1 or times.shape[0] < 1:
+        raise ValueError(f"temporal_inducing_inputs: times must be a non-empty 1-D array, got shape {times.shape}")
+    centres = kmeans(jax.random.PRNGKey(0), X, int(num_inducing))
+    M = centres.shape[0]
+    grid_x = jnp.tile(centres, (times.shape[0], 1))
+    grid_t = jnp.repeat(times, M)[:, None]
+    return jnp.concatenate([grid_x, grid_t], axis=-1)
