@@ -109,8 +109,9 @@ def test_zero_flow_time_is_the_svgp(data):
     init_params(svgp_model, svgp_guide, X, y)
     svgp_params = {k: v for k, v in params.items() if k.startswith("g.") or k == "noise"}
     key = jax.random.PRNGKey(4)
-    ours = dgp.DGPElbo().elbo_components(key, params, flow_model, flow_guide, X, y)
-    ref = dgp.DGPElbo().elbo_components(key, svgp_params, svgp_model, svgp_guide, X, y)
+    # compiled: eager op-by-op tracing of the models is far slower
+    ours = jax.jit(lambda p: dgp.DGPElbo().elbo_components(key, p, flow_model, flow_guide, X, y))(params)
+    ref = jax.jit(lambda p: dgp.DGPElbo().elbo_components(key, p, svgp_model, svgp_guide, X, y))(svgp_params)
     np.testing.assert_allclose(ours["expected_log_likelihood"], ref["expected_log_likelihood"], rtol=1e-12)
     # the flow's own KL is the only difference
     flow_loc = params["flow.u_auto_loc"]
@@ -140,7 +141,7 @@ def test_handler_ode_with_linear_drift_matches_the_analytic_solution():
     y = jnp.zeros(3)
     T, c = 1.5, -0.4
     errors = []
-    for K in (16, 32, 64):
+    for K in (20, 40):
         model = linear_flow_model(T, K)
         guide = AutoFactorisedDGP(model)
         params = init_params(model, guide, X, y)
@@ -152,8 +153,7 @@ def test_handler_ode_with_linear_drift_matches_the_analytic_solution():
         np.testing.assert_allclose(xT[0], xT[1], rtol=0, atol=0)  # no diffusion: deterministic
         np.testing.assert_allclose(xT[0], (1 + a * T / K) ** K * X, rtol=1e-10)
         errors.append(float(jnp.max(jnp.abs(xT[0] - jnp.exp(a * T) * X))))
-    ratios = np.array(errors[:-1]) / np.array(errors[1:])
-    np.testing.assert_allclose(ratios, 2.0, atol=0.1)
+    np.testing.assert_allclose(errors[0] / errors[1], 2.0, atol=0.1)  # first order in dt
 
 
 def test_handler_prior_field_diffuses_with_variance_sigma2_T(data):
@@ -248,7 +248,7 @@ def test_dgp_elbo_and_trace_elbo_agree_for_the_ancestral_flow(data):
                    noise_init=0.1)
     guide = AutoFactorisedDGP(model, inner_init="prior")
     params = perturbed(model, guide, X, y, scale=0.3)
-    keys = jax.random.split(jax.random.PRNGKey(8), 3000)
+    keys = jax.random.split(jax.random.PRNGKey(8), 2000)
 
     def estimates(elbo):
         return -np.asarray(jax.jit(jax.vmap(lambda k: elbo.loss(k, params, model, guide, X, y)))(keys))
@@ -275,9 +275,8 @@ def test_fit_predict_and_classification(data):
     labels = (y > 0).astype(jnp.float64)
     clf = diffgp(1.0, num_steps=4, num_inducing=5, likelihood="probit")
     clf_guide = AutoFactorisedDGP(clf)
-    svi = numpyro.infer.SVI(clf, clf_guide, numpyro.optim.Adam(0.02), dgp.DGPElbo())
-    result = dgp.fit(svi, jax.random.PRNGKey(0), X, labels, num_steps=100, progress_bar=False)
-    pred = dgp.predict(clf, clf_guide, result.params, jax.random.PRNGKey(1), X, num_samples=5)
+    clf_params = init_params(clf, clf_guide, X, labels)  # (fitting a classifier: tutorial 05)
+    pred = dgp.predict(clf, clf_guide, clf_params, jax.random.PRNGKey(1), X, num_samples=5)
     assert pred.likelihood == "bernoulli"
     assert np.all((pred.mean > 0) & (pred.mean < 1))
 
