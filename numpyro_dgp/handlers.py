@@ -763,7 +763,6 @@ class sde_flow(_PerRunMessenger):
 
     def _reset(self):
         self.layers_seen = []
-        self.path = None
 
     def process_message(self, msg):
         if msg["type"] != "dgp_layer":
@@ -786,12 +785,8 @@ class sde_flow(_PerRunMessenger):
             )
         box = {}
         msg["infer"] = {**(msg.get("infer") or {}), "dgp_flow": (self.spec, box)}
+        # the recorded path lands in the box, which the trace keeps in the site's infer dict
         msg["fn"] = partial(_flow_given_u, self.spec, box)
-        self._box = box
-
-    def postprocess_message(self, msg):
-        if msg["type"] == "dgp_layer" and msg["args"][0].name == self.spec.layer and self.spec.record:
-            self.path = self._box.get("path")
 
     def __exit__(self, exc_type, exc_value, traceback):
         result = super().__exit__(exc_type, exc_value, traceback)
