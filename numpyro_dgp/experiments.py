@@ -77,6 +77,35 @@ class RunResult(NamedTuple):
     params: dict
 
 
+def _fit_factorised(model, rng_key, X, y, num_steps, batch_size, learning_rate, num_particles, progress_bar,
+                    chunk_size):
+    """``AutoFactorisedDGP`` + ``DGPElbo`` + Adam on ``model``: ``(model, guide, FitResult)``."""
+    guide = AutoFactorisedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(learning_rate), DGPElbo(num_particles=num_particles))
+    kwargs = {"batch_size": batch_size} if batch_size else {}
+    result = fit(svi, rng_key, X, y, num_steps=num_steps, chunk_size=min(chunk_size, num_steps),
+                 progress_bar=progress_bar, **kwargs)
+    return model, guide, result
+
+
+def _run_on_uci(name, split, rng_key, data_dir, num_test_samples, fit_fn) -> RunResult:
+    """Load a UCI split, ``fit_fn(fit_key, X, y) -> (model, guide, FitResult)``, predict the
+    test set; metrics in original target units."""
+    rng_key = jax.random.PRNGKey(split) if rng_key is None else rng_key
+    data = load_uci(name, split, data_dir=data_dir)
+    dtype = jnp.result_type(float)
+    X, y = jnp.asarray(data.X_train, dtype), jnp.asarray(data.y_train, dtype)
+    t0 = time.perf_counter()
+    fit_key, pred_key = jax.random.split(rng_key)
+    model, guide, result = fit_fn(fit_key, X, y)
+    pred = predict(model, guide, result.params, pred_key, jnp.asarray(data.X_test, dtype), num_samples=num_test_samples)
+    m = metrics(pred, jnp.asarray(data.y_test, dtype), y_scale=data.y_std)
+    total = time.perf_counter() - t0
+    final_elbo = float(-np.nanmean(result.losses[-100:]))
+    return RunResult(m, final_elbo, result.seconds_per_step, result.compile_seconds, total, result.num_skipped,
+                     model, guide, result.params)
+
+
 def fit_dsvi(
     rng_key,
     X,
@@ -99,12 +128,8 @@ def fit_dsvi(
         ``FitResult.compile_seconds``.
     """
     model = deep_gp_regression(num_layers, num_inducing=num_inducing, hidden_width=hidden_width, noise_init=noise_init)
-    guide = AutoFactorisedDGP(model)
-    svi = SVI(model, guide, numpyro.optim.Adam(learning_rate), DGPElbo(num_particles=num_particles))
-    kwargs = {"batch_size": batch_size} if batch_size else {}
-    result = fit(svi, rng_key, X, y, num_steps=num_steps, chunk_size=min(chunk_size, num_steps),
-                 progress_bar=progress_bar, **kwargs)
-    return model, guide, result
+    return _fit_factorised(model, rng_key, X, y, num_steps, batch_size, learning_rate, num_particles, progress_bar,
+                           chunk_size)
 
 
 def run_uci(
@@ -126,24 +151,15 @@ def run_uci(
 
     ``hidden_width`` defaults to ``min(D, 30)`` as in DSVI's experiments.
     """
-    rng_key = jax.random.PRNGKey(split) if rng_key is None else rng_key
-    data = load_uci(name, split, data_dir=data_dir)
-    dtype = jnp.result_type(float)
-    X, y = jnp.asarray(data.X_train, dtype), jnp.asarray(data.y_train, dtype)
-    width = hidden_width if hidden_width is not None else min(X.shape[1], 30)
-    t0 = time.perf_counter()
-    fit_key, pred_key = jax.random.split(rng_key)
-    model, guide, result = fit_dsvi(
-        fit_key, X, y, num_layers=num_layers, num_inducing=min(num_inducing, X.shape[0]),
-        hidden_width=width, num_steps=num_steps, batch_size=batch_size if batch_size < X.shape[0] else None,
-        learning_rate=learning_rate, progress_bar=progress_bar,
-    )
-    pred = predict(model, guide, result.params, pred_key, jnp.asarray(data.X_test, dtype), num_samples=num_test_samples)
-    m = metrics(pred, jnp.asarray(data.y_test, dtype), y_scale=data.y_std)
-    total = time.perf_counter() - t0
-    final_elbo = float(-np.nanmean(result.losses[-100:]))
-    return RunResult(m, final_elbo, result.seconds_per_step, result.compile_seconds, total, result.num_skipped,
-                     model, guide, result.params)
+    def fit_fn(fit_key, X, y):
+        width = hidden_width if hidden_width is not None else min(X.shape[1], 30)
+        return fit_dsvi(
+            fit_key, X, y, num_layers=num_layers, num_inducing=min(num_inducing, X.shape[0]),
+            hidden_width=width, num_steps=num_steps, batch_size=batch_size if batch_size < X.shape[0] else None,
+            learning_rate=learning_rate, progress_bar=progress_bar,
+        )
+
+    return _run_on_uci(name, split, rng_key, data_dir, num_test_samples, fit_fn)
 
 
 def fit_diffgp(
@@ -168,12 +184,8 @@ def fit_diffgp(
     :return: ``(model, guide, FitResult)``.
     """
     model = diffgp(T, num_steps=num_flow_steps, num_inducing=num_inducing, noise_init=noise_init, estimator=estimator)
-    guide = AutoFactorisedDGP(model)
-    svi = SVI(model, guide, numpyro.optim.Adam(learning_rate), DGPElbo(num_particles=num_particles))
-    kwargs = {"batch_size": batch_size} if batch_size else {}
-    result = fit(svi, rng_key, X, y, num_steps=num_steps, chunk_size=min(chunk_size, num_steps),
-                 progress_bar=progress_bar, **kwargs)
-    return model, guide, result
+    return _fit_factorised(model, rng_key, X, y, num_steps, batch_size, learning_rate, num_particles, progress_bar,
+                           chunk_size)
 
 
 def run_diffgp_uci(
@@ -194,23 +206,14 @@ def run_diffgp_uci(
 ) -> RunResult:
     """DiffGP on one UCI split (the released code's settings by default: full batch up to
     10000 points, 4 training samples, 50 test samples); metrics in original target units."""
-    rng_key = jax.random.PRNGKey(split) if rng_key is None else rng_key
-    data = load_uci(name, split, data_dir=data_dir)
-    dtype = jnp.result_type(float)
-    X, y = jnp.asarray(data.X_train, dtype), jnp.asarray(data.y_train, dtype)
-    t0 = time.perf_counter()
-    fit_key, pred_key = jax.random.split(rng_key)
-    model, guide, result = fit_diffgp(
-        fit_key, X, y, T=T, num_flow_steps=num_flow_steps, num_inducing=min(num_inducing, X.shape[0]),
-        num_steps=num_steps, batch_size=batch_size if batch_size < X.shape[0] else None,
-        learning_rate=learning_rate, num_particles=num_particles, progress_bar=progress_bar,
-    )
-    pred = predict(model, guide, result.params, pred_key, jnp.asarray(data.X_test, dtype), num_samples=num_test_samples)
-    m = metrics(pred, jnp.asarray(data.y_test, dtype), y_scale=data.y_std)
-    total = time.perf_counter() - t0
-    final_elbo = float(-np.nanmean(result.losses[-100:]))
-    return RunResult(m, final_elbo, result.seconds_per_step, result.compile_seconds, total, result.num_skipped,
-                     model, guide, result.params)
+    def fit_fn(fit_key, X, y):
+        return fit_diffgp(
+            fit_key, X, y, T=T, num_flow_steps=num_flow_steps, num_inducing=min(num_inducing, X.shape[0]),
+            num_steps=num_steps, batch_size=batch_size if batch_size < X.shape[0] else None,
+            learning_rate=learning_rate, num_particles=num_particles, progress_bar=progress_bar,
+        )
+
+    return _run_on_uci(name, split, rng_key, data_dir, num_test_samples, fit_fn)
 
 
 def run_demo(rng_key=None, *, num_steps=3000, num_inducing=30, output=None, num_test_samples=100):

@@ -52,13 +52,8 @@ def deep_gp_regression(
     kernel = RBF() if kernel is None else kernel
 
     def model(X, y=None, batch_size=None):
-        N, D = X.shape
-        if y is not None and y.shape != (N,):
-            raise ValueError(f"model: y must have shape ({N},) to match X {X.shape}, got {y.shape}")
-        data = numpyro.plate("data", N, subsample_size=batch_size if batch_size and batch_size < N else None)
-        with data:
-            X_batch = numpyro.subsample(X, event_dim=1)
-            y_batch = None if y is None else numpyro.subsample(y, event_dim=0)
+        D = X.shape[1]
+        data, X_batch, y_batch = _subsample(X, y, batch_size, "model")
         h = X_batch
         width = D if hidden_width is None else hidden_width
         for layer in range(1, num_layers + 1):
