@@ -177,15 +177,21 @@ def marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature=N
     return MarginalRun(guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights)
 
 
+def _has_quadrature_axis(site, lp, weights):
+    """Whether ``lp`` (a site's log-density) carries the last layer's quadrature axis in front:
+    sites after the last layer do when they depend on its output; one that does not has no
+    such axis."""
+    if not site["infer"].get("dgp_quadrature"):
+        return False
+    batch_ndim = max([-f.dim for f in site["cond_indep_stack"]] + [len(site["fn"].batch_shape) - 1, 0])
+    return jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == len(weights)
+
+
 def _weighted_log_prob(site, weights):
     """Site log-density summed over its plates, averaging the quadrature axis if present."""
     lp = site["fn"].log_prob(site["value"])
-    if site["infer"].get("dgp_quadrature"):
-        # Sites after the last layer carry the quadrature axis in front of their plate/batch
-        # dimensions when they depend on the layer's output; one that does not has no such axis.
-        batch_ndim = max([-f.dim for f in site["cond_indep_stack"]] + [len(site["fn"].batch_shape) - 1, 0])
-        if jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == len(weights):
-            lp = jnp.tensordot(jnp.asarray(weights, lp.dtype), lp, axes=(0, 0))
+    if _has_quadrature_axis(site, lp, weights):
+        lp = jnp.tensordot(jnp.asarray(weights, lp.dtype), lp, axes=(0, 0))
     if site["scale"] is not None:
         lp = site["scale"] * lp
     return jnp.sum(lp)
@@ -310,11 +316,8 @@ def _log_predictive(site, weights):
     scale = site["scale"] if site["scale"] is not None else 1.0
     fn, value = site["fn"], site["value"]
     lp = fn.log_prob(value)
-    if not site["infer"].get("dgp_quadrature"):
+    if not _has_quadrature_axis(site, lp, weights):
         return lp, scale
-    batch_ndim = max([-f.dim for f in site["cond_indep_stack"]] + [len(fn.batch_shape) - 1, 0])
-    if not (jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == len(weights)):
-        return lp, scale  # the site does not depend on the last layer
     normal, shape, reinterpreted = _normal_inside(fn)
     if normal is not None:
         loc = jnp.broadcast_to(normal.loc, shape)
