@@ -1,8 +1,10 @@
 """numpyro-dgp: deep Gaussian processes written as ordinary NumPyro programs.
 
 Write a DGP with :func:`gp_layer`; choose inference by choosing a guide
-(:mod:`numpyro_dgp.guides`: factorised, joint, chain-structured), an objective (:class:`DGPElbo` or NumPyro's own ELBOs) or a
-handler (:mod:`numpyro_dgp.handlers`); train with :func:`fit`; predict with :func:`predict`.
+(:mod:`numpyro_dgp.guides`: factorised, joint, chain-structured, amortized), an objective
+(:class:`DGPElbo`, :class:`PredictiveObjective` or NumPyro's own ELBOs) or a handler
+(:mod:`numpyro_dgp.handlers`: SDE flows, quadrature branches, exact layers); train with
+:func:`fit`; predict with :func:`predict`.
 Run MCMC on the same model (NUTS on :class:`handlers.exact_layers` /
 :class:`handlers.latent_conditionals`, or :class:`infer.SGHMC`) and compare layer by layer
 with :mod:`numpyro_dgp.diagnostics`.

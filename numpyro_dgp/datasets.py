@@ -36,6 +36,8 @@ __all__ = [
     "num_uci_splits",
     "uci_split_indices",
     "load_uci",
+    "random_uci_split",
+    "letters_classification",
 ]
 
 
@@ -478,7 +480,52 @@ def load_uci(
         raise ValueError(f"dtype must be a floating dtype, got {dtype}")
     canonical, folder = _dataset_dir(name, data_dir)
     split = _check_split(split, num_uci_splits(canonical, data_dir), canonical)
+    X, y, num_rows = _read_features_and_target(folder)
 
+    train_idx = _read_indices(folder / f"index_train_{split}.txt", upper=num_rows)
+    test_idx = _read_indices(folder / f"index_test_{split}.txt", upper=num_rows)
+    overlap = np.intersect1d(train_idx, test_idx)
+    if overlap.size:
+        raise ValueError(
+            f"split={split} of {canonical!r}: {overlap.size} row(s) appear in both "
+            f"index_train_{split}.txt and index_test_{split}.txt"
+        )
+    return _standardised_split(X, y, train_idx, test_idx, dtype, canonical, split)
+
+
+def random_uci_split(
+    name: str,
+    seed: int,
+    train_fraction: float = 0.8,
+    test_fraction: float = 0.1,
+    data_dir: str | os.PathLike | None = None,
+    dtype=np.float64,
+) -> UCISplit:
+    """A random train/test split of a UCI set (paper 003's protocol: 8:1:1 train, test and
+    validation; the validation rows are left out), standardised like :func:`load_uci`.
+
+    :param seed: NumPy seed of the permutation (``UCISplit.split`` records it).
+    :param train_fraction: share of rows for training.
+    :param test_fraction: share of rows for testing (the rest is the unused validation part).
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+    if not (0 < train_fraction < 1 and 0 < test_fraction <= 1 - train_fraction):
+        raise ValueError(
+            f"random_uci_split: need 0 < train_fraction < 1 and 0 < test_fraction <= 1 - train_fraction, "
+            f"got {train_fraction}, {test_fraction}"
+        )
+    canonical, folder = _dataset_dir(name, data_dir)
+    X, y, num_rows = _read_features_and_target(folder)
+    perm = np.random.default_rng(int(seed)).permutation(num_rows)
+    num_train = int(round(train_fraction * num_rows))
+    num_test = int(round(test_fraction * num_rows))
+    train_idx, test_idx = perm[:num_train], perm[num_train : num_train + num_test]
+    return _standardised_split(X, y, train_idx, test_idx, dtype, canonical, int(seed))
+
+
+def _read_features_and_target(folder: Path):
     data = _read_data(folder / "data.txt")
     num_rows, num_cols = data.shape
     features = _read_indices(folder / "index_features.txt", upper=num_cols)
@@ -493,17 +540,10 @@ def load_uci(
             f"target column {int(target[0])} is also listed in {folder / 'index_features.txt'}"
         )
 
-    train_idx = _read_indices(folder / f"index_train_{split}.txt", upper=num_rows)
-    test_idx = _read_indices(folder / f"index_test_{split}.txt", upper=num_rows)
-    overlap = np.intersect1d(train_idx, test_idx)
-    if overlap.size:
-        raise ValueError(
-            f"split={split} of {canonical!r}: {overlap.size} row(s) appear in both "
-            f"index_train_{split}.txt and index_test_{split}.txt"
-        )
+    return data[:, features], data[:, target[0]], num_rows
 
-    X = data[:, features]
-    y = data[:, target[0]]
+
+def _standardised_split(X, y, train_idx, test_idx, dtype, canonical, split):
     X_train, X_test = X[train_idx], X[test_idx]
     y_train, y_test = y[train_idx], y[test_idx]
 
@@ -522,3 +562,38 @@ def load_uci(
         name=canonical,
         split=split,
     )
+
+
+def letters_classification(rng_key, num_train: int = 10000, num_test: int = 10000, text: str = "DGP") -> Dataset:
+    """Paper 003's toy classification: points uniform on the unit square, label 1 inside the
+    rendered letters ``text`` (DejaVu Sans Bold, as matplotlib draws it; holes of D, P
+    are outside), else 0.
+
+    :return: :class:`Dataset` with ``X (N, 2)`` and ``y (N,)`` in {0, 1} (float).
+    """
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.path import Path as MplPath
+    from matplotlib.textpath import TextPath
+
+    if not (isinstance(num_train, (int, np.integer)) and num_train >= 1):
+        raise ValueError(f"num_train must be a positive integer, got {num_train!r}")
+    if not (isinstance(num_test, (int, np.integer)) and num_test >= 1):
+        raise ValueError(f"num_test must be a positive integer, got {num_test!r}")
+    glyphs = TextPath((0, 0), text, size=1, prop=FontProperties(family="DejaVu Sans", weight="bold"))
+    polygons = glyphs.to_polygons()
+    corners = np.concatenate(polygons)
+    lo, hi = corners.min(0), corners.max(0)
+    # fit the text's box into [0.05, 0.95] horizontally, centred vertically
+    scale = 0.9 / (hi - lo)[0]
+    offset = np.array([0.05, 0.5 - 0.5 * scale * (hi - lo)[1]]) - scale * lo
+    polygons = [MplPath(poly * scale + offset) for poly in polygons]
+
+    def label(X):
+        # even-odd rule over the glyph outlines: holes (inner contours) flip back to outside
+        crossings = sum(poly.contains_points(X).astype(int) for poly in polygons)
+        return (crossings % 2).astype(np.float64)
+
+    rng = _numpy_rng(rng_key)
+    X_train = rng.uniform(0, 1, (int(num_train), 2))
+    X_test = rng.uniform(0, 1, (int(num_test), 2))
+    return Dataset(X_train, label(X_train), X_test, label(X_test), "letters")

@@ -18,11 +18,13 @@
 
 from __future__ import annotations
 
+import zlib
 from functools import partial
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from numpyro.primitives import Messenger
@@ -35,7 +37,7 @@ from numpyro_dgp.core.chain import (
     point_projection,
     sample_output,
 )
-from numpyro_dgp.core import euler_maruyama, jittered_cholesky
+from numpyro_dgp.core import euler_maruyama, jittered_cholesky, local_kl
 from numpyro_dgp.layers import layer_moments, sample_moments
 
 __all__ = [
@@ -50,7 +52,34 @@ __all__ = [
     "collapse_last_layer",
     "sde_flow",
     "FlowSpec",
+    "AmortizedPosterior",
+    "quadrature",
+    "AMORTIZATION_RULES",
 ]
+
+#: Paper 003's amortization rules: what a layer's encoder sees and how branches are drawn.
+AMORTIZATION_RULES = ("AR1", "AR2", "AR2P")
+
+
+class AmortizedPosterior(NamedTuple):
+    """An amortized guide's ``q(u_n | p_n)`` for one layer with per-point inducing sets.
+
+    :ivar encode: ``p (..., D) -> (loc (..., P, M), scale)`` with ``scale`` ``(..., P, M)``
+        standard deviations or ``(..., P, M, M)`` lower factors.
+    :ivar rule: ``"AR1"`` (the encoder sees each branch's sample, one inducing set per
+        branch), ``"AR2"`` / ``"AR2P"`` (it sees the weighted mean of the previous layer's
+        branch means; one set shared by the branches).
+    :ivar num_branches: ``S``.
+    :ivar points: ``(S, P)`` standard-normal points that draw this layer's branches
+        (``"AR2P"``: learned quadrature points), or ``None`` (Monte Carlo).
+    :ivar log_weights: ``(S,)`` log branch weights.
+    """
+
+    encode: object
+    rule: str
+    num_branches: int
+    points: jax.Array | None
+    log_weights: jax.Array
 
 
 class ChainLink(NamedTuple):
@@ -190,6 +219,9 @@ class marginalise_inducing(Messenger):
         self._in_tail = False
         self._beliefs = {}  # chain: u-site -> per-point belief over its values given its output
         self._joint_states = {}  # joint group -> (next block index, per-point belief over the rest)
+        self._amortized_q = {}  # u-site -> (loc, scale) of q(u_n | p_n) at the model's p
+        self._branch_mean = None  # weighted mean of the last layer's branch means (AR2 / AR2P)
+        self.branch_log_weights = None  # (S,) once a layer has branched the points
 
     def __enter__(self):
         self._reset()
@@ -198,11 +230,19 @@ class marginalise_inducing(Messenger):
     def process_message(self, msg):
         if msg["type"] == "sample":
             infer = dict(msg.get("infer") or {})
-            if msg["name"] in self.posteriors and not msg["is_observed"]:
+            if infer.get("inducing") == "amortized" and not msg["is_observed"]:
+                self._amortized_site(msg, infer)
+            elif msg["name"] in self.posteriors and not msg["is_observed"]:
                 infer["dgp_marginalised"] = True
             if self._in_tail:
                 infer["dgp_quadrature"] = True
             msg["infer"] = infer
+            return
+        if msg["type"] == "dgp_encoder_input":
+            layer_name = msg["name"][: -len(".encoder_input")]
+            post = self.posteriors.get(f"{layer_name}.u")
+            if isinstance(post, AmortizedPosterior) and post.rule != "AR1" and self._branch_mean is not None:
+                msg["value"] = self._branch_mean
             return
         if msg["type"] != "dgp_layer":
             return
@@ -224,7 +264,13 @@ class marginalise_inducing(Messenger):
                 )
             msg["value"] = self._correlated(layer, X, post, rng_key)
             return
-        if post is not None:
+        branch = None if layer.name == self.quadrature_layer else self._branch_spec(layer, msg, post)
+        if layer.inducing == "amortized":
+            if layer.u_site in self._amortized_q:
+                mean, var = layer_moments(layer, X, *self._amortized_q[layer.u_site])
+            else:
+                mean, var = layer_moments(layer, X, u, None)
+        elif post is not None:
             mean, var = layer_moments(layer, X, post[0], post[1], full_cov)
         else:
             mean, var = layer_moments(layer, X, u, None, full_cov)
@@ -234,10 +280,75 @@ class marginalise_inducing(Messenger):
                 raise ValueError("marginalise_inducing: quadrature needs full_cov=False")
             nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)  # (K, P)
             std = jnp.sqrt(jnp.maximum(var, 0.0))
-            msg["value"] = mean[None] + std[None] * nodes[:, None, :]
+            nodes = nodes.reshape((nodes.shape[0],) + (1,) * (mean.ndim - 1) + nodes.shape[-1:])
+            msg["value"] = mean[None] + std[None] * nodes
             self._in_tail = True
+        elif branch is not None:
+            msg["value"] = self._branch(mean, var, branch, rng_key)
         else:
             msg["value"] = sample_moments(rng_key, mean, var, full_cov, layer.jitter)
+
+    # --- per-point inducing sets and branches (paper 003) ---
+
+    def _amortized_site(self, msg, infer):
+        """The ``u`` site of a layer with per-point inducing sets: evaluate the guide's encoder
+        at the model's encoder input and record ``q(u_n | p_n)`` and its per-point KL."""
+        post = self.posteriors.get(msg["name"])
+        if not isinstance(post, AmortizedPosterior):
+            return  # no amortized guide for this layer: the sampled value is used
+        loc, scale = post.encode(infer["encoder_input"])
+        base = _unwrap(msg["fn"])
+        prior_mean, prior_chol = base.loc, base.scale_tril[..., 0, :, :]
+        batch = loc.shape[:-2]
+        flat = lambda a, k: a.reshape((-1,) + a.shape[-k:])  # noqa: E731
+        kl = local_kl(
+            flat(loc - prior_mean, 2), flat(scale, scale.ndim - len(batch)), flat(jnp.broadcast_to(prior_chol, batch + prior_chol.shape[-2:]), 2)
+        ).reshape(batch)
+        self._amortized_q[msg["name"]] = (loc, scale)
+        msg["value"] = loc  # never used as a draw: the layer marginalises it
+        infer["dgp_marginalised"] = True
+        infer["dgp_amortized_kl"] = kl
+
+    def _branch_spec(self, layer, msg, post):
+        """``(points (S, P) or None, log_weights (S,))`` if this layer branches its outputs:
+        from an :class:`AmortizedPosterior`, or from a :class:`quadrature` handler's tag."""
+        if isinstance(post, AmortizedPosterior):
+            spec = (post.points, post.log_weights)
+        else:
+            spec = (msg.get("infer") or {}).get("dgp_branches")
+        if spec is None:
+            if self.branch_log_weights is not None and msg["args"][1].ndim != 3:
+                raise ValueError(
+                    f"marginalise_inducing: layer {layer.name!r} runs on unbranched inputs after "
+                    "another layer branched them"
+                )
+            return None
+        if self.branch_log_weights is not None and spec[1].shape != self.branch_log_weights.shape:
+            raise ValueError(
+                f"marginalise_inducing: layer {layer.name!r} has {spec[1].shape[0]} branches, an "
+                f"earlier layer {self.branch_log_weights.shape[0]}; every layer needs the same number"
+            )
+        return spec
+
+    def _branch(self, mean, var, branch, rng_key):
+        """``S`` branches of the layer's outputs, ``(S, B, P)``: ``mean + point * std`` per
+        branch (learned points or fresh standard-normal draws)."""
+        points, log_weights = branch
+        if self.branch_log_weights is None:
+            self.branch_log_weights = log_weights
+        S = log_weights.shape[0]
+        shape = (S,) + mean.shape[-2:]
+        if points is None:
+            eps = jax.random.normal(rng_key, shape, mean.dtype)
+        else:
+            eps = jnp.broadcast_to(jnp.asarray(points, mean.dtype)[:, None, :], shape)
+        std = jnp.sqrt(jnp.maximum(var, 0.0))
+        if mean.ndim == 2:
+            mean, std = mean[None], std[None]
+        weights = jax.nn.softmax(log_weights).astype(mean.dtype)
+        # AR2 / AR2P: the next layer's encoder sees the weighted mean of these branch means
+        self._branch_mean = jnp.tensordot(weights, jnp.broadcast_to(mean, shape), axes=(0, 0))
+        return mean + std * eps
 
     def _flow(self, layer, X, u, post, flow, rng_key):
         """An :class:`sde_flow` layer: integrate with the guide's marginal moments (the
@@ -664,6 +775,11 @@ class FlowSpec(NamedTuple):
 
 
 def _refuse_flow(msg, handler):
+    if msg["args"][0].inducing == "amortized":
+        raise NotImplementedError(
+            f"{handler}: layer {msg['args'][0].name!r} has per-point inducing sets "
+            f"(inducing='amortized'), which {handler} does not support"
+        )
     if (msg.get("infer") or {}).get("dgp_flow") is not None:
         raise NotImplementedError(
             f"{handler}: layer {msg['args'][0].name!r} is an sde_flow layer, which {handler} does not support"
@@ -771,6 +887,11 @@ class sde_flow(_PerRunMessenger):
         self.layers_seen.append(layer.name)
         if layer.name != self.spec.layer:
             return
+        if layer.inducing == "amortized":
+            raise NotImplementedError(
+                f"sde_flow: layer {layer.name!r} has per-point inducing sets (inducing='amortized'); "
+                "a flow layer needs global inducing points"
+            )
         if msg["value"] is not None:
             raise ValueError(
                 f"sde_flow: layer {layer.name!r} was already handled by another handler; sde_flow "
@@ -796,3 +917,97 @@ class sde_flow(_PerRunMessenger):
                 f"(its layers: {self.layers_seen})"
             )
         return result
+
+
+# --- branches over learned quadrature points (paper 003's AR2P, for any guide) ---
+
+#: learned points live in (-POINT_BOUND, POINT_BOUND) (a scaled sigmoid, as in paper 003)
+POINT_BOUND = 5.0
+
+
+def quadrature_points(name: str, init, learnable: bool = True):
+    """``(S, P)`` points as a ``numpyro.param`` ``name`` bounded to ``(-5, 5)`` by a scaled
+    sigmoid (``xi = 10 sigmoid(a) - 5``), initialised at ``init`` (clipped into the box)."""
+    init = jnp.asarray(init)
+    if not learnable:
+        return init
+    inner = jnp.clip((init + POINT_BOUND) / (2 * POINT_BOUND), 1e-6, 1 - 1e-6)
+    raw = numpyro.param(name, jnp.log(inner) - jnp.log1p(-inner))
+    return 2 * POINT_BOUND * jax.nn.sigmoid(raw) - POINT_BOUND
+
+
+def quadrature_log_weights(name: str, init, learnable: bool = True):
+    """``(S,)`` log weights ``log softmax(logits)`` with ``logits`` a ``numpyro.param`` ``name``
+    initialised at ``log init``."""
+    logits = jnp.log(jnp.asarray(init))
+    if learnable:
+        logits = numpyro.param(name, logits)
+    return jax.nn.log_softmax(logits)
+
+
+class quadrature(Messenger):
+    """Propagate ``S`` weighted branches through a DGP's inner layers: paper 003's AR2P
+    rule for any guide.
+
+    Every inner layer's output becomes ``S`` branches ``mean + xi_s * std`` (per point; a
+    branch keeps its own path through the later layers) with points ``xi (S, P)`` per layer
+    and weights ``w (S,)`` -- learnable (``numpyro.param``s ``"quadrature.<layer>.points"``,
+    bounded to (-5, 5), and ``"quadrature.logits"``) or fixed. The objective is
+    ``sum_s w_s E[log p(y | branch s)]`` (:class:`numpyro_dgp.DGPElbo`) or
+    ``log sum_s w_s p(y | branch s)`` (:class:`numpyro_dgp.PredictiveObjective`), and
+    :func:`numpyro_dgp.predict` returns the weighted mixture. With one inner output and the
+    points fixed at Gauss-Hermite nodes with their weights this is Gauss-Hermite quadrature
+    of the expectation over that layer. Used through :class:`marginalise_inducing` (the last
+    layer is integrated by Gauss-Hermite as always, so its points are registered but unused);
+    a plain run of the model (``Trace_ELBO``, ``Predictive``) does not branch.
+
+    :param fn: the model.
+    :param num_points: ``S``.
+    :param points: initial points: ``{layer: (S, P)}``, one ``(S,)`` array for every layer
+        (each output gets the same points), or ``None`` (standard-normal draws, a fixed key).
+    :param weights: ``(S,)`` initial weights (default uniform).
+    :param learnable: learn points and weights (else they stay fixed).
+    """
+
+    def __init__(self, fn=None, num_points: int = 32, points=None, weights=None, learnable: bool = True):
+        if not (isinstance(num_points, int) and num_points >= 1):
+            raise ValueError(f"quadrature: num_points must be a positive integer, got {num_points!r}")
+        if weights is None:
+            weights = np.full(num_points, 1.0 / num_points)
+        weights = np.asarray(weights, float)
+        if weights.shape != (num_points,) or np.any(weights <= 0):
+            raise ValueError(f"quadrature: weights must be {num_points} positive numbers, got {weights!r}")
+        self.num_points = num_points
+        self.points = points
+        self.weights = weights / weights.sum()
+        self.learnable = bool(learnable)
+        super().__init__(fn)
+
+    def initial_points(self, layer: str, out_dim: int):
+        """``(S, P)`` starting points of ``layer``."""
+        S = self.num_points
+        points = self.points
+        if isinstance(points, dict):
+            points = points.get(layer)
+        if points is None:
+            return jax.random.normal(jax.random.PRNGKey(zlib.crc32(layer.encode())), (S, out_dim))
+        points = jnp.asarray(points)
+        if points.ndim == 1:
+            points = jnp.broadcast_to(points[:, None], (S, out_dim))
+        if points.shape != (S, out_dim):
+            raise ValueError(f"quadrature: points for layer {layer!r} must have shape ({S}, {out_dim}), got {points.shape}")
+        return points
+
+    def process_message(self, msg):
+        if msg["type"] != "dgp_layer":
+            return
+        layer = msg["args"][0]
+        if (msg.get("infer") or {}).get("dgp_flow") is not None:
+            raise NotImplementedError(f"quadrature: layer {layer.name!r} is an sde_flow layer, which quadrature does not branch")
+        # registered on every run (SVI's initial run is a plain model run); the last layer's
+        # points go unused: marginalise_inducing integrates that layer by Gauss-Hermite
+        points = quadrature_points(
+            f"quadrature.{layer.name}.points", self.initial_points(layer.name, layer.out_dim), self.learnable
+        )
+        log_weights = quadrature_log_weights("quadrature.logits", self.weights, self.learnable)
+        msg["infer"] = {**(msg.get("infer") or {}), "dgp_branches": (points, log_weights)}

@@ -26,10 +26,24 @@ values, so neighbouring layers share ``f_{l-1}^z``::
 The u site then holds the inducing values themselves (not a residual) with prior
 ``N(mean(Z_l), K(Z_l, Z_l) + jitter)``; it is never whitened (whitening against a random
 ``K(f_{l-1}^z)`` is a different family).
+
+With ``inducing="amortized"`` (paper 003, notes/amortized.md) every point has its own
+inducing set: ``M`` inducing inputs ``Z_n = [W_m p_n + b_m]_m`` from learned affine maps of the
+layer's *encoder input* ``p_n`` (the layer input by default; an amortization rule of
+:class:`numpyro_dgp.guides.AutoAmortizedDGP` may supply another), and values ``u_n`` with
+prior ``N(mean(Z_n), K(Z_n, Z_n))``; the point's output is the GP conditional on its own set.
+The layer is called *inside* the data plate (its ``u`` site is local, shape ``(B, P, M)``) and,
+by default, the KL is averaged over points as in the paper (the site is scaled by ``1/N`` on
+top of the plate's ``N/B``)::
+
+    with numpyro.plate("data", N, subsample_size=100):
+        x = numpyro.subsample(X, event_dim=1)
+        h = gp_layer("h1", x, Matern52(), num_inducing=8, out_dim=4, inducing="amortized")
 """
 
 from __future__ import annotations
 
+import zlib
 from typing import Callable, NamedTuple
 
 import jax
@@ -41,18 +55,20 @@ from numpyro.distributions import constraints
 from numpyro.primitives import apply_stack
 
 from numpyro_dgp.core import (
+    affine_inducing_inputs,
     check_jitter,
     conditional,
     default_jitter,
     jittered_cholesky,
     kmeans,
+    local_conditional,
 )
 from numpyro_dgp.kernels import Kernel
 
 __all__ = ["gp_layer", "Layer", "MEAN_FUNCTIONS", "layer_moments", "sample_moments"]
 
 MEAN_FUNCTIONS = ("zero", "identity", "linear")
-INDUCING_MODES = ("global", "locations")
+INDUCING_MODES = ("global", "locations", "amortized")
 
 
 class Layer(NamedTuple):
@@ -69,7 +85,9 @@ class Layer(NamedTuple):
     :ivar u_site: name of the inducing-value site.
     :ivar prior_mean: ``(P, M)`` prior mean of the u site (zero unless ``inducing="locations"``,
         where the site holds the inducing values rather than their residual).
-    :ivar inducing: ``"global"`` or ``"locations"``.
+    :ivar inducing: ``"global"``, ``"locations"`` or ``"amortized"`` (then ``inducing_inputs``
+        is ``(..., B, M, D)``, ``Kmm_chol`` ``(..., B, M, M)`` and ``prior_mean`` ``(..., B, P, M)``:
+        one set per point, and per branch when the leading axis is there).
     """
 
     name: str
@@ -95,6 +113,16 @@ def layer_moments(layer: Layer, X, q_mean, q_sqrt=None, full_cov: bool = False):
     :param q_sqrt: ``(P, M, M)``, ``(P, M)`` or ``None``.
     :return: ``mean (N, P)`` and ``var (N, P)`` (or ``cov (P, N, N)`` if ``full_cov``).
     """
+    if layer.inducing == "amortized":
+        if full_cov:
+            raise NotImplementedError(
+                f"layer {layer.name!r} has per-point inducing sets (inducing='amortized'): its "
+                "outputs are independent across points given the sets, so only marginals exist"
+            )
+        return amortized_moments(layer, X, q_mean, q_sqrt)
+    if X.ndim == 3 and not full_cov:  # a leading branch axis: every branch's points alike
+        mean, var = layer_moments(layer, X.reshape(-1, X.shape[-1]), q_mean, q_sqrt)
+        return mean.reshape(X.shape[:-1] + mean.shape[-1:]), var.reshape(X.shape[:-1] + var.shape[-1:])
     Z = layer.inducing_inputs
     Kmn = layer.kernel(Z, X)
     Knn = layer.kernel(X) if full_cov else layer.kernel.diag(X)
@@ -104,6 +132,30 @@ def layer_moments(layer: Layer, X, q_mean, q_sqrt=None, full_cov: bool = False):
         Kmn, layer.Kmm_chol, Knn, q_mean, q_sqrt, whiten=layer.whiten, full_cov=full_cov
     )
     return mean + layer.mean_fn(X), var
+
+
+def amortized_moments(layer: Layer, X, q_mean, q_sqrt=None):
+    """:func:`layer_moments` of a layer with per-point inducing sets.
+
+    ``X`` is ``(B, D)``, or ``(S, B, D)`` with a leading branch axis (paper 003's branches),
+    in which case the inducing sets (``layer.inducing_inputs``) and ``q_mean``/``q_sqrt`` are
+    either shared by the branches (``(B, ...)``, rules AR2/AR2P) or per branch
+    (``(S, B, ...)``, rule AR1).
+
+    :param q_mean: ``(..., B, P, M)``; :param q_sqrt: ``(..., B, P, M, M)``, ``(..., B, P, M)`` or ``None``.
+    :return: ``mean``, ``var`` of shape ``X.shape[:-1] + (P,)``.
+    """
+    q_mean = q_mean - layer.prior_mean
+
+    def base(Z, L, X, m, s):
+        mean, var = local_conditional(layer.kernel, Z, L, X, m, s)
+        return mean + layer.mean_fn(X), var
+
+    Z, L = layer.inducing_inputs, layer.Kmm_chol
+    if X.ndim == 2:
+        return base(Z, L, X, q_mean, q_sqrt)
+    shared = None if Z.ndim == 3 else 0
+    return jax.vmap(base, (shared, shared, 0, shared, shared))(Z, L, X, q_mean, q_sqrt)
 
 
 def sample_moments(rng_key, mean, var, full_cov: bool = False, jitter: float = 1e-6):
@@ -205,6 +257,7 @@ def gp_layer(
     whiten: bool | None = None,
     jitter: float | None = None,
     inducing: str = "global",
+    average_kl: bool = True,
 ):
     """One sparse GP layer ``f: R^D -> R^out_dim`` with inducing points, as NumPyro sites.
 
@@ -229,7 +282,10 @@ def gp_layer(
         conditioned; not available for ``"locations"``).
     :param jitter: diagonal jitter; default :func:`numpyro_dgp.core.default_jitter` of ``X``'s dtype.
     :param inducing: ``"global"`` (each layer has its own inducing inputs in its input space)
-        or ``"locations"`` (inducing points as inducing locations, see the module docstring).
+        or ``"locations"`` (inducing points as inducing locations) or ``"amortized"`` (per-point
+        inducing sets, called inside the data plate; see the module docstring).
+    :param average_kl: ``"amortized"`` only: scale the per-point KL by ``1/N`` (paper 003's
+        weighting, averaged over points; ``False`` sums it, the proper ELBO).
     :return: ``(N, out_dim)`` layer output; with ``"locations"`` the pair
         ``(output (N, out_dim), inducing values (M, out_dim))`` for the next layer.
     """
@@ -240,6 +296,13 @@ def gp_layer(
     if inducing not in INDUCING_MODES:
         raise NotImplementedError(
             f"gp_layer {name!r}: inducing={inducing!r} is not available; supported: {INDUCING_MODES}"
+        )
+    if inducing == "amortized":
+        return _amortized_layer(
+            name, X, kernel, num_inducing=num_inducing, out_dim=out_dim, mean=mean,
+            inducing_inputs=inducing_inputs, learn_inducing=learn_inducing,
+            learn_hyperparameters=learn_hyperparameters, priors=priors, whiten=whiten,
+            jitter=jitter, average_kl=average_kl,
         )
     locations = inducing == "locations"
     if whiten is None:
@@ -272,8 +335,13 @@ def gp_layer(
             "(with plate: X_batch = numpyro.subsample(X, event_dim=1))"
         )
     X = jnp.asarray(X)
-    if X.ndim != 2:
-        raise ValueError(f"gp_layer {name!r}: X must have shape (num_points, dim), got {X.shape}")
+    if X.ndim == 3 and locations:
+        raise ValueError(f"gp_layer {name!r}: inducing='locations' does not take branched inputs (S, N, D)")
+    if X.ndim not in (2, 3):
+        raise ValueError(
+            f"gp_layer {name!r}: X must have shape (num_points, dim), or (num_branches, num_points, "
+            f"dim) under numpyro_dgp.handlers.quadrature or an amortized guide; got {X.shape}"
+        )
     if not jnp.issubdtype(X.dtype, jnp.floating):
         X = X.astype(jnp.result_type(float))
     _check_finite(X, f"gp_layer {name!r}: X")
@@ -337,14 +405,14 @@ def gp_layer(
             )
         # A fixed key: the same data give the same inducing inputs in every run of the model
         # (a guide's prototype run and SVI's initial run must agree, e.g. for inducing locations).
-        init_Z = lambda _: kmeans(jax.random.PRNGKey(0), jax.lax.stop_gradient(X), int(num_inducing))  # noqa: E731
+        init_Z = lambda _: kmeans(jax.random.PRNGKey(0), jax.lax.stop_gradient(X.reshape(-1, in_dim)), int(num_inducing))  # noqa: E731
     if propagated_Z is None:
         Z = numpyro.param(f"{name}.inducing_inputs", init_Z)
         if not learn_inducing:
             Z = jax.lax.stop_gradient(Z)
     M = Z.shape[0]
 
-    mean_fn = _mean_function(name, mean, X, in_dim, out_dim)
+    mean_fn = _mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
 
     # A failed factorisation gives NaN, which fit() detects (skips and counts the step);
     # a lax.cond retry here would triple the compile time of every layer.
@@ -389,4 +457,112 @@ def gp_layer(
     numpyro.deterministic(name, out)
     if locations:
         return out, u.T
+    return out
+
+
+def _default_encoder_input(X):
+    """Without an amortization rule a layer's encoder sees its own input (paper 003's AR1)."""
+    return X
+
+
+def _emit(msg_type, name, fn, args, **kwargs):
+    msg = {
+        "type": msg_type,
+        "name": name,
+        "fn": fn,
+        "args": args,
+        "kwargs": kwargs,
+        "value": None,
+        "scale": None,
+        "is_observed": False,
+        "intermediates": [],
+        "cond_indep_stack": [],
+        "infer": {},
+    }
+    return apply_stack(msg)["value"]
+
+
+def _amortized_layer(name, X, kernel, *, num_inducing, out_dim, mean, inducing_inputs, learn_inducing,
+                     learn_hyperparameters, priors, whiten, jitter, average_kl):
+    """``gp_layer(..., inducing="amortized")``: per-point inducing sets (paper 003)."""
+    if whiten:
+        raise ValueError(
+            f"gp_layer {name!r}: inducing='amortized' is unwhitened (the prior N(m(Z_n), K(Z_n, Z_n)) "
+            "of paper 003); whiten=True is not available"
+        )
+    if inducing_inputs is not None:
+        raise ValueError(
+            f"gp_layer {name!r}: with inducing='amortized' the inducing inputs come from learned "
+            "affine maps of the encoder input; inducing_inputs cannot be given"
+        )
+    if priors:
+        raise ValueError(
+            f"gp_layer {name!r}: inducing='amortized' is called inside the data plate, where a "
+            "hyperparameter prior would become one sample per point; priors are not available"
+        )
+    if not (isinstance(num_inducing, (int, np.integer)) and num_inducing >= 1):
+        raise ValueError(f"gp_layer {name!r}: num_inducing must be a positive integer, got {num_inducing!r}")
+    if not (isinstance(out_dim, (int, np.integer)) and out_dim >= 1):
+        raise ValueError(f"gp_layer {name!r}: out_dim must be a positive integer, got {out_dim!r}")
+    plates = [h for h in numpyro.primitives._PYRO_STACK if isinstance(h, numpyro.plate)]
+    data_plate = [p for p in plates if p.dim == -1]
+    if not data_plate:
+        raise ValueError(
+            f"gp_layer {name!r}: inducing='amortized' gives every point its own inducing set; call "
+            "it inside the data plate: with numpyro.plate('data', N, subsample_size=B): "
+            "x = numpyro.subsample(X, event_dim=1); h = gp_layer(..., x, inducing='amortized')"
+        )
+    data_plate = data_plate[0]
+    X = jnp.asarray(X)
+    if not jnp.issubdtype(X.dtype, jnp.floating):
+        X = X.astype(jnp.result_type(float))
+    B = data_plate.subsample_size
+    if X.ndim not in (2, 3) or X.shape[-2] != B:
+        raise ValueError(
+            f"gp_layer {name!r}: X must have shape ({B}, dim) (the plate's {B} points), or "
+            f"(num_branches, {B}, dim); got {X.shape}"
+        )
+    _check_finite(X, f"gp_layer {name!r}: X")
+    jitter = default_jitter(X.dtype) if jitter is None else jitter
+    try:
+        check_jitter(jitter)
+    except ValueError:
+        raise ValueError(f"gp_layer {name!r}: jitter must be a finite positive number, got {jitter!r}") from None
+    D = X.shape[-1]
+    M = int(num_inducing)
+    kernel = _hyperparameters(name, kernel.with_input_dim(D), X.dtype, {}, learn_hyperparameters)
+    flat_X = X.reshape(-1, D)
+    mean_fn = _mean_function(name, mean, flat_X, D, out_dim)
+
+    # M affine maps z_m = W_m p + b_m: W_m = I, b_m ~ N(0, I) (a key fixed by the name, so
+    # every run of the model starts from the same maps)
+    weight = numpyro.param(f"{name}.inducing_maps.weight", lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)))
+    bias_key = jax.random.PRNGKey(zlib.crc32(name.encode()))
+    bias = numpyro.param(f"{name}.inducing_maps.bias", lambda _: jax.random.normal(bias_key, (M, D), X.dtype))
+    if not learn_inducing:
+        weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
+
+    p = _emit("dgp_encoder_input", f"{name}.encoder_input", _default_encoder_input, (X,))
+    p = jnp.asarray(p, X.dtype)
+    if p.shape[-2] != B or p.shape[-1] != D or p.ndim not in (2, 3):
+        raise ValueError(f"gp_layer {name!r}: the encoder input must have shape (..., {B}, {D}), got {p.shape}")
+    Z = affine_inducing_inputs(weight, bias, p)  # (..., B, M, D)
+    Kzz = jax.vmap(kernel)(Z.reshape(-1, M, D)).reshape(Z.shape[:-1] + (M,))
+    Kzz_chol = jittered_cholesky(Kzz, jitter)
+    prior_mean = jnp.swapaxes(mean_fn(Z), -1, -2)  # (..., B, P, M)
+    prior = dist.MultivariateNormal(prior_mean, scale_tril=Kzz_chol[..., None, :, :]).to_event(1)
+    u_site = f"{name}.u"
+    infer = {"dgp_layer": name, "whiten": False, "inducing": "amortized", "encoder_input": p}
+    with numpyro.handlers.scale(scale=1.0 / data_plate.size if average_kl else 1.0):
+        u = numpyro.sample(u_site, prior, infer=infer)
+    u = jnp.asarray(u, X.dtype)
+    layer = Layer(name, kernel, Z, Kzz_chol, mean_fn, False, jitter, out_dim, u_site, prior_mean, "amortized")
+    rng_key = numpyro.prng_key()
+    if rng_key is None:
+        raise RuntimeError(
+            f"gp_layer {name!r} needs a random key: run the model under numpyro.handlers.seed "
+            "(SVI, MCMC and Predictive do this)"
+        )
+    out = _emit("dgp_layer", f"{name}.layer", _propagate, (layer, X, u), rng_key=rng_key, full_cov=False)
+    numpyro.deterministic(name, out)
     return out

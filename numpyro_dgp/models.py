@@ -8,10 +8,10 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
 from numpyro_dgp.handlers import sde_flow
-from numpyro_dgp.kernels import RBF, Kernel
+from numpyro_dgp.kernels import RBF, Kernel, Matern52
 from numpyro_dgp.layers import gp_layer
 
-__all__ = ["deep_gp_regression", "diffgp"]
+__all__ = ["amortized_dgp", "deep_gp_regression", "diffgp"]
 
 LIKELIHOODS = ("gaussian", "probit")
 
@@ -170,3 +170,71 @@ def diffgp(
     return sde_flow(
         model, "flow", T=T, num_steps=num_steps, estimator=estimator, diffusion=diffusion, time_input=time_input
     )
+
+
+def amortized_dgp(
+    widths=(16, 4, 1),
+    num_inducing=(8, 4, 4),
+    *,
+    kernel: Kernel | None = None,
+    likelihood: str = "gaussian",
+    noise_init: float = 0.01,
+    mean: str = "zero",
+    average_kl: bool = True,
+    jitter: float | None = None,
+):
+    """The amortized DGP of paper 003 (AVDGP): every layer has per-point inducing sets
+    (``gp_layer(..., inducing="amortized")``), fitted with
+    :class:`numpyro_dgp.guides.AutoAmortizedDGP`.
+
+    Layers ``h1 .. h{L}`` of widths ``widths`` (the last is the output, width 1) with
+    ``num_inducing[l]`` inducing inputs per point, isotropic Matérn-5/2 kernels and zero mean
+    functions (the paper's settings, App. C.1), then the likelihood.
+
+    The returned ``model(X, y=None, batch_size=None)`` subsamples ``batch_size`` points per
+    call when given.
+
+    :param widths: output width per layer; the last must be 1.
+    :param num_inducing: ``M`` per layer.
+    :param kernel: kernel of every layer (initial values; default isotropic Matérn-5/2).
+    :param likelihood: ``"gaussian"`` (learned noise) or ``"probit"`` (``y`` in {0, 1}).
+    :param noise_init: initial Gaussian noise variance.
+    :param mean: mean function of every layer (see :func:`gp_layer`).
+    :param average_kl: the paper's KL weighting (averaged over points, ``1/N``); ``False``
+        gives the summed KL of a proper ELBO.
+    :param jitter: Cholesky jitter (default by dtype).
+    """
+    widths, num_inducing = tuple(widths), tuple(num_inducing)
+    if not widths or widths[-1] != 1 or any(not (isinstance(w, int) and w >= 1) for w in widths):
+        raise ValueError(f"amortized_dgp: widths must be positive integers ending in 1, got {widths!r}")
+    if len(num_inducing) != len(widths):
+        raise ValueError(
+            f"amortized_dgp: num_inducing needs one entry per layer ({len(widths)}), got {num_inducing!r}"
+        )
+    if likelihood not in LIKELIHOODS:
+        raise NotImplementedError(f"amortized_dgp: likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
+    if not noise_init > 0:
+        raise ValueError(f"amortized_dgp: noise_init must be positive, got {noise_init!r}")
+    kernel = Matern52(ard=False) if kernel is None else kernel
+
+    def model(X, y=None, batch_size=None):
+        data, _, y_batch = _subsample(X, y, batch_size, "amortized_dgp model")
+        with data:
+            h = numpyro.subsample(X, event_dim=1)
+            for layer, (width, M) in enumerate(zip(widths, num_inducing), start=1):
+                h = gp_layer(
+                    f"h{layer}", h, kernel, num_inducing=M, out_dim=width, mean=mean,
+                    inducing="amortized", average_kl=average_kl, jitter=jitter,
+                )
+        f = h[..., 0]
+        if likelihood == "gaussian":
+            noise = numpyro.param("noise", jnp.asarray(noise_init, X.dtype), constraint=constraints.positive)
+            with data:
+                numpyro.sample("y", dist.Normal(f, jnp.sqrt(noise)), obs=y_batch)
+        else:
+            from numpyro_dgp.likelihoods import bernoulli_probit
+
+            with data:
+                numpyro.sample("y", bernoulli_probit(f), obs=y_batch)
+
+    return model

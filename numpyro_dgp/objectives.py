@@ -16,7 +16,14 @@ from jax.scipy.special import logsumexp
 
 from numpyro_dgp.core import gauss_hermite, gauss_hermite_product, gauss_kl
 from numpyro_dgp.core.chain import block_diag_covariance, chain_gauss_kl_term
-from numpyro_dgp.handlers import ChainLink, JointBlock, gaussian_parameters, marginalise_inducing, site_gaussian
+from numpyro_dgp.handlers import (
+    AmortizedPosterior,
+    ChainLink,
+    JointBlock,
+    gaussian_parameters,
+    marginalise_inducing,
+    site_gaussian,
+)
 
 __all__ = [
     "DGPElbo",
@@ -126,6 +133,7 @@ class MarginalRun(NamedTuple):
     moments: dict
     layer_order: list
     quadrature_weights: np.ndarray
+    branch_log_weights: jax.Array | None = None
 
 
 def marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature=None):
@@ -166,6 +174,7 @@ def marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature=N
         posteriors = guide_posteriors(guide_trace, {last_u: found["u_sites"][last_u]}, structured=False)
     else:
         posteriors = guide_posteriors(guide_trace, found["u_sites"])
+    posteriors.update(amortized_posteriors(guide_trace))
     handler = marginalise_inducing(
         seeded_model,
         posteriors=posteriors,
@@ -174,7 +183,30 @@ def marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature=N
         quadrature_weights=weights,
     )
     model_trace = trace(handler).get_trace(*args, **kwargs)
-    return MarginalRun(guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights)
+    return MarginalRun(
+        guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights, handler.branch_log_weights
+    )
+
+
+def amortized_posteriors(guide_trace):
+    """``{u-site: AmortizedPosterior}`` from the placeholder sites of an amortized guide
+    (:class:`numpyro_dgp.guides.AutoAmortizedDGP`)."""
+    return {
+        site["fn"].site: site["fn"].posterior
+        for site in guide_trace.values()
+        if site["type"] == "sample" and isinstance(getattr(site["fn"], "posterior", None), AmortizedPosterior)
+    }
+
+
+def _reduce_branches(x, plate_ndim, branch_log_weights):
+    """Average a leading branch axis of ``x`` with the branch weights, if it is there."""
+    if branch_log_weights is None or jnp.ndim(x) <= plate_ndim or jnp.shape(x)[0] != branch_log_weights.shape[0]:
+        return x
+    return jnp.tensordot(jax.nn.softmax(branch_log_weights).astype(x.dtype), x, axes=(0, 0))
+
+
+def _plate_ndim(site):
+    return max([-f.dim for f in site["cond_indep_stack"]] + [0])
 
 
 def _has_quadrature_axis(site, lp, weights):
@@ -187,11 +219,13 @@ def _has_quadrature_axis(site, lp, weights):
     return jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == len(weights)
 
 
-def _weighted_log_prob(site, weights):
-    """Site log-density summed over its plates, averaging the quadrature axis if present."""
+def _weighted_log_prob(site, weights, branch_log_weights=None):
+    """Site log-density summed over its plates, averaging the quadrature axis and then the
+    branch axis (:class:`numpyro_dgp.handlers.quadrature`, amortized guides) if present."""
     lp = site["fn"].log_prob(site["value"])
     if _has_quadrature_axis(site, lp, weights):
         lp = jnp.tensordot(jnp.asarray(weights, lp.dtype), lp, axes=(0, 0))
+        lp = _reduce_branches(lp, _plate_ndim(site), branch_log_weights)
     if site["scale"] is not None:
         lp = site["scale"] * lp
     return jnp.sum(lp)
@@ -278,6 +312,12 @@ def objective_terms(run: MarginalRun):
             observed[name] = site
             continue
         site_kl = None
+        if infer.get("dgp_amortized_kl") is not None:
+            # per-point KLs of an amortized layer (branch axis first under rule AR1)
+            per_point = _reduce_branches(infer["dgp_amortized_kl"], _plate_ndim(site), run.branch_log_weights)
+            scale = site["scale"] if site["scale"] is not None else 1.0
+            kl = kl + jnp.sum(scale * per_point)
+            continue
         if name in layers and name in guide_trace:
             site_kl = inducing_kl(name, site, guide_trace[name], layers, locations, marginal_covs)
         if site_kl is not None:
@@ -290,7 +330,8 @@ def objective_terms(run: MarginalRun):
                 )
             if name not in guide_trace:
                 raise ValueError(f"DGPElbo: latent site {name!r} is not covered by the guide")
-            other = other + _weighted_log_prob(site, weights) - _weighted_log_prob(guide_trace[name], weights)
+            branch = run.branch_log_weights
+            other = other + _weighted_log_prob(site, weights, branch) - _weighted_log_prob(guide_trace[name], weights, branch)
     return observed, kl, other
 
 
@@ -306,9 +347,10 @@ def _normal_inside(fn):
     return (fn, shape, reinterpreted) if isinstance(fn, dist.Normal) else (None, None, None)
 
 
-def _log_predictive(site, weights):
+def _log_predictive(site, weights, branch_log_weights=None):
     """Per-point ``log E[p(y | f)]`` of an observed site over the last layer's marginal, with
-    the site's plate scale; shape: the site's batch shape.
+    the site's plate scale; shape: the site's batch shape. With branches (a leading branch
+    axis after the quadrature axis), ``log sum_s w_s E[p(y | f_s)]``.
 
     A Normal site's location is taken as affine in the layer output (``Normal(f[..., 0], s)``):
     ``log N(y | E[loc], Var[loc] + s^2)`` with the node-weighted moments, exact then; other
@@ -327,9 +369,13 @@ def _log_predictive(site, weights):
         lp = dist.Normal(mean, jnp.sqrt(var)).log_prob(value)
         if reinterpreted:
             lp = jnp.sum(lp, axis=tuple(range(-reinterpreted, 0)))
-        return lp, scale
-    w = jnp.reshape(jnp.asarray(weights, lp.dtype), (-1,) + (1,) * (lp.ndim - 1))
-    return logsumexp(lp, axis=0, b=w), scale
+    else:
+        w = jnp.reshape(jnp.asarray(weights, lp.dtype), (-1,) + (1,) * (lp.ndim - 1))
+        lp = logsumexp(lp, axis=0, b=w)
+    if branch_log_weights is not None and lp.ndim > _plate_ndim(site) and lp.shape[0] == branch_log_weights.shape[0]:
+        log_w = jax.nn.log_softmax(branch_log_weights).astype(lp.dtype)
+        lp = logsumexp(lp + log_w.reshape((-1,) + (1,) * (lp.ndim - 1)), axis=0)
+    return lp, scale
 
 
 class DGPElbo(ELBO):
@@ -366,7 +412,9 @@ class DGPElbo(ELBO):
         """One-particle ELBO split into ``{"expected_log_likelihood", "kl_inducing", "other"}``."""
         run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, self.num_quadrature)
         observed, kl, other = objective_terms(run)
-        ell = sum(_weighted_log_prob(site, run.quadrature_weights) for site in observed.values())
+        ell = sum(
+            _weighted_log_prob(site, run.quadrature_weights, run.branch_log_weights) for site in observed.values()
+        )
         return {"expected_log_likelihood": ell, "kl_inducing": kl, "other": other}
 
     def loss_with_mutable_state(self, rng_key, param_map, model, guide, *args, **kwargs):
@@ -434,7 +482,7 @@ class PredictiveObjective(ELBO):
             observed, kl, other = objective_terms(run)
             per_point = {}
             for name, site in observed.items():
-                lp, scale = _log_predictive(site, run.quadrature_weights)
+                lp, scale = _log_predictive(site, run.quadrature_weights, run.branch_log_weights)
                 per_point[name] = (lp, jnp.asarray(scale, lp.dtype))
             return per_point, kl, other
 

@@ -59,6 +59,9 @@ class Prediction(NamedTuple):
     :ivar layer_variances: ``{layer: (S, N, P)}`` the matching marginal variances.
     :ivar likelihood: the observation site's likelihood, a key of :data:`LIKELIHOODS`
         (``"normal"`` or ``"bernoulli"``).
+    :ivar weights: ``(S,)`` component weights, or ``None`` for equal weights (with branches,
+        :class:`~numpyro_dgp.handlers.quadrature` or an amortized guide, the components are
+        sample x branch with the branch weights).
     """
 
     mean: jax.Array
@@ -69,6 +72,7 @@ class Prediction(NamedTuple):
     layer_means: dict
     layer_variances: dict
     likelihood: str = "normal"
+    weights: jax.Array | None = None
 
 
 def _check_guide_is_set_up(guide, caller):
@@ -152,15 +156,33 @@ def _mixture_component(tr, moments, name, weights, layer_names, draw_key):
     return m, v, layers, means, variances
 
 
-def _mixture(likelihood, comp_m, comp_v, layers, means, variances):
-    """Equal-weight mixture of the components (law of total variance; for Bernoulli
-    components that is ``mean (1 - mean)``, computed as such)."""
-    mean = comp_m.mean(0)
+def _mixture(likelihood, comp_m, comp_v, layers, means, variances, weights=None):
+    """Mixture of the components, equally weighted or with ``weights (S,)`` (law of total
+    variance; for Bernoulli components that is ``mean (1 - mean)``, computed as such)."""
+    average = (lambda a: a.mean(0)) if weights is None else (lambda a: jnp.tensordot(weights, a, axes=(0, 0)))  # noqa: E731
+    mean = average(comp_m)
     if likelihood == "bernoulli":
         variance = mean * (1 - mean)
     else:
-        variance = (comp_v + comp_m**2).mean(0) - mean**2
-    return Prediction(mean, variance, comp_m, comp_v, layers, means, variances, likelihood)
+        variance = average(comp_v + comp_m**2) - mean**2
+    return Prediction(mean, variance, comp_m, comp_v, layers, means, variances, likelihood, weights)
+
+
+def _flatten_branches(num_branches, comp_m, comp_v, layers, means, variances, log_weights):
+    """Components ``(num_samples, S, N)`` with branch log weights ``(num_samples, S)`` as one
+    mixture of ``num_samples * S`` components (weights ``w_s / num_samples``); layer arrays
+    without a branch axis (layers before the first branch) are broadcast to it."""
+    num_samples = comp_m.shape[0]
+
+    def flat(a):
+        if a.ndim == comp_m.ndim:  # (num_samples, N, P) before the first branching layer
+            a = jnp.broadcast_to(a[:, None], (num_samples, num_branches) + a.shape[1:])
+        return a.reshape((-1,) + a.shape[2:])
+
+    tree = jax.tree_util.tree_map
+    weights = (jax.nn.softmax(log_weights, axis=-1) / num_samples).reshape(-1)
+    return (comp_m.reshape((-1,) + comp_m.shape[2:]), comp_v.reshape((-1,) + comp_v.shape[2:]),
+            tree(flat, layers), tree(flat, means), tree(flat, variances), weights.astype(comp_m.dtype))
 
 
 def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100, obs_site=None, **kwargs):
@@ -197,6 +219,7 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
         found["name"] = _observation_site(run.model_trace, obs_site)
         found["likelihood"] = _likelihood_of(run.model_trace[found["name"]]["fn"], found["name"])
         found["layers"] = list(run.layer_order)
+        found["branches"] = None if run.branch_log_weights is None else run.branch_log_weights.shape[0]
         return 0
 
     jax.eval_shape(probe)
@@ -206,11 +229,15 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
     def one(key, params, X_new):
         run_key, draw_key = jax.random.split(key)
         run = marginal_trace(model, guide, params, run_key, (X_new,) + args, kwargs, num_nodes)
-        return _mixture_component(run.model_trace, run.moments, name, run.quadrature_weights, layer_names, draw_key)
+        component = _mixture_component(run.model_trace, run.moments, name, run.quadrature_weights, layer_names, draw_key)
+        return component + ((run.branch_log_weights,) if found["branches"] else ())
 
     keys = jax.random.split(rng_key, int(num_samples))
     batched = jax.jit(jax.vmap(one, in_axes=(0, None, None)))
-    return _mixture(likelihood, *batched(keys, params, X_new))
+    components = batched(keys, params, X_new)
+    if found["branches"]:
+        return _mixture(likelihood, *_flatten_branches(found["branches"], *components))
+    return _mixture(likelihood, *components)
 
 
 def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, params=None, **kwargs):
@@ -375,6 +402,8 @@ def log_likelihood(prediction: Prediction, y):
         lp = _bernoulli_log_prob(y, prediction.component_means)
     else:
         lp = norm.logpdf(y, prediction.component_means, jnp.sqrt(prediction.component_variances))
+    if prediction.weights is not None:
+        return logsumexp(lp, axis=0, b=prediction.weights[:, None])
     return logsumexp(lp, axis=0) - jnp.log(lp.shape[0])
 
 
@@ -440,5 +469,7 @@ def metrics(prediction: Prediction, y, y_scale: float = 1.0) -> dict:
         return _classification_metrics(prediction, y)
     ll = log_likelihood(prediction, y).mean() - jnp.log(y_scale)
     rmse = jnp.sqrt(jnp.mean((y - prediction.mean) ** 2)) * y_scale
-    crps = gaussian_mixture_crps(y, prediction.component_means, prediction.component_variances).mean() * y_scale
+    crps = gaussian_mixture_crps(
+        y, prediction.component_means, prediction.component_variances, prediction.weights
+    ).mean() * y_scale
     return {"log_likelihood": float(ll), "rmse": float(rmse), "crps": float(crps)}

@@ -389,3 +389,34 @@ def test_uci_found_through_env_var(uci_dir, monkeypatch):
     monkeypatch.setattr(datasets, "_REPO_ROOT", Path("/nonexistent-repo-root"))
     assert default_data_dir() == uci_dir
     assert load_uci("wine", split=3).X_train.shape[1] == 11
+
+
+def test_random_split_is_disjoint_sized_and_seeded(tmp_path):
+    data = np.column_stack([np.arange(40.0), np.arange(40.0) ** 0.5, np.zeros(40), np.arange(40.0) * 2])
+    _write_fake(tmp_path, data=data)
+    s = datasets.random_uci_split("yacht", seed=3, data_dir=tmp_path)
+    assert s.X_train.shape == (32, 3) and s.X_test.shape == (4, 3) and s.split == 3
+    train_rows = np.round(s.unstandardize_y(s.y_train) / 2).astype(int)
+    test_rows = np.round(s.unstandardize_y(s.y_test) / 2).astype(int)
+    assert not set(train_rows) & set(test_rows)  # 4 validation rows are left out
+    np.testing.assert_allclose(s.y_mean, data[train_rows, 3].mean())
+    again = datasets.random_uci_split("yacht", seed=3, data_dir=tmp_path)
+    np.testing.assert_array_equal(again.y_test, s.y_test)
+    other = datasets.random_uci_split("yacht", seed=4, data_dir=tmp_path)
+    assert not np.array_equal(other.y_test, s.y_test)
+    with pytest.raises(ValueError, match="train_fraction"):
+        datasets.random_uci_split("yacht", seed=0, train_fraction=0.95, test_fraction=0.1, data_dir=tmp_path)
+
+
+def test_letters_classification_labels_the_glyphs():
+    d = datasets.letters_classification(jax.random.PRNGKey(0), num_train=4000, num_test=10)
+    assert d.X_train.shape == (4000, 2) and set(np.unique(d.y_train)) == {0.0, 1.0}
+    assert 0.08 < d.y_train.mean() < 0.25  # the letters cover a band across the square
+    assert d.name == "letters"
+    # inside the text's bounding box, the gaps between letters and the holes of D and P are 0
+    box = (d.X_train[:, 0] > 0.06) & (d.X_train[:, 0] < 0.94) & (np.abs(d.X_train[:, 1] - 0.5) < 0.1)
+    assert 0.3 < d.y_train[box].mean() < 0.8
+    again = datasets.letters_classification(jax.random.PRNGKey(0), num_train=4000, num_test=10)
+    np.testing.assert_array_equal(again.y_train, d.y_train)
+    corners = (np.min(d.X_train, axis=1) < 0.05) | (np.max(d.X_train, axis=1) > 0.95)  # the margin
+    assert np.all(d.y_train[corners] == 0)

@@ -1,5 +1,6 @@
 """Pure-JAX numerical core: no NumPyro below this line."""
 
+from numpyro_dgp.core.amortized import affine_inducing_inputs, local_conditional, local_kl
 from numpyro_dgp.core.conditionals import conditional, project
 from numpyro_dgp.core.kl import gauss_kl
 from numpyro_dgp.core.kmeans import kmeans
@@ -18,6 +19,9 @@ from numpyro_dgp.core.quadrature import (
 )
 
 __all__ = [
+    "affine_inducing_inputs",
+    "local_conditional",
+    "local_kl",
     "check_jitter",
     "conditional",
     "default_jitter",

@@ -70,6 +70,9 @@ class DGPGuide(AutoGuide):
     :param init_scale: the factor for ``"deterministic"``.
     """
 
+    #: whether the guide handles layers with per-point inducing sets (``inducing="amortized"``)
+    _accepts_amortized = False
+
     def __init__(self, model, *, inner_init: str = "deterministic", init_scale: float = 1e-5,
                  prefix: str = "auto", init_loc_fn=None):
         name = type(self).__name__
@@ -89,6 +92,15 @@ class DGPGuide(AutoGuide):
         sites = []
         for name, site in self.prototype_trace.items():
             if site["type"] != "sample" or "dgp_layer" not in (site.get("infer") or {}):
+                continue
+            if site["infer"].get("inducing") == "amortized":
+                if not self._accepts_amortized:
+                    raise ValueError(
+                        f"{type(self).__name__}: layer {site['infer']['dgp_layer']!r} has per-point "
+                        "inducing sets (inducing='amortized'); use numpyro_dgp.guides.AutoAmortizedDGP"
+                    )
+                P, M = site["value"].shape[-2:]
+                sites.append([name, site["infer"]["dgp_layer"], P, M, False, None, None, "amortized"])
                 continue
             if site["cond_indep_stack"]:
                 plates = [f.name for f in site["cond_indep_stack"]]
