@@ -440,20 +440,7 @@ def gp_layer(
             f"gp_layer {name!r} needs a random key: run the model under numpyro.handlers.seed "
             "(SVI, MCMC and Predictive do this)"
         )
-    msg = {
-        "type": "dgp_layer",
-        "name": f"{name}.layer",
-        "fn": _propagate,
-        "args": (layer, X, u),
-        "kwargs": {"rng_key": rng_key, "full_cov": False},
-        "value": None,
-        "scale": None,
-        "is_observed": False,
-        "intermediates": [],
-        "cond_indep_stack": [],
-        "infer": {},
-    }
-    out = apply_stack(msg)["value"]
+    out = _emit("dgp_layer", f"{name}.layer", _propagate, (layer, X, u), rng_key=rng_key, full_cov=False)
     numpyro.deterministic(name, out)
     if locations:
         return out, u.T
@@ -466,6 +453,8 @@ def _default_encoder_input(X):
 
 
 def _emit(msg_type, name, fn, args, **kwargs):
+    """Send a non-sample message (``"dgp_layer"``, ``"dgp_encoder_input"``) through the
+    handler stack; handlers may set its value, else ``fn(*args, **kwargs)`` gives it."""
     msg = {
         "type": msg_type,
         "name": name,
