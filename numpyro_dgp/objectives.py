@@ -20,6 +20,7 @@ from numpyro_dgp.handlers import (
     AmortizedPosterior,
     ChainLink,
     JointBlock,
+    fast_subsample,
     gaussian_parameters,
     marginalise_inducing,
     site_gaussian,
@@ -143,9 +144,9 @@ def marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature=N
     :return: :class:`MarginalRun`.
     """
     guide_key, model_key = jax.random.split(rng_key)
-    seeded_guide = substitute(seed(guide, guide_key), data=params)
+    seeded_guide = substitute(seed(fast_subsample(guide), guide_key), data=params)
     guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
-    seeded_model = substitute(replay(seed(model, model_key), guide_trace), data=params)
+    seeded_model = substitute(replay(seed(fast_subsample(model), model_key), guide_trace), data=params)
 
     # Which sites are inducing values and which layer is last: an abstract first pass
     # (jax.eval_shape), so it adds nothing to the compiled computation.

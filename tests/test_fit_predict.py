@@ -74,8 +74,14 @@ def test_fit_compiles_once(data):
     before = counter.n
     dgp.fit(svi, None, X, y, num_steps=50, chunk_size=10, init_state=state, progress_bar=False)
     traces_short = counter.n - before
+    assert traces_short >= 1
     before = counter.n
     dgp.fit(svi, None, X, y, num_steps=200, chunk_size=10, init_state=state, progress_bar=False)
+    assert counter.n - before == 0  # the same SVI: the compiled chunk is reused
+    _, fresh = make_svi(counted)
+    fresh_state = fresh.init(jax.random.PRNGKey(0), X, y)
+    before = counter.n
+    dgp.fit(fresh, None, X, y, num_steps=200, chunk_size=10, init_state=fresh_state, progress_bar=False)
     assert counter.n - before == traces_short  # 5 chunks or 20: the same number of traces
 
 

@@ -7,6 +7,7 @@ from numpyro_dgp.core.kmeans import kmeans
 from numpyro_dgp.core.linalg import (
     check_jitter,
     default_jitter,
+    cholesky,
     jittered_cholesky,
     robust_cholesky,
     triangular_inverse,
@@ -30,6 +31,7 @@ __all__ = [
     "gauss_hermite",
     "gauss_hermite_product",
     "gauss_kl",
+    "cholesky",
     "jittered_cholesky",
     "kmeans",
     "project",

@@ -66,6 +66,48 @@ def _all_finite(tree):
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
+def _chunk_runner(svi, chunk, static_args, static_kwargs):
+    """The jitted ``lax.scan`` over ``chunk`` SVI steps, cached per ``svi`` and static arguments."""
+    try:
+        key = (chunk, static_args, tuple(sorted(static_kwargs.items())))
+        hash(key)
+    except TypeError:  # unhashable static arguments: compile for this call only
+        key = None
+    # Kept on the SVI object (not in a global table) so that it lives exactly as long as svi:
+    # fit(..., init_state=result.state) and repeated fits reuse the compilation.
+    cached = getattr(svi, "__dict__", {}).setdefault("_numpyro_dgp_chunk_runners", {})
+    if key is not None and key in cached:
+        return cached[key]
+
+    def merge(dyn_a, dyn_kw):
+        full = [d if s is None else s for d, s in zip(dyn_a, static_args)]
+        return full, {**static_kwargs, **dyn_kw}
+
+    def step(carry, step_index, num_remaining, dyn_a, dyn_kw):
+        state = carry
+        a, kw = merge(dyn_a, dyn_kw)
+        new_state, loss = svi.update(state, *a, **kw)
+        finite = jnp.isfinite(loss) & _all_finite(new_state.optim_state)
+        active = step_index < num_remaining
+        accept = finite & active
+        kept = jax.tree_util.tree_map(lambda n, o: jnp.where(accept, n, o), new_state.optim_state, state.optim_state)
+        kept_mutable = new_state.mutable_state if new_state.mutable_state is None else jax.tree_util.tree_map(
+            lambda n, o: jnp.where(accept, n, o), new_state.mutable_state, state.mutable_state)
+        # the key always advances so a skipped step is not retried with the same draw
+        state = new_state._replace(optim_state=kept, mutable_state=kept_mutable)
+        return state, (loss, active & ~finite)
+
+    @jax.jit
+    def run_chunk(state, num_remaining, dyn_a, dyn_kw):
+        def body(carry, i):
+            return step(carry, i, num_remaining, dyn_a, dyn_kw)
+        return jax.lax.scan(body, state, jnp.arange(chunk))
+
+    if key is not None:
+        cached[key] = run_chunk
+    return run_chunk
+
+
 def fit(
     svi,
     rng_key,
@@ -79,9 +121,11 @@ def fit(
 ) -> FitResult:
     """Run ``num_steps`` SVI updates compiled as a ``lax.scan`` over chunks of ``chunk_size``.
 
-    The chunk function is compiled once; between chunks the host updates a progress bar
-    (the only host synchronisation). An update whose loss or new parameters are not finite
-    is not applied (the random key still advances) and is counted in ``num_skipped``.
+    The chunk function is compiled once per ``svi`` (and chunk size and static arguments) and
+    reused by later calls, e.g. ``fit(..., init_state=result.state)``; between chunks the host
+    updates a progress bar (the only host synchronisation). An update whose loss or new
+    parameters are not finite is not applied (the random key still advances) and is counted
+    in ``num_skipped``.
     Minibatching comes from the model's ``numpyro.plate(..., subsample_size=...)``.
 
     :param svi: a ``numpyro.infer.SVI`` (any NumPyro or optax optimiser, any ELBO).
@@ -112,34 +156,11 @@ def fit(
 
     # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
     dyn_args = [a if _is_array(a) else None for a in args]
-    static_args = [None if _is_array(a) else a for a in args]
+    static_args = tuple(None if _is_array(a) else a for a in args)
     dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
     static_kwargs = {k: v for k, v in kwargs.items() if not _is_array(v)}
     chunk = min(int(chunk_size), int(num_steps))
-
-    def merge(dyn_a, dyn_kw):
-        full = [d if s is None else s for d, s in zip(dyn_a, static_args)]
-        return full, {**static_kwargs, **dyn_kw}
-
-    def step(carry, step_index, num_remaining, dyn_a, dyn_kw):
-        state = carry
-        a, kw = merge(dyn_a, dyn_kw)
-        new_state, loss = svi.update(state, *a, **kw)
-        finite = jnp.isfinite(loss) & _all_finite(new_state.optim_state)
-        active = step_index < num_remaining
-        accept = finite & active
-        kept = jax.tree_util.tree_map(lambda n, o: jnp.where(accept, n, o), new_state.optim_state, state.optim_state)
-        kept_mutable = new_state.mutable_state if new_state.mutable_state is None else jax.tree_util.tree_map(
-            lambda n, o: jnp.where(accept, n, o), new_state.mutable_state, state.mutable_state)
-        # the key always advances so a skipped step is not retried with the same draw
-        state = new_state._replace(optim_state=kept, mutable_state=kept_mutable)
-        return state, (loss, active & ~finite)
-
-    @jax.jit
-    def run_chunk(state, num_remaining, dyn_a, dyn_kw):
-        def body(carry, i):
-            return step(carry, i, num_remaining, dyn_a, dyn_kw)
-        return jax.lax.scan(body, state, jnp.arange(chunk))
+    run_chunk = _chunk_runner(svi, chunk, static_args, static_kwargs)
 
     num_chunks = math.ceil(num_steps / chunk)
     losses = np.empty(num_chunks * chunk)

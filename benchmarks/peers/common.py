@@ -1,0 +1,175 @@
+"""NumPy-only helpers shared by the peer benchmarks (GPflux, GPyTorch).
+
+Each peer script runs in its own virtualenv (see ``setup.sh``) and imports this module with
+``benchmarks/peers`` on ``sys.path``; nothing here imports numpyro_dgp or JAX.
+
+* :func:`load_kin8nm` replicates ``numpyro_dgp.datasets.load_uci`` exactly: columns from
+  ``index_features.txt`` / ``index_target.txt``, rows from ``index_{train,test}_K.txt``,
+  inputs and target standardised with the training mean and population std (``ddof=0``;
+  a constant column gets std 1).
+* :func:`kmeans_init` gives the M inducing inputs (scipy ``kmeans2``, k-means++ start, seed 0).
+* :func:`mixture_metrics` matches ``numpyro_dgp.predict.metrics`` for a Normal likelihood:
+  ``LL = mean_n [logsumexp_s log N(y_n | m_sn, v_sn) - log S] - log(y_std)`` and
+  ``RMSE = sqrt(mean_n (y_n - mean_s m_sn)^2) * y_std`` (v includes the noise variance).
+* :func:`block_statistics`, :func:`parse_args` and :func:`emit` keep the two scripts'
+  timing protocol, command line and output identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+DATA_DIR_ENV_VAR = "NUMPYRO_DGP_DATA"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NUM_INDUCING = 100
+HIDDEN_WIDTH = 8
+BATCH_SIZE = 1000
+LEARNING_RATE = 0.01
+NOISE_INIT = 0.01
+INNER_Q_SQRT_SCALE = 1e-5
+NUM_TEST_SAMPLES = 100
+JITTER = {"float64": 1e-6, "float32": 1e-4}
+
+
+def log(*args):
+    """Progress messages go to stderr; stdout carries only the JSON result line."""
+    print(*args, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------
+
+
+def resolve_data_dir(data_dir=None) -> Path:
+    """``--data-dir``, else ``$NUMPYRO_DGP_DATA``, else ``../shared/data/uci`` relative to the
+    repository root, else relative to the working directory (as ``default_data_dir``)."""
+    if data_dir:
+        path = Path(data_dir).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"--data-dir {str(path)!r} is not an existing directory")
+        return path.resolve()
+    env_value = os.environ.get(DATA_DIR_ENV_VAR, "")
+    if env_value:
+        path = Path(env_value).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"${DATA_DIR_ENV_VAR}={env_value!r} is not an existing directory")
+        return path.resolve()
+    tried = []
+    for base in (REPO_ROOT, Path.cwd()):
+        path = (base / ".." / "shared" / "data" / "uci").resolve()
+        tried.append(str(path))
+        if path.is_dir():
+            return path
+    raise FileNotFoundError(f"no UCI data directory found (tried {tried}); pass --data-dir or set ${DATA_DIR_ENV_VAR}")
+
+
+def _read_indices(path: Path) -> np.ndarray:
+    raw = np.loadtxt(path, dtype=np.float64, ndmin=1).reshape(-1)
+    if not np.all(raw == np.round(raw)):
+        raise ValueError(f"index file {path} holds non-integer indices")
+    return raw.astype(np.int64)
+
+
+def _standardise_stats(values):
+    mean = values.mean(axis=0)
+    std = values.std(axis=0)  # population std (ddof=0), as numpyro_dgp.datasets
+    return mean, np.where(std > 0.0, std, 1.0)
+
+
+def load_kin8nm(split: int = 0, data_dir=None, name: str = "kin8nm") -> dict:
+    """One standardised split, float64: ``X_train (N, D)``, ``y_train (N,)``, ``X_test``,
+    ``y_test`` (standardised with training statistics), ``y_mean``, ``y_std``."""
+    folder = resolve_data_dir(data_dir) / name
+    data = np.loadtxt(folder / "data.txt", dtype=np.float64, ndmin=2)
+    features = _read_indices(folder / "index_features.txt")
+    target = _read_indices(folder / "index_target.txt")
+    assert target.size == 1, "index_target.txt must hold one column"
+    X, y = data[:, features], data[:, target[0]]
+    train = _read_indices(folder / f"index_train_{split}.txt")
+    test = _read_indices(folder / f"index_test_{split}.txt")
+    if np.intersect1d(train, test).size:
+        raise ValueError(f"split {split}: train and test indices overlap")
+    x_mean, x_std = _standardise_stats(X[train])
+    y_mean, y_std = _standardise_stats(y[train])
+    return {
+        "X_train": (X[train] - x_mean) / x_std,
+        "y_train": (y[train] - y_mean) / y_std,
+        "X_test": (X[test] - x_mean) / x_std,
+        "y_test": (y[test] - y_mean) / y_std,
+        "y_mean": float(y_mean),
+        "y_std": float(y_std),
+    }
+
+
+def kmeans_init(X: np.ndarray, num_inducing: int = NUM_INDUCING, seed: int = 0, iters: int = 25) -> np.ndarray:
+    """``num_inducing`` k-means centres of ``X`` (k-means++ start, ``iters`` Lloyd steps), float64."""
+    from scipy.cluster.vq import kmeans2
+
+    X = np.asarray(X, np.float64)
+    try:
+        Z, _ = kmeans2(X, num_inducing, iter=iters, minit="++", rng=np.random.default_rng(seed))
+    except TypeError:  # older scipy: the generator argument is called ``seed``
+        Z, _ = kmeans2(X, num_inducing, iter=iters, minit="++", seed=np.random.default_rng(seed))
+    return np.asarray(Z, np.float64)
+
+
+# ----------------------------------------------------------------------------------------
+# Metrics and timing
+# ----------------------------------------------------------------------------------------
+
+
+def mixture_metrics(component_means, component_variances, y_test, y_std: float) -> dict:
+    """Test LL and RMSE of an equally weighted Gaussian mixture, in original units.
+
+    :param component_means: ``(S, N)`` predictive means of ``y`` (standardised units).
+    :param component_variances: ``(S, N)`` predictive variances of ``y`` (noise included).
+    :param y_test: ``(N,)`` standardised targets.
+    :param y_std: training-target std (``ll_orig = ll_std - log y_std``, ``rmse_orig = rmse_std * y_std``).
+    """
+    from scipy.special import logsumexp
+
+    m = np.asarray(component_means, np.float64)
+    v = np.asarray(component_variances, np.float64)
+    y = np.asarray(y_test, np.float64).reshape(-1)
+    lp = -0.5 * (np.log(2 * np.pi * v) + (y[None, :] - m) ** 2 / v)
+    ll = float(np.mean(logsumexp(lp, axis=0) - np.log(m.shape[0])) - np.log(y_std))
+    rmse = float(np.sqrt(np.mean((y - m.mean(0)) ** 2)) * y_std)
+    return {"test_ll": ll, "test_rmse": rmse}
+
+
+def block_statistics(block_seconds, steps_per_block: int) -> dict:
+    """Median steps/s over timed blocks, and every block's rate."""
+    rates = [steps_per_block / s for s in block_seconds]
+    return {"steps_per_second": float(np.median(rates)), "block_rates": [round(r, 3) for r in rates]}
+
+
+def parse_args(description: str, argv=None):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--precision", choices=("float32", "float64"), default="float64")
+    p.add_argument("--split", type=int, default=0)
+    p.add_argument("--data-dir", default=None, help=f"UCI folder (default ${DATA_DIR_ENV_VAR} or ../shared/data/uci)")
+    p.add_argument("--timed-steps", type=int, default=200, help="steps per timed block")
+    p.add_argument("--repeats", type=int, default=5, help="number of timed blocks")
+    p.add_argument("--warmup-steps", type=int, default=20, help="untimed steps after the first")
+    p.add_argument("--budget-seconds", type=float, default=0.0, help="wall-clock training budget from a fresh model (0: skip)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads (default: os.cpu_count(); TF's own default is also all cores)")
+    return p.parse_args(argv)
+
+
+def empty_budget_fields() -> dict:
+    return {"budget_steps": None, "test_ll": None, "test_rmse": None, "final_elbo": None}
+
+
+def emit(result: dict) -> None:
+    """The one JSON line on stdout."""
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
