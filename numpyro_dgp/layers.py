@@ -434,16 +434,22 @@ def gp_layer(
     # NumPyro draws in the default float type; keep the layer in its inputs' precision
     u = jnp.asarray(u, X.dtype)
     layer = Layer(name, kernel, Z, Kmm_chol, mean_fn, whiten, jitter, out_dim, u_site, prior_mean, inducing)
+    out = _emit_layer(layer, X, u)
+    if locations:
+        return out, u.T
+    return out
+
+
+def _emit_layer(layer: Layer, X, u):
+    """Send the layer's ``"dgp_layer"`` message (default: draw ``f(X) | u``) and record the output."""
     rng_key = numpyro.prng_key()
     if rng_key is None:
         raise RuntimeError(
-            f"gp_layer {name!r} needs a random key: run the model under numpyro.handlers.seed "
+            f"gp_layer {layer.name!r} needs a random key: run the model under numpyro.handlers.seed "
             "(SVI, MCMC and Predictive do this)"
         )
-    out = _emit("dgp_layer", f"{name}.layer", _propagate, (layer, X, u), rng_key=rng_key, full_cov=False)
-    numpyro.deterministic(name, out)
-    if locations:
-        return out, u.T
+    out = _emit("dgp_layer", f"{layer.name}.layer", _propagate, (layer, X, u), rng_key=rng_key, full_cov=False)
+    numpyro.deterministic(layer.name, out)
     return out
 
 
@@ -546,12 +552,5 @@ def _amortized_layer(name, X, kernel, *, num_inducing, out_dim, mean, inducing_i
         u = numpyro.sample(u_site, prior, infer=infer)
     u = jnp.asarray(u, X.dtype)
     layer = Layer(name, kernel, Z, Kzz_chol, mean_fn, False, jitter, out_dim, u_site, prior_mean, "amortized")
-    rng_key = numpyro.prng_key()
-    if rng_key is None:
-        raise RuntimeError(
-            f"gp_layer {name!r} needs a random key: run the model under numpyro.handlers.seed "
-            "(SVI, MCMC and Predictive do this)"
-        )
-    out = _emit("dgp_layer", f"{name}.layer", _propagate, (layer, X, u), rng_key=rng_key, full_cov=False)
-    numpyro.deterministic(name, out)
+    out = _emit_layer(layer, X, u)
     return out

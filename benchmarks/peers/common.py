@@ -165,6 +165,20 @@ def parse_args(description: str, argv=None):
     return p.parse_args(argv)
 
 
+def speed_result(library, version, args, compile_s, blocks, num_threads) -> dict:
+    """The JSON fields both peer scripts report before their budget run fills the rest."""
+    return {
+        "library": library,
+        "version": version,
+        "precision": args.precision,
+        "compile_seconds": compile_s,
+        **block_statistics(blocks, args.timed_steps),
+        **empty_budget_fields(),
+        "budget_seconds": args.budget_seconds or None,
+        "num_threads": num_threads,
+    }
+
+
 def empty_budget_fields() -> dict:
     return {"budget_steps": None, "test_ll": None, "test_rmse": None, "final_elbo": None}
 

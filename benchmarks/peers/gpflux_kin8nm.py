@@ -101,19 +101,9 @@ def main(argv=None):
         loss.numpy()  # synchronise
         blocks.append(time.perf_counter() - t0)
         common.log(f"  block {r}: {args.timed_steps / blocks[-1]:.1f} steps/s, loss {float(loss):.4f}")
-    stats = common.block_statistics(blocks, args.timed_steps)
-
     threads = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()  # 0 = all cores
-    result = {
-        "library": "gpflux",
-        "version": f"gpflux {gpflux.__version__}, gpflow {gpflow.__version__}, tensorflow {tf.__version__}",
-        "precision": args.precision,
-        "compile_seconds": compile_s,
-        **stats,
-        **common.empty_budget_fields(),
-        "budget_seconds": args.budget_seconds or None,
-        "num_threads": threads,
-    }
+    version = f"gpflux {gpflux.__version__}, gpflow {gpflow.__version__}, tensorflow {tf.__version__}"
+    result = common.speed_result("gpflux", version, args, compile_s, blocks, threads)
 
     # ---- budget: fresh model, train for a wall-clock budget, evaluate -------------------
     if args.budget_seconds > 0:

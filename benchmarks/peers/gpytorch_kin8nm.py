@@ -127,18 +127,8 @@ def main(argv=None):
         float(loss)
         blocks.append(time.perf_counter() - t0)
         common.log(f"  block {r}: {args.timed_steps / blocks[-1]:.1f} steps/s, loss {float(loss):.4f}")
-    stats = common.block_statistics(blocks, args.timed_steps)
-
-    result = {
-        "library": "gpytorch",
-        "version": f"gpytorch {gpytorch.__version__}, linear_operator {_version('linear_operator')}, torch {torch.__version__}",
-        "precision": args.precision,
-        "compile_seconds": compile_s,
-        **stats,
-        **common.empty_budget_fields(),
-        "budget_seconds": args.budget_seconds or None,
-        "num_threads": torch.get_num_threads(),
-    }
+    version = f"gpytorch {gpytorch.__version__}, linear_operator {_version('linear_operator')}, torch {torch.__version__}"
+    result = common.speed_result("gpytorch", version, args, compile_s, blocks, torch.get_num_threads())
 
     # ---- budget: fresh model, train for a wall-clock budget, evaluate -------------------
     if args.budget_seconds > 0:
