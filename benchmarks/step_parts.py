@@ -8,7 +8,10 @@ Each part runs 200 (or 50) times inside one jitted ``lax.scan`` (no per-call dis
 * gradient of ``sum(f(L^{-1} Kmn))`` through Cholesky + inverse: JAX's rules (triangular
   solves) vs :func:`numpyro_dgp.core.cholesky` / ``triangular_inverse`` (matrix products);
 * a 1000-of-7372 minibatch draw: NumPyro's CPU Fisher-Yates scan vs
-  :class:`numpyro_dgp.handlers.fast_subsample` (``top_k`` of uniforms).
+  :class:`numpyro_dgp.handlers.fast_subsample` (``top_k`` of uniforms);
+* value and gradient of the inner layer's variance term ``sum_k (L_p^T B)_kn^2`` (8 outputs,
+  M = 100, batch 1000, full ``q_sqrt``): the output-batched einsum vs the single
+  ``(P M, M) x (M, N)`` product that :func:`numpyro_dgp.core.conditional` uses.
 
 Usage::
 
@@ -71,6 +74,23 @@ def measure(precision):
     def loss_ours(K):
         return jnp.sum(jnp.tanh(triangular_inverse(cholesky(K)) @ Kmn))
 
+    P = 8
+    factors = jnp.tril(jax.random.normal(k1, (P, M, M), dtype))
+    weights = jax.random.normal(k2, (N, P), dtype)
+
+    def variance_einsum(Lq, Bm):
+        return jnp.sum(jnp.einsum("pmk,mn->pkn", Lq, Bm) ** 2, axis=1).T
+
+    def variance_flat(Lq, Bm):  # the layout core.conditional uses
+        SB = (jnp.transpose(Lq, (1, 0, 2)).reshape(M, P * M).T @ Bm).reshape(P, M, N)
+        return jnp.sum(SB**2, axis=1).T
+
+    def variance_grad(form):
+        def one(Lq, i):
+            gL, gB = jax.grad(lambda Lq, Bm: jnp.sum(weights * form(Lq, Bm)), argnums=(0, 1))(Lq, Kmn + tiny * i)
+            return gL.sum() + gB.sum()
+        return one
+
     N_all, B = 7372, 1000
     out = {
         "precision": precision,
@@ -82,6 +102,8 @@ def measure(precision):
             lambda k, i: _subsample_fn(N_all, B, jax.random.fold_in(k, i)).sum().astype(dtype), jax.random.PRNGKey(0), 100),
         "subsample_top_k_ms": best_ms(
             lambda k, i: _top_k_subsample(N_all, B, jax.random.fold_in(k, i)).sum().astype(dtype), jax.random.PRNGKey(0), 100),
+        "variance_grad_einsum_ms": best_ms(variance_grad(variance_einsum), factors, 50),
+        "variance_grad_flat_ms": best_ms(variance_grad(variance_flat), factors, 50),
     }
     return out
 
@@ -112,13 +134,14 @@ def main(argv=None):
         f"Machine: {record['machine']}; {record['date']}",
         "",
         "| precision | 100x100 triangular inverse: XLA solve | block recursion | grad through Cholesky + inverse: JAX rules "
-        "| our rules | draw 1000 of 7372: NumPyro scan | top_k |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| our rules | draw 1000 of 7372: NumPyro scan | top_k | grad of variance term: batched einsum | one product |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         lines.append(
             f"| {r['precision']} | {r['inverse_solve_ms']:.3f} | {r['inverse_blocked_ms']:.3f} | {r['grad_jax_rules_ms']:.3f} | "
-            f"{r['grad_our_rules_ms']:.3f} | {r['subsample_numpyro_ms']:.3f} | {r['subsample_top_k_ms']:.3f} |"
+            f"{r['grad_our_rules_ms']:.3f} | {r['subsample_numpyro_ms']:.3f} | {r['subsample_top_k_ms']:.3f} | "
+            f"{r['variance_grad_einsum_ms']:.3f} | {r['variance_grad_flat_ms']:.3f} |"
         )
     lines.append("")
     (out_dir / "step_parts.md").write_text("\n".join(lines))

@@ -197,3 +197,37 @@ def test_data_parallel_rejects_an_unknown_axis():
     mesh = Mesh(np.asarray(jax.devices()[:1]), ("batch",))
     with pytest.raises(ValueError, match="axis_name"):
         dgp.handlers.data_parallel(lambda: None, mesh=mesh, axis_name="model")
+
+
+def test_dgp_elbo_checks_arguments_eagerly_and_skips_the_checks_only_while_tracing():
+    import numpyro.distributions as dist
+    from numpyro.distributions import distribution as dist_module
+
+    X, y = _toy(N=12, D=1)
+    seen = []
+    noise_scale = {"value": 0.1}
+
+    def model(X, y=None):
+        seen.append(dist_module._VALIDATION_ENABLED)
+        f = dgp.gp_layer("f", X, dgp.kernels.RBF(), num_inducing=4)
+        numpyro.sample("y", dist.Normal(f[:, 0], noise_scale["value"]), obs=y)
+
+    guide = dgp.guides.AutoFactorisedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    state = svi.init(jax.random.PRNGKey(0), X, y)
+    params = svi.get_params(state)
+    elbo = dgp.DGPElbo()
+    key = jax.random.PRNGKey(1)
+
+    seen.clear()
+    eager = elbo.loss(key, params, model, guide, X, y)
+    assert seen and all(seen)  # eager: NumPyro's checks on
+    seen.clear()
+    jitted = jax.jit(lambda p: elbo.loss(key, p, model, guide, X, y))(params)
+    assert seen and not any(seen)  # traced: off
+    assert dist_module._VALIDATION_ENABLED  # and restored afterwards
+    np.testing.assert_allclose(jitted, eager, rtol=1e-10)
+
+    noise_scale["value"] = -1.0  # an invalid constant argument is still caught eagerly
+    with pytest.raises(ValueError, match="Normal distribution got invalid scale"):
+        elbo.loss(key, params, model, guide, X, y)
