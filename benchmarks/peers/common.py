@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +149,17 @@ def block_statistics(block_seconds, steps_per_block: int) -> dict:
     """Median steps/s over timed blocks, and every block's rate."""
     rates = [steps_per_block / s for s in block_seconds]
     return {"steps_per_second": float(np.median(rates)), "block_rates": [round(r, 3) for r in rates]}
+
+
+def train_for(step, seconds: float):
+    """Call ``step()`` until ``seconds`` of wall clock have passed: ``(steps, elapsed, last loss)``."""
+    steps = 0
+    t0 = time.perf_counter()
+    while True:
+        loss = step()
+        steps += 1
+        if time.perf_counter() - t0 >= seconds:
+            return steps, time.perf_counter() - t0, loss
 
 
 def parse_args(description: str, argv=None):

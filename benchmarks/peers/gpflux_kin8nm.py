@@ -109,15 +109,9 @@ def main(argv=None):
     if args.budget_seconds > 0:
         del model, step
         model, inner, outer, likelihood, step = build()
-        steps = 0
-        t0 = time.perf_counter()
-        while True:
-            loss = step()
-            steps += 1
-            if time.perf_counter() - t0 >= args.budget_seconds:
-                break
+        steps, elapsed, loss = common.train_for(step, args.budget_seconds)
         loss.numpy()
-        common.log(f"gpflux budget: {steps} steps in {time.perf_counter() - t0:.1f} s")
+        common.log(f"gpflux budget: {steps} steps in {elapsed:.1f} s")
 
         S = common.NUM_TEST_SAMPLES
         X_test = tf.constant(data["X_test"], tf_dtype)

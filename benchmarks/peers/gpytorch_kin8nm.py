@@ -134,14 +134,8 @@ def main(argv=None):
     if args.budget_seconds > 0:
         del model, mll, step
         model, mll, step = build()
-        steps = 0
-        t0 = time.perf_counter()
-        while True:
-            loss = step()
-            steps += 1
-            if time.perf_counter() - t0 >= args.budget_seconds:
-                break
-        common.log(f"gpytorch budget: {steps} steps in {time.perf_counter() - t0:.1f} s")
+        steps, elapsed, _ = common.train_for(step, args.budget_seconds)
+        common.log(f"gpytorch budget: {steps} steps in {elapsed:.1f} s")
 
         model.eval()
         torch.manual_seed(args.seed + 1)

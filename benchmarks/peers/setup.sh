@@ -46,6 +46,14 @@ constraints_file() {  # $1: whitespace-separated pins -> path of a constraints f
     echo "$f"
 }
 
+pins_ok() {  # $1: venv, then name==version ...: true if every package has exactly that version
+    local venv="$1"; shift
+    [ -x "$venv/bin/python" ] && "$venv/bin/python" - "$@" <<'EOF' 2>/dev/null
+import importlib.metadata as md, sys
+sys.exit(any(md.version(name) != version for name, version in (a.split("==") for a in sys.argv[1:])))
+EOF
+}
+
 make_venv() {  # $1: path
     if [ ! -x "$1/bin/python" ]; then
         log "creating venv $1 with $("$PYTHON" --version 2>&1)"
@@ -56,12 +64,8 @@ make_venv() {  # $1: path
 # ---- GPflux ------------------------------------------------------------------------------
 GPFLUX_VENV="$PEERS_DIR/gpflux"
 gpflux_ok() {
-    [ -x "$GPFLUX_VENV/bin/python" ] && TF_CPP_MIN_LOG_LEVEL=3 "$GPFLUX_VENV/bin/python" - <<'EOF' 2>/dev/null
-import importlib.metadata as md, sys
-want = {"gpflux": "0.4.5", "gpflow": "2.11.2", "tensorflow-cpu": "2.21.0", "tensorflow-probability": "0.25.0",
-        "tf-keras": "2.21.0", "numpy": "1.26.4", "scipy": "1.17.1"}
-sys.exit(any(md.version(k) != v for k, v in want.items()))
-EOF
+    pins_ok "$GPFLUX_VENV" gpflux==0.4.5 gpflow==2.11.2 tensorflow-cpu==2.21.0 tensorflow-probability==0.25.0 \
+        tf-keras==2.21.0 numpy==1.26.4 scipy==1.17.1
 }
 if gpflux_ok; then
     log "gpflux venv up to date: $GPFLUX_VENV"
@@ -80,11 +84,7 @@ fi
 # ---- GPyTorch ----------------------------------------------------------------------------
 GPYTORCH_VENV="$PEERS_DIR/gpytorch"
 gpytorch_ok() {
-    [ -x "$GPYTORCH_VENV/bin/python" ] && "$GPYTORCH_VENV/bin/python" - <<'EOF' 2>/dev/null
-import importlib.metadata as md, sys
-want = {"torch": "2.13.0+cpu", "gpytorch": "1.15.2", "linear_operator": "0.6.1", "numpy": "2.4.6", "scipy": "1.17.1"}
-sys.exit(any(md.version(k) != v for k, v in want.items()))
-EOF
+    pins_ok "$GPYTORCH_VENV" torch==2.13.0+cpu gpytorch==1.15.2 linear_operator==0.6.1 numpy==2.4.6 scipy==1.17.1
 }
 if gpytorch_ok; then
     log "gpytorch venv up to date: $GPYTORCH_VENV"
