@@ -11,6 +11,11 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(
     Path(__file__).resolve().parent.parent / ".jax_cache" / os.environ.get("PYTEST_XDIST_WORKER", "main")))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+# Most of the suite's time is XLA compiling small programs that then run for milliseconds:
+# skip XLA's expensive optimisation passes (the same operations, less fusion; rounding can
+# differ in the last digits). The quickstart notebook in smoke mode: 101 -> 67 s (another job
+# shared the cores in both runs). Benchmarks and users keep XLA's defaults.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -24,7 +29,20 @@ def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow")
 
 
+# The tutorial notebooks are the longest tests (1.5-4 min each against seconds for the rest):
+# run them first, longest first, so pytest-xdist's workers do not end on one long notebook.
+_NOTEBOOKS_LONGEST_FIRST = ["04_amortized", "03_mcmc_ground_truth", "05_sde_flow", "02_swapping_guides"]
+
+
+def _run_order(item):
+    if not item.nodeid.startswith("tests/test_tutorials.py"):
+        return len(_NOTEBOOKS_LONGEST_FIRST) + 1
+    return next((i for i, name in enumerate(_NOTEBOOKS_LONGEST_FIRST) if name in item.nodeid),
+                len(_NOTEBOOKS_LONGEST_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_run_order)  # stable: everything else keeps its order
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow")
