@@ -61,7 +61,7 @@ class RunResult(NamedTuple):
     :ivar metrics: test ``{"log_likelihood", "rmse", "crps"}`` (original units for UCI).
     :ivar final_elbo: ``-loss`` averaged over the last 100 steps (standardised units).
     :ivar seconds_per_step: steady training time per step (compile excluded).
-    :ivar compile_seconds: time of the first chunk minus its steady share.
+    :ivar compile_seconds: compilation of the training chunk (``FitResult.compile_seconds``).
     :ivar total_seconds: fit + predict wall time.
     :ivar num_skipped: non-finite updates skipped.
     """

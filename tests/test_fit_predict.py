@@ -85,6 +85,34 @@ def test_fit_compiles_once(data):
     assert counter.n - before == traces_short  # 5 chunks or 20: the same number of traces
 
 
+def test_fit_times_compilation_apart_from_the_chunks_and_compiles_the_chunk_once(data):
+    import logging
+
+    X, y = data
+    guide, svi = make_svi(one_layer)
+    state = svi.init(jax.random.PRNGKey(0), X, y)
+    messages = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Collect()
+    logging.getLogger("jax").addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            first = dgp.fit(svi, None, X, y, num_steps=30, chunk_size=10, init_state=state, progress_bar=False)
+            more = dgp.fit(svi, None, X, y, num_steps=30, chunk_size=10, init_state=first.state, progress_bar=False)
+    finally:
+        logging.getLogger("jax").removeHandler(handler)
+    # compiled ahead of the first chunk, and the jitted chunk calls reuse that executable
+    compiles = [m for m in messages if m.startswith("Finished XLA compilation") and "run_chunk" in m]
+    assert len(compiles) == 1, compiles
+    assert first.compile_seconds > 0 and more.compile_seconds >= 0
+    assert first.chunk_seconds.shape == (3,) and first.chunk_size == 10
+    assert first.seconds_per_step == pytest.approx(np.median(first.chunk_seconds) / 10)
+
+
 class NaNSometimes(dgp.DGPElbo):
     """An objective that is non-finite for about a third of the random keys."""
 
