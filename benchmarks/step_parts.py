@@ -52,6 +52,7 @@ def measure(precision):
     from numpyro.primitives import _subsample_fn
 
     from numpyro_dgp.core import cholesky, triangular_inverse
+    from numpyro_dgp.core.conditionals import factors_transpose_times
     from numpyro_dgp.handlers import _top_k_subsample
 
     dtype = jnp.float64 if precision == "float64" else jnp.float32
@@ -82,8 +83,7 @@ def measure(precision):
         return jnp.sum(jnp.einsum("pmk,mn->pkn", Lq, Bm) ** 2, axis=1).T
 
     def variance_flat(Lq, Bm):  # the layout core.conditional uses
-        SB = (jnp.transpose(Lq, (1, 0, 2)).reshape(M, P * M).T @ Bm).reshape(P, M, N)
-        return jnp.sum(SB**2, axis=1).T
+        return jnp.sum(factors_transpose_times(Lq, Bm) ** 2, axis=1).T
 
     def variance_grad(form):
         def one(Lq, i):
