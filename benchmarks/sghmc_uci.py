@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import platform
 import shlex
@@ -169,16 +170,32 @@ def merge(paths, suffix=""):
     out["command"] = " ; ".join(r["command"] for r in recs)
     out["date"] = " ; ".join(r["date"] for r in recs)
     out["seconds_total"] = [r.get("seconds_total") for r in recs]
-    out["dsvi_source"] = " ".join(dict.fromkeys(r["dsvi_source"] for r in recs))
+    # each source reads "[dataset] committed rows of ...": keep every distinct one once
+    out["dsvi_source"] = " ".join(dict.fromkeys(
+        part.strip() for r in recs for part in re.split(r"(?=\[[^\]]+\] committed)", r["dsvi_source"]) if part.strip()))
     out["merged_from"] = [str(p) for p in paths]
-    out["notes"] = ("Merged from runs split over processes (identical settings; each dataset's rows come from the "
-                    "one command whose run finished it): " + "; ".join(
-                        f"`{r['command']}` -> {[n for n, x in r['results'].items() if x.get('sghmc')]}" for r in recs))
+    out["notes"] = ("Merged from runs split over processes (identical settings; each (dataset, split) row comes "
+                    "from the command that ran it): " + "; ".join(
+                        f"`{r['command']}` -> {[(n, [x['split'] for x in res['sghmc']]) for n, res in r['results'].items() if res.get('sghmc')]}"
+                        for r in recs))
+    earlier = [r["notes"] for r in recs if r.get("notes")]
+    if earlier:  # a record that was itself merged keeps its history
+        out["notes"] += " Earlier notes of the merged records: " + " ".join(earlier)
     out["results"] = {}
     for r in recs:
+        if r.get("sghmc_settings") != recs[0].get("sghmc_settings"):
+            raise SystemExit(f"merge: {r['command']} ran with other settings:\n{r.get('sghmc_settings')}")
         for name, res in r["results"].items():
-            if res.get("sghmc"):
-                out["results"][name] = res
+            if not res.get("sghmc"):
+                continue
+            merged = out["results"].setdefault(name, {"sghmc": [], "dsvi": []})
+            for method in ("sghmc", "dsvi"):
+                have = {x["split"] for x in merged[method]}
+                clash = have & {x["split"] for x in res.get(method) or []} if method == "sghmc" else set()
+                if clash:
+                    raise SystemExit(f"merge: {name} SGHMC split(s) {sorted(clash)} appear in more than one file")
+                merged[method] += [x for x in res.get(method) or [] if x["split"] not in have]
+                merged[method].sort(key=lambda x: x["split"])
     (RESULTS / f"sghmc_uci{suffix}.json").write_text(json.dumps(out, indent=1))
     write_markdown(RESULTS / f"sghmc_uci{suffix}.md", out)
     return out

@@ -500,29 +500,44 @@ def random_uci_split(
     test_fraction: float = 0.1,
     data_dir: str | os.PathLike | None = None,
     dtype=np.float64,
+    part: str = "test",
 ) -> UCISplit:
     """A random train/test split of a UCI set (paper 003's protocol: 8:1:1 train, test and
-    validation; the validation rows are left out), standardised like :func:`load_uci`.
+    validation), standardised like :func:`load_uci`.
+
+    The rows are permuted with ``seed``; the first ``train_fraction`` are the training rows,
+    the next ``test_fraction`` the test rows and the rest the validation rows.
 
     :param seed: NumPy seed of the permutation (``UCISplit.split`` records it).
     :param train_fraction: share of rows for training.
-    :param test_fraction: share of rows for testing (the rest is the unused validation part).
+    :param test_fraction: share of rows for testing (the rest is the validation part).
+    :param part: ``"test"``, or ``"validation"`` to get the validation rows in ``X_test`` /
+        ``y_test`` instead (same training rows and statistics), e.g. for early stopping.
     """
     dtype = np.dtype(dtype)
     if dtype.kind != "f":
         raise ValueError(f"dtype must be a floating dtype, got {dtype}")
-    if not (0 < train_fraction < 1 and 0 < test_fraction <= 1 - train_fraction):
+    # the tolerance lets 0.8 + 0.2 (1.0000000000000002 in floating point) through
+    if not (0 < train_fraction < 1 and 0 < test_fraction <= 1 - train_fraction + 1e-12):
         raise ValueError(
             f"random_uci_split: need 0 < train_fraction < 1 and 0 < test_fraction <= 1 - train_fraction, "
             f"got {train_fraction}, {test_fraction}"
         )
+    if part not in ("test", "validation"):
+        raise ValueError(f"random_uci_split: part must be 'test' or 'validation', got {part!r}")
     canonical, folder = _dataset_dir(name, data_dir)
     X, y, num_rows = _read_features_and_target(folder)
     perm = np.random.default_rng(int(seed)).permutation(num_rows)
     num_train = int(round(train_fraction * num_rows))
-    num_test = int(round(test_fraction * num_rows))
-    train_idx, test_idx = perm[:num_train], perm[num_train : num_train + num_test]
-    return _standardised_split(X, y, train_idx, test_idx, dtype, canonical, int(seed))
+    num_test = min(int(round(test_fraction * num_rows)), num_rows - num_train)
+    train_idx = perm[:num_train]
+    held_out_idx = perm[num_train : num_train + num_test] if part == "test" else perm[num_train + num_test :]
+    if held_out_idx.size == 0:
+        raise ValueError(
+            f"random_uci_split: the {part} part is empty (train_fraction={train_fraction}, "
+            f"test_fraction={test_fraction}, {num_rows} rows)"
+        )
+    return _standardised_split(X, y, train_idx, held_out_idx, dtype, canonical, int(seed))
 
 
 def _read_features_and_target(folder: Path):

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro.distributions as dist
 from jax.scipy.special import logsumexp, ndtr
 from jax.scipy.stats import norm
@@ -194,6 +195,10 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
     affine in the last layer, as in ``Normal(f[..., 0], sigma)``) or Bernoulli (20 nodes per
     output: ``p_s(y = 1) = E[probs]``, e.g. ``Phi(m / sqrt(1 + v))`` for a plain probit).
 
+    The compiled function is kept on the guide: later calls with the same model, observation
+    site, non-array arguments and input shapes (e.g. scoring a validation set after every
+    epoch) run it without retracing; new ``params`` and array arguments are inputs to it.
+
     :param model: the NumPyro model; called as ``model(X_new, *args, **kwargs)``.
     :param guide: the fitted guide.
     :param params: ``svi.get_params(state)`` / ``FitResult.params``.
@@ -211,11 +216,52 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
     if not bool(jnp.all(jnp.isfinite(X_new))):
         raise ValueError("predict: X_new contains NaN or inf values")
     _check_guide_is_set_up(guide, "predict")
+    dyn_args = tuple(a if _is_array(a) else None for a in args)
+    static_args = tuple(None if _is_array(a) else a for a in args)
+    dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
+    static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not _is_array(v)))
+    found, batched = _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site,
+                                static_args, static_kwargs)
+    keys = jax.random.split(rng_key, int(num_samples))
+    components = batched(keys, params, X_new, dyn_args, dyn_kwargs)
+    if found["branches"]:
+        return _mixture(found["likelihood"], *_flatten_branches(found["branches"], *components))
+    return _mixture(found["likelihood"], *components)
+
+
+def _is_array(x):
+    return isinstance(x, (jax.Array, np.ndarray))
+
+
+#: compiled predictors kept per guide (as an attribute, so they die with it)
+_PREDICTOR_CACHE_ATTR = "_numpyro_dgp_predictors"
+_PREDICTOR_CACHE_SIZE = 8
+
+
+def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, static_args, static_kwargs):
+    """``(found, batched)``: what the model's trace says (observation site, likelihood, layers,
+    branches) and the jitted, vmapped mixture-component function.
+
+    Both are cached on the guide, keyed by the model, the observation site, the non-array
+    arguments and the guide's prototype trace (a new ``svi.init`` / ``setup`` replaces it), so
+    repeated predictions (validation during training, plots) reuse one compiled executable
+    per input shape instead of retracing; array arguments are traced, never baked in."""
+    prototype = getattr(guide, "prototype_trace", None)
+    key = (model, obs_site, static_args, static_kwargs)
+    try:
+        hash(key)
+        cache = guide.__dict__.setdefault(_PREDICTOR_CACHE_ATTR, {})
+    except (TypeError, AttributeError):  # unhashable static arguments, or a guide without __dict__
+        key, cache = None, {}
+    entry = cache.get(key)
+    if entry is not None and entry[0] is prototype:
+        return entry[1], entry[2]
+
     found = {}
 
     def probe():
         # abstract run (jax.eval_shape): finds the observation site and the layers, computes nothing
-        run = marginal_trace(model, guide, params, rng_key, (X_new,) + args, kwargs, 3)
+        run = marginal_trace(model, guide, params, rng_key, (X_new,) + tuple(args), kwargs, 3)
         found["name"] = _observation_site(run.model_trace, obs_site)
         found["likelihood"] = _likelihood_of(run.model_trace[found["name"]]["fn"], found["name"])
         found["layers"] = list(run.layer_order)
@@ -223,21 +269,23 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
         return 0
 
     jax.eval_shape(probe)
-    name, likelihood, layer_names = found["name"], found["likelihood"], found["layers"]
-    num_nodes = LIKELIHOODS[likelihood]
+    name, layer_names = found["name"], found["layers"]
+    num_nodes = LIKELIHOODS[found["likelihood"]]
 
-    def one(key, params, X_new):
+    def one(key, params, X_new, dyn_args, dyn_kwargs):
+        call_args = tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
+        call_kwargs = {**dict(static_kwargs), **dyn_kwargs}
         run_key, draw_key = jax.random.split(key)
-        run = marginal_trace(model, guide, params, run_key, (X_new,) + args, kwargs, num_nodes)
+        run = marginal_trace(model, guide, params, run_key, (X_new,) + call_args, call_kwargs, num_nodes)
         component = _mixture_component(run.model_trace, run.moments, name, run.quadrature_weights, layer_names, draw_key)
         return component + ((run.branch_log_weights,) if found["branches"] else ())
 
-    keys = jax.random.split(rng_key, int(num_samples))
-    batched = jax.jit(jax.vmap(one, in_axes=(0, None, None)))
-    components = batched(keys, params, X_new)
-    if found["branches"]:
-        return _mixture(likelihood, *_flatten_branches(found["branches"], *components))
-    return _mixture(likelihood, *components)
+    batched = jax.jit(jax.vmap(one, in_axes=(0, None, None, None, None)))
+    if key is not None:
+        if len(cache) >= _PREDICTOR_CACHE_SIZE:
+            cache.clear()
+        cache[key] = (prototype, found, batched)
+    return found, batched
 
 
 def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, params=None, **kwargs):

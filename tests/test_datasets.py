@@ -408,6 +408,27 @@ def test_random_split_is_disjoint_sized_and_seeded(tmp_path):
         datasets.random_uci_split("yacht", seed=0, train_fraction=0.95, test_fraction=0.1, data_dir=tmp_path)
 
 
+def test_random_split_validation_part_is_the_rest_with_training_statistics(tmp_path):
+    data = np.column_stack([np.arange(40.0), np.arange(40.0) ** 0.5, np.zeros(40), np.arange(40.0) * 2])
+    _write_fake(tmp_path, data=data)
+    s = datasets.random_uci_split("yacht", seed=3, data_dir=tmp_path)
+    v = datasets.random_uci_split("yacht", seed=3, data_dir=tmp_path, part="validation")
+    np.testing.assert_array_equal(v.X_train, s.X_train)
+    assert (v.y_mean, v.y_std) == (s.y_mean, s.y_std)
+    rows = lambda split, y: set(np.round(split.unstandardize_y(y) / 2).astype(int).tolist())  # noqa: E731
+    train, test, valid = rows(s, s.y_train), rows(s, s.y_test), rows(v, v.y_test)
+    assert len(valid) == 4 and not valid & train and not valid & test
+    assert train | test | valid == set(range(40))
+    # 0.8 + 0.2 is 1.0000000000000002 in floating point: still a valid (empty-validation) request
+    whole = datasets.random_uci_split("yacht", seed=3, train_fraction=0.8, test_fraction=0.2, data_dir=tmp_path)
+    assert whole.X_test.shape == (8, 3)
+    with pytest.raises(ValueError, match="validation part is empty"):
+        datasets.random_uci_split("yacht", seed=3, train_fraction=0.8, test_fraction=0.2, data_dir=tmp_path,
+                                  part="validation")
+    with pytest.raises(ValueError, match="part must be"):
+        datasets.random_uci_split("yacht", seed=3, data_dir=tmp_path, part="valid")
+
+
 def test_letters_classification_labels_the_glyphs():
     d = datasets.letters_classification(jax.random.PRNGKey(0), num_train=4000, num_test=10)
     assert d.X_train.shape == (4000, 2) and set(np.unique(d.y_train)) == {0.0, 1.0}

@@ -208,6 +208,44 @@ def test_predict_one_layer_matches_dense_svgp_predictive(data, fitted):
     np.testing.assert_allclose(m["rmse"], 2.0 * np.sqrt(np.mean((ys - mean) ** 2)), rtol=1e-8)
 
 
+def shifted(X, offset, y=None):
+    f = dgp.gp_layer("f", X, dgp.kernels.RBF(variance=1.3, lengthscale=0.4), inducing_inputs=X[::3], jitter=1e-8)
+    noise = numpyro.param("noise", NOISE, constraint=dist.constraints.positive)
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(f[..., 0] + offset, jnp.sqrt(noise)), obs=y)
+
+
+def test_predict_reuses_its_compiled_function_and_traces_array_arguments(data):
+    import logging
+
+    X, y = data
+    Xs = jnp.linspace(-1.5, 1.5, 17)[:, None]
+    guide, svi = make_svi(shifted)
+    state = svi.init(jax.random.PRNGKey(0), X, jnp.zeros(()), y)
+    params = svi.get_params(state)
+    messages = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Collect()
+    logging.getLogger("jax").addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            key = jax.random.PRNGKey(3)
+            base = dgp.predict(shifted, guide, params, key, Xs, jnp.zeros(()), num_samples=4)
+            moved = dgp.predict(shifted, guide, params, key, Xs, jnp.zeros(()) + 0.75, num_samples=4)
+            dgp.predict(shifted, guide, params, key, Xs[:5], jnp.zeros(()), num_samples=4)  # new shape
+    finally:
+        logging.getLogger("jax").removeHandler(handler)
+    compiles = [m for m in messages if m.startswith("Finished XLA compilation") and "jit(one)" in m]
+    # the offset is an argument of the compiled function, not a constant baked into it
+    np.testing.assert_allclose(moved.mean, base.mean + 0.75, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(moved.variance, base.variance, rtol=1e-12)
+    assert len(compiles) == 2, compiles  # one per input shape, none for the new offset
+
+
 def test_predict_mixture_moments_follow_the_law_of_total_variance(data):
     X, y = data
     model = deep_gp_regression(2, num_inducing=6)
