@@ -162,7 +162,7 @@ def write_markdown(path, record):
     Path(path).write_text("\n".join(lines) + "\n")
 
 
-def merge(paths, suffix=""):
+def merge(paths, suffix="", note=None):
     """Combine records of runs split over processes (same settings) into one results file;
     the merged record lists every source command, date and total seconds."""
     recs = [json.loads(Path(p).read_text()) for p in paths]
@@ -178,6 +178,8 @@ def merge(paths, suffix=""):
                     "from the command that ran it): " + "; ".join(
                         f"`{r['command']}` -> {[(n, [x['split'] for x in res['sghmc']]) for n, res in r['results'].items() if res.get('sghmc')]}"
                         for r in recs))
+    if note:
+        out["notes"] += " " + note
     earlier = [r["notes"] for r in recs if r.get("notes")]
     if earlier:  # a record that was itself merged keeps its history
         out["notes"] += " Earlier notes of the merged records: " + " ".join(earlier)
@@ -221,9 +223,10 @@ def main(argv=None):
     parser.add_argument("--suffix", default=None, help="results file suffix (default: none; '_smoke' with --smoke)")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="only merge these result files (runs split over processes) into sghmc_uci<suffix>")
+    parser.add_argument("--note", default=None, help="with --merge: a note for the merged record (e.g. a stopped run)")
     args = parser.parse_args(argv)
     if args.merge:
-        return merge(args.merge, args.suffix or "")
+        return merge(args.merge, args.suffix or "", args.note)
 
     import jax
 
