@@ -17,6 +17,8 @@ Examples::
 
     python benchmarks/amortized.py --splits 0-4
     python benchmarks/amortized.py --letters --layers 1,2,3,4 --num-inducing 64 --splits 0
+    # splits run in two processes, then one results file
+    python benchmarks/amortized.py --merge results/amortized_a.json results/amortized_b.json --tag kin8nm
 """
 
 from __future__ import annotations
@@ -180,6 +182,11 @@ def write_markdown(path, record):
     lines = ["# Amortized DGP (paper 003) — numpyro-dgp", "", f"Command: `{record['command']}`", "",
              f"Machine: {record['machine']}; float64: {record['float64']}; {record['date']}", "",
              f"Settings: {record['settings']}", ""]
+    if record.get("merged_from"):
+        lines += [f"Merged from {', '.join(record['merged_from'])} (the same settings; disjoint splits run by the "
+                  "commands above in separate processes).", ""]
+    if record.get("notes"):
+        lines += [record["notes"], ""]
     if record["mode"] == "kin8nm":
         lines += ["kin8nm, standardised units, mean ± sd over the splits (paper: 5 random 8:1:1 splits).", "",
                   "| method | splits | NLL | RMSE | CRPS | s/epoch | compile s | paper NLL | paper RMSE | target |",
@@ -230,6 +237,34 @@ def write_markdown(path, record):
     Path(path).write_text("\n".join(lines) + "\n")
 
 
+def merge(paths, tag, note=None):
+    """Combine the records of runs split over processes (same settings, disjoint splits) into
+    ``amortized_<tag>``; the merged record keeps every source command and date."""
+    recs = [json.loads(Path(p).read_text()) for p in paths]
+    out = dict(recs[0])
+    for r in recs[1:]:
+        if (r["settings"], r["mode"], r["float64"]) != (out["settings"], out["mode"], out["float64"]):
+            raise SystemExit(f"merge: {r['command']} ran with other settings:\n{r['settings']}")
+    out["command"] = " ; ".join(r["command"] for r in recs)
+    out["date"] = " ; ".join(r["date"] for r in recs)
+    out["merged_from"] = [Path(p).name for p in paths]
+    if note:
+        out["notes"] = note
+    out["results"] = {}
+    for r in recs:
+        for key, rows in r["results"].items():
+            merged = out["results"].setdefault(key, [])
+            clash = {x["split"] for x in merged} & {x["split"] for x in rows}
+            if clash:
+                raise SystemExit(f"merge: {key} split(s) {sorted(clash)} appear in more than one file")
+            merged += rows
+            merged.sort(key=lambda x: x["split"])
+    out_dir = Path(__file__).resolve().parent / "results"
+    (out_dir / f"amortized_{tag}.json").write_text(json.dumps(out, indent=1))
+    write_markdown(out_dir / f"amortized_{tag}.md", out)
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--letters", action="store_true", help="the toy classification instead of kin8nm")
@@ -248,7 +283,13 @@ def main(argv=None):
     parser.add_argument("--float32", action="store_true")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--tag", default=None)
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                        help="only merge these result files (one run's splits over several processes) into "
+                             "amortized_<tag>")
+    parser.add_argument("--note", default=None, help="with --merge: a note for the merged record (e.g. a stopped run)")
     args = parser.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.tag or "merged", args.note)
     args.dsvi_inducing = tuple(int(m) for m in args.dsvi_inducing.split(","))
 
     import jax
