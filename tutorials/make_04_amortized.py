@@ -301,8 +301,9 @@ md(r"""
 
 `benchmarks/amortized.py` runs kin8nm (random 8:1:1 splits, widths 16-4-1, per-point
 M = 8, 4, 4, Adam 0.005, batch 100, 100 epochs; AR2P, AR2PP and our factorised DS-DGP
-baseline in the same run) and the letters toy with 1–4 layers; the committed results are
-shown here (not recomputed by this notebook).
+baseline in the same run; test metrics of the final parameters and of the epoch with the best
+NLL on the split's validation part) and the letters toy with 1–4 layers; the committed results
+are shown here (not recomputed by this notebook).
 """)
 code(r"""
 results = Path("..") / "benchmarks" / "results"
