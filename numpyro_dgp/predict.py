@@ -242,8 +242,8 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
     """``(found, batched)``: what the model's trace says (observation site, likelihood, layers,
     branches) and the jitted, vmapped mixture-component function.
 
-    Both are cached on the guide, keyed by the model, the observation site, the non-array
-    arguments and the guide's prototype trace (a new ``svi.init`` / ``setup`` replaces it), so
+    Both are cached on the guide, keyed by the model, the observation site and the non-array
+    arguments, and valid for the guide's prototype trace (its structure, built once), so
     repeated predictions (validation during training, plots) reuse one compiled executable
     per input shape instead of retracing; array arguments are traced, never baked in."""
     prototype = getattr(guide, "prototype_trace", None)
