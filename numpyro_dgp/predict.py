@@ -18,13 +18,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import numpyro.distributions as dist
 from jax.scipy.special import logsumexp, ndtr
 from jax.scipy.stats import norm
 from numpyro.handlers import replay, seed, substitute, trace
 
 from numpyro_dgp.handlers import coherent_layers, marginalise_inducing
+from numpyro_dgp.infer.fit import _is_array
 from numpyro_dgp.objectives import layers_by_u_site, marginal_trace, quadrature_rule
 
 __all__ = [
@@ -227,10 +227,6 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
     if found["branches"]:
         return _mixture(found["likelihood"], *_flatten_branches(found["branches"], *components))
     return _mixture(found["likelihood"], *components)
-
-
-def _is_array(x):
-    return isinstance(x, (jax.Array, np.ndarray))
 
 
 #: compiled predictors kept per guide (as an attribute, so they die with it)

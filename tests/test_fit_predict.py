@@ -1,5 +1,7 @@
 """fit, predict, sample_layers, persistence and the ready-made model."""
 
+import contextlib
+import logging
 import warnings
 
 import jax
@@ -85,12 +87,9 @@ def test_fit_compiles_once(data):
     assert counter.n - before == traces_short  # 5 chunks or 20: the same number of traces
 
 
-def test_fit_times_compilation_apart_from_the_chunks_and_compiles_the_chunk_once(data):
-    import logging
-
-    X, y = data
-    guide, svi = make_svi(one_layer)
-    state = svi.init(jax.random.PRNGKey(0), X, y)
+@contextlib.contextmanager
+def compile_messages():
+    """Collect JAX's compile-log messages (``jax.log_compiles``) issued inside the block."""
     messages = []
 
     class Collect(logging.Handler):
@@ -101,10 +100,18 @@ def test_fit_times_compilation_apart_from_the_chunks_and_compiles_the_chunk_once
     logging.getLogger("jax").addHandler(handler)
     try:
         with jax.log_compiles(True):
-            first = dgp.fit(svi, None, X, y, num_steps=30, chunk_size=10, init_state=state, progress_bar=False)
-            more = dgp.fit(svi, None, X, y, num_steps=30, chunk_size=10, init_state=first.state, progress_bar=False)
+            yield messages
     finally:
         logging.getLogger("jax").removeHandler(handler)
+
+
+def test_fit_times_compilation_apart_from_the_chunks_and_compiles_the_chunk_once(data):
+    X, y = data
+    guide, svi = make_svi(one_layer)
+    state = svi.init(jax.random.PRNGKey(0), X, y)
+    with compile_messages() as messages:
+        first = dgp.fit(svi, None, X, y, num_steps=30, chunk_size=10, init_state=state, progress_bar=False)
+        more = dgp.fit(svi, None, X, y, num_steps=30, chunk_size=10, init_state=first.state, progress_bar=False)
     # compiled ahead of the first chunk, and the jitted chunk calls reuse that executable
     compiles = [m for m in messages if m.startswith("Finished XLA compilation") and "run_chunk" in m]
     assert len(compiles) == 1, compiles
@@ -216,29 +223,16 @@ def shifted(X, offset, y=None):
 
 
 def test_predict_reuses_its_compiled_function_and_traces_array_arguments(data):
-    import logging
-
     X, y = data
     Xs = jnp.linspace(-1.5, 1.5, 17)[:, None]
     guide, svi = make_svi(shifted)
     state = svi.init(jax.random.PRNGKey(0), X, jnp.zeros(()), y)
     params = svi.get_params(state)
-    messages = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
-
-    handler = Collect()
-    logging.getLogger("jax").addHandler(handler)
-    try:
-        with jax.log_compiles(True):
-            key = jax.random.PRNGKey(3)
-            base = dgp.predict(shifted, guide, params, key, Xs, jnp.zeros(()), num_samples=4)
-            moved = dgp.predict(shifted, guide, params, key, Xs, jnp.zeros(()) + 0.75, num_samples=4)
-            dgp.predict(shifted, guide, params, key, Xs[:5], jnp.zeros(()), num_samples=4)  # new shape
-    finally:
-        logging.getLogger("jax").removeHandler(handler)
+    key = jax.random.PRNGKey(3)
+    with compile_messages() as messages:
+        base = dgp.predict(shifted, guide, params, key, Xs, jnp.zeros(()), num_samples=4)
+        moved = dgp.predict(shifted, guide, params, key, Xs, jnp.zeros(()) + 0.75, num_samples=4)
+        dgp.predict(shifted, guide, params, key, Xs[:5], jnp.zeros(()), num_samples=4)  # new shape
     compiles = [m for m in messages if m.startswith("Finished XLA compilation") and "jit(one)" in m]
     # the offset is an argument of the compiled function, not a constant baked into it
     np.testing.assert_allclose(moved.mean, base.mean + 0.75, rtol=1e-12, atol=1e-12)
