@@ -137,17 +137,25 @@ def fit_family(
     return model, guide, result
 
 
-def layer_variances(model, guide, params, x, rng_key, num_samples: int = 2000) -> dict:
+def layer_variances(model, guide, params, x, rng_key, num_samples: int = 2000, *, own_input: bool = False) -> dict:
     """Variance of every layer's output at the points ``x`` under the fitted ``q``.
 
-    Layer ``l`` at ``x`` is ``f_l(f_{l-1}(... f_1(x)))``; its variance is estimated by the law
-    of total variance over ``num_samples`` propagated samples, each contributing the layer's
-    exact Gaussian moments given its sampled input (and, with inducing locations, given the
-    sampled inducing values the layers share).
+    By default layer ``l`` at ``x`` is the composition ``f_l(f_{l-1}(... f_1(x)))``; with
+    ``own_input=True`` every layer is evaluated at ``x`` as its *own* input, ``f_l(x)``
+    (:class:`numpyro_dgp.handlers.layer_inputs`; needs layers whose input width is ``x``'s).
+    The variance is estimated by the law of total variance over ``num_samples`` propagated
+    samples, each contributing the layer's exact Gaussian moments given its sampled input
+    (and, with inducing locations or a guide that correlates layers, given what the layers
+    before drew).
 
     :return: ``{layer: (N,)}`` for the first output of each layer.
     """
+    from numpyro_dgp.handlers import layer_inputs
+
     x = jnp.asarray(x)
+    if own_input:
+        names = marginal_trace(model, guide, params, rng_key, (x,), {}).layer_order
+        model = layer_inputs(model, {name: x for name in names[1:]}) if len(names) > 1 else model
 
     def one(key):
         run = marginal_trace(model, guide, params, key, (x,), {})

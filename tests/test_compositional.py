@@ -86,3 +86,58 @@ def test_bad_arguments(data):
         composed_gp(KERNELS, num_inducing=3, noise=0.0)
     with pytest.raises(ValueError, match="at least one layer"):
         composed_gp([], num_inducing=3)
+
+
+def _dense_svgp_variance(layer, loc, scale_tril, x):
+    """``Var f(x)`` of one layer from its inducing Gaussian, written out densely (float64)."""
+    Z = np.asarray(layer.inducing_inputs, np.float64)
+    x = np.asarray(x, np.float64)
+    Kzz = np.asarray(layer.kernel(Z, Z)) + layer.jitter * np.eye(Z.shape[0])
+    kxz = np.asarray(layer.kernel(x, Z))
+    kxx = np.asarray(layer.kernel(x, x))
+    S = np.asarray(scale_tril[0]) @ np.asarray(scale_tril[0]).T
+    if layer.whiten:
+        A = np.linalg.solve(np.linalg.cholesky(Kzz), kxz.T).T  # k(x, Z) L^-T
+    else:
+        A = np.linalg.solve(Kzz, kxz.T).T  # k(x, Z) K^-1
+    return np.diag(kxx - kxz @ np.linalg.solve(Kzz, kxz.T) + A @ S @ A.T)
+
+
+def test_own_input_variance_of_a_factorised_layer_is_its_dense_svgp_marginal(fitted):
+    """``own_input=True``: layer 2 evaluated at its own input h = 0 (paper 000's Var[f2(0)]),
+    not at f1(0); with a factorised guide it does not depend on layer 1 at all."""
+    model, guide, result = fitted("factorised")
+    x0 = jnp.array([[0.0], [0.3]])
+    var = layer_variances(model, guide, result.params, x0, jax.random.PRNGKey(1), num_samples=10, own_input=True)
+    run = dgp.objectives.marginal_trace(model, guide, result.params, jax.random.PRNGKey(3), (x0,), {})
+    layer2 = run.model_trace["h2.layer"]["args"][0]
+    loc, scale_tril = run.posteriors["h2.u"]
+    np.testing.assert_allclose(var["h2"], _dense_svgp_variance(layer2, loc, scale_tril, x0), rtol=1e-10)
+    composed = layer_variances(model, guide, result.params, x0, jax.random.PRNGKey(1), num_samples=10)
+    np.testing.assert_allclose(var["h1"], composed["h1"], rtol=1e-12)  # layer 1's input is x either way
+    assert not np.allclose(var["h2"], composed["h2"], rtol=1e-3)
+
+
+@pytest.mark.parametrize("family", ["joint", "locations"])
+def test_own_input_variances_agree_with_sampling_the_guide(fitted, family):
+    """Correlated guides and inducing locations: ``f2(h)``'s marginal depends on what layer 1
+    drew; the analytic estimator agrees with sampling under the same ``layer_inputs``."""
+    model, guide, result = fitted(family)
+    x0 = jnp.array([[0.0], [0.5]])
+    ours = layer_variances(model, guide, result.params, x0, jax.random.PRNGKey(1), num_samples=4000, own_input=True)
+    shifted = dgp.handlers.layer_inputs(model, {"h2": x0})
+    draws = dgp.sample_layers(shifted, guide, result.params, jax.random.PRNGKey(2), x0, num_samples=20000, coherent=False)
+    np.testing.assert_allclose(ours["h2"], np.asarray(draws["h2"][..., 0]).var(0), rtol=0.1)
+
+
+def test_layer_inputs_refuses_unknown_layers_and_bad_shapes(fitted):
+    model, guide, result = fitted("factorised")
+    x0 = jnp.array([[0.0], [0.5]])
+    with pytest.raises(ValueError, match="no layer named \\['h9'\\]"):
+        dgp.sample_layers(dgp.handlers.layer_inputs(model, {"h9": x0}), guide, result.params,
+                          jax.random.PRNGKey(2), x0, num_samples=2)
+    with pytest.raises(ValueError, match="layer 'h2'.*does not broadcast"):
+        dgp.sample_layers(dgp.handlers.layer_inputs(model, {"h2": jnp.zeros((3, 1))}), guide, result.params,
+                          jax.random.PRNGKey(2), x0, num_samples=2)
+    with pytest.raises(ValueError, match="non-empty dict"):
+        dgp.handlers.layer_inputs(model, {})
