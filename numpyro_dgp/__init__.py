@@ -31,6 +31,7 @@ from numpyro_dgp.layers import gp_layer
 from numpyro_dgp.likelihoods import bernoulli_probit
 from numpyro_dgp.objectives import DGPElbo, PredictiveObjective
 from numpyro_dgp.predict import (
+    NonFinitePredictionWarning,
     Prediction,
     gaussian_mixture_crps,
     log_likelihood,
@@ -45,6 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DGPElbo",
     "FitResult",
+    "NonFinitePredictionWarning",
     "Prediction",
     "PredictiveObjective",
     "bernoulli_probit",

@@ -14,6 +14,7 @@ log-likelihood ``logsumexp_s log Bernoulli(y | p_s) - log S``.
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import jax
@@ -29,6 +30,7 @@ from numpyro_dgp.objectives import layers_by_u_site, marginal_trace, quadrature_
 
 __all__ = [
     "LIKELIHOODS",
+    "NonFinitePredictionWarning",
     "Prediction",
     "predict",
     "predict_from_samples",
@@ -43,6 +45,28 @@ __all__ = [
 #: output of the last layer) each needs: 3 give the exact mean and variance of a Normal whose
 #: location is affine in the layer; a Bernoulli probability is a smooth nonlinear function of it.
 LIKELIHOODS = {"normal": 3, "bernoulli": 20}
+
+
+class NonFinitePredictionWarning(UserWarning):
+    """Some predictions came out NaN or infinite (typically a Cholesky factorisation that
+    failed for those points); the metrics of such a prediction are NaN."""
+
+
+def _warn_if_not_finite(prediction, caller):
+    """Report (never silently pass on) predictive means or variances that are NaN or infinite."""
+    bad = ~(jnp.isfinite(prediction.mean) & jnp.isfinite(prediction.variance))
+    bad = bad.reshape(bad.shape[0], -1).any(axis=1) if bad.ndim > 1 else bad
+    num_bad = int(jnp.sum(bad))
+    if num_bad:
+        first = [int(i) for i in jnp.flatnonzero(bad)[:5]]
+        warnings.warn(
+            f"{caller}: {num_bad} of {bad.shape[0]} test points have a NaN or infinite predictive mean or "
+            f"variance (first: {first}); usually a Cholesky factorisation failed for them (raise the "
+            "layers' jitter, or use float64). Their metrics will be NaN.",
+            NonFinitePredictionWarning,
+            stacklevel=3,
+        )
+    return prediction
 
 
 class Prediction(NamedTuple):
@@ -225,8 +249,8 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
     keys = jax.random.split(rng_key, int(num_samples))
     components = batched(keys, params, X_new, dyn_args, dyn_kwargs)
     if found["branches"]:
-        return _mixture(found["likelihood"], *_flatten_branches(found["branches"], *components))
-    return _mixture(found["likelihood"], *components)
+        return _warn_if_not_finite(_mixture(found["likelihood"], *_flatten_branches(found["branches"], *components)), "predict")
+    return _warn_if_not_finite(_mixture(found["likelihood"], *components), "predict")
 
 
 #: compiled predictors kept per guide (as an attribute, so they die with it)
@@ -385,7 +409,7 @@ def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, p
         return _mixture_component(tr, moments, name, weights, found["layers"], draw_key)
 
     keys = jax.random.split(rng_key, S)
-    return _mixture(likelihood, *jax.jit(jax.vmap(one))(samples, keys))
+    return _warn_if_not_finite(_mixture(likelihood, *jax.jit(jax.vmap(one))(samples, keys)), "predict_from_samples")
 
 
 def sample_layers(model, guide, params, rng_key, X, *args, num_samples: int = 25, coherent: bool = True, **kwargs):

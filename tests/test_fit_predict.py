@@ -382,3 +382,18 @@ def test_demo_runs_and_the_dgp_beats_the_svgp(tmp_path):
         runs = run_demo(jax.random.PRNGKey(0), num_steps=400, num_inducing=15, num_test_samples=20, output=tmp_path / "demo.png")
     assert (tmp_path / "demo.png").stat().st_size > 10_000
     assert runs["dgp"].metrics["log_likelihood"] > runs["svgp"].metrics["log_likelihood"]
+
+
+def test_predict_reports_non_finite_predictions(data, fitted):
+    """A failed factorisation (here: an inducing input made NaN) must not pass silently into
+    the metrics: predict warns with the number of bad points."""
+    guide, params = fitted
+    Xs = jnp.linspace(-1.5, 1.5, 17)[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dgp.NonFinitePredictionWarning)
+        dgp.predict(one_layer, guide, params, jax.random.PRNGKey(2), Xs, num_samples=2)  # healthy: silent
+    name = next(k for k in params if k.endswith("inducing_inputs"))
+    broken = {**params, name: params[name].at[0, 0].set(jnp.nan)}
+    with pytest.warns(dgp.NonFinitePredictionWarning, match="17 of 17 test points"):
+        pred = dgp.predict(one_layer, guide, broken, jax.random.PRNGKey(2), Xs, num_samples=2)
+    assert np.isnan(dgp.metrics(pred, np.zeros(17))["log_likelihood"])
