@@ -92,7 +92,6 @@ def run_kin8nm(method, seed, args):
     of those of the epoch with the best validation NLL."""
     import jax
     import jax.numpy as jnp
-    import numpyro
     from numpyro.infer import SVI
 
     import numpyro_dgp as dgp
@@ -102,7 +101,7 @@ def run_kin8nm(method, seed, args):
     valid = random_uci_split("kin8nm", seed, data_dir=args.data_dir, part="validation")
     X, y = jnp.asarray(data.X_train), jnp.asarray(data.y_train)
     model, guide, objective = _model_and_guide(method, args.branches, args.dsvi_inducing, data.X_train)
-    svi = SVI(model, guide, numpyro.optim.Adam(args.lr), objective)
+    svi = SVI(model, guide, _optimizer(args), objective)
     steps_per_epoch = int(np.ceil(X.shape[0] / args.batch_size))
     # AR2P propagation is deterministic: its S = 32 branches are the mixture; DS-DGP: 32 samples
     num_samples = 1 if method != "DS-DGP" else args.branches
@@ -141,10 +140,19 @@ def run_kin8nm(method, seed, args):
     }
 
 
+def _optimizer(args):
+    """Adam at ``--lr``, after clipping each gradient to a global norm of ``--clip-norm`` if given."""
+    import numpyro
+    import optax
+
+    if args.clip_norm is None:
+        return numpyro.optim.Adam(args.lr)
+    return numpyro.optim.optax_to_numpyro(optax.chain(optax.clip_by_global_norm(args.clip_norm), optax.adam(args.lr)))
+
+
 def run_letters(num_layers, seed, args):
     import jax
     import jax.numpy as jnp
-    import numpyro
     from numpyro.infer import SVI
 
     import numpyro_dgp as dgp
@@ -159,7 +167,7 @@ def run_letters(num_layers, seed, args):
     model = dgp.models.amortized_dgp(widths=widths, num_inducing=(args.num_inducing,) * num_layers, likelihood="probit")
     guide = AutoAmortizedDGP(model, rule="AR2P", num_branches=args.branches if num_layers > 1 else 1,
                              hidden_width=args.hidden_width)
-    svi = SVI(model, guide, numpyro.optim.Adam(args.lr), dgp.DGPElbo())
+    svi = SVI(model, guide, _optimizer(args), dgp.DGPElbo())
     steps_per_epoch = int(np.ceil(X.shape[0] / args.batch_size))
     start = time.perf_counter()
     result = dgp.fit(svi, jax.random.PRNGKey(seed), X, y, args.batch_size, num_steps=args.epochs * steps_per_epoch,
@@ -276,6 +284,8 @@ def main(argv=None):
     parser.add_argument("--letters-train", type=int, default=20000)
     parser.add_argument("--letters-test", type=int, default=10000)
     parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--clip-norm", type=float, default=None,
+                        help="clip each gradient to this global norm before Adam (default: no clipping)")
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--branches", type=int, default=32)
     parser.add_argument("--dsvi-inducing", default="256,128,128")
@@ -305,7 +315,9 @@ def main(argv=None):
     out_dir.mkdir(exist_ok=True)
     json_path, md_path = out_dir / f"amortized_{tag}.json", out_dir / f"amortized_{tag}.md"
     if mode == "kin8nm":
-        settings = (f"widths (16, 4, 1), Matérn-5/2 (isotropic), Adam {args.lr}, batch {args.batch_size}, "
+        settings = (f"widths (16, 4, 1), Matérn-5/2 (isotropic), Adam {args.lr}"
+                    + (f" (gradients clipped to global norm {args.clip_norm})" if args.clip_norm else "")
+                    + f", batch {args.batch_size}, "
                     f"{args.epochs} epochs; AR2P/AR2PP: per-point M = (8, 4, 4), zero means, S = {args.branches} "
                     f"learned branches, diagonal encoder covariances, 2-hidden-layer encoders; DS-DGP: global "
                     f"M = {args.dsvi_inducing}, learned linear inner means, factorised guide, DGPElbo with 1 "
@@ -314,7 +326,8 @@ def main(argv=None):
     else:
         settings = (f"{args.letters_train} training / {args.letters_test} test points, per-point M = "
                     f"{args.num_inducing}, inner widths 2, inputs standardised, AR2P with S = {args.branches} (1 for one layer), "
-                    f"probit, Adam {args.lr}, batch {args.batch_size}, {args.epochs} epochs, encoder width "
+                    f"probit, Adam {args.lr}" + (f" (gradients clipped to global norm {args.clip_norm})" if args.clip_norm else "")
+                    + f", batch {args.batch_size}, {args.epochs} epochs, encoder width "
                     f"{args.hidden_width or 'min(in, out)'}")
         keys = [str(int(n)) for n in args.layers.split(",")]
     record = {
