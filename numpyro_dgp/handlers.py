@@ -543,7 +543,6 @@ class coherent_layers(Messenger):
             msg["kwargs"] = {**msg["kwargs"], "full_cov": True}
 
 
-
 class layer_inputs(Messenger):
     """Evaluate the named layers at given inputs instead of the previous layer's output.
 
