@@ -150,6 +150,10 @@ def _optimizer(args):
     return numpyro.optim.optax_to_numpyro(optax.chain(optax.clip_by_global_norm(args.clip_norm), optax.adam(args.lr)))
 
 
+def _optimizer_label(args):
+    return f"Adam {args.lr}" + (f" (gradients clipped to global norm {args.clip_norm})" if args.clip_norm else "")
+
+
 def run_letters(num_layers, seed, args):
     import jax
     import jax.numpy as jnp
@@ -315,9 +319,7 @@ def main(argv=None):
     out_dir.mkdir(exist_ok=True)
     json_path, md_path = out_dir / f"amortized_{tag}.json", out_dir / f"amortized_{tag}.md"
     if mode == "kin8nm":
-        settings = (f"widths (16, 4, 1), Matérn-5/2 (isotropic), Adam {args.lr}"
-                    + (f" (gradients clipped to global norm {args.clip_norm})" if args.clip_norm else "")
-                    + f", batch {args.batch_size}, "
+        settings = (f"widths (16, 4, 1), Matérn-5/2 (isotropic), {_optimizer_label(args)}, batch {args.batch_size}, "
                     f"{args.epochs} epochs; AR2P/AR2PP: per-point M = (8, 4, 4), zero means, S = {args.branches} "
                     f"learned branches, diagonal encoder covariances, 2-hidden-layer encoders; DS-DGP: global "
                     f"M = {args.dsvi_inducing}, learned linear inner means, factorised guide, DGPElbo with 1 "
@@ -326,8 +328,7 @@ def main(argv=None):
     else:
         settings = (f"{args.letters_train} training / {args.letters_test} test points, per-point M = "
                     f"{args.num_inducing}, inner widths 2, inputs standardised, AR2P with S = {args.branches} (1 for one layer), "
-                    f"probit, Adam {args.lr}" + (f" (gradients clipped to global norm {args.clip_norm})" if args.clip_norm else "")
-                    + f", batch {args.batch_size}, {args.epochs} epochs, encoder width "
+                    f"probit, {_optimizer_label(args)}, batch {args.batch_size}, {args.epochs} epochs, encoder width "
                     f"{args.hidden_width or 'min(in, out)'}")
         keys = [str(int(n)) for n in args.layers.split(",")]
     record = {

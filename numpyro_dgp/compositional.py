@@ -154,7 +154,15 @@ def layer_variances(model, guide, params, x, rng_key, num_samples: int = 2000, *
 
     x = jnp.asarray(x)
     if own_input:
-        names = marginal_trace(model, guide, params, rng_key, (x,), {}).layer_order
+        # the layer names, from an abstract run (nothing is computed)
+        found = {}
+
+        def probe():
+            found["names"] = marginal_trace(model, guide, params, rng_key, (x,), {}).layer_order
+            return 0
+
+        jax.eval_shape(probe)
+        names = found["names"]
         model = layer_inputs(model, {name: x for name in names[1:]}) if len(names) > 1 else model
 
     def one(key):

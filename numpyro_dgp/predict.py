@@ -249,7 +249,7 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
     keys = jax.random.split(rng_key, int(num_samples))
     components = batched(keys, params, X_new, dyn_args, dyn_kwargs)
     if found["branches"]:
-        return _warn_if_not_finite(_mixture(found["likelihood"], *_flatten_branches(found["branches"], *components)), "predict")
+        components = _flatten_branches(found["branches"], *components)
     return _warn_if_not_finite(_mixture(found["likelihood"], *components), "predict")
 
 
