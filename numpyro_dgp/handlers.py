@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.scipy.linalg import solve_triangular
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
@@ -44,6 +45,7 @@ from numpyro_dgp.core.chain import (
     sample_output,
 )
 from numpyro_dgp.core import euler_maruyama, jittered_cholesky, local_kl
+from numpyro_dgp.core.linalg import cholesky
 from numpyro_dgp.layers import layer_moments, sample_moments
 
 __all__ = [
@@ -629,6 +631,26 @@ def _layer_output_site(name, mean, scale, parameterisation):
     return numpyro.sample(f"{name}.f", fn).T
 
 
+def _last_layer_name(fn, args, kwargs, handler):
+    """Name of the last ``gp_layer`` the model ``fn`` runs, found by an abstract run."""
+    from numpyro.handlers import block, seed, trace
+
+    found = {}
+
+    def probe():
+        # block: the probe's messages reach none of the handlers outside this one
+        with block():
+            tr = trace(seed(fn, 0)).get_trace(*args, **kwargs)
+        names = [s["args"][0].name for s in tr.values() if s["type"] == "dgp_layer"]
+        if not names:
+            raise ValueError(f"{handler}: the model runs no gp_layer")
+        found["last"] = names[-1]
+        return 0
+
+    jax.eval_shape(probe)
+    return found["last"]
+
+
 class _PerRunMessenger(Messenger):
     """A handler whose per-run state (layer order, grid outputs) is reset on every model run."""
 
@@ -660,6 +682,16 @@ class exact_layers(_PerRunMessenger):
         standard-normal ``eps (P, n)`` with ``f = mean + L eps``) or ``"centred"`` (site
         ``"<name>.f"`` holds ``f^T (P, n)``).
     :param jitter: diagonal jitter of the prior covariances (default: each layer's own).
+    :param collapse_last: integrate the last layer out analytically (default ``False``). Its
+        output at the data is then no latent site: the observation site after it (the first
+        observed sample site, a ``Normal(f, s)`` with ``f`` the layer's output) scores ``y``
+        with the exact marginal ``N(y | m_L, K_L(f_{L-1}, f_{L-1}) + jitter I + diag(s^2))``
+        per output, and the layer's grid values are drawn from their exact conditional given
+        ``y`` and the inner layers (non-centred: site ``"<name>.grid_white"``). The target of
+        the remaining sites is the same posterior marginal, with one layer fewer to sample
+        and without the near-deterministic coupling of ``f_L`` to ``y`` that makes NUTS
+        crawl when the noise is small. Gaussian likelihoods only; the observations must be
+        given.
 
     Kernel hyperparameters, noise and mean weights are whatever the model makes them:
     ``numpyro.param`` values stay fixed under MCMC (substitute fitted ones with
@@ -668,7 +700,14 @@ class exact_layers(_PerRunMessenger):
     full data.
     """
 
-    def __init__(self, fn=None, grid=None, parameterisation: str = "noncentred", jitter: float | None = None):
+    def __init__(
+        self,
+        fn=None,
+        grid=None,
+        parameterisation: str = "noncentred",
+        jitter: float | None = None,
+        collapse_last: bool = False,
+    ):
         _check_parameterisation("exact_layers", parameterisation)
         if grid is not None:
             grid = jnp.asarray(grid)
@@ -681,14 +720,35 @@ class exact_layers(_PerRunMessenger):
         self.grid = grid
         self.parameterisation = parameterisation
         self.jitter = jitter
+        self.collapse_last = bool(collapse_last)
+        self._last_layer = None
         self._reset()
         super().__init__(fn)
 
     def _reset(self):
         self._grid_inputs = self.grid if hasattr(self, "grid") else None
         self.layer_order = []
+        self._collapsed = None  # the collapsed layer's prior, until its observation site
+
+    def __call__(self, *args, **kwargs):
+        if self.collapse_last and self._last_layer is None:
+            self._last_layer = _last_layer_name(self.fn, args, kwargs, "exact_layers")
+        return super().__call__(*args, **kwargs)
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        pending = self._collapsed
+        result = super().__exit__(exc_type, exc_value, traceback)
+        if exc_type is None and pending is not None:
+            raise ValueError(
+                f"exact_layers(collapse_last=True): no observed sample site followed layer "
+                f"{pending.layer.name!r}; the collapsed layer is scored by the observations, so they must be given"
+            )
+        return result
 
     def process_message(self, msg):
+        if self._collapsed is not None and msg["type"] == "sample" and msg["is_observed"]:
+            self._score_collapsed(msg)
+            return
         infer = msg.get("infer") or {}
         if msg["type"] == "param" and msg["name"].endswith(".inducing_inputs") and msg["value"] is None:
             # No inducing points in the exact model: skip the k-means initialisation. NumPyro
@@ -720,6 +780,8 @@ class exact_layers(_PerRunMessenger):
             )
         A = X if grid is None else jnp.concatenate([X, jnp.asarray(grid, X.dtype)], axis=0)
         jitter = layer.jitter if self.jitter is None else self.jitter
+        if self.collapse_last and layer.name == self._last_layer:
+            return self._defer_collapsed(layer, X, A, jitter)
         L = jittered_cholesky(layer.kernel(A), jitter)
         L = jnp.broadcast_to(L, (layer.out_dim,) + L.shape)
         f = _layer_output_site(layer.name, layer.mean_fn(A), L, self.parameterisation)
@@ -728,6 +790,105 @@ class exact_layers(_PerRunMessenger):
             self._grid_inputs = f[N:]
             numpyro.deterministic(f"{layer.name}.grid", f[N:])
         return f[:N]
+
+    def _defer_collapsed(self, layer, X, A, jitter):
+        """The collapsed layer: keep its prior for the observation site, return its prior mean."""
+        N = X.shape[0]
+        mean = layer.mean_fn(A)
+        grid_white = None
+        if A.shape[0] > N:
+            # the grid values' conditional depends on y, known only at the observation site;
+            # their standard-normal noise is drawn here, in the layer's place in the run
+            shape = (layer.out_dim, A.shape[0] - N)
+            grid_white = numpyro.sample(
+                f"{layer.name}.grid_white", dist.Normal(jnp.zeros(shape, A.dtype), 1.0).to_event(2)
+            )
+        self._collapsed = _CollapsedLayer(layer, N, layer.kernel(A), mean, jitter, grid_white)
+        return mean[:N]
+
+    def _score_collapsed(self, msg):
+        state, self._collapsed = self._collapsed, None
+        layer, N = state.layer, state.num_data
+        base = _unwrap(msg["fn"])
+        if not isinstance(base, dist.Normal):
+            raise NotImplementedError(
+                f"exact_layers(collapse_last=True): observation site {msg['name']!r} has likelihood "
+                f"{type(base).__name__}; only a Normal likelihood can be integrated against layer {layer.name!r}"
+            )
+        y = jnp.asarray(msg["value"])
+        P = layer.out_dim
+        allowed = [(N, P)] + ([(N,)] if P == 1 else [])
+        if y.shape not in allowed:
+            raise ValueError(
+                f"exact_layers(collapse_last=True): observation site {msg['name']!r} has shape {y.shape}; "
+                f"layer {layer.name!r} puts {P} output(s) at {N} points, so it must be ({N}, {P})"
+                + (f" or ({N},)" if P == 1 else "")
+            )
+        noise_var = jnp.broadcast_to(base.scale**2, y.shape).reshape(N, P)
+        K_data = state.kernel[:N, :N] + state.jitter * jnp.eye(N, dtype=y.dtype)
+        fn = _CollapsedNormal(state.mean[:N].reshape(y.shape), K_data, noise_var.reshape(y.shape))
+        msg["fn"] = dist.Independent(fn, msg["fn"].event_dim) if msg["fn"].event_dim else fn
+        if state.grid_white is None:
+            return
+        # exact conditional of the grid values given y: per output p,
+        # m_g + K_gd C^-1 (y - m_d),  K_gg - K_gd C^-1 K_dg  with C = K_dd + jitter I + diag(s^2)
+        residual = (y.reshape(N, P) - state.mean[:N]).T  # (P, N)
+        C = K_data + jax.vmap(jnp.diag)(noise_var.T)  # (P, N, N)
+        L = cholesky(C)
+        K_dg = state.kernel[:N, N:]
+        V = solve_triangular(L, jnp.broadcast_to(K_dg, (P,) + K_dg.shape), lower=True)  # (P, N, G)
+        alpha = solve_triangular(L, residual[..., None], lower=True)[..., 0]  # (P, N)
+        G = K_dg.shape[1]
+        cond_mean = state.mean[N:].T + jnp.einsum("png,pn->pg", V, alpha)
+        cond_cov = state.kernel[N:, N:] - jnp.einsum("png,pnh->pgh", V, V)
+        L_grid = jittered_cholesky(cond_cov, state.jitter)
+        grid = cond_mean + jnp.einsum("pgh,ph->pg", L_grid, state.grid_white)
+        numpyro.deterministic(f"{layer.name}.grid", grid.T.reshape(G, P))
+
+
+class _CollapsedLayer(NamedTuple):
+    layer: object
+    num_data: int
+    kernel: jax.Array  # (N + G, N + G), data rows first
+    mean: jax.Array  # (N + G, P)
+    jitter: float
+    grid_white: jax.Array | None  # (P, G)
+
+
+class _CollapsedNormal(dist.Distribution):
+    """Observations of a collapsed GP layer: ``y[:, p] ~ N(mean[:, p], K + diag(noise_var[:, p]))``.
+
+    Batch shape ``(N,)`` or ``(N, P)`` like the Normal it replaces (so plates still match);
+    the joint log density, which does not factorise over points, is spread evenly over the
+    batch entries (their sum is exact; a single entry means nothing on its own). Scoring only:
+    it stands in for an observed site.
+    """
+
+    support = dist.constraints.real
+    reparametrized_params = []
+
+    def __init__(self, mean, K, noise_var, *, validate_args=None):
+        self.loc, self.K, self.noise_var = mean, K, noise_var
+        super().__init__(batch_shape=jnp.shape(mean), event_shape=(), validate_args=validate_args)
+
+    @property
+    def mean(self):
+        return self.loc
+
+    def _per_output(self, x):
+        return x.reshape(x.shape[0], -1).T  # (P, N)
+
+    def _cholesky(self):
+        noise = self._per_output(self.noise_var)
+        return cholesky(self.K + jax.vmap(jnp.diag)(noise))  # (P, N, N)
+
+    def log_prob(self, value):
+        L = self._cholesky()
+        residual = self._per_output(value - self.loc)
+        alpha = solve_triangular(L, residual[..., None], lower=True)[..., 0]
+        log_det = jnp.log(jnp.diagonal(L, axis1=-2, axis2=-1)).sum()
+        total = -0.5 * jnp.sum(alpha**2) - log_det - 0.5 * alpha.size * jnp.log(2 * jnp.pi)
+        return jnp.full(self.batch_shape, total / np.prod(self.batch_shape), dtype=total.dtype)
 
 
 class latent_conditionals(_PerRunMessenger):
@@ -812,26 +973,8 @@ class collapse_last_layer(_PerRunMessenger):
 
     def __call__(self, *args, **kwargs):
         if self.layer is None and self._found_last is None:
-            self._found_last = self._find_last_layer(args, kwargs)
+            self._found_last = _last_layer_name(self.fn, args, kwargs, "collapse_last_layer")
         return super().__call__(*args, **kwargs)
-
-    def _find_last_layer(self, args, kwargs):
-        from numpyro.handlers import block, seed, trace
-
-        found = {}
-
-        def probe():
-            # block: the probe's messages reach none of the handlers outside this one
-            with block():
-                tr = trace(seed(self.fn, 0)).get_trace(*args, **kwargs)
-            names = [s["args"][0].name for s in tr.values() if s["type"] == "dgp_layer"]
-            if not names:
-                raise ValueError("collapse_last_layer: the model runs no gp_layer")
-            found["last"] = names[-1]
-            return 0
-
-        jax.eval_shape(probe)
-        return found["last"]
 
     @property
     def target(self):

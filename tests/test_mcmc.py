@@ -144,6 +144,147 @@ def test_nuts_on_a_one_layer_model_is_the_exact_gp_posterior():
     np.testing.assert_array_less(np.abs(flat.var(0) - var), 4 * var * np.sqrt(2 / ess))
 
 
+# --- collapse_last: the last layer integrated out ---
+
+
+def test_collapse_last_density_is_the_dense_marginal(data):
+    """With the first layer fixed, the collapsed model scores y with N(0, K2(h1) + jitter I + s^2 I)
+    (dense float64), and its log density is the uncollapsed joint with f2 integrated out."""
+    X, y = data
+    grid = jnp.array([[-0.5], [0.25], [1.3]])
+    model = exact_layers(two_layer, grid=grid, collapse_last=True, jitter=1e-6)
+    tr = trace(seed(model, 0)).get_trace(X, y)
+    latent = [n for n, s in tr.items() if s["type"] == "sample" and not s["is_observed"]]
+    assert latent == ["h1.f_white", "h2.grid_white"]
+    rng = np.random.default_rng(3)
+    values = {"h1.f_white": rng.normal(size=(1, 11)), "h2.grid_white": rng.normal(size=(1, 3))}
+    lp, tr2 = log_density(seed(model, 0), (X, y), {}, values)
+    A = np.concatenate([np.asarray(X), np.asarray(grid)])
+    L1 = np.linalg.cholesky(np.asarray(K1(A)) + 1e-6 * np.eye(11))
+    h1 = A[:, 0] + L1 @ values["h1.f_white"][0]
+    K2_all = np.asarray(K2(h1[:, None])) + 1e-6 * np.eye(11)
+    C = K2_all[:8, :8] + 0.01 * np.eye(8)
+    expected = stats.norm().logpdf(values["h1.f_white"]).sum() + stats.norm().logpdf(values["h2.grid_white"]).sum()
+    expected += _mvn_logpdf(np.asarray(y), np.zeros(8), C)
+    np.testing.assert_allclose(float(lp), expected, rtol=1e-10)
+    # the grid values: the exact conditional of f2 at the grid given y and h1
+    Kgd = K2_all[8:, :8]
+    mean = Kgd @ np.linalg.solve(C, np.asarray(y))
+    cov = K2_all[8:, 8:] - Kgd @ np.linalg.solve(C, Kgd.T)
+    expected_grid = mean + np.linalg.cholesky(cov) @ values["h2.grid_white"][0]  # the prior jitter, once
+    np.testing.assert_allclose(np.asarray(tr2["h2.grid"]["value"][:, 0]), expected_grid, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(tr2["h1.grid"]["value"][:, 0]), h1[8:], rtol=1e-9)
+
+
+def test_collapse_last_equals_the_uncollapsed_joint_integrated_over_f2(data):
+    """Integrating the uncollapsed joint over the last layer's values (Gaussian, done in closed form
+    via the identity p(y | h1) = p(f2, y | h1) / p(f2 | y, h1) at any f2) gives the collapsed density."""
+    X, y = data
+    full = exact_layers(two_layer, parameterisation="centred", jitter=1e-6)
+    collapsed = exact_layers(two_layer, collapse_last=True, jitter=1e-6)
+    rng = np.random.default_rng(5)
+    f1 = np.asarray(X[:, 0]) + 0.3 * rng.normal(size=8)
+    L1 = np.linalg.cholesky(np.asarray(K1(X)) + 1e-6 * np.eye(8))
+    white = np.linalg.solve(L1, f1 - np.asarray(X[:, 0]))[None]
+    lp_c, _ = log_density(seed(collapsed, 0), (X, y), {}, {"h1.f_white": white})
+    K = np.asarray(K2(f1[:, None])) + 1e-6 * np.eye(8)
+    post_cov = K - K @ np.linalg.solve(K + 0.01 * np.eye(8), K)
+    post_mean = K @ np.linalg.solve(K + 0.01 * np.eye(8), np.asarray(y))
+    f2 = post_mean + 0.05 * rng.normal(size=8)  # any value: the identity holds pointwise
+    lp_joint, _ = log_density(seed(full, 0), (X, y), {}, {"h1.f": f1[None], "h2.f": f2[None]})
+    # centred h1 density vs non-centred white: differ by the Jacobian log|det L1|
+    lp_joint = float(lp_joint) + np.log(np.diag(L1)).sum()
+    expected = lp_joint - _mvn_logpdf(f2, post_mean, post_cov)
+    np.testing.assert_allclose(float(lp_c), expected, rtol=1e-7)
+
+
+def test_collapse_last_refuses_what_it_cannot_integrate(data):
+    X, y = data
+
+    def probit(X, y=None):
+        h = dgp.gp_layer("h1", X, K1, num_inducing=4, mean="identity")
+        f = dgp.gp_layer("h2", h, K2, num_inducing=4)
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Bernoulli(probs=jax.scipy.stats.norm.cdf(f[:, 0])), obs=y)
+
+    with pytest.raises(NotImplementedError, match="only a Normal likelihood"):
+        trace(seed(exact_layers(probit, collapse_last=True), 0)).get_trace(X, (y > 0).astype(float))
+    with pytest.raises(ValueError, match="observations, so they must be given"):
+        trace(seed(exact_layers(two_layer, collapse_last=True), 0)).get_trace(X, None)
+
+
+def test_nuts_collapsed_and_uncollapsed_agree():
+    """The same posterior by two samplers: NUTS on the collapsed and on the full exact model give the
+    same first-layer and last-layer grid moments (within Monte Carlo error) on an easy problem."""
+    X = jnp.linspace(-1, 1, 8)[:, None]
+    y = jnp.sin(2.5 * X[:, 0])
+    grid = jnp.array([[-0.75], [0.1], [0.8]])
+    draws = {}
+    for collapse in (False, True):
+        mcmc = MCMC(NUTS(exact_layers(two_layer, grid=grid, collapse_last=collapse, jitter=1e-6), dense_mass=True),
+                    num_warmup=400, num_samples=1500, num_chains=2, chain_method="sequential", progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(2), X, y)
+        s = mcmc.get_samples(group_by_chain=True)
+        draws[collapse] = {n: np.asarray(s[f"{n}.grid"][..., 0]) for n in ("h1", "h2")}
+    for name in ("h1", "h2"):
+        a, b = draws[False][name], draws[True][name]
+        ess = np.minimum(numpyro.diagnostics.effective_sample_size(a), numpyro.diagnostics.effective_sample_size(b))
+        a, b = a.reshape(-1, 3), b.reshape(-1, 3)
+        sd = np.sqrt(0.5 * (a.var(0) + b.var(0)))
+        np.testing.assert_array_less(np.abs(a.mean(0) - b.mean(0)), 5 * sd * np.sqrt(2 / ess))
+        np.testing.assert_array_less(np.abs(np.log(a.var(0) / b.var(0))), 5 * np.sqrt(4 / ess))
+
+
+# --- mode evidence ---
+
+
+def test_mode_evidence_is_the_gp_marginal_likelihood():
+    """A plain GP under exact_layers: the posterior over the whitened values is Gaussian, its mass
+    is the marginal likelihood log N(y | 0, K + s^2 I); mode_evidence recovers it from exact draws."""
+    X = jnp.linspace(-1, 1, 10)[:, None]
+    y = jnp.sin(3 * X[:, 0])
+    kern = kernels.RBF(variance=1.0, lengthscale=0.5)
+    K = np.asarray(kern(X)) + 1e-6 * np.eye(10)
+    L = np.linalg.cholesky(K)
+    precision = np.eye(10) + L.T @ L / 0.01
+    cov = np.linalg.inv(precision)
+    mean = cov @ L.T @ np.asarray(y) / 0.01
+    rng = np.random.default_rng(0)
+    draws = rng.multivariate_normal(mean, cov, size=(2, 2000))[:, :, None, :]  # (chain, draw, P, N)
+    model = exact_layers(one_layer, jitter=1e-6)
+    ev = diagnostics.mode_evidence(model, {"f.f_white": draws}, [[0, 1]], jax.random.PRNGKey(0), X, y)
+    expected = _mvn_logpdf(np.asarray(y), np.zeros(10), K + 0.01 * np.eye(10))
+    assert abs(ev.log_evidence[0] - expected) < max(5 * ev.log_evidence_se[0], 0.02)
+    assert ev.khat[0] < 0.7 and ev.weights[0] == 1.0
+
+
+def test_mode_evidence_weighs_separated_modes_by_their_mass():
+    """A two-component mixture in 3-D with weights 0.25 / 0.75: chains that each stay in one
+    component get the components' weights back, and the mixture pools their draws by them."""
+
+    def bimodal():
+        numpyro.sample("x", dist.MixtureSameFamily(
+            dist.Categorical(probs=jnp.array([0.25, 0.75])),
+            dist.MultivariateNormal(jnp.array([[-6.0, 0.0, 1.0], [6.0, 1.0, -1.0]]), jnp.eye(3) * jnp.array([1.0, 0.5])[:, None, None])))
+
+    rng = np.random.default_rng(1)
+    left = rng.multivariate_normal([-6.0, 0.0, 1.0], np.eye(3), size=(2, 1500))
+    right = rng.multivariate_normal([6.0, 1.0, -1.0], 0.5 * np.eye(3), size=(1, 1500))
+    samples = {"x": np.concatenate([left, right])}  # chains 0, 1 in the left mode, 2 in the right
+    ev = diagnostics.mode_evidence(bimodal, samples, [[0, 1], [2]], jax.random.PRNGKey(0))
+    np.testing.assert_allclose(ev.weights, [0.25, 0.75], atol=0.01)
+    np.testing.assert_allclose(ev.log_evidence, np.log([0.25, 0.75]), atol=0.03)
+    grid = np.zeros((1, 1))
+    tree = _tree({"h": samples["x"][..., :1, None]}, grid, chains=3)
+    pooled = diagnostics.mode_mixture(tree, ev, jax.random.PRNGKey(1), num_draws=20000)
+    share_right = float((np.asarray(pooled["posterior"]["h"].values) > 0).mean())
+    assert abs(share_right - 0.75) < 0.015  # a chain count would say 1/3
+    with pytest.raises(ValueError, match="chains outside"):
+        diagnostics.mode_evidence(bimodal, samples, [[0], [5]], jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="lack the model's latent sites"):
+        diagnostics.mode_evidence(bimodal, {"z": samples["x"]}, [[0]], jax.random.PRNGKey(0))
+
+
 # --- diagnostics ---
 
 
