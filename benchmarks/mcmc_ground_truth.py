@@ -2,12 +2,12 @@
 
 Same model as ``benchmarks/compositional.py`` (cos(pi x), 30 points on [-1, 1], RBF then
 periodic layers with fixed hyperparameters, noise variance 1e-3). The exact posterior has
-many modes whose masses differ by hundreds of nats, so the ground truth is built in three steps:
+many modes whose masses differ by up to thousands of nats, so the ground truth is built in three steps:
 
 1. explore: NUTS on the exact DGP with its last layer integrated out
    (``handlers.exact_layers(..., collapse_last=True)``), many chains from dispersed starts;
    the chains are grouped into modes (``diagnostics.mcmc_health``);
-2. weigh: each mode's posterior mass by importance sampling (``diagnostics.mode_evidence``);
+2. weigh: each mode's posterior mass by bridge sampling (``diagnostics.mode_evidence``);
    the modes pooled by mass (``diagnostics.mode_mixture``) are the ground truth;
 3. confirm: 4 fresh chains started at draws of the heaviest mode, with R-hat and ESS.
 
