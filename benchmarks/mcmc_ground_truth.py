@@ -190,6 +190,14 @@ def main(argv=None):
     comp.figures["marginals"].savefig(os.path.join(RESULTS, f"mcmc_ground_truth_marginals{tag}.png"), dpi=90)
 
 
+def health_rows(health):
+    """A ``mcmc_health`` table as markdown lines."""
+    lines = ["| layer | max R-hat | min bulk ESS | min tail ESS | divergences |", "| --- | --- | --- | --- | --- |"]
+    for r in health.table.to_dict("records"):
+        lines.append(f"| {r['layer']} | {r['max_rhat']:.3g} | {r['min_ess_bulk']:.0f} | {r['min_ess_tail']:.0f} | {r['divergences']} |")
+    return lines
+
+
 def write_report(args, command, rows, health, per_mode, mode_warning, evidence, per_chain, confirm_health, timings,
                  interior, grid):
     tag = f"_{args.tag}" if args.tag else ""
@@ -216,11 +224,8 @@ def write_report(args, command, rows, health, per_mode, mode_warning, evidence, 
         f"(NumPyro's default init, uniform in (-2, 2)), {args.warmup} warmup + {args.samples} draws each: "
         f"{timings['explore']:.0f} s wall (compile included).",
         "",
-        "| layer | max R-hat | min bulk ESS | min tail ESS | divergences |",
-        "| --- | --- | --- | --- | --- |",
+        *health_rows(health),
     ]
-    for r in health.table.to_dict("records"):
-        lines.append(f"| {r['layer']} | {r['max_rhat']:.3g} | {r['min_ess_bulk']:.0f} | {r['min_ess_tail']:.0f} | {r['divergences']} |")
     lines += ["", f"Chains grouped into {len(health.modes)} modes (per-chain means within 3 within-chain sds).", ""]
     if mode_warning:
         lines += ["**MultimodalityWarning** (abridged): MCMC chains settled in "
@@ -256,11 +261,8 @@ def write_report(args, command, rows, health, per_mode, mode_warning, evidence, 
         f"({args.confirm_warmup} warmup + {args.confirm_samples} draws, max tree depth {args.confirm_tree_depth}, "
         f"target acceptance {args.confirm_accept}; {timings['confirm']:.0f} s wall, compile included)",
         "",
-        "| layer | max R-hat | min bulk ESS | min tail ESS | divergences |",
-        "| --- | --- | --- | --- | --- |",
+        *health_rows(confirm_health),
     ]
-    for r in confirm_health.table.to_dict("records"):
-        lines.append(f"| {r['layer']} | {r['max_rhat']:.3g} | {r['min_ess_bulk']:.0f} | {r['min_ess_tail']:.0f} | {r['divergences']} |")
     lines += ["", f"Modes among the confirmation chains: {confirm_health.modes}.", ""]
     xs = ", ".join(f"{float(grid[i, 0]):.1f}" for i in interior)
     lines += [

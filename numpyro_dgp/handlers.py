@@ -826,15 +826,16 @@ class exact_layers(_PerRunMessenger):
             )
         noise_var = jnp.broadcast_to(base.scale**2, y.shape).reshape(N, P)
         K_data = state.kernel[:N, :N] + state.jitter * jnp.eye(N, dtype=y.dtype)
-        fn = _CollapsedNormal(state.mean[:N].reshape(y.shape), K_data, noise_var.reshape(y.shape))
+        # one factor of C = K_dd + jitter I + diag(s^2) per output, shared by the score and
+        # the grid conditional
+        L = cholesky(K_data + jax.vmap(jnp.diag)(noise_var.T))  # (P, N, N)
+        fn = _CollapsedNormal(state.mean[:N].reshape(y.shape), L)
         msg["fn"] = dist.Independent(fn, msg["fn"].event_dim) if msg["fn"].event_dim else fn
         if state.grid_white is None:
             return
         # exact conditional of the grid values given y: per output p,
-        # m_g + K_gd C^-1 (y - m_d),  K_gg - K_gd C^-1 K_dg  with C = K_dd + jitter I + diag(s^2)
+        # m_g + K_gd C^-1 (y - m_d),  K_gg - K_gd C^-1 K_dg
         residual = (y.reshape(N, P) - state.mean[:N]).T  # (P, N)
-        C = K_data + jax.vmap(jnp.diag)(noise_var.T)  # (P, N, N)
-        L = cholesky(C)
         K_dg = state.kernel[:N, N:]
         V = solve_triangular(L, jnp.broadcast_to(K_dg, (P,) + K_dg.shape), lower=True)  # (P, N, G)
         alpha = solve_triangular(L, residual[..., None], lower=True)[..., 0]  # (P, N)
@@ -856,7 +857,8 @@ class _CollapsedLayer(NamedTuple):
 
 
 class _CollapsedNormal(dist.Distribution):
-    """Observations of a collapsed GP layer: ``y[:, p] ~ N(mean[:, p], K + diag(noise_var[:, p]))``.
+    """Observations of a collapsed GP layer: ``y[:, p] ~ N(loc[:, p], L_p L_p^T)`` with
+    ``L_p`` the Cholesky factor of ``K + diag(noise_var[:, p])`` (``scale_tril (P, N, N)``).
 
     Batch shape ``(N,)`` or ``(N, P)`` like the Normal it replaces (so plates still match);
     the joint log density, which does not factorise over points, is spread evenly over the
@@ -867,26 +869,18 @@ class _CollapsedNormal(dist.Distribution):
     support = dist.constraints.real
     reparametrized_params = []
 
-    def __init__(self, mean, K, noise_var, *, validate_args=None):
-        self.loc, self.K, self.noise_var = mean, K, noise_var
-        super().__init__(batch_shape=jnp.shape(mean), event_shape=(), validate_args=validate_args)
+    def __init__(self, loc, scale_tril, *, validate_args=None):
+        self.loc, self.scale_tril = loc, scale_tril
+        super().__init__(batch_shape=jnp.shape(loc), event_shape=(), validate_args=validate_args)
 
     @property
     def mean(self):
         return self.loc
 
-    def _per_output(self, x):
-        return x.reshape(x.shape[0], -1).T  # (P, N)
-
-    def _cholesky(self):
-        noise = self._per_output(self.noise_var)
-        return cholesky(self.K + jax.vmap(jnp.diag)(noise))  # (P, N, N)
-
     def log_prob(self, value):
-        L = self._cholesky()
-        residual = self._per_output(value - self.loc)
-        alpha = solve_triangular(L, residual[..., None], lower=True)[..., 0]
-        log_det = jnp.log(jnp.diagonal(L, axis1=-2, axis2=-1)).sum()
+        residual = (value - self.loc).reshape(value.shape[0], -1).T  # (P, N)
+        alpha = solve_triangular(self.scale_tril, residual[..., None], lower=True)[..., 0]
+        log_det = jnp.log(jnp.diagonal(self.scale_tril, axis1=-2, axis2=-1)).sum()
         total = -0.5 * jnp.sum(alpha**2) - log_det - 0.5 * alpha.size * jnp.log(2 * jnp.pi)
         return jnp.full(self.batch_shape, total / np.prod(self.batch_shape), dtype=total.dtype)
 
