@@ -14,6 +14,8 @@ Examples::
     python benchmarks/sde_flow.py --sweep concrete --sweep-T 0,1,2.5,5,10 --splits 0 --tag sweep
     # a sweep that takes flow times already run (same settings, same splits) from another file
     python benchmarks/sde_flow.py --sweep concrete --sweep-T 0,10 --splits 0 --merge results/sde_flow_x.json
+    # one table from runs of disjoint splits (same settings) made by separate processes
+    python benchmarks/sde_flow.py --combine results/sde_flow_a.json results/sde_flow_b.json --tag ab
 """
 
 from __future__ import annotations
@@ -94,12 +96,42 @@ def write_markdown(path, record):
             for r in runs:
                 lines.append(f"| {name} | {label} | {r['split']} | {r['log_likelihood']:.4f} | {r['rmse']:.4g} | "
                              f"{r['final_elbo']:.1f} | {r['num_skipped']} | {r['total_seconds']:.0f} |")
+    if record.get("combined_from"):
+        lines += ["", "Combined from " + ", ".join(f"`{f}`" for f in record["combined_from"])
+                  + " (the same settings; disjoint splits, each run by its command above in its own process)."]
     if record.get("merged_from"):
         lines += ["", f"Flow times not run above come from `{record['merged_from']['file']}` "
                   f"(same settings; command `{record['merged_from']['command']}`)."]
     if record.get("sweep_plot"):
         lines += ["", f"Flow-time sweep: ![sweep]({record['sweep_plot']})"]
     Path(path).write_text("\n".join(lines) + "\n")
+
+
+def combine(paths, tag):
+    """One record from runs of disjoint splits with the same settings: every source command
+    and date is kept; a split that appears twice for a data set and model is an error."""
+    records = [json.loads(Path(p).read_text()) for p in paths]
+    out = {k: v for k, v in records[0].items() if k not in ("merged_from", "sweep_plot")}
+    for r in records[1:]:
+        if (r["settings"], r["float64"]) != (out["settings"], out["float64"]):
+            raise SystemExit(f"--combine: `{r['command']}` ran with other settings:\n{r['settings']}")
+    out["command"] = " ; ".join(r["command"] for r in records)
+    out["date"] = " ; ".join(r["date"] for r in records)
+    out["combined_from"] = [Path(p).name for p in paths]
+    out["results"] = {}
+    for r in records:
+        for name, by_model in r["results"].items():
+            for label, runs in by_model.items():
+                merged = out["results"].setdefault(name, {}).setdefault(label, [])
+                clash = {x["split"] for x in merged} & {x["split"] for x in runs}
+                if clash:
+                    raise SystemExit(f"--combine: {name} {label} split(s) {sorted(clash)} appear in more than one file")
+                merged += runs
+                merged.sort(key=lambda x: x["split"])
+    out_dir = Path(__file__).resolve().parent / "results"
+    (out_dir / f"sde_flow_{tag}.json").write_text(json.dumps(out, indent=1))
+    write_markdown(out_dir / f"sde_flow_{tag}.md", out)
+    return out
 
 
 def plot_sweep(path, name, by_model):
@@ -159,7 +191,13 @@ def main(argv=None):
     parser.add_argument("--merge", default=None,
                         help="sweep: a results JSON of this script with the same settings whose other flow times "
                              "(at the requested splits) join the sweep")
+    parser.add_argument("--combine", nargs="+", default=None, metavar="JSON",
+                        help="write one table (sde_flow_<tag>) from results files of disjoint splits, run nothing")
     args = parser.parse_args(argv)
+    if args.combine:
+        if not args.tag:
+            raise SystemExit("--combine needs --tag (the combined file's name)")
+        return combine(args.combine, args.tag)
 
     import jax
 

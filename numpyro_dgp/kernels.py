@@ -150,9 +150,13 @@ class Stationary(Kernel):
 
 
 def _safe_sqrt(sq):
-    # sqrt with a finite gradient at 0 (the diagonal of K(X, X)).
-    positive = sq > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, sq, 1.0)), 0.0)
+    # sqrt with a finite gradient at 0 (the diagonal of K(X, X)). Clamp, do not substitute:
+    # XLA may compute ``sq`` twice in different fusions with different rounding, and with
+    # ``where(sq > 0, sqrt(where(sq > 0, sq, 1.0)), 0)`` the two masks then disagree on a
+    # diagonal round-off residue and the stand-in 1.0 leaks out (k(x, x) = 0.34 variance
+    # under jit; tests/test_kernels.py). With a clamp a disagreement costs sqrt(tiny).
+    tiny = jnp.finfo(sq.dtype).tiny
+    return jnp.where(sq > tiny, jnp.sqrt(jnp.maximum(sq, tiny)), 0.0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,8 @@ With ``inducing="amortized"`` (paper 003, notes/amortized.md) every point has it
 inducing set: ``M`` inducing inputs ``Z_n = [W_m p_n + b_m]_m`` from learned affine maps of the
 layer's *encoder input* ``p_n`` (the layer input by default; an amortization rule of
 :class:`numpyro_dgp.guides.AutoAmortizedDGP` may supply another), and values ``u_n`` with
-prior ``N(mean(Z_n), K(Z_n, Z_n))``; the point's output is the GP conditional on its own set.
+prior ``N(mean(Z_n), K(Z_n, Z_n))`` (plus ``jitter`` times the set's mean prior variance on the
+diagonal); the point's output is the GP conditional on its own set.
 The layer is called *inside* the data plate (its ``u`` site is local, shape ``(B, P, M)``) and,
 by default, the KL is averaged over points as in the paper (the site is scaled by ``1/N`` on
 top of the plate's ``N/B``)::
@@ -57,6 +58,7 @@ from numpyro.primitives import apply_stack
 from numpyro_dgp.core import (
     affine_inducing_inputs,
     check_jitter,
+    cholesky,
     conditional,
     default_jitter,
     jittered_cholesky,
@@ -281,6 +283,8 @@ def gp_layer(
     :param whiten: whitened inducing values ``u = L v`` (default for ``"global"``, better
         conditioned; not available for ``"locations"``).
     :param jitter: diagonal jitter; default :func:`numpyro_dgp.core.default_jitter` of ``X``'s dtype.
+        With ``inducing="amortized"`` it is relative: each point's ``K(Z_n, Z_n)`` gets
+        ``jitter`` times its mean diagonal (the kernel variance for stationary kernels).
     :param inducing: ``"global"`` (each layer has its own inducing inputs in its input space)
         or ``"locations"`` (inducing points as inducing locations) or ``"amortized"`` (per-point
         inducing sets, called inside the data plate; see the module docstring).
@@ -543,7 +547,11 @@ def _amortized_layer(name, X, kernel, *, num_inducing, out_dim, mean, inducing_i
         raise ValueError(f"gp_layer {name!r}: the encoder input must have shape (..., {B}, {D}), got {p.shape}")
     Z = affine_inducing_inputs(weight, bias, p)  # (..., B, M, D)
     Kzz = jax.vmap(kernel)(Z.reshape(-1, M, D)).reshape(Z.shape[:-1] + (M,))
-    Kzz_chol = jittered_cholesky(Kzz, jitter)
+    # The jitter is relative to each set's prior variance: float32 round-off in K(Z_n, Z_n)
+    # grows with the kernel variance (a probit output layer's reaches ~100 on the letters
+    # task), and a fixed 1e-4 then loses to it at one point in thousands, NaN-ing the step.
+    prior_variance = jnp.mean(jnp.diagonal(Kzz, axis1=-2, axis2=-1), axis=-1)[..., None, None]
+    Kzz_chol = cholesky(Kzz + (jitter * prior_variance) * jnp.eye(M, dtype=Kzz.dtype))
     prior_mean = jnp.swapaxes(mean_fn(Z), -1, -2)  # (..., B, P, M)
     prior = dist.MultivariateNormal(prior_mean, scale_tril=Kzz_chol[..., None, :, :]).to_event(1)
     u_site = f"{name}.u"

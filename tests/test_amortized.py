@@ -24,7 +24,7 @@ from numpyro_dgp.handlers import quadrature
 from numpyro_dgp.kernels import RBF, Matern52
 from numpyro_dgp.objectives import marginal_trace
 
-JITTER = 1e-6  # float64 default
+JITTER = 1e-6  # float64 default; amortized layers scale it by the set's prior variance
 
 
 def matern52(A, B, variance, lengthscale):
@@ -69,7 +69,7 @@ def perturbed_params(model, guide, *args, seed=0, scale=0.3):
 
 def dense_svgp_terms(x, y, Z, mu, S, variance, lengthscale, noise, kern=matern52):
     """Expected log-likelihood and KL of one point's SVGP, dense numpy float64."""
-    K = kern(Z, Z, variance, lengthscale) + JITTER * np.eye(len(Z))
+    K = kern(Z, Z, variance, lengthscale) + JITTER * variance * np.eye(len(Z))
     kxz = kern(x[None], Z, variance, lengthscale)[0]
     Kinv = np.linalg.inv(K)
     mean = kxz @ Kinv @ mu
@@ -328,3 +328,33 @@ def test_errors():
         svi.update(state, X, y)
     with pytest.raises(ValueError, match="weights"):
         quadrature(model, num_points=3, weights=[1.0, 0.0, 1.0])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_per_point_jitter_is_relative_to_the_prior_variance(dtype):
+    # A probit output layer's kernel variance grows to ~100 on the letters task; a fixed jitter
+    # then falls below float32 round-off in K(Z_n, Z_n). The jitter scales with each set's
+    # mean prior variance instead.
+    variance, M, jitter = 100.0, 16, 1e-4
+    rng = np.random.RandomState(0)
+    X = jnp.asarray(rng.uniform(-1, 1, (50, 2)), dtype)
+
+    def model(X):
+        with numpyro.plate("data", X.shape[0]):
+            dgp.gp_layer("h1", X, Matern52(variance=variance, lengthscale=2.0, ard=False), num_inducing=M,
+                         inducing="amortized", jitter=jitter)
+
+    # inducing inputs packed closely (bias scale 0.05): nearly singular K(Z_n, Z_n)
+    bias = jnp.asarray(0.05 * rng.randn(M, 2), dtype)
+    with numpyro.validation_enabled(False):
+        tr = numpyro.handlers.trace(numpyro.handlers.substitute(
+            numpyro.handlers.seed(model, 0), data={"h1.inducing_maps.bias": bias})).get_trace(X)
+    layer = tr["h1.layer"]["args"][0]
+    L = np.asarray(layer.Kmm_chol, np.float64)
+    assert L.dtype == np.float64 and np.asarray(layer.Kmm_chol).dtype == dtype
+    assert np.all(np.isfinite(L))
+    Z = np.asarray(layer.inducing_inputs, np.float64)
+    K = np.stack([matern52(z, z, variance, 2.0) for z in Z])
+    expected = K + jitter * variance * np.eye(M)  # stationary kernel: mean diagonal = variance
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == jnp.float64 else dict(rtol=1e-5, atol=2e-3)
+    np.testing.assert_allclose(L @ np.swapaxes(L, -1, -2), expected, **tol)

@@ -363,3 +363,21 @@ def test_kernels_under_jit():
     for _, k, ref in (CASES[3], CASES[8], CASES[-1]):
         out = jax.jit(lambda a, b, k=k: k(a, b))(X1, X2)
         np.testing.assert_allclose(np.asarray(out), ref(X1, X2), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["Matern12", "Matern32", "Matern52"])
+def test_matern_diagonal_under_jit_when_xla_recomputes_the_distances(name):
+    # Per-point Gram matrices whose diagonal is used twice (the matrix and its mean, as the
+    # amortized layers' relative jitter does): XLA then computes the distances in two
+    # fusions, whose rounding can disagree about a diagonal residue being > 0. A sqrt guarded
+    # by substituting 1.0 returned k(x, x) = 0.34 variance there (Matern52, jax 0.12).
+    Z = jnp.asarray(_rs(0).randn(80, 4, 1))
+    k = STATIONARY[name](variance=1.23, lengthscale=0.558).with_input_dim(1)
+
+    def f(Z):
+        K = jax.vmap(k)(Z)
+        return K + jnp.mean(jnp.diagonal(K, axis1=-2, axis2=-1), axis=-1)[..., None, None] * jnp.eye(4)
+
+    eager, jitted = np.asarray(f(Z)), np.asarray(jax.jit(f)(Z))
+    np.testing.assert_allclose(np.diagonal(jitted, axis1=-2, axis2=-1), 2 * 1.23, rtol=1e-12)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-12, atol=1e-13)

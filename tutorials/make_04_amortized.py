@@ -277,7 +277,7 @@ Gauss–Hermite) — a short run here; `benchmarks/amortized.py --letters` has t
 Clip the gradients. Without clipping, deeper amortized models on this problem train with
 sudden jumps in the loss they take epochs to recover from (the 2-layer model stalled near 10%
 error at the paper's Adam 0.005 for 100 epochs); `optax.clip_by_global_norm(100)` before Adam
-removes the jumps (1.9% in the benchmark).
+removes the jumps (1.7% over three seeds in the benchmark).
 """)
 code(r"""
 letters = dgp.datasets.letters_classification(jax.random.PRNGKey(0), 4000 if SMOKE else 20000, 4000)

@@ -35,7 +35,8 @@ def _kmeanspp_start(rng_key, X, num_clusters: int):
         # D^2 sampling among unchosen points; if every unchosen point duplicates a chosen
         # one (all d2 == 0), draw uniformly among the unchosen points instead.
         weights = jnp.where(jnp.any(d2 > 0), d2, jnp.where(chosen, 0.0, 1.0))
-        logits = jnp.where(weights > 0, jnp.log(jnp.where(weights > 0, weights, 1.0)), -jnp.inf)
+        # a clamp, not a stand-in value: both masks may not see the same rounding under jit
+        logits = jnp.where(weights > 0, jnp.log(jnp.maximum(weights, jnp.finfo(weights.dtype).tiny)), -jnp.inf)
         new = jax.random.categorical(key, logits).astype(idx.dtype)
         chosen = chosen.at[new].set(True)
         d2 = jnp.minimum(d2, _sqdist_to(X, X[new]))
