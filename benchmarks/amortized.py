@@ -252,6 +252,8 @@ def write_markdown(path, record):
 def merge(paths, tag, note=None):
     """Combine the records of runs split over processes (same settings, disjoint splits) into
     ``amortized_<tag>``; the merged record keeps every source command and date."""
+    from numpyro_dgp.experiments import extend_by_split
+
     recs = [json.loads(Path(p).read_text()) for p in paths]
     out = dict(recs[0])
     for r in recs[1:]:
@@ -265,12 +267,10 @@ def merge(paths, tag, note=None):
     out["results"] = {}
     for r in recs:
         for key, rows in r["results"].items():
-            merged = out["results"].setdefault(key, [])
-            clash = {x["split"] for x in merged} & {x["split"] for x in rows}
-            if clash:
-                raise SystemExit(f"merge: {key} split(s) {sorted(clash)} appear in more than one file")
-            merged += rows
-            merged.sort(key=lambda x: x["split"])
+            try:
+                extend_by_split(out["results"].setdefault(key, []), rows, f"merge: {key}")
+            except ValueError as err:
+                raise SystemExit(str(err)) from None
     out_dir = Path(__file__).resolve().parent / "results"
     (out_dir / f"amortized_{tag}.json").write_text(json.dumps(out, indent=1))
     write_markdown(out_dir / f"amortized_{tag}.md", out)

@@ -110,6 +110,8 @@ def write_markdown(path, record):
 def combine(paths, tag):
     """One record from runs of disjoint splits with the same settings: every source command
     and date is kept; a split that appears twice for a data set and model is an error."""
+    from numpyro_dgp.experiments import extend_by_split
+
     records = [json.loads(Path(p).read_text()) for p in paths]
     out = {k: v for k, v in records[0].items() if k not in ("merged_from", "sweep_plot")}
     for r in records[1:]:
@@ -122,12 +124,11 @@ def combine(paths, tag):
     for r in records:
         for name, by_model in r["results"].items():
             for label, runs in by_model.items():
-                merged = out["results"].setdefault(name, {}).setdefault(label, [])
-                clash = {x["split"] for x in merged} & {x["split"] for x in runs}
-                if clash:
-                    raise SystemExit(f"--combine: {name} {label} split(s) {sorted(clash)} appear in more than one file")
-                merged += runs
-                merged.sort(key=lambda x: x["split"])
+                try:
+                    extend_by_split(out["results"].setdefault(name, {}).setdefault(label, []), runs,
+                                    f"--combine: {name} {label}")
+                except ValueError as err:
+                    raise SystemExit(str(err)) from None
     out_dir = Path(__file__).resolve().parent / "results"
     (out_dir / f"sde_flow_{tag}.json").write_text(json.dumps(out, indent=1))
     write_markdown(out_dir / f"sde_flow_{tag}.md", out)

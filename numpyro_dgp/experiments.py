@@ -21,6 +21,7 @@ from numpyro_dgp.predict import metrics, predict, sample_layers
 
 __all__ = [
     "RunResult",
+    "extend_by_split",
     "fit_diffgp",
     "fit_dsvi",
     "mean_and_standard_error",
@@ -46,6 +47,18 @@ def parse_splits(text):
     if not out:
         raise ValueError(f"no split indices in {text!r}")
     return out
+
+
+def extend_by_split(rows, more, what):
+    """Append the per-split result rows ``more`` to ``rows`` (both lists of dicts with a
+    ``"split"`` key), kept sorted by split; a split in both is an error naming ``what``
+    (merging the results files of runs made by separate processes)."""
+    clash = {r["split"] for r in rows} & {r["split"] for r in more}
+    if clash:
+        raise ValueError(f"{what}: split(s) {sorted(clash)} appear in more than one file")
+    rows += more
+    rows.sort(key=lambda r: r["split"])
+    return rows
 
 
 def mean_and_standard_error(values):

@@ -58,7 +58,6 @@ from numpyro.primitives import apply_stack
 from numpyro_dgp.core import (
     affine_inducing_inputs,
     check_jitter,
-    cholesky,
     conditional,
     default_jitter,
     jittered_cholesky,
@@ -551,7 +550,7 @@ def _amortized_layer(name, X, kernel, *, num_inducing, out_dim, mean, inducing_i
     # grows with the kernel variance (a probit output layer's reaches ~100 on the letters
     # task), and a fixed 1e-4 then loses to it at one point in thousands, NaN-ing the step.
     prior_variance = jnp.mean(jnp.diagonal(Kzz, axis1=-2, axis2=-1), axis=-1)[..., None, None]
-    Kzz_chol = cholesky(Kzz + (jitter * prior_variance) * jnp.eye(M, dtype=Kzz.dtype))
+    Kzz_chol = jittered_cholesky(Kzz, jitter * prior_variance)
     prior_mean = jnp.swapaxes(mean_fn(Z), -1, -2)  # (..., B, P, M)
     prior = dist.MultivariateNormal(prior_mean, scale_tril=Kzz_chol[..., None, :, :]).to_event(1)
     u_site = f"{name}.u"

@@ -39,7 +39,8 @@ def jittered_cholesky(K, jitter):
     """Lower Cholesky factor of ``K + jitter * I``.
 
     :param K: ``(..., M, M)`` symmetric positive semi-definite matrix.
-    :param jitter: positive scalar added to the diagonal.
+    :param jitter: positive scalar added to the diagonal, or ``(..., 1, 1)`` values, one per
+        matrix of the batch (only a scalar is checked here).
     :return: ``(..., M, M)`` lower-triangular factor; NaN where the factorisation fails.
     """
     check_jitter(jitter)
