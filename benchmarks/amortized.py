@@ -182,7 +182,11 @@ def run_letters(num_layers, seed, args):
     return {"split": seed, "error_pct": 100 * scores["error_rate"], "log_likelihood": scores["log_likelihood"],
             "brier": scores["brier"], "seconds_per_epoch": result.seconds_per_step * steps_per_epoch,
             "compile_seconds": result.compile_seconds, "fit_seconds": fit_seconds,
-            "num_skipped": result.num_skipped}
+            "num_skipped": result.num_skipped,
+            # training loss (negative ELBO of a batch, scaled to N) averaged per epoch, to tell a
+            # stalled optimisation from a converged one
+            "epoch_loss": [round(float(v), 2) for v in
+                           np.nanmean(result.losses.reshape(args.epochs, steps_per_epoch), axis=1)]}
 
 
 def _mean_sd(values):

@@ -186,6 +186,10 @@ def main(argv=None):
     parser.add_argument("--test-samples", type=int, default=50)
     parser.add_argument("--dsvi-batch-size", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--init", default="default", choices=("default", "released"),
+                        help="DiffGP initial values: ours, or the released DiffGP code's (see fit_diffgp)")
+    parser.add_argument("--pretrain-steps", type=int, default=0,
+                        help="fit the predictor alone as an SVGP (T = 0) for this many steps first (the paper's pre-training)")
     parser.add_argument("--float32", action="store_true")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--tag", default=None, help="results file suffix")
@@ -225,7 +229,10 @@ def main(argv=None):
         "float64": not args.float32,
         "settings": (f"DiffGP: M={args.num_inducing} (flow and predictor), {args.flow_steps} Euler-Maruyama steps, "
                      f"batch min({args.batch_size}, N), {args.particles} training samples (DGPElbo), Adam lr={args.lr}, "
-                     f"{args.steps} iterations, {args.test_samples} test samples; DSVI L=2: M={args.num_inducing}, "
+                     f"{args.steps} iterations, {args.test_samples} test samples"
+                     + (", the released code's initial values" if args.init == "released" else "")
+                     + (f", predictor pre-trained as an SVGP for {args.pretrain_steps} steps" if args.pretrain_steps else "")
+                     + f"; DSVI L=2: M={args.num_inducing}, "
                      f"batch {args.dsvi_batch_size}, 1 sample, {args.steps} iterations, 100 test samples"),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "results": {n: {label: [] for label in labels} for n in names},
@@ -246,7 +253,8 @@ def main(argv=None):
                     r = run_diffgp_uci(name, split, T=float(label[2:]), data_dir=args.data_dir,
                                        num_flow_steps=args.flow_steps, num_inducing=args.num_inducing,
                                        num_steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
-                                       num_particles=args.particles, num_test_samples=args.test_samples)
+                                       num_particles=args.particles, num_test_samples=args.test_samples,
+                                       init=args.init, pretrain_steps=args.pretrain_steps)
                 else:
                     r = run_uci(name, split, data_dir=args.data_dir, num_layers=2, num_inducing=args.num_inducing,
                                 num_steps=args.steps, batch_size=args.dsvi_batch_size, learning_rate=args.lr)

@@ -14,6 +14,7 @@ from numpyro.infer import SVI
 from numpyro_dgp.datasets import load_uci, step_function
 from numpyro_dgp.guides import AutoFactorisedDGP
 from numpyro_dgp.infer import fit
+from numpyro_dgp.kernels import RBF
 from numpyro_dgp.models import deep_gp_regression, diffgp
 from numpyro_dgp.objectives import DGPElbo
 from numpyro_dgp.plots import plot_layer_samples
@@ -91,13 +92,15 @@ class RunResult(NamedTuple):
 
 
 def _fit_factorised(model, rng_key, X, y, num_steps, batch_size, learning_rate, num_particles, progress_bar,
-                    chunk_size):
+                    chunk_size, init_params=None):
     """``AutoFactorisedDGP`` + ``DGPElbo`` + Adam on ``model``: ``(model, guide, FitResult)``."""
     guide = AutoFactorisedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(learning_rate), DGPElbo(num_particles=num_particles))
     kwargs = {"batch_size": batch_size} if batch_size else {}
+    if callable(init_params):  # values that need the initial parameters' shapes
+        init_params = init_params(svi.get_params(svi.init(rng_key, X, y, **kwargs)))
     result = fit(svi, rng_key, X, y, num_steps=num_steps, chunk_size=min(chunk_size, num_steps),
-                 progress_bar=progress_bar, **kwargs)
+                 progress_bar=progress_bar, init_params=init_params, **kwargs)
     return model, guide, result
 
 
@@ -191,14 +194,49 @@ def fit_diffgp(
     chunk_size=500,
     noise_init=0.01,
     estimator="marginal",
+    init="default",
+    pretrain_steps=0,
 ):
     """Fit a DiffGP (:func:`numpyro_dgp.models.diffgp`, ``AutoFactorisedDGP`` + ``DGPElbo`` + Adam).
 
-    :return: ``(model, guide, FitResult)``.
+    :param init: ``"default"`` (:func:`~numpyro_dgp.models.diffgp`'s initial values: unit
+        lengthscales, zero inducing means, noise ``noise_init``) or ``"released"`` (the
+        released DiffGP code's: lengthscales ``D`` for both kernels, noise variance 1,
+        whitened inducing means of flow and predictor drawn from N(0, 1)).
+    :param pretrain_steps: first fit the predictor alone as an SVGP (``T = 0``) for this many
+        steps and start the flow model from its predictor and noise (the paper's
+        pre-training; the flow keeps its own initial values).
+    :return: ``(model, guide, FitResult)``; ``FitResult`` of the flow model (the
+        pre-training is not counted in its timings).
     """
-    model = diffgp(T, num_steps=num_flow_steps, num_inducing=num_inducing, noise_init=noise_init, estimator=estimator)
+    if init not in ("default", "released"):
+        raise ValueError(f"fit_diffgp: init must be 'default' or 'released', got {init!r}")
+    if not (isinstance(pretrain_steps, (int, np.integer)) and pretrain_steps >= 0):
+        raise ValueError(f"fit_diffgp: pretrain_steps must be a non-negative integer, got {pretrain_steps!r}")
+    options = {"num_inducing": num_inducing, "noise_init": noise_init}
+    if init == "released":
+        D = float(X.shape[-1])
+        options = {"num_inducing": num_inducing, "noise_init": 1.0, "flow_kernel": RBF(variance=0.01, lengthscale=D),
+                   "kernel": RBF(lengthscale=D)}
+    # the flow model's own fit keeps rng_key, so that the default run is unchanged by these options
+    pretrain_key, means_key = jax.random.fold_in(rng_key, 1), jax.random.fold_in(rng_key, 2)
+    init_params = {}
+    if pretrain_steps:
+        _, _, pre = _fit_factorised(diffgp(0.0, **options), pretrain_key, X, y, int(pretrain_steps), batch_size,
+                                    learning_rate, 1, progress_bar, chunk_size)
+        init_params = {k: v for k, v in pre.params.items() if k == "noise" or k.startswith("g.")}
+
+    def initial_values(params):
+        out = dict(init_params)
+        for i, site in enumerate(("flow.u_auto_loc", "g.u_auto_loc")):
+            if site not in out:
+                shape = params[site].shape
+                out[site] = jax.random.normal(jax.random.fold_in(means_key, i), shape, params[site].dtype)
+        return out
+
+    model = diffgp(T, num_steps=num_flow_steps, estimator=estimator, **options)
     return _fit_factorised(model, rng_key, X, y, num_steps, batch_size, learning_rate, num_particles, progress_bar,
-                           chunk_size)
+                           chunk_size, init_params=initial_values if init == "released" else (init_params or None))
 
 
 def run_diffgp_uci(
@@ -216,14 +254,18 @@ def run_diffgp_uci(
     num_particles=4,
     num_test_samples=50,
     progress_bar=False,
+    init="default",
+    pretrain_steps=0,
 ) -> RunResult:
     """DiffGP on one UCI split (the released code's settings by default: full batch up to
-    10000 points, 4 training samples, 50 test samples); metrics in original target units."""
+    10000 points, 4 training samples, 50 test samples); metrics in original target units.
+    ``init`` and ``pretrain_steps``: see :func:`fit_diffgp`."""
     def fit_fn(fit_key, X, y):
         return fit_diffgp(
             fit_key, X, y, T=T, num_flow_steps=num_flow_steps, num_inducing=min(num_inducing, X.shape[0]),
             num_steps=num_steps, batch_size=batch_size if batch_size < X.shape[0] else None,
             learning_rate=learning_rate, num_particles=num_particles, progress_bar=progress_bar,
+            init=init, pretrain_steps=pretrain_steps,
         )
 
     return _run_on_uci(name, split, rng_key, data_dir, num_test_samples, fit_fn)

@@ -318,6 +318,20 @@ not recomputed by this notebook). The paper's settings (M = 100 for flow and pre
 20 Euler–Maruyama steps, full batch, 4 training samples, 3000 iterations) cost about 2 s per
 step for concrete on the 2-core CPU this was run on; read each file's settings line for what
 was actually run.
+
+Two other starts are options of `experiments.fit_diffgp` (and `--init`, `--pretrain-steps`
+of the benchmark), for checking whether the start explains a gap to the paper:
+`init="released"` starts from the released DiffGP code's values (lengthscales $D$, noise
+variance 1, whitened inducing means drawn from N(0, 1)) instead of ours (unit lengthscales,
+noise 0.01, zero means), and `pretrain_steps=n` first fits the predictor alone as an SVGP
+($T = 0$) for `n` steps and starts the flow model from it, as the paper describes:
+
+```python
+from numpyro_dgp.experiments import fit_diffgp
+model, guide, result = fit_diffgp(rng_key, X, y, T=5.0, num_steps=3000, pretrain_steps=2000)
+```
+
+The concrete files `sde_flow_concrete_3k*.md` compare the three starts on the same splits.
 """)
 code(r"""
 results = Path("..") / "benchmarks" / "results"
