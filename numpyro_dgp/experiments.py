@@ -97,8 +97,6 @@ def _fit_factorised(model, rng_key, X, y, num_steps, batch_size, learning_rate, 
     guide = AutoFactorisedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(learning_rate), DGPElbo(num_particles=num_particles))
     kwargs = {"batch_size": batch_size} if batch_size else {}
-    if callable(init_params):  # values that need the initial parameters' shapes
-        init_params = init_params(svi.get_params(svi.init(rng_key, X, y, **kwargs)))
     result = fit(svi, rng_key, X, y, num_steps=num_steps, chunk_size=min(chunk_size, num_steps),
                  progress_bar=progress_bar, init_params=init_params, **kwargs)
     return model, guide, result
@@ -213,30 +211,25 @@ def fit_diffgp(
         raise ValueError(f"fit_diffgp: init must be 'default' or 'released', got {init!r}")
     if not (isinstance(pretrain_steps, (int, np.integer)) and pretrain_steps >= 0):
         raise ValueError(f"fit_diffgp: pretrain_steps must be a non-negative integer, got {pretrain_steps!r}")
+    D = X.shape[-1]
     options = {"num_inducing": num_inducing, "noise_init": noise_init}
     if init == "released":
-        D = float(X.shape[-1])
-        options = {"num_inducing": num_inducing, "noise_init": 1.0, "flow_kernel": RBF(variance=0.01, lengthscale=D),
-                   "kernel": RBF(lengthscale=D)}
+        options.update(noise_init=1.0, flow_kernel=RBF(variance=0.01, lengthscale=float(D)),
+                       kernel=RBF(lengthscale=float(D)))
     # the flow model's own fit keeps rng_key, so that the default run is unchanged by these options
     pretrain_key, means_key = jax.random.fold_in(rng_key, 1), jax.random.fold_in(rng_key, 2)
     init_params = {}
+    if init == "released":  # whitened inducing means, shape (out_dim, M)
+        for i, (site, width) in enumerate((("flow.u_auto_loc", D), ("g.u_auto_loc", 1))):
+            init_params[site] = jax.random.normal(jax.random.fold_in(means_key, i), (width, num_inducing), X.dtype)
     if pretrain_steps:
         _, _, pre = _fit_factorised(diffgp(0.0, **options), pretrain_key, X, y, int(pretrain_steps), batch_size,
                                     learning_rate, 1, progress_bar, chunk_size)
-        init_params = {k: v for k, v in pre.params.items() if k == "noise" or k.startswith("g.")}
-
-    def initial_values(params):
-        out = dict(init_params)
-        for i, site in enumerate(("flow.u_auto_loc", "g.u_auto_loc")):
-            if site not in out:
-                shape = params[site].shape
-                out[site] = jax.random.normal(jax.random.fold_in(means_key, i), shape, params[site].dtype)
-        return out
+        init_params.update({k: v for k, v in pre.params.items() if k == "noise" or k.startswith("g.")})
 
     model = diffgp(T, num_steps=num_flow_steps, estimator=estimator, **options)
     return _fit_factorised(model, rng_key, X, y, num_steps, batch_size, learning_rate, num_particles, progress_bar,
-                           chunk_size, init_params=initial_values if init == "released" else (init_params or None))
+                           chunk_size, init_params=init_params or None)
 
 
 def run_diffgp_uci(
