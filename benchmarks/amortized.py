@@ -6,7 +6,9 @@ in the same run.
   with per-point M = (8, 4, 4) and S = 32 branches, and the DS-DGP baseline (global
   inducing points M = (256, 128, 128), learned linear inner means): Adam 0.005, batch 100,
   100 epochs; test NLL, RMSE and CRPS of the final parameters and of the epoch with the best
-  NLL on the split's validation part, seconds per epoch (steady, compile excluded).
+  NLL on the split's validation part, seconds per epoch (steady, compile excluded);
+  ``--swa-epochs K`` also scores the mean of the end-of-epoch parameters over the last K epochs
+  (stochastic weight averaging), ``--beta`` sets AR2PP's KL weight (paper: 1).
 * ``--letters``: paper 003's toy classification ("DGP" letters on the unit square), amortized
   DGPs with 1-4 layers (AR2P, probit), test error beside Table 2.
 
@@ -16,6 +18,7 @@ with the command line.
 Examples::
 
     python benchmarks/amortized.py --splits 0-4
+    python benchmarks/amortized.py --methods AR2P,AR2PP --swa-epochs 25 --splits 0-4
     python benchmarks/amortized.py --letters --layers 1,2,3,4 --num-inducing 64 --splits 0
     # splits run in two processes, then one results file
     python benchmarks/amortized.py --merge results/amortized_a.json results/amortized_b.json --tag kin8nm
@@ -45,7 +48,7 @@ TARGETS_KIN8NM = {"AR2P": {"nll": 0.16, "rmse": 0.275}, "AR2PP": {"nll": 0.10}}
 PUBLISHED_LETTERS = {1: 6.81, 2: 3.10, 3: 2.59, 4: 1.86}
 
 
-def _model_and_guide(method, num_branches, dsvi_inducing, X_train):
+def _model_and_guide(method, num_branches, dsvi_inducing, X_train, beta=1.0):
     import jax
     import jax.numpy as jnp
     import numpyro
@@ -60,7 +63,7 @@ def _model_and_guide(method, num_branches, dsvi_inducing, X_train):
     if method in ("AR2P", "AR2PP"):
         model = dgp.models.amortized_dgp(widths=(16, 4, 1), num_inducing=(8, 4, 4))
         guide = AutoAmortizedDGP(model, rule="AR2P", num_branches=num_branches)
-        objective = dgp.DGPElbo() if method == "AR2P" else dgp.PredictiveObjective(num_particles=1)
+        objective = dgp.DGPElbo() if method == "AR2P" else dgp.PredictiveObjective(num_particles=1, beta=beta)
         return model, guide, objective
     # DS-DGP: global inducing points, k-means on the data propagated through the linear means
     X = jnp.asarray(X_train)
@@ -100,7 +103,7 @@ def run_kin8nm(method, seed, args):
     data = random_uci_split("kin8nm", seed, data_dir=args.data_dir)
     valid = random_uci_split("kin8nm", seed, data_dir=args.data_dir, part="validation")
     X, y = jnp.asarray(data.X_train), jnp.asarray(data.y_train)
-    model, guide, objective = _model_and_guide(method, args.branches, args.dsvi_inducing, data.X_train)
+    model, guide, objective = _model_and_guide(method, args.branches, args.dsvi_inducing, data.X_train, args.beta)
     svi = SVI(model, guide, _optimizer(args), objective)
     steps_per_epoch = int(np.ceil(X.shape[0] / args.batch_size))
     # AR2P propagation is deterministic: its S = 32 branches are the mixture; DS-DGP: 32 samples
@@ -114,6 +117,7 @@ def run_kin8nm(method, seed, args):
     start = time.perf_counter()
     state, epoch_seconds, validation_seconds, losses, compile_seconds, num_skipped = None, [], [], [], None, 0
     best_nll, best_params, best_epoch, validation_nll = np.inf, None, 0, []
+    swa_params, swa_count = None, 0
     for epoch in range(1, args.epochs + 1):
         result = dgp.fit(svi, jax.random.PRNGKey(seed), X, y, args.batch_size, num_steps=steps_per_epoch,
                          chunk_size=steps_per_epoch, progress_bar=False, init_state=state)
@@ -128,15 +132,26 @@ def run_kin8nm(method, seed, args):
         validation_nll.append(round(nll, 4))
         if nll < best_nll:
             best_nll, best_params, best_epoch = nll, result.params, epoch
+        if epoch > args.epochs - args.swa_epochs:
+            # stochastic weight averaging (Izmailov et al., 2018): a running mean of the end-of-epoch
+            # (constrained) parameters; every constraint used here is convex, so the mean is valid
+            swa_count += 1
+            swa_params = result.params if swa_params is None else jax.tree.map(
+                lambda a, b: a + (b - a) / swa_count, swa_params, result.params)
     fit_seconds = time.perf_counter() - start
     final, selected = scores(result.params, data), scores(best_params, data)
+    swa = {}
+    if swa_params is not None:
+        averaged = scores(swa_params, data)
+        swa = {"nll_swa": -averaged["log_likelihood"], "rmse_swa": averaged["rmse"], "crps_swa": averaged["crps"],
+               "validation_nll_swa": -scores(swa_params, valid)["log_likelihood"]}
     return {
         "split": seed, "nll": -final["log_likelihood"], "rmse": final["rmse"], "crps": final["crps"],
         "nll_selected": -selected["log_likelihood"], "rmse_selected": selected["rmse"], "crps_selected": selected["crps"],
         "selected_epoch": best_epoch, "validation_nll": validation_nll,
         "seconds_per_epoch": float(np.median(epoch_seconds)), "validation_seconds": float(np.median(validation_seconds)),
         "compile_seconds": compile_seconds, "fit_seconds": fit_seconds,
-        "final_loss": losses[-1], "num_skipped": num_skipped,
+        "final_loss": losses[-1], "num_skipped": num_skipped, **swa,
     }
 
 
@@ -194,6 +209,11 @@ def _mean_sd(values):
     return float(v.mean()), (float(v.std(ddof=1)) if len(v) > 1 else float("nan"))
 
 
+def _fmt_mean_sd(mean, sd, digits):
+    # A single run has no spread; say so rather than print "± nan".
+    return f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if np.isfinite(sd) else " (one run)")
+
+
 def write_markdown(path, record):
     lines = ["# Amortized DGP (paper 003) — numpyro-dgp", "", f"Command: `{record['command']}`", "",
              f"Machine: {record['machine']}; float64: {record['float64']}; {record['date']}", "",
@@ -210,13 +230,14 @@ def write_markdown(path, record):
         for method, rows in record["results"].items():
             if not rows:
                 continue
-            for which, suffix in (("final epoch", ""), ("best validation epoch", "_selected")):
+            swa_label = f"mean parameters of the last {record.get('swa_epochs')} epochs"
+            for which, suffix in (("final epoch", ""), ("best validation epoch", "_selected"), (swa_label, "_swa")):
                 if suffix and not all(f"nll{suffix}" in r for r in rows):
                     continue
                 cells = []
                 for key in ("nll", "rmse", "crps"):
                     m, sd = _mean_sd([r[key + suffix] for r in rows])
-                    cells.append(f"{m:.3f} ± {sd:.3f}")
+                    cells.append(_fmt_mean_sd(m, sd, 3))
                 spe = _mean_sd([r["seconds_per_epoch"] for r in rows])[0]
                 comp = _mean_sd([r["compile_seconds"] for r in rows])[0]
                 pub = PUBLISHED_KIN8NM[method]
@@ -237,6 +258,15 @@ def write_markdown(path, record):
                       + ". s/epoch is training only (median over epochs); scoring the validation part took "
                       + "; ".join(f"{m} {_mean_sd([r['validation_seconds'] for r in rows])[0]:.2f} s"
                                   for m, rows in record["results"].items() if rows) + " per epoch (median)."]
+        if any("nll_swa" in r for rows in record["results"].values() for r in rows):
+            lines += ["", f"'mean parameters of the last {record.get('swa_epochs')} epochs': stochastic weight "
+                      "averaging, the running mean of the end-of-epoch parameters over the last epochs, fixed "
+                      "before the run (no selection). Validation NLL (mean over splits) of the final / averaged "
+                      "parameters: " + "; ".join(
+                          f"{m} {_mean_sd([r['validation_nll'][-1] for r in rows])[0]:.3f} / "
+                          f"{_mean_sd([r['validation_nll_swa'] for r in rows])[0]:.3f}"
+                          for m, rows in record["results"].items()
+                          if rows and all("validation_nll_swa" in r for r in rows)) + "."]
     else:
         lines += ["'DGP' letters, AR2P amortized DGPs, test error (%), mean ± sd over seeds.", "",
                   "| layers | seeds | error % | test LL | s/epoch | paper error % (|M| = 64) |",
@@ -247,7 +277,7 @@ def write_markdown(path, record):
             e = _mean_sd([r["error_pct"] for r in rows])
             ll = _mean_sd([r["log_likelihood"] for r in rows])[0]
             spe = _mean_sd([r["seconds_per_epoch"] for r in rows])[0]
-            lines.append(f"| {layers} | {len(rows)} | {e[0]:.2f} ± {e[1]:.2f} | {ll:.3f} | {spe:.2f} | "
+            lines.append(f"| {layers} | {len(rows)} | {_fmt_mean_sd(*e, 2)} | {ll:.3f} | {spe:.2f} | "
                          f"{PUBLISHED_LETTERS.get(int(layers), float('nan')):.2f} |")
     lines += ["", "Per run:", "", "```", json.dumps(record["results"], indent=1), "```"]
     Path(path).write_text("\n".join(lines) + "\n")
@@ -298,6 +328,9 @@ def main(argv=None):
     parser.add_argument("--branches", type=int, default=32)
     parser.add_argument("--dsvi-inducing", default="256,128,128")
     parser.add_argument("--lr", type=float, default=0.005)
+    parser.add_argument("--swa-epochs", type=int, default=0,
+                        help="kin8nm: also score the mean parameters of the last N epochs (stochastic weight averaging)")
+    parser.add_argument("--beta", type=float, default=1.0, help="AR2PP: KL weight of the predictive objective (paper: 1)")
     parser.add_argument("--float32", action="store_true")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--tag", default=None)
@@ -324,7 +357,7 @@ def main(argv=None):
     json_path, md_path = out_dir / f"amortized_{tag}.json", out_dir / f"amortized_{tag}.md"
     if mode == "kin8nm":
         settings = (f"widths (16, 4, 1), Matérn-5/2 (isotropic), {_optimizer_label(args)}, batch {args.batch_size}, "
-                    f"{args.epochs} epochs; AR2P/AR2PP: per-point M = (8, 4, 4), zero means, S = {args.branches} "
+                    f"{args.epochs} epochs; AR2PP KL weight beta = {args.beta:g}; AR2P/AR2PP: per-point M = (8, 4, 4), zero means, S = {args.branches} "
                     f"learned branches, diagonal encoder covariances, 2-hidden-layer encoders; DS-DGP: global "
                     f"M = {args.dsvi_inducing}, learned linear inner means, factorised guide, DGPElbo with 1 "
                     f"sample per step (the paper's S = 32 per step: 0.81 s/step in a separate 200-step float64 run on this machine), {args.branches} test samples")
@@ -338,7 +371,7 @@ def main(argv=None):
     record = {
         "command": "python benchmarks/amortized.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.default_backend()})",
-        "float64": not args.float32, "mode": mode, "settings": settings,
+        "float64": not args.float32, "mode": mode, "settings": settings, "swa_epochs": args.swa_epochs,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "results": {k: [] for k in keys},
     }
     for split in splits:

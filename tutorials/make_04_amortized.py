@@ -309,13 +309,19 @@ md(r"""
 `benchmarks/amortized.py` runs kin8nm (random 8:1:1 splits, widths 16-4-1, per-point
 M = 8, 4, 4, Adam 0.005, batch 100, 100 epochs; AR2P, AR2PP and our factorised DS-DGP
 baseline in the same run; test metrics of the final parameters and of the epoch with the best
-NLL on the split's validation part) and the letters toy with 1–4 layers; the committed results
-are shown here (not recomputed by this notebook).
+NLL on the split's validation part) and the letters toy with 1–4 layers; the headline
+committed results are shown here (not recomputed by this notebook): kin8nm (AR2P and AR2PP, with
+the test metrics of the final, the validation-selected and the averaged parameters of the last 25
+epochs; averaging is what brings AR2PP under the issue's NLL target), and the letters at the
+paper's Adam 0.005 and at 0.002. The README's amortized section lists every other run
+(earlier settings, single-seed probes) and the command that made each.
 """)
 code(r"""
-results = Path("..") / "benchmarks" / "results"
-for path in sorted(results.glob("amortized_*.md")):
-    print(f"--- {path.name} ---\n{path.read_text().split('Per run:')[0]}")
+# the tests run a copy of this notebook elsewhere, so find the results from the package
+results = Path(dgp.__file__).resolve().parent.parent / "benchmarks" / "results"
+assert results.is_dir(), f"committed benchmark results not found at {results}"
+for name in ("amortized_kin8nm_ar2p_swa.md", "amortized_kin8nm_ar2pp_swa_beta1.md", "amortized_letters_kernelfix.md", "amortized_letters_lr002.md"):
+    print(f"--- {name} ---\n{(results / name).read_text().split('Per run:')[0]}")
 """)
 
 
