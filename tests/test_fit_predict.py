@@ -63,6 +63,40 @@ def test_fit_matches_a_plain_update_loop(data):
     assert result.num_skipped == 0 and result.losses.shape == (60,)
 
 
+def test_fit_averages_the_iterates_of_its_last_steps(data):
+    X, y = data
+    guide, svi = make_svi(one_layer, lr=0.05)
+    state = svi.init(jax.random.PRNGKey(0), X, y)
+    # the window (steps 38..60) starts inside the second chunk and ends in a partly used third
+    result = dgp.fit(svi, None, X, y, num_steps=60, chunk_size=25, init_state=state, progress_bar=False,
+                     average_from=37)
+    update = jax.jit(svi.update)
+    s, iterates = state, []
+    for _ in range(60):
+        s, _ = update(s, X, y)
+        iterates.append(svi.optim.get_params(s.optim_state))
+    # reference: plain mean of the unconstrained iterates after steps 38..60, then constrained
+    window = iterates[37:]
+    mean = {k: np.mean([it[k] for it in window], axis=0) for k in window[0]}
+    expected = svi.constrain_fn(mean)
+    for k, v in expected.items():
+        np.testing.assert_allclose(result.averaged_params[k], v, rtol=1e-6, atol=1e-9)
+    # the average differs from the last iterate (the optimiser is still moving)
+    assert not np.allclose(result.averaged_params["f.u_auto_loc"], result.params["f.u_auto_loc"], atol=1e-4)
+    # the last step alone is the final parameters; no averaging, no field
+    last = dgp.fit(svi, None, X, y, num_steps=60, chunk_size=25, init_state=state, progress_bar=False,
+                   average_from=59)
+    for k, v in last.params.items():
+        np.testing.assert_allclose(last.averaged_params[k], v, rtol=1e-6, atol=1e-9)
+    plain = dgp.fit(svi, None, X, y, num_steps=60, chunk_size=25, init_state=state, progress_bar=False)
+    assert plain.averaged_params is None
+    for k, v in plain.params.items():  # averaging does not change the trajectory
+        np.testing.assert_allclose(result.params[k], v, rtol=1e-8)
+    for bad in (-1, 60, 2.5):
+        with pytest.raises(ValueError, match="average_from"):
+            dgp.fit(svi, None, X, y, num_steps=60, init_state=state, progress_bar=False, average_from=bad)
+
+
 def test_fit_compiles_once(data):
     X, y = data
     counter = _Counter()

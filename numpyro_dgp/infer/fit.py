@@ -25,6 +25,8 @@ class FitResult(NamedTuple):
     :ivar chunk_size: steps per chunk.
     :ivar compile_seconds: time to trace, lower and compile the chunk function before the
         first chunk (near 0 when ``svi`` already has it compiled for these shapes).
+    :ivar averaged_params: with ``fit(..., average_from=k)``, the averaged parameters
+        (constrained); ``None`` otherwise.
     """
 
     params: dict
@@ -34,6 +36,7 @@ class FitResult(NamedTuple):
     chunk_seconds: np.ndarray
     chunk_size: int
     compile_seconds: float
+    averaged_params: dict | None = None
 
     @property
     def seconds_per_step(self) -> float:
@@ -60,10 +63,14 @@ def _all_finite(tree):
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
-def _chunk_runner(svi, chunk, static_args, static_kwargs):
-    """The jitted ``lax.scan`` over ``chunk`` SVI steps, cached per ``svi`` and static arguments."""
+def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
+    """The jitted ``lax.scan`` over ``chunk`` SVI steps, cached per ``svi`` and static arguments.
+
+    With ``average`` the carry also holds a running mean of the unconstrained parameters over
+    the steps with index ``>= average_start`` (relative to the chunk's first step).
+    """
     try:
-        key = (chunk, static_args, tuple(sorted(static_kwargs.items())))
+        key = (chunk, average, static_args, tuple(sorted(static_kwargs.items())))
         hash(key)
     except TypeError:  # unhashable static arguments: compile for this call only
         key = None
@@ -77,8 +84,8 @@ def _chunk_runner(svi, chunk, static_args, static_kwargs):
         full = [d if s is None else s for d, s in zip(dyn_a, static_args)]
         return full, {**static_kwargs, **dyn_kw}
 
-    def step(carry, step_index, num_remaining, dyn_a, dyn_kw):
-        state = carry
+    def step(carry, step_index, num_remaining, dyn_a, dyn_kw, average_start):
+        state, mean, count = carry
         a, kw = merge(dyn_a, dyn_kw)
         new_state, loss = svi.update(state, *a, **kw)
         finite = jnp.isfinite(loss) & _all_finite(new_state.optim_state)
@@ -89,13 +96,20 @@ def _chunk_runner(svi, chunk, static_args, static_kwargs):
             lambda n, o: jnp.where(accept, n, o), new_state.mutable_state, state.mutable_state)
         # the key always advances so a skipped step is not retried with the same draw
         state = new_state._replace(optim_state=kept, mutable_state=kept_mutable)
-        return state, (loss, active & ~finite)
+        if average:
+            # a skipped update still counts, with the parameters it left unchanged
+            include = active & (step_index >= average_start)
+            count = count + include
+            current = svi.optim.get_params(state.optim_state)
+            mean = jax.tree_util.tree_map(
+                lambda m, p: jnp.where(include, m + (p - m) / jnp.maximum(count, 1), m), mean, current)
+        return (state, mean, count), (loss, active & ~finite)
 
     @jax.jit
-    def run_chunk(state, num_remaining, dyn_a, dyn_kw):
+    def run_chunk(state, num_remaining, dyn_a, dyn_kw, mean, count, average_start):
         def body(carry, i):
-            return step(carry, i, num_remaining, dyn_a, dyn_kw)
-        return jax.lax.scan(body, state, jnp.arange(chunk))
+            return step(carry, i, num_remaining, dyn_a, dyn_kw, average_start)
+        return jax.lax.scan(body, (state, mean, count), jnp.arange(chunk))
 
     if key is not None:
         cached[key] = run_chunk
@@ -111,6 +125,7 @@ def fit(
     progress_bar: bool = True,
     init_state=None,
     init_params=None,
+    average_from: int | None = None,
     **kwargs,
 ) -> FitResult:
     """Run ``num_steps`` SVI updates compiled as a ``lax.scan`` over chunks of ``chunk_size``.
@@ -131,12 +146,22 @@ def fit(
     :param progress_bar: show a tqdm progress bar.
     :param init_state: continue from a previous ``FitResult.state``.
     :param init_params: initial constrained parameter values for ``svi.init``.
+    :param average_from: also return, as ``FitResult.averaged_params``, the mean of the
+        parameters after each of the steps ``average_from + 1, ..., num_steps`` of this call
+        (iterate averaging, as in stochastic weight averaging: Izmailov et al., 2018). The mean
+        is taken over the unconstrained values the optimiser updates, so it is valid for every
+        constraint, and mapped back through the constraints. A skipped update counts with the
+        unchanged parameters. ``None`` (default): no averaging.
     :return: :class:`FitResult`.
     """
     if not (isinstance(num_steps, (int, np.integer)) and num_steps >= 1):
         raise ValueError(f"fit: num_steps must be a positive integer, got {num_steps!r}")
     if not (isinstance(chunk_size, (int, np.integer)) and chunk_size >= 1):
         raise ValueError(f"fit: chunk_size must be a positive integer, got {chunk_size!r}")
+    if average_from is not None and not (
+            isinstance(average_from, (int, np.integer)) and 0 <= average_from < num_steps):
+        raise ValueError(f"fit: average_from must be an integer in [0, num_steps) = [0, {num_steps}), "
+                         f"got {average_from!r}")
     _check_finite_args(args, kwargs)
 
     if init_state is None:
@@ -154,12 +179,16 @@ def fit(
     dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
     static_kwargs = {k: v for k, v in kwargs.items() if not _is_array(v)}
     chunk = min(int(chunk_size), int(num_steps))
-    run_chunk = _chunk_runner(svi, chunk, static_args, static_kwargs)
+    average = average_from is not None
+    run_chunk = _chunk_runner(svi, chunk, static_args, static_kwargs, average)
+    # without averaging the mean is an empty placeholder carried through the scan
+    mean = svi.optim.get_params(state.optim_state) if average else {}
+    count = jnp.zeros((), jnp.int32)
 
     # Compiled ahead of the first chunk so that compilation is timed on its own (the jitted
     # call below reuses this executable); cheap when svi already has it for these shapes.
     start = time.perf_counter()
-    run_chunk.lower(state, jnp.asarray(num_steps), dyn_args, dyn_kwargs).compile()
+    run_chunk.lower(state, jnp.asarray(num_steps), dyn_args, dyn_kwargs, mean, count, jnp.asarray(0)).compile()
     compile_seconds = time.perf_counter() - start
 
     num_chunks = math.ceil(num_steps / chunk)
@@ -175,7 +204,9 @@ def fit(
         for c in range(num_chunks):
             remaining = num_steps - c * chunk
             start = time.perf_counter()
-            state, (chunk_losses, skipped) = run_chunk(state, jnp.asarray(remaining), dyn_args, dyn_kwargs)
+            average_start = jnp.asarray((average_from if average else 0) - c * chunk)
+            (state, mean, count), (chunk_losses, skipped) = run_chunk(
+                state, jnp.asarray(remaining), dyn_args, dyn_kwargs, mean, count, average_start)
             chunk_losses = np.asarray(chunk_losses)  # the host sync that ends the chunk
             chunk_seconds.append(time.perf_counter() - start)
             losses[c * chunk:(c + 1) * chunk] = chunk_losses
@@ -200,5 +231,6 @@ def fit(
             RuntimeWarning,
             stacklevel=2,
         )
+    averaged = svi.constrain_fn(mean) if average else None
     return FitResult(svi.get_params(state), losses, state, num_skipped, np.asarray(chunk_seconds), chunk,
-                     compile_seconds)
+                     compile_seconds, averaged)
