@@ -224,13 +224,13 @@ def write_markdown(path, record):
     if record.get("notes"):
         lines += [record["notes"], ""]
     if record["mode"] == "kin8nm":
+        swa_label = f"mean parameters of the last {record.get('swa_epochs')} epochs"
         lines += ["kin8nm, standardised units, mean ± sd over the splits (paper: 5 random 8:1:1 splits).", "",
                   "| method | splits | NLL | RMSE | CRPS | s/epoch | compile s | paper NLL | paper RMSE | target |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for method, rows in record["results"].items():
             if not rows:
                 continue
-            swa_label = f"mean parameters of the last {record.get('swa_epochs')} epochs"
             for which, suffix in (("final epoch", ""), ("best validation epoch", "_selected"), (swa_label, "_swa")):
                 if suffix and not all(f"nll{suffix}" in r for r in rows):
                     continue
@@ -259,7 +259,7 @@ def write_markdown(path, record):
                       + "; ".join(f"{m} {_mean_sd([r['validation_seconds'] for r in rows])[0]:.2f} s"
                                   for m, rows in record["results"].items() if rows) + " per epoch (median)."]
         if any("nll_swa" in r for rows in record["results"].values() for r in rows):
-            lines += ["", f"'mean parameters of the last {record.get('swa_epochs')} epochs': stochastic weight "
+            lines += ["", f"'{swa_label}': stochastic weight "
                       "averaging, the running mean of the end-of-epoch parameters over the last epochs, fixed "
                       "before the run (no selection). Validation NLL (mean over splits) of the final / averaged "
                       "parameters: " + "; ".join(
