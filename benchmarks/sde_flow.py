@@ -54,6 +54,12 @@ def _fmt(pair, digits=2):
     return f"{pair[0]:.{digits}f} ({pair[1]:.{digits}f})"
 
 
+def _mean_se(pair, mean_format, se_format):
+    """``mean (se)``, or ``mean (one run)`` where a single split leaves no standard error."""
+    se = f"{pair[1]:{se_format}}" if np.isfinite(pair[1]) else "one run"
+    return f"{pair[0]:{mean_format}} ({se})"
+
+
 def write_markdown(path, record):
     from numpyro_dgp.experiments import mean_and_standard_error as summarise
 
@@ -84,7 +90,7 @@ def write_markdown(path, record):
             sps = np.mean([r["seconds_per_step"] for r in runs])
             comp = np.mean([r["compile_seconds"] for r in runs])
             lines.append(
-                f"| {name} | {label} | {len(runs)} | {ll[0]:.3f} ({ll[1]:.3f}) | {rmse[0]:.4g} ({rmse[1]:.2g}) | "
+                f"| {name} | {label} | {len(runs)} | {_mean_se(ll, '.3f', '.3f')} | {_mean_se(rmse, '.4g', '.2g')} | "
                 f"{pll} | {prm} | {target} | {sps * 1e3:.0f} ms | {comp:.1f} |"
             )
     lines += ["", "Mean (standard error) over splits; LL per test point, original target units. "
