@@ -50,14 +50,14 @@ PUBLISHED = {
 TARGETS = {"concrete": (-2.98, 4.8), "bostonHousing": (-2.40, None), "kin8nm": (1.30, None)}
 
 
-def _fmt(pair, digits=2):
-    return f"{pair[0]:.{digits}f} ({pair[1]:.{digits}f})"
-
-
 def _mean_se(pair, mean_format, se_format):
     """``mean (se)``, or ``mean (one run)`` where a single split leaves no standard error."""
     se = f"{pair[1]:{se_format}}" if np.isfinite(pair[1]) else "one run"
     return f"{pair[0]:{mean_format}} ({se})"
+
+
+def _fmt(pair, digits=2):
+    return _mean_se(pair, f".{digits}f", f".{digits}f")
 
 
 def write_markdown(path, record):
