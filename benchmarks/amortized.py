@@ -1,8 +1,8 @@
-"""Amortized DGP (paper 003, AVDGP) against the published numbers, with our factorised DSVI
+"""Amortized DGP (paper 003, AVDGP) against the published numbers, with our factorized DSVI
 in the same run.
 
 * ``--kin8nm`` (default): kin8nm, random 8:1:1 splits (seeds), 3 layers of widths (16, 4, 1),
-  isotropic Matérn-5/2, standardised units; AR2P (``DGPElbo``), AR2PP (``PredictiveObjective``)
+  isotropic Matérn-5/2, standardized units; AR2P (``DGPElbo``), AR2PP (``PredictiveObjective``)
   with per-point M = (8, 4, 4) and S = 32 branches, and the DS-DGP baseline (global
   inducing points M = (256, 128, 128), learned linear inner means): Adam 0.005, batch 100,
   100 epochs; test NLL, RMSE and CRPS of the final parameters and of the epoch with the best
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-# notes/amortized.md: kin8nm, standardised units, mean ± std over 5 splits
+# notes/amortized.md: kin8nm, standardized units, mean ± std over 5 splits
 PUBLISHED_KIN8NM = {
     "AR2P": {"nll": (0.118, 0.037), "rmse": (0.266, 0.007), "crps": (0.168, 0.004)},
     "AR2PP": {"nll": (0.066, 0.022), "rmse": (0.263, 0.004)},
@@ -56,7 +56,7 @@ def _model_and_guide(method, num_branches, dsvi_inducing, X_train, beta=1.0):
     from numpyro.distributions import constraints
 
     import numpyro_dgp as dgp
-    from numpyro_dgp.guides import AutoAmortizedDGP, AutoFactorisedDGP
+    from numpyro_dgp.guides import AutoAmortizedDGP, AutoFactorizedDGP
     from numpyro_dgp.kernels import Matern52
     from numpyro_dgp.layers import _projection
 
@@ -86,7 +86,7 @@ def _model_and_guide(method, num_branches, dsvi_inducing, X_train, beta=1.0):
         with data:
             numpyro.sample("y", dist.Normal(f[..., 0], jnp.sqrt(noise)), obs=yb)
 
-    return model, AutoFactorisedDGP(model), dgp.DGPElbo(num_particles=1)
+    return model, AutoFactorizedDGP(model), dgp.DGPElbo(num_particles=1)
 
 
 def run_kin8nm(method, seed, args):
@@ -109,7 +109,7 @@ def run_kin8nm(method, seed, args):
     # AR2P propagation is deterministic: its S = 32 branches are the mixture; DS-DGP: 32 samples
     num_samples = 1 if method != "DS-DGP" else args.branches
 
-    def scores(params, split):  # standardised units, as in the paper
+    def scores(params, split):  # standardized units, as in the paper
         pred = dgp.predict(model, guide, params, jax.random.PRNGKey(seed + 1000), jnp.asarray(split.X_test),
                            num_samples=num_samples)
         return dgp.metrics(pred, jnp.asarray(split.y_test))
@@ -175,13 +175,13 @@ def run_letters(num_layers, seed, args):
     from numpyro.infer import SVI
 
     import numpyro_dgp as dgp
-    from numpyro_dgp.datasets import letters_classification
+    from numpyro_dgp.papers.letters import letters_classification
     from numpyro_dgp.guides import AutoAmortizedDGP
 
     data = letters_classification(jax.random.PRNGKey(seed), args.letters_train, args.letters_test)
-    # inputs standardised (uniform on [0, 1]: mean 1/2, sd 1/sqrt(12)) like the UCI inputs
-    standardise = lambda A: jnp.asarray((A - 0.5) * np.sqrt(12.0))  # noqa: E731
-    X, y = standardise(data.X_train), jnp.asarray(data.y_train)
+    # inputs standardized (uniform on [0, 1]: mean 1/2, sd 1/sqrt(12)) like the UCI inputs
+    standardize = lambda A: jnp.asarray((A - 0.5) * np.sqrt(12.0))  # noqa: E731
+    X, y = standardize(data.X_train), jnp.asarray(data.y_train)
     widths = (2,) * (num_layers - 1) + (1,)
     model = dgp.models.amortized_dgp(widths=widths, num_inducing=(args.num_inducing,) * num_layers, likelihood="probit")
     guide = AutoAmortizedDGP(model, rule="AR2P", num_branches=args.branches if num_layers > 1 else 1,
@@ -192,14 +192,14 @@ def run_letters(num_layers, seed, args):
     result = dgp.fit(svi, jax.random.PRNGKey(seed), X, y, args.batch_size, num_steps=args.epochs * steps_per_epoch,
                      chunk_size=steps_per_epoch, progress_bar=False)
     fit_seconds = time.perf_counter() - start
-    pred = dgp.predict(model, guide, result.params, jax.random.PRNGKey(seed + 1000), standardise(data.X_test), num_samples=1)
+    pred = dgp.predict(model, guide, result.params, jax.random.PRNGKey(seed + 1000), standardize(data.X_test), num_samples=1)
     scores = dgp.metrics(pred, jnp.asarray(data.y_test))
     return {"split": seed, "error_pct": 100 * scores["error_rate"], "log_likelihood": scores["log_likelihood"],
             "brier": scores["brier"], "seconds_per_epoch": result.seconds_per_step * steps_per_epoch,
             "compile_seconds": result.compile_seconds, "fit_seconds": fit_seconds,
             "num_skipped": result.num_skipped,
             # training loss (negative ELBO of a batch, scaled to N) averaged per epoch, to tell a
-            # stalled optimisation from a converged one
+            # stalled optimization from a converged one
             "epoch_loss": [round(float(v), 2) for v in
                            np.nanmean(result.losses.reshape(args.epochs, steps_per_epoch), axis=1)]}
 
@@ -225,7 +225,7 @@ def write_markdown(path, record):
         lines += [record["notes"], ""]
     if record["mode"] == "kin8nm":
         swa_label = f"mean parameters of the last {record.get('swa_epochs')} epochs"
-        lines += ["kin8nm, standardised units, mean ± sd over the splits (paper: 5 random 8:1:1 splits).", "",
+        lines += ["kin8nm, standardized units, mean ± sd over the splits (paper: 5 random 8:1:1 splits).", "",
                   "| method | splits | NLL | RMSE | CRPS | s/epoch | compile s | paper NLL | paper RMSE | target |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for method, rows in record["results"].items():
@@ -286,7 +286,7 @@ def write_markdown(path, record):
 def merge(paths, tag, note=None):
     """Combine the records of runs split over processes (same settings, disjoint splits) into
     ``amortized_<tag>``; the merged record keeps every source command and date."""
-    from numpyro_dgp.experiments import extend_by_split
+    from numpyro_dgp.papers.results import extend_by_split
 
     recs = [json.loads(Path(p).read_text()) for p in paths]
     out = dict(recs[0])
@@ -347,7 +347,7 @@ def main(argv=None):
 
     if not args.float32:
         jax.config.update("jax_enable_x64", True)
-    from numpyro_dgp.experiments import parse_splits
+    from numpyro_dgp.datasets import parse_splits
 
     splits = parse_splits(args.splits)
     mode = "letters" if args.letters else "kin8nm"
@@ -359,12 +359,12 @@ def main(argv=None):
         settings = (f"widths (16, 4, 1), Matérn-5/2 (isotropic), {_optimizer_label(args)}, batch {args.batch_size}, "
                     f"{args.epochs} epochs; AR2PP KL weight beta = {args.beta:g}; AR2P/AR2PP: per-point M = (8, 4, 4), zero means, S = {args.branches} "
                     f"learned branches, diagonal encoder covariances, 2-hidden-layer encoders; DS-DGP: global "
-                    f"M = {args.dsvi_inducing}, learned linear inner means, factorised guide, DGPElbo with 1 "
+                    f"M = {args.dsvi_inducing}, learned linear inner means, factorized guide, DGPElbo with 1 "
                     f"sample per step (the paper's S = 32 per step: 0.81 s/step in a separate 200-step float64 run on this machine), {args.branches} test samples")
         keys = args.methods.split(",")
     else:
         settings = (f"{args.letters_train} training / {args.letters_test} test points, per-point M = "
-                    f"{args.num_inducing}, inner widths 2, inputs standardised, AR2P with S = {args.branches} (1 for one layer), "
+                    f"{args.num_inducing}, inner widths 2, inputs standardized, AR2P with S = {args.branches} (1 for one layer), "
                     f"probit, {_optimizer_label(args)}, batch {args.batch_size}, {args.epochs} epochs, encoder width "
                     f"{args.hidden_width or 'min(in, out)'}")
         keys = [str(int(n)) for n in args.layers.split(",")]

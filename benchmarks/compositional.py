@@ -1,12 +1,12 @@
 """Paper 000's Table 1 / Fig. 5 / App. E: how much uncertainty each variational family keeps.
 
 Part 1 (Table 1): a 2-layer DGP (SE kernel, then periodic) on noiseless 1-D data on [-1, 1];
-every family (factorised DSVI, joint, chain, inducing locations) with the same fixed kernel
-hyperparameters, the same small fixed noise, the same optimiser; ``--seeds`` seeds each.
+every family (factorized DSVI, joint, chain, inducing locations) with the same fixed kernel
+hyperparameters, the same small fixed noise, the same optimizer; ``--seeds`` seeds each.
 Reported per family: the ELBO (mean of 500 DGPElbo draws at the fitted parameters),
 Var[f1(0)] and Var[f2(0)] (law of total variance over 2000 propagated samples), for every
-inner-layer initialisation in ``--inits`` ("deterministic" = DSVI's 1e-5 start, "prior" =
-starting every layer at its prior: is collapse the optimum or an artefact of the start?).
+inner-layer initialization in ``--inits`` ("deterministic" = DSVI's 1e-5 start, "prior" =
+starting every layer at its prior: is collapse the optimum or an artifact of the start?).
 The paper does not say at which input Var[f2(0)] is taken; we report both readings: the
 composition f2(f1(0)) ("Var[f2(0)]") and layer 2 at its own input h = 0 ("Var[f2(h=0)]").
 
@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from numpyro_dgp import kernels  # noqa: E402
-from numpyro_dgp.compositional import (  # noqa: E402
+from numpyro_dgp.papers.compositional import (  # noqa: E402
     FAMILIES,
     elbo_estimate,
     family_samples,
@@ -56,13 +56,13 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 # paper 000, Table 1 (10 trials); no chain-structured row is published
 PUBLISHED = {
-    "factorised": ("13.43 ± 8.03", "1.99e-6 ± 1.76e-7", "1.11e-4 ± 1.35e-5"),
+    "factorized": ("13.43 ± 8.03", "1.99e-6 ± 1.76e-7", "1.11e-4 ± 1.35e-5"),
     "joint": ("23.15 ± 6.80", "4.23e-5 ± 3.17e-6", "3.33e-4 ± 2.12e-5"),
     "chain": ("—", "—", "—"),
     "locations": ("36.31 ± 3.55", "2.22e-3 ± 2.73e-4", "4.98e-2 ± 7.78e-3"),
 }
 
-# The paper does not give its data, N, M, noise or optimiser; these are ours (chosen before
+# The paper does not give its data, N, M, noise or optimizer; these are ours (chosen before
 # looking at the per-family results and shared by every family).
 TABLE1 = dict(
     num_points=30,
@@ -109,7 +109,7 @@ def fit_one(family, kernel_list, X, y, seed, steps, init, **model_kwargs):
     return model, guide, result, row
 
 
-def summarise(rows, family, init, key):
+def summarize(rows, family, init, key):
     vals = np.array([r[key] for r in rows if r["family"] == family and r["init"] == init and key in r])
     if len(vals) == 0:
         return None
@@ -145,23 +145,23 @@ def write_report(rows, args, extra, path_md, path_json, elapsed):
         f"Machine: 2-core CPU (shared by the processes run side by side), float64. Wall time: {elapsed / 60:.1f} min.",
         "",
         "Setup (ours; the paper gives none of it): " + ", ".join(f"{k} = {v}" for k, v in TABLE1.items())
-        + f", {args.steps} Adam steps, first-layer inducing inputs initialised on an even grid (learned),"
+        + f", {args.steps} Adam steps, first-layer inducing inputs initialized on an even grid (learned),"
         " hyperparameters and noise fixed, DGPElbo with 1 sample. Values: mean ± standard deviation over seeds"
         " (as the paper reports them).",
         "",
     ]
     for init in args.inits.split(","):
         lines += [
-            f"## Inner layers initialised `{init}`",
+            f"## Inner layers initialized `{init}`",
             "",
             "| family | ELBO | Var[f1(0)] | Var[f2(0)] = Var[f2(f1(0))] | Var[f2(h=0)] | median ELBO / Var[f1(0)] / Var[f2(0)] | seeds | paper ELBO | paper Var[f1(0)] | paper Var[f2(0)] |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for fam in FAMILIES:
-            e = summarise(rows, fam, init, "elbo")
-            v1 = summarise(rows, fam, init, "var_h1(0)")
-            v2 = summarise(rows, fam, init, "var_h2(0)")
-            v2_own = summarise(rows, fam, init, "var_h2(h=0)")
+            e = summarize(rows, fam, init, "elbo")
+            v1 = summarize(rows, fam, init, "var_h1(0)")
+            v2 = summarize(rows, fam, init, "var_h2(0)")
+            v2_own = summarize(rows, fam, init, "var_h2(h=0)")
             n = e[3] if e else 0
             pub = PUBLISHED[fam]
             med = [median(rows, fam, init, k) for k in ("elbo", "var_h1(0)", "var_h2(0)")]
@@ -171,10 +171,10 @@ def write_report(rows, args, extra, path_md, path_json, elapsed):
             )
         # the orderings the issue asks for
         keys = ("elbo", "var_h1(0)", "var_h2(0)", "var_h2(h=0)")
-        means = {fam: {k: (summarise(rows, fam, init, k) or [np.nan])[0] for k in keys} for fam in FAMILIES}
+        means = {fam: {k: (summarize(rows, fam, init, k) or [np.nan])[0] for k in keys} for fam in FAMILIES}
         lines.append("")
         for k in keys:
-            d, j, c, loc = (means[f][k] for f in ("factorised", "joint", "chain", "locations"))
+            d, j, c, loc = (means[f][k] for f in ("factorized", "joint", "chain", "locations"))
             if np.isnan([d, j, c, loc]).any():
                 continue  # runs made before this column existed
             ok = d < min(j, c) and max(j, c) < loc
@@ -182,8 +182,8 @@ def write_report(rows, args, extra, path_md, path_json, elapsed):
                 f"- ordering DSVI < joint/chain < locations for {k}: {'holds' if ok else 'does NOT hold'} "
                 f"({d:.3g} / {j:.3g} / {c:.3g} / {loc:.3g})"
             )
-        r1 = means["joint"]["var_h1(0)"] / means["factorised"]["var_h1(0)"]
-        r2 = means["chain"]["var_h1(0)"] / means["factorised"]["var_h1(0)"]
+        r1 = means["joint"]["var_h1(0)"] / means["factorized"]["var_h1(0)"]
+        r2 = means["chain"]["var_h1(0)"] / means["factorized"]["var_h1(0)"]
         lines.append(f"- Var[f1(0)] ratio of means to DSVI: joint {r1:.1f}x, chain {r2:.1f}x (target >= 5x)")
         failed = [f"{r['family']} seed {r['seed']} (ELBO {r['elbo']:.0f})" for r in rows if r["init"] == init and r["elbo"] < -100]
         if failed:
@@ -215,7 +215,7 @@ def write_report(rows, args, extra, path_md, path_json, elapsed):
 
 
 def merge(args):
-    """One report from runs made in parallel (e.g. one process per initialisation)."""
+    """One report from runs made in parallel (e.g. one process per initialization)."""
     rows, extra, inits, elapsed, sources = [], [], [], 0.0, []
     for tag in args.merge.split(","):
         data = json.load(open(RESULTS / f"compositional_{tag}.json"))

@@ -4,7 +4,7 @@
    Titsias' collapsed bound and the exact GP log marginal likelihood.
 2. Two layers at perturbed parameters: DGPElbo and NumPyro's Trace_ELBO over 3000 draws each
    (difference of means in standard errors; variance ratio).
-3. Every guide (factorised, joint, chain) on a 3-layer model with global inducing points and on
+3. Every guide (factorized, joint, chain) on a 3-layer model with global inducing points and on
    a 2-layer model with inducing locations: the same comparison.
 
 Writes ``benchmarks/results/estimators.md``. Usage: ``python benchmarks/estimators.py``.
@@ -35,7 +35,7 @@ def main():
     X = np.sort(rng.uniform(-2, 2, 15))[:, None]
     y = np.sin(2 * X[:, 0]) + 0.1 * rng.randn(15)
     Xj, yj = jax.numpy.asarray(X), jax.numpy.asarray(y)
-    guide = dgp.guides.AutoFactorisedDGP(T.one_layer_model)
+    guide = dgp.guides.AutoFactorizedDGP(T.one_layer_model)
     params = T.init_params(T.one_layer_model, guide, Xj, yj)
     m, S = T.optimal_whitened_q(X, y, T.NOISE)
     params = {**params, "f.u_auto_loc": jax.numpy.asarray(m)[None], "f.u_auto_scale_tril": jax.numpy.asarray(S)[None]}
@@ -57,7 +57,7 @@ def main():
         "",
         "| quantity | value |",
         "| --- | --- |",
-        f"| maximised ELBO (DGPElbo) | {best:.10f} |",
+        f"| maximized ELBO (DGPElbo) | {best:.10f} |",
         f"| Titsias collapsed bound (dense) | {titsias:.10f} |",
         f"| exact GP log marginal likelihood (dense) | {exact:.10f} |",
         f"| abs(ELBO - Titsias) | {abs(best - titsias):.2e} |",

@@ -11,7 +11,7 @@ many modes whose masses differ by up to thousands of nats, so the ground truth i
    the modes pooled by mass (``diagnostics.mode_mixture``) are the ground truth;
 3. confirm: 4 fresh chains started at draws of the heaviest mode, with R-hat and ESS.
 
-Each variational family (factorised / joint / chain, several seeds, the Table 1 optimiser)
+Each variational family (factorized / joint / chain, several seeds, the Table 1 optimizer)
 is then compared with it per layer at the grid points: variance ratio VI/MCMC, W1, coverage
 -- against the modes by mass, the confirmed heaviest mode, and the mode nearest the fit.
 
@@ -42,16 +42,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compositional import TABLE1, fit_one, table1_data, table1_kernels  # noqa: E402
 
 from numpyro_dgp import diagnostics  # noqa: E402
-from numpyro_dgp.compositional import composed_gp  # noqa: E402
+from numpyro_dgp.papers.compositional import composed_gp  # noqa: E402
 from numpyro_dgp.handlers import exact_layers  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-FAMILIES = ("factorised", "joint", "chain")
+FAMILIES = ("factorized", "joint", "chain")
 
 
 def exact_model(grid, collapse):
     model = composed_gp(table1_kernels(), num_inducing=TABLE1["num_inducing"], noise=TABLE1["noise"])
-    return exact_layers(model, grid=grid, parameterisation="noncentred", jitter=1e-6, collapse_last=collapse)
+    return exact_layers(model, grid=grid, parameterization="noncentered", jitter=1e-6, collapse_last=collapse)
 
 
 def run_nuts(model, X, y, chains, warmup, samples, seed, max_tree_depth, init_params=None, target_accept_prob=0.8):
@@ -220,7 +220,7 @@ def write_report(args, command, rows, health, per_mode, mode_warning, evidence, 
         "",
         f"## 1. Explore: NUTS on the exact DGP, {model}",
         "",
-        f"Non-centred, dense mass, max tree depth {args.max_tree_depth}, {args.chains} chains from dispersed starts "
+        f"Non-centered, dense mass, max tree depth {args.max_tree_depth}, {args.chains} chains from dispersed starts "
         f"(NumPyro's default init, uniform in (-2, 2)), {args.warmup} warmup + {args.samples} draws each: "
         f"{timings['explore']:.0f} s wall (compile included).",
         "",
@@ -234,7 +234,7 @@ def write_report(args, command, rows, health, per_mode, mode_warning, evidence, 
         "## 2. Weigh: each mode's posterior mass (`diagnostics.mode_evidence`: bridge sampling between the mode's "
         f"draws and a Gaussian fitted to them, {args.evidence_draws} Gaussian draws; {timings['evidence']:.0f} s)",
         "",
-        "Sorted by mass. log Z: log of the mode's unnormalised mass (se: Monte Carlo standard error, draws "
+        "Sorted by mass. log Z: log of the mode's unnormalized mass (se: Monte Carlo standard error, draws "
         "taken as independent, so a lower bound); k-hat: Pareto k of plain importance sampling from the "
         "Gaussian (> 0.7 or nan: that estimator alone would be unreliable, the reason for the bridge). "
         "R-hat and ESS: the mode's own chains (nan with one chain). Per-chain log Z: the same estimate from "

@@ -46,7 +46,7 @@ def main(argv=None):
     data = load_uci("kin8nm", 0, data_dir=args.data_dir)
     X, y = jnp.asarray(data.X_train, dtype), jnp.asarray(data.y_train, dtype)
     model = deep_gp_regression(2, num_inducing=100, hidden_width=8)
-    guide = dgp.guides.AutoFactorisedDGP(model)
+    guide = dgp.guides.AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
     state = svi.init(jax.random.PRNGKey(0), X, y, batch_size=1000)
     update = jax.jit(lambda s, X, y: svi.update(s, X, y, batch_size=1000)).lower(state, X, y).compile()

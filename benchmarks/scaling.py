@@ -41,7 +41,7 @@ def time_step(cfg, X, y, blocks=3, steps=20):
     from numpyro_dgp.models import deep_gp_regression
 
     model = deep_gp_regression(cfg["num_layers"], num_inducing=cfg["num_inducing"], hidden_width=cfg["hidden_width"])
-    guide = dgp.guides.AutoFactorisedDGP(model)
+    guide = dgp.guides.AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo(num_particles=cfg["num_samples"]))
     B = cfg["batch_size"]
     state = svi.init(jax.random.PRNGKey(0), X, y, batch_size=B)

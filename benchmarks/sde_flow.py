@@ -61,7 +61,7 @@ def _fmt(pair, digits=2):
 
 
 def write_markdown(path, record):
-    from numpyro_dgp.experiments import mean_and_standard_error as summarise
+    from numpyro_dgp.recipes import mean_and_standard_error as summarize
 
     lines = [
         "# DiffGP (SDE flow) on UCI regression (numpyro-dgp)",
@@ -77,8 +77,8 @@ def write_markdown(path, record):
         for label, runs in by_model.items():
             if not runs:
                 continue
-            ll = summarise([r["log_likelihood"] for r in runs])
-            rmse = summarise([r["rmse"] for r in runs])
+            ll = summarize([r["log_likelihood"] for r in runs])
+            rmse = summarize([r["rmse"] for r in runs])
             pub = PUBLISHED.get(name, {}).get(label)
             pll, prm = (_fmt(pub[0]), _fmt(pub[1])) if pub else ("-", "-")
             target = "-"
@@ -116,7 +116,7 @@ def write_markdown(path, record):
 def combine(paths, tag):
     """One record from runs of disjoint splits with the same settings: every source command
     and date is kept; a split that appears twice for a data set and model is an error."""
-    from numpyro_dgp.experiments import extend_by_split
+    from numpyro_dgp.papers.results import extend_by_split
 
     records = [json.loads(Path(p).read_text()) for p in paths]
     out = {k: v for k, v in records[0].items() if k not in ("merged_from", "sweep_plot")}
@@ -215,7 +215,9 @@ def main(argv=None):
     if not args.float32:
         jax.config.update("jax_enable_x64", True)
     from numpyro_dgp.datasets import resolve_uci_name
-    from numpyro_dgp.experiments import parse_splits, run_diffgp_uci, run_uci
+    from numpyro_dgp.datasets import parse_splits
+    from numpyro_dgp.papers.diffgp import run_diffgp_uci
+    from numpyro_dgp.recipes import run_uci
 
     if args.sweep:
         names = [resolve_uci_name(args.sweep)]

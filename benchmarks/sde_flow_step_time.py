@@ -29,10 +29,10 @@ def time_steps(model, X, y, batch_size, num_particles, num_steps):
     import numpyro
     from numpyro.infer import SVI
 
-    from numpyro_dgp.guides import AutoFactorisedDGP
+    from numpyro_dgp.guides import AutoFactorizedDGP
     from numpyro_dgp.objectives import DGPElbo
 
-    guide = AutoFactorisedDGP(model)
+    guide = AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), DGPElbo(num_particles=num_particles))
     kwargs = {"batch_size": batch_size} if batch_size else {}
     state = svi.init(jax.random.PRNGKey(0), X, y, **kwargs)

@@ -9,7 +9,7 @@ Adam(0.01) (window 100). Burn-in ``--burnin`` steps (preconditioner adaptation),
 (:func:`numpyro_dgp.predict_from_samples`). sghmc_dgp itself used 10k iterations and 100
 samples 50 steps apart.
 
-The DSVI baseline is ``benchmarks/uci.py``'s run (same model, ``experiments.run_uci``):
+The DSVI baseline is ``benchmarks/uci.py``'s run (same model, ``recipes.run_uci``):
 by default its committed per-split rows are read from ``benchmarks/results/uci_<tag>.json``
 (reported as such, with that file's command); ``--dsvi-steps N`` re-runs it here.
 
@@ -59,9 +59,9 @@ def run_sghmc(name, split, *, burnin, num_samples, thin, batch_size, num_inducin
 
     from numpyro_dgp.datasets import load_uci
     from numpyro_dgp.handlers import collapse_last_layer
-    from numpyro_dgp.infer.sghmc import SGHMC
+    from numpyro_dgp.infer import SGHMC
     from numpyro_dgp.models import deep_gp_regression
-    from numpyro_dgp.predict import metrics, predict_from_samples
+    from numpyro_dgp import metrics, predict_from_samples
 
     data = load_uci(name, split, data_dir=data_dir)
     dtype = jnp.result_type(float)
@@ -232,7 +232,8 @@ def main(argv=None):
 
     jax.config.update("jax_enable_x64", True)
     from numpyro_dgp.datasets import resolve_uci_name
-    from numpyro_dgp.experiments import parse_splits, run_uci
+    from numpyro_dgp.datasets import parse_splits
+    from numpyro_dgp.recipes import run_uci
 
     if args.smoke:
         args.datasets, args.splits, args.burnin, args.samples, args.thin = "kin8nm", "0", 20, 4, 5
@@ -260,7 +261,7 @@ def main(argv=None):
     t_all = time.perf_counter()
     for name in names:
         if args.dsvi_steps:
-            record["dsvi_source"] = (f"re-run here: experiments.run_uci (AutoFactorisedDGP + DGPElbo, Adam 0.01, "
+            record["dsvi_source"] = (f"re-run here: recipes.run_uci (AutoFactorizedDGP + DGPElbo, Adam 0.01, "
                                      f"batch {args.batch_size}, {args.dsvi_steps} steps, 100 test samples)")
         else:
             src, rows = load_committed_dsvi(name, splits)

@@ -84,7 +84,7 @@ def measure(precision, scan_length=50, repeats=5, data_dir=None, budget_seconds=
     data = load_uci("kin8nm", 0, data_dir=data_dir)
     X, y = jnp.asarray(data.X_train, dtype), jnp.asarray(data.y_train, dtype)
     model = deep_gp_regression(2, num_inducing=100, hidden_width=8)
-    guide = dgp.guides.AutoFactorisedDGP(model)
+    guide = dgp.guides.AutoFactorizedDGP(model)
     if devices > 1:  # the minibatch split over `devices` host devices (XLA_FLAGS set by the parent)
         assert len(jax.devices()) == devices, jax.devices()
         model = dgp.handlers.data_parallel(model)

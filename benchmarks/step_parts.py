@@ -52,8 +52,8 @@ def measure(precision):
     from numpyro.primitives import _subsample_fn
 
     from numpyro_dgp.core import cholesky, triangular_inverse
-    from numpyro_dgp.core.conditionals import factors_transpose_times
-    from numpyro_dgp.handlers import _top_k_subsample
+    from numpyro_dgp.core import factors_transpose_times
+    from numpyro_dgp.handlers._training import _top_k_subsample
 
     dtype = jnp.float64 if precision == "float64" else jnp.float32
     M, N = 100, 1000

@@ -35,7 +35,7 @@ PUBLISHED_DGP2 = {
 
 
 def write_markdown(path, record):
-    from numpyro_dgp.experiments import mean_and_standard_error as summarise
+    from numpyro_dgp.recipes import mean_and_standard_error as summarize
 
     lines = [
         "# UCI regression: 2-layer DSVI DGP (numpyro-dgp)",
@@ -50,9 +50,9 @@ def write_markdown(path, record):
     for name, runs in record["results"].items():
         if not runs:
             continue
-        ll = summarise([r["log_likelihood"] for r in runs])
-        rmse = summarise([r["rmse"] for r in runs])
-        crps = summarise([r["crps"] for r in runs])
+        ll = summarize([r["log_likelihood"] for r in runs])
+        rmse = summarize([r["rmse"] for r in runs])
+        crps = summarize([r["crps"] for r in runs])
         pub = PUBLISHED_DGP2.get(name)
         pll = f"{pub['log_likelihood'][0]:.2f} ({pub['log_likelihood'][1]:.2f})" if pub else "-"
         prm = f"{pub['rmse'][0]:.2f} ({pub['rmse'][1]:.2f})" if pub else "-"
@@ -90,7 +90,8 @@ def main(argv=None):
     if not args.float32:
         jax.config.update("jax_enable_x64", True)
     from numpyro_dgp.datasets import resolve_uci_name
-    from numpyro_dgp.experiments import parse_splits, run_uci
+    from numpyro_dgp.datasets import parse_splits
+    from numpyro_dgp.recipes import run_uci
 
     names = [resolve_uci_name(n) for n in args.datasets.split(",")]
     splits = parse_splits(args.splits)

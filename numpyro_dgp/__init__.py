@@ -1,36 +1,26 @@
 """numpyro-dgp: deep Gaussian processes written as ordinary NumPyro programs.
 
 Write a DGP with :func:`gp_layer`; choose inference by choosing a guide
-(:mod:`numpyro_dgp.guides`: factorised, joint, chain-structured, amortized), an objective
+(:mod:`numpyro_dgp.guides`: factorized, joint, chain-structured, amortized), an objective
 (:class:`DGPElbo`, :class:`PredictiveObjective` or NumPyro's own ELBOs) or a handler
 (:mod:`numpyro_dgp.handlers`: SDE flows, quadrature branches, exact layers); train with
-:func:`fit`; predict with :func:`predict`.
-Run MCMC on the same model (NUTS on :class:`handlers.exact_layers` /
-:class:`handlers.latent_conditionals`, or :class:`infer.SGHMC`) and compare layer by layer
-with :mod:`numpyro_dgp.diagnostics`.
+:func:`fit`; predict with :func:`predict`. Run MCMC on the same model (NUTS on
+:class:`~numpyro_dgp.handlers.exact_layers` / :class:`~numpyro_dgp.handlers.latent_conditionals`,
+or :class:`~numpyro_dgp.infer.SGHMC`) and compare layer by layer with
+:mod:`numpyro_dgp.diagnostics`.
+
+The submodules :mod:`~numpyro_dgp.diagnostics` (ArviZ), :mod:`~numpyro_dgp.plots`
+(matplotlib), :mod:`~numpyro_dgp.datasets`, :mod:`~numpyro_dgp.recipes` and
+:mod:`~numpyro_dgp.cli` are imported on first use.
 """
 
-from numpyro_dgp import (
-    compositional,
-    core,
-    datasets,
-    diagnostics,
-    experiments,
-    guides,
-    handlers,
-    kernels,
-    likelihoods,
-    models,
-    plots,
-    sde,
-    signflip,
-)
-from numpyro_dgp.infer import FitResult, fit
-from numpyro_dgp.io import load_params, save_params
-from numpyro_dgp.layers import gp_layer
-from numpyro_dgp.likelihoods import bernoulli_probit
-from numpyro_dgp.objectives import DGPElbo, PredictiveObjective
-from numpyro_dgp.predict import (
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from numpyro_dgp import core, guides, handlers, infer, io, kernels, layers, likelihoods, models, objectives, posteriors, sde
+from numpyro_dgp._prediction import (
     NonFinitePredictionWarning,
     Prediction,
     gaussian_mixture_crps,
@@ -40,8 +30,16 @@ from numpyro_dgp.predict import (
     predict_from_samples,
     sample_layers,
 )
+from numpyro_dgp.infer import FitResult, fit
+from numpyro_dgp.io import load_params, save_params
+from numpyro_dgp.layers import gp_layer
+from numpyro_dgp.likelihoods import bernoulli_probit
+from numpyro_dgp.objectives import DGPElbo, PredictiveObjective
 
 __version__ = "0.1.0"
+
+#: submodules loaded on first attribute access (they pull in ArviZ, matplotlib or file I/O)
+_LAZY_SUBMODULES = ("cli", "datasets", "diagnostics", "plots", "recipes")
 
 __all__ = [
     "DGPElbo",
@@ -50,27 +48,43 @@ __all__ = [
     "Prediction",
     "PredictiveObjective",
     "bernoulli_probit",
-    "compositional",
+    "cli",
     "core",
     "datasets",
     "diagnostics",
-    "experiments",
     "fit",
     "gaussian_mixture_crps",
     "gp_layer",
     "guides",
     "handlers",
+    "infer",
+    "io",
     "kernels",
+    "layers",
     "likelihoods",
     "load_params",
     "log_likelihood",
     "metrics",
     "models",
+    "objectives",
     "plots",
+    "posteriors",
     "predict",
     "predict_from_samples",
+    "recipes",
     "sample_layers",
     "save_params",
     "sde",
-    "signflip",
 ]
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name in _LAZY_SUBMODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))

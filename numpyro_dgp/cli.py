@@ -16,7 +16,7 @@ __all__ = ["main"]
 
 
 def _parse_splits(text):
-    from numpyro_dgp.experiments import parse_splits
+    from numpyro_dgp.datasets import parse_splits
 
     try:
         return parse_splits(text)
@@ -45,7 +45,7 @@ def cmd_demo(args):
 
     matplotlib.use("Agg")  # the command writes files; no display needed
 
-    from numpyro_dgp.experiments import run_demo
+    from numpyro_dgp.recipes import run_demo
 
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -64,20 +64,19 @@ def cmd_demo(args):
 
 def cmd_uci(args):
     _setup_precision(args.float32)
-    from numpyro_dgp.datasets import load_uci, num_uci_splits, resolve_uci_name
-    from numpyro_dgp.experiments import mean_and_standard_error, run_uci
+    from numpyro_dgp.datasets import load_uci, num_uci_splits
+    from numpyro_dgp.recipes import mean_and_standard_error, run_uci
 
-    name = resolve_uci_name(args.dataset)
-    available = num_uci_splits(name, args.data_dir)
+    available = num_uci_splits(args.dataset, args.data_dir)
     bad = [s for s in args.splits if not 0 <= s < available]
     if bad:
-        raise SystemExit(f"--splits: {name} has splits 0..{available - 1}; got {bad}")
-    load_uci(name, args.splits[0], data_dir=args.data_dir)  # fail early on a missing data directory
+        raise SystemExit(f"--splits: {args.dataset} has splits 0..{available - 1}; got {bad}")
+    name = load_uci(args.dataset, args.splits[0], data_dir=args.data_dir).name  # fails early on bad files
     print(f"{name}: {args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, batch {args.batch_size}")
     print(f"{'split':>5} {'test LL':>9} {'RMSE':>9} {'CRPS':>9} {'ms/step':>8} {'seconds':>8}")
     lls, rmses = [], []
     for split in args.splits:
-        r = run_uci(name, split, data_dir=args.data_dir, num_layers=args.layers, num_inducing=args.num_inducing,
+        r = run_uci(args.dataset, split, data_dir=args.data_dir, num_layers=args.layers, num_inducing=args.num_inducing,
                     num_steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr)
         lls.append(r.metrics["log_likelihood"])
         rmses.append(r.metrics["rmse"])
@@ -102,14 +101,16 @@ def build_parser():
     demo.set_defaults(func=cmd_demo)
 
     uci = sub.add_parser("uci", help="DSVI on UCI regression splits")
-    uci.add_argument("--dataset", required=True, help="e.g. kin8nm, boston, concrete, energy, power, wine, yacht")
+    uci.add_argument("--dataset", required=True,
+                     help="a data set folder under --data-dir (e.g. kin8nm, boston, concrete, energy, power, wine, "
+                          "yacht, or any other folder in the standard split layout), or the path of such a folder")
     uci.add_argument("--splits", type=_parse_splits, default=[0], help="e.g. 0-4 or 0,3,7")
     uci.add_argument("--layers", type=_positive_int, default=2)
     uci.add_argument("--num-inducing", type=_positive_int, default=100)
     uci.add_argument("--steps", type=_positive_int, default=5000)
     uci.add_argument("--batch-size", type=_positive_int, default=1000)
     uci.add_argument("--lr", type=float, default=0.01)
-    uci.add_argument("--data-dir", default=None, help="UCI folder (default: $NUMPYRO_DGP_DATA or ../shared/data/uci)")
+    uci.add_argument("--data-dir", default=None, help="folder holding the data sets (default: $NUMPYRO_DGP_DATA)")
     uci.add_argument("--float32", action="store_true")
     uci.set_defaults(func=cmd_uci)
     return parser

@@ -4,8 +4,12 @@ Two kinds of data are provided:
 
 * one-dimensional toy problems (:func:`step_function`, :func:`sine`, :func:`identity`) used
   to show what depth buys a Gaussian-process model, and
-* the seven UCI regression data sets with the 20 fixed 90/10 train/test splits used across
-  the Bayesian deep-learning literature (:func:`load_uci`).
+* regression data in the standard UCI split layout used across the Bayesian deep-learning
+  literature (the 20 fixed 90/10 train/test splits of Hernández-Lobato & Adams 2015 for
+  boston, concrete, energy, kin8nm, naval, power, protein, wine, yacht, year): any folder
+  holding ``data.txt``, ``index_features.txt``, ``index_target.txt`` and
+  ``index_{train,test}_<i>.txt`` (:func:`load_uci`), found by path or by name under a data
+  directory you give (``data_dir=`` or ``$NUMPYRO_DGP_DATA``).
 
 All arrays are returned as NumPy arrays (``float64`` unless asked otherwise); pass them to
 ``jnp.asarray`` when a model needs them on the device.
@@ -37,7 +41,7 @@ __all__ = [
     "uci_split_indices",
     "load_uci",
     "random_uci_split",
-    "letters_classification",
+    "parse_splits",
 ]
 
 
@@ -64,7 +68,7 @@ class Dataset(NamedTuple):
 
 
 class UCISplit(NamedTuple):
-    """One train/test split of a UCI data set, standardised with the *training* statistics.
+    """One train/test split of a UCI data set, standardized with the *training* statistics.
 
     Both splits are transformed with the training split's mean and standard deviation, so
     ``X_train`` has column means 0 and standard deviations 1 (up to rounding) while
@@ -73,15 +77,15 @@ class UCISplit(NamedTuple):
 
     Reporting in the original target units (as the published tables do):
 
-    * test log-likelihood per point: ``ll_original = ll_standardised - log(y_std)``;
-    * RMSE: ``rmse_original = rmse_standardised * y_std``;
+    * test log-likelihood per point: ``ll_original = ll_standardized - log(y_std)``;
+    * RMSE: ``rmse_original = rmse_standardized * y_std``;
     * predictive means: :meth:`unstandardize_y`; predictive standard deviations scale by
       ``y_std`` (variances by ``y_std ** 2``).
 
-    :param X_train: standardised training inputs, shape ``(N, D)``.
-    :param y_train: standardised training targets, shape ``(N,)``.
-    :param X_test: test inputs standardised with the training statistics, shape ``(N*, D)``.
-    :param y_test: test targets standardised with the training statistics, shape ``(N*,)``.
+    :param X_train: standardized training inputs, shape ``(N, D)``.
+    :param y_train: standardized training targets, shape ``(N,)``.
+    :param X_test: test inputs standardized with the training statistics, shape ``(N*, D)``.
+    :param y_test: test targets standardized with the training statistics, shape ``(N*,)``.
     :param x_mean: training-input column means, shape ``(D,)``.
     :param x_std: training-input column standard deviations (1 for constant columns),
         shape ``(D,)``.
@@ -103,9 +107,9 @@ class UCISplit(NamedTuple):
     split: int
 
     def unstandardize_y(self, y):
-        """Map standardised targets (or predictive means) back to the original units.
+        """Map standardized targets (or predictive means) back to the original units.
 
-        :param y: standardised values, any shape; NumPy or JAX array.
+        :param y: standardized values, any shape; NumPy or JAX array.
         :return: ``y * y_std + y_mean``, same shape and array type as ``y``.
         """
         return y * self.y_std + self.y_mean
@@ -269,59 +273,49 @@ UCI_ALIASES: dict[str, str] = {
 #: Environment variable consulted by :func:`default_data_dir`.
 DATA_DIR_ENV_VAR = "NUMPYRO_DGP_DATA"
 
-# Parent of the package directory; a module attribute so tests can point it elsewhere.
-_REPO_ROOT = Path(__file__).resolve().parent.parent
-_RELATIVE_DATA_DIR = Path("..") / "shared" / "data" / "uci"
+#: The files of the standard split layout that every data set folder must hold.
+_LAYOUT_FILES = ("data.txt", "index_features.txt", "index_target.txt")
 
 
 def resolve_uci_name(name: str) -> str:
-    """Map a data set name or alias to its canonical name.
+    """Map a known data set name or alias to its folder name; other names pass unchanged.
 
     Matching is case-insensitive, so ``"Boston"``, ``"bostonhousing"`` and
-    ``"bostonHousing"`` all give ``"bostonHousing"``.
+    ``"bostonHousing"`` all give ``"bostonHousing"``. A name that is neither a known set nor
+    an alias (e.g. ``"protein"``) is returned as given: it is looked up as a folder name.
 
-    :param name: canonical name (see :data:`UCI_DATASETS`) or alias (see
-        :data:`UCI_ALIASES`).
-    :return: canonical name.
-    :raises ValueError: if ``name`` is not known.
+    :param name: a name from :data:`UCI_DATASETS`, an alias from :data:`UCI_ALIASES`, or the
+        name of any folder in the standard layout.
+    :return: the folder name.
+    :raises ValueError: ``name`` is not a non-empty string.
     """
-    if not isinstance(name, str):
-        raise ValueError(f"name must be a string, got {type(name).__name__}")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
     if name in UCI_DATASETS:
         return name
     key = name.strip().lower()
     for canonical in UCI_DATASETS:
         if canonical.lower() == key:
             return canonical
-    if key in UCI_ALIASES:
-        return UCI_ALIASES[key]
-    raise ValueError(
-        f"unknown UCI data set name={name!r}; valid names: {', '.join(UCI_DATASETS)} "
-        f"(aliases: {', '.join(sorted(UCI_ALIASES))})"
-    )
+    return UCI_ALIASES.get(key, name.strip())
 
 
 def default_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """Find the folder that holds the UCI data sets.
+    """The folder that holds the data sets: ``data_dir``, else ``$NUMPYRO_DGP_DATA``.
 
-    Lookup order: the explicit ``data_dir`` argument, then the ``NUMPYRO_DGP_DATA``
-    environment variable, then ``../shared/data/uci`` relative to the repository root (the
-    parent of the ``numpyro_dgp`` package directory) and relative to the current working
-    directory. An explicit argument or a set environment variable that points nowhere is an
-    error rather than being skipped, so a typo never silently loads other data.
+    There is no built-in default: the data live wherever you keep them. An explicit argument
+    or a set environment variable that points nowhere is an error rather than being skipped,
+    so a typo never silently loads other data.
 
-    :param data_dir: explicit data directory, or ``None`` to search.
+    :param data_dir: explicit data directory, or ``None`` to read the environment variable.
     :return: absolute path of the data directory.
-    :raises FileNotFoundError: if no candidate directory exists; the message lists every
-        place tried.
+    :raises FileNotFoundError: the directory does not exist, or neither is given.
     """
-    hint = f"pass --data-dir or set the {DATA_DIR_ENV_VAR} environment variable"
     if data_dir is not None:
         path = Path(data_dir).expanduser()
         if not path.is_dir():
             raise FileNotFoundError(f"data_dir={str(path)!r} is not an existing directory")
         return path.resolve()
-
     env_value = os.environ.get(DATA_DIR_ENV_VAR, "")
     if env_value:
         path = Path(env_value).expanduser()
@@ -331,24 +325,41 @@ def default_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
                 f"fix it, unset it, or pass --data-dir"
             )
         return path.resolve()
-
-    candidates = [_REPO_ROOT / _RELATIVE_DATA_DIR, Path.cwd() / _RELATIVE_DATA_DIR]
-    for path in candidates:
-        if path.is_dir():
-            return path.resolve()
-    tried = "; ".join(
-        ["argument data_dir (not given)", f"${DATA_DIR_ENV_VAR} (not set)"]
-        + [str(p) for p in candidates]
+    raise FileNotFoundError(
+        "no data directory given: pass data_dir= (--data-dir on the command line), set the "
+        f"{DATA_DIR_ENV_VAR} environment variable, or pass the path of a data set folder"
     )
-    raise FileNotFoundError(f"could not find the UCI data directory; tried: {tried}. Please {hint}")
 
 
-def _dataset_dir(name: str, data_dir) -> tuple[str, Path]:
+def _is_layout_folder(path: Path) -> bool:
+    return path.is_dir() and all((path / f).is_file() for f in _LAYOUT_FILES)
+
+
+def _available(base: Path) -> list[str]:
+    return sorted(p.name for p in base.iterdir() if _is_layout_folder(p))
+
+
+def _dataset_dir(name: str | os.PathLike, data_dir) -> tuple[str, Path]:
+    """``(name, folder)`` of a data set given by path, or by name under the data directory."""
+    if isinstance(name, os.PathLike) or (isinstance(name, str) and (os.sep in name or name.startswith("~"))):
+        folder = Path(name).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"data set folder {str(folder)!r} does not exist")
+        missing = [f for f in _LAYOUT_FILES if not (folder / f).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{str(folder)!r} is not a folder in the standard split layout: it lacks {missing} "
+                "(expected data.txt, index_features.txt, index_target.txt, index_train_<i>.txt, "
+                "index_test_<i>.txt)"
+            )
+        return folder.resolve().name, folder.resolve()
     canonical = resolve_uci_name(name)
-    folder = default_data_dir(data_dir) / canonical
+    base = default_data_dir(data_dir)
+    folder = base / canonical
     if not folder.is_dir():
         raise FileNotFoundError(
-            f"data set folder for name={canonical!r} not found: {folder} does not exist"
+            f"data set folder for name={canonical!r} not found: {folder} does not exist "
+            f"(data sets in {str(base)!r}: {', '.join(_available(base)) or 'none'})"
         )
     return canonical, folder
 
@@ -396,17 +407,21 @@ def _read_data(path: Path) -> np.ndarray:
     return data
 
 
-def num_uci_splits(name: str, data_dir: str | os.PathLike | None = None) -> int:
-    """Number of train/test splits shipped with a UCI data set (20 for the standard sets).
+def num_uci_splits(name: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> int:
+    """Number of train/test splits of a data set (20 for the standard sets).
 
-    :param name: data set name or alias.
+    :param name: data set name or alias under the data directory, or a folder path.
     :param data_dir: data directory; see :func:`default_data_dir`.
-    :return: number of splits, read from ``n_splits.txt``.
+    :return: number of splits, read from ``n_splits.txt`` where the folder has one, else the
+        number of ``index_train_<i>.txt`` files.
     """
     _, folder = _dataset_dir(name, data_dir)
     path = folder / "n_splits.txt"
     if not path.is_file():
-        raise FileNotFoundError(f"split count file {path} does not exist")
+        count = len(list(folder.glob("index_train_*.txt")))
+        if count == 0:
+            raise FileNotFoundError(f"{folder} holds no index_train_<i>.txt split files")
+        return count
     text = path.read_text().strip()
     try:
         value = float(text.split()[0])
@@ -428,24 +443,24 @@ def _check_split(split: int, n_splits: int, canonical: str) -> int:
 
 
 def uci_split_indices(
-    name: str, split: int = 0, data_dir: str | os.PathLike | None = None
+    name: str | os.PathLike, split: int = 0, data_dir: str | os.PathLike | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Row indices of one train/test split, as stored in ``index_{train,test}_K.txt``.
 
-    :param name: data set name or alias.
+    :param name: data set name or alias under the data directory, or a folder path.
     :param split: split index, ``0 <= split < num_uci_splits(name)``.
     :param data_dir: data directory; see :func:`default_data_dir`.
     :return: ``(train_idx (N,), test_idx (N*,))`` 0-based ``int64`` row indices into
         ``data.txt``.
     """
     canonical, folder = _dataset_dir(name, data_dir)
-    split = _check_split(split, num_uci_splits(canonical, data_dir), canonical)
+    split = _check_split(split, num_uci_splits(folder), canonical)
     train_idx = _read_indices(folder / f"index_train_{split}.txt")
     test_idx = _read_indices(folder / f"index_test_{split}.txt")
     return train_idx, test_idx
 
 
-def _standardise_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _standardize_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mean = values.mean(axis=0)
     std = values.std(axis=0)
     # A constant training column would divide by zero; scaling by 1 maps it to zeros.
@@ -454,32 +469,34 @@ def _standardise_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_uci(
-    name: str,
+    name: str | os.PathLike,
     split: int = 0,
     data_dir: str | os.PathLike | None = None,
     dtype=np.float64,
 ) -> UCISplit:
-    """Load one standardised train/test split of a UCI regression data set.
+    """Load one standardized train/test split of a UCI regression data set.
 
-    Inputs and target are standardised with the training split's mean and standard deviation
+    Inputs and target are standardized with the training split's mean and standard deviation
     (population std, ``ddof=0``); see :class:`UCISplit` for converting metrics back to the
     original units.
 
-    :param name: data set name (see :data:`UCI_DATASETS`) or alias (see :data:`UCI_ALIASES`).
+    :param name: data set name under the data directory (any folder name; the standard sets
+        also by the aliases of :data:`UCI_ALIASES`), or the path of a folder in the standard
+        split layout (a :class:`~pathlib.Path`, or a string containing a path separator).
     :param split: split index, ``0 <= split < num_uci_splits(name)``.
     :param data_dir: data directory; see :func:`default_data_dir`.
     :param dtype: floating dtype of the returned arrays (statistics are computed in float64).
     :return: :class:`UCISplit` with ``X_train (N, D)``, ``y_train (N,)``, ``X_test (N*, D)``,
         ``y_test (N*,)``, ``x_mean (D,)``, ``x_std (D,)`` and float ``y_mean``, ``y_std``.
-    :raises ValueError: unknown ``name``, ``split`` out of range, malformed or NaN-holding
-        files, overlapping train/test indices.
+    :raises ValueError: ``split`` out of range, malformed or NaN-holding files,
+        overlapping train/test indices.
     :raises FileNotFoundError: missing data directory or files.
     """
     dtype = np.dtype(dtype)
     if dtype.kind != "f":
         raise ValueError(f"dtype must be a floating dtype, got {dtype}")
     canonical, folder = _dataset_dir(name, data_dir)
-    split = _check_split(split, num_uci_splits(canonical, data_dir), canonical)
+    split = _check_split(split, num_uci_splits(folder), canonical)
     X, y, num_rows = _read_features_and_target(folder)
 
     train_idx = _read_indices(folder / f"index_train_{split}.txt", upper=num_rows)
@@ -490,11 +507,11 @@ def load_uci(
             f"split={split} of {canonical!r}: {overlap.size} row(s) appear in both "
             f"index_train_{split}.txt and index_test_{split}.txt"
         )
-    return _standardised_split(X, y, train_idx, test_idx, dtype, canonical, split)
+    return _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split)
 
 
 def random_uci_split(
-    name: str,
+    name: str | os.PathLike,
     seed: int,
     train_fraction: float = 0.8,
     test_fraction: float = 0.1,
@@ -503,7 +520,7 @@ def random_uci_split(
     part: str = "test",
 ) -> UCISplit:
     """A random train/test split of a UCI set (paper 003's protocol: 8:1:1 train, test and
-    validation), standardised like :func:`load_uci`.
+    validation), standardized like :func:`load_uci`.
 
     The rows are permuted with ``seed``; the first ``train_fraction`` are the training rows,
     the next ``test_fraction`` the test rows and the rest the validation rows.
@@ -537,7 +554,7 @@ def random_uci_split(
             f"random_uci_split: the {part} part is empty (train_fraction={train_fraction}, "
             f"test_fraction={test_fraction}, {num_rows} rows)"
         )
-    return _standardised_split(X, y, train_idx, held_out_idx, dtype, canonical, int(seed))
+    return _standardized_split(X, y, train_idx, held_out_idx, dtype, canonical, int(seed))
 
 
 def _read_features_and_target(folder: Path):
@@ -558,12 +575,12 @@ def _read_features_and_target(folder: Path):
     return data[:, features], data[:, target[0]], num_rows
 
 
-def _standardised_split(X, y, train_idx, test_idx, dtype, canonical, split):
+def _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split):
     X_train, X_test = X[train_idx], X[test_idx]
     y_train, y_test = y[train_idx], y[test_idx]
 
-    x_mean, x_std = _standardise_stats(X_train)
-    y_mean, y_std = _standardise_stats(y_train)
+    x_mean, x_std = _standardize_stats(X_train)
+    y_mean, y_std = _standardize_stats(y_train)
 
     return UCISplit(
         X_train=((X_train - x_mean) / x_std).astype(dtype),
@@ -579,36 +596,18 @@ def _standardised_split(X, y, train_idx, test_idx, dtype, canonical, split):
     )
 
 
-def letters_classification(rng_key, num_train: int = 10000, num_test: int = 10000, text: str = "DGP") -> Dataset:
-    """Paper 003's toy classification: points uniform on the unit square, label 1 inside the
-    rendered letters ``text`` (DejaVu Sans Bold, as matplotlib draws it; holes of D, P
-    are outside), else 0.
-
-    :return: :class:`Dataset` with ``X (N, 2)`` and ``y (N,)`` in {0, 1} (float).
-    """
-    from matplotlib.font_manager import FontProperties
-    from matplotlib.path import Path as MplPath
-    from matplotlib.textpath import TextPath
-
-    if not (isinstance(num_train, (int, np.integer)) and num_train >= 1):
-        raise ValueError(f"num_train must be a positive integer, got {num_train!r}")
-    if not (isinstance(num_test, (int, np.integer)) and num_test >= 1):
-        raise ValueError(f"num_test must be a positive integer, got {num_test!r}")
-    glyphs = TextPath((0, 0), text, size=1, prop=FontProperties(family="DejaVu Sans", weight="bold"))
-    polygons = glyphs.to_polygons()
-    corners = np.concatenate(polygons)
-    lo, hi = corners.min(0), corners.max(0)
-    # fit the text's box into [0.05, 0.95] horizontally, centred vertically
-    scale = 0.9 / (hi - lo)[0]
-    offset = np.array([0.05, 0.5 - 0.5 * scale * (hi - lo)[1]]) - scale * lo
-    polygons = [MplPath(poly * scale + offset) for poly in polygons]
-
-    def label(X):
-        # even-odd rule over the glyph outlines: holes (inner contours) flip back to outside
-        crossings = sum(poly.contains_points(X).astype(int) for poly in polygons)
-        return (crossings % 2).astype(np.float64)
-
-    rng = _numpy_rng(rng_key)
-    X_train = rng.uniform(0, 1, (int(num_train), 2))
-    X_test = rng.uniform(0, 1, (int(num_test), 2))
-    return Dataset(X_train, label(X_train), X_test, label(X_test), "letters")
+def parse_splits(text):
+    """``"0-4"`` -> ``[0, 1, 2, 3, 4]``; ``"0,3,7"`` -> ``[0, 3, 7]``; ranges and lists combine."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    if not out:
+        raise ValueError(f"no split indices in {text!r}")
+    return out

@@ -156,11 +156,11 @@ def save_params(
 
     :param path: target file path (``str`` or :class:`pathlib.Path`); its directory must exist.
     :param params: mapping from string keys to arrays or nested mappings.
-    :param metadata: JSON-serialisable mapping stored alongside (e.g. library version, model
+    :param metadata: JSON-serializable mapping stored alongside (e.g. library version, model
         description); returned by ``load_params(..., return_metadata=True)``.
     :return: the path written.
     :raises TypeError: a non-string key, a leaf that is not a numeric/boolean array, or
-        metadata that is not a JSON-serialisable mapping.
+        metadata that is not a JSON-serializable mapping.
     :raises FileNotFoundError: the target directory does not exist.
     """
     path = Path(os.fspath(path)).expanduser()
@@ -182,7 +182,7 @@ def save_params(
     try:
         header_json = json.dumps(header)
     except (TypeError, ValueError) as err:
-        raise TypeError(f"metadata must be JSON-serialisable: {err}") from err
+        raise TypeError(f"metadata must be JSON-serializable: {err}") from err
     members[_HEADER_KEY] = np.array(header_json, dtype=np.str_)
 
     directory = path.parent

@@ -7,14 +7,21 @@ hyperparameters are listed by :meth:`Kernel.hyperparameters` (name -> value) and
 
 Shapes: inputs ``X1 (N1, D)``, ``X2 (N2, D)``; ``kernel(X1, X2)`` is ``(N1, N2)`` and
 ``kernel.diag(X)`` is ``(N,)``. Lengthscales may be scalars or ARD vectors of shape ``(D,)``.
+
+Kernels are JAX pytrees: the hyperparameter values are the leaves (other settings, such as
+``ard``, are static), so a kernel passes through ``jax.jit``, ``jax.vmap`` and ``jax.grad`` as
+an argument. ``k1 + k2`` and ``k1 * k2`` build :class:`Sum` and :class:`Product`, and
+``sum([k1, k2, k3])`` works too.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 __all__ = [
     "Kernel",
@@ -54,22 +61,28 @@ def _check_diag_input(X):
 
 class Kernel:
     """Base class. Subclasses are frozen dataclasses whose fields listed in
-    ``_hyperparameter_names`` are the positive hyperparameters."""
+    ``_hyperparameter_names`` are the positive hyperparameters (the pytree leaves); every
+    other field is static."""
 
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ()
 
-    def __call__(self, X1, X2=None):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        jax.tree_util.register_pytree_node(cls, _flatten_kernel, lambda aux, leaves: _unflatten_kernel(cls, aux, leaves))
+
+    def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
+        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default ``X1``)."""
         raise NotImplementedError
 
-    def diag(self, X):
+    def diag(self, X: ArrayLike) -> jax.Array:
         """Diagonal of ``self(X, X)``, shape ``(N,)``, without forming the matrix."""
         raise NotImplementedError
 
-    def hyperparameters(self) -> dict:
+    def hyperparameters(self) -> dict[str, Any]:
         """Flat dict of hyperparameter name -> value (floats or arrays)."""
         return {name: getattr(self, name) for name in self._hyperparameter_names}
 
-    def replace(self, **values) -> "Kernel":
+    def replace(self, **values: Any) -> Kernel:
         """A copy with some hyperparameters replaced (names as in :meth:`hyperparameters`)."""
         unknown = set(values) - set(self.hyperparameters())
         if unknown:
@@ -79,15 +92,44 @@ class Kernel:
             )
         return dataclasses.replace(self, **values)
 
-    def with_input_dim(self, input_dim: int) -> "Kernel":
+    def with_input_dim(self, input_dim: int) -> Kernel:
         """A copy whose ARD lengthscales (if any) are broadcast to ``(input_dim,)``."""
         return self
 
-    def __add__(self, other: "Kernel") -> "Sum":
+    def __add__(self, other: Kernel) -> Sum:
         return Sum(self, other)
 
-    def __mul__(self, other: "Kernel") -> "Product":
+    def __radd__(self, other: Any) -> Kernel:
+        # sum([k1, k2]) starts from 0
+        if isinstance(other, (int, float)) and other == 0:
+            return self
+        return NotImplemented
+
+    def __mul__(self, other: Kernel) -> Product:
         return Product(self, other)
+
+
+def _flatten_kernel(kernel: Kernel) -> tuple[tuple, tuple]:
+    if isinstance(kernel, _Combination):
+        return tuple(kernel.kernels), ()
+    names = kernel._hyperparameter_names
+    static = tuple(
+        (f.name, getattr(kernel, f.name)) for f in dataclasses.fields(kernel) if f.name not in names
+    )
+    return tuple(getattr(kernel, n) for n in names), static
+
+
+def _unflatten_kernel(cls: type, static: tuple, leaves: tuple) -> Kernel:
+    if issubclass(cls, _Combination):
+        out = object.__new__(cls)
+        object.__setattr__(out, "kernels", tuple(leaves))
+        return out
+    out = object.__new__(cls)
+    for name, value in zip(cls._hyperparameter_names, leaves):
+        object.__setattr__(out, name, value)
+    for name, value in static:
+        object.__setattr__(out, name, value)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ A call ``gp_layer("h1", X, kernel, num_inducing=50, out_dim=2)`` inside a model
    residual about the mean function), tagged ``infer={"dgp_layer": "h1", ...}``;
 3. emits one message of type ``"dgp_layer"`` named ``"h1.layer"`` whose default handling
    draws the layer's output at ``X`` from ``p(f(X) | u)`` point by point (DSVI propagation);
-   handlers (``DGPElbo``'s analytic marginalisation, coherent sampling, ...) reinterpret it;
+   handlers (``DGPElbo``'s analytic marginalization, coherent sampling, ...) reinterpret it;
 4. records the output as ``numpyro.deterministic("h1", f)`` so ``Predictive`` returns it.
 
 Shapes: ``X (N, D)``; returns ``(N, out_dim)``.
@@ -18,7 +18,7 @@ Shapes: ``X (N, D)``; returns ``(N, out_dim)``.
 With ``inducing="locations"`` (paper 000 §4.2, notes/compositional.md §4) inducing inputs
 exist only in the input space: a layer maps the pair (points, inducing locations) to the pair
 (outputs, inducing values), and layer ``l``'s inducing inputs are layer ``l-1``'s inducing
-values, so neighbouring layers share ``f_{l-1}^z``::
+values, so neighboring layers share ``f_{l-1}^z``::
 
     h, hz = gp_layer("h1", X, k1, num_inducing=20, inducing="locations")
     f, fz = gp_layer("f", (h, hz), k2, inducing="locations")
@@ -53,8 +53,9 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
-from numpyro.primitives import apply_stack
 
+from numpyro_dgp._compat import active_plates, apply_stack, handler_stack_is_empty
+from numpyro_dgp._protocol import ENCODER_INPUT_MESSAGE, INDUCING, LAYER_MESSAGE, InducingTag
 from numpyro_dgp.core import (
     affine_inducing_inputs,
     check_jitter,
@@ -160,7 +161,7 @@ def amortized_moments(layer: Layer, X, q_mean, q_sqrt=None):
 
 
 def sample_moments(rng_key, mean, var, full_cov: bool = False, jitter: float = 1e-6):
-    """One reparameterised draw from the moments returned by :func:`layer_moments`.
+    """One reparameterized draw from the moments returned by :func:`layer_moments`.
 
     Variances below zero from round-off are clipped; full covariances get ``jitter``.
     """
@@ -197,7 +198,7 @@ def _projection(X, in_dim: int, out_dim: int):
         return jnp.eye(in_dim, dtype=X.dtype)
     if in_dim < out_dim:
         return jnp.eye(in_dim, out_dim, dtype=X.dtype)  # [I, 0]: pad with zeros
-    # top out_dim right singular vectors of the (uncentred) inputs, as in DSVI
+    # top out_dim right singular vectors of the (uncentered) inputs, as in DSVI
     _, _, Vt = jnp.linalg.svd(X, full_matrices=False)
     return Vt[:out_dim].T
 
@@ -267,16 +268,16 @@ def gp_layer(
         ``inducing="locations"`` also the pair ``(X, Z)`` returned by the previous layer.
     :param kernel: a :mod:`numpyro_dgp.kernels` kernel; its values are the initial values.
         One kernel is shared by the ``out_dim`` outputs.
-    :param num_inducing: ``M``; inducing inputs are initialised by k-means (seeded with a fixed
+    :param num_inducing: ``M``; inducing inputs are initialized by k-means (seeded with a fixed
         key, so deterministic given the data) on ``X`` (for inner
-        layers: on the propagated values at initialisation).
+        layers: on the propagated values at initialization).
     :param out_dim: output width ``P``.
     :param mean: ``"zero"``, ``"identity"`` (fixed ``X @ W``: identity, zero-padding or PCA
         projection when widths differ, as in DSVI), ``"linear"`` (learnable ``X @ W + b``,
-        initialised like ``"identity"``) or a callable ``(N, D) -> (N, P)``.
+        initialized like ``"identity"``) or a callable ``(N, D) -> (N, P)``.
     :param inducing_inputs: ``(M, D)`` initial inducing inputs (instead of k-means).
-    :param learn_inducing: optimise the inducing inputs (otherwise they stay fixed).
-    :param learn_hyperparameters: optimise kernel hyperparameters without priors.
+    :param learn_inducing: optimize the inducing inputs (otherwise they stay fixed).
+    :param learn_hyperparameters: optimize kernel hyperparameters without priors.
     :param priors: ``{hyperparameter name: Distribution}``; those become ``numpyro.sample``
         sites (names as in ``kernel.hyperparameters()``).
     :param whiten: whitened inducing values ``u = L v`` (default for ``"global"``, better
@@ -325,12 +326,12 @@ def gp_layer(
         if len(X) != 2:
             raise ValueError(f"gp_layer {name!r}: X must be an array or the pair (X, Z); got {len(X)} items")
         X, propagated_Z = X
-    if not numpyro.primitives._PYRO_STACK:
+    if handler_stack_is_empty():
         raise RuntimeError(
             f"gp_layer {name!r} needs a random key: run the model under numpyro.handlers.seed "
             "(SVI, MCMC and Predictive do this)"
         )
-    plates = [h.name for h in numpyro.primitives._PYRO_STACK if isinstance(h, numpyro.plate)]
+    plates = [h.name for h in active_plates()]
     if plates:
         raise ValueError(
             f"gp_layer {name!r} is called inside plate(s) {plates}: its inducing points are global. "
@@ -417,7 +418,7 @@ def gp_layer(
 
     mean_fn = _mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
 
-    # A failed factorisation gives NaN, which fit() detects (skips and counts the step);
+    # A failed factorization gives NaN, which fit() detects (skips and counts the step);
     # a lax.cond retry here would triple the compile time of every layer.
     Kmm_chol = jittered_cholesky(kernel(Z), jitter)
     # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
@@ -431,7 +432,7 @@ def gp_layer(
     u = numpyro.sample(
         u_site,
         prior.to_event(1),
-        infer={"dgp_layer": name, "whiten": whiten, "inducing": inducing},
+        infer={INDUCING: InducingTag(name, bool(whiten), inducing)},
     )
 
     # NumPyro draws in the default float type; keep the layer in its inputs' precision
@@ -451,7 +452,7 @@ def _emit_layer(layer: Layer, X, u):
             f"gp_layer {layer.name!r} needs a random key: run the model under numpyro.handlers.seed "
             "(SVI, MCMC and Predictive do this)"
         )
-    out = _emit("dgp_layer", f"{layer.name}.layer", _propagate, (layer, X, u), rng_key=rng_key, full_cov=False)
+    out = _emit(LAYER_MESSAGE, f"{layer.name}.layer", _propagate, (layer, X, u), rng_key=rng_key, full_cov=False)
     numpyro.deterministic(layer.name, out)
     return out
 
@@ -502,8 +503,7 @@ def _amortized_layer(name, X, kernel, *, num_inducing, out_dim, mean, inducing_i
         raise ValueError(f"gp_layer {name!r}: num_inducing must be a positive integer, got {num_inducing!r}")
     if not (isinstance(out_dim, (int, np.integer)) and out_dim >= 1):
         raise ValueError(f"gp_layer {name!r}: out_dim must be a positive integer, got {out_dim!r}")
-    plates = [h for h in numpyro.primitives._PYRO_STACK if isinstance(h, numpyro.plate)]
-    data_plate = [p for p in plates if p.dim == -1]
+    data_plate = [p for p in active_plates() if p.dim == -1]
     if not data_plate:
         raise ValueError(
             f"gp_layer {name!r}: inducing='amortized' gives every point its own inducing set; call "
@@ -540,7 +540,7 @@ def _amortized_layer(name, X, kernel, *, num_inducing, out_dim, mean, inducing_i
     if not learn_inducing:
         weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
 
-    p = _emit("dgp_encoder_input", f"{name}.encoder_input", _default_encoder_input, (X,))
+    p = _emit(ENCODER_INPUT_MESSAGE, f"{name}.encoder_input", _default_encoder_input, (X,))
     p = jnp.asarray(p, X.dtype)
     if p.shape[-2] != B or p.shape[-1] != D or p.ndim not in (2, 3):
         raise ValueError(f"gp_layer {name!r}: the encoder input must have shape (..., {B}, {D}), got {p.shape}")
@@ -554,7 +554,7 @@ def _amortized_layer(name, X, kernel, *, num_inducing, out_dim, mean, inducing_i
     prior_mean = jnp.swapaxes(mean_fn(Z), -1, -2)  # (..., B, P, M)
     prior = dist.MultivariateNormal(prior_mean, scale_tril=Kzz_chol[..., None, :, :]).to_event(1)
     u_site = f"{name}.u"
-    infer = {"dgp_layer": name, "whiten": False, "inducing": "amortized", "encoder_input": p}
+    infer = {INDUCING: InducingTag(name, False, "amortized", p)}
     with numpyro.handlers.scale(scale=1.0 / data_plate.size if average_kl else 1.0):
         u = numpyro.sample(u_site, prior, infer=infer)
     u = jnp.asarray(u, X.dtype)

@@ -37,7 +37,7 @@ def deep_gp_regression(
     call when given (minibatch SVI; the likelihood is rescaled by the plate).
 
     :param num_layers: ``L >= 1`` (``L = 1`` is an SVGP).
-    :param num_inducing: ``M`` per layer (k-means initialised).
+    :param num_inducing: ``M`` per layer (k-means initialized).
     :param hidden_width: inner-layer width.
     :param kernel: kernel of every layer (initial values; default ARD RBF).
     :param noise_init: initial Gaussian noise variance.
@@ -114,7 +114,7 @@ def diffgp(
 
     :param T: flow time.
     :param num_steps: Euler–Maruyama steps.
-    :param num_inducing: ``M`` of the flow and of the predictor (k-means initialised).
+    :param num_inducing: ``M`` of the flow and of the predictor (k-means initialized).
     :param flow_kernel: kernel of the vector field (initial values).
     :param kernel: kernel of the predictor (default ARD RBF).
     :param likelihood: ``"gaussian"`` (learned noise) or ``"probit"`` (``y`` in {0, 1},

@@ -1,217 +1,35 @@
-"""Objectives that use the Gaussian a guide exposes over each layer's inducing values."""
+"""Objectives that use the Gaussian a guide exposes over each layer's inducing values.
+
+* :class:`DGPElbo` -- the DSVI evidence lower bound with the inducing values integrated out
+  analytically (same bound as NumPyro's ``Trace_ELBO``, lower-variance estimator);
+* :class:`PredictiveObjective` -- the predictive (DSPP / PPGPR) objective of Jankowiak et al.
+  (2020), not a bound on the evidence.
+"""
 
 from __future__ import annotations
 
-import contextlib
-from typing import NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
 import numpyro.distributions as dist
-from numpyro.handlers import replay, seed, substitute, trace
-from numpyro.infer.elbo import ELBO
-
 from jax.scipy.linalg import block_diag
 from jax.scipy.special import logsumexp
+from numpyro.infer import ELBO
 
-from numpyro_dgp.core import gauss_hermite, gauss_hermite_product, gauss_kl
-from numpyro_dgp.core.chain import block_diag_covariance, chain_gauss_kl_term
-from numpyro_dgp.handlers import (
-    AmortizedPosterior,
-    ChainLink,
-    JointBlock,
-    fast_subsample,
-    gaussian_parameters,
-    marginalise_inducing,
-    site_gaussian,
+from numpyro_dgp._marginal import (
+    MarginalRun,
+    layers_by_u_site,
+    marginal_trace,
+    site_posterior,
+    uses_inducing_locations,
 )
+from numpyro_dgp._protocol import AMORTIZED_KL, QUADRATURE_AXIS, get_tag
+from numpyro_dgp.core import block_diag_covariance, chain_gauss_kl_term, gauss_kl
+from numpyro_dgp.posteriors import ChainLink, JointBlock, gaussian_parameters
 
-__all__ = [
-    "DGPElbo",
-    "MarginalRun",
-    "PredictiveObjective",
-    "final_layer_name",
-    "guide_posteriors",
-    "marginal_trace",
-    "quadrature_rule",
-]
-
-
-def guide_posteriors(guide_trace, model_u_sites, structured: bool = True):
-    """The guide's Gaussian over every inducing site it samples.
-
-    :param guide_trace: a trace of the guide.
-    :param model_u_sites: ``{u-site name: value shape (P, M)}`` from the model.
-    :param structured: use the structure a guide declares in ``infer["dgp_gaussian"]``
-        (:class:`~numpyro_dgp.handlers.ChainLink`, :class:`~numpyro_dgp.handlers.JointBlock`:
-        the marginal over the layers); otherwise read each site's distribution as it is (for
-        a chain or joint guide that is the Gaussian *given* the sampled earlier layers).
-    :return: ``{u-site name: posterior}`` for the sites whose guide distribution is Gaussian
-        over the inducing values (others are left to sampling).
-    """
-    out = {}
-    for name, shape in model_u_sites.items():
-        site = guide_trace.get(name)
-        if site is None or site["type"] != "sample":
-            continue
-        params = site_posterior(site, shape, structured)
-        if params is not None:
-            out[name] = params
-    return out
-
-
-def site_posterior(site, shape, structured: bool = True):
-    """A guide site's Gaussian over its ``(P, M)`` inducing values: the structure it declares
-    (``infer["dgp_gaussian"]``) if ``structured``, else its Gaussian given the earlier
-    samples (``infer["dgp_conditional"]``, or the site distribution itself); ``None`` if
-    neither is Gaussian."""
-    infer = site.get("infer") or {}
-    if structured and infer.get("dgp_gaussian") is not None:
-        return infer["dgp_gaussian"]
-    if infer.get("dgp_conditional") is not None:
-        return infer["dgp_conditional"]
-    return site_gaussian(site["name"], site["fn"], shape)
-
-
-def quadrature_rule(out_dim: int, num_quadrature: int | None = None):
-    """Nodes ``(K, P)`` and weights ``(K,)`` for the last layer's ``P``-dimensional marginal.
-
-    One output: ``num_quadrature`` (default 20) Gauss-Hermite nodes. Several outputs: the
-    tensor-product rule with ``num_quadrature`` (default 3) nodes per output. Both are exact
-    for a Gaussian likelihood whose location is affine in the layer output (a quadratic
-    log density needs degree 2, i.e. 2 nodes per axis).
-    """
-    if num_quadrature is None:
-        num_quadrature = 20 if out_dim == 1 else 3
-    if num_quadrature**out_dim > 20_000:
-        raise ValueError(
-            f"DGPElbo: a tensor-product rule with num_quadrature={num_quadrature} over "
-            f"{out_dim} outputs has {num_quadrature ** out_dim} nodes; lower num_quadrature"
-        )
-    if out_dim == 1:
-        nodes, weights = gauss_hermite(num_quadrature)
-        return nodes[:, None], weights
-    return gauss_hermite_product(num_quadrature, out_dim)
-
-
-def layers_by_u_site(model_trace):
-    """``{u-site name: Layer}`` from the ``"dgp_layer"`` messages of a model trace.
-
-    (The ``infer`` tags of the ``u`` sites cannot be used: ``replay`` overwrites them with
-    the guide's.)
-    """
-    return {s["args"][0].u_site: s["args"][0] for s in model_trace.values() if s["type"] == "dgp_layer"}
-
-
-def uses_inducing_locations(model_trace) -> bool:
-    """Whether any ``gp_layer`` of the trace has ``inducing="locations"``."""
-    return any(layer.inducing == "locations" for layer in layers_by_u_site(model_trace).values())
-
-
-def _model_u_sites(model_trace):
-    return {
-        name: (layer.out_dim, layer.inducing_inputs.shape[0])
-        for name, layer in layers_by_u_site(model_trace).items()
-    }
-
-
-def final_layer_name(model_trace):
-    """Name of the last ``gp_layer`` run in ``model_trace`` (execution order)."""
-    names = [s["args"][0].name for s in model_trace.values() if s["type"] == "dgp_layer"]
-    if not names:
-        raise ValueError(
-            "the model has no gp_layer: DGPElbo and predict need a model built with numpyro_dgp.gp_layer"
-        )
-    return names[-1]
-
-
-class MarginalRun(NamedTuple):
-    """A guide trace and the model trace run under :class:`marginalise_inducing`."""
-
-    guide_trace: dict
-    model_trace: dict
-    posteriors: dict
-    moments: dict
-    layer_order: list
-    quadrature_weights: np.ndarray
-    branch_log_weights: jax.Array | None = None
-
-
-def marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature=None):
-    """Run ``guide`` then ``model`` with inducing values marginalised and quadrature nodes on
-    the last layer (see :class:`numpyro_dgp.handlers.marginalise_inducing`).
-
-    :return: :class:`MarginalRun`.
-    """
-    with _validation_off_when_traced(params):
-        return _marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature)
-
-
-def _validation_off_when_traced(params):
-    """NumPyro's argument checks cannot act on traced values (a traced check is skipped, and
-    the compiler drops it), yet tracing them costs about 0.2 s of every
-    compilation of a DGP step; they stay on in eager runs (``svi.init`` runs the model so)."""
-    traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(params))
-    return numpyro.validation_enabled(False) if traced else contextlib.nullcontext()
-
-
-def _marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature):
-    guide_key, model_key = jax.random.split(rng_key)
-    seeded_guide = substitute(seed(fast_subsample(guide), guide_key), data=params)
-    guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
-    seeded_model = substitute(replay(seed(fast_subsample(model), model_key), guide_trace), data=params)
-
-    # Which sites are inducing values and which layer is last: an abstract first pass
-    # (jax.eval_shape), so it adds nothing to the compiled computation.
-    found = {}
-
-    def probe():
-        tr = trace(marginalise_inducing(seeded_model)).get_trace(*args, **kwargs)
-        last = final_layer_name(tr)
-        found["u_sites"] = _model_u_sites(tr)
-        found["last"] = last
-        found["out_dim"] = tr[f"{last}.layer"]["args"][0].out_dim
-        found["locations"] = uses_inducing_locations(tr)
-        found["last_u_site"] = tr[f"{last}.layer"]["args"][0].u_site
-        return 0
-
-    # closing over args keeps static ones (subsample sizes) concrete
-    jax.eval_shape(probe)
-    last = found["last"]
-    nodes, weights = quadrature_rule(found["out_dim"], num_quadrature)
-
-    if found["locations"]:
-        # Layer l's inducing inputs are layer l-1's inducing values: those must be the very
-        # samples every point is propagated with, so the inner layers run on sampled u and only
-        # the last layer is marginalised, given the samples (its guide site's own Gaussian).
-        last_u = found["last_u_site"]
-        posteriors = guide_posteriors(guide_trace, {last_u: found["u_sites"][last_u]}, structured=False)
-    else:
-        posteriors = guide_posteriors(guide_trace, found["u_sites"])
-    posteriors.update(amortized_posteriors(guide_trace))
-    handler = marginalise_inducing(
-        seeded_model,
-        posteriors=posteriors,
-        quadrature_layer=last,
-        quadrature_nodes=nodes,
-        quadrature_weights=weights,
-    )
-    model_trace = trace(handler).get_trace(*args, **kwargs)
-    return MarginalRun(
-        guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights, handler.branch_log_weights
-    )
-
-
-def amortized_posteriors(guide_trace):
-    """``{u-site: AmortizedPosterior}`` from the placeholder sites of an amortized guide
-    (:class:`numpyro_dgp.guides.AutoAmortizedDGP`)."""
-    return {
-        site["fn"].site: site["fn"].posterior
-        for site in guide_trace.values()
-        if site["type"] == "sample" and isinstance(getattr(site["fn"], "posterior", None), AmortizedPosterior)
-    }
+__all__ = ["DGPElbo", "PredictiveObjective"]
 
 
 def _reduce_branches(x, plate_ndim, branch_log_weights):
@@ -229,7 +47,7 @@ def _has_quadrature_axis(site, lp, weights):
     """Whether ``lp`` (a site's log-density) carries the last layer's quadrature axis in front:
     sites after the last layer do when they depend on its output; one that does not has no
     such axis."""
-    if not site["infer"].get("dgp_quadrature"):
+    if not get_tag(site, QUADRATURE_AXIS):
         return False
     batch_ndim = max([-f.dim for f in site["cond_indep_stack"]] + [len(site["fn"].batch_shape) - 1, 0])
     return jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == len(weights)
@@ -323,14 +141,14 @@ def objective_terms(run: MarginalRun):
     for name, site in model_trace.items():
         if site["type"] != "sample":
             continue
-        infer = site.get("infer") or {}
         if site["is_observed"]:
             observed[name] = site
             continue
         site_kl = None
-        if infer.get("dgp_amortized_kl") is not None:
+        amortized_kl = get_tag(site, AMORTIZED_KL)
+        if amortized_kl is not None:
             # per-point KLs of an amortized layer (branch axis first under rule AR1)
-            per_point = _reduce_branches(infer["dgp_amortized_kl"], _plate_ndim(site), run.branch_log_weights)
+            per_point = _reduce_branches(amortized_kl, _plate_ndim(site), run.branch_log_weights)
             scale = site["scale"] if site["scale"] is not None else 1.0
             kl = kl + jnp.sum(scale * per_point)
             continue
@@ -339,7 +157,7 @@ def objective_terms(run: MarginalRun):
         if site_kl is not None:
             kl = kl + (site["scale"] if site["scale"] is not None else 1.0) * site_kl
         else:
-            if infer.get("dgp_quadrature"):
+            if get_tag(site, QUADRATURE_AXIS):
                 raise ValueError(
                     f"DGPElbo: latent site {name!r} comes after the last GP layer; "
                     "only observed sites may depend on the last layer's output. Use Trace_ELBO."
@@ -395,15 +213,15 @@ def _log_predictive(site, weights, branch_log_weights=None):
 
 
 class DGPElbo(ELBO):
-    """The DSVI evidence lower bound with the inducing values marginalised analytically.
+    """The DSVI evidence lower bound with the inducing values marginalized analytically.
 
-    For every layer whose inducing site the guide covers with a Gaussian (``AutoFactorisedDGP``,
+    For every layer whose inducing site the guide covers with a Gaussian (``AutoFactorizedDGP``,
     ``AutoNormal``, ...), the layer output is drawn from ``q(f_l | f_{l-1})`` point by point
     instead of through a sampled ``u_l``. Guides that correlate layers (``AutoChainDGP``,
     ``AutoJointDGP``) get the exact per-point recursion (each point's sampled outputs condition
     the belief over the later layers' inducing values, notes/compositional.md §3b). With
     ``inducing="locations"`` the inner layers run on sampled inducing values (they are the next
-    layer's inputs) and the last layer is marginalised given them. KLs are computed in closed
+    layer's inputs) and the last layer is marginalized given them. KLs are computed in closed
     form (given the sampled locations, for inducing locations);
     and the expectation of the likelihood over the last layer's marginal is taken by
     Gauss-Hermite quadrature (exact for Gaussian likelihoods). Other latent sites
@@ -451,13 +269,13 @@ class PredictiveObjective(ELBO):
     """The predictive (DSPP / PPGPR) objective of Jankowiak et al. (2020), AR2PP in paper 003.
 
     ``sum_n log sum_s w_s p(y_n | x_n, s) - beta KL``, where particle ``s`` propagates the
-    inputs through the inner layers (as :class:`DGPElbo` does, inducing values marginalised)
+    inputs through the inner layers (as :class:`DGPElbo` does, inducing values marginalized)
     and ``p(y_n | x_n, s) = E[p(y_n | f_L)]`` over the last layer's Gaussian marginal
     (Gauss-Hermite; for a Normal likelihood whose location is affine in the last layer, the
     exact ``N(y | m_s, v_s + noise)`` from the nodes' moments). The ``log`` sits
     outside the mixture over particles and the likelihood expectation, unlike the ELBO's
     ``E log``: it scores the predictive distribution directly and is no lower bound on the
-    evidence. The KL terms (closed form, averaged over particles) act as a regulariser of
+    evidence. The KL terms (closed form, averaged over particles) act as a regularizer of
     weight ``beta``; latent sites other than inducing values (hyperparameter priors) enter
     as ``log p - log q`` like in ``Trace_ELBO``, also weighted by ``beta``.
 

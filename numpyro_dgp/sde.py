@@ -1,7 +1,7 @@
-"""Helpers for SDE-flow models (DiffGP, paper 004): paths for plots, temporal inducing inputs.
+"""Helpers for SDE-flow models (DiffGP, Hegde et al. 2019): paths for plots, temporal inducing inputs.
 
 The flow itself is the handler :class:`numpyro_dgp.handlers.sde_flow`; a ready-made model
-is :func:`numpyro_dgp.models.diffgp_regression`.
+is :func:`numpyro_dgp.models.diffgp`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from numpyro_dgp._marginal import marginal_trace
+from numpyro_dgp._protocol import FLOW, get_tag
 from numpyro_dgp.core import kmeans
 from numpyro_dgp.handlers import sde_flow
 
@@ -38,9 +40,6 @@ def flow_trajectories(model, guide, params, rng_key, X, *args, num_samples: int 
     :param X: ``(N, D)`` starting points (with the time column if ``time_input``).
     :param num_samples: ``S`` paths per point.
     """
-    # imported here: objectives imports handlers, which this module also needs
-    from numpyro_dgp.objectives import marginal_trace
-
     recording = _with_record(model)
     name = f"{recording.spec.layer}.layer"
     X = jnp.asarray(X)
@@ -51,7 +50,7 @@ def flow_trajectories(model, guide, params, rng_key, X, *args, num_samples: int 
 
     def one(key, params, X):
         run = marginal_trace(recording, guide, params, key, (X,) + args, kwargs, 3)
-        return run.model_trace[name]["infer"]["dgp_flow"][1]["path"]
+        return get_tag(run.model_trace[name], FLOW).record["path"]
 
     keys = jax.random.split(rng_key, int(num_samples))
     return jax.jit(jax.vmap(one, in_axes=(0, None, None)))(keys, params, X)
@@ -59,10 +58,10 @@ def flow_trajectories(model, guide, params, rng_key, X, *args, num_samples: int 
 
 def temporal_inducing_inputs(X, num_inducing: int, times):
     """Inducing inputs ``(num_inducing * len(times), D + 1)`` of a time-dependent flow layer:
-    k-means centres of ``X`` (fixed key, as :func:`numpyro_dgp.gp_layer` does) at each time.
+    k-means centers of ``X`` (fixed key, as :func:`numpyro_dgp.gp_layer` does) at each time.
 
     :param X: ``(N, D)`` inputs.
-    :param num_inducing: centres per time.
+    :param num_inducing: centers per time.
     :param times: ``(K,)`` inducing times (e.g. ``jnp.linspace(0, T, 3)``).
     """
     X = jnp.asarray(X)
@@ -71,8 +70,8 @@ def temporal_inducing_inputs(X, num_inducing: int, times):
         raise ValueError(f"temporal_inducing_inputs: X must have shape (num_points, dim), got {X.shape}")
     if times.ndim != 1 or times.shape[0] < 1:
         raise ValueError(f"temporal_inducing_inputs: times must be a non-empty 1-D array, got shape {times.shape}")
-    centres = kmeans(jax.random.PRNGKey(0), X, int(num_inducing))
-    M = centres.shape[0]
-    grid_x = jnp.tile(centres, (times.shape[0], 1))
+    centers = kmeans(jax.random.PRNGKey(0), X, int(num_inducing))
+    M = centers.shape[0]
+    grid_x = jnp.tile(centers, (times.shape[0], 1))
     grid_t = jnp.repeat(times, M)[:, None]
     return jnp.concatenate([grid_x, grid_t], axis=-1)

@@ -3,7 +3,7 @@ from pathlib import Path
 
 # A persistent XLA compilation cache for the run (this process, and the notebook kernels of
 # test_tutorials, which inherit the environment): many tests build the same model at the same
-# shapes, and every model's eager initialisation compiles the same few hundred small programs.
+# shapes, and every model's eager initialization compiles the same few hundred small programs.
 # Set before jax is imported; an existing setting wins. The directory lives in the checkout
 # (git-ignored), so a clean clone starts cold; one per pytest-xdist worker, because JAX writes
 # entries without a lock and a worker's notebook kernel runs while that worker waits.
@@ -12,7 +12,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 # Most of the suite's time is XLA compiling small programs that then run for milliseconds:
-# skip XLA's expensive optimisation passes (the same operations, less fusion; rounding can
+# skip XLA's expensive optimization passes (the same operations, less fusion; rounding can
 # differ in the last digits). The quickstart notebook in smoke mode: 101 -> 67 s (another job
 # shared the cores in both runs). Benchmarks and users keep XLA's defaults.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
@@ -23,6 +23,19 @@ import pytest  # noqa: E402
 # The test suite runs in float64 (dense references to 1e-8).
 jax.config.update("jax_enable_x64", True)
 os.environ.setdefault("NUMPYRO_DGP_SMOKE", "1")
+
+
+#: The standard UCI splits beside the repository (tests pass this path explicitly; the package
+#: itself has no default data directory). ``$NUMPYRO_DGP_DATA`` points elsewhere if set.
+UCI_DATA_DIR = Path(os.environ.get("NUMPYRO_DGP_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data" / "uci")
+
+
+@pytest.fixture(scope="session")
+def uci_data_dir() -> Path:
+    """The UCI data directory; the test is skipped, with the reason, when it is absent."""
+    if not UCI_DATA_DIR.is_dir():
+        pytest.skip(f"UCI data not available at {UCI_DATA_DIR} (set NUMPYRO_DGP_DATA to run this test)")
+    return UCI_DATA_DIR
 
 
 def pytest_addoption(parser):

@@ -3,21 +3,11 @@
 import pytest
 
 from numpyro_dgp import cli
-from numpyro_dgp.datasets import default_data_dir
 
 
-def has_uci():
-    try:
-        default_data_dir()
-        return True
-    except FileNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not has_uci(), reason="UCI data not found")
-def test_uci_command_prints_a_table(capsys):
+def test_uci_command_prints_a_table(capsys, uci_data_dir):
     code = cli.main(["uci", "--dataset", "yacht", "--splits", "0", "--steps", "60", "--num-inducing", "8",
-                     "--batch-size", "100"])
+                     "--batch-size", "100", "--data-dir", str(uci_data_dir)])
     out = capsys.readouterr().out
     assert code == 0
     assert "yacht: 2-layer DSVI DGP" in out
@@ -26,13 +16,18 @@ def test_uci_command_prints_a_table(capsys):
     assert "mean" in out and "s.e." in out
 
 
-def test_uci_command_reports_bad_arguments(capsys, tmp_path):
-    assert cli.main(["uci", "--dataset", "mnist"]) == 2
-    assert "unknown" in capsys.readouterr().err.lower()
+def test_uci_command_reports_bad_arguments(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("NUMPYRO_DGP_DATA", raising=False)
+    assert cli.main(["uci", "--dataset", "mnist", "--data-dir", str(tmp_path)]) == 2
+    assert "name='mnist' not found" in capsys.readouterr().err
+    assert cli.main(["uci", "--dataset", "yacht"]) == 2
+    assert "--data-dir" in capsys.readouterr().err
     assert cli.main(["uci", "--dataset", "yacht", "--data-dir", str(tmp_path / "missing")]) == 2
     assert "missing" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["uci", "--dataset", "yacht", "--steps", "0"])
-    if has_uci():
-        with pytest.raises(SystemExit, match="splits 0..19"):
-            cli.main(["uci", "--dataset", "yacht", "--splits", "25"])
+
+
+def test_uci_command_reports_splits_out_of_range(uci_data_dir):
+    with pytest.raises(SystemExit, match="splits 0..19"):
+        cli.main(["uci", "--dataset", "yacht", "--splits", "25", "--data-dir", str(uci_data_dir)])

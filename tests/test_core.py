@@ -155,7 +155,7 @@ def test_conditional_with_prior_q_returns_prior():
     rs, Kmm, Kmn, Knn, L = setup_problem(seed=5)
     M, N, P = Kmm.shape[0], Knn.shape[0], 3
     zeros = np.zeros((P, M))
-    # whitened prior: v ~ N(0, I), full and diagonal parameterisations
+    # whitened prior: v ~ N(0, I), full and diagonal parameterizations
     for q_sqrt in (np.broadcast_to(np.eye(M), (P, M, M)), np.ones((P, M))):
         mean, cov = conditional(Kmn, L, Knn, zeros, jnp.asarray(q_sqrt), whiten=True, full_cov=True)
         np.testing.assert_allclose(np.asarray(mean), 0.0, atol=1e-12)
@@ -384,7 +384,7 @@ def _spd(rs, batch, M):
 def test_cholesky_and_inverse_derivatives_match_jax(M):
     # The matmul-only derivative rules against JAX's own (triangular-solve) rules, in reverse
     # mode through a function of both the factor and its inverse, for a non-symmetric
-    # perturbation direction (the forward pass symmetrises its input).
+    # perturbation direction (the forward pass symmetrizes its input).
     rs = _rs(M + 1)
     K = jnp.asarray(_spd(rs, 2, M))
     W1, W2 = jnp.asarray(rs.randn(2, M, M)), jnp.asarray(rs.randn(2, M, M))
@@ -509,11 +509,11 @@ def test_expected_log_normal_vs_gauss_hermite_and_monte_carlo():
 
 def _blobs():
     rs = _rs(60)
-    centres = np.array([[-5.0, 0.0], [0.0, 5.0], [5.0, -1.0]])
-    X = np.concatenate([c + 0.05 * rs.randn(100, 2) for c in centres])
+    centers = np.array([[-5.0, 0.0], [0.0, 5.0], [5.0, -1.0]])
+    X = np.concatenate([c + 0.05 * rs.randn(100, 2) for c in centers])
     # the exact blob means (what Lloyd's algorithm converges to)
     means = np.stack([X[i * 100:(i + 1) * 100].mean(0) for i in range(3)])
-    return X, centres, means
+    return X, centers, means
 
 
 def _sorted(C):
@@ -525,19 +525,19 @@ _kmeans_jit = jax.jit(kmeans, static_argnums=2)
 
 
 def test_kmeans_recovers_blob_centres():
-    # every key, not a lucky one: the start must not leave two centres in one blob
-    X, centres, means = _blobs()
+    # every key, not a lucky one: the start must not leave two centers in one blob
+    X, centers, means = _blobs()
     for seed in range(20):
         C = _kmeans_jit(jax.random.PRNGKey(seed), jnp.asarray(X), 3)
         assert C.shape == (3, 2)
-        np.testing.assert_allclose(_sorted(C), _sorted(centres), atol=1e-2)
+        np.testing.assert_allclose(_sorted(C), _sorted(centers), atol=1e-2)
         np.testing.assert_allclose(_sorted(C), _sorted(means), atol=1e-10)
 
 
 def test_kmeans_eager_equals_jit():
-    X, centres, _ = _blobs()
+    X, centers, _ = _blobs()
     C = kmeans(jax.random.PRNGKey(5), jnp.asarray(X), 3)
-    np.testing.assert_allclose(_sorted(C), _sorted(centres), atol=1e-2)
+    np.testing.assert_allclose(_sorted(C), _sorted(centers), atol=1e-2)
     C2 = _kmeans_jit(jax.random.PRNGKey(5), jnp.asarray(X), 3)
     np.testing.assert_allclose(np.asarray(C2), np.asarray(C), rtol=0, atol=1e-12)
 

@@ -1,5 +1,6 @@
-"""Tests for numpyro_dgp.datasets: toy problems, UCI loading, standardisation, data lookup."""
+"""Tests for numpyro_dgp.datasets: toy problems, UCI loading, standardization, data lookup."""
 
+import os
 from pathlib import Path
 
 import jax
@@ -39,11 +40,8 @@ UCI_SHAPES = {
 
 
 @pytest.fixture(scope="module")
-def uci_dir():
-    try:
-        return default_data_dir()
-    except FileNotFoundError as err:
-        pytest.skip(f"UCI data not available: {err}")
+def uci_dir(uci_data_dir):
+    return uci_data_dir
 
 
 # ---------------------------------------------------------------------------------------
@@ -151,12 +149,39 @@ def test_aliases_point_at_known_sets():
     assert len(UCI_DATASETS) == 7
 
 
-def test_unknown_name_lists_valid_names():
-    match = r"unknown UCI data set name='protein'.*bostonHousing.*yacht"
-    with pytest.raises(ValueError, match=match):
-        resolve_uci_name("protein")
-    with pytest.raises(ValueError, match="unknown UCI data set"):
-        load_uci("protein", data_dir=Path(__file__).parent)
+def test_unknown_names_are_folder_names(tmp_path):
+    assert resolve_uci_name("protein") == "protein"
+    assert resolve_uci_name(" naval ") == "naval"
+    _write_fake(tmp_path, "yacht")
+    with pytest.raises(FileNotFoundError, match=r"name='protein' not found.*data sets in .*: yacht"):
+        load_uci("protein", data_dir=tmp_path)
+    with pytest.raises(ValueError, match="non-empty string"):
+        resolve_uci_name("")
+
+
+def test_any_folder_in_the_standard_layout_by_name_or_path(tmp_path):
+    folder, data = _write_fake(tmp_path, "naval", n_splits=3)
+    by_name = load_uci("naval", split=2, data_dir=tmp_path)
+    assert by_name.name == "naval" and by_name.split == 2
+    for ref in (folder, str(folder), str(folder) + os.sep):
+        by_path = load_uci(ref, split=2)
+        np.testing.assert_array_equal(by_path.X_train, by_name.X_train)
+        assert by_path.name == "naval"
+    assert num_uci_splits(folder) == 3
+    (folder / "n_splits.txt").unlink()  # the split count then comes from the index files
+    assert num_uci_splits(folder) == 3
+    train, test = uci_split_indices(folder, 1)
+    assert len(train) == 7 and len(test) == 3
+
+
+def test_a_folder_outside_the_layout_is_refused(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "data.txt").write_text("1 2\n")
+    with pytest.raises(FileNotFoundError, match=r"not a folder in the standard split layout.*index_features.txt"):
+        load_uci(folder)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_uci(tmp_path / "absent")
 
 
 def test_explicit_data_dir_wins_over_env(tmp_path, monkeypatch):
@@ -181,39 +206,14 @@ def test_env_var_pointing_nowhere_raises(tmp_path, monkeypatch):
         default_data_dir()
 
 
-def test_fallback_relative_to_cwd(tmp_path, monkeypatch):
+def test_no_default_data_dir(monkeypatch):
     monkeypatch.delenv("NUMPYRO_DGP_DATA", raising=False)
-    monkeypatch.setattr(datasets, "_REPO_ROOT", tmp_path / "no_repo")
-    work = tmp_path / "work" / "main"
-    data = tmp_path / "work" / "shared" / "data" / "uci"
-    work.mkdir(parents=True)
-    data.mkdir(parents=True)
-    monkeypatch.chdir(work)
-    assert default_data_dir() == data.resolve()
-
-
-def test_fallback_relative_to_repo_root(tmp_path, monkeypatch):
-    monkeypatch.delenv("NUMPYRO_DGP_DATA", raising=False)
-    repo = tmp_path / "repo"
-    data = tmp_path / "shared" / "data" / "uci"
-    repo.mkdir()
-    data.mkdir(parents=True)
-    monkeypatch.setattr(datasets, "_REPO_ROOT", repo)
-    monkeypatch.chdir(tmp_path)  # cwd/../shared/data/uci does not exist
-    assert default_data_dir() == data.resolve()
-
-
-def test_nothing_found_lists_places_and_hint(tmp_path, monkeypatch):
-    monkeypatch.delenv("NUMPYRO_DGP_DATA", raising=False)
-    monkeypatch.setattr(datasets, "_REPO_ROOT", tmp_path / "a" / "repo")
-    cwd = tmp_path / "b" / "cwd"
-    cwd.mkdir(parents=True)
-    monkeypatch.chdir(cwd)
     with pytest.raises(FileNotFoundError) as info:
         default_data_dir()
     msg = str(info.value)
     assert "--data-dir" in msg and "NUMPYRO_DGP_DATA" in msg
-    assert str(tmp_path / "a" / "repo") in msg and str(cwd) in msg
+    with pytest.raises(FileNotFoundError, match="no data directory given"):
+        load_uci("kin8nm")
 
 
 # ---------------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ def _write_fake(root: Path, name="yacht", data=None, n_splits=2, float_indices=T
     return folder, data
 
 
-def test_fake_split_standardises_with_train_statistics(tmp_path):
+def test_fake_split_standardizes_with_train_statistics(tmp_path):
     folder, data = _write_fake(tmp_path)
     s = load_uci("yacht", split=1, data_dir=tmp_path)
     assert isinstance(s, UCISplit) and s.name == "yacht" and s.split == 1
@@ -330,22 +330,22 @@ def test_missing_data_dir_in_load(tmp_path):
 
 
 @pytest.mark.parametrize("name", UCI_DATASETS)
-def test_uci_shapes_and_train_standardisation(uci_dir, name):
+def test_uci_shapes_and_train_standardization(uci_dir, name):
     N, D = UCI_SHAPES[name]
-    s = load_uci(name, split=0)
+    s = load_uci(name, split=0, data_dir=uci_dir)
     assert s.name == name and s.split == 0
     n_train, n_test = len(s.y_train), len(s.y_test)
     assert s.X_train.shape == (n_train, D) and s.X_test.shape == (n_test, D)
     assert s.x_mean.shape == (D,) and s.x_std.shape == (D,)
     assert n_train + n_test == N
     assert 0.85 * N < n_train < 0.95 * N  # the 90/10 protocol
-    # Train split: exactly standardised (up to rounding).
+    # Train split: exactly standardized (up to rounding).
     np.testing.assert_allclose(s.X_train.mean(0), 0.0, atol=1e-10)
     np.testing.assert_allclose(s.y_train.mean(), 0.0, atol=1e-10)
     np.testing.assert_allclose(s.y_train.std(), 1.0, rtol=1e-10)
     non_constant = s.X_train.std(0) > 0
     np.testing.assert_allclose(s.X_train.std(0)[non_constant], 1.0, rtol=1e-10)
-    # Test split: transformed with train statistics, so it is not exactly standardised.
+    # Test split: transformed with train statistics, so it is not exactly standardized.
     assert np.max(np.abs(s.X_test.mean(0))) > 1e-6
     assert abs(s.y_test.mean()) > 1e-6
     assert np.all(np.isfinite(s.X_train)) and np.all(np.isfinite(s.X_test))
@@ -354,10 +354,10 @@ def test_uci_shapes_and_train_standardisation(uci_dir, name):
 @pytest.mark.parametrize("name", UCI_DATASETS)
 def test_uci_splits_are_disjoint_and_cover_the_rows(uci_dir, name):
     N, _ = UCI_SHAPES[name]
-    n_splits = num_uci_splits(name)
+    n_splits = num_uci_splits(name, data_dir=uci_dir)
     assert n_splits == 20
     for k in range(n_splits):
-        train_idx, test_idx = uci_split_indices(name, k)
+        train_idx, test_idx = uci_split_indices(name, k, data_dir=uci_dir)
         assert np.intersect1d(train_idx, test_idx).size == 0
         assert len(np.unique(train_idx)) == len(train_idx)
         assert len(np.unique(test_idx)) == len(test_idx)
@@ -365,8 +365,8 @@ def test_uci_splits_are_disjoint_and_cover_the_rows(uci_dir, name):
 
 
 def test_uci_rows_follow_the_index_files(uci_dir):
-    s = load_uci("boston", split=5)
-    train_idx, test_idx = uci_split_indices("bostonHousing", 5)
+    s = load_uci("boston", split=5, data_dir=uci_dir)
+    train_idx, test_idx = uci_split_indices("bostonHousing", 5, data_dir=uci_dir)
     data = np.loadtxt(uci_dir / "bostonHousing" / "data.txt")
     np.testing.assert_allclose(s.X_train * s.x_std + s.x_mean, data[train_idx, :13])
     np.testing.assert_allclose(s.unstandardize_y(s.y_test), data[test_idx, 13])
@@ -374,19 +374,18 @@ def test_uci_rows_follow_the_index_files(uci_dir):
 
 
 def test_uci_different_splits_differ(uci_dir):
-    a = load_uci("yacht", split=0)
-    b = load_uci("yacht", split=1)
+    a = load_uci("yacht", split=0, data_dir=uci_dir)
+    b = load_uci("yacht", split=1, data_dir=uci_dir)
     assert a.y_mean != b.y_mean
 
 
 def test_uci_bad_split_on_real_data(uci_dir):
     with pytest.raises(ValueError, match=r"split=20 is out of range.*0\.\.19"):
-        load_uci("energy", split=20)
+        load_uci("energy", split=20, data_dir=uci_dir)
 
 
 def test_uci_found_through_env_var(uci_dir, monkeypatch):
     monkeypatch.setenv("NUMPYRO_DGP_DATA", str(uci_dir))
-    monkeypatch.setattr(datasets, "_REPO_ROOT", Path("/nonexistent-repo-root"))
     assert default_data_dir() == uci_dir
     assert load_uci("wine", split=3).X_train.shape[1] == 11
 
@@ -427,17 +426,3 @@ def test_random_split_validation_part_is_the_rest_with_training_statistics(tmp_p
                                   part="validation")
     with pytest.raises(ValueError, match="part must be"):
         datasets.random_uci_split("yacht", seed=3, data_dir=tmp_path, part="valid")
-
-
-def test_letters_classification_labels_the_glyphs():
-    d = datasets.letters_classification(jax.random.PRNGKey(0), num_train=4000, num_test=10)
-    assert d.X_train.shape == (4000, 2) and set(np.unique(d.y_train)) == {0.0, 1.0}
-    assert 0.08 < d.y_train.mean() < 0.25  # the letters cover a band across the square
-    assert d.name == "letters"
-    # inside the text's bounding box, the gaps between letters and the holes of D and P are 0
-    box = (d.X_train[:, 0] > 0.06) & (d.X_train[:, 0] < 0.94) & (np.abs(d.X_train[:, 1] - 0.5) < 0.1)
-    assert 0.3 < d.y_train[box].mean() < 0.8
-    again = datasets.letters_classification(jax.random.PRNGKey(0), num_train=4000, num_test=10)
-    np.testing.assert_array_equal(again.y_train, d.y_train)
-    corners = (np.min(d.X_train, axis=1) < 0.05) | (np.max(d.X_train, axis=1) > 0.95)  # the margin
-    assert np.all(d.y_train[corners] == 0)

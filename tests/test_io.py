@@ -219,8 +219,8 @@ def test_params_must_be_a_mapping(tmp_path):
         save_params(tmp_path / "p.npz", [np.ones(2)])
 
 
-def test_metadata_must_be_json_serialisable(tmp_path):
-    with pytest.raises(TypeError, match="metadata must be JSON-serialisable"):
+def test_metadata_must_be_json_serializable(tmp_path):
+    with pytest.raises(TypeError, match="metadata must be JSON-serializable"):
         save_params(tmp_path / "p.npz", {"a": np.ones(1)}, metadata={"arr": np.ones(2)})
     assert os.listdir(tmp_path) == []
 

@@ -10,6 +10,7 @@ from numpyro import handlers
 from numpyro.infer import SVI
 
 import numpyro_dgp as dgp
+from numpyro_dgp._protocol import inducing_tag
 
 
 def run_layer(X, seed=0, **kwargs):
@@ -23,7 +24,7 @@ def test_sites_and_shapes():
     X = jnp.asarray(np.random.RandomState(0).randn(20, 3))
     tr = run_layer(X, num_inducing=6, out_dim=2)
     assert tr["h.u"]["type"] == "sample" and tr["h.u"]["value"].shape == (2, 6)
-    assert tr["h.u"]["infer"]["dgp_layer"] == "h"
+    assert inducing_tag(tr["h.u"]).layer == "h"
     assert tr["h.layer"]["type"] == "dgp_layer"
     assert tr["h"]["type"] == "deterministic" and tr["h"]["value"].shape == (20, 2)
     assert tr["h.inducing_inputs"]["value"].shape == (6, 3)
@@ -52,19 +53,19 @@ def test_default_propagation_is_the_conditional_given_u():
     np.testing.assert_allclose(np.asarray(draws).var(0), var, rtol=0.05, atol=1e-6)
 
 
-def test_kmeans_initialisation_finds_clusters():
+def test_kmeans_initialization_finds_clusters():
     rng = np.random.RandomState(1)
-    centres = np.array([[-3.0, 0.0], [0.0, 3.0], [3.0, -1.0]])
-    X = jnp.asarray(np.concatenate([c + 0.05 * rng.randn(30, 2) for c in centres]))
+    centers = np.array([[-3.0, 0.0], [0.0, 3.0], [3.0, -1.0]])
+    X = jnp.asarray(np.concatenate([c + 0.05 * rng.randn(30, 2) for c in centers]))
     Z = np.asarray(run_layer(X, num_inducing=3)["h.inducing_inputs"]["value"])
     found = Z[np.argsort(Z[:, 0])]
-    np.testing.assert_allclose(found, centres, atol=0.05)
+    np.testing.assert_allclose(found, centers, atol=0.05)
 
 
 def test_mean_functions():
     rng = np.random.RandomState(2)
     X = jnp.asarray(rng.randn(40, 5) * np.array([5.0, 2.0, 1.0, 0.5, 0.1]))
-    # wider input than output: the PCA projection of the (uncentred) inputs, fixed
+    # wider input than output: the PCA projection of the (uncentered) inputs, fixed
     tr = run_layer(X, num_inducing=4, out_dim=2, mean="identity")
     W = np.asarray(tr["h.mean.weight"]["value"])
     _, _, Vt = np.linalg.svd(np.asarray(X), full_matrices=False)
@@ -95,7 +96,7 @@ def test_fixed_inducing_inputs_hyperparameters_and_identity_mean_do_not_move():
         with numpyro.plate("data", X.shape[0]):
             numpyro.sample("y", dist.Normal(f[..., 0], 0.3), obs=y)
 
-    guide = dgp.guides.AutoFactorisedDGP(model)
+    guide = dgp.guides.AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.05), dgp.DGPElbo())
     state = svi.init(jax.random.PRNGKey(0), X, y)
     before = svi.get_params(state)
@@ -151,7 +152,7 @@ def test_guides_refuse_models_they_cannot_handle():
 
     X = jnp.ones((4, 1))
     with pytest.raises(ValueError, match="no gp_layer"):
-        handlers.seed(dgp.guides.AutoFactorisedDGP(no_layers), 0)(X)
+        handlers.seed(dgp.guides.AutoFactorizedDGP(no_layers), 0)(X)
 
     def layer_in_plate(X, y=None):
         with numpyro.plate("data", X.shape[0]):
@@ -159,9 +160,9 @@ def test_guides_refuse_models_they_cannot_handle():
             numpyro.sample("y", dist.Normal(f[..., 0], 1.0), obs=y)
 
     with pytest.raises(ValueError, match=r"'f' is called inside plate\(s\) \['data'\]"):
-        handlers.seed(dgp.guides.AutoFactorisedDGP(layer_in_plate), 0)(jnp.linspace(0, 1, 4)[:, None])
+        handlers.seed(dgp.guides.AutoFactorizedDGP(layer_in_plate), 0)(jnp.linspace(0, 1, 4)[:, None])
     with pytest.raises(ValueError, match="inner_init"):
-        dgp.guides.AutoFactorisedDGP(no_layers, inner_init="zero")
+        dgp.guides.AutoFactorizedDGP(no_layers, inner_init="zero")
 
 
 def test_model_without_seed_explains_itself():

@@ -91,9 +91,9 @@ def data():
 
 
 def perturbed_guide(model, data, seed=0):
-    """An AutoFactorisedDGP set up by svi.init with DGPElbo, its q(u) moved away from the prior."""
+    """An AutoFactorizedDGP set up by svi.init with DGPElbo, its q(u) moved away from the prior."""
     X, y = data
-    guide = dgp.guides.AutoFactorisedDGP(model)
+    guide = dgp.guides.AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
     params = dict(svi.get_params(svi.init(jax.random.PRNGKey(0), X, y)))
     rng = np.random.RandomState(seed)
@@ -312,7 +312,7 @@ def test_predict_from_samples_bernoulli_components(data):
 def test_unsupported_likelihood_raises_naming_the_site(data):
     X, y = data
     counts = jnp.asarray(np.random.RandomState(0).poisson(1.0, N).astype(np.float64))
-    guide = dgp.guides.AutoFactorisedDGP(poisson_model)
+    guide = dgp.guides.AutoFactorizedDGP(poisson_model)
     svi = SVI(poisson_model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
     params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, counts))  # training works
     with pytest.raises(NotImplementedError, match=r"'y' has likelihood Poisson.*Normal and Bernoulli"):
@@ -331,7 +331,7 @@ def test_fit_probit_classifier_end_to_end():
     X = jnp.asarray(np.sort(rng.uniform(-3, 3, 60))[:, None])
     y = (X[:, 0] > 0).astype(jnp.float64)
     model = probit_model(squash=1e-3)
-    guide = dgp.guides.AutoFactorisedDGP(model)
+    guide = dgp.guides.AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.05), dgp.DGPElbo())
     # about 5 s: compiling fit dominates (0 errors after 100 steps)
     result = dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=200, progress_bar=False)

@@ -5,10 +5,10 @@ Each peer script runs in its own virtualenv (see ``setup.sh``) and imports this 
 
 * :func:`load_kin8nm` replicates ``numpyro_dgp.datasets.load_uci`` exactly: columns from
   ``index_features.txt`` / ``index_target.txt``, rows from ``index_{train,test}_K.txt``,
-  inputs and target standardised with the training mean and population std (``ddof=0``;
+  inputs and target standardized with the training mean and population std (``ddof=0``;
   a constant column gets std 1).
 * :func:`kmeans_init` gives the M inducing inputs (scipy ``kmeans2``, k-means++ start, seed 0).
-* :func:`mixture_metrics` matches ``numpyro_dgp.predict.metrics`` for a Normal likelihood:
+* :func:`mixture_metrics` matches ``numpyro_dgp.metrics`` for a Normal likelihood:
   ``LL = mean_n [logsumexp_s log N(y_n | m_sn, v_sn) - log S] - log(y_std)`` and
   ``RMSE = sqrt(mean_n (y_n - mean_s m_sn)^2) * y_std`` (v includes the noise variance).
 * :func:`block_statistics`, :func:`parse_args` and :func:`emit` keep the two scripts'
@@ -78,15 +78,15 @@ def _read_indices(path: Path) -> np.ndarray:
     return raw.astype(np.int64)
 
 
-def _standardise_stats(values):
+def _standardize_stats(values):
     mean = values.mean(axis=0)
     std = values.std(axis=0)  # population std (ddof=0), as numpyro_dgp.datasets
     return mean, np.where(std > 0.0, std, 1.0)
 
 
 def load_kin8nm(split: int = 0, data_dir=None, name: str = "kin8nm") -> dict:
-    """One standardised split, float64: ``X_train (N, D)``, ``y_train (N,)``, ``X_test``,
-    ``y_test`` (standardised with training statistics), ``y_mean``, ``y_std``."""
+    """One standardized split, float64: ``X_train (N, D)``, ``y_train (N,)``, ``X_test``,
+    ``y_test`` (standardized with training statistics), ``y_mean``, ``y_std``."""
     folder = resolve_data_dir(data_dir) / name
     data = np.loadtxt(folder / "data.txt", dtype=np.float64, ndmin=2)
     features = _read_indices(folder / "index_features.txt")
@@ -97,8 +97,8 @@ def load_kin8nm(split: int = 0, data_dir=None, name: str = "kin8nm") -> dict:
     test = _read_indices(folder / f"index_test_{split}.txt")
     if np.intersect1d(train, test).size:
         raise ValueError(f"split {split}: train and test indices overlap")
-    x_mean, x_std = _standardise_stats(X[train])
-    y_mean, y_std = _standardise_stats(y[train])
+    x_mean, x_std = _standardize_stats(X[train])
+    y_mean, y_std = _standardize_stats(y[train])
     return {
         "X_train": (X[train] - x_mean) / x_std,
         "y_train": (y[train] - y_mean) / y_std,
@@ -110,7 +110,7 @@ def load_kin8nm(split: int = 0, data_dir=None, name: str = "kin8nm") -> dict:
 
 
 def kmeans_init(X: np.ndarray, num_inducing: int = NUM_INDUCING, seed: int = 0, iters: int = 25) -> np.ndarray:
-    """``num_inducing`` k-means centres of ``X`` (k-means++ start, ``iters`` Lloyd steps), float64."""
+    """``num_inducing`` k-means centers of ``X`` (k-means++ start, ``iters`` Lloyd steps), float64."""
     from scipy.cluster.vq import kmeans2
 
     X = np.asarray(X, np.float64)
@@ -129,9 +129,9 @@ def kmeans_init(X: np.ndarray, num_inducing: int = NUM_INDUCING, seed: int = 0, 
 def mixture_metrics(component_means, component_variances, y_test, y_std: float) -> dict:
     """Test LL and RMSE of an equally weighted Gaussian mixture, in original units.
 
-    :param component_means: ``(S, N)`` predictive means of ``y`` (standardised units).
+    :param component_means: ``(S, N)`` predictive means of ``y`` (standardized units).
     :param component_variances: ``(S, N)`` predictive variances of ``y`` (noise included).
-    :param y_test: ``(N,)`` standardised targets.
+    :param y_test: ``(N,)`` standardized targets.
     :param y_std: training-target std (``ll_orig = ll_std - log y_std``, ``rmse_orig = rmse_std * y_std``).
     """
     from scipy.special import logsumexp

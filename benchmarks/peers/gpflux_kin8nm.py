@@ -98,7 +98,7 @@ def main(argv=None):
         t0 = time.perf_counter()
         for _ in range(args.timed_steps):
             loss = step()
-        loss.numpy()  # synchronise
+        loss.numpy()  # synchronize
         blocks.append(time.perf_counter() - t0)
         common.log(f"  block {r}: {args.timed_steps / blocks[-1]:.1f} steps/s, loss {float(loss):.4f}")
     threads = tf.config.threading.get_intra_op_parallelism_threads() or os.cpu_count()  # 0 = all cores

@@ -65,8 +65,8 @@ def main(argv=None):
             self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=input_dims))
             self.covar_module.outputscale = 1.0
             self.covar_module.base_kernel.lengthscale = torch.ones(input_dims)
-            # Initialise q(u) now (whitened: mean 0, Cholesky scale * I) and mark it done, so
-            # the strategy's lazy first-call initialisation does not overwrite it.
+            # Initialize q(u) now (whitened: mean 0, Cholesky scale * I) and mark it done, so
+            # the strategy's lazy first-call initialization does not overwrite it.
             scale = common.INNER_Q_SQRT_SCALE if inner else 1.0
             with torch.no_grad():
                 q.variational_mean.zero_()

@@ -1,40 +1,61 @@
-"""Pure-JAX numerical core: no NumPyro below this line."""
+"""Pure-JAX numerical core of numpyro-dgp: no NumPyro below this line.
 
-from numpyro_dgp.core.amortized import affine_inducing_inputs, local_conditional, local_kl
-from numpyro_dgp.core.conditionals import conditional, project
-from numpyro_dgp.core.kl import gauss_kl
-from numpyro_dgp.core.kmeans import kmeans
-from numpyro_dgp.core.linalg import (
+Kernels' matrices go in, Gaussian moments and divergences come out: jittered Cholesky
+factors and triangular inverses, the sparse GP conditional (whitened or not; marginal
+variances without ``N x N`` matrices), Gaussian KL divergences, the per-point recursion for
+guides that correlate layers, Gauss-Hermite rules, k-means, Euler-Maruyama, and the
+per-point conditionals of amortized inducing sets. Every function is tested against dense
+linear algebra in float64.
+"""
+
+from numpyro_dgp.core._amortized import affine_inducing_inputs, local_conditional, local_kl
+from numpyro_dgp.core._chain import (
+    block_diag_covariance,
+    chain_gauss_kl_term,
+    chain_transition,
+    condition_on_output,
+    output_moments,
+    point_projection,
+    sample_output,
+)
+from numpyro_dgp.core._conditionals import conditional, factors_transpose_times, project
+from numpyro_dgp.core._kl import gauss_kl
+from numpyro_dgp.core._kmeans import kmeans
+from numpyro_dgp.core._linalg import (
     check_jitter,
-    default_jitter,
     cholesky,
+    default_jitter,
     jittered_cholesky,
     robust_cholesky,
     triangular_inverse,
 )
-from numpyro_dgp.core.sde import euler_maruyama
-from numpyro_dgp.core.quadrature import (
-    expected_log_normal,
-    gauss_hermite,
-    gauss_hermite_product,
-)
+from numpyro_dgp.core._quadrature import expected_log_normal, gauss_hermite, gauss_hermite_product
+from numpyro_dgp.core._sde import euler_maruyama
 
 __all__ = [
     "affine_inducing_inputs",
-    "local_conditional",
-    "local_kl",
+    "block_diag_covariance",
+    "chain_gauss_kl_term",
+    "chain_transition",
     "check_jitter",
+    "cholesky",
+    "condition_on_output",
     "conditional",
     "default_jitter",
     "euler_maruyama",
     "expected_log_normal",
+    "factors_transpose_times",
     "gauss_hermite",
     "gauss_hermite_product",
     "gauss_kl",
-    "cholesky",
     "jittered_cholesky",
     "kmeans",
+    "local_conditional",
+    "local_kl",
+    "output_moments",
+    "point_projection",
     "project",
     "robust_cholesky",
+    "sample_output",
     "triangular_inverse",
 ]

@@ -12,7 +12,8 @@ from numpyro import handlers
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
 from numpyro.infer.initialization import init_to_mean, init_to_uniform
 
-from numpyro_dgp.handlers import gaussian_parameters
+from numpyro_dgp._protocol import inducing_tag
+from numpyro_dgp.posteriors import gaussian_parameters
 
 __all__ = ["InducingSite", "DGPGuide"]
 
@@ -25,9 +26,9 @@ class InducingSite(NamedTuple):
     :ivar out_dim: ``P``.
     :ivar num_inducing: ``M``.
     :ivar whiten: whitened prior ``N(0, I)``.
-    :ivar prior_scale_tril: ``(P, M, M)`` prior Cholesky factor at initialisation.
+    :ivar prior_scale_tril: ``(P, M, M)`` prior Cholesky factor at initialization.
     :ivar is_last: the last layer in execution order.
-    :ivar prior_mean: ``(P, M)`` prior mean at initialisation (zero unless ``inducing="locations"``).
+    :ivar prior_mean: ``(P, M)`` prior mean at initialization (zero unless ``inducing="locations"``).
     :ivar inducing: the layer's inducing mode.
     """
 
@@ -53,7 +54,7 @@ def _init_inducing_to_mean(site=None, init_loc_fn=init_to_uniform):
     by ``init_loc_fn``. (A ``functools.partial``, as NumPyro's ``initialize_model`` expects.)"""
     if site is None:
         return partial(_init_inducing_to_mean, init_loc_fn=init_loc_fn)
-    if site["type"] == "sample" and "dgp_layer" in (site.get("infer") or {}):
+    if inducing_tag(site) is not None:
         return init_to_mean(site)
     return init_loc_fn(site)
 
@@ -91,16 +92,17 @@ class DGPGuide(AutoGuide):
         super()._setup_prototype(*args, **kwargs)
         sites = []
         for name, site in self.prototype_trace.items():
-            if site["type"] != "sample" or "dgp_layer" not in (site.get("infer") or {}):
+            tag = inducing_tag(site)
+            if tag is None:
                 continue
-            if site["infer"].get("inducing") == "amortized":
+            if tag.inducing == "amortized":
                 if not self._accepts_amortized:
                     raise ValueError(
-                        f"{type(self).__name__}: layer {site['infer']['dgp_layer']!r} has per-point "
+                        f"{type(self).__name__}: layer {tag.layer!r} has per-point "
                         "inducing sets (inducing='amortized'); use numpyro_dgp.guides.AutoAmortizedDGP"
                     )
                 P, M = site["value"].shape[-2:]
-                sites.append([name, site["infer"]["dgp_layer"], P, M, False, None, None, "amortized"])
+                sites.append([name, tag.layer, P, M, False, None, None, "amortized"])
                 continue
             if site["cond_indep_stack"]:
                 plates = [f.name for f in site["cond_indep_stack"]]
@@ -110,8 +112,7 @@ class DGPGuide(AutoGuide):
                 )
             P, M = site["value"].shape[-2:]
             loc, tril = gaussian_parameters(site["fn"], (P, M))
-            sites.append([name, site["infer"]["dgp_layer"], P, M, bool(site["infer"]["whiten"]), tril, loc,
-                          site["infer"].get("inducing", "global")])
+            sites.append([name, tag.layer, P, M, tag.whiten, tril, loc, tag.inducing])
         if not sites:
             raise ValueError(
                 f"{type(self).__name__}: the model has no gp_layer inducing sites ('<name>.u'); "

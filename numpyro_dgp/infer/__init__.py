@@ -1,6 +1,6 @@
-"""Inference drivers."""
+"""Inference drivers: :func:`fit` (compiled SVI) and :class:`SGHMC` (an MCMC kernel)."""
 
-from numpyro_dgp.infer.fit import FitResult, fit
-from numpyro_dgp.infer.sghmc import SGHMC, SGHMCState
+from numpyro_dgp.infer._fit import FitResult, fit
+from numpyro_dgp.infer._sghmc import SGHMC, SGHMCState
 
 __all__ = ["FitResult", "SGHMC", "SGHMCState", "fit"]

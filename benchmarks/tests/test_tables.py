@@ -1,0 +1,38 @@
+"""The committed benchmark tables are rendered from their JSON records: check the rendering."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load(script):
+    spec = importlib.util.spec_from_file_location(f"bench_{script}", REPO / "benchmarks" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(split, ll, rmse):
+    return {"split": split, "log_likelihood": ll, "rmse": rmse, "crps": 1.0, "final_elbo": -500.0,
+            "seconds_per_step": 0.04, "compile_seconds": 6.0, "total_seconds": 90.0, "num_skipped": 0}
+
+
+def test_sde_flow_table_gives_mean_and_standard_error_and_marks_single_runs(tmp_path):
+    sde_flow = _load("sde_flow")
+    lls, rmses = [-3.0, -3.2, -3.1], [5.0, 5.6, 5.3]
+    record = {"command": "python benchmarks/sde_flow.py ...", "machine": "test", "float64": False,
+              "settings": "test settings", "date": "today",
+              "results": {"concrete": {"T=5": [_run(s, ll, r) for s, (ll, r) in enumerate(zip(lls, rmses))],
+                                       "T=1": [_run(0, -3.25, 5.9)]}}}
+    path = tmp_path / "table.md"
+    sde_flow.write_markdown(path, record)
+    summary = path.read_text().split("Per run:")[0]
+    rows = {line.split(" | ")[1]: line for line in summary.splitlines() if line.startswith("| concrete | T=")}
+    se = np.std(lls, ddof=1) / np.sqrt(3)
+    assert f"| 3 | {np.mean(lls):.3f} ({se:.3f}) |" in rows["T=5"]
+    assert "LL >= -2.98, RMSE <= 4.8: NOT met" in rows["T=5"]  # mean -3.1, 5.3
+    assert "| 1 | -3.250 (one run) | 5.9 (one run) |" in rows["T=1"]
+    assert "nan" not in path.read_text()

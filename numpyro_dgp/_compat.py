@@ -1,0 +1,60 @@
+"""The only place that touches NumPyro and JAX internals.
+
+NumPyro has no public API for a few things a GP-layer primitive needs: the handler stack
+(to tell whether a model runs under a ``seed`` handler and inside which plates), the
+function a ``numpyro.plate`` draws subsample indices with (replaced by a faster one), and
+the lazy initial value of a ``numpyro.param`` message. Each access is wrapped here, and
+``tests/test_compat.py`` fails loudly if a NumPyro release changes any of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import numpyro
+import numpyro.primitives as _primitives
+
+__all__ = [
+    "active_plates",
+    "apply_stack",
+    "handler_stack_is_empty",
+    "is_tracer",
+    "lazy_param_initializer",
+    "numpyro_subsample_fn",
+]
+
+#: NumPyro's function that draws plate subsample indices (sequential Fisher-Yates on CPU).
+numpyro_subsample_fn: Callable | None = getattr(_primitives, "_subsample_fn", None)
+
+#: Sends a message through the handler stack (``numpyro.primitives.apply_stack``).
+apply_stack = _primitives.apply_stack
+
+
+def _stack() -> list:
+    return _primitives._PYRO_STACK
+
+
+def handler_stack_is_empty() -> bool:
+    """Whether no NumPyro handler (in particular no ``seed``) is active."""
+    return not _stack()
+
+
+def active_plates() -> list[numpyro.plate]:
+    """The ``numpyro.plate`` handlers active at the call site, outermost first."""
+    return [h for h in _stack() if isinstance(h, numpyro.plate)]
+
+
+def lazy_param_initializer(msg: dict) -> Callable | None:
+    """The callable initial value of a ``numpyro.param`` message, or ``None``.
+
+    NumPyro keeps a callable ``init_value`` as the keyword default of the message's ``fn``.
+    """
+    defaults = getattr(msg.get("fn"), "__kwdefaults__", None) or {}
+    init = defaults.get("init_value")
+    return init if callable(init) else None
+
+
+def is_tracer(x: Any) -> bool:
+    """Whether ``x`` is a JAX tracer (an abstract value inside ``jit``/``vmap``/``grad``)."""
+    return isinstance(x, jax.core.Tracer)

@@ -1,0 +1,523 @@
+"""The inducing-marginalization engine shared by the objectives and ``predict``.
+
+:class:`marginalize_inducing` propagates each layer through its marginal
+``q(f_l | f_{l-1}) = int p(f_l | f_{l-1}, u_l) q(u_l) du_l`` (DSVI) instead of through a sampled
+``u_l``; for guides that correlate the layers (:class:`~numpyro_dgp.posteriors.ChainLink`,
+:class:`~numpyro_dgp.posteriors.JointBlock`) it runs the exact per-point recursion (each
+point's sampled outputs condition the belief over the later layers' inducing values); it
+evaluates amortized encoders inside the model's run, branches layers at quadrature points,
+integrates SDE-flow layers, and optionally puts Gauss-Hermite nodes of the last layer's
+marginal on a leading axis (exact Gaussian expectations).
+
+:func:`marginal_trace` runs a guide and then the model under that handler and returns both
+traces with what the objectives need (:class:`MarginalRun`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.primitives import Messenger
+
+from numpyro_dgp._compat import is_tracer
+from numpyro_dgp._protocol import (
+    AMORTIZED_KL,
+    BRANCHES,
+    CONDITIONAL,
+    ENCODER_INPUT_MESSAGE,
+    FLOW,
+    GAUSSIAN,
+    INDUCING,
+    LAYER_MESSAGE,
+    QUADRATURE_AXIS,
+    InducingTag,
+    get_tag,
+    with_tag,
+)
+from numpyro_dgp.core import (
+    block_diag_covariance,
+    chain_transition,
+    condition_on_output,
+    gauss_hermite,
+    gauss_hermite_product,
+    local_kl,
+    output_moments,
+    point_projection,
+    sample_output,
+)
+from numpyro_dgp.handlers._sde_flow import integrate_flow
+from numpyro_dgp.handlers._training import fast_subsample
+from numpyro_dgp.layers import layer_moments, sample_moments
+from numpyro_dgp.posteriors import (
+    AmortizedPosterior,
+    ChainLink,
+    JointBlock,
+    site_gaussian,
+    unwrap_distribution,
+)
+
+__all__ = [
+    "MarginalRun",
+    "amortized_posteriors",
+    "final_layer_name",
+    "guide_posteriors",
+    "layers_by_u_site",
+    "marginal_trace",
+    "marginalize_inducing",
+    "quadrature_rule",
+    "site_posterior",
+    "uses_inducing_locations",
+]
+
+
+class marginalize_inducing(Messenger):
+    """Propagate each layer through its marginal ``q(f_l | f_{l-1})`` instead of a sampled ``u_l``.
+
+    :param fn: the model.
+    :param posteriors: ``{u-site name: posterior}`` where a posterior is the guide's Gaussian
+        over that layer's inducing values: ``(loc (P, M), scale (P, M, M) or (P, M))`` for
+        independent layers (DSVI marginals, point by point), or a :class:`ChainLink` /
+        :class:`JointBlock` for guides that correlate layers (the exact per-point recursion
+        of :mod:`numpyro_dgp.core`'s chain functions: each point's outputs condition the
+        belief over the inducing values of the layers still to come). Layers whose ``u`` site is not listed
+        fall back to ``p(f | u)`` with the ``u`` value at hand.
+    :param quadrature_layer: name of the layer whose output is replaced by quadrature nodes
+        of its (Gaussian) marginal: value ``(K, N, P)``; every sample site after it is tagged
+        ``infer[QUADRATURE_AXIS] = True`` so an objective can weight the leading axis with
+        :attr:`quadrature_weights`.
+    :param quadrature_nodes: ``(K, P)`` standard-normal nodes.
+    :param quadrature_weights: ``(K,)`` weights summing to one.
+
+    After a run, :attr:`moments` maps layer names to ``(mean (N, P), var (N, P))`` and
+    :attr:`layer_order` lists the layers in execution order.
+    """
+
+    def __init__(
+        self,
+        fn=None,
+        posteriors=None,
+        quadrature_layer=None,
+        quadrature_nodes=None,
+        quadrature_weights=None,
+    ):
+        posteriors = dict(posteriors or {})
+        parents = {p.parent for p in posteriors.values() if isinstance(p, ChainLink) and p.parent is not None}
+        # a chain factor with neither parent nor child is an independent Gaussian: DSVI path
+        for name, post in list(posteriors.items()):
+            if isinstance(post, ChainLink) and post.parent is None and name not in parents:
+                posteriors[name] = (post.mean, post.scale_tril)
+        self.posteriors = posteriors
+        self._chain_parents = parents
+        self.quadrature_layer = quadrature_layer
+        self.quadrature_nodes = quadrature_nodes
+        self.quadrature_weights = quadrature_weights
+        if quadrature_layer is not None and quadrature_nodes is None:
+            raise ValueError("marginalize_inducing: quadrature_layer needs quadrature_nodes")
+        self._reset()
+        super().__init__(fn)
+
+    def _reset(self):
+        self.moments = {}
+        self.layer_order = []
+        self._in_tail = False
+        self._beliefs = {}  # chain: u-site -> per-point belief over its values given its output
+        self._joint_states = {}  # joint group -> (next block index, per-point belief over the rest)
+        self._amortized_q = {}  # u-site -> (loc, scale) of q(u_n | p_n) at the model's p
+        self._branch_mean = None  # weighted mean of the last layer's branch means (AR2 / AR2P)
+        self.branch_log_weights = None  # (S,) once a layer has branched the points
+
+    def __enter__(self):
+        self._reset()
+        return super().__enter__()
+
+    def process_message(self, msg: dict) -> None:
+        if msg["type"] == "sample":
+            tag = get_tag(msg, INDUCING)
+            if tag is not None and tag.inducing == "amortized" and not msg["is_observed"]:
+                self._amortized_site(msg, tag)
+            if self._in_tail:
+                with_tag(msg, QUADRATURE_AXIS, True)
+            return
+        if msg["type"] == ENCODER_INPUT_MESSAGE:
+            layer_name = msg["name"][: -len(".encoder_input")]
+            post = self.posteriors.get(f"{layer_name}.u")
+            if isinstance(post, AmortizedPosterior) and post.rule != "AR1" and self._branch_mean is not None:
+                msg["value"] = self._branch_mean
+            return
+        if msg["type"] != LAYER_MESSAGE:
+            return
+        layer, X, u = msg["args"]
+        full_cov = msg["kwargs"].get("full_cov", False)
+        rng_key = msg["kwargs"]["rng_key"]
+        post = self.posteriors.get(layer.u_site)
+        self.layer_order.append(layer.name)
+        flow = get_tag(msg, FLOW)
+        if flow is not None:
+            msg["value"] = self._flow(layer, X, u, post, flow, rng_key)
+            return
+        if isinstance(post, (ChainLink, JointBlock)):
+            if full_cov:
+                raise NotImplementedError(
+                    f"marginalize_inducing: layer {layer.name!r} has a guide that correlates layers; "
+                    "its marginals are per point (full_cov=False). For coherent function samples "
+                    "use numpyro_dgp.sample_layers, which samples the inducing values."
+                )
+            msg["value"] = self._correlated(layer, X, post, rng_key)
+            return
+        branch = None if layer.name == self.quadrature_layer else self._branch_spec(layer, msg, post)
+        if layer.inducing == "amortized":
+            if layer.u_site in self._amortized_q:
+                mean, var = layer_moments(layer, X, *self._amortized_q[layer.u_site])
+            else:
+                mean, var = layer_moments(layer, X, u, None)
+        elif post is not None:
+            mean, var = layer_moments(layer, X, post[0], post[1], full_cov)
+        else:
+            mean, var = layer_moments(layer, X, u, None, full_cov)
+        self.moments[layer.name] = (mean, var)
+        if layer.name == self.quadrature_layer:
+            if full_cov:
+                raise ValueError("marginalize_inducing: quadrature needs full_cov=False")
+            nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)  # (K, P)
+            std = jnp.sqrt(jnp.maximum(var, 0.0))
+            nodes = nodes.reshape((nodes.shape[0],) + (1,) * (mean.ndim - 1) + nodes.shape[-1:])
+            msg["value"] = mean[None] + std[None] * nodes
+            self._in_tail = True
+        elif branch is not None:
+            msg["value"] = self._branch(mean, var, branch, rng_key)
+        else:
+            msg["value"] = sample_moments(rng_key, mean, var, full_cov, layer.jitter)
+
+    # --- per-point inducing sets and branches (paper 003) ---
+
+    def _amortized_site(self, msg: dict, tag: InducingTag) -> None:
+        """The ``u`` site of a layer with per-point inducing sets: evaluate the guide's encoder
+        at the model's encoder input and record ``q(u_n | p_n)`` and its per-point KL."""
+        post = self.posteriors.get(msg["name"])
+        if not isinstance(post, AmortizedPosterior):
+            return  # no amortized guide for this layer: the sampled value is used
+        loc, scale = post.encode(tag.encoder_input)
+        base = unwrap_distribution(msg["fn"])
+        prior_mean, prior_chol = base.loc, base.scale_tril[..., 0, :, :]
+        batch = loc.shape[:-2]
+        flat = lambda a, k: a.reshape((-1,) + a.shape[-k:])  # noqa: E731
+        kl = local_kl(
+            flat(loc - prior_mean, 2), flat(scale, scale.ndim - len(batch)), flat(jnp.broadcast_to(prior_chol, batch + prior_chol.shape[-2:]), 2)
+        ).reshape(batch)
+        self._amortized_q[msg["name"]] = (loc, scale)
+        msg["value"] = loc  # never used as a draw: the layer marginalizes it
+        with_tag(msg, AMORTIZED_KL, kl)
+
+    def _branch_spec(self, layer, msg, post):
+        """``(points (S, P) or None, log_weights (S,))`` if this layer branches its outputs:
+        from an :class:`AmortizedPosterior`, or from a :class:`quadrature` handler's tag."""
+        if isinstance(post, AmortizedPosterior):
+            spec = (post.points, post.log_weights)
+        else:
+            spec = get_tag(msg, BRANCHES)
+        if spec is None:
+            if self.branch_log_weights is not None and msg["args"][1].ndim != 3:
+                raise ValueError(
+                    f"marginalize_inducing: layer {layer.name!r} runs on unbranched inputs after "
+                    "another layer branched them"
+                )
+            return None
+        if self.branch_log_weights is not None and spec[1].shape != self.branch_log_weights.shape:
+            raise ValueError(
+                f"marginalize_inducing: layer {layer.name!r} has {spec[1].shape[0]} branches, an "
+                f"earlier layer {self.branch_log_weights.shape[0]}; every layer needs the same number"
+            )
+        return spec
+
+    def _branch(self, mean, var, branch, rng_key):
+        """``S`` branches of the layer's outputs, ``(S, B, P)``: ``mean + point * std`` per
+        branch (learned points or fresh standard-normal draws)."""
+        points, log_weights = branch
+        if self.branch_log_weights is None:
+            self.branch_log_weights = log_weights
+        S = log_weights.shape[0]
+        shape = (S,) + mean.shape[-2:]
+        if points is None:
+            eps = jax.random.normal(rng_key, shape, mean.dtype)
+        else:
+            eps = jnp.broadcast_to(jnp.asarray(points, mean.dtype)[:, None, :], shape)
+        std = jnp.sqrt(jnp.maximum(var, 0.0))
+        if mean.ndim == 2:
+            mean, std = mean[None], std[None]
+        weights = jax.nn.softmax(log_weights).astype(mean.dtype)
+        # AR2 / AR2P: the next layer's encoder sees the weighted mean of these branch means
+        self._branch_mean = jnp.tensordot(weights, jnp.broadcast_to(mean, shape), axes=(0, 0))
+        return mean + std * eps
+
+    def _flow(self, layer, X, u, post, flow, rng_key):
+        """An :class:`sde_flow` layer: integrate with the guide's marginal moments (the
+        ``"marginal"`` estimator) or with the sampled inducing values (``"ancestral"``)."""
+        spec, box = flow
+        if layer.name == self.quadrature_layer:
+            raise ValueError(
+                f"sde_flow: layer {layer.name!r} is the model's last gp_layer; a flow moves the "
+                "inputs of a predictor layer, so a gp_layer must follow it"
+            )
+        if isinstance(post, (ChainLink, JointBlock)):
+            raise NotImplementedError(
+                f"sde_flow: layer {layer.name!r} has a guide that correlates layers; the flow "
+                "supports guides with an independent Gaussian per layer (AutoFactorizedDGP, AutoNormal)"
+            )
+        if post is not None and spec.estimator == "marginal":
+            q_mean, q_sqrt = post
+        else:
+            q_mean, q_sqrt = u, None
+        value = integrate_flow(spec, box, layer, X, q_mean, q_sqrt, rng_key)
+        # the end state is one path per sample, not a Gaussian: its own value, zero variance
+        self.moments[layer.name] = (value, jnp.zeros_like(value))
+        return value
+
+    # --- guides that correlate layers: per-point beliefs over the inducing values ---
+
+    def _belief(self, layer, post, N):
+        """The belief ``N(loc, cov)`` (``(N?, K)``, ``(N?, K, K)``) over this layer's inducing
+        values (first) and those of later layers in its joint group, given earlier outputs."""
+        name = layer.u_site
+        if isinstance(post, ChainLink):
+            if post.parent is None:
+                return post.mean.reshape(-1), block_diag_covariance(post.scale_tril)
+            if post.parent not in self._beliefs:
+                raise ValueError(
+                    f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, but layer "
+                    f"{post.parent!r} has not run before it at these points"
+                )
+            loc, cov = self._beliefs.pop(post.parent)
+            return chain_transition(
+                loc, cov, post.parent_mean.reshape(-1), post.mean, post.coupling, post.scale_tril
+            )
+        k = post.sites.index(name)
+        if k == 0:
+            return post.loc, post.scale_tril @ post.scale_tril.T
+        state = self._joint_states.get(post.sites)
+        if state is None or state[0] != k:
+            raise ValueError(
+                f"marginalize_inducing: the guide's joint Gaussian orders the layers {post.sites}; "
+                f"{name!r} ran out of that order"
+            )
+        return state[1]
+
+    def _correlated(self, layer, X, post, rng_key):
+        N = X.shape[0]
+        P, M = layer.out_dim, layer.inducing_inputs.shape[0]
+        loc, cov = self._belief(layer, post, N)
+        if loc.ndim == 2 and loc.shape[0] != N:
+            raise ValueError(
+                f"marginalize_inducing: layer {layer.name!r} runs at {N} points but the layer before "
+                f"it in the guide's chain ran at {loc.shape[0]}; a correlated guide needs each "
+                "point's chain of layer outputs"
+            )
+        Z = layer.inducing_inputs
+        alpha, base_var = point_projection(layer.kernel(Z, X), layer.Kmm_chol, layer.kernel.diag(X), layer.whiten)
+        res_mean, out_cov, HB = output_moments(alpha, base_var, loc, cov, P)
+        # the belief is over the inducing values themselves; the conditional needs their
+        # residual about the prior mean (zero except for inducing="locations")
+        res_mean = res_mean - alpha @ layer.prior_mean.T
+        mean = res_mean + layer.mean_fn(X)
+        var = jnp.diagonal(out_cov, axis1=-2, axis2=-1)
+        self.moments[layer.name] = (mean, var)
+        if layer.name == self.quadrature_layer:
+            nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)  # (K, P)
+            self._in_tail = True
+            return sample_output(mean, out_cov, nodes)
+        eps = jax.random.normal(rng_key, mean.shape, mean.dtype)
+        value = sample_output(mean, out_cov, eps)
+        if isinstance(post, ChainLink):
+            if layer.u_site in self._chain_parents:
+                self._beliefs[layer.u_site] = condition_on_output(
+                    loc, cov, HB, out_cov, value - mean
+                )
+        else:
+            k = post.sites.index(layer.u_site)
+            if k + 1 < len(post.sites):
+                new_loc, new_cov = condition_on_output(loc, cov, HB, out_cov, value - mean)
+                # this layer's block is used: keep the belief over the later blocks only
+                self._joint_states[post.sites] = (k + 1, (new_loc[:, P * M :], new_cov[:, P * M :, P * M :]))
+        return value
+
+
+def guide_posteriors(guide_trace, model_u_sites, structured: bool = True):
+    """The guide's Gaussian over every inducing site it samples.
+
+    :param guide_trace: a trace of the guide.
+    :param model_u_sites: ``{u-site name: value shape (P, M)}`` from the model.
+    :param structured: use the structure a guide declares in ``infer[GAUSSIAN]``
+        (:class:`~numpyro_dgp.posteriors.ChainLink`, :class:`~numpyro_dgp.posteriors.JointBlock`:
+        the marginal over the layers); otherwise read each site's distribution as it is (for
+        a chain or joint guide that is the Gaussian *given* the sampled earlier layers).
+    :return: ``{u-site name: posterior}`` for the sites whose guide distribution is Gaussian
+        over the inducing values (others are left to sampling).
+    """
+    out = {}
+    for name, shape in model_u_sites.items():
+        site = guide_trace.get(name)
+        if site is None or site["type"] != "sample":
+            continue
+        params = site_posterior(site, shape, structured)
+        if params is not None:
+            out[name] = params
+    return out
+
+
+def site_posterior(site, shape, structured: bool = True):
+    """A guide site's Gaussian over its ``(P, M)`` inducing values: the structure it declares
+    (``infer[GAUSSIAN]``) if ``structured``, else its Gaussian given the earlier
+    samples (``infer[CONDITIONAL]``, or the site distribution itself); ``None`` if
+    neither is Gaussian."""
+    declared = get_tag(site, GAUSSIAN)
+    if structured and declared is not None:
+        return declared
+    conditional = get_tag(site, CONDITIONAL)
+    if conditional is not None:
+        return conditional
+    return site_gaussian(site["name"], site["fn"], shape)
+
+
+def quadrature_rule(out_dim: int, num_quadrature: int | None = None):
+    """Nodes ``(K, P)`` and weights ``(K,)`` for the last layer's ``P``-dimensional marginal.
+
+    One output: ``num_quadrature`` (default 20) Gauss-Hermite nodes. Several outputs: the
+    tensor-product rule with ``num_quadrature`` (default 3) nodes per output. Both are exact
+    for a Gaussian likelihood whose location is affine in the layer output (a quadratic
+    log density needs degree 2, i.e. 2 nodes per axis).
+    """
+    if num_quadrature is None:
+        num_quadrature = 20 if out_dim == 1 else 3
+    if num_quadrature**out_dim > 20_000:
+        raise ValueError(
+            f"DGPElbo: a tensor-product rule with num_quadrature={num_quadrature} over "
+            f"{out_dim} outputs has {num_quadrature ** out_dim} nodes; lower num_quadrature"
+        )
+    if out_dim == 1:
+        nodes, weights = gauss_hermite(num_quadrature)
+        return nodes[:, None], weights
+    return gauss_hermite_product(num_quadrature, out_dim)
+
+
+def layers_by_u_site(model_trace):
+    """``{u-site name: Layer}`` from the ``"dgp_layer"`` messages of a model trace.
+
+    (The ``infer`` tags of the ``u`` sites cannot be used: ``replay`` overwrites them with
+    the guide's.)
+    """
+    return {s["args"][0].u_site: s["args"][0] for s in model_trace.values() if s["type"] == LAYER_MESSAGE}
+
+
+def uses_inducing_locations(model_trace) -> bool:
+    """Whether any ``gp_layer`` of the trace has ``inducing="locations"``."""
+    return any(layer.inducing == "locations" for layer in layers_by_u_site(model_trace).values())
+
+
+def _model_u_sites(model_trace):
+    return {
+        name: (layer.out_dim, layer.inducing_inputs.shape[0])
+        for name, layer in layers_by_u_site(model_trace).items()
+    }
+
+
+def final_layer_name(model_trace):
+    """Name of the last ``gp_layer`` run in ``model_trace`` (execution order)."""
+    names = [s["args"][0].name for s in model_trace.values() if s["type"] == LAYER_MESSAGE]
+    if not names:
+        raise ValueError(
+            "the model has no gp_layer: DGPElbo and predict need a model built with numpyro_dgp.gp_layer"
+        )
+    return names[-1]
+
+
+class MarginalRun(NamedTuple):
+    """A guide trace and the model trace run under :class:`marginalize_inducing`."""
+
+    guide_trace: dict
+    model_trace: dict
+    posteriors: dict
+    moments: dict
+    layer_order: list
+    quadrature_weights: np.ndarray
+    branch_log_weights: jax.Array | None = None
+
+
+def marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature=None):
+    """Run ``guide`` then ``model`` with inducing values marginalized and quadrature nodes on
+    the last layer (see :class:`marginalize_inducing`).
+
+    :return: :class:`MarginalRun`.
+    """
+    with _validation_off_when_traced(params):
+        return _marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature)
+
+
+def _validation_off_when_traced(params):
+    """NumPyro's argument checks cannot act on traced values (a traced check is skipped, and
+    the compiler drops it), yet tracing them costs about 0.2 s of every
+    compilation of a DGP step; they stay on in eager runs (``svi.init`` runs the model so)."""
+    traced = any(is_tracer(x) for x in jax.tree_util.tree_leaves(params))
+    return numpyro.validation_enabled(False) if traced else contextlib.nullcontext()
+
+
+def _marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature):
+    guide_key, model_key = jax.random.split(rng_key)
+    seeded_guide = substitute(seed(fast_subsample(guide), guide_key), data=params)
+    guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
+    seeded_model = substitute(replay(seed(fast_subsample(model), model_key), guide_trace), data=params)
+
+    # Which sites are inducing values and which layer is last: an abstract first pass
+    # (jax.eval_shape), so it adds nothing to the compiled computation.
+    found = {}
+
+    def probe():
+        tr = trace(marginalize_inducing(seeded_model)).get_trace(*args, **kwargs)
+        last = final_layer_name(tr)
+        found["u_sites"] = _model_u_sites(tr)
+        found["last"] = last
+        found["out_dim"] = tr[f"{last}.layer"]["args"][0].out_dim
+        found["locations"] = uses_inducing_locations(tr)
+        found["last_u_site"] = tr[f"{last}.layer"]["args"][0].u_site
+        return 0
+
+    # closing over args keeps static ones (subsample sizes) concrete
+    jax.eval_shape(probe)
+    last = found["last"]
+    nodes, weights = quadrature_rule(found["out_dim"], num_quadrature)
+
+    if found["locations"]:
+        # Layer l's inducing inputs are layer l-1's inducing values: those must be the very
+        # samples every point is propagated with, so the inner layers run on sampled u and only
+        # the last layer is marginalized, given the samples (its guide site's own Gaussian).
+        last_u = found["last_u_site"]
+        posteriors = guide_posteriors(guide_trace, {last_u: found["u_sites"][last_u]}, structured=False)
+    else:
+        posteriors = guide_posteriors(guide_trace, found["u_sites"])
+    posteriors.update(amortized_posteriors(guide_trace))
+    handler = marginalize_inducing(
+        seeded_model,
+        posteriors=posteriors,
+        quadrature_layer=last,
+        quadrature_nodes=nodes,
+        quadrature_weights=weights,
+    )
+    model_trace = trace(handler).get_trace(*args, **kwargs)
+    return MarginalRun(
+        guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights, handler.branch_log_weights
+    )
+
+
+def amortized_posteriors(guide_trace):
+    """``{u-site: AmortizedPosterior}`` from the placeholder sites of an amortized guide
+    (:class:`~numpyro_dgp.guides.AutoAmortizedDGP`)."""
+    return {
+        site["fn"].site: site["fn"].posterior
+        for site in guide_trace.values()
+        if site["type"] == "sample" and isinstance(getattr(site["fn"], "posterior", None), AmortizedPosterior)
+    }
+

@@ -1,0 +1,541 @@
+"""Predictive mixtures, their metrics, and per-layer function samples.
+
+A fitted DGP predicts with a mixture over ``S`` propagated samples: sample ``s`` gives each
+test point a Gaussian ``N(m_s, v_s)`` for ``y`` (last layer's marginal variance plus the
+likelihood noise). Mean and variance follow from the law of total variance; the test
+log-likelihood is ``logsumexp_s log N(y | m_s, v_s) - log S``; CRPS uses the closed form for
+Gaussian mixtures (notes/amortized.md, with ``erf(mu / (sqrt 2 s))`` as it must be).
+
+A Bernoulli observation site (classification, e.g. :func:`numpyro_dgp.likelihoods.bernoulli_probit`)
+gives each component ``p_s = E[p(y = 1 | f)]`` over the last layer's marginal (20-node
+Gauss-Hermite quadrature); the mixture's probability is ``mean_s p_s`` and its test
+log-likelihood ``logsumexp_s log Bernoulli(y | p_s) - log S``.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpyro.distributions as dist
+from jax.scipy.special import logsumexp, ndtr
+from jax.scipy.stats import norm
+from numpyro.handlers import replay, seed, substitute, trace
+
+from numpyro_dgp._cache import OwnerCache
+from numpyro_dgp._marginal import layers_by_u_site, marginal_trace, marginalize_inducing, quadrature_rule
+from numpyro_dgp.handlers import coherent_layers
+from numpyro_dgp.infer._fit import _is_array
+
+__all__ = [
+    "NonFinitePredictionWarning",
+    "Prediction",
+    "predict",
+    "predict_from_samples",
+    "sample_layers",
+    "log_likelihood",
+    "gaussian_mixture_crps",
+    "metrics",
+]
+
+
+#: Observation-site likelihoods with predictive mixtures, and the Gauss-Hermite nodes (per
+#: output of the last layer) each needs: 3 give the exact mean and variance of a Normal whose
+#: location is affine in the layer; a Bernoulli probability is a smooth nonlinear function of it.
+_QUADRATURE_NODES = {"normal": 3, "bernoulli": 20}
+
+
+class NonFinitePredictionWarning(UserWarning):
+    """Some predictions came out NaN or infinite (typically a Cholesky factorization that
+    failed for those points); the metrics of such a prediction are NaN."""
+
+
+def _warn_if_not_finite(prediction, caller):
+    """Report (never silently pass on) predictive means or variances that are NaN or infinite."""
+    bad = ~(jnp.isfinite(prediction.mean) & jnp.isfinite(prediction.variance))
+    bad = bad.reshape(bad.shape[0], -1).any(axis=1) if bad.ndim > 1 else bad
+    num_bad = int(jnp.sum(bad))
+    if num_bad:
+        first = [int(i) for i in jnp.flatnonzero(bad)[:5]]
+        warnings.warn(
+            f"{caller}: {num_bad} of {bad.shape[0]} test points have a NaN or infinite predictive mean or "
+            f"variance (first: {first}); usually a Cholesky factorization failed for them (raise the "
+            "layers' jitter, or use float64). Their metrics will be NaN.",
+            NonFinitePredictionWarning,
+            stacklevel=3,
+        )
+    return prediction
+
+
+class Prediction(NamedTuple):
+    """Predictive mixture at ``N`` test points from ``S`` samples.
+
+    :ivar mean: ``(N,)`` predictive mean of ``y`` (Bernoulli: the probability of ``y = 1``).
+    :ivar variance: ``(N,)`` predictive variance of ``y`` (law of total variance; Bernoulli:
+        ``mean (1 - mean)``).
+    :ivar component_means: ``(S, N)`` mean of ``y`` in each mixture component (Bernoulli:
+        ``p_s``, the component's probability of ``y = 1``).
+    :ivar component_variances: ``(S, N)`` variance of ``y`` in each component (noise included;
+        Bernoulli: ``p_s (1 - p_s)``).
+    :ivar layers: ``{layer: (S, N, P)}`` one draw of every layer's output per sample.
+    :ivar layer_means: ``{layer: (S, N, P)}`` each layer's marginal mean given the sample's inputs.
+    :ivar layer_variances: ``{layer: (S, N, P)}`` the matching marginal variances.
+    :ivar likelihood: the observation site's likelihood, a key of ``_QUADRATURE_NODES``
+        (``"normal"`` or ``"bernoulli"``).
+    :ivar weights: ``(S,)`` component weights, or ``None`` for equal weights (with branches,
+        :class:`~numpyro_dgp.handlers.quadrature` or an amortized guide, the components are
+        sample x branch with the branch weights).
+    """
+
+    mean: jax.Array
+    variance: jax.Array
+    component_means: jax.Array
+    component_variances: jax.Array
+    layers: dict
+    layer_means: dict
+    layer_variances: dict
+    likelihood: str = "normal"
+    weights: jax.Array | None = None
+
+
+def _check_guide_is_set_up(guide, caller):
+    # AutoGuides build themselves on first call; inside jit/eval_shape that would leak
+    # tracers, and on test inputs (y absent) it would treat y as a latent site.
+    if getattr(guide, "prototype_trace", "absent") is None:
+        raise ValueError(
+            f"{caller}: the guide has not been set up. Run svi.init(...) / fit(...) with it, or "
+            "call guide.setup(rng_key, X_train, y_train) on the training data (e.g. after load_params)"
+        )
+
+
+def _observation_site(model_trace, obs_site):
+    tail = [n for n, s in model_trace.items() if s["type"] == "sample" and (s.get("infer") or {}).get("dgp_quadrature")]
+    if obs_site is None:
+        if len(tail) != 1:
+            raise ValueError(
+                f"predict: cannot tell the observation site; sample sites after the last layer: {tail}. "
+                "Pass obs_site="
+            )
+        obs_site = tail[0]
+    if obs_site not in tail:
+        raise ValueError(f"predict: obs_site {obs_site!r} is not a sample site after the last GP layer ({tail})")
+    return obs_site
+
+
+def _base_distribution(fn):
+    """The distribution inside ``Independent``/``expand`` wrappers and the wrapped one's full
+    shape (batch + event), to which the inner parameters broadcast."""
+    shape = tuple(fn.batch_shape) + tuple(fn.event_shape)
+    while isinstance(fn, (dist.Independent, dist.ExpandedDistribution)):
+        fn = fn.base_dist
+    return fn, shape
+
+
+def _likelihood_of(fn, name):
+    """The key of ``_QUADRATURE_NODES`` for an observation site's distribution ``fn``."""
+    base, _ = _base_distribution(fn)
+    if isinstance(base, dist.Normal):
+        return "normal"
+    if isinstance(base, (dist.BernoulliProbs, dist.BernoulliLogits)):
+        return "bernoulli"
+    raise NotImplementedError(
+        f"predict: observation site {name!r} has likelihood {type(base).__name__}; predictive "
+        "mixtures are implemented for Normal and Bernoulli (probs or logits) likelihoods"
+    )
+
+
+def _observation_moments(fn, name, weights):
+    """Mean and variance of ``y`` in one component: the node-weighted average of the
+    observation site's distribution over the quadrature axis (leading) of its parameters.
+
+    Normal: ``E[loc]`` and ``Var[loc] + scale^2`` (exact for an affine location with 3 nodes).
+    Bernoulli: ``p = E[probs]`` and ``p (1 - p)``.
+    """
+    kind = _likelihood_of(fn, name)
+    base, shape = _base_distribution(fn)
+    if kind == "bernoulli":
+        probs = jnp.broadcast_to(base.probs, shape)
+        p = jnp.tensordot(jnp.asarray(weights, probs.dtype), probs, axes=(0, 0))
+        return p, p * (1 - p)
+    loc = jnp.broadcast_to(base.loc, shape)
+    w = jnp.asarray(weights, loc.dtype)
+    m = jnp.tensordot(w, loc, axes=(0, 0))
+    v_f = jnp.tensordot(w, (loc - m) ** 2, axes=(0, 0))
+    noise = jnp.broadcast_to(base.scale, shape)[0] ** 2
+    return m, v_f + noise
+
+
+def _mixture_component(tr, moments, name, weights, layer_names, draw_key):
+    """One mixture component from a run with quadrature nodes on the last layer: the
+    predictive mean and variance of ``y`` (:func:`_observation_moments`), one draw of every
+    layer, and the layers' moments."""
+    last = layer_names[-1]
+    m, v = _observation_moments(tr[name]["fn"], name, weights)
+    layers = {n: tr[n]["value"] for n in layer_names if n != last}
+    mean_L, var_L = moments[last]
+    layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * jax.random.normal(draw_key, mean_L.shape, mean_L.dtype)
+    means = {n: moments[n][0] for n in layer_names}
+    variances = {n: moments[n][1] for n in layer_names}
+    return m, v, layers, means, variances
+
+
+def _mixture(likelihood, comp_m, comp_v, layers, means, variances, weights=None):
+    """Mixture of the components, equally weighted or with ``weights (S,)`` (law of total
+    variance; for Bernoulli components that is ``mean (1 - mean)``, computed as such)."""
+    average = (lambda a: a.mean(0)) if weights is None else (lambda a: jnp.tensordot(weights, a, axes=(0, 0)))  # noqa: E731
+    mean = average(comp_m)
+    if likelihood == "bernoulli":
+        variance = mean * (1 - mean)
+    else:
+        variance = average(comp_v + comp_m**2) - mean**2
+    return Prediction(mean, variance, comp_m, comp_v, layers, means, variances, likelihood, weights)
+
+
+def _flatten_branches(num_branches, comp_m, comp_v, layers, means, variances, log_weights):
+    """Components ``(num_samples, S, N)`` with branch log weights ``(num_samples, S)`` as one
+    mixture of ``num_samples * S`` components (weights ``w_s / num_samples``); layer arrays
+    without a branch axis (layers before the first branch) are broadcast to it."""
+    num_samples = comp_m.shape[0]
+
+    def flat(a):
+        if a.ndim == comp_m.ndim:  # (num_samples, N, P) before the first branching layer
+            a = jnp.broadcast_to(a[:, None], (num_samples, num_branches) + a.shape[1:])
+        return a.reshape((-1,) + a.shape[2:])
+
+    tree = jax.tree_util.tree_map
+    weights = (jax.nn.softmax(log_weights, axis=-1) / num_samples).reshape(-1)
+    return (comp_m.reshape((-1,) + comp_m.shape[2:]), comp_v.reshape((-1,) + comp_v.shape[2:]),
+            tree(flat, layers), tree(flat, means), tree(flat, variances), weights.astype(comp_m.dtype))
+
+
+def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100, obs_site=None, **kwargs):
+    """Predictive mixture of a fitted DGP at ``X_new``.
+
+    Each sample propagates ``X_new`` through the inner layers' marginals ``q(f_l | f_{l-1})``
+    (DSVI) and takes the last layer's marginal Gaussian by Gauss-Hermite quadrature, mapped
+    through the observation site's likelihood: Normal (3 nodes, exact when the location is
+    affine in the last layer, as in ``Normal(f[..., 0], sigma)``) or Bernoulli (20 nodes per
+    output: ``p_s(y = 1) = E[probs]``, e.g. ``Phi(m / sqrt(1 + v))`` for a plain probit).
+
+    The compiled function is kept per guide: later calls with the same model, observation
+    site, non-array arguments and input shapes (e.g. scoring a validation set after every
+    epoch) run it without retracing; new ``params`` and array arguments are inputs to it.
+
+    :param model: the NumPyro model; called as ``model(X_new, *args, **kwargs)``.
+    :param guide: the fitted guide.
+    :param params: ``svi.get_params(state)`` / ``FitResult.params``.
+    :param rng_key: PRNG key.
+    :param X_new: ``(N, D)`` test inputs.
+    :param num_samples: ``S``, mixture components.
+    :param obs_site: name of the observation site (found automatically if there is one).
+    :return: :class:`Prediction`.
+    """
+    if int(num_samples) < 1:
+        raise ValueError(f"predict: num_samples must be >= 1, got {num_samples}")
+    X_new = jnp.asarray(X_new)
+    if X_new.ndim != 2:
+        raise ValueError(f"predict: X_new must have shape (num_points, dim), got {X_new.shape}")
+    if not bool(jnp.all(jnp.isfinite(X_new))):
+        raise ValueError("predict: X_new contains NaN or inf values")
+    _check_guide_is_set_up(guide, "predict")
+    dyn_args = tuple(a if _is_array(a) else None for a in args)
+    static_args = tuple(None if _is_array(a) else a for a in args)
+    dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
+    static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not _is_array(v)))
+    found, batched = _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site,
+                                static_args, static_kwargs)
+    keys = jax.random.split(rng_key, int(num_samples))
+    components = batched(keys, params, X_new, dyn_args, dyn_kwargs)
+    if found["branches"]:
+        components = _flatten_branches(found["branches"], *components)
+    return _warn_if_not_finite(_mixture(found["likelihood"], *components), "predict")
+
+
+#: compiled predictors per guide (weakly keyed: they go when the guide goes)
+_PREDICTORS = OwnerCache(max_entries=8)
+
+
+def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, static_args, static_kwargs):
+    """``(found, batched)``: what the model's trace says (observation site, likelihood, layers,
+    branches) and the jitted, vmapped mixture-component function.
+
+    Both are cached per guide, keyed by the model, the observation site and the non-array
+    arguments, and valid for the guide's prototype trace (its structure, built once), so
+    repeated predictions (validation during training, plots) reuse one compiled executable
+    per input shape instead of retracing; array arguments are traced, never baked in."""
+    prototype = getattr(guide, "prototype_trace", None)
+    key = (model, obs_site, static_args, static_kwargs)
+    try:
+        hash(key)
+    except TypeError:  # unhashable static arguments: compile for this call only
+        key = None
+    entry = None if key is None else _PREDICTORS.get(guide, key)
+    if entry is not None and entry[0] is prototype:
+        return entry[1], entry[2]
+    guide_ref = weakref.ref(guide)
+
+    found = {}
+
+    def probe():
+        # abstract run (jax.eval_shape): finds the observation site and the layers, computes nothing
+        run = marginal_trace(model, guide, params, rng_key, (X_new,) + tuple(args), kwargs, 3)
+        found["name"] = _observation_site(run.model_trace, obs_site)
+        found["likelihood"] = _likelihood_of(run.model_trace[found["name"]]["fn"], found["name"])
+        found["layers"] = list(run.layer_order)
+        found["branches"] = None if run.branch_log_weights is None else run.branch_log_weights.shape[0]
+        return 0
+
+    jax.eval_shape(probe)
+    name, layer_names = found["name"], found["layers"]
+    num_nodes = _QUADRATURE_NODES[found["likelihood"]]
+
+    def one(key, params, X_new, dyn_args, dyn_kwargs):
+        call_args = tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
+        call_kwargs = {**dict(static_kwargs), **dyn_kwargs}
+        run_key, draw_key = jax.random.split(key)
+        run = marginal_trace(model, guide_ref(), params, run_key, (X_new,) + call_args, call_kwargs, num_nodes)
+        component = _mixture_component(run.model_trace, run.moments, name, run.quadrature_weights, layer_names, draw_key)
+        return component + ((run.branch_log_weights,) if found["branches"] else ())
+
+    batched = jax.jit(jax.vmap(one, in_axes=(0, None, None, None, None)))
+    if key is not None:
+        _PREDICTORS.put(guide, key, (prototype, found, batched))
+    return found, batched
+
+
+def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, params=None, **kwargs):
+    """Predictive mixture of a DGP over posterior samples (MCMC, :class:`~numpyro_dgp.infer.SGHMC`).
+
+    Component ``s`` substitutes sample ``s`` into the model (the inducing values
+    ``"<layer>.u"`` and every other latent or ``numpyro.param`` site the sample holds:
+    kernel hyperparameters, noise, inducing inputs...), propagates ``X_new`` through the
+    inner layers by sampling ``p(f_l | u_l, f_{l-1})``, and takes the last layer's
+    conditional Gaussian given ``u_L`` by Gauss-Hermite quadrature, mapped through the
+    observation site's likelihood: Normal, ``N(m_s, v_s + noise_s)`` per test point (exact when
+    the location is affine in the last layer, as in ``Normal(f[..., 0], sigma)``), or
+    Bernoulli, ``p_s(y = 1) = E[probs]`` (20 nodes per output). Sample sites the model does
+    not have at ``X_new`` (e.g. deterministic layer outputs at training points) are ignored.
+
+    :param model: the NumPyro model; called as ``model(X_new, *args, **kwargs)``.
+    :param samples: ``{site: (S, ...)}``, e.g. ``mcmc.get_samples()`` (SGHMC records the
+        params in force at every sample, so the dict covers them).
+    :param rng_key: PRNG key (inner-layer draws, one key per component).
+    :param X_new: ``(N, D)`` test inputs.
+    :param obs_site: name of the observation site (found automatically if there is one).
+    :param params: ``{param site: value}`` fixed for all components, for params the samples
+        do not hold (e.g. fitted values substituted into a NUTS run); samples take precedence.
+    :return: :class:`Prediction` with ``S`` components.
+    """
+    X_new = jnp.asarray(X_new)
+    if X_new.ndim != 2:
+        raise ValueError(f"predict_from_samples: X_new must have shape (num_points, dim), got {X_new.shape}")
+    if not bool(jnp.all(jnp.isfinite(X_new))):
+        raise ValueError("predict_from_samples: X_new contains NaN or inf values")
+    if not isinstance(samples, dict) or not samples:
+        raise ValueError("predict_from_samples: samples is empty; pass mcmc.get_samples() (a dict of (S, ...) arrays)")
+    samples = {k: jnp.asarray(v) for k, v in samples.items()}
+    sizes = {k: (v.shape[0] if v.ndim else None) for k, v in samples.items()}
+    S_set = set(sizes.values())
+    if None in S_set or len(S_set) != 1:
+        raise ValueError(f"predict_from_samples: every sample array needs the same leading (sample) axis; got {sizes}")
+    S = S_set.pop()
+    if S < 1:
+        raise ValueError("predict_from_samples: samples is empty (0 samples along the leading axis)")
+    fixed = {k: jnp.asarray(v) for k, v in (params or {}).items()}
+
+    def run(sample, key, quadrature):
+        data = {**fixed, **sample}
+        m = substitute(seed(model, key), data=data)
+        if quadrature is not None:
+            handler = marginalize_inducing(m, quadrature_layer=quadrature[0], quadrature_nodes=quadrature[1],
+                                           quadrature_weights=quadrature[2])
+        else:
+            handler = marginalize_inducing(m)
+        tr = trace(handler).get_trace(X_new, *args, **kwargs)
+        return tr, handler.moments
+
+    found = {}
+    one_sample = {k: v[0] for k, v in samples.items()}
+
+    def probe():
+        tr, _ = run(one_sample, jax.random.PRNGKey(0), None)
+        layers = [s["args"][0] for s in tr.values() if s["type"] == "dgp_layer"]
+        if not layers:
+            raise ValueError("predict_from_samples: the model runs no gp_layer")
+        found["layers"] = [layer.name for layer in layers]
+        found["u_sites"] = sorted(layers_by_u_site(tr))
+        found["out_dim"] = layers[-1].out_dim
+        found["sites"] = {n: s["type"] for n, s in tr.items() if s["type"] in ("sample", "param")}
+        return 0
+
+    jax.eval_shape(probe)
+    missing = [u for u in found["u_sites"] if u not in samples]
+    if missing:
+        raise ValueError(
+            f"predict_from_samples: samples lack the inducing-value site(s) {missing}; they hold "
+            f"{sorted(samples)}. Pass the samples of an MCMC run on the model (its '<layer>.u' sites)"
+        )
+    unset = [n for n, t in found["sites"].items() if t == "param" and n not in samples and n not in fixed]
+    if unset:
+        raise ValueError(
+            f"predict_from_samples: param site(s) {unset} are neither in the samples nor in params=; "
+            "they would take their initial values (e.g. k-means on X_new). Pass params= (fitted values)"
+        )
+    last = found["layers"][-1]
+
+    def probe_tail():
+        tr, _ = run(one_sample, jax.random.PRNGKey(0), (last, *quadrature_rule(found["out_dim"], 3)))
+        found["name"] = _observation_site(tr, obs_site)
+        found["likelihood"] = _likelihood_of(tr[found["name"]]["fn"], found["name"])
+        return 0
+
+    jax.eval_shape(probe_tail)
+    name, likelihood = found["name"], found["likelihood"]
+    nodes, weights = quadrature_rule(found["out_dim"], _QUADRATURE_NODES[likelihood])
+    quad = (last, nodes, weights)
+    # substitute the model's latent and param sites only (not deterministic layer outputs
+    # recorded at training points, nor the observation site)
+    keep = [k for k in samples if k in found["sites"] and k != name]
+    samples = {k: samples[k] for k in keep}
+
+    def one(sample, key):
+        run_key, draw_key = jax.random.split(key)
+        tr, moments = run(sample, run_key, quad)
+        return _mixture_component(tr, moments, name, weights, found["layers"], draw_key)
+
+    keys = jax.random.split(rng_key, S)
+    return _warn_if_not_finite(_mixture(likelihood, *jax.jit(jax.vmap(one))(samples, keys)), "predict_from_samples")
+
+
+def sample_layers(model, guide, params, rng_key, X, *args, num_samples: int = 25, coherent: bool = True, **kwargs):
+    """Function samples of every layer at ``X``: ``{layer: (S, N, P)}``.
+
+    Inducing values are drawn from the guide; with ``coherent=True`` each layer's output is
+    drawn with its full covariance over the ``N`` points, so a sample is a smooth function
+    (use a grid of a few hundred points).
+    """
+    _check_guide_is_set_up(guide, "sample_layers")
+
+    def one(key, params, X):
+        guide_key, model_key = jax.random.split(key)
+        guide_trace = trace(substitute(seed(guide, guide_key), data=params)).get_trace(X, *args, **kwargs)
+        m = substitute(replay(seed(model, model_key), guide_trace), data=params)
+        if coherent:
+            m = coherent_layers(m)
+        tr = trace(m).get_trace(X, *args, **kwargs)
+        names = [s["args"][0].name for s in tr.values() if s["type"] == "dgp_layer"]
+        return {n: tr[n]["value"] for n in names}
+
+    keys = jax.random.split(rng_key, int(num_samples))
+    return jax.jit(jax.vmap(one, in_axes=(0, None, None)))(keys, params, jnp.asarray(X))
+
+
+def _check_binary_labels(y, caller):
+    """Raise ``ValueError`` unless a concrete ``y`` holds only 0/1 (traced values are not checked)."""
+    bad = ~((y == 0) | (y == 1))
+    try:
+        any_bad = bool(jnp.any(bad))
+    except jax.errors.ConcretizationTypeError:
+        return  # traced: cannot check here
+    if any_bad:
+        first = jnp.ravel(y)[jnp.argmax(jnp.ravel(bad))].item()
+        raise ValueError(
+            f"{caller}: y must hold only 0/1 labels for a Bernoulli prediction; got "
+            f"{int(jnp.sum(bad))} other value(s), e.g. {first!r}"
+        )
+
+
+def _bernoulli_log_prob(y, probs):
+    """``log Bernoulli(y | probs)`` with ``probs`` clipped into ``[tiny, 1 - eps]`` (a component
+    whose probability rounded to 0 or 1 keeps a finite log-probability)."""
+    info = jnp.finfo(probs.dtype)
+    p = jnp.clip(probs, info.tiny, 1 - info.epsneg)
+    return jnp.where(y == 1, jnp.log(p), jnp.log1p(-p))
+
+
+def log_likelihood(prediction: Prediction, y):
+    """Per-point mixture log-probability, shape ``(N,)``.
+
+    Normal: ``logsumexp_s log N(y | m_s, v_s) - log S``. Bernoulli:
+    ``logsumexp_s log Bernoulli(y | p_s) - log S`` (``y`` in {0, 1}).
+    """
+    y = jnp.asarray(y)
+    if prediction.likelihood == "bernoulli":
+        _check_binary_labels(y, "log_likelihood")
+        lp = _bernoulli_log_prob(y, prediction.component_means)
+    else:
+        lp = norm.logpdf(y, prediction.component_means, jnp.sqrt(prediction.component_variances))
+    if prediction.weights is not None:
+        return logsumexp(lp, axis=0, b=prediction.weights[:, None])
+    return logsumexp(lp, axis=0) - jnp.log(lp.shape[0])
+
+
+def _crps_A(mu, var):
+    s = jnp.sqrt(var)
+    z = mu / s
+    return 2 * s * norm.pdf(z) + mu * (2 * ndtr(z) - 1)
+
+
+def gaussian_mixture_crps(y, means, variances, weights=None):
+    """CRPS of an equally (or ``weights``-) weighted Gaussian mixture, per point.
+
+    ``sum_s w_s A(y - mu_s, s_s^2) - 0.5 sum_ij w_i w_j A(mu_i - mu_j, s_i^2 + s_j^2)`` with
+    ``A(mu, s2) = 2 s phi(mu / s) + mu (2 Phi(mu / s) - 1)``.
+
+    :param y: ``(N,)``; :param means: ``(S, N)``; :param variances: ``(S, N)``.
+    :return: ``(N,)``.
+    """
+    S = means.shape[0]
+    w = jnp.full((S,), 1.0 / S, means.dtype) if weights is None else jnp.asarray(weights, means.dtype)
+
+    def per_point(args):
+        yi, mi, vi = args
+        first = jnp.sum(w * _crps_A(yi - mi, vi))
+        pair = _crps_A(mi[:, None] - mi[None, :], vi[:, None] + vi[None, :])
+        return first - 0.5 * w @ pair @ w
+
+    return jax.lax.map(per_point, (jnp.asarray(y), means.T, variances.T))
+
+
+def _classification_metrics(prediction: Prediction, y) -> dict:
+    """Mean log-likelihood, error rate (threshold 0.5 on the mixture probability) and Brier score."""
+    _check_binary_labels(y, "metrics")
+    y = y.astype(prediction.mean.dtype)
+    ll = log_likelihood(prediction, y).mean()
+    error_rate = jnp.mean((prediction.mean > 0.5) != (y == 1))
+    brier = jnp.mean((prediction.mean - y) ** 2)
+    return {"log_likelihood": float(ll), "error_rate": float(error_rate), "brier": float(brier)}
+
+
+def metrics(prediction: Prediction, y, y_scale: float = 1.0) -> dict:
+    """Test metrics of a prediction.
+
+    Normal: mean log-likelihood, RMSE and CRPS. Bernoulli (``y`` in {0, 1}): mean
+    log-likelihood, error rate (predicted class ``1`` where the mixture probability exceeds
+    0.5) and Brier score ``mean (p - y)^2``.
+
+    :param y_scale: the targets' standard deviation if the model saw standardized targets:
+        metrics are then reported in original units (LL - log y_scale, RMSE and CRPS times
+        y_scale). Normal predictions only.
+    :return: ``{"log_likelihood", "rmse", "crps"}`` (Normal) or ``{"log_likelihood",
+        "error_rate", "brier"}`` (Bernoulli) as Python floats.
+    """
+    y = jnp.asarray(y)
+    if y.shape != prediction.mean.shape:
+        raise ValueError(f"metrics: y has shape {y.shape}, predictions have {prediction.mean.shape}")
+    if prediction.likelihood == "bernoulli":
+        if y_scale != 1.0:
+            raise ValueError(
+                f"metrics: y_scale applies to Normal predictions; a Bernoulli prediction takes "
+                f"y_scale=1.0, got {y_scale!r}"
+            )
+        return _classification_metrics(prediction, y)
+    ll = log_likelihood(prediction, y).mean() - jnp.log(y_scale)
+    rmse = jnp.sqrt(jnp.mean((y - prediction.mean) ** 2)) * y_scale
+    crps = gaussian_mixture_crps(
+        y, prediction.component_means, prediction.component_variances, prediction.weights
+    ).mean() * y_scale
+    return {"log_likelihood": float(ll), "rmse": float(rmse), "crps": float(crps)}

@@ -1,0 +1,135 @@
+"""Jittered Cholesky factorization and triangular helpers (pure JAX)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.linalg import solve_triangular
+
+__all__ = [
+    "default_jitter",
+    "check_jitter",
+    "cholesky",
+    "jittered_cholesky",
+    "robust_cholesky",
+    "triangular_inverse",
+]
+
+
+def default_jitter(dtype) -> float:
+    """Diagonal jitter that keeps kernel Cholesky factors finite in ``dtype``.
+
+    float64: 1e-6, float32 (and lower): 1e-4 -- the settings of DSVI/GPflux runs; float32
+    kernel matrices lose about 7 digits, so 1e-6 jitter is below their round-off.
+    """
+    return 1e-6 if jnp.finfo(dtype).bits >= 64 else 1e-4
+
+
+def check_jitter(jitter, name: str = "jitter") -> None:
+    """Raise ``ValueError`` if a concrete ``jitter`` is not a finite positive number."""
+    try:
+        value = float(jitter)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return  # traced: cannot check here
+    if not (value > 0 and value < float("inf")):
+        raise ValueError(f"{name} must be a finite positive number, got {jitter!r}")
+
+
+def jittered_cholesky(K, jitter):
+    """Lower Cholesky factor of ``K + jitter * I``.
+
+    :param K: ``(..., M, M)`` symmetric positive semi-definite matrix.
+    :param jitter: positive scalar added to the diagonal, or ``(..., 1, 1)`` values, one per
+        matrix of the batch (only a scalar is checked here).
+    :return: ``(..., M, M)`` lower-triangular factor; NaN where the factorization fails.
+    """
+    check_jitter(jitter)
+    M = K.shape[-1]
+    return cholesky(K + jitter * jnp.eye(M, dtype=K.dtype))
+
+
+@jax.custom_jvp
+def cholesky(K):
+    """Lower Cholesky factor of the symmetric positive-definite ``K`` (``(..., M, M)``).
+
+    The same forward pass as ``jnp.linalg.cholesky``; its derivative
+    ``dL = L Phi(L^{-1} dK L^{-T})`` (``Phi``: lower triangle, half diagonal) is computed with
+    the explicit inverse of :func:`triangular_inverse` and matrix products only. JAX's own
+    rule uses two triangular solves, which on CPU cost 100x a product of the same size
+    (benchmarks/README.md); a DGP training step differentiates one factor per layer.
+    NaN where the factorization fails, like ``jnp.linalg.cholesky``.
+    """
+    return jnp.linalg.cholesky(K)
+
+
+@cholesky.defjvp
+def _cholesky_jvp(primals, tangents):
+    (K,), (dK,) = primals, tangents
+    L = cholesky(K)
+    Linv = triangular_inverse(L)
+    dK = 0.5 * (dK + jnp.swapaxes(dK, -1, -2))  # the forward pass symmetrizes its input
+    S = Linv @ dK @ jnp.swapaxes(Linv, -1, -2)
+    Phi = jnp.tril(S) - 0.5 * S * jnp.eye(K.shape[-1], dtype=K.dtype)
+    return L, L @ Phi
+
+
+def robust_cholesky(K, jitter, max_tries: int = 2, factor: float = 100.0):
+    """Cholesky of ``K + jitter * I``, retrying with ``factor`` times more jitter on failure.
+
+    Kernel matrices at inducing inputs that an optimizer has pushed together become
+    numerically singular; retrying with more jitter recovers instead of propagating NaN.
+    The retries run only when the first factor is not finite (``lax.cond``).
+
+    :return: ``(L, used_jitter)``; ``L`` is still NaN if every try failed.
+    """
+    check_jitter(jitter)
+    jitter = jnp.asarray(jitter, K.dtype)
+
+    def attempt(k, carry):
+        L, used = carry
+        ok = jnp.all(jnp.isfinite(L))
+        new_jitter = jitter * factor**k
+
+        def retry(_):
+            return jittered_cholesky(K, new_jitter), new_jitter
+
+        return jax.lax.cond(ok, lambda _: (L, used), retry, None)
+
+    carry = (jittered_cholesky(K, jitter), jitter)
+    for k in range(1, max_tries):
+        carry = attempt(k, carry)
+    return carry
+
+
+#: Blocks at most this large are inverted by a triangular solve; larger ones by recursion.
+_INVERSE_LEAF = 32
+
+
+@jax.custom_jvp
+def triangular_inverse(L):
+    """``L^{-1}`` for lower-triangular ``L`` (``(..., M, M)``; the upper triangle is ignored).
+
+    One explicit inverse followed by matrix products is faster on CPU than triangular
+    solves against many right-hand sides. The inverse itself is built by block recursion,
+    ``[[A, 0], [C, D]]^{-1} = [[A^{-1}, 0], [-D^{-1} C A^{-1}, D^{-1}]]``, down to blocks of
+    at most 32 that a triangular solve inverts: XLA's CPU triangular solve is slow and
+    erratic on a 100 x 100 identity (0.2-8 ms against 0.07 ms for the recursion, measured in
+    benchmarks/README.md). Its derivative ``-L^{-1} dL L^{-1}`` is two products.
+    """
+    n = L.shape[-1]
+    if n <= _INVERSE_LEAF:
+        eye = jnp.broadcast_to(jnp.eye(n, dtype=L.dtype), L.shape)
+        return solve_triangular(L, eye, lower=True)
+    h = n // 2
+    A_inv = triangular_inverse(L[..., :h, :h])
+    D_inv = triangular_inverse(L[..., h:, h:])
+    lower_left = -(D_inv @ L[..., h:, :h]) @ A_inv
+    top = jnp.concatenate([A_inv, jnp.zeros(L.shape[:-2] + (h, n - h), L.dtype)], axis=-1)
+    return jnp.concatenate([top, jnp.concatenate([lower_left, D_inv], axis=-1)], axis=-2)
+
+
+@triangular_inverse.defjvp
+def _triangular_inverse_jvp(primals, tangents):
+    (L,), (dL,) = primals, tangents
+    Linv = triangular_inverse(L)
+    return Linv, -Linv @ jnp.tril(dL) @ Linv

@@ -1,0 +1,143 @@
+"""VI and MCMC results as ArviZ ``DataTree``s with one layout: each layer's values on a grid."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro.handlers import seed, substitute, trace
+from numpyro_dgp._prediction import sample_layers
+from numpyro_dgp.handlers import coherent_layers
+
+__all__ = ["layer_samples", "layer_names", "from_layer_samples", "from_guide", "from_mcmc"]
+
+
+def layer_samples(model, samples, rng_key, grid, *args, params=None, coherent: bool = True, **kwargs) -> dict:
+    """Every layer's values on ``grid`` for each posterior sample of a sparse DGP.
+
+    :param model: the model (the plain one, without MCMC handlers).
+    :param samples: ``{site: (S, ...)}`` posterior samples; the model's latent sites among
+        them (inducing values, sampled hyperparameters) are substituted, others (the data-point
+        latents of :class:`~numpyro_dgp.handlers.latent_conditionals`) are ignored.
+    :param rng_key: PRNG key (layer outputs given ``u`` are random).
+    :param grid: ``(G, D)`` inputs of the first layer.
+    :param params: ``numpyro.param`` values (fitted ones, or the model's own if ``None``).
+    :param coherent: draw each layer jointly over the grid (smooth samples).
+    :return: ``{layer: (S, G, P)}``.
+    """
+    grid = jnp.asarray(grid)
+    params = dict(params or {})
+    probe = trace(seed(substitute(model, data=params), rng_key)).get_trace(grid, *args, **kwargs)
+    latent = {n for n, s in probe.items() if s["type"] == "sample" and not s["is_observed"]}
+    names = [s["args"][0].name for s in probe.values() if s["type"] == "dgp_layer"]
+    chosen = {k: jnp.asarray(v) for k, v in samples.items() if k in latent}
+    missing = sorted(n for n in latent if n not in chosen and (probe[n].get("infer") or {}).get("dgp_layer"))
+    if missing:
+        raise ValueError(f"layer_samples: samples lack the inducing-value sites {missing}")
+    if not chosen:
+        raise ValueError(f"layer_samples: none of the samples' sites {sorted(samples)} is a latent site of the model")
+    S = next(iter(chosen.values())).shape[0]
+
+    def one(key, sample):
+        m = substitute(seed(model, key), data={**params, **sample})
+        if coherent:
+            m = coherent_layers(m)
+        tr = trace(m).get_trace(grid, *args, **kwargs)
+        return {n: tr[n]["value"] for n in names}
+
+    keys = jax.random.split(rng_key, S)
+    return jax.jit(jax.vmap(one))(keys, chosen)
+
+
+def layer_names(tree) -> list:
+    """The layer variables of a tree made by this module, in order."""
+    return list(tree.attrs.get("layers") or [])
+
+
+def from_layer_samples(layers: dict, grid, *, num_chains: int = 1, extra: dict | None = None,
+                       sample_stats: dict | None = None, label: str | None = None):
+    """A ``DataTree`` in this module's layout.
+
+    :param layers: ``{layer: (C, D, G, P)}`` or ``{layer: (S, G, P)}`` (reshaped into
+        ``num_chains`` chains).
+    :param grid: ``(G, D_in)`` first-layer inputs.
+    :param extra: more posterior variables (e.g. hyperparameters), same leading dims.
+    :param sample_stats: e.g. ``{"diverging": (C, D)}``.
+    :param label: a name for the method (stored in ``attrs``).
+    """
+    import arviz as az
+
+    def shaped(v):
+        v = np.asarray(v)
+        if v.ndim >= 1 and num_chains > 1 and v.shape[0] % num_chains == 0:
+            v = v.reshape((num_chains, v.shape[0] // num_chains) + v.shape[1:])
+        elif num_chains == 1:
+            v = v[None]
+        return v
+
+    posterior, dims = {}, {}
+    names = list(layers)
+    for name in names:
+        value = np.asarray(layers[name])
+        value = value if value.ndim == 4 else shaped(value)
+        posterior[name] = value
+        dims[name] = ["grid", f"{name}_output"]
+    for name, value in (extra or {}).items():
+        value = np.asarray(value)
+        posterior[name] = value if value.shape[:2] == next(iter(posterior.values())).shape[:2] else shaped(value)
+    data = {"posterior": posterior, "constant_data": {"grid_x": np.asarray(grid)}}
+    if sample_stats:
+        data["sample_stats"] = {k: np.asarray(v) for k, v in sample_stats.items()}
+    tree = az.from_dict(data, dims={**dims, "grid_x": ["grid", "grid_x_dim"]},
+                        coords={"grid": np.arange(np.asarray(grid).shape[0])})
+    tree.attrs["layers"] = names
+    if label is not None:
+        tree.attrs["label"] = label
+    return tree
+
+
+def from_guide(model, guide, params, rng_key, grid, *args, num_samples: int = 1000, label=None, **kwargs):
+    """A fitted guide's per-layer function samples on ``grid`` as a ``DataTree`` (one chain).
+
+    Inducing values are drawn from the guide (jointly across layers, as the guide has them),
+    then every layer is drawn jointly over the grid given its sampled input.
+    """
+    layers = sample_layers(model, guide, params, rng_key, grid, *args, num_samples=num_samples, **kwargs)
+    return from_layer_samples(layers, grid, label=label)
+
+
+def from_mcmc(mcmc, grid, *, model=None, params=None, rng_key=None, args=(), kwargs=None, label=None):
+    """An MCMC run's per-layer function values on ``grid`` as a ``DataTree``, chains kept.
+
+    If the run has ``"<layer>.grid"`` sites (NUTS on :class:`~numpyro_dgp.handlers.exact_layers`
+    with this ``grid``) they are used as they are. Otherwise (sparse model: inducing values
+    sampled) the layers are re-run on ``grid`` for each sample with :func:`layer_samples`;
+    pass the plain ``model``, its ``params`` and an ``rng_key``.
+    """
+    samples = mcmc.get_samples(group_by_chain=True)
+    first = next(iter(samples.values()))
+    C, D = first.shape[:2]
+    grid_sites = [k for k in samples if k.endswith(".grid")]
+    if grid_sites:
+        layers = {k[: -len(".grid")]: np.asarray(samples[k]) for k in grid_sites}
+        grid_rows = next(iter(layers.values())).shape[2]
+        if grid_rows != np.asarray(grid).shape[0]:
+            raise ValueError(f"from_mcmc: the run's grid has {grid_rows} points, grid has {np.asarray(grid).shape[0]}")
+    else:
+        if model is None or rng_key is None:
+            raise ValueError(
+                "from_mcmc: the run has no '<layer>.grid' sites (exact_layers with a grid); pass "
+                "model= and rng_key= to re-run the layers on the grid with the sampled inducing values"
+            )
+        flat = {k: np.asarray(v).reshape((C * D,) + v.shape[2:]) for k, v in samples.items()}
+        layers = layer_samples(model, flat, rng_key, grid, *args, params=params, **(kwargs or {}))
+        layers = {k: np.asarray(v).reshape((C, D) + v.shape[1:]) for k, v in layers.items()}
+    hyper = {k: np.asarray(v) for k, v in samples.items() if ".kernel." in k}
+    stats = {}
+    try:
+        extra = mcmc.get_extra_fields(group_by_chain=True)
+        if "diverging" in extra:
+            stats["diverging"] = np.asarray(extra["diverging"])
+    except Exception:  # kernels without extra fields
+        pass
+    return from_layer_samples(layers, grid, extra=hyper, sample_stats=stats or None, label=label)

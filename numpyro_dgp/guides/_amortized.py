@@ -1,0 +1,235 @@
+"""``AutoAmortizedDGP``: encoder networks give each point's inducing values (paper 003, AVDGP)."""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from jax.example_libraries import stax
+from numpyro.distributions import constraints
+from numpyro.distributions.util import vec_to_tril_matrix
+
+from numpyro_dgp._protocol import inducing_tag
+from numpyro_dgp.guides._factorized import AutoFactorizedDGP
+from numpyro_dgp.posteriors import (
+    AMORTIZATION_RULES,
+    AmortizedPosterior,
+    quadrature_log_weights,
+    quadrature_points,
+)
+
+__all__ = ["AutoAmortizedDGP", "AmortizedQ", "mlp"]
+
+COVARIANCES = ("diagonal", "full")
+
+
+def mlp(hidden_width: int, out_dim: int, num_hidden: int = 2, negative_slope: float = 0.2):
+    """A ``stax`` MLP: ``num_hidden`` Dense layers of ``hidden_width`` with LeakyReLU(0.2),
+    then a Dense output layer. :return: ``(init_fn, apply_fn)``."""
+    layers = []
+    for _ in range(num_hidden):
+        layers += [stax.Dense(hidden_width), stax.elementwise(jax.nn.leaky_relu, negative_slope=negative_slope)]
+    return stax.serial(*layers, stax.Dense(out_dim))
+
+
+def _register(prefix: str, init_fn, in_dim: int, dtype):
+    """The MLP's parameters as ``numpyro.param`` sites ``"<prefix>.<i>"``, initialized by
+    ``init_fn`` with a key fixed by the prefix (the same start in every run)."""
+    key = jax.random.PRNGKey(zlib.crc32(prefix.encode()))
+    _, params = init_fn(key, (-1, in_dim))
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    leaves = [numpyro.param(f"{prefix}.{i}", jnp.asarray(leaf, dtype)) for i, leaf in enumerate(leaves)]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+class AmortizedQ(dist.Distribution):
+    """Placeholder guide site for a layer with per-point inducing sets.
+
+    ``q(u_n | p_n)`` depends on the model's encoder input ``p_n`` (for inner layers, on the
+    layers before), so it is evaluated inside the model's run by
+    the objectives' inducing-marginalization engine (``DGPElbo``, ``PredictiveObjective``,
+    ``predict``); the site only carries :attr:`posterior`. Its density is refused, so an
+    objective that would sample the guide on its own (``Trace_ELBO``) fails loudly.
+    """
+
+    support = constraints.real
+
+    def __init__(self, posterior: AmortizedPosterior, site: str):
+        self.posterior = posterior
+        self.site = site
+        super().__init__(batch_shape=(), event_shape=())
+
+    def sample(self, key, sample_shape=()):
+        return jnp.zeros(sample_shape)
+
+    def log_prob(self, value):
+        raise NotImplementedError(
+            f"AutoAmortizedDGP: q({self.site}) depends on the model's layer outputs (the encoder "
+            "input), so the guide cannot be sampled on its own; train with numpyro_dgp.DGPElbo or "
+            "numpyro_dgp.PredictiveObjective, which evaluate the encoders inside the model's run"
+        )
+
+
+class AutoAmortizedDGP(AutoFactorizedDGP):
+    """Amortized variational DGP (paper 003): encoder networks map each layer's encoder input
+    to the point's inducing values ``q(u_n) = N(g(p_n), h(p_n))``.
+
+    For every layer built with ``gp_layer(..., inducing="amortized")``: a mean MLP
+    ``g: D -> P M`` and a covariance MLP ``h`` (``"diagonal"``: ``P M`` softplus standard
+    deviations, the paper's choice for deep models; ``"full"``: a Cholesky factor per output),
+    both ``stax`` MLPs with ``num_hidden`` hidden layers of width ``min(D, P M)`` (or
+    ``hidden_width``) and LeakyReLU(0.2). We use 2 hidden layers, as the paper's text says
+    (its released code has 1). Layers with global inducing points get
+    :class:`AutoFactorizedDGP`'s Gaussian.
+
+    Amortization rules (notes/amortized.md), i.e. how the ``num_branches = S`` branches are
+    propagated and what an inner layer's encoder sees:
+
+    * ``"AR1"``: the encoder sees each branch's sample; one inducing set per branch;
+      Monte Carlo branches (the paper trains with ``S = 1``).
+    * ``"AR2"``: the encoder sees the mean of the previous layer's branch means; one set
+      shared by the branches; Monte Carlo branches, equal weights.
+    * ``"AR2P"``: as AR2 with the weighted mean, and the branches drawn at learned quadrature
+      points ``xi (S, P)`` per layer (bounded to (-5, 5)) with learned weights (softmax,
+      uniform start) -- the paper's main method; train it with :class:`numpyro_dgp.DGPElbo`,
+      or with :class:`numpyro_dgp.PredictiveObjective` (``num_particles=1``) for AR2PP.
+
+    Use with ``DGPElbo`` / ``PredictiveObjective`` and :func:`numpyro_dgp.predict` (which
+    evaluate the encoders inside the model's run); ``Trace_ELBO`` is refused.
+
+    :param model: a model with ``gp_layer(..., inducing="amortized")`` layers.
+    :param rule: ``"AR1"``, ``"AR2"`` or ``"AR2P"``.
+    :param num_branches: ``S``.
+    :param covariance: ``"diagonal"`` or ``"full"``.
+    :param hidden_width: encoder width (default ``min(D, P M)`` per layer).
+    :param num_hidden: encoder hidden layers.
+    :param init_scale: starting standard deviation of every ``q(u_n)``.
+    :param points: AR2P starting points: ``{layer: (S, P)}`` or ``None`` (standard-normal
+        draws, a fixed key).
+    :param weights: AR2P starting weights ``(S,)`` (default uniform).
+    :param learn_points: AR2P: learn the points and weights (else they stay at their start).
+    """
+
+    def __init__(self, model, *, rule: str = "AR2P", num_branches: int = 32, covariance: str = "diagonal",
+                 hidden_width: int | None = None, num_hidden: int = 2, init_scale: float = 0.1,
+                 points=None, weights=None, learn_points: bool = True, prefix: str = "auto", **kwargs):
+        if rule not in AMORTIZATION_RULES:
+            raise ValueError(f"AutoAmortizedDGP: rule must be one of {AMORTIZATION_RULES}, got {rule!r}")
+        if not (isinstance(num_branches, (int, np.integer)) and num_branches >= 1):
+            raise ValueError(f"AutoAmortizedDGP: num_branches must be a positive integer, got {num_branches!r}")
+        if covariance not in COVARIANCES:
+            raise ValueError(f"AutoAmortizedDGP: covariance must be one of {COVARIANCES}, got {covariance!r}")
+        if not float(init_scale) > 0:
+            raise ValueError(f"AutoAmortizedDGP: init_scale must be positive, got {init_scale!r}")
+        if hidden_width is not None and not (isinstance(hidden_width, int) and hidden_width >= 1):
+            raise ValueError(f"AutoAmortizedDGP: hidden_width must be a positive integer, got {hidden_width!r}")
+        self.rule = rule
+        self.num_branches = int(num_branches)
+        self.covariance = covariance
+        self.hidden_width = hidden_width
+        self.num_hidden = int(num_hidden)
+        self.encoder_init_scale = float(init_scale)
+        self.initial_points = points
+        if weights is None:
+            weights = np.full(int(num_branches), 1.0 / int(num_branches))
+        weights = np.asarray(weights, float)
+        if weights.shape != (int(num_branches),) or np.any(weights <= 0):
+            raise ValueError(f"AutoAmortizedDGP: weights must be {num_branches} positive numbers, got {weights!r}")
+        self.initial_weights = weights / weights.sum()
+        self.learn_points = bool(learn_points)
+        self.amortized_sites = {}  # u-site -> encoder input width D
+        super().__init__(model, prefix=prefix, **kwargs)
+
+    _accepts_amortized = True
+
+    def _setup_prototype(self, *args, **kwargs):
+        super()._setup_prototype(*args, **kwargs)
+        self.amortized_sites = {
+            s.name: int(inducing_tag(self.prototype_trace[s.name]).encoder_input.shape[-1])
+            for s in self.inducing_sites
+            if s.inducing == "amortized"
+        }
+        if not self.amortized_sites:
+            raise ValueError(
+                "AutoAmortizedDGP: the model has no gp_layer with inducing='amortized'; use "
+                "AutoFactorizedDGP (or build the layers with inducing='amortized')"
+            )
+
+    def _encoder(self, site, in_dim: int, dtype):
+        """``p -> (loc (..., P, M), scale)`` with its parameters registered."""
+        P, M = site.out_dim, site.num_inducing
+        width = self.hidden_width or min(in_dim, P * M)
+        base = f"{site.name}_{self.prefix}"
+        mean_init, mean_apply = mlp(width, P * M, self.num_hidden)
+        full = self.covariance == "full"
+        scale_out = P * M * (M + 1) // 2 if full else P * M
+        scale_init, scale_apply = mlp(width, scale_out, self.num_hidden)
+        mean_params = _register(f"{base}.mean_net", mean_init, in_dim, dtype)
+        scale_params = _register(f"{base}.scale_net", scale_init, in_dim, dtype)
+        # softplus(raw + shift) starts at init_scale when the network's output is near 0
+        shift = float(np.log(np.expm1(self.encoder_init_scale)))
+
+        def encode(p):
+            lead = p.shape[:-1]
+            loc = mean_apply(mean_params, p).reshape(lead + (P, M))
+            raw = scale_apply(scale_params, p)
+            if not full:
+                return loc, jax.nn.softplus(raw + shift).reshape(lead + (P, M)) + 1e-6
+            tril = vec_to_tril_matrix(raw.reshape(lead + (P, M * (M + 1) // 2)))
+            diag = jax.nn.softplus(jnp.diagonal(tril, axis1=-2, axis2=-1) + shift) + 1e-6
+            return loc, jnp.tril(tril, -1) + diag[..., None] * jnp.eye(M, dtype=tril.dtype)
+
+        return encode
+
+    def _branches(self, site, dtype):
+        """``(points (S, P) or None, log_weights (S,))`` of this layer's branches."""
+        S = self.num_branches
+        if self.rule != "AR2P":
+            return None, jnp.full((S,), -np.log(S), dtype)
+        init = None
+        if isinstance(self.initial_points, dict):
+            init = self.initial_points.get(site.layer)
+        if init is None:
+            init = jax.random.normal(jax.random.PRNGKey(zlib.crc32(site.layer.encode())), (S, site.out_dim), dtype)
+        init = jnp.asarray(init, dtype)
+        if init.shape != (S, site.out_dim):
+            raise ValueError(
+                f"AutoAmortizedDGP: points for layer {site.layer!r} must have shape ({S}, {site.out_dim}), got {init.shape}"
+            )
+        points = quadrature_points(f"{self.prefix}.{site.layer}.points", init, self.learn_points)
+        log_weights = quadrature_log_weights(f"{self.prefix}.branch_logits", self.initial_weights, self.learn_points)
+        return points, log_weights.astype(dtype)
+
+    def __call__(self, *args, **kwargs):
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        result = dict(self._sample_others(*args, **kwargs))
+        for site in self.inducing_sites:
+            if site.inducing != "amortized":
+                loc, scale_tril = self._q(site)
+                result[site.name] = numpyro.sample(
+                    site.name, dist.MultivariateNormal(loc, scale_tril=scale_tril).to_event(1)
+                )
+                continue
+            dtype = self.prototype_trace[site.name]["value"].dtype
+            points, log_weights = self._branches(site, dtype)
+            posterior = AmortizedPosterior(
+                self._encoder(site, self.amortized_sites[site.name], dtype),
+                self.rule, self.num_branches, points, log_weights,
+            )
+            numpyro.sample(f"{site.name}.amortized", AmortizedQ(posterior, site.name),
+                           infer={"is_auxiliary": True})
+        return result
+
+    def median(self, params):
+        raise NotImplementedError(
+            "AutoAmortizedDGP: the inducing values are a function of each point's encoder input, "
+            "not global latents; use numpyro_dgp.predict"
+        )
+
+    def quantiles(self, params, quantiles):
+        return self.median(params)

@@ -1,0 +1,219 @@
+"""Guides that correlate the inducing values of different layers (paper 000 §4.1).
+
+* :class:`AutoJointDGP` -- one Gaussian over the inducing values of all layers (full
+  ``D x D`` covariance, ``D = sum_l P_l M_l``).
+* :class:`AutoChainDGP` -- ``q(u_1) prod_l q(u_l | u_{l-1})``: a block-tridiagonal precision
+  with parameters linear in the number of layers.
+
+Both sample ``u`` jointly with exact log-densities, so NumPyro's own ELBOs work
+(``Trace_ELBO`` = paper 000's estimator (a): sample ``u`` jointly, propagate conditionally).
+Each site also declares the structure
+(``infer["dgp_gaussian"]``: :class:`~numpyro_dgp.posteriors.JointBlock` /
+:class:`~numpyro_dgp.posteriors.ChainLink`), from which :class:`numpyro_dgp.DGPElbo`
+marginalizes the inducing values exactly, point by point, with closed-form KLs.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpyro
+import numpyro.distributions as dist
+from jax.scipy.linalg import block_diag
+from jax.scipy.special import ndtri
+from numpyro.distributions import constraints
+
+from numpyro_dgp._protocol import CONDITIONAL, GAUSSIAN
+from numpyro_dgp.core import block_diag_covariance
+from numpyro_dgp.guides._base import DGPGuide
+from numpyro_dgp.guides._factorized import AutoFactorizedDGP
+from numpyro_dgp.posteriors import ChainLink, JointBlock
+
+__all__ = ["AutoJointDGP", "AutoChainDGP"]
+
+def _quantiles_from_cov(loc, cov, quantiles):
+    std = jnp.sqrt(jnp.diagonal(cov)).reshape(loc.shape)
+    return loc + ndtri(jnp.asarray(quantiles)).reshape((-1,) + (1,) * loc.ndim) * std
+
+
+class AutoJointDGP(DGPGuide):
+    """One multivariate normal over the inducing values of every layer (paper 000 §4.1a).
+
+    ``q(vec(u_1), ..., vec(u_L)) = N(loc, L L^T)`` with a full lower-triangular ``L``
+    (softplus diagonal). Initialized with zero cross-layer covariance, i.e. exactly the
+    factorized guide (:class:`~numpyro_dgp.guides.AutoFactorizedDGP`) with the same
+    ``inner_init``. Cost ``O(D^3)`` for the KL and ``O(N D^2)`` per step for the exact
+    marginalization, ``D = sum_l P_l M_l``.
+
+    :param model: a model built with :func:`numpyro_dgp.gp_layer`.
+    :param inner_init: ``"deterministic"`` (inner layers start at ``init_scale`` times their
+        prior factor, the DSVI convention) or ``"prior"``.
+    :param init_scale: the factor for ``"deterministic"``.
+    :param prefix: parameters are ``"<prefix>_joint_loc"`` and ``"<prefix>_joint_scale_tril"``.
+    """
+
+    @property
+    def _names(self):
+        return f"{self.prefix}_joint_loc", f"{self.prefix}_joint_scale_tril"
+
+    def _q(self):
+        loc_name, tril_name = self._names
+        sites = self.inducing_sites
+
+        def init_loc():
+            return jnp.concatenate([s.prior_mean.reshape(-1) for s in sites])
+
+        def init_tril():
+            blocks = [
+                block_diag(*self._initial_scale_tril(s)) for s in sites
+            ]
+            return block_diag(*blocks)
+
+        loc = numpyro.param(loc_name, init_loc())
+        tril = numpyro.param(tril_name, init_tril(), constraint=constraints.softplus_lower_cholesky)
+        return loc, tril
+
+    def __call__(self, *args, **kwargs):
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        result = dict(self._sample_others(*args, **kwargs))
+        loc, tril = self._q()
+        block = JointBlock(
+            tuple(s.name for s in self.inducing_sites),
+            tuple((s.out_dim, s.num_inducing) for s in self.inducing_sites),
+            loc,
+            tril,
+        )
+        # One standard-normal draw for all layers, u = loc + L z, and each site a Delta with the
+        # log-density of its block (-log|L_kk|): the exact log q(u) without ever solving with
+        # L, which becomes badly conditioned when a near-deterministic layer (1e-5 start) grows
+        # cross-layer terms. The conditional N(loc_k + L[k, <k] z_<k, L_kk L_kk^T) of each block
+        # given the earlier ones is declared for DGPElbo (inducing locations).
+        D = loc.shape[0]
+        z = numpyro.sample(
+            f"_{self.prefix}_joint_std_normal",
+            dist.Normal(jnp.zeros(D, loc.dtype), 1.0).to_event(1),
+            infer={"is_auxiliary": True},
+        )
+        start = 0
+        for site in self.inducing_sites:
+            stop = start + site.size
+            factor = tril[start:stop, start:stop]
+            cond_loc = loc[start:stop] + tril[start:stop, :start] @ z[:start]
+            value = (cond_loc + factor @ z[start:stop]).reshape(site.out_dim, site.num_inducing)
+            log_det = jnp.sum(jnp.log(jnp.diagonal(factor)))
+            conditional = JointBlock((site.name,), ((site.out_dim, site.num_inducing),), cond_loc, factor)
+            u = numpyro.sample(
+                site.name,
+                dist.Delta(value, log_density=-log_det, event_dim=2),
+                infer={GAUSSIAN: block, CONDITIONAL: conditional},
+            )
+            result[site.name] = u
+            start = stop
+        return result
+
+    def covariance(self, params):
+        """The full ``(D, D)`` covariance over all inducing values (blocks in layer order)."""
+        tril = params[self._names[1]]
+        return tril @ tril.T
+
+    def median(self, params):
+        """Posterior medians: the means of the inducing values (and AutoNormal's for others)."""
+        out = self._other_median(params)
+        loc = params[self._names[0]]
+        start = 0
+        for s in self.inducing_sites:
+            out[s.name] = loc[start : start + s.size].reshape(s.out_dim, s.num_inducing)
+            start += s.size
+        return out
+
+    def quantiles(self, params, quantiles):
+        """Marginal quantiles, shape ``(len(quantiles), P, M)`` per site."""
+        out = self._other_quantiles(params, jnp.asarray(quantiles))
+        loc, cov = params[self._names[0]], self.covariance(params)
+        start = 0
+        for s in self.inducing_sites:
+            sl = slice(start, start + s.size)
+            q = _quantiles_from_cov(loc[sl], cov[sl, sl], quantiles)
+            out[s.name] = q.reshape((-1, s.out_dim, s.num_inducing))
+            start += s.size
+        return out
+
+
+class AutoChainDGP(AutoFactorizedDGP):
+    """Chain-structured Gaussian over the layers' inducing values (paper 000 §4.1b).
+
+    ``q(u_1) = N(m_1, D_1 D_1^T)``, ``q(u_l | u_{l-1}) = N(m_l + C_l vec(u_{l-1} - m_{l-1}),
+    D_l D_l^T)``: ``m_l`` is layer ``l``'s marginal mean, ``D_l`` one lower factor per output
+    (as in the factorized guide) and ``C_l`` a ``(P_l M_l, P_{l-1} M_{l-1})`` coupling,
+    initialized at zero (exactly the factorized guide, whose ``m_l``/``D_l`` parameters, names
+    and ``median`` it shares). Layers are chained in execution order.
+
+    :param model: a model built with :func:`numpyro_dgp.gp_layer`.
+    :param inner_init: ``"deterministic"`` or ``"prior"`` (as for the factorized guide).
+    :param init_scale: the factor for ``"deterministic"``.
+    :param prefix: parameters are ``"<site>_<prefix>_loc"``, ``"<site>_<prefix>_scale_tril"``
+        and (from the second layer on) ``"<site>_<prefix>_coupling"``.
+    """
+
+    def _chain_q(self, site, parent):
+        """``m_l``, ``D_l`` (the factorized guide's parameters) and ``C_l`` (``None`` for the first layer)."""
+        loc, tril = self._q(site)
+        coupling = None
+        if parent is not None:
+            coupling = numpyro.param(
+                f"{site.name}_{self.prefix}_coupling", jnp.zeros((site.size, parent.size), loc.dtype)
+            )
+        return loc, tril, coupling
+
+    def __call__(self, *args, **kwargs):
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        result = dict(self._sample_others(*args, **kwargs))
+        parent = parent_loc = parent_u = None
+        for site in self.inducing_sites:
+            loc, tril, coupling = self._chain_q(site, parent)
+            if parent is None:
+                cond_loc = loc
+                link = ChainLink(None, loc, tril)
+            else:
+                shift = coupling @ (parent_u - parent_loc).reshape(-1)
+                cond_loc = loc + shift.reshape(loc.shape)
+                link = ChainLink(parent.name, loc, tril, parent_loc, coupling)
+            # u = cond_loc + D z as a Delta with log-density -log|D|: exact log q without a
+            # triangular solve against D, which a near-deterministic layer makes ill-conditioned
+            z = numpyro.sample(
+                f"_{site.name}_{self.prefix}_std_normal",
+                dist.Normal(jnp.zeros_like(loc), 1.0).to_event(2),
+                infer={"is_auxiliary": True},
+            )
+            value = cond_loc + jnp.einsum("pmk,pk->pm", tril, z)
+            log_det = jnp.sum(jnp.log(jnp.diagonal(tril, axis1=-2, axis2=-1)))
+            u = numpyro.sample(
+                site.name,
+                dist.Delta(value, log_density=-log_det, event_dim=2),
+                infer={GAUSSIAN: link, CONDITIONAL: (cond_loc, tril)},
+            )
+            result[site.name] = u
+            parent, parent_loc, parent_u = site, loc, u
+        return result
+
+    def marginal_covariances(self, params):
+        """``{site: (P M, P M)}`` marginal covariance ``S_l = C_l S_{l-1} C_l^T + D_l D_l^T``."""
+        out = {}
+        prev = None
+        for site in self.inducing_sites:
+            cov = block_diag_covariance(params[f"{site.name}_{self.prefix}_scale_tril"])
+            if prev is not None:
+                C = params[f"{site.name}_{self.prefix}_coupling"]
+                cov = cov + C @ out[prev] @ C.T
+            out[site.name] = cov
+            prev = site.name
+        return out
+
+    def quantiles(self, params, quantiles):
+        """Marginal quantiles, shape ``(len(quantiles), P, M)`` per site."""
+        out = self._other_quantiles(params, jnp.asarray(quantiles))
+        covs = self.marginal_covariances(params)
+        for s in self.inducing_sites:
+            out[s.name] = _quantiles_from_cov(params[f"{s.name}_{self.prefix}_loc"], covs[s.name], quantiles)
+        return out

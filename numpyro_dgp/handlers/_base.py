@@ -1,0 +1,59 @@
+"""What several handlers share: per-run state, refusing special layers, finding the last layer."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+from numpyro.handlers import block, seed, trace
+from numpyro.primitives import Messenger
+
+from numpyro_dgp._protocol import FLOW, LAYER_MESSAGE, get_tag
+
+__all__ = ["PerRunMessenger", "last_layer_name", "refuse_special_layers"]
+
+
+class PerRunMessenger(Messenger):
+    """A handler whose per-run state (layer order, grid outputs) is reset on every model run."""
+
+    def __enter__(self) -> PerRunMessenger:
+        self._reset()
+        return super().__enter__()
+
+    def _reset(self) -> None:
+        pass
+
+
+
+
+def refuse_special_layers(msg: dict, handler: str) -> None:
+    """Raise for layer messages ``handler`` cannot take: per-point inducing sets and SDE flows."""
+    if msg["args"][0].inducing == "amortized":
+        raise NotImplementedError(
+            f"{handler}: layer {msg['args'][0].name!r} has per-point inducing sets "
+            f"(inducing='amortized'), which {handler} does not support"
+        )
+    if get_tag(msg, FLOW) is not None:
+        raise NotImplementedError(
+            f"{handler}: layer {msg['args'][0].name!r} is an sde_flow layer, which {handler} does not support"
+        )
+
+
+def last_layer_name(fn: Callable, args: tuple, kwargs: dict, handler: str) -> str:
+    """Name of the last ``gp_layer`` the model ``fn`` runs, found by an abstract run."""
+    found = {}
+
+    def probe():
+        # block: the probe's messages reach none of the handlers outside this one
+        with block():
+            tr = trace(seed(fn, 0)).get_trace(*args, **kwargs)
+        names = [s["args"][0].name for s in tr.values() if s["type"] == LAYER_MESSAGE]
+        if not names:
+            raise ValueError(f"{handler}: the model runs no gp_layer")
+        found["last"] = names[-1]
+        return 0
+
+    jax.eval_shape(probe)
+    return found["last"]
+
+

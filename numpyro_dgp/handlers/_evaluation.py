@@ -1,0 +1,81 @@
+"""Evaluating a fitted model differently: coherent function samples, layers at chosen inputs."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+from numpyro.primitives import Messenger
+
+from numpyro_dgp._protocol import LAYER_MESSAGE
+
+__all__ = ["coherent_layers", "layer_inputs"]
+
+
+class coherent_layers(Messenger):
+    """Draw every layer's output jointly over its input points (full covariance).
+
+    Function samples drawn this way are smooth curves; the default point-by-point draw is
+    enough for the ELBO but looks like noise when plotted. Cost ``O(N^3)`` per layer.
+    """
+
+    def process_message(self, msg: dict) -> None:
+        if msg["type"] == LAYER_MESSAGE:
+            msg["kwargs"] = {**msg["kwargs"], "full_cov": True}
+
+
+class layer_inputs(Messenger):
+    """Evaluate the named layers at given inputs instead of the previous layer's output.
+
+    A DGP layer is a function of its own input; ``layer_inputs(model, {"h2": H})`` runs
+    ``model`` with layer ``h2`` evaluated at ``H``, so the moments a handler such as
+    the objectives and :func:`numpyro_dgp.predict` records for ``h2`` are those of ``f_2(H)`` under the fitted
+    ``q`` (paper 000's ``Var[f_2(0)]``). The rest of the run is unchanged: the layers before
+    still draw their outputs (a guide that correlates layers conditions ``f_2``'s inducing
+    values on them, so the law of total variance over runs gives ``f_2(H)``'s marginal), and
+    the layers after see ``f_2(H)``.
+
+    Enter it inside the handlers that should see the replaced input (wrap the model itself).
+
+    :param fn: the model.
+    :param inputs: ``{layer name: array}``; each array must broadcast to the shape of that
+        layer's usual input (the number of points and the input width stay as they are).
+    """
+
+    def __init__(self, fn: Callable | None = None, inputs: dict[str, ArrayLike] | None = None) -> None:
+        if not isinstance(inputs, dict) or not inputs:
+            raise ValueError(f"layer_inputs: inputs must be a non-empty dict {{layer name: array}}, got {inputs!r}")
+        self.inputs = {name: jnp.asarray(value) for name, value in inputs.items()}
+        self._seen = set()
+        super().__init__(fn)
+
+    def __enter__(self) -> layer_inputs:
+        self._seen = set()
+        return super().__enter__()
+
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        missing = sorted(set(self.inputs) - self._seen)
+        result = super().__exit__(exc_type, exc_value, traceback)
+        if exc_type is None and missing:
+            raise ValueError(f"layer_inputs: the model has no layer named {missing} (inputs were given for them)")
+        return result
+
+    def process_message(self, msg: dict) -> None:
+        if msg["type"] != LAYER_MESSAGE:
+            return
+        layer, X, u = msg["args"]
+        if layer.name not in self.inputs:
+            return
+        self._seen.add(layer.name)
+        value = self.inputs[layer.name]
+        try:
+            value = jnp.broadcast_to(value.astype(X.dtype), X.shape)
+        except ValueError:
+            raise ValueError(
+                f"layer_inputs: the input for layer {layer.name!r} has shape {value.shape}, which does not "
+                f"broadcast to the layer's input shape {X.shape}"
+            ) from None
+        msg["args"] = (layer, value, u)
+
+

@@ -1,0 +1,421 @@
+"""The same model for MCMC: exact layers, latent layer outputs given u, a collapsed last layer."""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from jax.scipy.linalg import solve_triangular
+from jax.typing import ArrayLike
+
+from numpyro_dgp._compat import lazy_param_initializer
+from numpyro_dgp._protocol import INDUCING, LAYER_MESSAGE
+from numpyro_dgp.core import cholesky, jittered_cholesky
+from numpyro_dgp.handlers._base import PerRunMessenger, last_layer_name, refuse_special_layers
+from numpyro_dgp.layers import Layer, layer_moments
+from numpyro_dgp.posteriors import unwrap_distribution
+
+__all__ = ["PARAMETERIZATIONS", "collapse_last_layer", "exact_layers", "latent_conditionals"]
+
+
+PARAMETERIZATIONS = ("noncentered", "centered")
+
+
+def _check_parameterization(handler, parameterization):
+    if parameterization not in PARAMETERIZATIONS:
+        raise ValueError(
+            f"{handler}: parameterization must be one of {PARAMETERIZATIONS}, got {parameterization!r}"
+        )
+
+
+def _layer_output_site(name, mean, scale, parameterization):
+    """Latent layer output ``f (n, P)`` with mean ``mean (n, P)``, as a NumPyro site.
+
+    ``scale`` is ``(P, n, n)`` lower-triangular (points correlated, one factor per output) or
+    ``(n, P)`` standard deviations (points independent). Non-centered: the site
+    ``"<name>.f_white"`` holds ``eps (P, n) ~ N(0, I)`` and ``f = mean + scale eps`` (better
+    for NUTS where the data constrain the layer weakly); centered: ``"<name>.f"`` holds
+    ``f^T (P, n)`` itself.
+    """
+    dense = scale.ndim == 3
+    if parameterization == "noncentered":
+        eps = numpyro.sample(f"{name}.f_white", dist.Normal(jnp.zeros(mean.shape[::-1], mean.dtype), 1.0).to_event(2))
+        if dense:
+            return mean + jnp.einsum("pnm,pm->np", scale, eps)
+        return mean + scale * eps.T
+    if dense:
+        fn = dist.MultivariateNormal(mean.T, scale_tril=scale).to_event(1)
+    else:
+        fn = dist.Normal(mean.T, scale.T).to_event(2)
+    return numpyro.sample(f"{name}.f", fn).T
+
+
+class exact_layers(PerRunMessenger):
+    """The exact DGP: every layer's output is a latent site with the full GP prior.
+
+    Under this handler a model built from :func:`numpyro_dgp.gp_layer` has no inducing
+    points: the ``"<name>.u"`` sites and the k-means initialization of the inducing inputs
+    are removed, and layer ``l``'s output at its ``n`` input points is drawn from
+    ``N(mean_l(f_{l-1}), K_l(f_{l-1}, f_{l-1}) + jitter I)`` per output. NUTS on the result
+    samples the exact DGP posterior (``O(n^3)`` per layer and gradient: small data, ``n`` up
+    to a few hundred).
+
+    :param fn: the model.
+    :param grid: ``(G, D)`` extra inputs of the first layer at which every layer's output is
+        sampled jointly with the data (the posterior at the grid is not independent of the
+        data rows, so it must be part of the chain). Layer ``l``'s grid inputs are layer
+        ``l-1``'s grid outputs, so the layers must run as a chain (each takes the previous
+        layer's output). Recorded as ``numpyro.deterministic("<name>.grid", (G, P))``.
+    :param parameterization: ``"noncentered"`` (default; site ``"<name>.f_white"`` holds the
+        standard-normal ``eps (P, n)`` with ``f = mean + L eps``) or ``"centered"`` (site
+        ``"<name>.f"`` holds ``f^T (P, n)``).
+    :param jitter: diagonal jitter of the prior covariances (default: each layer's own).
+    :param collapse_last: integrate the last layer out analytically (default ``False``). Its
+        output at the data is then no latent site: the observation site after it (the first
+        observed sample site, a ``Normal(f, s)`` with ``f`` the layer's output) scores ``y``
+        with the exact marginal ``N(y | m_L, K_L(f_{L-1}, f_{L-1}) + jitter I + diag(s^2))``
+        per output, and the layer's grid values are drawn from their exact conditional given
+        ``y`` and the inner layers (non-centered: site ``"<name>.grid_white"``). The target of
+        the remaining sites is the same posterior marginal, with one layer fewer to sample
+        and without the near-deterministic coupling of ``f_L`` to ``y`` that makes NUTS
+        crawl when the noise is small. Gaussian likelihoods only; the observations must be
+        given.
+
+    Kernel hyperparameters, noise and mean weights are whatever the model makes them:
+    ``numpyro.param`` values stay fixed under MCMC (substitute fitted ones with
+    ``numpyro.handlers.substitute``), hyperparameters with ``priors=`` are sampled. Data
+    subsampling (``plate(..., subsample_size=...)``) is not meaningful here: NUTS needs the
+    full data.
+    """
+
+    def __init__(
+        self,
+        fn=None,
+        grid=None,
+        parameterization: str = "noncentered",
+        jitter: float | None = None,
+        collapse_last: bool = False,
+    ):
+        _check_parameterization("exact_layers", parameterization)
+        if grid is not None:
+            grid = jnp.asarray(grid)
+            if grid.ndim != 2:
+                raise ValueError(f"exact_layers: grid must have shape (num_grid, dim), got {grid.shape}")
+            if not bool(jnp.all(jnp.isfinite(grid))):
+                raise ValueError("exact_layers: grid contains NaN or inf values")
+        if jitter is not None and not (jitter > 0):
+            raise ValueError(f"exact_layers: jitter must be positive, got {jitter!r}")
+        self.grid = grid
+        self.parameterization = parameterization
+        self.jitter = jitter
+        self.collapse_last = bool(collapse_last)
+        self._last_layer = None
+        self._reset()
+        super().__init__(fn)
+
+    def _reset(self):
+        self._grid_inputs = self.grid if hasattr(self, "grid") else None
+        self.layer_order = []
+        self._collapsed = None  # the collapsed layer's prior, until its observation site
+
+    def __call__(self, *args, **kwargs):
+        if self.collapse_last and self._last_layer is None:
+            self._last_layer = last_layer_name(self.fn, args, kwargs, "exact_layers")
+        return super().__call__(*args, **kwargs)
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        pending = self._collapsed
+        result = super().__exit__(exc_type, exc_value, traceback)
+        if exc_type is None and pending is not None:
+            raise ValueError(
+                f"exact_layers(collapse_last=True): no observed sample site followed layer "
+                f"{pending.layer.name!r}; the collapsed layer is scored by the observations, so they must be given"
+            )
+        return result
+
+    def process_message(self, msg):
+        if self._collapsed is not None and msg["type"] == "sample" and msg["is_observed"]:
+            self._score_collapsed(msg)
+            return
+        infer = msg.get("infer") or {}
+        if msg["type"] == "param" and msg["name"].endswith(".inducing_inputs") and msg["value"] is None:
+            # No inducing points in the exact model: skip the k-means initialization.
+            init = lazy_param_initializer(msg)
+            if init is not None:
+                shape = jax.eval_shape(init, jax.random.PRNGKey(0))
+                msg["value"] = jnp.zeros(shape.shape, shape.dtype)
+            return
+        if msg["type"] == "sample" and INDUCING in infer and not msg["is_observed"]:
+            # the inducing values do not exist in the exact model: hide the site from the
+            # handlers outside (trace, substitute, MCMC) and give it an inert value
+            msg["value"] = jnp.zeros(msg["fn"].shape(), msg["fn"].mean.dtype) + msg["fn"].mean
+            msg["stop"] = True
+            return
+        if msg["type"] == LAYER_MESSAGE:
+            refuse_special_layers(msg, "exact_layers")
+            msg["fn"] = self._exact
+
+    def _exact(self, layer, X, u, *, rng_key=None, full_cov=False):
+        del u, rng_key, full_cov
+        self.layer_order.append(layer.name)
+        grid = self._grid_inputs
+        if grid is not None and grid.shape[-1] != X.shape[-1]:
+            raise ValueError(
+                f"exact_layers: layer {layer.name!r} takes inputs of width {X.shape[-1]} but the grid "
+                f"reaching it has width {grid.shape[-1]}; the layers must form a chain starting at "
+                "the grid's input space"
+            )
+        A = X if grid is None else jnp.concatenate([X, jnp.asarray(grid, X.dtype)], axis=0)
+        jitter = layer.jitter if self.jitter is None else self.jitter
+        if self.collapse_last and layer.name == self._last_layer:
+            return self._defer_collapsed(layer, X, A, jitter)
+        L = jittered_cholesky(layer.kernel(A), jitter)
+        L = jnp.broadcast_to(L, (layer.out_dim,) + L.shape)
+        f = _layer_output_site(layer.name, layer.mean_fn(A), L, self.parameterization)
+        N = X.shape[0]
+        if grid is not None:
+            self._grid_inputs = f[N:]
+            numpyro.deterministic(f"{layer.name}.grid", f[N:])
+        return f[:N]
+
+    def _defer_collapsed(self, layer, X, A, jitter):
+        """The collapsed layer: keep its prior for the observation site, return its prior mean."""
+        N = X.shape[0]
+        mean = layer.mean_fn(A)
+        grid_white = None
+        if A.shape[0] > N:
+            # the grid values' conditional depends on y, known only at the observation site;
+            # their standard-normal noise is drawn here, in the layer's place in the run
+            shape = (layer.out_dim, A.shape[0] - N)
+            grid_white = numpyro.sample(
+                f"{layer.name}.grid_white", dist.Normal(jnp.zeros(shape, A.dtype), 1.0).to_event(2)
+            )
+        self._collapsed = _CollapsedLayer(layer, N, layer.kernel(A), mean, jitter, grid_white)
+        return mean[:N]
+
+    def _score_collapsed(self, msg):
+        state, self._collapsed = self._collapsed, None
+        layer, N = state.layer, state.num_data
+        base = unwrap_distribution(msg["fn"])
+        if not isinstance(base, dist.Normal):
+            raise NotImplementedError(
+                f"exact_layers(collapse_last=True): observation site {msg['name']!r} has likelihood "
+                f"{type(base).__name__}; only a Normal likelihood can be integrated against layer {layer.name!r}"
+            )
+        y = jnp.asarray(msg["value"])
+        P = layer.out_dim
+        allowed = [(N, P)] + ([(N,)] if P == 1 else [])
+        if y.shape not in allowed:
+            raise ValueError(
+                f"exact_layers(collapse_last=True): observation site {msg['name']!r} has shape {y.shape}; "
+                f"layer {layer.name!r} puts {P} output(s) at {N} points, so it must be ({N}, {P})"
+                + (f" or ({N},)" if P == 1 else "")
+            )
+        noise_var = jnp.broadcast_to(base.scale**2, y.shape).reshape(N, P)
+        K_data = state.kernel[:N, :N] + state.jitter * jnp.eye(N, dtype=y.dtype)
+        # one factor of C = K_dd + jitter I + diag(s^2) per output, shared by the score and
+        # the grid conditional
+        L = cholesky(K_data + jax.vmap(jnp.diag)(noise_var.T))  # (P, N, N)
+        fn = _CollapsedNormal(state.mean[:N].reshape(y.shape), L)
+        msg["fn"] = dist.Independent(fn, msg["fn"].event_dim) if msg["fn"].event_dim else fn
+        if state.grid_white is None:
+            return
+        # exact conditional of the grid values given y: per output p,
+        # m_g + K_gd C^-1 (y - m_d),  K_gg - K_gd C^-1 K_dg
+        residual = (y.reshape(N, P) - state.mean[:N]).T  # (P, N)
+        K_dg = state.kernel[:N, N:]
+        V = solve_triangular(L, jnp.broadcast_to(K_dg, (P,) + K_dg.shape), lower=True)  # (P, N, G)
+        alpha = solve_triangular(L, residual[..., None], lower=True)[..., 0]  # (P, N)
+        G = K_dg.shape[1]
+        cond_mean = state.mean[N:].T + jnp.einsum("png,pn->pg", V, alpha)
+        cond_cov = state.kernel[N:, N:] - jnp.einsum("png,pnh->pgh", V, V)
+        L_grid = jittered_cholesky(cond_cov, state.jitter)
+        grid = cond_mean + jnp.einsum("pgh,ph->pg", L_grid, state.grid_white)
+        numpyro.deterministic(f"{layer.name}.grid", grid.T.reshape(G, P))
+
+
+class _CollapsedLayer(NamedTuple):
+    layer: object
+    num_data: int
+    kernel: jax.Array  # (N + G, N + G), data rows first
+    mean: jax.Array  # (N + G, P)
+    jitter: float
+    grid_white: jax.Array | None  # (P, G)
+
+
+class _CollapsedNormal(dist.Distribution):
+    """Observations of a collapsed GP layer: ``y[:, p] ~ N(loc[:, p], L_p L_p^T)`` with
+    ``L_p`` the Cholesky factor of ``K + diag(noise_var[:, p])`` (``scale_tril (P, N, N)``).
+
+    Batch shape ``(N,)`` or ``(N, P)`` like the Normal it replaces (so plates still match);
+    the joint log density, which does not factorize over points, is spread evenly over the
+    batch entries (their sum is exact; a single entry means nothing on its own). Scoring only:
+    it stands in for an observed site.
+    """
+
+    support = dist.constraints.real
+    reparametrized_params = []
+
+    def __init__(self, loc, scale_tril, *, validate_args=None):
+        self.loc, self.scale_tril = loc, scale_tril
+        super().__init__(batch_shape=jnp.shape(loc), event_shape=(), validate_args=validate_args)
+
+    @property
+    def mean(self):
+        return self.loc
+
+    def log_prob(self, value):
+        residual = (value - self.loc).reshape(value.shape[0], -1).T  # (P, N)
+        alpha = solve_triangular(self.scale_tril, residual[..., None], lower=True)[..., 0]
+        log_det = jnp.log(jnp.diagonal(self.scale_tril, axis1=-2, axis2=-1)).sum()
+        total = -0.5 * jnp.sum(alpha**2) - log_det - 0.5 * alpha.size * jnp.log(2 * jnp.pi)
+        return jnp.full(self.batch_shape, total / np.prod(self.batch_shape), dtype=total.dtype)
+
+
+class latent_conditionals(PerRunMessenger):
+    """The sparse DGP for MCMC: inducing values latent, layer outputs latent given them.
+
+    Each layer's output becomes a latent site drawn from the sparse conditional
+    ``p(f_l | u_l, f_{l-1})``: point by point (``full_cov=False``, the DSVI model whose
+    marginals every variational family here approximates) or jointly over the points
+    (``full_cov=True``: the exact augmented prior ``N(mean + K_nm K_mm^-1 u, K_nn - Q_nn)``).
+    The ``"<name>.u"`` sites stay latent with the model's prior, so NUTS samples
+    ``p(u, f_1, ..., f_L | y)`` of the sparse model; the layer values at new inputs follow by
+    running the model on them with the sampled ``u`` (see :func:`numpyro_dgp.diagnostics`).
+
+    Inducing inputs and other ``numpyro.param`` values stay at their values; substitute fitted
+    ones with ``numpyro.handlers.substitute`` (inner layers' default k-means runs on the
+    propagated values and would otherwise move with the chain's state).
+
+    :param parameterization: ``"noncentered"`` (default, ``"<name>.f_white"``) or ``"centered"``
+        (``"<name>.f"``), as in :class:`exact_layers`.
+    :param full_cov: joint conditional over the points instead of point by point.
+    """
+
+    def __init__(self, fn=None, parameterization: str = "noncentered", full_cov: bool = False):
+        _check_parameterization("latent_conditionals", parameterization)
+        self.parameterization = parameterization
+        self.full_cov = bool(full_cov)
+        self._reset()
+        super().__init__(fn)
+
+    def _reset(self):
+        self.layer_order = []
+
+    def process_message(self, msg):
+        if msg["type"] == LAYER_MESSAGE:
+            refuse_special_layers(msg, "latent_conditionals")
+            msg["fn"] = self._conditional
+
+    def _conditional(self, layer, X, u, *, rng_key=None, full_cov=False):
+        del rng_key, full_cov
+        self.layer_order.append(layer.name)
+        mean, var = layer_moments(layer, X, u, None, self.full_cov)
+        if self.full_cov:
+            scale = jittered_cholesky(var, layer.jitter)  # (P, n, n), one per output
+        else:
+            # the jitter keeps the scale (and its gradient) finite where the conditional
+            # variance vanishes (inputs at inducing points)
+            scale = jnp.sqrt(jnp.maximum(var, 0.0) + layer.jitter)
+        return _layer_output_site(layer.name, mean, scale, self.parameterization)
+
+
+class collapse_last_layer(PerRunMessenger):
+    """Collapse the last GP layer given its inducing values: the likelihood of sghmc_dgp.
+
+    Havasi et al. (2018) score the data with ``log N(y | m_L, v_L + s^2)``, where ``m_L, v_L``
+    are the last layer's conditional mean and variance given its inducing values ``u_L``
+    (and the sampled inner layers), instead of sampling ``f_L ~ p(f_L | u_L, f_{L-1})`` and
+    scoring ``log N(y | f_L, s^2)``. Under this handler the collapsed layer's ``"dgp_layer"``
+    message returns the conditional mean ``m_L`` (point by point), and the observation site
+    after it (a Normal whose location is that layer's output: ``Normal(f[..., 0], s)`` for a
+    one-output layer, or ``Normal(f, s)``) gets the scale ``sqrt(s^2 + v_L)``. Inner layers
+    keep their default propagation (sampled given their ``u``).
+
+    :param fn: the model.
+    :param layer: name of the layer to collapse (default: the last ``gp_layer`` the model
+        runs, found once by an abstract run of the model and cached).
+    :param obs_site: name of the observation site (default: the first Normal sample site
+        after the collapsed layer).
+
+    After a run, :attr:`moments` holds ``(mean (N, P), var (N, P))`` of the collapsed layer.
+    """
+
+    def __init__(self, fn=None, layer=None, obs_site=None):
+        self.layer = layer
+        self.obs_site = obs_site
+        self._found_last = None
+        self._reset()
+        super().__init__(fn)
+
+    def _reset(self):
+        self.moments = None
+        self._pending = None  # var (N, P) of the collapsed layer until the observation site
+
+    def __call__(self, *args, **kwargs):
+        if self.layer is None and self._found_last is None:
+            self._found_last = last_layer_name(self.fn, args, kwargs, "collapse_last_layer")
+        return super().__call__(*args, **kwargs)
+
+    @property
+    def target(self):
+        return self.layer if self.layer is not None else self._found_last
+
+    def process_message(self, msg):
+        if msg["type"] == LAYER_MESSAGE:
+            layer, X, u = msg["args"]
+            if layer.name != self.target:
+                return
+            refuse_special_layers(msg, "collapse_last_layer")
+            mean, var = layer_moments(layer, X, u, None, False)
+            var = jnp.maximum(var, 0.0)
+            self.moments = (mean, var)
+            self._pending = var
+            msg["value"] = mean
+            return
+        if msg["type"] != "sample" or self._pending is None:
+            return
+        if self.obs_site is not None and msg["name"] != self.obs_site:
+            return
+        rebuilt = _add_normal_variance(msg["fn"], self._pending)
+        if rebuilt is None:
+            if self.obs_site is not None:
+                raise NotImplementedError(
+                    f"collapse_last_layer: observation site {msg['name']!r} has likelihood "
+                    f"{type(msg['fn']).__name__}; only Normal likelihoods can absorb the layer's variance"
+                )
+            return
+        msg["fn"] = rebuilt
+        self._pending = None
+
+
+def _add_normal_variance(fn, var):
+    """``fn`` (a Normal, possibly wrapped in Independent / Expanded) with ``var`` added to its
+    variance; ``var (N, P)`` is matched to the location ``(..., N)`` (``P = 1``) or ``(..., N, P)``.
+    ``None`` if ``fn`` is not such a Normal."""
+    if isinstance(fn, dist.Independent):
+        inner = _add_normal_variance(fn.base_dist, var)
+        return None if inner is None else dist.Independent(inner, fn.reinterpreted_batch_ndims)
+    if isinstance(fn, dist.ExpandedDistribution):
+        inner = _add_normal_variance(fn.base_dist, var)
+        return None if inner is None else inner.expand(fn.batch_shape)
+    if not isinstance(fn, dist.Normal):
+        return None
+    loc_shape = jnp.shape(fn.loc)
+    if var.shape[-1] == 1 and loc_shape[-1:] == var.shape[:1]:
+        extra = var[..., 0]
+    elif loc_shape[-2:] == var.shape:
+        extra = var
+    else:
+        raise ValueError(
+            f"collapse_last_layer: cannot match the layer's variance {var.shape} to the "
+            f"observation's location {loc_shape}; the location must be the layer's output "
+            "(Normal(f[..., 0], s) for one output, Normal(f, s))"
+        )
+    return dist.Normal(fn.loc, jnp.sqrt(fn.scale**2 + extra))
+
+

@@ -1,0 +1,87 @@
+"""Weighted branches at learned quadrature points through a DGP's inner layers (AR2P for any guide)."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from jax.typing import ArrayLike
+from numpyro.primitives import Messenger
+
+from numpyro_dgp._protocol import BRANCHES, FLOW, LAYER_MESSAGE, BranchTag, get_tag, with_tag
+from numpyro_dgp.posteriors import quadrature_log_weights, quadrature_points
+
+__all__ = ["quadrature"]
+
+
+class quadrature(Messenger):
+    """Propagate ``S`` weighted branches through a DGP's inner layers: paper 003's AR2P
+    rule for any guide.
+
+    Every inner layer's output becomes ``S`` branches ``mean + xi_s * std`` (per point; a
+    branch keeps its own path through the later layers) with points ``xi (S, P)`` per layer
+    and weights ``w (S,)`` -- learnable (``numpyro.param``s ``"quadrature.<layer>.points"``,
+    bounded to (-5, 5), and ``"quadrature.logits"``) or fixed. The objective is
+    ``sum_s w_s E[log p(y | branch s)]`` (:class:`numpyro_dgp.DGPElbo`) or
+    ``log sum_s w_s p(y | branch s)`` (:class:`numpyro_dgp.PredictiveObjective`), and
+    :func:`numpyro_dgp.predict` returns the weighted mixture. With one inner output and the
+    points fixed at Gauss-Hermite nodes with their weights this is Gauss-Hermite quadrature
+    of the expectation over that layer. Used through :class:`marginalize_inducing` (the last
+    layer is integrated by Gauss-Hermite as always, so its points are registered but unused);
+    a plain run of the model (``Trace_ELBO``, ``Predictive``) does not branch.
+
+    :param fn: the model.
+    :param num_points: ``S``.
+    :param points: initial points: ``{layer: (S, P)}``, one ``(S,)`` array for every layer
+        (each output gets the same points), or ``None`` (standard-normal draws, a fixed key).
+    :param weights: ``(S,)`` initial weights (default uniform).
+    :param learnable: learn points and weights (else they stay fixed).
+    """
+
+    def __init__(self, fn=None, num_points: int = 32, points=None, weights=None, learnable: bool = True):
+        if not (isinstance(num_points, int) and num_points >= 1):
+            raise ValueError(f"quadrature: num_points must be a positive integer, got {num_points!r}")
+        if weights is None:
+            weights = np.full(num_points, 1.0 / num_points)
+        weights = np.asarray(weights, float)
+        if weights.shape != (num_points,) or np.any(weights <= 0):
+            raise ValueError(f"quadrature: weights must be {num_points} positive numbers, got {weights!r}")
+        self.num_points = num_points
+        self.points = points
+        self.weights = weights / weights.sum()
+        self.learnable = bool(learnable)
+        super().__init__(fn)
+
+    def initial_points(self, layer: str, out_dim: int):
+        """``(S, P)`` starting points of ``layer``."""
+        S = self.num_points
+        points = self.points
+        if isinstance(points, dict):
+            points = points.get(layer)
+        if points is None:
+            return jax.random.normal(jax.random.PRNGKey(zlib.crc32(layer.encode())), (S, out_dim))
+        points = jnp.asarray(points)
+        if points.ndim == 1:
+            points = jnp.broadcast_to(points[:, None], (S, out_dim))
+        if points.shape != (S, out_dim):
+            raise ValueError(f"quadrature: points for layer {layer!r} must have shape ({S}, {out_dim}), got {points.shape}")
+        return points
+
+    def process_message(self, msg):
+        if msg["type"] != LAYER_MESSAGE:
+            return
+        layer = msg["args"][0]
+        if get_tag(msg, FLOW) is not None:
+            raise NotImplementedError(f"quadrature: layer {layer.name!r} is an sde_flow layer, which quadrature does not branch")
+        # registered on every run (SVI's initial run is a plain model run); the last layer's
+        # points go unused: marginalize_inducing integrates that layer by Gauss-Hermite
+        points = quadrature_points(
+            f"quadrature.{layer.name}.points", self.initial_points(layer.name, layer.out_dim), self.learnable
+        )
+        log_weights = quadrature_log_weights("quadrature.logits", self.weights, self.learnable)
+        with_tag(msg, BRANCHES, BranchTag(points, log_weights))
+

@@ -1,0 +1,175 @@
+"""DiffGP (Hegde et al. 2019): a GP layer as the drift and diffusion of an SDE flow of its inputs."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from numpyro_dgp._protocol import FLOW, LAYER_MESSAGE, FlowTag, with_tag
+from numpyro_dgp.core import euler_maruyama
+from numpyro_dgp.handlers._base import PerRunMessenger
+from numpyro_dgp.layers import Layer, layer_moments
+
+__all__ = ["FLOW_ESTIMATORS", "FlowSpec", "sde_flow"]
+
+
+FLOW_ESTIMATORS = ("marginal", "ancestral")
+
+
+class FlowSpec(NamedTuple):
+    """Settings of an :class:`sde_flow` layer (carried by its layer message's :class:`~numpyro_dgp._protocol.FlowTag`).
+
+    :ivar layer: the flow layer's name.
+    :ivar T: flow time.
+    :ivar num_steps: Euler–Maruyama steps.
+    :ivar estimator: ``"marginal"`` or ``"ancestral"``.
+    :ivar diffusion: whether the diffusion term is on.
+    :ivar time_input: whether the layer's last input column is time.
+    :ivar record: whether the path is recorded.
+    """
+
+    layer: str
+    T: float
+    num_steps: int
+    estimator: str = "marginal"
+    diffusion: bool = True
+    time_input: bool = False
+    record: bool = False
+
+
+def integrate_flow(spec, box, layer, X, q_mean, q_sqrt, rng_key):
+    """Euler–Maruyama flow of ``X``'s state columns with drift and diffusion the layer's mean
+    and marginal variance under ``u ~ N(q_mean, q_sqrt q_sqrt^T)`` (``q_sqrt=None``: given u)."""
+    x0 = X[:, :-1] if spec.time_input else X
+
+    def drift_diffusion(x, t):
+        if spec.time_input:
+            x = jnp.concatenate([x, jnp.full((x.shape[0], 1), t, x.dtype)], axis=-1)
+        return layer_moments(layer, x, q_mean, q_sqrt, False)
+
+    out = euler_maruyama(
+        drift_diffusion, x0, spec.T, spec.num_steps, rng_key, diffusion=spec.diffusion, record=spec.record
+    )
+    if spec.record:
+        out, box["path"] = out
+    return out
+
+
+def _flow_given_u(spec, box, layer, X, u, *, rng_key, full_cov=False):
+    """Default handling of a flow layer's message: drift and diffusion given the sampled ``u``."""
+    del full_cov  # the flow moves each point on its own
+    return integrate_flow(spec, box, layer, X, u, None, rng_key)
+
+
+class sde_flow(PerRunMessenger):
+    """DiffGP (Hegde et al. 2019): reinterpret a GP layer as the vector field of an SDE flow.
+
+    The named layer ``f: R^D -> R^D`` (input width = output width; mean ``"zero"`` as in the
+    paper) no longer returns ``f(X)``: its output is the end state ``x_T`` of
+
+        ``dx_t = mu(x_t) dt + sqrt(Sigma(x_t)) dW_t``,  ``x_0 = X``,
+
+    integrated by Euler–Maruyama in ``num_steps`` steps of ``dt = T / num_steps``, with fresh
+    noise per step, point, dimension and sample. The rest of the model is unchanged: the
+    layer after it (the predictor) takes ``x_T``. ``T = 0`` returns ``X`` (an SVGP on top).
+
+    Drift and diffusion (notes/diffgp.md):
+
+    * ``estimator="marginal"`` (the paper's, default): ``mu``, ``Sigma`` are the layer's
+      variational mean and marginal variance ``int p(f(x) | u) q(u) du``; function
+      uncertainty is redrawn at every step and ``u`` is never sampled. This needs the guide's
+      Gaussian over ``"<layer>.u"``, which :class:`numpyro_dgp.DGPElbo`, :func:`numpyro_dgp.predict`
+      and :func:`numpyro_dgp.sde.flow_trajectories` supply (factorized guides:
+      ``AutoFactorizedDGP``, ``AutoNormal``);
+    * ``estimator="ancestral"``: ``u ~ q`` is sampled once per sample path, and ``mu``,
+      ``Sigma`` are the conditional mean and variance given it (a different path law).
+      Wherever the guide's Gaussian is not at hand (``Trace_ELBO``, ``Predictive``, MCMC over
+      ``u``) the flow is driven by the sampled ``u`` this way.
+
+    :param fn: the model.
+    :param layer: name of the flow layer.
+    :param T: flow time ``>= 0``.
+    :param num_steps: Euler–Maruyama steps (paper: 20).
+    :param estimator: ``"marginal"`` or ``"ancestral"``.
+    :param diffusion: ``False`` gives the ODE flow ``dx = mu dt``.
+    :param time_input: time-dependent vector field (the paper's "temporal DiffGP"): the
+        layer's inputs carry one extra last column that the flow sets to the current time
+        ``t_k``; build the layer on ``[X, 0]`` with a kernel over ``D + 1`` inputs (an ARD
+        RBF over ``(x, t)`` is exactly the product ``k(x, x') k(t, t')``) and inducing inputs
+        at a few times (:func:`numpyro_dgp.sde.temporal_inducing_inputs`).
+    :param record: record the path ``(num_steps + 1, N, D)`` (see
+        :func:`numpyro_dgp.sde.flow_trajectories`).
+    """
+
+    def __init__(
+        self,
+        fn=None,
+        layer: str | None = None,
+        T: float = 1.0,
+        num_steps: int = 20,
+        estimator: str = "marginal",
+        diffusion: bool = True,
+        time_input: bool = False,
+        record: bool = False,
+    ):
+        if not isinstance(layer, str) or not layer:
+            raise ValueError(f"sde_flow: layer must be the name of a gp_layer, got {layer!r}")
+        try:
+            T_value = float(T)
+        except (TypeError, ValueError):
+            raise ValueError(f"sde_flow: T must be a number, got {T!r}") from None
+        if not (T_value >= 0 and T_value < float("inf")):
+            raise ValueError(f"sde_flow: T must be finite and >= 0, got {T!r}")
+        if not (isinstance(num_steps, int) and num_steps >= 1):
+            raise ValueError(f"sde_flow: num_steps must be a positive integer, got {num_steps!r}")
+        if estimator not in FLOW_ESTIMATORS:
+            raise ValueError(f"sde_flow: estimator must be one of {FLOW_ESTIMATORS}, got {estimator!r}")
+        self.spec = FlowSpec(layer, T_value, num_steps, estimator, bool(diffusion), bool(time_input), bool(record))
+        self._reset()
+        super().__init__(fn)
+
+    def _reset(self):
+        self.layers_seen = []
+
+    def process_message(self, msg):
+        if msg["type"] != LAYER_MESSAGE:
+            return
+        layer, X, _ = msg["args"]
+        self.layers_seen.append(layer.name)
+        if layer.name != self.spec.layer:
+            return
+        if layer.inducing == "amortized":
+            raise NotImplementedError(
+                f"sde_flow: layer {layer.name!r} has per-point inducing sets (inducing='amortized'); "
+                "a flow layer needs global inducing points"
+            )
+        if msg["value"] is not None:
+            raise ValueError(
+                f"sde_flow: layer {layer.name!r} was already handled by another handler; sde_flow "
+                "must wrap the model itself (innermost), e.g. DGPElbo on sde_flow(model, ...)"
+            )
+        state_dim = X.shape[-1] - (1 if self.spec.time_input else 0)
+        if layer.out_dim != state_dim:
+            extra = " plus the time column" if self.spec.time_input else ""
+            raise ValueError(
+                f"sde_flow: layer {layer.name!r} maps {X.shape[-1]} inputs{extra} to {layer.out_dim} "
+                f"outputs; a flow's vector field needs out_dim equal to the state width {state_dim}"
+            )
+        box = {}
+        with_tag(msg, FLOW, FlowTag(self.spec, box))
+        # the recorded path lands in the box, which the trace keeps in the site's infer dict
+        msg["fn"] = partial(_flow_given_u, self.spec, box)
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        result = super().__exit__(exc_type, exc_value, traceback)
+        if exc_type is None and self.spec.layer not in self.layers_seen:
+            raise ValueError(
+                f"sde_flow: the model ran no gp_layer named {self.spec.layer!r} "
+                f"(its layers: {self.layers_seen})"
+            )
+        return result
+
+

@@ -1,0 +1,418 @@
+"""Stochastic-gradient HMC with adaptive preconditioning and MW-MCEM hyperparameter learning.
+
+:class:`SGHMC` is a NumPyro :class:`~numpyro.infer.mcmc.MCMCKernel` implementing the sampler of
+Springenberg et al. (2016) in the form used by Havasi et al. (2018) ("sghmc_dgp") for deep GPs:
+
+* the latent ``numpyro.sample`` sites are sampled with SGHMC in unconstrained space, using a
+  (possibly minibatched, hence noisy) potential ``U`` (negative log joint; NumPyro's plate
+  subsampling already scales the minibatch likelihood by ``N / B``, so ``U`` is unbiased);
+* the model's ``numpyro.param`` sites (kernel hyperparameters, noise, inducing inputs...) are
+  optimized by Moving-Window MCEM: after every step, one optimizer step on ``U(theta_w, params)``
+  where ``theta_w`` is drawn uniformly from a window of the most recent latent samples.
+
+Per step, elementwise over the flattened unconstrained latents ``theta`` (``D`` entries)::
+
+    grad = dU/dtheta                                   # one minibatch estimate
+    Minv = 1 / (sqrt(g2 + 1e-16) + 1e-16)              # preconditioner (frozen after warmup)
+    eta  = step_size**2 / num_data
+    v    = v - eta * Minv * grad - mdecay * v + Normal(0, 2 * eta * mdecay * Minv)
+    theta = theta + v
+
+This is sghmc_dgp's update written with ``U`` instead of the per-datapoint ``U / num_data``:
+``step_size**2 * Minv * grad(U / N) == eta * Minv * grad(U)`` and its noise variance
+``2 * (step_size / sqrt(N))**2 * mdecay * Minv == 2 * eta * mdecay * Minv``. During warmup the
+moment estimates ``g, g2`` of ``grad / num_data`` and the window length ``xi`` adapt.
+
+**References:**
+
+* Springenberg, Klein, Falkner, Hutter (2016). Bayesian optimization with robust Bayesian
+  neural networks. NeurIPS.
+* Havasi, Hernandez-Lobato, Murillo-Fuentes (2018). Inference in deep Gaussian processes
+  using stochastic gradient Hamiltonian Monte Carlo. NeurIPS.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import random
+from jax.flatten_util import ravel_pytree
+from numpyro.distributions import constraints
+from numpyro.distributions.transforms import biject_to
+from numpyro.handlers import seed, substitute, trace
+from numpyro.infer.initialization import init_to_uniform
+from numpyro.infer.mcmc import MCMCKernel
+from numpyro.infer.util import initialize_model, potential_energy, transform_fn
+from numpyro.util import identity, is_prng_key
+
+if TYPE_CHECKING:
+    import optax
+
+__all__ = ["SGHMC", "SGHMCState"]
+
+# Regularizer of the moment estimates, as in the reference implementations.
+_EPS = 1e-16
+
+
+def _apply_update(param: jax.Array, update: jax.Array) -> jax.Array:
+    # what optax.apply_updates does per leaf (keeps the parameter's dtype)
+    return jnp.asarray(param + update).astype(jnp.asarray(param).dtype)
+
+
+class SGHMCState(NamedTuple):
+    """State of :class:`SGHMC` (one chain; ``chain_method="vectorized"`` adds a leading axis).
+
+    :ivar i: ``()`` number of steps taken (warmup included).
+    :ivar z: unconstrained latent values keyed by site name.
+    :ivar momentum: ``(D,)`` momentum ``v`` over the flattened ``z`` (``D`` unconstrained
+        latent entries).
+    :ivar xi: ``(D,)`` window length of the preconditioner adaptation (warmup only).
+    :ivar g: ``(D,)`` running first moment of ``grad U / num_data`` (warmup only).
+    :ivar g2: ``(D,)`` running second moment of ``grad U / num_data`` (warmup only).
+    :ivar params: unconstrained values of the model's ``numpyro.param`` sites.
+    :ivar opt_state: state of the parameter optimizer (``()`` when parameters are not optimized).
+    :ivar window: ``(window_size, D)`` ring buffer of recent flattened latent samples (MW-MCEM).
+    :ivar window_count: ``()`` samples ever written to ``window`` (slot
+        ``window_count % window_size`` is next).
+    :ivar potential_energy: ``()`` minibatch estimate of ``U`` at the position before the
+        last move (a by-product of the gradient; avoids a second evaluation).
+    :ivar num_skipped: ``()`` steps rejected because the potential or a gradient was not finite.
+    :ivar rng_key: PRNG key.
+
+    The property :attr:`position` (``{**z, **params}``) is the MCMC sample field.
+    """
+
+    i: Any
+    z: dict
+    momentum: Any
+    xi: Any
+    g: Any
+    g2: Any
+    params: dict
+    opt_state: Any
+    window: Any
+    window_count: Any
+    potential_energy: Any
+    num_skipped: Any
+    rng_key: Any
+
+    @property
+    def position(self) -> dict:
+        """Unconstrained latents and params together: the MCMC sample field.
+
+        Keeping the params in the sample lets ``MCMC.get_samples()`` return the param value in
+        force at every sample (constrained by :meth:`SGHMC.postprocess_fn`).
+        """
+        return {**self.z, **self.params}
+
+
+def _tree_where(pred, new, old):
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
+
+
+def _all_finite(*trees) -> jax.Array:
+    leaves = jax.tree.leaves(trees)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves else jnp.array(True)
+
+
+def _inspect_model(model, init_strategy, rng_key, model_args, model_kwargs):
+    """Latent site names, discrete latent site names and plate sizes of ``model``.
+
+    Traced abstractly (``jax.eval_shape``): only static facts leave the trace, never values.
+    """
+    found = {}
+
+    def run(key):
+        tr = trace(substitute(seed(model, key), substitute_fn=init_strategy)).get_trace(*model_args, **model_kwargs)
+        latent = [k for k, s in tr.items() if s["type"] == "sample" and not s["is_observed"]]
+        found["latent"] = latent
+        found["discrete"] = [k for k in latent if tr[k]["fn"].support.is_discrete]
+        found["plates"] = [int(s["args"][0]) for s in tr.values() if s["type"] == "plate"]
+
+    jax.eval_shape(run, rng_key)
+    return found["latent"], found["discrete"], found["plates"]
+
+
+class SGHMC(MCMCKernel):
+    """Adaptive SGHMC (Springenberg et al. 2016) with MW-MCEM parameter learning (Havasi et al. 2018).
+
+    Use with :class:`numpyro.infer.MCMC`; warmup steps are the burn-in (preconditioner adaptation).
+    ``mcmc.get_samples()`` contains, per sample, the constrained latent sites, the constrained
+    ``numpyro.param`` values in force at that sample (so ``Predictive(model, samples)`` uses
+    them, since ``substitute`` also replaces param sites), and any ``numpyro.deterministic``
+    sites. The last values are ``{k: v[-1] for k, v in samples.items()}``.
+
+    :param model: NumPyro model with continuous latent sites; minibatch with
+        ``numpyro.plate(..., subsample_size=B)``. A fresh PRNG key is used for the model at
+        every step (minibatch indices, sampled layer outputs).
+    :param step_size: ``epsilon`` of sghmc_dgp (default 0.01); the update uses
+        ``eta = step_size**2 / num_data``.
+    :param mdecay: momentum decay (friction) per step, in ``(0, 1]`` (default 0.05).
+    :param num_data: ``N`` scaling the step. Default: the (full) size of the model's largest
+        ``numpyro.plate``, or 1 if it has none.
+    :param param_optimizer: an optax optimizer for the unconstrained ``numpyro.param`` values
+        (default ``"adam"``: ``optax.adam(0.01)``), minimizing ``U(theta_w, params) / num_data``
+        with ``theta_w`` drawn from the window; ``None`` keeps the params at their initial values.
+    :param window_size: number of recent latent samples kept for MW-MCEM (default 100).
+    :param optimize_after_warmup: keep optimizing the params during sampling (default True,
+        as in sghmc_dgp); if False they are frozen after warmup.
+    :param init_strategy: per-site initialization strategy (default ``init_to_uniform``).
+
+    Notes:
+
+    * The MCMC sample field is :attr:`SGHMCState.position` (latents and params, unconstrained);
+      ``MCMC.run(init_params=...)`` takes unconstrained latent values keyed by site name, as
+      for NUTS. Param initial values come from the model (``numpyro.param`` init values; use
+      ``numpyro.handlers.substitute`` to change them).
+    * ``numpyro.deterministic`` sites are recomputed per collected sample by replaying the
+      model; a subsampled model is replayed on one fixed minibatch.
+    * With ``num_chains > 1`` every chain optimizes its own copy of the params.
+    * A step whose potential, latent gradient or param gradient is not finite is rejected
+      whole (state kept, ``num_skipped`` incremented, shown in the progress bar).
+    * ``potential_energy`` and ``num_skipped`` are collected besides the sample (arviz:
+      ``sample_stats.lp``, ``sample_stats.num_skipped``); pass ``extra_fields`` to
+      ``MCMC.run`` for more, e.g. ``("g2",)``.
+
+    Example::
+
+        kernel = SGHMC(model, step_size=0.01, param_optimizer=optax.adam(0.01))
+        mcmc = MCMC(kernel, num_warmup=2000, num_samples=1000, thinning=10)
+        mcmc.run(jax.random.key(0), X, y, batch_size=100)
+        samples = mcmc.get_samples()  # latents, params and deterministic sites
+        Predictive(model, samples)(jax.random.key(1), X_test)
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        step_size: float = 0.01,
+        mdecay: float = 0.05,
+        num_data: int | None = None,
+        param_optimizer: optax.GradientTransformation | str | None = "adam",
+        window_size: int = 100,
+        optimize_after_warmup: bool = True,
+        init_strategy: Callable = init_to_uniform,
+    ) -> None:
+        if model is None or not callable(model):
+            raise ValueError(f"SGHMC: model must be a callable NumPyro model, got {model!r}")
+        if not step_size > 0:
+            raise ValueError(f"SGHMC: step_size must be positive, got {step_size!r}")
+        if not 0 < mdecay <= 1:
+            raise ValueError(f"SGHMC: mdecay must be in (0, 1], got {mdecay!r}")
+        if not (isinstance(window_size, int) and window_size >= 1):
+            raise ValueError(f"SGHMC: window_size must be an integer >= 1, got {window_size!r}")
+        if num_data is not None and not num_data > 0:
+            raise ValueError(f"SGHMC: num_data must be positive, got {num_data!r}")
+        self._model = model
+        self._step_size = float(step_size)
+        self._mdecay = float(mdecay)
+        self._num_data_arg = num_data
+        if param_optimizer == "adam":
+            import optax  # only where SGHMC learns params: optax is not needed to import the package
+
+            param_optimizer = optax.adam(0.01)
+        elif isinstance(param_optimizer, str):
+            raise ValueError(f"SGHMC: param_optimizer must be an optax optimizer, 'adam' or None, got {param_optimizer!r}")
+        self._optimizer = param_optimizer
+        self._window_size = window_size
+        self._optimize_after_warmup = bool(optimize_after_warmup)
+        self._init_strategy = init_strategy
+        # Set by ``init``.
+        self._num_warmup = 0
+        self._num_data = None
+        self._param_transforms = {}
+        self._postprocess_fn = None
+        self._vectorized = False
+
+    # ------------------------------------------------------------------ MCMCKernel interface
+    @property
+    def model(self):
+        return self._model
+
+    @property
+    def sample_field(self):
+        return "position"
+
+    @property
+    def default_fields(self):
+        return ("position", "potential_energy", "num_skipped")
+
+    @property
+    def num_data(self):
+        """``N`` used to scale the step (known after ``init``)."""
+        return self._num_data
+
+    def get_diagnostics_str(self, state):
+        return "pe={:.4g}, skipped={}".format(float(state.potential_energy), int(state.num_skipped))
+
+    def postprocess_fn(self, model_args, model_kwargs):
+        if self._postprocess_fn is None:
+            return identity
+        # NumPyro's postprocess maps both latent and param sites (each by its support or
+        # ``constraint``) and replays the model for deterministic sites; the replay overrides
+        # the init param values it holds with those in the sample.
+        return self._postprocess_fn(*model_args, **(model_kwargs or {}))
+
+    def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        self._num_warmup = int(num_warmup)
+        self._vectorized = not is_prng_key(rng_key)
+        if self._vectorized:  # one key per chain (chain_method="vectorized")
+            rng_key, key_init = jnp.swapaxes(jax.vmap(random.split)(rng_key), 0, 1)
+            key_trace = key_init[0]
+        else:
+            rng_key, key_init = random.split(rng_key)
+            key_trace = key_init
+
+        # Validate the model before initialize_model (which would try to enumerate discrete
+        # sites); an abstract trace suffices and compiles nothing.
+        latent, discrete, plate_sizes = _inspect_model(
+            self._model, self._init_strategy, key_trace, model_args, model_kwargs
+        )
+        if discrete:
+            raise ValueError(f"SGHMC: discrete latent sites are not supported: {discrete}")
+        if not latent:
+            raise ValueError("SGHMC: the model has no latent sample sites to sample")
+        if self._num_data_arg is not None:
+            self._num_data = self._num_data_arg
+        else:
+            self._num_data = max(plate_sizes) if plate_sizes else 1
+
+        # The postprocess replay (deterministic sites) runs the model without a seed; give its
+        # plate subsampling a fixed key (only plates: latents still get distinct init values).
+        plates_seeded = seed(self._model, rng_seed=0, hide_types=["sample", "prng_key", "control_flow"])
+        info = initialize_model(
+            key_init,
+            plates_seeded,
+            init_strategy=self._init_strategy,
+            dynamic_args=True,
+            model_args=model_args,
+            model_kwargs=model_kwargs,
+        )
+        self._postprocess_fn = info.postprocess_fn
+        param_sites = {k: s for k, s in info.model_trace.items() if s["type"] == "param"}
+        self._param_transforms = {
+            k: biject_to(s["kwargs"].get("constraint", constraints.real)) for k, s in param_sites.items()
+        }
+        params = transform_fn(self._param_transforms, {k: s["value"] for k, s in param_sites.items()}, invert=True)
+        z = info.param_info.z if init_params is None else init_params
+
+        init_state = jax.jit(self._init_state)  # one compilation instead of many eager ops
+        if self._vectorized:
+            return jax.vmap(init_state, in_axes=(0, None, 0))(z, params, rng_key)
+        return init_state(z, params, rng_key)
+
+    def sample(self, state, model_args, model_kwargs):
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        if self._vectorized:
+            return jax.vmap(self._step, in_axes=(0, None, None))(state, model_args, model_kwargs)
+        return self._step(state, model_args, model_kwargs)
+
+    # ------------------------------------------------------------------ internals
+    def _init_state(self, z, params, rng_key):
+        z_flat, _ = ravel_pytree(z)
+        ones = jnp.ones_like(z_flat)
+        opt_state = self._optimizer.init(params) if self._optimizes(params) else ()
+        return SGHMCState(
+            i=jnp.array(0),
+            z=z,
+            momentum=jnp.zeros_like(z_flat),  # zero initial momentum, as sghmc_dgp
+            xi=ones,
+            g=ones,
+            g2=ones,
+            params=params,
+            opt_state=opt_state,
+            window=jnp.zeros((self._window_size,) + z_flat.shape, z_flat.dtype),
+            window_count=jnp.array(0),
+            potential_energy=jnp.zeros((), z_flat.dtype),
+            num_skipped=jnp.array(0),
+            rng_key=rng_key,
+        )
+
+    def _optimizes(self, params):
+        return self._optimizer is not None and len(params) > 0
+
+    def _potential(self, z, params, rng_key, model_args, model_kwargs):
+        """``U(z; params)`` for unconstrained ``z`` and ``params``, with a given model key."""
+        constrained = transform_fn(self._param_transforms, params)
+        model = seed(substitute(self._model, data=constrained), rng_key)
+        # potential_energy adds the log-Jacobians of constrained latents.
+        return potential_energy(model, model_args, model_kwargs, z)
+
+    def _step(self, state: SGHMCState, model_args, model_kwargs) -> SGHMCState:
+        rng_key, key_u, key_noise, key_win, key_opt = random.split(state.rng_key, 5)
+        z_flat, unravel = ravel_pytree(state.z)
+        dtype = z_flat.dtype
+        n = self._num_data
+        eta = self._step_size**2 / n
+        mdecay = self._mdecay
+
+        def u_flat(zf):
+            return self._potential(unravel(zf), state.params, key_u, model_args, model_kwargs)
+
+        pe, grad = jax.value_and_grad(u_flat)(z_flat)
+        grad = grad.astype(dtype)
+
+        # Preconditioner from the current (pre-update) moments; the adaptation below is a
+        # simultaneous update from the old values, as in the reference implementations.
+        minv = 1.0 / (jnp.sqrt(state.g2 + _EPS) + _EPS)
+        grad_scaled = grad / n
+        r = 1.0 / (state.xi + 1.0)
+        adapted = (
+            1.0 + state.xi * (1.0 - state.g * state.g / (state.g2 + _EPS)),
+            (1.0 - r) * state.g + r * grad_scaled,
+            (1.0 - r) * state.g2 + r * grad_scaled**2,
+        )
+        warmup = state.i < self._num_warmup
+        xi, g, g2 = _tree_where(warmup, adapted, (state.xi, state.g, state.g2))
+
+        noise_std = jnp.sqrt(jnp.maximum(2.0 * eta * mdecay * minv, _EPS))
+        noise = noise_std * random.normal(key_noise, z_flat.shape, dtype)
+        momentum = (state.momentum - eta * minv * grad - mdecay * state.momentum + noise).astype(dtype)
+        z_new_flat = z_flat + momentum
+
+        # MW-MCEM: store the new sample, then one optimizer step at a random window sample.
+        window = state.window.at[state.window_count % self._window_size].set(z_new_flat)
+        window_count = state.window_count + 1
+        params, opt_state, ok_params = state.params, state.opt_state, jnp.array(True)
+        if self._optimizes(state.params):
+            filled = jnp.minimum(window_count, self._window_size)
+            z_w = unravel(window[random.randint(key_win, (), 0, filled)])
+
+            def loss(p):
+                return self._potential(z_w, p, key_opt, model_args, model_kwargs) / n
+
+            def optimize(_):
+                p_grad = jax.grad(loss)(state.params)
+                updates, new_opt_state = self._optimizer.update(p_grad, state.opt_state, state.params)
+                new_params = jax.tree_util.tree_map(_apply_update, state.params, updates)
+                new_params = jax.tree.map(lambda a, b: a.astype(b.dtype), new_params, state.params)
+                return new_params, new_opt_state, _all_finite(p_grad)
+
+            # cond, not where: skips the gradient when params are frozen after warmup.
+            params, opt_state, ok_params = jax.lax.cond(
+                warmup | self._optimize_after_warmup,
+                optimize,
+                lambda _: (state.params, state.opt_state, jnp.array(True)),
+                None,
+            )
+
+        proposed = state._replace(
+            z=unravel(z_new_flat),
+            momentum=momentum,
+            xi=xi,
+            g=g,
+            g2=g2,
+            params=params,
+            opt_state=opt_state,
+            window=window,
+            window_count=window_count,
+            potential_energy=pe.astype(dtype),
+        )
+        # Reject the whole step on a non-finite potential or gradient rather than poison the chain.
+        ok = jnp.isfinite(pe) & _all_finite(grad) & ok_params
+        new = _tree_where(ok, proposed, state)
+        return new._replace(i=state.i + 1, num_skipped=state.num_skipped + (~ok).astype(jnp.int32), rng_key=rng_key)

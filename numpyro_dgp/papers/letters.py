@@ -1,0 +1,46 @@
+"""The letters toy classification of Meng & Zhang (2024): points on the unit square, label 1
+inside the rendered word "DGP"."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from numpyro_dgp.datasets import Dataset, _numpy_rng
+
+__all__ = ["letters_classification"]
+
+
+def letters_classification(rng_key, num_train: int = 10000, num_test: int = 10000, text: str = "DGP") -> Dataset:
+    """Paper 003's toy classification: points uniform on the unit square, label 1 inside the
+    rendered letters ``text`` (DejaVu Sans Bold, as matplotlib draws it; holes of D, P
+    are outside), else 0.
+
+    :return: :class:`Dataset` with ``X (N, 2)`` and ``y (N,)`` in {0, 1} (float).
+    """
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.path import Path as MplPath
+    from matplotlib.textpath import TextPath
+
+    if not (isinstance(num_train, (int, np.integer)) and num_train >= 1):
+        raise ValueError(f"num_train must be a positive integer, got {num_train!r}")
+    if not (isinstance(num_test, (int, np.integer)) and num_test >= 1):
+        raise ValueError(f"num_test must be a positive integer, got {num_test!r}")
+    glyphs = TextPath((0, 0), text, size=1, prop=FontProperties(family="DejaVu Sans", weight="bold"))
+    polygons = glyphs.to_polygons()
+    corners = np.concatenate(polygons)
+    lo, hi = corners.min(0), corners.max(0)
+    # fit the text's box into [0.05, 0.95] horizontally, centered vertically
+    scale = 0.9 / (hi - lo)[0]
+    offset = np.array([0.05, 0.5 - 0.5 * scale * (hi - lo)[1]]) - scale * lo
+    polygons = [MplPath(poly * scale + offset) for poly in polygons]
+
+    def label(X):
+        # even-odd rule over the glyph outlines: holes (inner contours) flip back to outside
+        crossings = sum(poly.contains_points(X).astype(int) for poly in polygons)
+        return (crossings % 2).astype(np.float64)
+
+    rng = _numpy_rng(rng_key)
+    X_train = rng.uniform(0, 1, (int(num_train), 2))
+    X_test = rng.uniform(0, 1, (int(num_test), 2))
+    return Dataset(X_train, label(X_train), X_test, label(X_test), "letters")

@@ -1,0 +1,183 @@
+"""The Gaussian structures a guide declares over the layers' inducing values.
+
+A guide tells the objectives (:class:`~numpyro_dgp.DGPElbo`,
+:class:`~numpyro_dgp.PredictiveObjective`) and :func:`~numpyro_dgp.predict` which Gaussian it
+places over the inducing values, so they can integrate the values out analytically instead
+of sampling them:
+
+* an independent Gaussian per layer needs nothing: its site distribution
+  (``MultivariateNormal`` or ``Normal`` over ``(P, M)`` values) is read by
+  :func:`gaussian_parameters` / :func:`site_gaussian`;
+* a guide that correlates layers tags each inducing site with a :class:`ChainLink` (a
+  chain ``q(u_1) prod q(u_l | u_{l-1})``) or a :class:`JointBlock` (one Gaussian over
+  several sites);
+* an amortized guide gives each point's inducing values through an encoder
+  (:class:`AmortizedPosterior`);
+* branches at learned quadrature points (the ``quadrature`` handler, the amortized guide's
+  AR2P rule) register their points and weights with :func:`quadrature_points` and
+  :func:`quadrature_log_weights`.
+
+Write a custom guide by emitting these on its sites' ``infer`` dicts (see
+:mod:`numpyro_dgp.guides` for the shipped ones).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpyro
+import numpyro.distributions as dist
+from jax.typing import ArrayLike
+
+__all__ = [
+    "AMORTIZATION_RULES",
+    "AmortizedPosterior",
+    "ChainLink",
+    "JointBlock",
+    "POINT_BOUND",
+    "gaussian_parameters",
+    "quadrature_log_weights",
+    "quadrature_points",
+    "site_gaussian",
+]
+
+#: The amortization rules of Meng & Zhang (2024): what a layer's encoder sees and how
+#: branches are drawn.
+AMORTIZATION_RULES = ("AR1", "AR2", "AR2P")
+
+
+class AmortizedPosterior(NamedTuple):
+    """An amortized guide's ``q(u_n | p_n)`` for one layer with per-point inducing sets.
+
+    :ivar encode: ``p (..., D) -> (loc (..., P, M), scale)`` with ``scale`` ``(..., P, M)``
+        standard deviations or ``(..., P, M, M)`` lower factors.
+    :ivar rule: ``"AR1"`` (the encoder sees each branch's sample, one inducing set per
+        branch), ``"AR2"`` / ``"AR2P"`` (it sees the weighted mean of the previous layer's
+        branch means; one set shared by the branches).
+    :ivar num_branches: ``S``.
+    :ivar points: ``(S, P)`` standard-normal points that draw this layer's branches
+        (``"AR2P"``: learned quadrature points), or ``None`` (Monte Carlo).
+    :ivar log_weights: ``(S,)`` log branch weights.
+    """
+
+    encode: Callable
+    rule: str
+    num_branches: int
+    points: jax.Array | None
+    log_weights: jax.Array
+
+
+class ChainLink(NamedTuple):
+    """One factor ``q(u_l | u_parent) = N(mean + C vec(u_parent - parent_mean), D D^T)`` of a
+    chain-structured guide, carried in the guide site's ``infer["dgp_gaussian"]``.
+
+    :ivar parent: the parent's u-site name, or ``None`` for the first layer of the chain.
+    :ivar mean: ``(P, M)`` marginal mean ``m_l``.
+    :ivar scale_tril: ``(P, M, M)`` ``D_l``, one factor per output.
+    :ivar parent_mean: ``(P', M')`` ``m_{l-1}`` (``None`` without parent).
+    :ivar coupling: ``(P M, P' M')`` ``C_l`` (``None`` without parent).
+    """
+
+    parent: str | None
+    mean: jax.Array
+    scale_tril: jax.Array
+    parent_mean: jax.Array | None = None
+    coupling: jax.Array | None = None
+
+
+class JointBlock(NamedTuple):
+    """One Gaussian ``N(loc, L L^T)`` over the flattened inducing values of several sites, in
+    order (``vec(u)`` output-major), carried in each site's ``infer["dgp_gaussian"]``.
+
+    :ivar sites: u-site names in order.
+    :ivar shapes: ``(P, M)`` per site.
+    :ivar loc: ``(D,)``, ``D = sum P M``.
+    :ivar scale_tril: ``(D, D)`` lower-triangular.
+    """
+
+    sites: tuple
+    shapes: tuple
+    loc: jax.Array
+    scale_tril: jax.Array
+
+
+def unwrap_distribution(fn: dist.Distribution) -> dist.Distribution:
+    """The distribution inside ``Independent`` / ``expand`` wrappers."""
+    while True:
+        if isinstance(fn, dist.Independent):
+            fn = fn.base_dist
+        elif isinstance(fn, dist.ExpandedDistribution):
+            fn = fn.base_dist
+        else:
+            return fn
+
+
+def gaussian_parameters(
+    fn: dist.Distribution, shape: tuple[int, int]
+) -> tuple[jax.Array, jax.Array] | None:
+    """``(loc, scale)`` of a Gaussian site distribution over values of ``shape = (P, M)``.
+
+    ``scale`` is ``(P, M, M)`` lower triangular for a multivariate normal over the last axis,
+    ``(P, M)`` standard deviations for independent normals; ``None`` if ``fn`` is not
+    Gaussian in that sense (e.g. a ``Delta``).
+    """
+    base = unwrap_distribution(fn)
+    P, M = shape
+    if isinstance(base, dist.MultivariateNormal):
+        if base.event_shape != (M,):
+            return None
+        loc = jnp.broadcast_to(base.loc, shape)
+        scale = jnp.broadcast_to(base.scale_tril, (P, M, M))
+        return loc, scale
+    if isinstance(base, dist.Normal):
+        return jnp.broadcast_to(base.loc, shape), jnp.broadcast_to(base.scale, shape)
+    return None
+
+
+def site_gaussian(
+    name: str, fn: dist.Distribution, shape: tuple[int, int]
+) -> tuple[jax.Array, jax.Array] | JointBlock | None:
+    """A site distribution over ``(P, M)`` inducing values as :func:`gaussian_parameters`'
+    ``(loc, scale)``, or as a one-site :class:`JointBlock` when it is a multivariate normal
+    over all ``P M`` values reshaped to ``(P, M)`` (outputs correlated); ``None`` otherwise."""
+    params = gaussian_parameters(fn, shape)
+    if params is not None:
+        return params
+    base = unwrap_distribution(fn)
+    P, M = shape
+    if (
+        isinstance(base, dist.TransformedDistribution)
+        and len(base.transforms) == 1
+        and isinstance(base.transforms[0], dist.transforms.ReshapeTransform)
+        and isinstance(base.base_dist, dist.MultivariateNormal)
+        and base.base_dist.event_shape == (P * M,)
+        and base.base_dist.batch_shape == ()
+    ):
+        return JointBlock((name,), (tuple(shape),), base.base_dist.loc, base.base_dist.scale_tril)
+    return None
+
+
+#: learned points live in (-POINT_BOUND, POINT_BOUND) (a scaled sigmoid, as in Meng & Zhang 2024)
+POINT_BOUND = 5.0
+
+
+def quadrature_points(name: str, init: ArrayLike, learnable: bool = True) -> jax.Array:
+    """``(S, P)`` points as a ``numpyro.param`` ``name`` bounded to ``(-5, 5)`` by a scaled
+    sigmoid (``xi = 10 sigmoid(a) - 5``), initialized at ``init`` (clipped into the box)."""
+    init = jnp.asarray(init)
+    if not learnable:
+        return init
+    inner = jnp.clip((init + POINT_BOUND) / (2 * POINT_BOUND), 1e-6, 1 - 1e-6)
+    raw = numpyro.param(name, jnp.log(inner) - jnp.log1p(-inner))
+    return 2 * POINT_BOUND * jax.nn.sigmoid(raw) - POINT_BOUND
+
+
+def quadrature_log_weights(name: str, init: ArrayLike, learnable: bool = True) -> jax.Array:
+    """``(S,)`` log weights ``log softmax(logits)`` with ``logits`` a ``numpyro.param`` ``name``
+    initialized at ``log init``."""
+    logits = jnp.log(jnp.asarray(init))
+    if learnable:
+        logits = numpyro.param(name, logits)
+    return jax.nn.log_softmax(logits)

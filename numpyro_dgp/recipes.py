@@ -1,0 +1,302 @@
+"""Ready-made end-to-end runs: fit a DSVI DGP, score it on a UCI split, the demo.
+
+These are the recipes behind the ``numpyro-dgp`` command line; each is a few calls of the
+public API (:func:`~numpyro_dgp.models.deep_gp_regression`,
+:class:`~numpyro_dgp.guides.AutoFactorizedDGP`, :class:`~numpyro_dgp.DGPElbo`,
+:func:`~numpyro_dgp.fit`, :func:`~numpyro_dgp.predict`, :func:`~numpyro_dgp.metrics`) and is
+meant to be read as an example as much as called.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from jax.typing import ArrayLike
+from numpyro.infer import SVI
+
+from numpyro_dgp.datasets import Dataset, load_uci, step_function
+from numpyro_dgp.guides import AutoFactorizedDGP
+from numpyro_dgp.infer import FitResult, fit
+from numpyro_dgp.models import deep_gp_regression
+from numpyro_dgp.objectives import DGPElbo
+from numpyro_dgp._prediction import metrics, predict, sample_layers
+
+__all__ = [
+    "RunResult",
+    "fit_dsvi",
+    "fit_factorized",
+    "mean_and_standard_error",
+    "plot_demo",
+    "run_demo",
+    "run_on_uci",
+    "run_uci",
+]
+
+
+def mean_and_standard_error(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error (``ddof=1``; NaN for one value) as Python floats.
+
+    :param values: one number per run (e.g. per split).
+    :return: ``(mean, standard_error)``.
+    """
+    v = np.asarray(values, float)
+    se = v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
+    return float(v.mean()), float(se)
+
+
+class RunResult(NamedTuple):
+    """Outcome of one fitted and scored model.
+
+    :ivar metrics: test ``{"log_likelihood", "rmse", "crps"}`` (original units for UCI).
+    :ivar final_elbo: ``-loss`` averaged over the last 100 steps (standardized units).
+    :ivar seconds_per_step: steady training time per step (compile excluded).
+    :ivar compile_seconds: compilation of the training chunk (``FitResult.compile_seconds``).
+    :ivar total_seconds: fit + predict wall time.
+    :ivar num_skipped: non-finite updates skipped.
+    :ivar model: the fitted model.
+    :ivar guide: the fitted guide.
+    :ivar params: the fitted parameters.
+    """
+
+    metrics: dict
+    final_elbo: float
+    seconds_per_step: float
+    compile_seconds: float
+    total_seconds: float
+    num_skipped: int
+    model: Callable
+    guide: Any
+    params: dict
+
+
+#: what :func:`fit_factorized`, :func:`fit_dsvi` and ``run_on_uci``'s ``fit_fn`` return
+Fitted = tuple[Callable, Any, FitResult]
+
+
+def fit_factorized(
+    model: Callable,
+    rng_key: jax.Array,
+    X: ArrayLike,
+    y: ArrayLike,
+    *,
+    num_steps: int,
+    batch_size: int | None = None,
+    learning_rate: float = 0.01,
+    num_particles: int = 1,
+    progress_bar: bool = False,
+    chunk_size: int = 500,
+    init_params: dict | None = None,
+) -> Fitted:
+    """Fit ``model(X, y, batch_size=...)`` with ``AutoFactorizedDGP``, ``DGPElbo`` and Adam.
+
+    :param model: a model called as ``model(X, y)``, taking ``batch_size=`` when minibatching
+        (as the models of :mod:`numpyro_dgp.models` do).
+    :param rng_key: PRNG key.
+    :param X: ``(N, D)`` training inputs.
+    :param y: ``(N,)`` training targets.
+    :param num_steps: optimization steps.
+    :param batch_size: minibatch size (``None``: every point in every step).
+    :param learning_rate: Adam's step size.
+    :param num_particles: Monte Carlo samples of the inner layers per step.
+    :param progress_bar: show a progress bar.
+    :param chunk_size: steps per compiled chunk.
+    :param init_params: initial constrained values of some parameters.
+    :return: ``(model, guide, FitResult)``.
+    """
+    guide = AutoFactorizedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(learning_rate), DGPElbo(num_particles=num_particles))
+    kwargs = {"batch_size": batch_size} if batch_size else {}
+    result = fit(svi, rng_key, X, y, num_steps=num_steps, chunk_size=min(chunk_size, num_steps),
+                 progress_bar=progress_bar, init_params=init_params, **kwargs)
+    return model, guide, result
+
+
+def run_on_uci(
+    name: str | os.PathLike,
+    split: int,
+    rng_key: jax.Array | None,
+    data_dir: str | os.PathLike | None,
+    num_test_samples: int,
+    fit_fn: Callable[[jax.Array, jax.Array, jax.Array], Fitted],
+) -> RunResult:
+    """Load a UCI split, fit with ``fit_fn(fit_key, X, y) -> (model, guide, FitResult)``,
+    predict the test set; metrics in original target units.
+
+    :param name: data set name under ``data_dir``, or a path to a folder in the standard
+        split layout (see :func:`~numpyro_dgp.datasets.load_uci`).
+    :param split: split index.
+    :param rng_key: PRNG key (default ``PRNGKey(split)``).
+    :param data_dir: folder holding the data sets (see :func:`~numpyro_dgp.datasets.load_uci`).
+    :param num_test_samples: mixture components of the prediction.
+    :param fit_fn: the fitting recipe.
+    :return: :class:`RunResult`.
+    """
+    rng_key = jax.random.PRNGKey(split) if rng_key is None else rng_key
+    data = load_uci(name, split, data_dir=data_dir)
+    dtype = jnp.result_type(float)
+    X, y = jnp.asarray(data.X_train, dtype), jnp.asarray(data.y_train, dtype)
+    t0 = time.perf_counter()
+    fit_key, pred_key = jax.random.split(rng_key)
+    model, guide, result = fit_fn(fit_key, X, y)
+    pred = predict(model, guide, result.params, pred_key, jnp.asarray(data.X_test, dtype), num_samples=num_test_samples)
+    m = metrics(pred, jnp.asarray(data.y_test, dtype), y_scale=data.y_std)
+    total = time.perf_counter() - t0
+    final_elbo = float(-np.nanmean(result.losses[-100:]))
+    return RunResult(m, final_elbo, result.seconds_per_step, result.compile_seconds, total, result.num_skipped,
+                     model, guide, result.params)
+
+
+def fit_dsvi(
+    rng_key: jax.Array,
+    X: ArrayLike,
+    y: ArrayLike,
+    *,
+    num_layers: int = 2,
+    num_inducing: int = 100,
+    hidden_width: int | None = None,
+    num_steps: int = 5000,
+    batch_size: int | None = None,
+    learning_rate: float = 0.01,
+    num_particles: int = 1,
+    progress_bar: bool = False,
+    chunk_size: int = 500,
+    noise_init: float = 0.01,
+) -> Fitted:
+    """Fit a DSVI DGP (:func:`~numpyro_dgp.models.deep_gp_regression` with
+    ``AutoFactorizedDGP``, ``DGPElbo`` and Adam) and time it.
+
+    :param rng_key: PRNG key.
+    :param X: ``(N, D)`` training inputs.
+    :param y: ``(N,)`` training targets.
+    :param num_layers: GP layers.
+    :param num_inducing: ``M`` per layer.
+    :param hidden_width: inner-layer width (default ``D``).
+    :param num_steps: optimization steps.
+    :param batch_size: minibatch size (``None``: full batch).
+    :param learning_rate: Adam's step size.
+    :param num_particles: Monte Carlo samples of the inner layers per step.
+    :param progress_bar: show a progress bar.
+    :param chunk_size: steps per compiled chunk.
+    :param noise_init: initial noise variance.
+    :return: ``(model, guide, FitResult)``; timings are ``FitResult.seconds_per_step`` and
+        ``FitResult.compile_seconds``.
+    """
+    model = deep_gp_regression(num_layers, num_inducing=num_inducing, hidden_width=hidden_width, noise_init=noise_init)
+    return fit_factorized(model, rng_key, X, y, num_steps=num_steps, batch_size=batch_size,
+                          learning_rate=learning_rate, num_particles=num_particles, progress_bar=progress_bar,
+                          chunk_size=chunk_size)
+
+
+def run_uci(
+    name: str | os.PathLike,
+    split: int = 0,
+    *,
+    rng_key: jax.Array | None = None,
+    data_dir: str | os.PathLike | None = None,
+    num_layers: int = 2,
+    num_inducing: int = 100,
+    num_steps: int = 5000,
+    batch_size: int = 1000,
+    learning_rate: float = 0.01,
+    num_test_samples: int = 100,
+    hidden_width: int | None = None,
+    progress_bar: bool = False,
+) -> RunResult:
+    """DSVI on one UCI split (Salimbeni & Deisenroth's recipe); metrics in the original units.
+
+    :param name: data set name under ``data_dir``, or a path to a folder in the standard split layout.
+    :param split: split index.
+    :param rng_key: PRNG key (default ``PRNGKey(split)``).
+    :param data_dir: folder holding the data sets.
+    :param num_layers: GP layers.
+    :param num_inducing: ``M`` per layer (at most the number of training points).
+    :param num_steps: optimization steps.
+    :param batch_size: minibatch size (full batch when the training set is smaller).
+    :param learning_rate: Adam's step size.
+    :param num_test_samples: mixture components of the prediction.
+    :param hidden_width: inner-layer width (default ``min(D, 30)`` as in DSVI's experiments).
+    :param progress_bar: show a progress bar.
+    :return: :class:`RunResult`.
+    """
+    def fit_fn(fit_key, X, y):
+        width = hidden_width if hidden_width is not None else min(X.shape[1], 30)
+        return fit_dsvi(
+            fit_key, X, y, num_layers=num_layers, num_inducing=min(num_inducing, X.shape[0]),
+            hidden_width=width, num_steps=num_steps, batch_size=batch_size if batch_size < X.shape[0] else None,
+            learning_rate=learning_rate, progress_bar=progress_bar,
+        )
+
+    return run_on_uci(name, split, rng_key, data_dir, num_test_samples, fit_fn)
+
+
+def run_demo(
+    rng_key: jax.Array | None = None,
+    *,
+    num_steps: int = 3000,
+    num_inducing: int = 30,
+    output: str | os.PathLike | None = None,
+    num_test_samples: int = 100,
+) -> dict[str, RunResult]:
+    """Fit a 2-layer DGP and a 1-layer SVGP to the step function; optionally plot.
+
+    :param rng_key: PRNG key (default ``PRNGKey(0)``).
+    :param num_steps: optimization steps of each model.
+    :param num_inducing: ``M`` per layer.
+    :param output: path of a PNG with each layer's samples and the composition (or ``None``).
+    :param num_test_samples: mixture components of the predictions.
+    :return: ``{"dgp": RunResult, "svgp": RunResult}``.
+    """
+    rng_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
+    data_key, dgp_key, gp_key, plot_key = jax.random.split(rng_key, 4)
+    data = step_function(data_key, num_train=100, num_test=200, noise_std=0.01)
+    dtype = jnp.result_type(float)
+    X, y = jnp.asarray(data.X_train, dtype), jnp.asarray(data.y_train, dtype)
+    Xt, yt = jnp.asarray(data.X_test, dtype), jnp.asarray(data.y_test, dtype)
+    out = {}
+    for label, layers, key in (("dgp", 2, dgp_key), ("svgp", 1, gp_key)):
+        t0 = time.perf_counter()
+        fit_key, pred_key = jax.random.split(key)
+        model, guide, result = fit_dsvi(
+            fit_key, X, y, num_layers=layers, num_inducing=num_inducing, num_steps=num_steps,
+            learning_rate=0.01, noise_init=0.01,
+        )
+        pred = predict(model, guide, result.params, pred_key, Xt, num_samples=num_test_samples)
+        m = metrics(pred, yt)
+        out[label] = RunResult(m, float(-np.nanmean(result.losses[-100:])), result.seconds_per_step,
+                               result.compile_seconds, time.perf_counter() - t0, result.num_skipped,
+                               model, guide, result.params)
+    if output is not None:
+        plot_demo(out["dgp"], data, plot_key, output)
+    return out
+
+
+def plot_demo(run: RunResult, data: Dataset, rng_key: jax.Array, path: str | os.PathLike) -> Path:
+    """Each layer's function samples and the composition (as in Fig. 5 of Ustyuzhaninov et al. 2020).
+
+    :param run: the fitted 2-layer model (``run_demo()["dgp"]``).
+    :param data: the step-function data (scattered on the composition).
+    :param rng_key: PRNG key of the function samples.
+    :param path: PNG to write.
+    :return: the path written.
+    """
+    import matplotlib.pyplot as plt
+
+    from numpyro_dgp.plots import plot_layer_samples
+
+    dtype = jnp.result_type(float)
+    grid = jnp.linspace(-1.2, 1.2, 200, dtype=dtype)[:, None]
+    samples = sample_layers(run.model, run.guide, run.params, rng_key, grid, num_samples=25)
+    fig = plot_layer_samples(grid, samples, data.X_train, data.y_train)
+    fig.suptitle(f"2-layer DGP (DSVI) on the step function: test LL {run.metrics['log_likelihood']:.2f}, "
+                 f"RMSE {run.metrics['rmse']:.3f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

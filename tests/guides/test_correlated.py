@@ -1,0 +1,419 @@
+"""Correlated guides (joint, chain), inducing locations, and DGPElbo's exact marginalization,
+against dense Gaussian conditioning and NumPyro's sampling estimator."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from jax.scipy.linalg import block_diag
+from numpyro.infer import SVI, Trace_ELBO
+
+import numpyro_dgp as dgp
+from numpyro_dgp.core import gauss_kl
+from numpyro_dgp.core import chain_gauss_kl_term
+from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP
+from numpyro_dgp._marginal import marginal_trace
+
+GUIDES = [AutoFactorizedDGP, AutoJointDGP, AutoChainDGP]
+
+
+def deep_model(X, y=None, num_layers=3, widths=None, whiten=True, noise=0.1):
+    widths = widths or [1] * num_layers
+    h = X
+    for l, width in enumerate(widths):
+        last = l == len(widths) - 1
+        h = dgp.gp_layer(
+            f"h{l + 1}", h, dgp.kernels.RBF(lengthscale=0.8), num_inducing=4 + l, out_dim=width,
+            mean="zero" if last else "identity", whiten=whiten,
+        )
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(h[..., 0], noise), obs=y)
+
+
+def locations_model(X, y=None, num_layers=2, noise=0.1, Z=None):
+    h = X
+    for l in range(num_layers):
+        last = l == num_layers - 1
+        kw = {} if l else ({"inducing_inputs": Z} if Z is not None else {"num_inducing": 5})
+        h = dgp.gp_layer(f"h{l + 1}", h, dgp.kernels.RBF(lengthscale=0.8), mean="zero" if last else "identity",
+                         inducing="locations", **kw)
+    f, _ = h
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(f[..., 0], noise), obs=y)
+
+
+@pytest.fixture(scope="module")
+def data():
+    X = jnp.linspace(-1.0, 1.0, 9)[:, None]
+    return X, jnp.sin(3 * X[:, 0])
+
+
+def setup(guide_cls, model, X, y, **kw):
+    guide = guide_cls(model, inner_init="prior")
+    svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, y, **kw))
+    return guide, params
+
+
+def perturb(params, seed=1, scale=0.3, only="auto"):
+    """Random guide parameters away from initialization (lower-triangular factors stay valid)."""
+    rng = np.random.RandomState(seed)
+    out = {}
+    for name, value in sorted(params.items()):
+        value = np.asarray(value)
+        if only in name:
+            e = scale * rng.randn(*value.shape)
+            if "scale_tril" in name:
+                eye = np.eye(value.shape[-1])
+                diag = value * eye * rng.uniform(0.5, 1.5, size=value.shape)
+                value = diag + np.tril(value, -1) + np.tril(e, -1)
+            else:
+                value = value + e
+        out[name] = jnp.asarray(value)
+    return out
+
+
+def elbo(params, model, guide, X, y, key=0, **kw):
+    return -float(dgp.DGPElbo().loss(jax.random.PRNGKey(key), params, model, guide, X, y, **kw))
+
+
+# --- the exact recursion against dense conditioning --------------------------------------
+
+
+def chain_joint(params, guide, prefix="auto"):
+    """Dense (mean, covariance) over all inducing values implied by the chain parameters."""
+    sites = guide.inducing_sites
+    means = [np.asarray(params[f"{s.name}_{prefix}_loc"]).reshape(-1) for s in sites]
+    D = [np.asarray(block_diag(*params[f"{s.name}_{prefix}_scale_tril"])) for s in sites]
+    C = [None] + [np.asarray(params[f"{s.name}_{prefix}_coupling"]) for s in sites[1:]]
+    L = len(sites)
+    S = [[None] * L for _ in range(L)]
+    for i in range(L):
+        S[i][i] = D[i] @ D[i].T + (C[i] @ S[i - 1][i - 1] @ C[i].T if i else 0)
+        for k in range(i - 1, -1, -1):
+            S[i][k] = C[i] @ S[i - 1][k]
+            S[k][i] = S[i][k].T
+    return np.concatenate(means), np.block(S)
+
+
+def dense_output_moments(layers, inputs, outputs, joint_mean, joint_cov, upto):
+    """Per point: mean and variance of layer ``upto``'s output given the earlier outputs, by
+    conditioning the dense Gaussian over (all inducing values, outputs 1..upto)."""
+    sizes = [lay.out_dim * lay.inducing_inputs.shape[0] for lay in layers]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    N = inputs[0].shape[0]
+    means, variances = [], []
+    for n in range(N):
+        H_rows, mu_rows, noise = [], [], []
+        for l in range(upto + 1):
+            lay = layers[l]
+            x = np.asarray(inputs[l])[n : n + 1]
+            Z = np.asarray(lay.inducing_inputs)
+            Lm = np.asarray(lay.Kmm_chol)
+            kzx = np.asarray(lay.kernel(Z, x))[:, 0]
+            kxx = float(np.asarray(lay.kernel.diag(x))[0])
+            Kinv_k = np.linalg.solve(Lm.T, np.linalg.solve(Lm, kzx))
+            alpha = np.linalg.solve(Lm, kzx) if lay.whiten else Kinv_k
+            s = kxx - kzx @ Kinv_k
+            P = lay.out_dim
+            M = Z.shape[0]
+            H = np.zeros((P, offsets[-1]))
+            for p in range(P):
+                H[p, offsets[l] + p * M : offsets[l] + (p + 1) * M] = alpha
+            prior_mean = np.asarray(lay.prior_mean).reshape(-1)
+            mu = np.asarray(lay.mean_fn(jnp.asarray(x)))[0] - H[:, offsets[l] : offsets[l + 1]] @ prior_mean
+            H_rows.append(H)
+            mu_rows.append(mu)
+            noise.append(np.full(P, s))
+        H = np.vstack(H_rows)
+        mu = np.concatenate(mu_rows) + H @ joint_mean
+        cov = H @ joint_cov @ H.T + np.diag(np.concatenate(noise))
+        P_last = layers[upto].out_dim
+        obs = np.concatenate([np.asarray(outputs[l])[n] for l in range(upto)]) if upto else np.zeros(0)
+        k = cov.shape[0] - P_last
+        gain = np.linalg.solve(cov[:k, :k], cov[:k, k:]) if k else np.zeros((0, P_last))
+        means.append(mu[k:] + gain.T @ (obs - mu[:k]))
+        variances.append(np.diag(cov[k:, k:] - cov[k:, :k] @ gain))
+    return np.array(means), np.array(variances)
+
+
+def run_and_compare(model, guide, params, X, y, joint_mean, joint_cov, **kw):
+    run = marginal_trace(model, guide, params, jax.random.PRNGKey(3), (X, y), kw)
+    names = run.layer_order
+    layers = [run.model_trace[f"{n}.layer"]["args"][0] for n in names]
+    inputs = [run.model_trace[f"{n}.layer"]["args"][1] for n in names]
+    outputs = [run.model_trace[n]["value"] for n in names[:-1]]
+    worst = 0.0
+    for l, name in enumerate(names):
+        mean, var = run.moments[name]
+        ref_mean, ref_var = dense_output_moments(layers, inputs, outputs, joint_mean, joint_cov, l)
+        np.testing.assert_allclose(np.asarray(mean), ref_mean, rtol=0, atol=1e-8)
+        np.testing.assert_allclose(np.asarray(var), ref_var, rtol=0, atol=1e-8)
+        worst = max(worst, float(np.abs(np.asarray(var) - ref_var).max()))
+    return worst
+
+
+@pytest.mark.parametrize("num_layers", [2, 3])
+@pytest.mark.parametrize("whiten", [True, False])
+def test_chain_recursion_equals_dense_conditioning(data, num_layers, whiten):
+    X, y = data
+    guide, params = setup(AutoChainDGP, deep_model, X, y, num_layers=num_layers, whiten=whiten)
+    params = perturb(params)
+    mean, cov = chain_joint(params, guide)
+    run_and_compare(deep_model, guide, params, X, y, mean, cov, num_layers=num_layers, whiten=whiten)
+
+
+def test_chain_recursion_with_several_outputs_equals_dense_conditioning(data):
+    X, y = data
+    kw = {"widths": [2, 3, 1]}
+    guide, params = setup(AutoChainDGP, deep_model, X, y, **kw)
+    params = perturb(params, seed=4)
+    mean, cov = chain_joint(params, guide)
+    run_and_compare(deep_model, guide, params, X, y, mean, cov, **kw)
+
+
+@pytest.mark.parametrize("widths", [[1, 1, 1], [2, 1]])
+def test_joint_recursion_equals_dense_conditioning(data, widths):
+    X, y = data
+    guide, params = setup(AutoJointDGP, deep_model, X, y, widths=widths)
+    params = perturb(params, seed=2, scale=0.2)
+    tril = np.asarray(params["auto_joint_scale_tril"])
+    run_and_compare(deep_model, guide, params, X, y, np.asarray(params["auto_joint_loc"]), tril @ tril.T,
+                    widths=widths)
+
+
+# --- special cases that must coincide exactly -------------------------------------------
+
+
+@pytest.mark.parametrize("num_layers", [2, 3])
+def test_chain_without_coupling_is_exactly_dsvi(data, num_layers):
+    X, y = data
+    chain, cp = setup(AutoChainDGP, deep_model, X, y, num_layers=num_layers)
+    fact, fp = setup(AutoFactorizedDGP, deep_model, X, y, num_layers=num_layers)
+    fp = perturb(fp, seed=5)
+    cp = {**fp, **{k: jnp.zeros_like(v) for k, v in cp.items() if "coupling" in k}}
+    for key in range(3):
+        a = elbo(fp, deep_model, fact, X, y, key=key, num_layers=num_layers)
+        b = elbo(cp, deep_model, chain, X, y, key=key, num_layers=num_layers)
+        assert abs(a - b) < 1e-10
+
+
+def test_joint_without_cross_layer_covariance_is_exactly_dsvi(data):
+    X, y = data
+    kw = {"widths": [2, 1]}
+    joint, _ = setup(AutoJointDGP, deep_model, X, y, **kw)
+    fact, fp = setup(AutoFactorizedDGP, deep_model, X, y, **kw)
+    fp = perturb(fp, seed=6)
+    sites = fact.inducing_sites
+    jp = {k: v for k, v in fp.items() if "auto" not in k}
+    jp["auto_joint_loc"] = jnp.concatenate([fp[f"{s.name}_auto_loc"].reshape(-1) for s in sites])
+    jp["auto_joint_scale_tril"] = block_diag(*[block_diag(*fp[f"{s.name}_auto_scale_tril"]) for s in sites])
+    for key in range(3):
+        assert abs(elbo(fp, deep_model, fact, X, y, key=key, **kw) - elbo(jp, deep_model, joint, X, y, key=key, **kw)) < 1e-10
+
+
+@pytest.mark.parametrize("num_layers", [2, 3])
+def test_joint_with_the_chain_covariance_equals_the_chain(data, num_layers):
+    """The chain's recursion and the joint belief recursion are different code: same Gaussian,
+    same ELBO (for L = 2 every joint Gaussian is chain-structured)."""
+    X, y = data
+    chain, cp = setup(AutoChainDGP, deep_model, X, y, num_layers=num_layers)
+    joint, jp = setup(AutoJointDGP, deep_model, X, y, num_layers=num_layers)
+    cp = perturb(cp, seed=7)
+    mean, cov = chain_joint(cp, chain)
+    jp = {**{k: v for k, v in cp.items() if "auto" not in k},
+          "auto_joint_loc": jnp.asarray(mean), "auto_joint_scale_tril": jnp.asarray(np.linalg.cholesky(cov))}
+    for key in range(2):
+        a = elbo(cp, deep_model, chain, X, y, key=key, num_layers=num_layers)
+        b = elbo(jp, deep_model, joint, X, y, key=key, num_layers=num_layers)
+        assert abs(a - b) < 1e-8 * max(1.0, abs(a))
+
+
+def test_chain_kl_equals_dense_kl(data):
+    X, y = data
+    guide, params = setup(AutoChainDGP, deep_model, X, y, num_layers=3, whiten=False)
+    params = perturb(params, seed=8)
+    mean, cov = chain_joint(params, guide)
+    run = marginal_trace(deep_model, guide, params, jax.random.PRNGKey(0), (X, y), {"num_layers": 3, "whiten": False})
+    priors = [run.model_trace[f"{s.layer}.layer"]["args"][0].Kmm_chol for s in guide.inducing_sites]
+    dense = float(gauss_kl(jnp.asarray(mean)[None], jnp.asarray(np.linalg.cholesky(cov))[None], block_diag(*priors)))
+    parts = dgp.DGPElbo().elbo_components(jax.random.PRNGKey(0), params, deep_model, guide, X, y, num_layers=3, whiten=False)
+    np.testing.assert_allclose(float(parts["kl_inducing"]), dense, rtol=1e-10)
+    covs = guide.marginal_covariances(params)
+    terms = [chain_gauss_kl_term(params[f"{s.name}_auto_loc"], params[f"{s.name}_auto_scale_tril"], covs[s.name], priors[i])
+             for i, s in enumerate(guide.inducing_sites)]
+    np.testing.assert_allclose(float(sum(terms)), dense, rtol=1e-10)
+
+
+# --- agreement with NumPyro's sampling estimator -----------------------------------------
+
+
+def estimator_draws(model, guide, params, X, y, num_draws, **kw):
+    keys = jax.random.split(jax.random.PRNGKey(11), num_draws)
+    ours = jax.jit(jax.vmap(lambda k: -dgp.DGPElbo().loss(k, params, model, guide, X, y, **kw)))(keys)
+    theirs = jax.jit(jax.vmap(lambda k: -Trace_ELBO().loss(k, params, model, guide, X, y, **kw)))(keys)
+    return np.asarray(ours), np.asarray(theirs)
+
+
+@pytest.mark.parametrize("guide_cls", GUIDES)
+@pytest.mark.parametrize("model_name", ["global", "locations"])
+def test_dgp_elbo_agrees_with_trace_elbo_and_has_lower_variance(data, guide_cls, model_name):
+    X, y = data
+    model, kw = (deep_model, {"num_layers": 3, "noise": 0.3}) if model_name == "global" else (locations_model, {"noise": 0.3})
+    guide, params = setup(guide_cls, model, X, y, **kw)
+    params = perturb(params, seed=9, scale=0.05)
+    ours, theirs = estimator_draws(model, guide, params, X, y, 2000, **kw)
+    se = np.sqrt(ours.var() / len(ours) + theirs.var() / len(theirs))
+    assert abs(ours.mean() - theirs.mean()) < 3 * se
+    assert theirs.var() > 2 * ours.var()
+
+
+# --- inducing locations ------------------------------------------------------------------
+
+
+def test_one_layer_inducing_locations_is_svgp(data):
+    X, y = data
+    Z = jnp.linspace(-1.2, 1.2, 5)[:, None]
+
+    def svgp(X, y=None):
+        f = dgp.gp_layer("h1", X, dgp.kernels.RBF(lengthscale=0.8), inducing_inputs=Z, whiten=False)
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(f[..., 0], 0.1), obs=y)
+
+    g1, p1 = setup(AutoFactorizedDGP, svgp, X, y)
+    g2, p2 = setup(AutoFactorizedDGP, locations_model, X, y, num_layers=1, Z=Z)
+    p1 = perturb(p1, seed=3)
+    p2 = {**p2, **{k: v for k, v in p1.items() if "auto" in k}}
+    a = elbo(p1, svgp, g1, X, y)
+    b = elbo(p2, locations_model, g2, X, y, num_layers=1, Z=Z)
+    assert abs(a - b) < 1e-10
+    # and the bound matches a dense SVGP computation
+    m = np.asarray(p1["h1.u_auto_loc"])[0]
+    Ls = np.asarray(p1["h1.u_auto_scale_tril"])[0]
+    k = dgp.kernels.RBF(lengthscale=0.8)
+    Kmm = np.asarray(k(Z)) + 1e-6 * np.eye(5)
+    Kmn = np.asarray(k(Z, X))
+    A = np.linalg.solve(Kmm, Kmn)
+    mean = A.T @ m
+    var = np.asarray(k.diag(X)) - np.einsum("mn,mn->n", Kmn, A) + np.einsum("mn,mk,kn->n", A, Ls @ Ls.T, A)
+    ell = np.sum(-0.5 * np.log(2 * np.pi * 0.01) - ((np.asarray(y) - mean) ** 2 + var) / (2 * 0.01))
+    from scipy.stats import multivariate_normal as mvn
+
+    S = Ls @ Ls.T
+    kl = 0.5 * (np.trace(np.linalg.solve(Kmm, S)) + m @ np.linalg.solve(Kmm, m) - 5
+                + np.linalg.slogdet(Kmm)[1] - np.linalg.slogdet(S)[1])
+    assert mvn  # scipy available
+    np.testing.assert_allclose(a, ell - kl, rtol=1e-9)
+
+
+def test_inducing_locations_chain_the_layers(data):
+    X, y = data
+    guide, params = setup(AutoFactorizedDGP, locations_model, X, y)
+    run = marginal_trace(locations_model, guide, params, jax.random.PRNGKey(0), (X, y), {})
+    first = run.model_trace["h1.layer"]["args"][0]
+    second = run.model_trace["h2.layer"]["args"][0]
+    # layer 2's inducing inputs are exactly the sampled inducing values of layer 1
+    np.testing.assert_array_equal(np.asarray(second.inducing_inputs), np.asarray(run.model_trace["h1.u"]["value"]).T)
+    assert first.inducing == second.inducing == "locations"
+    assert not first.whiten and "h2.inducing_inputs" not in params
+    # the guide starts at the prior mean: identity mean on layer 1, so m_1 = Z_1
+    np.testing.assert_allclose(np.asarray(params["h1.u_auto_loc"]), np.asarray(params["h1.inducing_inputs"]).T)
+
+
+def test_inducing_locations_bad_input(data):
+    X, y = data
+
+    def whitened(X, y=None):
+        dgp.gp_layer("h1", X, dgp.kernels.RBF(), num_inducing=3, inducing="locations", whiten=True)
+
+    with pytest.raises(ValueError, match="whiten"):
+        numpyro.handlers.seed(whitened, 0)(X)
+
+    def pair_in_global(X, y=None):
+        dgp.gp_layer("h1", (X, X[:3]), dgp.kernels.RBF(), num_inducing=3)
+
+    with pytest.raises(ValueError, match="pair"):
+        numpyro.handlers.seed(pair_in_global, 0)(X)
+
+    def bad_locations(X, y=None):
+        dgp.gp_layer("h1", (X, X[:3, 0]), dgp.kernels.RBF(), inducing="locations")
+
+    with pytest.raises(ValueError, match="inducing locations"):
+        numpyro.handlers.seed(bad_locations, 0)(X)
+
+
+# --- guide API ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("guide_cls", [AutoJointDGP, AutoChainDGP])
+def test_correlated_guides_median_quantiles_and_samples(data, guide_cls):
+    X, y = data
+    guide, params = setup(guide_cls, deep_model, X, y, num_layers=2)
+    params = perturb(params, seed=10)
+    med = guide.median(params)
+    q = guide.quantiles(params, [0.1587, 0.5, 0.8413])
+    samples = guide.sample_posterior(jax.random.PRNGKey(0), params, X, y, num_layers=2, sample_shape=(20000,))
+    for site in guide.inducing_sites:
+        s = np.asarray(samples[site.name])
+        assert s.shape == (20000, site.out_dim, site.num_inducing)
+        np.testing.assert_allclose(s.mean(0), np.asarray(med[site.name]), atol=0.05)
+        np.testing.assert_allclose(np.asarray(q[site.name][1]), np.asarray(med[site.name]), atol=1e-12)
+        np.testing.assert_allclose(s.std(0), np.asarray(q[site.name][2] - q[site.name][1]), rtol=0.05)
+    # the two layers' samples are correlated as the guide says
+    flat = np.concatenate([np.asarray(samples[s.name]).reshape(20000, -1) for s in guide.inducing_sites], axis=1)
+    expected = chain_joint(params, guide)[1] if guide_cls is AutoChainDGP else guide.covariance(params)
+    np.testing.assert_allclose(np.cov(flat.T), expected, atol=0.05 * np.abs(expected).max())
+
+
+def test_correlated_guide_refuses_full_covariance_marginals(data):
+    X, y = data
+    guide, params = setup(AutoChainDGP, deep_model, X, y, num_layers=2)
+    from numpyro_dgp.handlers import coherent_layers
+
+    with pytest.raises(NotImplementedError, match="sample_layers"):
+        marginal_trace(coherent_layers(deep_model), guide, params, jax.random.PRNGKey(0), (X, y), {"num_layers": 2})
+
+
+@pytest.mark.parametrize("guide_cls", [AutoJointDGP, AutoChainDGP])
+def test_correlated_guides_fit_predict_and_save(tmp_path, data, guide_cls):
+    X, y = data
+    guide = guide_cls(deep_model)
+    svi = SVI(deep_model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    result = dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=200, progress_bar=False, num_layers=2)
+    assert result.losses[-1] < result.losses[0]
+    pred = dgp.predict(deep_model, guide, result.params, jax.random.PRNGKey(1), X, num_samples=10, num_layers=2)
+    assert np.all(np.isfinite(np.asarray(pred.mean))) and np.all(np.asarray(pred.variance) > 0)
+    path = tmp_path / "p.npz"
+    dgp.save_params(path, result.params)
+    loaded = dgp.load_params(path)
+    fresh = guide_cls(deep_model).setup(jax.random.PRNGKey(0), X, y, num_layers=2)
+    pred2 = dgp.predict(deep_model, fresh, loaded, jax.random.PRNGKey(1), X, num_samples=10, num_layers=2)
+    np.testing.assert_array_equal(np.asarray(pred.mean), np.asarray(pred2.mean))
+
+
+@pytest.mark.parametrize("guide_cls", [AutoJointDGP, AutoChainDGP])
+def test_near_deterministic_layer_with_large_cross_terms_samples_stably(data, guide_cls):
+    """A 1e-5 start whose off-diagonal terms have grown (what Adam does in a few steps) makes the
+    Cholesky factor badly conditioned; sampling must not solve against it."""
+    X, y = data
+    guide, params = setup(guide_cls, deep_model, X, y, num_layers=2)
+    params = dict(params)
+    tiny = 1e-5 * jnp.eye(4) + 0.1 * jnp.tril(jnp.ones((4, 4)), -1)  # layer h1 has M = 4
+    for name, value in params.items():
+        if name == "auto_joint_scale_tril":
+            params[name] = value.at[:4, :4].set(tiny).at[4:, :4].set(0.1)
+        elif name == "h1.u_auto_scale_tril":
+            params[name] = jnp.broadcast_to(tiny, value.shape)
+        elif "coupling" in name:
+            params[name] = jnp.full(value.shape, 0.1)
+    samples = guide.sample_posterior(jax.random.PRNGKey(0), params, X, y, num_layers=2, sample_shape=(2000,))
+    for site in guide.inducing_sites:
+        s = np.asarray(samples[site.name])
+        assert np.all(np.isfinite(s)) and np.abs(s).max() < 20
+    # and Trace_ELBO stays finite and agrees with DGPElbo there
+    ours, theirs = estimator_draws(deep_model, guide, params, X, y, 1000, num_layers=2)
+    assert np.all(np.isfinite(theirs))
+    se = np.sqrt(ours.var() / len(ours) + theirs.var() / len(theirs))
+    assert abs(ours.mean() - theirs.mean()) < 4 * se

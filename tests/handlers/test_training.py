@@ -1,0 +1,143 @@
+"""Training handlers: fast_subsample draws uniform subsets; data_parallel equals one device."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import pytest
+from numpyro.handlers import seed
+import numpyro_dgp as dgp
+from numpyro_dgp.handlers import fast_subsample
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _draw_subsample(rng_key, size=10, subsample_size=3):
+    def fn():
+        with numpyro.plate("data", size, subsample_size=subsample_size) as idx:
+            return idx
+
+    return seed(fast_subsample(fn), rng_key)()
+
+
+_DATA_PARALLEL_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    import numpy as np
+    import numpyro
+    from numpyro.infer import MCMC, NUTS, SVI
+    import numpyro_dgp as dgp
+    from numpyro_dgp.handlers import data_parallel
+    from numpyro_dgp.models import deep_gp_regression
+
+    assert len(jax.devices()) == 2, jax.devices()
+    rs = np.random.RandomState(0)
+    X = jnp.asarray(rs.uniform(-1, 1, (64, 2)))
+    y = jnp.sin(3 * X[:, 0]) * X[:, 1] + 0.05 * jnp.asarray(rs.randn(64))
+    model = deep_gp_regression(2, num_inducing=8, hidden_width=3)
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    one = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    two = SVI(data_parallel(model), guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    state = one.init(jax.random.PRNGKey(0), X, y, batch_size=32)
+    two.init(jax.random.PRNGKey(0), X, y, batch_size=32)  # sets two's transforms; both start from `state`
+    params = one.get_params(state)
+
+    def loss_and_grad(svi):
+        f = lambda p, key: svi.loss.loss(key, p, svi.model, svi.guide, X, y, batch_size=32)
+        return jax.jit(jax.value_and_grad(f))
+
+    out = {"loss_rel_diff": [], "grad_rel_diff": []}
+    f1, f2 = loss_and_grad(one), loss_and_grad(two)
+    for i in range(3):  # three minibatches (and Monte Carlo draws)
+        key = jax.random.PRNGKey(10 + i)
+        (l1, g1), (l2, g2) = f1(params, key), f2(params, key)
+        out["loss_rel_diff"].append(float(abs(l1 - l2) / abs(l1)))
+        # relative to each parameter's gradient norm, floored at 1e-6 of the largest: some
+        # gradients are exactly zero (round-off on either side is then meaningless)
+        norms = {k: float(jnp.linalg.norm(g1[k])) for k in g1}
+        floor = 1e-6 * max(norms.values())
+        out["grad_rel_diff"].append(max(float(jnp.linalg.norm(g1[k] - g2[k])) / max(norms[k], floor) for k in g1))
+    hlo = f2.lower(params, jax.random.PRNGKey(0)).compile().as_text()
+    out["all_reduce"] = "all-reduce" in hlo
+
+    r1 = dgp.fit(one, None, X, y, batch_size=32, num_steps=30, chunk_size=10, init_state=state, progress_bar=False)
+    r2 = dgp.fit(two, None, X, y, batch_size=32, num_steps=30, chunk_size=10, init_state=state, progress_bar=False)
+    out["fit_loss_max_rel_diff"] = float(np.max(np.abs(r1.losses - r2.losses) / np.abs(r1.losses)))
+
+    def lin(x, y=None):
+        w = numpyro.sample("w", numpyro.distributions.Normal(0, 1))
+        numpyro.sample("y", numpyro.distributions.Normal(w * x, 1.0), obs=y)
+
+    mcmc = MCMC(NUTS(lin), num_warmup=50, num_samples=50, num_chains=2, chain_method="parallel", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(1), jnp.arange(5.0), 2 * jnp.arange(5.0))
+    w = mcmc.get_samples(group_by_chain=True)["w"]
+    out["mcmc_shape"] = list(w.shape)
+    out["mcmc_chains_differ"] = bool(not np.allclose(w[0], w[1]))
+    print(json.dumps(out))
+    """
+)
+
+
+def test_fast_subsample_draws_uniform_subsets():
+    draws = np.stack([np.asarray(_draw_subsample(k)) for k in jax.random.split(jax.random.PRNGKey(0), 3000)])
+    assert draws.shape == (3000, 3)
+    assert all(len(set(row)) == 3 for row in draws), "indices within a subsample must be distinct"
+    assert draws.min() >= 0 and draws.max() <= 9
+    counts = np.bincount(draws.ravel(), minlength=10)
+    # each index is in a subset with probability 3/10: Binomial(3000, 0.3), sd 25
+    assert np.all(np.abs(counts - 900) < 5 * 25), counts
+    # pairs are uniform too (a subset, not just uniform marginals): P(0 and 1 together) = 1/15
+    together = np.mean([(0 in row) and (1 in row) for row in draws])
+    assert abs(together - 1 / 15) < 5 * np.sqrt((1 / 15) * (14 / 15) / 3000)
+
+
+def test_fast_subsample_leaves_given_subsamples_alone():
+    given = jnp.array([7, 2, 5])
+
+    def fn():
+        with numpyro.plate("data", 10, subsample_size=3) as idx:
+            return idx
+
+    substituted = numpyro.handlers.substitute(fast_subsample(fn), data={"data": given})
+    np.testing.assert_array_equal(np.asarray(seed(substituted, 0)()), np.asarray(given))
+    # and a full plate (no subsampling) stays arange
+    def full():
+        with numpyro.plate("p", 4) as idx:
+            return idx
+
+    np.testing.assert_array_equal(np.asarray(seed(fast_subsample(full), 0)()), np.arange(4))
+
+
+def test_data_parallel_loss_equals_single_device_on_two_cpu_devices():
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    proc = subprocess.run([sys.executable, "-c", _DATA_PARALLEL_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # same minibatches and Monte Carlo draws: equal up to the order of the reductions
+    assert max(out["loss_rel_diff"]) < 1e-6, out
+    assert max(out["grad_rel_diff"]) < 1e-6, out
+    assert out["fit_loss_max_rel_diff"] < 1e-6, out
+    assert out["all_reduce"], "the sharded loss must reduce across devices"
+    assert out["mcmc_shape"] == [2, 50] and out["mcmc_chains_differ"]
+
+
+def test_data_parallel_rejects_an_unknown_axis():
+    from jax.sharding import Mesh
+
+    mesh = Mesh(np.asarray(jax.devices()[:1]), ("batch",))
+    with pytest.raises(ValueError, match="axis_name"):
+        dgp.handlers.data_parallel(lambda: None, mesh=mesh, axis_name="model")
