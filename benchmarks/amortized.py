@@ -1,4 +1,4 @@
-"""Amortized DGP (paper 003, AVDGP) against the published numbers, with our factorized DSVI
+"""Amortized DGP (Meng & Zhang 2024, AVDGP) against the published numbers, with our factorized DSVI
 in the same run.
 
 * ``--kin8nm`` (default): kin8nm, random 8:1:1 splits (seeds), 3 layers of widths (16, 4, 1),
@@ -9,7 +9,7 @@ in the same run.
   NLL on the split's validation part, seconds per epoch (steady, compile excluded);
   ``--swa-epochs K`` also scores the mean of the end-of-epoch parameters over the last K epochs
   (stochastic weight averaging), ``--beta`` sets AR2PP's KL weight (paper: 1).
-* ``--letters``: paper 003's toy classification ("DGP" letters on the unit square), amortized
+* ``--letters``: Meng & Zhang's (2024) toy classification ("DGP" letters on the unit square), amortized
   DGPs with 1-4 layers (AR2P, probit), test error beside Table 2.
 
 Writes ``benchmarks/results/amortized_<tag>.json`` and ``.md`` after every finished run,
@@ -37,7 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-# notes/amortized.md: kin8nm, standardized units, mean ± std over 5 splits
+from _paths import DATA_DIR_HELP, default_data_dir
+
+# Meng & Zhang (2024): kin8nm, standardized units, mean ± std over 5 splits
 PUBLISHED_KIN8NM = {
     "AR2P": {"nll": (0.118, 0.037), "rmse": (0.266, 0.007), "crps": (0.168, 0.004)},
     "AR2PP": {"nll": (0.066, 0.022), "rmse": (0.263, 0.004)},
@@ -58,7 +60,7 @@ def _model_and_guide(method, num_branches, dsvi_inducing, X_train, beta=1.0):
     import numpyro_dgp as dgp
     from numpyro_dgp.guides import AutoAmortizedDGP, AutoFactorizedDGP
     from numpyro_dgp.kernels import Matern52
-    from numpyro_dgp.layers import _projection
+    from numpyro_dgp.layers import mean_projection
 
     if method in ("AR2P", "AR2PP"):
         model = dgp.models.amortized_dgp(widths=(16, 4, 1), num_inducing=(8, 4, 4))
@@ -67,9 +69,9 @@ def _model_and_guide(method, num_branches, dsvi_inducing, X_train, beta=1.0):
         return model, guide, objective
     # DS-DGP: global inducing points, k-means on the data propagated through the linear means
     X = jnp.asarray(X_train)
-    P1 = _projection(X, X.shape[1], 16)
+    P1 = mean_projection(X, X.shape[1], 16)
     H1 = X @ P1
-    H2 = H1 @ _projection(H1, 16, 4)
+    H2 = H1 @ mean_projection(H1, 16, 4)
     M1, M2, M3 = dsvi_inducing
     Z = [dgp.core.kmeans(jax.random.PRNGKey(i), H, M) for i, (H, M) in enumerate([(X, M1), (H1, M2), (H2, M3)])]
 
@@ -215,7 +217,7 @@ def _fmt_mean_sd(mean, sd, digits):
 
 
 def write_markdown(path, record):
-    lines = ["# Amortized DGP (paper 003) — numpyro-dgp", "", f"Command: `{record['command']}`", "",
+    lines = ["# Amortized DGP (Meng & Zhang 2024) — numpyro-dgp", "", f"Command: `{record['command']}`", "",
              f"Machine: {record['machine']}; float64: {record['float64']}; {record['date']}", "",
              f"Settings: {record['settings']}", ""]
     if record.get("merged_from"):
@@ -332,7 +334,7 @@ def main(argv=None):
                         help="kin8nm: also score the mean parameters of the last N epochs (stochastic weight averaging)")
     parser.add_argument("--beta", type=float, default=1.0, help="AR2PP: KL weight of the predictive objective (paper: 1)")
     parser.add_argument("--float32", action="store_true")
-    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
     parser.add_argument("--tag", default=None)
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="only merge these result files (one run's splits over several processes) into "

@@ -1,4 +1,4 @@
-"""Paper 000's Table 1 / Fig. 5 / App. E: how much uncertainty each variational family keeps.
+"""Ustyuzhaninov et al.'s (2020) Table 1 / Fig. 5 / App. E: how much uncertainty each variational family keeps.
 
 Part 1 (Table 1): a 2-layer DGP (SE kernel, then periodic) on noiseless 1-D data on [-1, 1];
 every family (factorized DSVI, joint, chain, inducing locations) with the same fixed kernel
@@ -54,7 +54,7 @@ from numpyro_dgp.papers.compositional import (  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
-# paper 000, Table 1 (10 trials); no chain-structured row is published
+# Ustyuzhaninov et al. (2020), Table 1 (10 trials); no chain-structured row is published
 PUBLISHED = {
     "factorized": ("13.43 ± 8.03", "1.99e-6 ± 1.76e-7", "1.11e-4 ± 1.35e-5"),
     "joint": ("23.15 ± 6.80", "4.23e-5 ± 3.17e-6", "3.33e-4 ± 2.12e-5"),
@@ -133,7 +133,7 @@ def write_report(rows, args, extra, path_md, path_json, elapsed):
     json.dump({"config": TABLE1, "args": vars(args), "rows": rows, "extra": extra, "elapsed": elapsed},
               open(path_json, "w"), indent=1)
     lines = [
-        "# Compositional uncertainty per variational family (paper 000, Table 1)",
+        "# Compositional uncertainty per variational family (Ustyuzhaninov et al. 2020, Table 1)",
         "",
         "Commands: " + (
             f"`python benchmarks/compositional.py {' '.join(sys.argv[1:])}`".rstrip()

@@ -1,4 +1,4 @@
-"""MCMC ground truth for paper 000's Table 1 problem: NUTS on the exact DGP vs the guides.
+"""MCMC ground truth for Ustyuzhaninov et al.'s (2020) Table 1 problem: NUTS on the exact DGP vs the guides.
 
 Same model as ``benchmarks/compositional.py`` (cos(pi x), 30 points on [-1, 1], RBF then
 periodic layers with fixed hyperparameters, noise variance 1e-3). The exact posterior has
@@ -213,7 +213,7 @@ def write_report(args, command, rows, health, per_mode, mode_warning, evidence, 
               open(path + ".json", "w"), indent=1)
     model = "the full exact model (f2 sampled)" if args.no_collapse else "last layer integrated out (`collapse_last=True`)"
     lines = [
-        "# MCMC ground truth on paper 000's Table 1 problem",
+        "# MCMC ground truth on Ustyuzhaninov et al.'s (2020) Table 1 problem",
         "",
         f"Command: `{command}` ({date.today()}, 2-core CPU, one core, float64). Problem as in "
         "`compositional.md` (cos(pi x), 30 points, RBF -> periodic, noise 1e-3, fixed hyperparameters).",

@@ -23,12 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from _paths import DATA_DIR_HELP, default_data_dir
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precision", choices=["float32", "float64"], default="float64")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
     args = parser.parse_args(argv)
     import jax
 

@@ -1,9 +1,9 @@
-"""DiffGP (SDE flow, paper 004) on UCI regression against the published tables, with our
+"""DiffGP (SDE flow, Hegde et al. 2019) on UCI regression against the published tables, with our
 2-layer DSVI in the same run; optionally the flow-time sweep on one data set.
 
 Writes ``benchmarks/results/sde_flow_<tag>.json`` and ``.md`` after every finished run (an
 interrupted run keeps what it measured), with the exact command line. Published numbers are
-from notes/diffgp.md (20 splits; ours are the splits given).
+Hegde et al.'s (2019) Tables 2-3 (20 splits; ours are the splits given).
 
 Examples::
 
@@ -31,7 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-# notes/diffgp.md, Tables 2-3: (mean, standard error) over 20 splits, original units.
+from _paths import DATA_DIR_HELP, default_data_dir
+
+# Hegde et al. (2019), Tables 2-3: (mean, standard error) over 20 splits, original units.
 PUBLISHED = {
     "bostonHousing": {"T=1": ((-2.36, 0.05), (2.80, 0.13)), "T=5": ((-2.30, 0.05), (2.58, 0.12)),
                       "DGP L=2": ((-2.47, 0.05), (2.90, 0.17))},
@@ -197,7 +199,7 @@ def main(argv=None):
     parser.add_argument("--pretrain-steps", type=int, default=0,
                         help="fit the predictor alone as an SVGP (T = 0) for this many steps first (the paper's pre-training)")
     parser.add_argument("--float32", action="store_true")
-    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
     parser.add_argument("--tag", default=None, help="results file suffix")
     parser.add_argument("--merge", default=None,
                         help="sweep: a results JSON of this script with the same settings whose other flow times "

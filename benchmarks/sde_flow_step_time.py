@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from _paths import DATA_DIR_HELP, default_data_dir
+
 CONFIGS = [  # (label, batch size (None: full), training samples)
     ("paper: full batch, 4 samples", None, 4),
     ("committed runs: batch 256, 1 sample", 256, 1),
@@ -52,7 +54,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="concrete")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
-    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
     args = parser.parse_args(argv)
 
     import jax

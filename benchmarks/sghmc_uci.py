@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from _paths import DATA_DIR_HELP, default_data_dir
+
 RESULTS = Path(__file__).resolve().parent / "results"
 # committed DSVI runs of benchmarks/uci.py (same model and settings), by dataset
 DSVI_FILES = {"kin8nm": "uci_kin8nm.json", "power-plant": "uci_power.json"}
@@ -139,8 +141,8 @@ def write_markdown(path, record):
             )
     lines += [
         "",
-        "Published sghmc_dgp (Havasi et al. 2018) numbers: none are recorded in ../shared/notes "
-        "(anchors.md describes its settings only), so none are shown.",
+        "Published sghmc_dgp (Havasi et al. 2018) numbers are not shown: we have no record of them "
+        "for these splits, only of its settings.",
         "",
         "The summary compares both methods on the splits SGHMC finished; all DSVI rows are in the per-split table. "
         "DSVI \"train s\" is benchmarks/uci.py's total seconds per split (fit + predict) when read from "
@@ -218,7 +220,7 @@ def main(argv=None):
     parser.add_argument("--no-collapse", action="store_true", help="sample f_L instead of collapsing it")
     parser.add_argument("--dsvi-steps", type=int, default=0,
                         help="re-run DSVI with this many steps (0: read benchmarks/uci.py's committed rows)")
-    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
     parser.add_argument("--smoke", action="store_true", help="tiny run: 1 split, few steps, kin8nm only")
     parser.add_argument("--suffix", default=None, help="results file suffix (default: none; '_smoke' with --smoke)")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",

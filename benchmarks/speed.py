@@ -1,6 +1,6 @@
 """Training speed at the kin8nm configuration: ours, and with ``--with-peers`` GPflux and GPyTorch.
 
-The configuration of shared/notes/performance.md: 2 layers, hidden width 8, M = 100 k-means
+The configuration of the peers' speed measurements (benchmarks/README.md): 2 layers, hidden width 8, M = 100 k-means
 inducing points per layer, ARD RBF (SE) kernels, whitened, identity inner mean, minibatch
 1000 drawn inside the compiled step (plate subsampling), 1 Monte Carlo sample with the
 analytic Gaussian expectation at the output (DGPElbo), Adam 0.01, jitter 1e-6 / 1e-4.
@@ -39,6 +39,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _paths import DATA_DIR_HELP, default_data_dir
 
 HERE = Path(__file__).resolve().parent
 PEERS = {"gpflux": "gpflux_kin8nm.py", "gpytorch": "gpytorch_kin8nm.py"}
@@ -208,7 +210,7 @@ def main(argv=None):
     parser.add_argument("--data-parallel", type=int, default=0, metavar="N",
                         help="also run ours with handlers.data_parallel over N host devices (XLA_FLAGS device count)")
     parser.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
     parser.add_argument("--tag", default="", help="results file suffix: results/speed_<tag>.{json,md}")
     parser.add_argument("--child", choices=["float32", "float64"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -251,7 +253,7 @@ def main(argv=None):
         f"Machine: {record['machine']}; {record['date']}",
         "",
         "2 layers, width 8, M = 100, batch 1000 drawn inside the step, 1 sample, analytic expectation at the",
-        "output, Adam 0.01 (shared/notes/performance.md). Each cell: median over rounds; every run a fresh",
+        "output, Adam 0.01 (as GPflux and GPyTorch in benchmarks/peers). Each cell: median over rounds; every run a fresh",
         "process; rounds interleaved. Steps/s exclude compilation; ours are steps inside `lax.scan` (as `fit`",
         "runs them). Budget columns: a fresh model trained for the stated wall-clock seconds (compilation",
         "included), test LL / RMSE in original units, kin8nm split 0, 100 predictive samples.",

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-# Published DSVI "DGP L=2" rows (Salimbeni & Deisenroth 2017, as copied in notes/diffgp.md):
+from _paths import DATA_DIR_HELP, default_data_dir
+
+# Published DSVI "DGP L=2" rows (Salimbeni & Deisenroth 2017):
 # test log-likelihood and RMSE, mean (standard error) over 20 splits, original units.
 PUBLISHED_DGP2 = {
     "bostonHousing": {"log_likelihood": (-2.47, 0.05), "rmse": (2.90, 0.17)},
@@ -81,7 +83,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--float32", action="store_true")
-    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
     parser.add_argument("--tag", default=None, help="results file suffix")
     args = parser.parse_args(argv)
 

@@ -20,12 +20,10 @@ import importlib
 from types import ModuleType
 
 from numpyro_dgp import core, guides, handlers, infer, io, kernels, layers, likelihoods, models, objectives, posteriors, sde
+from numpyro_dgp._metrics import gaussian_mixture_crps, log_likelihood, metrics
 from numpyro_dgp._prediction import (
     NonFinitePredictionWarning,
     Prediction,
-    gaussian_mixture_crps,
-    log_likelihood,
-    metrics,
     predict,
     predict_from_samples,
     sample_layers,

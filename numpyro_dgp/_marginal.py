@@ -11,6 +11,12 @@ marginal on a leading axis (exact Gaussian expectations).
 
 :func:`marginal_trace` runs a guide and then the model under that handler and returns both
 traces with what the objectives need (:class:`MarginalRun`).
+
+**References:**
+
+* Salimbeni, Deisenroth (2017). Doubly stochastic variational inference for deep Gaussian
+  processes. NeurIPS.
+* Meng, Zhang (2024). Amortized variational inference for deep Gaussian processes.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
+from jax.typing import ArrayLike
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.primitives import Messenger
 
@@ -51,9 +58,9 @@ from numpyro_dgp.core import (
     point_projection,
     sample_output,
 )
-from numpyro_dgp.handlers._sde_flow import integrate_flow
+from numpyro_dgp.handlers._sde_flow import FlowSpec, integrate_flow
 from numpyro_dgp.handlers._training import fast_subsample
-from numpyro_dgp.layers import layer_moments, sample_moments
+from numpyro_dgp.layers import Layer, layer_moments, sample_moments
 from numpyro_dgp.posteriors import (
     AmortizedPosterior,
     ChainLink,
@@ -96,16 +103,18 @@ class marginalize_inducing(Messenger):
 
     After a run, :attr:`moments` maps layer names to ``(mean (N, P), var (N, P))`` and
     :attr:`layer_order` lists the layers in execution order.
+
+    :raises ValueError: if ``quadrature_layer`` is given without ``quadrature_nodes``.
     """
 
     def __init__(
         self,
-        fn=None,
-        posteriors=None,
-        quadrature_layer=None,
-        quadrature_nodes=None,
-        quadrature_weights=None,
-    ):
+        fn: Callable | None = None,
+        posteriors: dict[str, Any] | None = None,
+        quadrature_layer: str | None = None,
+        quadrature_nodes: ArrayLike | None = None,
+        quadrature_weights: ArrayLike | None = None,
+    ) -> None:
         posteriors = dict(posteriors or {})
         parents = {p.parent for p in posteriors.values() if isinstance(p, ChainLink) and p.parent is not None}
         # a chain factor with neither parent nor child is an independent Gaussian: DSVI path
@@ -122,7 +131,7 @@ class marginalize_inducing(Messenger):
         self._reset()
         super().__init__(fn)
 
-    def _reset(self):
+    def _reset(self) -> None:
         self.moments = {}
         self.layer_order = []
         self._in_tail = False
@@ -132,11 +141,15 @@ class marginalize_inducing(Messenger):
         self._branch_mean = None  # weighted mean of the last layer's branch means (AR2 / AR2P)
         self.branch_log_weights = None  # (S,) once a layer has branched the points
 
-    def __enter__(self):
+    def __enter__(self) -> marginalize_inducing:
+        """Reset the per-run state and push the handler on the stack."""
         self._reset()
-        return super().__enter__()
+        super().__enter__()
+        return self
 
     def process_message(self, msg: dict) -> None:
+        """Record amortized ``q(u_n | p_n)``, tag the sites after the last layer, and give each
+        layer message its value from the layer's marginal (or quadrature nodes, branches, a flow)."""
         if msg["type"] == "sample":
             tag = get_tag(msg, INDUCING)
             if tag is not None and tag.inducing == "amortized" and not msg["is_observed"]:
@@ -194,7 +207,7 @@ class marginalize_inducing(Messenger):
         else:
             msg["value"] = sample_moments(rng_key, mean, var, full_cov, layer.jitter)
 
-    # --- per-point inducing sets and branches (paper 003) ---
+    # --- per-point inducing sets and branches (Meng & Zhang 2024) ---
 
     def _amortized_site(self, msg: dict, tag: InducingTag) -> None:
         """The ``u`` site of a layer with per-point inducing sets: evaluate the guide's encoder
@@ -214,7 +227,7 @@ class marginalize_inducing(Messenger):
         msg["value"] = loc  # never used as a draw: the layer marginalizes it
         with_tag(msg, AMORTIZED_KL, kl)
 
-    def _branch_spec(self, layer, msg, post):
+    def _branch_spec(self, layer: Layer, msg: dict, post: Any) -> tuple[jax.Array | None, jax.Array] | None:
         """``(points (S, P) or None, log_weights (S,))`` if this layer branches its outputs:
         from an :class:`AmortizedPosterior`, or from a :class:`quadrature` handler's tag."""
         if isinstance(post, AmortizedPosterior):
@@ -235,7 +248,7 @@ class marginalize_inducing(Messenger):
             )
         return spec
 
-    def _branch(self, mean, var, branch, rng_key):
+    def _branch(self, mean: jax.Array, var: jax.Array, branch: tuple, rng_key: jax.Array) -> jax.Array:
         """``S`` branches of the layer's outputs, ``(S, B, P)``: ``mean + point * std`` per
         branch (learned points or fresh standard-normal draws)."""
         points, log_weights = branch
@@ -255,7 +268,9 @@ class marginalize_inducing(Messenger):
         self._branch_mean = jnp.tensordot(weights, jnp.broadcast_to(mean, shape), axes=(0, 0))
         return mean + std * eps
 
-    def _flow(self, layer, X, u, post, flow, rng_key):
+    def _flow(
+        self, layer: Layer, X: jax.Array, u: jax.Array, post: Any, flow: tuple[FlowSpec, dict], rng_key: jax.Array
+    ) -> jax.Array:
         """An :class:`sde_flow` layer: integrate with the guide's marginal moments (the
         ``"marginal"`` estimator) or with the sampled inducing values (``"ancestral"``)."""
         spec, box = flow
@@ -280,7 +295,7 @@ class marginalize_inducing(Messenger):
 
     # --- guides that correlate layers: per-point beliefs over the inducing values ---
 
-    def _belief(self, layer, post, N):
+    def _belief(self, layer: Layer, post: ChainLink | JointBlock, N: int) -> tuple[jax.Array, jax.Array]:
         """The belief ``N(loc, cov)`` (``(N?, K)``, ``(N?, K, K)``) over this layer's inducing
         values (first) and those of later layers in its joint group, given earlier outputs."""
         name = layer.u_site
@@ -307,7 +322,7 @@ class marginalize_inducing(Messenger):
             )
         return state[1]
 
-    def _correlated(self, layer, X, post, rng_key):
+    def _correlated(self, layer: Layer, X: jax.Array, post: ChainLink | JointBlock, rng_key: jax.Array) -> jax.Array:
         N = X.shape[0]
         P, M = layer.out_dim, layer.inducing_inputs.shape[0]
         loc, cov = self._belief(layer, post, N)
@@ -346,7 +361,9 @@ class marginalize_inducing(Messenger):
         return value
 
 
-def guide_posteriors(guide_trace, model_u_sites, structured: bool = True):
+def guide_posteriors(
+    guide_trace: dict, model_u_sites: dict[str, tuple[int, int]], structured: bool = True
+) -> dict[str, Any]:
     """The guide's Gaussian over every inducing site it samples.
 
     :param guide_trace: a trace of the guide.
@@ -369,11 +386,18 @@ def guide_posteriors(guide_trace, model_u_sites, structured: bool = True):
     return out
 
 
-def site_posterior(site, shape, structured: bool = True):
-    """A guide site's Gaussian over its ``(P, M)`` inducing values: the structure it declares
-    (``infer[GAUSSIAN]``) if ``structured``, else its Gaussian given the earlier
-    samples (``infer[CONDITIONAL]``, or the site distribution itself); ``None`` if
-    neither is Gaussian."""
+def site_posterior(
+    site: dict, shape: tuple[int, int], structured: bool = True
+) -> tuple[jax.Array, jax.Array] | ChainLink | JointBlock | None:
+    """A guide site's Gaussian over its ``(P, M)`` inducing values.
+
+    :param site: the guide's site.
+    :param shape: ``(P, M)``.
+    :param structured: prefer the structure the site declares (``infer[GAUSSIAN]``).
+    :return: the declared structure if ``structured``, else the site's Gaussian given the
+        earlier samples (``infer[CONDITIONAL]``, or the site distribution itself); ``None`` if
+        neither is Gaussian.
+    """
     declared = get_tag(site, GAUSSIAN)
     if structured and declared is not None:
         return declared
@@ -383,13 +407,18 @@ def site_posterior(site, shape, structured: bool = True):
     return site_gaussian(site["name"], site["fn"], shape)
 
 
-def quadrature_rule(out_dim: int, num_quadrature: int | None = None):
-    """Nodes ``(K, P)`` and weights ``(K,)`` for the last layer's ``P``-dimensional marginal.
+def quadrature_rule(out_dim: int, num_quadrature: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Quadrature nodes and weights for the last layer's ``P``-dimensional marginal.
 
     One output: ``num_quadrature`` (default 20) Gauss-Hermite nodes. Several outputs: the
     tensor-product rule with ``num_quadrature`` (default 3) nodes per output. Both are exact
     for a Gaussian likelihood whose location is affine in the layer output (a quadratic
     log density needs degree 2, i.e. 2 nodes per axis).
+
+    :param out_dim: ``P``.
+    :param num_quadrature: nodes per output (default: see above).
+    :return: ``(nodes (K, P), weights (K,))``, standard-normal nodes.
+    :raises ValueError: if the rule would have more than 20,000 nodes.
     """
     if num_quadrature is None:
         num_quadrature = 20 if out_dim == 1 else 3
@@ -404,29 +433,39 @@ def quadrature_rule(out_dim: int, num_quadrature: int | None = None):
     return gauss_hermite_product(num_quadrature, out_dim)
 
 
-def layers_by_u_site(model_trace):
+def layers_by_u_site(model_trace: dict) -> dict[str, Layer]:
     """``{u-site name: Layer}`` from the ``"dgp_layer"`` messages of a model trace.
 
     (The ``infer`` tags of the ``u`` sites cannot be used: ``replay`` overwrites them with
     the guide's.)
+
+    :param model_trace: a trace of the model.
+    :return: the layers by the names of their u sites.
     """
     return {s["args"][0].u_site: s["args"][0] for s in model_trace.values() if s["type"] == LAYER_MESSAGE}
 
 
-def uses_inducing_locations(model_trace) -> bool:
-    """Whether any ``gp_layer`` of the trace has ``inducing="locations"``."""
+def uses_inducing_locations(model_trace: dict) -> bool:
+    """Whether any ``gp_layer`` of the trace has ``inducing="locations"``.
+
+    :param model_trace: a trace of the model.
+    """
     return any(layer.inducing == "locations" for layer in layers_by_u_site(model_trace).values())
 
 
-def _model_u_sites(model_trace):
+def _model_u_sites(model_trace: dict) -> dict[str, tuple[int, int]]:
     return {
         name: (layer.out_dim, layer.inducing_inputs.shape[0])
         for name, layer in layers_by_u_site(model_trace).items()
     }
 
 
-def final_layer_name(model_trace):
-    """Name of the last ``gp_layer`` run in ``model_trace`` (execution order)."""
+def final_layer_name(model_trace: dict) -> str:
+    """Name of the last ``gp_layer`` run in ``model_trace`` (execution order).
+
+    :param model_trace: a trace of the model.
+    :raises ValueError: if the model ran no ``gp_layer``.
+    """
     names = [s["args"][0].name for s in model_trace.values() if s["type"] == LAYER_MESSAGE]
     if not names:
         raise ValueError(
@@ -436,7 +475,16 @@ def final_layer_name(model_trace):
 
 
 class MarginalRun(NamedTuple):
-    """A guide trace and the model trace run under :class:`marginalize_inducing`."""
+    """A guide trace and the model trace run under :class:`marginalize_inducing`.
+
+    :ivar guide_trace: the guide's trace.
+    :ivar model_trace: the model's trace, replayed against the guide's.
+    :ivar posteriors: ``{u-site name: posterior}`` the handler marginalized.
+    :ivar moments: ``{layer name: (mean, var)}`` of the layers' outputs.
+    :ivar layer_order: layer names in execution order.
+    :ivar quadrature_weights: ``(K,)`` weights of the last layer's quadrature nodes.
+    :ivar branch_log_weights: ``(S,)`` log weights of the branches, if a layer branched.
+    """
 
     guide_trace: dict
     model_trace: dict
@@ -447,17 +495,75 @@ class MarginalRun(NamedTuple):
     branch_log_weights: jax.Array | None = None
 
 
-def marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature=None):
+def marginal_trace(
+    model: Callable,
+    guide: Callable,
+    params: dict,
+    rng_key: jax.Array,
+    args: tuple,
+    kwargs: dict,
+    num_quadrature: int | None = None,
+) -> MarginalRun:
     """Run ``guide`` then ``model`` with inducing values marginalized and quadrature nodes on
     the last layer (see :class:`marginalize_inducing`).
 
+    :param model: the model.
+    :param guide: the guide.
+    :param params: parameter values ``{name: value}`` substituted into both.
+    :param rng_key: PRNG key.
+    :param args: positional arguments of the model and guide.
+    :param kwargs: keyword arguments of the model and guide.
+    :param num_quadrature: nodes per output of the last layer (see :func:`quadrature_rule`).
     :return: :class:`MarginalRun`.
     """
     with _validation_off_when_traced(params):
-        return _marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature)
+        guide_key, model_key = jax.random.split(rng_key)
+        seeded_guide = substitute(seed(fast_subsample(guide), guide_key), data=params)
+        guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
+        seeded_model = substitute(replay(seed(fast_subsample(model), model_key), guide_trace), data=params)
+
+        # Which sites are inducing values and which layer is last: an abstract first pass
+        # (jax.eval_shape), so it adds nothing to the compiled computation.
+        found = {}
+
+        def probe():
+            tr = trace(marginalize_inducing(seeded_model)).get_trace(*args, **kwargs)
+            last = final_layer_name(tr)
+            found["u_sites"] = _model_u_sites(tr)
+            found["last"] = last
+            found["out_dim"] = tr[f"{last}.layer"]["args"][0].out_dim
+            found["locations"] = uses_inducing_locations(tr)
+            found["last_u_site"] = tr[f"{last}.layer"]["args"][0].u_site
+            return 0
+
+        # closing over args keeps static ones (subsample sizes) concrete
+        jax.eval_shape(probe)
+        last = found["last"]
+        nodes, weights = quadrature_rule(found["out_dim"], num_quadrature)
+
+        if found["locations"]:
+            # Layer l's inducing inputs are layer l-1's inducing values: those must be the very
+            # samples every point is propagated with, so the inner layers run on sampled u and only
+            # the last layer is marginalized, given the samples (its guide site's own Gaussian).
+            last_u = found["last_u_site"]
+            posteriors = guide_posteriors(guide_trace, {last_u: found["u_sites"][last_u]}, structured=False)
+        else:
+            posteriors = guide_posteriors(guide_trace, found["u_sites"])
+        posteriors.update(amortized_posteriors(guide_trace))
+        handler = marginalize_inducing(
+            seeded_model,
+            posteriors=posteriors,
+            quadrature_layer=last,
+            quadrature_nodes=nodes,
+            quadrature_weights=weights,
+        )
+        model_trace = trace(handler).get_trace(*args, **kwargs)
+        return MarginalRun(
+            guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights, handler.branch_log_weights
+        )
 
 
-def _validation_off_when_traced(params):
+def _validation_off_when_traced(params: Any) -> contextlib.AbstractContextManager:
     """NumPyro's argument checks cannot act on traced values (a traced check is skipped, and
     the compiler drops it), yet tracing them costs about 0.2 s of every
     compilation of a DGP step; they stay on in eager runs (``svi.init`` runs the model so)."""
@@ -465,56 +571,12 @@ def _validation_off_when_traced(params):
     return numpyro.validation_enabled(False) if traced else contextlib.nullcontext()
 
 
-def _marginal_trace(model, guide, params, rng_key, args, kwargs, num_quadrature):
-    guide_key, model_key = jax.random.split(rng_key)
-    seeded_guide = substitute(seed(fast_subsample(guide), guide_key), data=params)
-    guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
-    seeded_model = substitute(replay(seed(fast_subsample(model), model_key), guide_trace), data=params)
-
-    # Which sites are inducing values and which layer is last: an abstract first pass
-    # (jax.eval_shape), so it adds nothing to the compiled computation.
-    found = {}
-
-    def probe():
-        tr = trace(marginalize_inducing(seeded_model)).get_trace(*args, **kwargs)
-        last = final_layer_name(tr)
-        found["u_sites"] = _model_u_sites(tr)
-        found["last"] = last
-        found["out_dim"] = tr[f"{last}.layer"]["args"][0].out_dim
-        found["locations"] = uses_inducing_locations(tr)
-        found["last_u_site"] = tr[f"{last}.layer"]["args"][0].u_site
-        return 0
-
-    # closing over args keeps static ones (subsample sizes) concrete
-    jax.eval_shape(probe)
-    last = found["last"]
-    nodes, weights = quadrature_rule(found["out_dim"], num_quadrature)
-
-    if found["locations"]:
-        # Layer l's inducing inputs are layer l-1's inducing values: those must be the very
-        # samples every point is propagated with, so the inner layers run on sampled u and only
-        # the last layer is marginalized, given the samples (its guide site's own Gaussian).
-        last_u = found["last_u_site"]
-        posteriors = guide_posteriors(guide_trace, {last_u: found["u_sites"][last_u]}, structured=False)
-    else:
-        posteriors = guide_posteriors(guide_trace, found["u_sites"])
-    posteriors.update(amortized_posteriors(guide_trace))
-    handler = marginalize_inducing(
-        seeded_model,
-        posteriors=posteriors,
-        quadrature_layer=last,
-        quadrature_nodes=nodes,
-        quadrature_weights=weights,
-    )
-    model_trace = trace(handler).get_trace(*args, **kwargs)
-    return MarginalRun(
-        guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights, handler.branch_log_weights
-    )
-
-
-def amortized_posteriors(guide_trace):
+def amortized_posteriors(guide_trace: dict) -> dict[str, AmortizedPosterior]:
     """``{u-site: AmortizedPosterior}`` from the placeholder sites of an amortized guide
-    (:class:`~numpyro_dgp.guides.AutoAmortizedDGP`)."""
+    (:class:`~numpyro_dgp.guides.AutoAmortizedDGP`).
+
+    :param guide_trace: a trace of the guide.
+    """
     return {
         site["fn"].site: site["fn"].posterior
         for site in guide_trace.values()

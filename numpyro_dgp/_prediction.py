@@ -1,28 +1,36 @@
 """Predictive mixtures, their metrics, and per-layer function samples.
 
-A fitted DGP predicts with a mixture over ``S`` propagated samples: sample ``s`` gives each
-test point a Gaussian ``N(m_s, v_s)`` for ``y`` (last layer's marginal variance plus the
-likelihood noise). Mean and variance follow from the law of total variance; the test
-log-likelihood is ``logsumexp_s log N(y | m_s, v_s) - log S``; CRPS uses the closed form for
-Gaussian mixtures (notes/amortized.md, with ``erf(mu / (sqrt 2 s))`` as it must be).
+A fitted DGP predicts with a mixture over ``S`` propagated samples (as in the doubly
+stochastic DGP of Salimbeni & Deisenroth, 2017): sample ``s`` gives each test point a Gaussian
+``N(m_s, v_s)`` for ``y`` (last layer's marginal variance plus the likelihood noise). Mean and
+variance follow from the law of total variance; the test log-likelihood is
+``logsumexp_s log N(y | m_s, v_s) - log S``; the CRPS (Gneiting & Raftery, 2007) uses the
+closed form for Gaussian mixtures (:func:`gaussian_mixture_crps`), in which
+``2 Phi(mu / s) - 1 = erf(mu / (sqrt 2 s))``.
 
 A Bernoulli observation site (classification, e.g. :func:`numpyro_dgp.likelihoods.bernoulli_probit`)
 gives each component ``p_s = E[p(y = 1 | f)]`` over the last layer's marginal (20-node
 Gauss-Hermite quadrature); the mixture's probability is ``mean_s p_s`` and its test
 log-likelihood ``logsumexp_s log Bernoulli(y | p_s) - log S``.
+
+**References:**
+
+* Salimbeni, Deisenroth (2017). Doubly stochastic variational inference for deep Gaussian
+  processes. NeurIPS.
+* Gneiting, Raftery (2007). Strictly proper scoring rules, prediction, and estimation.
+  Journal of the American Statistical Association.
 """
 
 from __future__ import annotations
 
 import warnings
 import weakref
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpyro.distributions as dist
-from jax.scipy.special import logsumexp, ndtr
-from jax.scipy.stats import norm
+from jax.typing import ArrayLike
 from numpyro.handlers import replay, seed, substitute, trace
 
 from numpyro_dgp._cache import OwnerCache
@@ -36,9 +44,6 @@ __all__ = [
     "predict",
     "predict_from_samples",
     "sample_layers",
-    "log_likelihood",
-    "gaussian_mixture_crps",
-    "metrics",
 ]
 
 
@@ -50,7 +55,10 @@ _QUADRATURE_NODES = {"normal": 3, "bernoulli": 20}
 
 class NonFinitePredictionWarning(UserWarning):
     """Some predictions came out NaN or infinite (typically a Cholesky factorization that
-    failed for those points); the metrics of such a prediction are NaN."""
+    failed for those points); the metrics of such a prediction are NaN.
+
+    Issued by :func:`predict` and :func:`predict_from_samples`.
+    """
 
 
 def _warn_if_not_finite(prediction, caller):
@@ -87,7 +95,7 @@ class Prediction(NamedTuple):
         (``"normal"`` or ``"bernoulli"``).
     :ivar weights: ``(S,)`` component weights, or ``None`` for equal weights (with branches,
         :class:`~numpyro_dgp.handlers.quadrature` or an amortized guide, the components are
-        sample x branch with the branch weights).
+        sample x branch with the branch weights, and ``S`` counts both).
     """
 
     mean: jax.Array
@@ -211,7 +219,17 @@ def _flatten_branches(num_branches, comp_m, comp_v, layers, means, variances, lo
             tree(flat, layers), tree(flat, means), tree(flat, variances), weights.astype(comp_m.dtype))
 
 
-def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100, obs_site=None, **kwargs):
+def predict(
+    model: Callable,
+    guide: Callable,
+    params: dict,
+    rng_key: jax.Array,
+    X_new: ArrayLike,
+    *args,
+    num_samples: int = 100,
+    obs_site: str | None = None,
+    **kwargs,
+) -> Prediction:
     """Predictive mixture of a fitted DGP at ``X_new``.
 
     Each sample propagates ``X_new`` through the inner layers' marginals ``q(f_l | f_{l-1})``
@@ -229,9 +247,12 @@ def predict(model, guide, params, rng_key, X_new, *args, num_samples: int = 100,
     :param params: ``svi.get_params(state)`` / ``FitResult.params``.
     :param rng_key: PRNG key.
     :param X_new: ``(N, D)`` test inputs.
+    :param args: further positional arguments of the model.
     :param num_samples: ``S``, mixture components.
     :param obs_site: name of the observation site (found automatically if there is one).
-    :return: :class:`Prediction`.
+    :param kwargs: keyword arguments of the model.
+    :return: :class:`Prediction` with ``S`` components (times the number of branches where
+        the model or guide has them).
     """
     if int(num_samples) < 1:
         raise ValueError(f"predict: num_samples must be >= 1, got {num_samples}")
@@ -306,7 +327,16 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
     return found, batched
 
 
-def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, params=None, **kwargs):
+def predict_from_samples(
+    model: Callable,
+    samples: dict,
+    rng_key: jax.Array,
+    X_new: ArrayLike,
+    *args,
+    obs_site: str | None = None,
+    params: dict | None = None,
+    **kwargs,
+) -> Prediction:
     """Predictive mixture of a DGP over posterior samples (MCMC, :class:`~numpyro_dgp.infer.SGHMC`).
 
     Component ``s`` substitutes sample ``s`` into the model (the inducing values
@@ -324,9 +354,11 @@ def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, p
         params in force at every sample, so the dict covers them).
     :param rng_key: PRNG key (inner-layer draws, one key per component).
     :param X_new: ``(N, D)`` test inputs.
+    :param args: further positional arguments of the model.
     :param obs_site: name of the observation site (found automatically if there is one).
     :param params: ``{param site: value}`` fixed for all components, for params the samples
         do not hold (e.g. fitted values substituted into a NUTS run); samples take precedence.
+    :param kwargs: keyword arguments of the model.
     :return: :class:`Prediction` with ``S`` components.
     """
     X_new = jnp.asarray(X_new)
@@ -410,12 +442,34 @@ def predict_from_samples(model, samples, rng_key, X_new, *args, obs_site=None, p
     return _warn_if_not_finite(_mixture(likelihood, *jax.jit(jax.vmap(one))(samples, keys)), "predict_from_samples")
 
 
-def sample_layers(model, guide, params, rng_key, X, *args, num_samples: int = 25, coherent: bool = True, **kwargs):
+def sample_layers(
+    model: Callable,
+    guide: Callable,
+    params: dict,
+    rng_key: jax.Array,
+    X: ArrayLike,
+    *args,
+    num_samples: int = 25,
+    coherent: bool = True,
+    **kwargs,
+) -> dict[str, jax.Array]:
     """Function samples of every layer at ``X``: ``{layer: (S, N, P)}``.
 
     Inducing values are drawn from the guide; with ``coherent=True`` each layer's output is
     drawn with its full covariance over the ``N`` points, so a sample is a smooth function
     (use a grid of a few hundred points).
+
+    :param model: the NumPyro model; called as ``model(X, *args, **kwargs)``.
+    :param guide: the fitted guide (set up, e.g. by :func:`numpyro_dgp.fit`).
+    :param params: ``svi.get_params(state)`` / ``FitResult.params``.
+    :param rng_key: PRNG key.
+    :param X: ``(N, D)`` inputs of the first layer.
+    :param args: further positional arguments of the model.
+    :param num_samples: ``S``, function samples.
+    :param coherent: draw each layer jointly over the ``N`` points
+        (:class:`~numpyro_dgp.handlers.coherent_layers`); ``False`` draws point by point.
+    :param kwargs: keyword arguments of the model.
+    :return: ``{layer: (S, N, P)}`` for every layer, in the order the model runs them.
     """
     _check_guide_is_set_up(guide, "sample_layers")
 
@@ -431,111 +485,3 @@ def sample_layers(model, guide, params, rng_key, X, *args, num_samples: int = 25
 
     keys = jax.random.split(rng_key, int(num_samples))
     return jax.jit(jax.vmap(one, in_axes=(0, None, None)))(keys, params, jnp.asarray(X))
-
-
-def _check_binary_labels(y, caller):
-    """Raise ``ValueError`` unless a concrete ``y`` holds only 0/1 (traced values are not checked)."""
-    bad = ~((y == 0) | (y == 1))
-    try:
-        any_bad = bool(jnp.any(bad))
-    except jax.errors.ConcretizationTypeError:
-        return  # traced: cannot check here
-    if any_bad:
-        first = jnp.ravel(y)[jnp.argmax(jnp.ravel(bad))].item()
-        raise ValueError(
-            f"{caller}: y must hold only 0/1 labels for a Bernoulli prediction; got "
-            f"{int(jnp.sum(bad))} other value(s), e.g. {first!r}"
-        )
-
-
-def _bernoulli_log_prob(y, probs):
-    """``log Bernoulli(y | probs)`` with ``probs`` clipped into ``[tiny, 1 - eps]`` (a component
-    whose probability rounded to 0 or 1 keeps a finite log-probability)."""
-    info = jnp.finfo(probs.dtype)
-    p = jnp.clip(probs, info.tiny, 1 - info.epsneg)
-    return jnp.where(y == 1, jnp.log(p), jnp.log1p(-p))
-
-
-def log_likelihood(prediction: Prediction, y):
-    """Per-point mixture log-probability, shape ``(N,)``.
-
-    Normal: ``logsumexp_s log N(y | m_s, v_s) - log S``. Bernoulli:
-    ``logsumexp_s log Bernoulli(y | p_s) - log S`` (``y`` in {0, 1}).
-    """
-    y = jnp.asarray(y)
-    if prediction.likelihood == "bernoulli":
-        _check_binary_labels(y, "log_likelihood")
-        lp = _bernoulli_log_prob(y, prediction.component_means)
-    else:
-        lp = norm.logpdf(y, prediction.component_means, jnp.sqrt(prediction.component_variances))
-    if prediction.weights is not None:
-        return logsumexp(lp, axis=0, b=prediction.weights[:, None])
-    return logsumexp(lp, axis=0) - jnp.log(lp.shape[0])
-
-
-def _crps_A(mu, var):
-    s = jnp.sqrt(var)
-    z = mu / s
-    return 2 * s * norm.pdf(z) + mu * (2 * ndtr(z) - 1)
-
-
-def gaussian_mixture_crps(y, means, variances, weights=None):
-    """CRPS of an equally (or ``weights``-) weighted Gaussian mixture, per point.
-
-    ``sum_s w_s A(y - mu_s, s_s^2) - 0.5 sum_ij w_i w_j A(mu_i - mu_j, s_i^2 + s_j^2)`` with
-    ``A(mu, s2) = 2 s phi(mu / s) + mu (2 Phi(mu / s) - 1)``.
-
-    :param y: ``(N,)``; :param means: ``(S, N)``; :param variances: ``(S, N)``.
-    :return: ``(N,)``.
-    """
-    S = means.shape[0]
-    w = jnp.full((S,), 1.0 / S, means.dtype) if weights is None else jnp.asarray(weights, means.dtype)
-
-    def per_point(args):
-        yi, mi, vi = args
-        first = jnp.sum(w * _crps_A(yi - mi, vi))
-        pair = _crps_A(mi[:, None] - mi[None, :], vi[:, None] + vi[None, :])
-        return first - 0.5 * w @ pair @ w
-
-    return jax.lax.map(per_point, (jnp.asarray(y), means.T, variances.T))
-
-
-def _classification_metrics(prediction: Prediction, y) -> dict:
-    """Mean log-likelihood, error rate (threshold 0.5 on the mixture probability) and Brier score."""
-    _check_binary_labels(y, "metrics")
-    y = y.astype(prediction.mean.dtype)
-    ll = log_likelihood(prediction, y).mean()
-    error_rate = jnp.mean((prediction.mean > 0.5) != (y == 1))
-    brier = jnp.mean((prediction.mean - y) ** 2)
-    return {"log_likelihood": float(ll), "error_rate": float(error_rate), "brier": float(brier)}
-
-
-def metrics(prediction: Prediction, y, y_scale: float = 1.0) -> dict:
-    """Test metrics of a prediction.
-
-    Normal: mean log-likelihood, RMSE and CRPS. Bernoulli (``y`` in {0, 1}): mean
-    log-likelihood, error rate (predicted class ``1`` where the mixture probability exceeds
-    0.5) and Brier score ``mean (p - y)^2``.
-
-    :param y_scale: the targets' standard deviation if the model saw standardized targets:
-        metrics are then reported in original units (LL - log y_scale, RMSE and CRPS times
-        y_scale). Normal predictions only.
-    :return: ``{"log_likelihood", "rmse", "crps"}`` (Normal) or ``{"log_likelihood",
-        "error_rate", "brier"}`` (Bernoulli) as Python floats.
-    """
-    y = jnp.asarray(y)
-    if y.shape != prediction.mean.shape:
-        raise ValueError(f"metrics: y has shape {y.shape}, predictions have {prediction.mean.shape}")
-    if prediction.likelihood == "bernoulli":
-        if y_scale != 1.0:
-            raise ValueError(
-                f"metrics: y_scale applies to Normal predictions; a Bernoulli prediction takes "
-                f"y_scale=1.0, got {y_scale!r}"
-            )
-        return _classification_metrics(prediction, y)
-    ll = log_likelihood(prediction, y).mean() - jnp.log(y_scale)
-    rmse = jnp.sqrt(jnp.mean((y - prediction.mean) ** 2)) * y_scale
-    crps = gaussian_mixture_crps(
-        y, prediction.component_means, prediction.component_variances, prediction.weights
-    ).mean() * y_scale
-    return {"log_likelihood": float(ll), "rmse": float(rmse), "crps": float(crps)}

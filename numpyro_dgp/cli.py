@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Sequence
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
-def _parse_splits(text):
+def _parse_splits(text: str) -> list[int]:
     from numpyro_dgp.datasets import parse_splits
 
     try:
@@ -24,21 +25,27 @@ def _parse_splits(text):
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _positive_int(text):
+def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
 
 
-def _setup_precision(float32):
+def _setup_precision(float32: bool) -> None:
     import jax
 
     if not float32:
         jax.config.update("jax_enable_x64", True)
 
 
-def cmd_demo(args):
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``numpyro-dgp demo``: fit a 2-layer DGP and an SVGP to the step function, print a table
+    of their ELBOs and test metrics and write a PNG of the DGP's layer samples.
+
+    :param args: the parsed ``demo`` arguments (see :func:`build_parser`).
+    :return: the exit status, 0.
+    """
     _setup_precision(args.float32)
     import jax
     import matplotlib
@@ -62,7 +69,14 @@ def cmd_demo(args):
     return 0
 
 
-def cmd_uci(args):
+def cmd_uci(args: argparse.Namespace) -> int:
+    """``numpyro-dgp uci``: DSVI on the chosen UCI splits; prints per-split test
+    log-likelihood, RMSE and CRPS, then their mean and standard error.
+
+    :param args: the parsed ``uci`` arguments (see :func:`build_parser`).
+    :return: the exit status, 0.
+    :raises SystemExit: a split index the data set does not have.
+    """
     _setup_precision(args.float32)
     from numpyro_dgp.datasets import load_uci, num_uci_splits
     from numpyro_dgp.recipes import mean_and_standard_error, run_uci
@@ -89,7 +103,12 @@ def cmd_uci(args):
     return 0
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``numpyro-dgp`` command, with the subcommands ``demo`` and
+    ``uci``; each sets ``func`` to the function that runs it.
+
+    :return: the parser.
+    """
     parser = argparse.ArgumentParser(prog="numpyro-dgp", description="Deep Gaussian processes on NumPyro.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -116,7 +135,13 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``numpyro-dgp`` command.
+
+    :param argv: the arguments after the program name (default: ``sys.argv[1:]``).
+    :return: the exit status: 0 on success, 2 on a ``ValueError`` or ``FileNotFoundError``
+        (reported on standard error).
+    """
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -13,6 +13,14 @@ Two kinds of data are provided:
 
 All arrays are returned as NumPy arrays (``float64`` unless asked otherwise); pass them to
 ``jnp.asarray`` when a model needs them on the device.
+
+**References:**
+
+* Hernández-Lobato, Adams (2015). Probabilistic backpropagation for scalable learning of
+  Bayesian neural networks. ICML.
+* Ustyuzhaninov, Kazlauskaite, Kaiser, Bodin, Campbell, Ek (2020). Compositional uncertainty
+  in deep Gaussian processes. UAI.
+* Meng, Zhang (2024). Amortized variational inference for deep Gaussian processes.
 """
 
 from __future__ import annotations
@@ -24,6 +32,16 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from numpyro_dgp._uci_files import (
+    _LAYOUT_FILES,
+    _available,
+    _check_split,
+    _read_features_and_target,
+    _read_indices,
+    _standardize_stats,
+)
+from numpy.typing import DTypeLike
 
 __all__ = [
     "Dataset",
@@ -53,11 +71,11 @@ __all__ = [
 class Dataset(NamedTuple):
     """A regression problem with a fixed train/test split.
 
-    :param X_train: training inputs, shape ``(N, D)``.
-    :param y_train: training targets, shape ``(N,)``.
-    :param X_test: test inputs, shape ``(N*, D)``.
-    :param y_test: test targets, shape ``(N*,)``.
-    :param name: short name of the problem, e.g. ``"step"``.
+    :ivar X_train: training inputs, shape ``(N, D)``.
+    :ivar y_train: training targets, shape ``(N,)``.
+    :ivar X_test: test inputs, shape ``(N*, D)``.
+    :ivar y_test: test targets, shape ``(N*,)``.
+    :ivar name: short name of the problem, e.g. ``"step"``.
     """
 
     X_train: np.ndarray
@@ -82,17 +100,18 @@ class UCISplit(NamedTuple):
     * predictive means: :meth:`unstandardize_y`; predictive standard deviations scale by
       ``y_std`` (variances by ``y_std ** 2``).
 
-    :param X_train: standardized training inputs, shape ``(N, D)``.
-    :param y_train: standardized training targets, shape ``(N,)``.
-    :param X_test: test inputs standardized with the training statistics, shape ``(N*, D)``.
-    :param y_test: test targets standardized with the training statistics, shape ``(N*,)``.
-    :param x_mean: training-input column means, shape ``(D,)``.
-    :param x_std: training-input column standard deviations (1 for constant columns),
+    :ivar X_train: standardized training inputs, shape ``(N, D)``.
+    :ivar y_train: standardized training targets, shape ``(N,)``.
+    :ivar X_test: test inputs standardized with the training statistics, shape ``(N*, D)``.
+    :ivar y_test: test targets standardized with the training statistics, shape ``(N*,)``.
+    :ivar x_mean: training-input column means, shape ``(D,)``.
+    :ivar x_std: training-input column standard deviations (1 for constant columns),
         shape ``(D,)``.
-    :param y_mean: training-target mean.
-    :param y_std: training-target standard deviation (1 if the target is constant).
-    :param name: canonical data set name, e.g. ``"bostonHousing"``.
-    :param split: index of the split, ``0 <= split < num_uci_splits(name)``.
+    :ivar y_mean: training-target mean.
+    :ivar y_std: training-target standard deviation (1 if the target is constant).
+    :ivar name: canonical data set name, e.g. ``"bostonHousing"``.
+    :ivar split: index of the split, ``0 <= split < num_uci_splits(name)`` (for
+        :func:`random_uci_split`: the seed of the permutation).
     """
 
     X_train: np.ndarray
@@ -106,7 +125,7 @@ class UCISplit(NamedTuple):
     name: str
     split: int
 
-    def unstandardize_y(self, y):
+    def unstandardize_y(self, y: np.ndarray | jax.Array) -> np.ndarray | jax.Array:
         """Map standardized targets (or predictive means) back to the original units.
 
         :param y: standardized values, any shape; NumPy or JAX array.
@@ -185,7 +204,7 @@ def _identity(x: np.ndarray) -> np.ndarray:
 
 
 def step_function(
-    rng_key, num_train: int = 100, num_test: int = 200, noise_std: float = 0.01
+    rng_key: jax.Array, num_train: int = 100, num_test: int = 200, noise_std: float = 0.01
 ) -> Dataset:
     """Noisy step function, the standard deep-GP demonstration problem.
 
@@ -203,22 +222,22 @@ def step_function(
     return _toy_problem(rng_key, _step, "step", num_train, num_test, noise_std)
 
 
-def sine(rng_key, num_train: int = 100, num_test: int = 200, noise_std: float = 0.01) -> Dataset:
-    """Noisy ``y = sin(pi x)`` on ``[-1, 1]`` (the 3-layer sine fit of the
-    "compositional uncertainty" paper, App. E).
+def sine(rng_key: jax.Array, num_train: int = 100, num_test: int = 200, noise_std: float = 0.01) -> Dataset:
+    """Noisy ``y = sin(pi x)`` on ``[-1, 1]`` (the 3-layer sine fit of Ustyuzhaninov et al.
+    (2020), App. E).
 
     :param rng_key: JAX PRNG key.
     :param num_train: number of training points, drawn uniformly on ``[-1, 1]``.
     :param num_test: number of test points, on an evenly spaced grid over ``[-1, 1]``.
     :param noise_std: standard deviation of the additive Gaussian noise (train and test).
-    :return: :class:`Dataset` with ``X (N, 1)``, ``y (N,)`` arrays in ``float64``; name
-        ``"sine"``.
+    :return: :class:`Dataset` with ``X_train (num_train, 1)``, ``y_train (num_train,)``,
+        ``X_test (num_test, 1)``, ``y_test (num_test,)``, all ``float64``; name ``"sine"``.
     """
     return _toy_problem(rng_key, _sine, "sine", num_train, num_test, noise_std)
 
 
 def identity(
-    rng_key, num_train: int = 100, num_test: int = 200, noise_std: float = 0.01
+    rng_key: jax.Array, num_train: int = 100, num_test: int = 200, noise_std: float = 0.01
 ) -> Dataset:
     """Noisy ``y = x`` on ``[-1, 1]``; a sanity check that depth does not hurt simple fits.
 
@@ -226,7 +245,8 @@ def identity(
     :param num_train: number of training points, drawn uniformly on ``[-1, 1]``.
     :param num_test: number of test points, on an evenly spaced grid over ``[-1, 1]``.
     :param noise_std: standard deviation of the additive Gaussian noise (train and test).
-    :return: :class:`Dataset` with ``X (N, 1)``, ``y (N,)`` arrays in ``float64``; name
+    :return: :class:`Dataset` with ``X_train (num_train, 1)``, ``y_train (num_train,)``,
+        ``X_test (num_test, 1)``, ``y_test (num_test,)``, all ``float64``; name
         ``"identity"``.
     """
     return _toy_problem(rng_key, _identity, "identity", num_train, num_test, noise_std)
@@ -273,9 +293,6 @@ UCI_ALIASES: dict[str, str] = {
 #: Environment variable consulted by :func:`default_data_dir`.
 DATA_DIR_ENV_VAR = "NUMPYRO_DGP_DATA"
 
-#: The files of the standard split layout that every data set folder must hold.
-_LAYOUT_FILES = ("data.txt", "index_features.txt", "index_target.txt")
-
 
 def resolve_uci_name(name: str) -> str:
     """Map a known data set name or alias to its folder name; other names pass unchanged.
@@ -300,7 +317,7 @@ def resolve_uci_name(name: str) -> str:
     return UCI_ALIASES.get(key, name.strip())
 
 
-def default_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
+def default_data_dir(data_dir: os.PathLike | str | None = None) -> Path:
     """The folder that holds the data sets: ``data_dir``, else ``$NUMPYRO_DGP_DATA``.
 
     There is no built-in default: the data live wherever you keep them. An explicit argument
@@ -331,14 +348,6 @@ def default_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     )
 
 
-def _is_layout_folder(path: Path) -> bool:
-    return path.is_dir() and all((path / f).is_file() for f in _LAYOUT_FILES)
-
-
-def _available(base: Path) -> list[str]:
-    return sorted(p.name for p in base.iterdir() if _is_layout_folder(p))
-
-
 def _dataset_dir(name: str | os.PathLike, data_dir) -> tuple[str, Path]:
     """``(name, folder)`` of a data set given by path, or by name under the data directory."""
     if isinstance(name, os.PathLike) or (isinstance(name, str) and (os.sep in name or name.startswith("~"))):
@@ -364,50 +373,7 @@ def _dataset_dir(name: str | os.PathLike, data_dir) -> tuple[str, Path]:
     return canonical, folder
 
 
-def _read_indices(path: Path, upper: int | None = None) -> np.ndarray:
-    """Read a whitespace-separated index file; tolerates floats such as ``3.0``."""
-    if not path.is_file():
-        raise FileNotFoundError(f"index file {path} does not exist")
-    try:
-        raw = np.loadtxt(path, dtype=np.float64, ndmin=1)
-    except ValueError as err:
-        raise ValueError(f"index file {path} could not be parsed as numbers: {err}") from err
-    raw = raw.reshape(-1)
-    if raw.size == 0:
-        raise ValueError(f"index file {path} is empty")
-    if not np.all(np.isfinite(raw)) or not np.all(raw == np.round(raw)):
-        raise ValueError(f"index file {path} holds non-integer indices")
-    idx = raw.astype(np.int64)
-    if np.any(idx < 0):
-        raise ValueError(f"index file {path} holds negative indices (they must be 0-based)")
-    if upper is not None and np.any(idx >= upper):
-        raise ValueError(
-            f"index file {path} holds index {int(idx.max())} but only {upper} are valid"
-        )
-    return idx
-
-
-def _read_data(path: Path) -> np.ndarray:
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {path} does not exist")
-    try:
-        data = np.loadtxt(path, dtype=np.float64, ndmin=2)
-    except ValueError as err:
-        raise ValueError(f"data file {path} could not be parsed: {err}") from err
-    if data.size == 0:
-        raise ValueError(f"data file {path} holds no rows")
-    bad_rows = np.flatnonzero(~np.all(np.isfinite(data), axis=1))
-    if bad_rows.size:
-        shown = ", ".join(str(int(r)) for r in bad_rows[:5])
-        more = "" if bad_rows.size <= 5 else f" and {bad_rows.size - 5} more"
-        raise ValueError(
-            f"data file {path} has {bad_rows.size} row(s) with NaN/inf values "
-            f"(0-based rows {shown}{more})"
-        )
-    return data
-
-
-def num_uci_splits(name: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> int:
+def num_uci_splits(name: os.PathLike | str, data_dir: os.PathLike | str | None = None) -> int:
     """Number of train/test splits of a data set (20 for the standard sets).
 
     :param name: data set name or alias under the data directory, or a folder path.
@@ -432,18 +398,8 @@ def num_uci_splits(name: str | os.PathLike, data_dir: str | os.PathLike | None =
     return int(value)
 
 
-def _check_split(split: int, n_splits: int, canonical: str) -> int:
-    if isinstance(split, bool) or not isinstance(split, (int, np.integer)):
-        raise ValueError(f"split must be an integer, got {type(split).__name__}")
-    if not 0 <= split < n_splits:
-        raise ValueError(
-            f"split={split} is out of range for {canonical!r}: valid splits are 0..{n_splits - 1}"
-        )
-    return int(split)
-
-
 def uci_split_indices(
-    name: str | os.PathLike, split: int = 0, data_dir: str | os.PathLike | None = None
+    name: os.PathLike | str, split: int = 0, data_dir: os.PathLike | str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Row indices of one train/test split, as stored in ``index_{train,test}_K.txt``.
 
@@ -460,19 +416,11 @@ def uci_split_indices(
     return train_idx, test_idx
 
 
-def _standardize_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    mean = values.mean(axis=0)
-    std = values.std(axis=0)
-    # A constant training column would divide by zero; scaling by 1 maps it to zeros.
-    std = np.where(std > 0.0, std, 1.0)
-    return mean, std
-
-
 def load_uci(
-    name: str | os.PathLike,
+    name: os.PathLike | str,
     split: int = 0,
-    data_dir: str | os.PathLike | None = None,
-    dtype=np.float64,
+    data_dir: os.PathLike | str | None = None,
+    dtype: DTypeLike = np.float64,
 ) -> UCISplit:
     """Load one standardized train/test split of a UCI regression data set.
 
@@ -511,25 +459,32 @@ def load_uci(
 
 
 def random_uci_split(
-    name: str | os.PathLike,
+    name: os.PathLike | str,
     seed: int,
     train_fraction: float = 0.8,
     test_fraction: float = 0.1,
-    data_dir: str | os.PathLike | None = None,
-    dtype=np.float64,
+    data_dir: os.PathLike | str | None = None,
+    dtype: DTypeLike = np.float64,
     part: str = "test",
 ) -> UCISplit:
-    """A random train/test split of a UCI set (paper 003's protocol: 8:1:1 train, test and
-    validation), standardized like :func:`load_uci`.
+    """A random train/test split of a UCI set (the protocol of Meng & Zhang (2024): 8:1:1
+    train, test and validation), standardized like :func:`load_uci`.
 
     The rows are permuted with ``seed``; the first ``train_fraction`` are the training rows,
     the next ``test_fraction`` the test rows and the rest the validation rows.
 
+    :param name: data set name under the data directory, or a folder path (as for
+        :func:`load_uci`).
     :param seed: NumPy seed of the permutation (``UCISplit.split`` records it).
     :param train_fraction: share of rows for training.
     :param test_fraction: share of rows for testing (the rest is the validation part).
+    :param data_dir: data directory; see :func:`default_data_dir`.
+    :param dtype: floating dtype of the returned arrays (statistics are computed in float64).
     :param part: ``"test"``, or ``"validation"`` to get the validation rows in ``X_test`` /
         ``y_test`` instead (same training rows and statistics), e.g. for early stopping.
+    :return: :class:`UCISplit` (as from :func:`load_uci`, with ``split`` set to ``seed``).
+    :raises ValueError: fractions out of range, an empty held-out part, an unknown ``part``
+        or a non-floating ``dtype``.
     """
     dtype = np.dtype(dtype)
     if dtype.kind != "f":
@@ -557,24 +512,6 @@ def random_uci_split(
     return _standardized_split(X, y, train_idx, held_out_idx, dtype, canonical, int(seed))
 
 
-def _read_features_and_target(folder: Path):
-    data = _read_data(folder / "data.txt")
-    num_rows, num_cols = data.shape
-    features = _read_indices(folder / "index_features.txt", upper=num_cols)
-    target = _read_indices(folder / "index_target.txt", upper=num_cols)
-    if target.size != 1:
-        raise ValueError(
-            f"index file {folder / 'index_target.txt'} must hold exactly one column, "
-            f"got {target.size}"
-        )
-    if target[0] in features:
-        raise ValueError(
-            f"target column {int(target[0])} is also listed in {folder / 'index_features.txt'}"
-        )
-
-    return data[:, features], data[:, target[0]], num_rows
-
-
 def _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split):
     X_train, X_test = X[train_idx], X[test_idx]
     y_train, y_test = y[train_idx], y[test_idx]
@@ -596,8 +533,14 @@ def _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split):
     )
 
 
-def parse_splits(text):
-    """``"0-4"`` -> ``[0, 1, 2, 3, 4]``; ``"0,3,7"`` -> ``[0, 3, 7]``; ranges and lists combine."""
+def parse_splits(text: str) -> list[int]:
+    """Split indices from a command-line string: ``"0-4"`` -> ``[0, 1, 2, 3, 4]``;
+    ``"0,3,7"`` -> ``[0, 3, 7]``; ranges and lists combine (``"0-2,7"``).
+
+    :param text: comma-separated indices and inclusive ranges ``a-b``.
+    :return: the indices in the order given (not sorted, not deduplicated).
+    :raises ValueError: no indices, or a part that is not an integer or a range.
+    """
     out = []
     for part in str(text).split(","):
         part = part.strip()

@@ -143,7 +143,7 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def save_params(
-    path: str | os.PathLike, params: Mapping[str, Any], metadata: Mapping[str, Any] | None = None
+    path: os.PathLike | str, params: Mapping[str, Any], metadata: Mapping[str, Any] | None = None
 ) -> Path:
     """Atomically save a (nested) dict of arrays to an ``.npz`` file.
 
@@ -162,6 +162,7 @@ def save_params(
     :raises TypeError: a non-string key, a leaf that is not a numeric/boolean array, or
         metadata that is not a JSON-serializable mapping.
     :raises FileNotFoundError: the target directory does not exist.
+    :raises IsADirectoryError: ``path`` is a directory.
     """
     path = Path(os.fspath(path)).expanduser()
     if not isinstance(params, Mapping):
@@ -300,17 +301,19 @@ def _to_jax(tree: dict, key_path: tuple[str, ...], path: Path) -> dict:
 
 
 def load_params(
-    path: str | os.PathLike, return_metadata: bool = False, *, as_numpy: bool = False
-):
+    path: os.PathLike | str, return_metadata: bool = False, *, as_numpy: bool = False
+) -> dict | tuple[dict, dict]:
     """Load a parameter dict written by :func:`save_params`.
 
     :param path: file path (``str`` or :class:`pathlib.Path`), exactly as given to
         :func:`save_params`.
     :param return_metadata: also return the stored metadata dict (``{}`` if none was saved).
     :param as_numpy: return NumPy arrays instead of JAX arrays (no 64-bit check needed).
-    :return: nested dict of arrays with the saved keys, dtypes, shapes and bits; or
-        ``(params, metadata)`` when ``return_metadata`` is true.
+    :return: nested dict of arrays (``jax.Array``, or ``np.ndarray`` with ``as_numpy``) with
+        the saved keys, dtypes, shapes and bits; or ``(params, metadata)`` when
+        ``return_metadata`` is true.
     :raises FileNotFoundError: ``path`` does not exist.
+    :raises IsADirectoryError: ``path`` is a directory.
     :raises ValueError: the file is truncated, corrupt, not written by :func:`save_params`,
         written by a newer format version, or holds 64-bit arrays while JAX's 64-bit mode
         is off (and ``as_numpy`` is false).

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 
-def _check_inputs(X1, X2):
+def _check_inputs(X1: ArrayLike, X2: ArrayLike | None) -> tuple[jax.Array, jax.Array]:
     X1 = jnp.asarray(X1)
     X2 = X1 if X2 is None else jnp.asarray(X2)
     if X1.ndim != 2 or X2.ndim != 2:
@@ -52,7 +52,7 @@ def _check_inputs(X1, X2):
     return X1, X2
 
 
-def _check_diag_input(X):
+def _check_diag_input(X: ArrayLike) -> jax.Array:
     X = jnp.asarray(X)
     if X.ndim < 2:
         raise ValueError(f"kernel inputs must be 2-D (num_points, dim); got shape {X.shape}")
@@ -97,15 +97,18 @@ class Kernel:
         return self
 
     def __add__(self, other: Kernel) -> Sum:
+        """``self + other``: the :class:`Sum` of the two kernels."""
         return Sum(self, other)
 
     def __radd__(self, other: Any) -> Kernel:
+        """``0 + self`` is ``self``, so that ``sum([k1, k2])`` works."""
         # sum([k1, k2]) starts from 0
         if isinstance(other, (int, float)) and other == 0:
             return self
         return NotImplemented
 
     def __mul__(self, other: Kernel) -> Product:
+        """``self * other``: the :class:`Product` of the two kernels."""
         return Product(self, other)
 
 
@@ -141,12 +144,18 @@ class Stationary(Kernel):
     :param ard: if True, :meth:`with_input_dim` gives one lengthscale per input dimension.
     """
 
-    variance: object = 1.0
-    lengthscale: object = 1.0
+    variance: ArrayLike = 1.0
+    lengthscale: ArrayLike = 1.0
     ard: bool = True
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ("variance", "lengthscale")
 
-    def with_input_dim(self, input_dim):
+    def with_input_dim(self, input_dim: int) -> Stationary:
+        """A copy whose scalar lengthscale is broadcast to ``(input_dim,)`` if ``ard``.
+
+        :param input_dim: the input width ``D``.
+        :return: the kernel with lengthscales of shape ``(input_dim,)`` (``ard``) or as they are.
+        :raises ValueError: if the lengthscales are a vector of another length than ``input_dim``.
+        """
         ls = jnp.asarray(self.lengthscale)
         if self.ard and ls.ndim == 0:
             return dataclasses.replace(self, lengthscale=jnp.full((input_dim,), ls))
@@ -161,7 +170,7 @@ class Stationary(Kernel):
     # the expansion in _scaled_sqdist to exactly 0, see there.
     _zero_roundoff: ClassVar[bool] = False
 
-    def _scaled_sqdist(self, X1, X2):
+    def _scaled_sqdist(self, X1: jax.Array, X2: jax.Array) -> jax.Array:
         ls = jnp.asarray(self.lengthscale)
         A = X1 / ls
         B = X2 / ls
@@ -179,19 +188,22 @@ class Stationary(Kernel):
             sq = jnp.where(sq > tol, sq, 0.0)
         return sq
 
-    def _profile(self, sqdist):
+    def _profile(self, sqdist: jax.Array) -> jax.Array:
+        """``g`` as a function of the squared scaled distance ``r^2``."""
         raise NotImplementedError
 
-    def __call__(self, X1, X2=None):
+    def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
+        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default ``X1``)."""
         X1, X2 = _check_inputs(X1, X2)
         return self.variance * self._profile(self._scaled_sqdist(X1, X2))
 
-    def diag(self, X):
+    def diag(self, X: ArrayLike) -> jax.Array:
+        """Diagonal of ``self(X, X)``: ``variance`` at every point, shape ``(N,)``."""
         X = _check_diag_input(X)
         return jnp.broadcast_to(jnp.asarray(self.variance, X.dtype), X.shape[:-1])
 
 
-def _safe_sqrt(sq):
+def _safe_sqrt(sq: jax.Array) -> jax.Array:
     # sqrt with a finite gradient at 0 (the diagonal of K(X, X)). Clamp, do not substitute:
     # XLA may compute ``sq`` twice in different fusions with different rounding, and with
     # ``where(sq > 0, sqrt(where(sq > 0, sq, 1.0)), 0)`` the two masks then disagree on a
@@ -205,7 +217,7 @@ def _safe_sqrt(sq):
 class RBF(Stationary):
     """Squared exponential: ``variance * exp(-r^2 / 2)``."""
 
-    def _profile(self, sq):
+    def _profile(self, sq: jax.Array) -> jax.Array:
         return jnp.exp(-0.5 * sq)
 
 
@@ -218,7 +230,7 @@ class Matern12(Stationary):
 
     _zero_roundoff: ClassVar[bool] = True
 
-    def _profile(self, sq):
+    def _profile(self, sq: jax.Array) -> jax.Array:
         return jnp.exp(-_safe_sqrt(sq))
 
 
@@ -226,7 +238,7 @@ class Matern12(Stationary):
 class Matern32(Stationary):
     """Matérn 3/2: ``variance * (1 + sqrt(3) r) exp(-sqrt(3) r)``."""
 
-    def _profile(self, sq):
+    def _profile(self, sq: jax.Array) -> jax.Array:
         r = jnp.sqrt(3.0) * _safe_sqrt(sq)
         return (1.0 + r) * jnp.exp(-r)
 
@@ -235,7 +247,7 @@ class Matern32(Stationary):
 class Matern52(Stationary):
     """Matérn 5/2: ``variance * (1 + sqrt(5) r + 5 r^2 / 3) exp(-sqrt(5) r)``."""
 
-    def _profile(self, sq):
+    def _profile(self, sq: jax.Array) -> jax.Array:
         r = jnp.sqrt(5.0) * _safe_sqrt(sq)
         return (1.0 + r + 5.0 * sq / 3.0) * jnp.exp(-r)
 
@@ -250,45 +262,56 @@ class Periodic(Kernel):
     :param period: scalar (> 0).
     """
 
-    variance: object = 1.0
-    lengthscale: object = 1.0
-    period: object = 1.0
+    variance: ArrayLike = 1.0
+    lengthscale: ArrayLike = 1.0
+    period: ArrayLike = 1.0
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ("variance", "lengthscale", "period")
 
-    def __call__(self, X1, X2=None):
+    def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
+        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default ``X1``)."""
         X1, X2 = _check_inputs(X1, X2)
         diff = X1[:, None, :] - X2[None, :, :]
         s = jnp.sin(jnp.pi * diff / self.period) / jnp.asarray(self.lengthscale)
         return self.variance * jnp.exp(-2.0 * jnp.sum(s**2, -1))
 
-    def diag(self, X):
+    def diag(self, X: ArrayLike) -> jax.Array:
+        """Diagonal of ``self(X, X)``: ``variance`` at every point, shape ``(N,)``."""
         X = _check_diag_input(X)
         return jnp.broadcast_to(jnp.asarray(self.variance, X.dtype), X.shape[:-1])
 
 
 @dataclasses.dataclass(frozen=True)
 class Linear(Kernel):
-    """Linear kernel ``variance * x^T x'`` (a Bayesian linear model through the origin)."""
+    """Linear kernel ``variance * x^T x'`` (a Bayesian linear model through the origin).
 
-    variance: object = 1.0
+    :param variance: weight variance (> 0).
+    """
+
+    variance: ArrayLike = 1.0
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ("variance",)
 
-    def __call__(self, X1, X2=None):
+    def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
+        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default ``X1``)."""
         X1, X2 = _check_inputs(X1, X2)
         return self.variance * (X1 @ X2.T)
 
-    def diag(self, X):
+    def diag(self, X: ArrayLike) -> jax.Array:
+        """Diagonal of ``self(X, X)``: ``variance * |x|^2`` per point, shape ``(N,)``."""
         X = _check_diag_input(X)
         return self.variance * jnp.sum(X**2, -1)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Combination(Kernel):
-    """Hyperparameters of the parts are namespaced ``k0.<name>``, ``k1.<name>``, ..."""
+    """Hyperparameters of the parts are namespaced ``k0.<name>``, ``k1.<name>``, ...
+
+    :param kernels: the parts (nested combinations of the same kind are flattened).
+    :raises TypeError: if a part is not a :class:`Kernel`.
+    """
 
     kernels: tuple
 
-    def __init__(self, *kernels):
+    def __init__(self, *kernels: Kernel) -> None:
         flat = []
         for k in kernels:
             if not isinstance(k, Kernel):
@@ -297,14 +320,16 @@ class _Combination(Kernel):
             flat.extend(k.kernels if type(k) is type(self) else [k])
         object.__setattr__(self, "kernels", tuple(flat))
 
-    def hyperparameters(self):
+    def hyperparameters(self) -> dict[str, Any]:
+        """Flat dict of ``"k<i>.<name>"`` -> value over the parts."""
         out = {}
         for i, k in enumerate(self.kernels):
             for name, value in k.hyperparameters().items():
                 out[f"k{i}.{name}"] = value
         return out
 
-    def replace(self, **values):
+    def replace(self, **values: Any) -> _Combination:
+        """A copy with some parts' hyperparameters replaced (names ``"k<i>.<name>"``)."""
         unknown = set(values) - set(self.hyperparameters())
         if unknown:
             raise ValueError(
@@ -318,30 +343,41 @@ class _Combination(Kernel):
             parts.append(k.replace(**mine) if mine else k)
         return type(self)(*parts)
 
-    def with_input_dim(self, input_dim):
+    def with_input_dim(self, input_dim: int) -> _Combination:
+        """A copy whose parts have their ARD lengthscales broadcast to ``(input_dim,)``."""
         return type(self)(*(k.with_input_dim(input_dim) for k in self.kernels))
 
 
 class Sum(_Combination):
-    """Sum of kernels."""
+    """Sum of kernels: ``Sum(k1, k2)`` or ``k1 + k2``.
 
-    def __call__(self, X1, X2=None):
+    :param kernels: the summands.
+    """
+
+    def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
+        """The covariance matrix ``(N1, N2)``: the sum of the parts' matrices."""
         return sum(k(X1, X2) for k in self.kernels)
 
-    def diag(self, X):
+    def diag(self, X: ArrayLike) -> jax.Array:
+        """Diagonal of ``self(X, X)``, shape ``(N,)``: the sum of the parts' diagonals."""
         return sum(k.diag(X) for k in self.kernels)
 
 
 class Product(_Combination):
-    """Elementwise product of kernels."""
+    """Elementwise product of kernels: ``Product(k1, k2)`` or ``k1 * k2``.
 
-    def __call__(self, X1, X2=None):
+    :param kernels: the factors.
+    """
+
+    def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
+        """The covariance matrix ``(N1, N2)``: the elementwise product of the parts' matrices."""
         out = self.kernels[0](X1, X2)
         for k in self.kernels[1:]:
             out = out * k(X1, X2)
         return out
 
-    def diag(self, X):
+    def diag(self, X: ArrayLike) -> jax.Array:
+        """Diagonal of ``self(X, X)``, shape ``(N,)``: the product of the parts' diagonals."""
         out = self.kernels[0].diag(X)
         for k in self.kernels[1:]:
             out = out * k.diag(X)

@@ -15,10 +15,11 @@ A call ``gp_layer("h1", X, kernel, num_inducing=50, out_dim=2)`` inside a model
 
 Shapes: ``X (N, D)``; returns ``(N, out_dim)``.
 
-With ``inducing="locations"`` (paper 000 §4.2, notes/compositional.md §4) inducing inputs
-exist only in the input space: a layer maps the pair (points, inducing locations) to the pair
-(outputs, inducing values), and layer ``l``'s inducing inputs are layer ``l-1``'s inducing
-values, so neighboring layers share ``f_{l-1}^z``::
+With ``inducing="locations"`` (inducing points as inducing locations, Ustyuzhaninov et al.
+2020, Sec. 4.2) inducing inputs exist only in the input space: a layer maps the pair
+(points, inducing locations) to the pair (outputs, inducing values), and layer ``l``'s
+inducing inputs are layer ``l-1``'s inducing values, so neighboring layers share
+``f_{l-1}^z``::
 
     h, hz = gp_layer("h1", X, k1, num_inducing=20, inducing="locations")
     f, fz = gp_layer("f", (h, hz), k2, inducing="locations")
@@ -27,19 +28,27 @@ The u site then holds the inducing values themselves (not a residual) with prior
 ``N(mean(Z_l), K(Z_l, Z_l) + jitter)``; it is never whitened (whitening against a random
 ``K(f_{l-1}^z)`` is a different family).
 
-With ``inducing="amortized"`` (paper 003, notes/amortized.md) every point has its own
-inducing set: ``M`` inducing inputs ``Z_n = [W_m p_n + b_m]_m`` from learned affine maps of the
-layer's *encoder input* ``p_n`` (the layer input by default; an amortization rule of
+With ``inducing="amortized"`` (Meng & Zhang 2024) every point has its own inducing set:
+``M`` inducing inputs ``Z_n = [W_m p_n + b_m]_m`` from learned affine maps of the layer's
+*encoder input* ``p_n`` (the layer input by default; an amortization rule of
 :class:`numpyro_dgp.guides.AutoAmortizedDGP` may supply another), and values ``u_n`` with
 prior ``N(mean(Z_n), K(Z_n, Z_n))`` (plus ``jitter`` times the set's mean prior variance on the
 diagonal); the point's output is the GP conditional on its own set.
 The layer is called *inside* the data plate (its ``u`` site is local, shape ``(B, P, M)``) and,
-by default, the KL is averaged over points as in the paper (the site is scaled by ``1/N`` on
-top of the plate's ``N/B``)::
+by default, the KL is averaged over points as in Meng & Zhang (2024) (the site is scaled by
+``1/N`` on top of the plate's ``N/B``)::
 
     with numpyro.plate("data", N, subsample_size=100):
         x = numpyro.subsample(X, event_dim=1)
         h = gp_layer("h1", x, Matern52(), num_inducing=8, out_dim=4, inducing="amortized")
+
+**References:**
+
+* Salimbeni, Deisenroth (2017). Doubly stochastic variational inference for deep Gaussian
+  processes. NeurIPS.
+* Ustyuzhaninov, Kazlauskaite, Kaiser, Bodin, Campbell, Ek (2020). Compositional uncertainty
+  in deep Gaussian processes. UAI.
+* Meng, Zhang (2024). Amortized variational inference for deep Gaussian processes.
 """
 
 from __future__ import annotations
@@ -52,13 +61,22 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
-from numpyro.distributions import constraints
+from jax.typing import ArrayLike
 
-from numpyro_dgp._compat import active_plates, apply_stack, handler_stack_is_empty
+from numpyro_dgp._compat import active_plates, handler_stack_is_empty
+from numpyro_dgp._layer_parts import (
+    _check_finite,
+    _default_encoder_input,
+    _emit,
+    MEAN_FUNCTIONS,
+    _hyperparameters,
+    _mean_function,
+    _resolve_jitter,
+    mean_projection,
+)
 from numpyro_dgp._protocol import ENCODER_INPUT_MESSAGE, INDUCING, LAYER_MESSAGE, InducingTag
 from numpyro_dgp.core import (
     affine_inducing_inputs,
-    check_jitter,
     conditional,
     default_jitter,
     jittered_cholesky,
@@ -67,9 +85,9 @@ from numpyro_dgp.core import (
 )
 from numpyro_dgp.kernels import Kernel
 
-__all__ = ["gp_layer", "Layer", "MEAN_FUNCTIONS", "layer_moments", "sample_moments"]
+__all__ = ["gp_layer", "Layer", "MEAN_FUNCTIONS", "layer_moments", "mean_projection", "sample_moments"]
 
-MEAN_FUNCTIONS = ("zero", "identity", "linear")
+#: The values of ``gp_layer(..., inducing=...)``.
 INDUCING_MODES = ("global", "locations", "amortized")
 
 
@@ -105,15 +123,21 @@ class Layer(NamedTuple):
     inducing: str = "global"
 
 
-def layer_moments(layer: Layer, X, q_mean, q_sqrt=None, full_cov: bool = False):
+def layer_moments(
+    layer: Layer, X: ArrayLike, q_mean: ArrayLike, q_sqrt: ArrayLike | None = None, full_cov: bool = False
+) -> tuple[jax.Array, jax.Array]:
     """Mean and (co)variance of the layer's output at ``X`` given ``u ~ N(q_mean, q_sqrt q_sqrt^T)``.
 
     ``q_sqrt=None`` means ``u = q_mean`` exactly (the conditional ``p(f | u)``).
 
-    :param X: ``(N, D)`` layer inputs.
-    :param q_mean: ``(P, M)``.
-    :param q_sqrt: ``(P, M, M)``, ``(P, M)`` or ``None``.
-    :return: ``mean (N, P)`` and ``var (N, P)`` (or ``cov (P, N, N)`` if ``full_cov``).
+    :param layer: the layer (from its ``"dgp_layer"`` message).
+    :param X: ``(N, D)`` layer inputs, or ``(S, N, D)`` with a leading branch axis (marginals
+        only).
+    :param q_mean: ``(P, M)`` (per-point inducing sets: ``(..., B, P, M)``, one set per point).
+    :param q_sqrt: ``(P, M, M)`` lower factors, ``(P, M)`` standard deviations or ``None``.
+    :param full_cov: return the covariance over the points instead of marginal variances.
+    :return: ``(mean (N, P), var (N, P))``, or ``(mean (N, P), cov (P, N, N))`` if ``full_cov``.
+    :raises NotImplementedError: for ``full_cov`` on a layer with per-point inducing sets.
     """
     if layer.inducing == "amortized":
         if full_cov:
@@ -136,16 +160,22 @@ def layer_moments(layer: Layer, X, q_mean, q_sqrt=None, full_cov: bool = False):
     return mean + layer.mean_fn(X), var
 
 
-def amortized_moments(layer: Layer, X, q_mean, q_sqrt=None):
+def amortized_moments(
+    layer: Layer, X: jax.Array, q_mean: jax.Array, q_sqrt: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
     """:func:`layer_moments` of a layer with per-point inducing sets.
 
-    ``X`` is ``(B, D)``, or ``(S, B, D)`` with a leading branch axis (paper 003's branches),
-    in which case the inducing sets (``layer.inducing_inputs``) and ``q_mean``/``q_sqrt`` are
-    either shared by the branches (``(B, ...)``, rules AR2/AR2P) or per branch
-    (``(S, B, ...)``, rule AR1).
+    ``X`` is ``(B, D)``, or ``(S, B, D)`` with a leading branch axis (the branches of Meng &
+    Zhang 2024), in which case the inducing sets (``layer.inducing_inputs``) and
+    ``q_mean``/``q_sqrt`` are either shared by the branches (``(B, ...)``, rules AR2/AR2P) or
+    per branch (``(S, B, ...)``, rule AR1).
 
-    :param q_mean: ``(..., B, P, M)``; :param q_sqrt: ``(..., B, P, M, M)``, ``(..., B, P, M)`` or ``None``.
-    :return: ``mean``, ``var`` of shape ``X.shape[:-1] + (P,)``.
+    :param layer: the layer (``layer.inducing == "amortized"``).
+    :param X: ``(B, D)`` or ``(S, B, D)`` layer inputs.
+    :param q_mean: ``(..., B, P, M)`` inducing values or their means.
+    :param q_sqrt: ``(..., B, P, M, M)`` lower factors, ``(..., B, P, M)`` standard deviations
+        or ``None``.
+    :return: ``(mean, var)``, each of shape ``X.shape[:-1] + (P,)``.
     """
     q_mean = q_mean - layer.prior_mean
 
@@ -160,12 +190,23 @@ def amortized_moments(layer: Layer, X, q_mean, q_sqrt=None):
     return jax.vmap(base, (shared, shared, 0, shared, shared))(Z, L, X, q_mean, q_sqrt)
 
 
-def sample_moments(rng_key, mean, var, full_cov: bool = False, jitter: float = 1e-6):
+def sample_moments(
+    rng_key: jax.Array, mean: ArrayLike, var: ArrayLike, full_cov: bool = False, jitter: float | None = None
+) -> jax.Array:
     """One reparameterized draw from the moments returned by :func:`layer_moments`.
 
     Variances below zero from round-off are clipped; full covariances get ``jitter``.
+
+    :param rng_key: PRNG key of the draw.
+    :param mean: ``(N, P)`` means.
+    :param var: ``(N, P)`` variances, or ``(P, N, N)`` covariances if ``full_cov``.
+    :param full_cov: whether ``var`` holds covariances over the points.
+    :param jitter: diagonal jitter of the covariances (``full_cov`` only); default
+        :func:`~numpyro_dgp.core.default_jitter` of the dtype.
+    :return: ``(N, P)`` draw.
     """
     if full_cov:
+        jitter = default_jitter(jnp.result_type(var)) if jitter is None else jitter
         L = jittered_cholesky(var, jitter)  # (P, N, N)
         eps = jax.random.normal(rng_key, mean.shape[::-1], mean.dtype)  # (P, N)
         return mean + jnp.einsum("pnm,pm->np", L, eps)
@@ -173,94 +214,29 @@ def sample_moments(rng_key, mean, var, full_cov: bool = False, jitter: float = 1
     return mean + jnp.sqrt(jnp.maximum(var, 0.0)) * eps
 
 
-def _propagate(layer: Layer, X, u, *, rng_key, full_cov: bool = False):
+def _propagate(layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array, full_cov: bool = False) -> jax.Array:
     """Default handling of a ``"dgp_layer"`` message: draw ``f(X) ~ p(f | u)``."""
     mean, var = layer_moments(layer, X, u, None, full_cov)
     return sample_moments(rng_key, mean, var, full_cov, layer.jitter)
 
 
-def _concrete_bool(x):
-    """``bool(x)`` for a concrete array, ``None`` for a traced one (checks run only eagerly)."""
-    try:
-        return bool(x)
-    except jax.errors.ConcretizationTypeError:
-        return None
-
-
-def _check_finite(x, what: str) -> None:
-    if _concrete_bool(jnp.all(jnp.isfinite(x))) is False:
-        raise ValueError(f"{what} contains NaN or inf values")
-
-
-def _projection(X, in_dim: int, out_dim: int):
-    """DSVI's fixed inner-layer mean ``X @ W``: identity, zero-padding or PCA projection."""
-    if in_dim == out_dim:
-        return jnp.eye(in_dim, dtype=X.dtype)
-    if in_dim < out_dim:
-        return jnp.eye(in_dim, out_dim, dtype=X.dtype)  # [I, 0]: pad with zeros
-    # top out_dim right singular vectors of the (uncentered) inputs, as in DSVI
-    _, _, Vt = jnp.linalg.svd(X, full_matrices=False)
-    return Vt[:out_dim].T
-
-
-def _mean_function(name, mean, X, in_dim, out_dim):
-    if callable(mean):
-        return mean
-    if mean == "zero":
-        return lambda A: jnp.zeros(A.shape[:-1] + (out_dim,), A.dtype)
-    if mean == "identity":
-        if in_dim == out_dim:
-            return lambda A: A
-        W = numpyro.param(f"{name}.mean.weight", lambda _: _projection(X, in_dim, out_dim))
-        W = jax.lax.stop_gradient(W)  # fixed, as in DSVI; stored so predictions reuse it
-        return lambda A: A @ W
-    if mean == "linear":
-        W = numpyro.param(f"{name}.mean.weight", lambda _: _projection(X, in_dim, out_dim))
-        b = numpyro.param(f"{name}.mean.bias", jnp.zeros(out_dim, X.dtype))
-        return lambda A: A @ W + b
-    raise ValueError(
-        f"gp_layer {name!r}: mean must be one of {MEAN_FUNCTIONS} or a callable, got {mean!r}"
-    )
-
-
-def _hyperparameters(name, kernel, dtype, priors, learn):
-    values = {}
-    for hp, init in kernel.hyperparameters().items():
-        site = f"{name}.kernel.{hp}"
-        init = jnp.asarray(init, dtype)
-        if hp in priors:
-            prior = priors[hp]
-            if prior.event_shape == () and prior.batch_shape != init.shape:
-                # a scalar prior on an ARD hyperparameter: one independent copy per dimension
-                prior = prior.expand(init.shape).to_event(init.ndim)
-            values[hp] = numpyro.sample(site, prior)
-            continue
-        if _concrete_bool(jnp.all(init > 0)) is False:
-            raise ValueError(
-                f"gp_layer {name!r}: kernel hyperparameter {hp!r} must be positive, got {init}"
-            )
-        value = numpyro.param(site, init, constraint=constraints.positive)
-        values[hp] = value if learn else jax.lax.stop_gradient(value)
-    return kernel.replace(**values)
-
-
 def gp_layer(
     name: str,
-    X,
+    X: ArrayLike | tuple[ArrayLike, ArrayLike],
     kernel: Kernel,
     *,
     num_inducing: int | None = None,
     out_dim: int = 1,
-    mean="zero",
-    inducing_inputs=None,
+    mean: str | Callable = "zero",
+    inducing_inputs: ArrayLike | None = None,
     learn_inducing: bool = True,
     learn_hyperparameters: bool = True,
-    priors: dict | None = None,
+    priors: dict[str, dist.Distribution] | None = None,
     whiten: bool | None = None,
     jitter: float | None = None,
     inducing: str = "global",
     average_kl: bool = True,
-):
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """One sparse GP layer ``f: R^D -> R^out_dim`` with inducing points, as NumPyro sites.
 
     :param name: layer name; prefixes every site (``"<name>.u"``, ``"<name>.kernel.*"``, ...).
@@ -288,10 +264,15 @@ def gp_layer(
     :param inducing: ``"global"`` (each layer has its own inducing inputs in its input space)
         or ``"locations"`` (inducing points as inducing locations) or ``"amortized"`` (per-point
         inducing sets, called inside the data plate; see the module docstring).
-    :param average_kl: ``"amortized"`` only: scale the per-point KL by ``1/N`` (paper 003's
-        weighting, averaged over points; ``False`` sums it, the proper ELBO).
+    :param average_kl: ``"amortized"`` only: scale the per-point KL by ``1/N`` (the weighting
+        of Meng & Zhang 2024, averaged over points; ``False`` sums it, the proper ELBO).
     :return: ``(N, out_dim)`` layer output; with ``"locations"`` the pair
         ``(output (N, out_dim), inducing values (M, out_dim))`` for the next layer.
+    :raises ValueError: for invalid arguments (shapes, non-finite inputs, a layer inside a
+        data plate, ...).
+    :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel` or a prior
+        is not a ``Distribution``.
+    :raises RuntimeError: if the model does not run under a ``seed`` handler.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
@@ -360,11 +341,7 @@ def gp_layer(
             )
         if not isinstance(prior, dist.Distribution):
             raise TypeError(f"gp_layer {name!r}: priors[{hp!r}] must be a Distribution")
-    jitter = default_jitter(X.dtype) if jitter is None else jitter
-    try:
-        check_jitter(jitter)
-    except ValueError:
-        raise ValueError(f"gp_layer {name!r}: jitter must be a finite positive number, got {jitter!r}") from None
+    jitter = _resolve_jitter(name, jitter, X.dtype)
     in_dim = X.shape[-1]
 
     kernel = _hyperparameters(name, kernel.with_input_dim(in_dim), X.dtype, priors, learn_hyperparameters)
@@ -444,7 +421,7 @@ def gp_layer(
     return out
 
 
-def _emit_layer(layer: Layer, X, u):
+def _emit_layer(layer: Layer, X: jax.Array, u: jax.Array) -> jax.Array:
     """Send the layer's ``"dgp_layer"`` message (default: draw ``f(X) | u``) and record the output."""
     rng_key = numpyro.prng_key()
     if rng_key is None:
@@ -457,37 +434,27 @@ def _emit_layer(layer: Layer, X, u):
     return out
 
 
-def _default_encoder_input(X):
-    """Without an amortization rule a layer's encoder sees its own input (paper 003's AR1)."""
-    return X
-
-
-def _emit(msg_type, name, fn, args, **kwargs):
-    """Send a non-sample message (``"dgp_layer"``, ``"dgp_encoder_input"``) through the
-    handler stack; handlers may set its value, else ``fn(*args, **kwargs)`` gives it."""
-    msg = {
-        "type": msg_type,
-        "name": name,
-        "fn": fn,
-        "args": args,
-        "kwargs": kwargs,
-        "value": None,
-        "scale": None,
-        "is_observed": False,
-        "intermediates": [],
-        "cond_indep_stack": [],
-        "infer": {},
-    }
-    return apply_stack(msg)["value"]
-
-
-def _amortized_layer(name, X, kernel, *, num_inducing, out_dim, mean, inducing_inputs, learn_inducing,
-                     learn_hyperparameters, priors, whiten, jitter, average_kl):
-    """``gp_layer(..., inducing="amortized")``: per-point inducing sets (paper 003)."""
+def _amortized_layer(
+    name: str,
+    X: ArrayLike,
+    kernel: Kernel,
+    *,
+    num_inducing: int | None,
+    out_dim: int,
+    mean: str | Callable,
+    inducing_inputs: ArrayLike | None,
+    learn_inducing: bool,
+    learn_hyperparameters: bool,
+    priors: dict | None,
+    whiten: bool | None,
+    jitter: float | None,
+    average_kl: bool,
+) -> jax.Array:
+    """``gp_layer(..., inducing="amortized")``: per-point inducing sets (Meng & Zhang 2024)."""
     if whiten:
         raise ValueError(
             f"gp_layer {name!r}: inducing='amortized' is unwhitened (the prior N(m(Z_n), K(Z_n, Z_n)) "
-            "of paper 003); whiten=True is not available"
+            "of Meng & Zhang 2024); whiten=True is not available"
         )
     if inducing_inputs is not None:
         raise ValueError(
@@ -521,11 +488,7 @@ def _amortized_layer(name, X, kernel, *, num_inducing, out_dim, mean, inducing_i
             f"(num_branches, {B}, dim); got {X.shape}"
         )
     _check_finite(X, f"gp_layer {name!r}: X")
-    jitter = default_jitter(X.dtype) if jitter is None else jitter
-    try:
-        check_jitter(jitter)
-    except ValueError:
-        raise ValueError(f"gp_layer {name!r}: jitter must be a finite positive number, got {jitter!r}") from None
+    jitter = _resolve_jitter(name, jitter, X.dtype)
     D = X.shape[-1]
     M = int(num_inducing)
     kernel = _hyperparameters(name, kernel.with_input_dim(D), X.dtype, {}, learn_hyperparameters)

@@ -1,10 +1,28 @@
-"""Ready-made DGP models (plain NumPyro programs built from :func:`gp_layer`)."""
+"""Ready-made DGP models (plain NumPyro programs built from :func:`~numpyro_dgp.gp_layer`).
+
+* :func:`deep_gp_regression` -- the doubly stochastic regression DGP of Salimbeni &
+  Deisenroth (2017);
+* :func:`diffgp` -- the differential GP (SDE flow of the inputs, then a GP) of Hegde et al.
+  (2019);
+* :func:`amortized_dgp` -- the amortized DGP of Meng & Zhang (2024).
+
+**References:**
+
+* Salimbeni, Deisenroth (2017). Doubly stochastic variational inference for deep Gaussian
+  processes. NeurIPS.
+* Hegde, Heinonen, Lähdesmäki, Kaski (2019). Deep learning with differential Gaussian
+  process flows. AISTATS.
+* Meng, Zhang (2024). Amortized variational inference for deep Gaussian processes.
+"""
 
 from __future__ import annotations
+
+from typing import Callable, Sequence
 
 import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
+from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
 from numpyro_dgp.handlers import sde_flow
@@ -26,8 +44,8 @@ def deep_gp_regression(
     inner_mean: str = "identity",
     whiten: bool = True,
     jitter: float | None = None,
-):
-    """The DSVI regression DGP (Salimbeni & Deisenroth 2017) as a NumPyro model.
+) -> Callable:
+    """The DSVI regression DGP (Salimbeni & Deisenroth, 2017) as a NumPyro model.
 
     Layers ``h1 .. h{L}``: inner layers of width ``hidden_width`` (default: the input
     dimension) with an ``inner_mean`` mean function, a last layer of width 1 with zero mean,
@@ -41,9 +59,10 @@ def deep_gp_regression(
     :param hidden_width: inner-layer width.
     :param kernel: kernel of every layer (initial values; default ARD RBF).
     :param noise_init: initial Gaussian noise variance.
-    :param inner_mean: mean function of inner layers (see :func:`gp_layer`).
+    :param inner_mean: mean function of inner layers (see :func:`~numpyro_dgp.gp_layer`).
     :param whiten: whitened inducing values.
     :param jitter: Cholesky jitter (default by dtype).
+    :return: the model ``model(X, y=None, batch_size=None)``: ``X`` ``(N, D)``, ``y`` ``(N,)``.
     """
     if not (isinstance(num_layers, int) and num_layers >= 1):
         raise ValueError(f"deep_gp_regression: num_layers must be a positive integer, got {num_layers!r}")
@@ -97,14 +116,14 @@ def diffgp(
     noise_init: float = 0.01,
     estimator: str = "marginal",
     diffusion: bool = True,
-    flow_inducing_inputs=None,
+    flow_inducing_inputs: ArrayLike | None = None,
     time_input: bool = False,
     jitter: float | None = None,
-):
+) -> sde_flow:
     """The differential GP of Hegde et al. (2019), DiffGP: an SDE flow of the inputs, then a GP.
 
     A ``gp_layer`` ``"flow"`` (``D -> D``, zero mean, a weak field: ``flow_kernel`` defaults
-    to an ARD RBF with variance 0.01 as in the paper) turned by
+    to an ARD RBF with variance 0.01 as in Hegde et al.) turned by
     :class:`numpyro_dgp.handlers.sde_flow` into the drift and diffusion of an Euler–Maruyama
     flow of the inputs to time ``T``; the end states go into the predictor ``gp_layer`` ``"g"``
     (``D -> 1``), then the likelihood. ``T = 0`` is an SVGP.
@@ -120,13 +139,16 @@ def diffgp(
     :param likelihood: ``"gaussian"`` (learned noise) or ``"probit"`` (``y`` in {0, 1},
         :func:`numpyro_dgp.likelihoods.bernoulli_probit`).
     :param noise_init: initial Gaussian noise variance.
-    :param estimator: ``"marginal"`` (the paper's) or ``"ancestral"`` (see ``sde_flow``).
+    :param estimator: ``"marginal"`` (Hegde et al.'s) or ``"ancestral"`` (see ``sde_flow``).
     :param diffusion: ``False`` gives the ODE flow.
-    :param flow_inducing_inputs: initial inducing inputs of the flow (instead of k-means);
-        needed with ``time_input`` (:func:`numpyro_dgp.sde.temporal_inducing_inputs`).
+    :param flow_inducing_inputs: ``(M, D)`` (``(M, D + 1)`` with ``time_input``) initial
+        inducing inputs of the flow (instead of k-means); needed with ``time_input``
+        (:func:`numpyro_dgp.sde.temporal_inducing_inputs`).
     :param time_input: time-dependent vector field ("temporal DiffGP"): the flow layer sees
         ``[x, t]``; give ``flow_kernel`` over ``D + 1`` inputs (the default ARD RBF adapts).
     :param jitter: Cholesky jitter (default by dtype).
+    :return: the :class:`~numpyro_dgp.handlers.sde_flow`-wrapped model
+        ``model(X, y=None, batch_size=None)``.
     """
     if likelihood not in LIKELIHOODS:
         raise NotImplementedError(f"diffgp: likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
@@ -173,8 +195,8 @@ def diffgp(
 
 
 def amortized_dgp(
-    widths=(16, 4, 1),
-    num_inducing=(8, 4, 4),
+    widths: Sequence[int] = (16, 4, 1),
+    num_inducing: Sequence[int] = (8, 4, 4),
     *,
     kernel: Kernel | None = None,
     likelihood: str = "gaussian",
@@ -182,14 +204,14 @@ def amortized_dgp(
     mean: str = "zero",
     average_kl: bool = True,
     jitter: float | None = None,
-):
-    """The amortized DGP of paper 003 (AVDGP): every layer has per-point inducing sets
-    (``gp_layer(..., inducing="amortized")``), fitted with
+) -> Callable:
+    """The amortized DGP of Meng & Zhang (2024) (AVDGP): every layer has per-point inducing
+    sets (``gp_layer(..., inducing="amortized")``), fitted with
     :class:`numpyro_dgp.guides.AutoAmortizedDGP`.
 
     Layers ``h1 .. h{L}`` of widths ``widths`` (the last is the output, width 1) with
     ``num_inducing[l]`` inducing inputs per point, isotropic Matérn-5/2 kernels and zero mean
-    functions (the paper's settings, App. C.1), then the likelihood.
+    functions (the settings of Meng & Zhang, App. C.1), then the likelihood.
 
     The returned ``model(X, y=None, batch_size=None)`` subsamples ``batch_size`` points per
     call when given.
@@ -199,10 +221,11 @@ def amortized_dgp(
     :param kernel: kernel of every layer (initial values; default isotropic Matérn-5/2).
     :param likelihood: ``"gaussian"`` (learned noise) or ``"probit"`` (``y`` in {0, 1}).
     :param noise_init: initial Gaussian noise variance.
-    :param mean: mean function of every layer (see :func:`gp_layer`).
-    :param average_kl: the paper's KL weighting (averaged over points, ``1/N``); ``False``
-        gives the summed KL of a proper ELBO.
+    :param mean: mean function of every layer (see :func:`~numpyro_dgp.gp_layer`).
+    :param average_kl: the KL weighting of Meng & Zhang (averaged over points, ``1/N``);
+        ``False`` gives the summed KL of a proper ELBO.
     :param jitter: Cholesky jitter (default by dtype).
+    :return: the model ``model(X, y=None, batch_size=None)``: ``X`` ``(N, D)``, ``y`` ``(N,)``.
     """
     widths, num_inducing = tuple(widths), tuple(num_inducing)
     if not widths or widths[-1] != 1 or any(not (isinstance(w, int) and w >= 1) for w in widths):

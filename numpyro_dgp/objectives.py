@@ -4,6 +4,15 @@
   analytically (same bound as NumPyro's ``Trace_ELBO``, lower-variance estimator);
 * :class:`PredictiveObjective` -- the predictive (DSPP / PPGPR) objective of Jankowiak et al.
   (2020), not a bound on the evidence.
+
+**References:**
+
+* Salimbeni, Deisenroth (2017). Doubly stochastic variational inference for deep Gaussian
+  processes. NeurIPS.
+* Ustyuzhaninov, Kazlauskaite, Kaiser, Bodin, Campbell, Ek (2020). Compositional uncertainty
+  in deep Gaussian processes. UAI.
+* Jankowiak, Pleiss, Gardner (2020). Deep sigma point processes. UAI.
+* Meng, Zhang (2024). Amortized variational inference for deep Gaussian processes.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import numpy as np
 import numpyro.distributions as dist
 from jax.scipy.linalg import block_diag
 from jax.scipy.special import logsumexp
+from jax.typing import ArrayLike
 from numpyro.infer import ELBO
 
 from numpyro_dgp._marginal import (
@@ -27,23 +37,24 @@ from numpyro_dgp._marginal import (
 )
 from numpyro_dgp._protocol import AMORTIZED_KL, QUADRATURE_AXIS, get_tag
 from numpyro_dgp.core import block_diag_covariance, chain_gauss_kl_term, gauss_kl
+from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import ChainLink, JointBlock, gaussian_parameters
 
 __all__ = ["DGPElbo", "PredictiveObjective"]
 
 
-def _reduce_branches(x, plate_ndim, branch_log_weights):
+def _reduce_branches(x: jax.Array, plate_ndim: int, branch_log_weights: jax.Array | None) -> jax.Array:
     """Average a leading branch axis of ``x`` with the branch weights, if it is there."""
     if branch_log_weights is None or jnp.ndim(x) <= plate_ndim or jnp.shape(x)[0] != branch_log_weights.shape[0]:
         return x
     return jnp.tensordot(jax.nn.softmax(branch_log_weights).astype(x.dtype), x, axes=(0, 0))
 
 
-def _plate_ndim(site):
+def _plate_ndim(site: dict) -> int:
     return max([-f.dim for f in site["cond_indep_stack"]] + [0])
 
 
-def _has_quadrature_axis(site, lp, weights):
+def _has_quadrature_axis(site: dict, lp: jax.Array, weights: ArrayLike) -> bool:
     """Whether ``lp`` (a site's log-density) carries the last layer's quadrature axis in front:
     sites after the last layer do when they depend on its output; one that does not has no
     such axis."""
@@ -53,7 +64,7 @@ def _has_quadrature_axis(site, lp, weights):
     return jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == len(weights)
 
 
-def _weighted_log_prob(site, weights, branch_log_weights=None):
+def _weighted_log_prob(site: dict, weights: ArrayLike, branch_log_weights: jax.Array | None = None) -> jax.Array:
     """Site log-density summed over its plates, averaging the quadrature axis and then the
     branch axis (:class:`numpyro_dgp.handlers.quadrature`, amortized guides) if present."""
     lp = site["fn"].log_prob(site["value"])
@@ -65,11 +76,11 @@ def _weighted_log_prob(site, weights, branch_log_weights=None):
     return jnp.sum(lp)
 
 
-def _prior_chol(layer):
+def _prior_chol(layer: Layer) -> jax.Array | None:
     return None if layer.whiten else layer.Kmm_chol
 
 
-def _dense_kl(loc, scale_tril, prior_blocks):
+def _dense_kl(loc: jax.Array, scale_tril: jax.Array, prior_blocks: list) -> jax.Array:
     """``KL[N(loc, L L^T) || N(0, blockdiag(prior_blocks))]``; ``prior_blocks`` of ``None``
     stand for identity blocks (whitened)."""
     if all(b is None for b, _ in prior_blocks):
@@ -79,7 +90,14 @@ def _dense_kl(loc, scale_tril, prior_blocks):
     return gauss_kl(loc[None], scale_tril[None], chol)
 
 
-def inducing_kl(name, model_site, guide_site, layers, locations, marginal_covs):
+def inducing_kl(
+    name: str,
+    model_site: dict,
+    guide_site: dict,
+    layers: dict[str, Layer],
+    locations: bool,
+    marginal_covs: dict[str, jax.Array],
+) -> jax.Array | None:
     """Closed-form KL term of one inducing site, or ``None`` if the guide's site is not Gaussian.
 
     * global inducing points: the exact ``KL[q(u) || p(u)]`` for the guide's structure --
@@ -87,7 +105,19 @@ def inducing_kl(name, model_site, guide_site, layers, locations, marginal_covs):
       (``marginal_covs`` carries each link's marginal covariance to its child), the whole
       dense KL at the first site of a :class:`JointBlock` (zero at the others);
     * inducing locations: ``KL[q(u_l | earlier samples) || p(u_l | u_{l-1})]`` given the
-      sampled earlier layers, whose expectation is the ELBO's KL (notes/compositional.md §4).
+      sampled earlier layers, whose expectation is the ELBO's KL (inducing points as
+      inducing locations, Ustyuzhaninov et al. 2020, Sec. 4.2).
+
+    :param name: the u-site name.
+    :param model_site: the model's u site.
+    :param guide_site: the guide's u site.
+    :param layers: ``{u-site name: Layer}`` of the model run.
+    :param locations: whether the model uses inducing locations.
+    :param marginal_covs: ``{u-site name: (P M, P M)}`` marginal covariances of the chain links
+        seen so far; updated in place.
+    :return: the scalar KL, or ``None``.
+    :raises ValueError: if the guide chains or groups the site with layers the model did not
+        run (before it, for a chain).
     """
     layer = layers[name]
     shape = (layer.out_dim, layer.inducing_inputs.shape[0])
@@ -126,11 +156,15 @@ def inducing_kl(name, model_site, guide_site, layers, locations, marginal_covs):
     return gauss_kl(q[0] - layer.prior_mean, q[1], prior_chol)
 
 
-def objective_terms(run: MarginalRun):
-    """The pieces of a bound from one :func:`marginal_trace` run: the observed sites
-    ``{name: site}`` (log-densities still to be taken), the closed-form KL of the inducing
-    sites (scaled by their plates), and ``log p - log q`` of the other latent sites (sampled,
-    as in ``Trace_ELBO``)."""
+def objective_terms(run: MarginalRun) -> tuple[dict[str, dict], jax.Array, jax.Array]:
+    """The pieces of a bound from one :func:`marginal_trace` run.
+
+    :param run: the run.
+    :return: ``(observed, kl, other)``: the observed sites ``{name: site}`` (log-densities
+        still to be taken), the closed-form KL of the inducing sites (scaled by their plates),
+        and ``log p - log q`` of the other latent sites (sampled, as in ``Trace_ELBO``).
+    :raises ValueError: for a latent site the guide does not cover, or one after the last layer.
+    """
     guide_trace, model_trace, weights = run.guide_trace, run.model_trace, run.quadrature_weights
     layers = layers_by_u_site(model_trace)
     locations = uses_inducing_locations(model_trace)
@@ -169,7 +203,7 @@ def objective_terms(run: MarginalRun):
     return observed, kl, other
 
 
-def _normal_inside(fn):
+def _normal_inside(fn: dist.Distribution) -> tuple[dist.Normal | None, tuple | None, int | None]:
     """``(Normal, wrapped shape)`` if ``fn`` is a Normal inside ``Independent``/``expand``
     wrappers, else ``(None, None)``."""
     shape = tuple(fn.batch_shape) + tuple(fn.event_shape)
@@ -181,7 +215,9 @@ def _normal_inside(fn):
     return (fn, shape, reinterpreted) if isinstance(fn, dist.Normal) else (None, None, None)
 
 
-def _log_predictive(site, weights, branch_log_weights=None):
+def _log_predictive(
+    site: dict, weights: ArrayLike, branch_log_weights: jax.Array | None = None
+) -> tuple[jax.Array, ArrayLike]:
     """Per-point ``log E[p(y | f)]`` of an observed site over the last layer's marginal, with
     the site's plate scale; shape: the site's batch shape. With branches (a leading branch
     axis after the quadrature axis), ``log sum_s w_s E[p(y | f_s)]``.
@@ -219,11 +255,11 @@ class DGPElbo(ELBO):
     ``AutoNormal``, ...), the layer output is drawn from ``q(f_l | f_{l-1})`` point by point
     instead of through a sampled ``u_l``. Guides that correlate layers (``AutoChainDGP``,
     ``AutoJointDGP``) get the exact per-point recursion (each point's sampled outputs condition
-    the belief over the later layers' inducing values, notes/compositional.md §3b). With
-    ``inducing="locations"`` the inner layers run on sampled inducing values (they are the next
-    layer's inputs) and the last layer is marginalized given them. KLs are computed in closed
-    form (given the sampled locations, for inducing locations);
-    and the expectation of the likelihood over the last layer's marginal is taken by
+    the belief over the later layers' inducing values; the chain functions of
+    :mod:`numpyro_dgp.core`). With ``inducing="locations"`` the inner layers run on sampled
+    inducing values (they are the next layer's inputs) and the last layer is marginalized
+    given them. KLs are computed in closed form (given the sampled locations, for inducing
+    locations); and the expectation of the likelihood over the last layer's marginal is taken by
     Gauss-Hermite quadrature (exact for Gaussian likelihoods). Other latent sites
     (hyperparameters with priors) are estimated by sampling as in ``Trace_ELBO``.
 
@@ -231,19 +267,35 @@ class DGPElbo(ELBO):
     estimator's variance is lower.
 
     :param num_particles: Monte Carlo samples of the inner layers per step.
-    :param num_quadrature: quadrature nodes per output of the last layer (see
-        :func:`quadrature_rule`).
+    :param num_quadrature: quadrature nodes per output of the last layer (default: 20
+        Gauss-Hermite nodes for one output; several outputs: a tensor-product rule with 3
+        nodes per output).
     :param vectorize_particles: ``jax.vmap`` over particles (else ``lax.map``).
+    :raises ValueError: if ``num_particles < 1``.
     """
 
-    def __init__(self, num_particles: int = 1, num_quadrature: int | None = None, vectorize_particles: bool = True):
+    def __init__(
+        self, num_particles: int = 1, num_quadrature: int | None = None, vectorize_particles: bool = True
+    ) -> None:
         if int(num_particles) < 1:
             raise ValueError(f"DGPElbo: num_particles must be >= 1, got {num_particles}")
         self.num_quadrature = num_quadrature
         super().__init__(num_particles=num_particles, vectorize_particles=vectorize_particles)
 
-    def elbo_components(self, rng_key, param_map, model, guide, *args, **kwargs):
-        """One-particle ELBO split into ``{"expected_log_likelihood", "kl_inducing", "other"}``."""
+    def elbo_components(
+        self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
+    ) -> dict[str, jax.Array]:
+        """One-particle ELBO split into its parts.
+
+        :param rng_key: PRNG key.
+        :param param_map: parameter values ``{name: value}``.
+        :param model: the model.
+        :param guide: the guide.
+        :param args: the model's and guide's positional arguments.
+        :param kwargs: their keyword arguments.
+        :return: ``{"expected_log_likelihood", "kl_inducing", "other"}``; the ELBO is
+            ``expected_log_likelihood - kl_inducing + other``.
+        """
         run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, self.num_quadrature)
         observed, kl, other = objective_terms(run)
         ell = sum(
@@ -251,7 +303,14 @@ class DGPElbo(ELBO):
         )
         return {"expected_log_likelihood": ell, "kl_inducing": kl, "other": other}
 
-    def loss_with_mutable_state(self, rng_key, param_map, model, guide, *args, **kwargs):
+    def loss_with_mutable_state(
+        self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
+    ) -> dict:
+        """The negative ELBO averaged over ``num_particles`` (NumPyro's ``ELBO`` interface).
+
+        :return: ``{"loss": -elbo, "mutable_state": None}``.
+        """
+
         def single_particle_elbo(key):
             parts = self.elbo_components(key, param_map, model, guide, *args, **kwargs)
             return parts["expected_log_likelihood"] - parts["kl_inducing"] + parts["other"]
@@ -266,7 +325,7 @@ class DGPElbo(ELBO):
 
 
 class PredictiveObjective(ELBO):
-    """The predictive (DSPP / PPGPR) objective of Jankowiak et al. (2020), AR2PP in paper 003.
+    """The predictive (DSPP / PPGPR) objective of Jankowiak et al. (2020), AR2PP in Meng & Zhang (2024).
 
     ``sum_n log sum_s w_s p(y_n | x_n, s) - beta KL``, where particle ``s`` propagates the
     inputs through the inner layers (as :class:`DGPElbo` does, inducing values marginalized)
@@ -282,15 +341,17 @@ class PredictiveObjective(ELBO):
     Plate subsampling rescales each point's log predictive by ``N / B``.
 
     :param num_particles: ``S`` propagated samples of the inner layers per step.
-    :param beta: KL weight (paper 003 uses 1).
-    :param num_quadrature: Gauss-Hermite nodes per output of the last layer (see
-        :func:`quadrature_rule`).
+    :param beta: KL weight (Meng & Zhang 2024 use 1).
+    :param num_quadrature: Gauss-Hermite nodes per output of the last layer (default: 20 for
+        one output; several outputs: a tensor-product rule with 3 nodes per output).
     :param particle_weights: ``(S,)`` mixture weights ``w_s`` (default ``1/S``), e.g. the
         weights of a quadrature rule over a guide's sample space.
+    :raises ValueError: if ``num_particles < 1``, ``beta < 0``, or ``particle_weights`` are not
+        ``num_particles`` non-negative weights summing to 1.
     """
 
     def __init__(self, num_particles: int = 8, beta: float = 1.0, num_quadrature: int | None = None,
-                 particle_weights=None):
+                 particle_weights: ArrayLike | None = None) -> None:
         if int(num_particles) < 1:
             raise ValueError(f"PredictiveObjective: num_particles must be >= 1, got {num_particles}")
         if not (float(beta) >= 0):
@@ -307,9 +368,15 @@ class PredictiveObjective(ELBO):
         self.particle_weights = particle_weights
         super().__init__(num_particles=num_particles, vectorize_particles=True)
 
-    def components(self, rng_key, param_map, model, guide, *args, **kwargs):
-        """``{"log_predictive", "kl_inducing", "other"}``: the objective is
-        ``log_predictive - beta (kl_inducing - other)``."""
+    def components(
+        self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
+    ) -> dict[str, jax.Array]:
+        """The objective's parts over ``num_particles`` particles (arguments as for
+        :meth:`DGPElbo.elbo_components`).
+
+        :return: ``{"log_predictive", "kl_inducing", "other"}``; the objective is
+            ``log_predictive - beta (kl_inducing - other)``.
+        """
 
         def one(key):
             run = marginal_trace(model, guide, param_map, key, args, kwargs, self.num_quadrature)
@@ -337,7 +404,13 @@ class PredictiveObjective(ELBO):
             kl, other = weights @ kl, weights @ other
         return {"log_predictive": total, "kl_inducing": kl, "other": other}
 
-    def loss_with_mutable_state(self, rng_key, param_map, model, guide, *args, **kwargs):
+    def loss_with_mutable_state(
+        self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
+    ) -> dict:
+        """The negative objective (NumPyro's ``ELBO`` interface).
+
+        :return: ``{"loss": -objective, "mutable_state": None}``.
+        """
         parts = self.components(rng_key, param_map, model, guide, *args, **kwargs)
         objective = parts["log_predictive"] - self.beta * (parts["kl_inducing"] - parts["other"])
         return {"loss": -objective, "mutable_state": None}

@@ -1,14 +1,36 @@
-"""Plots of per-layer function samples (matplotlib, imported lazily)."""
+"""Plots of per-layer function samples (matplotlib, imported lazily).
+
+**References:**
+
+* Ustyuzhaninov, Kazlauskaite, Kaiser, Bodin, Campbell, Ek (2020). Compositional uncertainty
+  in deep Gaussian processes. UAI.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence
+
 import numpy as np
+from jax.typing import ArrayLike
+
+if TYPE_CHECKING:
+    import matplotlib.axes
+    import matplotlib.figure
 
 __all__ = ["plot_layer_samples"]
 
 
-def plot_layer_samples(grid, samples, X=None, y=None, layer_names=None, axes=None, output_dim=0):
-    """Each layer's samples and their composition (paper 000, Fig. 5 style).
+def plot_layer_samples(
+    grid: ArrayLike,
+    samples: dict[str, ArrayLike],
+    X: ArrayLike | None = None,
+    y: ArrayLike | None = None,
+    layer_names: Sequence[str] | None = None,
+    axes: Sequence[matplotlib.axes.Axes] | np.ndarray | None = None,
+    output_dim: int = 0,
+) -> matplotlib.figure.Figure:
+    """Each layer's samples and their composition (in the style of Fig. 5 of Ustyuzhaninov et
+    al., 2020).
 
     Panels: the first layer against ``x``; every later layer against its own input, drawn
     along the range each sample of the previous layer covers; the composition against ``x``
@@ -20,6 +42,7 @@ def plot_layer_samples(grid, samples, X=None, y=None, layer_names=None, axes=Non
     :param y: ``(n,)`` training targets.
     :param layer_names: layers in order (default: the order of ``samples``).
     :param axes: ``len(layers) + 1`` matplotlib axes to draw on (default: a new figure).
+    :param output_dim: the output of each layer to show.
     :return: the matplotlib figure.
     """
     import matplotlib.pyplot as plt

@@ -19,6 +19,10 @@ of sampling them:
 
 Write a custom guide by emitting these on its sites' ``infer`` dicts (see
 :mod:`numpyro_dgp.guides` for the shipped ones).
+
+**References:**
+
+* Meng, Zhang (2024). Amortized variational inference for deep Gaussian processes.
 """
 
 from __future__ import annotations
@@ -104,7 +108,11 @@ class JointBlock(NamedTuple):
 
 
 def unwrap_distribution(fn: dist.Distribution) -> dist.Distribution:
-    """The distribution inside ``Independent`` / ``expand`` wrappers."""
+    """The distribution inside ``Independent`` / ``expand`` wrappers.
+
+    :param fn: a distribution, possibly wrapped.
+    :return: the innermost distribution that is neither ``Independent`` nor expanded.
+    """
     while True:
         if isinstance(fn, dist.Independent):
             fn = fn.base_dist
@@ -119,9 +127,12 @@ def gaussian_parameters(
 ) -> tuple[jax.Array, jax.Array] | None:
     """``(loc, scale)`` of a Gaussian site distribution over values of ``shape = (P, M)``.
 
-    ``scale`` is ``(P, M, M)`` lower triangular for a multivariate normal over the last axis,
-    ``(P, M)`` standard deviations for independent normals; ``None`` if ``fn`` is not
-    Gaussian in that sense (e.g. a ``Delta``).
+    :param fn: the site distribution (``Independent`` / ``expand`` wrappers are looked through).
+    :param shape: ``(P, M)``, the shape of the site's values.
+    :return: ``(loc (P, M), scale)`` with ``scale`` ``(P, M, M)`` lower triangular for a
+        multivariate normal over the last axis or ``(P, M)`` standard deviations for
+        independent normals; ``None`` if ``fn`` is not Gaussian in that sense (e.g. a
+        ``Delta``).
     """
     base = unwrap_distribution(fn)
     P, M = shape
@@ -139,9 +150,15 @@ def gaussian_parameters(
 def site_gaussian(
     name: str, fn: dist.Distribution, shape: tuple[int, int]
 ) -> tuple[jax.Array, jax.Array] | JointBlock | None:
-    """A site distribution over ``(P, M)`` inducing values as :func:`gaussian_parameters`'
-    ``(loc, scale)``, or as a one-site :class:`JointBlock` when it is a multivariate normal
-    over all ``P M`` values reshaped to ``(P, M)`` (outputs correlated); ``None`` otherwise."""
+    """A site distribution's Gaussian over its ``(P, M)`` inducing values.
+
+    :param name: the site's name (recorded in a :class:`JointBlock`).
+    :param fn: the site distribution.
+    :param shape: ``(P, M)``, the shape of the site's values.
+    :return: :func:`gaussian_parameters`' ``(loc, scale)``, or a one-site :class:`JointBlock`
+        when ``fn`` is a multivariate normal over all ``P M`` values reshaped to ``(P, M)``
+        (outputs correlated); ``None`` otherwise.
+    """
     params = gaussian_parameters(fn, shape)
     if params is not None:
         return params
@@ -164,8 +181,15 @@ POINT_BOUND = 5.0
 
 
 def quadrature_points(name: str, init: ArrayLike, learnable: bool = True) -> jax.Array:
-    """``(S, P)`` points as a ``numpyro.param`` ``name`` bounded to ``(-5, 5)`` by a scaled
-    sigmoid (``xi = 10 sigmoid(a) - 5``), initialized at ``init`` (clipped into the box)."""
+    """Learnable branch points bounded to ``(-5, 5)`` by a scaled sigmoid.
+
+    The points are ``xi = 10 sigmoid(a) - 5`` with ``a`` the ``numpyro.param`` ``name``.
+
+    :param name: the parameter's name.
+    :param init: ``(S, P)`` initial points (clipped into the box).
+    :param learnable: register the parameter; otherwise return ``init`` as it is.
+    :return: ``(S, P)`` points.
+    """
     init = jnp.asarray(init)
     if not learnable:
         return init
@@ -175,8 +199,14 @@ def quadrature_points(name: str, init: ArrayLike, learnable: bool = True) -> jax
 
 
 def quadrature_log_weights(name: str, init: ArrayLike, learnable: bool = True) -> jax.Array:
-    """``(S,)`` log weights ``log softmax(logits)`` with ``logits`` a ``numpyro.param`` ``name``
-    initialized at ``log init``."""
+    """Learnable log branch weights ``log softmax(logits)``.
+
+    :param name: the name of the ``numpyro.param`` holding ``logits``.
+    :param init: ``(S,)`` initial weights (``logits`` start at ``log init``).
+    :param learnable: register the parameter; otherwise the weights stay at ``init``
+        (normalized).
+    :return: ``(S,)`` log weights.
+    """
     logits = jnp.log(jnp.asarray(init))
     if learnable:
         logits = numpyro.param(name, logits)

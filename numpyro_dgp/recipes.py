@@ -5,6 +5,13 @@ public API (:func:`~numpyro_dgp.models.deep_gp_regression`,
 :class:`~numpyro_dgp.guides.AutoFactorizedDGP`, :class:`~numpyro_dgp.DGPElbo`,
 :func:`~numpyro_dgp.fit`, :func:`~numpyro_dgp.predict`, :func:`~numpyro_dgp.metrics`) and is
 meant to be read as an example as much as called.
+
+**References:**
+
+* Salimbeni, Deisenroth (2017). Doubly stochastic variational inference for deep Gaussian
+  processes. NeurIPS.
+* Ustyuzhaninov, Kazlauskaite, Kaiser, Bodin, Campbell, Ek (2020). Compositional uncertainty
+  in deep Gaussian processes. UAI.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from numpyro_dgp.guides import AutoFactorizedDGP
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.models import deep_gp_regression
 from numpyro_dgp.objectives import DGPElbo
-from numpyro_dgp._prediction import metrics, predict, sample_layers
+from numpyro_dgp._metrics import metrics
+from numpyro_dgp._prediction import predict, sample_layers
 
 __all__ = [
     "RunResult",
@@ -119,10 +127,10 @@ def fit_factorized(
 
 
 def run_on_uci(
-    name: str | os.PathLike,
+    name: os.PathLike | str,
     split: int,
     rng_key: jax.Array | None,
-    data_dir: str | os.PathLike | None,
+    data_dir: os.PathLike | str | None,
     num_test_samples: int,
     fit_fn: Callable[[jax.Array, jax.Array, jax.Array], Fitted],
 ) -> RunResult:
@@ -195,11 +203,11 @@ def fit_dsvi(
 
 
 def run_uci(
-    name: str | os.PathLike,
+    name: os.PathLike | str,
     split: int = 0,
     *,
     rng_key: jax.Array | None = None,
-    data_dir: str | os.PathLike | None = None,
+    data_dir: os.PathLike | str | None = None,
     num_layers: int = 2,
     num_inducing: int = 100,
     num_steps: int = 5000,
@@ -209,7 +217,8 @@ def run_uci(
     hidden_width: int | None = None,
     progress_bar: bool = False,
 ) -> RunResult:
-    """DSVI on one UCI split (Salimbeni & Deisenroth's recipe); metrics in the original units.
+    """DSVI on one UCI split (the recipe of Salimbeni & Deisenroth, 2017); metrics in the
+    original units.
 
     :param name: data set name under ``data_dir``, or a path to a folder in the standard split layout.
     :param split: split index.
@@ -241,7 +250,7 @@ def run_demo(
     *,
     num_steps: int = 3000,
     num_inducing: int = 30,
-    output: str | os.PathLike | None = None,
+    output: os.PathLike | str | None = None,
     num_test_samples: int = 100,
 ) -> dict[str, RunResult]:
     """Fit a 2-layer DGP and a 1-layer SVGP to the step function; optionally plot.
@@ -277,8 +286,9 @@ def run_demo(
     return out
 
 
-def plot_demo(run: RunResult, data: Dataset, rng_key: jax.Array, path: str | os.PathLike) -> Path:
-    """Each layer's function samples and the composition (as in Fig. 5 of Ustyuzhaninov et al. 2020).
+def plot_demo(run: RunResult, data: Dataset, rng_key: jax.Array, path: os.PathLike | str) -> Path:
+    """Each layer's function samples and the composition (as in Fig. 5 of Ustyuzhaninov et
+    al., 2020).
 
     :param run: the fitted 2-layer model (``run_demo()["dgp"]``).
     :param data: the step-function data (scattered on the composition).

@@ -2,12 +2,20 @@
 
 The flow itself is the handler :class:`numpyro_dgp.handlers.sde_flow`; a ready-made model
 is :func:`numpyro_dgp.models.diffgp`.
+
+**References:**
+
+* Hegde, Heinonen, Lähdesmäki, Kaski (2019). Deep learning with differential Gaussian
+  process flows. AISTATS.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from numpyro_dgp._marginal import marginal_trace
 from numpyro_dgp._protocol import FLOW, get_tag
@@ -26,7 +34,16 @@ def _with_record(model):
     return sde_flow(model.fn, **{**model.spec._asdict(), "record": True})
 
 
-def flow_trajectories(model, guide, params, rng_key, X, *args, num_samples: int = 10, **kwargs):
+def flow_trajectories(
+    model: sde_flow,
+    guide: Callable,
+    params: dict,
+    rng_key: jax.Array,
+    X: ArrayLike,
+    *args,
+    num_samples: int = 10,
+    **kwargs,
+) -> jax.Array:
     """Sample paths of the flow at inputs ``X``: ``(S, num_steps + 1, N, D)`` (``x_0 = X`` first).
 
     Paths follow the flow's estimator as in training (:class:`~numpyro_dgp.handlers.sde_flow`):
@@ -38,7 +55,10 @@ def flow_trajectories(model, guide, params, rng_key, X, *args, num_samples: int 
     :param params: fitted parameters.
     :param rng_key: PRNG key.
     :param X: ``(N, D)`` starting points (with the time column if ``time_input``).
+    :param args: further positional arguments of the model.
     :param num_samples: ``S`` paths per point.
+    :param kwargs: keyword arguments of the model.
+    :return: ``(S, num_steps + 1, N, D)`` states of the flow at every Euler–Maruyama step.
     """
     recording = _with_record(model)
     name = f"{recording.spec.layer}.layer"
@@ -56,13 +76,15 @@ def flow_trajectories(model, guide, params, rng_key, X, *args, num_samples: int 
     return jax.jit(jax.vmap(one, in_axes=(0, None, None)))(keys, params, X)
 
 
-def temporal_inducing_inputs(X, num_inducing: int, times):
+def temporal_inducing_inputs(X: ArrayLike, num_inducing: int, times: ArrayLike) -> jax.Array:
     """Inducing inputs ``(num_inducing * len(times), D + 1)`` of a time-dependent flow layer:
     k-means centers of ``X`` (fixed key, as :func:`numpyro_dgp.gp_layer` does) at each time.
 
     :param X: ``(N, D)`` inputs.
     :param num_inducing: centers per time.
     :param times: ``(K,)`` inducing times (e.g. ``jnp.linspace(0, T, 3)``).
+    :return: ``(num_inducing * K, D + 1)``: the centers at the first time, then at the
+        second, ... (the time in the last column).
     """
     X = jnp.asarray(X)
     times = jnp.atleast_1d(jnp.asarray(times, X.dtype))

@@ -21,7 +21,7 @@
 # vary together. The standard doubly stochastic guide (DSVI, Salimbeni & Deisenroth 2017)
 # gives each layer an independent Gaussian over its inducing values. Independent layers cannot
 # vary together, and the fitted posterior collapses: every layer becomes nearly deterministic
-# (Ustyuzhaninov et al. 2020, "paper 000" in our notes).
+# (Ustyuzhaninov et al. 2020).
 #
 # This tutorial fits **one model** with four variational families, changing one line each time:
 #
@@ -33,7 +33,7 @@
 # | inducing points as inducing locations | `gp_layer(..., inducing="locations")` in the model, with any guide |
 #
 # `DGPElbo` marginalizes the inducing values exactly for each of them (for the correlated guides
-# with a per-point Kalman-filter-like recursion, notes/compositional.md §3b), so the comparison is
+# with a per-point Kalman-filter-like recursion, so the comparison is
 # between variational families, not between noisy estimators.
 
 # %% [markdown]
@@ -78,7 +78,7 @@ print(f"SMOKE={SMOKE}, NUM_STEPS={NUM_STEPS}")
 #
 # Two 1-D layers: a squared-exponential layer with an identity mean, then a periodic layer,
 # fitted to 30 noiseless points of `cos(pi x)` on [-1, 1] with a small fixed noise variance
-# (1e-3). Kernel hyperparameters are fixed and shared by every family, as in paper 000's
+# (1e-3). Kernel hyperparameters are fixed and shared by every family, as in Ustyuzhaninov et al.'s (2020)
 # Table 1, so the families differ only in the posterior they can represent.
 #
 # The model takes `inducing` as an argument. With `inducing="locations"` a layer maps the pair
@@ -144,7 +144,7 @@ for name, (model, guide) in families.items():
     print(f"{name:10s} final loss {np.mean(result.losses[-100:]):9.2f}  ({result.seconds_per_step * 1e3:.2f} ms/step)")
 
 # %% [markdown]
-# ## 4. Twenty-five samples of each layer (paper 000, Fig. 5)
+# ## 4. Twenty-five samples of each layer (Ustyuzhaninov et al. 2020, Fig. 5)
 #
 # `sample_layers` draws the inducing values from each guide (jointly, for the correlated ones) and
 # every layer with its full covariance over a grid, so each line is one coherent function. The
@@ -163,7 +163,7 @@ plt.show()
 # ## 5. The Table 1 numbers for these fits
 #
 # The ELBO at the fitted parameters (mean of many `DGPElbo` draws) and the variance of each layer
-# at `x = 0`, from the law of total variance over propagated samples. Paper 000 reports (10
+# at `x = 0`, from the law of total variance over propagated samples. Ustyuzhaninov et al. (2020) reports (10
 # trials, its own unpublished setup): DSVI 13.4 / 2.0e-6 / 1.1e-4, joint 23.2 / 4.2e-5 / 3.3e-4,
 # inducing locations 36.3 / 2.2e-3 / 5.0e-2 (ELBO / Var[f1(0)] / Var[f2(0)]).
 #
@@ -221,7 +221,7 @@ print(f"factorized, 1e-5 start:    ELBO {table['factorized'][0]:9.2f}  Var[f1(0)
 # ## 7. Estimators: `DGPElbo` against NumPyro's `Trace_ELBO`
 #
 # Every guide here also works with NumPyro's own `Trace_ELBO`, which samples the inducing values
-# (for the joint guide: paper 000's estimator (a)). Both estimate the same bound; `DGPElbo`
+# (for the joint guide: Ustyuzhaninov et al.'s (2020) estimator (a)). Both estimate the same bound; `DGPElbo`
 # marginalizes what it can in closed form, so its draws vary far less.
 
 # %%

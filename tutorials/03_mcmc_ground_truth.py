@@ -67,7 +67,7 @@ print(f"SMOKE={SMOKE}")
 # %% [markdown]
 # ## 2. The model and NUTS on the exact DGP
 #
-# Paper 000's Table 1 problem (tutorial 02): `cos(pi x)` at 30 points, an RBF layer then a
+# Ustyuzhaninov et al.'s (2020) Table 1 problem (tutorial 02): `cos(pi x)` at 30 points, an RBF layer then a
 # periodic layer, fixed hyperparameters, noise variance `1e-3`. `exact_layers` removes the
 # inducing points: every layer's output at the data and at the grid is a latent site with the full
 # GP prior (non-centered, `f = mean + L eps`), so NUTS samples the exact DGP posterior.
@@ -193,7 +193,7 @@ print(report.read_text() if report.exists() else "benchmarks/results/mcmc_ground
 # %% [markdown]
 # ## 4. Exact ground truth for a discrete composition: the sign-flip toy
 #
-# Paper 000's Fig. 2: three layers, each either `x` or `-x`, fitted to `y = x`. Only an even
+# Ustyuzhaninov et al.'s (2020) Fig. 2: three layers, each either `x` or `-x`, fitted to `y = x`. Only an even
 # number of flips fits, so the exact posterior is uniform on four sign patterns and the layers
 # are dependent. NumPyro's funsor-backed enumeration gives it exactly; we then fit variational
 # families by minimizing the exactly enumerated KL.

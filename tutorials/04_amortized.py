@@ -16,7 +16,7 @@
 # %% [markdown]
 # # Amortized inducing points: every point its own inducing set (AVDGP)
 #
-# Paper 003 (*Amortized variational inference for deep Gaussian processes*) replaces the
+# Meng & Zhang (2024) (*Amortized variational inference for deep Gaussian processes*) replaces the
 # global inducing points of a sparse GP layer by **per-point inducing sets**: for point $n$ and
 # layer $l$, $M_l$ inducing inputs $Z_n^l$ (learned affine maps $z_m = W_m p_n + b_m$ of the
 # layer's *encoder input* $p_n$) and inducing values $u_n^l$ with the prior
@@ -65,7 +65,6 @@ from numpyro_dgp.core import gauss_hermite
 from numpyro_dgp.guides import AutoAmortizedDGP, AutoFactorizedDGP
 from numpyro_dgp.handlers import quadrature
 from numpyro_dgp.kernels import Matern52
-from numpyro_dgp._marginal import marginal_trace
 
 plt.rcParams["figure.dpi"] = 90
 
@@ -193,7 +192,7 @@ for label, params in (("last step", result_avg.params), ("averaged", result_avg.
 # objective keeps.
 
 # %%
-guide, result, _ = fits["AR2P"]
+guide, result, pred = fits["AR2P"]
 points = 10 * jax.nn.sigmoid(result.params["auto.h1.points"]) - 5
 weights = jax.nn.softmax(result.params["auto.branch_logits"])
 fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -210,12 +209,16 @@ print("weights:", np.round(np.asarray(weights), 3))
 # layer h1 sit, and the encoder's mean of the inducing values there (one of the two outputs).
 
 # %%
-run = marginal_trace(model, guide, result.params, jax.random.PRNGKey(0), (X_test,), {})
-layer1 = run.model_trace["h1.layer"]["args"][0]
-Z = np.asarray(layer1.inducing_inputs)  # (N, M, 1)
-loc, scale = run.posteriors["h1.u"].encode(X_test)
+from numpyro.handlers import seed, substitute, trace
+
+# the layer's "dgp_layer" message carries its Layer record: per-point inducing inputs (N, M, 1)
+model_trace = trace(seed(substitute(model, data=result.params), 0)).get_trace(X_test)
+Z = np.asarray(model_trace["h1.layer"]["args"][0].inducing_inputs)
+# the guide's placeholder site carries the encoder q(u_n | p_n) (posteriors.AmortizedPosterior)
+guide_trace = trace(seed(substitute(guide, data=result.params), 0)).get_trace(X_test)
+loc, scale = guide_trace["h1.u.amortized"]["fn"].posterior.encode(X_test)  # layer h1 sees X
 fig, ax = plt.subplots(figsize=(7, 3.2))
-mean1 = np.asarray(run.moments["h1"][0][:, 0])
+mean1 = np.asarray(pred.layer_means["h1"][0, :, 0])  # the first layer's mean is the same in every component
 ax.plot(X_test[:, 0], mean1, "k-", lw=1, label="layer h1 output 1 (marginal mean)")
 for i, n in enumerate([30, 120, 200, 270]):
     ax.errorbar(Z[n, :, 0], np.asarray(loc[n, 0]), yerr=2 * np.asarray(scale[n, 0]), fmt="o", ms=4,
@@ -272,7 +275,7 @@ for S in ([2, 32] if SMOKE else [1, 2, 4, 8, 16, 32, 64]):
 # %% [markdown]
 # ## 8. Classification: the "DGP" letters
 #
-# Paper 003's toy: points uniform on the unit square, label 1 inside the letters "DGP"
+# Meng & Zhang's (2024) toy: points uniform on the unit square, label 1 inside the letters "DGP"
 # (`numpyro_dgp.papers.letters.letters_classification`). A 2-layer amortized DGP with a probit likelihood
 # (`models.amortized_dgp(..., likelihood="probit")`; the Bernoulli expectation by
 # Gauss–Hermite) — a short run here; `benchmarks/amortized.py --letters` has the longer ones.
@@ -316,7 +319,7 @@ plt.tight_layout(); plt.show()
 # committed results are shown here (not recomputed by this notebook): kin8nm (AR2P and AR2PP, with
 # the test metrics of the final, the validation-selected and the averaged parameters of the last 25
 # epochs; averaging is what brings AR2PP under the issue's NLL target), and the letters at the
-# paper's Adam 0.005 and at 0.002. The README's amortized section lists every other run
+# paper's Adam 0.005 and at 0.002. The amortized section of benchmarks/README.md lists every other run
 # (earlier settings, single-seed probes) and the command that made each.
 
 # %%

@@ -1,4 +1,4 @@
-"""GPflux peer benchmark: the kin8nm DGP of shared/notes/performance.md, one JSON line on stdout.
+"""GPflux peer benchmark: the kin8nm DGP of benchmarks/speed.py, one JSON line on stdout.
 
 2 layers (8 -> 8 -> 1), M = 100 k-means inducing inputs per layer shared by its outputs
 (SharedIndependentInducingVariables), one SE-ARD kernel per layer shared by its outputs

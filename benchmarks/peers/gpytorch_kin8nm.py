@@ -1,4 +1,4 @@
-"""GPyTorch peer benchmark: the kin8nm DGP of shared/notes/performance.md, one JSON line on stdout.
+"""GPyTorch peer benchmark: the kin8nm DGP of benchmarks/speed.py, one JSON line on stdout.
 
 2 layers (8 -> 8 -> 1) built from ``DeepGPLayer`` with a whitened ``VariationalStrategy`` and
 a ``CholeskyVariationalDistribution`` (batch_shape = outputs for the inner layer); M = 100

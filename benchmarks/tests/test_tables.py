@@ -1,11 +1,13 @@
 """The committed benchmark tables are rendered from their JSON records: check the rendering."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))  # the scripts import their sibling _paths module
 
 
 def _load(script):

@@ -1,8 +1,8 @@
 """Exact per-point propagation through layers whose inducing values are jointly Gaussian.
 
-notes/compositional.md §3b: with a guide that correlates the inducing values of different
-layers, the ELBO needs each point's own chain of layer outputs. For one point, layer ``l``
-is a linear-Gaussian observation of its inducing values,
+With a guide that correlates the inducing values of different layers, the ELBO needs each
+point's own chain of layer outputs. For one point, layer ``l`` is a linear-Gaussian
+observation of its inducing values::
 
     f_l = mean_l(f_{l-1}) + H u_l + e,   H = I_P (x) alpha_l(f_{l-1})^T,   e ~ N(0, s_l I_P),
 
@@ -11,18 +11,26 @@ with ``alpha`` and ``s = k(f, f) - q(f, f)`` from :func:`point_projection`. A Ga
 the output's moments (:func:`output_moments`); the sampled output then updates the belief
 like a Kalman filter (:func:`condition_on_output`), and for a chain-structured guide the
 belief moves to the next layer through ``q(u_{l+1} | u_l)`` (:func:`chain_transition`).
-This is the exact recursion of the notes, not the papers' eqs. (16)-(17), which are wrong
-for ``L >= 3``. Cost per point: ``O(K^2 P)`` per update with ``K`` the belief's dimension.
+This is the exact per-point recursion, not the recursion of eqs. (16)-(17) of Ustyuzhaninov
+et al. (2020), which is wrong for ``L >= 3``. Cost per point: ``O(K^2 P)`` per update with
+``K`` the belief's dimension.
 
 Shapes: ``N`` points, ``P`` outputs, ``M`` inducing points, belief over ``K >= P * M`` values
 (the current layer's ``u`` flattened output-major, ``vec(u) = u.reshape(-1)`` for ``u (P, M)``).
 No NumPyro below this line.
+
+**References:**
+
+* Ustyuzhaninov, Kazlauskaite, Kaiser, Bodin, Campbell, Ek (2020). Compositional uncertainty
+  in deep Gaussian processes. UAI.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import block_diag, solve_triangular
+from jax.typing import ArrayLike
 
 from numpyro_dgp.core._conditionals import project
 
@@ -37,32 +45,39 @@ __all__ = [
 ]
 
 
-def point_projection(Kmn, Kmm_chol, Knn_diag, whiten: bool = True):
+def point_projection(
+    Kmn: ArrayLike, Kmm_chol: ArrayLike, Knn_diag: ArrayLike, whiten: bool = True
+) -> tuple[jax.Array, jax.Array]:
     """Per-point weights and residual prior variance of a sparse GP layer.
 
     :param Kmn: ``(M, N)`` ``k(Z, X)``.
     :param Kmm_chol: ``(M, M)`` Cholesky factor of ``k(Z, Z) (+ jitter)``.
     :param Knn_diag: ``(N,)`` prior variances ``k(x, x)``.
-    :return: ``alpha (N, M)`` with ``E[f(x) | u] = alpha(x) . u`` (``u`` whitened or not) and
-        ``s (N,) = k(x, x) - k(x, Z) K^{-1} k(Z, x)``.
+    :param whiten: whether ``u`` is whitened (``u = L v``).
+    :return: ``(alpha (N, M), s (N,))`` with ``E[f(x) | u] = alpha(x) . u`` (``u`` whitened
+        or not) and ``s = k(x, x) - k(x, Z) K^{-1} k(Z, x)``.
     """
     A, B = project(Kmn, Kmm_chol, whiten)
     return B.T, Knn_diag - jnp.sum(A**2, axis=0)
 
 
-def _per_point(x, N, ndim):
+def _per_point(x: jax.Array, N: int, ndim: int) -> jax.Array:
     return jnp.broadcast_to(x, (N,) + x.shape[-ndim:])
 
 
-def output_moments(alpha, base_var, loc, cov, out_dim: int):
+def output_moments(
+    alpha: jax.Array, base_var: jax.Array, loc: jax.Array, cov: jax.Array, out_dim: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Moments of one layer's (residual) output at each point under the belief ``N(loc, cov)``.
 
-    :param alpha: ``(N, M)``; :param base_var: ``(N,)`` (see :func:`point_projection`).
+    :param alpha: ``(N, M)`` weights (see :func:`point_projection`).
+    :param base_var: ``(N,)`` residual prior variances (see :func:`point_projection`).
     :param loc: ``(K,)`` or ``(N, K)`` belief mean; the first ``P * M`` entries are this layer's.
     :param cov: ``(K, K)`` or ``(N, K, K)`` belief covariance.
     :param out_dim: ``P``.
-    :return: ``mean (N, P)`` (add the mean function), ``cov (N, P, P)`` and ``HB (N, P, K)``
-        (the output's cross-covariance with the belief, needed by :func:`condition_on_output`).
+    :return: ``(mean (N, P), cov (N, P, P), HB (N, P, K))``: the mean (add the mean function),
+        the covariance, and the output's cross-covariance with the belief (needed by
+        :func:`condition_on_output`).
     """
     N, M = alpha.shape
     P = int(out_dim)
@@ -76,7 +91,7 @@ def output_moments(alpha, base_var, loc, cov, out_dim: int):
     return mean, out_cov, HB
 
 
-def _stabilized(out_cov):
+def _stabilized(out_cov: jax.Array) -> jax.Array:
     """``out_cov`` plus round-off-sized diagonal (machine epsilon times its mean variance).
 
     No jitter is needed beyond that: the output variance has a floor ``k(x,x) - q(x,x) > 0``
@@ -89,25 +104,37 @@ def _stabilized(out_cov):
     return out_cov + eps * jnp.maximum(scale, eps) * jnp.eye(P, dtype=out_cov.dtype)
 
 
-def _output_factor(out_cov):
+def _output_factor(out_cov: jax.Array) -> jax.Array:
     if out_cov.shape[-1] == 1:
         # one output: the square root, exactly as the factorized (DSVI) path takes it
         return jnp.sqrt(jnp.maximum(out_cov, 0.0))
     return jnp.linalg.cholesky(_stabilized(out_cov))
 
 
-def sample_output(mean, out_cov, eps):
-    """``mean + chol(out_cov) eps`` per point; ``eps (N, P)`` standard normal (or ``(K, P)``
-    quadrature nodes, giving ``(K, N, P)``)."""
+def sample_output(mean: jax.Array, out_cov: jax.Array, eps: jax.Array) -> jax.Array:
+    """``mean + chol(out_cov) eps`` per point.
+
+    :param mean: ``(N, P)`` output means.
+    :param out_cov: ``(N, P, P)`` output covariances (see :func:`output_moments`).
+    :param eps: ``(N, P)`` standard-normal draws, or ``(K, P)`` quadrature nodes shared by
+        the points.
+    :return: ``(N, P)``, or ``(K, N, P)`` for quadrature nodes.
+    """
     factor = _output_factor(out_cov)
     if eps.shape == mean.shape:
         return mean + jnp.einsum("npq,nq->np", factor, eps)
     return mean[None] + jnp.einsum("npq,kq->knp", factor, eps)
 
 
-def condition_on_output(loc, cov, HB, out_cov, residual):
+def condition_on_output(
+    loc: jax.Array, cov: jax.Array, HB: jax.Array, out_cov: jax.Array, residual: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """Kalman update of the belief on the sampled output of the current layer.
 
+    :param loc: ``(K,)`` or ``(N, K)`` belief mean.
+    :param cov: ``(K, K)`` or ``(N, K, K)`` belief covariance.
+    :param HB: ``(N, P, K)`` cross-covariance from :func:`output_moments`.
+    :param out_cov: ``(N, P, P)`` output covariance from :func:`output_moments`.
     :param residual: ``(N, P)`` sampled output minus :func:`output_moments`'s mean.
     :return: ``(loc (N, K), cov (N, K, K))`` of ``q(u | this output)``; the symmetric form
         ``B - W^T W`` (``W = L^{-1} H B``) keeps ``cov`` exactly symmetric.
@@ -123,21 +150,35 @@ def condition_on_output(loc, cov, HB, out_cov, residual):
     return new_loc, new_cov
 
 
-def block_diag_covariance(scale_tril):
-    """``(P * M, P * M)`` block-diagonal covariance from per-output factors ``(P, M, M)``."""
+def block_diag_covariance(scale_tril: ArrayLike) -> jax.Array:
+    """Block-diagonal covariance ``blockdiag(L_1 L_1^T, ..., L_P L_P^T)``.
+
+    :param scale_tril: ``(P, M, M)`` lower factors, one per output.
+    :return: ``(P * M, P * M)`` covariance.
+    """
     blocks = jnp.einsum("pij,pkj->pik", scale_tril, scale_tril)
     return block_diag(*[blocks[p] for p in range(blocks.shape[0])])
 
 
-def chain_transition(loc, cov, parent_mean, mean, coupling, scale_tril):
+def chain_transition(
+    loc: jax.Array,
+    cov: jax.Array,
+    parent_mean: jax.Array,
+    mean: jax.Array,
+    coupling: jax.Array,
+    scale_tril: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
     """Belief over ``u_{l+1}`` from the belief over ``u_l`` and ``q(u_{l+1} | u_l)``.
 
     ``q(u_{l+1} | u_l) = N(m_{l+1} + C (u_l - m_l), D D^T)``: the belief ``N(a, B)`` over
     ``vec(u_l)`` maps to ``N(m_{l+1} + C (a - m_l), C B C^T + D D^T)``.
 
-    :param loc: ``(N, K_l)``; :param cov: ``(N, K_l, K_l)`` (belief over ``vec(u_l)``).
-    :param parent_mean: ``(K_l,)`` ``vec(m_l)``; :param mean: ``(P, M)`` ``m_{l+1}``.
-    :param coupling: ``(P * M, K_l)`` ``C``; :param scale_tril: ``(P, M, M)`` ``D`` per output.
+    :param loc: ``(N, K_l)`` belief mean over ``vec(u_l)``.
+    :param cov: ``(N, K_l, K_l)`` belief covariance over ``vec(u_l)``.
+    :param parent_mean: ``(K_l,)`` ``vec(m_l)``.
+    :param mean: ``(P, M)`` ``m_{l+1}``.
+    :param coupling: ``(P * M, K_l)`` ``C``.
+    :param scale_tril: ``(P, M, M)`` ``D``, one factor per output.
     :return: ``(loc (N, P M), cov (N, P M, P M))``.
     """
     new_loc = mean.reshape(-1) + (loc - parent_mean) @ coupling.T
@@ -145,17 +186,21 @@ def chain_transition(loc, cov, parent_mean, mean, coupling, scale_tril):
     return new_loc, new_cov
 
 
-def chain_gauss_kl_term(mean, scale_tril, marginal_cov, prior_chol=None):
+def chain_gauss_kl_term(
+    mean: jax.Array, scale_tril: jax.Array, marginal_cov: jax.Array, prior_chol: jax.Array | None = None
+) -> jax.Array:
     """One layer's share of ``KL[q(u_1..u_L) || prod_l p(u_l)]`` for a chain-structured ``q``.
 
     With ``q(u_l | u_{l-1}) = N(., D_l D_l^T)`` and marginal ``q(u_l) = N(m_l, S_l)``, the
     KL is ``sum_l 0.5 [tr(K_l^{-1} S_l) + m_l^T K_l^{-1} m_l - d_l + log|K_l|] - log|D_l|``
     (the entropy of a chain is the sum of its conditional entropies).
 
-    :param mean: ``(P, M)``; :param scale_tril: ``(P, M, M)`` ``D_l``.
+    :param mean: ``(P, M)`` marginal mean ``m_l`` (about the prior mean).
+    :param scale_tril: ``(P, M, M)`` ``D_l``.
     :param marginal_cov: ``(P M, P M)`` ``S_l``.
     :param prior_chol: ``(M, M)`` Cholesky factor of ``K_l`` shared by the outputs; ``None``
         for the whitened prior ``N(0, I)``.
+    :return: scalar, this layer's term (nats).
     """
     P, M = mean.shape
     blocks = marginal_cov.reshape(P, M, P, M)[jnp.arange(P), :, jnp.arange(P), :]  # (P, M, M)

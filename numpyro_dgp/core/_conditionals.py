@@ -7,25 +7,31 @@ standard deviations) or ``None`` (the inducing values are known exactly, S = 0).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from numpyro_dgp.core._linalg import triangular_inverse
 
 __all__ = ["conditional", "factors_transpose_times", "project"]
 
 
-def factors_transpose_times(q_sqrt, B):
-    """``L_p^T B`` for every output ``p``: ``(P, K, N)`` from ``q_sqrt (P, M, K)``, ``B (M, N)``.
+def factors_transpose_times(q_sqrt: ArrayLike, B: ArrayLike) -> jax.Array:
+    """``L_p^T B`` for every output ``p``.
 
     Laid out as one ``(P K, M) x (M, N)`` product: its gradient is two unbatched products too,
-    20-25% faster on CPU than the output-batched einsum (``benchmarks/step_parts.py``).
+    20-25% faster on CPU than the output-batched einsum (measured with the project's benchmarks).
+
+    :param q_sqrt: ``(P, M, K)`` factors ``L_p``.
+    :param B: ``(M, N)``.
+    :return: ``(P, K, N)``.
     """
     P, M, K = q_sqrt.shape
     factors = jnp.transpose(q_sqrt, (1, 0, 2)).reshape(M, P * K)
     return (factors.T @ B).reshape(P, K, B.shape[-1])
 
 
-def project(Kmn, Kmm_chol, whiten: bool = True):
+def project(Kmn: ArrayLike, Kmm_chol: ArrayLike, whiten: bool = True) -> tuple[jax.Array, jax.Array]:
     """The two projections the conditional needs.
 
     :param Kmn: ``(M, N)`` cross-covariance ``k(Z, X)``.
@@ -42,22 +48,22 @@ def project(Kmn, Kmm_chol, whiten: bool = True):
 
 
 def conditional(
-    Kmn,
-    Kmm_chol,
-    Knn,
-    q_mean,
-    q_sqrt=None,
+    Kmn: ArrayLike,
+    Kmm_chol: ArrayLike,
+    Knn: ArrayLike,
+    q_mean: ArrayLike,
+    q_sqrt: ArrayLike | None = None,
     *,
     whiten: bool = True,
     full_cov: bool = False,
-):
+) -> tuple[jax.Array, jax.Array]:
     """Mean and (co)variance of ``q(f(X)) = int p(f(X) | u) q(u) du`` for a zero-mean GP.
 
     With ``u ~ N(m, S)`` (or, whitened, ``u = L v`` with ``v ~ N(m, S)``):
     ``mean = Kxm K^{-1} m`` and ``cov = Knn - Kxm K^{-1} (K - S) K^{-1} Kmx``
     (whitened: ``Knn - A^T A + A^T S A`` with ``A = L^{-1} Kmn``).
 
-    :param Kmn: ``(M, N)``.
+    :param Kmn: ``(M, N)`` cross-covariance ``k(Z, X)``.
     :param Kmm_chol: ``(M, M)`` lower Cholesky factor of ``Kmm``.
     :param Knn: ``(N,)`` prior variances (``full_cov=False``) or ``(N, N)`` prior covariance.
     :param q_mean: ``(P, M)`` variational means (of ``v`` when whitened, of ``u`` otherwise).
@@ -65,6 +71,7 @@ def conditional(
     :param whiten: whitened parameterization.
     :param full_cov: return ``(P, N, N)`` covariances instead of ``(N, P)`` variances.
     :return: ``(mean (N, P), var (N, P))`` or ``(mean (N, P), cov (P, N, N))``.
+    :raises ValueError: if ``q_sqrt`` or ``Knn`` has the wrong number of dimensions.
     """
     A, B = project(Kmn, Kmm_chol, whiten)
     mean = (q_mean @ B).T

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
+from jax.typing import ArrayLike
 
 __all__ = ["gauss_kl"]
 
 
-def gauss_kl(q_mean, q_sqrt, prior_chol=None):
+def gauss_kl(q_mean: ArrayLike, q_sqrt: ArrayLike, prior_chol: ArrayLike | None = None) -> jax.Array:
     """``sum_p KL[N(m_p, S_p) || N(0, K)]`` with ``S_p = L_p L_p^T``.
 
     :param q_mean: ``(P, M)``.

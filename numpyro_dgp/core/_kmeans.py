@@ -6,15 +6,16 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 __all__ = ["kmeans"]
 
 
-def _sqdist_to(X, c):
+def _sqdist_to(X: jax.Array, c: jax.Array) -> jax.Array:
     return jnp.sum((X - c) ** 2, -1)
 
 
-def _kmeanspp_start(rng_key, X, num_clusters: int):
+def _kmeanspp_start(rng_key: jax.Array, X: jax.Array, num_clusters: int) -> jax.Array:
     """k-means++ seeding: ``num_clusters`` distinct data points, each drawn with probability
     proportional to its squared distance from the points already chosen.
 
@@ -46,7 +47,7 @@ def _kmeanspp_start(rng_key, X, num_clusters: int):
     return X[idx]
 
 
-def kmeans(rng_key, X, num_clusters: int, num_iters: int = 25):
+def kmeans(rng_key: jax.Array, X: ArrayLike, num_clusters: int, num_iters: int = 25) -> jax.Array:
     """Lloyd's algorithm started from ``num_clusters`` distinct data points (k-means++
     seeding).
 
@@ -55,6 +56,7 @@ def kmeans(rng_key, X, num_clusters: int, num_iters: int = 25):
     :param num_clusters: number of centers ``M`` (``<= N``).
     :param num_iters: Lloyd iterations.
     :return: ``(M, D)`` centers; an empty cluster keeps its previous center.
+    :raises ValueError: if ``num_clusters`` exceeds the number of points ``N``.
     """
     N = X.shape[0]
     if num_clusters > N:

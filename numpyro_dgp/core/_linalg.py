@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
+from jax.typing import ArrayLike, DTypeLike
 
 __all__ = [
     "default_jitter",
@@ -16,17 +17,25 @@ __all__ = [
 ]
 
 
-def default_jitter(dtype) -> float:
+def default_jitter(dtype: DTypeLike) -> float:
     """Diagonal jitter that keeps kernel Cholesky factors finite in ``dtype``.
 
     float64: 1e-6, float32 (and lower): 1e-4 -- the settings of DSVI/GPflux runs; float32
     kernel matrices lose about 7 digits, so 1e-6 jitter is below their round-off.
+
+    :param dtype: a floating-point dtype.
+    :return: the jitter.
     """
     return 1e-6 if jnp.finfo(dtype).bits >= 64 else 1e-4
 
 
-def check_jitter(jitter, name: str = "jitter") -> None:
-    """Raise ``ValueError`` if a concrete ``jitter`` is not a finite positive number."""
+def check_jitter(jitter: ArrayLike, name: str = "jitter") -> None:
+    """Check a concrete ``jitter``; a traced one passes unchecked.
+
+    :param jitter: the value to check.
+    :param name: the name the error message gives it.
+    :raises ValueError: if ``jitter`` is concrete and not a finite positive number.
+    """
     try:
         value = float(jitter)
     except (TypeError, jax.errors.ConcretizationTypeError):
@@ -35,13 +44,14 @@ def check_jitter(jitter, name: str = "jitter") -> None:
         raise ValueError(f"{name} must be a finite positive number, got {jitter!r}")
 
 
-def jittered_cholesky(K, jitter):
+def jittered_cholesky(K: ArrayLike, jitter: ArrayLike) -> jax.Array:
     """Lower Cholesky factor of ``K + jitter * I``.
 
     :param K: ``(..., M, M)`` symmetric positive semi-definite matrix.
     :param jitter: positive scalar added to the diagonal, or ``(..., 1, 1)`` values, one per
         matrix of the batch (only a scalar is checked here).
     :return: ``(..., M, M)`` lower-triangular factor; NaN where the factorization fails.
+    :raises ValueError: if a concrete scalar ``jitter`` is not a finite positive number.
     """
     check_jitter(jitter)
     M = K.shape[-1]
@@ -49,21 +59,24 @@ def jittered_cholesky(K, jitter):
 
 
 @jax.custom_jvp
-def cholesky(K):
+def cholesky(K: jax.Array) -> jax.Array:
     """Lower Cholesky factor of the symmetric positive-definite ``K`` (``(..., M, M)``).
 
     The same forward pass as ``jnp.linalg.cholesky``; its derivative
     ``dL = L Phi(L^{-1} dK L^{-T})`` (``Phi``: lower triangle, half diagonal) is computed with
     the explicit inverse of :func:`triangular_inverse` and matrix products only. JAX's own
     rule uses two triangular solves, which on CPU cost 100x a product of the same size
-    (benchmarks/README.md); a DGP training step differentiates one factor per layer.
+    (measured with the project's benchmarks); a DGP training step differentiates one factor per layer.
     NaN where the factorization fails, like ``jnp.linalg.cholesky``.
+
+    :param K: ``(..., M, M)`` symmetric positive-definite matrix.
+    :return: ``(..., M, M)`` lower-triangular factor.
     """
     return jnp.linalg.cholesky(K)
 
 
 @cholesky.defjvp
-def _cholesky_jvp(primals, tangents):
+def _cholesky_jvp(primals: tuple, tangents: tuple) -> tuple[jax.Array, jax.Array]:
     (K,), (dK,) = primals, tangents
     L = cholesky(K)
     Linv = triangular_inverse(L)
@@ -73,14 +86,21 @@ def _cholesky_jvp(primals, tangents):
     return L, L @ Phi
 
 
-def robust_cholesky(K, jitter, max_tries: int = 2, factor: float = 100.0):
+def robust_cholesky(
+    K: ArrayLike, jitter: ArrayLike, max_tries: int = 2, factor: float = 100.0
+) -> tuple[jax.Array, jax.Array]:
     """Cholesky of ``K + jitter * I``, retrying with ``factor`` times more jitter on failure.
 
     Kernel matrices at inducing inputs that an optimizer has pushed together become
     numerically singular; retrying with more jitter recovers instead of propagating NaN.
     The retries run only when the first factor is not finite (``lax.cond``).
 
+    :param K: ``(..., M, M)`` symmetric positive semi-definite matrix.
+    :param jitter: positive scalar added to the diagonal at the first try.
+    :param max_tries: number of tries (the ``k``-th adds ``jitter * factor**k``).
+    :param factor: jitter growth per retry.
     :return: ``(L, used_jitter)``; ``L`` is still NaN if every try failed.
+    :raises ValueError: if a concrete ``jitter`` is not a finite positive number.
     """
     check_jitter(jitter)
     jitter = jnp.asarray(jitter, K.dtype)
@@ -106,7 +126,7 @@ _INVERSE_LEAF = 32
 
 
 @jax.custom_jvp
-def triangular_inverse(L):
+def triangular_inverse(L: jax.Array) -> jax.Array:
     """``L^{-1}`` for lower-triangular ``L`` (``(..., M, M)``; the upper triangle is ignored).
 
     One explicit inverse followed by matrix products is faster on CPU than triangular
@@ -114,7 +134,10 @@ def triangular_inverse(L):
     ``[[A, 0], [C, D]]^{-1} = [[A^{-1}, 0], [-D^{-1} C A^{-1}, D^{-1}]]``, down to blocks of
     at most 32 that a triangular solve inverts: XLA's CPU triangular solve is slow and
     erratic on a 100 x 100 identity (0.2-8 ms against 0.07 ms for the recursion, measured in
-    benchmarks/README.md). Its derivative ``-L^{-1} dL L^{-1}`` is two products.
+    the project's benchmarks). Its derivative ``-L^{-1} dL L^{-1}`` is two products.
+
+    :param L: ``(..., M, M)`` lower-triangular matrix.
+    :return: ``(..., M, M)`` lower-triangular inverse.
     """
     n = L.shape[-1]
     if n <= _INVERSE_LEAF:
@@ -129,7 +152,7 @@ def triangular_inverse(L):
 
 
 @triangular_inverse.defjvp
-def _triangular_inverse_jvp(primals, tangents):
+def _triangular_inverse_jvp(primals: tuple, tangents: tuple) -> tuple[jax.Array, jax.Array]:
     (L,), (dL,) = primals, tangents
     Linv = triangular_inverse(L)
     return Linv, -Linv @ jnp.tril(dL) @ Linv

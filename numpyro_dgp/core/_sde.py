@@ -1,7 +1,12 @@
 """Euler–Maruyama integration of an Itô SDE ``dx = mu(x, t) dt + sqrt(Sigma(x, t)) dW`` (pure JAX).
 
-``Sigma`` is diagonal (a variance per point and dimension), as in DiffGP (paper 004), where
-the drift and diffusion are a GP layer's mean and marginal variance.
+``Sigma`` is diagonal (a variance per point and dimension), as in DiffGP (Hegde et al.
+2019), where the drift and diffusion are a GP layer's mean and marginal variance.
+
+**References:**
+
+* Hegde, Heinonen, Lähdesmäki, Kaski (2019). Deep learning with differential Gaussian
+  process flows. AISTATS.
 """
 
 from __future__ import annotations
@@ -10,20 +15,21 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 __all__ = ["euler_maruyama"]
 
 
 def euler_maruyama(
     drift_diffusion: Callable,
-    x0,
-    T,
+    x0: ArrayLike,
+    T: ArrayLike,
     num_steps: int,
-    rng_key,
+    rng_key: jax.Array,
     *,
     diffusion: bool = True,
     record: bool = False,
-):
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Integrate ``x_{k+1} = x_k + mu(x_k, t_k) dt + sqrt(Sigma(x_k, t_k) dt) eps_k`` from 0 to ``T``.
 
     Fresh standard-normal ``eps_k`` at every step, for every element of ``x`` (every point
@@ -39,6 +45,7 @@ def euler_maruyama(
         not used).
     :param record: also return the path ``(K + 1, N, D)`` (``x0`` first).
     :return: ``x_T (N, D)``, or ``(x_T, path)`` with ``record=True``.
+    :raises ValueError: if ``num_steps`` is not a positive integer.
     """
     if not (isinstance(num_steps, int) and num_steps >= 1):
         raise ValueError(f"euler_maruyama: num_steps must be a positive integer, got {num_steps!r}")

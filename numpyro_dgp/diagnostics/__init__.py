@@ -18,13 +18,22 @@ sampled hyperparameters; ``constant_data/grid_x`` holds the first layer's grid i
 * :func:`mcmc_health` -- R-hat, bulk/tail ESS and divergences per layer, per-chain means, and
   the chains grouped into modes; warns (:class:`MultimodalityWarning`) when chains settled in
   different compositions instead of averaging them away.
-* :func:`mode_evidence` -- the posterior mass of each mode the chains found (bridge sampling
-  between the mode's draws and a Gaussian fitted to them), and
-  :func:`mode_mixture` -- the modes pooled with those weights: a ground truth across modes
-  from chains that each stay in one.
+* :func:`mode_evidence` -- the posterior mass of each mode the chains found (bridge sampling,
+  Meng & Wong 1996; Gronau et al. 2017, between the mode's draws and a Gaussian fitted to
+  them), and :func:`mode_mixture` -- the modes pooled with those weights: a ground truth
+  across modes from chains that each stay in one.
 * :func:`compare` -- all of it for several variational results against one MCMC result:
   a tidy table, a summary, the health report and figures.
+
+**References:**
+
+* Meng, Wong (1996). Simulating ratios of normalizing constants via a simple identity: a
+  theoretical exploration. Statistica Sinica.
+* Gronau, Sarafoglou, Matzke, Ly, Boehm, Marsman, Leslie, Forster, Wagenmakers, Steingroever
+  (2017). A tutorial on bridge sampling. Journal of Mathematical Psychology.
 """
+
+from __future__ import annotations
 
 from numpyro_dgp.diagnostics._compare import Comparison, compare, plot_layers, plot_marginals
 from numpyro_dgp.diagnostics._health import Health, MultimodalityWarning, mcmc_health

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
+
 from numpyro_dgp.diagnostics._health import Health, mcmc_health
 from numpyro_dgp.diagnostics._metrics import _draws, layer_metrics
 from numpyro_dgp.diagnostics._trees import layer_names
+
+if TYPE_CHECKING:
+    import matplotlib.figure
+    import pandas
+    import xarray
 
 __all__ = ["Comparison", "compare", "plot_layers", "plot_marginals"]
 
@@ -15,20 +21,22 @@ __all__ = ["Comparison", "compare", "plot_layers", "plot_marginals"]
 class Comparison(NamedTuple):
     """Result of :func:`compare`.
 
-    :ivar table: tidy per-point metrics of every method (:func:`layer_metrics`).
-    :ivar summary: per method and layer over the chosen points: median variance ratio, mean
-        W1, mean Gaussian KL, mean coverage.
+    :ivar table: ``pandas.DataFrame`` of tidy per-point metrics of every method
+        (:func:`layer_metrics`).
+    :ivar summary: ``pandas.DataFrame``, per method and layer over the chosen points: median
+        variance ratio, mean W1, mean Gaussian KL, mean coverage.
     :ivar health: :class:`Health` of the MCMC reference.
-    :ivar figures: ``{"layers": Figure, "marginals": Figure}`` (when ``plot``).
+    :ivar figures: ``{"layers": Figure, "marginals": Figure}`` (when ``plot``; else ``{}``).
     """
 
-    table: object
-    summary: object
+    table: pandas.DataFrame
+    summary: pandas.DataFrame
     health: Health
-    figures: dict
+    figures: dict[str, matplotlib.figure.Figure]
 
 
-def compare(vi: dict, mcmc, *, points=None, interval: float = 0.9, plot: bool = True,
+def compare(vi: dict[str, xarray.DataTree], mcmc: xarray.DataTree, *, points: Sequence[int] | None = None,
+            interval: float = 0.9, plot: bool = True,
             rhat_threshold: float = 1.01, ess_threshold: float = 400.0) -> Comparison:
     """Compare variational results with an MCMC reference, layer by layer.
 
@@ -36,6 +44,12 @@ def compare(vi: dict, mcmc, *, points=None, interval: float = 0.9, plot: bool = 
     :param mcmc: reference ``DataTree`` (from :func:`from_mcmc`).
     :param points: grid indices the summary and the marginal plots use (default: all
         points; pass interior ones to leave out the edges of the data).
+    :param interval: probability of the VI central interval used for ``coverage`` (see
+        :func:`layer_metrics`).
+    :param plot: also draw :func:`plot_layers` and :func:`plot_marginals` (at up to three of
+        ``points``).
+    :param rhat_threshold: R-hat limit of the health report (see :func:`mcmc_health`).
+    :param ess_threshold: bulk-ESS limit of the health report.
     :return: :class:`Comparison`.
     """
     import pandas as pd
@@ -63,10 +77,16 @@ def compare(vi: dict, mcmc, *, points=None, interval: float = 0.9, plot: bool = 
     return Comparison(table, summary, health, figures)
 
 
-def plot_layers(trees: dict, num_samples: int = 25, seed: int = 0):
+def plot_layers(
+    trees: dict[str, xarray.DataTree], num_samples: int = 25, seed: int = 0
+) -> matplotlib.figure.Figure:
     """Per method (rows): each layer's samples against its own input, and the composition.
 
-    :param trees: ``{method: DataTree}`` in this module's layout.
+    :param trees: ``{method: DataTree}`` in this module's layout (the first one's layers
+        and grid are used for all).
+    :param num_samples: samples drawn per method (at most the number of draws).
+    :param seed: NumPy seed choosing the samples.
+    :return: the matplotlib figure.
     """
     import matplotlib.pyplot as plt
 
@@ -96,8 +116,17 @@ def plot_layers(trees: dict, num_samples: int = 25, seed: int = 0):
     return fig
 
 
-def plot_marginals(trees: dict, points, bins: int = 40):
-    """Histograms of each layer's marginal at chosen grid points, one color per method."""
+def plot_marginals(
+    trees: dict[str, xarray.DataTree], points: Sequence[int], bins: int = 40
+) -> matplotlib.figure.Figure:
+    """Histograms of each layer's marginal at chosen grid points, one color per method.
+
+    :param trees: ``{method: DataTree}`` in this module's layout (the last one's layers and
+        grid are used for all).
+    :param points: grid indices, one column of panels each.
+    :param bins: histogram bins.
+    :return: the matplotlib figure (one row of panels per layer; first output only).
+    """
     import matplotlib.pyplot as plt
 
     methods = list(trees)

@@ -3,33 +3,41 @@
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
 from numpyro_dgp.diagnostics._trees import layer_names
+
+if TYPE_CHECKING:
+    import pandas
+    import xarray
 
 __all__ = ["MultimodalityWarning", "Health", "mcmc_health"]
 
 
 class MultimodalityWarning(UserWarning):
-    """MCMC chains settled in different modes (compositions); pooled summaries mislead."""
+    """MCMC chains settled in different modes (compositions); pooled summaries mislead.
 
+    Issued by :func:`mcmc_health`.
+    """
 
 
 class Health(NamedTuple):
     """MCMC health of a result in this module's layout.
 
-    :ivar table: per layer: ``max_rhat``, ``min_ess_bulk``, ``min_ess_tail``, ``divergences``,
-        ``ok`` (all within the thresholds).
+    :ivar table: ``pandas.DataFrame``, one row per layer: ``layer``, ``chains``, ``draws``,
+        ``max_rhat``, ``min_ess_bulk``, ``min_ess_tail``, ``divergences``, ``ok`` (all within
+        the thresholds).
     :ivar chain_means: ``pandas.DataFrame`` of each chain's mean per layer, output and grid point.
     :ivar modes: chains grouped by the composition they settled in (lists of chain indices);
         one group when all chains agree.
     :ivar multimodal: whether the chains split into more than one mode.
     """
 
-    table: object
-    chain_means: object
-    modes: list
+    table: pandas.DataFrame
+    chain_means: pandas.DataFrame
+    modes: list[list[int]]
     multimodal: bool
 
 
@@ -62,7 +70,7 @@ def _chain_modes(tree, names, tolerance):
     return modes
 
 
-def mcmc_health(tree, *, rhat_threshold: float = 1.01, ess_threshold: float = 400.0,
+def mcmc_health(tree: xarray.DataTree, *, rhat_threshold: float = 1.01, ess_threshold: float = 400.0,
                 mode_tolerance: float = 3.0, warn: bool = True) -> Health:
     """R-hat, ESS, divergences per layer, per-chain means, and modes.
 
@@ -74,6 +82,16 @@ def mcmc_health(tree, *, rhat_threshold: float = 1.01, ess_threshold: float = 40
     average modes away. Weigh the modes by their mass (:func:`mode_evidence`,
     :func:`mode_mixture`; more chains from dispersed starts find more of them) or use a
     sampler that moves between them before calling MCMC ground truth.
+
+    :param tree: an MCMC result in this module's layout (from :func:`from_mcmc`).
+    :param rhat_threshold: a layer is ``ok`` when its largest R-hat is below this (not
+        checked with one chain).
+    :param ess_threshold: a layer is ``ok`` only when its smallest bulk ESS is above this
+        (and there are no divergences).
+    :param mode_tolerance: within-chain standard deviations (whitened) within which chains
+        count as one mode.
+    :param warn: issue a :class:`MultimodalityWarning` when the chains split into modes.
+    :return: :class:`Health`.
     """
     import arviz as az
     import pandas as pd

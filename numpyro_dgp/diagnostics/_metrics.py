@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+from jax.typing import ArrayLike
+
 from numpyro_dgp.diagnostics._trees import layer_names
+
+if TYPE_CHECKING:
+    import pandas
+    import xarray
 
 __all__ = ["wasserstein_1d", "layer_metrics"]
 
 
-def wasserstein_1d(a, b) -> float:
+def wasserstein_1d(a: ArrayLike, b: ArrayLike) -> float:
     """Wasserstein-1 distance between the empirical distributions of samples ``a`` and ``b``
-    (exact: the integral of ``|F_a - F_b|`` over the merged sample points)."""
+    (exact: the integral of ``|F_a - F_b|`` over the merged sample points).
+
+    :param a: samples of the first distribution, any shape (flattened).
+    :param b: samples of the second distribution, any shape (flattened).
+    :return: ``W1(a, b)``.
+    """
     a = np.sort(np.asarray(a, float).ravel())
     b = np.sort(np.asarray(b, float).ravel())
     both = np.sort(np.concatenate([a, b]))
@@ -31,12 +44,16 @@ def _draws(tree, name):
     return v.reshape((-1,) + v.shape[2:])
 
 
-def layer_metrics(vi, mcmc, *, interval: float = 0.9, label: str | None = None):
+def layer_metrics(
+    vi: xarray.DataTree, mcmc: xarray.DataTree, *, interval: float = 0.9, label: str | None = None
+) -> pandas.DataFrame:
     """Per layer, output and grid point: how the VI marginal compares with MCMC's.
 
     :param vi: a ``DataTree`` from :func:`from_guide` (or any tree in this layout).
     :param mcmc: the reference, from :func:`from_mcmc`.
     :param interval: probability of the VI central interval used for ``coverage``.
+    :param label: the ``method`` column (default: the VI tree's ``label`` attribute, else
+        ``"vi"``).
     :return: a ``pandas.DataFrame`` with columns ``method, layer, output, grid, x, mean_vi,
         mean_mcmc, var_vi, var_mcmc, variance_ratio`` (VI / MCMC), ``wasserstein``
         (W1 between the sample marginals), ``kl_gaussian`` (KL(VI || MCMC) of moment-matched

@@ -1,16 +1,28 @@
-"""The posterior mass of each mode the chains found (bridge sampling), and the modes pooled."""
+"""The posterior mass of each mode the chains found (bridge sampling), and the modes pooled.
+
+**References:**
+
+* Meng, Wong (1996). Simulating ratios of normalizing constants via a simple identity: a
+  theoretical exploration. Statistica Sinica.
+* Gronau, Sarafoglou, Matzke, Ly, Boehm, Marsman, Leslie, Forster, Wagenmakers, Steingroever
+  (2017). A tutorial on bridge sampling. Journal of Mathematical Psychology.
+"""
 
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 from numpyro.handlers import seed, trace
+
 from numpyro_dgp.diagnostics._trees import from_layer_samples, layer_names
+
+if TYPE_CHECKING:
+    import xarray
 
 __all__ = ["ModeEvidence", "mode_evidence", "mode_mixture"]
 
@@ -29,7 +41,7 @@ class ModeEvidence(NamedTuple):
         part of the mode) and the bridge estimate leans on the mode's own draws.
     """
 
-    modes: list
+    modes: list[list[int]]
     log_evidence: np.ndarray
     log_evidence_se: np.ndarray
     weights: np.ndarray
@@ -69,8 +81,8 @@ def _bridge_log_evidence(log_ratio_posterior, log_ratio_proposal, num_iterations
     return float(log_r), float(np.sqrt(rel_var))
 
 
-def mode_evidence(model, samples: dict, modes: list, rng_key, *args, num_draws: int = 4000,
-                  inflate: float = 1.0, **kwargs) -> ModeEvidence:
+def mode_evidence(model: Callable, samples: dict, modes: list[list[int]], rng_key: jax.Array, *args,
+                  num_draws: int = 4000, inflate: float = 1.0, **kwargs) -> ModeEvidence:
     """How much posterior mass each mode holds, from chains that each stay in one mode.
 
     Chains from dispersed starts that settle in different modes say nothing about the
@@ -78,7 +90,7 @@ def mode_evidence(model, samples: dict, modes: list, rng_key, *args, num_draws: 
     Gaussian ``q`` to the mode's draws in the unconstrained space (covariance times
     ``inflate``) and estimates the mode's mass ``Z_k = int p(theta, y) dtheta`` by bridge
     sampling between ``q`` (``num_draws`` draws of ``rng_key``) and the mode's draws
-    (Meng & Wong 1996; Gronau et al. 2017), which stays accurate where importance sampling
+    (Meng & Wong, 1996; Gronau et al., 2017), which stays accurate where importance sampling
     from ``q`` alone would not (``khat`` says how far that would be off). Valid when the modes
     are separated (``q`` fitted to one mode puts next to no mass on another) and each mode's
     chains cover it; the weights ``Z_k / sum Z`` then give :func:`mode_mixture`. A mode split
@@ -88,9 +100,15 @@ def mode_evidence(model, samples: dict, modes: list, rng_key, *args, num_draws: 
     draws as independent and ignores the fit of ``q``.
 
     :param model: the model MCMC ran on (with its handlers, e.g. ``exact_layers(model, ...)``).
-    :param samples: ``mcmc.get_samples(group_by_chain=True)``.
+    :param samples: ``mcmc.get_samples(group_by_chain=True)``: ``{site: (C, D, ...)}``
+        holding every latent site of the model.
     :param modes: lists of chain indices (``mcmc_health(...).modes``).
-    :param args, kwargs: the model's arguments, as given to ``mcmc.run``.
+    :param rng_key: PRNG key of the proposal draws.
+    :param args: the model's positional arguments, as given to ``mcmc.run``.
+    :param num_draws: draws from each mode's Gaussian ``q`` (at least 100).
+    :param inflate: factor on the covariance of ``q`` (``> 0``).
+    :param kwargs: the model's keyword arguments, as given to ``mcmc.run``.
+    :return: :class:`ModeEvidence`.
     """
     from arviz_stats.base import array_stats
     from jax.flatten_util import ravel_pytree
@@ -152,12 +170,21 @@ def mode_evidence(model, samples: dict, modes: list, rng_key, *args, num_draws: 
     return ModeEvidence([list(m) for m in modes], log_z, np.asarray(log_z_se), weights / weights.sum(), np.asarray(khat))
 
 
-def mode_mixture(tree, evidence: ModeEvidence, rng_key, *, num_draws: int | None = None, label: str | None = None):
+def mode_mixture(tree: xarray.DataTree, evidence: ModeEvidence, rng_key: jax.Array, *,
+                 num_draws: int | None = None, label: str | None = None) -> xarray.DataTree:
     """The MCMC result with its modes pooled by their posterior mass (one chain of draws).
 
     Draws ``num_draws`` (default: all draws of the run) from the mixture of the modes'
     draws with :attr:`ModeEvidence.weights` -- the ground truth across modes when each chain
     stays in one.
+
+    :param tree: the MCMC result in this module's layout (from :func:`from_mcmc`), with the
+        chains that ``evidence.modes`` names.
+    :param evidence: from :func:`mode_evidence`.
+    :param rng_key: PRNG key (seeds the NumPy draws).
+    :param num_draws: number of pooled draws (default: chains times draws of ``tree``).
+    :param label: name of the result (default: ``tree``'s label with ``" (modes by mass)"``).
+    :return: a ``DataTree`` in this module's layout with one chain of ``num_draws`` draws.
     """
     names = layer_names(tree)
     post = tree["posterior"]

@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 from numpyro.handlers import seed, substitute, trace
+
 from numpyro_dgp._prediction import sample_layers
 from numpyro_dgp.handlers import coherent_layers
+
+if TYPE_CHECKING:
+    import numpyro.infer
+    import xarray
 
 __all__ = ["layer_samples", "layer_names", "from_layer_samples", "from_guide", "from_mcmc"]
 
 
-def layer_samples(model, samples, rng_key, grid, *args, params=None, coherent: bool = True, **kwargs) -> dict:
+def layer_samples(
+    model: Callable,
+    samples: dict,
+    rng_key: jax.Array,
+    grid: ArrayLike,
+    *args,
+    params: dict | None = None,
+    coherent: bool = True,
+    **kwargs,
+) -> dict[str, jax.Array]:
     """Every layer's values on ``grid`` for each posterior sample of a sparse DGP.
 
     :param model: the model (the plain one, without MCMC handlers).
@@ -21,8 +38,10 @@ def layer_samples(model, samples, rng_key, grid, *args, params=None, coherent: b
         latents of :class:`~numpyro_dgp.handlers.latent_conditionals`) are ignored.
     :param rng_key: PRNG key (layer outputs given ``u`` are random).
     :param grid: ``(G, D)`` inputs of the first layer.
+    :param args: further positional arguments of the model (called as ``model(grid, *args)``).
     :param params: ``numpyro.param`` values (fitted ones, or the model's own if ``None``).
     :param coherent: draw each layer jointly over the grid (smooth samples).
+    :param kwargs: keyword arguments of the model.
     :return: ``{layer: (S, G, P)}``.
     """
     grid = jnp.asarray(grid)
@@ -49,21 +68,29 @@ def layer_samples(model, samples, rng_key, grid, *args, params=None, coherent: b
     return jax.jit(jax.vmap(one))(keys, chosen)
 
 
-def layer_names(tree) -> list:
-    """The layer variables of a tree made by this module, in order."""
+def layer_names(tree: xarray.DataTree) -> list[str]:
+    """The layer variables of a tree made by this module, in order.
+
+    :param tree: a ``DataTree`` in this module's layout.
+    :return: the layer names (``[]`` for a tree without the ``layers`` attribute).
+    """
     return list(tree.attrs.get("layers") or [])
 
 
-def from_layer_samples(layers: dict, grid, *, num_chains: int = 1, extra: dict | None = None,
-                       sample_stats: dict | None = None, label: str | None = None):
+def from_layer_samples(layers: dict[str, ArrayLike], grid: ArrayLike, *, num_chains: int = 1,
+                       extra: dict | None = None, sample_stats: dict | None = None,
+                       label: str | None = None) -> xarray.DataTree:
     """A ``DataTree`` in this module's layout.
 
     :param layers: ``{layer: (C, D, G, P)}`` or ``{layer: (S, G, P)}`` (reshaped into
         ``num_chains`` chains).
     :param grid: ``(G, D_in)`` first-layer inputs.
+    :param num_chains: ``C`` for layers given as ``(S, G, P)`` (``S`` a multiple of it).
     :param extra: more posterior variables (e.g. hyperparameters), same leading dims.
     :param sample_stats: e.g. ``{"diverging": (C, D)}``.
     :param label: a name for the method (stored in ``attrs``).
+    :return: the ``DataTree``: groups ``posterior``, ``constant_data`` (``grid_x``) and, if
+        given, ``sample_stats``; the layer names in ``attrs["layers"]``.
     """
     import arviz as az
 
@@ -96,23 +123,68 @@ def from_layer_samples(layers: dict, grid, *, num_chains: int = 1, extra: dict |
     return tree
 
 
-def from_guide(model, guide, params, rng_key, grid, *args, num_samples: int = 1000, label=None, **kwargs):
+def from_guide(
+    model: Callable,
+    guide: Callable,
+    params: dict,
+    rng_key: jax.Array,
+    grid: ArrayLike,
+    *args,
+    num_samples: int = 1000,
+    label: str | None = None,
+    **kwargs,
+) -> xarray.DataTree:
     """A fitted guide's per-layer function samples on ``grid`` as a ``DataTree`` (one chain).
 
     Inducing values are drawn from the guide (jointly across layers, as the guide has them),
-    then every layer is drawn jointly over the grid given its sampled input.
+    then every layer is drawn jointly over the grid given its sampled input
+    (:func:`numpyro_dgp.sample_layers`).
+
+    :param model: the model the guide was fitted to.
+    :param guide: the fitted guide.
+    :param params: the fitted parameters.
+    :param rng_key: PRNG key.
+    :param grid: ``(G, D)`` inputs of the first layer.
+    :param args: further positional arguments of the model.
+    :param num_samples: number of draws.
+    :param label: a name for the method (stored in ``attrs``).
+    :param kwargs: keyword arguments of the model.
+    :return: a ``DataTree`` in this module's layout with one chain of ``num_samples`` draws.
     """
     layers = sample_layers(model, guide, params, rng_key, grid, *args, num_samples=num_samples, **kwargs)
     return from_layer_samples(layers, grid, label=label)
 
 
-def from_mcmc(mcmc, grid, *, model=None, params=None, rng_key=None, args=(), kwargs=None, label=None):
+def from_mcmc(
+    mcmc: numpyro.infer.MCMC,
+    grid: ArrayLike,
+    *,
+    model: Callable | None = None,
+    params: dict | None = None,
+    rng_key: jax.Array | None = None,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    label: str | None = None,
+) -> xarray.DataTree:
     """An MCMC run's per-layer function values on ``grid`` as a ``DataTree``, chains kept.
 
     If the run has ``"<layer>.grid"`` sites (NUTS on :class:`~numpyro_dgp.handlers.exact_layers`
     with this ``grid``) they are used as they are. Otherwise (sparse model: inducing values
     sampled) the layers are re-run on ``grid`` for each sample with :func:`layer_samples`;
-    pass the plain ``model``, its ``params`` and an ``rng_key``.
+    pass the plain ``model``, its ``params`` and an ``rng_key``. Sampled kernel
+    hyperparameters (sites with ``".kernel."`` in their name) are kept as posterior variables,
+    and NUTS divergences as ``sample_stats/diverging``.
+
+    :param mcmc: a run ``numpyro.infer.MCMC`` (any kernel, e.g. NUTS or
+        :class:`~numpyro_dgp.infer.SGHMC`).
+    :param grid: ``(G, D)`` inputs of the first layer.
+    :param model: the plain model (needed without ``"<layer>.grid"`` sites).
+    :param params: ``numpyro.param`` values for the re-run (see :func:`layer_samples`).
+    :param rng_key: PRNG key of the re-run (needed without ``"<layer>.grid"`` sites).
+    :param args: further positional arguments of the model.
+    :param kwargs: keyword arguments of the model.
+    :param label: a name for the method (stored in ``attrs``).
+    :return: a ``DataTree`` in this module's layout with the run's chains and draws.
     """
     samples = mcmc.get_samples(group_by_chain=True)
     first = next(iter(samples.values()))

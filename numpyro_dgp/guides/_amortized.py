@@ -1,8 +1,14 @@
-"""``AutoAmortizedDGP``: encoder networks give each point's inducing values (paper 003, AVDGP)."""
+"""``AutoAmortizedDGP``: encoder networks give each point's inducing values (AVDGP, Meng & Zhang 2024).
+
+**References:**
+
+* Meng, Zhang (2024). Amortized variational inference for deep Gaussian processes.
+"""
 
 from __future__ import annotations
 
 import zlib
+from typing import Any, Callable, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -10,10 +16,12 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from jax.example_libraries import stax
+from jax.typing import ArrayLike, DTypeLike
 from numpyro.distributions import constraints
 from numpyro.distributions.util import vec_to_tril_matrix
 
 from numpyro_dgp._protocol import inducing_tag
+from numpyro_dgp.guides._base import InducingSite
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
 from numpyro_dgp.posteriors import (
     AMORTIZATION_RULES,
@@ -24,19 +32,29 @@ from numpyro_dgp.posteriors import (
 
 __all__ = ["AutoAmortizedDGP", "AmortizedQ", "mlp"]
 
+#: The values of ``AutoAmortizedDGP(..., covariance=...)``.
 COVARIANCES = ("diagonal", "full")
 
 
-def mlp(hidden_width: int, out_dim: int, num_hidden: int = 2, negative_slope: float = 0.2):
-    """A ``stax`` MLP: ``num_hidden`` Dense layers of ``hidden_width`` with LeakyReLU(0.2),
-    then a Dense output layer. :return: ``(init_fn, apply_fn)``."""
+def mlp(
+    hidden_width: int, out_dim: int, num_hidden: int = 2, negative_slope: float = 0.2
+) -> tuple[Callable, Callable]:
+    """A ``stax`` MLP: ``num_hidden`` Dense layers of ``hidden_width`` with LeakyReLU, then a
+    Dense output layer.
+
+    :param hidden_width: width of the hidden layers.
+    :param out_dim: output width.
+    :param num_hidden: number of hidden layers.
+    :param negative_slope: LeakyReLU slope for negative inputs.
+    :return: ``(init_fn, apply_fn)``.
+    """
     layers = []
     for _ in range(num_hidden):
         layers += [stax.Dense(hidden_width), stax.elementwise(jax.nn.leaky_relu, negative_slope=negative_slope)]
     return stax.serial(*layers, stax.Dense(out_dim))
 
 
-def _register(prefix: str, init_fn, in_dim: int, dtype):
+def _register(prefix: str, init_fn: Callable, in_dim: int, dtype: DTypeLike) -> Any:
     """The MLP's parameters as ``numpyro.param`` sites ``"<prefix>.<i>"``, initialized by
     ``init_fn`` with a key fixed by the prefix (the same start in every run)."""
     key = jax.random.PRNGKey(zlib.crc32(prefix.encode()))
@@ -54,19 +72,27 @@ class AmortizedQ(dist.Distribution):
     the objectives' inducing-marginalization engine (``DGPElbo``, ``PredictiveObjective``,
     ``predict``); the site only carries :attr:`posterior`. Its density is refused, so an
     objective that would sample the guide on its own (``Trace_ELBO``) fails loudly.
+
+    :param posterior: the layer's amortized posterior.
+    :param site: the layer's u-site name.
     """
 
     support = constraints.real
 
-    def __init__(self, posterior: AmortizedPosterior, site: str):
+    def __init__(self, posterior: AmortizedPosterior, site: str) -> None:
         self.posterior = posterior
         self.site = site
         super().__init__(batch_shape=(), event_shape=())
 
-    def sample(self, key, sample_shape=()):
+    def sample(self, key: jax.Array, sample_shape: tuple[int, ...] = ()) -> jax.Array:
+        """Zeros of ``sample_shape``: a placeholder value, never used as a draw."""
         return jnp.zeros(sample_shape)
 
-    def log_prob(self, value):
+    def log_prob(self, value: ArrayLike) -> NoReturn:
+        """Refused: ``q(u_n | p_n)`` cannot be evaluated outside the model's run.
+
+        :raises NotImplementedError: always.
+        """
         raise NotImplementedError(
             f"AutoAmortizedDGP: q({self.site}) depends on the model's layer outputs (the encoder "
             "input), so the guide cannot be sampled on its own; train with numpyro_dgp.DGPElbo or "
@@ -75,27 +101,27 @@ class AmortizedQ(dist.Distribution):
 
 
 class AutoAmortizedDGP(AutoFactorizedDGP):
-    """Amortized variational DGP (paper 003): encoder networks map each layer's encoder input
-    to the point's inducing values ``q(u_n) = N(g(p_n), h(p_n))``.
+    """Amortized variational DGP (Meng & Zhang 2024): encoder networks map each layer's
+    encoder input to the point's inducing values ``q(u_n) = N(g(p_n), h(p_n))``.
 
     For every layer built with ``gp_layer(..., inducing="amortized")``: a mean MLP
     ``g: D -> P M`` and a covariance MLP ``h`` (``"diagonal"``: ``P M`` softplus standard
-    deviations, the paper's choice for deep models; ``"full"``: a Cholesky factor per output),
-    both ``stax`` MLPs with ``num_hidden`` hidden layers of width ``min(D, P M)`` (or
-    ``hidden_width``) and LeakyReLU(0.2). We use 2 hidden layers, as the paper's text says
-    (its released code has 1). Layers with global inducing points get
+    deviations, Meng & Zhang's choice for deep models; ``"full"``: a Cholesky factor per
+    output), both ``stax`` MLPs with ``num_hidden`` hidden layers of width ``min(D, P M)`` (or
+    ``hidden_width``) and LeakyReLU(0.2). We use 2 hidden layers, as the text of Meng & Zhang
+    (2024) says (their released code has 1). Layers with global inducing points get
     :class:`AutoFactorizedDGP`'s Gaussian.
 
-    Amortization rules (notes/amortized.md), i.e. how the ``num_branches = S`` branches are
+    Amortization rules of Meng & Zhang (2024), i.e. how the ``num_branches = S`` branches are
     propagated and what an inner layer's encoder sees:
 
     * ``"AR1"``: the encoder sees each branch's sample; one inducing set per branch;
-      Monte Carlo branches (the paper trains with ``S = 1``).
+      Monte Carlo branches (Meng & Zhang train it with ``S = 1``).
     * ``"AR2"``: the encoder sees the mean of the previous layer's branch means; one set
       shared by the branches; Monte Carlo branches, equal weights.
     * ``"AR2P"``: as AR2 with the weighted mean, and the branches drawn at learned quadrature
       points ``xi (S, P)`` per layer (bounded to (-5, 5)) with learned weights (softmax,
-      uniform start) -- the paper's main method; train it with :class:`numpyro_dgp.DGPElbo`,
+      uniform start) -- Meng & Zhang's main method; train it with :class:`numpyro_dgp.DGPElbo`,
       or with :class:`numpyro_dgp.PredictiveObjective` (``num_particles=1``) for AR2PP.
 
     Use with ``DGPElbo`` / ``PredictiveObjective`` and :func:`numpyro_dgp.predict` (which
@@ -112,11 +138,17 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         draws, a fixed key).
     :param weights: AR2P starting weights ``(S,)`` (default uniform).
     :param learn_points: AR2P: learn the points and weights (else they stay at their start).
+    :param prefix: parameter-name prefix.
+    :param kwargs: passed to :class:`~numpyro_dgp.guides.DGPGuide` (``inner_init``,
+        ``init_scale``, ``init_loc_fn``; they concern the layers with global inducing points).
+    :raises ValueError: for an unknown ``rule`` or ``covariance``, or invalid ``num_branches``,
+        ``init_scale``, ``hidden_width`` or ``weights``.
     """
 
-    def __init__(self, model, *, rule: str = "AR2P", num_branches: int = 32, covariance: str = "diagonal",
+    def __init__(self, model: Callable, *, rule: str = "AR2P", num_branches: int = 32, covariance: str = "diagonal",
                  hidden_width: int | None = None, num_hidden: int = 2, init_scale: float = 0.1,
-                 points=None, weights=None, learn_points: bool = True, prefix: str = "auto", **kwargs):
+                 points: dict[str, ArrayLike] | None = None, weights: ArrayLike | None = None,
+                 learn_points: bool = True, prefix: str = "auto", **kwargs: Any) -> None:
         if rule not in AMORTIZATION_RULES:
             raise ValueError(f"AutoAmortizedDGP: rule must be one of {AMORTIZATION_RULES}, got {rule!r}")
         if not (isinstance(num_branches, (int, np.integer)) and num_branches >= 1):
@@ -146,7 +178,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
 
     _accepts_amortized = True
 
-    def _setup_prototype(self, *args, **kwargs):
+    def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
         super()._setup_prototype(*args, **kwargs)
         self.amortized_sites = {
             s.name: int(inducing_tag(self.prototype_trace[s.name]).encoder_input.shape[-1])
@@ -159,7 +191,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
                 "AutoFactorizedDGP (or build the layers with inducing='amortized')"
             )
 
-    def _encoder(self, site, in_dim: int, dtype):
+    def _encoder(self, site: InducingSite, in_dim: int, dtype: DTypeLike) -> Callable:
         """``p -> (loc (..., P, M), scale)`` with its parameters registered."""
         P, M = site.out_dim, site.num_inducing
         width = self.hidden_width or min(in_dim, P * M)
@@ -185,7 +217,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
 
         return encode
 
-    def _branches(self, site, dtype):
+    def _branches(self, site: InducingSite, dtype: DTypeLike) -> tuple[jax.Array | None, jax.Array]:
         """``(points (S, P) or None, log_weights (S,))`` of this layer's branches."""
         S = self.num_branches
         if self.rule != "AR2P":
@@ -204,7 +236,9 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         log_weights = quadrature_log_weights(f"{self.prefix}.branch_logits", self.initial_weights, self.learn_points)
         return points, log_weights.astype(dtype)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
+        """Sample the global latent sites and register each amortized layer's encoder (a
+        placeholder site ``"<u-site>.amortized"`` carries it)."""
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
         result = dict(self._sample_others(*args, **kwargs))
@@ -225,11 +259,19 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
                            infer={"is_auxiliary": True})
         return result
 
-    def median(self, params):
+    def median(self, params: dict) -> NoReturn:
+        """Refused: the inducing values are functions of each point's encoder input.
+
+        :raises NotImplementedError: always; use :func:`numpyro_dgp.predict`.
+        """
         raise NotImplementedError(
             "AutoAmortizedDGP: the inducing values are a function of each point's encoder input, "
             "not global latents; use numpyro_dgp.predict"
         )
 
-    def quantiles(self, params, quantiles):
+    def quantiles(self, params: dict, quantiles: ArrayLike) -> NoReturn:
+        """Refused, as :meth:`median`.
+
+        :raises NotImplementedError: always; use :func:`numpyro_dgp.predict`.
+        """
         return self.median(params)

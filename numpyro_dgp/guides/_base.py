@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
+from jax.typing import ArrayLike
 
 from numpyro import handlers
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
@@ -48,7 +49,7 @@ class InducingSite(NamedTuple):
         return self.out_dim * self.num_inducing
 
 
-def _init_inducing_to_mean(site=None, init_loc_fn=init_to_uniform):
+def _init_inducing_to_mean(site: dict | None = None, init_loc_fn: Callable = init_to_uniform) -> Any:
     """Initial values for the prototype run: inducing sites at their prior mean (so that, with
     inducing locations, each layer's locations are the previous layer's prior mean), others
     by ``init_loc_fn``. (A ``functools.partial``, as NumPyro's ``initialize_model`` expects.)"""
@@ -59,6 +60,7 @@ def _init_inducing_to_mean(site=None, init_loc_fn=init_to_uniform):
     return init_loc_fn(site)
 
 
+#: The values of ``inner_init``.
 INNER_INITS = ("deterministic", "prior")
 
 
@@ -66,16 +68,21 @@ class DGPGuide(AutoGuide):
     """Base class: finds the ``gp_layer`` inducing sites in the prototype trace and hands the
     remaining latent sites (e.g. hyperparameters with priors) to an ``AutoNormal``.
 
+    :param model: a model built with :func:`numpyro_dgp.gp_layer`.
     :param inner_init: ``"deterministic"`` (inner layers start at ``init_scale`` times their
         prior factor, the DSVI convention) or ``"prior"``; the last layer starts at its prior.
     :param init_scale: the factor for ``"deterministic"``.
+    :param prefix: parameter-name prefix.
+    :param init_loc_fn: initialization strategy of the prototype run for the sites other than
+        the inducing values (which start at their prior mean); default ``init_to_uniform``.
+    :raises ValueError: if ``inner_init`` is unknown or ``init_scale`` is not positive.
     """
 
     #: whether the guide handles layers with per-point inducing sets (``inducing="amortized"``)
     _accepts_amortized = False
 
-    def __init__(self, model, *, inner_init: str = "deterministic", init_scale: float = 1e-5,
-                 prefix: str = "auto", init_loc_fn=None):
+    def __init__(self, model: Callable, *, inner_init: str = "deterministic", init_scale: float = 1e-5,
+                 prefix: str = "auto", init_loc_fn: Callable | None = None) -> None:
         name = type(self).__name__
         if inner_init not in INNER_INITS:
             raise ValueError(f"{name}: inner_init must be one of {INNER_INITS}, got {inner_init!r}")
@@ -88,7 +95,7 @@ class DGPGuide(AutoGuide):
         self.inducing_sites: list[InducingSite] = []
         self._other_guide = None
 
-    def _setup_prototype(self, *args, **kwargs):
+    def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
         super()._setup_prototype(*args, **kwargs)
         sites = []
         for name, site in self.prototype_trace.items():
@@ -132,12 +139,15 @@ class DGPGuide(AutoGuide):
                 handlers.block(self.model, hide=list(u_names)), prefix=f"{self.prefix}_other"
             )
 
-    def setup(self, rng_key, *args, **kwargs):
+    def setup(self, rng_key: jax.Array, *args: Any, **kwargs: Any) -> DGPGuide:
         """Build the guide's structure from the model run on the *training* arguments.
 
         ``svi.init`` does this; call it on a fresh guide before :func:`numpyro_dgp.predict`
         with loaded parameters (with ``y`` given, so ``y`` is not mistaken for a latent site).
 
+        :param rng_key: PRNG key of the (blocked) initialization run.
+        :param args: the model's positional arguments.
+        :param kwargs: the model's keyword arguments.
         :return: ``self``.
         """
         # one eager, blocked run builds this guide and any sub-guide (AutoNormal) it owns
@@ -145,12 +155,19 @@ class DGPGuide(AutoGuide):
             handlers.seed(self, rng_key)(*args, **kwargs)
         return self
 
-    def _sample_others(self, *args, **kwargs):
+    def _sample_others(self, *args: Any, **kwargs: Any) -> dict:
         return {} if self._other_guide is None else self._other_guide(*args, **kwargs)
 
-    def sample_posterior(self, rng_key, params, *args, sample_shape=(), **kwargs):
+    def sample_posterior(
+        self, rng_key: jax.Array, params: dict, *args: Any, sample_shape: tuple[int, ...] = (), **kwargs: Any
+    ) -> dict[str, jax.Array]:
         """Draw latent values (inducing sites and any others) from the fitted guide.
 
+        :param rng_key: PRNG key.
+        :param params: the guide's parameter values.
+        :param args: the model's positional arguments.
+        :param sample_shape: leading shape of the draws.
+        :param kwargs: the model's keyword arguments.
         :return: ``{site: array of shape sample_shape + site shape}``.
         """
         if self.prototype_trace is None:
@@ -168,17 +185,17 @@ class DGPGuide(AutoGuide):
         samples = jax.jit(jax.vmap(one, in_axes=(0, None)))(keys, params)
         return jax.tree_util.tree_map(lambda x: x.reshape(tuple(sample_shape) + x.shape[1:]), samples)
 
-    def _initial_scale_tril(self, site):
+    def _initial_scale_tril(self, site: InducingSite) -> jax.Array:
         """``(P, M, M)`` starting factor of ``site`` under :attr:`inner_init`."""
         start = site.prior_scale_tril
         if self.inner_init == "deterministic" and not site.is_last:
             start = start * self.init_scale
         return start
 
-    def _other_median(self, params):
+    def _other_median(self, params: dict) -> dict:
         return {} if self._other_guide is None else self._other_guide.median(params)
 
-    def _other_quantiles(self, params, quantiles):
+    def _other_quantiles(self, params: dict, quantiles: ArrayLike) -> dict:
         return {} if self._other_guide is None else self._other_guide.quantiles(params, quantiles)
 
 

@@ -1,4 +1,4 @@
-"""Guides that correlate the inducing values of different layers (paper 000 §4.1).
+"""Guides that correlate the inducing values of different layers (Ustyuzhaninov et al. 2020, Sec. 4.1).
 
 * :class:`AutoJointDGP` -- one Gaussian over the inducing values of all layers (full
   ``D x D`` covariance, ``D = sum_l P_l M_l``).
@@ -6,37 +6,46 @@
   with parameters linear in the number of layers.
 
 Both sample ``u`` jointly with exact log-densities, so NumPyro's own ELBOs work
-(``Trace_ELBO`` = paper 000's estimator (a): sample ``u`` jointly, propagate conditionally).
-Each site also declares the structure
+(``Trace_ELBO`` is estimator (a) of Ustyuzhaninov et al. (2020): sample ``u`` jointly,
+propagate conditionally). Each site also declares the structure
 (``infer["dgp_gaussian"]``: :class:`~numpyro_dgp.posteriors.JointBlock` /
 :class:`~numpyro_dgp.posteriors.ChainLink`), from which :class:`numpyro_dgp.DGPElbo`
 marginalizes the inducing values exactly, point by point, with closed-form KLs.
+
+**References:**
+
+* Ustyuzhaninov, Kazlauskaite, Kaiser, Bodin, Campbell, Ek (2020). Compositional uncertainty
+  in deep Gaussian processes. UAI.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
 from jax.scipy.linalg import block_diag
 from jax.scipy.special import ndtri
+from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
 from numpyro_dgp._protocol import CONDITIONAL, GAUSSIAN
 from numpyro_dgp.core import block_diag_covariance
-from numpyro_dgp.guides._base import DGPGuide
+from numpyro_dgp.guides._base import DGPGuide, InducingSite
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
 from numpyro_dgp.posteriors import ChainLink, JointBlock
 
 __all__ = ["AutoJointDGP", "AutoChainDGP"]
 
-def _quantiles_from_cov(loc, cov, quantiles):
+def _quantiles_from_cov(loc: jax.Array, cov: jax.Array, quantiles: ArrayLike) -> jax.Array:
     std = jnp.sqrt(jnp.diagonal(cov)).reshape(loc.shape)
     return loc + ndtri(jnp.asarray(quantiles)).reshape((-1,) + (1,) * loc.ndim) * std
 
 
 class AutoJointDGP(DGPGuide):
-    """One multivariate normal over the inducing values of every layer (paper 000 §4.1a).
+    """One multivariate normal over the inducing values of every layer (Ustyuzhaninov et al. 2020, Sec. 4.1a).
 
     ``q(vec(u_1), ..., vec(u_L)) = N(loc, L L^T)`` with a full lower-triangular ``L``
     (softplus diagonal). Initialized with zero cross-layer covariance, i.e. exactly the
@@ -52,10 +61,10 @@ class AutoJointDGP(DGPGuide):
     """
 
     @property
-    def _names(self):
+    def _names(self) -> tuple[str, str]:
         return f"{self.prefix}_joint_loc", f"{self.prefix}_joint_scale_tril"
 
-    def _q(self):
+    def _q(self) -> tuple[jax.Array, jax.Array]:
         loc_name, tril_name = self._names
         sites = self.inducing_sites
 
@@ -72,7 +81,8 @@ class AutoJointDGP(DGPGuide):
         tril = numpyro.param(tril_name, init_tril(), constraint=constraints.softplus_lower_cholesky)
         return loc, tril
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
+        """Sample every latent site of the model (the guide as a NumPyro program)."""
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
         result = dict(self._sample_others(*args, **kwargs))
@@ -111,13 +121,21 @@ class AutoJointDGP(DGPGuide):
             start = stop
         return result
 
-    def covariance(self, params):
-        """The full ``(D, D)`` covariance over all inducing values (blocks in layer order)."""
+    def covariance(self, params: dict) -> jax.Array:
+        """The full covariance over all inducing values.
+
+        :param params: the guide's parameter values.
+        :return: ``(D, D)`` covariance, blocks in layer order.
+        """
         tril = params[self._names[1]]
         return tril @ tril.T
 
-    def median(self, params):
-        """Posterior medians: the means of the inducing values (and AutoNormal's for others)."""
+    def median(self, params: dict) -> dict[str, jax.Array]:
+        """Posterior medians: the means of the inducing values (and AutoNormal's for others).
+
+        :param params: the guide's parameter values.
+        :return: ``{site: value}``, ``(P, M)`` per inducing site.
+        """
         out = self._other_median(params)
         loc = params[self._names[0]]
         start = 0
@@ -126,8 +144,13 @@ class AutoJointDGP(DGPGuide):
             start += s.size
         return out
 
-    def quantiles(self, params, quantiles):
-        """Marginal quantiles, shape ``(len(quantiles), P, M)`` per site."""
+    def quantiles(self, params: dict, quantiles: ArrayLike) -> dict[str, jax.Array]:
+        """Marginal quantiles of every site.
+
+        :param params: the guide's parameter values.
+        :param quantiles: ``(Q,)`` probabilities.
+        :return: ``{site: value}``, ``(Q, P, M)`` per inducing site.
+        """
         out = self._other_quantiles(params, jnp.asarray(quantiles))
         loc, cov = params[self._names[0]], self.covariance(params)
         start = 0
@@ -140,7 +163,7 @@ class AutoJointDGP(DGPGuide):
 
 
 class AutoChainDGP(AutoFactorizedDGP):
-    """Chain-structured Gaussian over the layers' inducing values (paper 000 §4.1b).
+    """Chain-structured Gaussian over the layers' inducing values (Ustyuzhaninov et al. 2020, Sec. 4.1b).
 
     ``q(u_1) = N(m_1, D_1 D_1^T)``, ``q(u_l | u_{l-1}) = N(m_l + C_l vec(u_{l-1} - m_{l-1}),
     D_l D_l^T)``: ``m_l`` is layer ``l``'s marginal mean, ``D_l`` one lower factor per output
@@ -155,7 +178,9 @@ class AutoChainDGP(AutoFactorizedDGP):
         and (from the second layer on) ``"<site>_<prefix>_coupling"``.
     """
 
-    def _chain_q(self, site, parent):
+    def _chain_q(
+        self, site: InducingSite, parent: InducingSite | None
+    ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
         """``m_l``, ``D_l`` (the factorized guide's parameters) and ``C_l`` (``None`` for the first layer)."""
         loc, tril = self._q(site)
         coupling = None
@@ -165,7 +190,8 @@ class AutoChainDGP(AutoFactorizedDGP):
             )
         return loc, tril, coupling
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
+        """Sample every latent site of the model (the guide as a NumPyro program)."""
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
         result = dict(self._sample_others(*args, **kwargs))
@@ -197,8 +223,12 @@ class AutoChainDGP(AutoFactorizedDGP):
             parent, parent_loc, parent_u = site, loc, u
         return result
 
-    def marginal_covariances(self, params):
-        """``{site: (P M, P M)}`` marginal covariance ``S_l = C_l S_{l-1} C_l^T + D_l D_l^T``."""
+    def marginal_covariances(self, params: dict) -> dict[str, jax.Array]:
+        """Marginal covariances ``S_l = C_l S_{l-1} C_l^T + D_l D_l^T``.
+
+        :param params: the guide's parameter values.
+        :return: ``{site: (P M, P M)}``.
+        """
         out = {}
         prev = None
         for site in self.inducing_sites:
@@ -210,8 +240,9 @@ class AutoChainDGP(AutoFactorizedDGP):
             prev = site.name
         return out
 
-    def quantiles(self, params, quantiles):
-        """Marginal quantiles, shape ``(len(quantiles), P, M)`` per site."""
+    def quantiles(self, params: dict, quantiles: ArrayLike) -> dict[str, jax.Array]:
+        """Marginal quantiles ``(Q, P, M)`` of every site at probabilities ``quantiles (Q,)``,
+        from the marginal covariances :meth:`marginal_covariances`."""
         out = self._other_quantiles(params, jnp.asarray(quantiles))
         covs = self.marginal_covariances(params)
         for s in self.inducing_sites:

@@ -1,14 +1,24 @@
-"""``AutoFactorizedDGP``: independent Gaussians over each layer's inducing values (DSVI)."""
+"""``AutoFactorizedDGP``: independent Gaussians over each layer's inducing values (DSVI).
+
+**References:**
+
+* Salimbeni, Deisenroth (2017). Doubly stochastic variational inference for deep Gaussian
+  processes. NeurIPS.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
 from jax.scipy.special import ndtri
+from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
-from numpyro_dgp.guides._base import DGPGuide
+from numpyro_dgp.guides._base import DGPGuide, InducingSite
 
 __all__ = ["AutoFactorizedDGP"]
 
@@ -29,7 +39,7 @@ class AutoFactorizedDGP(DGPGuide):
         ``"<site>_<prefix>_scale_tril"``.
     """
 
-    def _q(self, site):
+    def _q(self, site: InducingSite) -> tuple[jax.Array, jax.Array]:
         """The parameters of ``q(u)`` for one inducing site: ``loc (P, M)``, ``scale_tril (P, M, M)``."""
         start = self._initial_scale_tril(site)
         loc = numpyro.param(f"{site.name}_{self.prefix}_loc", site.prior_mean)
@@ -38,7 +48,8 @@ class AutoFactorizedDGP(DGPGuide):
         )
         return loc, scale_tril
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
+        """Sample every latent site of the model (the guide as a NumPyro program)."""
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
         result = dict(self._sample_others(*args, **kwargs))
@@ -49,15 +60,24 @@ class AutoFactorizedDGP(DGPGuide):
             )
         return result
 
-    def median(self, params):
-        """Posterior medians: the means ``m`` of the inducing values (and AutoNormal's for others)."""
+    def median(self, params: dict) -> dict[str, jax.Array]:
+        """Posterior medians: the means ``m`` of the inducing values (and AutoNormal's for others).
+
+        :param params: the guide's parameter values.
+        :return: ``{site: value}``, ``(P, M)`` per inducing site.
+        """
         out = self._other_median(params)
         for site in self.inducing_sites:
             out[site.name] = params[f"{site.name}_{self.prefix}_loc"]
         return out
 
-    def quantiles(self, params, quantiles):
-        """Marginal quantiles ``m + z_q sqrt(diag S)``, shape ``(len(quantiles), P, M)`` per site."""
+    def quantiles(self, params: dict, quantiles: ArrayLike) -> dict[str, jax.Array]:
+        """Marginal quantiles ``m + z_q sqrt(diag S)``.
+
+        :param params: the guide's parameter values.
+        :param quantiles: ``(Q,)`` probabilities.
+        :return: ``{site: value}``, ``(Q, P, M)`` per inducing site.
+        """
         quantiles = jnp.asarray(quantiles)
         out = self._other_quantiles(params, quantiles)
         for site in self.inducing_sites:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import TracebackType
 from typing import Callable
 
 import jax
@@ -17,13 +18,30 @@ class PerRunMessenger(Messenger):
     """A handler whose per-run state (layer order, grid outputs) is reset on every model run."""
 
     def __enter__(self) -> PerRunMessenger:
+        """Reset the per-run state and push the handler on the stack."""
         self._reset()
-        return super().__enter__()
+        super().__enter__()
+        return self
 
     def _reset(self) -> None:
-        pass
+        """Reset the per-run state (subclasses override this)."""
 
+    def _problem_after_run(self) -> str | None:
+        """What went wrong in a run that finished without an exception, or ``None``
+        (subclasses override this; the error is raised after the handler leaves the stack)."""
+        return None
 
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Pop the handler off the stack; raise :meth:`_problem_after_run` if the run had one."""
+        problem = self._problem_after_run() if exc_type is None else None
+        super().__exit__(exc_type, exc_value, traceback)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 def refuse_special_layers(msg: dict, handler: str) -> None:

@@ -1,8 +1,14 @@
-"""The same model for MCMC: exact layers, latent layer outputs given u, a collapsed last layer."""
+"""The same model for MCMC: exact layers, latent layer outputs given u, a collapsed last layer.
+
+**References:**
+
+* Havasi, Hernández-Lobato, Murillo-Fuentes (2018). Inference in deep Gaussian processes
+  using stochastic gradient Hamiltonian Monte Carlo. NeurIPS.
+"""
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,17 +28,18 @@ from numpyro_dgp.posteriors import unwrap_distribution
 __all__ = ["PARAMETERIZATIONS", "collapse_last_layer", "exact_layers", "latent_conditionals"]
 
 
+#: The values of ``parameterization`` of :class:`exact_layers` and :class:`latent_conditionals`.
 PARAMETERIZATIONS = ("noncentered", "centered")
 
 
-def _check_parameterization(handler, parameterization):
+def _check_parameterization(handler: str, parameterization: str) -> None:
     if parameterization not in PARAMETERIZATIONS:
         raise ValueError(
             f"{handler}: parameterization must be one of {PARAMETERIZATIONS}, got {parameterization!r}"
         )
 
 
-def _layer_output_site(name, mean, scale, parameterization):
+def _layer_output_site(name: str, mean: jax.Array, scale: jax.Array, parameterization: str) -> jax.Array:
     """Latent layer output ``f (n, P)`` with mean ``mean (n, P)``, as a NumPyro site.
 
     ``scale`` is ``(P, n, n)`` lower-triangular (points correlated, one factor per output) or
@@ -64,6 +71,12 @@ class exact_layers(PerRunMessenger):
     samples the exact DGP posterior (``O(n^3)`` per layer and gradient: small data, ``n`` up
     to a few hundred).
 
+    Kernel hyperparameters, noise and mean weights are whatever the model makes them:
+    ``numpyro.param`` values stay fixed under MCMC (substitute fitted ones with
+    ``numpyro.handlers.substitute``), hyperparameters with ``priors=`` are sampled. Data
+    subsampling (``plate(..., subsample_size=...)``) is not meaningful here: NUTS needs the
+    full data.
+
     :param fn: the model.
     :param grid: ``(G, D)`` extra inputs of the first layer at which every layer's output is
         sampled jointly with the data (the posterior at the grid is not independent of the
@@ -84,22 +97,18 @@ class exact_layers(PerRunMessenger):
         and without the near-deterministic coupling of ``f_L`` to ``y`` that makes NUTS
         crawl when the noise is small. Gaussian likelihoods only; the observations must be
         given.
-
-    Kernel hyperparameters, noise and mean weights are whatever the model makes them:
-    ``numpyro.param`` values stay fixed under MCMC (substitute fitted ones with
-    ``numpyro.handlers.substitute``), hyperparameters with ``priors=`` are sampled. Data
-    subsampling (``plate(..., subsample_size=...)``) is not meaningful here: NUTS needs the
-    full data.
+    :raises ValueError: for an unknown ``parameterization``, a ``grid`` that is not finite and
+        2-D, or a non-positive ``jitter``.
     """
 
     def __init__(
         self,
-        fn=None,
-        grid=None,
+        fn: Callable | None = None,
+        grid: ArrayLike | None = None,
         parameterization: str = "noncentered",
         jitter: float | None = None,
         collapse_last: bool = False,
-    ):
+    ) -> None:
         _check_parameterization("exact_layers", parameterization)
         if grid is not None:
             grid = jnp.asarray(grid)
@@ -117,27 +126,28 @@ class exact_layers(PerRunMessenger):
         self._reset()
         super().__init__(fn)
 
-    def _reset(self):
+    def _reset(self) -> None:
         self._grid_inputs = self.grid if hasattr(self, "grid") else None
         self.layer_order = []
         self._collapsed = None  # the collapsed layer's prior, until its observation site
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the model under the handler (finding its last layer first for ``collapse_last``)."""
         if self.collapse_last and self._last_layer is None:
             self._last_layer = last_layer_name(self.fn, args, kwargs, "exact_layers")
         return super().__call__(*args, **kwargs)
 
-    def __exit__(self, exc_type, exc_value, traceback):
-        pending = self._collapsed
-        result = super().__exit__(exc_type, exc_value, traceback)
-        if exc_type is None and pending is not None:
-            raise ValueError(
+    def _problem_after_run(self) -> str | None:
+        if self._collapsed is not None:
+            return (
                 f"exact_layers(collapse_last=True): no observed sample site followed layer "
-                f"{pending.layer.name!r}; the collapsed layer is scored by the observations, so they must be given"
+                f"{self._collapsed.layer.name!r}; the collapsed layer is scored by the observations, so they must be given"
             )
-        return result
+        return None
 
-    def process_message(self, msg):
+    def process_message(self, msg: dict) -> None:
+        """Remove the inducing sites and their k-means initialization, replace each layer by an
+        exact GP draw, and score the observations of a collapsed last layer."""
         if self._collapsed is not None and msg["type"] == "sample" and msg["is_observed"]:
             self._score_collapsed(msg)
             return
@@ -159,7 +169,9 @@ class exact_layers(PerRunMessenger):
             refuse_special_layers(msg, "exact_layers")
             msg["fn"] = self._exact
 
-    def _exact(self, layer, X, u, *, rng_key=None, full_cov=False):
+    def _exact(
+        self, layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array | None = None, full_cov: bool = False
+    ) -> jax.Array:
         del u, rng_key, full_cov
         self.layer_order.append(layer.name)
         grid = self._grid_inputs
@@ -182,7 +194,7 @@ class exact_layers(PerRunMessenger):
             numpyro.deterministic(f"{layer.name}.grid", f[N:])
         return f[:N]
 
-    def _defer_collapsed(self, layer, X, A, jitter):
+    def _defer_collapsed(self, layer: Layer, X: jax.Array, A: jax.Array, jitter: float) -> jax.Array:
         """The collapsed layer: keep its prior for the observation site, return its prior mean."""
         N = X.shape[0]
         mean = layer.mean_fn(A)
@@ -197,7 +209,7 @@ class exact_layers(PerRunMessenger):
         self._collapsed = _CollapsedLayer(layer, N, layer.kernel(A), mean, jitter, grid_white)
         return mean[:N]
 
-    def _score_collapsed(self, msg):
+    def _score_collapsed(self, msg: dict) -> None:
         state, self._collapsed = self._collapsed, None
         layer, N = state.layer, state.num_data
         base = unwrap_distribution(msg["fn"])
@@ -239,7 +251,7 @@ class exact_layers(PerRunMessenger):
 
 
 class _CollapsedLayer(NamedTuple):
-    layer: object
+    layer: Layer
     num_data: int
     kernel: jax.Array  # (N + G, N + G), data rows first
     mean: jax.Array  # (N + G, P)
@@ -260,15 +272,15 @@ class _CollapsedNormal(dist.Distribution):
     support = dist.constraints.real
     reparametrized_params = []
 
-    def __init__(self, loc, scale_tril, *, validate_args=None):
+    def __init__(self, loc: jax.Array, scale_tril: jax.Array, *, validate_args: bool | None = None) -> None:
         self.loc, self.scale_tril = loc, scale_tril
         super().__init__(batch_shape=jnp.shape(loc), event_shape=(), validate_args=validate_args)
 
     @property
-    def mean(self):
+    def mean(self) -> jax.Array:
         return self.loc
 
-    def log_prob(self, value):
+    def log_prob(self, value: ArrayLike) -> jax.Array:
         residual = (value - self.loc).reshape(value.shape[0], -1).T  # (P, N)
         alpha = solve_triangular(self.scale_tril, residual[..., None], lower=True)[..., 0]
         log_det = jnp.log(jnp.diagonal(self.scale_tril, axis1=-2, axis2=-1)).sum()
@@ -285,33 +297,40 @@ class latent_conditionals(PerRunMessenger):
     (``full_cov=True``: the exact augmented prior ``N(mean + K_nm K_mm^-1 u, K_nn - Q_nn)``).
     The ``"<name>.u"`` sites stay latent with the model's prior, so NUTS samples
     ``p(u, f_1, ..., f_L | y)`` of the sparse model; the layer values at new inputs follow by
-    running the model on them with the sampled ``u`` (see :func:`numpyro_dgp.diagnostics`).
+    running the model on them with the sampled ``u`` (see :mod:`numpyro_dgp.diagnostics`).
 
     Inducing inputs and other ``numpyro.param`` values stay at their values; substitute fitted
     ones with ``numpyro.handlers.substitute`` (inner layers' default k-means runs on the
     propagated values and would otherwise move with the chain's state).
 
+    :param fn: the model.
     :param parameterization: ``"noncentered"`` (default, ``"<name>.f_white"``) or ``"centered"``
         (``"<name>.f"``), as in :class:`exact_layers`.
     :param full_cov: joint conditional over the points instead of point by point.
+    :raises ValueError: for an unknown ``parameterization``.
     """
 
-    def __init__(self, fn=None, parameterization: str = "noncentered", full_cov: bool = False):
+    def __init__(
+        self, fn: Callable | None = None, parameterization: str = "noncentered", full_cov: bool = False
+    ) -> None:
         _check_parameterization("latent_conditionals", parameterization)
         self.parameterization = parameterization
         self.full_cov = bool(full_cov)
         self._reset()
         super().__init__(fn)
 
-    def _reset(self):
+    def _reset(self) -> None:
         self.layer_order = []
 
-    def process_message(self, msg):
+    def process_message(self, msg: dict) -> None:
+        """Make every layer's output a latent site given its inducing values."""
         if msg["type"] == LAYER_MESSAGE:
             refuse_special_layers(msg, "latent_conditionals")
             msg["fn"] = self._conditional
 
-    def _conditional(self, layer, X, u, *, rng_key=None, full_cov=False):
+    def _conditional(
+        self, layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array | None = None, full_cov: bool = False
+    ) -> jax.Array:
         del rng_key, full_cov
         self.layer_order.append(layer.name)
         mean, var = layer_moments(layer, X, u, None, self.full_cov)
@@ -325,7 +344,7 @@ class latent_conditionals(PerRunMessenger):
 
 
 class collapse_last_layer(PerRunMessenger):
-    """Collapse the last GP layer given its inducing values: the likelihood of sghmc_dgp.
+    """Collapse the last GP layer given its inducing values: the likelihood of Havasi et al. (2018).
 
     Havasi et al. (2018) score the data with ``log N(y | m_L, v_L + s^2)``, where ``m_L, v_L``
     are the last layer's conditional mean and variance given its inducing values ``u_L``
@@ -334,38 +353,42 @@ class collapse_last_layer(PerRunMessenger):
     message returns the conditional mean ``m_L`` (point by point), and the observation site
     after it (a Normal whose location is that layer's output: ``Normal(f[..., 0], s)`` for a
     one-output layer, or ``Normal(f, s)``) gets the scale ``sqrt(s^2 + v_L)``. Inner layers
-    keep their default propagation (sampled given their ``u``).
+    keep their default propagation (sampled given their ``u``). After a run, :attr:`moments`
+    holds ``(mean (N, P), var (N, P))`` of the collapsed layer.
 
     :param fn: the model.
     :param layer: name of the layer to collapse (default: the last ``gp_layer`` the model
         runs, found once by an abstract run of the model and cached).
     :param obs_site: name of the observation site (default: the first Normal sample site
         after the collapsed layer).
-
-    After a run, :attr:`moments` holds ``(mean (N, P), var (N, P))`` of the collapsed layer.
+    :raises NotImplementedError: during a run, if the named ``obs_site`` is not a Normal.
     """
 
-    def __init__(self, fn=None, layer=None, obs_site=None):
+    def __init__(self, fn: Callable | None = None, layer: str | None = None, obs_site: str | None = None) -> None:
         self.layer = layer
         self.obs_site = obs_site
         self._found_last = None
         self._reset()
         super().__init__(fn)
 
-    def _reset(self):
+    def _reset(self) -> None:
         self.moments = None
         self._pending = None  # var (N, P) of the collapsed layer until the observation site
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the model under the handler (finding its last layer first if no ``layer`` is given)."""
         if self.layer is None and self._found_last is None:
             self._found_last = last_layer_name(self.fn, args, kwargs, "collapse_last_layer")
         return super().__call__(*args, **kwargs)
 
     @property
-    def target(self):
+    def target(self) -> str | None:
+        """Name of the collapsed layer (``None`` before the first run if no ``layer`` was given)."""
         return self.layer if self.layer is not None else self._found_last
 
-    def process_message(self, msg):
+    def process_message(self, msg: dict) -> None:
+        """Return the collapsed layer's conditional mean and add its variance to the
+        observation site's."""
         if msg["type"] == LAYER_MESSAGE:
             layer, X, u = msg["args"]
             if layer.name != self.target:
@@ -393,7 +416,7 @@ class collapse_last_layer(PerRunMessenger):
         self._pending = None
 
 
-def _add_normal_variance(fn, var):
+def _add_normal_variance(fn: dist.Distribution, var: jax.Array) -> dist.Distribution | None:
     """``fn`` (a Normal, possibly wrapped in Independent / Expanded) with ``var`` added to its
     variance; ``var (N, P)`` is matched to the location ``(..., N)`` (``P = 1``) or ``(..., N, P)``.
     ``None`` if ``fn`` is not such a Normal."""

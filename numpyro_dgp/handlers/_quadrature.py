@@ -1,4 +1,9 @@
-"""Weighted branches at learned quadrature points through a DGP's inner layers (AR2P for any guide)."""
+"""Weighted branches at learned quadrature points through a DGP's inner layers (AR2P for any guide).
+
+**References:**
+
+* Meng, Zhang (2024). Amortized variational inference for deep Gaussian processes.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,6 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
 from jax.typing import ArrayLike
 from numpyro.primitives import Messenger
 
@@ -19,8 +23,8 @@ __all__ = ["quadrature"]
 
 
 class quadrature(Messenger):
-    """Propagate ``S`` weighted branches through a DGP's inner layers: paper 003's AR2P
-    rule for any guide.
+    """Propagate ``S`` weighted branches through a DGP's inner layers: the AR2P rule of Meng &
+    Zhang (2024) for any guide.
 
     Every inner layer's output becomes ``S`` branches ``mean + xi_s * std`` (per point; a
     branch keeps its own path through the later layers) with points ``xi (S, P)`` per layer
@@ -30,9 +34,11 @@ class quadrature(Messenger):
     ``log sum_s w_s p(y | branch s)`` (:class:`numpyro_dgp.PredictiveObjective`), and
     :func:`numpyro_dgp.predict` returns the weighted mixture. With one inner output and the
     points fixed at Gauss-Hermite nodes with their weights this is Gauss-Hermite quadrature
-    of the expectation over that layer. Used through :class:`marginalize_inducing` (the last
-    layer is integrated by Gauss-Hermite as always, so its points are registered but unused);
-    a plain run of the model (``Trace_ELBO``, ``Predictive``) does not branch.
+    of the expectation over that layer. It acts where the inducing values are marginalized
+    (:class:`numpyro_dgp.DGPElbo`, :class:`numpyro_dgp.PredictiveObjective`,
+    :func:`numpyro_dgp.predict`; the last layer is integrated by Gauss-Hermite as always, so
+    its points are registered but unused); a plain run of the model (``Trace_ELBO``,
+    ``Predictive``) does not branch.
 
     :param fn: the model.
     :param num_points: ``S``.
@@ -40,9 +46,18 @@ class quadrature(Messenger):
         (each output gets the same points), or ``None`` (standard-normal draws, a fixed key).
     :param weights: ``(S,)`` initial weights (default uniform).
     :param learnable: learn points and weights (else they stay fixed).
+    :raises ValueError: if ``num_points`` is not a positive integer or ``weights`` are not
+        ``num_points`` positive numbers.
     """
 
-    def __init__(self, fn=None, num_points: int = 32, points=None, weights=None, learnable: bool = True):
+    def __init__(
+        self,
+        fn: Callable | None = None,
+        num_points: int = 32,
+        points: dict[str, ArrayLike] | ArrayLike | None = None,
+        weights: ArrayLike | None = None,
+        learnable: bool = True,
+    ) -> None:
         if not (isinstance(num_points, int) and num_points >= 1):
             raise ValueError(f"quadrature: num_points must be a positive integer, got {num_points!r}")
         if weights is None:
@@ -56,8 +71,14 @@ class quadrature(Messenger):
         self.learnable = bool(learnable)
         super().__init__(fn)
 
-    def initial_points(self, layer: str, out_dim: int):
-        """``(S, P)`` starting points of ``layer``."""
+    def initial_points(self, layer: str, out_dim: int) -> jax.Array:
+        """Starting points of ``layer``.
+
+        :param layer: the layer's name.
+        :param out_dim: the layer's output width ``P``.
+        :return: ``(S, P)`` points.
+        :raises ValueError: if the given points do not have that shape.
+        """
         S = self.num_points
         points = self.points
         if isinstance(points, dict):
@@ -71,7 +92,8 @@ class quadrature(Messenger):
             raise ValueError(f"quadrature: points for layer {layer!r} must have shape ({S}, {out_dim}), got {points.shape}")
         return points
 
-    def process_message(self, msg):
+    def process_message(self, msg: dict) -> None:
+        """Tag every layer message with its branch points and weights (:class:`~numpyro_dgp._protocol.BranchTag`)."""
         if msg["type"] != LAYER_MESSAGE:
             return
         layer = msg["args"][0]

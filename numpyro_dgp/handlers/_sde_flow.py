@@ -1,4 +1,10 @@
-"""DiffGP (Hegde et al. 2019): a GP layer as the drift and diffusion of an SDE flow of its inputs."""
+"""DiffGP (Hegde et al. 2019): a GP layer as the drift and diffusion of an SDE flow of its inputs.
+
+**References:**
+
+* Hegde, Heinonen, Lähdesmäki, Kaski (2019). Deep learning with differential Gaussian
+  process flows. AISTATS.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from numpyro_dgp._protocol import FLOW, LAYER_MESSAGE, FlowTag, with_tag
 from numpyro_dgp.core import euler_maruyama
@@ -16,6 +23,7 @@ from numpyro_dgp.layers import Layer, layer_moments
 __all__ = ["FLOW_ESTIMATORS", "FlowSpec", "sde_flow"]
 
 
+#: The values of ``sde_flow(..., estimator=...)``.
 FLOW_ESTIMATORS = ("marginal", "ancestral")
 
 
@@ -40,9 +48,27 @@ class FlowSpec(NamedTuple):
     record: bool = False
 
 
-def integrate_flow(spec, box, layer, X, q_mean, q_sqrt, rng_key):
+def integrate_flow(
+    spec: FlowSpec,
+    box: dict,
+    layer: Layer,
+    X: jax.Array,
+    q_mean: ArrayLike,
+    q_sqrt: ArrayLike | None,
+    rng_key: jax.Array,
+) -> jax.Array:
     """Euler–Maruyama flow of ``X``'s state columns with drift and diffusion the layer's mean
-    and marginal variance under ``u ~ N(q_mean, q_sqrt q_sqrt^T)`` (``q_sqrt=None``: given u)."""
+    and marginal variance under ``u ~ N(q_mean, q_sqrt q_sqrt^T)``.
+
+    :param spec: the flow's settings.
+    :param box: a dict the recorded path is written into (key ``"path"``, with ``spec.record``).
+    :param layer: the flow layer.
+    :param X: ``(N, D)`` start states, or ``(N, D + 1)`` with a time column (``spec.time_input``).
+    :param q_mean: ``(P, M)`` inducing values or their means.
+    :param q_sqrt: ``(P, M, M)`` or ``(P, M)``, or ``None`` (the flow given ``u = q_mean``).
+    :param rng_key: PRNG key of the Brownian increments.
+    :return: ``(N, D)`` end states ``x_T``.
+    """
     x0 = X[:, :-1] if spec.time_input else X
 
     def drift_diffusion(x, t):
@@ -58,7 +84,9 @@ def integrate_flow(spec, box, layer, X, q_mean, q_sqrt, rng_key):
     return out
 
 
-def _flow_given_u(spec, box, layer, X, u, *, rng_key, full_cov=False):
+def _flow_given_u(
+    spec: FlowSpec, box: dict, layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array, full_cov: bool = False
+) -> jax.Array:
     """Default handling of a flow layer's message: drift and diffusion given the sampled ``u``."""
     del full_cov  # the flow moves each point on its own
     return integrate_flow(spec, box, layer, X, u, None, rng_key)
@@ -67,8 +95,8 @@ def _flow_given_u(spec, box, layer, X, u, *, rng_key, full_cov=False):
 class sde_flow(PerRunMessenger):
     """DiffGP (Hegde et al. 2019): reinterpret a GP layer as the vector field of an SDE flow.
 
-    The named layer ``f: R^D -> R^D`` (input width = output width; mean ``"zero"`` as in the
-    paper) no longer returns ``f(X)``: its output is the end state ``x_T`` of
+    The named layer ``f: R^D -> R^D`` (input width = output width; mean ``"zero"`` as in
+    Hegde et al.) no longer returns ``f(X)``: its output is the end state ``x_T`` of
 
         ``dx_t = mu(x_t) dt + sqrt(Sigma(x_t)) dW_t``,  ``x_0 = X``,
 
@@ -76,9 +104,9 @@ class sde_flow(PerRunMessenger):
     noise per step, point, dimension and sample. The rest of the model is unchanged: the
     layer after it (the predictor) takes ``x_T``. ``T = 0`` returns ``X`` (an SVGP on top).
 
-    Drift and diffusion (notes/diffgp.md):
+    Drift and diffusion:
 
-    * ``estimator="marginal"`` (the paper's, default): ``mu``, ``Sigma`` are the layer's
+    * ``estimator="marginal"`` (Hegde et al.'s, default): ``mu``, ``Sigma`` are the layer's
       variational mean and marginal variance ``int p(f(x) | u) q(u) du``; function
       uncertainty is redrawn at every step and ``u`` is never sampled. This needs the guide's
       Gaussian over ``"<layer>.u"``, which :class:`numpyro_dgp.DGPElbo`, :func:`numpyro_dgp.predict`
@@ -92,21 +120,23 @@ class sde_flow(PerRunMessenger):
     :param fn: the model.
     :param layer: name of the flow layer.
     :param T: flow time ``>= 0``.
-    :param num_steps: Euler–Maruyama steps (paper: 20).
+    :param num_steps: Euler–Maruyama steps (Hegde et al.: 20).
     :param estimator: ``"marginal"`` or ``"ancestral"``.
     :param diffusion: ``False`` gives the ODE flow ``dx = mu dt``.
-    :param time_input: time-dependent vector field (the paper's "temporal DiffGP"): the
+    :param time_input: time-dependent vector field (the "temporal DiffGP" of Hegde et al.): the
         layer's inputs carry one extra last column that the flow sets to the current time
         ``t_k``; build the layer on ``[X, 0]`` with a kernel over ``D + 1`` inputs (an ARD
         RBF over ``(x, t)`` is exactly the product ``k(x, x') k(t, t')``) and inducing inputs
         at a few times (:func:`numpyro_dgp.sde.temporal_inducing_inputs`).
     :param record: record the path ``(num_steps + 1, N, D)`` (see
         :func:`numpyro_dgp.sde.flow_trajectories`).
+    :raises ValueError: for an invalid setting; during a run, if the named layer is not a
+        valid flow layer; on exit, if the model ran no layer of that name.
     """
 
     def __init__(
         self,
-        fn=None,
+        fn: Callable | None = None,
         layer: str | None = None,
         T: float = 1.0,
         num_steps: int = 20,
@@ -114,7 +144,7 @@ class sde_flow(PerRunMessenger):
         diffusion: bool = True,
         time_input: bool = False,
         record: bool = False,
-    ):
+    ) -> None:
         if not isinstance(layer, str) or not layer:
             raise ValueError(f"sde_flow: layer must be the name of a gp_layer, got {layer!r}")
         try:
@@ -131,10 +161,12 @@ class sde_flow(PerRunMessenger):
         self._reset()
         super().__init__(fn)
 
-    def _reset(self):
+    def _reset(self) -> None:
         self.layers_seen = []
 
-    def process_message(self, msg):
+    def process_message(self, msg: dict) -> None:
+        """Tag the flow layer's message (:class:`~numpyro_dgp._protocol.FlowTag`) and make its
+        default handling the flow given the sampled ``u``."""
         if msg["type"] != LAYER_MESSAGE:
             return
         layer, X, _ = msg["args"]
@@ -163,13 +195,9 @@ class sde_flow(PerRunMessenger):
         # the recorded path lands in the box, which the trace keeps in the site's infer dict
         msg["fn"] = partial(_flow_given_u, self.spec, box)
 
-    def __exit__(self, exc_type, exc_value, traceback):
-        result = super().__exit__(exc_type, exc_value, traceback)
-        if exc_type is None and self.spec.layer not in self.layers_seen:
-            raise ValueError(
-                f"sde_flow: the model ran no gp_layer named {self.spec.layer!r} "
-                f"(its layers: {self.layers_seen})"
-            )
-        return result
+    def _problem_after_run(self) -> str | None:
+        if self.spec.layer not in self.layers_seen:
+            return f"sde_flow: the model ran no gp_layer named {self.spec.layer!r} (its layers: {self.layers_seen})"
+        return None
 
 

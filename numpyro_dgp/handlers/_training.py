@@ -33,12 +33,15 @@ class fast_subsample(Messenger):
 
     On CPU NumPyro shuffles with a sequential loop of ``B`` steps (a ``lax.scan`` of
     Fisher-Yates swaps), which costs a DGP training step about 1 ms at ``B = 1000``
-    (benchmarks/README.md); ``top_k`` of ``N`` uniforms gives a subset with the same (uniform)
+    (measured with the project's benchmarks); ``top_k`` of ``N`` uniforms gives a subset with the same (uniform)
     distribution in a few vectorized passes. Subsamples that are already set (replayed from a
     guide, or substituted) are left alone.
+
+    :param fn: the model or guide.
     """
 
     def process_message(self, msg: dict) -> None:
+        """Swap NumPyro's subsample function of a plate message for the ``top_k`` one."""
         if msg["type"] == "plate" and msg["value"] is None and msg["fn"] is numpyro_subsample_fn:
             msg["fn"] = _top_k_subsample
 
@@ -58,19 +61,20 @@ class data_parallel(Messenger):
     gradients across devices. The model is unchanged and so is the loss: JAX's partitionable
     random numbers give every point the same draw as on one device, so the sharded loss
     equals the single-device loss on the same minibatch up to the order of the reductions
-    (tests/test_speed.py). Wrap the model (and the guide, if it has the plate) before
+    (checked by the package's tests). Wrap the model (and the guide, if it has the plate) before
     building ``SVI``; use with :func:`numpyro_dgp.fit` as usual::
 
         svi = SVI(data_parallel(model), guide, optimizer, DGPElbo())
 
     On CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` (set before JAX starts)
     gives two devices to test with; the speed-up is for several accelerators (see
-    benchmarks/README.md for what it gives on a 2-core CPU).
+    the project's benchmarks for what it gives on a 2-core CPU).
 
     :param fn: the model or guide.
     :param mesh: a ``jax.sharding.Mesh``; default one axis over ``jax.devices()``.
     :param axis_name: the mesh axis the points are split over.
     :param plate_name: the plate whose points are split.
+    :raises ValueError: if ``axis_name`` is not an axis of ``mesh``.
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class data_parallel(Messenger):
         super().__init__(fn)
 
     def postprocess_message(self, msg: dict) -> None:
+        """Constrain the plate's indices to be sharded over the mesh axis."""
         if msg["type"] == "plate" and msg["name"] == self.plate_name and msg["value"] is not None:
             sharding = NamedSharding(self.mesh, PartitionSpec(self.axis_name))
             msg["value"] = jax.lax.with_sharding_constraint(msg["value"], sharding)

@@ -1,5 +1,7 @@
 """Inference drivers: :func:`fit` (compiled SVI) and :class:`SGHMC` (an MCMC kernel)."""
 
+from __future__ import annotations
+
 from numpyro_dgp.infer._fit import FitResult, fit
 from numpyro_dgp.infer._sghmc import SGHMC, SGHMCState
 

@@ -1,4 +1,10 @@
-"""``fit``: a compiled SVI loop (``lax.scan`` over chunks of steps) with a host progress bar."""
+"""``fit``: a compiled SVI loop (``lax.scan`` over chunks of steps) with a host progress bar.
+
+**References:**
+
+* Izmailov, Podoprikhin, Garipov, Vetrov, Wilson (2018). Averaging weights leads to wider
+  optima and better generalization. UAI.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,13 @@ import math
 import time
 import warnings
 import weakref
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpyro.infer import SVI
+from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._cache import OwnerCache
 
@@ -23,11 +31,12 @@ _CHUNK_RUNNERS = OwnerCache(max_entries=16)
 class FitResult(NamedTuple):
     """What :func:`fit` returns.
 
-    :ivar params: constrained parameters (``svi.get_params(state)``).
+    :ivar params: constrained parameters (``svi.get_params(state)``), ``{site: array}``.
     :ivar losses: ``(num_steps,)`` loss per step (non-finite where the step was skipped).
     :ivar state: the final ``SVIState`` (pass back as ``init_state`` to continue).
     :ivar num_skipped: steps whose loss or new parameters were not finite (not applied).
-    :ivar chunk_seconds: wall time of each compiled chunk (compilation excluded).
+    :ivar chunk_seconds: ``(num_chunks,)`` wall time of each compiled chunk (compilation
+        excluded).
     :ivar chunk_size: steps per chunk.
     :ivar compile_seconds: time to trace, lower and compile the chunk function before the
         first chunk (near 0 when ``svi`` already has it compiled for these shapes).
@@ -37,7 +46,7 @@ class FitResult(NamedTuple):
 
     params: dict
     losses: np.ndarray
-    state: Any
+    state: SVIState
     num_skipped: int
     chunk_seconds: np.ndarray
     chunk_size: int
@@ -126,14 +135,14 @@ def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
 
 
 def fit(
-    svi,
-    rng_key,
+    svi: SVI,
+    rng_key: jax.Array,
     *args,
     num_steps: int,
     chunk_size: int = 100,
     progress_bar: bool = True,
-    init_state=None,
-    init_params=None,
+    init_state: SVIState | None = None,
+    init_params: dict | None = None,
     average_from: int | None = None,
     **kwargs,
 ) -> FitResult:
@@ -161,6 +170,8 @@ def fit(
         is taken over the unconstrained values the optimizer updates, so it is valid for every
         constraint, and mapped back through the constraints. A skipped update counts with the
         unchanged parameters. ``None`` (default): no averaging.
+    :param kwargs: model keyword arguments, split into traced arrays and static values as
+        ``args`` are.
     :return: :class:`FitResult`.
     """
     if not (isinstance(num_steps, (int, np.integer)) and num_steps >= 1):

@@ -27,7 +27,7 @@ moment estimates ``g, g2`` of ``grad / num_data`` and the window length ``xi`` a
 
 * Springenberg, Klein, Falkner, Hutter (2016). Bayesian optimization with robust Bayesian
   neural networks. NeurIPS.
-* Havasi, Hernandez-Lobato, Murillo-Fuentes (2018). Inference in deep Gaussian processes
+* Havasi, Hernández-Lobato, Murillo-Fuentes (2018). Inference in deep Gaussian processes
   using stochastic gradient Hamiltonian Monte Carlo. NeurIPS.
 """
 
@@ -84,19 +84,19 @@ class SGHMCState(NamedTuple):
     The property :attr:`position` (``{**z, **params}``) is the MCMC sample field.
     """
 
-    i: Any
+    i: jax.Array
     z: dict
-    momentum: Any
-    xi: Any
-    g: Any
-    g2: Any
+    momentum: jax.Array
+    xi: jax.Array
+    g: jax.Array
+    g2: jax.Array
     params: dict
     opt_state: Any
-    window: Any
-    window_count: Any
-    potential_energy: Any
-    num_skipped: Any
-    rng_key: Any
+    window: jax.Array
+    window_count: jax.Array
+    potential_energy: jax.Array
+    num_skipped: jax.Array
+    rng_key: jax.Array
 
     @property
     def position(self) -> dict:
@@ -229,26 +229,44 @@ class SGHMC(MCMCKernel):
 
     # ------------------------------------------------------------------ MCMCKernel interface
     @property
-    def model(self):
+    def model(self) -> Callable:
+        """The NumPyro model being sampled."""
         return self._model
 
     @property
-    def sample_field(self):
+    def sample_field(self) -> str:
+        """The field of :class:`SGHMCState` collected as the sample: ``"position"``."""
         return "position"
 
     @property
-    def default_fields(self):
+    def default_fields(self) -> tuple[str, ...]:
+        """The fields of :class:`SGHMCState` collected by default: the position, the
+        potential energy and the number of skipped steps."""
         return ("position", "potential_energy", "num_skipped")
 
     @property
-    def num_data(self):
-        """``N`` used to scale the step (known after ``init``)."""
+    def num_data(self) -> int | None:
+        """``N`` used to scale the step (known after ``init``; ``None`` before)."""
         return self._num_data
 
-    def get_diagnostics_str(self, state):
+    def get_diagnostics_str(self, state: SGHMCState) -> str:
+        """The progress-bar text: the potential energy and the number of skipped steps.
+
+        :param state: the current state (one chain).
+        :return: e.g. ``"pe=123.4, skipped=0"``.
+        """
         return "pe={:.4g}, skipped={}".format(float(state.potential_energy), int(state.num_skipped))
 
-    def postprocess_fn(self, model_args, model_kwargs):
+    def postprocess_fn(self, model_args: tuple, model_kwargs: dict | None) -> Callable:
+        """The function mapping a collected position to constrained values.
+
+        Latent sites are mapped by their supports, ``numpyro.param`` sites by their
+        constraints, and ``numpyro.deterministic`` sites are recomputed by replaying the model.
+
+        :param model_args: the model's positional arguments.
+        :param model_kwargs: the model's keyword arguments.
+        :return: a function of an unconstrained position (the identity before ``init``).
+        """
         if self._postprocess_fn is None:
             return identity
         # NumPyro's postprocess maps both latent and param sites (each by its support or
@@ -256,7 +274,26 @@ class SGHMC(MCMCKernel):
         # the init param values it holds with those in the sample.
         return self._postprocess_fn(*model_args, **(model_kwargs or {}))
 
-    def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
+    def init(
+        self,
+        rng_key: jax.Array,
+        num_warmup: int,
+        init_params: dict | None = None,
+        model_args: tuple = (),
+        model_kwargs: dict | None = None,
+    ) -> SGHMCState:
+        """Validate the model, find ``num_data`` and the param sites, and build the initial state.
+
+        :param rng_key: PRNG key; with ``chain_method="vectorized"`` one key per chain,
+            ``(num_chains, ...)``.
+        :param num_warmup: number of warmup (burn-in) steps, during which the preconditioner
+            adapts.
+        :param init_params: unconstrained initial latent values keyed by site name (default:
+            from ``init_strategy``).
+        :param model_args: the model's positional arguments.
+        :param model_kwargs: the model's keyword arguments.
+        :return: the initial :class:`SGHMCState` (a leading chain axis when vectorized).
+        """
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._num_warmup = int(num_warmup)
         self._vectorized = not is_prng_key(rng_key)
@@ -305,7 +342,15 @@ class SGHMC(MCMCKernel):
             return jax.vmap(init_state, in_axes=(0, None, 0))(z, params, rng_key)
         return init_state(z, params, rng_key)
 
-    def sample(self, state, model_args, model_kwargs):
+    def sample(self, state: SGHMCState, model_args: tuple, model_kwargs: dict | None) -> SGHMCState:
+        """One SGHMC step of the latents and one MW-MCEM step of the params.
+
+        :param state: the current state.
+        :param model_args: the model's positional arguments.
+        :param model_kwargs: the model's keyword arguments.
+        :return: the next state (unchanged but for the step count, the key and
+            ``num_skipped`` when the step was rejected).
+        """
         model_kwargs = {} if model_kwargs is None else model_kwargs
         if self._vectorized:
             return jax.vmap(self._step, in_axes=(0, None, None))(state, model_args, model_kwargs)

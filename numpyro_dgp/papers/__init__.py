@@ -11,7 +11,7 @@ benchmarks import its modules explicitly:
 * :mod:`numpyro_dgp.papers.letters` -- the letters classification toy of Meng & Zhang (2024);
 * :mod:`numpyro_dgp.papers.results` -- merging benchmark result files.
 
-References:
+**References:**
 
 * Ustyuzhaninov, Kazlauskaite, Kaiser, Bodin, Campbell, Ek (2020). Compositional uncertainty
   in deep Gaussian processes. UAI.
@@ -19,3 +19,7 @@ References:
   flows. AISTATS.
 * Meng, Zhang (2024). Amortized variational inference for deep Gaussian processes.
 """
+
+from __future__ import annotations
+
+__all__ = []

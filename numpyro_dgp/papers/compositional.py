@@ -1,16 +1,21 @@
 """Compositional uncertainty: one DGP, several variational families, per-layer variances.
 
-The driver behind paper 000's Table 1 / Fig. 5 reproduction (``benchmarks/compositional.py``,
-``tutorials/02_swapping_guides.ipynb``): :func:`composed_gp` builds a DGP of 1-D layers with
-fixed hyperparameters and noise; :data:`FAMILIES` names the four variational families (three
-guides on global inducing points, and inducing points as inducing locations with a
-factorized guide); :func:`fit_family` fits one; :func:`layer_variances` and
-:func:`elbo_estimate` measure what it kept.
+The driver behind the reproduction of Table 1 and Fig. 5 of Ustyuzhaninov et al. (2020)
+(``benchmarks/compositional.py``, ``tutorials/02_swapping_guides.ipynb``): :func:`composed_gp`
+builds a DGP of 1-D layers with fixed hyperparameters and noise; :data:`FAMILIES` names the
+four variational families (three guides on global inducing points, and inducing points as
+inducing locations with a factorized guide); :func:`fit_family` fits one;
+:func:`layer_variances` and :func:`elbo_estimate` measure what it kept.
+
+**References:**
+
+* Ustyuzhaninov, Kazlauskaite, Kaiser, Bodin, Campbell, Ek (2020). Compositional uncertainty
+  in deep Gaussian processes. UAI.
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,26 +23,39 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import optax
+from jax.typing import ArrayLike
 from numpyro.infer import SVI
 
 from numpyro_dgp._marginal import marginal_trace
-from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP
+from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP, DGPGuide
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.kernels import Kernel
 from numpyro_dgp.layers import gp_layer
 from numpyro_dgp.objectives import DGPElbo
 
+if TYPE_CHECKING:
+    import matplotlib.figure
+
 __all__ = ["FAMILIES", "Family", "composed_gp", "fit_family", "layer_variances", "elbo_estimate"]
 
 
 class Family(NamedTuple):
-    """A variational family: a guide class, its options, and the layers' inducing mode."""
+    """A variational family: a guide class, its options, and the layers' inducing mode.
+
+    :ivar guide: the guide class (a :class:`~numpyro_dgp.guides.DGPGuide`).
+    :ivar inducing: the layers' ``inducing`` mode, ``"global"`` or ``"locations"``
+        (see :func:`numpyro_dgp.gp_layer`).
+    :ivar label: a name for tables and plots.
+    """
 
     guide: type
     inducing: str
     label: str
 
 
+#: The four variational families of Ustyuzhaninov et al. (2020), by name: ``"factorized"``,
+#: ``"joint"``, ``"chain"`` (global inducing points) and ``"locations"`` (inducing points as
+#: inducing locations, their Sec. 4.2).
 FAMILIES = {
     "factorized": Family(AutoFactorizedDGP, "global", "DSVI (factorized)"),
     "joint": Family(AutoJointDGP, "global", "jointly Gaussian"),
@@ -53,14 +71,14 @@ def composed_gp(
     inducing: str = "global",
     noise: float = 1e-3,
     inner_mean: str = "identity",
-    inducing_inputs=None,
-    inner_inducing_inputs=None,
+    inducing_inputs: ArrayLike | None = None,
+    inner_inducing_inputs: ArrayLike | None = None,
     learn_hyperparameters: bool = False,
     learn_inducing: bool = True,
     jitter: float | None = None,
 ) -> Callable:
     """A DGP ``f_L o ... o f_1`` of 1-D GP layers ``h1 .. hL`` (kernels in order) with a fixed
-    Gaussian noise variance, as in paper 000's toy experiments.
+    Gaussian noise variance, as in the toy experiments of Ustyuzhaninov et al. (2020).
 
     :param kernels: one kernel per layer (their values are used as given unless
         ``learn_hyperparameters``).
@@ -75,8 +93,9 @@ def composed_gp(
     :param learn_inducing: optimize the inducing inputs (with ``"locations"``: the first layer's).
     :param jitter: Cholesky jitter of every layer (default by dtype). Inducing locations need
         more than the float64 default: ``K(f_(l-1)^z)`` is as ill-conditioned as the previous
-        layer makes its inducing values (notes/compositional.md §4).
-    :return: ``model(X, y=None)``.
+        layer makes its inducing values (nearly singular when that layer maps two inducing
+        inputs close together).
+    :return: ``model(X, y=None)`` with ``X`` ``(N, 1)`` and ``y`` ``(N,)``.
     """
     kernels = list(kernels)
     if not kernels:
@@ -107,10 +126,10 @@ def composed_gp(
 def fit_family(
     family: str,
     kernels: Sequence[Kernel],
-    X,
-    y,
+    X: ArrayLike,
+    y: ArrayLike,
     *,
-    rng_key,
+    rng_key: jax.Array,
     num_steps: int,
     learning_rate: float = 0.01,
     clip_norm: float | None = 1000.0,
@@ -118,12 +137,24 @@ def fit_family(
     num_particles: int = 1,
     progress_bar: bool = False,
     **model_kwargs,
-):
-    """Fit one family of :data:`FAMILIES` on ``(X, y)`` with Adam and :class:`DGPElbo`.
+) -> tuple[Callable, DGPGuide, FitResult]:
+    """Fit one family of :data:`FAMILIES` on ``(X, y)`` with Adam and
+    :class:`~numpyro_dgp.DGPElbo`.
 
+    :param family: a key of :data:`FAMILIES`.
+    :param kernels: one kernel per layer (see :func:`composed_gp`).
+    :param X: ``(N, 1)`` training inputs.
+    :param y: ``(N,)`` training targets.
+    :param rng_key: PRNG key.
+    :param num_steps: optimization steps.
+    :param learning_rate: Adam's step size.
     :param clip_norm: clip each update's gradient to this global norm (``None``: no clipping).
         Inducing locations need it: a sample that puts two of layer ``l``'s locations close
         together makes ``K(f_(l-1)^z)`` nearly singular and its KL gradient huge.
+    :param inner_init: the guide's ``inner_init`` option.
+    :param num_particles: Monte Carlo samples per step.
+    :param progress_bar: show a progress bar.
+    :param model_kwargs: further options of :func:`composed_gp` (``num_inducing`` is required).
     :return: ``(model, guide, FitResult)``.
     """
     if family not in FAMILIES:
@@ -138,7 +169,16 @@ def fit_family(
     return model, guide, result
 
 
-def layer_variances(model, guide, params, x, rng_key, num_samples: int = 2000, *, own_input: bool = False) -> dict:
+def layer_variances(
+    model: Callable,
+    guide: Callable,
+    params: dict,
+    x: ArrayLike,
+    rng_key: jax.Array,
+    num_samples: int = 2000,
+    *,
+    own_input: bool = False,
+) -> dict[str, np.ndarray]:
     """Variance of every layer's output at the points ``x`` under the fitted ``q``.
 
     By default layer ``l`` at ``x`` is the composition ``f_l(f_{l-1}(... f_1(x)))``; with
@@ -149,6 +189,13 @@ def layer_variances(model, guide, params, x, rng_key, num_samples: int = 2000, *
     (and, with inducing locations or a guide that correlates layers, given what the layers
     before drew).
 
+    :param model: the fitted model.
+    :param guide: the fitted guide.
+    :param params: the fitted parameters.
+    :param x: ``(N, 1)`` points.
+    :param rng_key: PRNG key.
+    :param num_samples: propagated samples.
+    :param own_input: evaluate every layer at ``x`` itself rather than at the composition.
     :return: ``{layer: (N,)}`` for the first output of each layer.
     """
     from numpyro_dgp.handlers import layer_inputs
@@ -175,29 +222,74 @@ def layer_variances(model, guide, params, x, rng_key, num_samples: int = 2000, *
     return {n: np.asarray(v.mean(0) + m.var(0)) for n, (m, v) in moments.items()}
 
 
-def elbo_estimate(model, guide, params, X, y, rng_key, num_draws: int = 500):
-    """The ELBO at ``params`` (mean of ``num_draws`` :class:`DGPElbo` draws) and its standard error."""
+def elbo_estimate(
+    model: Callable,
+    guide: Callable,
+    params: dict,
+    X: ArrayLike,
+    y: ArrayLike,
+    rng_key: jax.Array,
+    num_draws: int = 500,
+) -> tuple[float, float]:
+    """The ELBO at ``params`` (mean of ``num_draws`` :class:`~numpyro_dgp.DGPElbo` draws) and
+    its standard error.
+
+    :param model: the fitted model.
+    :param guide: the fitted guide.
+    :param params: the fitted parameters.
+    :param X: ``(N, 1)`` training inputs.
+    :param y: ``(N,)`` training targets.
+    :param rng_key: PRNG key.
+    :param num_draws: single-sample ELBO draws.
+    :return: ``(mean, standard_error)``.
+    """
     keys = jax.random.split(rng_key, int(num_draws))
     draws = jax.jit(jax.vmap(lambda k: -DGPElbo().loss(k, params, model, guide, X, y)))(keys)
     draws = np.asarray(draws)
     return float(draws.mean()), float(draws.std(ddof=1) / np.sqrt(len(draws)))
 
 
-def family_samples(model, guide, params, grid, rng_key, num_samples: int = 25) -> dict:
+def family_samples(
+    model: Callable,
+    guide: Callable,
+    params: dict,
+    grid: ArrayLike,
+    rng_key: jax.Array,
+    num_samples: int = 25,
+) -> dict[str, np.ndarray]:
     """Coherent function samples of every layer on ``grid`` (see :func:`numpyro_dgp.sample_layers`):
     the inducing values are drawn from the guide jointly, so a sample shows how the layers
-    co-vary. :return: ``{layer: (S, G)}`` (first output)."""
+    co-vary.
+
+    :param model: the fitted model.
+    :param guide: the fitted guide.
+    :param params: the fitted parameters.
+    :param grid: ``(G, 1)`` inputs of the first layer.
+    :param rng_key: PRNG key.
+    :param num_samples: ``S``, function samples.
+    :return: ``{layer: (S, G)}`` (first output).
+    """
     from numpyro_dgp._prediction import sample_layers
 
     samples = sample_layers(model, guide, params, rng_key, grid, num_samples=num_samples)
     return {n: np.asarray(v[..., 0]) for n, v in samples.items()}
 
 
-def plot_compositions(samples_by_family: dict, grid, X=None, y=None, labels=None):
-    """Paper 000 Fig. 5: per family (rows), each layer against its own input and the composition.
+def plot_compositions(
+    samples_by_family: dict[str, dict[str, np.ndarray]],
+    grid: ArrayLike,
+    X: ArrayLike | None = None,
+    y: ArrayLike | None = None,
+    labels: dict[str, str] | None = None,
+) -> matplotlib.figure.Figure:
+    """Fig. 5 of Ustyuzhaninov et al. (2020): per family (rows), each layer against its own
+    input and the composition.
 
     :param samples_by_family: ``{family: {layer: (S, G)}}`` from :func:`family_samples`.
     :param grid: ``(G, 1)`` inputs of the first layer.
+    :param X: ``(N, 1)`` training inputs to draw on the composition panels.
+    :param y: ``(N,)`` training targets.
+    :param labels: row labels by family (default: the :data:`FAMILIES` label, else the key).
     :return: a matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt

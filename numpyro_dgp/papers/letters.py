@@ -1,5 +1,10 @@
 """The letters toy classification of Meng & Zhang (2024): points on the unit square, label 1
-inside the rendered word "DGP"."""
+inside the rendered word "DGP".
+
+**References:**
+
+* Meng, Zhang (2024). Amortized variational inference for deep Gaussian processes.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +16,21 @@ from numpyro_dgp.datasets import Dataset, _numpy_rng
 __all__ = ["letters_classification"]
 
 
-def letters_classification(rng_key, num_train: int = 10000, num_test: int = 10000, text: str = "DGP") -> Dataset:
-    """Paper 003's toy classification: points uniform on the unit square, label 1 inside the
-    rendered letters ``text`` (DejaVu Sans Bold, as matplotlib draws it; holes of D, P
-    are outside), else 0.
+def letters_classification(
+    rng_key: jax.Array, num_train: int = 10000, num_test: int = 10000, text: str = "DGP"
+) -> Dataset:
+    """The toy classification of Meng & Zhang (2024): points uniform on the unit square,
+    label 1 inside the rendered letters ``text`` (DejaVu Sans Bold, as matplotlib draws it;
+    holes of D, P are outside), else 0.
 
-    :return: :class:`Dataset` with ``X (N, 2)`` and ``y (N,)`` in {0, 1} (float).
+    :param rng_key: JAX PRNG key (seeds the NumPy draws).
+    :param num_train: number of training points.
+    :param num_test: number of test points.
+    :param text: the letters to render, fitted into ``[0.05, 0.95]`` horizontally and centered
+        vertically.
+    :return: :class:`~numpyro_dgp.datasets.Dataset` with ``X_train (num_train, 2)``,
+        ``y_train (num_train,)``, ``X_test (num_test, 2)``, ``y_test (num_test,)``, labels in
+        {0, 1} (float); name ``"letters"``.
     """
     from matplotlib.font_manager import FontProperties
     from matplotlib.path import Path as MplPath

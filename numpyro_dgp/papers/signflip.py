@@ -1,4 +1,4 @@
-"""The sign-flip toy of paper 000 (Fig. 2): why layer-factorized guides collapse.
+"""The sign-flip toy of Ustyuzhaninov et al. (2020, Fig. 2): why layer-factorized guides collapse.
 
 A "deep" model of ``L`` layers, each either ``x`` or ``-x``, fitted to ``y = x``. The composition
 is ``f_L = c_L x`` with ``c_L = prod_l (1 - 2 s_l)``, where ``s_l = 1`` means that layer ``l``
@@ -22,12 +22,17 @@ dependent. Three variational families over sign patterns, fitted by minimizing t
 The model is an ordinary NumPyro program with enumerated discrete sites; :func:`exact_posterior`
 and :func:`posterior_samples` use NumPyro's funsor-backed enumeration
 (:mod:`numpyro.contrib.funsor`) to compute the exact posterior and to sample from it.
+
+**References:**
+
+* Ustyuzhaninov, Kazlauskaite, Kaiser, Bodin, Campbell, Ek (2020). Compositional uncertainty
+  in deep Gaussian processes. UAI.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import funsor
 import jax
@@ -36,8 +41,13 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import optax
+from jax.typing import ArrayLike
 from numpyro.contrib.funsor import config_enumerate, enum, infer_discrete, plate_to_enum_plate
 from numpyro.contrib.funsor import trace as enum_trace
+
+if TYPE_CHECKING:
+    import matplotlib.axes
+    import matplotlib.figure
 
 __all__ = [
     "SIGN_FAMILIES",
@@ -61,27 +71,11 @@ _MAX_PLATE_NESTING = 1
 _FIRST_AVAILABLE_DIM = -_MAX_PLATE_NESTING - 1
 
 
-def sign_flip_model(x, y=None, *, num_layers: int = 3, noise: float = 0.1):
+def sign_flip_model(
+    x: ArrayLike, y: ArrayLike | None = None, *, num_layers: int = 3, noise: float = 0.1
+) -> jax.Array:
     """NumPyro model: ``num_layers`` layers, each ``f_l = +f_{l-1}`` or ``-f_{l-1}``, ``f_0 = x``.
 
-    Parameters
-    ----------
-    x : array, shape (N,)
-        Inputs.
-    y : array, shape (N,), optional
-        Observations (``None`` samples them).
-    num_layers : int
-        Number of layers ``L``; the sites are ``"s1"`` .. ``"sL"``.
-    noise : float
-        Standard deviation of the Gaussian likelihood.
-
-    Returns
-    -------
-    array
-        The composition ``f_L = (prod_l (1 - 2 s_l)) x``.
-
-    Notes
-    -----
     ``s_l ~ Bernoulli(0.5)`` (``1`` = layer ``l`` flips the sign) are global sites outside the data
     plate, marked ``infer={"enumerate": "parallel"}``. The data plate has ``dim=-1``, so use
     ``max_plate_nesting=1`` / ``first_available_dim=-2``: under parallel enumeration ``s_l`` arrives
@@ -89,6 +83,12 @@ def sign_flip_model(x, y=None, *, num_layers: int = 3, noise: float = 0.1):
     broadcasts over all enumerated dimensions without any indexing (no ``Vindex`` is needed because
     no parameter array is indexed by an enumerated value). ``f_L`` then has shape
     ``(2,) * L + (N,)`` under enumeration and ``(N,)`` otherwise.
+
+    :param x: ``(N,)`` inputs.
+    :param y: ``(N,)`` observations (``None`` samples them).
+    :param num_layers: number of layers ``L``; the sites are ``"s1"`` .. ``"sL"``.
+    :param noise: standard deviation of the Gaussian likelihood.
+    :return: the composition ``f_L = (prod_l (1 - 2 s_l)) x``.
     """
     x = jnp.asarray(x)
     sign = jnp.ones(())
@@ -102,12 +102,20 @@ def sign_flip_model(x, y=None, *, num_layers: int = 3, noise: float = 0.1):
 
 
 def sign_patterns(num_layers: int = 3) -> np.ndarray:
-    """All ``2^L`` flip patterns, shape ``(2^L, L)``, ``s_1`` most significant (row-major order)."""
+    """All ``2^L`` flip patterns, shape ``(2^L, L)``, ``s_1`` most significant (row-major order).
+
+    :param num_layers: number of layers ``L``.
+    :return: ``(2^L, L)`` ``int64`` patterns (``1`` = flip).
+    """
     return np.array(list(itertools.product((0, 1), repeat=num_layers)), dtype=np.int64)
 
 
-def pattern_labels(patterns) -> list[str]:
-    """Labels like ``"+-+"``: ``+`` for a layer ``x -> x``, ``-`` for a sign flip ``x -> -x``."""
+def pattern_labels(patterns: ArrayLike) -> list[str]:
+    """Labels like ``"+-+"``: ``+`` for a layer ``x -> x``, ``-`` for a sign flip ``x -> -x``.
+
+    :param patterns: ``(K, L)`` flip patterns (``1`` = flip).
+    :return: ``K`` labels of ``L`` characters.
+    """
     return ["".join("-" if s else "+" for s in row) for row in np.asarray(patterns)]
 
 
@@ -118,18 +126,12 @@ def _valid(patterns) -> np.ndarray:
 class ExactPosterior(NamedTuple):
     """Exact posterior over sign patterns.
 
-    Attributes
-    ----------
-    patterns : ndarray, shape (2^L, L)
-        Flip patterns (``1`` = flip), row-major with ``s_1`` most significant.
-    probabilities : ndarray, shape (2^L,)
-        ``p(s | y)``.
-    log_evidence : float
-        ``log p(y)``.
-    log_joint : ndarray, shape (2^L,)
-        ``log p(y, s)``.
-    valid : ndarray of bool, shape (2^L,)
-        Whether a pattern has an even number of flips.
+    :ivar patterns: ``(2^L, L)`` flip patterns (``1`` = flip), row-major with ``s_1`` most
+        significant.
+    :ivar probabilities: ``(2^L,)`` ``p(s | y)``.
+    :ivar log_evidence: ``log p(y)``.
+    :ivar log_joint: ``(2^L,)`` ``log p(y, s)``.
+    :ivar valid: ``(2^L,)`` booleans: whether a pattern has an even number of flips.
     """
 
     patterns: np.ndarray
@@ -161,25 +163,18 @@ def _log_joint_funsor(x, y, num_layers, noise):
     )
 
 
-def exact_posterior(x, y, *, num_layers: int = 3, noise: float = 0.1) -> ExactPosterior:
+def exact_posterior(x: ArrayLike, y: ArrayLike, *, num_layers: int = 3, noise: float = 0.1) -> ExactPosterior:
     """Exact posterior over the ``2^L`` sign patterns by funsor-backed parallel enumeration.
 
     The model is traced under ``enum(config_enumerate(sign_flip_model), first_available_dim=-2)``;
     the per-site log factors are contracted over the data plate only, leaving the joint
     ``log p(y, s)`` as a tensor over the enumerated dimensions, which is then normalized.
 
-    Parameters
-    ----------
-    x, y : array, shape (N,)
-        Inputs and observations.
-    num_layers : int
-        Number of layers ``L``.
-    noise : float
-        Likelihood standard deviation.
-
-    Returns
-    -------
-    ExactPosterior
+    :param x: ``(N,)`` inputs.
+    :param y: ``(N,)`` observations.
+    :param num_layers: number of layers ``L``.
+    :param noise: likelihood standard deviation.
+    :return: :class:`ExactPosterior`.
     """
     names = tuple(f"s{layer}" for layer in range(1, num_layers + 1))
     joint = _log_joint_funsor(x, y, num_layers, noise)
@@ -192,24 +187,19 @@ def exact_posterior(x, y, *, num_layers: int = 3, noise: float = 0.1) -> ExactPo
     return ExactPosterior(patterns, np.exp(log_joint - log_evidence), log_evidence, log_joint, _valid(patterns))
 
 
-def posterior_samples(rng_key, x, y, num_samples: int, *, num_layers: int = 3, noise: float = 0.1) -> np.ndarray:
+def posterior_samples(
+    rng_key: jax.Array, x: ArrayLike, y: ArrayLike, num_samples: int, *, num_layers: int = 3, noise: float = 0.1
+) -> np.ndarray:
     """Sign patterns drawn from the exact posterior with ``infer_discrete(temperature=1)``.
 
-    Parameters
-    ----------
-    rng_key : jax.random.key
-        Randomness; split into one key per draw.
-    x, y : array, shape (N,)
-        Inputs and observations.
-    num_samples : int
-        Number of draws (each a forward-filter backward-sample pass; vectorized with ``vmap``).
-    num_layers, noise :
-        As in :func:`sign_flip_model`.
-
-    Returns
-    -------
-    ndarray of int, shape (num_samples, L)
-        Flip patterns (``1`` = flip).
+    :param rng_key: PRNG key; split into one key per draw.
+    :param x: ``(N,)`` inputs.
+    :param y: ``(N,)`` observations.
+    :param num_samples: number of draws (each a forward-filter backward-sample pass;
+        vectorized with ``vmap``).
+    :param num_layers: as in :func:`sign_flip_model`.
+    :param noise: as in :func:`sign_flip_model`.
+    :return: ``(num_samples, L)`` ``int64`` flip patterns (``1`` = flip).
     """
     names = [f"s{layer}" for layer in range(1, num_layers + 1)]
     model = config_enumerate(sign_flip_model)
@@ -226,27 +216,16 @@ def posterior_samples(rng_key, x, y, num_samples: int, *, num_layers: int = 3, n
 class SignFamilyFit(NamedTuple):
     """A variational family over sign patterns, fitted by minimizing the exact KL.
 
-    Attributes
-    ----------
-    family : str
-        One of :data:`SIGN_FAMILIES`.
-    patterns : ndarray, shape (2^L, L)
-        As in :class:`ExactPosterior`.
-    probabilities : ndarray, shape (2^L,)
-        ``q(s)`` of the best restart.
-    elbo : float
-        Exactly enumerated ``sum_s q(s) [log p(y, s) - log q(s)]``.
-    kl : float
-        ``KL(q || p(s | y)) = log p(y) - elbo``.
-    invalid_mass : float
-        ``q`` mass on odd-flip (invalid) patterns.
-    num_valid_patterns : int
-        Number of valid patterns with ``q(s) > threshold``.
-    logits : ndarray, shape (L, 2)
-        Best logits; ``logits[l, k]`` is the flip logit of layer ``l + 1`` in context ``k``
-        (unused entries keep their initial values).
-    restart_kls : ndarray, shape (num_restarts,)
-        Final KL of every restart.
+    :ivar family: one of :data:`SIGN_FAMILIES`.
+    :ivar patterns: ``(2^L, L)`` flip patterns, as in :class:`ExactPosterior`.
+    :ivar probabilities: ``(2^L,)`` ``q(s)`` of the best restart.
+    :ivar elbo: exactly enumerated ``sum_s q(s) [log p(y, s) - log q(s)]``.
+    :ivar kl: ``KL(q || p(s | y)) = log p(y) - elbo``.
+    :ivar invalid_mass: ``q`` mass on odd-flip (invalid) patterns.
+    :ivar num_valid_patterns: number of valid patterns with ``q(s) > threshold``.
+    :ivar logits: ``(L, 2)`` best logits; ``logits[l, k]`` is the flip logit of layer
+        ``l + 1`` in context ``k`` (unused entries keep their initial values).
+    :ivar restart_kls: ``(num_restarts,)`` final KL of every restart.
     """
 
     family: str
@@ -286,10 +265,10 @@ def _elbo(logits, log_joint, patterns, contexts):
 
 
 def fit_sign_family(
-    rng_key,
+    rng_key: jax.Array,
     family: str,
-    x,
-    y,
+    x: ArrayLike,
+    y: ArrayLike,
     *,
     num_layers: int = 3,
     noise: float = 0.1,
@@ -313,28 +292,20 @@ def fit_sign_family(
     second-moment estimate remembers them for thousands of steps and the logits barely move
     afterwards (1500 steps left the factorized KL at 1.61 instead of ``log 4``).
 
-    Parameters
-    ----------
-    rng_key : jax.random.key
-        Randomness for the initial logits.
-    family : str
-        ``"factorized"``, ``"chain"`` or ``"composition"``.
-    x, y : array, shape (N,)
-        Inputs and observations.
-    num_layers, noise :
-        As in :func:`sign_flip_model`.
-    num_steps, num_restarts, learning_rate, init_scale :
-        Optimizer settings.
-    optimizer : optax.GradientTransformation, optional
-        Replaces the default ``optax.adam(learning_rate, b2=0.9)``.
-    threshold : float
-        A valid pattern counts as represented when ``q(s) > threshold``.
-    exact : ExactPosterior, optional
-        Precomputed :func:`exact_posterior` for the same data (computed if omitted).
-
-    Returns
-    -------
-    SignFamilyFit
+    :param rng_key: PRNG key of the initial logits.
+    :param family: ``"factorized"``, ``"chain"`` or ``"composition"``.
+    :param x: ``(N,)`` inputs.
+    :param y: ``(N,)`` observations.
+    :param num_layers: as in :func:`sign_flip_model`.
+    :param noise: as in :func:`sign_flip_model`.
+    :param num_steps: optimizer steps per restart.
+    :param num_restarts: independent restarts (run in parallel with ``vmap``).
+    :param learning_rate: Adam's step size (default optimizer only).
+    :param init_scale: standard deviation of the initial logits.
+    :param optimizer: replaces the default ``optax.adam(learning_rate, b2=0.9)``.
+    :param threshold: a valid pattern counts as represented when ``q(s) > threshold``.
+    :param exact: precomputed :func:`exact_posterior` for the same data (computed if omitted).
+    :return: :class:`SignFamilyFit` of the best restart.
     """
     if exact is None:
         exact = exact_posterior(x, y, num_layers=num_layers, noise=noise)
@@ -381,21 +352,16 @@ def fit_sign_family(
     )
 
 
-def summary_table(results: Sequence[SignFamilyFit], exact: ExactPosterior, *, markdown: bool = False):
+def summary_table(
+    results: Sequence[SignFamilyFit], exact: ExactPosterior, *, markdown: bool = False
+) -> list[dict] | str:
     """One row per family (and one for the exact posterior): KL, ELBO, invalid mass, q per pattern.
 
-    Parameters
-    ----------
-    results : sequence of SignFamilyFit
-        Fitted families.
-    exact : ExactPosterior
-        The exact posterior for the same data.
-    markdown : bool
-        Return a markdown table (string) instead of a list of dicts.
-
-    Returns
-    -------
-    list of dict or str
+    :param results: fitted families.
+    :param exact: the exact posterior for the same data.
+    :param markdown: return a markdown table (string) instead of a list of dicts.
+    :return: the rows as dicts (keys ``family``, ``kl``, ``elbo``, ``invalid_mass``,
+        ``num_valid_patterns`` and one per pattern label), or a markdown table.
     """
     labels = pattern_labels(exact.patterns)
     rows = [
@@ -416,21 +382,17 @@ def summary_table(results: Sequence[SignFamilyFit], exact: ExactPosterior, *, ma
     return "\n".join(lines)
 
 
-def plot_sign_posteriors(exact: ExactPosterior, fitted_results: Sequence[SignFamilyFit] = (), ax=None):
+def plot_sign_posteriors(
+    exact: ExactPosterior,
+    fitted_results: Sequence[SignFamilyFit] = (),
+    ax: matplotlib.axes.Axes | None = None,
+) -> matplotlib.figure.Figure:
     """Grouped bar chart of the probability of every sign pattern: exact posterior and each family.
 
-    Parameters
-    ----------
-    exact : ExactPosterior
-        The exact posterior.
-    fitted_results : sequence of SignFamilyFit
-        Fitted families, drawn next to the exact bars.
-    ax : matplotlib Axes, optional
-        Axes to draw on (a new figure if omitted).
-
-    Returns
-    -------
-    matplotlib.figure.Figure
+    :param exact: the exact posterior.
+    :param fitted_results: fitted families, drawn next to the exact bars.
+    :param ax: axes to draw on (a new figure if omitted).
+    :return: the figure holding ``ax``.
     """
     import matplotlib.pyplot as plt
 

@@ -1,0 +1,131 @@
+"""What a ``gp_layer`` call is made of: hyperparameter and mean-function sites, checks, messages."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpyro
+from jax.typing import ArrayLike
+from numpyro.distributions import constraints
+
+from numpyro_dgp._compat import apply_stack
+from numpyro_dgp.core import check_jitter, default_jitter
+from numpyro_dgp.kernels import Kernel
+
+__all__ = ["MEAN_FUNCTIONS", "mean_projection"]
+
+#: The named mean functions ``gp_layer(..., mean=...)`` accepts (besides a callable).
+MEAN_FUNCTIONS = ("zero", "identity", "linear")
+
+
+def _concrete_bool(x: ArrayLike) -> bool | None:
+    """``bool(x)`` for a concrete array, ``None`` for a traced one (checks run only eagerly)."""
+    try:
+        return bool(x)
+    except jax.errors.ConcretizationTypeError:
+        return None
+
+
+def _resolve_jitter(name: str, jitter: float | None, dtype: Any) -> float:
+    """The layer's jitter: the dtype's default, or the given one once checked."""
+    jitter = default_jitter(dtype) if jitter is None else jitter
+    try:
+        check_jitter(jitter)
+    except ValueError:
+        raise ValueError(f"gp_layer {name!r}: jitter must be a finite positive number, got {jitter!r}") from None
+    return jitter
+
+
+def _check_finite(x: ArrayLike, what: str) -> None:
+    if _concrete_bool(jnp.all(jnp.isfinite(x))) is False:
+        raise ValueError(f"{what} contains NaN or inf values")
+
+
+def mean_projection(X: ArrayLike, in_dim: int, out_dim: int) -> jax.Array:
+    """DSVI's fixed inner-layer mean weight ``W`` (the mean function is ``X @ W``).
+
+    The identity when the widths agree, zero-padding ``[I, 0]`` when the layer widens, and
+    the projection on the top ``out_dim`` right singular vectors of the (uncentered) inputs
+    when it narrows, as in Salimbeni & Deisenroth (2017). ``gp_layer(..., mean="identity")``
+    uses it (fixed), ``mean="linear"`` starts from it (learned).
+
+    :param X: ``(N, in_dim)`` the layer's inputs at initialization.
+    :param in_dim: input width.
+    :param out_dim: output width.
+    :return: ``(in_dim, out_dim)`` weight.
+    """
+    X = jnp.asarray(X)
+    if in_dim == out_dim:
+        return jnp.eye(in_dim, dtype=X.dtype)
+    if in_dim < out_dim:
+        return jnp.eye(in_dim, out_dim, dtype=X.dtype)  # [I, 0]: pad with zeros
+    # top out_dim right singular vectors of the (uncentered) inputs, as in DSVI
+    _, _, Vt = jnp.linalg.svd(X, full_matrices=False)
+    return Vt[:out_dim].T
+
+
+def _mean_function(name: str, mean: str | Callable, X: jax.Array, in_dim: int, out_dim: int) -> Callable:
+    if callable(mean):
+        return mean
+    if mean == "zero":
+        return lambda A: jnp.zeros(A.shape[:-1] + (out_dim,), A.dtype)
+    if mean == "identity":
+        if in_dim == out_dim:
+            return lambda A: A
+        W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
+        W = jax.lax.stop_gradient(W)  # fixed, as in DSVI; stored so predictions reuse it
+        return lambda A: A @ W
+    if mean == "linear":
+        W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
+        b = numpyro.param(f"{name}.mean.bias", jnp.zeros(out_dim, X.dtype))
+        return lambda A: A @ W + b
+    raise ValueError(
+        f"gp_layer {name!r}: mean must be one of {MEAN_FUNCTIONS} or a callable, got {mean!r}"
+    )
+
+
+def _hyperparameters(name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, learn: bool) -> Kernel:
+    values = {}
+    for hp, init in kernel.hyperparameters().items():
+        site = f"{name}.kernel.{hp}"
+        init = jnp.asarray(init, dtype)
+        if hp in priors:
+            prior = priors[hp]
+            if prior.event_shape == () and prior.batch_shape != init.shape:
+                # a scalar prior on an ARD hyperparameter: one independent copy per dimension
+                prior = prior.expand(init.shape).to_event(init.ndim)
+            values[hp] = numpyro.sample(site, prior)
+            continue
+        if _concrete_bool(jnp.all(init > 0)) is False:
+            raise ValueError(
+                f"gp_layer {name!r}: kernel hyperparameter {hp!r} must be positive, got {init}"
+            )
+        value = numpyro.param(site, init, constraint=constraints.positive)
+        values[hp] = value if learn else jax.lax.stop_gradient(value)
+    return kernel.replace(**values)
+
+
+def _default_encoder_input(X: jax.Array) -> jax.Array:
+    """Without an amortization rule a layer's encoder sees its own input (rule AR1 of Meng & Zhang 2024)."""
+    return X
+
+
+def _emit(msg_type: str, name: str, fn: Callable, args: tuple, **kwargs: Any) -> Any:
+    """Send a non-sample message (``"dgp_layer"``, ``"dgp_encoder_input"``) through the
+    handler stack; handlers may set its value, else ``fn(*args, **kwargs)`` gives it."""
+    msg = {
+        "type": msg_type,
+        "name": name,
+        "fn": fn,
+        "args": args,
+        "kwargs": kwargs,
+        "value": None,
+        "scale": None,
+        "is_observed": False,
+        "intermediates": [],
+        "cond_indep_stack": [],
+        "infer": {},
+    }
+    return apply_stack(msg)["value"]
