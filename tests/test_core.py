@@ -10,6 +10,7 @@ import pytest  # noqa: E402
 import scipy.linalg  # noqa: E402
 from scipy.stats import multivariate_normal  # noqa: E402
 
+from numpyro_dgp import core  # noqa: E402
 from numpyro_dgp.core import (  # noqa: E402
     conditional,
     default_jitter,
@@ -552,3 +553,63 @@ def test_kmeans_m_equals_n_returns_the_points():
     X = _rs(62).randn(6, 2)
     C = _kmeans_jit(jax.random.PRNGKey(1), jnp.asarray(X), 6)
     np.testing.assert_allclose(_sorted(C), _sorted(X), atol=1e-12)
+
+
+# --- one collapsed sparse layer: FITC and VFE against the dense formulas -------------------
+
+
+def _collapsed_problem(seed=0, N=12, M=5, P=2):
+    rs, Kmm, Kmn, Knn, L = setup_problem(seed, M=M, N=N, D=2, jitter=1e-8)
+    y = rs.randn(N, P)
+    noise = 0.05 + 0.1 * rs.rand(N)  # per-point noise variances, shared by the outputs
+    return Kmm, Kmn, Knn, L, y, noise
+
+
+def _dense_collapsed(Kmm, Kmn, Knn, y, noise, method):
+    """log N(y | 0, Q + Lambda) (minus Titsias' trace term for VFE) with dense N x N matrices,
+    and the predictive mean and variance at the inducing-point cross-covariances ``K_*u``."""
+    Q = Kmn.T @ np.linalg.solve(Kmm, Kmn)
+    lam = np.diag(np.diag(Knn - Q)) + np.diag(noise) if method == "fitc" else np.diag(noise)
+    C = Q + lam
+    value = sum(multivariate_normal(np.zeros(len(noise)), C).logpdf(y[:, p]) for p in range(y.shape[1]))
+    if method == "vfe":
+        value -= y.shape[1] * 0.5 * np.sum(np.diag(Knn - Q) / noise)
+    return value, C
+
+
+@pytest.mark.parametrize("method", ["fitc", "vfe"])
+def test_collapsed_log_marginal_equals_the_dense_formula(method):
+    Kmm, Kmn, Knn, L, y, noise = _collapsed_problem()
+    expected, _ = _dense_collapsed(Kmm, Kmn, Knn, y, noise, method)
+    got = core.collapsed_log_marginal(L, Kmn, np.diag(Knn), y, noise, method=method)
+    np.testing.assert_allclose(got, expected, rtol=1e-10)
+    # one output as a vector, and a scalar noise
+    expected1, _ = _dense_collapsed(Kmm, Kmn, Knn, y[:, :1], np.full(len(noise), 0.1), method)
+    np.testing.assert_allclose(core.collapsed_log_marginal(L, Kmn, np.diag(Knn), y[:, 0], 0.1, method=method),
+                               expected1, rtol=1e-10)
+
+
+@pytest.mark.parametrize("method", ["fitc", "vfe"])
+@pytest.mark.parametrize("whiten", [True, False])
+def test_collapsed_posterior_gives_the_dense_predictive(method, whiten):
+    """mu_* = Q_*f (Q_ff + Lambda)^-1 y, Sigma_* = K_** - Q_*f (Q_ff + Lambda)^-1 Q_f* (the
+    inverse of the same matrix in both: the corrected form)."""
+    Kmm, Kmn, Knn, L, y, noise = _collapsed_problem(seed=1)
+    _, C = _dense_collapsed(Kmm, Kmn, Knn, y, noise, method)
+    X_star = np.random.RandomState(2).randn(6, 2) * 1.5
+    Zs = _rs(1).randn(5, 2) * 1.5  # the inducing inputs of setup_problem(seed=1)
+    K_su = rbf(X_star, Zs)
+    Q_sf = K_su @ np.linalg.solve(Kmm, Kmn)
+    mean_expected = Q_sf @ np.linalg.solve(C, y)
+    var_expected = np.diag(rbf(X_star, X_star) - Q_sf @ np.linalg.solve(C, Q_sf.T))
+    q_mean, q_sqrt = core.collapsed_posterior(L, Kmn, np.diag(Knn), y, noise, method=method, whiten=whiten)
+    assert np.allclose(np.triu(np.asarray(q_sqrt), 1), 0), "q_sqrt must be lower triangular"
+    mean, var = core.conditional(K_su.T, L, np.diag(rbf(X_star, X_star)), q_mean, q_sqrt, whiten=whiten)
+    np.testing.assert_allclose(mean, mean_expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(var, np.broadcast_to(var_expected[:, None], var.shape), rtol=1e-10, atol=1e-12)
+
+
+def test_collapsed_refuses_an_unknown_method():
+    Kmm, Kmn, Knn, L, y, noise = _collapsed_problem()
+    with pytest.raises(ValueError, match="method must be one of"):
+        core.collapsed_log_marginal(L, Kmn, np.diag(Knn), y, noise, method="dtc")

@@ -3,9 +3,11 @@
 Kernels' matrices go in, Gaussian moments and divergences come out: jittered Cholesky
 factors and triangular inverses, the sparse GP conditional (whitened or not; marginal
 variances without ``N x N`` matrices), Gaussian KL divergences, the per-point recursion for
-guides that correlate layers, Gauss-Hermite rules, k-means, Euler-Maruyama, and the
-per-point conditionals of amortized inducing sets. Every function is tested against dense
-linear algebra in float64.
+guides that correlate layers, Gauss-Hermite rules, k-means, Euler-Maruyama, the
+per-point conditionals of amortized inducing sets, psi statistics (kernel expectations under
+Gaussian inputs) and the layer moments they give, and the collapsed one-layer sparse GP
+(FITC, VFE). Every function is tested against dense linear algebra (or Monte Carlo, for
+expectations) in float64.
 """
 
 from numpyro_dgp.core._amortized import affine_inducing_inputs, local_conditional, local_kl
@@ -30,19 +32,27 @@ from numpyro_dgp.core._linalg import (
     triangular_inverse,
 )
 from numpyro_dgp.core._quadrature import expected_log_normal, gauss_hermite, gauss_hermite_product
+from numpyro_dgp.core._psi import expected_input_kernel, psi0, psi1, psi2, psi2_traces
 from numpyro_dgp.core._sde import euler_maruyama
+from numpyro_dgp.core._sparse import COLLAPSED_METHODS, collapsed_log_marginal, collapsed_posterior
+from numpyro_dgp.core._uncertain import UncertainInputMoments, uncertain_input_moments
 
 __all__ = [
+    "COLLAPSED_METHODS",
+    "UncertainInputMoments",
     "affine_inducing_inputs",
     "block_diag_covariance",
     "chain_gauss_kl_term",
     "chain_transition",
     "check_jitter",
     "cholesky",
+    "collapsed_log_marginal",
+    "collapsed_posterior",
     "condition_on_output",
     "conditional",
     "default_jitter",
     "euler_maruyama",
+    "expected_input_kernel",
     "expected_log_normal",
     "factors_transpose_times",
     "gauss_hermite",
@@ -55,7 +65,12 @@ __all__ = [
     "output_moments",
     "point_projection",
     "project",
+    "psi0",
+    "psi1",
+    "psi2",
+    "psi2_traces",
     "robust_cholesky",
     "sample_output",
     "triangular_inverse",
+    "uncertain_input_moments",
 ]

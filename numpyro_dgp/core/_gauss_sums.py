@@ -1,0 +1,158 @@
+"""Sums of Gaussian bumps over (point, centre) pairs, in cache-sized blocks, with their gradient.
+
+``E[n, q] = exp(log_weight[n] - sum_d (mean[n, d] - centers[q, d])^2 / scale[n, d])`` is the
+per-point factor of the squared exponential ``Psi2`` (the centres are the midpoints of the
+inducing-input pairs). Its ``(N, Q)`` matrix is only ever needed contracted: over the centres
+(per-point traces) or over the points (the summed ``Psi2``). Both contractions here run over
+blocks of points small enough for the CPU cache (``_BLOCK_ENTRIES`` entries), and their
+gradients are written out (``jax.custom_vjp``) so that the backward pass recomputes each
+block's ``E`` once and reduces it with a few thin products, instead of the many full passes
+over ``(N, Q)`` arrays that automatic differentiation of the expanded exponent makes (measured
+about twice as fast for ``N = 1000``, ``M = 100`` on a 2-core CPU).
+
+With ``G = dL/dE * E``: ``dL/dlog_weight[n] = sum_q G[n, q]``,
+``dL/dmean[n] = -2 (mean[n] sum_q G[n, q] - G[n] @ centers) / scale[n]``,
+``dL/dscale[n] = (mean[n]^2 sum_q G - 2 mean[n] G[n] @ centers + G[n] @ centers^2) / scale[n]^2``
+and ``dL/dcenters[q] = 2 (G[:, q] @ (mean / scale) - centers[q] G[:, q] @ (1 / scale))``. Inputs
+are centred on the mean centre first (distances, and so the gradients, do not change).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["gauss_sums_over_points", "gauss_sums_per_point"]
+
+#: Point-centre entries per block (2 MiB of float64): the block's matrices stay in cache.
+_BLOCK_ENTRIES = 2**18
+
+
+def _sqdist(mean: jax.Array, inv: jax.Array, centers: jax.Array) -> jax.Array:
+    sq = jnp.sum(mean**2 * inv, -1)[:, None] - 2.0 * (mean * inv) @ centers.T + inv @ (centers**2).T
+    return jnp.maximum(sq, 0.0)
+
+
+def _bumps(mean: jax.Array, scale: jax.Array, log_weight: jax.Array, centers: jax.Array) -> jax.Array:
+    return jnp.exp(log_weight[:, None] - _sqdist(mean, 1.0 / scale, centers))
+
+
+def _grads(mean, scale, centers, G):
+    """``(dmean, dscale, dlog_weight, dcenters)`` of one block from ``G = dL/dE * E``."""
+    inv = 1.0 / scale
+    total = jnp.sum(G, axis=1)[:, None]
+    Gz, Gz2 = G @ centers, G @ centers**2
+    dmean = -2.0 * inv * (mean * total - Gz)
+    dscale = inv**2 * (mean**2 * total - 2.0 * mean * Gz + Gz2)
+    dcenters = 2.0 * (G.T @ (mean * inv) - centers * (G.T @ inv))
+    return dmean, dscale, total[:, 0], dcenters
+
+
+def _blocked(fn, arrays: tuple, zero_padded: tuple, num_centers: int):
+    """``fn`` over blocks of rows of ``arrays``: ``lax.map`` over the blocks, or one call when all
+    rows fit in one block. The last block is padded with copies of the first row, or with zeros
+    for the arrays flagged in ``zero_padded`` (cotangents and point weights, so the padding adds
+    nothing). Returns the outputs with a leading block axis (a single block: an axis of one)."""
+    N = arrays[0].shape[0]
+    block = max(1, _BLOCK_ENTRIES // max(num_centers, 1))
+    if N <= block:
+        return jax.tree_util.tree_map(lambda a: a[None], fn(*arrays))
+    num_blocks = -(-N // block)
+    pad = num_blocks * block - N
+
+    def split(a, zero):
+        filler = jnp.zeros_like(a[:1]) if zero else a[:1]
+        a = jnp.concatenate([a, jnp.broadcast_to(filler, (pad,) + a.shape[1:])])
+        return a.reshape((num_blocks, block) + a.shape[1:])
+
+    return jax.lax.map(lambda xs: fn(*xs), tuple(split(a, z) for a, z in zip(arrays, zero_padded)))
+
+
+def _rows(stacked: jax.Array, N: int) -> jax.Array:
+    return stacked.reshape((-1,) + stacked.shape[2:])[:N]
+
+
+def _centred(mean: jax.Array, centers: jax.Array) -> tuple[jax.Array, jax.Array]:
+    c = jax.lax.stop_gradient(jnp.mean(centers, axis=0))
+    return mean - c, centers - c
+
+
+@jax.custom_vjp
+def gauss_sums_per_point(
+    mean: jax.Array, scale: jax.Array, log_weight: jax.Array, centers: jax.Array, W: jax.Array
+) -> jax.Array:
+    """``out[n, j] = sum_q E[n, q] W[j, q]`` (see the module docstring).
+
+    :param mean: ``(N, D)``.
+    :param scale: ``(N, D)`` positive.
+    :param log_weight: ``(N,)``.
+    :param centers: ``(Q, D)``.
+    :param W: ``(J, Q)``.
+    :return: ``(N, J)``.
+    """
+    return _per_point_fwd(mean, scale, log_weight, centers, W)[0]
+
+
+def _per_point_fwd(mean, scale, log_weight, centers, W):
+    m, z = _centred(mean, centers)
+    out = _blocked(lambda a, s, w: _bumps(a, s, w, z) @ W.T, (m, scale, log_weight), (False,) * 3, z.shape[0])
+    return _rows(out, mean.shape[0]), (mean, scale, log_weight, centers, W)
+
+
+def _per_point_bwd(res, g):
+    mean, scale, log_weight, centers, W = res
+    m, z = _centred(mean, centers)
+
+    def block(a, s, w, gb):
+        E = _bumps(a, s, w, z)
+        return _grads(a, s, z, E * (gb @ W)) + (gb.T @ E,)
+
+    # padded rows get a zero cotangent: they add nothing to the summed dz and dW
+    dm, ds, dw, dz, dW = _blocked(block, (m, scale, log_weight, g), (False, False, False, True), z.shape[0])
+    N = mean.shape[0]
+    return _rows(dm, N), _rows(ds, N), _rows(dw, N), jnp.sum(dz, 0), jnp.sum(dW, 0)
+
+
+gauss_sums_per_point.defvjp(_per_point_fwd, _per_point_bwd)
+
+
+@jax.custom_vjp
+def gauss_sums_over_points(
+    mean: jax.Array, scale: jax.Array, log_weight: jax.Array, centers: jax.Array, point_weight: jax.Array
+) -> jax.Array:
+    """``out[q] = sum_n point_weight[n] E[n, q]`` (see the module docstring).
+
+    :param mean: ``(N, D)``.
+    :param scale: ``(N, D)`` positive.
+    :param log_weight: ``(N,)``.
+    :param centers: ``(Q, D)``.
+    :param point_weight: ``(N,)``.
+    :return: ``(Q,)``.
+    """
+    return _over_points_fwd(mean, scale, log_weight, centers, point_weight)[0]
+
+
+_OVER_POINTS_PADDING = (False, False, False, True)  # padded points get weight zero
+
+
+def _over_points_fwd(mean, scale, log_weight, centers, point_weight):
+    m, z = _centred(mean, centers)
+    out = _blocked(lambda a, s, w, p: p @ _bumps(a, s, w, z), (m, scale, log_weight, point_weight),
+                   _OVER_POINTS_PADDING, z.shape[0])
+    return jnp.sum(out, 0), (mean, scale, log_weight, centers, point_weight)
+
+
+def _over_points_bwd(res, g):
+    mean, scale, log_weight, centers, point_weight = res
+    m, z = _centred(mean, centers)
+
+    def block(a, s, w, p):
+        Eg = _bumps(a, s, w, z) * g[None, :]
+        return _grads(a, s, z, Eg * p[:, None]) + (jnp.sum(Eg, axis=1),)
+
+    dm, ds, dw, dz, dp = _blocked(block, (m, scale, log_weight, point_weight), _OVER_POINTS_PADDING, z.shape[0])
+    N = mean.shape[0]
+    return _rows(dm, N), _rows(ds, N), _rows(dw, N), jnp.sum(dz, 0), _rows(dp, N)
+
+
+gauss_sums_over_points.defvjp(_over_points_fwd, _over_points_bwd)

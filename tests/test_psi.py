@@ -1,0 +1,227 @@
+"""Psi statistics and layer moments at Gaussian inputs against Monte Carlo (float64).
+
+Every expectation is checked against 2e5 draws with a tolerance of five Monte Carlo standard
+errors computed from the draws themselves (fixed seeds); zero input variance against the
+kernel; the blocked, shared-variance and hand-differentiated paths against the plain ones;
+gradients by ``jax.test_util.check_grads``.
+"""
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax.test_util import check_grads  # noqa: E402
+
+from numpyro_dgp import core, kernels  # noqa: E402
+from numpyro_dgp.core import _gauss_sums, _psi  # noqa: E402
+
+NUM_DRAWS = 200_000
+N, M, D = 4, 5, 2
+
+
+def _kernels():
+    return {
+        "rbf": kernels.RBF(variance=1.3, lengthscale=jnp.array([0.8, 1.4])),
+        "linear": kernels.Linear(variance=0.7),
+        # no closed form: the Gauss-Hermite fallback (20 nodes per dimension, 400 per point)
+        "matern32": kernels.Matern32(variance=1.1, lengthscale=jnp.array([1.2, 0.9])),
+    }
+
+
+GH_POINTS = {"rbf": 10, "linear": 10, "matern32": 20}
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    rs = np.random.RandomState(0)
+    mean = rs.randn(N, D)
+    var = 0.05 + 0.5 * rs.rand(N, D)
+    Z = rs.randn(M, D)
+    x = mean[None] + np.sqrt(var)[None] * rs.randn(NUM_DRAWS, N, D)  # (S, N, D)
+    return mean, var, Z, x
+
+
+def _close_to_mc(closed, draws, what):
+    """``closed`` within 5 standard errors of the mean of ``draws`` (leading axis: draws)."""
+    draws = np.asarray(draws)
+    estimate = draws.mean(0)
+    se = draws.std(0) / np.sqrt(draws.shape[0])
+    err = np.abs(np.asarray(closed) - estimate)
+    # plus the round-off of summing the draws
+    assert np.all(err <= 5 * se + 1e-10 * (1 + np.abs(estimate))), f"{what}: max error / se = {np.max(err / (se + 1e-300)):.2f}"
+
+
+def _kernel_draws(kernel, x, Z):
+    return np.stack([np.asarray(kernel(x[:, n], Z)) for n in range(x.shape[1])], axis=1)  # (S, N, M)
+
+
+@pytest.mark.parametrize("name", ["rbf", "linear", "matern32"])
+def test_psi_statistics_match_monte_carlo(inputs, name):
+    mean, var, Z, x = inputs
+    kernel = _kernels()[name]
+    gh = {"num_points": GH_POINTS[name]}
+    Kx = _kernel_draws(kernel, x, Z)
+    _close_to_mc(core.psi0(kernel, mean, var, **gh),
+                 np.stack([np.asarray(kernel.diag(x[:, n])) for n in range(N)], axis=1), "psi0")
+    _close_to_mc(core.psi1(kernel, mean, var, Z, **gh), Kx, "psi1")
+    per_point_draws = Kx[:, :, :, None] * Kx[:, :, None, :]
+    _close_to_mc(core.psi2(kernel, mean, var, Z, per_point=True, **gh), per_point_draws, "psi2 per point")
+    _close_to_mc(core.psi2(kernel, mean, var, Z, **gh), per_point_draws.sum(1), "psi2 summed")
+    _close_to_mc(core.expected_input_kernel(kernel, mean, var, Z, **gh), Kx[..., None] * x[:, :, None, :],
+                 "E[x k(x, z)]")
+    A = np.random.RandomState(1).randn(3, M, M)
+    _close_to_mc(core.psi2_traces(kernel, mean, var, Z, A, **gh),
+                 np.einsum("snm,jkm,snk->snj", Kx, A, Kx), "tr(Psi2_n A)")
+
+
+@pytest.mark.parametrize("name", ["rbf", "linear", "matern32"])
+def test_zero_input_variance_gives_the_kernel(inputs, name):
+    mean, _, Z, _ = inputs
+    kernel = _kernels()[name]
+    zero = np.zeros_like(mean)
+    K = np.asarray(kernel(mean, Z))
+    np.testing.assert_allclose(core.psi0(kernel, mean, zero), kernel.diag(mean), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(core.psi1(kernel, mean, zero, Z), K, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(core.psi2(kernel, mean, zero, Z, per_point=True), K[:, :, None] * K[:, None, :],
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(core.psi2(kernel, mean, zero, Z), K.T @ K, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(core.expected_input_kernel(kernel, mean, zero, Z), K[..., None] * mean[:, None, :],
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_shared_variance_and_blocked_paths_equal_the_plain_ones(inputs, monkeypatch):
+    mean, var, Z, _ = inputs
+    kernel = _kernels()["rbf"]
+    A = np.random.RandomState(2).randn(2, M, M)
+    shared = var[0]
+    per_point_shared = np.broadcast_to(shared, mean.shape)
+    # the separable form (a variance shared by the points) against the per-point form
+    np.testing.assert_allclose(core.psi2(kernel, mean, shared, Z), core.psi2(kernel, mean, per_point_shared, Z), rtol=1e-12)
+    np.testing.assert_allclose(core.psi2_traces(kernel, mean, shared, Z, A),
+                               core.psi2_traces(kernel, mean, per_point_shared, Z, A), rtol=1e-12)
+    plain = (core.psi2(kernel, mean, var, Z), core.psi2_traces(kernel, mean, var, Z, A))
+    per_point = core.psi2(kernel, mean, var, Z, per_point=True)
+    np.testing.assert_allclose(plain[0], per_point.sum(0), rtol=1e-12)
+    np.testing.assert_allclose(plain[1], np.einsum("nmk,jkm->nj", per_point, A), rtol=1e-12)
+    # blocks of 1 and 3 points (the last one padded)
+    for entries in (15, 45):
+        monkeypatch.setattr(_gauss_sums, "_BLOCK_ENTRIES", entries)
+        np.testing.assert_allclose(core.psi2(kernel, mean, var, Z), plain[0], rtol=1e-12)
+        np.testing.assert_allclose(core.psi2_traces(kernel, mean, var, Z, A), plain[1], rtol=1e-12)
+    monkeypatch.setattr(_psi, "_BLOCK_ENTRIES", 150)  # the Gauss-Hermite sum in blocks
+    matern = _kernels()["matern32"]
+    np.testing.assert_allclose(core.psi2(matern, mean, var, Z, num_points=5),
+                               core.psi2(matern, mean, var, Z, num_points=5, per_point=True).sum(0), rtol=1e-12)
+
+
+def _rbf(ls):
+    return kernels.RBF(variance=1.3, lengthscale=ls)
+
+
+_LS = jnp.array([0.8, 1.4])
+_GRAD_CASES = {
+    "psi1": lambda m, v, z, ls, a: core.psi1(_rbf(ls), m, v, z),
+    "E[x k]": lambda m, v, z, ls, a: core.expected_input_kernel(_rbf(ls), m, v, z),
+    "psi0 linear": lambda m, v, z, ls, a: core.psi0(kernels.Linear(0.7), m, v),
+    "psi2": lambda m, v, z, ls, a: core.psi2(_rbf(ls), m, v, z),
+    "psi2 traces": lambda m, v, z, ls, a: core.psi2_traces(_rbf(ls), m, v, z, a),
+    "psi2 shared variance": lambda m, v, z, ls, a: core.psi2(_rbf(ls), m, v[0], z),
+    "psi2 linear": lambda m, v, z, ls, a: core.psi2(kernels.Linear(0.7), m, v, z),
+    "psi1 Gauss-Hermite": lambda m, v, z, ls, a: core.psi1(_kernels()["matern32"], m, v, z, num_points=4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_GRAD_CASES))
+def test_gradients_of_the_psi_statistics(inputs, case, monkeypatch):
+    mean, var, Z, _ = inputs
+    A = np.random.RandomState(3).randn(2, M, M)
+    opts = {"order": 1, "modes": ["rev"], "atol": 1e-6, "rtol": 1e-6}
+    blockings = (10**6, 15) if case in ("psi2", "psi2 traces") else (10**6,)
+    for entries in blockings:  # one block, and blocks of one point (the hand-written gradient)
+        monkeypatch.setattr(_gauss_sums, "_BLOCK_ENTRIES", entries)
+        check_grads(_GRAD_CASES[case], (mean, var, Z, _LS, A), **opts)
+
+
+def test_psi_statistics_refuse_bad_inputs(inputs):
+    mean, var, Z, _ = inputs
+    kernel = _kernels()["rbf"]
+    with pytest.raises(ValueError, match="mean must have shape"):
+        core.psi1(kernel, mean[0], var, Z)
+    with pytest.raises(ValueError, match="Z must have shape"):
+        core.psi1(kernel, mean, var, Z[:, :1])
+    with pytest.raises(ValueError, match="num_points"):
+        core.psi1(_kernels()["matern32"], np.zeros((2, 6)), 0.1, np.zeros((3, 6)), num_points=10)
+    with pytest.raises(ValueError, match=r"matrices must have shape \(J, 5, 5\)"):
+        core.psi2_traces(kernel, mean, var, Z, np.zeros((5, 5)))
+
+
+# --- a layer's output moments at Gaussian inputs ------------------------------------------
+
+
+def _layer(seed, whiten, diag, P=2):
+    rs = np.random.RandomState(seed)
+    kernel = kernels.RBF(variance=1.1, lengthscale=jnp.array([0.9, 1.3]))
+    Z = rs.randn(M, D)
+    L = np.linalg.cholesky(np.asarray(kernel(Z)) + 1e-6 * np.eye(M))
+    q_mean = rs.randn(P, M) * 0.7
+    q_sqrt = 0.3 + 0.3 * rs.rand(P, M) if diag else np.tril(rs.randn(P, M, M)) * 0.3 + 0.3 * np.eye(M)
+    W, b = rs.randn(D, P), rs.randn(P)
+    return kernel, Z, L, q_mean, q_sqrt, W, b
+
+
+@pytest.mark.parametrize("whiten,diag", [(True, False), (False, True)])
+def test_uncertain_input_moments_match_monte_carlo(inputs, whiten, diag):
+    """Mean, total variance, the variance the GP keeps given ``u`` and the expected squared
+    error of ``f(x) = x^T W + b + g(x)`` with ``x`` Gaussian, ``u ~ q``, ``g | u`` the sparse
+    conditional, against draws of all three."""
+    mean, var, _, _ = inputs
+    kernel, Z, L, q_mean, q_sqrt, W, b = _layer(4, whiten, diag)
+    parts = core.uncertain_input_moments(kernel, Z, L, q_mean, q_sqrt, mean, var, whiten=whiten,
+                                         mean_weight=W, mean_bias=b)
+    rs = np.random.RandomState(5)
+    S, P = 100_000, q_mean.shape[0]
+    x = mean[None] + np.sqrt(var)[None] * rs.randn(S, N, D)
+    eps = rs.randn(S, P, M)
+    v = q_mean[None] + (q_sqrt[None] * eps if diag else np.einsum("pmk,spk->spm", q_sqrt, eps))
+    u = v @ L.T if whiten else v  # (S, P, M)
+    alpha = np.linalg.solve(L @ L.T, np.swapaxes(u, 1, 2))  # (S, M, P): K^-1 u
+    Kx = _kernel_draws(kernel, x, Z)  # (S, N, M)
+    g_mean = np.einsum("snm,smp->snp", Kx, alpha) + x @ W + b  # E[f | x, u]
+    K_inv_k = np.linalg.solve(L @ L.T, np.swapaxes(Kx, 1, 2))  # (S, M, N)
+    g_var = kernel.variance - np.einsum("snm,smn->sn", Kx, K_inv_k)  # Var[f | x, u]
+    f = g_mean + np.sqrt(np.maximum(g_var, 0))[..., None] * rs.randn(S, N, P)
+    _close_to_mc(parts.mean, f, "mean")
+    total = parts.inducing_var + parts.input_var + parts.conditional_var[:, None]
+    _close_to_mc(total, (f - f.mean(0)) ** 2 * S / (S - 1), "total variance")
+    _close_to_mc(parts.conditional_var, g_var, "conditional variance")
+    _close_to_mc(parts.inducing_var + parts.input_var, (g_mean - g_mean.mean(0)) ** 2 * S / (S - 1),
+                 "variance of E[f | x, u]")
+    y = np.random.RandomState(6).randn(N, P)
+    _close_to_mc((y - parts.mean) ** 2 + total, (y[None] - f) ** 2, "expected squared error")
+    # the summed form (summed Psi2) equals the per-point one summed
+    summed = core.uncertain_input_moments(kernel, Z, L, q_mean, q_sqrt, mean, var, whiten=whiten,
+                                          mean_weight=W, mean_bias=b, per_point=False)
+    np.testing.assert_allclose(summed.input_var, parts.input_var.sum(0), rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(summed.conditional_var, parts.conditional_var.sum(), rtol=1e-10)
+    lumped = core.uncertain_input_moments(kernel, Z, L, q_mean, q_sqrt, mean, var, whiten=whiten,
+                                          mean_weight=W, mean_bias=b, per_point=False, per_point_inducing=False)
+    np.testing.assert_allclose(lumped.inducing_var, parts.inducing_var.sum(0), rtol=1e-10)
+    np.testing.assert_allclose(lumped.input_var, parts.input_var.sum(0), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_deterministic_inputs_give_the_sparse_conditional(inputs, whiten):
+    mean, _, _, _ = inputs
+    kernel, Z, L, q_mean, q_sqrt, _, _ = _layer(7, whiten, diag=False)
+    parts = core.uncertain_input_moments(kernel, Z, L, q_mean, q_sqrt, mean, None, whiten=whiten)
+    m, v = core.conditional(kernel(Z, mean), L, kernel.diag(mean), q_mean, q_sqrt, whiten=whiten)
+    np.testing.assert_allclose(parts.mean, m, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(parts.inducing_var + parts.conditional_var[:, None], v, rtol=1e-10, atol=1e-12)
+    assert np.all(np.asarray(parts.input_var) == 0)
+    # zero input variance through the psi statistics gives the same
+    zero = core.uncertain_input_moments(kernel, Z, L, q_mean, q_sqrt, mean, np.zeros_like(mean), whiten=whiten)
+    for a, b in zip(zero, parts):
+        np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-10)
