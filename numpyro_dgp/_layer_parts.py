@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro
 from jax.typing import ArrayLike
 from numpyro.distributions import constraints
@@ -66,24 +67,39 @@ def mean_projection(X: ArrayLike, in_dim: int, out_dim: int) -> jax.Array:
     return Vt[:out_dim].T
 
 
-def _mean_function(name: str, mean: str | Callable, X: jax.Array, in_dim: int, out_dim: int) -> Callable:
+def _mean_function(
+    name: str, mean: str | Callable, X: jax.Array, in_dim: int, out_dim: int
+) -> tuple[Callable, tuple[jax.Array, jax.Array] | None]:
+    """The layer's mean function and, for the named (affine) ones, its ``(W (D, P), b (P,))``
+    (``(None, None)`` for ``"zero"``): moment propagation through a layer (nested variational
+    compression) needs them."""
     if callable(mean):
-        return mean
+        return mean, None
+    zero_bias = jnp.zeros(out_dim, X.dtype)
     if mean == "zero":
-        return lambda A: jnp.zeros(A.shape[:-1] + (out_dim,), A.dtype)
+        return (lambda A: jnp.zeros(A.shape[:-1] + (out_dim,), A.dtype)), (None, None)
     if mean == "identity":
         if in_dim == out_dim:
-            return lambda A: A
+            return (lambda A: A), (jnp.eye(in_dim, dtype=X.dtype), zero_bias)
         W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
         W = jax.lax.stop_gradient(W)  # fixed, as in DSVI; stored so predictions reuse it
-        return lambda A: A @ W
+        return (lambda A: A @ W), (W, zero_bias)
     if mean == "linear":
         W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
         b = numpyro.param(f"{name}.mean.bias", jnp.zeros(out_dim, X.dtype))
-        return lambda A: A @ W + b
+        return (lambda A: A @ W + b), (W, b)
     raise ValueError(
         f"gp_layer {name!r}: mean must be one of {MEAN_FUNCTIONS} or a callable, got {mean!r}"
     )
+
+
+def _noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax.Array | None:
+    """The layer's learned output noise variance (``numpyro.param`` ``"<name>.noise"``), or ``None``."""
+    if noise is None:
+        return None
+    if np.ndim(noise) != 0 or _concrete_bool(jnp.isfinite(noise) & (jnp.asarray(noise) > 0)) is False:
+        raise ValueError(f"gp_layer {name!r}: noise must be a finite positive scalar (a variance), got {noise!r}")
+    return numpyro.param(f"{name}.noise", jnp.asarray(noise, dtype), constraint=constraints.positive)
 
 
 def _hyperparameters(name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, learn: bool) -> Kernel:

@@ -339,6 +339,9 @@ class marginalize_inducing(Messenger):
         # residual about the prior mean (zero except for inducing="locations")
         res_mean = res_mean - alpha @ layer.prior_mean.T
         mean = res_mean + layer.mean_fn(X)
+        if layer.noise is not None:
+            # the output is f + eps: eps adds to its variance, not to its covariance with u
+            out_cov = out_cov + layer.noise * jnp.eye(P, dtype=out_cov.dtype)
         var = jnp.diagonal(out_cov, axis1=-2, axis2=-1)
         self.moments[layer.name] = (mean, var)
         if layer.name == self.quadrature_layer:

@@ -71,6 +71,7 @@ from numpyro_dgp._layer_parts import (
     MEAN_FUNCTIONS,
     _hyperparameters,
     _mean_function,
+    _noise_variance,
     _resolve_jitter,
     mean_projection,
 )
@@ -108,6 +109,11 @@ class Layer(NamedTuple):
     :ivar inducing: ``"global"``, ``"locations"`` or ``"amortized"`` (then ``inducing_inputs``
         is ``(..., B, M, D)``, ``Kmm_chol`` ``(..., B, M, M)`` and ``prior_mean`` ``(..., B, P, M)``:
         one set per point, and per branch when the leading axis is there).
+    :ivar noise: the variance of the Gaussian noise added to the layer's output
+        (``gp_layer(..., noise=...)``), or ``None`` (a noiseless layer).
+    :ivar mean_affine: ``(W (D, P), b (P,))`` of a named mean function (``"identity"``,
+        ``"linear"``: ``mean_fn(X) = X @ W + b``), ``(None, None)`` for ``"zero"``, ``None`` for
+        a callable.
     """
 
     name: str
@@ -121,6 +127,8 @@ class Layer(NamedTuple):
     u_site: str
     prior_mean: jax.Array | None = None
     inducing: str = "global"
+    noise: jax.Array | None = None
+    mean_affine: tuple[jax.Array, jax.Array] | None = None
 
 
 def layer_moments(
@@ -128,7 +136,9 @@ def layer_moments(
 ) -> tuple[jax.Array, jax.Array]:
     """Mean and (co)variance of the layer's output at ``X`` given ``u ~ N(q_mean, q_sqrt q_sqrt^T)``.
 
-    ``q_sqrt=None`` means ``u = q_mean`` exactly (the conditional ``p(f | u)``).
+    ``q_sqrt=None`` means ``u = q_mean`` exactly (the conditional ``p(f | u)``). A layer with
+    noise (``gp_layer(..., noise=...)``) outputs ``f(X) + eps``: its noise variance is added to
+    the variances (to the diagonal of the covariances).
 
     :param layer: the layer (from its ``"dgp_layer"`` message).
     :param X: ``(N, D)`` layer inputs, or ``(S, N, D)`` with a leading branch axis (marginals
@@ -139,6 +149,18 @@ def layer_moments(
     :return: ``(mean (N, P), var (N, P))``, or ``(mean (N, P), cov (P, N, N))`` if ``full_cov``.
     :raises NotImplementedError: for ``full_cov`` on a layer with per-point inducing sets.
     """
+    mean, var = _noiseless_moments(layer, X, q_mean, q_sqrt, full_cov)
+    if layer.noise is None:
+        return mean, var
+    if full_cov:
+        return mean, var + layer.noise * jnp.eye(var.shape[-1], dtype=var.dtype)
+    return mean, var + layer.noise
+
+
+def _noiseless_moments(
+    layer: Layer, X: jax.Array, q_mean: jax.Array, q_sqrt: jax.Array | None, full_cov: bool
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`layer_moments` of the GP ``f`` itself (the layer's noise not added)."""
     if layer.inducing == "amortized":
         if full_cov:
             raise NotImplementedError(
@@ -147,7 +169,7 @@ def layer_moments(
             )
         return amortized_moments(layer, X, q_mean, q_sqrt)
     if X.ndim == 3 and not full_cov:  # a leading branch axis: every branch's points alike
-        mean, var = layer_moments(layer, X.reshape(-1, X.shape[-1]), q_mean, q_sqrt)
+        mean, var = _noiseless_moments(layer, X.reshape(-1, X.shape[-1]), q_mean, q_sqrt, False)
         return mean.reshape(X.shape[:-1] + mean.shape[-1:]), var.reshape(X.shape[:-1] + var.shape[-1:])
     Z = layer.inducing_inputs
     Kmn = layer.kernel(Z, X)
@@ -163,7 +185,7 @@ def layer_moments(
 def amortized_moments(
     layer: Layer, X: jax.Array, q_mean: jax.Array, q_sqrt: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:
-    """:func:`layer_moments` of a layer with per-point inducing sets.
+    """:func:`layer_moments` of a layer with per-point inducing sets (without the layer's noise).
 
     ``X`` is ``(B, D)``, or ``(S, B, D)`` with a leading branch axis (the branches of Meng &
     Zhang 2024), in which case the inducing sets (``layer.inducing_inputs``) and
@@ -236,6 +258,7 @@ def gp_layer(
     jitter: float | None = None,
     inducing: str = "global",
     average_kl: bool = True,
+    noise: float | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """One sparse GP layer ``f: R^D -> R^out_dim`` with inducing points, as NumPyro sites.
 
@@ -266,6 +289,12 @@ def gp_layer(
         inducing sets, called inside the data plate; see the module docstring).
     :param average_kl: ``"amortized"`` only: scale the per-point KL by ``1/N`` (the weighting
         of Meng & Zhang 2024, averaged over points; ``False`` sums it, the proper ELBO).
+    :param noise: initial variance of a learned Gaussian noise added to the layer's output,
+        ``h = f(X) + eps`` with ``eps ~ N(0, noise I)`` (the ``numpyro.param``
+        ``"<name>.noise"``, positive); ``None`` (default): a noiseless layer. Nested variational
+        compression (:class:`~numpyro_dgp.objectives.NestedCompressionElbo`) needs it on every
+        layer but the last; the other objectives, ``predict`` and the MCMC handlers propagate
+        it (see :func:`layer_moments`).
     :return: ``(N, out_dim)`` layer output; with ``"locations"`` the pair
         ``(output (N, out_dim), inducing values (M, out_dim))`` for the next layer.
     :raises ValueError: for invalid arguments (shapes, non-finite inputs, a layer inside a
@@ -287,7 +316,7 @@ def gp_layer(
             name, X, kernel, num_inducing=num_inducing, out_dim=out_dim, mean=mean,
             inducing_inputs=inducing_inputs, learn_inducing=learn_inducing,
             learn_hyperparameters=learn_hyperparameters, priors=priors, whiten=whiten,
-            jitter=jitter, average_kl=average_kl,
+            jitter=jitter, average_kl=average_kl, noise=noise,
         )
     locations = inducing == "locations"
     if whiten is None:
@@ -319,7 +348,8 @@ def gp_layer(
             "Call it outside data plates and subsample the inputs first "
             "(with plate: X_batch = numpyro.subsample(X, event_dim=1))"
         )
-    X = jnp.asarray(X)
+    if not isinstance(X, jax.Array):  # keep a traced input as it is: moment propagation tracks it
+        X = jnp.asarray(X)
     if X.ndim == 3 and locations:
         raise ValueError(f"gp_layer {name!r}: inducing='locations' does not take branched inputs (S, N, D)")
     if X.ndim not in (2, 3):
@@ -393,7 +423,8 @@ def gp_layer(
             Z = jax.lax.stop_gradient(Z)
     M = Z.shape[0]
 
-    mean_fn = _mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
+    mean_fn, mean_affine = _mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
+    noise = _noise_variance(name, noise, X.dtype)
 
     # A failed factorization gives NaN, which fit() detects (skips and counts the step);
     # a lax.cond retry here would triple the compile time of every layer.
@@ -414,7 +445,9 @@ def gp_layer(
 
     # NumPyro draws in the default float type; keep the layer in its inputs' precision
     u = jnp.asarray(u, X.dtype)
-    layer = Layer(name, kernel, Z, Kmm_chol, mean_fn, whiten, jitter, out_dim, u_site, prior_mean, inducing)
+    layer = Layer(
+        name, kernel, Z, Kmm_chol, mean_fn, whiten, jitter, out_dim, u_site, prior_mean, inducing, noise, mean_affine
+    )
     out = _emit_layer(layer, X, u)
     if locations:
         return out, u.T
@@ -449,6 +482,7 @@ def _amortized_layer(
     whiten: bool | None,
     jitter: float | None,
     average_kl: bool,
+    noise: float | None,
 ) -> jax.Array:
     """``gp_layer(..., inducing="amortized")``: per-point inducing sets (Meng & Zhang 2024)."""
     if whiten:
@@ -493,7 +527,8 @@ def _amortized_layer(
     M = int(num_inducing)
     kernel = _hyperparameters(name, kernel.with_input_dim(D), X.dtype, {}, learn_hyperparameters)
     flat_X = X.reshape(-1, D)
-    mean_fn = _mean_function(name, mean, flat_X, D, out_dim)
+    mean_fn, mean_affine = _mean_function(name, mean, flat_X, D, out_dim)
+    noise = _noise_variance(name, noise, X.dtype)
 
     # M affine maps z_m = W_m p + b_m: W_m = I, b_m ~ N(0, I) (a key fixed by the name, so
     # every run of the model starts from the same maps)
@@ -521,6 +556,8 @@ def _amortized_layer(
     with numpyro.handlers.scale(scale=1.0 / data_plate.size if average_kl else 1.0):
         u = numpyro.sample(u_site, prior, infer=infer)
     u = jnp.asarray(u, X.dtype)
-    layer = Layer(name, kernel, Z, Kzz_chol, mean_fn, False, jitter, out_dim, u_site, prior_mean, "amortized")
+    layer = Layer(
+        name, kernel, Z, Kzz_chol, mean_fn, False, jitter, out_dim, u_site, prior_mean, "amortized", noise, mean_affine
+    )
     out = _emit_layer(layer, X, u)
     return out

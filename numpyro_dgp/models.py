@@ -44,6 +44,7 @@ def deep_gp_regression(
     inner_mean: str = "identity",
     whiten: bool = True,
     jitter: float | None = None,
+    inner_noise: float | None = None,
 ) -> Callable:
     """The DSVI regression DGP (Salimbeni & Deisenroth, 2017) as a NumPyro model.
 
@@ -62,6 +63,9 @@ def deep_gp_regression(
     :param inner_mean: mean function of inner layers (see :func:`~numpyro_dgp.gp_layer`).
     :param whiten: whitened inducing values.
     :param jitter: Cholesky jitter (default by dtype).
+    :param inner_noise: initial output-noise variance of every inner layer (``gp_layer(...,
+        noise=...)``: a learned ``"h<l>.noise"``); ``None`` (default): noiseless inner layers, as
+        in DSVI. :class:`~numpyro_dgp.objectives.NestedCompressionElbo` needs it.
     :return: the model ``model(X, y=None, batch_size=None)``: ``X`` ``(N, D)``, ``y`` ``(N,)``.
     """
     if not (isinstance(num_layers, int) and num_layers >= 1):
@@ -86,6 +90,7 @@ def deep_gp_regression(
                 mean="zero" if last else inner_mean,
                 whiten=whiten,
                 jitter=jitter,
+                noise=None if last else inner_noise,
             )
         noise = numpyro.param("noise", jnp.asarray(noise_init, X.dtype), constraint=constraints.positive)
         with data:

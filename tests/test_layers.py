@@ -176,3 +176,72 @@ def test_float32_layer_uses_float32_jitter():
     assert tr["h"]["value"].dtype == jnp.float32
     assert bool(jnp.all(jnp.isfinite(tr["h"]["value"])))
     assert tr["h.layer"]["args"][0].jitter == dgp.core.default_jitter(jnp.float32)
+
+
+# --- output noise: gp_layer(..., noise=...) ---------------------------------------------------
+
+
+def test_noise_is_a_positive_learned_param_and_checked():
+    X = jnp.asarray(np.random.RandomState(0).randn(10, 2))
+    tr = run_layer(X, num_inducing=4, noise=0.03)
+    assert tr["h.noise"]["type"] == "param" and float(tr["h.noise"]["value"]) == pytest.approx(0.03)
+    assert tr["h.layer"]["args"][0].noise is not None
+    assert "h.noise" not in run_layer(X, num_inducing=4)  # default: a noiseless layer, as before
+    for bad in (0.0, -1.0, float("nan"), [0.1, 0.2]):
+        with pytest.raises(ValueError, match="noise must be a finite positive scalar"):
+            run_layer(X, num_inducing=4, noise=bad)
+
+
+def test_noisy_layer_propagates_the_conditional_variance_plus_its_noise():
+    """Draws of a noisy layer's output given u have the conditional mean and variance of
+    p(f | u) plus the noise variance (default propagation; layer_moments; full covariance)."""
+    X = jnp.linspace(-1, 1, 4)[:, None]
+    Z = jnp.linspace(-1, 1, 3)[:, None]
+    k = dgp.kernels.RBF(variance=0.7, lengthscale=0.5)
+    u = jnp.array([[0.3, -1.0, 0.5]])
+    noise = 0.2
+
+    def model():
+        return dgp.gp_layer("h", X, k, inducing_inputs=Z, jitter=1e-9, noise=noise)
+
+    S = 100_000
+    draws = np.asarray(jax.vmap(lambda key: handlers.seed(handlers.condition(model, {"h.u": u}), key)())(
+        jax.random.split(jax.random.PRNGKey(0), S))[..., 0])
+    L = np.linalg.cholesky(np.asarray(k(Z)) + 1e-9 * np.eye(3))
+    A = np.linalg.solve(L, np.asarray(k(Z, X)))
+    mean, var = A.T @ np.asarray(u[0]), 0.7 - (A**2).sum(0) + noise
+    np.testing.assert_array_less(np.abs(draws.mean(0) - mean), 5 * np.sqrt(var / S))
+    # the sample variance's standard error is var sqrt(2 / S) for Gaussian draws
+    np.testing.assert_array_less(np.abs(draws.var(0) - var), 5 * var * np.sqrt(2 / S))
+    layer = handlers.trace(handlers.seed(model, 0)).get_trace()["h.layer"]["args"][0]
+    m, v = dgp.layers.layer_moments(layer, X, u)
+    np.testing.assert_allclose(v[:, 0], var, rtol=1e-10)
+    _, cov = dgp.layers.layer_moments(layer, X, u, full_cov=True)
+    np.testing.assert_allclose(np.diagonal(cov[0]), var, rtol=1e-10)
+    np.testing.assert_allclose(cov[0] - np.diag(np.diagonal(cov[0])),
+                               (np.asarray(k(X)) - A.T @ A) - np.diag(np.diag(np.asarray(k(X)) - A.T @ A)), atol=1e-12)
+
+
+def test_dgpelbo_with_a_noisy_last_layer_is_the_closed_form():
+    """One noisy layer under a Gaussian likelihood: E over h = f + eps of log N(y | h, s^2) is
+    -1/2 log 2 pi s^2 - ((y - m)^2 + v + noise) / (2 s^2) per point, minus the KL."""
+    rs = np.random.RandomState(1)
+    X, y = jnp.asarray(rs.randn(12, 1)), jnp.asarray(rs.randn(12))
+    s2, noise = 0.1, 0.05
+
+    def model(X, y=None):
+        f = dgp.gp_layer("f", X, dgp.kernels.RBF(), num_inducing=4, noise=noise)
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(f[..., 0], np.sqrt(s2)), obs=y)
+
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, y))
+    elbo = -float(dgp.DGPElbo().loss(jax.random.PRNGKey(0), params, model, guide, X, y))
+    tr = handlers.trace(handlers.seed(handlers.substitute(model, params), 0)).get_trace(X, y)
+    layer = tr["f.layer"]["args"][0]
+    q = (params["f.u_auto_loc"], params["f.u_auto_scale_tril"])
+    m, v = dgp.layers.layer_moments(layer, X, *q)  # noise included
+    expected = np.sum(-0.5 * np.log(2 * np.pi * s2) - ((np.asarray(y) - m[:, 0]) ** 2 + v[:, 0]) / (2 * s2))
+    expected -= float(dgp.core.gauss_kl(*q))
+    assert abs(elbo - expected) < 1e-9 * abs(expected)

@@ -1,9 +1,28 @@
 """The same model for MCMC: exact layers, latent layer outputs given u, a collapsed last layer.
 
+Which model each handler's posterior belongs to:
+
+* :class:`exact_layers` -- the exact DGP (no inducing points);
+* :class:`latent_conditionals` -- the sparse DGP: with ``full_cov=False`` (default) each
+  layer's outputs are independent across points given its inducing values, the fully
+  independent training conditional (FITC) of Snelson & Ghahramani (2006), in the unifying
+  view of Quiñonero-Candela & Rasmussen (2005); with ``full_cov=True`` the exact joint
+  conditional, so integrating ``u`` out gives back the exact GP prior of each layer;
+* :class:`collapse_last_layer` -- the inner layers as the default propagation (point by point
+  given ``u``, FITC), the last layer's FITC conditional integrated out against a Gaussian
+  likelihood (Havasi et al. 2018).
+
+A layer with output noise (``gp_layer(..., noise=...)``) adds its noise variance to the
+variance of its outputs in all three (``K + noise I`` for exact layers): the sampled model is
+the DGP with noisy hidden layers ``h_l = f_l(h_{l-1}) + eps_l``.
+
 **References:**
 
 * Havasi, Hernández-Lobato, Murillo-Fuentes (2018). Inference in deep Gaussian processes
   using stochastic gradient Hamiltonian Monte Carlo. NeurIPS.
+* Snelson, Ghahramani (2006). Sparse Gaussian processes using pseudo-inputs. NIPS.
+* Quiñonero-Candela, Rasmussen (2005). A unifying view of sparse approximate Gaussian process
+  regression. JMLR.
 """
 
 from __future__ import annotations
@@ -67,9 +86,9 @@ class exact_layers(PerRunMessenger):
     Under this handler a model built from :func:`numpyro_dgp.gp_layer` has no inducing
     points: the ``"<name>.u"`` sites and the k-means initialization of the inducing inputs
     are removed, and layer ``l``'s output at its ``n`` input points is drawn from
-    ``N(mean_l(f_{l-1}), K_l(f_{l-1}, f_{l-1}) + jitter I)`` per output. NUTS on the result
-    samples the exact DGP posterior (``O(n^3)`` per layer and gradient: small data, ``n`` up
-    to a few hundred).
+    ``N(mean_l(f_{l-1}), K_l(f_{l-1}, f_{l-1}) + jitter I)`` per output (``+ noise I`` for a
+    layer with output noise). NUTS on the result samples the exact DGP posterior (no sparse
+    approximation; ``O(n^3)`` per layer and gradient: small data, ``n`` up to a few hundred).
 
     Kernel hyperparameters, noise and mean weights are whatever the model makes them:
     ``numpyro.param`` values stay fixed under MCMC (substitute fitted ones with
@@ -185,7 +204,7 @@ class exact_layers(PerRunMessenger):
         jitter = layer.jitter if self.jitter is None else self.jitter
         if self.collapse_last and layer.name == self._last_layer:
             return self._defer_collapsed(layer, X, A, jitter)
-        L = jittered_cholesky(layer.kernel(A), jitter)
+        L = jittered_cholesky(_output_covariance(layer, A), jitter)
         L = jnp.broadcast_to(L, (layer.out_dim,) + L.shape)
         f = _layer_output_site(layer.name, layer.mean_fn(A), L, self.parameterization)
         N = X.shape[0]
@@ -206,7 +225,7 @@ class exact_layers(PerRunMessenger):
             grid_white = numpyro.sample(
                 f"{layer.name}.grid_white", dist.Normal(jnp.zeros(shape, A.dtype), 1.0).to_event(2)
             )
-        self._collapsed = _CollapsedLayer(layer, N, layer.kernel(A), mean, jitter, grid_white)
+        self._collapsed = _CollapsedLayer(layer, N, _output_covariance(layer, A), mean, jitter, grid_white)
         return mean[:N]
 
     def _score_collapsed(self, msg: dict) -> None:
@@ -248,6 +267,13 @@ class exact_layers(PerRunMessenger):
         L_grid = jittered_cholesky(cond_cov, state.jitter)
         grid = cond_mean + jnp.einsum("pgh,ph->pg", L_grid, state.grid_white)
         numpyro.deterministic(f"{layer.name}.grid", grid.T.reshape(G, P))
+
+
+def _output_covariance(layer: Layer, A: jax.Array) -> jax.Array:
+    """Prior covariance of the layer's output at ``A``: ``K(A, A)``, plus ``noise I`` for a
+    layer with output noise (its outputs are ``f + eps``)."""
+    K = layer.kernel(A)
+    return K if layer.noise is None else K + layer.noise * jnp.eye(K.shape[0], dtype=K.dtype)
 
 
 class _CollapsedLayer(NamedTuple):
@@ -292,9 +318,13 @@ class latent_conditionals(PerRunMessenger):
     """The sparse DGP for MCMC: inducing values latent, layer outputs latent given them.
 
     Each layer's output becomes a latent site drawn from the sparse conditional
-    ``p(f_l | u_l, f_{l-1})``: point by point (``full_cov=False``, the DSVI model whose
-    marginals every variational family here approximates) or jointly over the points
-    (``full_cov=True``: the exact augmented prior ``N(mean + K_nm K_mm^-1 u, K_nn - Q_nn)``).
+    ``p(f_l | u_l, f_{l-1})``: point by point (``full_cov=False``: the fully independent
+    training conditional of FITC, Snelson & Ghahramani 2006, ``prod_n N(f_n | mean_n + K_nm
+    K_mm^-1 u, K_nn - Q_nn)``; the DSVI model whose marginals every variational family here
+    approximates) or jointly over the points (``full_cov=True``: the exact augmented prior
+    ``N(mean + K_nm K_mm^-1 u, K_nn - Q_nn)``, whose integral over ``u`` is the layer's exact
+    GP prior). A layer with output noise adds its noise variance to the conditional's
+    (``+ noise I``).
     The ``"<name>.u"`` sites stay latent with the model's prior, so NUTS samples
     ``p(u, f_1, ..., f_L | y)`` of the sparse model; the layer values at new inputs follow by
     running the model on them with the sampled ``u`` (see :mod:`numpyro_dgp.diagnostics`).
@@ -353,8 +383,9 @@ class collapse_last_layer(PerRunMessenger):
     message returns the conditional mean ``m_L`` (point by point), and the observation site
     after it (a Normal whose location is that layer's output: ``Normal(f[..., 0], s)`` for a
     one-output layer, or ``Normal(f, s)``) gets the scale ``sqrt(s^2 + v_L)``. Inner layers
-    keep their default propagation (sampled given their ``u``). After a run, :attr:`moments`
-    holds ``(mean (N, P), var (N, P))`` of the collapsed layer.
+    keep their default propagation (sampled given their ``u``, point by point: FITC). After a
+    run, :attr:`moments` holds ``(mean (N, P), var (N, P))`` of the collapsed layer (its
+    output noise included, if it has any).
 
     :param fn: the model.
     :param layer: name of the layer to collapse (default: the last ``gp_layer`` the model

@@ -178,6 +178,11 @@ class sde_flow(PerRunMessenger):
                 f"sde_flow: layer {layer.name!r} has per-point inducing sets (inducing='amortized'); "
                 "a flow layer needs global inducing points"
             )
+        if layer.noise is not None:
+            raise ValueError(
+                f"sde_flow: layer {layer.name!r} has output noise (gp_layer(..., noise=...)); a flow "
+                "layer's mean and variance are the drift and diffusion of the SDE, so it takes no noise"
+            )
         if msg["value"] is not None:
             raise ValueError(
                 f"sde_flow: layer {layer.name!r} was already handled by another handler; sde_flow "

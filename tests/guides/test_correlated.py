@@ -19,14 +19,14 @@ from numpyro_dgp._marginal import marginal_trace
 GUIDES = [AutoFactorizedDGP, AutoJointDGP, AutoChainDGP]
 
 
-def deep_model(X, y=None, num_layers=3, widths=None, whiten=True, noise=0.1):
+def deep_model(X, y=None, num_layers=3, widths=None, whiten=True, noise=0.1, layer_noise=None):
     widths = widths or [1] * num_layers
     h = X
     for l, width in enumerate(widths):
         last = l == len(widths) - 1
         h = dgp.gp_layer(
             f"h{l + 1}", h, dgp.kernels.RBF(lengthscale=0.8), num_inducing=4 + l, out_dim=width,
-            mean="zero" if last else "identity", whiten=whiten,
+            mean="zero" if last else "identity", whiten=whiten, noise=None if last else layer_noise,
         )
     with numpyro.plate("data", X.shape[0]):
         numpyro.sample("y", dist.Normal(h[..., 0], noise), obs=y)
@@ -187,17 +187,22 @@ def test_joint_recursion_equals_dense_conditioning(data, widths):
 # --- special cases that must coincide exactly -------------------------------------------
 
 
-@pytest.mark.parametrize("num_layers", [2, 3])
-def test_chain_without_coupling_is_exactly_dsvi(data, num_layers):
+@pytest.mark.parametrize("num_layers,layer_noise", [(2, None), (3, None), (3, 0.05)])
+def test_chain_without_coupling_is_exactly_dsvi(data, num_layers, layer_noise):
+    """(With noisy inner layers too: the chain recursion adds each layer's noise to its output
+    variance as the factorized path does.)"""
     X, y = data
-    chain, cp = setup(AutoChainDGP, deep_model, X, y, num_layers=num_layers)
-    fact, fp = setup(AutoFactorizedDGP, deep_model, X, y, num_layers=num_layers)
+    kw = {"num_layers": num_layers, "layer_noise": layer_noise}
+    chain, cp = setup(AutoChainDGP, deep_model, X, y, **kw)
+    fact, fp = setup(AutoFactorizedDGP, deep_model, X, y, **kw)
     fp = perturb(fp, seed=5)
     cp = {**fp, **{k: jnp.zeros_like(v) for k, v in cp.items() if "coupling" in k}}
     for key in range(3):
-        a = elbo(fp, deep_model, fact, X, y, key=key, num_layers=num_layers)
-        b = elbo(cp, deep_model, chain, X, y, key=key, num_layers=num_layers)
+        a = elbo(fp, deep_model, fact, X, y, key=key, **kw)
+        b = elbo(cp, deep_model, chain, X, y, key=key, **kw)
         assert abs(a - b) < 1e-10
+    if layer_noise is not None:  # and the noise matters
+        assert abs(elbo(fp, deep_model, fact, X, y, key=0, num_layers=num_layers) - a) > 1e-3
 
 
 def test_joint_without_cross_layer_covariance_is_exactly_dsvi(data):

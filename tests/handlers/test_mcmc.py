@@ -322,3 +322,58 @@ def test_collapse_last_layer_minibatch():
     assert wrapped.moments[1].shape == (10, 1)
     with pytest.raises(ValueError, match="no gp_layer"):
         collapse_last_layer(lambda: None)()
+
+
+def _noisy_two_layer(X, y=None):
+    h = dgp.gp_layer("h1", X, K1, num_inducing=4, mean="identity", noise=0.04)
+    f = dgp.gp_layer("h2", h, K2, num_inducing=4)
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(f[:, 0], 0.1), obs=y)
+
+
+def test_mcmc_handlers_add_a_layers_noise_to_its_output_variance(data):
+    """exact_layers: K + noise I; latent_conditionals: the conditional variance plus the noise
+    (point by point and jointly); collapse_last_layer: the collapsed variance plus the noise."""
+    X, y = data
+    tr = trace(seed(exact_layers(_noisy_two_layer, parameterization="centered", jitter=1e-6), 0)).get_trace(X, y)
+    L = tr["h1.f"]["fn"].base_dist.scale_tril[0]
+    np.testing.assert_allclose(np.asarray(L @ L.T), np.asarray(K1(X)) + (0.04 + 1e-6) * np.eye(8), rtol=1e-10)
+    for full_cov in (False, True):
+        model = latent_conditionals(_noisy_two_layer, parameterization="centered", full_cov=full_cov)
+        tr = trace(seed(model, 0)).get_trace(X, y)
+        layer, u = tr["h1.layer"]["args"][0], tr["h1.u"]["value"]
+        _, var = dgp.layers.layer_moments(layer, X, u, None, full_cov)
+        noiseless = layer._replace(noise=None)
+        _, var0 = dgp.layers.layer_moments(noiseless, X, u, None, full_cov)
+        base = tr["h1.f"]["fn"].base_dist
+        if full_cov:
+            cov = np.asarray(base.scale_tril[0] @ base.scale_tril[0].T)
+            np.testing.assert_allclose(cov, np.asarray(var0[0]) + (0.04 + 1e-6) * np.eye(8), rtol=1e-9)
+        else:
+            np.testing.assert_allclose(np.asarray(base.scale[0]) ** 2, np.asarray(var0[:, 0]) + 0.04 + 1e-6, rtol=1e-10)
+        diag = (lambda a: np.diagonal(np.asarray(a[0]))) if full_cov else (lambda a: np.asarray(a[:, 0]))
+        np.testing.assert_allclose(diag(var), diag(var0) + 0.04, rtol=1e-10)  # layer_moments adds it
+
+    def noisy_last(X, y=None):
+        f = dgp.gp_layer("f", X, K1, num_inducing=4, noise=0.04)
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(f[:, 0], 0.1), obs=y)
+
+    handler = collapse_last_layer(noisy_last)
+    tr = trace(seed(handler, 0)).get_trace(X, y)
+    layer, u = tr["f.layer"]["args"][0], tr["f.u"]["value"]
+    _, var0 = dgp.layers.layer_moments(layer._replace(noise=None), X, u)
+    np.testing.assert_allclose(np.asarray(tr["y"]["fn"].scale) ** 2, 0.01 + np.asarray(var0[:, 0]) + 0.04, rtol=1e-10)
+
+
+def test_sde_flow_refuses_a_noisy_flow_layer(data):
+    X, y = data
+
+    def model(X, y=None):
+        h = dgp.gp_layer("flow", X, K1, num_inducing=4, noise=0.01)
+        f = dgp.gp_layer("g", h, K2, num_inducing=4)
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(f[:, 0], 0.1), obs=y)
+
+    with pytest.raises(ValueError, match="takes no noise"):
+        trace(seed(dgp.handlers.sde_flow(model, "flow", T=1.0, num_steps=2), 0)).get_trace(X, y)
