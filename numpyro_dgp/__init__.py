@@ -2,9 +2,11 @@
 
 Write a DGP with :func:`gp_layer`; choose inference by choosing a guide
 (:mod:`numpyro_dgp.guides`: factorized, joint, chain-structured, amortized), an objective
-(:class:`DGPElbo`, :class:`PredictiveObjective` or NumPyro's own ELBOs) or a handler
+(:class:`DGPElbo`, :class:`PredictiveObjective`, :class:`NestedCompressionElbo`,
+:class:`CollapsedSparseGP` or NumPyro's own ELBOs) or a handler
 (:mod:`numpyro_dgp.handlers`: SDE flows, quadrature branches, exact layers); train with
-:func:`fit`; predict with :func:`predict`. Run MCMC on the same model (NUTS on
+:func:`fit`; predict with :func:`predict` (or, deterministically, :func:`predict_moment_matched`
+and :func:`predict_collapsed`). Run MCMC on the same model (NUTS on
 :class:`~numpyro_dgp.handlers.exact_layers` / :class:`~numpyro_dgp.handlers.latent_conditionals`,
 or :class:`~numpyro_dgp.infer.SGHMC`) and compare layer by layer with
 :mod:`numpyro_dgp.diagnostics`.
@@ -20,6 +22,7 @@ import importlib
 from types import ModuleType
 
 from numpyro_dgp import core, guides, handlers, infer, io, kernels, layers, likelihoods, models, objectives, posteriors, sde
+from numpyro_dgp._deterministic_prediction import predict_collapsed, predict_moment_matched
 from numpyro_dgp._metrics import gaussian_mixture_crps, log_likelihood, metrics
 from numpyro_dgp._prediction import (
     NonFinitePredictionWarning,
@@ -32,7 +35,7 @@ from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.io import load_params, save_params
 from numpyro_dgp.layers import gp_layer
 from numpyro_dgp.likelihoods import bernoulli_probit
-from numpyro_dgp.objectives import DGPElbo, PredictiveObjective
+from numpyro_dgp.objectives import CollapsedSparseGP, DGPElbo, NestedCompressionElbo, PredictiveObjective
 
 __version__ = "0.1.0"
 
@@ -40,8 +43,10 @@ __version__ = "0.1.0"
 _LAZY_SUBMODULES = ("cli", "datasets", "diagnostics", "plots", "recipes")
 
 __all__ = [
+    "CollapsedSparseGP",
     "DGPElbo",
     "FitResult",
+    "NestedCompressionElbo",
     "NonFinitePredictionWarning",
     "Prediction",
     "PredictiveObjective",
@@ -68,7 +73,9 @@ __all__ = [
     "plots",
     "posteriors",
     "predict",
+    "predict_collapsed",
     "predict_from_samples",
+    "predict_moment_matched",
     "recipes",
     "sample_layers",
     "save_params",

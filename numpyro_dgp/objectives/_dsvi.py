@@ -1,9 +1,6 @@
-"""Objectives that use the Gaussian a guide exposes over each layer's inducing values.
-
-* :class:`DGPElbo` -- the DSVI evidence lower bound with the inducing values integrated out
-  analytically (same bound as NumPyro's ``Trace_ELBO``, lower-variance estimator);
-* :class:`PredictiveObjective` -- the predictive (DSPP / PPGPR) objective of Jankowiak et al.
-  (2020), not a bound on the evidence.
+"""The DSVI evidence lower bound and the predictive objective, both on the Gaussian a guide
+exposes over each layer's inducing values (and the pieces other objectives reuse: the
+closed-form KL of the inducing sites, the plate- and quadrature-weighted log densities).
 
 **References:**
 

@@ -1,0 +1,181 @@
+"""Deterministic predictions: moment matching through the layers, and the FITC / VFE predictive.
+
+Both return a :class:`~numpyro_dgp.Prediction` with one mixture component (a Gaussian per test
+point for a Normal likelihood), so :func:`~numpyro_dgp.metrics` scores them like a sampled
+prediction.
+
+**References:**
+
+* Hensman, Lawrence (2014). Nested variational compression in deep Gaussian processes.
+  arXiv:1412.1370.
+* Snelson, Ghahramani (2006). Sparse Gaussian processes using pseudo-inputs. NIPS.
+* Titsias (2009). Variational learning of inducing variables in sparse Gaussian processes.
+  AISTATS.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+from numpyro.handlers import seed, substitute, trace
+
+from numpyro_dgp._marginal import marginalize_inducing, quadrature_rule
+from numpyro_dgp._moments import moment_trace
+from numpyro_dgp._prediction import (
+    _QUADRATURE_NODES,
+    Prediction,
+    _check_guide_is_set_up,
+    _likelihood_of,
+    _mixture,
+    _mixture_component,
+    _observation_site,
+    _warn_if_not_finite,
+)
+from numpyro_dgp.core import collapsed_posterior
+from numpyro_dgp.objectives._collapsed import collapse_sparse_layer
+
+__all__ = ["predict_collapsed", "predict_moment_matched"]
+
+
+def _check_inputs(X_new: ArrayLike, caller: str) -> jax.Array:
+    X_new = jnp.asarray(X_new)
+    if X_new.ndim != 2:
+        raise ValueError(f"{caller}: X_new must have shape (num_points, dim), got {X_new.shape}")
+    if not bool(jnp.all(jnp.isfinite(X_new))):
+        raise ValueError(f"{caller}: X_new contains NaN or inf values")
+    return X_new
+
+
+def _one_component(likelihood: str, component: tuple) -> Prediction:
+    m, v, layers, means, variances = component
+    add_axis = lambda tree: jax.tree_util.tree_map(lambda a: a[None], tree)  # noqa: E731
+    return _mixture(likelihood, m[None], v[None], add_axis(layers), add_axis(means), add_axis(variances))
+
+
+def predict_moment_matched(
+    model: Callable,
+    guide: Callable,
+    params: dict,
+    X_new: ArrayLike,
+    *args,
+    obs_site: str | None = None,
+    **kwargs,
+) -> Prediction:
+    """Deterministic predictive of a fitted DGP by exact moment matching through the layers.
+
+    Each layer's output at each test point is replaced by the Gaussian with its exact mean and
+    variance under the Gaussian input the layer before hands on and the guide's ``q(u_l)``
+    (psi statistics, :func:`~numpyro_dgp.core.uncertain_input_moments`): mean
+    ``x^T W + b + Psi1_n K^-1 m`` and variance ``noise + psi0_n - tr(K^-1 Psi2_n) +
+    tr(K^-1 Psi2_n K^-1 (m m^T + S)) - (Psi1_n K^-1 m)^2`` (plus a linear mean function's
+    share), the outputs of a layer treated as independent. The last layer's Gaussian is mapped
+    through the likelihood as :func:`~numpyro_dgp.predict` does. No sampling: one mixture
+    component per test point. For models and guides :class:`~numpyro_dgp.objectives.NestedCompressionElbo`
+    accepts (any noise on the layers, which the prediction includes); inner layers need not
+    have noise here.
+
+    :param model: the NumPyro model; called as ``model(X_new, *args, **kwargs)``.
+    :param guide: the fitted guide (an independent Gaussian per layer).
+    :param params: the fitted parameters (``FitResult.params``).
+    :param X_new: ``(N, D)`` test inputs.
+    :param args: further positional arguments of the model.
+    :param obs_site: name of the observation site (found automatically if there is one).
+    :param kwargs: keyword arguments of the model.
+    :return: :class:`~numpyro_dgp.Prediction` with one component.
+    :raises ValueError: for invalid ``X_new`` or a guide that has not been set up.
+    :raises NotImplementedError: for what moment propagation cannot do (see
+        :class:`~numpyro_dgp.objectives.NestedCompressionElbo`).
+    """
+    caller = "predict_moment_matched"
+    X_new = _check_inputs(X_new, caller)
+    _check_guide_is_set_up(guide, caller)
+    key = jax.random.PRNGKey(0)  # the guide's draws are not used: the moments are deterministic
+    found = {}
+
+    def probe():
+        run = moment_trace(model, guide, params, key, (X_new,) + tuple(args), kwargs, "predict", 3, caller)
+        found["name"] = _observation_site(run.model_trace, obs_site)
+        found["likelihood"] = _likelihood_of(run.model_trace[found["name"]]["fn"], found["name"])
+        found["layers"] = list(run.layer_order)
+        return 0
+
+    jax.eval_shape(probe)
+    name, likelihood = found["name"], found["likelihood"]
+
+    @jax.jit
+    def run_once(params, X_new):
+        run = moment_trace(model, guide, params, key, (X_new,) + tuple(args), kwargs, "predict",
+                           _QUADRATURE_NODES[likelihood], caller)
+        return _mixture_component(run.model_trace, run.moments, name, run.quadrature_weights, found["layers"], key)
+
+    return _warn_if_not_finite(_one_component(likelihood, run_once(params, X_new)), caller)
+
+
+def predict_collapsed(
+    model: Callable,
+    params: dict,
+    X: ArrayLike,
+    y: ArrayLike,
+    X_new: ArrayLike,
+    *args,
+    method: str = "vfe",
+    obs_site: str | None = None,
+    **kwargs,
+) -> Prediction:
+    """The FITC or VFE predictive of a one-layer model fitted with
+    :class:`~numpyro_dgp.objectives.CollapsedSparseGP`.
+
+    The inducing values' Gaussian is the one the method implies given the training data
+    (:func:`~numpyro_dgp.core.collapsed_posterior`: ``N(K Sigma K_uf Lambda^-1 y, K Sigma K)``,
+    ``Sigma = (K + K_uf Lambda^-1 K_fu)^-1``, with ``Lambda = diag(K_ff - Q_ff) + sigma^2 I`` for
+    FITC and ``sigma^2 I`` for VFE, the latter Titsias' optimal ``q(u)``), and the layer's
+    marginal at ``X_new`` under it is mapped through the likelihood: for a Normal, mean
+    ``K_*u Sigma K_uf Lambda^-1 y`` and variance ``K_** - Q_** + K_*u Sigma K_u* + sigma^2``.
+
+    :param model: the model; called as ``model(X, y, *args, **kwargs)`` on the training data
+        and ``model(X_new, *args, **kwargs)`` to predict.
+    :param params: the fitted parameters.
+    :param X: ``(N, D)`` training inputs.
+    :param y: the training targets, as the model takes them.
+    :param X_new: ``(N_new, D)`` test inputs.
+    :param args: further positional arguments of the model.
+    :param method: ``"vfe"`` or ``"fitc"``: the objective the model was fitted with.
+    :param obs_site: name of the observation site (found automatically if there is one).
+    :param kwargs: keyword arguments of the model.
+    :return: :class:`~numpyro_dgp.Prediction` with one component.
+    :raises ValueError: for invalid inputs or an unknown ``method``.
+    :raises NotImplementedError: for models the collapsed objective does not take.
+    """
+    caller = "predict_collapsed"
+    X_new = _check_inputs(X_new, caller)
+    key = jax.random.PRNGKey(0)  # nothing is sampled: the u site's draw is replaced
+    fitted = substitute(seed(model, key), data=params)
+    handler = collapse_sparse_layer(fitted, method, caller)
+    trace(handler).get_trace(jnp.asarray(X), y, *args, **kwargs)
+    data = handler.data
+    layer = data.layer
+    q = collapsed_posterior(
+        layer.Kmm_chol, layer.kernel(layer.inducing_inputs, data.X), layer.kernel.diag(data.X), data.residual,
+        data.noise_var, method=method, whiten=layer.whiten,
+    )
+    found = {}
+
+    def run(num_nodes):
+        nodes, weights = quadrature_rule(layer.out_dim, num_nodes)
+        m = marginalize_inducing(fitted, posteriors={layer.u_site: q}, quadrature_layer=layer.name,
+                                 quadrature_nodes=nodes, quadrature_weights=weights)
+        return trace(m).get_trace(X_new, *args, **kwargs), m.moments, weights
+
+    def probe():
+        tr, _, _ = run(3)
+        found["name"] = _observation_site(tr, obs_site)
+        found["likelihood"] = _likelihood_of(tr[found["name"]]["fn"], found["name"])
+        return 0
+
+    jax.eval_shape(probe)
+    tr, moments, weights = run(_QUADRATURE_NODES[found["likelihood"]])
+    component = _mixture_component(tr, moments, found["name"], weights, [layer.name], key)
+    return _warn_if_not_finite(_one_component(found["likelihood"], component), caller)

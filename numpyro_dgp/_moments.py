@@ -1,0 +1,300 @@
+"""Gaussian moment propagation through a chain of ``gp_layer`` calls (psi statistics, no sampling).
+
+:class:`propagate_moments` gives every layer's message a value computed from the Gaussian
+its input carries: the first layer's inputs are fixed, and each later layer's input is the
+previous layer's output, whose per-point mean and variance were recorded when it ran. Layer
+``l``'s output moments under the guide's ``q(u_l)`` come from
+:func:`~numpyro_dgp.core.uncertain_input_moments`. Two modes:
+
+* ``"bound"`` -- nested variational compression (Hensman & Lawrence 2014): an inner layer
+  forwards ``N(mean, inducing_var + noise)`` and records the penalty
+  ``(input_var + conditional_var) / (2 noise)`` summed over points and outputs (with
+  ``propagate_inducing_variance=False`` it forwards ``N(mean, noise)`` and adds
+  ``inducing_var / (2 noise)`` to the penalty); the last
+  layer's output becomes Gauss-Hermite nodes of ``N(mean, inducing_var + input_var +
+  conditional_var)`` on a leading axis (exact for a Gaussian likelihood);
+* ``"predict"`` -- exact moment matching per point and output: every layer forwards its total
+  variance (noise included), and the last layer's output becomes quadrature nodes.
+
+:func:`moment_trace` runs a guide and then the model under the handler (as
+:func:`numpyro_dgp._marginal.marginal_trace` does for the sampling engine).
+
+**References:**
+
+* Hensman, Lawrence (2014). Nested variational compression in deep Gaussian processes.
+  arXiv:1412.1370.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.primitives import Messenger
+
+from numpyro_dgp._compat import is_tracer
+from numpyro_dgp._marginal import (
+    _model_u_sites,
+    _validation_off_when_traced,
+    final_layer_name,
+    guide_posteriors,
+    quadrature_rule,
+)
+from numpyro_dgp._protocol import BRANCHES, FLOW, LAYER_MESSAGE, QUADRATURE_AXIS, get_tag, with_tag
+from numpyro_dgp.core import uncertain_input_moments
+from numpyro_dgp.handlers._training import fast_subsample
+from numpyro_dgp.layers import Layer
+from numpyro_dgp.posteriors import ChainLink, JointBlock
+
+__all__ = ["MOMENT_MODES", "MomentRun", "moment_trace", "propagate_moments"]
+
+#: The modes of :class:`propagate_moments`.
+MOMENT_MODES = ("bound", "predict")
+
+_INSTEAD = "use DGPElbo (sampling propagation), which supports it"
+
+
+class propagate_moments(Messenger):
+    """Give each layer message its value from Gaussian moment propagation (see the module docstring).
+
+    :param fn: the model.
+    :param posteriors: ``{u-site name: (loc (P, M), scale (P, M, M) or (P, M))}``, the guide's
+        independent Gaussian over each layer's inducing values.
+    :param mode: ``"bound"`` or ``"predict"``.
+    :param last_layer: name of the model's last ``gp_layer``.
+    :param quadrature_nodes: ``(K, P)`` standard-normal nodes for the last layer.
+    :param caller: the name errors are reported under.
+    :param propagate_inducing_variance: ``"bound"`` mode: forward each inner layer's inducing
+        variance to the next layer (``True``) or pay for it in the penalty (``False``).
+
+    After a run, :attr:`moments` maps layer names to the ``(mean (N, P), var (N, P))`` each
+    forwarded (the last layer's: the variance its nodes spread), :attr:`penalties` lists the
+    inner layers' penalties (``"bound"`` mode; unscaled by plates) and :attr:`layer_order`
+    the layers in execution order.
+    """
+
+    def __init__(
+        self,
+        fn: Callable | None = None,
+        posteriors: dict[str, Any] | None = None,
+        mode: str = "bound",
+        last_layer: str | None = None,
+        quadrature_nodes: np.ndarray | None = None,
+        caller: str = "propagate_moments",
+        propagate_inducing_variance: bool = True,
+    ) -> None:
+        if mode not in MOMENT_MODES:
+            raise ValueError(f"propagate_moments: mode must be one of {MOMENT_MODES}, got {mode!r}")
+        self.posteriors = dict(posteriors or {})
+        self.mode = mode
+        self.last_layer = last_layer
+        self.quadrature_nodes = quadrature_nodes
+        self.caller = caller
+        self.propagate_inducing_variance = bool(propagate_inducing_variance)
+        self._reset()
+        super().__init__(fn)
+
+    def _reset(self) -> None:
+        self.moments = {}
+        self.penalties = []
+        self.layer_order = []
+        self._in_tail = False
+        self._last_output = None
+
+    def __enter__(self) -> propagate_moments:
+        """Reset the per-run state and push the handler on the stack."""
+        self._reset()
+        super().__enter__()
+        return self
+
+    def process_message(self, msg: dict) -> None:
+        """Tag the sample sites after the last layer; give each layer message its value."""
+        if msg["type"] == "sample":
+            if self._in_tail:
+                with_tag(msg, QUADRATURE_AXIS, True)
+            return
+        if msg["type"] == LAYER_MESSAGE:
+            msg["value"] = self._layer(msg)
+
+    def _refuse(self, layer: Layer, problem: str, instead: str = _INSTEAD) -> None:
+        raise NotImplementedError(f"{self.caller}: layer {layer.name!r} {problem}; {instead}")
+
+    def _input_moments(self, layer: Layer, X: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+        """``(mean, var)`` of the layer's input: fixed for the first layer (``var=None``), the
+        recorded moments of the previous layer's output for the others."""
+        if not self.layer_order[:-1]:
+            return X, None
+        if X is not self._last_output and not _same_values(X, self._last_output):
+            self._refuse(
+                layer,
+                "does not take the previous layer's output as it was returned (moment propagation "
+                "follows a chain of layers, each fed the previous layer's output unchanged)",
+                "feed each gp_layer the previous one's output, or use DGPElbo",
+            )
+        return self.moments[self.layer_order[-2]]
+
+    def _layer(self, msg: dict) -> jax.Array:
+        layer, X, _ = msg["args"]
+        self.layer_order.append(layer.name)
+        if layer.inducing != "global":
+            self._refuse(layer, f"has inducing={layer.inducing!r}; only global inducing points propagate Gaussian moments")
+        if get_tag(msg, FLOW) is not None or get_tag(msg, BRANCHES) is not None:
+            self._refuse(layer, "is an sde_flow layer or branches at quadrature points")
+        if X.ndim != 2:
+            self._refuse(layer, f"takes branched inputs of shape {X.shape}")
+        post = self.posteriors.get(layer.u_site)
+        if isinstance(post, (ChainLink, JointBlock)):
+            self._refuse(
+                layer,
+                "has a guide that correlates layers; moment propagation needs an independent "
+                "Gaussian per layer (AutoFactorizedDGP, AutoNormal)",
+                "use DGPElbo with this guide",
+            )
+        if post is None:
+            self._refuse(
+                layer,
+                f"has no Gaussian guide over {layer.u_site!r} (a Delta, a flow or no site); moment "
+                "propagation needs an independent Gaussian per layer (AutoFactorizedDGP, AutoNormal)",
+                "use DGPElbo or Trace_ELBO with this guide",
+            )
+        mean_in, var_in = self._input_moments(layer, X)
+        last = layer.name == self.last_layer
+        if var_in is not None and layer.mean_affine is None:
+            self._refuse(
+                layer,
+                "has a callable mean function, whose expectation under a Gaussian input is unknown",
+                "use mean='zero', 'identity' or 'linear', or DGPElbo",
+            )
+        weight, bias = layer.mean_affine if var_in is not None else (None, None)
+        per_point = last or self.mode == "predict"
+        parts = uncertain_input_moments(
+            layer.kernel, layer.inducing_inputs, layer.Kmm_chol, post[0], post[1], mean_in, var_in,
+            whiten=layer.whiten, mean_weight=weight, mean_bias=bias, per_point=per_point,
+            per_point_inducing=per_point or self.propagate_inducing_variance,
+        )
+        mean = parts.mean if var_in is not None else parts.mean + layer.mean_fn(X)
+        noise = layer.noise
+        if self.mode == "bound":
+            if last and noise is not None:
+                self._refuse(
+                    layer,
+                    "is the last layer and has output noise; the Gaussian likelihood's noise plays "
+                    "that part in nested variational compression",
+                    "remove noise= from the last gp_layer",
+                )
+            if not last and noise is None:
+                self._refuse(
+                    layer,
+                    "has no output noise; nested variational compression bounds every inner layer "
+                    "with its noise precision",
+                    "give it gp_layer(..., noise=...) (e.g. 1e-3), or use DGPElbo",
+                )
+            if last:
+                var = parts.inducing_var + parts.input_var + parts.conditional_var[:, None]
+            else:
+                spread = jnp.sum(parts.input_var) + layer.out_dim * parts.conditional_var
+                if self.propagate_inducing_variance:
+                    var = parts.inducing_var + noise
+                else:
+                    # every point and output forwards the same variance: the next layer's psi
+                    # statistics are matrix products (numpyro_dgp.core.psi2)
+                    spread = spread + jnp.sum(parts.inducing_var)
+                    var = noise
+                self.penalties.append(spread / (2.0 * noise))
+        else:
+            var = parts.inducing_var + parts.input_var + parts.conditional_var[:, None]
+            if noise is not None:
+                var = var + noise
+        self.moments[layer.name] = (mean, var)
+        if last:
+            nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)
+            self._in_tail = True
+            return mean[None] + jnp.sqrt(jnp.maximum(var, 0.0))[None] * nodes[:, None, :]
+        self._last_output = mean + 0.0  # a new array: its identity marks the next layer's input
+        return self._last_output
+
+
+def _same_values(X: jax.Array, output: jax.Array) -> bool:
+    """Whether ``X`` holds the previous layer's output: in eager runs an array can come back as
+    a copy (e.g. resharded by :class:`~numpyro_dgp.handlers.data_parallel`), so concrete values
+    are compared; traced ones must be the same object (checked by the caller)."""
+    if is_tracer(X) or is_tracer(output) or X.shape != output.shape:
+        return False
+    return bool(jnp.array_equal(X, output))
+
+
+class MomentRun(NamedTuple):
+    """A guide trace and the model trace run under :class:`propagate_moments`.
+
+    :ivar guide_trace: the guide's trace.
+    :ivar model_trace: the model's trace, replayed against the guide's.
+    :ivar posteriors: ``{u-site name: (loc, scale)}`` of the guide.
+    :ivar moments: ``{layer name: (mean, var)}`` as forwarded.
+    :ivar penalties: the inner layers' penalties (``"bound"`` mode).
+    :ivar layer_order: layer names in execution order.
+    :ivar quadrature_weights: ``(K,)`` weights of the last layer's nodes.
+    """
+
+    guide_trace: dict
+    model_trace: dict
+    posteriors: dict
+    moments: dict
+    penalties: list
+    layer_order: list
+    quadrature_weights: np.ndarray
+
+
+def moment_trace(
+    model: Callable,
+    guide: Callable,
+    params: dict,
+    rng_key: jax.Array,
+    args: tuple,
+    kwargs: dict,
+    mode: str,
+    num_quadrature: int,
+    caller: str,
+    propagate_inducing_variance: bool = True,
+) -> MomentRun:
+    """Run ``guide``, then ``model`` under :class:`propagate_moments`.
+
+    :param model: the model.
+    :param guide: the guide (its inducing sites give the Gaussians; their sampled values are unused).
+    :param params: parameter values substituted into both.
+    :param rng_key: PRNG key (the guide's draws of sites other than the inducing values).
+    :param args: positional arguments of the model and guide.
+    :param kwargs: keyword arguments of the model and guide.
+    :param mode: ``"bound"`` or ``"predict"``.
+    :param num_quadrature: Gauss-Hermite nodes per output of the last layer.
+    :param caller: the name errors are reported under.
+    :param propagate_inducing_variance: see :class:`propagate_moments`.
+    :return: :class:`MomentRun`.
+    """
+    with _validation_off_when_traced(params):
+        guide_key, model_key = jax.random.split(rng_key)
+        guide_trace = trace(substitute(seed(fast_subsample(guide), guide_key), data=params)).get_trace(*args, **kwargs)
+        seeded_model = substitute(replay(seed(fast_subsample(model), model_key), guide_trace), data=params)
+        found = {}
+
+        def probe():
+            # abstract run (jax.eval_shape): the layers and which one is last; computes nothing
+            tr = trace(seeded_model).get_trace(*args, **kwargs)
+            found["last"] = final_layer_name(tr)
+            found["u_sites"] = _model_u_sites(tr)
+            found["out_dim"] = tr[f"{found['last']}.layer"]["args"][0].out_dim
+            return 0
+
+        jax.eval_shape(probe)
+        nodes, weights = quadrature_rule(found["out_dim"], num_quadrature)
+        posteriors = guide_posteriors(guide_trace, found["u_sites"])
+        handler = propagate_moments(
+            seeded_model, posteriors=posteriors, mode=mode, last_layer=found["last"], quadrature_nodes=nodes,
+            caller=caller, propagate_inducing_variance=propagate_inducing_variance,
+        )
+        model_trace = trace(handler).get_trace(*args, **kwargs)
+        return MomentRun(
+            guide_trace, model_trace, posteriors, handler.moments, handler.penalties, handler.layer_order, weights
+        )
