@@ -5,7 +5,8 @@ With ``K = k(Z, Z)``, ``Q_ff = K_fu K^-1 K_uf`` and noise variances ``sigma^2``:
 * FITC (Snelson & Ghahramani 2006; Quiñonero-Candela & Rasmussen 2005): the likelihood
   ``p(y | u) = N(y | K_fu K^-1 u, Lambda)`` with ``Lambda = diag(K_ff - Q_ff) + sigma^2 I``, so
   ``log p(y) = log N(y | 0, Q_ff + Lambda)``: the marginal likelihood of a different model,
-  **not a bound** on the GP's (it can under-fit the noise; Bauer, van der Wilk & Rasmussen 2016);
+  **not a bound** on the GP's (it tends to under-estimate the noise variance; Bauer, van der Wilk &
+  Rasmussen 2016);
 * VFE (Titsias 2009): ``log N(y | 0, Q_ff + sigma^2 I) - tr(K_ff - Q_ff) / (2 sigma^2)``, a lower
   bound on the GP's log marginal likelihood, equal to the uncollapsed SVGP bound at its
   optimal ``q(u)``.
