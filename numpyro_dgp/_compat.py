@@ -12,12 +12,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import numpy as np
 import numpyro
 import numpyro.primitives as _primitives
 
 __all__ = [
     "active_plates",
     "apply_stack",
+    "autocontinuous_layout",
     "handler_stack_is_empty",
     "is_tracer",
     "lazy_param_initializer",
@@ -58,3 +60,23 @@ def lazy_param_initializer(msg: dict) -> Callable | None:
 def is_tracer(x: Any) -> bool:
     """Whether ``x`` is a JAX tracer (an abstract value inside ``jit``/``vmap``/``grad``)."""
     return isinstance(x, jax.core.Tracer)
+
+
+def autocontinuous_layout(guide: Any) -> dict[str, tuple[int, int, tuple[int, ...]]]:
+    """Where each latent site sits in the flat latent vector of a NumPyro ``AutoContinuous``
+    guide (``AutoNormal``'s siblings: ``AutoDiagonalNormal``, ``AutoMultivariateNormal``,
+    ``AutoLowRankMultivariateNormal``, ``AutoIAFNormal``, ``AutoBNAF``, ...).
+
+    NumPyro packs the sites' unconstrained values in the order of its ``_init_locs`` dict
+    (the model's execution order), each flattened.
+
+    :param guide: a set-up ``AutoContinuous`` guide.
+    :return: ``{site: (start, stop, shape)}``.
+    """
+    layout, start = {}, 0
+    for name, value in guide._init_locs.items():
+        shape = tuple(jax.numpy.shape(value))
+        size = int(np.prod(shape, dtype=int))
+        layout[name] = (start, start + size, shape)
+        start += size
+    return layout

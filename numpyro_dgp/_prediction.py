@@ -302,7 +302,7 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
 
     def probe():
         # abstract run (jax.eval_shape): finds the observation site and the layers, computes nothing
-        run = marginal_trace(model, guide, params, rng_key, (X_new,) + tuple(args), kwargs, 3)
+        run = marginal_trace(model, guide, params, rng_key, (X_new,) + tuple(args), kwargs, 3, objective="predict")
         found["name"] = _observation_site(run.model_trace, obs_site)
         found["likelihood"] = _likelihood_of(run.model_trace[found["name"]]["fn"], found["name"])
         found["layers"] = list(run.layer_order)
@@ -317,7 +317,8 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
         call_args = tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
         call_kwargs = {**dict(static_kwargs), **dyn_kwargs}
         run_key, draw_key = jax.random.split(key)
-        run = marginal_trace(model, guide_ref(), params, run_key, (X_new,) + call_args, call_kwargs, num_nodes)
+        run = marginal_trace(model, guide_ref(), params, run_key, (X_new,) + call_args, call_kwargs, num_nodes,
+                            objective="predict")
         component = _mixture_component(run.model_trace, run.moments, name, run.quadrature_weights, layer_names, draw_key)
         return component + ((run.branch_log_weights,) if found["branches"] else ())
 

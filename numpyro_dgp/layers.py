@@ -520,6 +520,15 @@ def _amortized_layer(
     infer = {INDUCING: InducingTag(name, False, "amortized", p)}
     with numpyro.handlers.scale(scale=1.0 / data_plate.size if average_kl else 1.0):
         u = numpyro.sample(u_site, prior, infer=infer)
+    if jnp.shape(u) != prior.shape():
+        # the placeholder of AutoAmortizedDGP (shaped as at its set-up), replayed at another
+        # batch size by an objective that samples the guide on its own (Trace_ELBO, ...)
+        raise NotImplementedError(
+            f"gp_layer {name!r} (inducing='amortized'): AutoAmortizedDGP's q(u_n | p_n) depends on the "
+            "model's layer outputs, so NumPyro's Trace_ELBO, TraceMeanField_ELBO and Predictive cannot sample "
+            "the guide on its own; use numpyro_dgp.DGPElbo or numpyro_dgp.PredictiveObjective to train and "
+            "numpyro_dgp.predict to predict"
+        )
     u = jnp.asarray(u, X.dtype)
     layer = Layer(name, kernel, Z, Kzz_chol, mean_fn, False, jitter, out_dim, u_site, prior_mean, "amortized")
     out = _emit_layer(layer, X, u)

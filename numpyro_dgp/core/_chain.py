@@ -37,6 +37,7 @@ from numpyro_dgp.core._conditionals import project
 __all__ = [
     "point_projection",
     "output_moments",
+    "output_at_nodes",
     "sample_output",
     "condition_on_output",
     "chain_transition",
@@ -116,14 +117,27 @@ def sample_output(mean: jax.Array, out_cov: jax.Array, eps: jax.Array) -> jax.Ar
 
     :param mean: ``(N, P)`` output means.
     :param out_cov: ``(N, P, P)`` output covariances (see :func:`output_moments`).
-    :param eps: ``(N, P)`` standard-normal draws, or ``(K, P)`` quadrature nodes shared by
-        the points.
-    :return: ``(N, P)``, or ``(K, N, P)`` for quadrature nodes.
+    :param eps: ``(N, P)`` standard-normal draws, one per point.
+    :return: ``(N, P)``.
+    :raises ValueError: if ``eps`` is not shaped like ``mean``.
     """
-    factor = _output_factor(out_cov)
-    if eps.shape == mean.shape:
-        return mean + jnp.einsum("npq,nq->np", factor, eps)
-    return mean[None] + jnp.einsum("npq,kq->knp", factor, eps)
+    if eps.shape != mean.shape:
+        raise ValueError(f"sample_output: eps must have the shape of mean {mean.shape}, got {eps.shape}")
+    return mean + jnp.einsum("npq,nq->np", _output_factor(out_cov), eps)
+
+
+def output_at_nodes(mean: jax.Array, out_cov: jax.Array, nodes: jax.Array) -> jax.Array:
+    """``mean + chol(out_cov) node`` at every point for each of ``K`` quadrature nodes.
+
+    (Kept apart from :func:`sample_output`: with as many nodes as points a shape test cannot
+    tell nodes from per-point draws.)
+
+    :param mean: ``(N, P)`` output means.
+    :param out_cov: ``(N, P, P)`` output covariances (see :func:`output_moments`).
+    :param nodes: ``(K, P)`` quadrature nodes shared by the points.
+    :return: ``(K, N, P)``.
+    """
+    return mean[None] + jnp.einsum("npq,kq->knp", _output_factor(out_cov), nodes)
 
 
 def condition_on_output(

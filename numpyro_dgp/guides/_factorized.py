@@ -13,12 +13,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpyro
-import numpyro.distributions as dist
 from jax.scipy.special import ndtri
 from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
 from numpyro_dgp.guides._base import DGPGuide, InducingSite
+from numpyro_dgp.posteriors import CholeskyNormal
 
 __all__ = ["AutoFactorizedDGP"]
 
@@ -28,7 +28,9 @@ class AutoFactorizedDGP(DGPGuide):
 
     ``q(u) = prod_l prod_p N(u_lp | m_lp, S_lp)`` with a full Cholesky factor per layer and
     output. Its Gaussian is read off the guide trace by :class:`numpyro_dgp.DGPElbo`, which
-    marginalizes the inducing values; with NumPyro's ``Trace_ELBO`` the values are sampled.
+    marginalizes the inducing values; with NumPyro's ``Trace_ELBO`` the values are sampled
+    (as :class:`~numpyro_dgp.posteriors.CholeskyNormal`: the log-density of a draw needs no
+    solve against the factor, so a near-deterministic inner layer cannot overflow it).
 
     :param model: a NumPyro model built with :func:`numpyro_dgp.gp_layer`.
     :param inner_init: ``"deterministic"`` (inner layers start with ``sqrt(S) = init_scale``
@@ -55,9 +57,7 @@ class AutoFactorizedDGP(DGPGuide):
         result = dict(self._sample_others(*args, **kwargs))
         for site in self.inducing_sites:
             loc, scale_tril = self._q(site)
-            result[site.name] = numpyro.sample(
-                site.name, dist.MultivariateNormal(loc, scale_tril=scale_tril).to_event(1)
-            )
+            result[site.name] = numpyro.sample(site.name, CholeskyNormal(loc, scale_tril).to_event(1))
         return result
 
     def median(self, params: dict) -> dict[str, jax.Array]:
