@@ -63,9 +63,12 @@ def _check_kernel_values(name: str, kernel: Kernel) -> None:
 
 
 def _check_input_scale(name: str, X: jax.Array, kernel: Kernel) -> None:
-    """Warn (once) when the layer's inputs are far from the scale of its kernel's lengthscales."""
+    """Warn (once) when the layer's inputs spread far beyond its kernel's lengthscales. Only
+    the upper side: an inner layer's inputs (the previous layer's outputs) legitimately start
+    with a tiny spread (a near-deterministic q(u), zero-padded identity means); too small a
+    spread of the data is reported by :func:`numpyro_dgp.fit`."""
     lengthscales = [v for k, v in kernel.hyperparameters().items() if k.rpartition(".")[2] == "lengthscale"]
-    warn_if_not_standardized(X, "its inputs X", f"gp_layer {name!r}", lengthscales or None)
+    warn_if_not_standardized(X, "X", f"gp_layer {name!r}", lengthscales or None, upper_only=True)
 
 
 def _check_finite(x: ArrayLike, what: str) -> None:

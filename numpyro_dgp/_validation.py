@@ -42,9 +42,10 @@ class InputScaleWarning(UserWarning):
 
     Standardize the inputs (subtract the mean, divide by the standard deviation per feature)
     or give the kernel lengthscales of the data's scale. Issued once per distinct problem by
-    :func:`numpyro_dgp.gp_layer` (relative to the layer's lengthscales), :func:`numpyro_dgp.fit`
-    (its first argument) and :func:`numpyro_dgp.predict` (test inputs above the upper limit);
-    silence it with ``warnings.filterwarnings("ignore", category=InputScaleWarning)``.
+    :func:`numpyro_dgp.fit` (its first argument, the inputs), :func:`numpyro_dgp.gp_layer`
+    (inputs spread above the upper limit relative to the layer's lengthscales) and
+    :func:`numpyro_dgp.predict` (test inputs above the upper limit); silence it with
+    ``warnings.filterwarnings("ignore", category=InputScaleWarning)``.
     """
 
 

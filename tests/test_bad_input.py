@@ -113,13 +113,18 @@ def test_inputs_far_from_standardized_warn_once(data):
         dgp.fit(svi, jax.random.PRNGKey(0), X * 1e8, y, num_steps=2, progress_bar=False)
     scale = [w for w in record if issubclass(w.category, dgp.InputScaleWarning)]
     assert len(scale) == 1, [str(w.message) for w in scale]  # once, though every layer and run sees X
-    assert "fit: its first argument (the inputs X) is far from standardized" in str(scale[0].message)
-    with pytest.warns(dgp.InputScaleWarning, match=r"gp_layer 'h': its inputs X .*spread down to"):
-        numpyro.handlers.seed(lambda: dgp.gp_layer("h", X * 1e-6, dgp.kernels.RBF(), num_inducing=2), 0)()
-    with warnings.catch_warnings():  # lengthscales of the data's scale: no warning from the layer
+    assert "fit: X (its first argument) is far from standardized" in str(scale[0].message)
+    with pytest.warns(dgp.InputScaleWarning, match=r"fit: X \(its first argument\) is far from standardized: .*spread down to"):
+        dgp.fit(svi, jax.random.PRNGKey(0), X * 1e-6, y, num_steps=1, progress_bar=False)
+    with pytest.warns(dgp.InputScaleWarning, match=r"gp_layer 'h': X is far from standardized: .*spread up to 5.6"):
+        numpyro.handlers.seed(lambda: dgp.gp_layer("h", X * 1e4, dgp.kernels.RBF(), num_inducing=2), 0)()
+    with warnings.catch_warnings():
         warnings.simplefilter("error", dgp.InputScaleWarning)
-        numpyro.handlers.seed(lambda: dgp.gp_layer("h", X * 1e-6, dgp.kernels.RBF(lengthscale=1e-6),
+        # lengthscales of the data's scale: no warning from the layer
+        numpyro.handlers.seed(lambda: dgp.gp_layer("h", X * 1e4, dgp.kernels.RBF(lengthscale=1e4),
                                                    num_inducing=2), 0)()
+        # an inner layer's inputs may start with a tiny spread (here: zero-padded identity means)
+        numpyro.handlers.seed(deep_gp_regression(2, num_inducing=4, hidden_width=4), 0)(X, y)
         dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=1, progress_bar=False)  # standardized: silent
 
 

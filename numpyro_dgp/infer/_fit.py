@@ -230,7 +230,7 @@ def fit(
                          init_state, init_params)
     _check_finite_args(args, kwargs)
     if args and _is_array(args[0]) and args[0].ndim == 2 and jnp.issubdtype(args[0].dtype, jnp.floating):
-        warn_if_not_standardized(args[0], "its first argument (the inputs X)", "fit")
+        warn_if_not_standardized(args[0], "X (its first argument)", "fit")
     model_kwargs = {**kwargs, **svi.static_kwargs}
     resuming = bool(resume) and Path(os.fspath(checkpoint_path)).expanduser().exists()
 
