@@ -68,7 +68,8 @@ def _check_input_scale(name: str, X: jax.Array, kernel: Kernel) -> None:
     with a tiny spread (a near-deterministic q(u), zero-padded identity means); too small a
     spread of the data is reported by :func:`numpyro_dgp.fit`."""
     lengthscales = [v for k, v in kernel.hyperparameters().items() if k.rpartition(".")[2] == "lengthscale"]
-    warn_if_not_standardized(X, "X", f"gp_layer {name!r}", lengthscales or None, upper_only=True)
+    warn_if_not_standardized(X, "X", f"gp_layer {name!r}", lengthscales or None, upper_only=True,
+                             stacklevel=4)
 
 
 def _check_finite(x: ArrayLike, what: str) -> None:

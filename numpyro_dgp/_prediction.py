@@ -117,7 +117,7 @@ def _test_inputs(X_new, caller):
     features are spread far beyond the unit scale kernels start at."""
     X_new = as_float_array(X_new, "X_new", caller, ndim=2)
     check_finite(X_new, "X_new", caller)
-    warn_if_not_standardized(X_new, "X_new", caller, upper_only=True)
+    warn_if_not_standardized(X_new, "X_new", caller, upper_only=True, stacklevel=4)
     return X_new
 
 

@@ -170,7 +170,7 @@ def _feature_spread(X: np.ndarray) -> np.ndarray:
 
 
 def warn_if_not_standardized(X: Any, name: str, caller: str, lengthscales: list | None = None,
-                             upper_only: bool = False) -> None:
+                             upper_only: bool = False, stacklevel: int = 3) -> None:
     """Issue :class:`InputScaleWarning` (once per distinct problem) when some feature of the
     concrete array ``X`` has a spread outside :data:`SCALE_LIMITS` relative to the lengthscale.
 
@@ -183,6 +183,7 @@ def warn_if_not_standardized(X: Any, name: str, caller: str, lengthscales: list 
     :param lengthscales: the kernel's initial lengthscales (scalars or ``(D,)``); default 1.
     :param upper_only: flag only spreads above the upper limit (test inputs: a few nearby
         points legitimately have a small spread).
+    :param stacklevel: of the warning (3: the caller's caller, the user's line).
     """
     value = concrete(X)
     if value is None or value.ndim < 2 or value.shape[-2] < 2 or not np.issubdtype(value.dtype, np.floating):
@@ -219,5 +220,5 @@ def warn_if_not_standardized(X: Any, name: str, caller: str, lengthscales: list 
         f"[{low:g}, {high:g}]). Kernels start at unit lengthscales, so the fit may end at a constant "
         "predictor: standardize each feature (or set the kernel's lengthscales to the data's scale).",
         InputScaleWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )

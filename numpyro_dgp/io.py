@@ -10,6 +10,11 @@ Writes are atomic: the archive goes to a temporary file in the target's director
 flushed to disk and then renamed onto the target, so a failed save leaves any previous file
 untouched.
 
+``load_params(path, model=..., guide=..., args=(X, y))`` also checks the loaded entries
+against the parameters the model and guide create (names, shapes, dtypes), so a file from
+another model fails at loading with :class:`~numpyro_dgp.ParameterMismatchError` instead of
+predicting with initial values. :func:`numpyro_dgp.fit` writes its checkpoints in this format.
+
 File layout (format version 1): an uncompressed ``.npz`` holding ``a0``, ``a1``, ... (one
 member per leaf array) and ``__numpyro_dgp_header__``, a 0-d unicode array with a JSON
 object ``{"format", "format_version", "library_version", "tree", "metadata"}``.
