@@ -4,7 +4,9 @@ Write a DGP with :func:`gp_layer`; choose inference by choosing a guide
 (:mod:`numpyro_dgp.guides`: factorized, joint, chain-structured, amortized), an objective
 (:class:`DGPElbo`, :class:`PredictiveObjective` or NumPyro's own ELBOs) or a handler
 (:mod:`numpyro_dgp.handlers`: SDE flows, quadrature branches, exact layers); train with
-:func:`fit`; predict with :func:`predict`. Run MCMC on the same model (NUTS on
+:func:`fit`; predict with :func:`predict`. Parameters handed to :func:`predict`,
+:func:`fit` or :func:`load_params` are checked against the model (:func:`check_params`,
+:class:`ParameterMismatchError`); data are checked at the door (:class:`InputScaleWarning`). Run MCMC on the same model (NUTS on
 :class:`~numpyro_dgp.handlers.exact_layers` / :class:`~numpyro_dgp.handlers.latent_conditionals`,
 or :class:`~numpyro_dgp.infer.SGHMC`) and compare layer by layer with
 :mod:`numpyro_dgp.diagnostics`.
@@ -21,6 +23,7 @@ from types import ModuleType
 
 from numpyro_dgp import core, guides, handlers, infer, io, kernels, layers, likelihoods, models, objectives, posteriors, sde
 from numpyro_dgp._metrics import gaussian_mixture_crps, log_likelihood, metrics
+from numpyro_dgp._params import ParameterMismatchError, check_params
 from numpyro_dgp._prediction import (
     NonFinitePredictionWarning,
     Prediction,
@@ -28,6 +31,7 @@ from numpyro_dgp._prediction import (
     predict_from_samples,
     sample_layers,
 )
+from numpyro_dgp._validation import InputScaleWarning
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.io import load_params, save_params
 from numpyro_dgp.layers import gp_layer
@@ -42,10 +46,13 @@ _LAZY_SUBMODULES = ("cli", "datasets", "diagnostics", "plots", "recipes")
 __all__ = [
     "DGPElbo",
     "FitResult",
+    "InputScaleWarning",
     "NonFinitePredictionWarning",
+    "ParameterMismatchError",
     "Prediction",
     "PredictiveObjective",
     "bernoulli_probit",
+    "check_params",
     "cli",
     "core",
     "datasets",

@@ -1,7 +1,8 @@
 """The only place that touches NumPyro and JAX internals.
 
 NumPyro has no public API for a few things a GP-layer primitive needs: the handler stack
-(to tell whether a model runs under a ``seed`` handler and inside which plates), the
+(to tell whether a model runs under a ``seed`` handler and inside which plates, and which
+sites the innermost ``trace`` handler has recorded so far in this run), the
 function a ``numpyro.plate`` draws subsample indices with (replaced by a faster one), and
 the lazy initial value of a ``numpyro.param`` message. Each access is wrapped here, and
 ``tests/test_compat.py`` fails loudly if a NumPyro release changes any of them.
@@ -21,6 +22,7 @@ __all__ = [
     "apply_stack",
     "autocontinuous_layout",
     "handler_stack_is_empty",
+    "innermost_trace",
     "is_tracer",
     "lazy_param_initializer",
     "numpyro_subsample_fn",
@@ -45,6 +47,19 @@ def handler_stack_is_empty() -> bool:
 def active_plates() -> list[numpyro.plate]:
     """The ``numpyro.plate`` handlers active at the call site, outermost first."""
     return [h for h in _stack() if isinstance(h, numpyro.plate)]
+
+
+def innermost_trace() -> dict | None:
+    """The sites recorded so far by the innermost ``numpyro.handlers.trace`` on the stack
+    (``{name: message}``, the run in progress), or ``None`` when no trace handler is active.
+
+    NumPyro refuses a duplicate sample site with an ``assert`` (gone under ``python -O``);
+    looking a name up here detects a duplicate in every mode.
+    """
+    for handler in reversed(_stack()):
+        if isinstance(handler, numpyro.handlers.trace):
+            return handler.trace
+    return None
 
 
 def lazy_param_initializer(msg: dict) -> Callable | None:

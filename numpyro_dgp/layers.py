@@ -66,6 +66,9 @@ from jax.typing import ArrayLike
 from numpyro_dgp._compat import active_plates, handler_stack_is_empty
 from numpyro_dgp._layer_parts import (
     _check_finite,
+    _check_input_scale,
+    _check_kernel_values,
+    _check_unique_name,
     _default_encoder_input,
     _emit,
     MEAN_FUNCTIONS,
@@ -74,6 +77,7 @@ from numpyro_dgp._layer_parts import (
     _resolve_jitter,
     mean_projection,
 )
+from numpyro_dgp._validation import as_float_array
 from numpyro_dgp._protocol import ENCODER_INPUT_MESSAGE, INDUCING, LAYER_MESSAGE, InducingTag
 from numpyro_dgp.core import (
     affine_inducing_inputs,
@@ -278,6 +282,8 @@ def gp_layer(
         raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
     if not isinstance(kernel, Kernel):
         raise TypeError(f"gp_layer {name!r}: kernel must be a numpyro_dgp.kernels.Kernel, got {type(kernel)}")
+    _check_unique_name(name)
+    _check_kernel_values(name, kernel)
     if inducing not in INDUCING_MODES:
         raise NotImplementedError(
             f"gp_layer {name!r}: inducing={inducing!r} is not available; supported: {INDUCING_MODES}"
@@ -327,9 +333,9 @@ def gp_layer(
             f"gp_layer {name!r}: X must have shape (num_points, dim), or (num_branches, num_points, "
             f"dim) under numpyro_dgp.handlers.quadrature or an amortized guide; got {X.shape}"
         )
-    if not jnp.issubdtype(X.dtype, jnp.floating):
-        X = X.astype(jnp.result_type(float))
+    X = as_float_array(X, "X", f"gp_layer {name!r}")
     _check_finite(X, f"gp_layer {name!r}: X")
+    _check_input_scale(name, X, kernel)
     if not (isinstance(out_dim, (int, np.integer)) and out_dim >= 1):
         raise ValueError(f"gp_layer {name!r}: out_dim must be a positive integer, got {out_dim!r}")
     priors = dict(priors or {})
@@ -478,9 +484,7 @@ def _amortized_layer(
             "x = numpyro.subsample(X, event_dim=1); h = gp_layer(..., x, inducing='amortized')"
         )
     data_plate = data_plate[0]
-    X = jnp.asarray(X)
-    if not jnp.issubdtype(X.dtype, jnp.floating):
-        X = X.astype(jnp.result_type(float))
+    X = as_float_array(X, "X", f"gp_layer {name!r}")
     B = data_plate.subsample_size
     if X.ndim not in (2, 3) or X.shape[-2] != B:
         raise ValueError(
@@ -488,6 +492,7 @@ def _amortized_layer(
             f"(num_branches, {B}, dim); got {X.shape}"
         )
     _check_finite(X, f"gp_layer {name!r}: X")
+    _check_input_scale(name, X, kernel)
     jitter = _resolve_jitter(name, jitter, X.dtype)
     D = X.shape[-1]
     M = int(num_inducing)
