@@ -64,8 +64,10 @@ def reference_params(label, init=None):
     model, make_guide, kwargs = cases()[label]
     X, y = _data()
     svi = SVI(model, make_guide(model), numpyro.optim.Adam(0.01), dgp.DGPElbo())
-    state = (init or svi.init)(jax.random.PRNGKey(0), X, y, **kwargs) if init is None else init(
-        svi, jax.random.PRNGKey(0), X, y, **kwargs)
+    if init is None:
+        state = svi.init(jax.random.PRNGKey(0), X, y, **kwargs)
+    else:
+        state = init(svi, jax.random.PRNGKey(0), X, y, **kwargs)
     return {k: np.asarray(v) for k, v in svi.get_params(state).items()}
 
 

@@ -185,7 +185,9 @@ def fit(
     _check_finite_args(args, kwargs)
 
     if init_state is None:
-        state = svi.init(rng_key, *args, init_params=init_params, **kwargs)
+        from numpyro_dgp.infer._init import init  # a sibling that imports the guides
+
+        state = init(svi, rng_key, *args, init_params=init_params, **kwargs)
     else:
         state = init_state
     params0 = svi.get_params(state)
