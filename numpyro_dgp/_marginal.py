@@ -48,6 +48,7 @@ from numpyro_dgp._protocol import (
     with_tag,
 )
 from numpyro_dgp.core import (
+    Belief,
     block_diag_covariance,
     chain_transition,
     condition_on_output,
@@ -308,25 +309,24 @@ class marginalize_inducing(Messenger):
 
     # --- guides that correlate layers: per-point beliefs over the inducing values ---
 
-    def _belief(self, layer: Layer, post: ChainLink | JointBlock, N: int) -> tuple[jax.Array, jax.Array]:
-        """The belief ``N(loc, cov)`` (``(N?, K)``, ``(N?, K, K)``) over this layer's inducing
-        values (first) and those of later layers in its joint group, given earlier outputs."""
+    def _belief(self, layer: Layer, post: ChainLink | JointBlock) -> Belief:
+        """The belief over this layer's inducing values (first) and those of later layers in
+        its joint group, given the outputs of the layers before."""
         name = layer.u_site
         if isinstance(post, ChainLink):
             if post.parent is None:
-                return post.mean.reshape(-1), block_diag_covariance(post.scale_tril)
+                return Belief(post.mean.reshape(-1), block_diag_covariance(post.scale_tril))
             if post.parent not in self._beliefs:
                 raise ValueError(
                     f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, but layer "
                     f"{post.parent!r} has not run before it at these points"
                 )
-            loc, cov = self._beliefs.pop(post.parent)
             return chain_transition(
-                loc, cov, post.parent_mean.reshape(-1), post.mean, post.coupling, post.scale_tril
+                self._beliefs.pop(post.parent), post.parent_mean.reshape(-1), post.mean, post.coupling, post.scale_tril
             )
         k = post.sites.index(name)
         if k == 0:
-            return post.loc, post.scale_tril @ post.scale_tril.T
+            return Belief(post.loc, post.scale_tril @ post.scale_tril.T)
         state = self._joint_states.get(post.sites)
         if state is None or state[0] != k:
             raise ValueError(
@@ -338,16 +338,16 @@ class marginalize_inducing(Messenger):
     def _correlated(self, layer: Layer, X: jax.Array, post: ChainLink | JointBlock, rng_key: jax.Array) -> jax.Array:
         N = X.shape[0]
         P, M = layer.out_dim, layer.inducing_inputs.shape[0]
-        loc, cov = self._belief(layer, post, N)
-        if loc.ndim == 2 and loc.shape[0] != N:
+        belief = self._belief(layer, post)
+        if belief.loc.ndim == 2 and belief.loc.shape[0] != N:
             raise ValueError(
                 f"marginalize_inducing: layer {layer.name!r} runs at {N} points but the layer before "
-                f"it in the guide's chain ran at {loc.shape[0]}; a correlated guide needs each "
+                f"it in the guide's chain ran at {belief.loc.shape[0]}; a correlated guide needs each "
                 "point's chain of layer outputs"
             )
         Z = layer.inducing_inputs
         alpha, base_var = point_projection(layer.kernel(Z, X), layer.Kmm_chol, layer.kernel.diag(X), layer.whiten)
-        res_mean, out_cov, HB = output_moments(alpha, base_var, loc, cov, P)
+        res_mean, out_cov, HB = output_moments(alpha, base_var, belief, P)
         # the belief is over the inducing values themselves; the conditional needs their
         # residual about the prior mean (zero except for inducing="locations")
         res_mean = res_mean - alpha @ layer.prior_mean.T
@@ -362,15 +362,13 @@ class marginalize_inducing(Messenger):
         value = sample_output(mean, out_cov, eps)
         if isinstance(post, ChainLink):
             if layer.u_site in self._chain_parents:
-                self._beliefs[layer.u_site] = condition_on_output(
-                    loc, cov, HB, out_cov, value - mean
-                )
+                self._beliefs[layer.u_site] = condition_on_output(belief, HB, out_cov, value - mean)
         else:
             k = post.sites.index(layer.u_site)
             if k + 1 < len(post.sites):
-                new_loc, new_cov = condition_on_output(loc, cov, HB, out_cov, value - mean)
                 # this layer's block is used: keep the belief over the later blocks only
-                self._joint_states[post.sites] = (k + 1, (new_loc[:, P * M :], new_cov[:, P * M :, P * M :]))
+                given = condition_on_output(belief, HB, out_cov, value - mean)
+                self._joint_states[post.sites] = (k + 1, given.tail(P * M))
         return value
 
 

@@ -83,10 +83,10 @@ def _describe(shape: tuple, dtype: Any) -> str:
 
 def set_up_guide(guide: Callable, rng_key: jax.Array, args: tuple, kwargs: dict) -> None:
     """Build an autoguide's structure (its prototype trace) from the model run on the training
-    arguments, if it has not been built: one eager, blocked run of the guide under its own key,
-    so that later runs (``svi.init``) draw the same random numbers whether or not the guide
-    was already set up (NumPyro's autoguides take their prototype key from the enclosing seed
-    on the first call only).
+    arguments, if it has not been built. The library's guides read it from an abstract run;
+    NumPyro's autoguides get one eager, blocked run under ``rng_key``, so that later runs
+    (``svi.init``) draw the same random numbers whether or not the guide was already set up
+    (they take their prototype key from the enclosing seed on the first call only).
 
     :param guide: the guide (anything without a ``prototype_trace`` attribute is left alone).
     :param rng_key: PRNG key of the set-up run.
@@ -94,6 +94,14 @@ def set_up_guide(guide: Callable, rng_key: jax.Array, args: tuple, kwargs: dict)
     :param kwargs: the model's keyword arguments.
     """
     if getattr(guide, "prototype_trace", "absent") is not None:
+        return
+    from numpyro_dgp._autoguides import innermost_guide
+    from numpyro_dgp.guides import DGPGuide
+
+    if isinstance(innermost_guide(guide), DGPGuide):
+        # the library's guides read their structure abstractly and draw the same keys
+        # whether or not it was built before: no run, no key
+        innermost_guide(guide)._setup_prototype(*args, **kwargs)
         return
     with handlers.block():
         handlers.seed(guide, rng_key)(*args, **kwargs)

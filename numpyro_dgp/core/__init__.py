@@ -10,6 +10,7 @@ linear algebra in float64.
 
 from numpyro_dgp.core._amortized import affine_inducing_inputs, local_conditional, local_kl
 from numpyro_dgp.core._chain import (
+    Belief,
     block_diag_covariance,
     chain_gauss_kl_term,
     chain_transition,
@@ -34,6 +35,7 @@ from numpyro_dgp.core._quadrature import expected_log_normal, gauss_hermite, gau
 from numpyro_dgp.core._sde import euler_maruyama
 
 __all__ = [
+    "Belief",
     "affine_inducing_inputs",
     "block_diag_covariance",
     "chain_gauss_kl_term",

@@ -246,12 +246,11 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
         """Sample the global latent sites and register each amortized layer's encoder (a
         placeholder site ``"<u-site>.amortized"`` carries it)."""
-        if self.prototype_trace is None:
-            self._setup_prototype(*args, **kwargs)
+        rng_key = self._prepare(*args, **kwargs)
         result = dict(self._sample_others(*args, **kwargs))
         for site in self.inducing_sites:
             if site.inducing != "amortized":
-                loc, scale_tril = self._q(site)
+                loc, scale_tril = self._q(site, rng_key, args, kwargs)
                 result[site.name] = numpyro.sample(site.name, CholeskyNormal(loc, scale_tril).to_event(1))
                 continue
             dtype = self.prototype_trace[site.name]["value"].dtype
@@ -262,7 +261,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
             )
             # under the u site's own name, so NumPyro's ELBOs meet it (and refuse it) instead of
             # finding the model's u site uncovered; auxiliary: it is never a draw of u
-            value_shape = jnp.shape(self.prototype_trace[site.name]["value"])
+            value_shape = self.prototype_trace[site.name]["value"].shape
             numpyro.sample(site.name, AmortizedQ(posterior, site.name, value_shape), infer={"is_auxiliary": True})
         return result
 

@@ -325,7 +325,7 @@ def _check_fit_arguments(num_steps, chunk_size, average_from, checkpoint_path, c
 
 
 def _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict):
-    """``svi.init`` after setting up the guide under a key of its own (see
+    """``svi.init`` (compiled: :func:`numpyro_dgp.infer.init`) after setting up the guide (see
     :func:`numpyro_dgp._params.set_up_guide`) and checking ``init_params``; when the model
     cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails."""
     try:
@@ -334,7 +334,9 @@ def _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict
             check_params_against(param_specs(svi.model, svi.guide, args, model_kwargs), init_params,
                                  "fit (init_params)", allow_missing=not strict, allow_unexpected=not strict,
                                  require_finite=True, hint=STRICT_HINT)
-        return svi.init(rng_key, *args, init_params=init_params, **kwargs)
+        from numpyro_dgp.infer._init import init  # a sibling that imports the guides
+
+        return init(svi, rng_key, *args, init_params=init_params, **kwargs)
     except (ValueError, RuntimeError) as err:
         if isinstance(err, ParameterMismatchError):
             raise
