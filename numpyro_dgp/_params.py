@@ -154,10 +154,11 @@ def param_specs(model: Callable, guide: Callable | None, args: tuple, kwargs: di
             guide_trace = handlers.trace(handlers.seed(guide, guide_key)).get_trace(*args, **kwargs)
             specs.update({n: s["value"] for n, s in guide_trace.items() if s["type"] == "param"})
             seeded = handlers.replay(seeded, guide_trace)
-        model_trace = prototype if prototype is not None else handlers.trace(seeded).get_trace(*args, **kwargs)
-        for name, site in model_trace.items():
-            if site["type"] == "param":
-                specs.setdefault(name, site["value"])
+        if prototype is None:
+            model_trace = handlers.trace(seeded).get_trace(*args, **kwargs)
+            for name, site in model_trace.items():
+                if site["type"] == "param":
+                    specs.setdefault(name, site["value"])
         return {n: jnp.asarray(v) for n, v in specs.items()}
 
     # closing over the arguments keeps non-array ones (subsample sizes) concrete
@@ -166,6 +167,13 @@ def param_specs(model: Callable, guide: Callable | None, args: tuple, kwargs: di
     except TypeError as err:  # JAX's shape errors: e.g. a guide built on another model
         raise ValueError(f"the model cannot run with these arguments{' and this guide' if guide else ''} "
                          f"(do they belong together?): {err}") from err
+    if prototype is not None:
+        # the library's guides keep abstract values (ShapeDtypeStruct) in their prototype
+        for name, site in prototype.items():
+            if site["type"] == "param" and name not in specs:
+                value = site["value"]
+                specs[name] = value if isinstance(value, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(
+                    np.shape(value), jnp.result_type(value), weak_type=isinstance(value, (int, float)))
     if key is not None:
         _SPECS.put(owner, key, (prototype, specs))
     return specs

@@ -78,8 +78,9 @@ def test_a_cholesky_failure_is_reported_with_the_layer_name(data):
         state = svi.init(jax.random.PRNGKey(0), X, y, init_params={**fitted.params, "h2.inducing_inputs": near})
     with pytest.raises(FloatingPointError, match=r"every update.*fails in layer 'h2'.*jitter.*float64"):
         dgp.fit(svi, None, X, y, num_steps=5, progress_bar=False, init_state=state)
-    # at initialization (numpyro's validation would refuse the NaN layer output): the same diagnosis
-    with pytest.raises(ValueError, match=r"cannot be initialized.*fails in layer 'h2'.*jitter"):
+    # from initialization on (the compiled initialization does not stop at the NaN layer output,
+    # so the first updates fail): the same diagnosis
+    with pytest.raises((ValueError, FloatingPointError), match=r"fails in layer 'h2'.*jitter"):
         dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=5, progress_bar=False,
                 init_params={"h2.inducing_inputs": near}, strict=False)
     # healthy inducing inputs: the same model fits without skipping
@@ -98,7 +99,8 @@ def test_a_model_that_cannot_be_initialized_names_the_layer(data):
             numpyro.sample("y", dist.Normal(f[..., 0], 0.1), obs=y)
 
     svi = SVI(degenerate, dgp.guides.AutoFactorizedDGP(degenerate), numpyro.optim.Adam(0.01), dgp.DGPElbo())
-    with pytest.raises(ValueError, match=r"cannot be initialized.*fails in layer 'f'.*jitter"):
+    # the compiled initialization runs through; the updates fail and the diagnosis names the layer
+    with pytest.raises((ValueError, FloatingPointError), match=r"fails in layer 'f'.*jitter"):
         dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=5, progress_bar=False)
 
 

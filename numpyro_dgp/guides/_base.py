@@ -267,7 +267,8 @@ class DGPGuide(AutoGuide):
 
 def _abstract_value(x: Any) -> Any:
     if isinstance(x, (jax.Array, np.ndarray)) or hasattr(x, "aval"):
-        return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+        weak = bool(getattr(getattr(x, "aval", None), "weak_type", False))
+        return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x), weak_type=weak)
     return x
 
 
