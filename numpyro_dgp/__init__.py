@@ -6,7 +6,9 @@ Write a DGP with :func:`gp_layer`; choose inference by choosing a guide
 :class:`CollapsedSparseGP` or NumPyro's own ELBOs) or a handler
 (:mod:`numpyro_dgp.handlers`: SDE flows, quadrature branches, exact layers); train with
 :func:`fit`; predict with :func:`predict` (or, deterministically, :func:`predict_moment_matched`
-and :func:`predict_collapsed`). Run MCMC on the same model (NUTS on
+and :func:`predict_collapsed`). Parameters handed to :func:`predict`,
+:func:`fit` or :func:`load_params` are checked against the model (:func:`check_params`,
+:class:`ParameterMismatchError`); data are checked at the door (:class:`InputScaleWarning`). Run MCMC on the same model (NUTS on
 :class:`~numpyro_dgp.handlers.exact_layers` / :class:`~numpyro_dgp.handlers.latent_conditionals`,
 or :class:`~numpyro_dgp.infer.SGHMC`) and compare layer by layer with
 :mod:`numpyro_dgp.diagnostics`.
@@ -24,6 +26,7 @@ from types import ModuleType
 from numpyro_dgp import core, guides, handlers, infer, io, kernels, layers, likelihoods, models, objectives, posteriors, sde
 from numpyro_dgp._deterministic_prediction import predict_collapsed, predict_moment_matched
 from numpyro_dgp._metrics import gaussian_mixture_crps, log_likelihood, metrics
+from numpyro_dgp._params import ParameterMismatchError, check_params
 from numpyro_dgp._prediction import (
     NonFinitePredictionWarning,
     Prediction,
@@ -31,6 +34,7 @@ from numpyro_dgp._prediction import (
     predict_from_samples,
     sample_layers,
 )
+from numpyro_dgp._validation import InputScaleWarning
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.io import load_params, save_params
 from numpyro_dgp.layers import gp_layer
@@ -46,11 +50,14 @@ __all__ = [
     "CollapsedSparseGP",
     "DGPElbo",
     "FitResult",
+    "InputScaleWarning",
     "NestedCompressionElbo",
     "NonFinitePredictionWarning",
+    "ParameterMismatchError",
     "Prediction",
     "PredictiveObjective",
     "bernoulli_probit",
+    "check_params",
     "cli",
     "core",
     "datasets",

@@ -1,7 +1,8 @@
 """The only place that touches NumPyro and JAX internals.
 
 NumPyro has no public API for a few things a GP-layer primitive needs: the handler stack
-(to tell whether a model runs under a ``seed`` handler and inside which plates), the
+(to tell whether a model runs under a ``seed`` handler and inside which plates, and which
+sites the innermost ``trace`` handler has recorded so far in this run), the
 function a ``numpyro.plate`` draws subsample indices with (replaced by a faster one), and
 the lazy initial value of a ``numpyro.param`` message. Each access is wrapped here, and
 ``tests/test_compat.py`` fails loudly if a NumPyro release changes any of them.
@@ -12,13 +13,16 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import numpy as np
 import numpyro
 import numpyro.primitives as _primitives
 
 __all__ = [
     "active_plates",
     "apply_stack",
+    "autocontinuous_layout",
     "handler_stack_is_empty",
+    "innermost_trace",
     "is_tracer",
     "lazy_param_initializer",
     "numpyro_subsample_fn",
@@ -45,6 +49,19 @@ def active_plates() -> list[numpyro.plate]:
     return [h for h in _stack() if isinstance(h, numpyro.plate)]
 
 
+def innermost_trace() -> dict | None:
+    """The sites recorded so far by the innermost ``numpyro.handlers.trace`` on the stack
+    (``{name: message}``, the run in progress), or ``None`` when no trace handler is active.
+
+    NumPyro refuses a duplicate sample site with an ``assert`` (gone under ``python -O``);
+    looking a name up here detects a duplicate in every mode.
+    """
+    for handler in reversed(_stack()):
+        if isinstance(handler, numpyro.handlers.trace):
+            return handler.trace
+    return None
+
+
 def lazy_param_initializer(msg: dict) -> Callable | None:
     """The callable initial value of a ``numpyro.param`` message, or ``None``.
 
@@ -58,3 +75,23 @@ def lazy_param_initializer(msg: dict) -> Callable | None:
 def is_tracer(x: Any) -> bool:
     """Whether ``x`` is a JAX tracer (an abstract value inside ``jit``/``vmap``/``grad``)."""
     return isinstance(x, jax.core.Tracer)
+
+
+def autocontinuous_layout(guide: Any) -> dict[str, tuple[int, int, tuple[int, ...]]]:
+    """Where each latent site sits in the flat latent vector of a NumPyro ``AutoContinuous``
+    guide (``AutoNormal``'s siblings: ``AutoDiagonalNormal``, ``AutoMultivariateNormal``,
+    ``AutoLowRankMultivariateNormal``, ``AutoIAFNormal``, ``AutoBNAF``, ...).
+
+    NumPyro packs the sites' unconstrained values in the order of its ``_init_locs`` dict
+    (the model's execution order), each flattened.
+
+    :param guide: a set-up ``AutoContinuous`` guide.
+    :return: ``{site: (start, stop, shape)}``.
+    """
+    layout, start = {}, 0
+    for name, value in guide._init_locs.items():
+        shape = tuple(jax.numpy.shape(value))
+        size = int(np.prod(shape, dtype=int))
+        layout[name] = (start, start + size, shape)
+        start += size
+    return layout

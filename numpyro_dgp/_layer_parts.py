@@ -11,7 +11,8 @@ import numpyro
 from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
-from numpyro_dgp._compat import apply_stack
+from numpyro_dgp._compat import apply_stack, innermost_trace
+from numpyro_dgp._validation import warn_if_not_standardized
 from numpyro_dgp.core import check_jitter, default_jitter
 from numpyro_dgp.kernels import Kernel
 
@@ -37,6 +38,39 @@ def _resolve_jitter(name: str, jitter: float | None, dtype: Any) -> float:
     except ValueError:
         raise ValueError(f"gp_layer {name!r}: jitter must be a finite positive number, got {jitter!r}") from None
     return jitter
+
+
+def _check_unique_name(name: str) -> None:
+    """Refuse a second layer ``name`` in one run of the model (NumPyro's own check of duplicate
+    sites is an ``assert``, gone under ``python -O``; a duplicate would silently overwrite the
+    first layer's sites in the trace)."""
+    recorded = innermost_trace()
+    if recorded is None:
+        return
+    clash = [site for site in (f"{name}.u", f"{name}.layer", name) if site in recorded]
+    if clash:
+        raise ValueError(
+            f"gp_layer: duplicate layer name {name!r}: this run of the model already has the site(s) "
+            f"{clash}; give every gp_layer call its own name (e.g. 'h1', 'h2', ...)"
+        )
+
+
+def _check_kernel_values(name: str, kernel: Kernel) -> None:
+    """The kernel's initial hyperparameters must be positive (a kernel built as a pytree skips
+    its constructor's check)."""
+    for hp, value in kernel.hyperparameters().items():
+        if _concrete_bool(jnp.all(jnp.asarray(value) > 0)) is False:
+            raise ValueError(f"gp_layer {name!r}: kernel hyperparameter {hp!r} must be positive, got {value}")
+
+
+def _check_input_scale(name: str, X: jax.Array, kernel: Kernel) -> None:
+    """Warn (once) when the layer's inputs spread far beyond its kernel's lengthscales. Only
+    the upper side: an inner layer's inputs (the previous layer's outputs) legitimately start
+    with a tiny spread (a near-deterministic q(u), zero-padded identity means); too small a
+    spread of the data is reported by :func:`numpyro_dgp.fit`."""
+    lengthscales = [v for k, v in kernel.hyperparameters().items() if k.rpartition(".")[2] == "lengthscale"]
+    warn_if_not_standardized(X, "X", f"gp_layer {name!r}", lengthscales or None, upper_only=True,
+                             stacklevel=4)
 
 
 def _check_finite(x: ArrayLike, what: str) -> None:
@@ -120,7 +154,10 @@ def _hyperparameters(name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, 
             )
         value = numpyro.param(site, init, constraint=constraints.positive)
         values[hp] = value if learn else jax.lax.stop_gradient(value)
-    return kernel.replace(**values)
+    try:
+        return kernel.replace(**values)
+    except ValueError as err:  # a given (substituted) value that is not positive
+        raise ValueError(f"gp_layer {name!r}: {err} (site '{name}.kernel.*')") from None
 
 
 def _default_encoder_input(X: jax.Array) -> jax.Array:

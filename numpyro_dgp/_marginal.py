@@ -30,8 +30,10 @@ import numpy as np
 import numpyro
 from jax.typing import ArrayLike
 from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.infer.autoguide import AutoContinuous
 from numpyro.primitives import Messenger
 
+from numpyro_dgp._autoguides import autocontinuous_posteriors, innermost_guide
 from numpyro_dgp._compat import is_tracer
 from numpyro_dgp._protocol import (
     AMORTIZED_KL,
@@ -40,20 +42,20 @@ from numpyro_dgp._protocol import (
     ENCODER_INPUT_MESSAGE,
     FLOW,
     GAUSSIAN,
-    INDUCING,
     LAYER_MESSAGE,
     QUADRATURE_AXIS,
-    InducingTag,
     get_tag,
     with_tag,
 )
 from numpyro_dgp.core import (
+    Belief,
     block_diag_covariance,
     chain_transition,
     condition_on_output,
     gauss_hermite,
     gauss_hermite_product,
     local_kl,
+    output_at_nodes,
     output_moments,
     point_projection,
     sample_output,
@@ -138,6 +140,7 @@ class marginalize_inducing(Messenger):
         self._beliefs = {}  # chain: u-site -> per-point belief over its values given its output
         self._joint_states = {}  # joint group -> (next block index, per-point belief over the rest)
         self._amortized_q = {}  # u-site -> (loc, scale) of q(u_n | p_n) at the model's p
+        self._encoder_inputs = {}  # u-site -> the encoder input p of its amortized layer
         self._branch_mean = None  # weighted mean of the last layer's branch means (AR2 / AR2P)
         self.branch_log_weights = None  # (S,) once a layer has branched the points
 
@@ -151,9 +154,10 @@ class marginalize_inducing(Messenger):
         """Record amortized ``q(u_n | p_n)``, tag the sites after the last layer, and give each
         layer message its value from the layer's marginal (or quadrature nodes, branches, a flow)."""
         if msg["type"] == "sample":
-            tag = get_tag(msg, INDUCING)
-            if tag is not None and tag.inducing == "amortized" and not msg["is_observed"]:
-                self._amortized_site(msg, tag)
+            # an amortized layer's u site follows its encoder-input message (found by name: the
+            # guide's placeholder site of the same name replaces the site's infer tags)
+            if msg["name"] in self._encoder_inputs and not msg["is_observed"]:
+                self._amortized_site(msg, self._encoder_inputs[msg["name"]])
             if self._in_tail:
                 with_tag(msg, QUADRATURE_AXIS, True)
             return
@@ -207,15 +211,25 @@ class marginalize_inducing(Messenger):
         else:
             msg["value"] = sample_moments(rng_key, mean, var, full_cov, layer.jitter)
 
+    def postprocess_message(self, msg: dict) -> None:
+        """Record the encoder input of an amortized layer (its message's final value)."""
+        if msg["type"] == ENCODER_INPUT_MESSAGE:
+            self._encoder_inputs[f"{msg['name'][: -len('.encoder_input')]}.u"] = msg["value"]
+
     # --- per-point inducing sets and branches (Meng & Zhang 2024) ---
 
-    def _amortized_site(self, msg: dict, tag: InducingTag) -> None:
+    def _amortized_site(self, msg: dict, encoder_input: jax.Array) -> None:
         """The ``u`` site of a layer with per-point inducing sets: evaluate the guide's encoder
         at the model's encoder input and record ``q(u_n | p_n)`` and its per-point KL."""
         post = self.posteriors.get(msg["name"])
         if not isinstance(post, AmortizedPosterior):
+            shape = msg["fn"].shape()
+            if msg["value"] is not None and jnp.shape(msg["value"]) != shape:
+                # the guide's placeholder, replayed into an abstract first pass that knows no
+                # posteriors yet (marginal_trace's probe): any value of the right shape serves
+                msg["value"] = jnp.zeros(shape, jnp.result_type(msg["value"]))
             return  # no amortized guide for this layer: the sampled value is used
-        loc, scale = post.encode(tag.encoder_input)
+        loc, scale = post.encode(encoder_input)
         base = unwrap_distribution(msg["fn"])
         prior_mean, prior_chol = base.loc, base.scale_tril[..., 0, :, :]
         batch = loc.shape[:-2]
@@ -295,25 +309,24 @@ class marginalize_inducing(Messenger):
 
     # --- guides that correlate layers: per-point beliefs over the inducing values ---
 
-    def _belief(self, layer: Layer, post: ChainLink | JointBlock, N: int) -> tuple[jax.Array, jax.Array]:
-        """The belief ``N(loc, cov)`` (``(N?, K)``, ``(N?, K, K)``) over this layer's inducing
-        values (first) and those of later layers in its joint group, given earlier outputs."""
+    def _belief(self, layer: Layer, post: ChainLink | JointBlock) -> Belief:
+        """The belief over this layer's inducing values (first) and those of later layers in
+        its joint group, given the outputs of the layers before."""
         name = layer.u_site
         if isinstance(post, ChainLink):
             if post.parent is None:
-                return post.mean.reshape(-1), block_diag_covariance(post.scale_tril)
+                return Belief(post.mean.reshape(-1), block_diag_covariance(post.scale_tril))
             if post.parent not in self._beliefs:
                 raise ValueError(
                     f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, but layer "
                     f"{post.parent!r} has not run before it at these points"
                 )
-            loc, cov = self._beliefs.pop(post.parent)
             return chain_transition(
-                loc, cov, post.parent_mean.reshape(-1), post.mean, post.coupling, post.scale_tril
+                self._beliefs.pop(post.parent), post.parent_mean.reshape(-1), post.mean, post.coupling, post.scale_tril
             )
         k = post.sites.index(name)
         if k == 0:
-            return post.loc, post.scale_tril @ post.scale_tril.T
+            return Belief(post.loc, post.scale_tril @ post.scale_tril.T)
         state = self._joint_states.get(post.sites)
         if state is None or state[0] != k:
             raise ValueError(
@@ -325,16 +338,16 @@ class marginalize_inducing(Messenger):
     def _correlated(self, layer: Layer, X: jax.Array, post: ChainLink | JointBlock, rng_key: jax.Array) -> jax.Array:
         N = X.shape[0]
         P, M = layer.out_dim, layer.inducing_inputs.shape[0]
-        loc, cov = self._belief(layer, post, N)
-        if loc.ndim == 2 and loc.shape[0] != N:
+        belief = self._belief(layer, post)
+        if belief.loc.ndim == 2 and belief.loc.shape[0] != N:
             raise ValueError(
                 f"marginalize_inducing: layer {layer.name!r} runs at {N} points but the layer before "
-                f"it in the guide's chain ran at {loc.shape[0]}; a correlated guide needs each "
+                f"it in the guide's chain ran at {belief.loc.shape[0]}; a correlated guide needs each "
                 "point's chain of layer outputs"
             )
         Z = layer.inducing_inputs
         alpha, base_var = point_projection(layer.kernel(Z, X), layer.Kmm_chol, layer.kernel.diag(X), layer.whiten)
-        res_mean, out_cov, HB = output_moments(alpha, base_var, loc, cov, P)
+        res_mean, out_cov, HB = output_moments(alpha, base_var, belief, P)
         # the belief is over the inducing values themselves; the conditional needs their
         # residual about the prior mean (zero except for inducing="locations")
         res_mean = res_mean - alpha @ layer.prior_mean.T
@@ -347,20 +360,18 @@ class marginalize_inducing(Messenger):
         if layer.name == self.quadrature_layer:
             nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)  # (K, P)
             self._in_tail = True
-            return sample_output(mean, out_cov, nodes)
+            return output_at_nodes(mean, out_cov, nodes)
         eps = jax.random.normal(rng_key, mean.shape, mean.dtype)
         value = sample_output(mean, out_cov, eps)
         if isinstance(post, ChainLink):
             if layer.u_site in self._chain_parents:
-                self._beliefs[layer.u_site] = condition_on_output(
-                    loc, cov, HB, out_cov, value - mean
-                )
+                self._beliefs[layer.u_site] = condition_on_output(belief, HB, out_cov, value - mean)
         else:
             k = post.sites.index(layer.u_site)
             if k + 1 < len(post.sites):
-                new_loc, new_cov = condition_on_output(loc, cov, HB, out_cov, value - mean)
                 # this layer's block is used: keep the belief over the later blocks only
-                self._joint_states[post.sites] = (k + 1, (new_loc[:, P * M :], new_cov[:, P * M :, P * M :]))
+                given = condition_on_output(belief, HB, out_cov, value - mean)
+                self._joint_states[post.sites] = (k + 1, given.tail(P * M))
         return value
 
 
@@ -487,6 +498,7 @@ class MarginalRun(NamedTuple):
     :ivar layer_order: layer names in execution order.
     :ivar quadrature_weights: ``(K,)`` weights of the last layer's quadrature nodes.
     :ivar branch_log_weights: ``(S,)`` log weights of the branches, if a layer branched.
+    :ivar guide_name: the guide's class name (for error messages).
     """
 
     guide_trace: dict
@@ -496,6 +508,7 @@ class MarginalRun(NamedTuple):
     layer_order: list
     quadrature_weights: np.ndarray
     branch_log_weights: jax.Array | None = None
+    guide_name: str = "the guide"
 
 
 def marginal_trace(
@@ -506,6 +519,7 @@ def marginal_trace(
     args: tuple,
     kwargs: dict,
     num_quadrature: int | None = None,
+    objective: str = "DGPElbo",
 ) -> MarginalRun:
     """Run ``guide`` then ``model`` with inducing values marginalized and quadrature nodes on
     the last layer (see :class:`marginalize_inducing`).
@@ -517,6 +531,7 @@ def marginal_trace(
     :param args: positional arguments of the model and guide.
     :param kwargs: keyword arguments of the model and guide.
     :param num_quadrature: nodes per output of the last layer (see :func:`quadrature_rule`).
+    :param objective: who asks (named in error messages).
     :return: :class:`MarginalRun`.
     """
     with _validation_off_when_traced(params):
@@ -544,7 +559,16 @@ def marginal_trace(
         last = found["last"]
         nodes, weights = quadrature_rule(found["out_dim"], num_quadrature)
 
-        if found["locations"]:
+        base_guide = innermost_guide(guide)
+        if isinstance(base_guide, AutoContinuous):
+            if found["locations"]:
+                raise ValueError(
+                    f"{objective} with {type(base_guide).__name__}: a model with inducing='locations' needs "
+                    "each layer's Gaussian given the sampled earlier layers; use "
+                    "numpyro_dgp.guides.AutoJointDGP (the same joint Gaussian family) or AutoFactorizedDGP"
+                )
+            posteriors = autocontinuous_posteriors(base_guide, guide_trace, found["u_sites"], objective)
+        elif found["locations"]:
             # Layer l's inducing inputs are layer l-1's inducing values: those must be the very
             # samples every point is propagated with, so the inner layers run on sampled u and only
             # the last layer is marginalized, given the samples (its guide site's own Gaussian).
@@ -562,7 +586,8 @@ def marginal_trace(
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         return MarginalRun(
-            guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights, handler.branch_log_weights
+            guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights,
+            handler.branch_log_weights, type(base_guide).__name__,
         )
 
 

@@ -25,16 +25,19 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.handlers import replay, seed, substitute, trace
 
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._marginal import layers_by_u_site, marginal_trace, marginalize_inducing, quadrature_rule
+from numpyro_dgp._params import PREDICT_HINT, check_params_against, param_specs
+from numpyro_dgp._validation import as_float_array, check_finite, warn_if_not_standardized
 from numpyro_dgp.handlers import coherent_layers
 from numpyro_dgp.infer._fit import _is_array
 
@@ -107,6 +110,15 @@ class Prediction(NamedTuple):
     layer_variances: dict
     likelihood: str = "normal"
     weights: jax.Array | None = None
+
+
+def _test_inputs(X_new, caller):
+    """``X_new`` at the door: a finite float ``(N, D)`` array (integers cast), a warning when its
+    features are spread far beyond the unit scale kernels start at."""
+    X_new = as_float_array(X_new, "X_new", caller, ndim=2)
+    check_finite(X_new, "X_new", caller)
+    warn_if_not_standardized(X_new, "X_new", caller, upper_only=True, stacklevel=4)
+    return X_new
 
 
 def _check_guide_is_set_up(guide, caller):
@@ -228,7 +240,8 @@ def predict(
     *args,
     num_samples: int = 100,
     obs_site: str | None = None,
-    **kwargs,
+    strict: bool = True,
+    **kwargs: Any,
 ) -> Prediction:
     """Predictive mixture of a fitted DGP at ``X_new``.
 
@@ -250,18 +263,25 @@ def predict(
     :param args: further positional arguments of the model.
     :param num_samples: ``S``, mixture components.
     :param obs_site: name of the observation site (found automatically if there is one).
+    :param strict: refuse entries of ``params`` that the model and guide do not create
+        (``False`` ignores them). Missing, mis-shaped and non-finite entries are always refused:
+        ``params`` is checked against what the model and guide create at ``X_new`` (an abstract
+        run, cached per guide), so parameters of another model (renamed layers, another
+        ``num_inducing`` or width), a misspelt key or ``params={}`` raise instead of silently
+        falling back to initial values.
     :param kwargs: keyword arguments of the model.
     :return: :class:`Prediction` with ``S`` components (times the number of branches where
         the model or guide has them).
+    :raises ~numpyro_dgp.ParameterMismatchError: ``params`` that do not match the model and guide.
+    :raises ValueError: for invalid arguments (``X_new`` not ``(N, D)``, non-finite, ...).
     """
-    if int(num_samples) < 1:
-        raise ValueError(f"predict: num_samples must be >= 1, got {num_samples}")
-    X_new = jnp.asarray(X_new)
-    if X_new.ndim != 2:
-        raise ValueError(f"predict: X_new must have shape (num_points, dim), got {X_new.shape}")
-    if not bool(jnp.all(jnp.isfinite(X_new))):
-        raise ValueError("predict: X_new contains NaN or inf values")
+    if not (isinstance(num_samples, (int, np.integer)) and num_samples >= 1):
+        raise ValueError(f"predict: num_samples must be a positive integer, got {num_samples!r}")
+    X_new = _test_inputs(X_new, "predict")
     _check_guide_is_set_up(guide, "predict")
+    specs = param_specs(model, guide, (X_new,) + tuple(args), kwargs)
+    check_params_against(specs, params, "predict", allow_unexpected=not strict, require_finite=True,
+                         hint=PREDICT_HINT)
     dyn_args = tuple(a if _is_array(a) else None for a in args)
     static_args = tuple(None if _is_array(a) else a for a in args)
     dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
@@ -302,7 +322,7 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
 
     def probe():
         # abstract run (jax.eval_shape): finds the observation site and the layers, computes nothing
-        run = marginal_trace(model, guide, params, rng_key, (X_new,) + tuple(args), kwargs, 3)
+        run = marginal_trace(model, guide, params, rng_key, (X_new,) + tuple(args), kwargs, 3, objective="predict")
         found["name"] = _observation_site(run.model_trace, obs_site)
         found["likelihood"] = _likelihood_of(run.model_trace[found["name"]]["fn"], found["name"])
         found["layers"] = list(run.layer_order)
@@ -317,7 +337,8 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
         call_args = tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
         call_kwargs = {**dict(static_kwargs), **dyn_kwargs}
         run_key, draw_key = jax.random.split(key)
-        run = marginal_trace(model, guide_ref(), params, run_key, (X_new,) + call_args, call_kwargs, num_nodes)
+        run = marginal_trace(model, guide_ref(), params, run_key, (X_new,) + call_args, call_kwargs, num_nodes,
+                            objective="predict")
         component = _mixture_component(run.model_trace, run.moments, name, run.quadrature_weights, layer_names, draw_key)
         return component + ((run.branch_log_weights,) if found["branches"] else ())
 
@@ -335,7 +356,8 @@ def predict_from_samples(
     *args,
     obs_site: str | None = None,
     params: dict | None = None,
-    **kwargs,
+    strict: bool = True,
+    **kwargs: Any,
 ) -> Prediction:
     """Predictive mixture of a DGP over posterior samples (MCMC, :class:`~numpyro_dgp.infer.SGHMC`).
 
@@ -358,14 +380,16 @@ def predict_from_samples(
     :param obs_site: name of the observation site (found automatically if there is one).
     :param params: ``{param site: value}`` fixed for all components, for params the samples
         do not hold (e.g. fitted values substituted into a NUTS run); samples take precedence.
+    :param strict: refuse entries of ``params`` that are not ``numpyro.param`` sites of the
+        model (``False`` ignores them, e.g. a whole ``FitResult.params`` with its guide
+        entries). The samples' and ``params``' shapes and dtypes are always checked against
+        the model's sites at ``X_new``, and non-finite ``params`` refused.
     :param kwargs: keyword arguments of the model.
     :return: :class:`Prediction` with ``S`` components.
+    :raises ~numpyro_dgp.ParameterMismatchError: samples or ``params`` that do not match the model.
+    :raises ValueError: for invalid arguments (empty samples, a missing ``"<layer>.u"`` site, ...).
     """
-    X_new = jnp.asarray(X_new)
-    if X_new.ndim != 2:
-        raise ValueError(f"predict_from_samples: X_new must have shape (num_points, dim), got {X_new.shape}")
-    if not bool(jnp.all(jnp.isfinite(X_new))):
-        raise ValueError("predict_from_samples: X_new contains NaN or inf values")
+    X_new = _test_inputs(X_new, "predict_from_samples")
     if not isinstance(samples, dict) or not samples:
         raise ValueError("predict_from_samples: samples is empty; pass mcmc.get_samples() (a dict of (S, ...) arrays)")
     samples = {k: jnp.asarray(v) for k, v in samples.items()}
@@ -376,7 +400,7 @@ def predict_from_samples(
     S = S_set.pop()
     if S < 1:
         raise ValueError("predict_from_samples: samples is empty (0 samples along the leading axis)")
-    fixed = {k: jnp.asarray(v) for k, v in (params or {}).items()}
+    fixed = _check_samples(model, samples, params, X_new, args, kwargs, strict)
 
     def run(sample, key, quadrature):
         data = {**fixed, **sample}
@@ -440,6 +464,33 @@ def predict_from_samples(
 
     keys = jax.random.split(rng_key, S)
     return _warn_if_not_finite(_mixture(likelihood, *jax.jit(jax.vmap(one))(samples, keys)), "predict_from_samples")
+
+
+def _check_samples(model, samples, params, X_new, args, kwargs, strict):
+    """``predict_from_samples``'s door, from one abstract run of the model at ``X_new`` with the
+    first sample and ``params`` substituted: ``params`` names only sites of the model and holds
+    finite values, and each latent site's samples have the shape of the site's distribution
+    there (another ``out_dim``, or inducing values that do not match the inducing inputs, are
+    reported by name). Returns ``params`` as arrays."""
+    fixed = {k: jnp.asarray(v) for k, v in (params or {}).items()}
+    data = {**fixed, **{k: v[0] for k, v in samples.items()}}
+    found = {}
+
+    def run():
+        tr = trace(substitute(seed(model, jax.random.PRNGKey(0)), data=data)).get_trace(X_new, *args, **kwargs)
+        for name, site in tr.items():
+            if site["type"] == "param" or (site["type"] == "sample" and not site["is_observed"]):
+                shape = site["fn"].shape() if site["type"] == "sample" else jnp.shape(site["value"])
+                found[name] = jax.ShapeDtypeStruct(tuple(shape), jnp.result_type(site["value"]))
+        return 0
+
+    jax.eval_shape(run)
+    check_params_against({k: v for k, v in found.items() if k not in samples}, fixed,
+                         "predict_from_samples (params)", allow_missing=True, allow_unexpected=not strict,
+                         require_finite=True, hint=PREDICT_HINT)
+    latent = {k: v for k, v in found.items() if k in samples}
+    check_params_against(latent, {k: samples[k] for k in latent}, "predict_from_samples (samples)", leading=1)
+    return fixed
 
 
 def sample_layers(

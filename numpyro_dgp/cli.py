@@ -4,11 +4,18 @@
   function, print the ELBO and test metrics, write a PNG of each layer's samples.
 * ``numpyro-dgp uci --dataset NAME --splits 0-4 ...`` -- DSVI on UCI splits; prints a table
   of test log-likelihood and RMSE (mean and standard error over splits).
+
+Every numeric argument is checked before anything runs: counts must be positive integers,
+``--lr`` a finite positive number, ``--seed`` a non-negative integer and ``--splits``
+non-negative indices or increasing ranges; ``--num-inducing`` above the number of training
+points is an error (not clipped). A bad value exits with status 2 and a message naming the
+argument.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -25,10 +32,32 @@ def _parse_splits(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _integer(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return _integer(text, 1)
+
+
+def _non_negative_int(text: str) -> int:
+    return _integer(text, 0)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite positive number, got {text!r}")
     return value
 
 
@@ -76,6 +105,7 @@ def cmd_uci(args: argparse.Namespace) -> int:
     :param args: the parsed ``uci`` arguments (see :func:`build_parser`).
     :return: the exit status, 0.
     :raises SystemExit: a split index the data set does not have.
+    :raises ValueError: ``--num-inducing`` above the number of training points.
     """
     _setup_precision(args.float32)
     from numpyro_dgp.datasets import load_uci, num_uci_splits
@@ -85,7 +115,11 @@ def cmd_uci(args: argparse.Namespace) -> int:
     bad = [s for s in args.splits if not 0 <= s < available]
     if bad:
         raise SystemExit(f"--splits: {args.dataset} has splits 0..{available - 1}; got {bad}")
-    name = load_uci(args.dataset, args.splits[0], data_dir=args.data_dir).name  # fails early on bad files
+    data = load_uci(args.dataset, args.splits[0], data_dir=args.data_dir)  # fails early on bad files
+    name, num_train = data.name, data.X_train.shape[0]
+    if args.num_inducing > num_train:
+        raise ValueError(f"--num-inducing {args.num_inducing} exceeds the {num_train} training points of {name} "
+                         f"(split {args.splits[0]}); pass --num-inducing {num_train} or fewer")
     print(f"{name}: {args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, batch {args.batch_size}")
     print(f"{'split':>5} {'test LL':>9} {'RMSE':>9} {'CRPS':>9} {'ms/step':>8} {'seconds':>8}")
     lls, rmses = [], []
@@ -114,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="fit a DGP to the built-in step function and plot each layer")
     demo.add_argument("--steps", type=_positive_int, default=3000)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=_non_negative_int, default=0)
     demo.add_argument("--output-dir", default="demo_output")
     demo.add_argument("--float32", action="store_true", help="single precision (default float64)")
     demo.set_defaults(func=cmd_demo)
@@ -125,10 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "yacht, or any other folder in the standard split layout), or the path of such a folder")
     uci.add_argument("--splits", type=_parse_splits, default=[0], help="e.g. 0-4 or 0,3,7")
     uci.add_argument("--layers", type=_positive_int, default=2)
-    uci.add_argument("--num-inducing", type=_positive_int, default=100)
+    uci.add_argument("--num-inducing", type=_positive_int, default=100,
+                     help="M per layer (at most the number of training points)")
     uci.add_argument("--steps", type=_positive_int, default=5000)
     uci.add_argument("--batch-size", type=_positive_int, default=1000)
-    uci.add_argument("--lr", type=float, default=0.01)
+    uci.add_argument("--lr", type=_positive_float, default=0.01, help="Adam's learning rate (> 0)")
     uci.add_argument("--data-dir", default=None, help="folder holding the data sets (default: $NUMPYRO_DGP_DATA)")
     uci.add_argument("--float32", action="store_true")
     uci.set_defaults(func=cmd_uci)

@@ -10,6 +10,11 @@ Writes are atomic: the archive goes to a temporary file in the target's director
 flushed to disk and then renamed onto the target, so a failed save leaves any previous file
 untouched.
 
+``load_params(path, model=..., guide=..., args=(X, y))`` also checks the loaded entries
+against the parameters the model and guide create (names, shapes, dtypes), so a file from
+another model fails at loading with :class:`~numpyro_dgp.ParameterMismatchError` instead of
+predicting with initial values. :func:`numpyro_dgp.fit` writes its checkpoints in this format.
+
 File layout (format version 1): an uncompressed ``.npz`` holding ``a0``, ``a1``, ... (one
 member per leaf array) and ``__numpyro_dgp_header__``, a 0-d unicode array with a JSON
 object ``{"format", "format_version", "library_version", "tree", "metadata"}``.
@@ -23,7 +28,7 @@ import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -300,15 +305,49 @@ def _to_jax(tree: dict, key_path: tuple[str, ...], path: Path) -> dict:
     return convert(tree)
 
 
+def _check_against_model(params: dict, model: Callable, guide: Callable | None, args: tuple, kwargs: dict,
+                         strict: bool, path: Path) -> None:
+    # imported here: numpyro_dgp.io stays light (no model machinery) for plain loads
+    from numpyro_dgp._params import STRICT_HINT, check_params_against, param_specs, set_up_guide
+
+    if guide is not None:
+        set_up_guide(guide, jax.random.PRNGKey(0), args, kwargs)
+    check_params_against(param_specs(model, guide, args, kwargs), params, f"load_params({str(path)!r})",
+                         allow_missing=not strict, allow_unexpected=not strict, hint=STRICT_HINT)
+
+
 def load_params(
-    path: os.PathLike | str, return_metadata: bool = False, *, as_numpy: bool = False
+    path: os.PathLike | str,
+    return_metadata: bool = False,
+    *,
+    as_numpy: bool = False,
+    model: Callable | None = None,
+    guide: Callable | None = None,
+    args: tuple = (),
+    kwargs: Mapping[str, Any] | None = None,
+    strict: bool = True,
 ) -> dict | tuple[dict, dict]:
-    """Load a parameter dict written by :func:`save_params`.
+    """Load a parameter dict written by :func:`save_params`, optionally checked against a model.
+
+    With ``model`` (and ``guide``, for SVI parameters) the loaded entries are compared with
+    what the model and guide create when run on ``args``/``kwargs`` (an abstract run: nothing
+    is computed): the same names, shapes and dtypes, or
+    :class:`~numpyro_dgp.ParameterMismatchError` lists the missing, unexpected and mis-shaped
+    entries. A guide that is not set up yet is set up here on ``args``/``kwargs`` (pass the
+    training arguments, ``y`` included, as to ``svi.init``), ready for
+    :func:`~numpyro_dgp.predict`.
 
     :param path: file path (``str`` or :class:`pathlib.Path`), exactly as given to
         :func:`save_params`.
     :param return_metadata: also return the stored metadata dict (``{}`` if none was saved).
     :param as_numpy: return NumPy arrays instead of JAX arrays (no 64-bit check needed).
+    :param model: check the parameters against this model (``None``: no check).
+    :param guide: and against this guide (``None``: the model's own ``numpyro.param`` sites,
+        e.g. for values substituted into MCMC).
+    :param args: the model's positional arguments for the check (the training data).
+    :param kwargs: the model's keyword arguments for the check.
+    :param strict: ``False`` accepts missing and unexpected entries (a partial file, e.g. for
+        ``fit(init_params=..., strict=False)``); shapes and dtypes are always checked.
     :return: nested dict of arrays (``jax.Array``, or ``np.ndarray`` with ``as_numpy``) with
         the saved keys, dtypes, shapes and bits; or ``(params, metadata)`` when
         ``return_metadata`` is true.
@@ -316,8 +355,11 @@ def load_params(
     :raises IsADirectoryError: ``path`` is a directory.
     :raises ValueError: the file is truncated, corrupt, not written by :func:`save_params`,
         written by a newer format version, or holds 64-bit arrays while JAX's 64-bit mode
-        is off (and ``as_numpy`` is false).
+        is off (and ``as_numpy`` is false); ``guide``, ``args`` or ``kwargs`` without ``model``.
+    :raises ~numpyro_dgp.ParameterMismatchError: with ``model``, parameters that do not match it.
     """
+    if model is None and (guide is not None or args or kwargs):
+        raise ValueError("load_params: guide=, args= and kwargs= are for the check against model=; pass model= too")
     path = Path(os.fspath(path)).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"parameter file path={str(path)!r} does not exist")
@@ -349,6 +391,8 @@ def load_params(
 
     if not as_numpy:
         params = _to_jax(params, (), path)
+    if model is not None:
+        _check_against_model(params, model, guide, tuple(args), dict(kwargs or {}), strict, path)
     if return_metadata:
         metadata = header.get("metadata") or {}
         return params, metadata

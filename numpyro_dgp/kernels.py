@@ -12,6 +12,10 @@ Kernels are JAX pytrees: the hyperparameter values are the leaves (other setting
 ``ard``, are static), so a kernel passes through ``jax.jit``, ``jax.vmap`` and ``jax.grad`` as
 an argument. ``k1 + k2`` and ``k1 * k2`` build :class:`Sum` and :class:`Product`, and
 ``sum([k1, k2, k3])`` works too.
+
+Hyperparameters are checked at construction: concrete values (Python numbers, NumPy or JAX
+arrays) must be finite and positive, or the constructor raises ``ValueError`` naming the
+hyperparameter; traced values (a kernel built inside ``jit`` or ``vmap``) are not checked.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 __all__ = [
@@ -59,12 +64,30 @@ def _check_diag_input(X: ArrayLike) -> jax.Array:
     return X
 
 
+def _check_hyperparameter(kernel: str, name: str, value: Any) -> None:
+    """Raise unless the concrete ``value`` is numeric, finite and positive (tracers pass)."""
+    try:
+        array = np.asarray(value)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return  # traced (inside jit/vmap): checked where it was concrete
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{kernel}: {name} must be a real number or array, got {value!r}")
+    if not (np.all(np.isfinite(array)) and np.all(array > 0)):
+        raise ValueError(f"{kernel}: {name} must be finite and positive, got {value!r}")
+
+
 class Kernel:
     """Base class. Subclasses are frozen dataclasses whose fields listed in
     ``_hyperparameter_names`` are the positive hyperparameters (the pytree leaves); every
     other field is static."""
 
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        # dataclass constructors and dataclasses.replace call this; pytree unflattening
+        # (jit, vmap, tree_map) builds kernels without it, so placeholders pass through
+        for name in self._hyperparameter_names:
+            _check_hyperparameter(type(self).__name__, name, getattr(self, name))
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -66,6 +66,9 @@ from jax.typing import ArrayLike
 from numpyro_dgp._compat import active_plates, handler_stack_is_empty
 from numpyro_dgp._layer_parts import (
     _check_finite,
+    _check_input_scale,
+    _check_kernel_values,
+    _check_unique_name,
     _default_encoder_input,
     _emit,
     MEAN_FUNCTIONS,
@@ -75,6 +78,7 @@ from numpyro_dgp._layer_parts import (
     _resolve_jitter,
     mean_projection,
 )
+from numpyro_dgp._validation import as_float_array
 from numpyro_dgp._protocol import ENCODER_INPUT_MESSAGE, INDUCING, LAYER_MESSAGE, InducingTag
 from numpyro_dgp.core import (
     affine_inducing_inputs,
@@ -307,6 +311,8 @@ def gp_layer(
         raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
     if not isinstance(kernel, Kernel):
         raise TypeError(f"gp_layer {name!r}: kernel must be a numpyro_dgp.kernels.Kernel, got {type(kernel)}")
+    _check_unique_name(name)
+    _check_kernel_values(name, kernel)
     if inducing not in INDUCING_MODES:
         raise NotImplementedError(
             f"gp_layer {name!r}: inducing={inducing!r} is not available; supported: {INDUCING_MODES}"
@@ -357,9 +363,9 @@ def gp_layer(
             f"gp_layer {name!r}: X must have shape (num_points, dim), or (num_branches, num_points, "
             f"dim) under numpyro_dgp.handlers.quadrature or an amortized guide; got {X.shape}"
         )
-    if not jnp.issubdtype(X.dtype, jnp.floating):
-        X = X.astype(jnp.result_type(float))
+    X = as_float_array(X, "X", f"gp_layer {name!r}")
     _check_finite(X, f"gp_layer {name!r}: X")
+    _check_input_scale(name, X, kernel)
     if not (isinstance(out_dim, (int, np.integer)) and out_dim >= 1):
         raise ValueError(f"gp_layer {name!r}: out_dim must be a positive integer, got {out_dim!r}")
     priors = dict(priors or {})
@@ -512,9 +518,7 @@ def _amortized_layer(
             "x = numpyro.subsample(X, event_dim=1); h = gp_layer(..., x, inducing='amortized')"
         )
     data_plate = data_plate[0]
-    X = jnp.asarray(X)
-    if not jnp.issubdtype(X.dtype, jnp.floating):
-        X = X.astype(jnp.result_type(float))
+    X = as_float_array(X, "X", f"gp_layer {name!r}")
     B = data_plate.subsample_size
     if X.ndim not in (2, 3) or X.shape[-2] != B:
         raise ValueError(
@@ -522,6 +526,7 @@ def _amortized_layer(
             f"(num_branches, {B}, dim); got {X.shape}"
         )
     _check_finite(X, f"gp_layer {name!r}: X")
+    _check_input_scale(name, X, kernel)
     jitter = _resolve_jitter(name, jitter, X.dtype)
     D = X.shape[-1]
     M = int(num_inducing)
@@ -555,6 +560,15 @@ def _amortized_layer(
     infer = {INDUCING: InducingTag(name, False, "amortized", p)}
     with numpyro.handlers.scale(scale=1.0 / data_plate.size if average_kl else 1.0):
         u = numpyro.sample(u_site, prior, infer=infer)
+    if jnp.shape(u) != prior.shape():
+        # the placeholder of AutoAmortizedDGP (shaped as at its set-up), replayed at another
+        # batch size by an objective that samples the guide on its own (Trace_ELBO, ...)
+        raise NotImplementedError(
+            f"gp_layer {name!r} (inducing='amortized'): AutoAmortizedDGP's q(u_n | p_n) depends on the "
+            "model's layer outputs, so NumPyro's Trace_ELBO, TraceMeanField_ELBO and Predictive cannot sample "
+            "the guide on its own; use numpyro_dgp.DGPElbo or numpyro_dgp.PredictiveObjective to train and "
+            "numpyro_dgp.predict to predict"
+        )
     u = jnp.asarray(u, X.dtype)
     layer = Layer(
         name, kernel, Z, Kzz_chol, mean_fn, False, jitter, out_dim, u_site, prior_mean, "amortized", noise, mean_affine

@@ -6,6 +6,12 @@
   (2019);
 * :func:`amortized_dgp` -- the amortized DGP of Meng & Zhang (2024).
 
+The factories check their arguments when the model is built; every model checks its data
+when it runs eagerly (the first run of ``svi.init`` / :func:`~numpyro_dgp.fit`): ``X`` must be a
+finite ``(N, D)`` array (integers are cast to the default float, so the noise parameter, created
+in ``X``'s dtype, is a float), ``y`` ``(N,)`` or ``(N, 1)`` (squeezed) with finite values, and
+features far from standardized give an :class:`~numpyro_dgp.InputScaleWarning`.
+
 **References:**
 
 * Salimbeni, Deisenroth (2017). Doubly stochastic variational inference for deep Gaussian
@@ -25,9 +31,16 @@ import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
+from numpyro_dgp._validation import (
+    as_float_array,
+    check_finite,
+    check_positive_int,
+    check_positive_number,
+    targets,
+)
 from numpyro_dgp.handlers import sde_flow
 from numpyro_dgp.kernels import RBF, Kernel, Matern52
-from numpyro_dgp.layers import gp_layer
+from numpyro_dgp.layers import MEAN_FUNCTIONS, gp_layer
 
 __all__ = ["amortized_dgp", "deep_gp_regression", "diffgp"]
 
@@ -67,16 +80,22 @@ def deep_gp_regression(
         noise=...)``: a learned ``"h<l>.noise"``); ``None`` (default): noiseless inner layers, as
         in DSVI. :class:`~numpyro_dgp.objectives.NestedCompressionElbo` needs it.
     :return: the model ``model(X, y=None, batch_size=None)``: ``X`` ``(N, D)``, ``y`` ``(N,)``.
+    :raises ValueError: for an invalid argument (naming it).
+    :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
-    if not (isinstance(num_layers, int) and num_layers >= 1):
-        raise ValueError(f"deep_gp_regression: num_layers must be a positive integer, got {num_layers!r}")
-    if not noise_init > 0:
-        raise ValueError(f"deep_gp_regression: noise_init must be positive, got {noise_init!r}")
+    caller = "deep_gp_regression"
+    check_positive_int(num_layers, "num_layers", caller)
+    check_positive_int(num_inducing, "num_inducing", caller)
+    check_positive_int(hidden_width, "hidden_width", caller, allow_none=True)
+    _check_common(caller, kernel, noise_init, jitter)
+    if not (callable(inner_mean) or inner_mean in MEAN_FUNCTIONS):
+        raise ValueError(f"{caller}: inner_mean must be one of {MEAN_FUNCTIONS} or a callable, got {inner_mean!r}")
     kernel = RBF() if kernel is None else kernel
 
     def model(X, y=None, batch_size=None):
+        X, y = _data(X, y, "deep_gp_regression model")
         D = X.shape[1]
-        data, X_batch, y_batch = _subsample(X, y, batch_size, "model")
+        data, X_batch, y_batch = _subsample(X, y, batch_size, "deep_gp_regression model")
         h = X_batch
         width = D if hidden_width is None else hidden_width
         for layer in range(1, num_layers + 1):
@@ -99,10 +118,28 @@ def deep_gp_regression(
     return model
 
 
+def _check_common(caller, kernel, noise_init, jitter):
+    """The factories' shared arguments: checked when the model is built, not at its first run."""
+    if kernel is not None and not isinstance(kernel, Kernel):
+        raise TypeError(f"{caller}: kernel must be a numpyro_dgp.kernels.Kernel, got {type(kernel).__name__}")
+    check_positive_number(noise_init, "noise_init", caller)
+    if jitter is not None:
+        check_positive_number(jitter, "jitter", caller)
+
+
+def _data(X, y, caller, likelihood="gaussian"):
+    """The model's data at the door: ``X`` a finite float ``(N, D)`` array (integers cast to the
+    default float, never left integer: the noise is created in ``X``'s dtype), ``y`` ``(N,)``
+    (``(N, 1)`` squeezed; Gaussian targets cast to ``X``'s dtype)."""
+    X = as_float_array(X, "X", caller, ndim=2)
+    check_finite(X, "X", caller)
+    y = targets(y, X.shape[0], caller, X.dtype if likelihood == "gaussian" else None)
+    return X, y
+
+
 def _subsample(X, y, batch_size, caller):
     N = X.shape[0]
-    if y is not None and y.shape != (N,):
-        raise ValueError(f"{caller}: y must have shape ({N},) to match X {X.shape}, got {y.shape}")
+    check_positive_int(batch_size, "batch_size", caller, allow_none=True)
     data = numpyro.plate("data", N, subsample_size=batch_size if batch_size and batch_size < N else None)
     with data:
         X_batch = numpyro.subsample(X, event_dim=1)
@@ -154,11 +191,18 @@ def diffgp(
     :param jitter: Cholesky jitter (default by dtype).
     :return: the :class:`~numpyro_dgp.handlers.sde_flow`-wrapped model
         ``model(X, y=None, batch_size=None)``.
+    :raises ValueError: for an invalid argument (naming it).
+    :raises NotImplementedError: for an unknown ``likelihood``.
+    :raises TypeError: if a kernel is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
     if likelihood not in LIKELIHOODS:
         raise NotImplementedError(f"diffgp: likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
-    if not noise_init > 0:
-        raise ValueError(f"diffgp: noise_init must be positive, got {noise_init!r}")
+    check_positive_number(T, "T", "diffgp", allow_zero=True)
+    check_positive_int(num_steps, "num_steps", "diffgp")
+    check_positive_int(num_inducing, "num_inducing", "diffgp")
+    _check_common("diffgp", kernel, noise_init, jitter)
+    if flow_kernel is not None and not isinstance(flow_kernel, Kernel):
+        raise TypeError(f"diffgp: flow_kernel must be a numpyro_dgp.kernels.Kernel, got {type(flow_kernel).__name__}")
     if time_input and flow_inducing_inputs is None:
         raise ValueError(
             "diffgp: time_input=True needs flow_inducing_inputs over (x, t), e.g. "
@@ -168,6 +212,7 @@ def diffgp(
     kernel = RBF() if kernel is None else kernel
 
     def model(X, y=None, batch_size=None):
+        X, y = _data(X, y, "diffgp model", likelihood)
         data, X_batch, y_batch = _subsample(X, y, batch_size, "diffgp model")
         D = X.shape[-1]
         flow_in = X_batch
@@ -231,6 +276,8 @@ def amortized_dgp(
         ``False`` gives the summed KL of a proper ELBO.
     :param jitter: Cholesky jitter (default by dtype).
     :return: the model ``model(X, y=None, batch_size=None)``: ``X`` ``(N, D)``, ``y`` ``(N,)``.
+    :raises ValueError: for an invalid argument (naming it).
+    :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
     widths, num_inducing = tuple(widths), tuple(num_inducing)
     if not widths or widths[-1] != 1 or any(not (isinstance(w, int) and w >= 1) for w in widths):
@@ -241,11 +288,13 @@ def amortized_dgp(
         )
     if likelihood not in LIKELIHOODS:
         raise NotImplementedError(f"amortized_dgp: likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
-    if not noise_init > 0:
-        raise ValueError(f"amortized_dgp: noise_init must be positive, got {noise_init!r}")
+    for i, M in enumerate(num_inducing):
+        check_positive_int(M, f"num_inducing[{i}]", "amortized_dgp")
+    _check_common("amortized_dgp", kernel, noise_init, jitter)
     kernel = Matern52(ard=False) if kernel is None else kernel
 
     def model(X, y=None, batch_size=None):
+        X, y = _data(X, y, "amortized_dgp model", likelihood)
         data, _, y_batch = _subsample(X, y, batch_size, "amortized_dgp model")
         with data:
             h = numpyro.subsample(X, event_dim=1)

@@ -41,6 +41,7 @@ __all__ = [
     "ChainLink",
     "JointBlock",
     "POINT_BOUND",
+    "CholeskyNormal",
     "gaussian_parameters",
     "quadrature_log_weights",
     "quadrature_points",
@@ -122,6 +123,40 @@ def unwrap_distribution(fn: dist.Distribution) -> dist.Distribution:
             return fn
 
 
+class CholeskyNormal(dist.TransformedDistribution):
+    """``N(loc, L L^T)`` over the last axis, drawn as ``loc + L z`` with ``z ~ N(0, I)``.
+
+    The same draws as ``MultivariateNormal(loc, scale_tril=L)`` for the same key, but its
+    log-density at a draw is computed from the stored ``z`` (``log N(z | 0, I) - log|L|``),
+    without solving against ``L``. NumPyro's ``Trace_ELBO`` scores guide sites that way; a
+    solve against a near-singular ``L`` (a near-deterministic inner layer, started at
+    ``1e-5`` times its prior) loses every digit and returns log-densities of ``1e268``.
+    Scoring a value that was not drawn by it (no intermediates) solves as
+    ``MultivariateNormal`` does.
+
+    :param loc: ``(..., M)`` means.
+    :param scale_tril: ``(..., M, M)`` lower Cholesky factors.
+    """
+
+    def __init__(self, loc: ArrayLike, scale_tril: ArrayLike, *, validate_args: bool | None = None) -> None:
+        loc, scale_tril = jnp.asarray(loc), jnp.asarray(scale_tril)
+        shape = jnp.broadcast_shapes(loc.shape, scale_tril.shape[:-1])
+        self.loc = jnp.broadcast_to(loc, shape)
+        self.scale_tril = scale_tril
+        base = dist.Normal(jnp.zeros(shape, loc.dtype), 1.0).to_event(1)
+        super().__init__(base, dist.transforms.LowerCholeskyAffine(self.loc, scale_tril), validate_args=validate_args)
+
+    @property
+    def mean(self) -> jax.Array:
+        """The mean ``loc``."""
+        return self.loc
+
+    @property
+    def variance(self) -> jax.Array:
+        """The marginal variances ``diag(L L^T)``."""
+        return jnp.sum(self.scale_tril**2, axis=-1)
+
+
 def gaussian_parameters(
     fn: dist.Distribution, shape: tuple[int, int]
 ) -> tuple[jax.Array, jax.Array] | None:
@@ -136,7 +171,7 @@ def gaussian_parameters(
     """
     base = unwrap_distribution(fn)
     P, M = shape
-    if isinstance(base, dist.MultivariateNormal):
+    if isinstance(base, (CholeskyNormal, dist.MultivariateNormal)):
         if base.event_shape != (M,):
             return None
         loc = jnp.broadcast_to(base.loc, shape)

@@ -115,14 +115,15 @@ def fit_factorized(
     :param num_particles: Monte Carlo samples of the inner layers per step.
     :param progress_bar: show a progress bar.
     :param chunk_size: steps per compiled chunk.
-    :param init_params: initial constrained values of some parameters.
+    :param init_params: initial constrained values of some parameters (a partial dict: the
+        entries given are checked against the model, see ``fit(..., strict=False)``).
     :return: ``(model, guide, FitResult)``.
     """
     guide = AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(learning_rate), DGPElbo(num_particles=num_particles))
     kwargs = {"batch_size": batch_size} if batch_size else {}
     result = fit(svi, rng_key, X, y, num_steps=num_steps, chunk_size=min(chunk_size, num_steps),
-                 progress_bar=progress_bar, init_params=init_params, **kwargs)
+                 progress_bar=progress_bar, init_params=init_params, strict=False, **kwargs)
     return model, guide, result
 
 

@@ -19,10 +19,21 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 # The test suite runs in float64 (dense references to 1e-8).
 jax.config.update("jax_enable_x64", True)
 os.environ.setdefault("NUMPYRO_DGP_SMOKE", "1")
+
+
+# Property-based tests (hypothesis) are deterministic here: the same examples on every run and
+# machine (derandomize, no example database), no per-example deadline (the first example of a
+# shape compiles), and few examples per test (each one runs JAX programs). A test may ask for
+# more or fewer with its own @settings; HYPOTHESIS_PROFILE=thorough draws many more.
+settings.register_profile("numpyro_dgp", derandomize=True, database=None, deadline=None, max_examples=15,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", settings.get_profile("numpyro_dgp"), derandomize=False, max_examples=500)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "numpyro_dgp"))
 
 
 #: The standard UCI splits beside the repository (tests pass this path explicitly; the package

@@ -83,3 +83,23 @@ def test_is_tracer():
     assert not _compat.is_tracer(jnp.ones(2))
     assert jax.jit(lambda x: jnp.asarray(_compat.is_tracer(x)))(jnp.ones(2))
     assert not _compat.is_tracer(dist.Normal(0.0, 1.0))
+
+
+def test_innermost_trace_records_the_run_in_progress():
+    seen = {}
+
+    def model():
+        seen["before"] = dict(_compat.innermost_trace())
+        numpyro.sample("a", dist.Normal(0.0, 1.0))
+        seen["after"] = list(_compat.innermost_trace())
+        with trace() as inner:
+            numpyro.sample("b", dist.Normal(0.0, 1.0))
+            seen["inner"] = list(_compat.innermost_trace())
+        seen["inner_is_innermost"] = inner is not None
+
+    assert _compat.innermost_trace() is None
+    trace(seed(model, 0)).get_trace()
+    assert seen == {"before": {}, "after": ["a"], "inner": ["b"], "inner_is_innermost": True}
+    seen.clear()
+    seed(lambda: seen.setdefault("none", _compat.innermost_trace()), 0)()
+    assert seen["none"] is None

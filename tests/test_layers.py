@@ -120,13 +120,20 @@ def test_inducing_inputs_argument():
         run_layer(X, inducing_inputs=Z.at[0, 0].set(jnp.nan))
 
 
+def _unchecked(kernel, *values):
+    """``kernel`` with these hyperparameter values, bypassing the constructor's checks."""
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(kernel), values)
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
         (dict(X=jnp.ones(5), num_inducing=2), ValueError, r"X must have shape \(num_points, dim\)"),
         (dict(X=jnp.ones((5, 1)).at[2, 0].set(jnp.nan), num_inducing=2), ValueError, "X contains NaN"),
-        (dict(num_inducing=2, kernel=dgp.kernels.RBF(variance=-1.0)), ValueError, "'variance' must be positive"),
-        (dict(num_inducing=2, kernel=dgp.kernels.Matern32(lengthscale=0.0)), ValueError, "'lengthscale' must be positive"),
+        # kernels refuse such values at construction; built as pytrees they reach the layer's own check
+        (dict(num_inducing=2, kernel=_unchecked(dgp.kernels.RBF(), -1.0, 1.0)), ValueError, "'variance' must be positive"),
+        (dict(num_inducing=2, kernel=_unchecked(dgp.kernels.Matern32(), 1.0, 0.0)), ValueError,
+         "'lengthscale' must be positive"),
         (dict(num_inducing=2, jitter=0.0), ValueError, "jitter must be a finite positive"),
         (dict(num_inducing=2, jitter=float("nan")), ValueError, "jitter"),
         (dict(), ValueError, "give num_inducing"),

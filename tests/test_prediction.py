@@ -285,15 +285,18 @@ def test_predict_rejects_unsupported_likelihoods_and_bad_inputs(data, fitted):
 
 
 def test_predict_reports_non_finite_predictions(data, fitted):
-    """A failed factorization (here: an inducing input made NaN) must not pass silently into
-    the metrics: predict warns with the number of bad points."""
+    """A failed factorization (here: an inducing input so large that the kernel overflows) must
+    not pass silently into the metrics: predict warns with the number of bad points. (NaN
+    parameters never get that far: predict refuses them, naming the entry.)"""
     guide, params = fitted
     Xs = jnp.linspace(-1.5, 1.5, 17)[:, None]
     with warnings.catch_warnings():
         warnings.simplefilter("error", dgp.NonFinitePredictionWarning)
         dgp.predict(one_layer, guide, params, jax.random.PRNGKey(2), Xs, num_samples=2)  # healthy: silent
     name = next(k for k in params if k.endswith("inducing_inputs"))
-    broken = {**params, name: params[name].at[0, 0].set(jnp.nan)}
+    with pytest.raises(dgp.ParameterMismatchError, match=rf"not finite.*{name}"):
+        dgp.predict(one_layer, guide, {**params, name: params[name].at[0, 0].set(jnp.nan)}, jax.random.PRNGKey(2), Xs)
+    broken = {**params, name: params[name].at[0, 0].set(1e200)}
     with pytest.warns(dgp.NonFinitePredictionWarning, match="17 of 17 test points"):
         pred = dgp.predict(one_layer, guide, broken, jax.random.PRNGKey(2), Xs, num_samples=2)
     assert np.isnan(dgp.metrics(pred, np.zeros(17))["log_likelihood"])

@@ -24,7 +24,8 @@
 # 2. fit it with `AutoFactorizedDGP` (the DSVI guide of Salimbeni & Deisenroth, 2017) and `DGPElbo`;
 # 3. compare `DGPElbo` with NumPyro's `Trace_ELBO` on the same model and guide;
 # 4. predict, plot each layer, and compare with a single-layer sparse GP (SVGP);
-# 5. save and reload the fitted parameters.
+# 5. save and reload the fitted parameters, checked against the model, and resume a fit from a
+#    checkpoint.
 
 # %% [markdown]
 # ## 1. Setup
@@ -346,7 +347,7 @@ plt.show()
 # that its smooth last layer can follow the jump, and keeps a small noise variance.
 
 # %% [markdown]
-# ## 9. Saving and loading
+# ## 9. Saving, loading, resuming and checkpointing
 #
 # `dgp.save_params` writes the parameter dict to an `.npz` file (keys, dtypes, shapes and values
 # are preserved exactly, and the file is written atomically); `dgp.load_params` reads it back.
@@ -367,6 +368,48 @@ pred_loaded = dgp.predict(model, fresh_guide, loaded, key_pred, X_test, num_samp
 print("same keys:", sorted(loaded) == sorted(params))
 print("identical predictive means:", bool(np.array_equal(pred.mean, pred_loaded.mean)))
 print("max |difference|:", float(jnp.max(jnp.abs(pred.mean - pred_loaded.mean))))
+
+# %% [markdown]
+# **Parameters are checked against the model.** `dgp.predict` compares the parameters with the
+# ones the model and guide create (names, shapes and dtypes, found by an abstract run: nothing
+# is computed) and refuses non-finite values, so a file from another model (renamed layers,
+# another `num_inducing` or width), a misspelt key or an empty dict raises a
+# `dgp.ParameterMismatchError` listing the missing, unexpected and mis-shaped entries, instead of
+# quietly predicting with initial values. `dgp.load_params(path, model=..., guide=...,
+# args=(X, y))` runs the same check when loading (and sets the guide up on the training data),
+# and `dgp.fit(..., init_params=...)` before starting; `strict=False` accepts a partial dict.
+
+# %%
+try:
+    dgp.predict(model, fresh_guide, {k: v for k, v in loaded.items() if k != "noise"}, key_pred, X_test)
+except dgp.ParameterMismatchError as err:
+    print(err)
+
+# %% [markdown]
+# ### Resuming and checkpointing
+#
+# A fit can be cut into pieces without changing it: `fit(..., num_steps=a)` followed by
+# `fit(svi, None, ..., num_steps=b, init_state=result.state)` ends bit for bit where
+# `fit(..., num_steps=a + b)` does, whatever the `chunk_size`, and fitting the same `SVI` twice
+# with the same key gives the same result. For long runs, `checkpoint_path=...` with
+# `checkpoint_every=k` writes a checkpoint every `k` steps (atomically: a killed process leaves the
+# last complete one), holding everything needed to go on: the optimizer state, the step count,
+# the random key, the averaging state of `average_from` and the losses so far. The same call with
+# `resume=True` continues from the checkpoint when there is one and starts afresh when there is
+# not, so a job restarted after a crash or a preemption ends exactly where the uninterrupted run
+# would. Below, a run stopped at step 100 is resumed to 200 steps.
+
+# %%
+svi_ckpt = SVI(model, dgp.guides.AutoFactorizedDGP(model), numpyro.optim.Adam(0.01), dgp.DGPElbo())
+with tempfile.TemporaryDirectory() as tmp:
+    checkpoint = os.path.join(tmp, "fit.ckpt")
+    options = dict(checkpoint_path=checkpoint, checkpoint_every=50, progress_bar=False)
+    dgp.fit(svi_ckpt, key_fit, X, y, num_steps=100, **options)  # stopped after 100 steps
+    resumed = dgp.fit(svi_ckpt, key_fit, X, y, num_steps=200, resume=True, **options)
+uninterrupted = dgp.fit(svi_ckpt, key_fit, X, y, num_steps=200, progress_bar=False)
+print("resumed run equals the uninterrupted one bit for bit:",
+      all(np.array_equal(resumed.params[k], uninterrupted.params[k]) for k in resumed.params)
+      and np.array_equal(resumed.losses, uninterrupted.losses))
 
 # %% [markdown]
 # ## 10. Training faster: compiled once, continued without recompiling, split across devices

@@ -216,7 +216,7 @@ model_trace = trace(seed(substitute(model, data=result.params), 0)).get_trace(X_
 Z = np.asarray(model_trace["h1.layer"]["args"][0].inducing_inputs)
 # the guide's placeholder site carries the encoder q(u_n | p_n) (posteriors.AmortizedPosterior)
 guide_trace = trace(seed(substitute(guide, data=result.params), 0)).get_trace(X_test)
-loc, scale = guide_trace["h1.u.amortized"]["fn"].posterior.encode(X_test)  # layer h1 sees X
+loc, scale = guide_trace["h1.u"]["fn"].posterior.encode(X_test)  # layer h1 sees X
 fig, ax = plt.subplots(figsize=(7, 3.2))
 mean1 = np.asarray(pred.layer_means["h1"][0, :, 0])  # the first layer's mean is the same in every component
 ax.plot(X_test[:, 0], mean1, "k-", lw=1, label="layer h1 output 1 (marginal mean)")

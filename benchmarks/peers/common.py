@@ -13,6 +13,10 @@ Each peer script runs in its own virtualenv (see ``setup.sh``) and imports this 
   ``RMSE = sqrt(mean_n (y_n - mean_s m_sn)^2) * y_std`` (v includes the noise variance).
 * :func:`block_statistics`, :func:`parse_args` and :func:`emit` keep the two scripts'
   timing protocol, command line and output identical.
+* :func:`load_kin8nm_validation` holds back a validation part of the training split (the rows
+  :func:`validation_indices` picks; ``benchmarks/startup.py`` mirrors the rule for ours);
+  :class:`StartupClock` and :func:`train_until` serve the ``--startup`` and ``--until-ll``
+  modes that ``benchmarks/startup.py`` runs.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ NOISE_INIT = 0.01
 INNER_Q_SQRT_SCALE = 1e-5
 NUM_TEST_SAMPLES = 100
 JITTER = {"float64": 1e-6, "float32": 1e-4}
+VALID_FRACTION = 0.1  # share of the training split held back by --until-ll
+VALID_SEED = 0
+#: wall-clock time (``time.time()``) at which the parent launched this process (benchmarks/startup.py)
+STARTUP_T0_ENV_VAR = "NUMPYRO_DGP_STARTUP_T0"
 
 
 def log(*args):
@@ -84,9 +92,8 @@ def _standardize_stats(values):
     return mean, np.where(std > 0.0, std, 1.0)
 
 
-def load_kin8nm(split: int = 0, data_dir=None, name: str = "kin8nm") -> dict:
-    """One standardized split, float64: ``X_train (N, D)``, ``y_train (N,)``, ``X_test``,
-    ``y_test`` (standardized with training statistics), ``y_mean``, ``y_std``."""
+def _raw_split(split: int, data_dir, name: str):
+    """Unstandardized ``(X_train, y_train, X_test, y_test)`` of one split, float64."""
     folder = resolve_data_dir(data_dir) / name
     data = np.loadtxt(folder / "data.txt", dtype=np.float64, ndmin=2)
     features = _read_indices(folder / "index_features.txt")
@@ -97,15 +104,58 @@ def load_kin8nm(split: int = 0, data_dir=None, name: str = "kin8nm") -> dict:
     test = _read_indices(folder / f"index_test_{split}.txt")
     if np.intersect1d(train, test).size:
         raise ValueError(f"split {split}: train and test indices overlap")
-    x_mean, x_std = _standardize_stats(X[train])
-    y_mean, y_std = _standardize_stats(y[train])
+    return X[train], y[train], X[test], y[test]
+
+
+def load_kin8nm(split: int = 0, data_dir=None, name: str = "kin8nm") -> dict:
+    """One standardized split, float64: ``X_train (N, D)``, ``y_train (N,)``, ``X_test``,
+    ``y_test`` (standardized with training statistics), ``y_mean``, ``y_std``."""
+    X_train, y_train, X_test, y_test = _raw_split(split, data_dir, name)
+    x_mean, x_std = _standardize_stats(X_train)
+    y_mean, y_std = _standardize_stats(y_train)
     return {
-        "X_train": (X[train] - x_mean) / x_std,
-        "y_train": (y[train] - y_mean) / y_std,
-        "X_test": (X[test] - x_mean) / x_std,
-        "y_test": (y[test] - y_mean) / y_std,
+        "X_train": (X_train - x_mean) / x_std,
+        "y_train": (y_train - y_mean) / y_std,
+        "X_test": (X_test - x_mean) / x_std,
+        "y_test": (y_test - y_mean) / y_std,
         "y_mean": float(y_mean),
         "y_std": float(y_std),
+    }
+
+
+def validation_indices(num_train: int, fraction: float = VALID_FRACTION, seed: int = VALID_SEED):
+    """Positions (into the training split's rows, in ``index_train_K.txt`` order) of the rows kept
+    for fitting and of the rows held back for validation: the last ``round(fraction * N)`` entries
+    of ``np.random.default_rng(seed).permutation(N)`` are the validation rows; both returned
+    sorted. ``benchmarks/startup.py`` (``validation_indices``) mirrors this exactly for ours."""
+    perm = np.random.default_rng(int(seed)).permutation(int(num_train))
+    num_valid = int(round(fraction * num_train))
+    if not 0 < num_valid < num_train:
+        raise ValueError(f"validation part of {num_valid} rows out of {num_train}")
+    return np.sort(perm[: num_train - num_valid]), np.sort(perm[num_train - num_valid:])
+
+
+def load_kin8nm_validation(split: int = 0, data_dir=None, name: str = "kin8nm",
+                           fraction: float = VALID_FRACTION, seed: int = VALID_SEED) -> dict:
+    """Split ``split`` with a validation part held back from its training rows
+    (:func:`validation_indices`), all standardized with the statistics of the remaining
+    training rows: ``X_train``/``y_train`` (the rows fitted), ``X_valid``/``y_valid``,
+    ``X_test``/``y_test``, ``y_mean``, ``y_std``."""
+    X_train, y_train, X_test, y_test = _raw_split(split, data_dir, name)
+    fit, valid = validation_indices(len(y_train), fraction, seed)
+    x_mean, x_std = _standardize_stats(X_train[fit])
+    y_mean, y_std = _standardize_stats(y_train[fit])
+    return {
+        "X_train": (X_train[fit] - x_mean) / x_std,
+        "y_train": (y_train[fit] - y_mean) / y_std,
+        "X_valid": (X_train[valid] - x_mean) / x_std,
+        "y_valid": (y_train[valid] - y_mean) / y_std,
+        "X_test": (X_test - x_mean) / x_std,
+        "y_test": (y_test - y_mean) / y_std,
+        "y_mean": float(y_mean),
+        "y_std": float(y_std),
+        "num_fit": int(fit.size),
+        "num_valid": int(valid.size),
     }
 
 
@@ -174,6 +224,12 @@ def parse_args(description: str, argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads (default: os.cpu_count(); TF's own default is also all cores)")
+    p.add_argument("--startup", action="store_true",
+                   help="only time the start-up (import, data, model, first finished step) from process start")
+    p.add_argument("--until-ll", type=float, default=None, metavar="LL",
+                   help="train until the validation LL (original units) reaches LL; report the wall clock from process start")
+    p.add_argument("--check-every", type=int, default=250, help="with --until-ll: steps between validation checks")
+    p.add_argument("--max-steps", type=int, default=20000, help="with --until-ll: give up after this many steps")
     return p.parse_args(argv)
 
 
@@ -193,6 +249,122 @@ def speed_result(library, version, args, compile_s, blocks, num_threads) -> dict
 
 def empty_budget_fields() -> dict:
     return {"budget_steps": None, "test_ll": None, "test_rmse": None, "final_elbo": None}
+
+
+# ----------------------------------------------------------------------------------------
+# Start-up and time-to-accuracy modes (benchmarks/startup.py)
+# ----------------------------------------------------------------------------------------
+
+
+def proc_start_wall():
+    """Wall-clock time at which this process started, from ``/proc/self/stat`` (field 22,
+    ``starttime``, clock ticks after boot) and ``/proc/uptime``; resolution one clock tick
+    (10 ms); ``None`` where ``/proc`` is missing."""
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        start_ticks = int(stat[stat.rindex(")") + 2:].split()[19])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class StartupClock:
+    """Seconds since this process was launched.
+
+    The origin is the parent's ``time.time()`` just before it launched this process
+    (``$NUMPYRO_DGP_STARTUP_T0``, set by ``benchmarks/startup.py``), so fork, exec and the
+    interpreter's own start are included; run by hand, the kernel's record of the process start
+    (:func:`proc_start_wall`) stands in. Marks after the script's entry use ``perf_counter``.
+
+    :param entry: ``(time.time(), time.perf_counter())`` taken at the script's first statement.
+    """
+
+    def __init__(self, entry):
+        entry_wall, self._entry_perf = entry
+        proc = proc_start_wall()
+        env = os.environ.get(STARTUP_T0_ENV_VAR)
+        if env:
+            self.t0, self.source = float(env), "parent launch time ($" + STARTUP_T0_ENV_VAR + ")"
+        elif proc is not None:
+            self.t0, self.source = proc, "/proc/self/stat starttime"
+        else:
+            self.t0, self.source = entry_wall, "script entry (no /proc)"
+        self._entry = entry_wall - self.t0
+        # the kernel's start time minus the parent's launch time: a check on the origin (~0 to 0.01 s)
+        self.proc_minus_origin = None if proc is None else proc - self.t0
+        self.marks = {"script_entry": self._entry}
+
+    def now(self) -> float:
+        return self._entry + time.perf_counter() - self._entry_perf
+
+    def mark(self, name: str) -> float:
+        self.marks[name] = self.now()
+        return self.marks[name]
+
+    def info(self) -> dict:
+        return {"source": self.source, "proc_minus_origin": self.proc_minus_origin}
+
+
+def max_rss_mib():
+    """Peak resident memory of this process (MiB), or ``None``."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+    except (ImportError, OSError):
+        return None
+
+
+def startup_result(library, version, args, clock, num_threads) -> dict:
+    """The ``--startup`` JSON line: marks in seconds from process start (``script_entry``,
+    ``import``, ``data``, ``init`` = k-means and model built, ``first_step`` = first training
+    step finished)."""
+    return {"library": library, "version": version, "precision": args.precision, "mode": "startup",
+            "marks": dict(clock.marks), "clock": clock.info(), "num_threads": num_threads,
+            "max_rss_mib": max_rss_mib()}
+
+
+def train_until(step, validation_ll, clock, target: float, check_every: int, max_steps: int, steps_done: int = 0,
+                sync=None) -> dict:
+    """Call ``step()`` and, every ``check_every`` steps (counted from the first), ``validation_ll()``
+    until it returns ``>= target`` or ``max_steps`` steps are done. The evaluations are in the
+    wall clock (they are part of reaching the accuracy). ``sync(loss)`` blocks on a step's result
+    before each evaluation (TF: ``loss.numpy()``).
+
+    :return: ``{"reached", "steps", "seconds" (from process start, at the deciding check),
+        "valid_ll", "eval_seconds" (all checks), "history": [{"step", "seconds", "valid_ll"}]}``.
+    """
+    steps, history, eval_seconds, ll = steps_done, [], 0.0, None
+    while steps < max_steps:
+        loss = None
+        for _ in range(min(check_every - steps % check_every, max_steps - steps)):
+            loss = step()
+            steps += 1
+        if sync is not None and loss is not None:
+            sync(loss)
+        t0 = time.perf_counter()
+        ll = float(validation_ll())
+        eval_seconds += time.perf_counter() - t0
+        history.append({"step": steps, "seconds": round(clock.now(), 3), "valid_ll": round(ll, 5)})
+        log(f"  step {steps}: validation LL {ll:.4f} at {clock.now():.1f} s")
+        if ll >= target:
+            return {"reached": True, "steps": steps, "seconds": clock.now(), "valid_ll": ll,
+                    "eval_seconds": eval_seconds, "history": history}
+    return {"reached": False, "steps": steps, "seconds": clock.now(), "valid_ll": ll,
+            "eval_seconds": eval_seconds, "history": history}
+
+
+def until_ll_result(library, version, args, clock, outcome, test_metrics, num_threads, data) -> dict:
+    """The ``--until-ll`` JSON line."""
+    return {"library": library, "version": version, "precision": args.precision, "mode": "until_ll",
+            "target_ll": args.until_ll, "check_every": args.check_every, "max_steps": args.max_steps,
+            **outcome, "test_ll": test_metrics["test_ll"], "test_rmse": test_metrics["test_rmse"],
+            "num_fit": data["num_fit"], "num_valid": data["num_valid"],
+            "marks": dict(clock.marks), "clock": clock.info(), "num_threads": num_threads,
+            "max_rss_mib": max_rss_mib()}
 
 
 def emit(result: dict) -> None:

@@ -14,14 +14,20 @@ is the first step's wall time.
 Run with the venv from setup.sh::
 
     $NUMPYRO_DGP_PEERS_DIR/gpytorch/bin/python benchmarks/peers/gpytorch_kin8nm.py --precision float64
+
+``--startup`` and ``--until-ll LL`` as in ``gpflux_kin8nm.py`` (start-up marks from process
+start; wall clock until the validation LL reaches ``LL``).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-import warnings
+
+_ENTRY = (time.time(), time.perf_counter())  # the script's first statement: start-up marks begin here
+
+import os  # noqa: E402
+import sys  # noqa: E402
+import warnings  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,20 +37,26 @@ import numpy as np  # noqa: E402
 
 def main(argv=None):
     args = common.parse_args("GPyTorch kin8nm DGP speed and budget accuracy", argv)
+    clock = common.StartupClock(_ENTRY)
     import torch
     import gpytorch
     from gpytorch.models.deep_gps import DeepGP, DeepGPLayer
     from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
 
+    clock.mark("import")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads or os.cpu_count())
     dtype = torch.float64 if args.precision == "float64" else torch.float32
     torch.set_default_dtype(dtype)
     jitter = common.JITTER[args.precision]
 
-    data = common.load_kin8nm(args.split, args.data_dir)
+    if args.until_ll is not None:  # the training split less its held-back validation part
+        data = common.load_kin8nm_validation(args.split, args.data_dir)
+    else:
+        data = common.load_kin8nm(args.split, args.data_dir)
     X_train = torch.as_tensor(data["X_train"], dtype=dtype)
     y_train = torch.as_tensor(data["y_train"], dtype=dtype)
+    clock.mark("data")
     N, D = X_train.shape
     W, M, B = common.HIDDEN_WIDTH, common.NUM_INDUCING, min(common.BATCH_SIZE, N)
     Z = torch.as_tensor(common.kmeans_init(data["X_train"], M, seed=0), dtype=dtype)
@@ -111,12 +123,45 @@ def main(argv=None):
     for s in settings:
         s.__enter__()
 
+    def mixture(model, X):
+        """Test-time mixture of ``S`` samples: per-sample means and variances (noise included)."""
+        model.eval()
+        with torch.no_grad(), gpytorch.settings.num_likelihood_samples(common.NUM_TEST_SAMPLES):
+            out = model(X)  # MultivariateNormal, batch (S,), event (N*,)
+            m = out.mean.numpy()
+            v = (out.variance + model.likelihood.noise).numpy()
+        model.train()
+        return m, v
+
+    def version():
+        return f"gpytorch {gpytorch.__version__}, linear_operator {_version('linear_operator')}, torch {torch.__version__}"
+
     # ---- speed: first step, warm-up, timed blocks (eager: synchronous) -------------------
     model, mll, step = build()
+    clock.mark("init")
     t0 = time.perf_counter()
     step()
     compile_s = time.perf_counter() - t0
+    clock.mark("first_step")
     common.log(f"gpytorch {args.precision}: first step {compile_s:.2f} s, {torch.get_num_threads()} threads")
+    if args.startup:
+        common.emit(common.startup_result("gpytorch", version(), args, clock, torch.get_num_threads()))
+        return
+    if args.until_ll is not None:
+        # the model above, its first step done, trained on until the validation LL reaches the target
+        X_valid = torch.as_tensor(data["X_valid"], dtype=dtype)
+
+        def validation_ll():
+            m, v = mixture(model, X_valid)
+            return common.mixture_metrics(m, v, data["y_valid"], data["y_std"])["test_ll"]
+
+        outcome = common.train_until(step, validation_ll, clock, args.until_ll, args.check_every, args.max_steps,
+                                     steps_done=1)
+        m, v = mixture(model, torch.as_tensor(data["X_test"], dtype=dtype))  # after the clock stopped
+        test = common.mixture_metrics(m, v, data["y_test"], data["y_std"])
+        common.emit(common.until_ll_result("gpytorch", version(), args, clock, outcome, test,
+                                           torch.get_num_threads(), data))
+        return
     for _ in range(args.warmup_steps):
         loss = step()
     blocks = []
@@ -127,8 +172,7 @@ def main(argv=None):
         float(loss)
         blocks.append(time.perf_counter() - t0)
         common.log(f"  block {r}: {args.timed_steps / blocks[-1]:.1f} steps/s, loss {float(loss):.4f}")
-    version = f"gpytorch {gpytorch.__version__}, linear_operator {_version('linear_operator')}, torch {torch.__version__}"
-    result = common.speed_result("gpytorch", version, args, compile_s, blocks, torch.get_num_threads())
+    result = common.speed_result("gpytorch", version(), args, compile_s, blocks, torch.get_num_threads())
 
     # ---- budget: fresh model, train for a wall-clock budget, evaluate -------------------
     if args.budget_seconds > 0:

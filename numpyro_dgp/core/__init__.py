@@ -12,10 +12,12 @@ expectations) in float64.
 
 from numpyro_dgp.core._amortized import affine_inducing_inputs, local_conditional, local_kl
 from numpyro_dgp.core._chain import (
+    Belief,
     block_diag_covariance,
     chain_gauss_kl_term,
     chain_transition,
     condition_on_output,
+    output_at_nodes,
     output_moments,
     point_projection,
     sample_output,
@@ -38,6 +40,7 @@ from numpyro_dgp.core._sparse import COLLAPSED_METHODS, collapsed_log_marginal, 
 from numpyro_dgp.core._uncertain import UncertainInputMoments, uncertain_input_moments
 
 __all__ = [
+    "Belief",
     "COLLAPSED_METHODS",
     "UncertainInputMoments",
     "affine_inducing_inputs",
@@ -62,6 +65,7 @@ __all__ = [
     "kmeans",
     "local_conditional",
     "local_kl",
+    "output_at_nodes",
     "output_moments",
     "point_projection",
     "project",

@@ -12,8 +12,13 @@ the output's moments (:func:`output_moments`); the sampled output then updates t
 like a Kalman filter (:func:`condition_on_output`), and for a chain-structured guide the
 belief moves to the next layer through ``q(u_{l+1} | u_l)`` (:func:`chain_transition`).
 This is the exact per-point recursion, not the recursion of eqs. (16)-(17) of Ustyuzhaninov
-et al. (2020), which is wrong for ``L >= 3``. Cost per point: ``O(K^2 P)`` per update with
-``K`` the belief's dimension.
+et al. (2020), which is wrong for ``L >= 3``.
+
+A point's belief covariance is a covariance shared by the points minus a low-rank correction
+of its own (:class:`Belief`): each conditioning on a layer's ``P`` outputs adds ``P`` rows.
+Memory and cost per point are ``O(r K)`` for ``r`` outputs conditioned on so far, instead of
+the ``O(K^2)`` of a dense per-point covariance (a 1000-point minibatch with ``K = 800``
+inducing values would need 5 GB per covariance).
 
 Shapes: ``N`` points, ``P`` outputs, ``M`` inducing points, belief over ``K >= P * M`` values
 (the current layer's ``u`` flattened output-major, ``vec(u) = u.reshape(-1)`` for ``u (P, M)``).
@@ -27,6 +32,8 @@ No NumPyro below this line.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import block_diag, solve_triangular
@@ -35,8 +42,10 @@ from jax.typing import ArrayLike
 from numpyro_dgp.core._conditionals import project
 
 __all__ = [
+    "Belief",
     "point_projection",
     "output_moments",
+    "output_at_nodes",
     "sample_output",
     "condition_on_output",
     "chain_transition",
@@ -61,19 +70,43 @@ def point_projection(
     return B.T, Knn_diag - jnp.sum(A**2, axis=0)
 
 
+class Belief(NamedTuple):
+    """A Gaussian belief per point over ``K`` inducing values:
+    ``N(loc_n, shared_cov - downdate_n^T downdate_n)``.
+
+    :ivar loc: ``(K,)`` (the same for every point) or ``(N, K)``.
+    :ivar shared_cov: ``(K, K)`` the covariance before any conditioning.
+    :ivar downdate: ``(N, r, K)`` each point's correction, or ``None`` (none yet).
+    """
+
+    loc: jax.Array
+    shared_cov: jax.Array
+    downdate: jax.Array | None = None
+
+    def covariance(self) -> jax.Array:
+        """The dense covariance, ``(K, K)`` or ``(N, K, K)`` (for checks; the recursion never forms it)."""
+        if self.downdate is None:
+            return self.shared_cov
+        return self.shared_cov - jnp.einsum("njk,njl->nkl", self.downdate, self.downdate)
+
+    def tail(self, start: int) -> Belief:
+        """The belief over the values from index ``start`` on."""
+        downdate = None if self.downdate is None else self.downdate[..., start:]
+        return Belief(self.loc[..., start:], self.shared_cov[start:, start:], downdate)
+
+
 def _per_point(x: jax.Array, N: int, ndim: int) -> jax.Array:
     return jnp.broadcast_to(x, (N,) + x.shape[-ndim:])
 
 
 def output_moments(
-    alpha: jax.Array, base_var: jax.Array, loc: jax.Array, cov: jax.Array, out_dim: int
+    alpha: jax.Array, base_var: jax.Array, belief: Belief, out_dim: int
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Moments of one layer's (residual) output at each point under the belief ``N(loc, cov)``.
+    """Moments of one layer's (residual) output at each point under the belief.
 
     :param alpha: ``(N, M)`` weights (see :func:`point_projection`).
     :param base_var: ``(N,)`` residual prior variances (see :func:`point_projection`).
-    :param loc: ``(K,)`` or ``(N, K)`` belief mean; the first ``P * M`` entries are this layer's.
-    :param cov: ``(K, K)`` or ``(N, K, K)`` belief covariance.
+    :param belief: the belief over ``K`` values; the first ``P * M`` are this layer's.
     :param out_dim: ``P``.
     :return: ``(mean (N, P), cov (N, P, P), HB (N, P, K))``: the mean (add the mean function),
         the covariance, and the output's cross-covariance with the belief (needed by
@@ -81,11 +114,14 @@ def output_moments(
     """
     N, M = alpha.shape
     P = int(out_dim)
-    K = loc.shape[-1]
-    loc = _per_point(loc, N, 1)
-    cov = _per_point(cov, N, 2)
+    K = belief.loc.shape[-1]
+    loc = _per_point(belief.loc, N, 1)
     mean = jnp.einsum("npm,nm->np", loc[:, : P * M].reshape(N, P, M), alpha)
-    HB = jnp.einsum("nm,npmk->npk", alpha, cov[:, : P * M, :].reshape(N, P, M, K))
+    HB = jnp.einsum("nm,pmk->npk", alpha, belief.shared_cov[: P * M].reshape(P, M, K))
+    if belief.downdate is not None:
+        V = belief.downdate  # (N, r, K)
+        HV = jnp.einsum("nm,njpm->npj", alpha, V[:, :, : P * M].reshape(N, V.shape[1], P, M))
+        HB = HB - jnp.einsum("npj,njk->npk", HV, V)
     HBH = jnp.einsum("npqm,nm->npq", HB[:, :, : P * M].reshape(N, P, P, M), alpha)
     out_cov = HBH + base_var[:, None, None] * jnp.eye(P, dtype=alpha.dtype)
     return mean, out_cov, HB
@@ -116,38 +152,48 @@ def sample_output(mean: jax.Array, out_cov: jax.Array, eps: jax.Array) -> jax.Ar
 
     :param mean: ``(N, P)`` output means.
     :param out_cov: ``(N, P, P)`` output covariances (see :func:`output_moments`).
-    :param eps: ``(N, P)`` standard-normal draws, or ``(K, P)`` quadrature nodes shared by
-        the points.
-    :return: ``(N, P)``, or ``(K, N, P)`` for quadrature nodes.
+    :param eps: ``(N, P)`` standard-normal draws, one per point.
+    :return: ``(N, P)``.
+    :raises ValueError: if ``eps`` is not shaped like ``mean``.
     """
-    factor = _output_factor(out_cov)
-    if eps.shape == mean.shape:
-        return mean + jnp.einsum("npq,nq->np", factor, eps)
-    return mean[None] + jnp.einsum("npq,kq->knp", factor, eps)
+    if eps.shape != mean.shape:
+        raise ValueError(f"sample_output: eps must have the shape of mean {mean.shape}, got {eps.shape}")
+    return mean + jnp.einsum("npq,nq->np", _output_factor(out_cov), eps)
 
 
-def condition_on_output(
-    loc: jax.Array, cov: jax.Array, HB: jax.Array, out_cov: jax.Array, residual: jax.Array
-) -> tuple[jax.Array, jax.Array]:
+def output_at_nodes(mean: jax.Array, out_cov: jax.Array, nodes: jax.Array) -> jax.Array:
+    """``mean + chol(out_cov) node`` at every point for each of ``K`` quadrature nodes.
+
+    (Kept apart from :func:`sample_output`: with as many nodes as points a shape test cannot
+    tell nodes from per-point draws.)
+
+    :param mean: ``(N, P)`` output means.
+    :param out_cov: ``(N, P, P)`` output covariances (see :func:`output_moments`).
+    :param nodes: ``(K, P)`` quadrature nodes shared by the points.
+    :return: ``(K, N, P)``.
+    """
+    return mean[None] + jnp.einsum("npq,kq->knp", _output_factor(out_cov), nodes)
+
+
+def condition_on_output(belief: Belief, HB: jax.Array, out_cov: jax.Array, residual: jax.Array) -> Belief:
     """Kalman update of the belief on the sampled output of the current layer.
 
-    :param loc: ``(K,)`` or ``(N, K)`` belief mean.
-    :param cov: ``(K, K)`` or ``(N, K, K)`` belief covariance.
+    :param belief: the belief (see :func:`output_moments`).
     :param HB: ``(N, P, K)`` cross-covariance from :func:`output_moments`.
     :param out_cov: ``(N, P, P)`` output covariance from :func:`output_moments`.
     :param residual: ``(N, P)`` sampled output minus :func:`output_moments`'s mean.
-    :return: ``(loc (N, K), cov (N, K, K))`` of ``q(u | this output)``; the symmetric form
-        ``B - W^T W`` (``W = L^{-1} H B``) keeps ``cov`` exactly symmetric.
+    :return: the belief given this output: the mean moves by ``W^T L^{-1} r`` and the
+        correction gains the ``P`` rows ``W = L^{-1} H B`` (``L L^T`` the output covariance),
+        so the covariance ``B - W^T W`` stays exactly symmetric.
     """
     N, P, K = HB.shape
-    loc = _per_point(loc, N, 1)
-    cov = _per_point(cov, N, 2)
+    loc = _per_point(belief.loc, N, 1)
     chol = jnp.linalg.cholesky(_stabilized(out_cov))
     W = solve_triangular(chol, HB, lower=True)  # (N, P, K)
     r = solve_triangular(chol, residual[..., None], lower=True)[..., 0]  # (N, P)
     new_loc = loc + jnp.einsum("npk,np->nk", W, r)
-    new_cov = cov - jnp.einsum("npk,npl->nkl", W, W)
-    return new_loc, new_cov
+    downdate = W if belief.downdate is None else jnp.concatenate([belief.downdate, W], axis=1)
+    return Belief(new_loc, belief.shared_cov, downdate)
 
 
 def block_diag_covariance(scale_tril: ArrayLike) -> jax.Array:
@@ -161,29 +207,29 @@ def block_diag_covariance(scale_tril: ArrayLike) -> jax.Array:
 
 
 def chain_transition(
-    loc: jax.Array,
-    cov: jax.Array,
+    belief: Belief,
     parent_mean: jax.Array,
     mean: jax.Array,
     coupling: jax.Array,
     scale_tril: jax.Array,
-) -> tuple[jax.Array, jax.Array]:
+) -> Belief:
     """Belief over ``u_{l+1}`` from the belief over ``u_l`` and ``q(u_{l+1} | u_l)``.
 
     ``q(u_{l+1} | u_l) = N(m_{l+1} + C (u_l - m_l), D D^T)``: the belief ``N(a, B)`` over
-    ``vec(u_l)`` maps to ``N(m_{l+1} + C (a - m_l), C B C^T + D D^T)``.
+    ``vec(u_l)`` maps to ``N(m_{l+1} + C (a - m_l), C B C^T + D D^T)`` (the shared part
+    ``C S C^T + D D^T``, each point's correction ``V C^T``).
 
-    :param loc: ``(N, K_l)`` belief mean over ``vec(u_l)``.
-    :param cov: ``(N, K_l, K_l)`` belief covariance over ``vec(u_l)``.
+    :param belief: the belief over ``vec(u_l)`` (``K_l`` values).
     :param parent_mean: ``(K_l,)`` ``vec(m_l)``.
     :param mean: ``(P, M)`` ``m_{l+1}``.
     :param coupling: ``(P * M, K_l)`` ``C``.
     :param scale_tril: ``(P, M, M)`` ``D``, one factor per output.
-    :return: ``(loc (N, P M), cov (N, P M, P M))``.
+    :return: the belief over ``vec(u_{l+1})`` (``P M`` values).
     """
-    new_loc = mean.reshape(-1) + (loc - parent_mean) @ coupling.T
-    new_cov = jnp.einsum("ik,nkl,jl->nij", coupling, cov, coupling) + block_diag_covariance(scale_tril)
-    return new_loc, new_cov
+    new_loc = mean.reshape(-1) + (belief.loc - parent_mean) @ coupling.T
+    shared = coupling @ belief.shared_cov @ coupling.T + block_diag_covariance(scale_tril)
+    downdate = None if belief.downdate is None else jnp.einsum("njk,ik->nji", belief.downdate, coupling)
+    return Belief(new_loc, shared, downdate)
 
 
 def chain_gauss_kl_term(

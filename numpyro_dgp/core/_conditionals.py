@@ -70,7 +70,8 @@ def conditional(
     :param q_sqrt: ``(P, M, M)`` lower factors, ``(P, M)`` diagonal std devs, or ``None``.
     :param whiten: whitened parameterization.
     :param full_cov: return ``(P, N, N)`` covariances instead of ``(N, P)`` variances.
-    :return: ``(mean (N, P), var (N, P))`` or ``(mean (N, P), cov (P, N, N))``.
+    :return: ``(mean (N, P), var (N, P))`` or ``(mean (N, P), cov (P, N, N))``; the marginal
+        variances are clipped at 0 (round-off).
     :raises ValueError: if ``q_sqrt`` or ``Knn`` has the wrong number of dimensions.
     """
     A, B = project(Kmn, Kmm_chol, whiten)
@@ -97,4 +98,6 @@ def conditional(
     var = jnp.broadcast_to(var[:, None], mean.shape)
     if SB is not None:
         var = var + jnp.sum(SB**2, axis=1).T
-    return mean, var
+    # Near the inducing inputs the prior variance and its reduction cancel; in float32, with a
+    # kernel variance far above the jitter, the round-off can leave them below zero.
+    return mean, jnp.maximum(var, 0.0)

@@ -26,6 +26,7 @@ from numpyro_dgp.guides._factorized import AutoFactorizedDGP
 from numpyro_dgp.posteriors import (
     AMORTIZATION_RULES,
     AmortizedPosterior,
+    CholeskyNormal,
     quadrature_log_weights,
     quadrature_points,
 )
@@ -70,23 +71,28 @@ class AmortizedQ(dist.Distribution):
     ``q(u_n | p_n)`` depends on the model's encoder input ``p_n`` (for inner layers, on the
     layers before), so it is evaluated inside the model's run by
     the objectives' inducing-marginalization engine (``DGPElbo``, ``PredictiveObjective``,
-    ``predict``); the site only carries :attr:`posterior`. Its density is refused, so an
-    objective that would sample the guide on its own (``Trace_ELBO``) fails loudly.
+    ``predict``); the site only carries :attr:`posterior`. It is the u site itself (marked
+    auxiliary), shaped like it, so NumPyro's own ELBOs meet it, and its density is refused:
+    an objective that samples the guide on its own (``Trace_ELBO``, ``TraceMeanField_ELBO``)
+    fails loudly instead of scoring a draw of the prior.
 
     :param posterior: the layer's amortized posterior.
     :param site: the layer's u-site name.
+    :param value_shape: ``(..., B, P, M)`` the u site's shape in the model run the guide was
+        set up on.
     """
 
     support = constraints.real
 
-    def __init__(self, posterior: AmortizedPosterior, site: str) -> None:
+    def __init__(self, posterior: AmortizedPosterior, site: str, value_shape: tuple[int, ...] = ()) -> None:
         self.posterior = posterior
         self.site = site
-        super().__init__(batch_shape=(), event_shape=())
+        value_shape = tuple(value_shape)
+        super().__init__(batch_shape=value_shape[:-2], event_shape=value_shape[-2:])
 
     def sample(self, key: jax.Array, sample_shape: tuple[int, ...] = ()) -> jax.Array:
-        """Zeros of ``sample_shape``: a placeholder value, never used as a draw."""
-        return jnp.zeros(sample_shape)
+        """Zeros: a placeholder value, never used as a draw (the objectives replace it)."""
+        return jnp.zeros(tuple(sample_shape) + self.batch_shape + self.event_shape)
 
     def log_prob(self, value: ArrayLike) -> NoReturn:
         """Refused: ``q(u_n | p_n)`` cannot be evaluated outside the model's run.
@@ -95,8 +101,9 @@ class AmortizedQ(dist.Distribution):
         """
         raise NotImplementedError(
             f"AutoAmortizedDGP: q({self.site}) depends on the model's layer outputs (the encoder "
-            "input), so the guide cannot be sampled on its own; train with numpyro_dgp.DGPElbo or "
-            "numpyro_dgp.PredictiveObjective, which evaluate the encoders inside the model's run"
+            "input), so the guide cannot be sampled on its own (NumPyro's Trace_ELBO, "
+            "TraceMeanField_ELBO, Predictive); use numpyro_dgp.DGPElbo or numpyro_dgp.PredictiveObjective "
+            "to train and numpyro_dgp.predict to predict: they evaluate the encoders inside the model's run"
         )
 
 
@@ -239,15 +246,12 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
         """Sample the global latent sites and register each amortized layer's encoder (a
         placeholder site ``"<u-site>.amortized"`` carries it)."""
-        if self.prototype_trace is None:
-            self._setup_prototype(*args, **kwargs)
+        rng_key = self._prepare(*args, **kwargs)
         result = dict(self._sample_others(*args, **kwargs))
         for site in self.inducing_sites:
             if site.inducing != "amortized":
-                loc, scale_tril = self._q(site)
-                result[site.name] = numpyro.sample(
-                    site.name, dist.MultivariateNormal(loc, scale_tril=scale_tril).to_event(1)
-                )
+                loc, scale_tril = self._q(site, rng_key, args, kwargs)
+                result[site.name] = numpyro.sample(site.name, CholeskyNormal(loc, scale_tril).to_event(1))
                 continue
             dtype = self.prototype_trace[site.name]["value"].dtype
             points, log_weights = self._branches(site, dtype)
@@ -255,8 +259,10 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
                 self._encoder(site, self.amortized_sites[site.name], dtype),
                 self.rule, self.num_branches, points, log_weights,
             )
-            numpyro.sample(f"{site.name}.amortized", AmortizedQ(posterior, site.name),
-                           infer={"is_auxiliary": True})
+            # under the u site's own name, so NumPyro's ELBOs meet it (and refuse it) instead of
+            # finding the model's u site uncovered; auxiliary: it is never a draw of u
+            value_shape = self.prototype_trace[site.name]["value"].shape
+            numpyro.sample(site.name, AmortizedQ(posterior, site.name, value_shape), infer={"is_auxiliary": True})
         return result
 
     def median(self, params: dict) -> NoReturn:

@@ -6,7 +6,9 @@ from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import numpyro
 from jax.typing import ArrayLike
 
 from numpyro import handlers
@@ -27,10 +29,9 @@ class InducingSite(NamedTuple):
     :ivar out_dim: ``P``.
     :ivar num_inducing: ``M``.
     :ivar whiten: whitened prior ``N(0, I)``.
-    :ivar prior_scale_tril: ``(P, M, M)`` prior Cholesky factor at initialization.
     :ivar is_last: the last layer in execution order.
-    :ivar prior_mean: ``(P, M)`` prior mean at initialization (zero unless ``inducing="locations"``).
     :ivar inducing: the layer's inducing mode.
+    :ivar dtype: the site's dtype.
     """
 
     name: str
@@ -38,10 +39,9 @@ class InducingSite(NamedTuple):
     out_dim: int
     num_inducing: int
     whiten: bool
-    prior_scale_tril: jax.Array
     is_last: bool
-    prior_mean: jax.Array | None = None
     inducing: str = "global"
+    dtype: Any = None
 
     @property
     def size(self) -> int:
@@ -95,21 +95,48 @@ class DGPGuide(AutoGuide):
         self.inducing_sites: list[InducingSite] = []
         self._other_guide = None
 
+    def _prototype_model(self, rng_key: jax.Array) -> Callable:
+        """The model run the structure is read from: latent sites at their initial values
+        (inducing values at their prior mean), as NumPyro's ``initialize_model`` runs it."""
+        return handlers.substitute(handlers.seed(self.model, rng_key), substitute_fn=self.init_loc_fn)
+
     def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
-        super()._setup_prototype(*args, **kwargs)
+        """Read the model's structure from one abstract run (``jax.eval_shape``: nothing is
+        computed or compiled): the sites, their shapes and dtypes, tags, plates. Values the
+        guide starts from (the inducing values' prior, which depends on the data through the
+        k-means initialization of inducing inputs) are computed when the parameters are
+        created (:meth:`_prior_moments`), inside the same run as the rest of initialization."""
+        found = {}
+
+        def probe():
+            with handlers.block():
+                tr = handlers.trace(self._prototype_model(jax.random.PRNGKey(0))).get_trace(*args, **kwargs)
+            found["trace"] = _abstract_trace(tr)
+            return 0
+
+        jax.eval_shape(probe)
+        self.prototype_trace = found["trace"]
+        self._prototype_frames = {}
+        self._prototype_plate_sizes = {}
+        for name, site in self.prototype_trace.items():
+            if site["type"] == "plate":
+                self._prototype_frame_full_sizes[name] = site["args"][0]
+            elif site["type"] == "sample" and not site["is_observed"]:
+                for frame in site["cond_indep_stack"]:
+                    self._prototype_frames.setdefault(frame.name, frame)
         sites = []
         for name, site in self.prototype_trace.items():
             tag = inducing_tag(site)
             if tag is None:
                 continue
+            P, M = site["value"].shape[-2:]
             if tag.inducing == "amortized":
                 if not self._accepts_amortized:
                     raise ValueError(
                         f"{type(self).__name__}: layer {tag.layer!r} has per-point "
                         "inducing sets (inducing='amortized'); use numpyro_dgp.guides.AutoAmortizedDGP"
                     )
-                P, M = site["value"].shape[-2:]
-                sites.append([name, tag.layer, P, M, False, None, None, "amortized"])
+                sites.append((name, tag.layer, P, M, False, "amortized", site["value"].dtype))
                 continue
             if site["cond_indep_stack"]:
                 plates = [f.name for f in site["cond_indep_stack"]]
@@ -117,17 +144,15 @@ class DGPGuide(AutoGuide):
                     f"{type(self).__name__}: inducing site {name!r} is inside plate(s) {plates}; "
                     "call gp_layer outside data plates (subsample the inputs first)"
                 )
-            P, M = site["value"].shape[-2:]
-            loc, tril = gaussian_parameters(site["fn"], (P, M))
-            sites.append([name, tag.layer, P, M, tag.whiten, tril, loc, tag.inducing])
+            sites.append((name, tag.layer, P, M, tag.whiten, tag.inducing, site["value"].dtype))
         if not sites:
             raise ValueError(
                 f"{type(self).__name__}: the model has no gp_layer inducing sites ('<name>.u'); "
                 "build the model with numpyro_dgp.gp_layer"
             )
         self.inducing_sites = [
-            InducingSite(*s[:6], is_last=(i == len(sites) - 1), prior_mean=s[6], inducing=s[7])
-            for i, s in enumerate(sites)
+            InducingSite(name, layer, P, M, whiten, is_last=(i == len(sites) - 1), inducing=mode, dtype=dtype)
+            for i, (name, layer, P, M, whiten, mode, dtype) in enumerate(sites)
         ]
         u_names = {s.name for s in self.inducing_sites}
         others = [
@@ -138,6 +163,34 @@ class DGPGuide(AutoGuide):
             self._other_guide = AutoNormal(
                 handlers.block(self.model, hide=list(u_names)), prefix=f"{self.prefix}_other"
             )
+
+    def _prepare(self, *args: Any, **kwargs: Any) -> jax.Array | None:
+        """Start a run of the guide: draw its key (on every call, so the key stream does not
+        depend on whether the structure was built before) and build the structure once.
+
+        :return: the key the run's starting values (:meth:`_prior_moments`) are computed with.
+        """
+        rng_key = numpyro.prng_key()
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        return rng_key
+
+    def _prior_moments(
+        self, site: InducingSite, rng_key: jax.Array | None, args: tuple, kwargs: dict
+    ) -> tuple[jax.Array, jax.Array]:
+        """``(loc (P, M), scale_tril (P, M, M))`` of the site's prior at initialization.
+
+        Whitened global inducing values need no model run (``N(0, I)``); otherwise the prior
+        (``K(Z, Z)`` at the k-means inducing inputs, the inducing locations' mean) comes from
+        one run of the model at its initial values with ``rng_key``.
+        """
+        P, M = site.out_dim, site.num_inducing
+        if site.inducing == "global" and site.whiten:
+            eye = jnp.eye(M, dtype=site.dtype)
+            return jnp.zeros((P, M), site.dtype), jnp.broadcast_to(eye, (P, M, M))
+        with handlers.block():
+            tr = handlers.trace(self._prototype_model(rng_key)).get_trace(*args, **kwargs)
+        return gaussian_parameters(tr[site.name]["fn"], (P, M))
 
     def setup(self, rng_key: jax.Array, *args: Any, **kwargs: Any) -> DGPGuide:
         """Build the guide's structure from the model run on the *training* arguments.
@@ -150,7 +203,7 @@ class DGPGuide(AutoGuide):
         :param kwargs: the model's keyword arguments.
         :return: ``self``.
         """
-        # one eager, blocked run builds this guide and any sub-guide (AutoNormal) it owns
+        # one blocked run builds this guide and any sub-guide (AutoNormal) it owns
         with handlers.block():
             handlers.seed(self, rng_key)(*args, **kwargs)
         return self
@@ -185,12 +238,25 @@ class DGPGuide(AutoGuide):
         samples = jax.jit(jax.vmap(one, in_axes=(0, None)))(keys, params)
         return jax.tree_util.tree_map(lambda x: x.reshape(tuple(sample_shape) + x.shape[1:]), samples)
 
-    def _initial_scale_tril(self, site: InducingSite) -> jax.Array:
+    @staticmethod
+    def _lazy_param(name: str, init: Callable[[], jax.Array], **kwargs: Any) -> jax.Array:
+        """``numpyro.param(name, ...)`` whose initial value ``init()`` is computed only when the
+        parameter is created (not when a value is substituted, as in every training step).
+
+        NumPyro draws a key from the run's stream for a callable initial value; the draw here
+        is served by a stream of its own, so the guide's samples get the same keys as before.
+        """
+        def create():
+            return numpyro.param(name, lambda _: init(), **kwargs)
+
+        hide_keys = handlers.block(handlers.seed(create, rng_seed=0), hide_fn=lambda msg: msg["type"] == "prng_key")
+        return hide_keys()
+
+    def _initial_scale_tril(self, site: InducingSite, prior_scale_tril: jax.Array) -> jax.Array:
         """``(P, M, M)`` starting factor of ``site`` under :attr:`inner_init`."""
-        start = site.prior_scale_tril
         if self.inner_init == "deterministic" and not site.is_last:
-            start = start * self.init_scale
-        return start
+            return prior_scale_tril * self.init_scale
+        return prior_scale_tril
 
     def _other_median(self, params: dict) -> dict:
         return {} if self._other_guide is None else self._other_guide.median(params)
@@ -199,4 +265,28 @@ class DGPGuide(AutoGuide):
         return {} if self._other_guide is None else self._other_guide.quantiles(params, quantiles)
 
 
+def _abstract_value(x: Any) -> Any:
+    if isinstance(x, (jax.Array, np.ndarray)) or hasattr(x, "aval"):
+        weak = bool(getattr(getattr(x, "aval", None), "weak_type", False))
+        return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x), weak_type=weak)
+    return x
 
+
+def _abstract_trace(tr: dict) -> dict:
+    """What the guides keep of a prototype trace: each site's type, value shape and dtype
+    (``jax.ShapeDtypeStruct``), tags, plates and observed flag; no distributions and no
+    values, so nothing of the abstract run (its tracers) outlives it."""
+    out = {}
+    for name, site in tr.items():
+        infer = {k: v._replace(encoder_input=_abstract_value(v.encoder_input)) if hasattr(v, "encoder_input")
+                 else _abstract_value(v) for k, v in (site.get("infer") or {}).items()}
+        out[name] = {
+            "type": site["type"],
+            "name": name,
+            "value": _abstract_value(site.get("value")),
+            "infer": infer,
+            "is_observed": site.get("is_observed", False),
+            "cond_indep_stack": site.get("cond_indep_stack", []),
+            "args": tuple(a for a in site.get("args", ()) if isinstance(a, (int, np.integer, type(None)))),
+        }
+    return out

@@ -64,29 +64,32 @@ class AutoJointDGP(DGPGuide):
     def _names(self) -> tuple[str, str]:
         return f"{self.prefix}_joint_loc", f"{self.prefix}_joint_scale_tril"
 
-    def _q(self) -> tuple[jax.Array, jax.Array]:
+    def _q(self, rng_key: jax.Array | None, args: tuple, kwargs: dict) -> tuple[jax.Array, jax.Array]:
         loc_name, tril_name = self._names
         sites = self.inducing_sites
+        priors = []
+
+        def prior_moments():
+            if not priors:
+                priors.extend(self._prior_moments(s, rng_key, args, kwargs) for s in sites)
+            return priors
 
         def init_loc():
-            return jnp.concatenate([s.prior_mean.reshape(-1) for s in sites])
+            return jnp.concatenate([loc.reshape(-1) for loc, _ in prior_moments()])
 
         def init_tril():
-            blocks = [
-                block_diag(*self._initial_scale_tril(s)) for s in sites
-            ]
+            blocks = [block_diag(*self._initial_scale_tril(s, tril)) for s, (_, tril) in zip(sites, prior_moments())]
             return block_diag(*blocks)
 
-        loc = numpyro.param(loc_name, init_loc())
-        tril = numpyro.param(tril_name, init_tril(), constraint=constraints.softplus_lower_cholesky)
+        loc = self._lazy_param(loc_name, init_loc)
+        tril = self._lazy_param(tril_name, init_tril, constraint=constraints.softplus_lower_cholesky)
         return loc, tril
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
         """Sample every latent site of the model (the guide as a NumPyro program)."""
-        if self.prototype_trace is None:
-            self._setup_prototype(*args, **kwargs)
+        rng_key = self._prepare(*args, **kwargs)
         result = dict(self._sample_others(*args, **kwargs))
-        loc, tril = self._q()
+        loc, tril = self._q(rng_key, args, kwargs)
         block = JointBlock(
             tuple(s.name for s in self.inducing_sites),
             tuple((s.out_dim, s.num_inducing) for s in self.inducing_sites),
@@ -179,10 +182,10 @@ class AutoChainDGP(AutoFactorizedDGP):
     """
 
     def _chain_q(
-        self, site: InducingSite, parent: InducingSite | None
+        self, site: InducingSite, parent: InducingSite | None, rng_key: jax.Array | None, args: tuple, kwargs: dict
     ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
         """``m_l``, ``D_l`` (the factorized guide's parameters) and ``C_l`` (``None`` for the first layer)."""
-        loc, tril = self._q(site)
+        loc, tril = self._q(site, rng_key, args, kwargs)
         coupling = None
         if parent is not None:
             coupling = numpyro.param(
@@ -192,12 +195,11 @@ class AutoChainDGP(AutoFactorizedDGP):
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
         """Sample every latent site of the model (the guide as a NumPyro program)."""
-        if self.prototype_trace is None:
-            self._setup_prototype(*args, **kwargs)
+        rng_key = self._prepare(*args, **kwargs)
         result = dict(self._sample_others(*args, **kwargs))
         parent = parent_loc = parent_u = None
         for site in self.inducing_sites:
-            loc, tril, coupling = self._chain_q(site, parent)
+            loc, tril, coupling = self._chain_q(site, parent, rng_key, args, kwargs)
             if parent is None:
                 cond_loc = loc
                 link = ChainLink(None, loc, tril)

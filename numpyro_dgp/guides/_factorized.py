@@ -13,12 +13,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpyro
-import numpyro.distributions as dist
 from jax.scipy.special import ndtri
 from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
 from numpyro_dgp.guides._base import DGPGuide, InducingSite
+from numpyro_dgp.posteriors import CholeskyNormal
 
 __all__ = ["AutoFactorizedDGP"]
 
@@ -28,7 +28,9 @@ class AutoFactorizedDGP(DGPGuide):
 
     ``q(u) = prod_l prod_p N(u_lp | m_lp, S_lp)`` with a full Cholesky factor per layer and
     output. Its Gaussian is read off the guide trace by :class:`numpyro_dgp.DGPElbo`, which
-    marginalizes the inducing values; with NumPyro's ``Trace_ELBO`` the values are sampled.
+    marginalizes the inducing values; with NumPyro's ``Trace_ELBO`` the values are sampled
+    (as :class:`~numpyro_dgp.posteriors.CholeskyNormal`: the log-density of a draw needs no
+    solve against the factor, so a near-deterministic inner layer cannot overflow it).
 
     :param model: a NumPyro model built with :func:`numpyro_dgp.gp_layer`.
     :param inner_init: ``"deterministic"`` (inner layers start with ``sqrt(S) = init_scale``
@@ -39,25 +41,30 @@ class AutoFactorizedDGP(DGPGuide):
         ``"<site>_<prefix>_scale_tril"``.
     """
 
-    def _q(self, site: InducingSite) -> tuple[jax.Array, jax.Array]:
-        """The parameters of ``q(u)`` for one inducing site: ``loc (P, M)``, ``scale_tril (P, M, M)``."""
-        start = self._initial_scale_tril(site)
-        loc = numpyro.param(f"{site.name}_{self.prefix}_loc", site.prior_mean)
-        scale_tril = numpyro.param(
-            f"{site.name}_{self.prefix}_scale_tril", start, constraint=constraints.softplus_lower_cholesky
+    def _q(self, site: InducingSite, rng_key: jax.Array | None, args: tuple, kwargs: dict) -> tuple[jax.Array, jax.Array]:
+        """The parameters of ``q(u)`` for one inducing site: ``loc (P, M)``, ``scale_tril (P, M, M)``
+        (starting, when they are created, from the prior at initialization)."""
+        prior = {}
+
+        def moments():
+            if not prior:
+                prior["loc"], prior["scale_tril"] = self._prior_moments(site, rng_key, args, kwargs)
+            return prior
+
+        loc = self._lazy_param(f"{site.name}_{self.prefix}_loc", lambda: moments()["loc"])
+        scale_tril = self._lazy_param(
+            f"{site.name}_{self.prefix}_scale_tril", lambda: self._initial_scale_tril(site, moments()["scale_tril"]),
+            constraint=constraints.softplus_lower_cholesky,
         )
         return loc, scale_tril
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
         """Sample every latent site of the model (the guide as a NumPyro program)."""
-        if self.prototype_trace is None:
-            self._setup_prototype(*args, **kwargs)
+        rng_key = self._prepare(*args, **kwargs)
         result = dict(self._sample_others(*args, **kwargs))
         for site in self.inducing_sites:
-            loc, scale_tril = self._q(site)
-            result[site.name] = numpyro.sample(
-                site.name, dist.MultivariateNormal(loc, scale_tril=scale_tril).to_event(1)
-            )
+            loc, scale_tril = self._q(site, rng_key, args, kwargs)
+            result[site.name] = numpyro.sample(site.name, CholeskyNormal(loc, scale_tril).to_event(1))
         return result
 
     def median(self, params: dict) -> dict[str, jax.Array]:

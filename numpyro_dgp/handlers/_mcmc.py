@@ -69,7 +69,9 @@ def _layer_output_site(name: str, mean: jax.Array, scale: jax.Array, parameteriz
     """
     dense = scale.ndim == 3
     if parameterization == "noncentered":
-        eps = numpyro.sample(f"{name}.f_white", dist.Normal(jnp.zeros(mean.shape[::-1], mean.dtype), 1.0).to_event(2))
+        site = f"{name}.f_white"
+        eps = _check_points(site, numpyro.sample(site, dist.Normal(jnp.zeros(mean.shape[::-1], mean.dtype), 1.0)
+                                                  .to_event(2)), mean.shape[::-1])
         if dense:
             return mean + jnp.einsum("pnm,pm->np", scale, eps)
         return mean + scale * eps.T
@@ -77,7 +79,20 @@ def _layer_output_site(name: str, mean: jax.Array, scale: jax.Array, parameteriz
         fn = dist.MultivariateNormal(mean.T, scale_tril=scale).to_event(1)
     else:
         fn = dist.Normal(mean.T, scale.T).to_event(2)
-    return numpyro.sample(f"{name}.f", fn).T
+    return _check_points(f"{name}.f", numpyro.sample(f"{name}.f", fn), mean.shape[::-1]).T
+
+
+def _check_points(site: str, value: jax.Array, shape: tuple) -> jax.Array:
+    """A substituted latent layer output (e.g. MCMC samples given to ``Predictive``) must have
+    the layer's number of points: it exists only at the inputs it was sampled at."""
+    if tuple(jnp.shape(value))[-2:] != tuple(shape):
+        raise ValueError(
+            f"latent layer output {site!r} has shape {tuple(jnp.shape(value))[-2:]}, but the layer has "
+            f"{shape[-1]} points here: latent layer outputs exist only at the inputs they were sampled at. "
+            "At new inputs, predict with numpyro_dgp.predict_from_samples(model, samples, ...), or pass "
+            "Predictive only the samples of the '<layer>.u' sites and of the parameters"
+        )
+    return value
 
 
 class exact_layers(PerRunMessenger):

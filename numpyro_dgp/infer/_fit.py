@@ -8,11 +8,12 @@
 
 from __future__ import annotations
 
-import math
+import os
 import time
 import warnings
 import weakref
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,11 +22,18 @@ from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._cache import OwnerCache
+from numpyro_dgp._params import STRICT_HINT, ParameterMismatchError, check_params_against, param_specs, set_up_guide
+from numpyro_dgp._validation import check_positive_int, warn_if_not_standardized
+from numpyro_dgp.infer._checkpoint import Progress, read_checkpoint, write_checkpoint
+from numpyro_dgp.infer._faults import diagnose_layers, failed_layer
 
 __all__ = ["FitResult", "fit"]
 
 #: compiled chunk functions per SVI object
 _CHUNK_RUNNERS = OwnerCache(max_entries=16)
+
+#: ``fold_in`` data of the key that sets up the guide (apart from the key ``svi.init`` gets)
+_SETUP_STREAM = 0x5E7
 
 
 class FitResult(NamedTuple):
@@ -78,8 +86,13 @@ def _all_finite(tree):
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
+def _select(flag, new, old):
+    return jax.tree_util.tree_map(lambda n, o: jnp.where(flag, n, o), new, old)
+
+
 def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
-    """The jitted ``lax.scan`` over ``chunk`` SVI steps, cached per ``svi`` and static arguments.
+    """The jitted ``lax.scan`` over ``chunk`` SVI steps, cached per ``svi`` and static arguments;
+    the steps with index ``>= num_active`` are inactive (they change nothing).
 
     With ``average`` the carry also holds a running mean of the unconstrained parameters over
     the steps with index ``>= average_start`` (relative to the chunk's first step).
@@ -101,19 +114,22 @@ def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
         full = [d if s is None else s for d, s in zip(dyn_a, static_args)]
         return full, {**static_kwargs, **dyn_kw}
 
-    def step(carry, step_index, num_remaining, dyn_a, dyn_kw, average_start):
+    def step(carry, step_index, num_active, dyn_a, dyn_kw, average_start):
         state, mean, count = carry
         a, kw = merge(dyn_a, dyn_kw)
         svi = svi_ref()
         new_state, loss = svi.update(state, *a, **kw)
         finite = jnp.isfinite(loss) & _all_finite(new_state.optim_state)
-        active = step_index < num_remaining
+        active = step_index < num_active
         accept = finite & active
-        kept = jax.tree_util.tree_map(lambda n, o: jnp.where(accept, n, o), new_state.optim_state, state.optim_state)
-        kept_mutable = new_state.mutable_state if new_state.mutable_state is None else jax.tree_util.tree_map(
-            lambda n, o: jnp.where(accept, n, o), new_state.mutable_state, state.mutable_state)
-        # the key always advances so a skipped step is not retried with the same draw
-        state = new_state._replace(optim_state=kept, mutable_state=kept_mutable)
+        kept = _select(accept, new_state.optim_state, state.optim_state)
+        kept_mutable = None if new_state.mutable_state is None else _select(
+            accept, new_state.mutable_state, state.mutable_state)
+        # A skipped step still advances the key (it is not retried with the same draw); an
+        # inactive step (padding the last chunk) leaves the whole state as it was, so that
+        # the run does not depend on how its steps are cut into chunks or calls.
+        state = new_state._replace(optim_state=kept, mutable_state=kept_mutable,
+                                   rng_key=_select(active, new_state.rng_key, state.rng_key))
         if average:
             # a skipped update still counts, with the parameters it left unchanged
             include = active & (step_index >= average_start)
@@ -124,9 +140,9 @@ def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
         return (state, mean, count), (loss, active & ~finite)
 
     @jax.jit
-    def run_chunk(state, num_remaining, dyn_a, dyn_kw, mean, count, average_start):
+    def run_chunk(state, num_active, dyn_a, dyn_kw, mean, count, average_start):
         def body(carry, i):
-            return step(carry, i, num_remaining, dyn_a, dyn_kw, average_start)
+            return step(carry, i, num_active, dyn_a, dyn_kw, average_start)
         return jax.lax.scan(body, (state, mean, count), jnp.arange(chunk))
 
     if key is not None:
@@ -136,15 +152,19 @@ def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
 
 def fit(
     svi: SVI,
-    rng_key: jax.Array,
-    *args,
+    rng_key: jax.Array | None,
+    *args: Any,
     num_steps: int,
     chunk_size: int = 100,
     progress_bar: bool = True,
     init_state: SVIState | None = None,
     init_params: dict | None = None,
     average_from: int | None = None,
-    **kwargs,
+    strict: bool = True,
+    checkpoint_path: os.PathLike | str | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
+    **kwargs: Any,
 ) -> FitResult:
     """Run ``num_steps`` SVI updates compiled as a ``lax.scan`` over chunks of ``chunk_size``.
 
@@ -152,43 +172,83 @@ def fit(
     reused by later calls, e.g. ``fit(..., init_state=result.state)``; between chunks the host
     updates a progress bar (the only host synchronization). An update whose loss or new
     parameters are not finite is not applied (the random key still advances) and is counted
-    in ``num_skipped``.
+    in ``num_skipped``; when steps were skipped, an eager run at the final parameters checks
+    every layer's ``K(Z, Z)`` factorization and the warning (or error, if every step was
+    skipped) names the layer that fails, if one does.
     Minibatching comes from the model's ``numpyro.plate(..., subsample_size=...)``.
 
+    **Reproducible and resumable.** The run does not depend on how its steps are cut: the
+    padding steps of a last, partial chunk change nothing (not even the key), so
+    ``fit(a)`` then ``fit(b, init_state=result.state)`` equals ``fit(a + b)`` bit for bit, for
+    any ``chunk_size``. The guide is set up (its prototype trace built) under a key of its own
+    before ``svi.init``, so fitting the same ``SVI`` object twice with the same key gives the
+    same result (NumPyro's autoguides otherwise draw their set-up key from ``svi.init``'s
+    stream on the first call only). With ``checkpoint_path`` the fit writes a checkpoint
+    (atomically) every ``checkpoint_every`` steps and at the end; ``resume=True`` continues
+    from it, and the resumed fit ends exactly where the uninterrupted one would (same
+    parameters, losses and averaged parameters).
+
     :param svi: a ``numpyro.infer.SVI`` (any NumPyro or optax optimizer, any ELBO).
-    :param rng_key: PRNG key for initialization (ignored when ``init_state`` is given).
+    :param rng_key: PRNG key for initialization (may be ``None`` when ``init_state`` is given).
     :param args: model arguments; arrays are passed to the compiled function, other
-        values are treated as static.
-    :param num_steps: number of optimization steps.
+        values are treated as static. A first argument that is a 2-D float array (the inputs
+        ``X``) gives an :class:`~numpyro_dgp.InputScaleWarning` when far from standardized.
+    :param num_steps: number of optimization steps (with ``resume``: in total, the steps
+        before the checkpoint included).
     :param chunk_size: steps per compiled chunk (progress-bar granularity).
     :param progress_bar: show a tqdm progress bar.
     :param init_state: continue from a previous ``FitResult.state``.
-    :param init_params: initial constrained parameter values for ``svi.init``.
+    :param init_params: initial constrained values of parameter sites for ``svi.init``
+        (e.g. a loaded ``FitResult.params``), checked against what the model and guide create
+        (names, shapes, dtypes, finiteness).
     :param average_from: also return, as ``FitResult.averaged_params``, the mean of the
         parameters after each of the steps ``average_from + 1, ..., num_steps`` of this call
         (iterate averaging, as in stochastic weight averaging: Izmailov et al., 2018). The mean
         is taken over the unconstrained values the optimizer updates, so it is valid for every
         constraint, and mapped back through the constraints. A skipped update counts with the
         unchanged parameters. ``None`` (default): no averaging.
+    :param strict: with ``init_params``, refuse missing and unexpected entries (``False``: a
+        partial initialization; the entries given are still checked).
+    :param checkpoint_path: file of the checkpoint (written at the end, and every
+        ``checkpoint_every`` steps); it holds the optimizer state, the step count, the key,
+        the averaging state and the losses so far (:mod:`numpyro_dgp.io` format).
+    :param checkpoint_every: steps between checkpoints (needs ``checkpoint_path``).
+    :param resume: continue from ``checkpoint_path`` if that file exists (else start afresh,
+        so the same call serves the first run and every restart); ``rng_key``,
+        ``init_state`` or ``init_params`` only rebuild the state's structure then.
     :param kwargs: model keyword arguments, split into traced arrays and static values as
         ``args`` are.
-    :return: :class:`FitResult`.
+    :return: :class:`FitResult` (with ``resume``, its losses cover the whole run).
+    :raises ValueError: for invalid arguments, non-finite data, or a checkpoint from another fit.
+    :raises ~numpyro_dgp.ParameterMismatchError: ``init_params`` that do not match the model.
+    :raises FloatingPointError: non-finite initial parameters, or every update skipped (the
+        message names the layer whose ``K(Z, Z)`` fails, if one does).
+    :raises RuntimeError: the model cannot be initialized (the message names the layer whose
+        ``K(Z, Z)`` fails, if one does).
     """
-    if not (isinstance(num_steps, (int, np.integer)) and num_steps >= 1):
-        raise ValueError(f"fit: num_steps must be a positive integer, got {num_steps!r}")
-    if not (isinstance(chunk_size, (int, np.integer)) and chunk_size >= 1):
-        raise ValueError(f"fit: chunk_size must be a positive integer, got {chunk_size!r}")
-    if average_from is not None and not (
-            isinstance(average_from, (int, np.integer)) and 0 <= average_from < num_steps):
-        raise ValueError(f"fit: average_from must be an integer in [0, num_steps) = [0, {num_steps}), "
-                         f"got {average_from!r}")
+    _check_fit_arguments(num_steps, chunk_size, average_from, checkpoint_path, checkpoint_every, resume,
+                         init_state, init_params)
     _check_finite_args(args, kwargs)
+    if args and _is_array(args[0]) and args[0].ndim == 2 and jnp.issubdtype(args[0].dtype, jnp.floating):
+        warn_if_not_standardized(args[0], "X (its first argument)", "fit")
+    model_kwargs = {**kwargs, **svi.static_kwargs}
+    resuming = bool(resume) and Path(os.fspath(checkpoint_path)).expanduser().exists()
 
     if init_state is None:
-        state = svi.init(rng_key, *args, init_params=init_params, **kwargs)
+        if rng_key is None:
+            raise ValueError("fit: rng_key is None; pass a PRNG key (or init_state= to continue a fit)")
+        state = _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict)
     else:
         state = init_state
-    params0 = svi.get_params(state)
+
+    average = average_from is not None
+    # without averaging the mean is an empty placeholder carried through the scan
+    mean = svi.optim.get_params(state.optim_state) if average else {}
+    progress = Progress(0, state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
+    names = sorted(svi.get_params(state))
+    if resuming:
+        progress = read_checkpoint(checkpoint_path, progress, num_steps, average_from, names)
+    params0 = svi.get_params(progress.state)
     if not bool(_all_finite(params0)):
         bad = [k for k, v in params0.items() if not bool(jnp.all(jnp.isfinite(v)))]
         raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
@@ -198,59 +258,108 @@ def fit(
     static_args = tuple(None if _is_array(a) else a for a in args)
     dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
     static_kwargs = {k: v for k, v in kwargs.items() if not _is_array(v)}
-    chunk = min(int(chunk_size), int(num_steps))
-    average = average_from is not None
+    chunk = min(int(chunk_size), int(num_steps), int(checkpoint_every or num_steps))
     run_chunk = _chunk_runner(svi, chunk, static_args, static_kwargs, average)
-    # without averaging the mean is an empty placeholder carried through the scan
-    mean = svi.optim.get_params(state.optim_state) if average else {}
-    count = jnp.zeros((), jnp.int32)
 
     # Compiled ahead of the first chunk so that compilation is timed on its own (the jitted
     # call below reuses this executable); cheap when svi already has it for these shapes.
     start = time.perf_counter()
-    run_chunk.lower(state, jnp.asarray(num_steps), dyn_args, dyn_kwargs, mean, count, jnp.asarray(0)).compile()
+    if progress.step < num_steps:
+        run_chunk.lower(progress.state, jnp.asarray(num_steps), dyn_args, dyn_kwargs, progress.mean,
+                        progress.count, jnp.asarray(0)).compile()
     compile_seconds = time.perf_counter() - start
 
-    num_chunks = math.ceil(num_steps / chunk)
-    losses = np.empty(num_chunks * chunk)
-    num_skipped = 0
+    losses = np.empty(num_steps)
+    losses[:progress.step] = progress.losses
+    done, state, mean, count, num_skipped = progress.step, progress.state, progress.mean, progress.count, \
+        progress.num_skipped
     chunk_seconds = []
     bar = None
     if progress_bar:
         from tqdm import tqdm  # plain text: no ipywidgets needed in notebooks
 
-        bar = tqdm(total=num_steps, desc="fit", unit="step")
+        bar = tqdm(total=num_steps, initial=done, desc="fit", unit="step")
     try:
-        for c in range(num_chunks):
-            remaining = num_steps - c * chunk
+        while done < num_steps:
+            # a chunk ends at the next checkpoint, so checkpoints fall on exact step counts
+            active = min(chunk, num_steps - done, checkpoint_every - done % checkpoint_every if checkpoint_every
+                         else chunk)
             start = time.perf_counter()
-            average_start = jnp.asarray((average_from if average else 0) - c * chunk)
+            average_start = jnp.asarray((average_from if average else 0) - done)
             (state, mean, count), (chunk_losses, skipped) = run_chunk(
-                state, jnp.asarray(remaining), dyn_args, dyn_kwargs, mean, count, average_start)
+                state, jnp.asarray(active), dyn_args, dyn_kwargs, mean, count, average_start)
             chunk_losses = np.asarray(chunk_losses)  # the host sync that ends the chunk
             chunk_seconds.append(time.perf_counter() - start)
-            losses[c * chunk:(c + 1) * chunk] = chunk_losses
+            losses[done:done + active] = chunk_losses[:active]
             num_skipped += int(np.sum(np.asarray(skipped)))
+            done += active
+            if checkpoint_path is not None and (done == num_steps or (checkpoint_every and done % checkpoint_every == 0)):
+                write_checkpoint(checkpoint_path, Progress(done, state, mean, count, losses[:done], num_skipped),
+                                 num_steps, average_from, names)
             if bar is not None:
-                done = min(chunk, remaining)
-                finite = chunk_losses[:done][np.isfinite(chunk_losses[:done])]
+                finite = chunk_losses[:active][np.isfinite(chunk_losses[:active])]
                 bar.set_postfix(loss=f"{finite.mean():.4g}" if finite.size else "nan", skipped=num_skipped)
-                bar.update(done)
+                bar.update(active)
     finally:
         if bar is not None:
             bar.close()
-    losses = losses[:num_steps]
-    if num_skipped == num_steps:
-        raise FloatingPointError(
-            "fit: every update produced a non-finite loss or parameters; check the data scale, "
-            "the jitter (numpyro_dgp.core.default_jitter) and the learning rate"
-        )
-    if num_skipped:
-        warnings.warn(
-            f"fit: skipped {num_skipped} of {num_steps} updates with non-finite loss or parameters",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    _report_skipped(svi, state, args, kwargs, num_skipped, num_steps)
     averaged = svi.constrain_fn(mean) if average else None
     return FitResult(svi.get_params(state), losses, state, num_skipped, np.asarray(chunk_seconds), chunk,
                      compile_seconds, averaged)
+
+
+def _check_fit_arguments(num_steps, chunk_size, average_from, checkpoint_path, checkpoint_every, resume,
+                         init_state, init_params):
+    check_positive_int(num_steps, "num_steps", "fit")
+    check_positive_int(chunk_size, "chunk_size", "fit")
+    check_positive_int(checkpoint_every, "checkpoint_every", "fit", allow_none=True)
+    if average_from is not None and not (
+            isinstance(average_from, (int, np.integer)) and 0 <= average_from < num_steps):
+        raise ValueError(f"fit: average_from must be an integer in [0, num_steps) = [0, {num_steps}), "
+                         f"got {average_from!r}")
+    if checkpoint_path is None and (checkpoint_every is not None or resume):
+        raise ValueError("fit: checkpoint_every and resume need checkpoint_path (the checkpoint file)")
+    if init_state is not None and init_params is not None:
+        raise ValueError("fit: give init_state (continue a fit) or init_params (start from values), not both")
+
+
+def _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict):
+    """``svi.init`` (compiled: :func:`numpyro_dgp.infer.init`) after setting up the guide (see
+    :func:`numpyro_dgp._params.set_up_guide`) and checking ``init_params``; when the model
+    cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails."""
+    try:
+        set_up_guide(svi.guide, jax.random.fold_in(rng_key, _SETUP_STREAM), args, model_kwargs)
+        if init_params is not None:
+            check_params_against(param_specs(svi.model, svi.guide, args, model_kwargs), init_params,
+                                 "fit (init_params)", allow_missing=not strict, allow_unexpected=not strict,
+                                 require_finite=True, hint=STRICT_HINT)
+        from numpyro_dgp.infer._init import init  # a sibling that imports the guides
+
+        return init(svi, rng_key, *args, init_params=init_params, **kwargs)
+    except (ValueError, RuntimeError) as err:
+        if isinstance(err, ParameterMismatchError):
+            raise
+        layer, _ = failed_layer(svi.model, None, dict(init_params or {}), args, model_kwargs, jax.random.PRNGKey(0))
+        if layer is None:
+            raise
+        raise type(err)(
+            f"fit: the model cannot be initialized: the Cholesky factorization of K(Z, Z) fails in layer {layer!r} "
+            f"at its initial values; raise that layer's jitter (gp_layer({layer!r}, ..., jitter=...)), use float64 "
+            f"(jax.config.update('jax_enable_x64', True)) or spread its inducing inputs. ({err})") from err
+
+
+def _report_skipped(svi, state, args, kwargs, num_skipped, num_steps):
+    if not num_skipped:
+        return
+    why = diagnose_layers(svi, state, args, kwargs)
+    if num_skipped == num_steps:
+        raise FloatingPointError(
+            "fit: every update produced a non-finite loss or parameters; check the data scale, "
+            "the jitter (numpyro_dgp.core.default_jitter) and the learning rate." + why
+        )
+    warnings.warn(
+        f"fit: skipped {num_skipped} of {num_steps} updates with non-finite loss or parameters (not applied)." + why,
+        RuntimeWarning,
+        stacklevel=3,
+    )

@@ -35,7 +35,13 @@ from numpyro_dgp._marginal import (
 from numpyro_dgp._protocol import AMORTIZED_KL, QUADRATURE_AXIS, get_tag
 from numpyro_dgp.core import block_diag_covariance, chain_gauss_kl_term, gauss_kl
 from numpyro_dgp.layers import Layer
-from numpyro_dgp.posteriors import ChainLink, JointBlock, gaussian_parameters
+from numpyro_dgp.posteriors import (
+    AmortizedPosterior,
+    ChainLink,
+    JointBlock,
+    gaussian_parameters,
+    unwrap_distribution,
+)
 
 __all__ = ["DGPElbo", "PredictiveObjective"]
 
@@ -94,6 +100,7 @@ def inducing_kl(
     layers: dict[str, Layer],
     locations: bool,
     marginal_covs: dict[str, jax.Array],
+    posterior: Any = None,
 ) -> jax.Array | None:
     """Closed-form KL term of one inducing site, or ``None`` if the guide's site is not Gaussian.
 
@@ -112,6 +119,8 @@ def inducing_kl(
     :param locations: whether the model uses inducing locations.
     :param marginal_covs: ``{u-site name: (P M, P M)}`` marginal covariances of the chain links
         seen so far; updated in place.
+    :param posterior: the site's Gaussian as the run read it (global inducing points; e.g.
+        from a NumPyro autoguide's latent Gaussian), instead of reading it off ``guide_site``.
     :return: the scalar KL, or ``None``.
     :raises ValueError: if the guide chains or groups the site with layers the model did not
         run (before it, for a chain).
@@ -128,7 +137,7 @@ def inducing_kl(
         if isinstance(q, JointBlock):
             return _dense_kl(q.loc - p_loc.reshape(-1), q.scale_tril, [(p_scale[0], M)] * P)
         return gauss_kl(q[0] - p_loc, q[1], p_scale[0])
-    q = site_posterior(guide_site, shape)
+    q = posterior if posterior is not None else site_posterior(guide_site, shape)
     if q is None:
         return None
     prior_chol = _prior_chol(layer)
@@ -153,14 +162,19 @@ def inducing_kl(
     return gauss_kl(q[0] - layer.prior_mean, q[1], prior_chol)
 
 
-def objective_terms(run: MarginalRun) -> tuple[dict[str, dict], jax.Array, jax.Array]:
+def objective_terms(
+    run: MarginalRun, objective: str = "DGPElbo"
+) -> tuple[dict[str, dict], jax.Array, jax.Array]:
     """The pieces of a bound from one :func:`marginal_trace` run.
 
     :param run: the run.
+    :param objective: the objective's name (``"DGPElbo"`` or ``"PredictiveObjective"``).
     :return: ``(observed, kl, other)``: the observed sites ``{name: site}`` (log-densities
         still to be taken), the closed-form KL of the inducing sites (scaled by their plates),
         and ``log p - log q`` of the other latent sites (sampled, as in ``Trace_ELBO``).
-    :raises ValueError: for a latent site the guide does not cover, or one after the last layer.
+    :raises ValueError: for a latent site the guide does not cover, or one after the last
+        layer; for a site the guide draws through an auxiliary site whose density this
+        objective does not score; for a point-mass ``q(u)`` under ``PredictiveObjective``.
     """
     guide_trace, model_trace, weights = run.guide_trace, run.model_trace, run.quadrature_weights
     layers = layers_by_u_site(model_trace)
@@ -184,7 +198,8 @@ def objective_terms(run: MarginalRun) -> tuple[dict[str, dict], jax.Array, jax.A
             kl = kl + jnp.sum(scale * per_point)
             continue
         if name in layers and name in guide_trace:
-            site_kl = inducing_kl(name, site, guide_trace[name], layers, locations, marginal_covs)
+            site_kl = inducing_kl(name, site, guide_trace[name], layers, locations, marginal_covs,
+                                  None if locations else run.posteriors.get(name))
         if site_kl is not None:
             kl = kl + (site["scale"] if site["scale"] is not None else 1.0) * site_kl
         else:
@@ -194,10 +209,43 @@ def objective_terms(run: MarginalRun) -> tuple[dict[str, dict], jax.Array, jax.A
                     "only observed sites may depend on the last layer's output. Use Trace_ELBO."
                 )
             if name not in guide_trace:
-                raise ValueError(f"DGPElbo: latent site {name!r} is not covered by the guide")
+                raise ValueError(f"{objective}: latent site {name!r} is not covered by the guide")
+            _check_sampled_site(name, guide_trace, name in layers, objective, run.guide_name)
             branch = run.branch_log_weights
             other = other + _weighted_log_prob(site, weights, branch) - _weighted_log_prob(guide_trace[name], weights, branch)
     return observed, kl, other
+
+
+def _check_sampled_site(name: str, guide_trace: dict, inducing: bool, objective: str, guide_name: str) -> None:
+    """Refuse a latent site scored by its sampled value when that score would be wrong.
+
+    A guide that draws the site as a ``Delta`` of an auxiliary draw (NumPyro's
+    ``AutoContinuous`` family) keeps the density on the auxiliary site, which these objectives
+    do not score: ``log q`` would be missing. A ``Delta`` without auxiliary sites is a point
+    estimate (``AutoDelta``): ``DGPElbo`` then gives NumPyro's MAP objective, as
+    ``Trace_ELBO`` does; ``PredictiveObjective``'s KL to the prior has no value for it.
+    """
+    if not isinstance(unwrap_distribution(guide_trace[name]["fn"]), dist.Delta):
+        return
+    auxiliary = [
+        n for n, s in guide_trace.items()
+        if s["type"] == "sample" and (s.get("infer") or {}).get("is_auxiliary")
+        and not isinstance(getattr(s["fn"], "posterior", None), AmortizedPosterior)
+    ]
+    if auxiliary:
+        raise ValueError(
+            f"{objective} with {guide_name}: site {name!r} is drawn through the auxiliary site(s) "
+            f"{auxiliary}, whose density {objective} does not score, so its value would be wrong. "
+            "Use NumPyro's Trace_ELBO with this guide, or a guide with a Gaussian over the inducing "
+            "values and its own guide for other latent sites (numpyro_dgp.guides.AutoFactorizedDGP, "
+            "AutoJointDGP, AutoChainDGP, NumPyro's AutoNormal)"
+        )
+    if inducing and objective == "PredictiveObjective":
+        raise ValueError(
+            f"PredictiveObjective with {guide_name}: q({name}) is a point mass, whose KL to the prior is "
+            "infinite. Use a Gaussian guide (numpyro_dgp.guides.AutoFactorizedDGP, NumPyro's AutoNormal), "
+            "or DGPElbo / Trace_ELBO, which give the MAP objective for a point mass"
+        )
 
 
 def _normal_inside(fn: dist.Distribution) -> tuple[dist.Normal | None, tuple | None, int | None]:
@@ -376,8 +424,9 @@ class PredictiveObjective(ELBO):
         """
 
         def one(key):
-            run = marginal_trace(model, guide, param_map, key, args, kwargs, self.num_quadrature)
-            observed, kl, other = objective_terms(run)
+            run = marginal_trace(model, guide, param_map, key, args, kwargs, self.num_quadrature,
+                                objective="PredictiveObjective")
+            observed, kl, other = objective_terms(run, "PredictiveObjective")
             per_point = {}
             for name, site in observed.items():
                 lp, scale = _log_predictive(site, run.quadrature_weights, run.branch_log_weights)

@@ -1,0 +1,179 @@
+"""``benchmarks/startup.py``: phases, same-round ratios, verdicts and the table from a synthetic record
+(no subprocess, no training), and the validation rows shared with ``peers/common.py``."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))  # the scripts import their sibling modules
+
+
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def startup():
+    return _load(REPO / "benchmarks" / "startup.py", "bench_startup")
+
+
+@pytest.fixture(scope="module")
+def common():
+    return _load(REPO / "benchmarks" / "peers" / "common.py", "bench_peers_common")
+
+
+def _ours(config, rnd, init, compile_s, total, hits=0):
+    marks = {"script_entry": 0.05, "import_jax": 0.6, "import": 1.5, "data_files": 1.6, "data": 1.7,
+             "init": 1.7 + init, "first_step": total}
+    return {"config": config, "library": "numpyro_dgp", "mode": "startup", "round": rnd, "precision": "float64",
+            "version": "numpyro_dgp 0.1.0", "init_fn": "svi.init", "compile_seconds": compile_s, "marks": marks,
+            "xla": {"import": {"compiles": 0, "compile_seconds": 0.0, "trace_seconds": 0.0},
+                    "data": {"compiles": 1, "compile_seconds": 0.01, "trace_seconds": 0.0},
+                    "init": {"compiles": 101, "compile_seconds": 3.01, "trace_seconds": 0.5},
+                    "first_step": {"compiles": 110, "compile_seconds": 6.0, "trace_seconds": 1.2}},
+            "cache": {"dir_at_import": None, "dir_at_end": None, "hits": hits, "env": None}, "max_rss_mib": 400.0}
+
+
+def _peer(config, rnd, total):
+    return {"config": config, "library": config.split("-")[0], "mode": "startup", "round": rnd,
+            "version": "gpflux 0.4.5", "marks": {"script_entry": 0.05, "import": 4.0, "data": 4.1, "init": 5.0,
+                                                 "first_step": total}}
+
+
+def _acc(config, rnd, seconds, reached=True):
+    return {"config": config, "library": "numpyro_dgp" if "dsvi" in config else "gpflux", "mode": "until_ll",
+            "round": rnd, "reached": reached, "seconds": seconds, "steps": 1500, "valid_ll": 1.26 if reached else 1.2,
+            "test_ll": 1.27, "test_rmse": 0.07, "eval_seconds": 3.0, "num_fit": 6636, "num_valid": 737,
+            "marks": {"script_entry": 0.05}}
+
+
+def _record(init=(1.5, 1.8, 2.5), amortized_compile=(7.0, 9.0, 7.5)):
+    runs = []
+    for r in range(3):
+        runs += [
+            _ours("dsvi-f64", r, init[r], 3.0, 10.0 + r),
+            _ours("dsvi-f32", r, init[r], 2.5, 8.0),
+            _ours("amortized", r, 4.0, amortized_compile[r], 20.0),
+            _peer("gpflux-f64", r, 20.0),       # ratios 0.50, 0.55, 0.60 -> median 0.55: met
+            _peer("gpflux-f32", r, 12.0),       # 8 / 12 = 0.67: NOT met
+            _acc("ll-dsvi-f64", r, 50.0 + r),
+            _acc("ll-gpflux-f64", r, 100.0),    # ratios ~0.5: met
+            _acc("ll-dsvi-f32", r, 80.0, reached=r != 1),
+            _acc("ll-gpflux-f32", r, 60.0),     # 1.33, inf, 1.33 -> NOT met
+        ]
+    runs.append({"config": "chain", "round": 0, "error": "exit 1: boom"})
+    return {"command": "python benchmarks/startup.py --rounds 3 --with-peers --accuracy", "machine": "test",
+            "date": "today", "versions": {"numpyro_dgp": "numpyro_dgp 0.1.0"},
+            "settings": {"rounds": 3, "target_ll": 1.25, "check_every": 250, "max_steps": 20000},
+            "configs": ["dsvi-f64", "dsvi-f32", "amortized", "chain", "gpflux-f64", "gpflux-f32",
+                        "ll-dsvi-f64", "ll-dsvi-f32", "ll-gpflux-f64", "ll-gpflux-f32"],
+            "runs": runs}
+
+
+def test_phases_split_the_marks(startup):
+    p = startup.phases(_ours("dsvi-f64", 0, 1.5, 3.0, 10.0))
+    assert p["import"] == pytest.approx(1.45) and p["data"] == pytest.approx(0.2)
+    assert p["init"] == pytest.approx(1.5) and p["compile"] == 3.0
+    assert p["step"] == pytest.approx(10.0 - 3.2 - 3.0) and p["total"] == 10.0
+    peer = startup.phases(_peer("gpflux-f64", 0, 20.0))
+    assert peer["compile"] is None and peer["step"] == pytest.approx(15.0)
+
+
+def test_verdicts_from_a_synthetic_record(startup):
+    verdicts = {name: (met, text) for name, met, text in startup.verdicts(_record())}
+    by_start = {name.split(" (")[0] + (" f32" if "float32" in name else ""): v for name, v in verdicts.items()}
+    assert by_start["kin8nm DSVI model initialization <= 2 s"][0] is True  # median 1.8
+    assert "median 1.80 s" in by_start["kin8nm DSVI model initialization <= 2 s"][1]
+    assert by_start["process start to first finished step <= 0.6x GPflux's in the same round"][0] is True
+    assert "ratio 0.55x" in by_start["process start to first finished step <= 0.6x GPflux's in the same round"][1]
+    assert by_start["process start to first finished step <= 0.6x GPflux's in the same round f32"][0] is False
+    assert by_start["amortized first-step compile <= 8 s"][0] is True  # median 7.5
+    acc = "time from process start to kin8nm validation LL >= 1.25 below GPflux's in the same round"
+    assert by_start[acc][0] is True
+    assert by_start[acc + " f32"][0] is False and "∞ (ours not reached)" in by_start[acc + " f32"][1]
+
+    worse = {name: met for name, met, _ in startup.verdicts(_record(init=(2.5, 2.6, 1.0), amortized_compile=(9, 9, 1)))}
+    assert [met for name, met in worse.items() if name.startswith("kin8nm DSVI")] == [False]
+    assert [met for name, met in worse.items() if name.startswith("amortized")] == [False]
+
+
+def test_a_warm_cache_fails_the_cold_cache_target(startup):
+    record = _record()
+    for run in record["runs"]:
+        if run["config"] == "dsvi-f64":
+            run["cache"]["hits"] = 3
+    (name, met, text), = [v for v in startup.verdicts(record) if v[0].startswith("kin8nm DSVI")]
+    assert met is False and "not a cold-cache measurement" in text
+    assert "these runs are not cold" in startup.render(record)
+
+
+def test_unmeasured_targets_say_so(startup):
+    record = _record()
+    record["runs"] = [run for run in record["runs"] if run["config"] == "dsvi-f64"]
+    record["configs"] = ["dsvi-f64"]
+    verdicts = startup.verdicts(record)
+    assert [met for _, met, _ in verdicts].count(None) == len(verdicts) - 1
+    text = startup.render(record)
+    assert "**not measured**" in text and "nan" not in text
+
+
+def test_table_renders_every_section(startup, tmp_path):
+    path = tmp_path / "startup.md"
+    startup.write_markdown(path, _record())
+    text = path.read_text()
+    assert "Command: `python benchmarks/startup.py --rounds 3 --with-peers --accuracy`" in text
+    rows = {}  # the first row of each name: the start-up, comparison and accuracy tables
+    for line in text.splitlines():
+        if line.startswith("| "):
+            rows.setdefault(line.split(" | ")[0].lstrip("| "), line)
+    assert "| 3 | 0.05 (0.05–0.05) |" in rows["dsvi-f64"]
+    assert "1.80 (1.50–2.50)" in rows["dsvi-f64"]  # model init: median (min–max)
+    assert "11.00 (10.00–12.00)" in rows["dsvi-f64"]  # launch -> first finished step
+    assert "| 100 / 3.00 |" in rows["dsvi-f64"]  # XLA compilations in init
+    assert rows["chain"].startswith("| chain | 0 (1 failed) |")
+    assert "0.55 (0.50–0.60)" in rows["float64"] and "0.67" in rows["float32"]
+    assert "| 2 / 3 |" in rows["ll-dsvi-f32"] and "| 3 / 3 |" in rows["ll-dsvi-f64"]
+    assert "737 of 7373" in text
+    assert "- process start to first finished step <= 0.6x GPflux's in the same round (float64): **met**" in text
+    assert "(float32): **NOT met**" in text
+    assert "round 0, chain: exit 1: boom" in text
+    assert "every run of ours reported no cache directory in effect" in text
+    assert "nan" not in text
+
+
+def test_round_order_rotates(startup):
+    configs = ["a", "b", "c"]
+    assert [startup.round_order(configs, r) for r in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+
+
+def test_children_get_no_compilation_cache(startup, monkeypatch):
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/tmp/somewhere")
+    assert "JAX_COMPILATION_CACHE_DIR" not in startup.child_env()
+
+
+@pytest.mark.parametrize("n", [10, 7373, 9830])
+def test_validation_rows_match_the_peers(startup, common, n):
+    ours, theirs = startup.validation_indices(n), common.validation_indices(n)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    fit, valid = ours
+    assert len(valid) == round(0.1 * n) and np.array_equal(np.sort(np.concatenate([fit, valid])), np.arange(n))
+
+
+def test_clock_origin_from_the_parent(startup, common, monkeypatch):
+    monkeypatch.setenv("NUMPYRO_DGP_STARTUP_T0", "100.0")
+    import time
+
+    entry = (102.5, time.perf_counter())
+    for clock in (startup.Clock(entry), common.StartupClock(entry)):
+        assert clock.marks["script_entry"] == pytest.approx(2.5)
+        assert clock.mark("x") == pytest.approx(2.5, abs=0.5)
+        assert "parent" in clock.info()["source"]

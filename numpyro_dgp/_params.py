@@ -1,0 +1,282 @@
+"""Parameters checked against the model: the names, shapes and dtypes a model (and guide)
+would create, found by an abstract run, compared with the parameters a user hands in.
+
+:func:`param_specs` runs the guide and then the model (replayed on the guide) under
+``jax.eval_shape``: nothing is compiled or computed, the ``numpyro.param`` sites only report
+the shape and dtype of their initial values. The result is cached per guide (or per model
+without a guide), keyed by the model, the non-array arguments and the arrays' shapes and
+dtypes, so a check costs one abstract run per new situation and a dictionary comparison
+after that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro import handlers
+
+from numpyro_dgp._cache import OwnerCache
+from numpyro_dgp._validation import concrete
+
+__all__ = ["ParameterMismatchError", "check_params", "check_params_against", "param_specs", "set_up_guide"]
+
+#: entries of each kind listed in an error message before "... and N more"
+_MAX_LISTED = 12
+
+#: abstract parameter specifications per guide (or model), weakly keyed
+_SPECS = OwnerCache(max_entries=16)
+
+
+class ParameterMismatchError(ValueError):
+    """Parameters that do not match what the model (and guide) create: missing entries,
+    unexpected entries, entries of the wrong shape or dtype, or (for prediction) non-finite
+    values. The message lists each kind; the attributes hold them.
+
+    Raised by :func:`numpyro_dgp.predict`, :func:`numpyro_dgp.predict_from_samples`,
+    :func:`numpyro_dgp.fit` (``init_params=``), :func:`numpyro_dgp.load_params` (``model=``)
+    and :func:`numpyro_dgp.check_params`.
+
+    :param caller: the function in the message.
+    :param missing: names the model or guide creates that are absent.
+    :param unexpected: names given that neither creates.
+    :param mismatched: ``{name: (given, expected)}`` descriptions (shape and dtype).
+    :param non_finite: names whose values hold NaN or infinities.
+    :param hint: a closing sentence (what to do).
+    """
+
+    def __init__(self, caller: str, missing: list[str], unexpected: list[str],
+                 mismatched: dict[str, tuple[str, str]], non_finite: list[str] = (), hint: str = "") -> None:
+        self.missing = list(missing)
+        self.unexpected = list(unexpected)
+        self.mismatched = dict(mismatched)
+        self.non_finite = list(non_finite)
+        lines = [f"{caller}: the parameters do not match those the model (and guide) create:"]
+        if self.missing:
+            lines.append(f"  missing (the model/guide would silently use initial values): {_listed(self.missing)}")
+        if self.unexpected:
+            lines.append(f"  unexpected (no such parameter: misspelt, renamed or from another model?): "
+                         f"{_listed(self.unexpected)}")
+        for name, (given, expected) in list(self.mismatched.items())[:_MAX_LISTED]:
+            lines.append(f"  mis-shaped {name!r}: given {given}, the model/guide creates {expected}")
+        if len(self.mismatched) > _MAX_LISTED:
+            lines.append(f"  ... and {len(self.mismatched) - _MAX_LISTED} more mis-shaped entries")
+        if self.non_finite:
+            lines.append(f"  not finite (NaN or inf values): {_listed(self.non_finite)}")
+        if hint:
+            lines.append(hint)
+        super().__init__("\n".join(lines))
+
+
+def _listed(names: list[str]) -> str:
+    names = sorted(names)
+    more = f" ... and {len(names) - _MAX_LISTED} more" if len(names) > _MAX_LISTED else ""
+    return repr(names[:_MAX_LISTED]) + more
+
+
+def _describe(shape: tuple, dtype: Any) -> str:
+    return f"shape {tuple(shape)} {np.dtype(dtype).name}"
+
+
+def set_up_guide(guide: Callable, rng_key: jax.Array, args: tuple, kwargs: dict) -> None:
+    """Build an autoguide's structure (its prototype trace) from the model run on the training
+    arguments, if it has not been built. The library's guides read it from an abstract run;
+    NumPyro's autoguides get one eager, blocked run under ``rng_key``, so that later runs
+    (``svi.init``) draw the same random numbers whether or not the guide was already set up
+    (they take their prototype key from the enclosing seed on the first call only).
+
+    :param guide: the guide (anything without a ``prototype_trace`` attribute is left alone).
+    :param rng_key: PRNG key of the set-up run.
+    :param args: the model's positional (training) arguments.
+    :param kwargs: the model's keyword arguments.
+    """
+    if getattr(guide, "prototype_trace", "absent") is not None:
+        return
+    from numpyro_dgp._autoguides import innermost_guide
+    from numpyro_dgp.guides import DGPGuide
+
+    if isinstance(innermost_guide(guide), DGPGuide):
+        # the library's guides read their structure abstractly and draw the same keys
+        # whether or not it was built before: no run, no key
+        innermost_guide(guide)._setup_prototype(*args, **kwargs)
+        return
+    with handlers.block():
+        handlers.seed(guide, rng_key)(*args, **kwargs)
+
+
+def _signature(args: tuple, kwargs: dict) -> tuple | None:
+    """A hashable summary: arrays by shape and dtype, other values as they are."""
+    def one(v):
+        if isinstance(v, (jax.Array, np.ndarray)):
+            return ("array", tuple(v.shape), str(v.dtype))
+        return v
+    key = (tuple(one(a) for a in args), tuple(sorted((k, one(v)) for k, v in kwargs.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def param_specs(model: Callable, guide: Callable | None, args: tuple, kwargs: dict) -> dict[str, jax.ShapeDtypeStruct]:
+    """What the guide and the model create: ``{param site: ShapeDtypeStruct}`` from an abstract
+    run (``jax.eval_shape``; the guide must be set up).
+
+    The guide's parameters come from a run of the guide on ``args``. The model's come from the
+    guide's prototype trace when it has one (the model's run on the *training* arguments, so
+    that prediction at new inputs checks against the shapes the fit created, even for
+    initial values computed from the data, e.g. ``inducing_inputs=X[::3]``), else from a run
+    of the model on ``args`` (replayed on the guide's).
+
+    :param model: the model.
+    :param guide: the guide, or ``None`` (the model's own parameters only).
+    :param args: the model's positional arguments.
+    :param kwargs: the model's keyword arguments.
+    :return: ``{name: ShapeDtypeStruct}`` (weak types kept, see :func:`_compatible`).
+    """
+    owner = model if guide is None else guide
+    # the prototype records this model only if the guide was built on it
+    prototype = getattr(guide, "prototype_trace", None) if getattr(guide, "model", None) is model else None
+    signature = _signature(args, kwargs)
+    key = None if signature is None else (model, signature)
+    entry = None if key is None else _SPECS.get(owner, key)
+    if entry is not None and entry[0] is prototype:
+        return entry[1]
+
+    def run():
+        guide_key, model_key = jax.random.split(jax.random.PRNGKey(0))
+        specs = {}
+        seeded = handlers.seed(model, model_key)
+        if guide is not None:
+            guide_trace = handlers.trace(handlers.seed(guide, guide_key)).get_trace(*args, **kwargs)
+            specs.update({n: s["value"] for n, s in guide_trace.items() if s["type"] == "param"})
+            seeded = handlers.replay(seeded, guide_trace)
+        if prototype is None:
+            model_trace = handlers.trace(seeded).get_trace(*args, **kwargs)
+            for name, site in model_trace.items():
+                if site["type"] == "param":
+                    specs.setdefault(name, site["value"])
+        return {n: jnp.asarray(v) for n, v in specs.items()}
+
+    # closing over the arguments keeps non-array ones (subsample sizes) concrete
+    try:
+        specs = jax.eval_shape(run)
+    except TypeError as err:  # JAX's shape errors: e.g. a guide built on another model
+        raise ValueError(f"the model cannot run with these arguments{' and this guide' if guide else ''} "
+                         f"(do they belong together?): {err}") from err
+    if prototype is not None:
+        # the library's guides keep abstract values (ShapeDtypeStruct) in their prototype
+        for name, site in prototype.items():
+            if site["type"] == "param" and name not in specs:
+                value = site["value"]
+                specs[name] = value if isinstance(value, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(
+                    np.shape(value), jnp.result_type(value), weak_type=isinstance(value, (int, float)))
+    if key is not None:
+        _SPECS.put(owner, key, (prototype, specs))
+    return specs
+
+
+def _compatible(given_dtype: np.dtype, spec: jax.ShapeDtypeStruct) -> bool:
+    if given_dtype == spec.dtype:
+        return True
+    # a Python-number initial value (weakly typed) takes any dtype of its kind
+    return bool(getattr(spec, "weak_type", False)) and np.dtype(given_dtype).kind == np.dtype(spec.dtype).kind
+
+
+def check_params_against(
+    specs: Mapping[str, jax.ShapeDtypeStruct],
+    params: Mapping[str, Any],
+    caller: str,
+    *,
+    allow_missing: bool = False,
+    allow_unexpected: bool = False,
+    require_finite: bool = False,
+    leading: int = 0,
+    hint: str = "",
+) -> None:
+    """Compare ``params`` with ``specs`` (see :func:`param_specs`); raise
+    :class:`ParameterMismatchError` listing every problem at once.
+
+    :param specs: the expected entries.
+    :param params: the given entries.
+    :param caller: the function in the message.
+    :param allow_missing: accept a subset (partial initialization).
+    :param allow_unexpected: accept names the model does not have.
+    :param require_finite: also refuse NaN or infinite values (concrete arrays only).
+    :param leading: leading axes of the given arrays beyond the expected shape (samples).
+    :param hint: closing sentence of the message.
+    :raises ParameterMismatchError: if anything does not match.
+    :raises TypeError: if ``params`` is not a mapping.
+    """
+    if not isinstance(params, Mapping):
+        raise TypeError(f"{caller}: params must be a dict {{site name: array}}, got {type(params).__name__}")
+    missing = [] if allow_missing else [n for n in specs if n not in params]
+    unexpected = [] if allow_unexpected else [n for n in params if n not in specs]
+    mismatched, non_finite = {}, []
+    for name, value in params.items():
+        if name not in specs:
+            continue
+        spec = specs[name]
+        shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+        if shape is None or dtype is None:
+            if isinstance(value, Mapping):
+                mismatched[name] = ("a nested dict", _describe(spec.shape, spec.dtype))
+                continue
+            value = np.asarray(value)
+            shape, dtype = value.shape, value.dtype
+        shape = tuple(shape)[leading:]
+        if shape != tuple(spec.shape) or not _compatible(np.dtype(dtype), spec):
+            mismatched[name] = (_describe(shape, dtype), _describe(spec.shape, spec.dtype))
+            continue
+        if require_finite and np.issubdtype(np.dtype(dtype), np.inexact):
+            array = concrete(value)
+            if array is not None and not np.all(np.isfinite(array)):
+                non_finite.append(name)
+    if missing or unexpected or mismatched or non_finite:
+        raise ParameterMismatchError(caller, missing, unexpected, mismatched, non_finite, hint)
+
+
+def check_params(
+    model: Callable,
+    guide: Callable | None,
+    params: Mapping[str, Any],
+    *args: Any,
+    strict: bool = True,
+    **kwargs: Any,
+) -> None:
+    """Check parameters against what ``model`` (and ``guide``) create at these arguments:
+    the same names, shapes and dtypes (an abstract run, nothing computed; cached per guide).
+
+    ``predict``, ``predict_from_samples``, ``fit(init_params=...)`` and
+    ``load_params(..., model=...)`` run this check themselves; call it directly to validate a
+    parameter dict before use.
+
+    :param model: the model.
+    :param guide: the guide (set up by ``svi.init`` / :func:`~numpyro_dgp.fit`, or it is set up
+        here on ``args``, which must then be the training arguments, ``y`` included); ``None``
+        checks the model's own ``numpyro.param`` sites only.
+    :param params: ``{site: array}``, e.g. ``FitResult.params``.
+    :param args: the model's positional arguments (their shapes fix the parameters' shapes).
+    :param strict: ``False`` accepts missing and unexpected entries (shapes and dtypes of the
+        entries given are still checked).
+    :param kwargs: the model's keyword arguments.
+    :raises ParameterMismatchError: listing missing, unexpected and mis-shaped entries.
+    """
+    if guide is not None:
+        set_up_guide(guide, jax.random.PRNGKey(0), args, kwargs)
+    specs = param_specs(model, guide, args, kwargs)
+    check_params_against(specs, params, "check_params", allow_missing=not strict, allow_unexpected=not strict,
+                         hint=STRICT_HINT)
+
+
+#: the closing sentence of errors that ``strict=False`` would relax
+STRICT_HINT = ("Pass parameters saved from this model and guide (same layer names, num_inducing, widths "
+               "and dtype), or strict=False to accept a partial or larger dict.")
+
+#: the closing sentence of prediction errors (missing entries are never accepted there)
+PREDICT_HINT = ("Pass the parameters fitted with this model and guide (same layer names, num_inducing, widths "
+                "and dtype); strict=False ignores unexpected entries.")
+

@@ -1,0 +1,224 @@
+"""Input validation at the door: dtypes, shapes, finiteness and the scale of the inputs.
+
+Checks that need values (finiteness, scale) run only on concrete arrays: inside ``jit``,
+``vmap`` or ``eval_shape`` the inputs are tracers and were checked when the model first ran
+eagerly (``svi.init``, :func:`numpyro_dgp.fit`'s door).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "InputScaleWarning",
+    "SCALE_LIMITS",
+    "as_float_array",
+    "check_finite",
+    "check_positive_int",
+    "check_positive_number",
+    "concrete",
+    "targets",
+    "warn_if_not_standardized",
+]
+
+#: Spread of a feature (standard deviation over the points, relative to the kernel's initial
+#: lengthscale where a layer checks) outside which :class:`InputScaleWarning` is issued.
+SCALE_LIMITS = (1e-3, 1e3)
+
+#: fingerprints of the scale problems already reported (one warning per problem and process)
+_WARNED: set = set()
+
+
+class InputScaleWarning(UserWarning):
+    """Inputs far from standardized: some feature's spread (standard deviation over the points)
+    is above 1e3 or below 1e-3 times the kernel's lengthscale (kernels start at unit
+    lengthscales), so the fit may converge to a constant predictor or a poor optimum.
+
+    Standardize the inputs (subtract the mean, divide by the standard deviation per feature)
+    or give the kernel lengthscales of the data's scale. Issued once per distinct problem by
+    :func:`numpyro_dgp.fit` (its first argument, the inputs), :func:`numpyro_dgp.gp_layer`
+    (inputs spread above the upper limit relative to the layer's lengthscales) and
+    :func:`numpyro_dgp.predict` (test inputs above the upper limit); silence it with
+    ``warnings.filterwarnings("ignore", category=InputScaleWarning)``.
+    """
+
+
+def concrete(x: Any) -> np.ndarray | None:
+    """``x`` as a NumPy array, or ``None`` when it is a tracer (inside ``jit``/``eval_shape``)."""
+    try:
+        return np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+def as_float_array(x: Any, name: str, caller: str, ndim: int | tuple[int, ...] | None = None) -> jax.Array:
+    """``x`` as a JAX array of a floating dtype: booleans and integers are cast to the default
+    float (``jnp.result_type(float)``: float64 with 64-bit mode on, else float32), complex and
+    non-numeric inputs are refused.
+
+    :param x: the input.
+    :param name: the argument's name in messages (e.g. ``"X"``).
+    :param caller: the function in messages.
+    :param ndim: allowed numbers of dimensions (``None``: any).
+    :return: the floating array.
+    :raises TypeError: for complex or non-numeric inputs.
+    :raises ValueError: for a number of dimensions not in ``ndim``.
+    """
+    try:
+        x = jnp.asarray(x)
+    except TypeError as err:
+        raise TypeError(f"{caller}: {name} must be a numeric array, got {type(x).__name__}: {err}") from None
+    if jnp.issubdtype(x.dtype, jnp.complexfloating) or not (
+            jnp.issubdtype(x.dtype, jnp.number) or x.dtype == jnp.bool_):
+        raise TypeError(f"{caller}: {name} must be a real (float or integer) array, got dtype {x.dtype}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.result_type(float))
+    allowed = (ndim,) if isinstance(ndim, int) else ndim
+    if allowed is not None and x.ndim not in allowed:
+        shapes = " or ".join({1: "(num_points,)", 2: "(num_points, dim)"}.get(n, f"{n}-D") for n in allowed)
+        raise ValueError(f"{caller}: {name} must have shape {shapes}, got shape {tuple(x.shape)}")
+    return x
+
+
+def check_finite(x: Any, name: str, caller: str) -> None:
+    """Raise if the concrete array ``x`` holds NaN or infinite values (tracers pass).
+
+    :param x: the array.
+    :param name: the argument's name in messages.
+    :param caller: the function in messages.
+    :raises ValueError: naming the argument and the first bad entries.
+    """
+    value = concrete(x)
+    if value is None or not np.issubdtype(value.dtype, np.inexact):
+        return
+    bad = ~np.isfinite(value)
+    if bad.any():
+        first = [tuple(int(i) for i in idx) for idx in np.argwhere(bad)[:3]]
+        raise ValueError(f"{caller}: {name} contains {int(bad.sum())} NaN or inf values (first at {first})")
+
+
+def targets(y: Any, num_points: int, caller: str, dtype: Any | None = None) -> jax.Array | None:
+    """Observed targets ``y`` of shape ``(N,)``; ``(N, 1)`` is accepted and squeezed.
+
+    :param y: targets, or ``None`` (prediction).
+    :param num_points: ``N``, the number of input points.
+    :param caller: the function in messages.
+    :param dtype: cast ``y`` to this floating dtype (``None``: keep integers, e.g. class labels).
+    :return: ``(N,)`` targets, or ``None``.
+    :raises ValueError: for any other shape, or non-finite values.
+    """
+    if y is None:
+        return None
+    y = jnp.asarray(y)
+    if y.ndim == 2 and y.shape == (num_points, 1):
+        y = y[:, 0]
+    if y.shape != (num_points,):
+        raise ValueError(
+            f"{caller}: y must have shape ({num_points},) (or ({num_points}, 1)) to match the {num_points} "
+            f"input points of X, got shape {tuple(y.shape)}"
+        )
+    if dtype is not None:
+        y = as_float_array(y, "y", caller).astype(dtype)
+    check_finite(y, "y", caller)
+    return y
+
+
+def check_positive_int(value: Any, name: str, caller: str, allow_none: bool = False) -> None:
+    """Raise unless ``value`` is a positive integer (or ``None`` when allowed).
+
+    :param value: the value.
+    :param name: the argument's name in messages.
+    :param caller: the function in messages.
+    :param allow_none: accept ``None``.
+    :raises ValueError: otherwise.
+    """
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{caller}: {name} must be a positive integer, got {value!r}")
+
+
+def check_positive_number(value: Any, name: str, caller: str, allow_zero: bool = False) -> None:
+    """Raise unless ``value`` is a finite number ``> 0`` (``>= 0`` with ``allow_zero``).
+
+    :param value: the value.
+    :param name: the argument's name in messages.
+    :param caller: the function in messages.
+    :param allow_zero: accept 0.
+    :raises ValueError: otherwise.
+    """
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        kind = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"{caller}: {name} must be a finite {kind} number, got {value!r}")
+
+
+def _feature_spread(X: np.ndarray) -> np.ndarray:
+    """Standard deviation of each feature over the points (NaN where a feature is constant)."""
+    X = X.reshape(-1, X.shape[-1]).astype(np.float64)
+    std = X.std(axis=0)
+    return np.where(std > 0, std, np.nan)
+
+
+def warn_if_not_standardized(X: Any, name: str, caller: str, lengthscales: list | None = None,
+                             upper_only: bool = False, stacklevel: int = 3) -> None:
+    """Issue :class:`InputScaleWarning` (once per distinct problem) when some feature of the
+    concrete array ``X`` has a spread outside :data:`SCALE_LIMITS` relative to the lengthscale.
+
+    Constant features are ignored; with several lengthscales (a sum or product of kernels)
+    a feature is flagged only when it is off for every one of them.
+
+    :param X: ``(..., N, D)`` inputs (tracers pass).
+    :param name: the argument's name in messages.
+    :param caller: the function in messages.
+    :param lengthscales: the kernel's initial lengthscales (scalars or ``(D,)``); default 1.
+    :param upper_only: flag only spreads above the upper limit (test inputs: a few nearby
+        points legitimately have a small spread).
+    :param stacklevel: of the warning (3: the caller's caller, the user's line).
+    """
+    value = concrete(X)
+    if value is None or value.ndim < 2 or value.shape[-2] < 2 or not np.issubdtype(value.dtype, np.floating):
+        return
+    spread = _feature_spread(value)
+    candidates = []
+    for ls in lengthscales or [1.0]:
+        ls = concrete(ls)
+        if ls is None or not (np.all(np.isfinite(ls)) and np.all(ls > 0)):
+            return  # traced, or invalid (the kernel's own check reports that)
+        candidates.append(spread / np.broadcast_to(np.asarray(ls, np.float64), spread.shape))
+    ratios = np.stack(candidates)
+    # per feature the lengthscale that fits it best
+    best = np.take_along_axis(ratios, np.nanargmin(np.abs(np.log(np.where(np.isnan(ratios), 1.0, ratios))), 0)[None],
+                              0)[0]
+    low, high = SCALE_LIMITS
+    too_big = np.flatnonzero(best > high)
+    too_small = np.array([], int) if upper_only else np.flatnonzero(best < low)
+    if not (too_big.size or too_small.size):
+        return
+    fingerprint = (value.shape[-1], tuple(too_big), tuple(too_small),
+                   tuple(np.round(np.log10(best[np.concatenate([too_big, too_small])]))))
+    if fingerprint in _WARNED:
+        return
+    _WARNED.add(fingerprint)
+    parts = []
+    if too_big.size:
+        parts.append(f"feature(s) {too_big.tolist()[:10]} have a spread up to {np.nanmax(best[too_big]):.3g}")
+    if too_small.size:
+        parts.append(f"feature(s) {too_small.tolist()[:10]} have a spread down to {np.nanmin(best[too_small]):.3g}")
+    relative = " times the kernel's lengthscale" if lengthscales else ""
+    warnings.warn(
+        f"{caller}: {name} is far from standardized: {'; '.join(parts)}{relative} (expected within "
+        f"[{low:g}, {high:g}]). Kernels start at unit lengthscales, so the fit may end at a constant "
+        "predictor: standardize each feature (or set the kernel's lengthscales to the data's scale).",
+        InputScaleWarning,
+        stacklevel=stacklevel,
+    )
