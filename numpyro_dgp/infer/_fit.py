@@ -72,12 +72,32 @@ def _is_array(x):
 
 
 def _check_finite_args(args, kwargs):
+    # on the host (NumPy): an eager jnp check would compile a program per argument shape
     for where, value in [(f"args[{i}]", a) for i, a in enumerate(args)] + [
         (f"{k}=", v) for k, v in kwargs.items()
     ]:
         if _is_array(value) and jnp.issubdtype(value.dtype, jnp.floating):
-            if not bool(jnp.all(jnp.isfinite(value))):
+            if not np.all(np.isfinite(np.asarray(value))):
                 raise ValueError(f"fit: model argument {where} contains NaN or inf values")
+
+
+#: ``svi.get_params`` compiled, per SVI object (eagerly it compiles one program per parameter)
+_GET_PARAMS = OwnerCache(max_entries=1)
+
+
+def _get_params(svi, state):
+    compiled = _GET_PARAMS.get(svi, "get_params")
+    if compiled is None:
+        svi_ref = weakref.ref(svi)
+        compiled = jax.jit(lambda state: svi_ref().get_params(state))
+        _GET_PARAMS.put(svi, "get_params", compiled)
+    return compiled(state)
+
+
+def _non_finite_entries(params):
+    """Names of the entries of ``params`` holding NaN or inf (checked on the host)."""
+    return [k for k, v in params.items()
+            if np.issubdtype(np.asarray(v).dtype, np.inexact) and not np.all(np.isfinite(np.asarray(v)))]
 
 
 def _all_finite(tree):
@@ -245,12 +265,12 @@ def fit(
     # without averaging the mean is an empty placeholder carried through the scan
     mean = svi.optim.get_params(state.optim_state) if average else {}
     progress = Progress(0, state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
-    names = sorted(svi.get_params(state))
+    params0 = _get_params(svi, state)
     if resuming:
-        progress = read_checkpoint(checkpoint_path, progress, num_steps, average_from, names)
-    params0 = svi.get_params(progress.state)
-    if not bool(_all_finite(params0)):
-        bad = [k for k, v in params0.items() if not bool(jnp.all(jnp.isfinite(v)))]
+        progress = read_checkpoint(checkpoint_path, progress, num_steps, average_from, sorted(params0))
+        params0 = _get_params(svi, progress.state)
+    bad = _non_finite_entries(params0)
+    if bad:
         raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
 
     # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
@@ -305,7 +325,7 @@ def fit(
             bar.close()
     _report_skipped(svi, state, args, kwargs, num_skipped, num_steps)
     averaged = svi.constrain_fn(mean) if average else None
-    return FitResult(svi.get_params(state), losses, state, num_skipped, np.asarray(chunk_seconds), chunk,
+    return FitResult(_get_params(svi, state), losses, state, num_skipped, np.asarray(chunk_seconds), chunk,
                      compile_seconds, averaged)
 
 

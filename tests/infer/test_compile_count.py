@@ -1,0 +1,78 @@
+"""How many programs ``fit`` and ``predict`` trace and compile, so that a regression shows.
+
+Counted with JAX's public monitoring events (one ``backend_compile`` event per XLA compilation,
+one ``jaxpr_trace`` event per trace). Before the compiled initialization, ``svi.init`` of the
+kin8nm model alone compiled about 410 programs eagerly; a second ``fit`` on the same ``SVI``
+object or a second ``predict`` must compile nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import numpy as np
+import optax
+import pytest
+from jax import monitoring
+from numpyro.infer import SVI
+
+import numpyro_dgp as nd
+from numpyro_dgp import guides, models
+
+_COMPILE = "/jax/core/compile/backend_compile_duration"
+_TRACE = "/jax/core/compile/jaxpr_trace_duration"
+
+# Upper bounds with room over today's counts (jax 0.12, float64; measured: the first fit of a
+# 2-layer factorized model 31 compilations, the first predict 12). Most of them are small
+# eager operations of the set-up; the training step, initialization and parameter read-out
+# are one program each.
+MAX_FIRST_FIT_COMPILES = 45
+MAX_FIRST_PREDICT_COMPILES = 20
+
+
+@contextlib.contextmanager
+def count_events():
+    counts = {_COMPILE: 0, _TRACE: 0}
+
+    def listener(event, duration, **kwargs):
+        if event in counts:
+            counts[event] += 1
+
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield counts
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 3))
+    y = np.sin(X.sum(1)) + 0.1 * rng.normal(size=120)
+    # a fresh model function: nothing of it is in any cache yet
+    model = models.deep_gp_regression(num_layers=2, num_inducing=15)
+    return model, X, y
+
+
+@pytest.mark.parametrize("guide_name", ["AutoFactorizedDGP", "AutoChainDGP"])
+def test_fit_and_predict_compile_once(problem, guide_name):
+    model, X, y = problem
+    guide = getattr(guides, guide_name)(model)
+    svi = SVI(model, guide, optax.adam(0.01), nd.DGPElbo())
+    with count_events() as first_fit:
+        result = nd.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=150, chunk_size=100, progress_bar=False)
+    with count_events() as second_fit:
+        nd.fit(svi, jax.random.PRNGKey(1), X, y, num_steps=150, chunk_size=100, progress_bar=False,
+               init_state=result.state)
+    with count_events() as first_predict:
+        nd.predict(model, guide, result.params, jax.random.PRNGKey(2), X[:40], num_samples=8)
+    with count_events() as second_predict:
+        nd.predict(model, guide, result.params, jax.random.PRNGKey(3), X[:40], num_samples=8)
+
+    assert 1 <= first_fit[_COMPILE] <= MAX_FIRST_FIT_COMPILES, first_fit
+    assert 1 <= first_predict[_COMPILE] <= MAX_FIRST_PREDICT_COMPILES, first_predict
+    # continuing on the same SVI object and predicting again reuse the compiled programs
+    assert second_fit == {_COMPILE: 0, _TRACE: 0}, second_fit
+    assert second_predict == {_COMPILE: 0, _TRACE: 0}, second_predict
