@@ -35,6 +35,7 @@ import numpy as np
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.primitives import Messenger
 
+from numpyro_dgp._autoguides import innermost_guide
 from numpyro_dgp._compat import is_tracer
 from numpyro_dgp._marginal import (
     _model_u_sites,
@@ -69,6 +70,7 @@ class propagate_moments(Messenger):
     :param caller: the name errors are reported under.
     :param propagate_inducing_variance: ``"bound"`` mode: forward each inner layer's inducing
         variance to the next layer (``True``) or pay for it in the penalty (``False``).
+    :param guide_name: the guide's class name, for error messages.
 
     After a run, :attr:`moments` maps layer names to the ``(mean (N, P), var (N, P))`` each
     forwarded (the last layer's: the variance its nodes spread), :attr:`penalties` lists the
@@ -85,6 +87,7 @@ class propagate_moments(Messenger):
         quadrature_nodes: np.ndarray | None = None,
         caller: str = "propagate_moments",
         propagate_inducing_variance: bool = True,
+        guide_name: str | None = None,
     ) -> None:
         if mode not in MOMENT_MODES:
             raise ValueError(f"propagate_moments: mode must be one of {MOMENT_MODES}, got {mode!r}")
@@ -93,6 +96,7 @@ class propagate_moments(Messenger):
         self.last_layer = last_layer
         self.quadrature_nodes = quadrature_nodes
         self.caller = caller
+        self.guide_name = guide_name
         self.propagate_inducing_variance = bool(propagate_inducing_variance)
         self._reset()
         super().__init__(fn)
@@ -120,7 +124,8 @@ class propagate_moments(Messenger):
             msg["value"] = self._layer(msg)
 
     def _refuse(self, layer: Layer, problem: str, instead: str = _INSTEAD) -> None:
-        raise NotImplementedError(f"{self.caller}: layer {layer.name!r} {problem}; {instead}")
+        with_guide = f" with {self.guide_name}" if self.guide_name else ""
+        raise NotImplementedError(f"{self.caller}{with_guide}: layer {layer.name!r} {problem}; {instead}")
 
     def _input_moments(self, layer: Layer, X: jax.Array) -> tuple[jax.Array, jax.Array | None]:
         """``(mean, var)`` of the layer's input: fixed for the first layer (``var=None``), the
@@ -156,7 +161,8 @@ class propagate_moments(Messenger):
         if post is None:
             self._refuse(
                 layer,
-                f"has no Gaussian guide over {layer.u_site!r} (a Delta, a flow or no site); moment "
+                f"has no per-layer Gaussian guide over {layer.u_site!r} (a Delta, a flow, one of NumPyro's "
+                "latent-vector autoguides such as AutoDiagonalNormal, or no site); moment "
                 "propagation needs an independent Gaussian per layer (AutoFactorizedDGP, AutoNormal)",
                 "use DGPElbo or Trace_ELBO with this guide",
             )
@@ -293,6 +299,7 @@ def moment_trace(
         handler = propagate_moments(
             seeded_model, posteriors=posteriors, mode=mode, last_layer=found["last"], quadrature_nodes=nodes,
             caller=caller, propagate_inducing_variance=propagate_inducing_variance,
+            guide_name=type(innermost_guide(guide)).__name__,
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         return MomentRun(
