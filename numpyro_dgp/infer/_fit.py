@@ -315,7 +315,7 @@ def fit(
             done += active
             if checkpoint_path is not None and (done == num_steps or (checkpoint_every and done % checkpoint_every == 0)):
                 write_checkpoint(checkpoint_path, Progress(done, state, mean, count, losses[:done], num_skipped),
-                                 num_steps, average_from, names)
+                                 num_steps, average_from, sorted(params0))
             if bar is not None:
                 finite = chunk_losses[:active][np.isfinite(chunk_losses[:active])]
                 bar.set_postfix(loss=f"{finite.mean():.4g}" if finite.size else "nan", skipped=num_skipped)
