@@ -140,6 +140,11 @@ def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
         svi = svi_ref()
         new_state, loss = svi.update(state, *a, **kw)
         finite = jnp.isfinite(loss) & _all_finite(new_state.optim_state)
+        # Materialize the check and the new state before selecting with it: otherwise XLA
+        # fuses every select with the reduction over all parameters, and large models (the
+        # amortized kin8nm model) compile 3-4x longer (66 s against 18 s).
+        finite, new_optim_state = jax.lax.optimization_barrier((finite, new_state.optim_state))
+        new_state = new_state._replace(optim_state=new_optim_state)
         active = step_index < num_active
         accept = finite & active
         kept = _select(accept, new_state.optim_state, state.optim_state)
