@@ -438,7 +438,10 @@ def gp_layer(
     # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
     prior_mean = mean_fn(Z).T if locations else jnp.zeros((out_dim, M), X.dtype)
     if whiten:
-        prior = dist.MultivariateNormal(jnp.zeros(M, X.dtype), scale_tril=jnp.eye(M, dtype=X.dtype))
+        # the standard normal by construction: its arguments are constants, concrete even in an
+        # abstract (eval_shape) run, so validating them would compile ~20 small programs eagerly
+        prior = dist.MultivariateNormal(jnp.zeros(M, X.dtype), scale_tril=jnp.eye(M, dtype=X.dtype),
+                                        validate_args=False)
     else:
         prior = dist.MultivariateNormal(jnp.zeros(M, X.dtype), scale_tril=Kmm_chol)
     prior = prior.expand([out_dim]) if not locations else dist.MultivariateNormal(prior_mean, scale_tril=Kmm_chol)
