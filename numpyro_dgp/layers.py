@@ -558,7 +558,9 @@ def _amortized_layer(
     prior_variance = jnp.mean(jnp.diagonal(Kzz, axis1=-2, axis2=-1), axis=-1)[..., None, None]
     Kzz_chol = jittered_cholesky(Kzz, jitter * prior_variance)
     prior_mean = jnp.swapaxes(mean_fn(Z), -1, -2)  # (..., B, P, M)
-    prior = dist.MultivariateNormal(prior_mean, scale_tril=Kzz_chol[..., None, :, :]).to_event(1)
+    # valid by construction (a failed factorization is NaN, which fit detects); validating it
+    # in the set-up run, where the arguments are concrete, compiled ~30 small programs eagerly
+    prior = dist.MultivariateNormal(prior_mean, scale_tril=Kzz_chol[..., None, :, :], validate_args=False).to_event(1)
     u_site = f"{name}.u"
     infer = {INDUCING: InducingTag(name, False, "amortized", p)}
     with numpyro.handlers.scale(scale=1.0 / data_plate.size if average_kl else 1.0):
