@@ -57,12 +57,14 @@ def deep_gp_regression(
     inner_mean: str = "identity",
     whiten: bool = True,
     jitter: float | None = None,
+    likelihood: str = "gaussian",
 ) -> Callable:
     """The DSVI regression DGP (Salimbeni & Deisenroth, 2017) as a NumPyro model.
 
     Layers ``h1 .. h{L}``: inner layers of width ``hidden_width`` (default: the input
     dimension) with an ``inner_mean`` mean function, a last layer of width 1 with zero mean,
-    then ``y ~ N(f, noise)``.
+    then ``y ~ N(f, noise)`` (or, with ``likelihood="probit"``, the binary classification
+    DGP: ``y ~ Bernoulli(Phi(f))``, ``y`` in {0, 1}).
 
     The returned ``model(X, y=None, batch_size=None)`` subsamples ``batch_size`` points per
     call when given (minibatch SVI; the likelihood is rescaled by the plate).
@@ -75,11 +77,17 @@ def deep_gp_regression(
     :param inner_mean: mean function of inner layers (see :func:`~numpyro_dgp.gp_layer`).
     :param whiten: whitened inducing values.
     :param jitter: Cholesky jitter (default by dtype).
+    :param likelihood: ``"gaussian"`` (learned noise) or ``"probit"`` (``y`` in {0, 1},
+        :func:`numpyro_dgp.likelihoods.bernoulli_probit`).
     :return: the model ``model(X, y=None, batch_size=None)``: ``X`` ``(N, D)``, ``y`` ``(N,)``.
     :raises ValueError: for an invalid argument (naming it).
+    :raises NotImplementedError: for an unknown ``likelihood``.
     :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
     caller = "deep_gp_regression"
+    config = _arguments(locals())
+    if likelihood not in LIKELIHOODS:
+        raise NotImplementedError(f"{caller}: likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
     check_positive_int(num_layers, "num_layers", caller)
     check_positive_int(num_inducing, "num_inducing", caller)
     check_positive_int(hidden_width, "hidden_width", caller, allow_none=True)
@@ -89,7 +97,7 @@ def deep_gp_regression(
     kernel = RBF() if kernel is None else kernel
 
     def model(X, y=None, batch_size=None):
-        X, y = _data(X, y, "deep_gp_regression model")
+        X, y = _data(X, y, "deep_gp_regression model", likelihood)
         D = X.shape[1]
         data, X_batch, y_batch = _subsample(X, y, batch_size, "deep_gp_regression model")
         h = X_batch
@@ -106,11 +114,34 @@ def deep_gp_regression(
                 whiten=whiten,
                 jitter=jitter,
             )
-        noise = numpyro.param("noise", jnp.asarray(noise_init, X.dtype), constraint=constraints.positive)
-        with data:
-            numpyro.sample("y", dist.Normal(h[..., 0], jnp.sqrt(noise)), obs=y_batch)
+        _observe(h[..., 0], y_batch, data, likelihood, noise_init, X.dtype)
 
+    return _remember(model, caller, config)
+
+
+def _arguments(arguments: dict) -> dict:
+    """A factory's arguments as given (``locals()`` at its top), for :func:`_remember`."""
+    return {k: v for k, v in arguments.items() if k not in ("caller", "model")}
+
+
+def _remember(model, factory, arguments):
+    """Attach ``dgp_config = {"factory", "arguments"}`` to a factory's model, so that
+    :func:`numpyro_dgp.save_model` can write it and :func:`numpyro_dgp.load_model` rebuild it."""
+    model.dgp_config = {"factory": factory, "arguments": dict(arguments)}
     return model
+
+
+def _observe(f, y_batch, data, likelihood, noise_init, dtype):
+    """The observation site ``"y"``: Gaussian with a learned noise, or probit."""
+    if likelihood == "gaussian":
+        noise = numpyro.param("noise", jnp.asarray(noise_init, dtype), constraint=constraints.positive)
+        with data:
+            numpyro.sample("y", dist.Normal(f, jnp.sqrt(noise)), obs=y_batch)
+    else:
+        from numpyro_dgp.likelihoods import bernoulli_probit
+
+        with data:
+            numpyro.sample("y", bernoulli_probit(f), obs=y_batch)
 
 
 def _check_common(caller, kernel, noise_init, jitter):
@@ -190,6 +221,7 @@ def diffgp(
     :raises NotImplementedError: for an unknown ``likelihood``.
     :raises TypeError: if a kernel is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
+    config = _arguments(locals())
     if likelihood not in LIKELIHOODS:
         raise NotImplementedError(f"diffgp: likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
     check_positive_number(T, "T", "diffgp", allow_zero=True)
@@ -234,9 +266,9 @@ def diffgp(
             with data:
                 numpyro.sample("y", bernoulli_probit(f[..., 0]), obs=y_batch)
 
-    return sde_flow(
+    return _remember(sde_flow(
         model, "flow", T=T, num_steps=num_steps, estimator=estimator, diffusion=diffusion, time_input=time_input
-    )
+    ), "diffgp", config)
 
 
 def amortized_dgp(
@@ -274,6 +306,7 @@ def amortized_dgp(
     :raises ValueError: for an invalid argument (naming it).
     :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
+    config = _arguments(locals())
     widths, num_inducing = tuple(widths), tuple(num_inducing)
     if not widths or widths[-1] != 1 or any(not (isinstance(w, int) and w >= 1) for w in widths):
         raise ValueError(f"amortized_dgp: widths must be positive integers ending in 1, got {widths!r}")
@@ -309,4 +342,4 @@ def amortized_dgp(
             with data:
                 numpyro.sample("y", bernoulli_probit(f), obs=y_batch)
 
-    return model
+    return _remember(model, "amortized_dgp", config)
