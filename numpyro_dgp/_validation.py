@@ -50,7 +50,12 @@ class InputScaleWarning(UserWarning):
 
 
 def concrete(x: Any) -> np.ndarray | None:
-    """``x`` as a NumPy array, or ``None`` when it is a tracer (inside ``jit``/``eval_shape``)."""
+    """``x`` as a NumPy array, or ``None`` when it is a tracer (inside ``jit``/``eval_shape``)
+    or a global array of several processes (not all of it is in this process)."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return None
     try:
         return np.asarray(x)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
