@@ -242,6 +242,7 @@ def predict(
     obs_site: str | None = None,
     strict: bool = True,
     batch_size: int | None = None,
+    keep_layers: bool = True,
     **kwargs: Any,
 ) -> Prediction:
     """Predictive mixture of a fitted DGP at ``X_new``.
@@ -277,6 +278,9 @@ def predict(
         model gives the same numbers as without batches, and a deeper one other Monte Carlo
         draws of the same mixture. Only for models whose extra arguments do not depend on
         the points (``args``/``kwargs`` are passed to every batch as they are).
+    :param keep_layers: return every layer's draws and moments (``S x N x P`` numbers per
+        layer and kind); ``False`` leaves ``layers``, ``layer_means`` and ``layer_variances``
+        empty, so that a large ``N`` keeps only the ``S x N`` mixture components.
     :param kwargs: keyword arguments of the model.
     :return: :class:`Prediction` with ``S`` components (times the number of branches where
         the model or guide has them).
@@ -300,14 +304,24 @@ def predict(
                                                                                     X_batch.shape[1]))])
             found, components = _predict_components(model, guide, params, rng_key, X_batch, args, kwargs,
                                                     num_samples, obs_site, strict)
+            if not keep_layers:
+                components = _drop_layers(components)
             parts.append(_cut_components(components, real))
         components = _join_components(parts)
     else:
         found, components = _predict_components(model, guide, params, rng_key, X_new, args, kwargs, num_samples,
                                                 obs_site, strict)
+        if not keep_layers:
+            components = _drop_layers(components)
     if found["branches"]:
         components = _flatten_branches(found["branches"], *components)
     return _warn_if_not_finite(_mixture(found["likelihood"], *components), "predict")
+
+
+def _drop_layers(components):
+    """The components without the per-layer draws and moments (empty dicts)."""
+    comp_m, comp_v, _, _, _, *rest = components
+    return (comp_m, comp_v, {}, {}, {}, *rest)
 
 
 def _cut_components(components, num_points):

@@ -397,7 +397,7 @@ class SavedModel:
                 f"input_dim={self.input_dim}, likelihood={self.likelihood!r})")
 
     def predict(self, X: ArrayLike, *, rng_key: jax.Array | None = None, num_samples: int = 100,
-                batch_size: int | None = None, standardized: bool = False) -> Any:
+                batch_size: int | None = None, standardized: bool = False, keep_layers: bool = False) -> Any:
         """The predictive mixture at ``X`` in the data's units.
 
         :param X: ``(N, D)`` inputs in the data's units (standardized here with the stored
@@ -408,6 +408,8 @@ class SavedModel:
             :func:`numpyro_dgp.predict`).
         :param standardized: ``X`` is already standardized, and the result is returned in
             standardized units.
+        :param keep_layers: also return every layer's draws and moments (see
+            :func:`numpyro_dgp.predict`; off by default to keep memory at ``S x N``).
         :return: a :class:`~numpyro_dgp.Prediction` (regression: means and variances mapped
             back to the target's units; classification: probabilities of ``y = 1``).
         :raises ValueError: ``X`` without ``D`` columns.
@@ -423,7 +425,7 @@ class SavedModel:
         X = jnp.asarray(X, dtype=self.config["dtype"])
         key = jax.random.PRNGKey(0) if rng_key is None else rng_key
         prediction = predict(self.model, self.guide, self.params, key, X, num_samples=num_samples,
-                             batch_size=batch_size)
+                             batch_size=batch_size, keep_layers=keep_layers)
         if s is None or prediction.likelihood != "normal" or (s.y_mean == 0.0 and s.y_scale == 1.0):
             return prediction
         m, sc = s.y_mean, s.y_scale

@@ -179,6 +179,9 @@ def test_batched_prediction_equals_unbatched_for_one_layer():
     np.testing.assert_allclose(batched.mean, full.mean, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(batched.variance, full.variance, rtol=1e-12)
     assert batched.layers["h1"].shape == full.layers["h1"].shape
+    lean = dgp.predict(model, guide, params, key, jnp.asarray(X), num_samples=4, batch_size=30, keep_layers=False)
+    assert lean.layers == {} and lean.layer_means == {}
+    np.testing.assert_allclose(lean.mean, full.mean, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="batch_size"):
         dgp.predict(model, guide, params, key, jnp.asarray(X), batch_size=0)
 

@@ -1,0 +1,200 @@
+"""Large-N scaling of DSVI training and prediction on synthetic year-like data (D = 90).
+
+Two parts, each point in a fresh process (so that peak resident memory is the point's own):
+
+* ``--sizes``: per N (float32 unless ``--precision float64``), a 2-layer DGP (M = 100, inner
+  width 30, batch 1000) on ``N x 90`` synthetic inputs held on the device:
+  initialization seconds (guide set-up, compiled ``svi.init`` with the k-means of the first
+  minibatch), compile seconds of the training chunk, steps/s (median over chunks of 100
+  steps, compilation excluded), prediction seconds for 100,000 points
+  (``predict(..., batch_size=10_000, keep_layers=False)``, S = 100; first call with
+  compilation and a second call), peak resident memory (``ru_maxrss``) and the data's size,
+  whether every loss and prediction was finite.
+* ``--grid``: time per step at N = 10,000 against M in {100, 200, 500} and the inner width in
+  {8, 32} (batch 1000).
+
+Usage::
+
+    python benchmarks/scale.py --sizes 10000 100000 1000000 --grid    # results/scale.{json,md}
+
+GPflux's step time on the same grid is not measured by this script yet (see
+``benchmarks/peers/`` for the kin8nm comparison).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+D = 90
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def synthetic(N, dtype, seed=0):
+    """Year-like regression data: 90 standardized features, a smooth nonlinear target."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((N, D), dtype=np.float32).astype(dtype)
+    W = rng.standard_normal((D, 3)) / np.sqrt(D)
+    proj = X.astype(np.float64) @ W
+    y = np.sin(2 * proj[:, 0]) + 0.5 * proj[:, 1] * proj[:, 2] + 0.1 * rng.standard_normal(N)
+    y = (y - y.mean()) / y.std()
+    return X, y.astype(dtype)
+
+
+def peak_rss_mb():
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_size(N, precision, steps, num_inducing=100, width=30, batch=1000, predict_points=100_000):
+    import jax
+
+    if precision == "float64":
+        jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    import numpy as np
+    import numpyro
+    from numpyro.infer import SVI
+
+    import numpyro_dgp as dgp
+    from numpyro_dgp.infer._fit import _initial_state
+
+    dtype = np.float32 if precision == "float32" else np.float64
+    t0 = time.perf_counter()
+    X_np, y_np = synthetic(N, dtype)
+    X, y = jnp.asarray(X_np), jnp.asarray(y_np)
+    data_seconds = time.perf_counter() - t0
+    data_mb = (X_np.nbytes + y_np.nbytes) / 2**20
+    del X_np, y_np
+    model = dgp.models.deep_gp_regression(2, num_inducing=num_inducing, hidden_width=width)
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    kwargs = {"batch_size": batch}
+    t0 = time.perf_counter()
+    state = _initial_state(svi, jax.random.PRNGKey(0), (X, y), kwargs, kwargs, None, True)
+    jax.block_until_ready(state)
+    init_seconds = time.perf_counter() - t0
+    result = dgp.fit(svi, None, X, y, num_steps=steps, chunk_size=100, progress_bar=False, init_state=state,
+                     batch_size=batch)
+    X_pred = X[:predict_points] if N >= predict_points else jnp.concatenate([X] * (predict_points // N + 1))[
+        :predict_points]
+    times = []
+    for call in range(2):
+        t0 = time.perf_counter()
+        pred = dgp.predict(model, guide, result.params, jax.random.PRNGKey(1), X_pred, batch_size=10_000,
+                           keep_layers=False)
+        jax.block_until_ready(pred.mean)
+        times.append(time.perf_counter() - t0)
+    finite = bool(np.all(np.isfinite(result.losses))) and bool(jnp.all(jnp.isfinite(pred.mean))) and bool(
+        jnp.all(jnp.isfinite(pred.variance)))
+    return {"N": N, "precision": precision, "D": D, "M": num_inducing, "width": width, "batch_size": batch,
+            "data_seconds": data_seconds, "data_mb": data_mb, "init_seconds": init_seconds,
+            "compile_seconds": result.compile_seconds, "steps": steps, "steps_per_second": 1 / result.seconds_per_step,
+            "predict_points": predict_points, "predict_seconds_first": times[0], "predict_seconds_second": times[1],
+            "peak_rss_mb": peak_rss_mb(), "all_finite": finite, "num_skipped": int(result.num_skipped),
+            "final_loss": float(np.mean(result.losses[-100:]))}
+
+
+def run_grid_point(M, width, precision, steps=30, N=10_000, batch=1000):
+    import jax
+
+    if precision == "float64":
+        jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    import numpy as np
+    import numpyro
+    from numpyro.infer import SVI
+
+    import numpyro_dgp as dgp
+
+    dtype = np.float32 if precision == "float32" else np.float64
+    X_np, y_np = synthetic(N, dtype)
+    X, y = jnp.asarray(X_np), jnp.asarray(y_np)
+    model = dgp.models.deep_gp_regression(2, num_inducing=M, hidden_width=width)
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    result = dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=3 * steps, chunk_size=steps, progress_bar=False,
+                     batch_size=batch)
+    return {"N": N, "M": M, "width": width, "batch_size": batch, "precision": precision,
+            "ms_per_step": 1e3 * result.seconds_per_step, "compile_seconds": result.compile_seconds,
+            "all_finite": bool(np.all(np.isfinite(result.losses)))}
+
+
+def child(argv):
+    kind = argv[0]
+    if kind == "size":
+        out = run_size(int(argv[1]), argv[2], int(argv[3]))
+    else:
+        out = run_grid_point(int(argv[1]), int(argv[2]), argv[3])
+    print(json.dumps(out))
+
+
+def in_fresh_process(*args):
+    proc = subprocess.run([sys.executable, __file__, "--child", *map(str, args)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {args} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def markdown(results):
+    lines = [f"# Large-N scaling (synthetic, D = {D})", "", f"Machine: {results['machine']}", ""]
+    if results.get("sizes"):
+        lines += ["2 layers, M = 100, inner width 30, batch 1000, data on the device; prediction of 100,000 points "
+                  "with S = 100 in batches of 10,000.", "",
+                  "| N | precision | data MB | init s | compile s | steps/s | predict s (first / second) | "
+                  "peak RSS MB | finite |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in results["sizes"]:
+            lines.append(f"| {r['N']:,} | {r['precision']} | {r['data_mb']:.0f} | {r['init_seconds']:.2f} | "
+                         f"{r['compile_seconds']:.1f} | {r['steps_per_second']:.1f} | "
+                         f"{r['predict_seconds_first']:.1f} / {r['predict_seconds_second']:.1f} | "
+                         f"{r['peak_rss_mb']:.0f} | {r['all_finite']} |")
+        lines.append("")
+    if results.get("grid"):
+        lines += ["Time per step (ms), N = 10,000, batch 1000, 2 layers:", "",
+                  "| M | width | ms/step | compile s |", "| --- | --- | --- | --- |"]
+        for r in results["grid"]:
+            lines.append(f"| {r['M']} | {r['width']} | {r['ms_per_step']:.1f} | {r['compile_seconds']:.1f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[])
+    parser.add_argument("--grid", action="store_true")
+    parser.add_argument("--precision", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--tag", default="scale")
+    args = parser.parse_args(argv)
+    results = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+               "sizes": [], "grid": []}
+    for N in args.sizes:
+        r = in_fresh_process("size", N, args.precision, args.steps)
+        print(json.dumps(r), flush=True)
+        results["sizes"].append(r)
+    if args.grid:
+        for M in (100, 200, 500):
+            for width in (8, 32):
+                r = in_fresh_process("grid", M, width, args.precision)
+                print(json.dumps(r), flush=True)
+                results["grid"].append(r)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.tag}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (RESULTS / f"{args.tag}.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2:])
+    else:
+        main()
