@@ -17,8 +17,8 @@ Usage::
 
     python benchmarks/scale.py --sizes 10000 100000 1000000 --grid    # results/scale.{json,md}
 
-GPflux's step time on the same grid is not measured by this script yet (see
-``benchmarks/peers/`` for the kin8nm comparison).
+With ``--with-gpflux PYTHON`` (the GPflux venv of ``benchmarks/peers/setup.sh``), every grid
+point also times GPflux (``peers/gpflux_scale.py``, the same model) right after ours.
 """
 
 from __future__ import annotations
@@ -37,16 +37,19 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def synthetic(N, dtype, seed=0):
-    """Year-like regression data: 90 standardized features, a smooth nonlinear target."""
-    import numpy as np
+    """Year-like regression data: 90 standardized features, a smooth nonlinear target.
 
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((N, D), dtype=np.float32).astype(dtype)
-    W = rng.standard_normal((D, 3)) / np.sqrt(D)
-    proj = X.astype(np.float64) @ W
-    y = np.sin(2 * proj[:, 0]) + 0.5 * proj[:, 1] * proj[:, 2] + 0.1 * rng.standard_normal(N)
-    y = (y - y.mean()) / y.std()
-    return X, y.astype(dtype)
+    Drawn on the device (``jax.random``), so that the process holds the data once (a NumPy
+    copy beside the device array would double the peak memory on CPU)."""
+    import jax
+    import jax.numpy as jnp
+
+    kx, kw, ke = jax.random.split(jax.random.PRNGKey(seed), 3)
+    X = jax.random.normal(kx, (N, D), dtype)
+    W = jax.random.normal(kw, (D, 3), dtype) / jnp.sqrt(D).astype(dtype)
+    proj = X @ W
+    y = jnp.sin(2 * proj[:, 0]) + 0.5 * proj[:, 1] * proj[:, 2] + 0.1 * jax.random.normal(ke, (N,), dtype)
+    return X, (y - y.mean()) / y.std()
 
 
 def peak_rss_mb():
@@ -71,11 +74,9 @@ def run_size(N, precision, steps, num_inducing=100, width=30, batch=1000, predic
 
     dtype = np.float32 if precision == "float32" else np.float64
     t0 = time.perf_counter()
-    X_np, y_np = synthetic(N, dtype)
-    X, y = jnp.asarray(X_np), jnp.asarray(y_np)
+    X, y = jax.block_until_ready(synthetic(N, dtype))
     data_seconds = time.perf_counter() - t0
-    data_mb = (X_np.nbytes + y_np.nbytes) / 2**20
-    del X_np, y_np
+    data_mb = (X.nbytes + y.nbytes) / 2**20
     model = dgp.models.deep_gp_regression(2, num_inducing=num_inducing, hidden_width=width)
     guide = dgp.guides.AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
@@ -120,8 +121,7 @@ def run_grid_point(M, width, precision, steps=30, N=10_000, batch=1000):
     import numpyro_dgp as dgp
 
     dtype = np.float32 if precision == "float32" else np.float64
-    X_np, y_np = synthetic(N, dtype)
-    X, y = jnp.asarray(X_np), jnp.asarray(y_np)
+    X, y = synthetic(N, dtype)
     model = dgp.models.deep_gp_regression(2, num_inducing=M, hidden_width=width)
     guide = dgp.guides.AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
@@ -149,7 +149,8 @@ def in_fresh_process(*args):
 
 
 def markdown(results):
-    lines = [f"# Large-N scaling (synthetic, D = {D})", "", f"Machine: {results['machine']}", ""]
+    lines = [f"# Large-N scaling (synthetic, D = {D})", "", f"Command: `{results.get('command', '')}`", "",
+             f"Machine: {results['machine']}", ""]
     if results.get("sizes"):
         lines += ["2 layers, M = 100, inner width 30, batch 1000, data on the device; prediction of 100,000 points "
                   "with S = 100 in batches of 2,000 (the one-batch call that compiles is timed apart). Peak RSS: "
@@ -164,10 +165,19 @@ def markdown(results):
                          f"{r['peak_rss_mb']:.0f} | {r['all_finite']} |")
         lines.append("")
     if results.get("grid"):
-        lines += ["Time per step (ms), N = 10,000, batch 1000, 2 layers:", "",
-                  "| M | width | ms/step | compile s |", "| --- | --- | --- | --- |"]
+        peers = any("gpflux_ms_per_step" in r for r in results["grid"])
+        lines += ["Time per step (ms), N = 10,000, batch 1000, 2 layers" + (
+                  f" (GPflux: {results['grid'][0].get('gpflux_version')}, run right after ours at each point)"
+                  if peers else "") + ":", "",
+                  "| M | width | ms/step | compile s |" + (" GPflux ms/step | GPflux first step s | GPflux / ours |"
+                                                          if peers else ""),
+                  "| --- | --- | --- | --- |" + (" --- | --- | --- |" if peers else "")]
         for r in results["grid"]:
-            lines.append(f"| {r['M']} | {r['width']} | {r['ms_per_step']:.1f} | {r['compile_seconds']:.1f} |")
+            row = f"| {r['M']} | {r['width']} | {r['ms_per_step']:.1f} | {r['compile_seconds']:.1f} |"
+            if peers:
+                row += (f" {r['gpflux_ms_per_step']:.1f} | {r['gpflux_compile_seconds']:.1f} | "
+                        f"{r['gpflux_ms_per_step'] / r['ms_per_step']:.2f} |")
+            lines.append(row)
         lines.append("")
     return "\n".join(lines)
 
@@ -179,8 +189,12 @@ def main(argv=None):
     parser.add_argument("--precision", choices=("float32", "float64"), default="float32")
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--tag", default="scale")
+    parser.add_argument("--with-gpflux", metavar="PYTHON", default=None,
+                        help="the GPflux venv's python (benchmarks/peers/setup.sh): time GPflux at every grid point, "
+                             "right after ours")
     args = parser.parse_args(argv)
-    results = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+    results = {"command": "python benchmarks/scale.py " + " ".join(sys.argv[1:] if argv is None else argv),
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
                "sizes": [], "grid": []}
     for N in args.sizes:
         r = in_fresh_process("size", N, args.precision, args.steps)
@@ -192,6 +206,16 @@ def main(argv=None):
                 r = in_fresh_process("grid", M, width, args.precision)
                 print(json.dumps(r), flush=True)
                 results["grid"].append(r)
+                if args.with_gpflux:
+                    peer = subprocess.run([args.with_gpflux, str(Path(__file__).parent / "peers" / "gpflux_scale.py"),
+                                           "--num-inducing", str(M), "--width", str(width), "--precision",
+                                           args.precision], capture_output=True, text=True)
+                    if peer.returncode != 0:
+                        raise RuntimeError(f"gpflux M={M} width={width} failed:\n{peer.stderr[-3000:]}")
+                    g = json.loads(peer.stdout.strip().splitlines()[-1])
+                    print(json.dumps(g), flush=True)
+                    r["gpflux_ms_per_step"], r["gpflux_compile_seconds"] = g["ms_per_step"], g["compile_seconds"]
+                    r["gpflux_version"] = g["version"]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps(results, indent=2) + "\n")
     (RESULTS / f"{args.tag}.md").write_text(markdown(results))
