@@ -8,8 +8,9 @@ Two parts, each point in a fresh process (so that peak resident memory is the po
   minibatch), compile seconds of the training chunk, steps/s (median over chunks of 100
   steps, compilation excluded), prediction seconds for 100,000 points
   (``predict(..., batch_size=2_000, keep_layers=False)``, S = 100; a first, one-batch call
-  that compiles is timed apart), peak resident memory (``ru_maxrss``, after training and at
-  the end) against the data's size, and whether every loss and prediction was finite.
+  that compiles is timed apart), resident memory once the data are on the device and its
+  peak (``VmHWM``, reset after the data were drawn) through training and through prediction,
+  against the data's size, and whether every loss and prediction was finite.
 * ``--grid``: time per step at N = 10,000 against M in {100, 200, 500} and the inner width in
   {8, 32} (batch 1000).
 
@@ -52,10 +53,24 @@ def synthetic(N, dtype, seed=0):
     return X, (y - y.mean()) / y.std()
 
 
-def peak_rss_mb():
-    import resource
+def _status_mb(field):
+    """``VmRSS`` / ``VmHWM`` of this process from ``/proc/self/status`` (Linux), in MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+def reset_peak_rss():
+    """Reset the peak resident memory (``VmHWM``) to the current one (Linux >= 4.0), so that the
+    peak of what follows is measured without the data generation's temporaries."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_mb():
+    return _status_mb("VmHWM")
 
 
 def run_size(N, precision, steps, num_inducing=100, width=30, batch=1000, predict_points=100_000,
@@ -77,6 +92,11 @@ def run_size(N, precision, steps, num_inducing=100, width=30, batch=1000, predic
     X, y = jax.block_until_ready(synthetic(N, dtype))
     data_seconds = time.perf_counter() - t0
     data_mb = (X.nbytes + y.nbytes) / 2**20
+    import gc
+
+    gc.collect()
+    reset_peak_rss()
+    rss_with_data = _status_mb("VmRSS")
     model = dgp.models.deep_gp_regression(2, num_inducing=num_inducing, hidden_width=width)
     guide = dgp.guides.AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
@@ -104,7 +124,7 @@ def run_size(N, precision, steps, num_inducing=100, width=30, batch=1000, predic
             "compile_seconds": result.compile_seconds, "steps": steps, "steps_per_second": 1 / result.seconds_per_step,
             "predict_points": predict_points, "predict_batch": predict_batch, "num_samples": num_samples,
             "predict_compile_seconds": times[0], "predict_seconds": times[1],
-            "peak_rss_mb_training": train_rss, "peak_rss_mb": peak_rss_mb(), "all_finite": finite, "num_skipped": int(result.num_skipped),
+            "rss_mb_with_data": rss_with_data, "peak_rss_mb_training": train_rss, "peak_rss_mb": peak_rss_mb(), "all_finite": finite, "num_skipped": int(result.num_skipped),
             "final_loss": float(np.mean(result.losses[-100:]))}
 
 
@@ -153,16 +173,17 @@ def markdown(results):
              f"Machine: {results['machine']}", ""]
     if results.get("sizes"):
         lines += ["2 layers, M = 100, inner width 30, batch 1000, data on the device; prediction of 100,000 points "
-                  "with S = 100 in batches of 2,000 (the one-batch call that compiles is timed apart). Peak RSS: "
-                  "the process's maximum resident memory after training, and at the end.", "",
+                  "with S = 100 in batches of 2,000 (the one-batch call that compiles is timed apart). RSS: the "
+                  "process's resident memory once the data are on the device (imports and data included), then "
+                  "its peak (VmHWM, reset after the data were drawn) through training, and through prediction.", "",
                   "| N | precision | data MB | init s | compile s | steps/s | predict 1e5 s | predict compile s | "
-                  "peak RSS MB (training / end) | finite |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "RSS MB with data | peak RSS MB training / prediction | finite |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in results["sizes"]:
             lines.append(f"| {r['N']:,} | {r['precision']} | {r['data_mb']:.0f} | {r['init_seconds']:.2f} | "
                          f"{r['compile_seconds']:.1f} | {r['steps_per_second']:.1f} | {r['predict_seconds']:.1f} | "
-                         f"{r['predict_compile_seconds']:.1f} | {r['peak_rss_mb_training']:.0f} / "
-                         f"{r['peak_rss_mb']:.0f} | {r['all_finite']} |")
+                         f"{r['predict_compile_seconds']:.1f} | {r['rss_mb_with_data']:.0f} | "
+                         f"{r['peak_rss_mb_training']:.0f} / {r['peak_rss_mb']:.0f} | {r['all_finite']} |")
         lines.append("")
     if results.get("grid"):
         peers = any("gpflux_ms_per_step" in r for r in results["grid"])
