@@ -34,6 +34,14 @@ from numpyro_dgp._prediction import (
     predict_from_samples,
     sample_layers,
 )
+from numpyro_dgp._saved_model import (
+    ModelFileError,
+    SavedModel,
+    Standardization,
+    load_model,
+    predictive_quantiles,
+    save_model,
+)
 from numpyro_dgp._validation import InputScaleWarning
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.io import load_params, save_params
@@ -51,11 +59,14 @@ __all__ = [
     "DGPElbo",
     "FitResult",
     "InputScaleWarning",
+    "ModelFileError",
     "NestedCompressionElbo",
     "NonFinitePredictionWarning",
     "ParameterMismatchError",
     "Prediction",
     "PredictiveObjective",
+    "SavedModel",
+    "Standardization",
     "bernoulli_probit",
     "check_params",
     "cli",
@@ -72,6 +83,7 @@ __all__ = [
     "kernels",
     "layers",
     "likelihoods",
+    "load_model",
     "load_params",
     "log_likelihood",
     "metrics",
@@ -83,8 +95,10 @@ __all__ = [
     "predict_collapsed",
     "predict_from_samples",
     "predict_moment_matched",
+    "predictive_quantiles",
     "recipes",
     "sample_layers",
+    "save_model",
     "save_params",
     "sde",
 ]

@@ -241,6 +241,8 @@ def predict(
     num_samples: int = 100,
     obs_site: str | None = None,
     strict: bool = True,
+    batch_size: int | None = None,
+    keep_layers: bool = True,
     **kwargs: Any,
 ) -> Prediction:
     """Predictive mixture of a fitted DGP at ``X_new``.
@@ -269,6 +271,16 @@ def predict(
         run, cached per guide), so parameters of another model (renamed layers, another
         ``num_inducing`` or width), a misspelt key or ``params={}`` raise instead of silently
         falling back to initial values.
+    :param batch_size: predict ``batch_size`` points at a time (the last batch padded to the
+        same shape, so one compiled function serves all), for memory bounded by the batch
+        instead of ``N``: the components are computed batch by batch and concatenated. Every
+        batch uses the same ``rng_key``; points are predicted independently, so a one-layer
+        model gives the same numbers as without batches, and a deeper one other Monte Carlo
+        draws of the same mixture. Only for models whose extra arguments do not depend on
+        the points (``args``/``kwargs`` are passed to every batch as they are).
+    :param keep_layers: return every layer's draws and moments (``S x N x P`` numbers per
+        layer and kind); ``False`` leaves ``layers``, ``layer_means`` and ``layer_variances``
+        empty, so that a large ``N`` keeps only the ``S x N`` mixture components.
     :param kwargs: keyword arguments of the model.
     :return: :class:`Prediction` with ``S`` components (times the number of branches where
         the model or guide has them).
@@ -277,8 +289,66 @@ def predict(
     """
     if not (isinstance(num_samples, (int, np.integer)) and num_samples >= 1):
         raise ValueError(f"predict: num_samples must be a positive integer, got {num_samples!r}")
+    if batch_size is not None and not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
+        raise ValueError(f"predict: batch_size must be a positive integer or None, got {batch_size!r}")
     X_new = _test_inputs(X_new, "predict")
     _check_guide_is_set_up(guide, "predict")
+    N = X_new.shape[0]
+    if batch_size is not None and batch_size < N:
+        found, parts = None, []
+        for start in range(0, N, int(batch_size)):
+            X_batch = X_new[start:start + int(batch_size)]
+            real = X_batch.shape[0]
+            if real < batch_size:  # pad with the last row: one shape, one compilation
+                X_batch = jnp.concatenate([X_batch, jnp.broadcast_to(X_batch[-1:], (int(batch_size) - real,
+                                                                                    X_batch.shape[1]))])
+            found, components = _predict_components(model, guide, params, rng_key, X_batch, args, kwargs,
+                                                    num_samples, obs_site, strict)
+            if not keep_layers:
+                components = _drop_layers(components)
+            parts.append(_cut_components(components, real))
+        components = _join_components(parts)
+    else:
+        found, components = _predict_components(model, guide, params, rng_key, X_new, args, kwargs, num_samples,
+                                                obs_site, strict)
+        if not keep_layers:
+            components = _drop_layers(components)
+    if found["branches"]:
+        components = _flatten_branches(found["branches"], *components)
+    return _warn_if_not_finite(_mixture(found["likelihood"], *components), "predict")
+
+
+def _drop_layers(components):
+    """The components without the per-layer draws and moments (empty dicts)."""
+    comp_m, comp_v, _, _, _, *rest = components
+    return (comp_m, comp_v, {}, {}, {}, *rest)
+
+
+def _cut_components(components, num_points):
+    """The first ``num_points`` test points of one batch's components: the points are the last
+    axis of the component moments and the second-to-last of the layer arrays; branch log
+    weights (if any) do not depend on the points."""
+    comp_m, comp_v, layers, means, variances, *rest = components
+    cut = lambda a: a[..., :num_points, :]  # noqa: E731
+    tree = jax.tree_util.tree_map
+    return (comp_m[..., :num_points], comp_v[..., :num_points], tree(cut, layers), tree(cut, means),
+            tree(cut, variances), *rest)
+
+
+def _join_components(parts):
+    """Batches' components (:func:`_cut_components`) joined along the points."""
+    join_last = lambda *a: jnp.concatenate(a, axis=-1)  # noqa: E731
+    join_layer = lambda *a: jnp.concatenate(a, axis=-2)  # noqa: E731
+    tree = jax.tree_util.tree_map
+    columns = list(zip(*parts))
+    out = [join_last(*columns[0]), join_last(*columns[1]), tree(join_layer, *columns[2]),
+           tree(join_layer, *columns[3]), tree(join_layer, *columns[4])]
+    return tuple(out + [c[0] for c in columns[5:]])
+
+
+def _predict_components(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site, strict):
+    """``(found, components)`` of :func:`predict` at one block of test inputs: the parameters
+    checked, the compiled predictor run (components ``(S, N)``, layers ``(S, N, P)``)."""
     specs = param_specs(model, guide, (X_new,) + tuple(args), kwargs)
     check_params_against(specs, params, "predict", allow_unexpected=not strict, require_finite=True,
                          hint=PREDICT_HINT)
@@ -289,10 +359,7 @@ def predict(
     found, batched = _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site,
                                 static_args, static_kwargs)
     keys = jax.random.split(rng_key, int(num_samples))
-    components = batched(keys, params, X_new, dyn_args, dyn_kwargs)
-    if found["branches"]:
-        components = _flatten_branches(found["branches"], *components)
-    return _warn_if_not_finite(_mixture(found["likelihood"], *components), "predict")
+    return found, batched(keys, params, X_new, dyn_args, dyn_kwargs)
 
 
 #: compiled predictors per guide (weakly keyed: they go when the guide goes)

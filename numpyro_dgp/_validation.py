@@ -50,7 +50,12 @@ class InputScaleWarning(UserWarning):
 
 
 def concrete(x: Any) -> np.ndarray | None:
-    """``x`` as a NumPy array, or ``None`` when it is a tracer (inside ``jit``/``eval_shape``)."""
+    """``x`` as a NumPy array, or ``None`` when it is a tracer (inside ``jit``/``eval_shape``)
+    or a global array of several processes (not all of it is in this process)."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return None
     try:
         return np.asarray(x)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
@@ -163,9 +168,23 @@ def check_positive_number(value: Any, name: str, caller: str, allow_zero: bool =
 
 
 def _feature_spread(X: np.ndarray) -> np.ndarray:
-    """Standard deviation of each feature over the points (NaN where a feature is constant)."""
-    X = X.reshape(-1, X.shape[-1]).astype(np.float64)
-    std = X.std(axis=0)
+    """Standard deviation of each feature over the points (NaN where a feature is constant).
+
+    Computed in float64 over blocks of rows (two passes), so that a large ``X`` is never
+    copied whole (a float64 copy of a million-row float32 array would double its memory)."""
+    X = X.reshape(-1, X.shape[-1])
+    block = 1 << 16
+    if X.shape[0] <= block:
+        std = X.astype(np.float64).std(axis=0)
+    else:
+        total = np.zeros(X.shape[-1])
+        for start in range(0, X.shape[0], block):
+            total += X[start:start + block].astype(np.float64).sum(axis=0)
+        mean = total / X.shape[0]
+        squares = np.zeros(X.shape[-1])
+        for start in range(0, X.shape[0], block):
+            squares += ((X[start:start + block].astype(np.float64) - mean) ** 2).sum(axis=0)
+        std = np.sqrt(squares / X.shape[0])
     return np.where(std > 0, std, np.nan)
 
 

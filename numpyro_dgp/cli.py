@@ -4,6 +4,13 @@
   function, print the ELBO and test metrics, write a PNG of each layer's samples.
 * ``numpyro-dgp uci --dataset NAME --splits 0-4 ...`` -- DSVI on UCI splits; prints a table
   of test log-likelihood and RMSE (mean and standard error over splits).
+* ``numpyro-dgp fit DATA --target COLUMN --output MODEL_DIR ...`` -- fit a DSVI DGP to your own
+  table (CSV with a header row, or ``.npz``; see :func:`numpyro_dgp.datasets.read_table`),
+  standardized with the training part's statistics, and save it
+  (:func:`numpyro_dgp.save_model`); with ``--test-fraction`` print held-out metrics.
+* ``numpyro-dgp predict MODEL_DIR DATA --output predictions.csv`` -- predict with a saved
+  model (:func:`numpyro_dgp.load_model`): the predictive mean, standard deviation and
+  quantiles (regression) or the probability of ``y = 1`` (probit) per row, in the data's units.
 
 Every numeric argument is checked before anything runs: counts must be positive integers,
 ``--lr`` a finite positive number, ``--seed`` a non-negative integer and ``--splits``
@@ -137,9 +144,157 @@ def cmd_uci(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
+    return value
+
+
+def _quantile_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(0 < v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers in (0, 1), e.g. 0.025,0.975; got {text!r}")
+    return values
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    """``numpyro-dgp fit``: fit a DSVI DGP to a table and save it as a model directory.
+
+    :param args: the parsed ``fit`` arguments (see :func:`build_parser`).
+    :return: the exit status, 0.
+    :raises ValueError: a bad table, target or size (the message names it).
+    """
+    _setup_precision(args.float32)
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import numpyro
+    from numpyro.infer import SVI
+
+    from numpyro_dgp import DGPElbo, Standardization, fit, load_model, metrics, save_model
+    from numpyro_dgp.datasets import read_table
+    from numpyro_dgp.guides import AutoFactorizedDGP
+    from numpyro_dgp.models import deep_gp_regression
+
+    X, y, names = read_table(args.data).split(args.target)
+    N = X.shape[0]
+    likelihood = "gaussian" if args.likelihood == "normal" else "probit"
+    if likelihood == "probit":
+        labels = np.unique(y)
+        if not set(labels.tolist()) <= {0.0, 1.0}:
+            raise ValueError(f"--likelihood probit needs a target of 0s and 1s; {args.target!r} holds "
+                             f"{labels[:6].tolist()}{' ...' if labels.size > 6 else ''}")
+    order = np.random.default_rng(args.seed).permutation(N)
+    num_test = int(round(args.test_fraction * N))
+    test, train = order[:num_test], order[num_test:]
+    if train.size < 2:
+        raise ValueError(f"--test-fraction {args.test_fraction} leaves {train.size} training rows of {N}")
+    s = Standardization.fit(X[train], y[train] if likelihood == "gaussian" else None)
+    dtype = jnp.float32 if args.float32 else jnp.float64
+    X_train = jnp.asarray(s.inputs(X[train]), dtype)
+    y_train = jnp.asarray(s.targets(y[train]), dtype) if likelihood == "gaussian" else jnp.asarray(y[train], jnp.int32)
+    batch = args.batch_size if args.batch_size < train.size else None
+    init_points = batch or train.size
+    if args.num_inducing > init_points:
+        raise ValueError(f"--num-inducing {args.num_inducing} exceeds the {init_points} points its k-means "
+                         f"initialization sees ({'the first minibatch' if batch else 'the training rows'}); "
+                         f"pass --num-inducing {init_points} or fewer{' or a larger --batch-size' if batch else ''}")
+    print(f"{args.data}: {N} rows, {len(names)} features, target {args.target!r} ({args.likelihood}); "
+          f"{train.size} training, {test.size} test rows")
+    print(f"{args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, "
+          f"{'batch ' + str(batch) if batch else 'full batch'}, {np.dtype(dtype).name}; inducing inputs by k-means on "
+          f"{'one minibatch of ' + str(batch) if batch else str(min(train.size, 100_000))} points")
+    model = deep_gp_regression(args.layers, num_inducing=args.num_inducing, hidden_width=args.hidden_width,
+                               likelihood=likelihood)
+    guide = AutoFactorizedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(args.lr), DGPElbo())
+    kwargs = {"batch_size": batch} if batch else {}
+    start = time.perf_counter()
+    result = fit(svi, jax.random.PRNGKey(args.seed), X_train, y_train, num_steps=args.steps,
+                 chunk_size=min(100, args.steps), progress_bar=not args.no_progress, **kwargs)
+    seconds = time.perf_counter() - start
+    final = float(np.nanmean(result.losses[-min(100, args.steps):]))
+    summary = {"rows": int(N), "train_rows": int(train.size), "test_rows": int(test.size), "steps": args.steps,
+               "batch_size": batch, "seed": args.seed, "final_loss": final, "fit_seconds": seconds,
+               "skipped_steps": int(result.num_skipped)}
+    out = save_model(args.output, model, guide, result.params, input_dim=len(names), standardization=s,
+                     feature_names=names, target_name=args.target, metadata=summary, overwrite=args.overwrite)
+    print(f"fitted in {seconds:.1f} s ({result.seconds_per_step * 1e3:.2f} ms/step), final loss {final:.4g}; "
+          f"saved {out}")
+    if test.size:
+        loaded = load_model(out)
+        pred = loaded.predict(X[test], rng_key=jax.random.PRNGKey(args.seed + 1), batch_size=10_000)
+        scores = metrics(pred, jnp.asarray(y[test], pred.mean.dtype))
+        print("held-out: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """``numpyro-dgp predict``: predict with a saved model and write a CSV, one row per input row.
+
+    :param args: the parsed ``predict`` arguments (see :func:`build_parser`).
+    :return: the exit status, 0.
+    :raises ValueError: a table without the model's feature columns, or a bad model directory.
+    """
+    import json
+
+    config_path = Path(args.model_dir) / "model.json"
+    try:
+        dtype = json.loads(config_path.read_text(encoding="utf-8")).get("dtype")
+    except (OSError, ValueError, AttributeError):
+        dtype = None  # load_model reports what is wrong
+    _setup_precision(dtype == "float32")
+    import csv
+
+    import jax
+    import numpy as np
+
+    from numpyro_dgp import load_model, metrics, predictive_quantiles
+    from numpyro_dgp.datasets import read_table
+
+    model = load_model(args.model_dir)
+    table = read_table(args.data)
+    names = model.feature_names or [c for c in table.columns if c != model.target_name]
+    missing = [n for n in names if n not in table.columns]
+    if missing:
+        raise ValueError(f"{args.data}: the model needs the columns {missing}, which the table lacks "
+                         f"(it has {table.columns})")
+    X = table.data[:, [table.columns.index(n) for n in names]]
+    pred = model.predict(X, rng_key=jax.random.PRNGKey(args.seed), num_samples=args.num_samples,
+                         batch_size=args.batch_size)
+    mean = np.asarray(pred.mean)
+    header = ["mean", "std"]
+    columns = [mean, np.sqrt(np.asarray(pred.variance))]
+    if pred.likelihood == "normal":
+        qs = np.asarray(predictive_quantiles(pred, args.quantiles))
+        header += [f"q{q:g}" for q in args.quantiles]
+        columns += list(qs)
+    else:
+        header[0] = "probability"
+    with open(args.output, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(np.stack(columns, axis=1).tolist())
+    print(f"wrote {len(mean)} predictions to {args.output} ({', '.join(header)})")
+    if model.target_name is not None and model.target_name in table.columns:
+        y = table.data[:, table.columns.index(model.target_name)]
+        scores = metrics(pred, np.asarray(y, mean.dtype))
+        print(f"against the table's {model.target_name!r}: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``numpyro-dgp`` command, with the subcommands ``demo`` and
-    ``uci``; each sets ``func`` to the function that runs it.
+    """The argument parser of the ``numpyro-dgp`` command, with the subcommands ``demo``,
+    ``uci``, ``fit`` and ``predict``; each sets ``func`` to the function that runs it.
 
     :return: the parser.
     """
@@ -167,6 +322,37 @@ def build_parser() -> argparse.ArgumentParser:
     uci.add_argument("--data-dir", default=None, help="folder holding the data sets (default: $NUMPYRO_DGP_DATA)")
     uci.add_argument("--float32", action="store_true")
     uci.set_defaults(func=cmd_uci)
+
+    fit = sub.add_parser("fit", help="fit a DGP to your own table (CSV with a header row, or .npz) and save it")
+    fit.add_argument("data", help="a CSV file with a header row, or an .npz of named columns")
+    fit.add_argument("--target", required=True, help="the column to predict; every other column is a feature")
+    fit.add_argument("--output", required=True, help="the model directory to write")
+    fit.add_argument("--layers", type=_positive_int, default=2)
+    fit.add_argument("--num-inducing", type=_positive_int, default=100, help="M per layer")
+    fit.add_argument("--hidden-width", type=_positive_int, default=None, help="inner-layer width (default: D)")
+    fit.add_argument("--steps", type=_positive_int, default=5000)
+    fit.add_argument("--batch-size", type=_positive_int, default=1000)
+    fit.add_argument("--lr", type=_positive_float, default=0.01, help="Adam's learning rate (> 0)")
+    fit.add_argument("--likelihood", choices=("normal", "probit"), default="normal",
+                     help="normal (regression) or probit (binary classification, target 0/1)")
+    fit.add_argument("--test-fraction", type=_fraction, default=0.0,
+                     help="hold out this fraction of rows (at random) and print metrics on them")
+    fit.add_argument("--seed", type=_non_negative_int, default=0)
+    fit.add_argument("--float32", action="store_true", help="single precision (default float64)")
+    fit.add_argument("--overwrite", action="store_true", help="replace an existing model directory")
+    fit.add_argument("--no-progress", action="store_true", help="no progress bar")
+    fit.set_defaults(func=cmd_fit)
+
+    predict = sub.add_parser("predict", help="predict with a saved model; writes a CSV")
+    predict.add_argument("model_dir", help="a model directory written by 'numpyro-dgp fit' or save_model")
+    predict.add_argument("data", help="a CSV or .npz table with the model's feature columns")
+    predict.add_argument("--output", required=True, help="the CSV file to write")
+    predict.add_argument("--num-samples", type=_positive_int, default=100, help="mixture components")
+    predict.add_argument("--batch-size", type=_positive_int, default=10_000, help="rows predicted at a time")
+    predict.add_argument("--quantiles", type=_quantile_list, default=[0.025, 0.975],
+                         help="comma-separated levels (regression), default 0.025,0.975")
+    predict.add_argument("--seed", type=_non_negative_int, default=0)
+    predict.set_defaults(func=cmd_predict)
     return parser
 
 
@@ -174,13 +360,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``numpyro-dgp`` command.
 
     :param argv: the arguments after the program name (default: ``sys.argv[1:]``).
-    :return: the exit status: 0 on success, 2 on a ``ValueError`` or ``FileNotFoundError``
-        (reported on standard error).
+    :return: the exit status: 0 on success, 2 on a ``ValueError``, ``FileNotFoundError`` or
+        ``FileExistsError`` (reported on standard error).
     """
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
         print(f"numpyro-dgp: error: {err}", file=sys.stderr)
         return 2
 

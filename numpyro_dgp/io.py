@@ -1,5 +1,9 @@
 """Saving and loading parameter dictionaries as ``.npz`` files.
 
+(A whole model, with its configuration and standardization, is saved by
+:func:`numpyro_dgp.save_model` and loaded by :func:`numpyro_dgp.load_model`, which write and
+read its parameters in this format.)
+
 :func:`save_params` writes a (possibly nested) dict of arrays such that :func:`load_params`
 gives back exactly the same tree: same keys and nesting, dtypes, shapes and bit-identical
 values (NaN payloads and ``-0.0`` included). Keys may be any strings, including ones with

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.distributions import constraints
+from numpyro.primitives import Messenger
 
 from numpyro_dgp._validation import (
     as_float_array,
@@ -42,7 +44,7 @@ from numpyro_dgp.handlers import sde_flow
 from numpyro_dgp.kernels import RBF, Kernel, Matern52
 from numpyro_dgp.layers import MEAN_FUNCTIONS, gp_layer
 
-__all__ = ["amortized_dgp", "deep_gp_regression", "diffgp"]
+__all__ = ["WITH_REPLACEMENT_ABOVE", "amortized_dgp", "deep_gp_regression", "diffgp"]
 
 LIKELIHOODS = ("gaussian", "probit")
 
@@ -58,15 +60,22 @@ def deep_gp_regression(
     whiten: bool = True,
     jitter: float | None = None,
     inner_noise: float | None = None,
+    likelihood: str = "gaussian",
 ) -> Callable:
     """The DSVI regression DGP (Salimbeni & Deisenroth, 2017) as a NumPyro model.
 
     Layers ``h1 .. h{L}``: inner layers of width ``hidden_width`` (default: the input
     dimension) with an ``inner_mean`` mean function, a last layer of width 1 with zero mean,
-    then ``y ~ N(f, noise)``.
+    then ``y ~ N(f, noise)`` (or, with ``likelihood="probit"``, the binary classification
+    DGP: ``y ~ Bernoulli(Phi(f))``, ``y`` in {0, 1}).
 
-    The returned ``model(X, y=None, batch_size=None)`` subsamples ``batch_size`` points per
-    call when given (minibatch SVI; the likelihood is rescaled by the plate).
+    The returned ``model(X, y=None, batch_size=None, num_data=None)`` subsamples
+    ``batch_size`` points per call when given (minibatch SVI; the likelihood is rescaled by the
+    plate; above :data:`WITH_REPLACEMENT_ABOVE` points the indices are drawn with replacement,
+    so a step costs the same at any ``N``). With ``num_data``, ``X`` and ``y`` are themselves a
+    minibatch of a data set of ``num_data`` points, drawn outside the model (from host memory
+    or a memory-mapped file: :func:`numpyro_dgp.infer.fit_minibatches`), and the likelihood is
+    scaled by ``num_data / len(X)``.
 
     :param num_layers: ``L >= 1`` (``L = 1`` is an SVGP).
     :param num_inducing: ``M`` per layer (k-means initialized).
@@ -79,11 +88,17 @@ def deep_gp_regression(
     :param inner_noise: initial output-noise variance of every inner layer (``gp_layer(...,
         noise=...)``: a learned ``"h<l>.noise"``); ``None`` (default): noiseless inner layers, as
         in DSVI. :class:`~numpyro_dgp.objectives.NestedCompressionElbo` needs it.
+    :param likelihood: ``"gaussian"`` (learned noise) or ``"probit"`` (``y`` in {0, 1},
+        :func:`numpyro_dgp.likelihoods.bernoulli_probit`).
     :return: the model ``model(X, y=None, batch_size=None)``: ``X`` ``(N, D)``, ``y`` ``(N,)``.
     :raises ValueError: for an invalid argument (naming it).
+    :raises NotImplementedError: for an unknown ``likelihood``.
     :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
     caller = "deep_gp_regression"
+    config = _arguments(locals())
+    if likelihood not in LIKELIHOODS:
+        raise NotImplementedError(f"{caller}: likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
     check_positive_int(num_layers, "num_layers", caller)
     check_positive_int(num_inducing, "num_inducing", caller)
     check_positive_int(hidden_width, "hidden_width", caller, allow_none=True)
@@ -92,10 +107,10 @@ def deep_gp_regression(
         raise ValueError(f"{caller}: inner_mean must be one of {MEAN_FUNCTIONS} or a callable, got {inner_mean!r}")
     kernel = RBF() if kernel is None else kernel
 
-    def model(X, y=None, batch_size=None):
-        X, y = _data(X, y, "deep_gp_regression model")
+    def model(X, y=None, batch_size=None, num_data=None):
+        X, y = _data(X, y, "deep_gp_regression model", likelihood)
         D = X.shape[1]
-        data, X_batch, y_batch = _subsample(X, y, batch_size, "deep_gp_regression model")
+        data, X_batch, y_batch = _subsample(X, y, batch_size, "deep_gp_regression model", num_data)
         h = X_batch
         width = D if hidden_width is None else hidden_width
         for layer in range(1, num_layers + 1):
@@ -111,11 +126,34 @@ def deep_gp_regression(
                 jitter=jitter,
                 noise=None if last else inner_noise,
             )
-        noise = numpyro.param("noise", jnp.asarray(noise_init, X.dtype), constraint=constraints.positive)
-        with data:
-            numpyro.sample("y", dist.Normal(h[..., 0], jnp.sqrt(noise)), obs=y_batch)
+        _observe(h[..., 0], y_batch, data, likelihood, noise_init, X.dtype)
 
+    return _remember(model, caller, config)
+
+
+def _arguments(arguments: dict) -> dict:
+    """A factory's arguments as given (``locals()`` at its top), for :func:`_remember`."""
+    return {k: v for k, v in arguments.items() if k not in ("caller", "model")}
+
+
+def _remember(model, factory, arguments):
+    """Attach ``dgp_config = {"factory", "arguments"}`` to a factory's model, so that
+    :func:`numpyro_dgp.save_model` can write it and :func:`numpyro_dgp.load_model` rebuild it."""
+    model.dgp_config = {"factory": factory, "arguments": dict(arguments)}
     return model
+
+
+def _observe(f, y_batch, data, likelihood, noise_init, dtype):
+    """The observation site ``"y"``: Gaussian with a learned noise, or probit."""
+    if likelihood == "gaussian":
+        noise = numpyro.param("noise", jnp.asarray(noise_init, dtype), constraint=constraints.positive)
+        with data:
+            numpyro.sample("y", dist.Normal(f, jnp.sqrt(noise)), obs=y_batch)
+    else:
+        from numpyro_dgp.likelihoods import bernoulli_probit
+
+        with data:
+            numpyro.sample("y", bernoulli_probit(f), obs=y_batch)
 
 
 def _check_common(caller, kernel, noise_init, jitter):
@@ -137,10 +175,47 @@ def _data(X, y, caller, likelihood="gaussian"):
     return X, y
 
 
-def _subsample(X, y, batch_size, caller):
+#: above this many points, minibatch indices are drawn with replacement (``O(B)`` per step)
+#: instead of NumPyro's draw without replacement (``O(N)`` per step: a partial shuffle of
+#: ``arange(N)`` on CPU, a permutation of ``N`` on accelerators)
+WITH_REPLACEMENT_ABOVE = 100_000
+
+
+class _plate_indices(Messenger):
+    """Serve the subsample indices of the plate ``name`` (NumPyro would draw them)."""
+
+    def __init__(self, name, indices):
+        self.name, self.indices = name, indices
+        super().__init__()
+
+    def process_message(self, msg):
+        if msg["type"] == "plate" and msg["name"] == self.name and msg["value"] is None:
+            msg["value"] = self.indices
+
+
+def _subsample(X, y, batch_size, caller, num_data=None):
+    """The data plate and the minibatch: ``batch_size`` points of ``X`` (drawn here), or, with
+    ``num_data``, ``X`` itself as a minibatch of a data set of ``num_data`` points (drawn by
+    the caller, e.g. from host memory; the likelihood is scaled by ``num_data / len(X)``)."""
     N = X.shape[0]
     check_positive_int(batch_size, "batch_size", caller, allow_none=True)
-    data = numpyro.plate("data", N, subsample_size=batch_size if batch_size and batch_size < N else None)
+    if num_data is not None:
+        check_positive_int(num_data, "num_data", caller)
+        if batch_size is not None:
+            raise ValueError(f"{caller}: give batch_size (draw minibatches of X) or num_data (X is a minibatch), "
+                             "not both")
+        if num_data < N:
+            raise ValueError(f"{caller}: num_data={num_data} is below the {N} points of the minibatch X")
+        with _plate_indices("data", jnp.arange(N)):
+            data = numpyro.plate("data", int(num_data), subsample_size=N)
+        return data, X, y
+    subsample_size = batch_size if batch_size and batch_size < N else None
+    key = numpyro.prng_key() if subsample_size and N > WITH_REPLACEMENT_ABOVE else None
+    if key is not None:
+        with _plate_indices("data", jax.random.randint(key, (subsample_size,), 0, N)):
+            data = numpyro.plate("data", N, subsample_size=subsample_size)
+    else:
+        data = numpyro.plate("data", N, subsample_size=subsample_size)
     with data:
         X_batch = numpyro.subsample(X, event_dim=1)
         y_batch = None if y is None else numpyro.subsample(y, event_dim=0)
@@ -170,8 +245,9 @@ def diffgp(
     flow of the inputs to time ``T``; the end states go into the predictor ``gp_layer`` ``"g"``
     (``D -> 1``), then the likelihood. ``T = 0`` is an SVGP.
 
-    The returned (``sde_flow``-wrapped) ``model(X, y=None, batch_size=None)`` subsamples
-    ``batch_size`` points per call when given.
+    The returned (``sde_flow``-wrapped) ``model(X, y=None, batch_size=None, num_data=None)``
+    subsamples ``batch_size`` points per call when given (``num_data``: ``X`` is a minibatch,
+    as for :func:`deep_gp_regression`).
 
     :param T: flow time.
     :param num_steps: Euler–Maruyama steps.
@@ -195,6 +271,7 @@ def diffgp(
     :raises NotImplementedError: for an unknown ``likelihood``.
     :raises TypeError: if a kernel is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
+    config = _arguments(locals())
     if likelihood not in LIKELIHOODS:
         raise NotImplementedError(f"diffgp: likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
     check_positive_number(T, "T", "diffgp", allow_zero=True)
@@ -211,9 +288,9 @@ def diffgp(
     flow_kernel = RBF(variance=0.01) if flow_kernel is None else flow_kernel
     kernel = RBF() if kernel is None else kernel
 
-    def model(X, y=None, batch_size=None):
+    def model(X, y=None, batch_size=None, num_data=None):
         X, y = _data(X, y, "diffgp model", likelihood)
-        data, X_batch, y_batch = _subsample(X, y, batch_size, "diffgp model")
+        data, X_batch, y_batch = _subsample(X, y, batch_size, "diffgp model", num_data)
         D = X.shape[-1]
         flow_in = X_batch
         if time_input:
@@ -239,9 +316,9 @@ def diffgp(
             with data:
                 numpyro.sample("y", bernoulli_probit(f[..., 0]), obs=y_batch)
 
-    return sde_flow(
+    return _remember(sde_flow(
         model, "flow", T=T, num_steps=num_steps, estimator=estimator, diffusion=diffusion, time_input=time_input
-    )
+    ), "diffgp", config)
 
 
 def amortized_dgp(
@@ -263,8 +340,9 @@ def amortized_dgp(
     ``num_inducing[l]`` inducing inputs per point, isotropic Matérn-5/2 kernels and zero mean
     functions (the settings of Meng & Zhang, App. C.1), then the likelihood.
 
-    The returned ``model(X, y=None, batch_size=None)`` subsamples ``batch_size`` points per
-    call when given.
+    The returned ``model(X, y=None, batch_size=None, num_data=None)`` subsamples
+    ``batch_size`` points per call when given (``num_data``: ``X`` is a minibatch, as for
+    :func:`deep_gp_regression`).
 
     :param widths: output width per layer; the last must be 1.
     :param num_inducing: ``M`` per layer.
@@ -279,6 +357,7 @@ def amortized_dgp(
     :raises ValueError: for an invalid argument (naming it).
     :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
+    config = _arguments(locals())
     widths, num_inducing = tuple(widths), tuple(num_inducing)
     if not widths or widths[-1] != 1 or any(not (isinstance(w, int) and w >= 1) for w in widths):
         raise ValueError(f"amortized_dgp: widths must be positive integers ending in 1, got {widths!r}")
@@ -293,11 +372,11 @@ def amortized_dgp(
     _check_common("amortized_dgp", kernel, noise_init, jitter)
     kernel = Matern52(ard=False) if kernel is None else kernel
 
-    def model(X, y=None, batch_size=None):
+    def model(X, y=None, batch_size=None, num_data=None):
         X, y = _data(X, y, "amortized_dgp model", likelihood)
-        data, _, y_batch = _subsample(X, y, batch_size, "amortized_dgp model")
+        data, X_batch, y_batch = _subsample(X, y, batch_size, "amortized_dgp model", num_data)
         with data:
-            h = numpyro.subsample(X, event_dim=1)
+            h = X_batch
             for layer, (width, M) in enumerate(zip(widths, num_inducing), start=1):
                 h = gp_layer(
                     f"h{layer}", h, kernel, num_inducing=M, out_dim=width, mean=mean,
@@ -314,4 +393,4 @@ def amortized_dgp(
             with data:
                 numpyro.sample("y", bernoulli_probit(f), obs=y_batch)
 
-    return model
+    return _remember(model, "amortized_dgp", config)

@@ -613,3 +613,16 @@ def test_collapsed_refuses_an_unknown_method():
     Kmm, Kmn, Knn, L, y, noise = _collapsed_problem()
     with pytest.raises(ValueError, match="method must be one of"):
         core.collapsed_log_marginal(L, Kmn, np.diag(Knn), y, noise, method="dtc")
+
+
+def test_kmeans_on_a_bounded_subsample():
+    # 300 points, at most 60 used: still the three blobs, and only the subsample is touched
+    X, centers, _ = _blobs()
+    C = kmeans(jax.random.PRNGKey(3), jnp.asarray(X), 3, max_points=60)
+    np.testing.assert_allclose(_sorted(C), _sorted(centers), atol=5e-2)
+    rows = {tuple(r) for r in np.asarray(X)}
+    C1 = kmeans(jax.random.PRNGKey(3), jnp.asarray(X), 60, num_iters=0, max_points=60)
+    assert all(tuple(r) in rows for r in np.asarray(C1)) and len({tuple(r) for r in np.asarray(C1)}) == 60
+    # below the bound nothing changes
+    np.testing.assert_array_equal(np.asarray(kmeans(jax.random.PRNGKey(3), jnp.asarray(X), 3, max_points=300)),
+                                  np.asarray(kmeans(jax.random.PRNGKey(3), jnp.asarray(X), 3, max_points=None)))

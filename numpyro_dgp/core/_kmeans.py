@@ -47,14 +47,25 @@ def _kmeanspp_start(rng_key: jax.Array, X: jax.Array, num_clusters: int) -> jax.
     return X[idx]
 
 
-def kmeans(rng_key: jax.Array, X: ArrayLike, num_clusters: int, num_iters: int = 25) -> jax.Array:
-    """Lloyd's algorithm started from ``num_clusters`` distinct data points (k-means++
-    seeding).
+#: the most points k-means runs on; larger data are subsampled (uniformly, without replacement)
+MAX_KMEANS_POINTS = 100_000
 
-    :param rng_key: PRNG key choosing the starting points.
+
+def kmeans(rng_key: jax.Array, X: ArrayLike, num_clusters: int, num_iters: int = 25,
+           max_points: int | None = MAX_KMEANS_POINTS) -> jax.Array:
+    """Lloyd's algorithm started from ``num_clusters`` distinct data points (k-means++
+    seeding), on at most ``max_points`` points.
+
+    With more than ``max_points`` points, k-means runs on a uniform subsample of
+    ``max_points`` of them (drawn with ``rng_key``), so initialization on a large data set
+    costs ``O(max_points M D)`` per iteration, not ``O(N M D)``.
+
+    :param rng_key: PRNG key choosing the subsample and the starting points.
     :param X: ``(N, D)`` data.
     :param num_clusters: number of centers ``M`` (``<= N``).
     :param num_iters: Lloyd iterations.
+    :param max_points: the subsample bound (default :data:`MAX_KMEANS_POINTS` = 100,000;
+        ``None``: every point).
     :return: ``(M, D)`` centers; an empty cluster keeps its previous center.
     :raises ValueError: if ``num_clusters`` exceeds the number of points ``N``.
     """
@@ -64,6 +75,13 @@ def kmeans(rng_key: jax.Array, X: ArrayLike, num_clusters: int, num_iters: int =
             f"num_inducing={num_clusters} exceeds the {N} points available to initialize "
             "the inducing inputs by k-means; lower num_inducing or pass inducing_inputs="
         )
+    if max_points is not None and N > max_points:
+        if not num_clusters <= max_points:
+            raise ValueError(f"kmeans: num_clusters={num_clusters} exceeds max_points={max_points}")
+        # drawn once, at initialization; the Lloyd iterations then cost O(max_points M D)
+        subsample_key = jax.random.fold_in(rng_key, 0x5AB)
+        keep = jax.random.choice(subsample_key, N, (int(max_points),), replace=False)
+        X = jnp.asarray(X)[keep]
     return _kmeans(rng_key, X, int(num_clusters), int(num_iters))
 
 

@@ -1,0 +1,250 @@
+"""Large-N scaling of DSVI training and prediction on synthetic year-like data (D = 90).
+
+Two parts, each point in a fresh process (so that peak resident memory is the point's own):
+
+* ``--sizes``: per N (float32 unless ``--precision float64``), a 2-layer DGP (M = 100, inner
+  width 30, batch 1000) on ``N x 90`` synthetic inputs held on the device:
+  initialization seconds (guide set-up, compiled ``svi.init`` with the k-means of the first
+  minibatch), compile seconds of the training chunk, steps/s (median over chunks of 100
+  steps, compilation excluded), prediction seconds for 100,000 points
+  (``predict(..., batch_size=2_000, keep_layers=False)``, S = 100; a first, one-batch call
+  that compiles is timed apart), resident memory once the data are on the device and its
+  peak (``VmHWM``, reset after the data were drawn) through training and through prediction,
+  against the data's size, and whether every loss and prediction was finite.
+* ``--grid``: time per step at N = 10,000 against M in {100, 200, 500} and the inner width in
+  {8, 32} (batch 1000).
+
+Usage::
+
+    python benchmarks/scale.py --sizes 10000 100000 1000000 --grid    # results/scale.{json,md}
+
+With ``--with-gpflux PYTHON`` (the GPflux venv of ``benchmarks/peers/setup.sh``), every grid
+point also times GPflux (``peers/gpflux_scale.py``, the same model) right after ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+D = 90
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def synthetic(N, dtype, seed=0):
+    """Year-like regression data: 90 standardized features, a smooth nonlinear target.
+
+    Drawn on the device (``jax.random``), so that the process holds the data once (a NumPy
+    copy beside the device array would double the peak memory on CPU)."""
+    import jax
+    import jax.numpy as jnp
+
+    kx, kw, ke = jax.random.split(jax.random.PRNGKey(seed), 3)
+    X = jax.random.normal(kx, (N, D), dtype)
+    W = jax.random.normal(kw, (D, 3), dtype) / jnp.sqrt(D).astype(dtype)
+    proj = X @ W
+    y = jnp.sin(2 * proj[:, 0]) + 0.5 * proj[:, 1] * proj[:, 2] + 0.1 * jax.random.normal(ke, (N,), dtype)
+    return X, (y - y.mean()) / y.std()
+
+
+def _status_mb(field):
+    """``VmRSS`` / ``VmHWM`` of this process from ``/proc/self/status`` (Linux), in MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def reset_peak_rss():
+    """Reset the peak resident memory (``VmHWM``) to the current one (Linux >= 4.0), so that the
+    peak of what follows is measured without the data generation's temporaries."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_mb():
+    return _status_mb("VmHWM")
+
+
+def run_size(N, precision, steps, num_inducing=100, width=30, batch=1000, predict_points=100_000,
+             predict_batch=2_000, num_samples=100):
+    import jax
+
+    if precision == "float64":
+        jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    import numpy as np
+    import numpyro
+    from numpyro.infer import SVI
+
+    import numpyro_dgp as dgp
+    from numpyro_dgp.infer._fit import _initial_state
+
+    dtype = np.float32 if precision == "float32" else np.float64
+    t0 = time.perf_counter()
+    X, y = jax.block_until_ready(synthetic(N, dtype))
+    data_seconds = time.perf_counter() - t0
+    data_mb = (X.nbytes + y.nbytes) / 2**20
+    import gc
+
+    gc.collect()
+    reset_peak_rss()
+    rss_with_data = _status_mb("VmRSS")
+    model = dgp.models.deep_gp_regression(2, num_inducing=num_inducing, hidden_width=width)
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    kwargs = {"batch_size": batch}
+    t0 = time.perf_counter()
+    state = _initial_state(svi, jax.random.PRNGKey(0), (X, y), kwargs, kwargs, None, True)
+    jax.block_until_ready(state)
+    init_seconds = time.perf_counter() - t0
+    result = dgp.fit(svi, None, X, y, num_steps=steps, chunk_size=100, progress_bar=False, init_state=state,
+                     batch_size=batch)
+    train_rss = peak_rss_mb()
+    X_pred = X[:predict_points] if N >= predict_points else jnp.concatenate([X] * (predict_points // N + 1))[
+        :predict_points]
+    times = []
+    for points in (predict_batch, predict_points):  # the first call compiles (one batch)
+        t0 = time.perf_counter()
+        pred = dgp.predict(model, guide, result.params, jax.random.PRNGKey(1), X_pred[:points],
+                           batch_size=predict_batch, num_samples=num_samples, keep_layers=False)
+        jax.block_until_ready(pred.mean)
+        times.append(time.perf_counter() - t0)
+    finite = bool(np.all(np.isfinite(result.losses))) and bool(jnp.all(jnp.isfinite(pred.mean))) and bool(
+        jnp.all(jnp.isfinite(pred.variance)))
+    return {"N": N, "precision": precision, "D": D, "M": num_inducing, "width": width, "batch_size": batch,
+            "data_seconds": data_seconds, "data_mb": data_mb, "init_seconds": init_seconds,
+            "compile_seconds": result.compile_seconds, "steps": steps, "steps_per_second": 1 / result.seconds_per_step,
+            "predict_points": predict_points, "predict_batch": predict_batch, "num_samples": num_samples,
+            "predict_compile_seconds": times[0], "predict_seconds": times[1],
+            "rss_mb_with_data": rss_with_data, "peak_rss_mb_training": train_rss, "peak_rss_mb": peak_rss_mb(), "all_finite": finite, "num_skipped": int(result.num_skipped),
+            "final_loss": float(np.mean(result.losses[-100:]))}
+
+
+def run_grid_point(M, width, precision, steps=30, N=10_000, batch=1000):
+    import jax
+
+    if precision == "float64":
+        jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    import numpy as np
+    import numpyro
+    from numpyro.infer import SVI
+
+    import numpyro_dgp as dgp
+
+    dtype = np.float32 if precision == "float32" else np.float64
+    X, y = synthetic(N, dtype)
+    model = dgp.models.deep_gp_regression(2, num_inducing=M, hidden_width=width)
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    result = dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=3 * steps, chunk_size=steps, progress_bar=False,
+                     batch_size=batch)
+    return {"N": N, "M": M, "width": width, "batch_size": batch, "precision": precision,
+            "ms_per_step": 1e3 * result.seconds_per_step, "compile_seconds": result.compile_seconds,
+            "all_finite": bool(np.all(np.isfinite(result.losses)))}
+
+
+def child(argv):
+    kind = argv[0]
+    if kind == "size":
+        out = run_size(int(argv[1]), argv[2], int(argv[3]))
+    else:
+        out = run_grid_point(int(argv[1]), int(argv[2]), argv[3])
+    print(json.dumps(out))
+
+
+def in_fresh_process(*args):
+    proc = subprocess.run([sys.executable, __file__, "--child", *map(str, args)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {args} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def markdown(results):
+    lines = [f"# Large-N scaling (synthetic, D = {D})", "", f"Command: `{results.get('command', '')}`", "",
+             f"Machine: {results['machine']}", ""]
+    if results.get("sizes"):
+        lines += ["2 layers, M = 100, inner width 30, batch 1000, data on the device; prediction of 100,000 points "
+                  "with S = 100 in batches of 2,000 (the one-batch call that compiles is timed apart). RSS: the "
+                  "process's resident memory once the data are on the device (imports and data included), then "
+                  "its peak (VmHWM, reset after the data were drawn) through training, and through prediction.", "",
+                  "| N | precision | data MB | init s | compile s | steps/s | predict 1e5 s | predict compile s | "
+                  "RSS MB with data | peak RSS MB training / prediction | finite |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in results["sizes"]:
+            lines.append(f"| {r['N']:,} | {r['precision']} | {r['data_mb']:.0f} | {r['init_seconds']:.2f} | "
+                         f"{r['compile_seconds']:.1f} | {r['steps_per_second']:.1f} | {r['predict_seconds']:.1f} | "
+                         f"{r['predict_compile_seconds']:.1f} | {r['rss_mb_with_data']:.0f} | "
+                         f"{r['peak_rss_mb_training']:.0f} / {r['peak_rss_mb']:.0f} | {r['all_finite']} |")
+        lines.append("")
+    if results.get("grid"):
+        peers = any("gpflux_ms_per_step" in r for r in results["grid"])
+        lines += ["Time per step (ms), N = 10,000, batch 1000, 2 layers" + (
+                  f" (GPflux: {results['grid'][0].get('gpflux_version')}, run right after ours at each point)"
+                  if peers else "") + ":", "",
+                  "| M | width | ms/step | compile s |" + (" GPflux ms/step | GPflux first step s | GPflux / ours |"
+                                                          if peers else ""),
+                  "| --- | --- | --- | --- |" + (" --- | --- | --- |" if peers else "")]
+        for r in results["grid"]:
+            row = f"| {r['M']} | {r['width']} | {r['ms_per_step']:.1f} | {r['compile_seconds']:.1f} |"
+            if peers:
+                row += (f" {r['gpflux_ms_per_step']:.1f} | {r['gpflux_compile_seconds']:.1f} | "
+                        f"{r['gpflux_ms_per_step'] / r['ms_per_step']:.2f} |")
+            lines.append(row)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[])
+    parser.add_argument("--grid", action="store_true")
+    parser.add_argument("--precision", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--tag", default="scale")
+    parser.add_argument("--with-gpflux", metavar="PYTHON", default=None,
+                        help="the GPflux venv's python (benchmarks/peers/setup.sh): time GPflux at every grid point, "
+                             "right after ours")
+    args = parser.parse_args(argv)
+    results = {"command": "python benchmarks/scale.py " + " ".join(sys.argv[1:] if argv is None else argv),
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+               "sizes": [], "grid": []}
+    for N in args.sizes:
+        r = in_fresh_process("size", N, args.precision, args.steps)
+        print(json.dumps(r), flush=True)
+        results["sizes"].append(r)
+    if args.grid:
+        for M in (100, 200, 500):
+            for width in (8, 32):
+                r = in_fresh_process("grid", M, width, args.precision)
+                print(json.dumps(r), flush=True)
+                results["grid"].append(r)
+                if args.with_gpflux:
+                    peer = subprocess.run([args.with_gpflux, str(Path(__file__).parent / "peers" / "gpflux_scale.py"),
+                                           "--num-inducing", str(M), "--width", str(width), "--precision",
+                                           args.precision], capture_output=True, text=True)
+                    if peer.returncode != 0:
+                        raise RuntimeError(f"gpflux M={M} width={width} failed:\n{peer.stderr[-3000:]}")
+                    g = json.loads(peer.stdout.strip().splitlines()[-1])
+                    print(json.dumps(g), flush=True)
+                    r["gpflux_ms_per_step"], r["gpflux_compile_seconds"] = g["ms_per_step"], g["compile_seconds"]
+                    r["gpflux_version"] = g["version"]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.tag}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (RESULTS / f"{args.tag}.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2:])
+    else:
+        main()

@@ -1,0 +1,553 @@
+"""Whole-model save and load: a fitted model as one directory that predicts in a new process.
+
+:func:`save_model` writes a model built by one of the factories of :mod:`numpyro_dgp.models`
+(:func:`~numpyro_dgp.models.deep_gp_regression`, :func:`~numpyro_dgp.models.diffgp`,
+:func:`~numpyro_dgp.models.amortized_dgp`), its guide (one of :mod:`numpyro_dgp.guides`), the
+fitted parameters and, optionally, the standardization of the data; :func:`load_model` gives
+back a :class:`SavedModel` that predicts in the original units of the data, with no training
+data and no user code.
+
+Directory layout (format version 1)::
+
+    MODEL_DIR/
+        model.json    # human-readable: format, format_version, library_version, the factory
+                      # and its arguments, the guide and its options, input_dim, dtype,
+                      # standardization, feature and target names, sha256 of params.npz
+        params.npz    # the parameters (numpyro_dgp.io.save_params format)
+
+The directory is written next to its target under a temporary name and renamed onto it
+(atomic on POSIX file systems): a failed save leaves no partial directory and any previous
+model in place. Loading checks the format version, the presence of both files, the checksum
+of the parameters, and the parameters' names, shapes and dtypes against the rebuilt model
+and guide (:class:`~numpyro_dgp.ParameterMismatchError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+__all__ = [
+    "ModelFileError",
+    "SavedModel",
+    "Standardization",
+    "load_model",
+    "predictive_quantiles",
+    "save_model",
+]
+
+#: the format name and version written into ``model.json``
+MODEL_FORMAT = "numpyro_dgp.model"
+MODEL_FORMAT_VERSION = 1
+CONFIG_FILE = "model.json"
+PARAMS_FILE = "params.npz"
+
+#: the factories a saved model can name
+_FACTORIES = ("deep_gp_regression", "diffgp", "amortized_dgp")
+
+#: constructor options recorded per guide class (attribute name, keyword)
+_GUIDE_OPTIONS = {
+    "AutoFactorizedDGP": (("inner_init", "inner_init"), ("init_scale", "init_scale"), ("prefix", "prefix")),
+    "AutoJointDGP": (("inner_init", "inner_init"), ("init_scale", "init_scale"), ("prefix", "prefix")),
+    "AutoChainDGP": (("inner_init", "inner_init"), ("init_scale", "init_scale"), ("prefix", "prefix")),
+    "AutoAmortizedDGP": (("rule", "rule"), ("num_branches", "num_branches"), ("covariance", "covariance"),
+                         ("hidden_width", "hidden_width"), ("num_hidden", "num_hidden"),
+                         ("encoder_init_scale", "init_scale"), ("learn_points", "learn_points"),
+                         ("inner_init", "inner_init"), ("prefix", "prefix")),
+}
+
+
+class ModelFileError(ValueError):
+    """A saved model directory that cannot be loaded: a file missing, a checksum that does not
+    match, an unreadable or unknown ``model.json``, or a format version this library does not
+    read. Raised by :func:`load_model`.
+    """
+
+
+class Standardization(NamedTuple):
+    """The affine maps between the data's units and the standardized units a model is fitted in:
+    ``X_std = (X - x_mean) / x_scale`` and, for regression, ``y_std = (y - y_mean) / y_scale``.
+
+    :ivar x_mean: ``(D,)`` feature means of the training part.
+    :ivar x_scale: ``(D,)`` feature standard deviations (1 where a feature is constant).
+    :ivar y_mean: target mean (0 for classification).
+    :ivar y_scale: target standard deviation (1 for classification).
+    """
+
+    x_mean: np.ndarray
+    x_scale: np.ndarray
+    y_mean: float = 0.0
+    y_scale: float = 1.0
+
+    @classmethod
+    def fit(cls, X: ArrayLike, y: ArrayLike | None = None) -> Standardization:
+        """The standardization of training data: per-feature mean and standard deviation of
+        ``X`` and, if ``y`` is given, of ``y`` (constant columns get scale 1).
+
+        :param X: ``(N, D)`` training inputs.
+        :param y: ``(N,)`` regression targets, or ``None`` (classification: targets untouched).
+        :return: the :class:`Standardization`.
+        """
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[0] < 1:
+            raise ValueError(f"Standardization.fit: X must be a non-empty (N, D) array, got shape {X.shape}")
+        x_mean = X.mean(axis=0)
+        x_scale = X.std(axis=0)
+        x_scale = np.where(x_scale > 0, x_scale, 1.0)
+        if y is None:
+            return cls(x_mean, x_scale)
+        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        y_scale = float(y.std())
+        return cls(x_mean, x_scale, float(y.mean()), y_scale if y_scale > 0 else 1.0)
+
+    def inputs(self, X: ArrayLike) -> np.ndarray:
+        """``(X - x_mean) / x_scale``.
+
+        :param X: ``(N, D)`` inputs in the data's units.
+        :return: the standardized inputs (float64).
+        """
+        return (np.asarray(X, dtype=np.float64) - self.x_mean) / self.x_scale
+
+    def targets(self, y: ArrayLike) -> np.ndarray:
+        """``(y - y_mean) / y_scale``.
+
+        :param y: ``(N,)`` targets in the data's units.
+        :return: the standardized targets (float64).
+        """
+        return (np.asarray(y, dtype=np.float64) - self.y_mean) / self.y_scale
+
+    def to_json(self) -> dict:
+        """A JSON-serializable dict (lists of floats; Python's float repr round-trips exactly).
+
+        :return: ``{"x_mean", "x_scale", "y_mean", "y_scale"}``.
+        """
+        return {"x_mean": [float(v) for v in self.x_mean], "x_scale": [float(v) for v in self.x_scale],
+                "y_mean": float(self.y_mean), "y_scale": float(self.y_scale)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Standardization:
+        """The inverse of :meth:`to_json`.
+
+        :param data: the dict written by :meth:`to_json`.
+        :return: the :class:`Standardization`.
+        """
+        return cls(np.asarray(data["x_mean"], np.float64), np.asarray(data["x_scale"], np.float64),
+                   float(data["y_mean"]), float(data["y_scale"]))
+
+
+# --- encoding of factory arguments ------------------------------------------------------------
+
+
+def _encode_value(value: Any, where: str) -> Any:
+    from numpyro_dgp.kernels import Kernel
+
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value)
+    if isinstance(value, Kernel):
+        return {"__kernel__": _encode_kernel(value, where)}
+    if isinstance(value, (jax.Array, np.ndarray)):
+        arr = np.asarray(value)
+        return {"__array__": arr.tolist(), "dtype": arr.dtype.name}
+    if isinstance(value, (list, tuple)):
+        return [_encode_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise TypeError(f"save_model: the model argument {where} = {value!r} cannot be saved (a "
+                    f"{type(value).__name__}; only numbers, strings, arrays, kernels and lists of them)")
+
+
+def _encode_kernel(kernel: Any, where: str) -> dict:
+    from numpyro_dgp.kernels import _Combination
+
+    name = type(kernel).__name__
+    if isinstance(kernel, _Combination):
+        return {"type": name, "kernels": [_encode_kernel(k, where) for k in kernel.kernels]}
+    fields = {f.name: _encode_value(getattr(kernel, f.name), f"{where}.{f.name}")
+              for f in dataclasses.fields(kernel)}
+    return {"type": name, "fields": fields}
+
+
+def _decode_value(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decode_value(v) for v in value]
+    if isinstance(value, dict):
+        if "__kernel__" in value:
+            return _decode_kernel(value["__kernel__"])
+        if "__array__" in value:
+            return np.asarray(value["__array__"], dtype=np.dtype(value["dtype"]))
+        raise ValueError(f"unknown encoded value {value!r}")
+    return value
+
+
+def _decode_kernel(data: dict) -> Any:
+    from numpyro_dgp import kernels
+
+    cls = getattr(kernels, data.get("type", ""), None)
+    if not (isinstance(cls, type) and issubclass(cls, kernels.Kernel)):
+        raise ValueError(f"unknown kernel type {data.get('type')!r}")
+    if "kernels" in data:
+        return cls(*[_decode_kernel(k) for k in data["kernels"]])
+    fields = {k: _decode_value(v) for k, v in data["fields"].items()}
+    return cls(**fields)
+
+
+def _guide_config(guide: Any) -> dict:
+    from numpyro_dgp._autoguides import innermost_guide
+
+    inner = innermost_guide(guide)
+    name = type(inner).__name__
+    if inner is not guide or name not in _GUIDE_OPTIONS:
+        raise TypeError(f"save_model: guide must be one of the library's guides {sorted(_GUIDE_OPTIONS)} "
+                        f"(not wrapped), got {type(guide).__name__}")
+    options = {key: _encode_value(getattr(inner, attr), f"guide.{attr}") for attr, key in _GUIDE_OPTIONS[name]}
+    if name == "AutoAmortizedDGP":
+        if inner.initial_points is not None:
+            raise TypeError("save_model: an AutoAmortizedDGP built with points= cannot be saved yet; "
+                            "build it without points= (they are then initialized and learned)")
+        options["weights"] = [float(w) for w in inner.initial_weights]
+    return {"class": name, "options": options}
+
+
+def _make_guide(model: Callable, config: Mapping[str, Any]) -> Any:
+    from numpyro_dgp import guides
+
+    name = config.get("class")
+    if name not in _GUIDE_OPTIONS:
+        raise ValueError(f"unknown guide class {name!r} (this library saves {sorted(_GUIDE_OPTIONS)})")
+    options = {k: _decode_value(v) for k, v in dict(config.get("options") or {}).items()}
+    return getattr(guides, name)(model, **options)
+
+
+def _make_model(config: Mapping[str, Any]) -> Callable:
+    from numpyro_dgp import models
+
+    factory = config.get("factory")
+    if factory not in _FACTORIES:
+        raise ValueError(f"unknown model factory {factory!r} (this library saves {list(_FACTORIES)})")
+    arguments = {k: _decode_value(v) for k, v in dict(config.get("arguments") or {}).items()}
+    return getattr(models, factory)(**arguments)
+
+
+def _setup_rows(config: Mapping[str, Any]) -> int:
+    """Rows of the placeholder data the guide's structure is read from: enough for the
+    k-means initial values of every layer (never computed: the run is abstract)."""
+    arguments = config.get("arguments") or {}
+    counts = arguments.get("num_inducing", 1)
+    counts = counts if isinstance(counts, list) else [counts]
+    return max([int(c) for c in counts if isinstance(c, (int, float))] + [2])
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _library_version() -> str:
+    from numpyro_dgp import __version__
+
+    return __version__
+
+
+def _params_dtype(params: Mapping[str, Any]) -> str:
+    for value in params.values():
+        dtype = np.dtype(getattr(value, "dtype", np.asarray(value).dtype))
+        if np.issubdtype(dtype, np.floating):
+            return dtype.name
+    return np.dtype(jnp.zeros(()).dtype).name
+
+
+def save_model(
+    path: os.PathLike | str,
+    model: Callable,
+    guide: Callable,
+    params: Mapping[str, Any],
+    *,
+    input_dim: int,
+    standardization: Standardization | None = None,
+    feature_names: Sequence[str] | None = None,
+    target_name: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Save a fitted model as one directory (``model.json`` + ``params.npz``), atomically.
+
+    :param path: the directory to create (its parent must exist).
+    :param model: a model built by :func:`~numpyro_dgp.models.deep_gp_regression`,
+        :func:`~numpyro_dgp.models.diffgp` or :func:`~numpyro_dgp.models.amortized_dgp`
+        (the factory and its arguments are recorded, not the code).
+    :param guide: its guide, one of :mod:`numpyro_dgp.guides` (class and options recorded).
+    :param params: the fitted parameters (``FitResult.params``).
+    :param input_dim: ``D``, the number of input features.
+    :param standardization: the map from the data's units to the fitted ones, applied by
+        :meth:`SavedModel.predict` (``None``: the data are used as they are).
+    :param feature_names: ``D`` names of the input columns (written to ``model.json``).
+    :param target_name: name of the target column.
+    :param metadata: further JSON-serializable information (e.g. training metrics).
+    :param overwrite: replace an existing model directory at ``path``.
+    :return: the directory written.
+    :raises TypeError: a model not built by a factory, a guide not of this library, or
+        arguments that cannot be written.
+    :raises FileExistsError: ``path`` exists and ``overwrite`` is false.
+    :raises ValueError: an inconsistent ``input_dim``, ``standardization`` or ``feature_names``.
+    """
+    from numpyro_dgp.io import save_params
+
+    path = Path(os.fspath(path)).expanduser()
+    config = getattr(model, "dgp_config", None)
+    if not isinstance(config, dict) or config.get("factory") not in _FACTORIES:
+        raise TypeError("save_model: model must be built by numpyro_dgp.models.deep_gp_regression, diffgp or "
+                        "amortized_dgp (a model of your own: save its parameters with save_params)")
+    if not (isinstance(input_dim, (int, np.integer)) and input_dim >= 1):
+        raise ValueError(f"save_model: input_dim must be a positive integer, got {input_dim!r}")
+    if standardization is not None and np.shape(standardization.x_mean) != (int(input_dim),):
+        raise ValueError(f"save_model: standardization has {np.shape(standardization.x_mean)} feature means, "
+                         f"input_dim is {input_dim}")
+    if feature_names is not None and len(feature_names) != int(input_dim):
+        raise ValueError(f"save_model: {len(feature_names)} feature_names for input_dim={input_dim}")
+    arguments = {k: _encode_value(v, k) for k, v in config["arguments"].items()}
+    document = {
+        "format": MODEL_FORMAT,
+        "format_version": MODEL_FORMAT_VERSION,
+        "library_version": _library_version(),
+        "model": {"factory": config["factory"], "arguments": arguments},
+        "guide": _guide_config(guide),
+        "input_dim": int(input_dim),
+        "dtype": _params_dtype(params),
+        "standardization": None if standardization is None else standardization.to_json(),
+        "feature_names": None if feature_names is None else [str(n) for n in feature_names],
+        "target_name": target_name,
+        "metadata": dict(metadata or {}),
+        "files": {},
+    }
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"save_model: {str(path)!r} exists; pass overwrite=True to replace it")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"save_model: the directory {str(path.parent)!r} does not exist")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        save_params(tmp / PARAMS_FILE, dict(params))
+        document["files"][PARAMS_FILE] = {"sha256": _sha256(tmp / PARAMS_FILE),
+                                          "bytes": (tmp / PARAMS_FILE).stat().st_size}
+        try:
+            text = json.dumps(document, indent=2)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"save_model: metadata must be JSON-serializable: {err}") from err
+        with open(tmp / CONFIG_FILE, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o755)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.replace(path, old / path.name)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+class SavedModel:
+    """A model loaded by :func:`load_model`: the rebuilt model and guide (set up), the
+    parameters and the standardization; :meth:`predict` works in the data's units.
+
+    :ivar model: the model (rebuilt by its factory).
+    :ivar guide: the guide, set up (ready for :func:`numpyro_dgp.predict`).
+    :ivar params: the parameters (JAX arrays).
+    :ivar config: the parsed ``model.json``.
+    :ivar standardization: the :class:`Standardization`, or ``None``.
+    :ivar feature_names: the input column names, or ``None``.
+    :ivar target_name: the target column name, or ``None``.
+    :ivar likelihood: ``"gaussian"`` or ``"probit"``.
+    """
+
+    def __init__(self, model: Callable, guide: Callable, params: dict, config: dict,
+                 standardization: Standardization | None) -> None:
+        self.model = model
+        self.guide = guide
+        self.params = params
+        self.config = config
+        self.standardization = standardization
+        self.feature_names = config.get("feature_names")
+        self.target_name = config.get("target_name")
+        self.likelihood = (config["model"].get("arguments") or {}).get("likelihood", "gaussian")
+        self.input_dim = int(config["input_dim"])
+
+    def __repr__(self) -> str:
+        return (f"SavedModel({self.config['model']['factory']}, guide={self.config['guide']['class']}, "
+                f"input_dim={self.input_dim}, likelihood={self.likelihood!r})")
+
+    def predict(self, X: ArrayLike, *, rng_key: jax.Array | None = None, num_samples: int = 100,
+                batch_size: int | None = None, standardized: bool = False, keep_layers: bool = False) -> Any:
+        """The predictive mixture at ``X`` in the data's units.
+
+        :param X: ``(N, D)`` inputs in the data's units (standardized here with the stored
+            standardization, unless ``standardized``).
+        :param rng_key: PRNG key (default ``PRNGKey(0)``).
+        :param num_samples: mixture components ``S``.
+        :param batch_size: predict this many points at a time (bounded memory; see
+            :func:`numpyro_dgp.predict`).
+        :param standardized: ``X`` is already standardized, and the result is returned in
+            standardized units.
+        :param keep_layers: also return every layer's draws and moments (see
+            :func:`numpyro_dgp.predict`; off by default to keep memory at ``S x N``).
+        :return: a :class:`~numpyro_dgp.Prediction` (regression: means and variances mapped
+            back to the target's units; classification: probabilities of ``y = 1``).
+        :raises ValueError: ``X`` without ``D`` columns.
+        """
+        from numpyro_dgp._prediction import predict
+
+        X = np.asarray(X)
+        if X.ndim != 2 or X.shape[1] != self.input_dim:
+            raise ValueError(f"SavedModel.predict: X must have shape (N, {self.input_dim}), got {X.shape}")
+        s = None if standardized else self.standardization
+        if s is not None:
+            X = s.inputs(X)
+        X = jnp.asarray(X, dtype=self.config["dtype"])
+        key = jax.random.PRNGKey(0) if rng_key is None else rng_key
+        prediction = predict(self.model, self.guide, self.params, key, X, num_samples=num_samples,
+                             batch_size=batch_size, keep_layers=keep_layers)
+        if s is None or prediction.likelihood != "normal" or (s.y_mean == 0.0 and s.y_scale == 1.0):
+            return prediction
+        m, sc = s.y_mean, s.y_scale
+        return prediction._replace(mean=prediction.mean * sc + m, variance=prediction.variance * sc**2,
+                                   component_means=prediction.component_means * sc + m,
+                                   component_variances=prediction.component_variances * sc**2)
+
+
+def _read_config(path: Path) -> dict:
+    config_path = path / CONFIG_FILE
+    if not config_path.is_file():
+        raise ModelFileError(f"load_model: {str(path)!r} has no {CONFIG_FILE} (not a model directory written by "
+                             "save_model, or an incomplete copy)")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelFileError(f"load_model: {str(config_path)!r} is corrupted (not valid JSON: {err})") from err
+    if not isinstance(config, dict) or config.get("format") != MODEL_FORMAT:
+        raise ModelFileError(f"load_model: {str(config_path)!r} does not describe a numpyro_dgp model "
+                             f"(format {config.get('format') if isinstance(config, dict) else None!r})")
+    version = config.get("format_version")
+    if not isinstance(version, int) or not 1 <= version <= MODEL_FORMAT_VERSION:
+        raise ModelFileError(
+            f"load_model: {str(path)!r} has format_version={version!r}, written by numpyro_dgp "
+            f"{config.get('library_version')!r}; this library ({_library_version()}) reads versions "
+            f"1..{MODEL_FORMAT_VERSION} (upgrade numpyro_dgp to load it)")
+    for key in ("model", "guide", "input_dim", "dtype", "files"):
+        if key not in config:
+            raise ModelFileError(f"load_model: {str(config_path)!r} is corrupted (no {key!r} entry)")
+    return config
+
+
+def load_model(path: os.PathLike | str) -> SavedModel:
+    """Load a model directory written by :func:`save_model` (or ``numpyro-dgp fit``).
+
+    The model and guide are rebuilt from ``model.json`` by the library's factories, the guide
+    set up abstractly (no training data needed), and the parameters checked against them.
+    Float64 parameters need JAX's 64-bit mode (``jax.config.update("jax_enable_x64", True)``).
+
+    :param path: the model directory.
+    :return: a :class:`SavedModel`.
+    :raises FileNotFoundError: ``path`` does not exist.
+    :raises ModelFileError: a missing or corrupted file (checksum), or a format version this
+        library does not read.
+    :raises ~numpyro_dgp.ParameterMismatchError: parameters that do not fit the described model.
+    :raises ValueError: float64 parameters while JAX's 64-bit mode is off.
+    """
+    from numpyro_dgp._params import STRICT_HINT, check_params_against, param_specs, set_up_guide
+    from numpyro_dgp.io import load_params
+
+    path = Path(os.fspath(path)).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"load_model: the model directory {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise ModelFileError(f"load_model: {str(path)!r} is a file; a model is a directory written by save_model")
+    config = _read_config(path)
+    params_path = path / PARAMS_FILE
+    if not params_path.is_file():
+        raise ModelFileError(f"load_model: {str(path)!r} has no {PARAMS_FILE} (an incomplete copy?)")
+    recorded = (config.get("files") or {}).get(PARAMS_FILE) or {}
+    digest = _sha256(params_path)
+    if recorded.get("sha256") != digest:
+        raise ModelFileError(f"load_model: {str(params_path)!r} is corrupted or was replaced: its sha256 is "
+                             f"{digest}, {CONFIG_FILE} records {recorded.get('sha256')!r}")
+    dtype = np.dtype(config["dtype"])
+    if dtype == np.float64 and not jax.config.jax_enable_x64:
+        raise ValueError(f"load_model: {str(path)!r} holds a float64 model; call "
+                         'jax.config.update("jax_enable_x64", True) before loading it')
+    try:
+        model = _make_model(config["model"])
+        guide = _make_guide(model, config["guide"])
+    except (TypeError, ValueError, KeyError) as err:
+        raise ModelFileError(f"load_model: {str(path / CONFIG_FILE)!r} describes a model this library cannot "
+                             f"build: {err}") from err
+    params = load_params(params_path)
+    standardization = config.get("standardization")
+    standardization = None if standardization is None else Standardization.from_json(standardization)
+    D, rows = int(config["input_dim"]), _setup_rows(config["model"])
+    X0 = jnp.zeros((rows, D), dtype)
+    likelihood = (config["model"].get("arguments") or {}).get("likelihood", "gaussian")
+    y0 = jnp.zeros((rows,), dtype if likelihood == "gaussian" else jnp.int32)
+    set_up_guide(guide, jax.random.PRNGKey(0), (X0, y0), {})
+    check_params_against(param_specs(model, guide, (X0, y0), {}), params, f"load_model({str(path)!r})",
+                         require_finite=True, hint=STRICT_HINT)
+    return SavedModel(model, guide, params, config, standardization)
+
+
+def predictive_quantiles(prediction: Any, quantiles: ArrayLike, *, num_iters: int = 60) -> jax.Array:
+    """Quantiles of a Gaussian predictive mixture (:class:`~numpyro_dgp.Prediction` with a
+    Normal likelihood), per point, by bisection on the mixture's distribution function.
+
+    :param prediction: the prediction.
+    :param quantiles: ``(Q,)`` levels in ``(0, 1)``, e.g. ``[0.025, 0.975]``.
+    :param num_iters: bisection steps (60 halve the starting bracket to below float64's
+        resolution).
+    :return: ``(Q, N)`` quantiles.
+    :raises ValueError: a Bernoulli prediction, or levels outside ``(0, 1)``.
+    """
+    from jax.scipy.stats import norm
+
+    if prediction.likelihood != "normal":
+        raise ValueError("predictive_quantiles: needs a Gaussian (regression) prediction, "
+                         f"got likelihood {prediction.likelihood!r}")
+    q = jnp.atleast_1d(jnp.asarray(quantiles, prediction.mean.dtype))
+    if not bool(jnp.all((q > 0) & (q < 1))):
+        raise ValueError(f"predictive_quantiles: quantiles must lie in (0, 1), got {quantiles!r}")
+    m, v = prediction.component_means, prediction.component_variances  # (S, N)
+    s = jnp.sqrt(jnp.maximum(v, jnp.finfo(v.dtype).tiny))
+    S = m.shape[0]
+    w = (jnp.full((S,), 1.0 / S, m.dtype) if prediction.weights is None else prediction.weights)[:, None]
+    z = jnp.max(jnp.abs(norm.ppf(q)))
+    lo = jnp.broadcast_to(jnp.min(m - (z + 1) * s, axis=0), (q.shape[0],) + m.shape[1:])
+    hi = jnp.broadcast_to(jnp.max(m + (z + 1) * s, axis=0), lo.shape)
+
+    def cdf(x):  # x (Q, N) -> (Q, N)
+        return jnp.sum(w[None] * norm.cdf((x[:, None, :] - m[None]) / s[None]), axis=1)
+
+    def body(_, bracket):
+        lo, hi = bracket
+        mid = 0.5 * (lo + hi)
+        below = cdf(mid) < q[:, None]
+        return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
+
+    lo, hi = jax.lax.fori_loop(0, int(num_iters), body, (lo, hi))
+    return 0.5 * (lo + hi)

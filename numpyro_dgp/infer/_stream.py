@@ -1,0 +1,196 @@
+"""Training on minibatches drawn outside the model: from host memory, from memory-mapped
+``.npy`` files, and across processes (``jax.distributed``).
+
+:func:`numpyro_dgp.fit` keeps the data on the device and the model draws each minibatch there.
+When the data do not fit on the device, or are spread over several processes or machines,
+:func:`fit_minibatches` takes the minibatches from an iterator instead (e.g.
+:class:`HostMinibatches`, which gathers ``batch_size`` rows of NumPy or memory-mapped arrays per
+step, ``O(batch_size)`` work and memory, never a copy of the whole set) and calls the model as
+``model(X_batch, y_batch, num_data=N)`` (the models of :mod:`numpyro_dgp.models` scale the
+likelihood by ``N / batch_size``).
+
+**Several processes.** With ``mesh=`` (a ``jax.sharding.Mesh`` over the devices of every
+process, after ``jax.distributed.initialize``), each process passes the minibatches of *its
+own* shard of the data; they are joined into one global minibatch sharded over the mesh
+(``jax.make_array_from_process_local_data``), the parameters are replicated, and the compiled
+update reduces the loss and the gradients across processes (XLA's all-reduce; on CPU, JAX's
+collectives, e.g. gloo). Every process ends with the same parameters: those one process would
+reach on the joined minibatches.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+from numpyro.infer import SVI
+from numpyro.infer.svi import SVIState
+
+from numpyro_dgp._validation import check_positive_int
+from numpyro_dgp.infer._fit import FitResult, _all_finite, _initial_state, _select
+
+__all__ = ["HostMinibatches", "fit_minibatches"]
+
+
+class HostMinibatches:
+    """An endless stream of minibatches ``(X[idx], y[idx])`` gathered on the host.
+
+    ``X`` and ``y`` may be NumPy arrays or memory maps (``np.load(path, mmap_mode="r")``):
+    each batch reads only its ``batch_size`` rows (indices sorted, so a memory map is read
+    front to back). Indices are drawn without replacement within a batch, independently
+    between batches, from a NumPy generator seeded with ``seed``.
+
+    :param X: ``(N, D)`` inputs.
+    :param y: ``(N,)`` targets (or ``None``).
+    :param batch_size: rows per batch (``<= N``).
+    :param seed: seed of the index stream (give each process of a distributed fit its own).
+    :param dtype: dtype of the returned batches (default: as stored).
+    :raises ValueError: for mismatched lengths or a bad ``batch_size``.
+    """
+
+    def __init__(self, X: ArrayLike, y: ArrayLike | None, batch_size: int, *, seed: int = 0,
+                 dtype: Any = None) -> None:
+        check_positive_int(batch_size, "batch_size", "HostMinibatches")
+        if np.ndim(X) != 2:
+            raise ValueError(f"HostMinibatches: X must be (N, D), got shape {np.shape(X)}")
+        if y is not None and np.shape(y)[0] != np.shape(X)[0]:
+            raise ValueError(f"HostMinibatches: y has {np.shape(y)[0]} rows, X has {np.shape(X)[0]}")
+        if batch_size > np.shape(X)[0]:
+            raise ValueError(f"HostMinibatches: batch_size={batch_size} exceeds the {np.shape(X)[0]} rows")
+        self.X, self.y, self.batch_size, self.dtype = X, y, int(batch_size), dtype
+        self.num_data = int(np.shape(X)[0])
+        self._rng = np.random.default_rng(seed)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
+        return self
+
+    def indices(self) -> np.ndarray:
+        """The next batch's row indices (sorted).
+
+        :return: ``(batch_size,)`` int64 indices.
+        """
+        return np.sort(self._rng.choice(self.num_data, self.batch_size, replace=False, shuffle=False))
+
+    def __next__(self) -> tuple[np.ndarray, ...]:
+        idx = self.indices()
+        X = np.asarray(self.X[idx], dtype=self.dtype)
+        if self.y is None:
+            return (X,)
+        return X, np.asarray(self.y[idx], dtype=self.dtype if np.issubdtype(np.asarray(self.y[:1]).dtype,
+                                                                                np.floating) else None)
+
+
+def _to_device(batch, mesh):
+    arrays = tuple(np.asarray(a) for a in batch)
+    if mesh is None:
+        return tuple(jnp.asarray(a) for a in arrays)
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    axis = mesh.axis_names[0]
+    return tuple(jax.make_array_from_process_local_data(
+        NamedSharding(mesh, PartitionSpec(axis, *([None] * (a.ndim - 1)))), a) for a in arrays)
+
+
+def fit_minibatches(
+    svi: SVI,
+    rng_key: jax.Array | None,
+    batches: Iterable[tuple[ArrayLike, ...]],
+    *,
+    num_steps: int,
+    num_data: int,
+    mesh: Any = None,
+    init_state: SVIState | None = None,
+    progress_bar: bool = True,
+    sync_every: int = 100,
+) -> FitResult:
+    """Run ``num_steps`` SVI updates, each on the next minibatch of ``batches``.
+
+    Step ``t`` calls ``svi.update(state, *batch_t, num_data=num_data)`` (compiled once); an
+    update whose loss or new parameters are not finite is not applied and is counted, as in
+    :func:`numpyro_dgp.fit`. The host gathers the next batch while the device runs the step
+    (dispatch is asynchronous); the losses are fetched every ``sync_every`` steps.
+
+    :param svi: a ``numpyro.infer.SVI`` whose model takes ``num_data=`` (the models of
+        :mod:`numpyro_dgp.models` do).
+    :param rng_key: PRNG key of the initialization (the first batch initializes, e.g. the
+        k-means of the inducing inputs); may be ``None`` with ``init_state``.
+    :param batches: an iterator of tuples of arrays, e.g. :class:`HostMinibatches`; with
+        ``mesh``, this process's part of each global minibatch.
+    :param num_steps: updates.
+    :param num_data: ``N``, the number of points in the whole data set (all processes).
+    :param mesh: a ``jax.sharding.Mesh`` over the devices of all processes, whose first axis
+        shards the batch (data parallelism across processes); ``None``: one process.
+    :param init_state: continue from a previous ``FitResult.state``.
+    :param progress_bar: show a tqdm progress bar (on process 0 only).
+    :param sync_every: steps between host synchronizations (loss fetch, progress bar).
+    :return: :class:`~numpyro_dgp.FitResult` (``chunk_seconds`` per synchronization interval,
+        ``chunk_size = sync_every``).
+    :raises ValueError: for invalid arguments or an exhausted ``batches``.
+    """
+    check_positive_int(num_steps, "num_steps", "fit_minibatches")
+    check_positive_int(num_data, "num_data", "fit_minibatches")
+    check_positive_int(sync_every, "sync_every", "fit_minibatches")
+    iterator = iter(batches)
+
+    def next_batch():
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            raise ValueError("fit_minibatches: batches ran out before num_steps updates") from None
+        return _to_device(batch, mesh)
+
+    batch = next_batch()
+    kwargs = {"num_data": int(num_data)}
+    if init_state is None:
+        if rng_key is None:
+            raise ValueError("fit_minibatches: rng_key is None; pass a PRNG key (or init_state=)")
+        state = _initial_state(svi, rng_key, batch, kwargs, {**kwargs, **svi.static_kwargs}, None, True)
+    else:
+        state = init_state
+
+    @jax.jit
+    def update(state, batch):
+        new_state, loss = svi.update(state, *batch, **kwargs)
+        finite = jnp.isfinite(loss) & _all_finite(new_state.optim_state)
+        kept = _select(finite, new_state.optim_state, state.optim_state)
+        return new_state._replace(optim_state=kept), loss, ~finite
+
+    start = time.perf_counter()
+    compiled = update.lower(state, batch).compile()
+    compile_seconds = time.perf_counter() - start
+    bar = None
+    if progress_bar and jax.process_index() == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=num_steps, desc="fit", unit="step")
+    losses, skipped, pending, chunk_seconds = [], 0, [], []
+    tick = time.perf_counter()
+    try:
+        for step in range(num_steps):
+            if step:
+                batch = next_batch()
+            state, loss, bad = compiled(state, batch)
+            pending.append((loss, bad))
+            if len(pending) == sync_every or step == num_steps - 1:
+                values = np.asarray([float(l) for l, _ in pending])  # noqa: E741 - the host sync
+                skipped += int(sum(bool(b) for _, b in pending))
+                losses.extend(values.tolist())
+                chunk_seconds.append(time.perf_counter() - tick)
+                tick = time.perf_counter()
+                if bar is not None:
+                    finite = values[np.isfinite(values)]
+                    bar.set_postfix(loss=f"{finite.mean():.4g}" if finite.size else "nan", skipped=skipped)
+                    bar.update(len(pending))
+                pending = []
+    finally:
+        if bar is not None:
+            bar.close()
+    if skipped == num_steps:
+        raise FloatingPointError("fit_minibatches: every update produced a non-finite loss or parameters; check the "
+                                 "data scale, the jitter and the learning rate")
+    return FitResult(svi.get_params(state), np.asarray(losses), state, skipped, np.asarray(chunk_seconds),
+                     int(sync_every), compile_seconds)

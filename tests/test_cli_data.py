@@ -1,0 +1,115 @@
+"""``numpyro-dgp fit`` / ``predict`` on a user's own table, and read_table."""
+
+import csv
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from numpyro_dgp import cli
+from numpyro_dgp.datasets import read_table
+
+
+def _write_csv(path, n=150, seed=0, extra=None):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, size=(n, 2)) * [10, 0.1] + [100, -3]
+    y = 5 * np.sin((X[:, 0] - 100) / 10) + 20 + 0.1 * rng.normal(size=n)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["temp", "speed", "load"] + ([extra[0]] if extra else []))
+        for i in range(n):
+            w.writerow([X[i, 0], y[i], X[i, 1]] + ([extra[1]] if extra else []))
+    return X, y
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "numpyro_dgp.cli", *map(str, args)], capture_output=True,
+                          text=True)
+
+
+def test_fit_then_predict_in_fresh_processes(tmp_path):
+    data = tmp_path / "train.csv"
+    X, y = _write_csv(data)
+    model_dir = tmp_path / "model"
+    fitted = _run("fit", data, "--target", "speed", "--layers", "2", "--num-inducing", "10", "--steps", "40",
+                  "--batch-size", "64", "--test-fraction", "0.2", "--no-progress", "--output", model_dir)
+    assert fitted.returncode == 0, fitted.stderr
+    assert "120 training, 30 test rows" in fitted.stdout and "held-out: log_likelihood" in fitted.stdout
+    assert (model_dir / "model.json").is_file() and (model_dir / "params.npz").is_file()
+
+    new = tmp_path / "new.csv"
+    _write_csv(new, n=25, seed=1)
+    out = tmp_path / "predictions.csv"
+    predicted = _run("predict", model_dir, new, "--output", out, "--quantiles", "0.05,0.5,0.95")
+    assert predicted.returncode == 0, predicted.stderr
+    assert "against the table's 'speed'" in predicted.stdout
+    with open(out) as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["mean", "std", "q0.05", "q0.5", "q0.95"] and len(rows) == 26
+    values = np.array(rows[1:], float)
+    assert np.all(np.isfinite(values)) and np.all(values[:, 1] > 0)
+    assert np.all(values[:, 2] < values[:, 3]) and np.all(values[:, 3] < values[:, 4])
+    # original units: the targets are about 20 +- 5, the standardized ones near 0
+    assert 10 < values[:, 0].mean() < 30
+
+    # the same predictions from a second fresh process (fixed seed)
+    again = tmp_path / "again.csv"
+    assert _run("predict", model_dir, new, "--output", again, "--quantiles", "0.05,0.5,0.95").returncode == 0
+    assert again.read_text() == out.read_text()
+
+
+def test_fit_refuses_text_columns_naming_them(tmp_path, capsys):
+    data = tmp_path / "t.csv"
+    _write_csv(data, n=10, extra=("city", "Paris"))
+    assert cli.main(["fit", str(data), "--target", "speed", "--output", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert "columns that are not numeric: 'city' (line 2: 'Paris')" in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_fit_reports_an_unknown_target_and_too_many_inducing_points(tmp_path, capsys):
+    data = tmp_path / "t.csv"
+    _write_csv(data, n=30)
+    assert cli.main(["fit", str(data), "--target", "nope", "--output", str(tmp_path / "m")]) == 2
+    assert "'nope' is not a column" in capsys.readouterr().err
+    assert cli.main(["fit", str(data), "--target", "speed", "--num-inducing", "50", "--output",
+                     str(tmp_path / "m")]) == 2
+    assert "--num-inducing 50 exceeds the 30 points" in capsys.readouterr().err
+    assert cli.main(["fit", str(data), "--target", "speed", "--likelihood", "probit", "--output",
+                     str(tmp_path / "m")]) == 2
+    assert "needs a target of 0s and 1s" in capsys.readouterr().err
+
+
+def test_fit_probit_on_npz_and_predict(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(80, 2))
+    y = (X[:, 0] > 0).astype(np.int64)
+    np.savez(tmp_path / "d.npz", X=X, label=y)
+    code = cli.main(["fit", str(tmp_path / "d.npz"), "--target", "label", "--likelihood", "probit", "--layers", "1",
+                     "--num-inducing", "8", "--steps", "30", "--no-progress", "--output", str(tmp_path / "m")])
+    assert code == 0
+    assert cli.main(["predict", str(tmp_path / "m"), str(tmp_path / "d.npz"), "--output", str(tmp_path / "p.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "error_rate" in out
+    rows = list(csv.reader(open(tmp_path / "p.csv")))
+    assert rows[0] == ["probability", "std"] and len(rows) == 81
+    p = np.array(rows[1:], float)[:, 0]
+    assert np.all((p >= 0) & (p <= 1))
+
+
+def test_read_table_formats(tmp_path):
+    (tmp_path / "a.csv").write_text("a;b\n1;2\n3;4.5\n")
+    t = read_table(tmp_path / "a.csv")
+    assert t.columns == ["a", "b"]
+    np.testing.assert_array_equal(t.data, [[1, 2], [3, 4.5]])
+    np.savez(tmp_path / "c.npz", u=np.arange(3), v=np.ones(3))
+    assert read_table(tmp_path / "c.npz").columns == ["u", "v"]
+    (tmp_path / "m.csv").write_text("a,b\n1,\n3,4\n")
+    with pytest.raises(ValueError, match="not numeric: 'b'"):
+        read_table(tmp_path / "m.csv")
+    (tmp_path / "n.csv").write_text("a,b\n1,nan\n3,4\n")
+    with pytest.raises(ValueError, match=r"NaN or infinite values: \['b'\]"):
+        read_table(tmp_path / "n.csv")
+    with pytest.raises(FileNotFoundError):
+        read_table(tmp_path / "none.csv")

@@ -1,0 +1,194 @@
+"""Whole-model save and load (save_model, load_model), batched prediction, predictive quantiles."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpyro.infer import SVI
+from numpyro.optim import Adam
+
+import numpyro_dgp as dgp
+from numpyro_dgp.kernels import Matern52
+
+
+def _data(n=120, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=n)
+    return X, y
+
+
+def _fitted(model, guide, X, y, steps=20):
+    svi = SVI(model, guide, Adam(0.01), dgp.DGPElbo())
+    return dgp.fit(svi, jax.random.PRNGKey(0), jnp.asarray(X), jnp.asarray(y), num_steps=steps,
+                   progress_bar=False).params
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    X, y = _data()
+    s = dgp.Standardization.fit(X * 3 + 1, y * 2 - 5)
+    model = dgp.models.deep_gp_regression(2, num_inducing=8, kernel=Matern52(variance=0.5))
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    params = _fitted(model, guide, X, y)
+    path = tmp_path_factory.mktemp("models") / "m"
+    dgp.save_model(path, model, guide, params, input_dim=3, standardization=s, feature_names=["a", "b", "c"],
+                   target_name="t", metadata={"note": "test"})
+    return path, model, guide, params, X, s
+
+
+def test_round_trip_predicts_as_the_fitted_model(saved):
+    path, model, guide, params, X, s = saved
+    loaded = dgp.load_model(path)
+    assert loaded.feature_names == ["a", "b", "c"] and loaded.target_name == "t"
+    assert loaded.config["metadata"] == {"note": "test"}
+    assert set(loaded.params) == set(params)
+    for k in params:
+        np.testing.assert_array_equal(np.asarray(loaded.params[k]), np.asarray(params[k]))
+    X_raw = X[:15] * s.x_scale + s.x_mean
+    got = loaded.predict(X_raw, rng_key=jax.random.PRNGKey(3))
+    ref = dgp.predict(model, guide, params, jax.random.PRNGKey(3), jnp.asarray(X[:15]))
+    np.testing.assert_allclose(got.mean, ref.mean * s.y_scale + s.y_mean, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got.variance, ref.variance * s.y_scale**2, rtol=1e-10)
+
+
+def test_model_json_is_human_readable(saved):
+    config = json.loads((saved[0] / "model.json").read_text())
+    assert config["format_version"] == 1 and config["model"]["factory"] == "deep_gp_regression"
+    assert config["model"]["arguments"]["kernel"]["__kernel__"]["type"] == "Matern52"
+    assert config["guide"]["class"] == "AutoFactorizedDGP"
+    assert len(config["standardization"]["x_mean"]) == 3
+
+
+def test_load_in_a_fresh_process(saved, tmp_path):
+    path = saved[0]
+    script = textwrap.dedent(f"""
+        import jax, numpy as np
+        jax.config.update("jax_enable_x64", True)
+        import numpyro_dgp as dgp
+        m = dgp.load_model({str(path)!r})
+        p = m.predict(np.zeros((4, 3)), rng_key=jax.random.PRNGKey(3))
+        print(repr([float(v) for v in p.mean]))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    here = dgp.load_model(path).predict(np.zeros((4, 3)), rng_key=jax.random.PRNGKey(3))
+    np.testing.assert_allclose(eval(out.stdout.strip().splitlines()[-1]), np.asarray(here.mean), rtol=1e-12)
+
+
+def _copy(path, tmp_path):
+    import shutil
+
+    target = tmp_path / "copy"
+    shutil.copytree(path, target)
+    return target
+
+
+def test_corrupted_params_are_refused(saved, tmp_path):
+    target = _copy(saved[0], tmp_path)
+    data = bytearray((target / "params.npz").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (target / "params.npz").write_bytes(bytes(data))
+    with pytest.raises(dgp.ModelFileError, match="corrupted or was replaced"):
+        dgp.load_model(target)
+
+
+def test_missing_files_are_refused(saved, tmp_path):
+    target = _copy(saved[0], tmp_path)
+    (target / "params.npz").unlink()
+    with pytest.raises(dgp.ModelFileError, match="no params.npz"):
+        dgp.load_model(target)
+    (target / "model.json").unlink()
+    with pytest.raises(dgp.ModelFileError, match="no model.json"):
+        dgp.load_model(target)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        dgp.load_model(tmp_path / "nowhere")
+
+
+def test_unknown_format_version_and_bad_json_are_refused(saved, tmp_path):
+    target = _copy(saved[0], tmp_path)
+    config = json.loads((target / "model.json").read_text())
+    config["format_version"] = 99
+    (target / "model.json").write_text(json.dumps(config))
+    with pytest.raises(dgp.ModelFileError, match="format_version=99.*upgrade numpyro_dgp"):
+        dgp.load_model(target)
+    (target / "model.json").write_text("{not json")
+    with pytest.raises(dgp.ModelFileError, match="not valid JSON"):
+        dgp.load_model(target)
+
+
+def test_mismatched_shapes_are_refused(saved, tmp_path):
+    target = _copy(saved[0], tmp_path)
+    config = json.loads((target / "model.json").read_text())
+    config["model"]["arguments"]["num_inducing"] = 9  # the parameters hold M = 8
+    (target / "model.json").write_text(json.dumps(config))
+    with pytest.raises(dgp.ParameterMismatchError, match="mis-shaped"):
+        dgp.load_model(target)
+
+
+def test_save_refuses_an_existing_directory_and_user_models(saved, tmp_path):
+    path, model, guide, params, *_ = saved
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        dgp.save_model(path, model, guide, params, input_dim=3)
+
+    def my_model(X, y=None):
+        pass
+
+    with pytest.raises(TypeError, match="save_params"):
+        dgp.save_model(tmp_path / "x", my_model, guide, params, input_dim=3)
+    assert not (tmp_path / "x").exists()
+    dgp.save_model(path.parent / "m2", model, guide, params, input_dim=3)
+    dgp.save_model(path.parent / "m2", model, guide, params, input_dim=3, overwrite=True)
+    assert sorted(p.name for p in (path.parent / "m2").iterdir()) == ["model.json", "params.npz"]
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+@pytest.mark.parametrize("factory", ["probit", "diffgp", "amortized"])
+def test_other_factories_round_trip(factory, tmp_path):
+    X, y = _data(n=60, d=2)
+    if factory == "probit":
+        model = dgp.models.deep_gp_regression(2, num_inducing=6, likelihood="probit")
+        guide = dgp.guides.AutoFactorizedDGP(model)
+        y = (y > 0).astype(np.int32)
+    elif factory == "diffgp":
+        model = dgp.models.diffgp(0.5, num_steps=4, num_inducing=6)
+        guide = dgp.guides.AutoFactorizedDGP(model)
+    else:
+        model = dgp.models.amortized_dgp((3, 1), (3, 3))
+        guide = dgp.guides.AutoAmortizedDGP(model, num_branches=4)
+    params = _fitted(model, guide, X, y, steps=5)
+    dgp.save_model(tmp_path / "m", model, guide, params, input_dim=2)
+    loaded = dgp.load_model(tmp_path / "m")
+    got = loaded.predict(X[:7], rng_key=jax.random.PRNGKey(1), num_samples=5)
+    ref = dgp.predict(model, guide, params, jax.random.PRNGKey(1), jnp.asarray(X[:7]), num_samples=5)
+    np.testing.assert_allclose(got.mean, ref.mean, rtol=1e-10, atol=1e-12)
+
+
+def test_batched_prediction_equals_unbatched_for_one_layer():
+    X, y = _data(n=80)
+    model = dgp.models.deep_gp_regression(1, num_inducing=8)
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    params = _fitted(model, guide, X, y)
+    key = jax.random.PRNGKey(2)
+    full = dgp.predict(model, guide, params, key, jnp.asarray(X), num_samples=4)
+    batched = dgp.predict(model, guide, params, key, jnp.asarray(X), num_samples=4, batch_size=30)
+    np.testing.assert_allclose(batched.mean, full.mean, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(batched.variance, full.variance, rtol=1e-12)
+    assert batched.layers["h1"].shape == full.layers["h1"].shape
+    lean = dgp.predict(model, guide, params, key, jnp.asarray(X), num_samples=4, batch_size=30, keep_layers=False)
+    assert lean.layers == {} and lean.layer_means == {}
+    np.testing.assert_allclose(lean.mean, full.mean, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="batch_size"):
+        dgp.predict(model, guide, params, key, jnp.asarray(X), batch_size=0)
+
+
+def test_predictive_quantiles_of_one_gaussian():
+    p = dgp.Prediction(jnp.array([1.0]), jnp.array([4.0]), jnp.array([[1.0]]), jnp.array([[4.0]]), {}, {}, {})
+    q = dgp.predictive_quantiles(p, [0.025, 0.5, 0.975])
+    np.testing.assert_allclose(q[:, 0], [1 - 2 * 1.959963984540054, 1.0, 1 + 2 * 1.959963984540054], rtol=1e-9)
+    with pytest.raises(ValueError, match=r"\(0, 1\)"):
+        dgp.predictive_quantiles(p, [1.5])
