@@ -318,7 +318,7 @@ def test_refuses_guides_and_layers_it_cannot_use(data):
     kw = {"widths": (2,), "noises": (0.05,), "means": ("identity",)}
     with pytest.raises(NotImplementedError, match="correlates layers.*use DGPElbo"):
         _loss(deep, AutoChainDGP(deep), X, y, **kw)
-    with pytest.raises(NotImplementedError, match="no Gaussian guide"):
+    with pytest.raises(NotImplementedError, match="with AutoDelta: .*no per-layer Gaussian guide"):
         _loss(deep, AutoDelta(deep), X, y, **kw)
 
     def locations(X, y=None):
