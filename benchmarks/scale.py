@@ -7,7 +7,8 @@ Two parts, each point in a fresh process (so that peak resident memory is the po
   initialization seconds (guide set-up, compiled ``svi.init`` with the k-means of the first
   minibatch), compile seconds of the training chunk, steps/s (median over chunks of 100
   steps, compilation excluded), prediction seconds for 100,000 points
-  (``predict(..., batch_size=2_000, keep_layers=False)``, S = 100; a first, one-batch call
+  (``predict(..., batch_size=B, keep_layers=False)``, ``B`` from ``--predict-batch``, default
+  500, S = 100; a first, one-batch call
   that compiles is timed apart), resident memory once the data are on the device and its
   peak (``VmHWM``, reset after the data were drawn) through training and through prediction,
   against the data's size, and whether every loss and prediction was finite.
@@ -74,7 +75,7 @@ def peak_rss_mb():
 
 
 def run_size(N, precision, steps, num_inducing=100, width=30, batch=1000, predict_points=100_000,
-             predict_batch=2_000, num_samples=100):
+             predict_batch=500, num_samples=100):
     import jax
 
     if precision == "float64":
@@ -85,7 +86,6 @@ def run_size(N, precision, steps, num_inducing=100, width=30, batch=1000, predic
     from numpyro.infer import SVI
 
     import numpyro_dgp as dgp
-    from numpyro_dgp.infer._fit import _initial_state
 
     dtype = np.float32 if precision == "float32" else np.float64
     t0 = time.perf_counter()
@@ -102,7 +102,7 @@ def run_size(N, precision, steps, num_inducing=100, width=30, batch=1000, predic
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
     kwargs = {"batch_size": batch}
     t0 = time.perf_counter()
-    state = _initial_state(svi, jax.random.PRNGKey(0), (X, y), kwargs, kwargs, None, True)
+    state = dgp.infer.init(svi, jax.random.PRNGKey(0), X, y, **kwargs)
     jax.block_until_ready(state)
     init_seconds = time.perf_counter() - t0
     result = dgp.fit(svi, None, X, y, num_steps=steps, chunk_size=100, progress_bar=False, init_state=state,
@@ -155,7 +155,7 @@ def run_grid_point(M, width, precision, steps=30, N=10_000, batch=1000):
 def child(argv):
     kind = argv[0]
     if kind == "size":
-        out = run_size(int(argv[1]), argv[2], int(argv[3]))
+        out = run_size(int(argv[1]), argv[2], int(argv[3]), predict_batch=int(argv[4]))
     else:
         out = run_grid_point(int(argv[1]), int(argv[2]), argv[3])
     print(json.dumps(out))
@@ -173,7 +173,7 @@ def markdown(results):
              f"Machine: {results['machine']}", ""]
     if results.get("sizes"):
         lines += ["2 layers, M = 100, inner width 30, batch 1000, data on the device; prediction of 100,000 points "
-                  "with S = 100 in batches of 2,000 (the one-batch call that compiles is timed apart). RSS: the "
+                  f"with S = 100 in batches of {results['sizes'][0]['predict_batch']:,} (the one-batch call that compiles is timed apart). RSS: the "
                   "process's resident memory once the data are on the device (imports and data included), then "
                   "its peak (VmHWM, reset after the data were drawn) through training, and through prediction.", "",
                   "| N | precision | data MB | init s | compile s | steps/s | predict 1e5 s | predict compile s | "
@@ -209,6 +209,8 @@ def main(argv=None):
     parser.add_argument("--grid", action="store_true")
     parser.add_argument("--precision", choices=("float32", "float64"), default="float32")
     parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--predict-batch", type=int, default=500,
+                        help="--sizes: points per prediction batch (bounds the prediction's memory)")
     parser.add_argument("--tag", default="scale")
     parser.add_argument("--with-gpflux", metavar="PYTHON", default=None,
                         help="the GPflux venv's python (benchmarks/peers/setup.sh): time GPflux at every grid point, "
@@ -218,7 +220,7 @@ def main(argv=None):
                "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
                "sizes": [], "grid": []}
     for N in args.sizes:
-        r = in_fresh_process("size", N, args.precision, args.steps)
+        r = in_fresh_process("size", N, args.precision, args.steps, args.predict_batch)
         print(json.dumps(r), flush=True)
         results["sizes"].append(r)
     if args.grid:
