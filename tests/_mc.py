@@ -38,3 +38,11 @@ def mcmc_var_and_se(draws):
     draws = np.asarray(draws)
     sq = (draws - draws.mean((0, 1))) ** 2
     return mcmc_mean_and_se(sq)
+
+
+def paired_difference_and_se(a, b):
+    """Mean of ``a - b`` over paired draws (e.g. two estimators evaluated at the same keys) and its
+    standard error. Pairs are independent across draws, so the spread of the differences accounts
+    for any correlation within a pair (shared keys make it positive or negative)."""
+    d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+    return d.mean(0), d.std(0, ddof=1) / np.sqrt(d.shape[0])
