@@ -210,7 +210,9 @@ def test_constrained_latent():
             numpyro.sample("y", dist.Normal(0.0, 1.0 / jnp.sqrt(s)), obs=y)
 
     post = dist.Gamma(A + n / 2, B + float(jnp.sum(y**2)) / 2)
-    mcmc = MCMC(SGHMC(model, step_size=0.1), num_warmup=1000, num_samples=10000, thinning=5, progress_bar=False)
+    # 4000 kept draws: with 2000 the variance's standard error sat near the 1/12 the power check
+    # allows (above it at one seed in ten)
+    mcmc = MCMC(SGHMC(model, step_size=0.1), num_warmup=1000, num_samples=20000, thinning=5, progress_bar=False)
     mcmc.run(jax.random.key(4), y)
     s = mcmc.get_samples(group_by_chain=True)["s"]
     assert jnp.all(s > 0)
