@@ -326,6 +326,7 @@ def test_unsupported_likelihood_raises_naming_the_site(data):
 # ---------------------------------------------------------------- (g) end to end
 
 
+@pytest.mark.stochastic
 def test_fit_probit_classifier_end_to_end():
     rng = np.random.RandomState(5)
     X = jnp.asarray(np.sort(rng.uniform(-3, 3, 60))[:, None])

@@ -17,6 +17,7 @@ from jax.test_util import check_grads  # noqa: E402
 
 from numpyro_dgp import core, kernels  # noqa: E402
 from numpyro_dgp.core import _gauss_sums, _psi  # noqa: E402
+from tests._mc import z_threshold  # noqa: E402
 
 NUM_DRAWS = 200_000
 N, M, D = 4, 5, 2
@@ -44,14 +45,26 @@ def inputs():
     return mean, var, Z, x
 
 
-def _close_to_mc(closed, draws, what):
-    """``closed`` within 5 standard errors of the mean of ``draws`` (leading axis: draws)."""
-    draws = np.asarray(draws)
-    estimate = draws.mean(0)
-    se = draws.std(0) / np.sqrt(draws.shape[0])
-    err = np.abs(np.asarray(closed) - estimate)
-    # plus the round-off of summing the draws
-    assert np.all(err <= 5 * se + 1e-10 * (1 + np.abs(estimate))), f"{what}: max error / se = {np.max(err / (se + 1e-300)):.2f}"
+class _MonteCarloChecks:
+    """Collects ``closed`` vs the mean of ``draws`` (leading axis: draws) comparisons and checks them
+    all at once, each within z standard errors, z set by the total number of elements compared
+    (Bonferroni) for a false-alarm rate below 1e-4 over the whole test."""
+
+    def __init__(self):
+        self.checks = []
+
+    def __call__(self, closed, draws, what):
+        draws = np.asarray(draws)
+        estimate = draws.mean(0)
+        se = draws.std(0) / np.sqrt(draws.shape[0])
+        roundoff = 1e-10 * (1 + np.abs(estimate))  # of summing the draws
+        self.checks.append((what, np.abs(np.asarray(closed) - estimate), se, roundoff))
+
+    def verify(self):
+        z = z_threshold(sum(err.size for _, err, _, _ in self.checks))
+        for what, err, se, roundoff in self.checks:
+            assert np.all(err <= z * se + roundoff), \
+                f"{what}: max error / se = {np.max(err / (se + 1e-300)):.2f} > {z:.2f}"
 
 
 def _kernel_draws(kernel, x, Z):
@@ -59,22 +72,25 @@ def _kernel_draws(kernel, x, Z):
 
 
 @pytest.mark.parametrize("name", ["rbf", "linear", "matern32"])
+@pytest.mark.stochastic
 def test_psi_statistics_match_monte_carlo(inputs, name):
     mean, var, Z, x = inputs
     kernel = _kernels()[name]
+    close_to_mc = _MonteCarloChecks()
     gh = {"num_points": GH_POINTS[name]}
     Kx = _kernel_draws(kernel, x, Z)
-    _close_to_mc(core.psi0(kernel, mean, var, **gh),
+    close_to_mc(core.psi0(kernel, mean, var, **gh),
                  np.stack([np.asarray(kernel.diag(x[:, n])) for n in range(N)], axis=1), "psi0")
-    _close_to_mc(core.psi1(kernel, mean, var, Z, **gh), Kx, "psi1")
+    close_to_mc(core.psi1(kernel, mean, var, Z, **gh), Kx, "psi1")
     per_point_draws = Kx[:, :, :, None] * Kx[:, :, None, :]
-    _close_to_mc(core.psi2(kernel, mean, var, Z, per_point=True, **gh), per_point_draws, "psi2 per point")
-    _close_to_mc(core.psi2(kernel, mean, var, Z, **gh), per_point_draws.sum(1), "psi2 summed")
-    _close_to_mc(core.expected_input_kernel(kernel, mean, var, Z, **gh), Kx[..., None] * x[:, :, None, :],
+    close_to_mc(core.psi2(kernel, mean, var, Z, per_point=True, **gh), per_point_draws, "psi2 per point")
+    close_to_mc(core.psi2(kernel, mean, var, Z, **gh), per_point_draws.sum(1), "psi2 summed")
+    close_to_mc(core.expected_input_kernel(kernel, mean, var, Z, **gh), Kx[..., None] * x[:, :, None, :],
                  "E[x k(x, z)]")
     A = np.random.RandomState(1).randn(3, M, M)
-    _close_to_mc(core.psi2_traces(kernel, mean, var, Z, A, **gh),
+    close_to_mc(core.psi2_traces(kernel, mean, var, Z, A, **gh),
                  np.einsum("snm,jkm,snk->snj", Kx, A, Kx), "tr(Psi2_n A)")
+    close_to_mc.verify()
 
 
 @pytest.mark.parametrize("name", ["rbf", "linear", "matern32"])
@@ -173,6 +189,7 @@ def _layer(seed, whiten, diag, P=2):
 
 
 @pytest.mark.parametrize("whiten,diag", [(True, False), (False, True)])
+@pytest.mark.stochastic
 def test_uncertain_input_moments_match_monte_carlo(inputs, whiten, diag):
     """Mean, total variance, the variance the GP keeps given ``u`` and the expected squared
     error of ``f(x) = x^T W + b + g(x)`` with ``x`` Gaussian, ``u ~ q``, ``g | u`` the sparse
@@ -182,6 +199,7 @@ def test_uncertain_input_moments_match_monte_carlo(inputs, whiten, diag):
     parts = core.uncertain_input_moments(kernel, Z, L, q_mean, q_sqrt, mean, var, whiten=whiten,
                                          mean_weight=W, mean_bias=b)
     rs = np.random.RandomState(5)
+    close_to_mc = _MonteCarloChecks()
     S, P = 100_000, q_mean.shape[0]
     x = mean[None] + np.sqrt(var)[None] * rs.randn(S, N, D)
     eps = rs.randn(S, P, M)
@@ -193,14 +211,15 @@ def test_uncertain_input_moments_match_monte_carlo(inputs, whiten, diag):
     K_inv_k = np.linalg.solve(L @ L.T, np.swapaxes(Kx, 1, 2))  # (S, M, N)
     g_var = kernel.variance - np.einsum("snm,smn->sn", Kx, K_inv_k)  # Var[f | x, u]
     f = g_mean + np.sqrt(np.maximum(g_var, 0))[..., None] * rs.randn(S, N, P)
-    _close_to_mc(parts.mean, f, "mean")
+    close_to_mc(parts.mean, f, "mean")
     total = parts.inducing_var + parts.input_var + parts.conditional_var[:, None]
-    _close_to_mc(total, (f - f.mean(0)) ** 2 * S / (S - 1), "total variance")
-    _close_to_mc(parts.conditional_var, g_var, "conditional variance")
-    _close_to_mc(parts.inducing_var + parts.input_var, (g_mean - g_mean.mean(0)) ** 2 * S / (S - 1),
+    close_to_mc(total, (f - f.mean(0)) ** 2 * S / (S - 1), "total variance")
+    close_to_mc(parts.conditional_var, g_var, "conditional variance")
+    close_to_mc(parts.inducing_var + parts.input_var, (g_mean - g_mean.mean(0)) ** 2 * S / (S - 1),
                  "variance of E[f | x, u]")
     y = np.random.RandomState(6).randn(N, P)
-    _close_to_mc((y - parts.mean) ** 2 + total, (y[None] - f) ** 2, "expected squared error")
+    close_to_mc((y - parts.mean) ** 2 + total, (y[None] - f) ** 2, "expected squared error")
+    close_to_mc.verify()
     # the summed form (summed Psi2) equals the per-point one summed
     summed = core.uncertain_input_moments(kernel, Z, L, q_mean, q_sqrt, mean, var, whiten=whiten,
                                           mean_weight=W, mean_bias=b, per_point=False)

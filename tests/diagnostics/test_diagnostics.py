@@ -13,6 +13,7 @@ from scipy import stats
 import numpyro_dgp as dgp
 from numpyro_dgp import diagnostics, kernels
 from numpyro_dgp.handlers import exact_layers, latent_conditionals
+from tests._mc import z_threshold
 
 
 K1 = kernels.RBF(variance=1.0, lengthscale=0.6)
@@ -49,6 +50,7 @@ def _tree(draws_by_layer, grid, chains=1, **kw):
     return diagnostics.from_layer_samples(draws_by_layer, grid, num_chains=chains, **kw)
 
 
+@pytest.mark.stochastic
 def test_mode_evidence_is_the_gp_marginal_likelihood():
     """A plain GP under exact_layers: the posterior over the whitened values is Gaussian, its mass
     is the marginal likelihood log N(y | 0, K + s^2 I); mode_evidence recovers it from exact draws."""
@@ -69,6 +71,7 @@ def test_mode_evidence_is_the_gp_marginal_likelihood():
     assert ev.khat[0] < 0.7 and ev.weights[0] == 1.0
 
 
+@pytest.mark.stochastic
 def test_mode_evidence_weighs_separated_modes_by_their_mass():
     """A two-component mixture in 3-D with weights 0.25 / 0.75: chains that each stay in one
     component get the components' weights back, and the mixture pools their draws by them."""
@@ -83,13 +86,19 @@ def test_mode_evidence_weighs_separated_modes_by_their_mass():
     right = rng.multivariate_normal([6.0, 1.0, -1.0], 0.5 * np.eye(3), size=(1, 1500))
     samples = {"x": np.concatenate([left, right])}  # chains 0, 1 in the left mode, 2 in the right
     ev = diagnostics.mode_evidence(bimodal, samples, [[0, 1], [2]], jax.random.PRNGKey(0))
-    np.testing.assert_allclose(ev.weights, [0.25, 0.75], atol=0.01)
-    np.testing.assert_allclose(ev.log_evidence, np.log([0.25, 0.75]), atol=0.03)
+    # within z of the estimates' own standard errors (4 comparisons): the masses, the left weight
+    # sigmoid(log Z_0 - log Z_1) by the delta method, and the pooled draws' share of the right mode
+    z = z_threshold(4)
+    se = np.asarray(ev.log_evidence_se)
+    np.testing.assert_array_less(np.abs(ev.log_evidence - np.log([0.25, 0.75])), z * se)
+    assert abs(ev.weights[0] - 0.25) < z * ev.weights[0] * ev.weights[1] * np.hypot(*se)
+    assert 0.2 < ev.weights[0] < 0.3  # the standard errors are not vacuous
     grid = np.zeros((1, 1))
     tree = _tree({"h": samples["x"][..., :1, None]}, grid, chains=3)
     pooled = diagnostics.mode_mixture(tree, ev, jax.random.PRNGKey(1), num_draws=20000)
     share_right = float((np.asarray(pooled["posterior"]["h"].values) > 0).mean())
-    assert abs(share_right - 0.75) < 0.015  # a chain count would say 1/3
+    w = float(ev.weights[1])  # a chain count would say 1/3
+    assert abs(share_right - w) < z * np.sqrt(w * (1 - w) / 20000)
     with pytest.raises(ValueError, match="chains outside"):
         diagnostics.mode_evidence(bimodal, samples, [[0], [5]], jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="lack the model's latent sites"):
@@ -103,6 +112,7 @@ def test_wasserstein_1d_matches_scipy():
     assert diagnostics.wasserstein_1d(a, a + 0.3) == pytest.approx(0.3, rel=1e-12)
 
 
+@pytest.mark.stochastic
 def test_layer_metrics_on_known_gaussians():
     rng = np.random.default_rng(0)
     grid = np.linspace(-1, 1, 3)[:, None]
@@ -111,17 +121,30 @@ def test_layer_metrics_on_known_gaussians():
     vi = _tree({"h1": 0.5 * rng.normal(size=(S, 3, 1)), "h2": rng.normal(1.0, 2.0, size=(S, 3, 1))}, grid)
     table = diagnostics.layer_metrics(vi, mc, interval=0.9)
     h1, h2 = table[table.layer == "h1"], table[table.layer == "h2"]
-    np.testing.assert_allclose(h1.variance_ratio, 0.25, rtol=0.03)
-    np.testing.assert_allclose(h2.variance_ratio, 1.0, rtol=0.03)
-    # VI interval +-1.645 * 0.5 covers P(|z| < 0.82) of the MCMC mass
-    np.testing.assert_allclose(h1.coverage, 2 * stats.norm.cdf(0.5 * 1.6449) - 1, atol=0.01)
-    np.testing.assert_allclose(h2.coverage, 0.9, atol=0.01)
-    # W1 between N(0, 0.25) and N(0, 1): E|Z| (1 - 0.5) = sqrt(2 / pi) / 2
-    np.testing.assert_allclose(h1.wasserstein, np.sqrt(2 / np.pi) * 0.5, rtol=0.03)
-    np.testing.assert_allclose(h1.kl_gaussian, 0.5 * (np.log(4) + 0.25 - 1), rtol=0.03)
+    # Tolerances from each statistic's standard error with S draws a side, z for the 18 comparisons
+    # below. A ratio of Gaussian sample variances: relative error sqrt(2 / S + 2 / S).
+    z = z_threshold(18)
+    rel = np.sqrt(4 / S)
+    np.testing.assert_allclose(h1.variance_ratio, 0.25, rtol=z * rel)
+    np.testing.assert_allclose(h2.variance_ratio, 1.0, rtol=z * rel)
+    # Coverage: the binomial error of the MCMC fraction, plus the VI interval's estimated ends
+    # (a quantile's error is sqrt(p (1 - p) / S) / pdf_VI at it; it moves the coverage by pdf_MCMC).
+    for rows, sd_vi, sd_mc in ((h1, 0.5, 1.0), (h2, 2.0, 2.0)):
+        end = 1.6449 * sd_vi
+        cover = 2 * stats.norm.cdf(end / sd_mc) - 1  # h1: P(|z| < 0.82); h2: 0.9
+        ratio = stats.norm.pdf(end, scale=sd_mc) / stats.norm.pdf(end, scale=sd_vi)
+        se = np.sqrt(cover * (1 - cover) / S + 2 * ratio**2 * 0.05 * 0.95 / S)
+        np.testing.assert_allclose(rows.coverage, cover, atol=z * se)
+    # W1 between N(0, 0.25) and N(0, 1): E|Z| (1 - 0.5) = sqrt(2 / pi) / 2; its error is below that
+    # of a difference of two sample means, sqrt((0.25 + 1) / S)
+    np.testing.assert_allclose(h1.wasserstein, np.sqrt(2 / np.pi) * 0.5, atol=z * np.sqrt(1.25 / S))
+    # KL of the moment-matched Gaussians, 0.5 (log(1 / r) + r - 1) at the variance ratio r = 0.25:
+    # the delta method gives a standard error |0.5 (1 - 1 / r)| r rel
+    np.testing.assert_allclose(h1.kl_gaussian, 0.5 * (np.log(4) + 0.25 - 1), atol=z * 1.5 * 0.25 * rel)
     assert (h2.wasserstein < 0.06).all()
 
 
+@pytest.mark.stochastic
 def test_mcmc_health_flags_chains_in_different_modes():
     rng = np.random.default_rng(1)
     grid = np.zeros((2, 1))
@@ -135,7 +158,8 @@ def test_mcmc_health_flags_chains_in_different_modes():
         health = diagnostics.mcmc_health(_tree({"h1": split}, grid))
     assert health.multimodal and health.table.max_rhat[0] > 1.5 and not health.table.ok[0]
     means = health.chain_means.query("grid == 0").set_index("chain")["mean"]
-    assert means[1] - means[0] == pytest.approx(5.0, abs=0.2)
+    # a difference of two means of 600 unit-variance draws
+    assert means[1] - means[0] == pytest.approx(5.0, abs=z_threshold() * np.sqrt(2 / 600))
 
 
 def test_trees_from_guide_and_from_mcmc_share_a_layout(data):

@@ -284,6 +284,7 @@ def test_monte_carlo_rules_shapes_and_encoder_inputs(rule):
     assert np.isfinite(loss)
 
 
+@pytest.mark.stochastic
 def test_fit_and_predict_learns_a_function():
     rng = np.random.RandomState(6)
     X = jnp.asarray(rng.uniform(-1, 1, (80, 1)))

@@ -15,6 +15,8 @@ from numpyro_dgp.core import gauss_kl
 from numpyro_dgp.core import chain_gauss_kl_term
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP
 from numpyro_dgp._marginal import marginal_trace
+from scipy.stats import norm
+from tests._mc import paired_difference_and_se, z_threshold
 
 GUIDES = [AutoFactorizedDGP, AutoJointDGP, AutoChainDGP]
 
@@ -50,8 +52,8 @@ def data():
     return X, jnp.sin(3 * X[:, 0])
 
 
-def setup(guide_cls, model, X, y, **kw):
-    guide = guide_cls(model, inner_init="prior")
+def setup(guide_cls, model, X, y, inner_init="prior", **kw):
+    guide = guide_cls(model, inner_init=inner_init)
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
     params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, y, **kw))
     return guide, params
@@ -264,15 +266,26 @@ def estimator_draws(model, guide, params, X, y, num_draws, **kw):
 
 @pytest.mark.parametrize("guide_cls", GUIDES)
 @pytest.mark.parametrize("model_name", ["global", "locations"])
+@pytest.mark.stochastic
 def test_dgp_elbo_agrees_with_trace_elbo_and_has_lower_variance(data, guide_cls, model_name):
     X, y = data
     model, kw = (deep_model, {"num_layers": 3, "noise": 0.3}) if model_name == "global" else (locations_model, {"noise": 0.3})
-    guide, params = setup(guide_cls, model, X, y, **kw)
+    # Inducing locations started at the prior sample the second layer's inducing inputs with
+    # the prior's spread: nearly coinciding inputs make both estimators' draws so heavy-tailed
+    # (minimum -6.6e5 against a median of -546) that a standard error means little; the
+    # guides' default start (inner layers near deterministic) is the case users fit from.
+    inner_init = "prior" if model_name == "global" else "deterministic"
+    guide, params = setup(guide_cls, model, X, y, inner_init=inner_init, **kw)
     params = perturb(params, seed=9, scale=0.05)
     ours, theirs = estimator_draws(model, guide, params, X, y, 2000, **kw)
-    se = np.sqrt(ours.var() / len(ours) + theirs.var() / len(theirs))
-    assert abs(ours.mean() - theirs.mean()) < 3 * se
-    assert theirs.var() > 2 * ours.var()
+    diff, se = paired_difference_and_se(ours, theirs)  # the same keys: paired draws
+    assert abs(diff) < z_threshold() * se
+    if model_name == "global":
+        # Every layer's u integrated out: a lower-variance estimator. With inducing locations
+        # the inner layers' locations are sampled by both estimators, and DGPElbo's spread is
+        # not always the smaller (its interquartile range was twice Trace_ELBO's at some
+        # perturbed parameters), so only the agreement is claimed there.
+        assert theirs.var() > 2 * ours.var()
 
 
 # --- inducing locations ------------------------------------------------------------------
@@ -353,6 +366,7 @@ def test_inducing_locations_bad_input(data):
 
 
 @pytest.mark.parametrize("guide_cls", [AutoJointDGP, AutoChainDGP])
+@pytest.mark.stochastic
 def test_correlated_guides_median_quantiles_and_samples(data, guide_cls):
     X, y = data
     guide, params = setup(guide_cls, deep_model, X, y, num_layers=2)
@@ -363,13 +377,23 @@ def test_correlated_guides_median_quantiles_and_samples(data, guide_cls):
     for site in guide.inducing_sites:
         s = np.asarray(samples[site.name])
         assert s.shape == (20000, site.out_dim, site.num_inducing)
-        np.testing.assert_allclose(s.mean(0), np.asarray(med[site.name]), atol=0.05)
         np.testing.assert_allclose(np.asarray(q[site.name][1]), np.asarray(med[site.name]), atol=1e-12)
-        np.testing.assert_allclose(s.std(0), np.asarray(q[site.name][2] - q[site.name][1]), rtol=0.05)
+    # Gaussian draws against the guide's moments, within z standard errors: the mean's is sd / sqrt(n),
+    # the sample sd's sd / sqrt(2 n), the sample covariance's sqrt((C_ii C_jj + C_ij^2) / n);
+    # z for every element compared (K means, K sds, K^2 covariances)
+    n = 20000
+    flat = np.concatenate([np.asarray(samples[s.name]).reshape(n, -1) for s in guide.inducing_sites], axis=1)
+    K = flat.shape[1]
+    z = z_threshold(2 * K + K**2)
+    for site in guide.inducing_sites:
+        s = np.asarray(samples[site.name])
+        sd = np.asarray(q[site.name][2] - q[site.name][1]) / norm.ppf(0.8413)  # one sd above the median
+        np.testing.assert_array_less(np.abs(s.mean(0) - np.asarray(med[site.name])), z * sd / np.sqrt(n))
+        np.testing.assert_array_less(np.abs(s.std(0) - sd), z * sd / np.sqrt(2 * n))
     # the two layers' samples are correlated as the guide says
-    flat = np.concatenate([np.asarray(samples[s.name]).reshape(20000, -1) for s in guide.inducing_sites], axis=1)
-    expected = chain_joint(params, guide)[1] if guide_cls is AutoChainDGP else guide.covariance(params)
-    np.testing.assert_allclose(np.cov(flat.T), expected, atol=0.05 * np.abs(expected).max())
+    expected = np.asarray(chain_joint(params, guide)[1] if guide_cls is AutoChainDGP else guide.covariance(params))
+    d = np.diag(expected)
+    np.testing.assert_array_less(np.abs(np.cov(flat.T) - expected), z * np.sqrt((np.outer(d, d) + expected**2) / n))
 
 
 def test_correlated_guide_refuses_full_covariance_marginals(data):
@@ -382,6 +406,7 @@ def test_correlated_guide_refuses_full_covariance_marginals(data):
 
 
 @pytest.mark.parametrize("guide_cls", [AutoJointDGP, AutoChainDGP])
+@pytest.mark.stochastic
 def test_correlated_guides_fit_predict_and_save(tmp_path, data, guide_cls):
     X, y = data
     guide = guide_cls(deep_model)
@@ -399,6 +424,7 @@ def test_correlated_guides_fit_predict_and_save(tmp_path, data, guide_cls):
 
 
 @pytest.mark.parametrize("guide_cls", [AutoJointDGP, AutoChainDGP])
+@pytest.mark.stochastic
 def test_near_deterministic_layer_with_large_cross_terms_samples_stably(data, guide_cls):
     """A 1e-5 start whose off-diagonal terms have grown (what Adam does in a few steps) makes the
     Cholesky factor badly conditioned; sampling must not solve against it."""
@@ -420,5 +446,5 @@ def test_near_deterministic_layer_with_large_cross_terms_samples_stably(data, gu
     # and Trace_ELBO stays finite and agrees with DGPElbo there
     ours, theirs = estimator_draws(deep_model, guide, params, X, y, 1000, num_layers=2)
     assert np.all(np.isfinite(theirs))
-    se = np.sqrt(ours.var() / len(ours) + theirs.var() / len(theirs))
-    assert abs(ours.mean() - theirs.mean()) < 4 * se
+    diff, se = paired_difference_and_se(ours, theirs)  # the same keys: paired draws
+    assert abs(diff) < z_threshold() * se

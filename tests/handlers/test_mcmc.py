@@ -16,6 +16,7 @@ from numpyro_dgp.handlers import exact_layers, latent_conditionals
 from scipy.stats import norm
 from numpyro_dgp.handlers import collapse_last_layer
 from numpyro_dgp.models import deep_gp_regression
+from tests._mc import mcmc_mean_and_se, mcmc_var_and_se, z_threshold
 
 
 K1 = kernels.RBF(variance=1.0, lengthscale=0.6)
@@ -179,6 +180,7 @@ def test_handler_errors(data):
         latent_conditionals(two_layer, parameterization="x")
 
 
+@pytest.mark.stochastic
 def test_nuts_on_a_one_layer_model_is_the_exact_gp_posterior():
     """NUTS + exact_layers on a plain GP: means and variances at the grid within MC error."""
     X = jnp.linspace(-1, 1, 12)[:, None]
@@ -193,11 +195,12 @@ def test_nuts_on_a_one_layer_model_is_the_exact_gp_posterior():
     Ks = np.asarray(kern(grid, X))
     mean = Ks @ np.linalg.solve(K, np.asarray(y))
     var = np.diag(np.asarray(kern(grid)) - Ks @ np.linalg.solve(K, Ks.T))
-    ess = np.asarray(numpyro.diagnostics.effective_sample_size(draws))
-    flat = draws.reshape(-1, 4)
-    # mean: MC standard error sd / sqrt(ESS); variance: sd of a sample variance ~ var sqrt(2 / ESS)
-    np.testing.assert_array_less(np.abs(flat.mean(0) - mean), 4 * np.sqrt(var / ess))
-    np.testing.assert_array_less(np.abs(flat.var(0) - var), 4 * var * np.sqrt(2 / ess))
+    # standard errors from the effective sample sizes; 8 comparisons (a mean and a variance per point)
+    z = z_threshold(8)
+    m_hat, m_se = mcmc_mean_and_se(draws)
+    v_hat, v_se = mcmc_var_and_se(draws)
+    np.testing.assert_array_less(np.abs(m_hat - mean), z * m_se)
+    np.testing.assert_array_less(np.abs(v_hat - var), z * v_se)
 
 
 def test_collapse_last_density_is_the_dense_marginal(data):
@@ -266,6 +269,20 @@ def test_collapse_last_refuses_what_it_cannot_integrate(data):
         trace(seed(exact_layers(two_layer, collapse_last=True), 0)).get_trace(X, None)
 
 
+# A first layer that stays near the identity. With two_layer's K1 the posterior is bimodal (the
+# last layer's stationary kernel cannot tell h1 from a flipped -h1, only the identity mean can), and
+# NUTS chains on the uncollapsed model sit in either mode, so their moments are not comparable.
+K1_NEAR_IDENTITY = kernels.RBF(variance=0.05, lengthscale=0.6)
+
+
+def near_identity_two_layer(X, y=None):
+    h = dgp.gp_layer("h1", X, K1_NEAR_IDENTITY, num_inducing=4, mean="identity")
+    f = dgp.gp_layer("h2", h, K2, num_inducing=4)
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(f[:, 0], 0.1), obs=y)
+
+
+@pytest.mark.stochastic
 def test_nuts_collapsed_and_uncollapsed_agree():
     """The same posterior by two samplers: NUTS on the collapsed and on the full exact model give the
     same first-layer and last-layer grid moments (within Monte Carlo error) on an easy problem."""
@@ -274,18 +291,26 @@ def test_nuts_collapsed_and_uncollapsed_agree():
     grid = jnp.array([[-0.75], [0.1], [0.8]])
     draws = {}
     for collapse in (False, True):
-        mcmc = MCMC(NUTS(exact_layers(two_layer, grid=grid, collapse_last=collapse, jitter=1e-6), dense_mass=True),
+        mcmc = MCMC(NUTS(exact_layers(near_identity_two_layer, grid=grid, collapse_last=collapse, jitter=1e-6), dense_mass=True),
                     num_warmup=400, num_samples=1500, num_chains=2, chain_method="sequential", progress_bar=False)
         mcmc.run(jax.random.PRNGKey(2), X, y)
         s = mcmc.get_samples(group_by_chain=True)
         draws[collapse] = {n: np.asarray(s[f"{n}.grid"][..., 0]) for n in ("h1", "h2")}
+    # Standard errors from each sampler's effective sample sizes (the variance's from those of the
+    # squared deviations, which mix more slowly than the draws); 12 comparisons: a mean and a
+    # variance at 3 grid points of 2 layers.
+    z = z_threshold(12)
+    # The comparison is not vacuous: the collapsed sampler mixes everywhere (thousands of effective
+    # draws), the uncollapsed one at most grid points; where one of its chains lingers (a few
+    # seeds in ten), the effective sample size there drops and widens that point's tolerance.
+    ess = {c: np.concatenate([np.ravel(numpyro.diagnostics.effective_sample_size(draws[c][n])) for n in ("h1", "h2")])
+           for c in (False, True)}
+    assert ess[True].min() > 200 and np.median(ess[False]) > 200, ess
     for name in ("h1", "h2"):
         a, b = draws[False][name], draws[True][name]
-        ess = np.minimum(numpyro.diagnostics.effective_sample_size(a), numpyro.diagnostics.effective_sample_size(b))
-        a, b = a.reshape(-1, 3), b.reshape(-1, 3)
-        sd = np.sqrt(0.5 * (a.var(0) + b.var(0)))
-        np.testing.assert_array_less(np.abs(a.mean(0) - b.mean(0)), 5 * sd * np.sqrt(2 / ess))
-        np.testing.assert_array_less(np.abs(np.log(a.var(0) / b.var(0))), 5 * np.sqrt(4 / ess))
+        for estimate in (mcmc_mean_and_se, mcmc_var_and_se):
+            (ea, sa), (eb, sb) = estimate(a), estimate(b)
+            np.testing.assert_array_less(np.abs(ea - eb), z * np.sqrt(sa**2 + sb**2))
 
 
 @pytest.mark.parametrize("layer", [None, "h2"])

@@ -22,6 +22,7 @@ from numpyro_dgp.kernels import RBF, Linear
 from numpyro_dgp.layers import layer_moments
 from numpyro_dgp.models import diffgp
 from numpyro_dgp._marginal import marginal_trace
+from tests._mc import z_threshold
 
 NOISE = 0.05
 
@@ -55,14 +56,16 @@ def test_linear_ode_converges_at_first_order():
     np.testing.assert_allclose(ratios, 2.0, atol=0.1)  # halving dt halves the error
 
 
+@pytest.mark.stochastic
 def test_constant_diffusion_end_variance_is_sigma2_T():
     sigma2, T, n = 0.3, 2.5, 40_000
     x0 = jnp.zeros((n, 2))
     xT = euler_maruyama(lambda x, t: (jnp.zeros_like(x), jnp.full_like(x, sigma2)), x0, T, 10, jax.random.PRNGKey(1))
     v = np.asarray(xT).ravel()
     se = sigma2 * T * np.sqrt(2.0 / (v.size - 1))  # standard error of a Gaussian sample variance
-    assert abs(v.var() - sigma2 * T) < 4 * se
-    assert abs(v.mean()) < 4 * np.sqrt(sigma2 * T / v.size)
+    z = z_threshold(2)
+    assert abs(v.var() - sigma2 * T) < z * se
+    assert abs(v.mean()) < z * np.sqrt(sigma2 * T / v.size)
 
 
 def test_zero_time_is_the_identity_with_finite_gradients():
@@ -156,6 +159,7 @@ def test_handler_ode_with_linear_drift_matches_the_analytic_solution():
     np.testing.assert_allclose(errors[0] / errors[1], 2.0, atol=0.1)  # first order in dt
 
 
+@pytest.mark.stochastic
 def test_handler_prior_field_diffuses_with_variance_sigma2_T(data):
     X, y = data
     sigma2, T = 0.04, 3.0
@@ -169,8 +173,9 @@ def test_handler_prior_field_diffuses_with_variance_sigma2_T(data):
     assert paths.shape == (2000, 9, 12, 2)
     moved = np.asarray(paths[:, -1] - X[None]).ravel()
     se = sigma2 * T * np.sqrt(2.0 / (moved.size - 1))
-    assert abs(moved.var() - sigma2 * T) < 4 * se
-    assert abs(moved.mean()) < 4 * np.sqrt(sigma2 * T / moved.size)
+    z = z_threshold(2)
+    assert abs(moved.var() - sigma2 * T) < z * se
+    assert abs(moved.mean()) < z * np.sqrt(sigma2 * T / moved.size)
 
 
 def perturbed(model, guide, X, y, scale=0.5):
@@ -240,6 +245,7 @@ def test_marginal_flow_is_a_hand_written_euler_maruyama_loop(data):
     assert float(jnp.max(jnp.abs(x0 - paths[-1]))) > 1e-3
 
 
+@pytest.mark.stochastic
 def test_dgp_elbo_and_trace_elbo_agree_for_the_ancestral_flow(data):
     """With the ancestral estimator both objectives target the same bound: DGPElbo only
     marginalizes the predictor's inducing values."""
@@ -255,10 +261,11 @@ def test_dgp_elbo_and_trace_elbo_agree_for_the_ancestral_flow(data):
 
     ours, theirs = estimates(dgp.DGPElbo()), estimates(Trace_ELBO())
     se = np.sqrt(ours.var() / len(ours) + theirs.var() / len(theirs))
-    assert abs(ours.mean() - theirs.mean()) < 3 * se, (ours.mean(), theirs.mean(), se)
+    assert abs(ours.mean() - theirs.mean()) < z_threshold() * se, (ours.mean(), theirs.mean(), se)
     assert ours.var() < theirs.var()
 
 
+@pytest.mark.stochastic
 def test_fit_predict_and_classification(data):
     X, y = data
     model = diffgp(2.0, num_steps=5, num_inducing=5)
@@ -281,6 +288,7 @@ def test_fit_predict_and_classification(data):
     assert np.all((pred.mean > 0) & (pred.mean < 1))
 
 
+@pytest.mark.stochastic
 def test_fit_diffgp_pretraining_and_the_released_initial_values(data):
     from numpyro_dgp.papers.diffgp import fit_diffgp
     from numpyro_dgp.recipes import fit_factorized
@@ -307,7 +315,9 @@ def test_fit_diffgp_pretraining_and_the_released_initial_values(data):
     np.testing.assert_allclose(released.params["noise"], 1.0, rtol=2 * lr)
     np.testing.assert_allclose(released.params["flow.kernel.variance"], 0.01, rtol=2 * lr)
     for site in ("flow.u_auto_loc", "g.u_auto_loc"):
-        assert np.mean(np.abs(np.asarray(released.params[site])) > 2 * lr) > 0.8
+        # an N(0, 1) draw is within 2 lr of zero with probability 0.016: at least half of the 5
+        # (g) or 10 (flow) means away from zero fails with probability below 4e-5
+        assert np.mean(np.abs(np.asarray(released.params[site])) > 2 * lr) >= 0.5
         assert np.all(np.abs(np.asarray(cold.params[site])) <= 1.01 * lr)  # ours start at zero
 
     with pytest.raises(ValueError, match="init must be"):

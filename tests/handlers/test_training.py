@@ -88,6 +88,7 @@ _DATA_PARALLEL_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.stochastic
 def test_fast_subsample_draws_uniform_subsets():
     draws = np.stack([np.asarray(_draw_subsample(k)) for k in jax.random.split(jax.random.PRNGKey(0), 3000)])
     assert draws.shape == (3000, 3)
@@ -96,6 +97,7 @@ def test_fast_subsample_draws_uniform_subsets():
     counts = np.bincount(draws.ravel(), minlength=10)
     # each index is in a subset with probability 3/10: Binomial(3000, 0.3), sd 25
     assert np.all(np.abs(counts - 900) < 5 * 25), counts
+    # (5 sd for 11 comparisons: above the Bonferroni z of 4.44 for a false-alarm rate of 1e-4)
     # pairs are uniform too (a subset, not just uniform marginals): P(0 and 1 together) = 1/15
     together = np.mean([(0 in row) and (1 in row) for row in draws])
     assert abs(together - 1 / 15) < 5 * np.sqrt((1 / 15) * (14 / 15) / 3000)

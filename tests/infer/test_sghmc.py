@@ -15,6 +15,7 @@ from numpyro_dgp.infer import SGHMC
 from numpyro_dgp import predict_from_samples
 from numpyro_dgp.handlers import collapse_last_layer
 from numpyro_dgp.models import deep_gp_regression
+from tests._mc import z_threshold
 
 
 jax.config.update("jax_enable_x64", True)  # idempotent (conftest does it too)
@@ -23,10 +24,9 @@ jax.config.update("jax_enable_x64", True)  # idempotent (conftest does it too)
 N, D, SIGMA, TAU = 200, 3, 0.5, 1.0
 
 
-# Allowed deviation in Monte Carlo standard errors (from the effective sample size). Every
-# check below is deterministic given its seed; 4 leaves room for the ESS estimate's own error
-# while a factor-2 error in the noise variance sits at > 6 standard errors.
-NUM_SE = 4.0
+# Allowed deviation in Monte Carlo standard errors (from the effective sample size): the
+# Bonferroni z for a false-alarm rate below 1e-4 over a test's comparisons (at least 4), while a
+# factor-2 error in the noise variance sits at > 6 standard errors.
 
 
 @pytest.fixture(scope="module")
@@ -57,16 +57,17 @@ def sigma_model(X, y, batch_size=None):
 
 
 def assert_matches(samples, mean, var):
-    """Mean and variance of ``samples`` (chains, draws, ...) within NUM_SE Monte Carlo errors.
+    """Mean and variance of ``samples`` (chains, draws, ...) within z Monte Carlo errors.
 
     The variance's error uses the ESS of the squared deviations, i.e. of the statistic itself.
     """
     samples = np.asarray(samples)
+    z = z_threshold(2 * samples[0, 0].size)  # a mean and a variance per component
     se_mean = np.sqrt(var / effective_sample_size(samples))
-    np.testing.assert_array_less(np.abs(samples.mean((0, 1)) - mean), NUM_SE * se_mean)
+    np.testing.assert_array_less(np.abs(samples.mean((0, 1)) - mean), z * se_mean)
     sq = (samples - mean) ** 2 / var
     se_var = sq.std((0, 1)) / np.sqrt(effective_sample_size(sq))
-    np.testing.assert_array_less(np.abs(sq.mean((0, 1)) - 1.0), NUM_SE * se_var)
+    np.testing.assert_array_less(np.abs(sq.mean((0, 1)) - 1.0), z * se_var)
     # The test must be able to see a factor-2 error in the variance.
     assert np.all(se_var < 0.5 / 6)
 
@@ -92,6 +93,7 @@ def _sine_data():
         (None, 0.05, 0.1, 10000, 5),
     ],
 )
+@pytest.mark.stochastic
 def test_conjugate_posterior(linreg, batch_size, step_size, mdecay, num_samples, thinning):
     X, y, mean, cov = linreg
     kernel = SGHMC(linreg_model, step_size=step_size, mdecay=mdecay)
@@ -154,6 +156,7 @@ def test_float32():
         assert jnp.all(jnp.isfinite(s["w"]))
 
 
+@pytest.mark.stochastic
 def test_mw_mcem_finds_marginal_likelihood_maximum(linreg):
     X, y, _, _ = linreg
     Xn, yn = np.asarray(X), np.asarray(y)
@@ -194,6 +197,7 @@ def test_mw_mcem_finds_marginal_likelihood_maximum(linreg):
     assert jnp.all(s == s[0]) and s[0] != 2.0
 
 
+@pytest.mark.stochastic
 def test_constrained_latent():
     # Gamma prior on a Normal precision: conjugate, so the posterior of the positive latent
     # (sampled as log(s), Jacobian included) is Gamma(A + n/2, B + sum(y^2)/2).
@@ -206,7 +210,9 @@ def test_constrained_latent():
             numpyro.sample("y", dist.Normal(0.0, 1.0 / jnp.sqrt(s)), obs=y)
 
     post = dist.Gamma(A + n / 2, B + float(jnp.sum(y**2)) / 2)
-    mcmc = MCMC(SGHMC(model, step_size=0.1), num_warmup=1000, num_samples=10000, thinning=5, progress_bar=False)
+    # 4000 kept draws: with 2000 the variance's standard error sat near the 1/12 the power check
+    # allows (above it at one seed in ten)
+    mcmc = MCMC(SGHMC(model, step_size=0.1), num_warmup=1000, num_samples=20000, thinning=5, progress_bar=False)
     mcmc.run(jax.random.key(4), y)
     s = mcmc.get_samples(group_by_chain=True)["s"]
     assert jnp.all(s > 0)

@@ -61,6 +61,13 @@ OBJECTIVES = ("DGPElbo", "PredictiveObjective", "Trace_ELBO", "TraceMeanField_EL
 CASES = [(g, o, EXPECTED[g][i]) for g in EXPECTED for i, o in enumerate(OBJECTIVES)]
 
 
+def _case(guide_name, objective, expected):
+    # NumPyro's objectives are checked against their closed forms by Monte Carlo: stochastic
+    sampled = objective in ("Trace_ELBO", "TraceMeanField_ELBO") and expected != "refused"
+    return pytest.param(guide_name, objective, expected, id=f"{guide_name}-{objective}",
+                        marks=[pytest.mark.stochastic] if sampled else [])
+
+
 def _data():
     rng = np.random.RandomState(0)
     X = np.sort(rng.uniform(-2, 2, N))[:, None]
@@ -238,7 +245,7 @@ def _objective_draws(m, guide, params, objective):
 
 
 @pytest.mark.filterwarnings("ignore:Found auxiliary vars in the model")  # NumPyro's, before our refusal
-@pytest.mark.parametrize("guide_name,objective,expected", CASES, ids=[f"{g}-{o}" for g, o, _ in CASES])
+@pytest.mark.parametrize("guide_name,objective,expected", [_case(*c) for c in CASES])
 def test_guide_objective_pair_is_exact_or_refused(guide_name, objective, expected):
     m, guide, params = _guide_and_params(guide_name)
     X, y = _data()
@@ -266,6 +273,7 @@ def test_guide_objective_pair_is_exact_or_refused(guide_name, objective, expecte
         se = np.hypot(se, reference_draws.std(ddof=1) / np.sqrt(len(reference_draws)))
     else:
         reference = _closed_form(guide_name, guide, params, objective)
+    # one comparison per case; 5 standard errors is above z_threshold() = 4 (false alarm < 1e-4)
     assert abs(draws.mean() - reference) < 5 * se, (draws.mean(), reference, se)
 
 
@@ -372,6 +380,7 @@ def test_dgp_elbo_training_reaches_the_exact_optimum(guide_name):
     assert target - elbo < 1e-3, (elbo, target)
 
 
+@pytest.mark.stochastic
 def test_trace_elbo_with_the_factorized_guide_reaches_the_log_marginal_likelihood():
     """NumPyro's Trace_ELBO (4 particles, Adam 0.02 decaying to 2e-4 over 5000 steps) with the
     factorized guide: its sampled log-density no longer overflows at the near-deterministic
