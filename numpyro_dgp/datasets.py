@@ -32,7 +32,9 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpy.typing import DTypeLike
 
+from numpyro_dgp._tables import Table, read_table
 from numpyro_dgp._uci_files import (
     _LAYOUT_FILES,
     _available,
@@ -41,7 +43,6 @@ from numpyro_dgp._uci_files import (
     _read_indices,
     _standardize_stats,
 )
-from numpy.typing import DTypeLike
 
 __all__ = [
     "Dataset",
@@ -564,120 +565,7 @@ def parse_splits(text: str) -> list[int]:
     return out
 
 
-# ----------------------------------------------------------------------------------------
-# A user's own table (CSV with a header row, or .npz)
-# ----------------------------------------------------------------------------------------
-
-
-class Table(NamedTuple):
-    """A numeric table read by :func:`read_table`.
-
-    :ivar columns: the column names, in file order.
-    :ivar data: ``(N, C)`` float64 values, one column per name.
-    """
-
-    columns: list
-    data: np.ndarray
-
-    def split(self, target: str | None) -> tuple[np.ndarray, np.ndarray | None, list]:
-        """Features and target: ``(X (N, D), y (N,) or None, feature names)``.
-
-        :param target: the target column (``None``: every column is a feature).
-        :return: ``(X, y, feature_names)``.
-        :raises ValueError: ``target`` is not a column (the message lists the columns).
-        """
-        if target is None:
-            return self.data, None, list(self.columns)
-        if target not in self.columns:
-            raise ValueError(f"--target {target!r} is not a column; the columns are {list(self.columns)}")
-        j = self.columns.index(target)
-        keep = [i for i in range(len(self.columns)) if i != j]
-        return self.data[:, keep], self.data[:, j], [self.columns[i] for i in keep]
-
-
-def read_table(path: os.PathLike | str) -> Table:
-    """Read a numeric table: a CSV file with a header row (comma separated; ``;`` and tab
-    are detected), or an ``.npz`` archive of equal-length 1-D arrays (one per column) or of a
-    2-D ``X`` with a 1-D ``y`` (columns ``x0 .. x{D-1}`` and ``y``).
-
-    Every value must be a finite number: columns holding text, empty cells or NaN/inf are
-    refused, and the error names them (with the first offending row).
-
-    :param path: the file (``.csv``, ``.txt`` or ``.npz``).
-    :return: the :class:`Table`.
-    :raises FileNotFoundError: ``path`` does not exist.
-    :raises ValueError: an empty file, a row of another length than the header, columns that
-        are not numeric, or an ``.npz`` of another layout.
-    """
-    path = Path(os.fspath(path)).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
-    if path.suffix.lower() == ".npz":
-        return _read_npz(path)
-    return _read_csv(path)
-
-
-def _read_npz(path: Path) -> Table:
-    with np.load(path, allow_pickle=False) as npz:
-        arrays = {name: npz[name] for name in npz.files}
-    if not arrays:
-        raise ValueError(f"{str(path)!r} holds no arrays")
-    if "X" in arrays and arrays["X"].ndim == 2:
-        X = arrays.pop("X")
-        columns = [f"x{i}" for i in range(X.shape[1])]
-        parts = [X[:, i] for i in range(X.shape[1])]
-        for name, value in arrays.items():
-            columns.append(name)
-            parts.append(value.reshape(-1) if value.ndim == 2 and value.shape[1] == 1 else value)
-    else:
-        columns, parts = list(arrays), list(arrays.values())
-    bad_shape = [c for c, p in zip(columns, parts) if p.ndim != 1 or p.shape[0] != parts[0].shape[0]]
-    if bad_shape:
-        raise ValueError(f"{str(path)!r}: every array must be one column of the same length (or X (N, D) with y "
-                         f"(N,)); these are not: {bad_shape}")
-    not_numeric = [c for c, p in zip(columns, parts) if p.dtype.kind not in "biuf"]
-    if not_numeric:
-        raise ValueError(f"{str(path)!r}: columns that are not numeric: {not_numeric}")
-    data = np.stack([p.astype(np.float64) for p in parts], axis=1)
-    _check_finite_columns(path, columns, data)
-    return Table(columns, data)
-
-
-def _read_csv(path: Path) -> Table:
-    import csv
-
-    text = path.read_text(encoding="utf-8-sig")
-    lines = [line for line in text.splitlines() if line.strip()]
-    if len(lines) < 2:
-        raise ValueError(f"{str(path)!r} needs a header row and at least one row of data")
-    try:
-        dialect = csv.Sniffer().sniff(lines[0], delimiters=",;\t")
-    except csv.Error:
-        dialect = csv.excel
-    rows = list(csv.reader(lines, dialect))
-    columns = [c.strip() for c in rows[0]]
-    if len(set(columns)) != len(columns):
-        raise ValueError(f"{str(path)!r}: the header repeats column names: {columns}")
-    values = np.empty((len(rows) - 1, len(columns)))
-    bad: dict[str, tuple[int, str]] = {}
-    for r, row in enumerate(rows[1:], start=2):
-        if len(row) != len(columns):
-            raise ValueError(f"{str(path)!r}: line {r} has {len(row)} fields, the header has {len(columns)}")
-        for c, cell in enumerate(row):
-            try:
-                values[r - 2, c] = float(cell)
-            except ValueError:
-                bad.setdefault(columns[c], (r, cell))
-    if bad:
-        listed = ", ".join(f"{name!r} (line {line}: {cell!r})" for name, (line, cell) in bad.items())
-        raise ValueError(f"{str(path)!r}: columns that are not numeric: {listed}. Drop them or encode them as "
-                         "numbers first")
-    _check_finite_columns(path, columns, values)
-    return Table(columns, values)
-
-
-def _check_finite_columns(path, columns, data):
-    bad = ~np.isfinite(data)
-    if bad.any():
-        names = [columns[j] for j in np.flatnonzero(bad.any(axis=0))]
-        raise ValueError(f"{str(path)!r}: columns with missing, NaN or infinite values: {names}")
+# the table reader lives in _tables; documented and pickled as part of this module
+for _obj in (Table, read_table):
+    _obj.__module__ = __name__
+del _obj
