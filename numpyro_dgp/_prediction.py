@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -271,13 +272,15 @@ def predict(
         run, cached per guide), so parameters of another model (renamed layers, another
         ``num_inducing`` or width), a misspelt key or ``params={}`` raise instead of silently
         falling back to initial values.
-    :param batch_size: predict ``batch_size`` points at a time (the last batch padded to the
-        same shape, so one compiled function serves all), for memory bounded by the batch
-        instead of ``N``: the components are computed batch by batch and concatenated. Every
-        batch uses the same ``rng_key``; points are predicted independently, so a one-layer
-        model gives the same numbers as without batches, and a deeper one other Monte Carlo
-        draws of the same mixture. Only for models whose extra arguments do not depend on
-        the points (``args``/``kwargs`` are passed to every batch as they are).
+    :param batch_size: predict ``batch_size`` points at a time, for working memory bounded by
+        the batch instead of ``N``: each window of points is predicted as :func:`predict`
+        predicts it alone (the last window ends at the last point and overlaps the one before,
+        so every window has one shape and one compiled function serves all) and written into
+        the preallocated outputs. Every window uses the same ``rng_key``; points are predicted
+        independently, so a one-layer model gives the same numbers as without batches, and a
+        deeper one other Monte Carlo draws of the same mixture. Only for models whose extra
+        arguments do not depend on the points (``args``/``kwargs`` are passed to every window
+        as they are).
     :param keep_layers: return every layer's draws and moments (``S x N x P`` numbers per
         layer and kind); ``False`` leaves ``layers``, ``layer_means`` and ``layer_variances``
         empty, so that a large ``N`` keeps only the ``S x N`` mixture components.
@@ -295,58 +298,81 @@ def predict(
     _check_guide_is_set_up(guide, "predict")
     N = X_new.shape[0]
     if batch_size is not None and batch_size < N:
-        found, parts = None, []
-        for start in range(0, N, int(batch_size)):
-            X_batch = X_new[start:start + int(batch_size)]
-            real = X_batch.shape[0]
-            if real < batch_size:  # pad with the last row: one shape, one compilation
-                X_batch = jnp.concatenate([X_batch, jnp.broadcast_to(X_batch[-1:], (int(batch_size) - real,
-                                                                                    X_batch.shape[1]))])
-            found, components = _predict_components(model, guide, params, rng_key, X_batch, args, kwargs,
-                                                    num_samples, obs_site, strict)
-            if not keep_layers:
-                components = _drop_layers(components)
-            parts.append(_cut_components(components, real))
-        components = _join_components(parts)
-    else:
-        found, components = _predict_components(model, guide, params, rng_key, X_new, args, kwargs, num_samples,
-                                                obs_site, strict)
-        if not keep_layers:
-            components = _drop_layers(components)
+        return _predict_in_batches(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site,
+                                   strict, int(batch_size), keep_layers)
+    found, components = _predict_components(model, guide, params, rng_key, X_new, args, kwargs, num_samples,
+                                            obs_site, strict, keep_layers)
     if found["branches"]:
         components = _flatten_branches(found["branches"], *components)
     return _warn_if_not_finite(_mixture(found["likelihood"], *components), "predict")
 
 
-def _drop_layers(components):
-    """The components without the per-layer draws and moments (empty dicts)."""
-    comp_m, comp_v, _, _, _, *rest = components
-    return (comp_m, comp_v, {}, {}, {}, *rest)
+def _predict_in_batches(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site, strict,
+                        batch_size, keep_layers):
+    """:func:`predict` over windows of ``batch_size`` points, written into preallocated outputs.
+
+    Every window has the same shape (one compiled predictor): the last one is shifted back to
+    end at the last point, so it overlaps the one before (those points are predicted again,
+    independently, and the later values kept) instead of being padded. Each window's mixture is
+    formed on its own and written in place into the outputs (a donated buffer), so that the
+    memory is the outputs plus one window's working set, never the outputs twice.
+    """
+    N = X_new.shape[0]
+    starts = sorted({min(start, N - batch_size) for start in range(0, N, batch_size)})
+    out = weights = None
+    for start in starts:
+        found, components = _predict_components(model, guide, params, rng_key, X_new[start:start + batch_size],
+                                                args, kwargs, num_samples, obs_site, strict, keep_layers)
+        if found["branches"]:
+            components = _flatten_branches(found["branches"], *components)
+        window = _mixture(found["likelihood"], *components)
+        along_points = _along_points(window)
+        if out is None:
+            out, weights = _allocate_outputs(along_points, N), window.weights
+        out = _write_window(out, along_points, start)
+    mean, variance, comp_m, comp_v, layers, means, variances = out
+    prediction = Prediction(mean, variance, comp_m, comp_v, layers, means, variances, found["likelihood"], weights)
+    return _warn_if_not_finite(prediction, "predict")
 
 
-def _cut_components(components, num_points):
-    """The first ``num_points`` test points of one batch's components: the points are the last
-    axis of the component moments and the second-to-last of the layer arrays; branch log
-    weights (if any) do not depend on the points."""
-    comp_m, comp_v, layers, means, variances, *rest = components
-    cut = lambda a: a[..., :num_points, :]  # noqa: E731
-    tree = jax.tree_util.tree_map
-    return (comp_m[..., :num_points], comp_v[..., :num_points], tree(cut, layers), tree(cut, means),
-            tree(cut, variances), *rest)
+def _along_points(prediction):
+    """The arrays of a :class:`Prediction` that have a points axis (the last for the mixture and
+    its components, the second-to-last for the layer arrays)."""
+    return tuple(prediction[:7])
 
 
-def _join_components(parts):
-    """Batches' components (:func:`_cut_components`) joined along the points."""
-    join_last = lambda *a: jnp.concatenate(a, axis=-1)  # noqa: E731
-    join_layer = lambda *a: jnp.concatenate(a, axis=-2)  # noqa: E731
-    tree = jax.tree_util.tree_map
-    columns = list(zip(*parts))
-    out = [join_last(*columns[0]), join_last(*columns[1]), tree(join_layer, *columns[2]),
-           tree(join_layer, *columns[3]), tree(join_layer, *columns[4])]
-    return tuple(out + [c[0] for c in columns[5:]])
+_LAYER_FIELDS = 4  # in _along_points: the fields from here on are {layer: (..., N, P)}
 
 
-def _predict_components(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site, strict):
+def _point_axis(field, array):
+    return array.ndim - (2 if field >= _LAYER_FIELDS else 1)
+
+
+@partial(jax.jit, static_argnums=1)
+def _allocate_outputs(window, num_points):
+    """Zero arrays shaped as ``window`` with ``num_points`` points."""
+    def allocate(field, tree):
+        def zeros(a):
+            axis = _point_axis(field, a)
+            return jnp.zeros(a.shape[:axis] + (num_points,) + a.shape[axis + 1:], a.dtype)
+        return jax.tree_util.tree_map(zeros, tree)
+    return tuple(allocate(field, tree) for field, tree in enumerate(window))
+
+
+@partial(jax.jit, donate_argnums=0)
+def _write_window(out, window, start):
+    """``out`` with ``window`` written at point ``start`` (in place: ``out`` is donated)."""
+    def write(field, out_tree, window_tree):
+        def put(o, w):
+            index = [0] * o.ndim
+            index[_point_axis(field, o)] = start
+            return jax.lax.dynamic_update_slice(o, w, index)
+        return jax.tree_util.tree_map(put, out_tree, window_tree)
+    return tuple(write(field, o, w) for field, (o, w) in enumerate(zip(out, window)))
+
+
+def _predict_components(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site, strict,
+                        keep_layers=True):
     """``(found, components)`` of :func:`predict` at one block of test inputs: the parameters
     checked, the compiled predictor run (components ``(S, N)``, layers ``(S, N, P)``)."""
     specs = param_specs(model, guide, (X_new,) + tuple(args), kwargs)
@@ -357,7 +383,7 @@ def _predict_components(model, guide, params, rng_key, X_new, args, kwargs, num_
     dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
     static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not _is_array(v)))
     found, batched = _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site,
-                                static_args, static_kwargs)
+                                static_args, static_kwargs, keep_layers)
     keys = jax.random.split(rng_key, int(num_samples))
     return found, batched(keys, params, X_new, dyn_args, dyn_kwargs)
 
@@ -366,7 +392,8 @@ def _predict_components(model, guide, params, rng_key, X_new, args, kwargs, num_
 _PREDICTORS = OwnerCache(max_entries=8)
 
 
-def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, static_args, static_kwargs):
+def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, static_args, static_kwargs,
+               keep_layers=True):
     """``(found, batched)``: what the model's trace says (observation site, likelihood, layers,
     branches) and the jitted, vmapped mixture-component function.
 
@@ -375,7 +402,7 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
     repeated predictions (validation during training, plots) reuse one compiled executable
     per input shape instead of retracing; array arguments are traced, never baked in."""
     prototype = getattr(guide, "prototype_trace", None)
-    key = (model, obs_site, static_args, static_kwargs)
+    key = (model, obs_site, static_args, static_kwargs, keep_layers)
     try:
         hash(key)
     except TypeError:  # unhashable static arguments: compile for this call only
@@ -407,6 +434,8 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
         run = marginal_trace(model, guide_ref(), params, run_key, (X_new,) + call_args, call_kwargs, num_nodes,
                             objective="predict")
         component = _mixture_component(run.model_trace, run.moments, name, run.quadrature_weights, layer_names, draw_key)
+        if not keep_layers:  # nothing computed for them in the compiled function
+            component = component[:2] + ({}, {}, {})
         return component + ((run.branch_log_weights,) if found["branches"] else ())
 
     batched = jax.jit(jax.vmap(one, in_axes=(0, None, None, None, None)))

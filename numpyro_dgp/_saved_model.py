@@ -28,6 +28,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -452,10 +453,32 @@ def _read_config(path: Path) -> dict:
             f"load_model: {str(path)!r} has format_version={version!r}, written by numpyro_dgp "
             f"{config.get('library_version')!r}; this library ({_library_version()}) reads versions "
             f"1..{MODEL_FORMAT_VERSION} (upgrade numpyro_dgp to load it)")
-    for key in ("model", "guide", "input_dim", "dtype", "files"):
+    for key in ("model", "guide", "input_dim", "dtype", "files", "library_version"):
         if key not in config:
             raise ModelFileError(f"load_model: {str(config_path)!r} is corrupted (no {key!r} entry)")
+    if _version_tuple(config["library_version"]) is None:
+        raise ModelFileError(f"load_model: {str(config_path)!r} is corrupted (library_version "
+                             f"{config['library_version']!r} is not a version number)")
     return config
+
+
+def _version_tuple(version: Any) -> tuple[int, ...] | None:
+    """``"0.1.0"`` -> ``(0, 1, 0)`` (a pre-release or local suffix of the last part ignored);
+    ``None`` for anything that is not a dotted version number."""
+    if not isinstance(version, str):
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)*)(?:[.+-]?[A-Za-z].*)?", version.strip())
+    return None if match is None else tuple(int(part) for part in match.group(1).split("."))
+
+
+def _newer_library_hint(config: Mapping[str, Any]) -> str:
+    """The upgrade hint when ``config`` was written by a newer numpyro_dgp than this one
+    (empty otherwise): a newer release may describe models in ways this one cannot read."""
+    written, ours = _version_tuple(config["library_version"]), _version_tuple(_library_version())
+    if written is None or ours is None or written <= ours:
+        return ""
+    return (f" (written by numpyro_dgp {config['library_version']}, newer than this library "
+            f"{_library_version()}: upgrade numpyro_dgp to load it)")
 
 
 def load_model(path: os.PathLike | str) -> SavedModel:
@@ -468,9 +491,11 @@ def load_model(path: os.PathLike | str) -> SavedModel:
     :param path: the model directory.
     :return: a :class:`SavedModel`.
     :raises FileNotFoundError: ``path`` does not exist.
-    :raises ModelFileError: a missing or corrupted file (checksum), or a format version this
-        library does not read.
-    :raises ~numpyro_dgp.ParameterMismatchError: parameters that do not fit the described model.
+    :raises ModelFileError: a missing or corrupted file (checksum), a format version this
+        library does not read, or a model this library cannot build (the message says to
+        upgrade when a newer numpyro_dgp wrote it).
+    :raises ~numpyro_dgp.ParameterMismatchError: parameters that do not fit the described model
+        (with the same upgrade hint).
     :raises ValueError: float64 parameters while JAX's 64-bit mode is off.
     """
     from numpyro_dgp._params import STRICT_HINT, check_params_against, param_specs, set_up_guide
@@ -499,7 +524,7 @@ def load_model(path: os.PathLike | str) -> SavedModel:
         guide = _make_guide(model, config["guide"])
     except (TypeError, ValueError, KeyError) as err:
         raise ModelFileError(f"load_model: {str(path / CONFIG_FILE)!r} describes a model this library cannot "
-                             f"build: {err}") from err
+                             f"build: {err}{_newer_library_hint(config)}") from err
     params = load_params(params_path)
     standardization = config.get("standardization")
     standardization = None if standardization is None else Standardization.from_json(standardization)
@@ -509,7 +534,7 @@ def load_model(path: os.PathLike | str) -> SavedModel:
     y0 = jnp.zeros((rows,), dtype if likelihood == "gaussian" else jnp.int32)
     set_up_guide(guide, jax.random.PRNGKey(0), (X0, y0), {})
     check_params_against(param_specs(model, guide, (X0, y0), {}), params, f"load_model({str(path)!r})",
-                         require_finite=True, hint=STRICT_HINT)
+                         require_finite=True, hint=STRICT_HINT + _newer_library_hint(config))
     return SavedModel(model, guide, params, config, standardization)
 
 

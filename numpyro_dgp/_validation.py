@@ -20,6 +20,7 @@ __all__ = [
     "SCALE_LIMITS",
     "as_float_array",
     "check_finite",
+    "non_finite_entries",
     "check_positive_int",
     "check_positive_number",
     "concrete",
@@ -102,10 +103,40 @@ def check_finite(x: Any, name: str, caller: str) -> None:
     value = concrete(x)
     if value is None or not np.issubdtype(value.dtype, np.inexact):
         return
-    bad = ~np.isfinite(value)
-    if bad.any():
-        first = [tuple(int(i) for i in idx) for idx in np.argwhere(bad)[:3]]
-        raise ValueError(f"{caller}: {name} contains {int(bad.sum())} NaN or inf values (first at {first})")
+    count, first = non_finite_entries(value)
+    if count:
+        raise ValueError(f"{caller}: {name} contains {count} NaN or inf values (first at {first})")
+
+
+#: rows per block of the host-side finiteness check (its boolean mask stays small)
+_FINITE_BLOCK_BYTES = 1 << 24
+
+
+def non_finite_entries(value: np.ndarray, max_first: int = 3) -> tuple[int, list[tuple[int, ...]]]:
+    """``(count, first)``: how many entries of the NumPy array ``value`` are NaN or inf, and the
+    indices of the first ``max_first`` of them.
+
+    Checked over blocks of rows of at most 16 MiB, so that a large data set never gets a
+    whole-size boolean mask (a ``(10^7, 90)`` array's would be 900 MB).
+
+    :param value: the array.
+    :param max_first: how many indices of bad entries to return.
+    :return: the count of NaN and inf entries and the first indices.
+    """
+    if value.ndim == 0 or value.size == 0:
+        bad = ~np.isfinite(value)
+        return int(bad.sum()), [tuple(int(i) for i in idx) for idx in np.argwhere(bad)[:max_first]]
+    row_bytes = max(1, value.itemsize * (value.size // value.shape[0]))
+    rows = max(1, _FINITE_BLOCK_BYTES // row_bytes)
+    count, first = 0, []
+    for start in range(0, value.shape[0], rows):
+        bad = ~np.isfinite(value[start:start + rows])
+        n = int(bad.sum())
+        if n and len(first) < max_first:
+            first += [(int(idx[0]) + start,) + tuple(int(i) for i in idx[1:])
+                      for idx in np.argwhere(bad)[:max_first - len(first)]]
+        count += n
+    return count, first
 
 
 def targets(y: Any, num_points: int, caller: str, dtype: Any | None = None) -> jax.Array | None:

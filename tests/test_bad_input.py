@@ -103,6 +103,23 @@ def test_non_finite_data_is_refused_naming_the_argument(data, fitted):
                               0)()
 
 
+@pytest.mark.parametrize("block_bytes", [1, 8 * 7, 1 << 24])
+def test_the_blockwise_finiteness_check_counts_and_locates_every_bad_entry(monkeypatch, block_bytes):
+    # large data are checked over blocks of rows (no whole-size mask): the count and the first
+    # indices must be those of the whole array, whatever the block
+    from numpyro_dgp import _validation
+
+    monkeypatch.setattr(_validation, "_FINITE_BLOCK_BYTES", block_bytes)
+    value = np.zeros((23, 3, 2))
+    bad_at = [(2, 1, 0), (2, 2, 1), (9, 0, 0), (22, 2, 1)]
+    for i, idx in enumerate(bad_at):
+        value[idx] = [np.nan, np.inf, -np.inf, np.nan][i]
+    assert _validation.non_finite_entries(value) == (4, bad_at[:3])
+    assert _validation.non_finite_entries(value, max_first=10) == (4, bad_at)
+    assert _validation.non_finite_entries(np.zeros((5, 2))) == (0, [])
+    assert _validation.non_finite_entries(np.float64(np.nan)) == (1, [()])
+
+
 def test_inputs_far_from_standardized_warn_once(data):
     """Inputs scaled by 1e8 used to train to a constant predictor without a word."""
     X, y = data

@@ -121,6 +121,35 @@ def test_unknown_format_version_and_bad_json_are_refused(saved, tmp_path):
         dgp.load_model(target)
 
 
+def test_library_versions_are_checked(saved, tmp_path):
+    target = _copy(saved[0], tmp_path)
+    config = json.loads((target / "model.json").read_text())
+    # a newer library's model that this one cannot build: the error says to upgrade
+    newer = dict(config, library_version="99.0.0",
+                 model=dict(config["model"], arguments=dict(config["model"]["arguments"], depth_schedule="cosine")))
+    (target / "model.json").write_text(json.dumps(newer))
+    with pytest.raises(dgp.ModelFileError, match=r"cannot build.*written by numpyro_dgp 99\.0\.0, newer than this "
+                                                  r"library.*upgrade numpyro_dgp"):
+        dgp.load_model(target)
+    # ... or whose parameters do not fit what this one builds
+    newer = dict(config, library_version="99.0.0",
+                 model=dict(config["model"], arguments=dict(config["model"]["arguments"], num_inducing=9)))
+    (target / "model.json").write_text(json.dumps(newer))
+    with pytest.raises(dgp.ParameterMismatchError, match=r"written by numpyro_dgp 99\.0\.0.*upgrade"):
+        dgp.load_model(target)
+    # an older library's model loads (same format version); a missing or garbled version is corruption
+    (target / "model.json").write_text(json.dumps(dict(config, library_version="0.0.1")))
+    assert dgp.load_model(target).params.keys() == saved[3].keys()
+    for bad in ["", "latest", 3]:
+        (target / "model.json").write_text(json.dumps(dict(config, library_version=bad)))
+        with pytest.raises(dgp.ModelFileError, match="corrupted.*library_version"):
+            dgp.load_model(target)
+    del config["library_version"]
+    (target / "model.json").write_text(json.dumps(config))
+    with pytest.raises(dgp.ModelFileError, match="corrupted.*'library_version'"):
+        dgp.load_model(target)
+
+
 def test_mismatched_shapes_are_refused(saved, tmp_path):
     target = _copy(saved[0], tmp_path)
     config = json.loads((target / "model.json").read_text())
@@ -184,6 +213,38 @@ def test_batched_prediction_equals_unbatched_for_one_layer():
     np.testing.assert_allclose(lean.mean, full.mean, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="batch_size"):
         dgp.predict(model, guide, params, key, jnp.asarray(X), batch_size=0)
+
+
+@pytest.mark.parametrize("factory", ["deep", "amortized"])
+def test_batched_prediction_is_the_windows_predicted_alone(factory):
+    # batches of 30 over 80 points: windows [0, 30), [30, 60) and the last one shifted back to
+    # [50, 80) (no padding); every window is predicted as predict() predicts it alone, with
+    # the same key, and the later window wins where two overlap
+    X, y = _data(n=80)
+    if factory == "deep":
+        model = dgp.models.deep_gp_regression(2, num_inducing=8)
+        guide = dgp.guides.AutoFactorizedDGP(model)
+    else:
+        model = dgp.models.amortized_dgp((3, 1), (3, 3))
+        guide = dgp.guides.AutoAmortizedDGP(model, num_branches=4)
+    params = _fitted(model, guide, X, y, steps=5)
+    key = jax.random.PRNGKey(3)
+    batched = dgp.predict(model, guide, params, key, jnp.asarray(X), num_samples=5, batch_size=30)
+    for lo, hi, keep in [(0, 30, slice(0, 30)), (30, 60, slice(30, 50)), (50, 80, slice(50, 80))]:
+        alone = dgp.predict(model, guide, params, key, jnp.asarray(X[lo:hi]), num_samples=5)
+        part = slice(keep.start - lo, keep.stop - lo)
+        for got, want in [(batched.mean, alone.mean), (batched.variance, alone.variance)]:
+            np.testing.assert_allclose(got[keep], want[part], rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(batched.component_means[:, keep], alone.component_means[:, part], rtol=1e-12,
+                                   atol=1e-14)
+        for name in alone.layers:
+            np.testing.assert_allclose(batched.layers[name][..., keep, :], alone.layers[name][..., part, :],
+                                       rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(batched.layer_variances[name][..., keep, :],
+                                       alone.layer_variances[name][..., part, :], rtol=1e-12, atol=1e-14)
+        if alone.weights is not None:
+            np.testing.assert_allclose(batched.weights, alone.weights, rtol=1e-12)
+    assert batched.component_means.shape == (batched.component_means.shape[0], 80)
 
 
 def test_predictive_quantiles_of_one_gaussian():

@@ -23,7 +23,7 @@ from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._params import STRICT_HINT, ParameterMismatchError, check_params_against, param_specs, set_up_guide
-from numpyro_dgp._validation import check_positive_int, warn_if_not_standardized
+from numpyro_dgp._validation import check_positive_int, concrete, non_finite_entries, warn_if_not_standardized
 from numpyro_dgp.infer._checkpoint import Progress, read_checkpoint, write_checkpoint
 from numpyro_dgp.infer._faults import diagnose_layers, failed_layer
 
@@ -77,7 +77,8 @@ def _check_finite_args(args, kwargs):
         (f"{k}=", v) for k, v in kwargs.items()
     ]:
         if _is_array(value) and jnp.issubdtype(value.dtype, jnp.floating):
-            if not np.all(np.isfinite(np.asarray(value))):
+            value = concrete(value)  # None: another process's shard (that process checks it)
+            if value is not None and non_finite_entries(value, max_first=0)[0]:
                 raise ValueError(f"fit: model argument {where} contains NaN or inf values")
 
 
