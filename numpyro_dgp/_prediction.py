@@ -67,11 +67,12 @@ class NonFinitePredictionWarning(UserWarning):
 
 def _warn_if_not_finite(prediction, caller):
     """Report (never silently pass on) predictive means or variances that are NaN or infinite."""
-    bad = ~(jnp.isfinite(prediction.mean) & jnp.isfinite(prediction.variance))
+    # on the host: eager jnp operations would each compile a program per shape
+    bad = ~(np.isfinite(np.asarray(prediction.mean)) & np.isfinite(np.asarray(prediction.variance)))
     bad = bad.reshape(bad.shape[0], -1).any(axis=1) if bad.ndim > 1 else bad
-    num_bad = int(jnp.sum(bad))
+    num_bad = int(np.sum(bad))
     if num_bad:
-        first = [int(i) for i in jnp.flatnonzero(bad)[:5]]
+        first = [int(i) for i in np.flatnonzero(bad)[:5]]
         warnings.warn(
             f"{caller}: {num_bad} of {bad.shape[0]} test points have a NaN or infinite predictive mean or "
             f"variance (first: {first}); usually a Cholesky factorization failed for them (raise the "
@@ -206,13 +207,19 @@ def _mixture_component(tr, moments, name, weights, layer_names, draw_key):
 def _mixture(likelihood, comp_m, comp_v, layers, means, variances, weights=None):
     """Mixture of the components, equally weighted or with ``weights (S,)`` (law of total
     variance; for Bernoulli components that is ``mean (1 - mean)``, computed as such)."""
+    fields = _mixture_fields(likelihood, comp_m, comp_v, layers, means, variances, weights)
+    return Prediction(*fields[:7], likelihood=likelihood, weights=fields[7])
+
+
+def _mixture_fields(likelihood, comp_m, comp_v, layers, means, variances, weights=None):
+    """The arrays of :func:`_mixture`'s :class:`Prediction`, in its field order."""
     average = (lambda a: a.mean(0)) if weights is None else (lambda a: jnp.tensordot(weights, a, axes=(0, 0)))  # noqa: E731
     mean = average(comp_m)
     if likelihood == "bernoulli":
         variance = mean * (1 - mean)
     else:
         variance = average(comp_v + comp_m**2) - mean**2
-    return Prediction(mean, variance, comp_m, comp_v, layers, means, variances, likelihood, weights)
+    return mean, variance, comp_m, comp_v, layers, means, variances, weights
 
 
 def _flatten_branches(num_branches, comp_m, comp_v, layers, means, variances, log_weights):
@@ -300,11 +307,14 @@ def predict(
     if batch_size is not None and batch_size < N:
         return _predict_in_batches(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site,
                                    strict, int(batch_size), keep_layers)
-    found, components = _predict_components(model, guide, params, rng_key, X_new, args, kwargs, num_samples,
-                                            obs_site, strict, keep_layers)
-    if found["branches"]:
-        components = _flatten_branches(found["branches"], *components)
-    return _warn_if_not_finite(_mixture(found["likelihood"], *components), "predict")
+    found, fields = _predict_mixture(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site,
+                                     strict, keep_layers)
+    return _warn_if_not_finite(_as_prediction(found, fields), "predict")
+
+
+def _as_prediction(found, fields):
+    """The :class:`Prediction` of the predictor's arrays (:func:`_mixture_fields`)."""
+    return Prediction(*fields[:7], likelihood=found["likelihood"], weights=fields[7])
 
 
 def _predict_in_batches(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site, strict,
@@ -321,27 +331,16 @@ def _predict_in_batches(model, guide, params, rng_key, X_new, args, kwargs, num_
     starts = sorted({min(start, N - batch_size) for start in range(0, N, batch_size)})
     out = weights = None
     for start in starts:
-        found, components = _predict_components(model, guide, params, rng_key, X_new[start:start + batch_size],
-                                                args, kwargs, num_samples, obs_site, strict, keep_layers)
-        if found["branches"]:
-            components = _flatten_branches(found["branches"], *components)
-        window = _mixture(found["likelihood"], *components)
-        along_points = _along_points(window)
+        found, fields = _predict_mixture(model, guide, params, rng_key, X_new[start:start + batch_size], args,
+                                         kwargs, num_samples, obs_site, strict, keep_layers)
+        along_points = fields[:7]  # weights (the last field) do not depend on the points
         if out is None:
-            out, weights = _allocate_outputs(along_points, N), window.weights
+            out, weights = _allocate_outputs(along_points, N), fields[7]
         out = _write_window(out, along_points, start)
-    mean, variance, comp_m, comp_v, layers, means, variances = out
-    prediction = Prediction(mean, variance, comp_m, comp_v, layers, means, variances, found["likelihood"], weights)
-    return _warn_if_not_finite(prediction, "predict")
+    return _warn_if_not_finite(_as_prediction(found, out + (weights,)), "predict")
 
 
-def _along_points(prediction):
-    """The arrays of a :class:`Prediction` that have a points axis (the last for the mixture and
-    its components, the second-to-last for the layer arrays)."""
-    return tuple(prediction[:7])
-
-
-_LAYER_FIELDS = 4  # in _along_points: the fields from here on are {layer: (..., N, P)}
+_LAYER_FIELDS = 4  # in a Prediction, the fields from here to the weights are {layer: (..., N, P)}
 
 
 def _point_axis(field, array):
@@ -371,10 +370,11 @@ def _write_window(out, window, start):
     return tuple(write(field, o, w) for field, (o, w) in enumerate(zip(out, window)))
 
 
-def _predict_components(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site, strict,
-                        keep_layers=True):
-    """``(found, components)`` of :func:`predict` at one block of test inputs: the parameters
-    checked, the compiled predictor run (components ``(S, N)``, layers ``(S, N, P)``)."""
+def _predict_mixture(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site, strict,
+                     keep_layers=True):
+    """``(found, fields)`` of :func:`predict` at one block of test inputs: the parameters checked,
+    the compiled predictor run; ``fields`` are the arrays of the :class:`Prediction` (mean,
+    variance, components ``(S, N)``, layers ``(S, N, P)``, weights)."""
     specs = param_specs(model, guide, (X_new,) + tuple(args), kwargs)
     check_params_against(specs, params, "predict", allow_unexpected=not strict, require_finite=True,
                          hint=PREDICT_HINT)
@@ -382,10 +382,9 @@ def _predict_components(model, guide, params, rng_key, X_new, args, kwargs, num_
     static_args = tuple(None if _is_array(a) else a for a in args)
     dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
     static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not _is_array(v)))
-    found, batched = _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site,
-                                static_args, static_kwargs, keep_layers)
-    keys = jax.random.split(rng_key, int(num_samples))
-    return found, batched(keys, params, X_new, dyn_args, dyn_kwargs)
+    found, predictor = _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site,
+                                  static_args, static_kwargs, keep_layers)
+    return found, predictor(rng_key, params, X_new, dyn_args, dyn_kwargs, int(num_samples))
 
 
 #: compiled predictors per guide (weakly keyed: they go when the guide goes)
@@ -438,10 +437,19 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
             component = component[:2] + ({}, {}, {})
         return component + ((run.branch_log_weights,) if found["branches"] else ())
 
-    batched = jax.jit(jax.vmap(one, in_axes=(0, None, None, None, None)))
+    def predictive_mixture(rng_key, params, X_new, dyn_args, dyn_kwargs, num_samples):
+        # the keys, the samples and their mixture in one program (eagerly, each small operation
+        # on the components would compile on its own)
+        keys = jax.random.split(rng_key, num_samples)
+        components = jax.vmap(one, in_axes=(0, None, None, None, None))(keys, params, X_new, dyn_args, dyn_kwargs)
+        if found["branches"]:
+            components = _flatten_branches(found["branches"], *components)
+        return _mixture_fields(found["likelihood"], *components)
+
+    predictor = jax.jit(predictive_mixture, static_argnums=5)
     if key is not None:
-        _PREDICTORS.put(guide, key, (prototype, found, batched))
-    return found, batched
+        _PREDICTORS.put(guide, key, (prototype, found, predictor))
+    return found, predictor
 
 
 def predict_from_samples(

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 import weakref
@@ -169,7 +170,10 @@ def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
     def run_chunk(state, num_active, dyn_a, dyn_kw, mean, count, average_start):
         def body(carry, i):
             return step(carry, i, num_active, dyn_a, dyn_kw, average_start)
-        return jax.lax.scan(body, (state, mean, count), jnp.arange(chunk))
+        carry, per_step = jax.lax.scan(body, (state, mean, count), jnp.arange(chunk))
+        # the constrained parameters come out of the same program: a separate jitted
+        # get_params would be one more compilation before the first step can finish
+        return carry, per_step, svi_ref().get_params(carry[0])
 
     if key is not None:
         _CHUNK_RUNNERS.put(svi, key, run_chunk)
@@ -260,46 +264,63 @@ def fit(
     model_kwargs = {**kwargs, **svi.static_kwargs}
     resuming = bool(resume) and Path(os.fspath(checkpoint_path)).expanduser().exists()
 
-    if init_state is None:
-        if rng_key is None:
-            raise ValueError("fit: rng_key is None; pass a PRNG key (or init_state= to continue a fit)")
-        state = _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict)
-    else:
-        state = init_state
-
-    average = average_from is not None
-    # without averaging the mean is an empty placeholder carried through the scan
-    mean = svi.optim.get_params(state.optim_state) if average else {}
-    progress = Progress(0, state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
-    params0 = _get_params(svi, state)
-    if resuming:
-        progress = read_checkpoint(checkpoint_path, progress, num_steps, average_from, sorted(params0))
-        params0 = _get_params(svi, progress.state)
-    bad = _non_finite_entries(params0)
-    if bad:
-        raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
-
     # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
     dyn_args = [a if _is_array(a) else None for a in args]
     static_args = tuple(None if _is_array(a) else a for a in args)
     dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
     static_kwargs = {k: v for k, v in kwargs.items() if not _is_array(v)}
     chunk = min(int(chunk_size), int(num_steps), int(checkpoint_every or num_steps))
+    average = average_from is not None
     run_chunk = _chunk_runner(svi, chunk, static_args, static_kwargs, average)
+
+    background = None
+    if init_state is None:
+        if rng_key is None:
+            raise ValueError("fit: rng_key is None; pass a PRNG key (or init_state= to continue a fit)")
+        # A fresh fit compiles the training step on a second thread while the initialization
+        # compiles and runs (from the state's shapes, known once the initialization is traced):
+        # XLA compiles without Python's lock, so the two overlap on a second core. Not with
+        # averaging or a checkpoint to resume, whose first chunk starts from other values.
+        if not (average or resuming):
+            def overlap(abstract_state):
+                nonlocal background
+                background = _BackgroundCompile(run_chunk, abstract_state, num_steps, dyn_args, dyn_kwargs)
+        else:
+            overlap = None
+        state = _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict, overlap)
+    else:
+        state = init_state
+
+    # without averaging the mean is an empty placeholder carried through the scan
+    mean = svi.optim.get_params(state.optim_state) if average else {}
+    progress = Progress(0, state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
+    # the optimizer's (unconstrained) values: the same names as the constrained parameters,
+    # finite where they are, and read without compiling anything
+    params0 = svi.optim.get_params(state.optim_state)
+    if resuming:
+        progress = read_checkpoint(checkpoint_path, progress, num_steps, average_from, sorted(params0))
+        params0 = svi.optim.get_params(progress.state.optim_state)
+    bad = _non_finite_entries(params0)
+    if bad:
+        raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
 
     # Compiled ahead of the first chunk so that compilation is timed on its own (the jitted
     # call below reuses this executable); cheap when svi already has it for these shapes.
-    start = time.perf_counter()
-    if progress.step < num_steps:
-        run_chunk.lower(progress.state, jnp.asarray(num_steps), dyn_args, dyn_kwargs, progress.mean,
-                        progress.count, jnp.asarray(0)).compile()
-    compile_seconds = time.perf_counter() - start
+    if background is not None:
+        compile_seconds = background.result()
+    else:
+        start = time.perf_counter()
+        if progress.step < num_steps:
+            run_chunk.lower(progress.state, jnp.asarray(num_steps), dyn_args, dyn_kwargs, progress.mean,
+                            progress.count, jnp.asarray(0)).compile()
+        compile_seconds = time.perf_counter() - start
 
     losses = np.empty(num_steps)
     losses[:progress.step] = progress.losses
     done, state, mean, count, num_skipped = progress.step, progress.state, progress.mean, progress.count, \
         progress.num_skipped
     chunk_seconds = []
+    params = None  # constrained, from the last chunk
     bar = None
     if progress_bar:
         from tqdm import tqdm  # plain text: no ipywidgets needed in notebooks
@@ -312,7 +333,7 @@ def fit(
                          else chunk)
             start = time.perf_counter()
             average_start = jnp.asarray((average_from if average else 0) - done)
-            (state, mean, count), (chunk_losses, skipped) = run_chunk(
+            (state, mean, count), (chunk_losses, skipped), params = run_chunk(
                 state, jnp.asarray(active), dyn_args, dyn_kwargs, mean, count, average_start)
             chunk_losses = np.asarray(chunk_losses)  # the host sync that ends the chunk
             chunk_seconds.append(time.perf_counter() - start)
@@ -331,8 +352,10 @@ def fit(
             bar.close()
     _report_skipped(svi, state, args, kwargs, num_skipped, num_steps)
     averaged = svi.constrain_fn(mean) if average else None
-    return FitResult(_get_params(svi, state), losses, state, num_skipped, np.asarray(chunk_seconds), chunk,
-                     compile_seconds, averaged)
+    if params is None:  # resumed from a checkpoint of the finished run: no chunk ran
+        params = _get_params(svi, state)
+    return FitResult(params, losses, state, num_skipped, np.asarray(chunk_seconds), chunk, compile_seconds,
+                     averaged)
 
 
 def _check_fit_arguments(num_steps, chunk_size, average_from, checkpoint_path, checkpoint_every, resume,
@@ -350,19 +373,62 @@ def _check_fit_arguments(num_steps, chunk_size, average_from, checkpoint_path, c
         raise ValueError("fit: give init_state (continue a fit) or init_params (start from values), not both")
 
 
-def _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict):
+class _BackgroundCompile:
+    """The chunk function lowered for ``abstract_state`` (on the calling thread: tracing runs
+    NumPyro's handlers, whose stack is global) and compiled on a thread of its own; the jitted
+    function's cache then holds the executable for the real state."""
+
+    def __init__(self, run_chunk, abstract_state, num_steps, dyn_args, dyn_kwargs):
+        self._start = time.perf_counter()
+        lowered = run_chunk.lower(abstract_state, jnp.asarray(num_steps), dyn_args, dyn_kwargs, {},
+                                  jnp.zeros((), jnp.int32), jnp.asarray(0))
+        self._error = None
+        self._seconds = None
+
+        def compile_():
+            try:
+                lowered.compile()
+            except BaseException as err:  # noqa: BLE001 -- re-raised on the calling thread
+                self._error = err
+            self._seconds = time.perf_counter() - self._start
+
+        self._thread = threading.Thread(target=compile_, name="numpyro_dgp-fit-compile", daemon=True)
+        self._thread.start()
+
+    def result(self) -> float:
+        """Wait for the compilation; its seconds from the lowering's start."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._seconds
+
+
+def _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict, overlap=None):
     """``svi.init`` (compiled: :func:`numpyro_dgp.infer.init`) after setting up the guide (see
     :func:`numpyro_dgp._params.set_up_guide`) and checking ``init_params``; when the model
-    cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails."""
+    cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails.
+
+    ``overlap(abstract_state)``, if given, is called with the state's shapes once the compiled
+    initialization is traced, before it is compiled and run."""
     try:
         set_up_guide(svi.guide, jax.random.fold_in(rng_key, _SETUP_STREAM), args, model_kwargs)
         if init_params is not None:
             check_params_against(param_specs(svi.model, svi.guide, args, model_kwargs), init_params,
                                  "fit (init_params)", allow_missing=not strict, allow_unexpected=not strict,
                                  require_finite=True, hint=STRICT_HINT)
-        from numpyro_dgp.infer._init import init  # a sibling that imports the guides
+        from numpyro_dgp.infer._init import init_program  # a sibling that imports the guides
 
-        return init(svi, rng_key, *args, init_params=init_params, **kwargs)
+        program = init_program(svi, rng_key, args, kwargs, init_params)
+        if program is None:
+            return svi.init(rng_key, *args, init_params=init_params, **kwargs)
+        jitted, call_args = program
+        if overlap is None:
+            return jitted(*call_args)
+        lowered = jitted.lower(*call_args)
+        # eval_shape reuses the trace just made, and (unlike lowered.out_info) keeps weak types,
+        # so the chunk compiled for these shapes is the one the real state calls
+        overlap(jax.eval_shape(jitted, *call_args))
+        return lowered.compile()(*call_args)
     except (ValueError, RuntimeError) as err:
         if isinstance(err, ParameterMismatchError):
             raise
