@@ -11,10 +11,6 @@ launch:
   num_branches=32)``, ``DGPElbo``, Adam 0.005, batch 100, random 8:1:1 split with seed 0,
   float64);
 * ``chain``: the DSVI model with ``AutoChainDGP`` (float64);
-* ``fit-f64``, ``fit-f32``: the DSVI model initialized by its first ``fit(svi, rng_key, ...)``
-  call, as a user's one call does (``init`` then marks only the model, guide and ``SVI``
-  built; ``fit`` compiles the step on a second thread while the initialization compiles
-  and runs);
 * with ``--with-peers``: GPflux and GPyTorch (``benchmarks/peers``, ``--startup``) on the
   DSVI configuration in both precisions, in the same rounds.
 
@@ -87,8 +83,6 @@ CONFIGS = {
     "dsvi-f32": ("numpyro_dgp", "dsvi", "float32"),
     "amortized": ("numpyro_dgp", "amortized", "float64"),
     "chain": ("numpyro_dgp", "chain", "float64"),
-    "fit-f64": ("numpyro_dgp", "dsvi_one_call", "float64"),
-    "fit-f32": ("numpyro_dgp", "dsvi_one_call", "float32"),
     "gpflux-f64": ("gpflux", "dsvi", "float64"),
     "gpflux-f32": ("gpflux", "dsvi", "float32"),
     "gpytorch-f64": ("gpytorch", "dsvi", "float64"),
@@ -305,11 +299,8 @@ def child(config, data_dir, until_ll=None, check_every=250, max_steps=20000):
         svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
         fit_args, fit_kwargs = (X, y), {"batch_size": BATCH}
     rng_key = jax.random.PRNGKey(0)
-    if model_name == "dsvi_one_call":  # fit initializes (as a user's one call does)
-        state, init_how = None, "fit (one call)"
-    else:
-        state, init_how = _initialize(dgp, svi, rng_key, fit_args, fit_kwargs)
-        jax.block_until_ready(state)
+    state, init_how = _initialize(dgp, svi, rng_key, fit_args, fit_kwargs)
+    jax.block_until_ready(state)
     clock.mark("init")
     xla.snapshot("init")
 
@@ -489,11 +480,10 @@ def _ratio(a, b):
     return a / b
 
 
-def first_step_ratios(record, precision, ours="dsvi"):
-    """Ours' (``ours``: ``"dsvi"``, initialized then fitted, or ``"fit"``, one ``fit`` call)
-    launch-to-first-step over GPflux's in the same round, per round."""
+def first_step_ratios(record, precision):
+    """Ours' (DSVI) launch-to-first-step over GPflux's in the same round, per round."""
     short = PRECISION_SHORT[precision]
-    return [a / b for _, a, b in _same_round_pairs(record, f"{ours}-{short}", f"gpflux-{short}",
+    return [a / b for _, a, b in _same_round_pairs(record, f"dsvi-{short}", f"gpflux-{short}",
                                                     lambda run: phases(run)["total"])]
 
 
@@ -523,14 +513,13 @@ def verdicts(record):
         out.append((f"kin8nm DSVI model initialization <= {limit:g} s (float64, fresh process, cold cache)", None,
                     "not measured in this run"))
     limit = TARGETS["first_step_ratio"]
-    for precision, path in [(p, o) for o in ("dsvi", "fit") for p in ("float64", "float32")]:
-        ratios = first_step_ratios(record, precision, path)
-        how = "infer.init, then fit" if path == "dsvi" else "one fit call"
-        name = f"process start to first finished step <= {limit:g}x GPflux's in the same round ({precision}, {how})"
+    for precision in ("float64", "float32"):
+        ratios = first_step_ratios(record, precision)
+        name = f"process start to first finished step <= {limit:g}x GPflux's in the same round ({precision})"
         if ratios:
             med = _median(ratios)
             short = PRECISION_SHORT[precision]
-            ours = _median([phases(r)["total"] for r in runs_of(record, f"{path}-{short}")])
+            ours = _median([phases(r)["total"] for r in runs_of(record, f"dsvi-{short}")])
             theirs = _median([phases(r)["total"] for r in runs_of(record, f"gpflux-{short}")])
             out.append((name, med <= limit, f"ratio {med:.2f}x, median over {len(ratios)} rounds (range "
                         f"{min(ratios):.2f}–{max(ratios):.2f}); ours {ours:.2f} s, GPflux {theirs:.2f} s"))
@@ -591,9 +580,7 @@ def render(record):
         + _cache_note(record) + ". Python's bytecode and the OS file cache are as any second run leaves them.",
         "",
         "Ours: `dsvi-*` the kin8nm DSVI model of `speed.py` (2 layers, width 8, M = 100, batch 1000, Adam 0.01, "
-        "`AutoFactorizedDGP` + `DGPElbo`), `fit-*` the same model initialized by its first `fit` call (model init "
-        "is then only building the model, guide and `SVI`; the initialization runs inside the first step, beside "
-        "the step's compilation), `chain` the same with `AutoChainDGP` (float64), `amortized` "
+        "`AutoFactorizedDGP` + `DGPElbo`), `chain` the same with `AutoChainDGP` (float64), `amortized` "
         "`amortized.py`'s kin8nm AR2P (widths (16, 4, 1), per-point M = (8, 4, 4), 32 branches, batch 100, "
         "Adam 0.005, float64). Phases: interpreter = launch to the script's first statement; import = to "
         "`numpyro_dgp` (peers: TensorFlow + GPflow + GPflux / torch + GPyTorch) imported; data = "
@@ -624,19 +611,15 @@ def render(record):
                      f"{_cell([r.get('max_rss_mib') for r in rs], '.0f')} |")
 
     lines += ["", "## Ours against GPflux in the same round: launch to the first finished step", "",
-              "Ours two ways: `infer.init` then `fit(..., init_state=...)` (`dsvi-*`), and one `fit(svi, rng_key, ...)` "
-              "call that initializes (`fit-*`; it compiles the training step on a second thread while the "
-              "initialization compiles and runs).", "",
-              "| precision | ours: init, then fit | ours: one fit call | GPflux | GPyTorch | ours / GPflux (init, then fit) "
-              "| ours / GPflux (one fit call) | target |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| precision | ours (DSVI) | GPflux | GPyTorch | ours / GPflux, same round | target |",
+              "| --- | --- | --- | --- | --- | --- |"]
     for precision in ("float64", "float32"):
         short = PRECISION_SHORT[precision]
+        ratios = first_step_ratios(record, precision)
         totals = {c: _cell([phases(r)["total"] for r in runs_of(record, c)])
-                  for c in (f"dsvi-{short}", f"fit-{short}", f"gpflux-{short}", f"gpytorch-{short}")}
-        lines.append(f"| {precision} | {totals[f'dsvi-{short}']} | {totals[f'fit-{short}']} | {totals[f'gpflux-{short}']} | "
-                     f"{totals[f'gpytorch-{short}']} | {_cell(first_step_ratios(record, precision), '.2f')} | "
-                     f"{_cell(first_step_ratios(record, precision, 'fit'), '.2f')} | <= {TARGETS['first_step_ratio']:g} |")
+                  for c in (f"dsvi-{short}", f"gpflux-{short}", f"gpytorch-{short}")}
+        lines.append(f"| {precision} | {totals[f'dsvi-{short}']} | {totals[f'gpflux-{short}']} | "
+                     f"{totals[f'gpytorch-{short}']} | {_cell(ratios, '.2f')} | <= {TARGETS['first_step_ratio']:g} |")
 
     if any(c in ACCURACY_CONFIGS for c in record["configs"]):
         s = record.get("settings", {})

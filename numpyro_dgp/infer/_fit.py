@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 import warnings
 import weakref
@@ -48,9 +47,7 @@ class FitResult(NamedTuple):
         excluded).
     :ivar chunk_size: steps per chunk.
     :ivar compile_seconds: time to trace, lower and compile the chunk function before the
-        first chunk (near 0 when ``svi`` already has it compiled for these shapes; when ``fit``
-        initializes, the compilation runs on a second thread beside the initialization, and
-        this is its own wall time).
+        first chunk (near 0 when ``svi`` already has it compiled for these shapes).
     :ivar averaged_params: with ``fit(..., average_from=k)``, the averaged parameters
         (constrained); ``None`` otherwise.
     """
@@ -209,11 +206,6 @@ def fit(
     skipped) names the layer that fails, if one does.
     Minibatching comes from the model's ``numpyro.plate(..., subsample_size=...)``.
 
-    When ``fit`` initializes (no ``init_state``, no averaging, nothing to resume), it compiles
-    the training step on a second thread while the initialization compiles and runs: XLA
-    compiles without holding Python's lock, so on a machine with two cores the first step
-    finishes about one initialization-compile earlier.
-
     **Reproducible and resumable.** The run does not depend on how its steps are cut: the
     padding steps of a last, partial chunk change nothing (not even the key), so
     ``fit(a)`` then ``fit(b, init_state=result.state)`` equals ``fit(a + b)`` bit for bit, for
@@ -271,33 +263,14 @@ def fit(
     model_kwargs = {**kwargs, **svi.static_kwargs}
     resuming = bool(resume) and Path(os.fspath(checkpoint_path)).expanduser().exists()
 
-    # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
-    dyn_args = [a if _is_array(a) else None for a in args]
-    static_args = tuple(None if _is_array(a) else a for a in args)
-    dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
-    static_kwargs = {k: v for k, v in kwargs.items() if not _is_array(v)}
-    chunk = min(int(chunk_size), int(num_steps), int(checkpoint_every or num_steps))
-    average = average_from is not None
-    run_chunk = _chunk_runner(svi, chunk, static_args, static_kwargs, average)
-
-    background = None
     if init_state is None:
         if rng_key is None:
             raise ValueError("fit: rng_key is None; pass a PRNG key (or init_state= to continue a fit)")
-        # A fresh fit compiles the training step on a second thread while the initialization
-        # compiles and runs (from the state's shapes, known once the initialization is traced):
-        # XLA compiles without Python's lock, so the two overlap on a second core. Not with
-        # averaging or a checkpoint to resume, whose first chunk starts from other values.
-        if not (average or resuming):
-            def overlap(abstract_state):
-                nonlocal background
-                background = _BackgroundCompile(run_chunk, abstract_state, num_steps, dyn_args, dyn_kwargs)
-        else:
-            overlap = None
-        state = _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict, overlap)
+        state = _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict)
     else:
         state = init_state
 
+    average = average_from is not None
     # without averaging the mean is an empty placeholder carried through the scan
     mean = svi.optim.get_params(state.optim_state) if average else {}
     progress = Progress(0, state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
@@ -311,16 +284,21 @@ def fit(
     if bad:
         raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
 
+    # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
+    dyn_args = [a if _is_array(a) else None for a in args]
+    static_args = tuple(None if _is_array(a) else a for a in args)
+    dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
+    static_kwargs = {k: v for k, v in kwargs.items() if not _is_array(v)}
+    chunk = min(int(chunk_size), int(num_steps), int(checkpoint_every or num_steps))
+    run_chunk = _chunk_runner(svi, chunk, static_args, static_kwargs, average)
+
     # Compiled ahead of the first chunk so that compilation is timed on its own (the jitted
     # call below reuses this executable); cheap when svi already has it for these shapes.
-    if background is not None:
-        compile_seconds = background.result()
-    else:
-        start = time.perf_counter()
-        if progress.step < num_steps:
-            run_chunk.lower(progress.state, jnp.asarray(num_steps), dyn_args, dyn_kwargs, progress.mean,
-                            progress.count, jnp.asarray(0)).compile()
-        compile_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    if progress.step < num_steps:
+        run_chunk.lower(progress.state, jnp.asarray(num_steps), dyn_args, dyn_kwargs, progress.mean,
+                        progress.count, jnp.asarray(0)).compile()
+    compile_seconds = time.perf_counter() - start
 
     losses = np.empty(num_steps)
     losses[:progress.step] = progress.losses
@@ -380,62 +358,19 @@ def _check_fit_arguments(num_steps, chunk_size, average_from, checkpoint_path, c
         raise ValueError("fit: give init_state (continue a fit) or init_params (start from values), not both")
 
 
-class _BackgroundCompile:
-    """The chunk function lowered for ``abstract_state`` (on the calling thread: tracing runs
-    NumPyro's handlers, whose stack is global) and compiled on a thread of its own; the jitted
-    function's cache then holds the executable for the real state."""
-
-    def __init__(self, run_chunk, abstract_state, num_steps, dyn_args, dyn_kwargs):
-        self._start = time.perf_counter()
-        lowered = run_chunk.lower(abstract_state, jnp.asarray(num_steps), dyn_args, dyn_kwargs, {},
-                                  jnp.zeros((), jnp.int32), jnp.asarray(0))
-        self._error = None
-        self._seconds = None
-
-        def compile_():
-            try:
-                lowered.compile()
-            except BaseException as err:  # noqa: BLE001 -- re-raised on the calling thread
-                self._error = err
-            self._seconds = time.perf_counter() - self._start
-
-        self._thread = threading.Thread(target=compile_, name="numpyro_dgp-fit-compile", daemon=True)
-        self._thread.start()
-
-    def result(self) -> float:
-        """Wait for the compilation; its seconds from the lowering's start."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._seconds
-
-
-def _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict, overlap=None):
+def _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict):
     """``svi.init`` (compiled: :func:`numpyro_dgp.infer.init`) after setting up the guide (see
     :func:`numpyro_dgp._params.set_up_guide`) and checking ``init_params``; when the model
-    cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails.
-
-    ``overlap(abstract_state)``, if given, is called with the state's shapes once the compiled
-    initialization is traced, before it is compiled and run."""
+    cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails."""
     try:
         set_up_guide(svi.guide, jax.random.fold_in(rng_key, _SETUP_STREAM), args, model_kwargs)
         if init_params is not None:
             check_params_against(param_specs(svi.model, svi.guide, args, model_kwargs), init_params,
                                  "fit (init_params)", allow_missing=not strict, allow_unexpected=not strict,
                                  require_finite=True, hint=STRICT_HINT)
-        from numpyro_dgp.infer._init import init_program  # a sibling that imports the guides
+        from numpyro_dgp.infer._init import init  # a sibling that imports the guides
 
-        program = init_program(svi, rng_key, args, kwargs, init_params)
-        if program is None:
-            return svi.init(rng_key, *args, init_params=init_params, **kwargs)
-        jitted, call_args = program
-        if overlap is None:
-            return jitted(*call_args)
-        lowered = jitted.lower(*call_args)
-        # eval_shape reuses the trace just made, and (unlike lowered.out_info) keeps weak types,
-        # so the chunk compiled for these shapes is the one the real state calls
-        overlap(jax.eval_shape(jitted, *call_args))
-        return lowered.compile()(*call_args)
+        return init(svi, rng_key, *args, init_params=init_params, **kwargs)
     except (ValueError, RuntimeError) as err:
         if isinstance(err, ParameterMismatchError):
             raise

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import weakref
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -62,31 +62,11 @@ def init(svi: SVI, rng_key: jax.Array, *args: Any, init_params: dict | None = No
     :param kwargs: the model's keyword arguments.
     :return: the initial ``SVIState``.
     """
-    program = init_program(svi, rng_key, args, kwargs, init_params)
-    if program is None:
-        return svi.init(rng_key, *args, init_params=init_params, **kwargs)
-    compiled, call_args = program
-    return compiled(*call_args)
-
-
-def init_program(svi: SVI, rng_key: jax.Array, args: tuple, kwargs: dict,
-                 init_params: dict | None) -> tuple[Callable, tuple] | None:
-    """``(jitted, call_args)``: the compiled initialization of :func:`init` and its arguments
-    (``jitted(*call_args)`` is the initial state), or ``None`` when ``svi.init`` must run as it
-    is. :func:`numpyro_dgp.fit` lowers it to learn the state's shapes before running it.
-
-    :param svi: a ``numpyro.infer.SVI``.
-    :param rng_key: PRNG key.
-    :param args: the model's positional arguments.
-    :param kwargs: the model's keyword arguments.
-    :param init_params: initial constrained values of some parameters.
-    :return: the jitted function and its arguments, or ``None``.
-    """
     guide = innermost_guide(svi.guide)
     if isinstance(guide, DGPGuide) and guide.prototype_trace is None:
         guide._setup_prototype(*args, **kwargs)
     if not _compilable(svi):
-        return None
+        return svi.init(rng_key, *args, init_params=init_params, **kwargs)
     dyn_args = tuple(a if _is_array(a) else None for a in args)
     static_args = tuple(None if _is_array(a) else a for a in args)
     dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
@@ -95,7 +75,7 @@ def init_program(svi: SVI, rng_key: jax.Array, args: tuple, kwargs: dict,
     try:
         hash(key)
     except TypeError:  # unhashable static arguments: as svi.init does
-        return None
+        return svi.init(rng_key, *args, init_params=init_params, **kwargs)
     compiled = _INITS.get(svi, key)
     if compiled is None:
         svi_ref = weakref.ref(svi)  # the cache must not keep svi alive
@@ -108,4 +88,4 @@ def init_program(svi: SVI, rng_key: jax.Array, args: tuple, kwargs: dict,
             return svi_ref().init(rng_key, *call_args, init_params=init_params, **dict(static_kwargs), **dyn_kwargs)
 
         _INITS.put(svi, key, compiled)
-    return compiled, (rng_key, dyn_args, dyn_kwargs, init_params)
+    return compiled(rng_key, dyn_args, dyn_kwargs, init_params)

@@ -79,39 +79,3 @@ def test_fit_and_predict_compile_once(problem, guide_name):
     assert second_fit == {_COMPILE: 0, _TRACE: 0}, second_fit
     assert second_predict == {_COMPILE: 0, _TRACE: 0}, second_predict
 
-
-def test_a_fresh_fit_compiles_its_step_once_beside_the_initialization(problem):
-    # fit initializes, compiling the step on a second thread from the state's shapes: the real
-    # state must then find that executable (one compilation of the step, not two), and the
-    # result must be the one of the path without the second thread (averaging turns it off)
-    import logging
-
-    _, X, y = problem
-    model = models.deep_gp_regression(num_layers=2, num_inducing=12)  # nothing of it compiled yet
-    messages = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
-
-    def fresh():
-        guide = guides.AutoFactorizedDGP(model)
-        return SVI(model, guide, optax.adam(0.01), nd.DGPElbo())
-
-    handler = Collect()
-    logging.getLogger("jax").addHandler(handler)
-    try:
-        with jax.log_compiles(True):
-            overlapped = nd.fit(fresh(), jax.random.PRNGKey(0), X, y, num_steps=30, chunk_size=10,
-                                progress_bar=False)
-    finally:
-        logging.getLogger("jax").removeHandler(handler)
-    # (counted where JAX starts a compilation: a persistent-cache hit is logged there too)
-    step_compiles = [m for m in messages if m.startswith("Compiling jit(run_chunk)")]
-    assert len(step_compiles) == 1, step_compiles
-    assert overlapped.compile_seconds > 0
-    sequential = nd.fit(fresh(), jax.random.PRNGKey(0), X, y, num_steps=30, chunk_size=10, progress_bar=False,
-                        average_from=29)
-    np.testing.assert_array_equal(overlapped.losses, sequential.losses)
-    for name, value in overlapped.params.items():
-        np.testing.assert_array_equal(value, sequential.params[name], err_msg=name)
