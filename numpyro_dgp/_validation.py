@@ -108,7 +108,7 @@ def check_finite(x: Any, name: str, caller: str) -> None:
         raise ValueError(f"{caller}: {name} contains {count} NaN or inf values (first at {first})")
 
 
-#: rows per block of the host-side finiteness check (its boolean mask stays small)
+#: bytes of data per block of the host-side finiteness check (its boolean mask stays small)
 _FINITE_BLOCK_BYTES = 1 << 24
 
 

@@ -78,4 +78,3 @@ def test_fit_and_predict_compile_once(problem, guide_name):
     # continuing on the same SVI object and predicting again reuse the compiled programs
     assert second_fit == {_COMPILE: 0, _TRACE: 0}, second_fit
     assert second_predict == {_COMPILE: 0, _TRACE: 0}, second_predict
-
