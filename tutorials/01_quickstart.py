@@ -516,10 +516,12 @@ subprocess.run(cli + ["predict", str(model_dir.parent / "cli_model"), str(table)
 print((model_dir.parent / "predictions.csv").read_text().splitlines()[:4])
 
 # %% [markdown]
-# **Large data.** `predict(..., batch_size=B)` predicts `B` points at a time (memory bounded
-# by the batch). It is the same predictive distribution; with sampled inner layers each batch
-# draws its own samples, so the means differ from an unbatched call by Monte Carlo error only
-# (small against the predictive standard deviation). k-means initialization uses at most
+# **Large data.** `predict(..., batch_size=B)` predicts `B` points at a time and writes them
+# into outputs allocated once (memory: the `S x N` components plus one window; add
+# `keep_layers=False` to skip the per-layer arrays). It is the same predictive distribution;
+# with sampled inner layers each window draws its own samples, so the means differ from an
+# unbatched call by Monte Carlo error only (small against the predictive standard deviation).
+# k-means initialization uses at most
 # 100,000 points. For
 # data larger than device memory, `infer.HostMinibatches` draws minibatches from host arrays
 # or a memory-mapped `.npy`, and `infer.fit_minibatches` trains on them, with `num_data` the
