@@ -144,7 +144,7 @@ def write_markdown(path, record):
 
 def combine(paths, tag):
     """One record from runs with the same settings made by separate processes."""
-    from numpyro_dgp.papers.results import extend_by_split
+    from numpyro_dgp.papers.results import merge_by_split
 
     records = [json.loads(Path(p).read_text()) for p in paths]
     out = dict(records[0])
@@ -158,15 +158,12 @@ def combine(paths, tag):
     out["command"] = " ; ".join(r["command"] for r in records)
     out["date"] = " ; ".join(r["date"] for r in records)
     out["combined_from"] = [Path(p).name for p in paths]
-    out["results"], out["timing"] = {}, {}
+    try:
+        out["results"] = merge_by_split([r["results"] for r in records], "--combine")
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    out["timing"] = {}
     for r in records:
-        for name, by_method in r["results"].items():
-            for method, runs in by_method.items():
-                try:
-                    extend_by_split(out["results"].setdefault(name, {}).setdefault(method, []), runs,
-                                    f"--combine: {name} {method}")
-                except ValueError as err:
-                    raise SystemExit(str(err)) from None
         for name, timing in r.get("timing", {}).items():
             out["timing"].setdefault(name, timing)
     out_dir = Path(__file__).resolve().parent / "results"

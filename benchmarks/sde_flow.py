@@ -118,7 +118,7 @@ def write_markdown(path, record):
 def combine(paths, tag):
     """One record from runs of disjoint splits with the same settings: every source command
     and date is kept; a split that appears twice for a data set and model is an error."""
-    from numpyro_dgp.papers.results import extend_by_split
+    from numpyro_dgp.papers.results import merge_by_split
 
     records = [json.loads(Path(p).read_text()) for p in paths]
     out = {k: v for k, v in records[0].items() if k not in ("merged_from", "sweep_plot")}
@@ -128,15 +128,10 @@ def combine(paths, tag):
     out["command"] = " ; ".join(r["command"] for r in records)
     out["date"] = " ; ".join(r["date"] for r in records)
     out["combined_from"] = [Path(p).name for p in paths]
-    out["results"] = {}
-    for r in records:
-        for name, by_model in r["results"].items():
-            for label, runs in by_model.items():
-                try:
-                    extend_by_split(out["results"].setdefault(name, {}).setdefault(label, []), runs,
-                                    f"--combine: {name} {label}")
-                except ValueError as err:
-                    raise SystemExit(str(err)) from None
+    try:
+        out["results"] = merge_by_split([r["results"] for r in records], "--combine")
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     out_dir = Path(__file__).resolve().parent / "results"
     (out_dir / f"sde_flow_{tag}.json").write_text(json.dumps(out, indent=1))
     write_markdown(out_dir / f"sde_flow_{tag}.md", out)

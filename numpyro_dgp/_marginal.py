@@ -535,10 +535,7 @@ def marginal_trace(
     :return: :class:`MarginalRun`.
     """
     with _validation_off_when_traced(params):
-        guide_key, model_key = jax.random.split(rng_key)
-        seeded_guide = substitute(seed(fast_subsample(guide), guide_key), data=params)
-        guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
-        seeded_model = substitute(replay(seed(fast_subsample(model), model_key), guide_trace), data=params)
+        guide_trace, seeded_model = guide_then_model(model, guide, params, rng_key, args, kwargs)
 
         # Which sites are inducing values and which layer is last: an abstract first pass
         # (jax.eval_shape), so it adds nothing to the compiled computation.
@@ -589,6 +586,17 @@ def marginal_trace(
             guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights,
             handler.branch_log_weights, type(base_guide).__name__,
         )
+
+
+def guide_then_model(model: Callable, guide: Callable, params: dict, rng_key: jax.Array, args: tuple,
+                     kwargs: dict) -> tuple[dict, Callable]:
+    """The guide's trace (run with ``params`` under one half of ``rng_key``) and the model
+    seeded with the other half, replaying that trace, with ``params`` substituted: the start of
+    every objective and prediction that runs the guide before the model."""
+    guide_key, model_key = jax.random.split(rng_key)
+    guide_trace = trace(substitute(seed(fast_subsample(guide), guide_key), data=params)).get_trace(*args, **kwargs)
+    seeded_model = substitute(replay(seed(fast_subsample(model), model_key), guide_trace), data=params)
+    return guide_trace, seeded_model
 
 
 def _validation_off_when_traced(params: Any) -> contextlib.AbstractContextManager:

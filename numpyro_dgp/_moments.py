@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.handlers import trace
 from numpyro.primitives import Messenger
 
 from numpyro_dgp._autoguides import innermost_guide
@@ -42,11 +42,11 @@ from numpyro_dgp._marginal import (
     _validation_off_when_traced,
     final_layer_name,
     guide_posteriors,
+    guide_then_model,
     quadrature_rule,
 )
 from numpyro_dgp._protocol import BRANCHES, FLOW, LAYER_MESSAGE, QUADRATURE_AXIS, get_tag, with_tag
 from numpyro_dgp.core import uncertain_input_moments
-from numpyro_dgp.handlers._training import fast_subsample
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import ChainLink, JointBlock
 
@@ -280,9 +280,7 @@ def moment_trace(
     :return: :class:`MomentRun`.
     """
     with _validation_off_when_traced(params):
-        guide_key, model_key = jax.random.split(rng_key)
-        guide_trace = trace(substitute(seed(fast_subsample(guide), guide_key), data=params)).get_trace(*args, **kwargs)
-        seeded_model = substitute(replay(seed(fast_subsample(model), model_key), guide_trace), data=params)
+        guide_trace, seeded_model = guide_then_model(model, guide, params, rng_key, args, kwargs)
         found = {}
 
         def probe():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["extend_by_split"]
+__all__ = ["extend_by_split", "merge_by_split"]
 
 
 def extend_by_split(rows: list[dict], more: list[dict], what: str) -> list[dict]:
@@ -22,3 +22,20 @@ def extend_by_split(rows: list[dict], more: list[dict], what: str) -> list[dict]
     rows += more
     rows.sort(key=lambda r: r["split"])
     return rows
+
+
+def merge_by_split(results: list[dict], what: str) -> dict:
+    """Merge results files' ``{data set: {label: [rows]}}`` tables into one, the rows of each
+    data set and label joined by :func:`extend_by_split`.
+
+    :param results: the tables, in the order their rows are added.
+    :param what: the name of the merge, for error messages (e.g. ``"--combine"``).
+    :return: the merged table.
+    :raises ValueError: a split appears in more than one table for a data set and label.
+    """
+    merged: dict = {}
+    for table in results:
+        for name, by_label in table.items():
+            for label, rows in by_label.items():
+                extend_by_split(merged.setdefault(name, {}).setdefault(label, []), rows, f"{what}: {name} {label}")
+    return merged
