@@ -5,10 +5,10 @@ from pathlib import Path
 # test_tutorials, which inherit the environment): many tests build the same model at the same
 # shapes, and every model's eager initialization compiles the same few hundred small programs.
 # Set before jax is imported; an existing setting wins. The directory lives in the checkout
-# (git-ignored), so a clean clone starts cold; one per pytest-xdist worker, because JAX writes
-# entries without a lock and a worker's notebook kernel runs while that worker waits.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(
-    Path(__file__).resolve().parent.parent / ".jax_cache" / os.environ.get("PYTEST_XDIST_WORKER", "main")))
+# (git-ignored), so a clean clone starts cold. The pytest-xdist workers and the notebook kernels
+# share it, so one worker's compilation serves the other. JAX writes entries without a lock; an
+# entry read while another process writes it fails to load, and JAX then warns and compiles again.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".jax_cache" / "main"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 # Most of the suite's time is XLA compiling small programs that then run for milliseconds:

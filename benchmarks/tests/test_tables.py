@@ -1,6 +1,7 @@
 """The committed benchmark tables are rendered from their JSON records: check the rendering."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -38,3 +39,21 @@ def test_sde_flow_table_gives_mean_and_standard_error_and_marks_single_runs(tmp_
     assert "LL >= -2.98, RMSE <= 4.8: NOT met" in rows["T=5"]  # mean -3.1, 5.3
     assert "| 1 | -3.250 (one run) | 5.9 (one run) |" in rows["T=1"]
     assert "nan" not in path.read_text()
+
+
+def test_nested_step_time_table_is_rendered_from_its_record(tmp_path):
+    """The committed ``nested_step_time.md`` is exactly what its JSON renders to, and each row's
+    ratios are the quotients of that row's medians."""
+    nested_step_time = _load("nested_step_time")
+    results = REPO / "benchmarks" / "results"
+    record = json.loads((results / "nested_step_time.json").read_text())
+    path = tmp_path / "table.md"
+    nested_step_time.write_markdown(path, record)
+    assert path.read_text() == (results / "nested_step_time.md").read_text()
+    for name, r in record["results"].items():
+        t = r["seconds_per_step"]
+        row = next(line for line in path.read_text().splitlines() if line.startswith(f"| {name} |"))
+        ratios = [cell.strip() for cell in row.strip("|").split("|")][-3:]
+        expected = [t["nvc"] / t["dsvi"], t["nvc_penalize"] / t["dsvi"], t["psi2_sums_fwd_grad"] / t["dsvi"]]
+        assert ratios == [f"{x:.2f}x" for x in expected]
+        assert all(np.median(r["rounds"][k]) == t[k] for k in t)
