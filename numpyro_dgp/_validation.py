@@ -77,7 +77,10 @@ def as_float_array(x: Any, name: str, caller: str, ndim: int | tuple[int, ...] |
     :raises ValueError: for a number of dimensions not in ``ndim``.
     """
     try:
-        x = jnp.asarray(x)
+        # a JAX array is kept as it is: jnp.asarray would copy a tracer under jax.grad, and
+        # moment propagation tells a layer's input by its identity
+        if not isinstance(x, jax.Array):
+            x = jnp.asarray(x)
     except TypeError as err:
         raise TypeError(f"{caller}: {name} must be a numeric array, got {type(x).__name__}: {err}") from None
     if jnp.issubdtype(x.dtype, jnp.complexfloating) or not (

@@ -1,22 +1,15 @@
 """Training handlers: fast_subsample draws uniform subsets; data_parallel equals one device."""
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
 import pytest
 from numpyro.handlers import seed
+
 import numpyro_dgp as dgp
 from numpyro_dgp.handlers import fast_subsample
-
-
-REPO = Path(__file__).resolve().parents[2]
+from tests._two_devices import run_on_two_devices
 
 
 def _draw_subsample(rng_key, size=10, subsample_size=3):
@@ -27,65 +20,47 @@ def _draw_subsample(rng_key, size=10, subsample_size=3):
     return seed(fast_subsample(fn), rng_key)()
 
 
-_DATA_PARALLEL_SCRIPT = textwrap.dedent(
-    """
-    import json
-    import jax
-    jax.config.update("jax_enable_x64", True)
-    import jax.numpy as jnp
-    import numpy as np
-    import numpyro
-    from numpyro.infer import MCMC, NUTS, SVI
-    import numpyro_dgp as dgp
-    from numpyro_dgp.handlers import data_parallel
-    from numpyro_dgp.models import deep_gp_regression
+_DATA_PARALLEL_SCRIPT = """
+from numpyro.infer import MCMC, NUTS
+from numpyro_dgp.models import deep_gp_regression
 
-    assert len(jax.devices()) == 2, jax.devices()
-    rs = np.random.RandomState(0)
-    X = jnp.asarray(rs.uniform(-1, 1, (64, 2)))
-    y = jnp.sin(3 * X[:, 0]) * X[:, 1] + 0.05 * jnp.asarray(rs.randn(64))
-    model = deep_gp_regression(2, num_inducing=8, hidden_width=3)
-    guide = dgp.guides.AutoFactorizedDGP(model)
-    one = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
-    two = SVI(data_parallel(model), guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
-    state = one.init(jax.random.PRNGKey(0), X, y, batch_size=32)
-    two.init(jax.random.PRNGKey(0), X, y, batch_size=32)  # sets two's transforms; both start from `state`
-    params = one.get_params(state)
+model = deep_gp_regression(2, num_inducing=8, hidden_width=3)
+guide = dgp.guides.AutoFactorizedDGP(model)
+one = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+two = SVI(data_parallel(model), guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+state = one.init(jax.random.PRNGKey(0), X, y, batch_size=32)
+two.init(jax.random.PRNGKey(0), X, y, batch_size=32)  # sets two's transforms; both start from `state`
+params = one.get_params(state)
 
-    def loss_and_grad(svi):
-        f = lambda p, key: svi.loss.loss(key, p, svi.model, svi.guide, X, y, batch_size=32)
-        return jax.jit(jax.value_and_grad(f))
+def loss_and_grad(svi):
+    f = lambda p, key: svi.loss.loss(key, p, svi.model, svi.guide, X, y, batch_size=32)
+    return jax.jit(jax.value_and_grad(f))
 
-    out = {"loss_rel_diff": [], "grad_rel_diff": []}
-    f1, f2 = loss_and_grad(one), loss_and_grad(two)
-    for i in range(3):  # three minibatches (and Monte Carlo draws)
-        key = jax.random.PRNGKey(10 + i)
-        (l1, g1), (l2, g2) = f1(params, key), f2(params, key)
-        out["loss_rel_diff"].append(float(abs(l1 - l2) / abs(l1)))
-        # relative to each parameter's gradient norm, floored at 1e-6 of the largest: some
-        # gradients are exactly zero (round-off on either side is then meaningless)
-        norms = {k: float(jnp.linalg.norm(g1[k])) for k in g1}
-        floor = 1e-6 * max(norms.values())
-        out["grad_rel_diff"].append(max(float(jnp.linalg.norm(g1[k] - g2[k])) / max(norms[k], floor) for k in g1))
-    hlo = f2.lower(params, jax.random.PRNGKey(0)).compile().as_text()
-    out["all_reduce"] = "all-reduce" in hlo
+out = {"loss_rel_diff": [], "grad_rel_diff": []}
+f1, f2 = loss_and_grad(one), loss_and_grad(two)
+for i in range(3):  # three minibatches (and Monte Carlo draws)
+    key = jax.random.PRNGKey(10 + i)
+    (l1, g1), (l2, g2) = f1(params, key), f2(params, key)
+    out["loss_rel_diff"].append(float(abs(l1 - l2) / abs(l1)))
+    out["grad_rel_diff"].append(gradient_difference(g1, g2))
+hlo = f2.lower(params, jax.random.PRNGKey(0)).compile().as_text()
+out["all_reduce"] = "all-reduce" in hlo
 
-    r1 = dgp.fit(one, None, X, y, batch_size=32, num_steps=30, chunk_size=10, init_state=state, progress_bar=False)
-    r2 = dgp.fit(two, None, X, y, batch_size=32, num_steps=30, chunk_size=10, init_state=state, progress_bar=False)
-    out["fit_loss_max_rel_diff"] = float(np.max(np.abs(r1.losses - r2.losses) / np.abs(r1.losses)))
+r1 = dgp.fit(one, None, X, y, batch_size=32, num_steps=30, chunk_size=10, init_state=state, progress_bar=False)
+r2 = dgp.fit(two, None, X, y, batch_size=32, num_steps=30, chunk_size=10, init_state=state, progress_bar=False)
+out["fit_loss_max_rel_diff"] = float(np.max(np.abs(r1.losses - r2.losses) / np.abs(r1.losses)))
 
-    def lin(x, y=None):
-        w = numpyro.sample("w", numpyro.distributions.Normal(0, 1))
-        numpyro.sample("y", numpyro.distributions.Normal(w * x, 1.0), obs=y)
+def lin(x, y=None):
+    w = numpyro.sample("w", numpyro.distributions.Normal(0, 1))
+    numpyro.sample("y", numpyro.distributions.Normal(w * x, 1.0), obs=y)
 
-    mcmc = MCMC(NUTS(lin), num_warmup=50, num_samples=50, num_chains=2, chain_method="parallel", progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(1), jnp.arange(5.0), 2 * jnp.arange(5.0))
-    w = mcmc.get_samples(group_by_chain=True)["w"]
-    out["mcmc_shape"] = list(w.shape)
-    out["mcmc_chains_differ"] = bool(not np.allclose(w[0], w[1]))
-    print(json.dumps(out))
-    """
-)
+mcmc = MCMC(NUTS(lin), num_warmup=50, num_samples=50, num_chains=2, chain_method="parallel", progress_bar=False)
+mcmc.run(jax.random.PRNGKey(1), jnp.arange(5.0), 2 * jnp.arange(5.0))
+w = mcmc.get_samples(group_by_chain=True)["w"]
+out["mcmc_shape"] = list(w.shape)
+out["mcmc_chains_differ"] = bool(not np.allclose(w[0], w[1]))
+print(json.dumps(out))
+"""
 
 
 @pytest.mark.stochastic
@@ -121,14 +96,7 @@ def test_fast_subsample_leaves_given_subsamples_alone():
 
 
 def test_data_parallel_loss_equals_single_device_on_two_cpu_devices():
-    env = {
-        **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
-    proc = subprocess.run([sys.executable, "-c", _DATA_PARALLEL_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_on_two_devices(_DATA_PARALLEL_SCRIPT)
     # same minibatches and Monte Carlo draws: equal up to the order of the reductions
     assert max(out["loss_rel_diff"]) < 1e-6, out
     assert max(out["grad_rel_diff"]) < 1e-6, out
