@@ -12,7 +12,7 @@ from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
 from numpyro_dgp._compat import apply_stack, innermost_trace
-from numpyro_dgp._validation import warn_if_not_standardized
+from numpyro_dgp._validation import concrete, non_finite_entries, warn_if_not_standardized
 from numpyro_dgp.core import check_jitter, default_jitter
 from numpyro_dgp.kernels import Kernel
 
@@ -22,12 +22,13 @@ __all__ = ["MEAN_FUNCTIONS", "mean_projection"]
 MEAN_FUNCTIONS = ("zero", "identity", "linear")
 
 
-def _concrete_bool(x: ArrayLike) -> bool | None:
-    """``bool(x)`` for a concrete array, ``None`` for a traced one (checks run only eagerly)."""
-    try:
-        return bool(x)
-    except jax.errors.ConcretizationTypeError:
+def _holds(check: Callable[..., Any], *values: ArrayLike) -> bool | None:
+    """``bool(check(*values))`` on the concrete values as NumPy arrays, ``None`` when one is
+    traced (checks run only eagerly). On the host, so that an eager check compiles nothing."""
+    arrays = [concrete(v) for v in values]
+    if any(a is None for a in arrays):
         return None
+    return bool(check(*arrays))
 
 
 def _resolve_jitter(name: str, jitter: float | None, dtype: Any) -> float:
@@ -59,7 +60,7 @@ def _check_kernel_values(name: str, kernel: Kernel) -> None:
     """The kernel's initial hyperparameters must be positive (a kernel built as a pytree skips
     its constructor's check)."""
     for hp, value in kernel.hyperparameters().items():
-        if _concrete_bool(jnp.all(jnp.asarray(value) > 0)) is False:
+        if _holds(lambda v: np.all(v > 0), value) is False:
             raise ValueError(f"gp_layer {name!r}: kernel hyperparameter {hp!r} must be positive, got {value}")
 
 
@@ -74,7 +75,7 @@ def _check_input_scale(name: str, X: jax.Array, kernel: Kernel) -> None:
 
 
 def _check_finite(x: ArrayLike, what: str) -> None:
-    if _concrete_bool(jnp.all(jnp.isfinite(x))) is False:
+    if _holds(lambda v: not np.issubdtype(v.dtype, np.inexact) or non_finite_entries(v)[0] == 0, x) is False:
         raise ValueError(f"{what} contains NaN or inf values")
 
 
@@ -131,7 +132,7 @@ def _noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax
     """The layer's learned output noise variance (``numpyro.param`` ``"<name>.noise"``), or ``None``."""
     if noise is None:
         return None
-    if np.ndim(noise) != 0 or _concrete_bool(jnp.isfinite(noise) & (jnp.asarray(noise) > 0)) is False:
+    if np.ndim(noise) != 0 or _holds(lambda v: np.isfinite(v) & (v > 0), noise) is False:
         raise ValueError(f"gp_layer {name!r}: noise must be a finite positive scalar (a variance), got {noise!r}")
     return numpyro.param(f"{name}.noise", jnp.asarray(noise, dtype), constraint=constraints.positive)
 
@@ -148,7 +149,7 @@ def _hyperparameters(name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, 
                 prior = prior.expand(init.shape).to_event(init.ndim)
             values[hp] = numpyro.sample(site, prior)
             continue
-        if _concrete_bool(jnp.all(init > 0)) is False:
+        if _holds(lambda v: np.all(v > 0), init) is False:
             raise ValueError(
                 f"gp_layer {name!r}: kernel hyperparameter {hp!r} must be positive, got {init}"
             )

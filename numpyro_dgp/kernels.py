@@ -218,12 +218,20 @@ class Stationary(Kernel):
     def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
         """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default ``X1``)."""
         X1, X2 = _check_inputs(X1, X2)
-        return self.variance * self._profile(self._scaled_sqdist(X1, X2))
+        return _stationary_gram(self, X1, X2)
 
     def diag(self, X: ArrayLike) -> jax.Array:
         """Diagonal of ``self(X, X)``: ``variance`` at every point, shape ``(N,)``."""
         X = _check_diag_input(X)
         return jnp.broadcast_to(jnp.asarray(self.variance, X.dtype), X.shape[:-1])
+
+
+# One program per kernel type and input shapes. Called outside jit (interactive use, tests),
+# the dozen operations of a Gram matrix would otherwise each compile on their own at every new
+# shape; inside jit, grad or vmap it is inlined like any nested jit.
+@jax.jit
+def _stationary_gram(kernel: Stationary, X1: jax.Array, X2: jax.Array) -> jax.Array:
+    return kernel.variance * kernel._profile(kernel._scaled_sqdist(X1, X2))
 
 
 def _safe_sqrt(sq: jax.Array) -> jax.Array:

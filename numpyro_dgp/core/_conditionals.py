@@ -7,6 +7,8 @@ standard deviations) or ``None`` (the inducing values are known exactly, S = 0).
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
@@ -74,6 +76,24 @@ def conditional(
         variances are clipped at 0 (round-off).
     :raises ValueError: if ``q_sqrt`` or ``Knn`` has the wrong number of dimensions.
     """
+    Kmn, Kmm_chol, Knn, q_mean = (jnp.asarray(a) for a in (Kmn, Kmm_chol, Knn, q_mean))
+    q_sqrt = None if q_sqrt is None else jnp.asarray(q_sqrt)
+    return _conditional(Kmn, Kmm_chol, Knn, q_mean, q_sqrt, whiten=bool(whiten), full_cov=bool(full_cov))
+
+
+# One program per shape and flags: outside jit (interactive use, tests) the conditional's
+# operations would otherwise each compile on their own; inside jit it is inlined.
+@partial(jax.jit, static_argnames=("whiten", "full_cov"))
+def _conditional(
+    Kmn: jax.Array,
+    Kmm_chol: jax.Array,
+    Knn: jax.Array,
+    q_mean: jax.Array,
+    q_sqrt: jax.Array | None,
+    *,
+    whiten: bool,
+    full_cov: bool,
+) -> tuple[jax.Array, jax.Array]:
     A, B = project(Kmn, Kmm_chol, whiten)
     mean = (q_mean @ B).T
     if q_sqrt is None:

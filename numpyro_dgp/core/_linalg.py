@@ -125,8 +125,7 @@ def robust_cholesky(
 _INVERSE_LEAF = 32
 
 
-@jax.custom_jvp
-def triangular_inverse(L: jax.Array) -> jax.Array:
+def triangular_inverse(L: ArrayLike) -> jax.Array:
     """``L^{-1}`` for lower-triangular ``L`` (``(..., M, M)``; the upper triangle is ignored).
 
     One explicit inverse followed by matrix products is faster on CPU than triangular
@@ -139,20 +138,30 @@ def triangular_inverse(L: jax.Array) -> jax.Array:
     :param L: ``(..., M, M)`` lower-triangular matrix.
     :return: ``(..., M, M)`` lower-triangular inverse.
     """
+    return _triangular_inverse_compiled(jnp.asarray(L))
+
+
+@jax.custom_jvp
+def _triangular_inverse(L: jax.Array) -> jax.Array:
     n = L.shape[-1]
     if n <= _INVERSE_LEAF:
         eye = jnp.broadcast_to(jnp.eye(n, dtype=L.dtype), L.shape)
         return solve_triangular(L, eye, lower=True)
     h = n // 2
-    A_inv = triangular_inverse(L[..., :h, :h])
-    D_inv = triangular_inverse(L[..., h:, h:])
+    A_inv = _triangular_inverse(L[..., :h, :h])
+    D_inv = _triangular_inverse(L[..., h:, h:])
     lower_left = -(D_inv @ L[..., h:, :h]) @ A_inv
     top = jnp.concatenate([A_inv, jnp.zeros(L.shape[:-2] + (h, n - h), L.dtype)], axis=-1)
     return jnp.concatenate([top, jnp.concatenate([lower_left, D_inv], axis=-1)], axis=-2)
 
 
-@triangular_inverse.defjvp
+@_triangular_inverse.defjvp
 def _triangular_inverse_jvp(primals: tuple, tangents: tuple) -> tuple[jax.Array, jax.Array]:
     (L,), (dL,) = primals, tangents
-    Linv = triangular_inverse(L)
+    Linv = _triangular_inverse(L)
     return Linv, -Linv @ jnp.tril(dL) @ Linv
+
+
+# One program per shape: outside jit (interactive use, tests) the recursion's few dozen
+# operations would otherwise each compile on their own; inside jit it is inlined.
+_triangular_inverse_compiled = jax.jit(_triangular_inverse)

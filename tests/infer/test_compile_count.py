@@ -78,3 +78,43 @@ def test_fit_and_predict_compile_once(problem, guide_name):
     # continuing on the same SVI object and predicting again reuse the compiled programs
     assert second_fit == {_COMPILE: 0, _TRACE: 0}, second_fit
     assert second_predict == {_COMPILE: 0, _TRACE: 0}, second_predict
+
+
+_LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+
+
+def _count_lowerings(fn, *args, **kwargs):
+    counts = {_LOWER: 0}
+
+    def listener(event, duration, **kw):
+        if event in counts:
+            counts[event] += 1
+
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        jax.block_until_ready(fn(*args, **kwargs))
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+    return counts[_LOWER]
+
+
+def test_eager_kernel_conditional_and_inverse_are_one_program_per_shape():
+    # Called outside jit (interactive use, tests), each is one compiled program; before, every
+    # operation compiled on its own at each new shape (a Gram matrix about a dozen, the
+    # conditional with its triangular inverse over a hundred). Lowerings are counted: a
+    # program lowers once per shape whether or not a persistent compilation cache has it.
+    from numpyro_dgp import core, kernels
+
+    rng = np.random.default_rng(3)
+    M, N, P = 43, 29, 2  # shapes no other test uses, so nothing is cached in this process
+    X = jax.numpy.asarray(rng.normal(size=(N, 3)))
+    Z = jax.numpy.asarray(rng.normal(size=(M, 3)))
+    kernel = kernels.Matern52(variance=1.3, lengthscale=np.array([0.7, 1.1, 0.9]))
+    assert _count_lowerings(kernel, Z, X) == 1
+    assert _count_lowerings(kernel, Z, X) == 0  # reused
+    L = jax.numpy.asarray(np.linalg.cholesky(np.asarray(kernel(Z)) + 1e-6 * np.eye(M)))
+    assert _count_lowerings(core.triangular_inverse, L) == 1
+    q_mean = jax.numpy.asarray(rng.normal(size=(P, M)))
+    q_sqrt = jax.numpy.asarray(np.tril(rng.normal(size=(P, M, M))))
+    Knn = kernel.diag(X)
+    assert _count_lowerings(core.conditional, kernel(Z, X), L, Knn, q_mean, q_sqrt, whiten=False) == 1
