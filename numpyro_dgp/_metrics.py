@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 from jax.scipy.special import logsumexp, ndtr
@@ -55,11 +57,19 @@ def log_likelihood(prediction: Prediction, y: ArrayLike) -> jax.Array:
     y = jnp.asarray(y)
     if prediction.likelihood == "bernoulli":
         _check_binary_labels(y, "log_likelihood")
-        lp = _bernoulli_log_prob(y, prediction.component_means)
+    return _mixture_log_likelihood(prediction.likelihood == "bernoulli", y, prediction.component_means,
+                                   prediction.component_variances, prediction.weights)
+
+
+# One program per shape: called outside jit, the operations would each compile on their own.
+@partial(jax.jit, static_argnums=0)
+def _mixture_log_likelihood(bernoulli, y, component_means, component_variances, weights):
+    if bernoulli:
+        lp = _bernoulli_log_prob(y, component_means)
     else:
-        lp = norm.logpdf(y, prediction.component_means, jnp.sqrt(prediction.component_variances))
-    if prediction.weights is not None:
-        return logsumexp(lp, axis=0, b=prediction.weights[:, None])
+        lp = norm.logpdf(y, component_means, jnp.sqrt(component_variances))
+    if weights is not None:
+        return logsumexp(lp, axis=0, b=weights[:, None])
     return logsumexp(lp, axis=0) - jnp.log(lp.shape[0])
 
 

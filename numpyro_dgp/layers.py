@@ -236,6 +236,13 @@ def sample_moments(
         L = jittered_cholesky(var, jitter)  # (P, N, N)
         eps = jax.random.normal(rng_key, mean.shape[::-1], mean.dtype)  # (P, N)
         return mean + jnp.einsum("pnm,pm->np", L, eps)
+    return _diagonal_draw(rng_key, jnp.asarray(mean), jnp.asarray(var))
+
+
+# One program per shape: called outside jit (a model run eagerly), the draw's operations would
+# otherwise each compile on their own; inside jit it is inlined.
+@jax.jit
+def _diagonal_draw(rng_key: jax.Array, mean: jax.Array, var: jax.Array) -> jax.Array:
     eps = jax.random.normal(rng_key, mean.shape, mean.dtype)
     return mean + jnp.sqrt(jnp.maximum(var, 0.0)) * eps
 

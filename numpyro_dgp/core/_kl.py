@@ -19,6 +19,14 @@ def gauss_kl(q_mean: ArrayLike, q_sqrt: ArrayLike, prior_chol: ArrayLike | None 
         (the whitened case).
     :return: scalar KL (nats).
     """
+    q_mean, q_sqrt = jnp.asarray(q_mean), jnp.asarray(q_sqrt)
+    return _gauss_kl(q_mean, q_sqrt, None if prior_chol is None else jnp.asarray(prior_chol))
+
+
+# One program per shape: outside jit (interactive use, tests) the KL's operations would
+# otherwise each compile on their own; inside jit it is inlined.
+@jax.jit
+def _gauss_kl(q_mean: jax.Array, q_sqrt: jax.Array, prior_chol: jax.Array | None) -> jax.Array:
     P, M = q_mean.shape
     diag = q_sqrt.ndim == 2
     q_diag = q_sqrt if diag else jnp.diagonal(q_sqrt, axis1=-2, axis2=-1)
