@@ -218,6 +218,10 @@ class Stationary(Kernel):
     def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
         """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default ``X1``)."""
         X1, X2 = _check_inputs(X1, X2)
+        try:
+            hash(_flatten_kernel(self)[1])
+        except TypeError:  # a subclass with an unhashable setting (an array): not a jit argument
+            return _gram(self, X1, X2)
         return _stationary_gram(self, X1, X2)
 
     def diag(self, X: ArrayLike) -> jax.Array:
@@ -229,9 +233,11 @@ class Stationary(Kernel):
 # One program per kernel type and input shapes. Called outside jit (interactive use, tests),
 # the dozen operations of a Gram matrix would otherwise each compile on their own at every new
 # shape; inside jit, grad or vmap it is inlined like any nested jit.
-@jax.jit
-def _stationary_gram(kernel: Stationary, X1: jax.Array, X2: jax.Array) -> jax.Array:
+def _gram(kernel: Stationary, X1: jax.Array, X2: jax.Array) -> jax.Array:
     return kernel.variance * kernel._profile(kernel._scaled_sqdist(X1, X2))
+
+
+_stationary_gram = jax.jit(_gram)
 
 
 def _safe_sqrt(sq: jax.Array) -> jax.Array:

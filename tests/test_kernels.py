@@ -365,6 +365,27 @@ def test_kernels_under_jit():
         np.testing.assert_allclose(np.asarray(out), ref(X1, X2), rtol=RTOL, atol=ATOL)
 
 
+def test_a_subclass_with_an_array_setting_still_evaluates():
+    # Stationary kernels evaluate as one jitted program with the kernel as its argument; a
+    # user's subclass whose extra (static) setting is an array cannot be a jit argument and
+    # is evaluated directly instead, eagerly and inside jit alike.
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class ScaledRBF(RBF):
+        scales: np.ndarray = dataclasses.field(default_factory=lambda: np.array([1.0, 2.0]))
+
+        def _scaled_sqdist(self, X1, X2):
+            return super()._scaled_sqdist(X1 * self.scales, X2 * self.scales)
+
+    X1, X2 = np.random.default_rng(0).normal(size=(2, 7, 2))
+    for scales in ([1.0, 2.0], [3.0, 0.5]):  # two kernels of one type, settings that differ
+        k = ScaledRBF(variance=1.5, lengthscale=0.8, scales=np.array(scales))
+        ref = 1.5 * np.exp(-0.5 * cdist(X1 * k.scales / 0.8, X2 * k.scales / 0.8, "sqeuclidean"))
+        np.testing.assert_allclose(np.asarray(k(X1, X2)), ref, rtol=1e-10)
+        np.testing.assert_allclose(np.asarray(jax.jit(lambda a, b, k=k: k(a, b))(X1, X2)), ref, rtol=1e-10)
+
+
 @pytest.mark.parametrize("name", ["Matern12", "Matern32", "Matern52"])
 def test_matern_diagonal_under_jit_when_xla_recomputes_the_distances(name):
     # Per-point Gram matrices whose diagonal is used twice (the matrix and its mean, as the
