@@ -57,3 +57,19 @@ def test_nested_step_time_table_is_rendered_from_its_record(tmp_path):
         expected = [t["nvc"] / t["dsvi"], t["nvc_penalize"] / t["dsvi"], t["psi2_sums_fwd_grad"] / t["dsvi"]]
         assert ratios == [f"{x:.2f}x" for x in expected]
         assert all(np.median(r["rounds"][k]) == t[k] for k in t)
+
+
+def test_eager_calls_table_is_rendered_from_its_record(tmp_path):
+    """The committed ``eager_calls.md`` is exactly what its JSON renders to, and each row's
+    cells are the medians of that case's runs."""
+    eager_calls = _load("eager_calls")
+    results = REPO / "benchmarks" / "results"
+    record = json.loads((results / "eager_calls.json").read_text())
+    path = tmp_path / "table.md"
+    eager_calls.write_markdown(path, record)
+    assert path.read_text() == (results / "eager_calls.md").read_text()
+    for row in eager_calls.summarize(record):
+        runs = record["runs"][row["case"]]
+        for mode in eager_calls.MODES:
+            assert row[f"{mode}:first_s"] == np.median([r["first_s"] for r in runs[mode]])
+        assert row["first_call_ratio"] == row["op-by-op:first_s"] / row["jitted:first_s"]
