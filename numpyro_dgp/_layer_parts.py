@@ -23,12 +23,28 @@ MEAN_FUNCTIONS = ("zero", "identity", "linear")
 
 
 def _holds(check: Callable[..., Any], *values: ArrayLike) -> bool | None:
-    """``bool(check(*values))`` on the concrete values as NumPy arrays, ``None`` when one is
-    traced (checks run only eagerly). On the host, so that an eager check compiles nothing."""
+    """``bool(check(xp, *values))`` for concrete values, ``None`` when one is traced (checks run
+    only eagerly). Values in host memory are checked with NumPy (``xp = numpy``), so that an eager
+    check compiles nothing; arrays on an accelerator where they are (``xp = jax.numpy``) rather
+    than copied to the host."""
+    if any(isinstance(v, jax.core.Tracer) for v in values):
+        return None
+    if any(isinstance(v, jax.Array) and any(d.platform != "cpu" for d in v.devices()) for v in values):
+        try:
+            return bool(check(jnp, *values))
+        except jax.errors.ConcretizationTypeError:
+            return None
     arrays = [concrete(v) for v in values]
     if any(a is None for a in arrays):
         return None
-    return bool(check(*arrays))
+    return bool(check(np, *arrays))
+
+
+def _all_finite(xp: Any, x: Any) -> Any:
+    if not np.issubdtype(x.dtype, np.inexact):
+        return True
+    # NumPy: by blocks of rows (no whole-size mask for a large data set)
+    return non_finite_entries(x)[0] == 0 if xp is np else xp.all(xp.isfinite(x))
 
 
 def _resolve_jitter(name: str, jitter: float | None, dtype: Any) -> float:
@@ -60,7 +76,7 @@ def _check_kernel_values(name: str, kernel: Kernel) -> None:
     """The kernel's initial hyperparameters must be positive (a kernel built as a pytree skips
     its constructor's check)."""
     for hp, value in kernel.hyperparameters().items():
-        if _holds(lambda v: np.all(v > 0), value) is False:
+        if _holds(lambda xp, v: xp.all(v > 0), value) is False:
             raise ValueError(f"gp_layer {name!r}: kernel hyperparameter {hp!r} must be positive, got {value}")
 
 
@@ -75,7 +91,7 @@ def _check_input_scale(name: str, X: jax.Array, kernel: Kernel) -> None:
 
 
 def _check_finite(x: ArrayLike, what: str) -> None:
-    if _holds(lambda v: not np.issubdtype(v.dtype, np.inexact) or non_finite_entries(v)[0] == 0, x) is False:
+    if _holds(_all_finite, x) is False:
         raise ValueError(f"{what} contains NaN or inf values")
 
 
@@ -132,7 +148,7 @@ def _noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax
     """The layer's learned output noise variance (``numpyro.param`` ``"<name>.noise"``), or ``None``."""
     if noise is None:
         return None
-    if np.ndim(noise) != 0 or _holds(lambda v: np.isfinite(v) & (v > 0), noise) is False:
+    if np.ndim(noise) != 0 or _holds(lambda xp, v: xp.isfinite(v) & (v > 0), noise) is False:
         raise ValueError(f"gp_layer {name!r}: noise must be a finite positive scalar (a variance), got {noise!r}")
     return numpyro.param(f"{name}.noise", jnp.asarray(noise, dtype), constraint=constraints.positive)
 
@@ -149,7 +165,7 @@ def _hyperparameters(name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, 
                 prior = prior.expand(init.shape).to_event(init.ndim)
             values[hp] = numpyro.sample(site, prior)
             continue
-        if _holds(lambda v: np.all(v > 0), init) is False:
+        if _holds(lambda xp, v: xp.all(v > 0), init) is False:
             raise ValueError(
                 f"gp_layer {name!r}: kernel hyperparameter {hp!r} must be positive, got {init}"
             )
