@@ -41,15 +41,22 @@ def test_sde_flow_table_gives_mean_and_standard_error_and_marks_single_runs(tmp_
     assert "nan" not in path.read_text()
 
 
+def _render_committed(script, tmp_path):
+    """Render ``results/<script>.json`` with the script's ``write_markdown``, check that it is
+    exactly the committed ``results/<script>.md``; ``(module, record, rendered path)``."""
+    module = _load(script)
+    results = REPO / "benchmarks" / "results"
+    record = json.loads((results / f"{script}.json").read_text())
+    path = tmp_path / "table.md"
+    module.write_markdown(path, record)
+    assert path.read_text() == (results / f"{script}.md").read_text()
+    return module, record, path
+
+
 def test_nested_step_time_table_is_rendered_from_its_record(tmp_path):
     """The committed ``nested_step_time.md`` is exactly what its JSON renders to, and each row's
     ratios are the quotients of that row's medians."""
-    nested_step_time = _load("nested_step_time")
-    results = REPO / "benchmarks" / "results"
-    record = json.loads((results / "nested_step_time.json").read_text())
-    path = tmp_path / "table.md"
-    nested_step_time.write_markdown(path, record)
-    assert path.read_text() == (results / "nested_step_time.md").read_text()
+    _, record, path = _render_committed("nested_step_time", tmp_path)
     for name, r in record["results"].items():
         t = r["seconds_per_step"]
         row = next(line for line in path.read_text().splitlines() if line.startswith(f"| {name} |"))
@@ -62,12 +69,7 @@ def test_nested_step_time_table_is_rendered_from_its_record(tmp_path):
 def test_eager_calls_table_is_rendered_from_its_record(tmp_path):
     """The committed ``eager_calls.md`` is exactly what its JSON renders to, and each row's
     cells are the medians of that case's runs."""
-    eager_calls = _load("eager_calls")
-    results = REPO / "benchmarks" / "results"
-    record = json.loads((results / "eager_calls.json").read_text())
-    path = tmp_path / "table.md"
-    eager_calls.write_markdown(path, record)
-    assert path.read_text() == (results / "eager_calls.md").read_text()
+    eager_calls, record, _ = _render_committed("eager_calls", tmp_path)
     for row in eager_calls.summarize(record):
         runs = record["runs"][row["case"]]
         for mode in eager_calls.MODES:
