@@ -41,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 CASES = ("gram", "conditional", "gauss_kl", "triangular_inverse")
 MODES = ("jitted", "op-by-op")
 
@@ -98,12 +100,6 @@ def run_case(case: str, mode: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _median(values):
-    values = sorted(values)
-    n = len(values)
-    return values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
-
-
 def summarize(record: dict) -> list[dict]:
     """Per case: the medians of each mode and the op-by-op / jitted ratio of the first call."""
     rows = []
@@ -114,7 +110,7 @@ def summarize(record: dict) -> list[dict]:
         row = {"case": case}
         for mode in MODES:
             for field in ("first_s", "second_s", "programs"):
-                row[f"{mode}:{field}"] = _median([r[field] for r in runs[mode]])
+                row[f"{mode}:{field}"] = float(np.median([r[field] for r in runs[mode]]))
         row["first_call_ratio"] = row["op-by-op:first_s"] / row["jitted:first_s"]
         rows.append(row)
     return rows

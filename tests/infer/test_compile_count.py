@@ -34,8 +34,8 @@ MAX_FIRST_PREDICT_COMPILES = 5
 
 
 @contextlib.contextmanager
-def count_events():
-    counts = {_COMPILE: 0, _TRACE: 0}
+def count_events(*events):
+    counts = dict.fromkeys(events or (_COMPILE, _TRACE), 0)
 
     def listener(event, duration, **kwargs):
         if event in counts:
@@ -84,17 +84,8 @@ _LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 
 
 def _count_lowerings(fn, *args, **kwargs):
-    counts = {_LOWER: 0}
-
-    def listener(event, duration, **kw):
-        if event in counts:
-            counts[event] += 1
-
-    monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with count_events(_LOWER) as counts:
         jax.block_until_ready(fn(*args, **kwargs))
-    finally:
-        monitoring.unregister_event_duration_listener(listener)
     return counts[_LOWER]
 
 
