@@ -13,46 +13,90 @@ and :func:`predict_collapsed`). Parameters handed to :func:`predict`,
 or :class:`~numpyro_dgp.infer.SGHMC`) and compare layer by layer with
 :mod:`numpyro_dgp.diagnostics`.
 
-The submodules :mod:`~numpyro_dgp.diagnostics` (ArviZ), :mod:`~numpyro_dgp.plots`
-(matplotlib), :mod:`~numpyro_dgp.datasets`, :mod:`~numpyro_dgp.recipes` and
-:mod:`~numpyro_dgp.cli` are imported on first use.
+Importing the package imports nothing else: each submodule and name is loaded on first use
+(``numpyro_dgp.fit`` imports JAX and NumPyro; :mod:`~numpyro_dgp.diagnostics` ArviZ;
+:mod:`~numpyro_dgp.plots` matplotlib).
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
-
-from numpyro_dgp import core, guides, handlers, infer, io, kernels, layers, likelihoods, models, objectives, posteriors, sde
-from numpyro_dgp._deterministic_prediction import predict_collapsed, predict_moment_matched
-from numpyro_dgp._metrics import gaussian_mixture_crps, log_likelihood, metrics
-from numpyro_dgp._params import ParameterMismatchError, check_params
-from numpyro_dgp._prediction import (
-    NonFinitePredictionWarning,
-    Prediction,
-    predict,
-    predict_from_samples,
-    sample_layers,
-)
-from numpyro_dgp._saved_model import (
-    ModelFileError,
-    SavedModel,
-    Standardization,
-    load_model,
-    predictive_quantiles,
-    save_model,
-)
-from numpyro_dgp._validation import InputScaleWarning
-from numpyro_dgp.infer import FitResult, fit
-from numpyro_dgp.io import load_params, save_params
-from numpyro_dgp.layers import gp_layer
-from numpyro_dgp.likelihoods import bernoulli_probit
-from numpyro_dgp.objectives import CollapsedSparseGP, DGPElbo, NestedCompressionElbo, PredictiveObjective
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-#: submodules loaded on first attribute access (they pull in ArviZ, matplotlib or file I/O)
-_LAZY_SUBMODULES = ("cli", "datasets", "diagnostics", "plots", "recipes")
+# Nothing heavy is imported here: the public names below load their module (and JAX, NumPyro,
+# ArviZ or matplotlib with it) on first access, so ``import numpyro_dgp`` and the
+# ``numpyro-dgp`` command's ``--help`` and argument errors answer at once.
+
+#: public submodules, imported on first attribute access
+_SUBMODULES = (
+    "cli", "core", "datasets", "diagnostics", "guides", "handlers", "infer", "io", "kernels", "layers",
+    "likelihoods", "models", "objectives", "plots", "posteriors", "recipes", "sde",
+)
+
+#: public names defined in submodules: name -> the module that defines it
+_ATTRIBUTES = {
+    "predict_collapsed": "_deterministic_prediction",
+    "predict_moment_matched": "_deterministic_prediction",
+    "gaussian_mixture_crps": "_metrics",
+    "log_likelihood": "_metrics",
+    "metrics": "_metrics",
+    "ParameterMismatchError": "_params",
+    "check_params": "_params",
+    "NonFinitePredictionWarning": "_prediction",
+    "Prediction": "_prediction",
+    "predict": "_prediction",
+    "predict_from_samples": "_prediction",
+    "sample_layers": "_prediction",
+    "ModelFileError": "_saved_model",
+    "SavedModel": "_saved_model",
+    "Standardization": "_saved_model",
+    "load_model": "_saved_model",
+    "predictive_quantiles": "_saved_model",
+    "save_model": "_saved_model",
+    "InputScaleWarning": "_validation",
+    "FitResult": "infer",
+    "fit": "infer",
+    "load_params": "io",
+    "save_params": "io",
+    "gp_layer": "layers",
+    "bernoulli_probit": "likelihoods",
+    "CollapsedSparseGP": "objectives",
+    "DGPElbo": "objectives",
+    "NestedCompressionElbo": "objectives",
+    "PredictiveObjective": "objectives",
+}
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from numpyro_dgp import (
+        cli, core, datasets, diagnostics, guides, handlers, infer, io, kernels, layers, likelihoods, models,
+        objectives, plots, posteriors, recipes, sde,
+    )
+    from numpyro_dgp._deterministic_prediction import predict_collapsed, predict_moment_matched
+    from numpyro_dgp._metrics import gaussian_mixture_crps, log_likelihood, metrics
+    from numpyro_dgp._params import ParameterMismatchError, check_params
+    from numpyro_dgp._prediction import (
+        NonFinitePredictionWarning,
+        Prediction,
+        predict,
+        predict_from_samples,
+        sample_layers,
+    )
+    from numpyro_dgp._saved_model import (
+        ModelFileError,
+        SavedModel,
+        Standardization,
+        load_model,
+        predictive_quantiles,
+        save_model,
+    )
+    from numpyro_dgp._validation import InputScaleWarning
+    from numpyro_dgp.infer import FitResult, fit
+    from numpyro_dgp.io import load_params, save_params
+    from numpyro_dgp.layers import gp_layer
+    from numpyro_dgp.likelihoods import bernoulli_probit
+    from numpyro_dgp.objectives import CollapsedSparseGP, DGPElbo, NestedCompressionElbo, PredictiveObjective
 
 __all__ = [
     "CollapsedSparseGP",
@@ -104,13 +148,16 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> ModuleType:
-    if name in _LAZY_SUBMODULES:
-        module = importlib.import_module(f"{__name__}.{name}")
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    elif name in _ATTRIBUTES:
+        value = getattr(importlib.import_module(f"{__name__}.{_ATTRIBUTES[name]}"), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later accesses are plain attribute lookups
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
+    return sorted(set(globals()) | set(__all__))

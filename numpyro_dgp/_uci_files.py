@@ -95,3 +95,32 @@ def _read_features_and_target(folder: Path):
         )
 
     return data[:, features], data[:, target[0]], num_rows
+
+
+def parse_splits(text: str) -> list[int]:
+    """Split indices from a command-line string: ``"0-4"`` -> ``[0, 1, 2, 3, 4]``;
+    ``"0,3,7"`` -> ``[0, 3, 7]``; ranges and lists combine (``"0-2,7"``).
+
+    :param text: comma-separated non-negative indices and inclusive ranges ``a-b`` (``a <= b``).
+    :return: the indices in the order given (not sorted, not deduplicated).
+    :raises ValueError: no indices, or a part that is not a non-negative integer or an
+        increasing range (e.g. ``-1``, ``3-1``, ``a``), named in the message.
+    """
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        bounds = part.split("-")
+        if not (1 <= len(bounds) <= 2 and all(b.strip().isdigit() for b in bounds)):
+            raise ValueError(
+                f"{part!r} is not a split index or a range: use non-negative integers and inclusive ranges "
+                f"a-b, e.g. '0-4' or '0,3,7' (got {text!r})"
+            )
+        a, b = int(bounds[0]), int(bounds[-1])
+        if b < a:
+            raise ValueError(f"the range {part!r} is empty: write it low-high, e.g. '{b}-{a}' (got {text!r})")
+        out.extend(range(a, b + 1))
+    if not out:
+        raise ValueError(f"no split indices in {text!r}: use e.g. '0-4' or '0,3,7'")
+    return out

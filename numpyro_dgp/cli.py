@@ -31,7 +31,7 @@ __all__ = ["build_parser", "main"]
 
 
 def _parse_splits(text: str) -> list[int]:
-    from numpyro_dgp.datasets import parse_splits
+    from numpyro_dgp._uci_files import parse_splits  # not datasets: that imports JAX
 
     try:
         return parse_splits(text)

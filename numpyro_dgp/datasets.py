@@ -42,6 +42,7 @@ from numpyro_dgp._uci_files import (
     _read_features_and_target,
     _read_indices,
     _standardize_stats,
+    parse_splits,
 )
 
 __all__ = [
@@ -536,36 +537,8 @@ def _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split):
     )
 
 
-def parse_splits(text: str) -> list[int]:
-    """Split indices from a command-line string: ``"0-4"`` -> ``[0, 1, 2, 3, 4]``;
-    ``"0,3,7"`` -> ``[0, 3, 7]``; ranges and lists combine (``"0-2,7"``).
-
-    :param text: comma-separated non-negative indices and inclusive ranges ``a-b`` (``a <= b``).
-    :return: the indices in the order given (not sorted, not deduplicated).
-    :raises ValueError: no indices, or a part that is not a non-negative integer or an
-        increasing range (e.g. ``-1``, ``3-1``, ``a``), named in the message.
-    """
-    out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        bounds = part.split("-")
-        if not (1 <= len(bounds) <= 2 and all(b.strip().isdigit() for b in bounds)):
-            raise ValueError(
-                f"{part!r} is not a split index or a range: use non-negative integers and inclusive ranges "
-                f"a-b, e.g. '0-4' or '0,3,7' (got {text!r})"
-            )
-        a, b = int(bounds[0]), int(bounds[-1])
-        if b < a:
-            raise ValueError(f"the range {part!r} is empty: write it low-high, e.g. '{b}-{a}' (got {text!r})")
-        out.extend(range(a, b + 1))
-    if not out:
-        raise ValueError(f"no split indices in {text!r}: use e.g. '0-4' or '0,3,7'")
-    return out
-
-
-# the table reader lives in _tables; documented and pickled as part of this module
-for _obj in (Table, read_table):
+# the table reader lives in _tables, parse_splits in _uci_files (the command line parses its
+# arguments without importing JAX); documented and pickled as part of this module
+for _obj in (Table, read_table, parse_splits):
     _obj.__module__ = __name__
 del _obj

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import pkgutil
 import subprocess
 import sys
+import textwrap
 import typing
 
 import pytest
@@ -105,6 +107,43 @@ def test_import_loads_no_heavy_or_reproduction_module():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_import_and_the_command_line_s_help_and_argument_errors_load_neither_jax_nor_numpyro():
+    """``import numpyro_dgp`` and ``numpyro-dgp --help`` (or a bad argument) answer at once: no
+    JAX, jaxlib or NumPyro until a name that needs them is used."""
+    code = textwrap.dedent("""
+        import contextlib, io, json, sys
+        loaded = lambda: sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'numpyro'})
+        import numpyro_dgp
+        after_import = loaded()
+        from numpyro_dgp import cli
+        codes = []
+        for argv in (['--help'], ['uci', '--help'], ['uci', '--dataset', 'x', '--splits', '3-1'],
+                     ['demo', '--steps', '0']):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                try:
+                    cli.main(argv)
+                except SystemExit as exit:
+                    codes.append(exit.code)
+        after_cli = loaded()
+        numpyro_dgp.fit
+        print(json.dumps({"after_import": after_import, "after_cli": after_cli, "codes": codes,
+                          "after_fit": loaded()}))
+    """)
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                    check=True).stdout.strip().splitlines()[-1])
+    assert out["after_import"] == [] and out["after_cli"] == [], out
+    assert out["codes"] == [0, 0, 2, 2], out
+    assert out["after_fit"] == ["jax", "jaxlib", "numpyro"], out
+
+
+def test_public_names_load_their_defining_module_s_objects():
+    from numpyro_dgp import _prediction, infer, objectives
+
+    assert numpyro_dgp.fit is infer.fit and numpyro_dgp.DGPElbo is objectives.DGPElbo
+    assert numpyro_dgp.predict is _prediction.predict
+    assert set(numpyro_dgp.__all__) <= set(dir(numpyro_dgp))
 
 
 def test_lazy_submodules_load_on_first_use():

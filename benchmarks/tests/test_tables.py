@@ -75,3 +75,18 @@ def test_eager_calls_table_is_rendered_from_its_record(tmp_path):
         for mode in eager_calls.MODES:
             assert row[f"{mode}:first_s"] == np.median([r["first_s"] for r in runs[mode]])
         assert row["first_call_ratio"] == row["op-by-op:first_s"] / row["jitted:first_s"]
+
+
+def test_compile_levels_table_is_rendered_from_its_record(tmp_path):
+    """The committed ``compile_levels.md`` is exactly what its JSON renders to; each row's ratios
+    are against the default level's medians, and "bit-identical" compares the runs' last losses."""
+    compile_levels, record, _ = _render_committed("compile_levels", tmp_path)
+    rows = {row["level"]: row for row in compile_levels.summarize(record)}
+    default = rows[compile_levels.DEFAULT_LEVEL]
+    assert default["bit_identical_to_default"] and default["compile_vs_default"] == 1.0
+    for level, row in rows.items():
+        runs = record["runs"][str(level)]
+        assert row["compile_s"] == np.median([r["compile_s"] for r in runs])
+        assert row["step_vs_default"] == row["step_ms"] / default["step_ms"]
+        reference = {r["loss_hex"] for r in record["runs"][str(compile_levels.DEFAULT_LEVEL)]}
+        assert row["bit_identical_to_default"] == ({r["loss_hex"] for r in runs} == reference)
