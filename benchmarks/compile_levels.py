@@ -32,13 +32,13 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from _fresh import run_fresh
 from _paths import DATA_DIR_HELP, default_data_dir
 
 LEVELS = (0, 1, 2, 3)
@@ -84,15 +84,7 @@ print(json.dumps({"compile_s": compile_s, "step_ms": 1e3 * min(runs) / steps, "l
 
 def run_child(level: int, steps: int, repeats: int, data_dir: str) -> dict:
     """One fresh process at ``level``."""
-    repo = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "XLA_FLAGS",
-                                                               "JAX_DISABLE_MOST_OPTIMIZATIONS")}
-    env["PYTHONPATH"] = str(repo) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(level), str(steps), str(repeats), data_dir],
-                          env=env, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"level {level} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_fresh(_CHILD, str(level), str(steps), str(repeats), data_dir, what=f"level {level}")
 
 
 def summarize(record: dict) -> list[dict]:

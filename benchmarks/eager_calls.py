@@ -36,12 +36,13 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from _fresh import run_fresh
 
 CASES = ("gram", "conditional", "gauss_kl", "triangular_inverse")
 MODES = ("jitted", "op-by-op")
@@ -90,14 +91,7 @@ print(json.dumps({"first_s": t1 - t0, "second_s": t2 - t1, "programs": programs}
 
 def run_case(case: str, mode: str) -> dict:
     """One fresh process: the case's first and second call in ``mode``."""
-    repo = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "XLA_FLAGS")}
-    env["PYTHONPATH"] = str(repo) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _CHILD, case, mode], env=env, capture_output=True, text=True,
-                          timeout=600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{case} {mode} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_fresh(_CHILD, case, mode, what=f"{case} {mode}")
 
 
 def summarize(record: dict) -> list[dict]:

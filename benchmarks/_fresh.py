@@ -1,0 +1,33 @@
+"""A measurement in a fresh interpreter: nothing in JAX's caches, no persistent compilation cache.
+
+``run_fresh(code, *args)`` runs ``python -c code args...`` with the repository on
+``PYTHONPATH`` and without the settings that would change what is measured
+(``JAX_COMPILATION_CACHE_DIR``, ``XLA_FLAGS``, ``JAX_DISABLE_MOST_OPTIMIZATIONS``, which the
+test suite sets), and returns the JSON object the code prints as its last line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: environment variables a fresh measurement runs without
+DROPPED_ENV = ("JAX_COMPILATION_CACHE_DIR", "XLA_FLAGS", "JAX_DISABLE_MOST_OPTIMIZATIONS")
+
+
+def run_fresh(code: str, *args: str, what: str, timeout: float = 600) -> dict:
+    """Run ``code`` with ``args`` in a fresh interpreter; its last printed line, parsed as JSON.
+
+    :raises RuntimeError: the process failed (``what`` names it, with the end of its stderr).
+    """
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
