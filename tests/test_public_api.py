@@ -124,8 +124,8 @@ def test_import_and_the_command_line_s_help_and_argument_errors_load_neither_jax
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 try:
                     cli.main(argv)
-                except SystemExit as exit:
-                    codes.append(exit.code)
+                except SystemExit as stop:
+                    codes.append(stop.code)
         after_cli = loaded()
         numpyro_dgp.fit
         print(json.dumps({"after_import": after_import, "after_cli": after_cli, "codes": codes,
