@@ -3,7 +3,8 @@
 ``run_fresh(code, *args)`` runs ``python -c code args...`` with the repository on
 ``PYTHONPATH`` and without the settings that would change what is measured
 (``JAX_COMPILATION_CACHE_DIR``, ``XLA_FLAGS``, ``JAX_DISABLE_MOST_OPTIMIZATIONS``, which the
-test suite sets), and returns the JSON object the code prints as its last line.
+test suite sets), and returns the JSON object the code prints as its last line;
+``base_record(script, argv)`` starts a result record (command line, machine, date).
 """
 
 from __future__ import annotations
@@ -31,3 +32,20 @@ def run_fresh(code: str, *args: str, what: str, timeout: float = 600) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def base_record(script: str, argv: list[str] | None) -> dict:
+    """The fields every result record of these scripts starts with: the command line as run
+    (``argv``, default ``sys.argv[1:]``), the machine with JAX's version and backend, the date."""
+    import platform
+    import shlex
+    import time
+
+    import jax
+
+    args = argv if argv is not None else sys.argv[1:]
+    return {
+        "command": (f"python benchmarks/{script} " + " ".join(shlex.quote(a) for a in args)).rstrip(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.default_backend()})",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }

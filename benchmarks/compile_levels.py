@@ -29,16 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import shlex
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from _fresh import run_fresh
+from _fresh import base_record, run_fresh
 from _paths import DATA_DIR_HELP, default_data_dir
 
 LEVELS = (0, 1, 2, 3)
@@ -152,15 +148,10 @@ def main(argv=None):
     if not args.data_dir:
         parser.error("no UCI data: pass --data-dir or set $NUMPYRO_DGP_DATA")
 
-    import jax
-
     out_dir = Path(__file__).resolve().parent / "results"
     out_dir.mkdir(exist_ok=True)
     record = {
-        "command": ("python benchmarks/compile_levels.py " + " ".join(
-            shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))).rstrip(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.default_backend()})",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **base_record("compile_levels.py", argv),
         "settings": (f"kin8nm split 0, 2 layers, width 8, M = 100, batch 1000; {args.steps} steps per scan, "
                      f"{args.repeats} timed runs; {args.rounds} rounds, the levels' order rotating"),
         "runs": {str(level): [] for level in levels},

@@ -33,16 +33,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import shlex
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from _fresh import run_fresh
+from _fresh import base_record, run_fresh
 
 CASES = ("gram", "conditional", "gauss_kl", "triangular_inverse")
 MODES = ("jitted", "op-by-op")
@@ -145,15 +140,10 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown cases {unknown}; choose from {CASES}")
 
-    import jax
-
     out_dir = Path(__file__).resolve().parent / "results"
     out_dir.mkdir(exist_ok=True)
     record = {
-        "command": ("python benchmarks/eager_calls.py " + " ".join(
-            shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))).rstrip(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.default_backend()})",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **base_record("eager_calls.py", argv),
         "settings": f"M=50, N=200, D=4, P=3; {args.rounds} rounds, the modes alternating",
         "runs": {case: {mode: [] for mode in MODES} for case in cases},
     }
