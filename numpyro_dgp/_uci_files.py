@@ -1,7 +1,12 @@
-"""Reading folders in the standard UCI split layout (the files behind :func:`numpyro_dgp.datasets.load_uci`)."""
+"""Finding and reading folders in the standard UCI split layout (behind :func:`numpyro_dgp.datasets.load_uci`).
+
+NumPy only, no JAX: the command line checks ``--splits``, the data directory and the data set's
+name with these before it imports JAX. :mod:`numpyro_dgp.datasets` re-exports the public names.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +21,139 @@ def _is_layout_folder(path: Path) -> bool:
 
 def _available(base: Path) -> list[str]:
     return sorted(p.name for p in base.iterdir() if _is_layout_folder(p))
+
+
+#: Canonical names, equal to the folder names under the data directory.
+UCI_DATASETS: tuple[str, ...] = (
+    "bostonHousing",
+    "concrete",
+    "energy",
+    "kin8nm",
+    "power-plant",
+    "wine-quality-red",
+    "yacht",
+)
+
+#: Accepted short names (matched case-insensitively) -> canonical names.
+UCI_ALIASES: dict[str, str] = {
+    "boston": "bostonHousing",
+    "boston-housing": "bostonHousing",
+    "housing": "bostonHousing",
+    "power": "power-plant",
+    "powerplant": "power-plant",
+    "ccpp": "power-plant",
+    "wine": "wine-quality-red",
+    "wine-red": "wine-quality-red",
+    "winered": "wine-quality-red",
+    "red-wine": "wine-quality-red",
+}
+
+#: Environment variable consulted by :func:`default_data_dir`.
+DATA_DIR_ENV_VAR = "NUMPYRO_DGP_DATA"
+
+
+def resolve_uci_name(name: str) -> str:
+    """Map a known data set name or alias to its folder name; other names pass unchanged.
+
+    Matching is case-insensitive, so ``"Boston"``, ``"bostonhousing"`` and
+    ``"bostonHousing"`` all give ``"bostonHousing"``. A name that is neither a known set nor
+    an alias (e.g. ``"protein"``) is returned as given: it is looked up as a folder name.
+
+    :param name: a name from :data:`UCI_DATASETS`, an alias from :data:`UCI_ALIASES`, or the
+        name of any folder in the standard layout.
+    :return: the folder name.
+    :raises ValueError: ``name`` is not a non-empty string.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if name in UCI_DATASETS:
+        return name
+    key = name.strip().lower()
+    for canonical in UCI_DATASETS:
+        if canonical.lower() == key:
+            return canonical
+    return UCI_ALIASES.get(key, name.strip())
+
+
+def default_data_dir(data_dir: os.PathLike | str | None = None) -> Path:
+    """The folder that holds the data sets: ``data_dir``, else ``$NUMPYRO_DGP_DATA``.
+
+    There is no built-in default: the data live wherever you keep them. An explicit argument
+    or a set environment variable that points nowhere is an error rather than being skipped,
+    so a typo never silently loads other data.
+
+    :param data_dir: explicit data directory, or ``None`` to read the environment variable.
+    :return: absolute path of the data directory.
+    :raises FileNotFoundError: the directory does not exist, or neither is given.
+    """
+    if data_dir is not None:
+        path = Path(data_dir).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"data_dir={str(path)!r} is not an existing directory")
+        return path.resolve()
+    env_value = os.environ.get(DATA_DIR_ENV_VAR, "")
+    if env_value:
+        path = Path(env_value).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"{DATA_DIR_ENV_VAR}={env_value!r} is not an existing directory; "
+                f"fix it, unset it, or pass --data-dir"
+            )
+        return path.resolve()
+    raise FileNotFoundError(
+        "no data directory given: pass data_dir= (--data-dir on the command line), set the "
+        f"{DATA_DIR_ENV_VAR} environment variable, or pass the path of a data set folder"
+    )
+
+
+def _dataset_dir(name: str | os.PathLike, data_dir) -> tuple[str, Path]:
+    """``(name, folder)`` of a data set given by path, or by name under the data directory."""
+    if isinstance(name, os.PathLike) or (isinstance(name, str) and (os.sep in name or name.startswith("~"))):
+        folder = Path(name).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"data set folder {str(folder)!r} does not exist")
+        missing = [f for f in _LAYOUT_FILES if not (folder / f).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{str(folder)!r} is not a folder in the standard split layout: it lacks {missing} "
+                "(expected data.txt, index_features.txt, index_target.txt, index_train_<i>.txt, "
+                "index_test_<i>.txt)"
+            )
+        return folder.resolve().name, folder.resolve()
+    canonical = resolve_uci_name(name)
+    base = default_data_dir(data_dir)
+    folder = base / canonical
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"data set folder for name={canonical!r} not found: {folder} does not exist "
+            f"(data sets in {str(base)!r}: {', '.join(_available(base)) or 'none'})"
+        )
+    return canonical, folder
+
+
+def num_uci_splits(name: os.PathLike | str, data_dir: os.PathLike | str | None = None) -> int:
+    """Number of train/test splits of a data set (20 for the standard sets).
+
+    :param name: data set name or alias under the data directory, or a folder path.
+    :param data_dir: data directory; see :func:`default_data_dir`.
+    :return: number of splits, read from ``n_splits.txt`` where the folder has one, else the
+        number of ``index_train_<i>.txt`` files.
+    """
+    _, folder = _dataset_dir(name, data_dir)
+    path = folder / "n_splits.txt"
+    if not path.is_file():
+        count = len(list(folder.glob("index_train_*.txt")))
+        if count == 0:
+            raise FileNotFoundError(f"{folder} holds no index_train_<i>.txt split files")
+        return count
+    text = path.read_text().strip()
+    try:
+        value = float(text.split()[0])
+    except (ValueError, IndexError) as err:
+        raise ValueError(f"split count file {path} does not hold a number: {text!r}") from err
+    if value != int(value) or value < 1:
+        raise ValueError(f"split count file {path} must hold a positive integer, got {text!r}")
+    return int(value)
 
 
 def _read_indices(path: Path, upper: int | None = None) -> np.ndarray:

@@ -114,14 +114,17 @@ def cmd_uci(args: argparse.Namespace) -> int:
     :raises SystemExit: a split index the data set does not have.
     :raises ValueError: ``--num-inducing`` above the number of training points.
     """
-    _setup_precision(args.float32)
-    from numpyro_dgp.datasets import load_uci, num_uci_splits
-    from numpyro_dgp.recipes import mean_and_standard_error, run_uci
+    # the data directory, the data set and the splits are checked before JAX is imported
+    from numpyro_dgp._uci_files import num_uci_splits
 
     available = num_uci_splits(args.dataset, args.data_dir)
     bad = [s for s in args.splits if not 0 <= s < available]
     if bad:
         raise SystemExit(f"--splits: {args.dataset} has splits 0..{available - 1}; got {bad}")
+    _setup_precision(args.float32)
+    from numpyro_dgp.datasets import load_uci
+    from numpyro_dgp.recipes import mean_and_standard_error, run_uci
+
     data = load_uci(args.dataset, args.splits[0], data_dir=args.data_dir)  # fails early on bad files
     name, num_train = data.name, data.X_train.shape[0]
     if args.num_inducing > num_train:
@@ -171,19 +174,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
     :return: the exit status, 0.
     :raises ValueError: a bad table, target or size (the message names it).
     """
-    _setup_precision(args.float32)
     import time
 
-    import jax
-    import jax.numpy as jnp
     import numpy as np
-    import numpyro
-    from numpyro.infer import SVI
 
-    from numpyro_dgp import DGPElbo, Standardization, fit, load_model, metrics, save_model
-    from numpyro_dgp.datasets import read_table
-    from numpyro_dgp.guides import AutoFactorizedDGP
-    from numpyro_dgp.models import deep_gp_regression
+    from numpyro_dgp._tables import read_table  # NumPy only: a bad table is reported before JAX loads
 
     X, y, names = read_table(args.data).split(args.target)
     N = X.shape[0]
@@ -198,6 +193,17 @@ def cmd_fit(args: argparse.Namespace) -> int:
     test, train = order[:num_test], order[num_test:]
     if train.size < 2:
         raise ValueError(f"--test-fraction {args.test_fraction} leaves {train.size} training rows of {N}")
+
+    _setup_precision(args.float32)
+    import jax
+    import jax.numpy as jnp
+    import numpyro
+    from numpyro.infer import SVI
+
+    from numpyro_dgp import DGPElbo, Standardization, fit, load_model, metrics, save_model
+    from numpyro_dgp.guides import AutoFactorizedDGP
+    from numpyro_dgp.models import deep_gp_regression
+
     s = Standardization.fit(X[train], y[train] if likelihood == "gaussian" else None)
     dtype = jnp.float32 if args.float32 else jnp.float64
     X_train = jnp.asarray(s.inputs(X[train]), dtype)
@@ -247,6 +253,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """
     import json
 
+    from numpyro_dgp._tables import read_table  # NumPy only: a bad table is reported before JAX loads
+
+    table = read_table(args.data)
     config_path = Path(args.model_dir) / "model.json"
     try:
         dtype = json.loads(config_path.read_text(encoding="utf-8")).get("dtype")
@@ -259,10 +268,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     import numpy as np
 
     from numpyro_dgp import load_model, metrics, predictive_quantiles
-    from numpyro_dgp.datasets import read_table
 
     model = load_model(args.model_dir)
-    table = read_table(args.data)
     names = model.feature_names or [c for c in table.columns if c != model.target_name]
     missing = [n for n in names if n not in table.columns]
     if missing:

@@ -26,7 +26,6 @@ All arrays are returned as NumPy arrays (``float64`` unless asked otherwise); pa
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Callable, NamedTuple
 
 import jax
@@ -34,15 +33,18 @@ import jax.numpy as jnp
 import numpy as np
 from numpy.typing import DTypeLike
 
+from numpyro_dgp import _uci_files
 from numpyro_dgp._tables import Table, read_table
 from numpyro_dgp._uci_files import (
-    _LAYOUT_FILES,
-    _available,
     _check_split,
+    _dataset_dir,
     _read_features_and_target,
     _read_indices,
     _standardize_stats,
+    default_data_dir,
+    num_uci_splits,
     parse_splits,
+    resolve_uci_name,
 )
 
 __all__ = [
@@ -270,136 +272,13 @@ TOY_PROBLEMS: dict[str, Callable[..., Dataset]] = {
 # ----------------------------------------------------------------------------------------
 
 #: Canonical names, equal to the folder names under the data directory.
-UCI_DATASETS: tuple[str, ...] = (
-    "bostonHousing",
-    "concrete",
-    "energy",
-    "kin8nm",
-    "power-plant",
-    "wine-quality-red",
-    "yacht",
-)
+UCI_DATASETS: tuple[str, ...] = _uci_files.UCI_DATASETS
 
 #: Accepted short names (matched case-insensitively) -> canonical names.
-UCI_ALIASES: dict[str, str] = {
-    "boston": "bostonHousing",
-    "boston-housing": "bostonHousing",
-    "housing": "bostonHousing",
-    "power": "power-plant",
-    "powerplant": "power-plant",
-    "ccpp": "power-plant",
-    "wine": "wine-quality-red",
-    "wine-red": "wine-quality-red",
-    "winered": "wine-quality-red",
-    "red-wine": "wine-quality-red",
-}
+UCI_ALIASES: dict[str, str] = _uci_files.UCI_ALIASES
 
 #: Environment variable consulted by :func:`default_data_dir`.
-DATA_DIR_ENV_VAR = "NUMPYRO_DGP_DATA"
-
-
-def resolve_uci_name(name: str) -> str:
-    """Map a known data set name or alias to its folder name; other names pass unchanged.
-
-    Matching is case-insensitive, so ``"Boston"``, ``"bostonhousing"`` and
-    ``"bostonHousing"`` all give ``"bostonHousing"``. A name that is neither a known set nor
-    an alias (e.g. ``"protein"``) is returned as given: it is looked up as a folder name.
-
-    :param name: a name from :data:`UCI_DATASETS`, an alias from :data:`UCI_ALIASES`, or the
-        name of any folder in the standard layout.
-    :return: the folder name.
-    :raises ValueError: ``name`` is not a non-empty string.
-    """
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
-    if name in UCI_DATASETS:
-        return name
-    key = name.strip().lower()
-    for canonical in UCI_DATASETS:
-        if canonical.lower() == key:
-            return canonical
-    return UCI_ALIASES.get(key, name.strip())
-
-
-def default_data_dir(data_dir: os.PathLike | str | None = None) -> Path:
-    """The folder that holds the data sets: ``data_dir``, else ``$NUMPYRO_DGP_DATA``.
-
-    There is no built-in default: the data live wherever you keep them. An explicit argument
-    or a set environment variable that points nowhere is an error rather than being skipped,
-    so a typo never silently loads other data.
-
-    :param data_dir: explicit data directory, or ``None`` to read the environment variable.
-    :return: absolute path of the data directory.
-    :raises FileNotFoundError: the directory does not exist, or neither is given.
-    """
-    if data_dir is not None:
-        path = Path(data_dir).expanduser()
-        if not path.is_dir():
-            raise FileNotFoundError(f"data_dir={str(path)!r} is not an existing directory")
-        return path.resolve()
-    env_value = os.environ.get(DATA_DIR_ENV_VAR, "")
-    if env_value:
-        path = Path(env_value).expanduser()
-        if not path.is_dir():
-            raise FileNotFoundError(
-                f"{DATA_DIR_ENV_VAR}={env_value!r} is not an existing directory; "
-                f"fix it, unset it, or pass --data-dir"
-            )
-        return path.resolve()
-    raise FileNotFoundError(
-        "no data directory given: pass data_dir= (--data-dir on the command line), set the "
-        f"{DATA_DIR_ENV_VAR} environment variable, or pass the path of a data set folder"
-    )
-
-
-def _dataset_dir(name: str | os.PathLike, data_dir) -> tuple[str, Path]:
-    """``(name, folder)`` of a data set given by path, or by name under the data directory."""
-    if isinstance(name, os.PathLike) or (isinstance(name, str) and (os.sep in name or name.startswith("~"))):
-        folder = Path(name).expanduser()
-        if not folder.is_dir():
-            raise FileNotFoundError(f"data set folder {str(folder)!r} does not exist")
-        missing = [f for f in _LAYOUT_FILES if not (folder / f).is_file()]
-        if missing:
-            raise FileNotFoundError(
-                f"{str(folder)!r} is not a folder in the standard split layout: it lacks {missing} "
-                "(expected data.txt, index_features.txt, index_target.txt, index_train_<i>.txt, "
-                "index_test_<i>.txt)"
-            )
-        return folder.resolve().name, folder.resolve()
-    canonical = resolve_uci_name(name)
-    base = default_data_dir(data_dir)
-    folder = base / canonical
-    if not folder.is_dir():
-        raise FileNotFoundError(
-            f"data set folder for name={canonical!r} not found: {folder} does not exist "
-            f"(data sets in {str(base)!r}: {', '.join(_available(base)) or 'none'})"
-        )
-    return canonical, folder
-
-
-def num_uci_splits(name: os.PathLike | str, data_dir: os.PathLike | str | None = None) -> int:
-    """Number of train/test splits of a data set (20 for the standard sets).
-
-    :param name: data set name or alias under the data directory, or a folder path.
-    :param data_dir: data directory; see :func:`default_data_dir`.
-    :return: number of splits, read from ``n_splits.txt`` where the folder has one, else the
-        number of ``index_train_<i>.txt`` files.
-    """
-    _, folder = _dataset_dir(name, data_dir)
-    path = folder / "n_splits.txt"
-    if not path.is_file():
-        count = len(list(folder.glob("index_train_*.txt")))
-        if count == 0:
-            raise FileNotFoundError(f"{folder} holds no index_train_<i>.txt split files")
-        return count
-    text = path.read_text().strip()
-    try:
-        value = float(text.split()[0])
-    except (ValueError, IndexError) as err:
-        raise ValueError(f"split count file {path} does not hold a number: {text!r}") from err
-    if value != int(value) or value < 1:
-        raise ValueError(f"split count file {path} must hold a positive integer, got {text!r}")
-    return int(value)
+DATA_DIR_ENV_VAR = _uci_files.DATA_DIR_ENV_VAR
 
 
 def uci_split_indices(
@@ -537,8 +416,9 @@ def _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split):
     )
 
 
-# the table reader lives in _tables, parse_splits in _uci_files (the command line parses its
-# arguments without importing JAX); documented and pickled as part of this module
-for _obj in (Table, read_table, parse_splits):
+# the table reader lives in _tables, the folder lookup and parse_splits in _uci_files (the command
+# line checks its arguments and the data directory without importing JAX); documented and pickled
+# as part of this module
+for _obj in (Table, read_table, parse_splits, resolve_uci_name, default_data_dir, num_uci_splits):
     _obj.__module__ = __name__
 del _obj

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
 import pkgutil
 import subprocess
 import sys
@@ -109,32 +110,62 @@ def test_import_loads_no_heavy_or_reproduction_module():
     assert out.strip() == "[]", out
 
 
-def test_import_and_the_command_line_s_help_and_argument_errors_load_neither_jax_nor_numpyro():
-    """``import numpyro_dgp`` and ``numpyro-dgp --help`` (or a bad argument) answer at once: no
-    JAX, jaxlib or NumPyro until a name that needs them is used."""
+def test_import_and_the_command_line_s_help_and_argument_errors_load_neither_jax_nor_numpyro(tmp_path):
+    """``import numpyro_dgp`` and ``numpyro-dgp --help`` answer at once, and so do a bad argument,
+    a missing data directory or data set, a split the data set lacks and a bad table: no JAX,
+    jaxlib or NumPyro until a name that needs them is used."""
+    (tmp_path / "uci").mkdir()
+    (tmp_path / "uci" / "t.csv").write_text("x,y\n0.5,2.5\n1.5,3.5\n")  # a table for `fit`
+    folder = tmp_path / "uci" / "tiny"  # a data set in the standard layout with two splits
+    folder.mkdir(parents=True)
+    (folder / "data.txt").write_text("1 2\n3 4\n5 6\n")
+    (folder / "index_features.txt").write_text("0\n")
+    (folder / "index_target.txt").write_text("1\n")
+    (folder / "n_splits.txt").write_text("2\n")
     code = textwrap.dedent("""
         import contextlib, io, json, sys
         loaded = lambda: sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'numpyro'})
         import numpyro_dgp
         after_import = loaded()
         from numpyro_dgp import cli
-        codes = []
+        data_dir = sys.argv[1]
+        codes, errors = [], []
         for argv in (['--help'], ['uci', '--help'], ['uci', '--dataset', 'x', '--splits', '3-1'],
-                     ['demo', '--steps', '0']):
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                     ['demo', '--steps', '0'], ['uci', '--dataset', 'tiny'],
+                     ['uci', '--dataset', 'tiny', '--data-dir', data_dir + '/nowhere'],
+                     ['uci', '--dataset', 'nosuch', '--data-dir', data_dir],
+                     ['uci', '--dataset', 'tiny', '--data-dir', data_dir, '--splits', '1,5'],
+                     ['fit', data_dir + '/none.csv', '--target', 'y', '--output', data_dir + '/m'],
+                     ['fit', data_dir + '/t.csv', '--target', 'z', '--output', data_dir + '/m'],
+                     ['fit', data_dir + '/t.csv', '--target', 'y', '--output', data_dir + '/m',
+                      '--likelihood', 'probit'],
+                     ['predict', data_dir + '/m', data_dir + '/none.csv', '--output', data_dir + '/p.csv']):
+            err = io.StringIO()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
                 try:
-                    cli.main(argv)
+                    codes.append(cli.main(argv))
                 except SystemExit as stop:
                     codes.append(stop.code)
+            errors.append(err.getvalue())
         after_cli = loaded()
         numpyro_dgp.fit
         print(json.dumps({"after_import": after_import, "after_cli": after_cli, "codes": codes,
-                          "after_fit": loaded()}))
+                          "errors": errors, "after_fit": loaded()}))
     """)
-    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                    check=True).stdout.strip().splitlines()[-1])
+    env = {k: v for k, v in os.environ.items() if k != "NUMPYRO_DGP_DATA"}
+    out = json.loads(subprocess.run([sys.executable, "-c", code, str(tmp_path / "uci")], capture_output=True,
+                                    text=True, check=True, env=env).stdout.strip().splitlines()[-1])
     assert out["after_import"] == [] and out["after_cli"] == [], out
-    assert out["codes"] == [0, 0, 2, 2], out
+    assert out["codes"][:7] == [0, 0, 2, 2, 2, 2, 2], out
+    assert "no data directory given" in out["errors"][4]
+    assert "nowhere" in out["errors"][5] and "is not an existing directory" in out["errors"][5]
+    assert "'nosuch' not found" in out["errors"][6] and "tiny" in out["errors"][6]  # lists what is there
+    assert out["codes"][7] == "--splits: tiny has splits 0..1; got [5]", out
+    assert out["codes"][8:] == [2, 2, 2, 2], out  # bad tables: no file, no such target, labels not 0/1
+    assert "none.csv" in out["errors"][8] and "does not exist" in out["errors"][8]
+    assert "'z'" in out["errors"][9]
+    assert "0s and 1s" in out["errors"][10]
+    assert "none.csv" in out["errors"][11] and "does not exist" in out["errors"][11]
     assert out["after_fit"] == ["jax", "jaxlib", "numpyro"], out
 
 
