@@ -161,7 +161,7 @@ def test_import_and_the_command_line_s_help_and_argument_errors_load_neither_jax
     assert "nowhere" in out["errors"][5] and "is not an existing directory" in out["errors"][5]
     assert "'nosuch' not found" in out["errors"][6] and "tiny" in out["errors"][6]  # lists what is there
     assert out["codes"][7] == "--splits: tiny has splits 0..1; got [5]", out
-    assert out["codes"][8:] == [2, 2, 2, 2], out  # bad tables: no file, no such target, labels not 0/1
+    assert out["codes"][8:] == [2, 2, 2, 2], out  # fit: no table, no such target, labels not 0/1; predict: no table
     assert "none.csv" in out["errors"][8] and "does not exist" in out["errors"][8]
     assert "'z'" in out["errors"][9]
     assert "0s and 1s" in out["errors"][10]
