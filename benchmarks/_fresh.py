@@ -4,7 +4,8 @@
 ``PYTHONPATH`` and without the settings that would change what is measured
 (``JAX_COMPILATION_CACHE_DIR``, ``XLA_FLAGS``, ``JAX_DISABLE_MOST_OPTIMIZATIONS``, which the
 test suite sets), and returns the JSON object the code prints as its last line;
-``base_record(script, argv)`` starts a result record (command line, machine, date).
+``base_record(script, argv)`` starts a result record (command line, machine, date) and
+``header_lines(title, record)`` starts its Markdown table.
 """
 
 from __future__ import annotations
@@ -49,3 +50,14 @@ def base_record(script: str, argv: list[str] | None) -> dict:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.default_backend()})",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+
+
+def header_lines(title: str, record: dict) -> list[str]:
+    """The first lines of a Markdown report: ``title``, then the command and the machine line of
+    a record from :func:`base_record` with its ``settings`` field (float64 runs)."""
+    return [
+        f"# {title}",
+        "",
+        f"Command: `{record['command']}`  ",
+        f"Machine: {record['machine']}; float64; {record['date']}; {record['settings']}",
+    ]

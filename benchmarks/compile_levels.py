@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _fresh import base_record, run_fresh
+from _fresh import base_record, header_lines, run_fresh
 from _paths import DATA_DIR_HELP, default_data_dir
 
 LEVELS = (0, 1, 2, 3)
@@ -109,10 +109,7 @@ def summarize(record: dict) -> list[dict]:
 
 def write_markdown(path: Path, record: dict) -> None:
     lines = [
-        "# XLA backend optimization level of the kin8nm DSVI step: compile time against step time",
-        "",
-        f"Command: `{record['command']}`  ",
-        f"Machine: {record['machine']}; float64; {record['date']}; {record['settings']}",
+        *header_lines("XLA backend optimization level of the kin8nm DSVI step: compile time against step time", record),
         "",
         "Each run a fresh process (no persistent compilation cache). Compile: the scan over the "
         "steps compiled at the level (lowering excluded); step: the fastest of the timed runs divided by the "

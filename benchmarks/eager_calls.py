@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _fresh import base_record, run_fresh
+from _fresh import base_record, header_lines, run_fresh
 
 CASES = ("gram", "conditional", "gauss_kl", "triangular_inverse")
 MODES = ("jitted", "op-by-op")
@@ -107,10 +107,7 @@ def summarize(record: dict) -> list[dict]:
 
 def write_markdown(path: Path, record: dict) -> None:
     lines = [
-        "# Eager calls of the numerical core: the first call at new shapes",
-        "",
-        f"Command: `{record['command']}`  ",
-        f"Machine: {record['machine']}; float64; {record['date']}; {record['settings']}",
+        *header_lines("Eager calls of the numerical core: the first call at new shapes", record),
         "",
         "Each case in a fresh process (no persistent compilation cache). `jitted`: the library as it is "
         "(one compiled program per function and shapes); `op-by-op`: the same calls inside "
