@@ -52,12 +52,13 @@ def base_record(script: str, argv: list[str] | None) -> dict:
     }
 
 
-def header_lines(title: str, record: dict) -> list[str]:
+def header_lines(title: str, record: dict, precision: str | None = "float64") -> list[str]:
     """The first lines of a Markdown report: ``title``, then the command and the machine line of
-    a record from :func:`base_record` with its ``settings`` field (float64 runs)."""
+    a record from :func:`base_record` with its ``settings`` field (and ``precision`` unless None)."""
+    machine = [record["machine"], *([precision] if precision else []), record["date"], record["settings"]]
     return [
         f"# {title}",
         "",
         f"Command: `{record['command']}`  ",
-        f"Machine: {record['machine']}; float64; {record['date']}; {record['settings']}",
+        "Machine: " + "; ".join(machine),
     ]

@@ -90,3 +90,19 @@ def test_compile_levels_table_is_rendered_from_its_record(tmp_path):
         assert row["step_vs_default"] == row["step_ms"] / default["step_ms"]
         reference = {r["loss_hex"] for r in record["runs"][str(compile_levels.DEFAULT_LEVEL)]}
         assert row["bit_identical_to_default"] == ({r["loss_hex"] for r in runs} == reference)
+
+
+def test_cli_latency_table_is_rendered_from_its_record(tmp_path):
+    """The committed ``cli_latency.md`` is exactly what its JSON renders to; each ratio is the
+    median over rounds of the command's time over the yardstick's in the same round."""
+    cli_latency, record, _ = _render_committed("cli_latency", tmp_path)
+    yardstick = record["runs"][cli_latency.YARDSTICK]
+    for row in cli_latency.summarize(record):
+        runs = record["runs"][row["command"]]
+        assert row["median_s"] == np.median(runs) and row["runs"] == len(runs) == len(yardstick)
+        assert row["vs_yardstick"] == np.median(np.asarray(runs) / np.asarray(yardstick))
+    # the ratio pairs runs by round, not the medians: a record where they differ tells them apart
+    record = {**record, "runs": {"a": [1.0, 3.0, 2.0], cli_latency.YARDSTICK: [1.0, 1.0, 4.0]}}
+    rows = {row["command"]: row for row in cli_latency.summarize(record)}
+    assert rows["a"]["vs_yardstick"] == 1.0  # median of 1, 3 and 0.5
+    assert rows["a"]["median_s"] / rows[cli_latency.YARDSTICK]["median_s"] == 2.0
