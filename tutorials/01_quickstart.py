@@ -516,6 +516,16 @@ subprocess.run(cli + ["predict", str(model_dir.parent / "cli_model"), str(table)
 print((model_dir.parent / "predictions.csv").read_text().splitlines()[:4])
 
 # %% [markdown]
+# A mistake (a missing file, a target the table lacks, no data directory for `uci`) is
+# reported by name with exit status 2, in about a tenth of a second: the command checks these
+# before it imports JAX (`benchmarks/cli_latency.py` measures it).
+
+# %%
+wrong = subprocess.run(cli + ["fit", str(table), "--target", "z", "--output", str(model_dir.parent / "no_model")],
+                       capture_output=True, text=True)
+print(f"exit status {wrong.returncode}: {wrong.stderr.strip()}")
+
+# %% [markdown]
 # **Large data.** `predict(..., batch_size=B)` predicts `B` points at a time and writes them
 # into outputs allocated once (memory: the `S x N` components plus one window; add
 # `keep_layers=False` to skip the per-layer arrays). It is the same predictive distribution;
