@@ -45,6 +45,10 @@ from numpyro_dgp._protocol import (
     LAYER_MESSAGE,
     QUADRATURE_AXIS,
     get_tag,
+    inducing_tag,
+    message_layer,
+    trace_layer_names,
+    trace_layers,
     with_tag,
 )
 from numpyro_dgp.core import (
@@ -456,7 +460,7 @@ def layers_by_u_site(model_trace: dict) -> dict[str, Layer]:
     :param model_trace: a trace of the model.
     :return: the layers by the names of their u sites.
     """
-    return {s["args"][0].u_site: s["args"][0] for s in model_trace.values() if s["type"] == LAYER_MESSAGE}
+    return {layer.u_site: layer for layer in trace_layers(model_trace)}
 
 
 def uses_inducing_locations(model_trace: dict) -> bool:
@@ -480,7 +484,7 @@ def final_layer_name(model_trace: dict) -> str:
     :param model_trace: a trace of the model.
     :raises ValueError: if the model ran no ``gp_layer``.
     """
-    names = [s["args"][0].name for s in model_trace.values() if s["type"] == LAYER_MESSAGE]
+    names = trace_layer_names(model_trace)
     if not names:
         raise ValueError(
             "the model has no gp_layer: DGPElbo and predict need a model built with numpyro_dgp.gp_layer"
@@ -534,6 +538,7 @@ def marginal_trace(
     :param objective: who asks (named in error messages).
     :return: :class:`MarginalRun`.
     """
+    _refuse_amortized_layers_without_encoder(innermost_guide(guide), objective)
     with _validation_off_when_traced(params):
         guide_trace, seeded_model = guide_then_model(model, guide, params, rng_key, args, kwargs)
 
@@ -546,9 +551,9 @@ def marginal_trace(
             last = final_layer_name(tr)
             found["u_sites"] = _model_u_sites(tr)
             found["last"] = last
-            found["out_dim"] = tr[f"{last}.layer"]["args"][0].out_dim
+            found["out_dim"] = message_layer(tr[f"{last}.layer"]).out_dim
             found["locations"] = uses_inducing_locations(tr)
-            found["last_u_site"] = tr[f"{last}.layer"]["args"][0].u_site
+            found["last_u_site"] = message_layer(tr[f"{last}.layer"]).u_site
             return 0
 
         # closing over args keeps static ones (subsample sizes) concrete
@@ -585,6 +590,21 @@ def marginal_trace(
         return MarginalRun(
             guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights,
             handler.branch_log_weights, type(base_guide).__name__,
+        )
+
+
+def _refuse_amortized_layers_without_encoder(guide: Callable, objective: str) -> None:
+    """Per-point inducing sets (``inducing="amortized"``) are encoded by
+    :class:`~numpyro_dgp.guides.AutoAmortizedDGP` only; another guide (NumPyro's autoguides
+    draw them as free local latents, whose Gaussian the engine cannot read) is refused by name."""
+    if getattr(guide, "_accepts_amortized", False):
+        return
+    prototype = getattr(guide, "prototype_trace", None) or {}
+    layers = [tag.layer for tag in map(inducing_tag, prototype.values()) if tag is not None and tag.inducing == "amortized"]
+    if layers:
+        raise ValueError(
+            f"{objective} with {type(guide).__name__}: layer(s) {layers} have per-point inducing sets "
+            "(inducing='amortized'), which only an encoder describes; use numpyro_dgp.guides.AutoAmortizedDGP"
         )
 
 

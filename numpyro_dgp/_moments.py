@@ -45,7 +45,7 @@ from numpyro_dgp._marginal import (
     guide_then_model,
     quadrature_rule,
 )
-from numpyro_dgp._protocol import BRANCHES, FLOW, LAYER_MESSAGE, QUADRATURE_AXIS, get_tag, with_tag
+from numpyro_dgp._protocol import BRANCHES, FLOW, LAYER_MESSAGE, QUADRATURE_AXIS, get_tag, message_layer, with_tag
 from numpyro_dgp.core import uncertain_input_moments
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import ChainLink, JointBlock
@@ -288,7 +288,7 @@ def moment_trace(
             tr = trace(seeded_model).get_trace(*args, **kwargs)
             found["last"] = final_layer_name(tr)
             found["u_sites"] = _model_u_sites(tr)
-            found["out_dim"] = tr[f"{found['last']}.layer"]["args"][0].out_dim
+            found["out_dim"] = message_layer(tr[f"{found['last']}.layer"]).out_dim
             return 0
 
         jax.eval_shape(probe)

@@ -121,15 +121,46 @@ def _signature(args: tuple, kwargs: dict) -> tuple | None:
     return key
 
 
+def _training_arguments(model: Callable, guide: Callable | None) -> tuple[tuple, dict] | None:
+    """The (abstract) arguments a library guide's structure was built from, when it was built
+    on ``model``: the guide's parameters are those it creates on them, whatever the inputs of
+    a later call (initial values computed from the data, such as k-means inducing inputs, must
+    never be computed from prediction inputs: fewer points than ``num_inducing`` would fail)."""
+    if guide is None or getattr(guide, "model", None) is not model:
+        return None
+    from numpyro_dgp._autoguides import innermost_guide
+
+    return getattr(innermost_guide(guide), "prototype_args", None)
+
+
+def _guide_run_arguments(args: tuple, kwargs: dict, training: tuple[tuple, dict] | None):
+    """``(arrays, rebuild)``: the arguments the guide runs on (the training ones where known)
+    split into abstract arrays (the inputs of ``jax.eval_shape``) and a function that puts them
+    back with the other values (kept concrete: subsample sizes, flags)."""
+    if training is None:
+        return (), lambda arrays: (args, kwargs)
+    leaves, treedef = jax.tree_util.tree_flatten(training)
+    is_array = [isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves]
+
+    def rebuild(arrays):
+        it = iter(arrays)
+        return jax.tree_util.tree_unflatten(treedef, [next(it) if a else leaf for leaf, a in zip(leaves, is_array)])
+
+    return tuple(leaf for leaf, a in zip(leaves, is_array) if a), rebuild
+
+
 def param_specs(model: Callable, guide: Callable | None, args: tuple, kwargs: dict) -> dict[str, jax.ShapeDtypeStruct]:
     """What the guide and the model create: ``{param site: ShapeDtypeStruct}`` from an abstract
     run (``jax.eval_shape``; the guide must be set up).
 
-    The guide's parameters come from a run of the guide on ``args``. The model's come from the
-    guide's prototype trace when it has one (the model's run on the *training* arguments, so
-    that prediction at new inputs checks against the shapes the fit created, even for
-    initial values computed from the data, e.g. ``inducing_inputs=X[::3]``), else from a run
-    of the model on ``args`` (replayed on the guide's).
+    The guide's parameters come from a run of the guide on the arguments its structure was
+    built from (the library's guides record the training arguments' shapes), else on ``args``.
+    The model's come from the guide's prototype trace when it has one (the model's run on the
+    *training* arguments, so that prediction at new inputs checks against the shapes the fit
+    created, even for initial values computed from the data, e.g. ``inducing_inputs=X[::3]``),
+    else from a run of the model on ``args`` (replayed on the guide's). No initial value is
+    ever computed from ``args`` when the guide was set up on the model: prediction at one
+    point, or at fewer points than ``num_inducing``, checks the fitted parameters as well.
 
     :param model: the model.
     :param guide: the guide, or ``None`` (the model's own parameters only).
@@ -140,18 +171,21 @@ def param_specs(model: Callable, guide: Callable | None, args: tuple, kwargs: di
     owner = model if guide is None else guide
     # the prototype records this model only if the guide was built on it
     prototype = getattr(guide, "prototype_trace", None) if getattr(guide, "model", None) is model else None
-    signature = _signature(args, kwargs)
+    training = _training_arguments(model, guide)
+    signature = _signature(*(training if training is not None else (args, kwargs)))
     key = None if signature is None else (model, signature)
     entry = None if key is None else _SPECS.get(owner, key)
     if entry is not None and entry[0] is prototype:
         return entry[1]
+    guide_arrays, guide_arguments = _guide_run_arguments(args, kwargs, training)
 
-    def run():
+    def run(guide_arrays):
         guide_key, model_key = jax.random.split(jax.random.PRNGKey(0))
         specs = {}
         seeded = handlers.seed(model, model_key)
         if guide is not None:
-            guide_trace = handlers.trace(handlers.seed(guide, guide_key)).get_trace(*args, **kwargs)
+            guide_args, guide_kwargs = guide_arguments(guide_arrays)
+            guide_trace = handlers.trace(handlers.seed(guide, guide_key)).get_trace(*guide_args, **guide_kwargs)
             specs.update({n: s["value"] for n, s in guide_trace.items() if s["type"] == "param"})
             seeded = handlers.replay(seeded, guide_trace)
         if prototype is None:
@@ -163,7 +197,7 @@ def param_specs(model: Callable, guide: Callable | None, args: tuple, kwargs: di
 
     # closing over the arguments keeps non-array ones (subsample sizes) concrete
     try:
-        specs = jax.eval_shape(run)
+        specs = jax.eval_shape(run, guide_arrays)
     except TypeError as err:  # JAX's shape errors: e.g. a guide built on another model
         raise ValueError(f"the model cannot run with these arguments{' and this guide' if guide else ''} "
                          f"(do they belong together?): {err}") from err

@@ -34,10 +34,12 @@ import numpy as np
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.primitives import Messenger
 
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._marginal import layers_by_u_site, marginal_trace, marginalize_inducing, quadrature_rule
 from numpyro_dgp._params import PREDICT_HINT, check_params_against, param_specs
+from numpyro_dgp._protocol import quadrature_tail, trace_layer_names, trace_layers
 from numpyro_dgp._validation import as_float_array, check_finite, warn_if_not_standardized
 from numpyro_dgp.handlers import coherent_layers
 from numpyro_dgp.infer._fit import _is_array
@@ -134,7 +136,7 @@ def _check_guide_is_set_up(guide, caller):
 
 
 def _observation_site(model_trace, obs_site):
-    tail = [n for n, s in model_trace.items() if s["type"] == "sample" and (s.get("infer") or {}).get("dgp_quadrature")]
+    tail = quadrature_tail(model_trace)
     if obs_site is None:
         if len(tail) != 1:
             raise ValueError(
@@ -515,14 +517,14 @@ def predict_from_samples(
         else:
             handler = marginalize_inducing(m)
         tr = trace(handler).get_trace(X_new, *args, **kwargs)
-        return tr, handler.moments
+        return tr, handler.moments, handler.branch_log_weights
 
     found = {}
     one_sample = {k: v[0] for k, v in samples.items()}
 
     def probe():
-        tr, _ = run(one_sample, jax.random.PRNGKey(0), None)
-        layers = [s["args"][0] for s in tr.values() if s["type"] == "dgp_layer"]
+        tr, _, _ = run(one_sample, jax.random.PRNGKey(0), None)
+        layers = trace_layers(tr)
         if not layers:
             raise ValueError("predict_from_samples: the model runs no gp_layer")
         found["layers"] = [layer.name for layer in layers]
@@ -538,18 +540,13 @@ def predict_from_samples(
             f"predict_from_samples: samples lack the inducing-value site(s) {missing}; they hold "
             f"{sorted(samples)}. Pass the samples of an MCMC run on the model (its '<layer>.u' sites)"
         )
-    unset = [n for n, t in found["sites"].items() if t == "param" and n not in samples and n not in fixed]
-    if unset:
-        raise ValueError(
-            f"predict_from_samples: param site(s) {unset} are neither in the samples nor in params=; "
-            "they would take their initial values (e.g. k-means on X_new). Pass params= (fitted values)"
-        )
     last = found["layers"][-1]
 
     def probe_tail():
-        tr, _ = run(one_sample, jax.random.PRNGKey(0), (last, *quadrature_rule(found["out_dim"], 3)))
+        tr, _, log_weights = run(one_sample, jax.random.PRNGKey(0), (last, *quadrature_rule(found["out_dim"], 3)))
         found["name"] = _observation_site(tr, obs_site)
         found["likelihood"] = _likelihood_of(tr[found["name"]]["fn"], found["name"])
+        found["branches"] = None if log_weights is None else log_weights.shape[0]
         return 0
 
     jax.eval_shape(probe_tail)
@@ -563,11 +560,20 @@ def predict_from_samples(
 
     def one(sample, key):
         run_key, draw_key = jax.random.split(key)
-        tr, moments = run(sample, run_key, quad)
-        return _mixture_component(tr, moments, name, weights, found["layers"], draw_key)
+        tr, moments, log_weights = run(sample, run_key, quad)
+        component = _mixture_component(tr, moments, name, weights, found["layers"], draw_key)
+        return component + ((log_weights,) if found["branches"] else ())
+
+    def mixture(samples, keys):
+        components = jax.vmap(one)(samples, keys)
+        if found["branches"]:  # a quadrature handler's weighted branches: sample x branch components
+            components = _flatten_branches(found["branches"], *components)
+        return _mixture_fields(likelihood, *components)
 
     keys = jax.random.split(rng_key, S)
-    return _warn_if_not_finite(_mixture(likelihood, *jax.jit(jax.vmap(one))(samples, keys)), "predict_from_samples")
+    fields = jax.jit(mixture)(samples, keys)
+    prediction = Prediction(*fields[:7], likelihood=likelihood, weights=fields[7])
+    return _warn_if_not_finite(prediction, "predict_from_samples")
 
 
 def _check_samples(model, samples, params, X_new, args, kwargs, strict):
@@ -578,6 +584,7 @@ def _check_samples(model, samples, params, X_new, args, kwargs, strict):
     reported by name). Returns ``params`` as arrays."""
     fixed = {k: jnp.asarray(v) for k, v in (params or {}).items()}
     data = {**fixed, **{k: v[0] for k, v in samples.items()}}
+    _check_no_param_unset(model, data, X_new, args, kwargs)
     found = {}
 
     def run():
@@ -595,6 +602,36 @@ def _check_samples(model, samples, params, X_new, args, kwargs, strict):
     latent = {k: v for k, v in found.items() if k in samples}
     check_params_against(latent, {k: samples[k] for k in latent}, "predict_from_samples (samples)", leading=1)
     return fixed
+
+
+class _UnsetParam(Exception):
+    """Raised by :class:`_stop_at_unset_param` with the name of the first unset param site."""
+
+
+class _stop_at_unset_param(Messenger):
+    """Stop a run at the first ``numpyro.param`` site that nothing substituted, before its
+    initial value is computed (from the inputs at hand: k-means at fewer points than
+    ``num_inducing`` would fail, and at more would silently stand in for the fitted values)."""
+
+    def process_message(self, msg: dict) -> None:
+        if msg["type"] == "param" and msg["value"] is None:
+            raise _UnsetParam(msg["name"])
+
+
+def _check_no_param_unset(model, data, X_new, args, kwargs):
+    def run():
+        with _stop_at_unset_param():
+            substitute(seed(model, jax.random.PRNGKey(0)), data=data)(X_new, *args, **kwargs)
+        return 0
+
+    try:
+        jax.eval_shape(run)
+    except _UnsetParam as unset:
+        raise ValueError(
+            f"predict_from_samples: param site {unset.args[0]!r} is neither in the samples nor in params=; it "
+            "would take its initial value (e.g. k-means on X_new). Pass params= (the fitted values, or those "
+            "the MCMC run used)"
+        ) from None
 
 
 def sample_layers(
@@ -635,7 +672,7 @@ def sample_layers(
         if coherent:
             m = coherent_layers(m)
         tr = trace(m).get_trace(X, *args, **kwargs)
-        names = [s["args"][0].name for s in tr.values() if s["type"] == "dgp_layer"]
+        names = trace_layer_names(tr)
         return {n: tr[n]["value"] for n in names}
 
     keys = jax.random.split(rng_key, int(num_samples))

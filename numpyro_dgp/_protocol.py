@@ -36,7 +36,13 @@ __all__ = [
     "FlowTag",
     "InducingTag",
     "get_tag",
+    "inducing_site_names",
     "inducing_tag",
+    "is_layer_message",
+    "message_layer",
+    "quadrature_tail",
+    "trace_layer_names",
+    "trace_layers",
     "with_tag",
 ]
 
@@ -113,3 +119,34 @@ def with_tag(msg: dict, key: str, value: Any) -> None:
 def inducing_tag(site: dict) -> InducingTag | None:
     """The :class:`InducingTag` of a layer's inducing site, ``None`` for any other site."""
     return get_tag(site, INDUCING) if site.get("type") == "sample" else None
+
+
+def is_layer_message(msg: dict) -> bool:
+    """Whether ``msg`` (a message or a trace site) is a ``gp_layer``'s :data:`LAYER_MESSAGE`."""
+    return msg.get("type") == LAYER_MESSAGE
+
+
+def message_layer(msg: dict) -> Any:
+    """The :class:`~numpyro_dgp.layers.Layer` a :data:`LAYER_MESSAGE` carries (its first argument)."""
+    return msg["args"][0]
+
+
+def trace_layers(trace: dict) -> list:
+    """The layers of a model trace, in execution order (from their :data:`LAYER_MESSAGE` sites)."""
+    return [message_layer(site) for site in trace.values() if is_layer_message(site)]
+
+
+def trace_layer_names(trace: dict) -> list[str]:
+    """The names of the layers of a model trace, in execution order."""
+    return [layer.name for layer in trace_layers(trace)]
+
+
+def inducing_site_names(trace: dict) -> list[str]:
+    """The ``"<layer>.u"`` sample sites of a model trace (tagged :data:`INDUCING`). Only for a
+    trace of the model alone: ``replay`` on a guide trace replaces the sites' tags."""
+    return [name for name, site in trace.items() if inducing_tag(site) is not None]
+
+
+def quadrature_tail(trace: dict) -> list[str]:
+    """The sample sites after the last layer of a marginalized run (tagged :data:`QUADRATURE_AXIS`)."""
+    return [name for name, site in trace.items() if site.get("type") == "sample" and get_tag(site, QUADRATURE_AXIS)]

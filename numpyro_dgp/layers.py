@@ -364,7 +364,11 @@ def gp_layer(
     if not isinstance(X, jax.Array):  # keep a traced input as it is: moment propagation tracks it
         X = jnp.asarray(X)
     if X.ndim == 3 and locations:
-        raise ValueError(f"gp_layer {name!r}: inducing='locations' does not take branched inputs (S, N, D)")
+        raise ValueError(
+            f"gp_layer {name!r}: inducing='locations' does not take branched inputs (S, N, D): the inducing "
+            "locations of a layer follow one input, not weighted branches. Use inducing='global' under "
+            "numpyro_dgp.handlers.quadrature"
+        )
     if X.ndim not in (2, 3):
         raise ValueError(
             f"gp_layer {name!r}: X must have shape (num_points, dim), or (num_branches, num_points, "

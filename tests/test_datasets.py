@@ -386,8 +386,21 @@ def test_uci_bad_split_on_real_data(uci_dir):
 
 def test_uci_found_through_env_var(uci_dir, monkeypatch):
     monkeypatch.setenv("NUMPYRO_DGP_DATA", str(uci_dir))
-    assert default_data_dir() == uci_dir
+    # the folder itself, however it is reached (uci_dir may be, or lie under, a symbolic link)
+    assert default_data_dir().samefile(uci_dir)
     assert load_uci("wine", split=3).X_train.shape[1] == 11
+
+
+def test_data_folder_reached_through_a_symbolic_link(tmp_path, monkeypatch):
+    """A data folder that is a link (users' often are) is found through the argument and
+    through the environment variable, and its data sets load."""
+    _write_fake(tmp_path / "real")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "real", target_is_directory=True)
+    assert default_data_dir(link).samefile(tmp_path / "real")
+    monkeypatch.setenv("NUMPYRO_DGP_DATA", str(link))
+    assert default_data_dir().samefile(tmp_path / "real")
+    assert load_uci("yacht", split=0).X_train.shape[1] == 3
 
 
 def test_random_split_is_disjoint_sized_and_seeded(tmp_path):

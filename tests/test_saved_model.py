@@ -176,25 +176,8 @@ def test_save_refuses_an_existing_directory_and_user_models(saved, tmp_path):
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary left
 
 
-@pytest.mark.parametrize("factory", ["probit", "diffgp", "amortized"])
-def test_other_factories_round_trip(factory, tmp_path):
-    X, y = _data(n=60, d=2)
-    if factory == "probit":
-        model = dgp.models.deep_gp_regression(2, num_inducing=6, likelihood="probit")
-        guide = dgp.guides.AutoFactorizedDGP(model)
-        y = (y > 0).astype(np.int32)
-    elif factory == "diffgp":
-        model = dgp.models.diffgp(0.5, num_steps=4, num_inducing=6)
-        guide = dgp.guides.AutoFactorizedDGP(model)
-    else:
-        model = dgp.models.amortized_dgp((3, 1), (3, 3))
-        guide = dgp.guides.AutoAmortizedDGP(model, num_branches=4)
-    params = _fitted(model, guide, X, y, steps=5)
-    dgp.save_model(tmp_path / "m", model, guide, params, input_dim=2)
-    loaded = dgp.load_model(tmp_path / "m")
-    got = loaded.predict(X[:7], rng_key=jax.random.PRNGKey(1), num_samples=5)
-    ref = dgp.predict(model, guide, params, jax.random.PRNGKey(1), jnp.asarray(X[:7]), num_samples=5)
-    np.testing.assert_allclose(got.mean, ref.mean, rtol=1e-10, atol=1e-12)
+# The other factories' round trips (probit, DiffGP, amortized) at every prediction size:
+# tests/test_model_kinds.py::test_saved_kind_predicts_at_every_size.
 
 
 def test_batched_prediction_equals_unbatched_for_one_layer():

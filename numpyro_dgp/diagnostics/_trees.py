@@ -11,6 +11,7 @@ from jax.typing import ArrayLike
 from numpyro.handlers import seed, substitute, trace
 
 from numpyro_dgp._prediction import sample_layers
+from numpyro_dgp._protocol import inducing_site_names, trace_layer_names
 from numpyro_dgp.handlers import coherent_layers
 
 if TYPE_CHECKING:
@@ -48,11 +49,13 @@ def layer_samples(
     params = dict(params or {})
     probe = trace(seed(substitute(model, data=params), rng_key)).get_trace(grid, *args, **kwargs)
     latent = {n for n, s in probe.items() if s["type"] == "sample" and not s["is_observed"]}
-    names = [s["args"][0].name for s in probe.values() if s["type"] == "dgp_layer"]
+    names = trace_layer_names(probe)
     chosen = {k: jnp.asarray(v) for k, v in samples.items() if k in latent}
-    missing = sorted(n for n in latent if n not in chosen and (probe[n].get("infer") or {}).get("dgp_layer"))
+    missing = sorted(n for n in inducing_site_names(probe) if n not in chosen)
     if missing:
-        raise ValueError(f"layer_samples: samples lack the inducing-value sites {missing}")
+        # drawing them from the prior would silently mix prior and posterior draws
+        raise ValueError(f"layer_samples: samples lack the inducing-value sites {missing}; pass the "
+                         "posterior samples of every layer's inducing values (e.g. mcmc.get_samples())")
     if not chosen:
         raise ValueError(f"layer_samples: none of the samples' sites {sorted(samples)} is a latent site of the model")
     S = next(iter(chosen.values())).shape[0]

@@ -94,6 +94,9 @@ class DGPGuide(AutoGuide):
         super().__init__(model, prefix=prefix, init_loc_fn=partial(_init_inducing_to_mean, init_loc_fn=init_loc_fn))
         self.inducing_sites: list[InducingSite] = []
         self._other_guide = None
+        #: the shapes and dtypes of the arguments the structure was built from (the training
+        #: arguments), so that checks of fitted parameters never rerun initialization on other inputs
+        self.prototype_args: tuple[tuple, dict] | None = None
 
     def _prototype_model(self, rng_key: jax.Array) -> Callable:
         """The model run the structure is read from: latent sites at their initial values
@@ -116,6 +119,7 @@ class DGPGuide(AutoGuide):
 
         jax.eval_shape(probe)
         self.prototype_trace = found["trace"]
+        self.prototype_args = jax.tree_util.tree_map(_abstract_value, (args, kwargs))
         self._prototype_frames = {}
         self._prototype_plate_sizes = {}
         for name, site in self.prototype_trace.items():

@@ -9,7 +9,7 @@ import jax
 from numpyro.handlers import block, seed, trace
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._protocol import FLOW, LAYER_MESSAGE, get_tag
+from numpyro_dgp._protocol import FLOW, get_tag, message_layer, trace_layer_names
 
 __all__ = ["PerRunMessenger", "last_layer_name", "refuse_special_layers"]
 
@@ -46,14 +46,15 @@ class PerRunMessenger(Messenger):
 
 def refuse_special_layers(msg: dict, handler: str) -> None:
     """Raise for layer messages ``handler`` cannot take: per-point inducing sets and SDE flows."""
-    if msg["args"][0].inducing == "amortized":
+    layer = message_layer(msg)
+    if layer.inducing == "amortized":
         raise NotImplementedError(
-            f"{handler}: layer {msg['args'][0].name!r} has per-point inducing sets "
+            f"{handler}: layer {layer.name!r} has per-point inducing sets "
             f"(inducing='amortized'), which {handler} does not support"
         )
     if get_tag(msg, FLOW) is not None:
         raise NotImplementedError(
-            f"{handler}: layer {msg['args'][0].name!r} is an sde_flow layer, which {handler} does not support"
+            f"{handler}: layer {layer.name!r} is an sde_flow layer, which {handler} does not support"
         )
 
 
@@ -65,7 +66,7 @@ def last_layer_name(fn: Callable, args: tuple, kwargs: dict, handler: str) -> st
         # block: the probe's messages reach none of the handlers outside this one
         with block():
             tr = trace(seed(fn, 0)).get_trace(*args, **kwargs)
-        names = [s["args"][0].name for s in tr.values() if s["type"] == LAYER_MESSAGE]
+        names = trace_layer_names(tr)
         if not names:
             raise ValueError(f"{handler}: the model runs no gp_layer")
         found["last"] = names[-1]

@@ -16,7 +16,7 @@ import numpy as np
 from jax.typing import ArrayLike
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._protocol import BRANCHES, FLOW, LAYER_MESSAGE, BranchTag, get_tag, with_tag
+from numpyro_dgp._protocol import BRANCHES, FLOW, LAYER_MESSAGE, BranchTag, get_tag, message_layer, with_tag
 from numpyro_dgp.posteriors import quadrature_log_weights, quadrature_points
 
 __all__ = ["quadrature"]
@@ -96,7 +96,7 @@ class quadrature(Messenger):
         """Tag every layer message with its branch points and weights (:class:`~numpyro_dgp._protocol.BranchTag`)."""
         if msg["type"] != LAYER_MESSAGE:
             return
-        layer = msg["args"][0]
+        layer = message_layer(msg)
         if get_tag(msg, FLOW) is not None:
             raise NotImplementedError(f"quadrature: layer {layer.name!r} is an sde_flow layer, which quadrature does not branch")
         # registered on every run (SVI's initial run is a plain model run); the last layer's

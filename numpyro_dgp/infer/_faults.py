@@ -17,7 +17,7 @@ import numpyro
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._protocol import LAYER_MESSAGE
+from numpyro_dgp._protocol import LAYER_MESSAGE, message_layer
 
 __all__ = ["diagnose_layers", "failed_layer"]
 
@@ -36,7 +36,7 @@ class _check_factors(Messenger):
     def process_message(self, msg: dict) -> None:
         if msg["type"] != LAYER_MESSAGE:
             return
-        layer = msg["args"][0]
+        layer = message_layer(msg)
         if not np.all(np.isfinite(np.asarray(layer.Kmm_chol))):
             self.failed = layer.name
             raise _Stop

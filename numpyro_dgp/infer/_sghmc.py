@@ -47,6 +47,8 @@ from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import initialize_model, potential_energy, transform_fn
 from numpyro.util import identity, is_prng_key
 
+from numpyro_dgp._protocol import inducing_tag
+
 if TYPE_CHECKING:
     import optax
 
@@ -130,8 +132,15 @@ def _inspect_model(model, init_strategy, rng_key, model_args, model_kwargs):
         found["latent"] = latent
         found["discrete"] = [k for k in latent if tr[k]["fn"].support.is_discrete]
         found["plates"] = [int(s["args"][0]) for s in tr.values() if s["type"] == "plate"]
+        found["amortized"] = [t.layer for t in map(inducing_tag, tr.values()) if t is not None and t.inducing == "amortized"]
 
     jax.eval_shape(run, rng_key)
+    if found["amortized"]:
+        # per-point inducing values at the training points say nothing about new points
+        raise ValueError(
+            f"SGHMC: layer(s) {found['amortized']} have per-point inducing sets (inducing='amortized'), "
+            "which an encoder describes; MCMC samples global inducing values: use inducing='global'"
+        )
     return found["latent"], found["discrete"], found["plates"]
 
 

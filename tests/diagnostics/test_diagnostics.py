@@ -197,3 +197,17 @@ def test_trees_from_guide_and_from_mcmc_share_a_layout(data):
     assert set(comp.figures) == {"layers", "marginals"}
     with pytest.raises(ValueError, match="different grids"):
         diagnostics.layer_metrics(vi, diagnostics.from_layer_samples({"h1": np.zeros((4, 5, 1)), "h2": np.zeros((4, 5, 1))}, grid + 1))
+
+
+def test_layer_samples_refuses_samples_without_a_layers_inducing_values(data):
+    """Samples that lack one layer's inducing values are refused, naming the site: drawing them
+    from the prior instead would mix prior and posterior draws without a word."""
+    X, _ = data
+    samples = {"h1.u": jnp.zeros((3, 1, 4)), "h2.u": jnp.zeros((3, 1, 4))}
+    grid = jnp.linspace(-1.0, 1.0, 5)[:, None]
+    layers = diagnostics.layer_samples(two_layer, samples, jax.random.PRNGKey(0), grid)
+    assert layers["h1"].shape == (3, 5, 1) and layers["h2"].shape == (3, 5, 1)
+    for dropped in ("h1.u", "h2.u"):
+        partial = {k: v for k, v in samples.items() if k != dropped}
+        with pytest.raises(ValueError, match=rf"lack the inducing-value sites \['{dropped}'\]"):
+            diagnostics.layer_samples(two_layer, partial, jax.random.PRNGKey(0), grid)
