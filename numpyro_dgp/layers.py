@@ -7,7 +7,8 @@ A call ``gp_layer("h1", X, kernel, num_inducing=50, out_dim=2)`` inside a model
    (``"h1.inducing_inputs"``) and any mean-function weights (``"h1.mean.*"``);
 2. samples the inducing values as the latent site ``"h1.u"`` of shape ``(out_dim, M)``
    (whitened: prior ``N(0, I)`` per output; otherwise ``N(0, K(Z, Z))``; always the
-   residual about the mean function), tagged ``infer={"dgp_layer": "h1", ...}``;
+   residual about the mean function), tagged with an :class:`~numpyro_dgp._protocol.InducingTag`
+   (read it with :func:`numpyro_dgp._protocol.inducing_tag`);
 3. emits one message of type ``"dgp_layer"`` named ``"h1.layer"`` whose default handling
    draws the layer's output at ``X`` from ``p(f(X) | u)`` point by point (DSVI propagation);
    handlers (``DGPElbo``'s analytic marginalization, coherent sampling, ...) reinterpret it;

@@ -234,3 +234,15 @@ def test_command_line_predicts_one_row_and_fewer_rows_than_inducing_points(tmp_p
         assert table[0][:2] == ["mean", "std"] and len(table) == rows + 1
         values = np.array(table[1:], float)
         assert np.all(np.isfinite(values)) and np.all(values[:, 1] > 0)
+
+
+def test_predict_from_samples_names_an_unset_param_at_one_point():
+    """Samples without the model's params (NUTS keeps them at their initial values) are refused
+    by name at any number of points, before k-means would run on the prediction inputs."""
+    import numpyro_dgp as dgp
+
+    model = kinds.make_model("global", "gaussian")
+    samples = {"h1.u": np.zeros((2, 1, kinds.M)), "h2.u": np.zeros((2, 1, kinds.M))}
+    for n in (kinds.ONE, kinds.MANY):
+        with pytest.raises(ValueError, match=r"param site 'h1\.[a-z_.]+' is neither in the samples nor in params="):
+            dgp.predict_from_samples(model, samples, jax.random.PRNGKey(0), np.zeros((n, 1)))
