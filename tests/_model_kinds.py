@@ -11,7 +11,6 @@ a model is a Python function, so that is the first moment its layers are known);
 from __future__ import annotations
 
 import itertools
-import sys
 
 import numpy as np
 

@@ -17,14 +17,22 @@ cases run with JAX's 64-bit mode off (``jax.enable_x64(False)``), as users run f
 
 from __future__ import annotations
 
+import csv
 import itertools
 import re
 from pathlib import Path
 
 import jax
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpyro.infer import SVI
 
+import numpyro_dgp as dgp
+from numpyro_dgp import cli
 from tests import _model_kinds as kinds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +46,8 @@ def _params(cases, marks=()):
     return [pytest.param(*case, id=kinds.case_id(case), marks=list(marks)) for case in cases]
 
 
-@pytest.mark.parametrize("guide,inducing,handler,likelihood,dtype", _params(DEFAULT) + _params(SLOW, [pytest.mark.slow]))
+@pytest.mark.parametrize("guide,inducing,handler,likelihood,dtype",
+                         _params(DEFAULT) + _params(SLOW, [pytest.mark.slow]))
 def test_working_kind_predicts_at_every_size(guide, inducing, handler, likelihood, dtype):
     kinds.check_case(guide, inducing, handler, likelihood, dtype)
 
@@ -100,12 +109,6 @@ def test_documented_table():
 def test_the_issue_snippet_predicts_at_one_point():
     """Inducing locations fitted on 40 points with 20 inducing points predict at one point
     (prediction checked the parameters by running k-means on the prediction inputs)."""
-    import numpyro
-    import numpyro.distributions as dist
-    from numpyro.infer import SVI
-
-    import numpyro_dgp as dgp
-
     X = np.linspace(-1, 1, 40)[:, None]
     y = np.sin(3 * X[:, 0])
 
@@ -128,9 +131,6 @@ def test_the_issue_snippet_predicts_at_one_point():
 
 # ---- any number of points, any window: a property of the default model --------------------------
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
 
 @pytest.fixture(scope="module")
 def default_fit():
@@ -145,8 +145,6 @@ def test_prediction_at_any_number_of_points_in_any_windows(default_fit, data):
     """From 1 to 3M points, unbatched or in windows of any size: finite means and positive
     variances of shape (n,); the last window, and the points of the first that no later window
     predicts again, the numbers of predicting those windows alone."""
-    import numpyro_dgp as dgp
-
     model, guide, result, _ = default_fit
     n = data.draw(st.integers(1, 3 * kinds.M), label="num_points")
     batch = data.draw(st.one_of(st.none(), st.integers(1, n + 2)), label="batch_size")
@@ -171,8 +169,6 @@ def test_prediction_at_any_number_of_points_in_any_windows(default_fit, data):
 
 
 def _factory_model(factory):
-    import numpyro_dgp as dgp
-
     if factory == "deep, not whitened, probit":
         model = dgp.models.deep_gp_regression(2, num_inducing=kinds.M, whiten=False, likelihood="probit")
     elif factory == "diffgp":
@@ -191,11 +187,6 @@ def test_saved_kind_predicts_at_every_size(factory, tmp_path):
     """save_model / load_model by kind: the loaded model predicts what the fitted one predicts,
     and at one point, at fewer points than inducing points, at more points than were trained on
     and in windows."""
-    import numpyro
-    from numpyro.infer import SVI
-
-    import numpyro_dgp as dgp
-
     likelihood = "probit" if "probit" in factory else "gaussian"
     X, y, X_new = kinds.data(likelihood, "float64")
     model, guide = _factory_model(factory)
@@ -214,10 +205,6 @@ def test_saved_kind_predicts_at_every_size(factory, tmp_path):
 
 
 def test_command_line_predicts_one_row_and_fewer_rows_than_inducing_points(tmp_path, capsys):
-    import csv
-
-    from numpyro_dgp import cli
-
     X, y, X_new = kinds.data("gaussian", "float64")
     X, y = np.concatenate([X, X + 0.05]), np.concatenate([y, y])  # 20 rows: 4 held out
     with open(tmp_path / "train.csv", "w", newline="") as f:
@@ -239,8 +226,6 @@ def test_command_line_predicts_one_row_and_fewer_rows_than_inducing_points(tmp_p
 def test_predict_from_samples_names_an_unset_param_at_one_point():
     """Samples without the model's params (NUTS keeps them at their initial values) are refused
     by name at any number of points, before k-means would run on the prediction inputs."""
-    import numpyro_dgp as dgp
-
     model = kinds.make_model("global", "gaussian")
     samples = {"h1.u": np.zeros((2, 1, kinds.M)), "h2.u": np.zeros((2, 1, kinds.M))}
     for n in (kinds.ONE, kinds.MANY):

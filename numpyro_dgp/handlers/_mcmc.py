@@ -408,6 +408,7 @@ class collapse_last_layer(PerRunMessenger):
     :param obs_site: name of the observation site (default: the first Normal sample site
         after the collapsed layer).
     :raises NotImplementedError: during a run, if the named ``obs_site`` is not a Normal.
+    :raises ValueError: after a run in which no Normal observation site followed the layer.
     """
 
     def __init__(self, fn: Callable | None = None, layer: str | None = None, obs_site: str | None = None) -> None:
@@ -431,6 +432,17 @@ class collapse_last_layer(PerRunMessenger):
     def target(self) -> str | None:
         """Name of the collapsed layer (``None`` before the first run if no ``layer`` was given)."""
         return self.layer if self.layer is not None else self._found_last
+
+    def _problem_after_run(self) -> str | None:
+        # the layer returned its conditional mean; unless a Normal site absorbed its variance,
+        # the run scored the data with that variance silently dropped
+        if self._pending is not None:
+            return (
+                f"collapse_last_layer: no Normal observation site followed layer {self.target!r}, so its "
+                "conditional variance was absorbed by none; the collapsed likelihood (Havasi et al. 2018) "
+                "needs a Normal observation (Normal(f[..., 0], s)). Sample the layer instead (no handler)"
+            )
+        return None
 
     def process_message(self, msg: dict) -> None:
         """Return the collapsed layer's conditional mean and add its variance to the

@@ -101,6 +101,7 @@ def inducing_kl(
     locations: bool,
     marginal_covs: dict[str, jax.Array],
     posterior: Any = None,
+    objective: str = "DGPElbo",
 ) -> jax.Array | None:
     """Closed-form KL term of one inducing site, or ``None`` if the guide's site is not Gaussian.
 
@@ -121,6 +122,7 @@ def inducing_kl(
         seen so far; updated in place.
     :param posterior: the site's Gaussian as the run read it (global inducing points; e.g.
         from a NumPyro autoguide's latent Gaussian), instead of reading it off ``guide_site``.
+    :param objective: the objective's name (in error messages).
     :return: the scalar KL, or ``None``.
     :raises ValueError: if the guide chains or groups the site with layers the model did not
         run (before it, for a chain).
@@ -145,7 +147,8 @@ def inducing_kl(
         cov = block_diag_covariance(q.scale_tril)
         if q.parent is not None:
             if q.parent not in marginal_covs:
-                raise ValueError(f"DGPElbo: the guide chains {name!r} to {q.parent!r}, which the model did not run before it")
+                raise ValueError(f"{objective}: the guide chains {name!r} to {q.parent!r}, which the model did not run "
+                                 "before it")
             cov = cov + q.coupling @ marginal_covs[q.parent] @ q.coupling.T
         marginal_covs[name] = cov
         return chain_gauss_kl_term(q.mean - layer.prior_mean, q.scale_tril, cov, prior_chol)
@@ -154,7 +157,7 @@ def inducing_kl(
             return jnp.zeros((), q.loc.dtype)  # the group's KL was counted at its first site
         missing = [s for s in q.sites if s not in layers]
         if missing:
-            raise ValueError(f"DGPElbo: the guide's joint Gaussian covers {missing}, which the model did not run")
+            raise ValueError(f"{objective}: the guide's joint Gaussian covers {missing}, which the model did not run")
         blocks = []
         for s, (Ps, Ms) in zip(q.sites, q.shapes):
             blocks += [(_prior_chol(layers[s]), Ms)] * Ps
@@ -168,7 +171,8 @@ def objective_terms(
     """The pieces of a bound from one :func:`marginal_trace` run.
 
     :param run: the run.
-    :param objective: the objective's name (``"DGPElbo"`` or ``"PredictiveObjective"``).
+    :param objective: the objective's name (``"DGPElbo"``, ``"PredictiveObjective"`` or
+        ``"NestedCompressionElbo"``), named in error messages.
     :return: ``(observed, kl, other)``: the observed sites ``{name: site}`` (log-densities
         still to be taken), the closed-form KL of the inducing sites (scaled by their plates),
         and ``log p - log q`` of the other latent sites (sampled, as in ``Trace_ELBO``).
@@ -199,13 +203,13 @@ def objective_terms(
             continue
         if name in layers and name in guide_trace:
             site_kl = inducing_kl(name, site, guide_trace[name], layers, locations, marginal_covs,
-                                  None if locations else run.posteriors.get(name))
+                                  None if locations else run.posteriors.get(name), objective)
         if site_kl is not None:
             kl = kl + (site["scale"] if site["scale"] is not None else 1.0) * site_kl
         else:
             if get_tag(site, QUADRATURE_AXIS):
                 raise ValueError(
-                    f"DGPElbo: latent site {name!r} comes after the last GP layer; "
+                    f"{objective}: latent site {name!r} comes after the last GP layer; "
                     "only observed sites may depend on the last layer's output. Use Trace_ELBO."
                 )
             if name not in guide_trace:

@@ -145,7 +145,7 @@ class NestedCompressionElbo(ELBO):
         as_marginal = MarginalRun(
             run.guide_trace, run.model_trace, run.posteriors, run.moments, run.layer_order, run.quadrature_weights
         )
-        observed, kl, other = objective_terms(as_marginal)
+        observed, kl, other = objective_terms(as_marginal, _NAME)
         scale = _tail_scale(observed)
         ell = sum(_weighted_log_prob(site, run.quadrature_weights) for site in observed.values())
         penalty = scale * sum(run.penalties) if run.penalties else jnp.zeros((), jnp.result_type(ell))
