@@ -9,9 +9,10 @@ more points than it was trained on, and in windows that do not divide the points
 the numbers of predicting it alone -- or is refused at its first run with the error that names
 the reason (``tests/_model_kinds.py`` holds the matrix and the check).
 
-The default suite runs every refused kind, and a covering set of the working ones
+The default suite runs one refused kind per guide and reason
+(:func:`tests._model_kinds.default_refusals`) and a covering set of the working ones
 (:func:`tests._model_kinds.covering_set`: every pair of options that works together at least
-once); ``--runslow`` runs every working kind with both likelihoods and both dtypes. Float32
+once); ``--runslow`` runs every kind, the working ones with both likelihoods and both dtypes. Float32
 cases run with JAX's 64-bit mode off (``jax.enable_x64(False)``), as users run float32 models.
 """
 
@@ -53,16 +54,19 @@ def test_working_kind_predicts_at_every_size(guide, inducing, handler, likelihoo
 
 
 REFUSED = [kind for kind in kinds.KINDS if kinds.EXPECTED[kind] == "refused"]
+REFUSED_DEFAULT = kinds.default_refusals()
 
 
-@pytest.mark.parametrize("guide,inducing,handler", [pytest.param(*k, id=kinds.case_id(k)) for k in REFUSED])
+@pytest.mark.parametrize("guide,inducing,handler", [
+    pytest.param(*k, id=kinds.case_id(k), marks=[] if k in REFUSED_DEFAULT else [pytest.mark.slow]) for k in REFUSED
+])
 def test_refused_kind_says_why_at_its_first_run(guide, inducing, handler):
     kinds.check_case(guide, inducing, handler, "gaussian", "float64")
 
 
-#: MCMC kinds that run in the default suite (the rest, and every refusal, see below)
-MCMC_DEFAULT = [("global", "quadrature", "SGHMC"), ("global, not whitened", "none", "SGHMC"),
-                ("locations", "sde_flow", "SGHMC"), ("global", "none", "NUTS"), ("locations", "none", "NUTS")]
+#: working MCMC kinds that run in the default suite (and every refusal); the rest are slow
+MCMC_DEFAULT = [("global", "quadrature", "SGHMC"), ("locations", "sde_flow", "SGHMC"),
+                ("global, not whitened", "none", "NUTS")]
 
 
 def _mcmc_params():
@@ -79,9 +83,11 @@ def test_mcmc_kind_predicts_from_samples_at_every_size(inducing, handler, sample
 
 
 def test_every_option_is_in_the_default_cases():
-    """The covering set has each guide, inducing kind and handler, and each likelihood and dtype
-    with each handler and inducing kind."""
-    for position, options in enumerate((kinds.GUIDES, kinds.INDUCING, kinds.HANDLERS, kinds.LIKELIHOODS, kinds.DTYPES)):
+    """The covering set has each default guide, inducing kind and handler, and each likelihood and
+    dtype with each handler and inducing kind; every reason for a refusal is in the default suite."""
+    assert {kinds.refusal(*k) for k in REFUSED_DEFAULT} == set(kinds.REFUSALS)
+    options = (kinds.DEFAULT_GUIDES, kinds.INDUCING, kinds.HANDLERS, kinds.LIKELIHOODS, kinds.DTYPES)
+    for position, options in enumerate(options):
         assert {case[position] for case in DEFAULT} == set(options)
     for case in DEFAULT:
         assert kinds.EXPECTED[case[:3]] == "works"
@@ -139,7 +145,7 @@ def default_fit():
     return kinds.fitted("AutoFactorizedDGP", "global", "none", "gaussian", "float64", num_steps=3)
 
 
-@settings(max_examples=6)
+@settings(max_examples=4)
 @given(data=st.data())
 def test_prediction_at_any_number_of_points_in_any_windows(default_fit, data):
     """From 1 to 3M points, unbatched or in windows of any size: finite means and positive
@@ -181,8 +187,9 @@ def _factory_model(factory):
     return model, dgp.guides.AutoFactorizedDGP(model)
 
 
-@pytest.mark.parametrize("factory", ["deep, not whitened, probit", "diffgp", "amortized",
-                                     pytest.param("deep", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("factory", ["deep, not whitened, probit", "amortized",
+                                     pytest.param("deep", marks=pytest.mark.slow),
+                                     pytest.param("diffgp", marks=pytest.mark.slow)])
 def test_saved_kind_predicts_at_every_size(factory, tmp_path):
     """save_model / load_model by kind: the loaded model predicts what the fitted one predicts,
     and at one point, at fewer points than inducing points, at more points than were trained on

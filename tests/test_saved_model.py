@@ -176,8 +176,8 @@ def test_save_refuses_an_existing_directory_and_user_models(saved, tmp_path):
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary left
 
 
-# The other factories' round trips (probit, DiffGP, amortized) at every prediction size:
-# tests/test_model_kinds.py::test_saved_kind_predicts_at_every_size.
+# The other factories' round trips (probit, amortized; DiffGP with --runslow) at every
+# prediction size: tests/test_model_kinds.py::test_saved_kind_predicts_at_every_size.
 
 
 def test_batched_prediction_equals_unbatched_for_one_layer():
@@ -198,18 +198,14 @@ def test_batched_prediction_equals_unbatched_for_one_layer():
         dgp.predict(model, guide, params, key, jnp.asarray(X), batch_size=0)
 
 
-@pytest.mark.parametrize("factory", ["deep", "amortized"])
-def test_batched_prediction_is_the_windows_predicted_alone(factory):
+def test_batched_prediction_is_the_windows_predicted_alone():
     # batches of 30 over 80 points: windows [0, 30), [30, 60) and the last one shifted back to
     # [50, 80) (no padding); every window is predicted as predict() predicts it alone, with
-    # the same key, and the later window wins where two overlap
+    # the same key, and the later window wins where two overlap. (Every model kind's windows,
+    # amortized branches included, field by field: tests/test_model_kinds.py.)
     X, y = _data(n=80)
-    if factory == "deep":
-        model = dgp.models.deep_gp_regression(2, num_inducing=8)
-        guide = dgp.guides.AutoFactorizedDGP(model)
-    else:
-        model = dgp.models.amortized_dgp((3, 1), (3, 3))
-        guide = dgp.guides.AutoAmortizedDGP(model, num_branches=4)
+    model = dgp.models.deep_gp_regression(2, num_inducing=8)
+    guide = dgp.guides.AutoFactorizedDGP(model)
     params = _fitted(model, guide, X, y, steps=5)
     key = jax.random.PRNGKey(3)
     batched = dgp.predict(model, guide, params, key, jnp.asarray(X), num_samples=5, batch_size=30)
