@@ -11,8 +11,9 @@ the reason (``tests/_model_kinds.py`` holds the matrix and the check).
 
 The default suite runs one refused kind per guide and reason
 (:func:`tests._model_kinds.default_refusals`) and a covering set of the working ones
-(:func:`tests._model_kinds.covering_set`: every pair of options that works together at least
-once); ``--runslow`` runs every kind, the working ones with both likelihoods and both dtypes. Float32
+(:func:`tests._model_kinds.covering_set`: each library guide with every inducing kind, each
+NumPyro autoguide, every inducing kind with every handler); ``--runslow`` runs every kind, the
+working ones with both likelihoods and both dtypes. Float32
 cases run with JAX's 64-bit mode off (``jax.enable_x64(False)``), as users run float32 models.
 """
 
@@ -83,8 +84,12 @@ def test_mcmc_kind_predicts_from_samples_at_every_size(inducing, handler, sample
 
 
 def test_every_option_is_in_the_default_cases():
-    """The covering set has each default guide, inducing kind and handler, and each likelihood and
-    dtype with each handler and inducing kind; every reason for a refusal is in the default suite."""
+    """The covering set has each default guide, inducing kind and handler, each library guide with
+    every inducing kind it takes, and each likelihood and dtype with each handler and inducing
+    kind; every reason for a refusal is in the default suite."""
+    for guide, inducing, handler in kinds.KINDS:
+        if guide in kinds.LIBRARY_GUIDES and kinds.EXPECTED[(guide, inducing, handler)] == "works":
+            assert any(c[:2] == (guide, inducing) for c in DEFAULT), (guide, inducing)
     assert {kinds.refusal(*k) for k in REFUSED_DEFAULT} == set(kinds.REFUSALS)
     options = (kinds.DEFAULT_GUIDES, kinds.INDUCING, kinds.HANDLERS, kinds.LIKELIHOODS, kinds.DTYPES)
     for position, options in enumerate(options):
