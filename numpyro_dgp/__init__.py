@@ -47,7 +47,7 @@ _ATTRIBUTES = {
     "NonFinitePredictionWarning": "_prediction",
     "Prediction": "_prediction",
     "predict": "_prediction",
-    "predict_from_samples": "_prediction",
+    "predict_from_samples": "_sample_prediction",
     "sample_layers": "_prediction",
     "ModelFileError": "_saved_model",
     "SavedModel": "_saved_model",
@@ -76,13 +76,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from numpyro_dgp._deterministic_prediction import predict_collapsed, predict_moment_matched
     from numpyro_dgp._metrics import gaussian_mixture_crps, log_likelihood, metrics
     from numpyro_dgp._params import ParameterMismatchError, check_params
-    from numpyro_dgp._prediction import (
-        NonFinitePredictionWarning,
-        Prediction,
-        predict,
-        predict_from_samples,
-        sample_layers,
-    )
+    from numpyro_dgp._prediction import NonFinitePredictionWarning, Prediction, predict, sample_layers
+    from numpyro_dgp._sample_prediction import predict_from_samples
     from numpyro_dgp._saved_model import (
         ModelFileError,
         SavedModel,

@@ -44,8 +44,8 @@ from numpyro_dgp._protocol import (
     GAUSSIAN,
     LAYER_MESSAGE,
     QUADRATURE_AXIS,
+    amortized_layer_names,
     get_tag,
-    inducing_tag,
     message_layer,
     trace_layer_names,
     trace_layers,
@@ -599,8 +599,7 @@ def _refuse_amortized_layers_without_encoder(guide: Callable, objective: str) ->
     draw them as free local latents, whose Gaussian the engine cannot read) is refused by name."""
     if getattr(guide, "_accepts_amortized", False):
         return
-    prototype = getattr(guide, "prototype_trace", None) or {}
-    layers = [tag.layer for tag in map(inducing_tag, prototype.values()) if tag is not None and tag.inducing == "amortized"]
+    layers = amortized_layer_names(getattr(guide, "prototype_trace", None) or {})
     if layers:
         raise ValueError(
             f"{objective} with {type(guide).__name__}: layer(s) {layers} have per-point inducing sets "

@@ -35,6 +35,7 @@ __all__ = [
     "BranchTag",
     "FlowTag",
     "InducingTag",
+    "amortized_layer_names",
     "get_tag",
     "inducing_site_names",
     "inducing_tag",
@@ -150,3 +151,10 @@ def inducing_site_names(trace: dict) -> list[str]:
 def quadrature_tail(trace: dict) -> list[str]:
     """The sample sites after the last layer of a marginalized run (tagged :data:`QUADRATURE_AXIS`)."""
     return [name for name, site in trace.items() if site.get("type") == "sample" and get_tag(site, QUADRATURE_AXIS)]
+
+
+def amortized_layer_names(trace: dict) -> list[str]:
+    """The layers of a trace with per-point inducing sets (``inducing="amortized"``), read off
+    their inducing sites' tags (a model's trace or an autoguide's prototype trace)."""
+    tags = [inducing_tag(site) for site in trace.values()]
+    return [tag.layer for tag in tags if tag is not None and tag.inducing == "amortized"]

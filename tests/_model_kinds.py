@@ -358,32 +358,27 @@ def check_mcmc(inducing: str, handler: str, sampler: str) -> None:
     assert reason is None, f"{where}: expected a refusal ({reason}), but it ran"
 
 
-def table() -> str:
-    """The Markdown table of :data:`EXPECTED` (docs/model_kinds.md): a row per inducing kind and
-    handler, a column per guide; a refused cell gives its reason."""
-    lines = ["| inducing | handler | " + " | ".join(f"`{g}`" for g in GUIDES) + " |",
-             "| --- | --- | " + " | ".join("---" for _ in GUIDES) + " |"]
+def _render(columns: tuple[str, ...], reason_of) -> str:
+    """A Markdown table with a row per inducing kind and handler and a column per entry of
+    ``columns``: "works", or "refused (reason)" where ``reason_of(inducing, handler, column)``
+    gives one."""
+    lines = ["| inducing | handler | " + " | ".join(f"`{c}`" for c in columns) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in columns) + " |"]
     for inducing, handler in itertools.product(INDUCING, HANDLERS):
-        cells = []
-        for guide in GUIDES:
-            reason = refusal(guide, inducing, handler)
-            cells.append("works" if reason is None else f"refused ({reason})")
+        reasons = [reason_of(inducing, handler, column) for column in columns]
+        cells = ["works" if reason is None else f"refused ({reason})" for reason in reasons]
         lines.append(f"| {inducing} | {handler} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def table() -> str:
+    """The Markdown table of :data:`EXPECTED` (docs/model_kinds.md): a column per guide."""
+    return _render(GUIDES, lambda inducing, handler, guide: refusal(guide, inducing, handler))
 
 
 def mcmc_table() -> str:
-    """The Markdown table of MCMC by kind (docs/model_kinds.md): a row per inducing kind and
-    handler, a column per sampler."""
-    lines = ["| inducing | handler | " + " | ".join(f"`{s}`" for s in SAMPLERS) + " |",
-             "| --- | --- | " + " | ".join("---" for _ in SAMPLERS) + " |"]
-    for inducing, handler in itertools.product(INDUCING, HANDLERS):
-        cells = []
-        for sampler in SAMPLERS:
-            reason = mcmc_refusal(inducing, handler, sampler)
-            cells.append("works" if reason is None else f"refused ({reason})")
-        lines.append(f"| {inducing} | {handler} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """The Markdown table of MCMC by kind (docs/model_kinds.md): a column per sampler."""
+    return _render(SAMPLERS, mcmc_refusal)
 
 
 if __name__ == "__main__":

@@ -286,7 +286,7 @@ def test_predict_refuses_an_obs_site_that_is_not_after_the_last_layer(two_observ
 
 
 def test_predict_from_samples_refuses_a_model_without_gp_layer():
-    """_prediction.py predict_from_samples: a model that runs no gp_layer."""
+    """_sample_prediction.py predict_from_samples: a model that runs no gp_layer."""
 
     def plain(X, y=None):
         m = numpyro.sample("m", dist.Normal(0.0, 1.0))

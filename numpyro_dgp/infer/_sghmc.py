@@ -47,7 +47,7 @@ from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import initialize_model, potential_energy, transform_fn
 from numpyro.util import identity, is_prng_key
 
-from numpyro_dgp._protocol import inducing_tag
+from numpyro_dgp._protocol import amortized_layer_names
 
 if TYPE_CHECKING:
     import optax
@@ -132,7 +132,7 @@ def _inspect_model(model, init_strategy, rng_key, model_args, model_kwargs):
         found["latent"] = latent
         found["discrete"] = [k for k in latent if tr[k]["fn"].support.is_discrete]
         found["plates"] = [int(s["args"][0]) for s in tr.values() if s["type"] == "plate"]
-        found["amortized"] = [t.layer for t in map(inducing_tag, tr.values()) if t is not None and t.inducing == "amortized"]
+        found["amortized"] = amortized_layer_names(tr)
 
     jax.eval_shape(run, rng_key)
     if found["amortized"]:

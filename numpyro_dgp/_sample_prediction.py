@@ -1,0 +1,213 @@
+"""Predictive mixtures over posterior samples (MCMC, SGHMC): :func:`predict_from_samples`.
+
+Each sample is substituted into the model, and the mixture is formed as :func:`numpyro_dgp.predict`
+forms it from a guide (the observation site's likelihood by Gauss-Hermite quadrature on the last
+layer, a quadrature handler's branches mixed with their weights).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+from numpyro.handlers import seed, substitute, trace
+from numpyro.primitives import Messenger
+
+from numpyro_dgp._marginal import layers_by_u_site, marginalize_inducing, quadrature_rule
+from numpyro_dgp._params import PREDICT_HINT, check_params_against
+from numpyro_dgp._prediction import (
+    _QUADRATURE_NODES,
+    Prediction,
+    _flatten_branches,
+    _likelihood_of,
+    _mixture_component,
+    _mixture_fields,
+    _observation_site,
+    _test_inputs,
+    _warn_if_not_finite,
+)
+from numpyro_dgp._protocol import trace_layers
+
+__all__ = ["predict_from_samples"]
+
+
+def predict_from_samples(
+    model: Callable,
+    samples: dict,
+    rng_key: jax.Array,
+    X_new: ArrayLike,
+    *args,
+    obs_site: str | None = None,
+    params: dict | None = None,
+    strict: bool = True,
+    **kwargs: Any,
+) -> Prediction:
+    """Predictive mixture of a DGP over posterior samples (MCMC, :class:`~numpyro_dgp.infer.SGHMC`).
+
+    Component ``s`` substitutes sample ``s`` into the model (the inducing values
+    ``"<layer>.u"`` and every other latent or ``numpyro.param`` site the sample holds:
+    kernel hyperparameters, noise, inducing inputs...), propagates ``X_new`` through the
+    inner layers by sampling ``p(f_l | u_l, f_{l-1})``, and takes the last layer's
+    conditional Gaussian given ``u_L`` by Gauss-Hermite quadrature, mapped through the
+    observation site's likelihood: Normal, ``N(m_s, v_s + noise_s)`` per test point (exact when
+    the location is affine in the last layer, as in ``Normal(f[..., 0], sigma)``), or
+    Bernoulli, ``p_s(y = 1) = E[probs]`` (20 nodes per output). Sample sites the model does
+    not have at ``X_new`` (e.g. deterministic layer outputs at training points) are ignored.
+
+    :param model: the NumPyro model; called as ``model(X_new, *args, **kwargs)``.
+    :param samples: ``{site: (S, ...)}``, e.g. ``mcmc.get_samples()`` (SGHMC records the
+        params in force at every sample, so the dict covers them).
+    :param rng_key: PRNG key (inner-layer draws, one key per component).
+    :param X_new: ``(N, D)`` test inputs.
+    :param args: further positional arguments of the model.
+    :param obs_site: name of the observation site (found automatically if there is one).
+    :param params: ``{param site: value}`` fixed for all components, for params the samples
+        do not hold (e.g. fitted values substituted into a NUTS run); samples take precedence.
+    :param strict: refuse entries of ``params`` that are not ``numpyro.param`` sites of the
+        model (``False`` ignores them, e.g. a whole ``FitResult.params`` with its guide
+        entries). The samples' and ``params``' shapes and dtypes are always checked against
+        the model's sites at ``X_new``, and non-finite ``params`` refused.
+    :param kwargs: keyword arguments of the model.
+    :return: :class:`Prediction` with ``S`` components.
+    :raises ~numpyro_dgp.ParameterMismatchError: samples or ``params`` that do not match the model.
+    :raises ValueError: for invalid arguments (empty samples, a missing ``"<layer>.u"`` site, ...).
+    """
+    X_new = _test_inputs(X_new, "predict_from_samples")
+    if not isinstance(samples, dict) or not samples:
+        raise ValueError("predict_from_samples: samples is empty; pass mcmc.get_samples() (a dict of (S, ...) arrays)")
+    samples = {k: jnp.asarray(v) for k, v in samples.items()}
+    sizes = {k: (v.shape[0] if v.ndim else None) for k, v in samples.items()}
+    S_set = set(sizes.values())
+    if None in S_set or len(S_set) != 1:
+        raise ValueError(f"predict_from_samples: every sample array needs the same leading (sample) axis; got {sizes}")
+    S = S_set.pop()
+    if S < 1:
+        raise ValueError("predict_from_samples: samples is empty (0 samples along the leading axis)")
+    fixed = _check_samples(model, samples, params, X_new, args, kwargs, strict)
+
+    def run(sample, key, quadrature):
+        data = {**fixed, **sample}
+        m = substitute(seed(model, key), data=data)
+        if quadrature is not None:
+            handler = marginalize_inducing(m, quadrature_layer=quadrature[0], quadrature_nodes=quadrature[1],
+                                           quadrature_weights=quadrature[2])
+        else:
+            handler = marginalize_inducing(m)
+        tr = trace(handler).get_trace(X_new, *args, **kwargs)
+        return tr, handler.moments, handler.branch_log_weights
+
+    found = {}
+    one_sample = {k: v[0] for k, v in samples.items()}
+
+    def probe():
+        tr, _, _ = run(one_sample, jax.random.PRNGKey(0), None)
+        layers = trace_layers(tr)
+        if not layers:
+            raise ValueError("predict_from_samples: the model runs no gp_layer")
+        found["layers"] = [layer.name for layer in layers]
+        found["u_sites"] = sorted(layers_by_u_site(tr))
+        found["out_dim"] = layers[-1].out_dim
+        found["sites"] = {n: s["type"] for n, s in tr.items() if s["type"] in ("sample", "param")}
+        return 0
+
+    jax.eval_shape(probe)
+    missing = [u for u in found["u_sites"] if u not in samples]
+    if missing:
+        raise ValueError(
+            f"predict_from_samples: samples lack the inducing-value site(s) {missing}; they hold "
+            f"{sorted(samples)}. Pass the samples of an MCMC run on the model (its '<layer>.u' sites)"
+        )
+    last = found["layers"][-1]
+
+    def probe_tail():
+        tr, _, log_weights = run(one_sample, jax.random.PRNGKey(0), (last, *quadrature_rule(found["out_dim"], 3)))
+        found["name"] = _observation_site(tr, obs_site)
+        found["likelihood"] = _likelihood_of(tr[found["name"]]["fn"], found["name"])
+        found["branches"] = None if log_weights is None else log_weights.shape[0]
+        return 0
+
+    jax.eval_shape(probe_tail)
+    name, likelihood = found["name"], found["likelihood"]
+    nodes, weights = quadrature_rule(found["out_dim"], _QUADRATURE_NODES[likelihood])
+    quad = (last, nodes, weights)
+    # substitute the model's latent and param sites only (not deterministic layer outputs
+    # recorded at training points, nor the observation site)
+    keep = [k for k in samples if k in found["sites"] and k != name]
+    samples = {k: samples[k] for k in keep}
+
+    def one(sample, key):
+        run_key, draw_key = jax.random.split(key)
+        tr, moments, log_weights = run(sample, run_key, quad)
+        component = _mixture_component(tr, moments, name, weights, found["layers"], draw_key)
+        return component + ((log_weights,) if found["branches"] else ())
+
+    def mixture(samples, keys):
+        components = jax.vmap(one)(samples, keys)
+        if found["branches"]:  # a quadrature handler's weighted branches: sample x branch components
+            components = _flatten_branches(found["branches"], *components)
+        return _mixture_fields(likelihood, *components)
+
+    keys = jax.random.split(rng_key, S)
+    fields = jax.jit(mixture)(samples, keys)
+    prediction = Prediction(*fields[:7], likelihood=likelihood, weights=fields[7])
+    return _warn_if_not_finite(prediction, "predict_from_samples")
+
+
+def _check_samples(model, samples, params, X_new, args, kwargs, strict):
+    """``predict_from_samples``'s door, from one abstract run of the model at ``X_new`` with the
+    first sample and ``params`` substituted: ``params`` names only sites of the model and holds
+    finite values, and each latent site's samples have the shape of the site's distribution
+    there (another ``out_dim``, or inducing values that do not match the inducing inputs, are
+    reported by name). Returns ``params`` as arrays."""
+    fixed = {k: jnp.asarray(v) for k, v in (params or {}).items()}
+    data = {**fixed, **{k: v[0] for k, v in samples.items()}}
+    _check_no_param_unset(model, data, X_new, args, kwargs)
+    found = {}
+
+    def run():
+        tr = trace(substitute(seed(model, jax.random.PRNGKey(0)), data=data)).get_trace(X_new, *args, **kwargs)
+        for name, site in tr.items():
+            if site["type"] == "param" or (site["type"] == "sample" and not site["is_observed"]):
+                shape = site["fn"].shape() if site["type"] == "sample" else jnp.shape(site["value"])
+                found[name] = jax.ShapeDtypeStruct(tuple(shape), jnp.result_type(site["value"]))
+        return 0
+
+    jax.eval_shape(run)
+    check_params_against({k: v for k, v in found.items() if k not in samples}, fixed,
+                         "predict_from_samples (params)", allow_missing=True, allow_unexpected=not strict,
+                         require_finite=True, hint=PREDICT_HINT)
+    latent = {k: v for k, v in found.items() if k in samples}
+    check_params_against(latent, {k: samples[k] for k in latent}, "predict_from_samples (samples)", leading=1)
+    return fixed
+
+
+class _UnsetParam(Exception):
+    """Raised by :class:`_stop_at_unset_param` with the name of the first unset param site."""
+
+
+class _stop_at_unset_param(Messenger):
+    """Stop a run at the first ``numpyro.param`` site that nothing substituted, before its
+    initial value is computed (from the inputs at hand: k-means at fewer points than
+    ``num_inducing`` would fail, and at more would silently stand in for the fitted values)."""
+
+    def process_message(self, msg: dict) -> None:
+        if msg["type"] == "param" and msg["value"] is None:
+            raise _UnsetParam(msg["name"])
+
+
+def _check_no_param_unset(model, data, X_new, args, kwargs):
+    def run():
+        with _stop_at_unset_param():
+            substitute(seed(model, jax.random.PRNGKey(0)), data=data)(X_new, *args, **kwargs)
+        return 0
+
+    try:
+        jax.eval_shape(run)
+    except _UnsetParam as unset:
+        raise ValueError(
+            f"predict_from_samples: param site {unset.args[0]!r} is neither in the samples nor in params=; it "
+            "would take its initial value (e.g. k-means on X_new). Pass params= (the fitted values, or those "
+            "the MCMC run used)"
+        ) from None
