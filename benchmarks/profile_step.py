@@ -1,14 +1,21 @@
-"""Where the time of one DSVI training step goes (kin8nm configuration), from ``jax.profiler``.
+"""Where the time of one DSVI training step goes, and what it computes, from ``jax.profiler``.
 
-Traces 20 compiled steps (after warm-up) with ``jax.profiler.trace(create_perfetto_trace=True)``,
-reads the Perfetto JSON, and tabulates XLA's CPU thunks: time per step by operation, by kind
-(``ynn_fusion``: YNNPACK matrix products with fused elementwise producers; ``dot``; other
-fusions; ``sort``; Cholesky / triangular solves) and by executor thread, plus the HLO's
-custom calls. Timings under the profiler are somewhat inflated; use them for proportions.
+The kin8nm configuration (2 layers, whitened DSVI guide, batch 1000) at any ``--num-inducing``
+and ``--hidden-width``. Two views of the same compiled step:
+
+- **What it computes** (from the program before XLA's fusion, so each count is what the code
+  asks for): Cholesky factorizations, triangular solves and matrix products, with the FLOPs
+  of the products (``2 * prod(output) * prod(contracted)``) grouped by the source function,
+  and XLA's own FLOP estimate of the whole step.
+- **Where the time goes** (20 compiled steps after warm-up under
+  ``jax.profiler.trace(create_perfetto_trace=True)``): XLA's CPU thunks per step by operation,
+  by kind, and by the source function each came from (the ``op_name`` XLA keeps). Timings
+  under the profiler are somewhat inflated; use them for proportions.
 
 Usage::
 
-    python benchmarks/profile_step.py --precision float64   # writes results/profile_step_float64.md
+    python benchmarks/profile_step.py --precision float64 --num-inducing 500
+    # writes results/profile_step_float64_M500_W8.md
 """
 
 from __future__ import annotations
@@ -18,24 +25,62 @@ import collections
 import glob
 import gzip
 import json
+import math
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _fresh import base_record, header_lines
 from _paths import DATA_DIR_HELP, default_data_dir
+
+#: StableHLO operations counted, by the kind the tables report
+_KINDS = {"cholesky": "Cholesky factorization (LAPACK)", "triangular_solve": "triangular solve (LAPACK)",
+          "dot_general": "matrix product"}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precision", choices=["float32", "float64"], default="float64")
+    parser.add_argument("--num-inducing", type=int, default=100)
+    parser.add_argument("--hidden-width", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    parser.add_argument("--out", default=None, help="result file (default: results/profile_step_<precision>_M<M>_W<width>.md)")
     args = parser.parse_args(argv)
     import jax
 
     if args.precision == "float64":
         jax.config.update("jax_enable_x64", True)
+    lowered, update, state, data = _compiled_step(args)
+    counts = _operation_counts(update.as_text())
+    cost = update.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    unprofiled_ms, state = _time_steps(update, state, data, 50)
+    per_op, per_thread, thunks, profiled_ms = _profile(update, state, data, args.steps)
+    sources = _thunk_sources(update.as_text())
+
+    record = base_record("profile_step.py", argv if argv is not None else sys.argv[1:])
+    record["settings"] = f"M = {args.num_inducing}, hidden width {args.hidden_width}, batch 1000, kin8nm split 0"
+    lines = header_lines(f"Profile of one DSVI training step, {args.precision}", record, args.precision)
+    lines += ["", f"Wall time per step: {unprofiled_ms:.2f} ms unprofiled (median of 5 x 10), "
+              f"{profiled_ms:.2f} ms under the profiler. Thunks per step: {thunks:.0f}. Busy time per executor "
+              "thread (ms/step): " + ", ".join(f"{b:.2f}" for b in sorted(per_thread.values(), reverse=True)[:4])
+              + f"; total op time {sum(per_op.values()):.2f} ms/step.",
+              "", f"XLA's FLOP estimate of the step: {cost.get('flops', float('nan')) / 1e9:.2f} GFLOP "
+              f"({cost.get('flops', float('nan')) / 1e6 / unprofiled_ms:.1f} GFLOP/s at the unprofiled time).", ""]
+    lines += _count_table(counts) + [""]
+    lines += _time_tables(per_op, sources)
+    out = Path(args.out) if args.out else (
+        Path(__file__).resolve().parent / "results"
+        / f"profile_step_{args.precision}_M{args.num_inducing}_W{args.hidden_width}.md")
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _compiled_step(args):
+    import jax
     import jax.numpy as jnp
     import numpyro
     from numpyro.infer import SVI
@@ -47,76 +92,118 @@ def main(argv=None):
     dtype = jnp.float64 if args.precision == "float64" else jnp.float32
     data = load_uci("kin8nm", 0, data_dir=args.data_dir)
     X, y = jnp.asarray(data.X_train, dtype), jnp.asarray(data.y_train, dtype)
-    model = deep_gp_regression(2, num_inducing=100, hidden_width=8)
+    model = deep_gp_regression(2, num_inducing=args.num_inducing, hidden_width=args.hidden_width)
     guide = dgp.guides.AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
     state = svi.init(jax.random.PRNGKey(0), X, y, batch_size=1000)
-    update = jax.jit(lambda s, X, y: svi.update(s, X, y, batch_size=1000)).lower(state, X, y).compile()
-    hlo = update.as_text()
-    for _ in range(20):
-        state, loss = update(state, X, y)
-    jax.block_until_ready(loss)
-    t0 = time.perf_counter()
-    for _ in range(50):
-        state, loss = update(state, X, y)
-    jax.block_until_ready(loss)
-    unprofiled_ms = (time.perf_counter() - t0) / 50 * 1e3
+    lowered = jax.jit(lambda s, X, y: svi.update(s, X, y, batch_size=1000)).lower(state, X, y)
+    return lowered, lowered.compile(), state, (X, y)
+
+
+def _time_steps(update, state, data, n):
+    import jax
+
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n // 5):
+            state, loss = update(state, *data)
+        jax.block_until_ready(loss)
+        times.append((time.perf_counter() - t0) / (n // 5) * 1e3)
+    return sorted(times)[2], state
+
+
+def _operation_counts(hlo: str) -> dict:
+    """Counts of each kind in ``_KINDS`` and matrix-product FLOPs by source function, from the
+    compiled HLO (every function inlined, so a count is how often the step runs it)."""
+    shapes = {name: [int(d) for d in dims.split(",") if d] for name, dims in
+              re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = \w+\[([\d,]*)\]", hlo, flags=re.M)}
+    counts, flops = collections.Counter(), collections.Counter()
+    for line in hlo.splitlines():
+        if 'custom_call_target="lapack_' in line:
+            counts["cholesky" if "potrf" in line else "triangular_solve"] += 1
+        elif re.search(r"= \w+\[[\d,]*\]\S* dot\(", line):
+            counts["dot_general"] += 1
+            op_name = re.search(r'op_name="([^"]*)"', line)
+            flops[_source(op_name.group(1) if op_name else "")] += _dot_flops(line, shapes)
+    return {"counts": counts, "flops": flops}
+
+
+def _dot_flops(line: str, shapes: dict) -> float:
+    """``2 * prod(output) * prod(contracted dims of the left operand)`` of one ``dot``."""
+    out = re.search(r"= \w+\[([\d,]*)\]", line).group(1)
+    lhs = re.search(r"dot\(%([\w.\-]+)", line).group(1)
+    contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line).group(1)
+    contracted = [shapes[lhs][int(i)] for i in contracting.split(",") if i]
+    return 2.0 * math.prod(int(d) for d in out.split(",") if d) * math.prod(contracted)
+
+
+def _source(name: str) -> str:
+    """The innermost named function of an ``op_name``, with whether it is a derivative."""
+    functions = re.findall(r"jit\(([^()]+)\)", name)
+    inner = functions[-1] if functions else "step"
+    return inner + (" (derivative)" if "transpose(" in name else "")
+
+
+def _count_table(counts: dict) -> list[str]:
+    c, flops = counts["counts"], counts["flops"]
+    rows = [f"| {label} | {c[kind]} |" for kind, label in _KINDS.items()]
+    lines = ["What the step computes (compiled program, every function inlined):", "", "| operation | count |", "| --- | --- |", *rows, "",
+             "| matrix products from | GFLOP |", "| --- | --- |"]
+    return lines + [f"| {k} | {v / 1e9:.3f} |" for k, v in flops.most_common(12)] + [
+        f"| total | {sum(flops.values()) / 1e9:.3f} |"]
+
+
+def _profile(update, state, data, steps):
+    import jax
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         with jax.profiler.trace(tmp, create_perfetto_trace=True):
-            for _ in range(args.steps):
-                state, loss = update(state, X, y)
+            for _ in range(steps):
+                state, loss = update(state, *data)
             jax.block_until_ready(loss)
-        profiled_ms = (time.perf_counter() - t0) / args.steps * 1e3
+        profiled_ms = (time.perf_counter() - t0) / steps * 1e3
         events = json.load(gzip.open(glob.glob(f"{tmp}/**/*.trace.json.gz", recursive=True)[-1]))["traceEvents"]
-
-    per_op, count, per_thread = collections.Counter(), collections.Counter(), collections.Counter()
+    per_op, per_thread, thunks = collections.Counter(), collections.Counter(), 0
     for e in events:
         name = e.get("name", "")
         if e.get("ph") != "X" or name.startswith(("$", "end: ")) or any(
             s in name for s in ("Thunk", "Pjit", "PjRt", "Threadpool", "Wait for", "SlinkyThreadPool")
         ):
             continue
-        per_op[name] += e["dur"] / args.steps / 1e3
-        count[name] += 1
-        per_thread[e["tid"]] += e["dur"] / args.steps / 1e3
+        per_op[name] += e["dur"] / steps / 1e3
+        per_thread[e["tid"]] += e["dur"] / steps / 1e3
+        thunks += 1 / steps
+    return per_op, per_thread, thunks, profiled_ms
 
-    def kind(name):
-        for prefix, label in (("ynn_fusion", "ynn_fusion (matmul)"), ("dot", "dot"), ("sort", "sort"),
-                              ("cholesky", "cholesky / triangular solve"), ("triangular", "cholesky / triangular solve")):
-            if name.startswith(prefix):
-                return label
-        return "other (elementwise fusions, copies, reductions, ...)"
 
-    by_kind = collections.Counter()
+def _thunk_sources(hlo: str) -> dict[str, str]:
+    """The source function of each top-level instruction of the compiled HLO (its ``op_name``)."""
+    found = re.findall(r"^\s*%([\w.\-]+) = .*?op_name=\"([^\"]*)\"", hlo, flags=re.M)
+    return {name: _source(op_name) for name, op_name in found}
+
+
+def _kind(name: str) -> str:
+    for prefix, label in (("ynn_fusion", "matrix product (YNNPACK fusion)"), ("dot", "matrix product"),
+                          ("cholesky", "Cholesky / triangular solve"), ("triangular", "Cholesky / triangular solve")):
+        if name.startswith(prefix):
+            return label
+    return "other (elementwise fusions, copies, reductions, ...)"
+
+
+def _time_tables(per_op, sources) -> list[str]:
+    by_kind, by_source = collections.Counter(), collections.Counter()
     for name, ms in per_op.items():
-        by_kind[kind(name)] += ms
-    busy = sorted(per_thread.values(), reverse=True)
-    custom_calls = collections.Counter(re.findall(r'custom_call_target="([^"]+)"', hlo))
-    lines = [
-        f"# Profile of one DSVI training step, kin8nm configuration, {args.precision}",
-        "",
-        f"Command: `python benchmarks/profile_step.py --precision {args.precision}`; {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        "",
-        f"Wall time per step: {unprofiled_ms:.2f} ms unprofiled, {profiled_ms:.2f} ms under the profiler. "
-        f"Thunks per step: {sum(count.values()) / args.steps:.0f}. Busy time per executor thread (ms/step): "
-        + ", ".join(f"{b:.2f}" for b in busy[:4]) + f"; total op time {sum(per_op.values()):.2f} ms/step.",
-        "",
-        "| kind | ms per step (summed over threads) |",
-        "| --- | --- |",
-    ] + [f"| {k} | {v:.2f} |" for k, v in by_kind.most_common()] + [
-        "",
-        "| operation | ms per step |",
-        "| --- | --- |",
-    ] + [f"| {k} | {v:.3f} |" for k, v in per_op.most_common(15)] + [
-        "",
-        "Custom calls in the compiled step: " + ", ".join(f"{k} x{v}" for k, v in custom_calls.items()),
-        "",
-    ]
-    out = Path(__file__).resolve().parent / "results" / f"profile_step_{args.precision}.md"
-    out.write_text("\n".join(lines))
-    print("\n".join(lines))
+        by_kind[_kind(name)] += ms
+        by_source[sources.get(name, "?")] += ms
+    lines = ["Where the time goes (under the profiler, summed over executor threads):", "",
+             "| kind | ms per step |", "| --- | --- |"]
+    lines += [f"| {k} | {v:.2f} |" for k, v in by_kind.most_common()]
+    lines += ["", "| source function | ms per step |", "| --- | --- |"]
+    lines += [f"| {k} | {v:.2f} |" for k, v in by_source.most_common(12)]
+    lines += ["", "| operation | source function | ms per step |", "| --- | --- | --- |"]
+    return lines + [f"| {k} | {sources.get(k, '?')} | {v:.3f} |" for k, v in per_op.most_common(15)]
 
 
 if __name__ == "__main__":

@@ -12,12 +12,16 @@ Two parts, each point in a fresh process (so that peak resident memory is the po
   that compiles is timed apart), resident memory once the data are on the device and its
   peak (``VmHWM``, reset after the data were drawn) through training and through prediction,
   against the data's size, and whether every loss and prediction was finite.
-* ``--grid``: time per step at N = 10,000 against M in {100, 200, 500} and the inner width in
-  {8, 32} (batch 1000).
+* ``--grid``: time per step at N = 10,000 against M (``--grid-m``, default 50 to 1000), the
+  inner width (``--grid-widths``, 1, 8, 32), the input dimension (``--grid-dims``, 8 and 90)
+  and the precision (``--grid-precisions``), batch 1000; with the FLOP floor of the step
+  (:func:`step_flops`) at the matrix-product speed measured in the same process.
 
 Usage::
 
     python benchmarks/scale.py --sizes 10000 100000 1000000 --grid    # results/scale.{json,md}
+    python benchmarks/scale.py --grid --grid-precisions float32 float64 --grid-m 100 500 \\
+        --with-gpflux $NUMPYRO_DGP_PEERS_DIR/gpflux/bin/python --tag scale_grid
 
 With ``--with-gpflux PYTHON`` (the GPflux venv of ``benchmarks/peers/setup.sh``), every grid
 point also times GPflux (``peers/gpflux_scale.py``, the same model) right after ours.
@@ -38,7 +42,7 @@ D = 90
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def synthetic(N, dtype, seed=0):
+def synthetic(N, dtype, seed=0, dim=D):
     """Year-like regression data: 90 standardized features, a smooth nonlinear target.
 
     Drawn on the device (``jax.random``), so that the process holds the data once (a NumPy
@@ -47,8 +51,8 @@ def synthetic(N, dtype, seed=0):
     import jax.numpy as jnp
 
     kx, kw, ke = jax.random.split(jax.random.PRNGKey(seed), 3)
-    X = jax.random.normal(kx, (N, D), dtype)
-    W = jax.random.normal(kw, (D, 3), dtype) / jnp.sqrt(D).astype(dtype)
+    X = jax.random.normal(kx, (N, dim), dtype)
+    W = jax.random.normal(kw, (dim, 3), dtype) / jnp.sqrt(dim).astype(dtype)
     proj = X @ W
     y = jnp.sin(2 * proj[:, 0]) + 0.5 * proj[:, 1] * proj[:, 2] + 0.1 * jax.random.normal(ke, (N,), dtype)
     return X, (y - y.mean()) / y.std()
@@ -128,12 +132,45 @@ def run_size(N, precision, steps, num_inducing=100, width=30, batch=1000, predic
             "final_loss": float(np.mean(result.losses[-100:]))}
 
 
-def run_grid_point(M, width, precision, steps=30, N=10_000, batch=1000):
+def step_flops(M, width, dim, batch=1000):
+    """FLOPs of one training step that the math cannot avoid (the roofline's floor).
+
+    Per layer (``D`` inputs, ``P`` outputs, ``M`` inducing points, batch ``B``), forward and
+    backward (the backward pass of a product is two products of the same size):
+    ``K(Z, X)`` and ``K(Z, Z)``: ``2 M (B + M) D``, x 3; the factorization ``K(Z, Z) = L L^T``, ``M^3 / 3``, and
+    its derivative, at least three triangular products of ``M^3 / 3``; ``A = L^{-1} K(Z, X)``
+    (triangular): ``M^2 B``, x 3; the mean ``2 P M B``, x 3; the variance ``diag(A^T S_p A)``
+    with ``S_p = R_p R_p^T``, ``R_p`` triangular: ``P M^2 B``, x 3. Elementwise work, the
+    KL term (``O(P M^2)``) and the optimizer are left out.
+    """
+    total = 0.0
+    for d, p in ((dim, width), (width, 1)):
+        total += 3 * 2 * M * (batch + M) * d + M**3 / 3 + M**3 + 3 * M**2 * batch + 3 * 2 * p * M * batch
+        total += 3 * p * M**2 * batch
+    return total
+
+
+def matmul_peak(precision, size=2000):
+    """GFLOP/s of a ``size``-cubed matrix product (median of 5), in this process."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((size, size), jnp.float64 if precision == "float64" else jnp.float32)
+    product = jax.jit(lambda a: a @ a)
+    product(x).block_until_ready()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        product(x).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    return 2 * size**3 / sorted(times)[2] / 1e9
+
+
+def run_grid_point(M, width, precision, dim=D, steps=30, N=10_000, batch=1000):
     import jax
 
     if precision == "float64":
         jax.config.update("jax_enable_x64", True)
-    import jax.numpy as jnp
     import numpy as np
     import numpyro
     from numpyro.infer import SVI
@@ -141,14 +178,18 @@ def run_grid_point(M, width, precision, steps=30, N=10_000, batch=1000):
     import numpyro_dgp as dgp
 
     dtype = np.float32 if precision == "float32" else np.float64
-    X, y = synthetic(N, dtype)
+    X, y = synthetic(N, dtype, dim=dim)
     model = dgp.models.deep_gp_regression(2, num_inducing=M, hidden_width=width)
     guide = dgp.guides.AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    t0 = time.perf_counter()
     result = dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=3 * steps, chunk_size=steps, progress_bar=False,
                      batch_size=batch)
-    return {"N": N, "M": M, "width": width, "batch_size": batch, "precision": precision,
+    total = time.perf_counter() - t0
+    return {"N": N, "D": dim, "M": M, "width": width, "batch_size": batch, "precision": precision,
             "ms_per_step": 1e3 * result.seconds_per_step, "compile_seconds": result.compile_seconds,
+            "first_step_seconds": total - (3 * steps - 1) * result.seconds_per_step,
+            "floor_gflop": step_flops(M, width, dim, batch) / 1e9, "matmul_gflops": matmul_peak(precision),
             "all_finite": bool(np.all(np.isfinite(result.losses)))}
 
 
@@ -157,7 +198,7 @@ def child(argv):
     if kind == "size":
         out = run_size(int(argv[1]), argv[2], int(argv[3]), predict_batch=int(argv[4]))
     else:
-        out = run_grid_point(int(argv[1]), int(argv[2]), argv[3])
+        out = run_grid_point(int(argv[1]), int(argv[2]), argv[3], dim=int(argv[4]), steps=int(argv[5]))
     print(json.dumps(out))
 
 
@@ -186,21 +227,50 @@ def markdown(results):
                          f"{r['peak_rss_mb_training']:.0f} / {r['peak_rss_mb']:.0f} | {r['all_finite']} |")
         lines.append("")
     if results.get("grid"):
-        peers = any("gpflux_ms_per_step" in r for r in results["grid"])
-        lines += ["Time per step (ms), N = 10,000, batch 1000, 2 layers" + (
-                  f" (GPflux: {results['grid'][0].get('gpflux_version')}, run right after ours at each point)"
-                  if peers else "") + ":", "",
-                  "| M | width | ms/step | compile s |" + (" GPflux ms/step | GPflux first step s | GPflux / ours |"
-                                                          if peers else ""),
-                  "| --- | --- | --- | --- |" + (" --- | --- | --- |" if peers else "")]
-        for r in results["grid"]:
-            row = f"| {r['M']} | {r['width']} | {r['ms_per_step']:.1f} | {r['compile_seconds']:.1f} |"
-            if peers:
-                row += (f" {r['gpflux_ms_per_step']:.1f} | {r['gpflux_compile_seconds']:.1f} | "
-                        f"{r['gpflux_ms_per_step'] / r['ms_per_step']:.2f} |")
-            lines.append(row)
-        lines.append("")
+        lines += _grid_lines(results["grid"])
     return "\n".join(lines)
+
+
+def grid_point(M, width, precision, dim, steps, gpflux_python):
+    """Ours at one grid point in a fresh process, then GPflux's same model right after."""
+    r = in_fresh_process("grid", M, width, precision, dim, steps)
+    print(json.dumps(r), flush=True)
+    if gpflux_python:
+        peer = subprocess.run([gpflux_python, str(Path(__file__).parent / "peers" / "gpflux_scale.py"),
+                               "--num-inducing", str(M), "--width", str(width), "--precision", precision,
+                               "--dim", str(dim), "--steps", str(steps)], capture_output=True, text=True)
+        if peer.returncode != 0:
+            raise RuntimeError(f"gpflux M={M} width={width} D={dim} failed:\n{peer.stderr[-3000:]}")
+        g = json.loads(peer.stdout.strip().splitlines()[-1])
+        print(json.dumps(g), flush=True)
+        r["gpflux_ms_per_step"], r["gpflux_compile_seconds"] = g["ms_per_step"], g["compile_seconds"]
+        r["gpflux_version"] = g["version"]
+    return r
+
+
+def _grid_lines(grid):
+    peers = any("gpflux_ms_per_step" in r for r in grid)
+    lines = ["Time per step, N = 10,000 synthetic points, batch 1000, 2 layers" + (
+             f" (GPflux: {grid[0].get('gpflux_version')}, run right after ours at each point)" if peers else "")
+             + ". Floor: the FLOPs the math needs (`step_flops` in the script) at the matrix-product speed "
+             "measured in the same process (2000^3); roofline: floor FLOPs / our time against that speed. "
+             "Meets: `2x` where ours is at least twice GPflux's steps/s, `65%` where 2x GPflux would be "
+             "below the floor and ours reaches 65% of the matrix-product speed, `-` neither.", "",
+             "| precision | D | M | width | ms/step | compile s | first step s | floor ms | roofline % |"
+             + (" GPflux ms/step | GPflux first step s | GPflux / ours | meets |" if peers else ""),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- | --- |" if peers else "")]
+    for r in grid:
+        floor_ms = r["floor_gflop"] / r["matmul_gflops"] * 1e3
+        row = (f"| {r['precision']} | {r.get('D', D)} | {r['M']} | {r['width']} | {r['ms_per_step']:.1f} | "
+               f"{r['compile_seconds']:.1f} | {r['first_step_seconds']:.1f} | {floor_ms:.1f} | "
+               f"{100 * floor_ms / r['ms_per_step']:.0f} |")
+        if peers:
+            ratio = r["gpflux_ms_per_step"] / r["ms_per_step"]
+            twice_below_floor = r["gpflux_ms_per_step"] / 2 < floor_ms
+            meets = "2x" if ratio >= 2 else ("65%" if twice_below_floor and floor_ms / r["ms_per_step"] >= 0.65 else "-")
+            row += f" {r['gpflux_ms_per_step']:.1f} | {r['gpflux_compile_seconds']:.1f} | {ratio:.2f} | {meets} |"
+        lines.append(row)
+    return lines + [""]
 
 
 def main(argv=None):
@@ -211,6 +281,12 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--predict-batch", type=int, default=500,
                         help="--sizes: points per prediction batch (bounds the prediction's memory)")
+    parser.add_argument("--grid-m", type=int, nargs="+", default=[50, 100, 200, 500, 1000])
+    parser.add_argument("--grid-widths", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--grid-dims", type=int, nargs="+", default=[8, 90])
+    parser.add_argument("--grid-precisions", nargs="+", choices=("float32", "float64"), default=None,
+                        help="--grid: precisions (default: --precision)")
+    parser.add_argument("--grid-steps", type=int, default=30, help="--grid: steps per timed chunk (3 chunks)")
     parser.add_argument("--tag", default="scale")
     parser.add_argument("--with-gpflux", metavar="PYTHON", default=None,
                         help="the GPflux venv's python (benchmarks/peers/setup.sh): time GPflux at every grid point, "
@@ -224,21 +300,11 @@ def main(argv=None):
         print(json.dumps(r), flush=True)
         results["sizes"].append(r)
     if args.grid:
-        for M in (100, 200, 500):
-            for width in (8, 32):
-                r = in_fresh_process("grid", M, width, args.precision)
-                print(json.dumps(r), flush=True)
-                results["grid"].append(r)
-                if args.with_gpflux:
-                    peer = subprocess.run([args.with_gpflux, str(Path(__file__).parent / "peers" / "gpflux_scale.py"),
-                                           "--num-inducing", str(M), "--width", str(width), "--precision",
-                                           args.precision], capture_output=True, text=True)
-                    if peer.returncode != 0:
-                        raise RuntimeError(f"gpflux M={M} width={width} failed:\n{peer.stderr[-3000:]}")
-                    g = json.loads(peer.stdout.strip().splitlines()[-1])
-                    print(json.dumps(g), flush=True)
-                    r["gpflux_ms_per_step"], r["gpflux_compile_seconds"] = g["ms_per_step"], g["compile_seconds"]
-                    r["gpflux_version"] = g["version"]
+        for precision in args.grid_precisions or [args.precision]:
+            for dim in args.grid_dims:
+                for M in args.grid_m:
+                    for width in args.grid_widths:
+                        results["grid"].append(grid_point(M, width, precision, dim, args.grid_steps, args.with_gpflux))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps(results, indent=2) + "\n")
     (RESULTS / f"{args.tag}.md").write_text(markdown(results))

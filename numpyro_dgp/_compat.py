@@ -4,7 +4,8 @@ NumPyro has no public API for a few things a GP-layer primitive needs: the handl
 (to tell whether a model runs under a ``seed`` handler and inside which plates, and which
 sites the innermost ``trace`` handler has recorded so far in this run), the
 function a ``numpyro.plate`` draws subsample indices with (replaced by a faster one), and
-the lazy initial value of a ``numpyro.param`` message. Each access is wrapped here, and
+the lazy initial value of a ``numpyro.param`` message, and the constraint class behind
+``softplus_lower_cholesky`` (to register a faster transform for it). Each access is wrapped here, and
 ``tests/test_compat.py`` fails loudly if a NumPyro release changes any of them.
 """
 
@@ -13,9 +14,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.primitives as _primitives
+from numpyro.distributions import constraints as _constraints
+from numpyro.distributions import transforms as _transforms
+
+from numpyro_dgp.core._triangular import lower_from_vector
 
 __all__ = [
     "active_plates",
@@ -26,6 +32,7 @@ __all__ = [
     "is_tracer",
     "lazy_param_initializer",
     "numpyro_subsample_fn",
+    "softplus_lower_cholesky",
 ]
 
 #: NumPyro's function that draws plate subsample indices (sequential Fisher-Yates on CPU).
@@ -95,3 +102,22 @@ def autocontinuous_layout(guide: Any) -> dict[str, tuple[int, int, tuple[int, ..
         layout[name] = (start, start + size, shape)
         start += size
     return layout
+
+
+class _SoftplusLowerCholesky(type(_constraints.softplus_lower_cholesky)):
+    """NumPyro's ``softplus_lower_cholesky`` constraint, transformed with one gather each way."""
+
+
+class _SoftplusLowerCholeskyTransform(_transforms.SoftplusLowerCholeskyTransform):
+    """NumPyro's transform (same vector layout, inverse and Jacobian) with a faster forward map."""
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        n = round((np.sqrt(1 + 8 * x.shape[-1]) - 1) / 2)
+        diagonal = jax.nn.softplus(x[..., -n:])
+        return lower_from_vector(jnp.concatenate([x[..., :-n], diagonal], axis=-1))
+
+
+#: ``numpyro.distributions.constraints.softplus_lower_cholesky`` with :func:`biject_to` giving a
+#: transform whose forward map and derivative are one gather each (the library's guides use it).
+softplus_lower_cholesky = _SoftplusLowerCholesky()
+_transforms.biject_to.register(_SoftplusLowerCholesky, lambda constraint: _SoftplusLowerCholeskyTransform())

@@ -1,5 +1,5 @@
 """GPflux peer of ``benchmarks/scale.py --grid``: time per training step of a 2-layer DGP on
-synthetic year-like data (N = 10,000, D = 90, batch 1000) at one M and inner width; one JSON
+synthetic year-like data (N = 10,000, D = 90 or ``--dim``, batch 1000) at one M and inner width; one JSON
 line on stdout.
 
 The model is that of ``gpflux_kin8nm.py`` (shared SE-ARD kernel and shared k-means inducing
@@ -35,6 +35,7 @@ def main(argv=None):
     parser.add_argument("--num-inducing", type=int, default=100)
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--num-data", type=int, default=10_000)
+    parser.add_argument("--dim", type=int, default=90, help="input dimension D")
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--precision", choices=("float32", "float64"), default="float32")
     parser.add_argument("--steps", type=int, default=30, help="steps per timed block (3 blocks, median)")
@@ -54,7 +55,7 @@ def main(argv=None):
     tf_keras.backend.set_floatx(args.precision)
     tf_dtype = tf.float64 if args.precision == "float64" else tf.float32
 
-    N, D, W, M, B = args.num_data, 90, args.width, args.num_inducing, args.batch_size
+    N, D, W, M, B = args.num_data, args.dim, args.width, args.num_inducing, args.batch_size
     rng = np.random.default_rng(0)
     X_np = rng.standard_normal((N, D)).astype(np_dtype)
     proj = X_np.astype(np.float64) @ (rng.standard_normal((D, 3)) / np.sqrt(D))
@@ -105,7 +106,7 @@ def main(argv=None):
         loss.numpy()
         blocks.append(time.perf_counter() - t0)
     print(json.dumps({"library": "gpflux", "version": f"gpflux {gpflux.__version__}, tensorflow {tf.__version__}",
-                      "N": N, "M": M, "width": W, "batch_size": B, "precision": args.precision,
+                      "N": N, "D": D, "M": M, "width": W, "batch_size": B, "precision": args.precision,
                       "ms_per_step": 1e3 * float(np.median(blocks)) / args.steps, "compile_seconds": compile_s,
                       "finite": bool(np.isfinite(float(loss)))}))
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from numpyro_dgp.core._linalg import triangular_inverse
+from numpyro_dgp.core._triangular import lower_times, quadratic_form_diagonals
 
 __all__ = ["conditional", "factors_transpose_times", "project"]
 
@@ -44,7 +45,7 @@ def project(Kmn: ArrayLike, Kmm_chol: ArrayLike, whiten: bool = True) -> tuple[j
         ``K^{-1} Kmn = L^{-T} A``.
     """
     Linv = triangular_inverse(Kmm_chol)
-    A = Linv @ Kmn
+    A = lower_times(Linv, Kmn)
     B = A if whiten else Linv.T @ A
     return A, B
 
@@ -69,7 +70,8 @@ def conditional(
     :param Kmm_chol: ``(M, M)`` lower Cholesky factor of ``Kmm``.
     :param Knn: ``(N,)`` prior variances (``full_cov=False``) or ``(N, N)`` prior covariance.
     :param q_mean: ``(P, M)`` variational means (of ``v`` when whitened, of ``u`` otherwise).
-    :param q_sqrt: ``(P, M, M)`` lower factors, ``(P, M)`` diagonal std devs, or ``None``.
+    :param q_sqrt: ``(P, M, M)`` lower factors (their upper triangles are ignored), ``(P, M)``
+        diagonal std devs, or ``None``.
     :param whiten: whitened parameterization.
     :param full_cov: return ``(P, N, N)`` covariances instead of ``(N, P)`` variances.
     :return: ``(mean (N, P), var (N, P))`` or ``(mean (N, P), cov (P, N, N))``; the marginal
@@ -94,30 +96,32 @@ def _conditional(
     whiten: bool,
     full_cov: bool,
 ) -> tuple[jax.Array, jax.Array]:
+    if q_sqrt is not None and q_sqrt.ndim not in (2, 3):
+        raise ValueError(f"q_sqrt must be (P, M, M) or (P, M); got shape {q_sqrt.shape}")
+    if Knn.ndim != (2 if full_cov else 1):
+        expected = "(N, N)" if full_cov else "(N,)"
+        raise ValueError(f"full_cov={full_cov} needs Knn of shape {expected}; got {Knn.shape}")
     A, B = project(Kmn, Kmm_chol, whiten)
     mean = (q_mean @ B).T
-    if q_sqrt is None:
-        SB = None
-    elif q_sqrt.ndim == 3:
-        SB = factors_transpose_times(q_sqrt, B)  # so B^T S B = SB^T SB
-    elif q_sqrt.ndim == 2:
-        SB = q_sqrt[:, :, None] * B[None]
-    else:
-        raise ValueError(f"q_sqrt must be (P, M, M) or (P, M); got shape {q_sqrt.shape}")
-    P = q_mean.shape[0]
     if full_cov:
-        if Knn.ndim != 2:
-            raise ValueError(f"full_cov=True needs Knn of shape (N, N); got {Knn.shape}")
-        cov = jnp.broadcast_to(Knn - A.T @ A, (P,) + Knn.shape)
-        if SB is not None:
-            cov = cov + jnp.einsum("pkn,pkm->pnm", SB, SB)
-        return mean, cov
-    if Knn.ndim != 1:
-        raise ValueError(f"full_cov=False needs Knn of shape (N,); got {Knn.shape}")
-    var = Knn - jnp.sum(A**2, axis=0)
-    var = jnp.broadcast_to(var[:, None], mean.shape)
-    if SB is not None:
-        var = var + jnp.sum(SB**2, axis=1).T
+        return mean, _covariance(A, B, Knn, q_sqrt, q_mean.shape[0])
+    var = (Knn - jnp.sum(A**2, axis=0))[:, None]
+    if q_sqrt is not None and q_sqrt.ndim == 3:
+        var = var + quadratic_form_diagonals(q_sqrt, B).T  # diag(B^T S_p B), skipping tril's zeros
+    elif q_sqrt is not None:
+        var = var + (q_sqrt**2 @ B**2).T  # diagonal S_p
     # Near the inducing inputs the prior variance and its reduction cancel; in float32, with a
     # kernel variance far above the jitter, the round-off can leave them below zero.
-    return mean, jnp.maximum(var, 0.0)
+    return mean, jnp.maximum(jnp.broadcast_to(var, mean.shape), 0.0)
+
+
+def _covariance(A: jax.Array, B: jax.Array, Knn: jax.Array, q_sqrt: jax.Array | None, P: int) -> jax.Array:
+    """``(P, N, N)``: ``Knn - A^T A + B^T S_p B``."""
+    cov = jnp.broadcast_to(Knn - A.T @ A, (P,) + Knn.shape)
+    if q_sqrt is None:
+        return cov
+    if q_sqrt.ndim == 3:
+        SB = factors_transpose_times(jnp.tril(q_sqrt), B)  # so B^T S B = SB^T SB
+    else:
+        SB = q_sqrt[:, :, None] * B[None]
+    return cov + jnp.einsum("pkn,pkm->pnm", SB, SB)

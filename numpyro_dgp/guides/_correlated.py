@@ -29,8 +29,8 @@ import numpyro.distributions as dist
 from jax.scipy.linalg import block_diag
 from jax.scipy.special import ndtri
 from jax.typing import ArrayLike
-from numpyro.distributions import constraints
 
+from numpyro_dgp._compat import softplus_lower_cholesky
 from numpyro_dgp._protocol import CONDITIONAL, GAUSSIAN
 from numpyro_dgp.core import block_diag_covariance
 from numpyro_dgp.guides._base import DGPGuide, InducingSite
@@ -82,7 +82,7 @@ class AutoJointDGP(DGPGuide):
             return block_diag(*blocks)
 
         loc = self._lazy_param(loc_name, init_loc)
-        tril = self._lazy_param(tril_name, init_tril, constraint=constraints.softplus_lower_cholesky)
+        tril = self._lazy_param(tril_name, init_tril, constraint=softplus_lower_cholesky)
         return loc, tril
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpyro
 from jax.scipy.special import ndtri
 from jax.typing import ArrayLike
-from numpyro.distributions import constraints
 
+from numpyro_dgp._compat import softplus_lower_cholesky
 from numpyro_dgp.guides._base import DGPGuide, InducingSite
 from numpyro_dgp.posteriors import CholeskyNormal
 
@@ -54,7 +54,7 @@ class AutoFactorizedDGP(DGPGuide):
         loc = self._lazy_param(f"{site.name}_{self.prefix}_loc", lambda: moments()["loc"])
         scale_tril = self._lazy_param(
             f"{site.name}_{self.prefix}_scale_tril", lambda: self._initial_scale_tril(site, moments()["scale_tril"]),
-            constraint=constraints.softplus_lower_cholesky,
+            constraint=softplus_lower_cholesky,
         )
         return loc, scale_tril
 

@@ -1,0 +1,143 @@
+"""The block-triangular products, the blocked Cholesky and the lower-factor layout against
+dense float64 references, at sizes on both sides of every block edge."""
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax.test_util import check_grads  # noqa: E402
+from numpyro.distributions.transforms import SoftplusLowerCholeskyTransform, biject_to  # noqa: E402
+from numpyro.distributions.util import vec_to_tril_matrix  # noqa: E402
+
+from numpyro_dgp._compat import softplus_lower_cholesky  # noqa: E402
+from numpyro_dgp.core import cholesky, conditional, triangular_inverse  # noqa: E402
+from numpyro_dgp.core._triangular import (  # noqa: E402
+    LOWER_TIMES_BLOCK,
+    QUADRATIC_FORM_BLOCK,
+    lower_from_vector,
+    lower_times,
+    quadratic_form_diagonals,
+    triangular_blocks,
+)
+
+#: sizes at and around the block edges, and the large size the blocks are for
+SIZES = [1, 7, 64, 65, 130, 500]
+
+
+def _dense_quadratic_forms(q_sqrt, B):
+    SB = jnp.einsum("pmk,mn->pkn", jnp.tril(q_sqrt), B)
+    return jnp.sum(SB**2, axis=1)
+
+
+@pytest.mark.parametrize("size", [1, 5, 64, 65, 500])
+@pytest.mark.parametrize("block", [1, 3, 64])
+def test_triangular_blocks_cover_the_range_in_order(size, block):
+    blocks = triangular_blocks(size, block)
+    assert blocks[0][0] == 0 and blocks[-1][1] == size
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    assert all(0 < stop - start <= block for start, stop in blocks)
+
+
+@pytest.mark.parametrize("M", SIZES)
+def test_quadratic_form_diagonals_match_the_dense_products(M):
+    rs = np.random.RandomState(M)
+    q_sqrt = jnp.asarray(rs.randn(3, M, M))  # upper triangle is not zero: it must be ignored
+    B, W = jnp.asarray(rs.randn(M, 11)), jnp.asarray(rs.randn(3, 11))
+    np.testing.assert_allclose(quadratic_form_diagonals(q_sqrt, B), _dense_quadratic_forms(q_sqrt, B), rtol=1e-11)
+
+    def loss(f):
+        return lambda q, B: jnp.sum(W * f(q, B))
+
+    grads = jax.grad(loss(quadratic_form_diagonals), argnums=(0, 1))(q_sqrt, B)
+    reference = jax.grad(loss(_dense_quadratic_forms), argnums=(0, 1))(q_sqrt, B)
+    for g, r in zip(grads, reference):
+        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(r))))
+    assert not jnp.any(jnp.triu(grads[0], 1))  # no gradient into the ignored triangle
+
+
+@pytest.mark.parametrize("M", SIZES)
+def test_lower_times_matches_the_dense_product(M):
+    rs = np.random.RandomState(M + 1)
+    T, X, W = (jnp.asarray(rs.randn(*s)) for s in [(M, M), (M, 6), (M, 6)])
+    np.testing.assert_allclose(lower_times(T, X), jnp.tril(T) @ X, rtol=1e-11, atol=1e-11)
+    grads = jax.grad(lambda T, X: jnp.sum(W * lower_times(T, X)), argnums=(0, 1))(T, X)
+    reference = jax.grad(lambda T, X: jnp.sum(W * (jnp.tril(T) @ X)), argnums=(0, 1))(T, X)
+    for g, r in zip(grads, reference):
+        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(r))))
+
+
+@pytest.mark.parametrize("M", [7, QUADRATIC_FORM_BLOCK + 1, LOWER_TIMES_BLOCK + 3])
+def test_triangular_products_pass_finite_difference_checks(M):
+    rs = np.random.RandomState(M)
+    q_sqrt, B, T = jnp.asarray(rs.randn(2, M, M)), jnp.asarray(rs.randn(M, 4)), jnp.asarray(rs.randn(M, M))
+    check_grads(quadratic_form_diagonals, (q_sqrt, B), order=1, modes=["rev"])
+    check_grads(lower_times, (T, B), order=1, modes=["rev"])
+
+
+def _spd(rs, M):
+    A = rs.randn(M, M)
+    return A @ A.T + M * np.eye(M)
+
+
+@pytest.mark.parametrize("M", SIZES)
+def test_blocked_cholesky_and_its_derivative_at_every_size(M):
+    rs = np.random.RandomState(M + 2)
+    K = jnp.asarray(_spd(rs, M))
+    np.testing.assert_allclose(cholesky(K), np.linalg.cholesky(np.asarray(K)), rtol=1e-11, atol=1e-11)
+    if M <= 130:  # finite differences need a few evaluations per direction
+        W = jnp.asarray(rs.randn(M, M))
+        check_grads(lambda K: jnp.sum(W * triangular_inverse(cholesky(K))), (K,), order=1, modes=["rev", "fwd"])
+
+
+def test_blocked_cholesky_is_nan_where_the_matrix_is_not_positive_definite():
+    K = np.eye(200)
+    K[150, 150] = -1.0  # only the second half's trailing block fails
+    assert not np.all(np.isfinite(np.asarray(cholesky(jnp.asarray(K)))))
+
+
+def _dense_whitened_variances(Kmn, Kmm, Knn, q_sqrt):
+    """The training path's marginal variances by dense float64 algebra (explicit inverses)."""
+    Linv = np.linalg.inv(np.linalg.cholesky(Kmm))
+    A = Linv @ Kmn
+    S = np.einsum("pij,pkj->pik", np.tril(q_sqrt), np.tril(q_sqrt))
+    return (Knn - np.sum(A**2, 0))[:, None] + np.einsum("mn,pmk,kn->np", A, S, A)
+
+
+@pytest.mark.parametrize("M", SIZES)
+def test_conditional_variances_match_the_dense_formula_at_every_size(M):
+    rs = np.random.RandomState(M + 3)
+    Z, X = rs.randn(M, 2) * 2, rs.randn(40, 2) * 2
+    d2 = lambda a, b: ((a[:, None] - b[None]) ** 2).sum(-1)  # noqa: E731
+    # jitter 1e-4: the dense reference inverts Kmm explicitly, so its own error grows with Kmm's condition
+    Kmm, Kmn = np.exp(-0.5 * d2(Z, Z)) + 1e-4 * np.eye(M), np.exp(-0.5 * d2(Z, X))
+    q_mean, q_sqrt = rs.randn(3, M), np.tril(rs.randn(3, M, M)) * 0.3
+    mean, var = conditional(Kmn, np.linalg.cholesky(Kmm), np.ones(40), q_mean, q_sqrt, whiten=True)
+    expected = _dense_whitened_variances(Kmn, Kmm, np.ones(40), q_sqrt)
+    np.testing.assert_allclose(var, np.maximum(expected, 0), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 64])
+def test_lower_from_vector_is_numpyros_layout_with_its_derivative(n):
+    rs = np.random.RandomState(n)
+    x = jnp.asarray(rs.randn(3, n * (n + 1) // 2))
+    W = jnp.asarray(rs.randn(3, n, n))
+    ours, theirs = biject_to(softplus_lower_cholesky), SoftplusLowerCholeskyTransform()
+    np.testing.assert_array_equal(ours(x), theirs(x))
+    np.testing.assert_allclose(
+        jax.grad(lambda x: jnp.sum(W * ours(x)))(x), jax.grad(lambda x: jnp.sum(W * theirs(x)))(x), rtol=1e-13
+    )
+    np.testing.assert_allclose(ours.inv(ours(x)), x, rtol=1e-10, atol=1e-12)
+    tail = x[..., : n * (n - 1) // 2]
+    if n > 1:
+        np.testing.assert_array_equal(
+            lower_from_vector(jnp.concatenate([tail, jnp.zeros((3, n))], -1)), vec_to_tril_matrix(tail, diagonal=-1)
+        )
+
+
+def test_lower_from_vector_keeps_the_dtype_and_names_a_bad_length():
+    assert lower_from_vector(jnp.ones(6, jnp.float32)).dtype == jnp.float32
+    with pytest.raises(ValueError, match="n \\(n \\+ 1\\) / 2"):
+        lower_from_vector(jnp.ones(5))
