@@ -3,10 +3,10 @@
 The kin8nm configuration (2 layers, whitened DSVI guide, batch 1000) at any ``--num-inducing``
 and ``--hidden-width``. Two views of the same compiled step:
 
-- **What it computes** (from the program before XLA's fusion, so each count is what the code
-  asks for): Cholesky factorizations, triangular solves and matrix products, with the FLOPs
-  of the products (``2 * prod(output) * prod(contracted)``) grouped by the source function,
-  and XLA's own FLOP estimate of the whole step.
+- **What it computes** (from the compiled program, every function inlined, so each count is
+  how often a step runs it): LAPACK Cholesky and triangular-solve calls, matrix products with
+  their FLOPs (``2 * prod(output) * prod(contracted)``) grouped by the source function, and
+  XLA's own FLOP estimate of the whole step.
 - **Where the time goes** (20 compiled steps after warm-up under
   ``jax.profiler.trace(create_perfetto_trace=True)``): XLA's CPU thunks per step by operation,
   by kind, and by the source function each came from (the ``op_name`` XLA keeps). Timings
@@ -36,7 +36,8 @@ from _fresh import base_record, header_lines
 from _paths import DATA_DIR_HELP, default_data_dir
 
 #: StableHLO operations counted, by the kind the tables report
-_KINDS = {"cholesky": "Cholesky factorization (LAPACK)", "triangular_solve": "triangular solve (LAPACK)",
+_KINDS = {"cholesky": "LAPACK Cholesky call (the blocked factorization's leaves)",
+          "triangular_solve": "LAPACK triangular solve (the triangular inverse's leaves)",
           "dot_general": "matrix product"}
 
 

@@ -70,11 +70,13 @@ def test_lower_times_matches_the_dense_product(M):
 
 
 @pytest.mark.parametrize("M", [7, QUADRATIC_FORM_BLOCK + 1, LOWER_TIMES_BLOCK + 3])
-def test_triangular_products_pass_finite_difference_checks(M):
+def test_triangular_products_pass_finite_difference_checks_in_both_modes(M):
+    # forward mode too: Laplace approximations and Hessians differentiate through them
     rs = np.random.RandomState(M)
     q_sqrt, B, T = jnp.asarray(rs.randn(2, M, M)), jnp.asarray(rs.randn(M, 4)), jnp.asarray(rs.randn(M, M))
-    check_grads(quadratic_form_diagonals, (q_sqrt, B), order=1, modes=["rev"])
-    check_grads(lower_times, (T, B), order=1, modes=["rev"])
+    check_grads(quadratic_form_diagonals, (q_sqrt, B), order=2, modes=["fwd", "rev"])
+    check_grads(lower_times, (T, B), order=2, modes=["fwd", "rev"])
+    check_grads(lower_from_vector, (jnp.asarray(rs.randn(3, M * (M + 1) // 2)),), order=1, modes=["fwd", "rev"])
 
 
 def _spd(rs, M):

@@ -106,3 +106,27 @@ def test_cli_latency_table_is_rendered_from_its_record(tmp_path):
     rows = {row["command"]: row for row in cli_latency.summarize(record)}
     assert rows["a"]["vs_yardstick"] == 1.0  # median of 1, 3 and 0.5
     assert rows["a"]["median_s"] / rows[cli_latency.YARDSTICK]["median_s"] == 2.0
+
+
+def _grid_row(M, ms, gpflux_ms, floor_gflop, peak=100.0):
+    return {"precision": "float64", "D": 90, "M": M, "width": 8, "ms_per_step": ms, "compile_seconds": 5.0,
+            "first_step_seconds": 7.0, "floor_gflop": floor_gflop, "matmul_gflops": peak,
+            "gpflux_ms_per_step": gpflux_ms, "gpflux_compile_seconds": 4.0, "gpflux_version": "gpflux 0.4.5"}
+
+
+def test_scale_grid_says_which_target_each_point_meets():
+    scale = _load("scale")
+    rows = [_grid_row(100, 10.0, 25.0, 0.5),   # 2.5x GPflux
+            _grid_row(500, 100.0, 150.0, 7.0),  # 1.5x; 2x GPflux (75 ms) is above the 70 ms floor: 2x applies
+            _grid_row(1000, 100.0, 150.0, 8.0),  # floor 80 ms > 75 ms; 80% of the matmul speed
+            _grid_row(2000, 200.0, 150.0, 8.0)]  # floor 80 ms > 75 ms but only 40%
+    table = [line for line in scale._grid_lines(rows) if line.startswith("| float64")]
+    assert [line.rstrip(" |").rsplit("| ", 1)[1] for line in table] == ["2x", "-", "65%", "-"]
+    assert "| 70.0 | 70 |" in table[1]  # floor ms and roofline %
+
+
+def test_scale_step_flops_grow_as_the_math_says():
+    scale = _load("scale")
+    # the variance term P M^2 B dominates at large M: doubling M nearly quadruples the count
+    assert 3.5 < scale.step_flops(1000, 8, 90) / scale.step_flops(500, 8, 90) < 4.5
+    assert scale.step_flops(500, 32, 90) > 3 * scale.step_flops(500, 8, 90)

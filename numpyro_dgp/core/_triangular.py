@@ -4,8 +4,9 @@ XLA's matrix product does not know a factor is triangular, so ``L^T B`` with ``L
 lower triangular costs ``2 M^2 N`` FLOPs where ``M^2 N`` suffice. Splitting ``L`` into ``k``
 column (or row) blocks and multiplying each block only with the rows it can touch costs the
 fraction ``(k + 1) / (2 k)`` of the full product, in ``k`` ordinary matrix products that run
-at the machine's matrix-product speed. The derivative rules are written the same way (the
-automatic ones would pad every block back to full size). A DSVI step at ``M = 500`` spends
+at the machine's matrix-product speed. JAX differentiates the blocks, so forward mode (Hessians,
+Laplace approximations) works through them; a hand-written reverse rule was 5-8% faster per
+step at ``M = 500`` and would have given that up. A DSVI step at ``M = 500`` spends
 most of its time in these products (``benchmarks/triangular_products.py`` measures the
 speed-up and the block sizes; ``benchmarks/profile_step.py`` the step).
 """
@@ -40,7 +41,12 @@ def quadratic_form_diagonals(q_sqrt: jax.Array, B: jax.Array) -> jax.Array:
     :param B: ``(M, N)``.
     :return: ``(P, N)``.
     """
-    return _quadratic_form_diagonals(q_sqrt, B, QUADRATIC_FORM_BLOCK)
+    P, M = q_sqrt.shape[0], B.shape[0]
+    total = jnp.zeros((P, B.shape[1]), B.dtype)
+    for start, stop in triangular_blocks(M, QUADRATIC_FORM_BLOCK):
+        products = _block_factors(q_sqrt, start, stop).T @ B[start:]  # rows of L_p^T B in the block
+        total = total + jnp.sum(products.reshape(P, stop - start, -1) ** 2, axis=1)
+    return total
 
 
 def _block_factors(q_sqrt: jax.Array, start: int, stop: int) -> jax.Array:
@@ -51,40 +57,6 @@ def _block_factors(q_sqrt: jax.Array, start: int, stop: int) -> jax.Array:
     return jnp.transpose(block, (1, 0, 2)).reshape(M - start, P * (stop - start))
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _quadratic_form_diagonals(q_sqrt: jax.Array, B: jax.Array, block: int) -> jax.Array:
-    return _quadratic_form_forward(q_sqrt, B, block)[0]
-
-
-def _quadratic_form_forward(q_sqrt: jax.Array, B: jax.Array, block: int) -> tuple[jax.Array, tuple]:
-    P = q_sqrt.shape[0]
-    total = jnp.zeros((P, B.shape[1]), B.dtype)
-    saved = []
-    for start, stop in triangular_blocks(B.shape[0], block):
-        factors = _block_factors(q_sqrt, start, stop)
-        products = (factors.T @ B[start:]).reshape(P, stop - start, -1)  # rows of L_p^T B in the block
-        total = total + jnp.sum(products**2, axis=1)
-        saved.append((factors, products))
-    return total, (saved, B)
-
-
-def _quadratic_form_backward(block: int, residuals: tuple, g: jax.Array) -> tuple[jax.Array, jax.Array]:
-    saved, B = residuals
-    (M, N), P = B.shape, g.shape[0]
-    columns, dB = [], jnp.zeros_like(B)
-    for (start, stop), (factors, products) in zip(triangular_blocks(M, block), saved):
-        width = stop - start
-        G = (2 * products * g[:, None, :]).reshape(P * width, N)
-        d_factors = (B[start:] @ G.T).reshape(M - start, P, width).transpose(1, 0, 2)
-        d_factors = jnp.concatenate([jnp.tril(d_factors[:, :width]), d_factors[:, width:]], axis=1)
-        columns.append(jnp.concatenate([jnp.zeros((P, start, width), B.dtype), d_factors], axis=1))
-        dB = dB.at[start:].add(factors @ G)
-    return jnp.concatenate(columns, axis=2), dB
-
-
-_quadratic_form_diagonals.defvjp(_quadratic_form_forward, _quadratic_form_backward)
-
-
 def lower_times(T: jax.Array, X: jax.Array) -> jax.Array:
     """``tril(T) @ X``, reading only the lower triangle of ``T``.
 
@@ -92,32 +64,9 @@ def lower_times(T: jax.Array, X: jax.Array) -> jax.Array:
     :param X: ``(M, N)``.
     :return: ``(M, N)``.
     """
-    return _lower_times(T, X, LOWER_TIMES_BLOCK)
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _lower_times(T: jax.Array, X: jax.Array, block: int) -> jax.Array:
     # row block [start, stop) of tril(T) is zero right of column stop
-    blocks = triangular_blocks(T.shape[-1], block)
+    blocks = triangular_blocks(T.shape[-1], LOWER_TIMES_BLOCK)
     return jnp.concatenate([jnp.tril(T[start:stop, :stop], start) @ X[:stop] for start, stop in blocks], axis=0)
-
-
-def _lower_times_forward(T: jax.Array, X: jax.Array, block: int) -> tuple[jax.Array, tuple]:
-    return _lower_times(T, X, block), (T, X)
-
-
-def _lower_times_backward(block: int, residuals: tuple, dY: jax.Array) -> tuple[jax.Array, jax.Array]:
-    T, X = residuals
-    M = T.shape[-1]
-    rows, dX = [], jnp.zeros_like(X)
-    for start, stop in triangular_blocks(M, block):
-        d_rows = jnp.tril(dY[start:stop] @ X[:stop].T, start)
-        rows.append(jnp.concatenate([d_rows, jnp.zeros((stop - start, M - stop), T.dtype)], axis=1))
-        dX = dX.at[:stop].add(jnp.tril(T[start:stop, :stop], start).T @ dY[start:stop])
-    return jnp.concatenate(rows, axis=0), dX
-
-
-_lower_times.defvjp(_lower_times_forward, _lower_times_backward)
 
 
 def lower_from_vector(vector: jax.Array) -> jax.Array:
@@ -125,9 +74,9 @@ def lower_from_vector(vector: jax.Array) -> jax.Array:
 
     ``vector`` holds the strict lower triangle row by row, then the diagonal
     (``(..., n (n + 1) / 2)``), as ``numpyro.distributions.transforms.SoftplusLowerCholeskyTransform``
-    lays it out. One gather builds the matrix and one gather its derivative; NumPyro's
-    ``vec_to_tril_matrix`` scatters into zeros and its derivative adds the broadcast diagonal
-    back, several passes over ``n^2`` entries that a step at ``M = 500`` felt.
+    lays it out, with one gather (NumPyro's ``vec_to_tril_matrix`` scatters into zeros and adds
+    the diagonal as a broadcast product: several passes over ``n^2`` entries that a step at
+    ``M = 500`` felt); the result keeps ``vector``'s dtype.
 
     :param vector: ``(..., n (n + 1) / 2)``.
     :return: ``(..., n, n)``, zero above the diagonal.
@@ -135,43 +84,23 @@ def lower_from_vector(vector: jax.Array) -> jax.Array:
     n = round((np.sqrt(1 + 8 * vector.shape[-1]) - 1) / 2)
     if n * (n + 1) // 2 != vector.shape[-1]:
         raise ValueError(f"vector's last axis must be n (n + 1) / 2 long; got {vector.shape[-1]}")
-    return _lower_from_vector_compiled(vector, n)
+    return _lower_from_vector(vector, n)
 
 
 @lru_cache(maxsize=None)
-def _lower_layout(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Where each matrix entry reads from (``n (n + 1) / 2``: a zero) and where each vector entry goes."""
+def _lower_layout(n: int) -> np.ndarray:
+    """Where each matrix entry reads from in the vector (``n (n + 1) / 2``: a zero after it)."""
     rows, cols = np.tril_indices(n, -1)
     positions = np.concatenate([rows * n + cols, np.arange(n) * (n + 1)])
     source = np.full(n * n, positions.size)
     source[positions] = np.arange(positions.size)
-    # int32 whatever jax_enable_x64 says: the same program is valid when the flag changes
-    return source.astype(np.int32), positions.astype(np.int32)
+    return source.astype(np.int32)  # whatever jax_enable_x64 says: one program stays valid if it changes
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(1,))
+@partial(jax.jit, static_argnums=1)  # one program per shape outside jit (a guide's set-up runs eagerly)
 def _lower_from_vector(vector: jax.Array, n: int) -> jax.Array:
-    source, _ = _lower_layout(n)
     padded = jnp.concatenate([vector, jnp.zeros(vector.shape[:-1] + (1,), vector.dtype)], axis=-1)
-    return _take_last(padded, source).reshape(vector.shape[:-1] + (n, n))
-
-
-def _take_last(x: jax.Array, indices: np.ndarray) -> jax.Array:
     # gathering whole rows of the transposed array lays the result out as XLA's CPU gather
-    # likes it (measured: 2-5x faster than gathering along the last axis, derivative included)
-    moved = jnp.moveaxis(x, -1, 0)
-    return jnp.moveaxis(jnp.take(moved, indices, axis=0, mode="clip"), 0, -1)
-
-
-def _lower_from_vector_forward(vector: jax.Array, n: int) -> tuple[jax.Array, None]:
-    return _lower_from_vector(vector, n), None
-
-
-def _lower_from_vector_backward(n: int, _: None, cotangent: jax.Array) -> tuple[jax.Array]:
-    _, positions = _lower_layout(n)
-    return (_take_last(cotangent.reshape(cotangent.shape[:-2] + (n * n,)), positions),)
-
-
-_lower_from_vector.defvjp(_lower_from_vector_forward, _lower_from_vector_backward)
-# one program per shape outside jit (a guide's set-up runs eagerly); inlined inside jit
-_lower_from_vector_compiled = jax.jit(_lower_from_vector, static_argnums=1)
+    # likes it (measured: 2-5x faster than gathering along the last axis)
+    rows = jnp.take(jnp.moveaxis(padded, -1, 0), _lower_layout(n), axis=0, mode="clip")
+    return jnp.moveaxis(rows, 0, -1).reshape(vector.shape[:-1] + (n, n))
