@@ -5,8 +5,8 @@ NumPyro has no public API for a few things a GP-layer primitive needs: the handl
 sites the innermost ``trace`` handler has recorded so far in this run), the
 function a ``numpyro.plate`` draws subsample indices with (replaced by a faster one), and
 the lazy initial value of a ``numpyro.param`` message, and the constraint class behind
-``softplus_lower_cholesky`` (to register a faster transform for it). Each access is wrapped here, and
-``tests/test_compat.py`` fails loudly if a NumPyro release changes any of them.
+``softplus_lower_cholesky`` (to register a faster transform for it). Each access is wrapped
+here, and ``tests/test_compat.py`` fails loudly if a NumPyro release changes any of them.
 """
 
 from __future__ import annotations

@@ -103,3 +103,17 @@ def test_innermost_trace_records_the_run_in_progress():
     seen.clear()
     seed(lambda: seen.setdefault("none", _compat.innermost_trace()), 0)()
     assert seen["none"] is None
+
+
+def test_softplus_lower_cholesky_is_numpyros_constraint_with_our_transform():
+    from numpyro.distributions import constraints
+    from numpyro.distributions.transforms import SoftplusLowerCholeskyTransform, biject_to
+
+    constraint = _compat.softplus_lower_cholesky
+    assert isinstance(constraint, type(constraints.softplus_lower_cholesky))
+    transform = biject_to(constraint)
+    assert isinstance(transform, SoftplusLowerCholeskyTransform)
+    assert type(transform) is not SoftplusLowerCholeskyTransform
+    # NumPyro's own constraint keeps NumPyro's transform
+    assert type(biject_to(constraints.softplus_lower_cholesky)) is SoftplusLowerCholeskyTransform
+    assert bool(constraint(jnp.array([[1.0, 0.0], [0.5, 2.0]])))

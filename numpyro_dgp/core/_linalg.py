@@ -62,7 +62,11 @@ def jittered_cholesky(K: ArrayLike, jitter: ArrayLike) -> jax.Array:
 def cholesky(K: jax.Array) -> jax.Array:
     """Lower Cholesky factor of the symmetric positive-definite ``K`` (``(..., M, M)``).
 
-    The same forward pass as ``jnp.linalg.cholesky``; its derivative
+    The factor of ``jnp.linalg.cholesky`` (which reads ``(K + K^T) / 2``): one LAPACK call up
+    to ``M = 64``, above it the blocked recursion ``L21 = K21 L11^{-T}``,
+    ``L22 = chol(K22 - L21 L21^T)`` with matrix products and :func:`triangular_inverse` (inside a
+    training step a large multithreaded LAPACK call competed with XLA's threads for the cores;
+    ``benchmarks/results/profile_step_float64_M500_W8.md``). Its derivative
     ``dL = L Phi(L^{-1} dK L^{-T})`` (``Phi``: lower triangle, half diagonal) is computed with
     the explicit inverse of :func:`triangular_inverse` and matrix products only. JAX's own
     rule uses two triangular solves, which on CPU cost 100x a product of the same size
@@ -80,9 +84,8 @@ _CHOLESKY_LEAF = 64
 
 
 def _blocked_cholesky(K: jax.Array) -> jax.Array:
-    # LAPACK's blocked algorithm written with XLA's products: at M = 500 inside a training step,
-    # one multithreaded LAPACK call competed with XLA's threads for the cores (the step ran
-    # 20% faster with OpenBLAS held to one thread; measured with benchmarks/profile_step.py)
+    # at M = 500 the step ran 20% faster with OpenBLAS held to one thread: its threads and
+    # XLA's competed for the cores during the one large LAPACK call
     n = K.shape[-1]
     if n <= _CHOLESKY_LEAF:
         return jnp.linalg.cholesky(K)
@@ -150,9 +153,9 @@ def triangular_inverse(L: ArrayLike) -> jax.Array:
     One explicit inverse followed by matrix products is faster on CPU than triangular
     solves against many right-hand sides. The inverse itself is built by block recursion,
     ``[[A, 0], [C, D]]^{-1} = [[A^{-1}, 0], [-D^{-1} C A^{-1}, D^{-1}]]``, down to blocks of
-    at most 32 that a triangular solve inverts: XLA's CPU triangular solve is slow and
-    erratic on a 100 x 100 identity (0.2-8 ms against 0.07 ms for the recursion, measured in
-    the project's benchmarks). Its derivative ``-L^{-1} dL L^{-1}`` is two products.
+    at most 16 that a triangular solve inverts (small enough that OpenBLAS stays on one
+    thread): XLA's CPU triangular solve is slow and erratic on a 100 x 100 identity (0.2-8 ms
+    against 0.07 ms for the recursion, measured in the project's benchmarks). Its derivative ``-L^{-1} dL L^{-1}`` is two products.
 
     :param L: ``(..., M, M)`` lower-triangular matrix.
     :return: ``(..., M, M)`` lower-triangular inverse.
