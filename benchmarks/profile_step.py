@@ -54,7 +54,7 @@ def main(argv=None):
 
     if args.precision == "float64":
         jax.config.update("jax_enable_x64", True)
-    lowered, update, state, data = _compiled_step(args)
+    update, state, data = _compiled_step(args)
     counts = _operation_counts(update.as_text())
     cost = update.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
@@ -97,8 +97,8 @@ def _compiled_step(args):
     guide = dgp.guides.AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
     state = svi.init(jax.random.PRNGKey(0), X, y, batch_size=1000)
-    lowered = jax.jit(lambda s, X, y: svi.update(s, X, y, batch_size=1000)).lower(state, X, y)
-    return lowered, lowered.compile(), state, (X, y)
+    update = jax.jit(lambda s, X, y: svi.update(s, X, y, batch_size=1000)).lower(state, X, y).compile()
+    return update, state, (X, y)
 
 
 def _time_steps(update, state, data, n):
