@@ -20,8 +20,9 @@ Two parts, each point in a fresh process (so that peak resident memory is the po
 Usage::
 
     python benchmarks/scale.py --sizes 10000 100000 1000000 --grid    # results/scale.{json,md}
-    python benchmarks/scale.py --grid --grid-precisions float32 float64 --grid-m 100 500 \\
-        --with-gpflux $NUMPYRO_DGP_PEERS_DIR/gpflux/bin/python --tag scale_grid
+    python benchmarks/scale.py --grid --grid-precisions float32 float64 --grid-dims 8 90 \\
+        --grid-m 100 500 1000 --grid-widths 8 32 --grid-steps 20 \\
+        --with-gpflux $NUMPYRO_DGP_PEERS_DIR/gpflux/bin/python --tag scale_grid    # results/scale_grid.md
 
 With ``--with-gpflux PYTHON`` (the GPflux venv of ``benchmarks/peers/setup.sh``), every grid
 point also times GPflux (``peers/gpflux_scale.py``, the same model) right after ours.
