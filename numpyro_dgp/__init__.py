@@ -61,9 +61,11 @@ _ATTRIBUTES = {
     "load_params": "io",
     "save_params": "io",
     "gp_layer": "layers",
+    "latent_input": "_latent",
     "bernoulli_probit": "likelihoods",
     "CollapsedSparseGP": "objectives",
     "DGPElbo": "objectives",
+    "ImportanceWeightedElbo": "objectives",
     "NestedCompressionElbo": "objectives",
     "PredictiveObjective": "objectives",
 }
@@ -89,14 +91,22 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from numpyro_dgp._validation import InputScaleWarning
     from numpyro_dgp.infer import FitResult, fit
     from numpyro_dgp.io import load_params, save_params
+    from numpyro_dgp._latent import latent_input
     from numpyro_dgp.layers import gp_layer
     from numpyro_dgp.likelihoods import bernoulli_probit
-    from numpyro_dgp.objectives import CollapsedSparseGP, DGPElbo, NestedCompressionElbo, PredictiveObjective
+    from numpyro_dgp.objectives import (
+        CollapsedSparseGP,
+        DGPElbo,
+        ImportanceWeightedElbo,
+        NestedCompressionElbo,
+        PredictiveObjective,
+    )
 
 __all__ = [
     "CollapsedSparseGP",
     "DGPElbo",
     "FitResult",
+    "ImportanceWeightedElbo",
     "InputScaleWarning",
     "ModelFileError",
     "NestedCompressionElbo",
@@ -120,6 +130,7 @@ __all__ = [
     "infer",
     "io",
     "kernels",
+    "latent_input",
     "layers",
     "likelihoods",
     "load_model",

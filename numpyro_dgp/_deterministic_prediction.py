@@ -23,17 +23,10 @@ from jax.typing import ArrayLike
 from numpyro.handlers import seed, substitute, trace
 
 from numpyro_dgp._marginal import marginalize_inducing, quadrature_rule
+from numpyro_dgp._mixture import PREDICTION_NODES, Component, component_of, mixture_fields
 from numpyro_dgp._moments import moment_trace
-from numpyro_dgp._prediction import (
-    _QUADRATURE_NODES,
-    Prediction,
-    _check_guide_is_set_up,
-    _likelihood_of,
-    _mixture,
-    _mixture_component,
-    _observation_site,
-    _warn_if_not_finite,
-)
+from numpyro_dgp._observation import observation_kind
+from numpyro_dgp._prediction import Prediction, _check_guide_is_set_up, _observation_site, _warn_if_not_finite
 from numpyro_dgp.core import collapsed_posterior
 from numpyro_dgp.objectives._collapsed import collapse_sparse_layer
 
@@ -49,10 +42,10 @@ def _check_inputs(X_new: ArrayLike, caller: str) -> jax.Array:
     return X_new
 
 
-def _one_component(likelihood: str, component: tuple) -> Prediction:
-    m, v, layers, means, variances = component
-    add_axis = lambda tree: jax.tree_util.tree_map(lambda a: a[None], tree)  # noqa: E731
-    return _mixture(likelihood, m[None], v[None], add_axis(layers), add_axis(means), add_axis(variances))
+def _one_component(likelihood: str, component: Component, node_weights: ArrayLike) -> Prediction:
+    """The prediction of a single (deterministic) component."""
+    stacked = jax.tree_util.tree_map(lambda a: a[None], component)
+    return Prediction(**mixture_fields(likelihood, stacked, None, node_weights), likelihood=likelihood)
 
 
 def predict_moment_matched(
@@ -98,7 +91,7 @@ def predict_moment_matched(
     def probe():
         run = moment_trace(model, guide, params, key, (X_new,) + tuple(args), kwargs, "predict", 3, caller)
         found["name"] = _observation_site(run.model_trace, obs_site)
-        found["likelihood"] = _likelihood_of(run.model_trace[found["name"]]["fn"], found["name"])
+        found["likelihood"] = observation_kind(run.model_trace[found["name"]]["fn"], found["name"], caller)
         found["layers"] = list(run.layer_order)
         return 0
 
@@ -108,10 +101,13 @@ def predict_moment_matched(
     @jax.jit
     def run_once(params, X_new):
         run = moment_trace(model, guide, params, key, (X_new,) + tuple(args), kwargs, "predict",
-                           _QUADRATURE_NODES[likelihood], caller)
-        return _mixture_component(run.model_trace, run.moments, name, run.quadrature_weights, found["layers"], key)
+                           PREDICTION_NODES[likelihood], caller)
+        component = component_of(run.model_trace, run.moments, name, likelihood, run.quadrature_weights,
+                                 found["layers"], key)
+        return component, run.quadrature_weights
 
-    return _warn_if_not_finite(_one_component(likelihood, run_once(params, X_new)), caller)
+    component, node_weights = run_once(params, X_new)
+    return _warn_if_not_finite(_one_component(likelihood, component, node_weights), caller)
 
 
 def predict_collapsed(
@@ -172,10 +168,10 @@ def predict_collapsed(
     def probe():
         tr, _, _ = run(3)
         found["name"] = _observation_site(tr, obs_site)
-        found["likelihood"] = _likelihood_of(tr[found["name"]]["fn"], found["name"])
+        found["likelihood"] = observation_kind(tr[found["name"]]["fn"], found["name"], caller)
         return 0
 
     jax.eval_shape(probe)
-    tr, moments, weights = run(_QUADRATURE_NODES[found["likelihood"]])
-    component = _mixture_component(tr, moments, found["name"], weights, [layer.name], key)
-    return _warn_if_not_finite(_one_component(found["likelihood"], component), caller)
+    tr, moments, weights = run(PREDICTION_NODES[found["likelihood"]])
+    component = component_of(tr, moments, found["name"], found["likelihood"], weights, [layer.name], key)
+    return _warn_if_not_finite(_one_component(found["likelihood"], component, weights), caller)

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
+import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoContinuous
@@ -35,6 +36,7 @@ from numpyro.primitives import Messenger
 
 from numpyro_dgp._autoguides import autocontinuous_posteriors, innermost_guide
 from numpyro_dgp._compat import is_tracer
+from numpyro_dgp._observation import likelihood_rule, observation_kind
 from numpyro_dgp._protocol import (
     AMORTIZED_KL,
     BRANCHES,
@@ -42,11 +44,15 @@ from numpyro_dgp._protocol import (
     ENCODER_INPUT_MESSAGE,
     FLOW,
     GAUSSIAN,
+    IMPORTANCE_LOG_WEIGHTS,
+    LATENT_MESSAGE,
     LAYER_MESSAGE,
     QUADRATURE_AXIS,
     amortized_layer_names,
     get_tag,
+    latent_specs,
     message_layer,
+    quadrature_tail,
     trace_layer_names,
     trace_layers,
     with_tag,
@@ -71,6 +77,7 @@ from numpyro_dgp.posteriors import (
     AmortizedPosterior,
     ChainLink,
     JointBlock,
+    LatentPosterior,
     site_gaussian,
     unwrap_distribution,
 )
@@ -78,6 +85,7 @@ from numpyro_dgp.posteriors import (
 __all__ = [
     "MarginalRun",
     "amortized_posteriors",
+    "latent_posteriors",
     "final_layer_name",
     "guide_posteriors",
     "layers_by_u_site",
@@ -104,13 +112,23 @@ class marginalize_inducing(Messenger):
         of its (Gaussian) marginal: value ``(K, N, P)``; every sample site after it is tagged
         ``infer[QUADRATURE_AXIS] = True`` so an objective can weight the leading axis with
         :attr:`quadrature_weights`.
-    :param quadrature_nodes: ``(K, P)`` standard-normal nodes.
+    :param quadrature_nodes: ``(K, P)`` standard-normal nodes, or ``None`` for ``K`` Monte Carlo
+        draws per point (``K`` the length of ``quadrature_weights``; drawn with the layer's key).
     :param quadrature_weights: ``(K,)`` weights summing to one.
+    :param latent_mode: how latent inputs (:func:`~numpyro_dgp.latent_input`) are drawn:
+        ``"posterior"`` (from the guide's ``q(w_n)`` in ``posteriors`` when it is there: one draw
+        per point, its KL to the prior tagged :data:`AMORTIZED_KL`; or ``num_importance`` draws,
+        their log weights tagged :data:`IMPORTANCE_LOG_WEIGHTS`) or ``"prior"`` (new points:
+        ``N(0, I)``).
+    :param num_importance: ``K`` draws of every latent input per point (a leading axis), or
+        ``None`` for one.
 
-    After a run, :attr:`moments` maps layer names to ``(mean (N, P), var (N, P))`` and
-    :attr:`layer_order` lists the layers in execution order.
+    After a run, :attr:`moments` maps layer names to ``(mean (N, P), var (N, P))``,
+    :attr:`layer_order` lists the layers in execution order, :attr:`last_output` is the
+    quadrature layer's value (its nodes) and :attr:`correlated_outputs` says whether that
+    layer's outputs are correlated at a point (a guide that correlates the layers).
 
-    :raises ValueError: if ``quadrature_layer`` is given without ``quadrature_nodes``.
+    :raises ValueError: if ``quadrature_layer`` is given without nodes or weights.
     """
 
     def __init__(
@@ -120,6 +138,8 @@ class marginalize_inducing(Messenger):
         quadrature_layer: str | None = None,
         quadrature_nodes: ArrayLike | None = None,
         quadrature_weights: ArrayLike | None = None,
+        latent_mode: str = "posterior",
+        num_importance: int | None = None,
     ) -> None:
         posteriors = dict(posteriors or {})
         parents = {p.parent for p in posteriors.values() if isinstance(p, ChainLink) and p.parent is not None}
@@ -132,8 +152,12 @@ class marginalize_inducing(Messenger):
         self.quadrature_layer = quadrature_layer
         self.quadrature_nodes = quadrature_nodes
         self.quadrature_weights = quadrature_weights
-        if quadrature_layer is not None and quadrature_nodes is None:
-            raise ValueError("marginalize_inducing: quadrature_layer needs quadrature_nodes")
+        if quadrature_layer is not None and quadrature_nodes is None and quadrature_weights is None:
+            raise ValueError("marginalize_inducing: quadrature_layer needs quadrature_nodes or quadrature_weights")
+        if latent_mode not in ("posterior", "prior"):
+            raise ValueError(f"marginalize_inducing: latent_mode must be 'posterior' or 'prior', got {latent_mode!r}")
+        self.latent_mode = latent_mode
+        self.num_importance = num_importance
         self._reset()
         super().__init__(fn)
 
@@ -145,8 +169,11 @@ class marginalize_inducing(Messenger):
         self._joint_states = {}  # joint group -> (next block index, per-point belief over the rest)
         self._amortized_q = {}  # u-site -> (loc, scale) of q(u_n | p_n) at the model's p
         self._encoder_inputs = {}  # u-site -> the encoder input p of its amortized layer
+        self._latents = {}  # latent-input site -> (LatentSpec, key) from its announcing message
         self._branch_mean = None  # weighted mean of the last layer's branch means (AR2 / AR2P)
         self.branch_log_weights = None  # (S,) once a layer has branched the points
+        self.last_output = None  # the quadrature layer's value (its nodes)
+        self.correlated_outputs = False
 
     def __enter__(self) -> marginalize_inducing:
         """Reset the per-run state and push the handler on the stack."""
@@ -162,8 +189,14 @@ class marginalize_inducing(Messenger):
             # guide's placeholder site of the same name replaces the site's infer tags)
             if msg["name"] in self._encoder_inputs and not msg["is_observed"]:
                 self._amortized_site(msg, self._encoder_inputs[msg["name"]])
+            if msg["name"] in self._latents and not msg["is_observed"]:
+                self._latent_site(msg, *self._latents[msg["name"]])
             if self._in_tail:
                 with_tag(msg, QUADRATURE_AXIS, True)
+            return
+        if msg["type"] == LATENT_MESSAGE:
+            spec = msg["args"][0]
+            self._latents[spec.name] = (spec, msg["kwargs"]["rng_key"])
             return
         if msg["type"] == ENCODER_INPUT_MESSAGE:
             layer_name = msg["name"][: -len(".encoder_input")]
@@ -179,6 +212,13 @@ class marginalize_inducing(Messenger):
         post = self.posteriors.get(layer.u_site)
         self.layer_order.append(layer.name)
         flow = get_tag(msg, FLOW)
+        if self.num_importance and (flow is not None or isinstance(post, (ChainLink, JointBlock))
+                                    or get_tag(msg, BRANCHES) is not None or isinstance(post, AmortizedPosterior)):
+            raise ValueError(
+                f"ImportanceWeightedElbo: layer {layer.name!r} is an SDE flow, has branches or a guide that "
+                "correlates the layers; the importance-weighted bound takes independent Gaussian layers "
+                "(AutoFactorizedDGP, AutoNormal) without handlers"
+            )
         if flow is not None:
             msg["value"] = self._flow(layer, X, u, post, flow, rng_key)
             return
@@ -205,15 +245,23 @@ class marginalize_inducing(Messenger):
         if layer.name == self.quadrature_layer:
             if full_cov:
                 raise ValueError("marginalize_inducing: quadrature needs full_cov=False")
-            nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)  # (K, P)
             std = jnp.sqrt(jnp.maximum(var, 0.0))
-            nodes = nodes.reshape((nodes.shape[0],) + (1,) * (mean.ndim - 1) + nodes.shape[-1:])
-            msg["value"] = mean[None] + std[None] * nodes
+            msg["value"] = self.last_output = mean[None] + std[None] * self._nodes(mean, rng_key)
             self._in_tail = True
         elif branch is not None:
             msg["value"] = self._branch(mean, var, branch, rng_key)
+        elif self.num_importance and X.ndim == 3 and not full_cov:
+            msg["value"] = self._importance_draw(layer, X, u, post, rng_key)
         else:
             msg["value"] = sample_moments(rng_key, mean, var, full_cov, layer.jitter)
+
+    def _nodes(self, mean: jax.Array, rng_key: jax.Array) -> jax.Array:
+        """The standard-normal nodes for the quadrature layer, broadcastable against
+        ``(K,) + mean.shape``: the shared rule's, or fresh draws per point (Monte Carlo)."""
+        if self.quadrature_nodes is None:
+            return jax.random.normal(rng_key, (len(self.quadrature_weights),) + mean.shape, mean.dtype)
+        nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)  # (K, P)
+        return nodes.reshape((nodes.shape[0],) + (1,) * (mean.ndim - 1) + nodes.shape[-1:])
 
     def postprocess_message(self, msg: dict) -> None:
         """Record the encoder input of an amortized layer (its message's final value)."""
@@ -244,6 +292,47 @@ class marginalize_inducing(Messenger):
         self._amortized_q[msg["name"]] = (loc, scale)
         msg["value"] = loc  # never used as a draw: the layer marginalizes it
         with_tag(msg, AMORTIZED_KL, kl)
+
+    def _latent_site(self, msg: dict, spec: Any, rng_key: jax.Array) -> None:
+        """A latent input's site: draw ``w`` from the prior (new points), or from the guide's
+        ``q(w_n)`` (once, its KL to the prior tagged; or ``num_importance`` times, the draws'
+        log weights ``log p(w) - log q(w)`` tagged)."""
+        K = self.num_importance
+        shape = ((K,) if K else ()) + (spec.encoder_input.shape[0], spec.latent_dim)
+        dtype = spec.encoder_input.dtype
+        eps = jax.random.normal(rng_key, shape, dtype)
+        if self.latent_mode == "prior":
+            msg["value"] = eps
+            return
+        post = self.posteriors.get(msg["name"])
+        if post is None:
+            if K:
+                raise ValueError(f"ImportanceWeightedElbo: the guide gives no Gaussian q({msg['name']}) to draw the "
+                                 "latent input from; use a numpyro_dgp.guides guide (or NumPyro's AutoNormal)")
+            return  # the guide's (or the prior's) draw is used
+        loc, scale = post.encode(spec.encoder_input) if isinstance(post, LatentPosterior) else post
+        loc, scale = jnp.asarray(loc, dtype), jnp.asarray(scale, dtype)
+        w = loc + scale * eps
+        if K:
+            log_ratio = -0.5 * w**2 + 0.5 * eps**2 + jnp.log(scale)  # log N(w | 0, I) - log N(w | loc, scale)
+            with_tag(msg, IMPORTANCE_LOG_WEIGHTS, jnp.sum(log_ratio, axis=-1))
+        else:
+            kl = -jnp.log(scale) + 0.5 * (scale**2 + loc**2 - 1.0)
+            with_tag(msg, AMORTIZED_KL, jnp.sum(kl, axis=-1))
+        msg["value"] = w
+
+    def _importance_draw(self, layer: Layer, X: jax.Array, u: jax.Array, post: Any, rng_key: jax.Array) -> jax.Array:
+        """The layer's outputs at a point's ``K`` importance draws ``X (K, B, D)``, drawn jointly
+        (their ``K x K`` covariance under the layer's marginal): the draws share the inducing
+        values, as the importance-weighted bound needs."""
+        q_mean, q_sqrt = post if post is not None else (u, None)
+
+        def at_point(X_n, key):  # (K, D) -> (K, P)
+            mean, cov = layer_moments(layer, X_n, q_mean, q_sqrt, full_cov=True)
+            return sample_moments(key, mean, cov, True, layer.jitter)
+
+        keys = jax.random.split(rng_key, X.shape[1])
+        return jnp.swapaxes(jax.vmap(at_point, in_axes=(1, 0))(X, keys), 0, 1)
 
     def _branch_spec(self, layer: Layer, msg: dict, post: Any) -> tuple[jax.Array | None, jax.Array] | None:
         """``(points (S, P) or None, log_weights (S,))`` if this layer branches its outputs:
@@ -362,9 +451,12 @@ class marginalize_inducing(Messenger):
         var = jnp.diagonal(out_cov, axis1=-2, axis2=-1)
         self.moments[layer.name] = (mean, var)
         if layer.name == self.quadrature_layer:
-            nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)  # (K, P)
             self._in_tail = True
-            return output_at_nodes(mean, out_cov, nodes)
+            self.correlated_outputs = P > 1
+            shared = self.quadrature_nodes is not None
+            nodes = jnp.asarray(self.quadrature_nodes, mean.dtype) if shared else self._nodes(mean, rng_key)
+            self.last_output = output_at_nodes(mean, out_cov, nodes)
+            return self.last_output
         eps = jax.random.normal(rng_key, mean.shape, mean.dtype)
         value = sample_output(mean, out_cov, eps)
         if isinstance(post, ChainLink):
@@ -503,6 +595,8 @@ class MarginalRun(NamedTuple):
     :ivar quadrature_weights: ``(K,)`` weights of the last layer's quadrature nodes.
     :ivar branch_log_weights: ``(S,)`` log weights of the branches, if a layer branched.
     :ivar guide_name: the guide's class name (for error messages).
+    :ivar last_output: the last layer's value at its nodes, ``(K, ..., N, P)``.
+    :ivar correlated_outputs: whether the last layer's outputs are correlated at a point.
     """
 
     guide_trace: dict
@@ -513,6 +607,8 @@ class MarginalRun(NamedTuple):
     quadrature_weights: np.ndarray
     branch_log_weights: jax.Array | None = None
     guide_name: str = "the guide"
+    last_output: Any = None
+    correlated_outputs: bool = False
 
 
 def marginal_trace(
@@ -524,6 +620,8 @@ def marginal_trace(
     kwargs: dict,
     num_quadrature: int | None = None,
     objective: str = "DGPElbo",
+    num_samples: int | None = None,
+    num_importance: int | None = None,
 ) -> MarginalRun:
     """Run ``guide`` then ``model`` with inducing values marginalized and quadrature nodes on
     the last layer (see :class:`marginalize_inducing`).
@@ -534,34 +632,52 @@ def marginal_trace(
     :param rng_key: PRNG key.
     :param args: positional arguments of the model and guide.
     :param kwargs: keyword arguments of the model and guide.
-    :param num_quadrature: nodes per output of the last layer (see :func:`quadrature_rule`).
+    :param num_quadrature: nodes per output of the last layer (see
+        :func:`~numpyro_dgp._observation.likelihood_rule`).
     :param objective: who asks (named in error messages).
-    :return: :class:`MarginalRun`.
+    :param num_samples: Monte Carlo draws per point where the rule draws (several outputs and
+        an observation that is not Gaussian).
+    :param num_importance: ``K`` draws of every latent input per point (importance weighting;
+        see :class:`marginalize_inducing`).
+    :return: :class:`MarginalRun`. With ``objective="predict"``, latent inputs are drawn from
+        their prior and the guide's plates are not replayed (new points).
     """
     _refuse_amortized_layers_without_encoder(innermost_guide(guide), objective)
+    predicting = objective == "predict"
     with _validation_off_when_traced(params):
-        guide_trace, seeded_model = guide_then_model(model, guide, params, rng_key, args, kwargs)
+        guide_trace, seeded_model = guide_then_model(model, guide, params, rng_key, args, kwargs,
+                                                     replay_plates=not predicting)
 
         # Which sites are inducing values and which layer is last: an abstract first pass
         # (jax.eval_shape), so it adds nothing to the compiled computation.
         found = {}
 
+        latent_mode = "prior" if predicting else "posterior"
+
         def probe():
-            tr = trace(marginalize_inducing(seeded_model)).get_trace(*args, **kwargs)
+            tr = trace(marginalize_inducing(seeded_model, latent_mode=latent_mode)).get_trace(*args, **kwargs)
             last = final_layer_name(tr)
             found["u_sites"] = _model_u_sites(tr)
             found["last"] = last
             found["out_dim"] = message_layer(tr[f"{last}.layer"]).out_dim
             found["locations"] = uses_inducing_locations(tr)
             found["last_u_site"] = message_layer(tr[f"{last}.layer"]).u_site
+            found["latents"] = list(latent_specs(tr))
+            found["amortized"] = amortized_layer_names(tr)
             return 0
 
         # closing over args keeps static ones (subsample sizes) concrete
         jax.eval_shape(probe)
         last = found["last"]
-        nodes, weights = quadrature_rule(found["out_dim"], num_quadrature)
+        kinds = None
+        if found["out_dim"] > 1 and num_quadrature is None:
+            kinds = _tail_kinds(seeded_model, last, found["out_dim"], args, kwargs, objective, latent_mode)
+        nodes, weights = likelihood_rule(found["out_dim"], kinds, num_quadrature, num_samples, objective)
 
         base_guide = innermost_guide(guide)
+        if num_importance and found["amortized"]:
+            raise ValueError(f"{objective}: layers {found['amortized']} have per-point inducing sets, which the "
+                             "importance-weighted bound does not take; use DGPElbo")
         if isinstance(base_guide, AutoContinuous):
             if found["locations"]:
                 raise ValueError(
@@ -579,18 +695,41 @@ def marginal_trace(
         else:
             posteriors = guide_posteriors(guide_trace, found["u_sites"])
         posteriors.update(amortized_posteriors(guide_trace))
+        posteriors.update(latent_posteriors(guide_trace, found["latents"]))
         handler = marginalize_inducing(
             seeded_model,
             posteriors=posteriors,
             quadrature_layer=last,
             quadrature_nodes=nodes,
             quadrature_weights=weights,
+            latent_mode=latent_mode,
+            num_importance=num_importance,
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         return MarginalRun(
             guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights,
-            handler.branch_log_weights, type(base_guide).__name__,
+            handler.branch_log_weights, type(base_guide).__name__, handler.last_output, handler.correlated_outputs,
         )
+
+
+def _tail_kinds(seeded_model: Callable, last: str, out_dim: int, args: tuple, kwargs: dict,
+                objective: str, latent_mode: str) -> list[str]:
+    """The kinds (:func:`~numpyro_dgp._observation.observation_kind`) of the observed sites after
+    the last layer, from an abstract run with two nodes on it (so that a parameter that
+    depends on the layer carries the node axis)."""
+    found = {}
+    nodes = np.stack([np.ones(out_dim), -np.ones(out_dim)])
+
+    def probe():
+        handler = marginalize_inducing(seeded_model, quadrature_layer=last, quadrature_nodes=nodes,
+                                       quadrature_weights=np.full(2, 0.5), latent_mode=latent_mode)
+        tr = trace(handler).get_trace(*args, **kwargs)
+        found["kinds"] = [observation_kind(tr[name]["fn"], name, objective)
+                          for name in quadrature_tail(tr) if tr[name]["is_observed"]]
+        return 0
+
+    jax.eval_shape(probe)
+    return found["kinds"]
 
 
 def _refuse_amortized_layers_without_encoder(guide: Callable, objective: str) -> None:
@@ -608,13 +747,17 @@ def _refuse_amortized_layers_without_encoder(guide: Callable, objective: str) ->
 
 
 def guide_then_model(model: Callable, guide: Callable, params: dict, rng_key: jax.Array, args: tuple,
-                     kwargs: dict) -> tuple[dict, Callable]:
+                     kwargs: dict, replay_plates: bool = True) -> tuple[dict, Callable]:
     """The guide's trace (run with ``params`` under one half of ``rng_key``) and the model
     seeded with the other half, replaying that trace, with ``params`` substituted: the start of
-    every objective and prediction that runs the guide before the model."""
+    every objective and prediction that runs the guide before the model.
+
+    With ``replay_plates=False`` the model draws its own plates' subsamples (prediction at new
+    points: a guide's plate over the training points must not choose them)."""
     guide_key, model_key = jax.random.split(rng_key)
     guide_trace = trace(substitute(seed(fast_subsample(guide), guide_key), data=params)).get_trace(*args, **kwargs)
-    seeded_model = substitute(replay(seed(fast_subsample(model), model_key), guide_trace), data=params)
+    replayed = guide_trace if replay_plates else {k: v for k, v in guide_trace.items() if v["type"] != "plate"}
+    seeded_model = substitute(replay(seed(fast_subsample(model), model_key), replayed), data=params)
     return guide_trace, seeded_model
 
 
@@ -624,6 +767,28 @@ def _validation_off_when_traced(params: Any) -> contextlib.AbstractContextManage
     compilation of a DGP step; they stay on in eager runs (``svi.init`` runs the model so)."""
     traced = any(is_tracer(x) for x in jax.tree_util.tree_leaves(params))
     return numpyro.validation_enabled(False) if traced else contextlib.nullcontext()
+
+
+def latent_posteriors(guide_trace: dict, names: list[str]) -> dict[str, Any]:
+    """``{site: q(w_n)}`` of the latent inputs ``names``: a library guide's
+    :class:`~numpyro_dgp.posteriors.LatentPosterior`, or ``(loc, scale)`` of a guide site that is
+    a Normal (NumPyro's ``AutoNormal``); sites with neither are left out.
+
+    :param guide_trace: a trace of the guide.
+    :param names: the latent inputs' site names.
+    """
+    out = {}
+    for name in names:
+        site = guide_trace.get(name)
+        if site is None or site["type"] != "sample":
+            continue
+        posterior = getattr(site["fn"], "posterior", None)
+        base = unwrap_distribution(site["fn"])
+        if isinstance(posterior, LatentPosterior):
+            out[name] = posterior
+        elif isinstance(base, dist.Normal):
+            out[name] = (base.loc, base.scale)
+    return out
 
 
 def amortized_posteriors(guide_trace: dict) -> dict[str, AmortizedPosterior]:

@@ -1,8 +1,15 @@
-"""Scores of a predictive mixture: test log-likelihood, RMSE, CRPS; error rate and Brier score.
+"""Scores of a predictive mixture.
+
+Regression (Normal and other continuous or count likelihoods): test log-likelihood, RMSE and
+CRPS; classification (Bernoulli, categorical): log-likelihood, accuracy, error rate, Brier
+score and expected calibration error.
 
 **References:**
 
 * Gneiting, Raftery (2007). Strictly proper scoring rules, prediction, and estimation. JASA.
+* Naeini, Cooper, Hauskrecht (2015). Obtaining well calibrated probabilities using Bayesian
+  binning. AAAI. (The expected calibration error.)
+* Guo, Pleiss, Sun, Weinberger (2017). On calibration of modern neural networks. ICML.
 """
 
 from __future__ import annotations
@@ -11,28 +18,51 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import logsumexp, ndtr
 from jax.scipy.stats import norm
 from jax.typing import ArrayLike
 
+from numpyro_dgp._mixture import rebuild
+from numpyro_dgp._observation import is_discrete
 from numpyro_dgp._prediction import Prediction
 
 __all__ = ["gaussian_mixture_crps", "log_likelihood", "metrics"]
 
+#: equal-width confidence bins of the expected calibration error
+ECE_BINS = 10
+#: draws per point of the Monte Carlo CRPS of a ``"general"`` prediction
+CRPS_DRAWS = 1000
 
-def _check_binary_labels(y, caller):
-    """Raise ``ValueError`` unless a concrete ``y`` holds only 0/1 (traced values are not checked)."""
-    bad = ~((y == 0) | (y == 1))
+
+def _target_shape(prediction: Prediction) -> tuple:
+    """The shape ``y`` must have: the mean's, without a categorical prediction's classes."""
+    shape = tuple(prediction.mean.shape)
+    return shape[:-1] if prediction.likelihood == "categorical" else shape
+
+
+def _check_labels(y: jax.Array, prediction: Prediction, caller: str) -> None:
+    """Raise ``ValueError`` unless a concrete ``y`` holds class labels the prediction has
+    (0/1 for Bernoulli, ``0..C-1`` for categorical; traced values are not checked)."""
+    num_classes = 2 if prediction.likelihood == "bernoulli" else prediction.mean.shape[-1]
     try:
-        any_bad = bool(jnp.any(bad))
-    except jax.errors.ConcretizationTypeError:
-        return  # traced: cannot check here
-    if any_bad:
-        first = jnp.ravel(y)[jnp.argmax(jnp.ravel(bad))].item()
-        raise ValueError(
-            f"{caller}: y must hold only 0/1 labels for a Bernoulli prediction; got "
-            f"{int(jnp.sum(bad))} other value(s), e.g. {first!r}"
-        )
+        values = np.asarray(y)
+    except jax.errors.TracerArrayConversionError:
+        return
+    bad = ~np.isin(values, np.arange(num_classes))
+    if bad.any():
+        labels = "0/1 labels" if num_classes == 2 else f"labels in 0..{num_classes - 1}"
+        raise ValueError(f"{caller}: y must hold only {labels} for a {prediction.likelihood} prediction; got "
+                         f"{int(bad.sum())} other value(s), e.g. {values[bad].ravel()[0].item()!r}")
+
+
+def _check_targets(prediction: Prediction, y: ArrayLike, caller: str) -> jax.Array:
+    y = jnp.asarray(y)
+    if y.shape != _target_shape(prediction):
+        raise ValueError(f"{caller}: y has shape {y.shape}, the prediction's targets have {_target_shape(prediction)}")
+    if prediction.likelihood in ("bernoulli", "categorical"):
+        _check_labels(y, prediction, caller)
+    return y
 
 
 def _bernoulli_log_prob(y, probs):
@@ -43,34 +73,60 @@ def _bernoulli_log_prob(y, probs):
     return jnp.where(y == 1, jnp.log(p), jnp.log1p(-p))
 
 
-def log_likelihood(prediction: Prediction, y: ArrayLike) -> jax.Array:
-    """Per-point mixture log-probability, shape ``(N,)``.
+def _mix(lp: jax.Array, weights: jax.Array | None) -> jax.Array:
+    """``log sum_s w_s exp(lp_s)`` over the leading component axis."""
+    if weights is not None:
+        return logsumexp(lp, axis=0, b=jnp.reshape(weights, (-1,) + (1,) * (lp.ndim - 1)))
+    return logsumexp(lp, axis=0) - jnp.log(lp.shape[0])
 
-    Normal: ``logsumexp_s log N(y | m_s, v_s) - log S``. Bernoulli:
-    ``logsumexp_s log Bernoulli(y | p_s) - log S`` (``y`` in {0, 1}). With component
-    ``weights``, ``logsumexp_s (log w_s + log p(y | component s))``.
+
+def _point_axes(lp: jax.Array, num_point_axes: int) -> jax.Array:
+    """Sum the column axes after the leading component and point axes."""
+    extra = lp.ndim - num_point_axes
+    return jnp.sum(lp, axis=tuple(range(num_point_axes, lp.ndim))) if extra > 0 else lp
+
+
+def log_likelihood(prediction: Prediction, y: ArrayLike, per_column: bool = False) -> jax.Array:
+    """Per-point log predictive density (or probability), shape ``(N,)``.
+
+    Normal: ``log sum_s w_s N(y | m_s, v_s)``; Bernoulli: ``log sum_s w_s Bernoulli(y | p_s)``;
+    categorical: ``log p(y)`` of the mixture's class probabilities; any other likelihood:
+    ``log sum_s w_s sum_k w_k p(y | atom_sk)`` over its atoms (equal weights ``w_s = 1 / S``
+    unless the prediction has ``weights``). A prediction with ``T`` target columns gives the
+    joint density of each point's row (its columns share every component), or, with
+    ``per_column``, each column's own marginal, ``(N, T)``.
 
     :param prediction: from :func:`predict` or :func:`predict_from_samples`.
-    :param y: ``(N,)`` test targets.
-    :return: ``(N,)`` log predictive density (Normal) or probability (Bernoulli) per point.
+    :param y: the test targets, shaped as ``prediction.mean`` (class labels ``(N,)`` for a
+        categorical prediction).
+    :param per_column: the marginal of every column instead of the joint of each row.
+    :return: ``(N,)`` (``(N, T)`` with ``per_column``). Missing targets (NaN) are left out of a
+        row's joint density (NaN in ``per_column``'s).
+    :raises ValueError: targets of another shape, or labels the prediction does not have.
     """
-    y = jnp.asarray(y)
-    if prediction.likelihood == "bernoulli":
-        _check_binary_labels(y, "log_likelihood")
-    return _mixture_log_likelihood(prediction.likelihood == "bernoulli", y, prediction.component_means,
-                                   prediction.component_variances, prediction.weights)
+    y = _check_targets(prediction, y, "log_likelihood")
+    arrays = {k: getattr(prediction, k) for k in ("mean", "component_means", "component_variances", "weights",
+                                                  "atoms", "atom_weights")}
+    return _log_likelihood(prediction.likelihood, per_column, y, arrays)
 
 
-# One program per shape: called outside jit, the operations would each compile on their own.
-@partial(jax.jit, static_argnums=0)
-def _mixture_log_likelihood(bernoulli, y, component_means, component_variances, weights):
-    if bernoulli:
-        lp = _bernoulli_log_prob(y, component_means)
+@partial(jax.jit, static_argnums=(0, 1))
+def _log_likelihood(kind, per_column, y, p):
+    # one program per shape: called outside jit, the operations would each compile on their own
+    if kind == "categorical":
+        probs = jnp.take_along_axis(p["mean"], y.astype(jnp.int32)[..., None], axis=-1)[..., 0]
+        return jnp.log(jnp.maximum(probs, jnp.finfo(probs.dtype).tiny))
+    present = ~jnp.isnan(y) if jnp.issubdtype(y.dtype, jnp.inexact) else jnp.ones(y.shape, bool)
+    y = jnp.where(present, y, 0)
+    if kind == "general":
+        lp = p["atoms"].log_prob(y.astype(p["mean"].dtype))  # (S, K, N, ...)
+        lp = logsumexp(lp, axis=1, b=jnp.reshape(p["atom_weights"], (-1,) + (1,) * (lp.ndim - 2)))
+    elif kind == "bernoulli":
+        lp = _bernoulli_log_prob(y, p["component_means"])
     else:
-        lp = norm.logpdf(y, component_means, jnp.sqrt(component_variances))
-    if weights is not None:
-        return logsumexp(lp, axis=0, b=weights[:, None])
-    return logsumexp(lp, axis=0) - jnp.log(lp.shape[0])
+        lp = norm.logpdf(y, p["component_means"], jnp.sqrt(p["component_variances"]))
+    lp = jnp.where(present, lp, 0.0)  # a missing target adds nothing (a row's joint is over its present columns)
+    return jnp.where(present, _mix(lp, p["weights"]), jnp.nan) if per_column else _mix(_point_axes(lp, 2), p["weights"])
 
 
 def _crps_A(mu, var):
@@ -88,14 +144,16 @@ def gaussian_mixture_crps(
     ``sum_s w_s A(y - mu_s, s_s^2) - 0.5 sum_ij w_i w_j A(mu_i - mu_j, s_i^2 + s_j^2)`` with
     ``A(mu, s2) = 2 s phi(mu / s) + mu (2 Phi(mu / s) - 1)``, where ``s = sqrt(s2)``.
 
-    :param y: ``(N,)`` observed values.
-    :param means: ``(S, N)`` component means.
-    :param variances: ``(S, N)`` component variances.
+    :param y: ``(N,)`` observed values (or ``(N, T)``, each entry scored on its own).
+    :param means: ``(S, N)`` component means (``(S, N, T)``).
+    :param variances: ``(S, N)`` component variances (``(S, N, T)``).
     :param weights: ``(S,)`` component weights summing to 1 (default: ``1 / S`` each).
-    :return: ``(N,)`` CRPS per point (lower is better).
+    :return: ``(N,)`` CRPS per point (``(N, T)``; lower is better).
     """
+    y = jnp.asarray(y)
     S = means.shape[0]
     w = jnp.full((S,), 1.0 / S, means.dtype) if weights is None else jnp.asarray(weights, means.dtype)
+    flat = lambda a: jnp.moveaxis(jnp.reshape(a, (S, -1)), 0, -1)  # noqa: E731  (S, N...) -> (N..., S)
 
     def per_point(args):
         yi, mi, vi = args
@@ -103,47 +161,128 @@ def gaussian_mixture_crps(
         pair = _crps_A(mi[:, None] - mi[None, :], vi[:, None] + vi[None, :])
         return first - 0.5 * w @ pair @ w
 
-    return jax.lax.map(per_point, (jnp.asarray(y), means.T, variances.T))
+    return jax.lax.map(per_point, (jnp.ravel(y), flat(means), flat(variances))).reshape(y.shape)
 
 
-def _classification_metrics(prediction: Prediction, y) -> dict:
-    """Mean log-likelihood, error rate (threshold 0.5 on the mixture probability) and Brier score."""
-    _check_binary_labels(y, "metrics")
-    y = y.astype(prediction.mean.dtype)
-    ll = log_likelihood(prediction, y).mean()
-    error_rate = jnp.mean((prediction.mean > 0.5) != (y == 1))
-    brier = jnp.mean((prediction.mean - y) ** 2)
-    return {"log_likelihood": float(ll), "error_rate": float(error_rate), "brier": float(brier)}
+def _draws(prediction: Prediction, rng_key: jax.Array, num_draws: int) -> jax.Array:
+    """``(R, N, ...)`` independent draws from a ``"general"`` prediction's mixture at every point:
+    an atom is chosen by its weight ``w_s w_k``, then drawn from."""
+    atoms = prediction.atoms
+    S, K = atoms.batch_shape[:2]
+    w_s = jnp.full((S,), 1.0 / S) if prediction.weights is None else prediction.weights
+    logits = jnp.log(jnp.maximum((w_s[:, None] * prediction.atom_weights[None]).reshape(-1), 1e-300))
+    pick_key, draw_key = jax.random.split(rng_key)
+    rest = tuple(atoms.batch_shape[2:])
+    index = jax.random.categorical(pick_key, logits, shape=(num_draws,) + rest)  # (R, N, ...)
+    chosen = rebuild(atoms, lambda a: jnp.take_along_axis(a.reshape((S * K,) + rest), index, axis=0))
+    return chosen.sample(draw_key)
 
 
-def metrics(prediction: Prediction, y: ArrayLike, y_scale: float = 1.0) -> dict[str, float]:
+def _sample_crps(y: jax.Array, draws: jax.Array) -> jax.Array:
+    """The unbiased CRPS estimate from ``R`` draws per point: ``mean |X - y| - sum_ij |X_i -
+    X_j| / (2 R (R - 1))``, the pair sum from the sorted draws."""
+    R = draws.shape[0]
+    first = jnp.mean(jnp.abs(draws - y), axis=0)
+    ordered = jnp.sort(draws, axis=0)
+    rank = jnp.arange(1, R + 1, dtype=draws.dtype).reshape((-1,) + (1,) * (draws.ndim - 1))
+    pairs = 2 * jnp.sum((2 * rank - R - 1) * ordered, axis=0)  # sum_ij |X_i - X_j|
+    return first - pairs / (2 * R * (R - 1))
+
+
+def _calibration_error(confidence: jax.Array, correct: jax.Array) -> jax.Array:
+    """The expected calibration error over :data:`ECE_BINS` equal-width confidence bins:
+    ``sum_b (n_b / N) |accuracy_b - confidence_b|``."""
+    bins = jnp.clip(jnp.floor(confidence * ECE_BINS).astype(jnp.int32), 0, ECE_BINS - 1)
+    gap = jnp.zeros(ECE_BINS, confidence.dtype).at[bins].add(correct.astype(confidence.dtype) - confidence)
+    return jnp.sum(jnp.abs(gap)) / confidence.shape[0]
+
+
+def _classification_metrics(prediction: Prediction, y: jax.Array) -> dict:
+    """Mean log-likelihood, accuracy, error rate, Brier score and expected calibration error."""
+    if prediction.likelihood == "bernoulli":
+        p = prediction.mean
+        predicted, confidence = p > 0.5, jnp.maximum(p, 1 - p)
+        correct = predicted == (y == 1)
+        brier = jnp.mean((p - y) ** 2)
+    else:
+        probs = prediction.mean
+        predicted, confidence = jnp.argmax(probs, axis=-1), jnp.max(probs, axis=-1)
+        correct = predicted == y
+        brier = jnp.mean(jnp.sum((probs - jax.nn.one_hot(y, probs.shape[-1], dtype=probs.dtype)) ** 2, axis=-1))
+    accuracy = jnp.mean(correct)
+    return {"log_likelihood": float(jnp.mean(log_likelihood(prediction, y))), "accuracy": float(accuracy),
+            "error_rate": float(1 - accuracy), "brier": float(brier),
+            "ece": float(_calibration_error(jnp.ravel(confidence), jnp.ravel(correct)))}
+
+
+def _regression_metrics(prediction: Prediction, y: jax.Array, y_scale: jax.Array, per_column: bool,
+                        rng_key: jax.Array) -> dict:
+    """Mean log-likelihood, RMSE and CRPS (of each column with ``per_column``), in the units
+    ``y_scale`` maps back to."""
+    columns = per_column and y.ndim > 1
+    present = ~jnp.isnan(y)
+    # means over the present targets (of each column with per_column; rows with any for the LL)
+    count = jnp.sum(present, axis=0) if columns else jnp.sum(present)
+    reduce = lambda a: jnp.sum(jnp.where(present, a, 0.0), axis=0 if columns else None) / count  # noqa: E731
+    lp = log_likelihood(prediction, y, per_column=columns)
+    if columns:
+        ll = reduce(lp) - jnp.log(y_scale)
+    else:
+        rows = present.reshape(y.shape[0], -1)
+        log_scale = jnp.sum(jnp.where(rows, jnp.log(jnp.broadcast_to(y_scale, rows.shape[1:])), 0.0), axis=1)
+        ll = jnp.sum(jnp.where(rows.any(axis=1), lp - log_scale, 0.0)) / jnp.sum(rows.any(axis=1))
+    filled = jnp.where(present, y, prediction.mean)
+    rmse = jnp.sqrt(reduce((filled - prediction.mean) ** 2)) * y_scale
+    if prediction.likelihood == "normal":
+        crps = gaussian_mixture_crps(filled, prediction.component_means, prediction.component_variances,
+                                     prediction.weights)
+    else:
+        crps = _sample_crps(filled, _draws(prediction, rng_key, CRPS_DRAWS))
+    crps = reduce(crps * y_scale)
+    as_python = (lambda a: [float(v) for v in np.asarray(a)]) if columns else float  # noqa: E731
+    return {"log_likelihood": as_python(ll), "rmse": as_python(rmse), "crps": as_python(crps)}
+
+
+def metrics(prediction: Prediction, y: ArrayLike, y_scale: ArrayLike = 1.0, *, per_column: bool = False,
+            rng_key: jax.Array | None = None) -> dict:
     """Test metrics of a prediction.
 
-    Normal: mean log-likelihood, RMSE and CRPS. Bernoulli (``y`` in {0, 1}): mean
-    log-likelihood, error rate (predicted class ``1`` where the mixture probability exceeds
-    0.5) and Brier score ``mean (p - y)^2``.
+    * Regression (Normal, and any other likelihood of a number: Student-t, Poisson, negative
+      binomial, heteroscedastic Gaussian, ...): ``"log_likelihood"`` (the mean over points of
+      :func:`log_likelihood`; with ``T`` columns, of each row's joint density), ``"rmse"`` of
+      the predictive mean, and ``"crps"`` (closed form for Gaussian mixtures; otherwise the
+      unbiased estimate from 1,000 draws per point of the predictive, a Monte Carlo standard
+      error well below a percent of it).
+    * Classification (Bernoulli ``y`` in {0, 1}; categorical ``y`` in ``0..C-1``):
+      ``"log_likelihood"``, ``"accuracy"`` and ``"error_rate"`` of the most probable class,
+      ``"brier"`` (``mean sum_c (p_c - [y = c])^2``; Bernoulli: ``mean (p - y)^2``) and
+      ``"ece"``, the expected calibration error of the most probable class over 10 equal-width
+      confidence bins.
 
     :param prediction: from :func:`predict` or :func:`predict_from_samples`.
-    :param y: ``(N,)`` test targets (the shape of ``prediction.mean``).
-    :param y_scale: the targets' standard deviation if the model saw standardized targets:
-        metrics are then reported in original units (LL - log y_scale, RMSE and CRPS times
-        y_scale). Normal predictions only.
-    :return: ``{"log_likelihood", "rmse", "crps"}`` (Normal) or ``{"log_likelihood",
-        "error_rate", "brier"}`` (Bernoulli) as Python floats.
+    :param y: the test targets, shaped as ``prediction.mean`` (class labels ``(N,)`` for a
+        categorical prediction); regression targets that are NaN (missing) are left out.
+    :param y_scale: the targets' standard deviation (per column: ``(T,)``) if the model saw
+        standardized targets: regression metrics are then reported in original units (LL minus
+        the log scales, RMSE and CRPS times the scale). Continuous likelihoods only.
+    :param per_column: with ``T`` target columns, a list of ``T`` values per regression metric
+        (each column's marginal log-likelihood, RMSE, CRPS) instead of one.
+    :param rng_key: key of the CRPS draws (default ``PRNGKey(0)``: the same scores every call).
+    :return: ``{name: float}`` (lists of floats with ``per_column``).
+    :raises ValueError: targets of another shape, labels the prediction does not have, or a
+        ``y_scale`` for a classification or count prediction.
     """
-    y = jnp.asarray(y)
-    if y.shape != prediction.mean.shape:
-        raise ValueError(f"metrics: y has shape {y.shape}, predictions have {prediction.mean.shape}")
-    if prediction.likelihood == "bernoulli":
-        if y_scale != 1.0:
-            raise ValueError(
-                f"metrics: y_scale applies to Normal predictions; a Bernoulli prediction takes "
-                f"y_scale=1.0, got {y_scale!r}"
-            )
+    y = _check_targets(prediction, y, "metrics")
+    kind = prediction.likelihood
+    scaled = not np.all(np.asarray(y_scale) == 1.0)
+    if kind in ("bernoulli", "categorical"):
+        if scaled:
+            raise ValueError(f"metrics: y_scale applies to regression predictions; a {kind} prediction takes "
+                             f"y_scale=1.0, got {y_scale!r}")
         return _classification_metrics(prediction, y)
-    ll = log_likelihood(prediction, y).mean() - jnp.log(y_scale)
-    rmse = jnp.sqrt(jnp.mean((y - prediction.mean) ** 2)) * y_scale
-    crps = gaussian_mixture_crps(
-        y, prediction.component_means, prediction.component_variances, prediction.weights
-    ).mean() * y_scale
-    return {"log_likelihood": float(ll), "rmse": float(rmse), "crps": float(crps)}
+    if scaled and kind == "general" and is_discrete(prediction.atoms):
+        raise ValueError(f"metrics: y_scale applies to continuous targets; {type(prediction.atoms).__name__} "
+                         f"predictions are of counts, got y_scale={y_scale!r}")
+    y = y.astype(prediction.mean.dtype)
+    key = jax.random.PRNGKey(0) if rng_key is None else rng_key
+    return _regression_metrics(prediction, y, jnp.asarray(y_scale, y.dtype), per_column, key)

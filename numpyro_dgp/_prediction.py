@@ -11,7 +11,11 @@ closed form for Gaussian mixtures (:func:`gaussian_mixture_crps`), in which
 A Bernoulli observation site (classification, e.g. :func:`numpyro_dgp.likelihoods.bernoulli_probit`)
 gives each component ``p_s = E[p(y = 1 | f)]`` over the last layer's marginal (20-node
 Gauss-Hermite quadrature); the mixture's probability is ``mean_s p_s`` and its test
-log-likelihood ``logsumexp_s log Bernoulli(y | p_s) - log S``.
+log-likelihood ``logsumexp_s log Bernoulli(y | p_s) - log S``. A categorical site
+(:func:`~numpyro_dgp.likelihoods.softmax`, :func:`~numpyro_dgp.likelihoods.robust_max`) gives
+class probabilities the same way, and any other likelihood (Student-t, Poisson, negative
+binomial, heteroscedastic Gaussian, ...) keeps the distribution at every node of every component
+(:mod:`numpyro_dgp._mixture`).
 
 **References:**
 
@@ -31,12 +35,13 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.handlers import replay, seed, substitute, trace
 
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._marginal import marginal_trace
+from numpyro_dgp._mixture import component_of, flatten_branches, mixture_fields, rebuild, rule_arguments
+from numpyro_dgp._observation import observation_kind
 from numpyro_dgp._params import PREDICT_HINT, check_params_against, param_specs
 from numpyro_dgp._protocol import quadrature_tail, trace_layer_names
 from numpyro_dgp._validation import as_float_array, check_finite, warn_if_not_standardized
@@ -49,12 +54,6 @@ __all__ = [
     "predict",
     "sample_layers",
 ]
-
-
-#: Observation-site likelihoods with predictive mixtures, and the Gauss-Hermite nodes (per
-#: output of the last layer) each needs: 3 give the exact mean and variance of a Normal whose
-#: location is affine in the layer; a Bernoulli probability is a smooth nonlinear function of it.
-_QUADRATURE_NODES = {"normal": 3, "bernoulli": 20}
 
 
 class NonFinitePredictionWarning(UserWarning):
@@ -86,21 +85,31 @@ def _warn_if_not_finite(prediction, caller):
 class Prediction(NamedTuple):
     """Predictive mixture at ``N`` test points from ``S`` samples.
 
-    :ivar mean: ``(N,)`` predictive mean of ``y`` (Bernoulli: the probability of ``y = 1``).
-    :ivar variance: ``(N,)`` predictive variance of ``y`` (law of total variance; Bernoulli:
-        ``mean (1 - mean)``).
+    The shapes below are for one observation per point; a site with ``T`` columns (e.g.
+    ``Normal(f, noise).to_event(1)`` on a ``T``-output last layer) adds a trailing ``T`` to the
+    means and variances, and a categorical site a trailing ``C`` (its class probabilities).
+
+    :ivar mean: ``(N,)`` predictive mean of ``y`` (Bernoulli: the probability of ``y = 1``;
+        categorical: ``(N, C)`` the class probabilities).
+    :ivar variance: ``(N,)`` predictive variance of ``y`` (law of total variance; Bernoulli and
+        categorical: ``mean (1 - mean)``).
     :ivar component_means: ``(S, N)`` mean of ``y`` in each mixture component (Bernoulli:
-        ``p_s``, the component's probability of ``y = 1``).
+        ``p_s``, the component's probability of ``y = 1``; categorical: ``(S, N, C)``).
     :ivar component_variances: ``(S, N)`` variance of ``y`` in each component (noise included;
         Bernoulli: ``p_s (1 - p_s)``).
     :ivar layers: ``{layer: (S, N, P)}`` one draw of every layer's output per sample.
     :ivar layer_means: ``{layer: (S, N, P)}`` each layer's marginal mean given the sample's inputs.
     :ivar layer_variances: ``{layer: (S, N, P)}`` the matching marginal variances.
-    :ivar likelihood: the observation site's likelihood, a key of ``_QUADRATURE_NODES``
-        (``"normal"`` or ``"bernoulli"``).
+    :ivar likelihood: the kind of the observation site: ``"normal"``, ``"bernoulli"``,
+        ``"categorical"`` or ``"general"`` (any other distribution of a scalar: Student-t,
+        Poisson, negative binomial, a Gaussian whose scale depends on the layer, ...).
     :ivar weights: ``(S,)`` component weights, or ``None`` for equal weights (with branches,
         :class:`~numpyro_dgp.handlers.quadrature` or an amortized guide, the components are
         sample x branch with the branch weights, and ``S`` counts both).
+    :ivar atoms: ``"general"`` only: the observation distribution at the ``K`` quadrature
+        nodes (or draws) of every component, a NumPyro distribution of batch shape
+        ``(S, K, N)``: component ``s`` is the mixture of its ``K`` atoms; ``None`` otherwise.
+    :ivar atom_weights: ``"general"`` only: ``(K,)`` the nodes' weights.
     """
 
     mean: jax.Array
@@ -112,6 +121,8 @@ class Prediction(NamedTuple):
     layer_variances: dict
     likelihood: str = "normal"
     weights: jax.Array | None = None
+    atoms: Any = None
+    atom_weights: jax.Array | None = None
 
 
 def _test_inputs(X_new, caller):
@@ -145,98 +156,6 @@ def _observation_site(model_trace, obs_site):
     if obs_site not in tail:
         raise ValueError(f"predict: obs_site {obs_site!r} is not a sample site after the last GP layer ({tail})")
     return obs_site
-
-
-def _base_distribution(fn):
-    """The distribution inside ``Independent``/``expand`` wrappers and the wrapped one's full
-    shape (batch + event), to which the inner parameters broadcast."""
-    shape = tuple(fn.batch_shape) + tuple(fn.event_shape)
-    while isinstance(fn, (dist.Independent, dist.ExpandedDistribution)):
-        fn = fn.base_dist
-    return fn, shape
-
-
-def _likelihood_of(fn, name):
-    """The key of ``_QUADRATURE_NODES`` for an observation site's distribution ``fn``."""
-    base, _ = _base_distribution(fn)
-    if isinstance(base, dist.Normal):
-        return "normal"
-    if isinstance(base, (dist.BernoulliProbs, dist.BernoulliLogits)):
-        return "bernoulli"
-    raise NotImplementedError(
-        f"predict: observation site {name!r} has likelihood {type(base).__name__}; predictive "
-        "mixtures are implemented for Normal and Bernoulli (probs or logits) likelihoods"
-    )
-
-
-def _observation_moments(fn, name, weights):
-    """Mean and variance of ``y`` in one component: the node-weighted average of the
-    observation site's distribution over the quadrature axis (leading) of its parameters.
-
-    Normal: ``E[loc]`` and ``Var[loc] + scale^2`` (exact for an affine location with 3 nodes).
-    Bernoulli: ``p = E[probs]`` and ``p (1 - p)``.
-    """
-    kind = _likelihood_of(fn, name)
-    base, shape = _base_distribution(fn)
-    if kind == "bernoulli":
-        probs = jnp.broadcast_to(base.probs, shape)
-        p = jnp.tensordot(jnp.asarray(weights, probs.dtype), probs, axes=(0, 0))
-        return p, p * (1 - p)
-    loc = jnp.broadcast_to(base.loc, shape)
-    w = jnp.asarray(weights, loc.dtype)
-    m = jnp.tensordot(w, loc, axes=(0, 0))
-    v_f = jnp.tensordot(w, (loc - m) ** 2, axes=(0, 0))
-    noise = jnp.broadcast_to(base.scale, shape)[0] ** 2
-    return m, v_f + noise
-
-
-def _mixture_component(tr, moments, name, weights, layer_names, draw_key):
-    """One mixture component from a run with quadrature nodes on the last layer: the
-    predictive mean and variance of ``y`` (:func:`_observation_moments`), one draw of every
-    layer, and the layers' moments."""
-    last = layer_names[-1]
-    m, v = _observation_moments(tr[name]["fn"], name, weights)
-    layers = {n: tr[n]["value"] for n in layer_names if n != last}
-    mean_L, var_L = moments[last]
-    layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * jax.random.normal(draw_key, mean_L.shape, mean_L.dtype)
-    means = {n: moments[n][0] for n in layer_names}
-    variances = {n: moments[n][1] for n in layer_names}
-    return m, v, layers, means, variances
-
-
-def _mixture(likelihood, comp_m, comp_v, layers, means, variances, weights=None):
-    """Mixture of the components, equally weighted or with ``weights (S,)`` (law of total
-    variance; for Bernoulli components that is ``mean (1 - mean)``, computed as such)."""
-    fields = _mixture_fields(likelihood, comp_m, comp_v, layers, means, variances, weights)
-    return Prediction(*fields[:7], likelihood=likelihood, weights=fields[7])
-
-
-def _mixture_fields(likelihood, comp_m, comp_v, layers, means, variances, weights=None):
-    """The arrays of :func:`_mixture`'s :class:`Prediction`, in its field order."""
-    average = (lambda a: a.mean(0)) if weights is None else (lambda a: jnp.tensordot(weights, a, axes=(0, 0)))  # noqa: E731
-    mean = average(comp_m)
-    if likelihood == "bernoulli":
-        variance = mean * (1 - mean)
-    else:
-        variance = average(comp_v + comp_m**2) - mean**2
-    return mean, variance, comp_m, comp_v, layers, means, variances, weights
-
-
-def _flatten_branches(num_branches, comp_m, comp_v, layers, means, variances, log_weights):
-    """Components ``(num_samples, S, N)`` with branch log weights ``(num_samples, S)`` as one
-    mixture of ``num_samples * S`` components (weights ``w_s / num_samples``); layer arrays
-    without a branch axis (layers before the first branch) are broadcast to it."""
-    num_samples = comp_m.shape[0]
-
-    def flat(a):
-        if a.ndim == comp_m.ndim:  # (num_samples, N, P) before the first branching layer
-            a = jnp.broadcast_to(a[:, None], (num_samples, num_branches) + a.shape[1:])
-        return a.reshape((-1,) + a.shape[2:])
-
-    tree = jax.tree_util.tree_map
-    weights = (jax.nn.softmax(log_weights, axis=-1) / num_samples).reshape(-1)
-    return (comp_m.reshape((-1,) + comp_m.shape[2:]), comp_v.reshape((-1,) + comp_v.shape[2:]),
-            tree(flat, layers), tree(flat, means), tree(flat, variances), weights.astype(comp_m.dtype))
 
 
 def predict(
@@ -313,8 +232,10 @@ def predict(
 
 
 def _as_prediction(found, fields):
-    """The :class:`Prediction` of the predictor's arrays (:func:`_mixture_fields`)."""
-    return Prediction(*fields[:7], likelihood=found["likelihood"], weights=fields[7])
+    """The :class:`Prediction` of the predictor's arrays (:func:`~numpyro_dgp._mixture.mixture_fields`)."""
+    if fields["atoms"] is not None:  # written window by window: rebuilt for its full batch shape
+        fields = {**fields, "atoms": rebuild(fields["atoms"], lambda a: a)}
+    return Prediction(**fields, likelihood=found["likelihood"])
 
 
 def _predict_in_batches(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site, strict,
@@ -329,33 +250,31 @@ def _predict_in_batches(model, guide, params, rng_key, X_new, args, kwargs, num_
     """
     N = X_new.shape[0]
     starts = sorted({min(start, N - batch_size) for start in range(0, N, batch_size)})
-    out = weights = None
+    out = None
     for start in starts:
         found, fields = _predict_mixture(model, guide, params, rng_key, X_new[start:start + batch_size], args,
                                          kwargs, num_samples, obs_site, strict, keep_layers)
-        along_points = fields[:7]  # weights (the last field) do not depend on the points
+        along_points = {k: v for k, v in fields.items() if k in _POINT_AXIS}
         if out is None:
-            out, weights = _allocate_outputs(along_points, N), fields[7]
+            out = _allocate_outputs(along_points, N)
         out = _write_window(out, along_points, start)
-    return _warn_if_not_finite(_as_prediction(found, out + (weights,)), "predict")
+    fixed = {k: v for k, v in fields.items() if k not in _POINT_AXIS}  # weights: the same for every window
+    return _warn_if_not_finite(_as_prediction(found, {**out, **fixed}), "predict")
 
 
-_LAYER_FIELDS = 4  # in a Prediction, the fields from here to the weights are {layer: (..., N, P)}
-
-
-def _point_axis(field, array):
-    return array.ndim - (2 if field >= _LAYER_FIELDS else 1)
+#: the axis of the points in each field of a :class:`Prediction` that has one
+_POINT_AXIS = {"mean": 0, "variance": 0, "component_means": 1, "component_variances": 1, "layers": 1,
+               "layer_means": 1, "layer_variances": 1, "atoms": 2}
 
 
 @partial(jax.jit, static_argnums=1)
 def _allocate_outputs(window, num_points):
     """Zero arrays shaped as ``window`` with ``num_points`` points."""
     def allocate(field, tree):
-        def zeros(a):
-            axis = _point_axis(field, a)
-            return jnp.zeros(a.shape[:axis] + (num_points,) + a.shape[axis + 1:], a.dtype)
-        return jax.tree_util.tree_map(zeros, tree)
-    return tuple(allocate(field, tree) for field, tree in enumerate(window))
+        axis = _POINT_AXIS[field]
+        return jax.tree_util.tree_map(
+            lambda a: jnp.zeros(a.shape[:axis] + (num_points,) + a.shape[axis + 1:], a.dtype), tree)
+    return {field: allocate(field, tree) for field, tree in window.items()}
 
 
 @partial(jax.jit, donate_argnums=0)
@@ -364,10 +283,10 @@ def _write_window(out, window, start):
     def write(field, out_tree, window_tree):
         def put(o, w):
             index = [0] * o.ndim
-            index[_point_axis(field, o)] = start
+            index[_POINT_AXIS[field]] = start
             return jax.lax.dynamic_update_slice(o, w, index)
         return jax.tree_util.tree_map(put, out_tree, window_tree)
-    return tuple(write(field, o, w) for field, (o, w) in enumerate(zip(out, window)))
+    return {field: write(field, out[field], window[field]) for field in out}
 
 
 def _predict_mixture(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site, strict,
@@ -415,36 +334,41 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
 
     def probe():
         # abstract run (jax.eval_shape): finds the observation site and the layers, computes nothing
-        run = marginal_trace(model, guide, params, rng_key, (X_new,) + tuple(args), kwargs, 3, objective="predict")
+        run = marginal_trace(model, guide, params, rng_key, (X_new,) + tuple(args), kwargs, None, objective="predict",
+                             num_samples=2)
         found["name"] = _observation_site(run.model_trace, obs_site)
-        found["likelihood"] = _likelihood_of(run.model_trace[found["name"]]["fn"], found["name"])
+        found["likelihood"] = observation_kind(run.model_trace[found["name"]]["fn"], found["name"])
         found["layers"] = list(run.layer_order)
+        found["out_dim"] = run.moments[run.layer_order[-1]][0].shape[-1]
         found["branches"] = None if run.branch_log_weights is None else run.branch_log_weights.shape[0]
         return 0
 
     jax.eval_shape(probe)
-    name, layer_names = found["name"], found["layers"]
-    num_nodes = _QUADRATURE_NODES[found["likelihood"]]
+    name, layer_names, kind = found["name"], found["layers"], found["likelihood"]
+    num_nodes, num_draws = rule_arguments(kind, found["out_dim"])
 
     def one(key, params, X_new, dyn_args, dyn_kwargs):
         call_args = tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
         call_kwargs = {**dict(static_kwargs), **dyn_kwargs}
         run_key, draw_key = jax.random.split(key)
         run = marginal_trace(model, guide_ref(), params, run_key, (X_new,) + call_args, call_kwargs, num_nodes,
-                            objective="predict")
-        component = _mixture_component(run.model_trace, run.moments, name, run.quadrature_weights, layer_names, draw_key)
+                             objective="predict", num_samples=num_draws)
+        component = component_of(run.model_trace, run.moments, name, kind, run.quadrature_weights, layer_names,
+                                 draw_key)
         if not keep_layers:  # nothing computed for them in the compiled function
-            component = component[:2] + ({}, {}, {})
-        return component + ((run.branch_log_weights,) if found["branches"] else ())
+            component = component._replace(layers={}, layer_means={}, layer_variances={})
+        return component, run.branch_log_weights, run.quadrature_weights
 
     def predictive_mixture(rng_key, params, X_new, dyn_args, dyn_kwargs, num_samples):
         # the keys, the samples and their mixture in one program (eagerly, each small operation
         # on the components would compile on its own)
         keys = jax.random.split(rng_key, num_samples)
-        components = jax.vmap(one, in_axes=(0, None, None, None, None))(keys, params, X_new, dyn_args, dyn_kwargs)
+        components, log_weights, node_weights = jax.vmap(one, in_axes=(0, None, None, None, None))(
+            keys, params, X_new, dyn_args, dyn_kwargs)
+        weights = None
         if found["branches"]:
-            components = _flatten_branches(found["branches"], *components)
-        return _mixture_fields(found["likelihood"], *components)
+            components, weights = flatten_branches(found["branches"], components, log_weights)
+        return mixture_fields(kind, components, weights, node_weights[0])
 
     predictor = jax.jit(predictive_mixture, static_argnums=5)
     if key is not None:

@@ -8,12 +8,14 @@ type and ``infer`` key of that protocol is defined here, once, with the type of 
   (Layer, X, u)``, ``kwargs = {"rng_key", "full_cov"}``; its value is the layer's output;
 * message :data:`ENCODER_INPUT_MESSAGE` (``"dgp_encoder_input"``), named
   ``"<layer>.encoder_input"``: what an amortized layer's encoder sees;
+* message :data:`LATENT_MESSAGE` (``"dgp_latent"``), named ``"<site>.latent"``: ``args =
+  (LatentSpec,)``, ``kwargs = {"rng_key"}``, sent by ``latent_input`` before its sample site;
 * ``infer`` keys: :data:`INDUCING` on a layer's ``"<layer>.u"`` sample site
   (:class:`InducingTag`), :data:`GAUSSIAN` and :data:`CONDITIONAL` on a guide's inducing
   sites (the Gaussian structure it declares, see :mod:`numpyro_dgp.posteriors`),
   :data:`FLOW` and :data:`BRANCHES` on layer messages (set by the ``sde_flow`` and
-  ``quadrature`` handlers), :data:`QUADRATURE_AXIS` and :data:`AMORTIZED_KL` on sample
-  sites (set by the inducing-marginalization engine).
+  ``quadrature`` handlers), :data:`QUADRATURE_AXIS`, :data:`AMORTIZED_KL` and
+  :data:`IMPORTANCE_LOG_WEIGHTS` on sample sites (set by the inducing-marginalization engine).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ __all__ = [
     "ENCODER_INPUT_MESSAGE",
     "FLOW",
     "GAUSSIAN",
+    "IMPORTANCE_LOG_WEIGHTS",
     "INDUCING",
+    "LATENT_MESSAGE",
     "LAYER_MESSAGE",
     "QUADRATURE_AXIS",
     "BranchTag",
@@ -40,6 +44,7 @@ __all__ = [
     "inducing_site_names",
     "inducing_tag",
     "is_layer_message",
+    "latent_specs",
     "message_layer",
     "quadrature_tail",
     "trace_layer_names",
@@ -51,6 +56,8 @@ __all__ = [
 LAYER_MESSAGE = "dgp_layer"
 #: Message type giving an amortized layer's encoder input.
 ENCODER_INPUT_MESSAGE = "dgp_encoder_input"
+#: Message type announcing a latent input (``latent_input``): its spec and key.
+LATENT_MESSAGE = "dgp_latent"
 
 #: On a ``"<layer>.u"`` sample site: :class:`InducingTag`.
 INDUCING = "dgp_inducing"
@@ -66,8 +73,11 @@ FLOW = "dgp_flow"
 BRANCHES = "dgp_branches"
 #: On a sample site after the last layer: its value has the last layer's quadrature axis.
 QUADRATURE_AXIS = "dgp_quadrature"
-#: On an amortized ``"<layer>.u"`` site: the per-point KL of ``q(u_n | p_n)`` against its prior.
+#: On a local site (an amortized ``"<layer>.u"``, a latent input): the per-point KL of its
+#: ``q(. | p_n)`` against its prior, taken in closed form by the objectives.
 AMORTIZED_KL = "dgp_amortized_kl"
+#: On a latent input drawn ``K`` times per point: ``(K, B)`` ``log p(w) - log q(w)`` of the draws.
+IMPORTANCE_LOG_WEIGHTS = "dgp_importance"
 
 
 class InducingTag(NamedTuple):
@@ -151,6 +161,12 @@ def inducing_site_names(trace: dict) -> list[str]:
 def quadrature_tail(trace: dict) -> list[str]:
     """The sample sites after the last layer of a marginalized run (tagged :data:`QUADRATURE_AXIS`)."""
     return [name for name, site in trace.items() if site.get("type") == "sample" and get_tag(site, QUADRATURE_AXIS)]
+
+
+def latent_specs(trace: dict) -> dict:
+    """``{site name: LatentSpec}`` of the latent inputs of a model trace (from their
+    :data:`LATENT_MESSAGE` sites)."""
+    return {site["args"][0].name: site["args"][0] for site in trace.values() if site.get("type") == LATENT_MESSAGE}
 
 
 def amortized_layer_names(trace: dict) -> list[str]:

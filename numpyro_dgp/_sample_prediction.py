@@ -15,19 +15,11 @@ from jax.typing import ArrayLike
 from numpyro.handlers import seed, substitute, trace
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._marginal import layers_by_u_site, marginalize_inducing, quadrature_rule
+from numpyro_dgp._marginal import layers_by_u_site, marginalize_inducing
+from numpyro_dgp._mixture import component_of, flatten_branches, mixture_fields, prediction_rule
+from numpyro_dgp._observation import observation_kind, spherical_rule
 from numpyro_dgp._params import PREDICT_HINT, check_params_against
-from numpyro_dgp._prediction import (
-    _QUADRATURE_NODES,
-    Prediction,
-    _flatten_branches,
-    _likelihood_of,
-    _mixture_component,
-    _mixture_fields,
-    _observation_site,
-    _test_inputs,
-    _warn_if_not_finite,
-)
+from numpyro_dgp._prediction import Prediction, _observation_site, _test_inputs, _warn_if_not_finite
 from numpyro_dgp._protocol import trace_layers
 
 __all__ = ["predict_from_samples"]
@@ -51,9 +43,10 @@ def predict_from_samples(
     kernel hyperparameters, noise, inducing inputs...), propagates ``X_new`` through the
     inner layers by sampling ``p(f_l | u_l, f_{l-1})``, and takes the last layer's
     conditional Gaussian given ``u_L`` by Gauss-Hermite quadrature, mapped through the
-    observation site's likelihood: Normal, ``N(m_s, v_s + noise_s)`` per test point (exact when
-    the location is affine in the last layer, as in ``Normal(f[..., 0], sigma)``), or
-    Bernoulli, ``p_s(y = 1) = E[probs]`` (20 nodes per output). Sample sites the model does
+    observation site's likelihood as :func:`~numpyro_dgp.predict` maps it: Normal, ``N(m_s, v_s +
+    noise_s)`` per test point (exact when the location is affine in the last layer, as in
+    ``Normal(f[..., 0], sigma)``), Bernoulli or categorical probabilities, or any other
+    likelihood's distribution at the nodes. Sample sites the model does
     not have at ``X_new`` (e.g. deterministic layer outputs at training points) are ignored.
 
     :param model: the NumPyro model; called as ``model(X_new, *args, **kwargs)``.
@@ -122,15 +115,15 @@ def predict_from_samples(
     last = found["layers"][-1]
 
     def probe_tail():
-        tr, _, log_weights = run(one_sample, jax.random.PRNGKey(0), (last, *quadrature_rule(found["out_dim"], 3)))
+        tr, _, log_weights = run(one_sample, jax.random.PRNGKey(0), (last, *spherical_rule(found["out_dim"])))
         found["name"] = _observation_site(tr, obs_site)
-        found["likelihood"] = _likelihood_of(tr[found["name"]]["fn"], found["name"])
+        found["likelihood"] = observation_kind(tr[found["name"]]["fn"], found["name"], "predict_from_samples")
         found["branches"] = None if log_weights is None else log_weights.shape[0]
         return 0
 
     jax.eval_shape(probe_tail)
     name, likelihood = found["name"], found["likelihood"]
-    nodes, weights = quadrature_rule(found["out_dim"], _QUADRATURE_NODES[likelihood])
+    nodes, weights = prediction_rule(likelihood, found["out_dim"])
     quad = (last, nodes, weights)
     # substitute the model's latent and param sites only (not deterministic layer outputs
     # recorded at training points, nor the observation site)
@@ -140,19 +133,18 @@ def predict_from_samples(
     def one(sample, key):
         run_key, draw_key = jax.random.split(key)
         tr, moments, log_weights = run(sample, run_key, quad)
-        component = _mixture_component(tr, moments, name, weights, found["layers"], draw_key)
-        return component + ((log_weights,) if found["branches"] else ())
+        return component_of(tr, moments, name, likelihood, weights, found["layers"], draw_key), log_weights
 
     def mixture(samples, keys):
-        components = jax.vmap(one)(samples, keys)
+        components, log_weights = jax.vmap(one)(samples, keys)
+        mixing = None
         if found["branches"]:  # a quadrature handler's weighted branches: sample x branch components
-            components = _flatten_branches(found["branches"], *components)
-        return _mixture_fields(likelihood, *components)
+            components, mixing = flatten_branches(found["branches"], components, log_weights)
+        return mixture_fields(likelihood, components, mixing, weights)
 
     keys = jax.random.split(rng_key, S)
     fields = jax.jit(mixture)(samples, keys)
-    prediction = Prediction(*fields[:7], likelihood=likelihood, weights=fields[7])
-    return _warn_if_not_finite(prediction, "predict_from_samples")
+    return _warn_if_not_finite(Prediction(**fields, likelihood=likelihood), "predict_from_samples")
 
 
 def _check_samples(model, samples, params, X_new, args, kwargs, strict):

@@ -82,22 +82,24 @@ class Standardization(NamedTuple):
 
     :ivar x_mean: ``(D,)`` feature means of the training part.
     :ivar x_scale: ``(D,)`` feature standard deviations (1 where a feature is constant).
-    :ivar y_mean: target mean (0 for classification).
-    :ivar y_scale: target standard deviation (1 for classification).
+    :ivar y_mean: target mean (0 for classification and counts; ``(T,)`` for ``T`` columns).
+    :ivar y_scale: target standard deviation (1 for classification and counts; ``(T,)``).
     """
 
     x_mean: np.ndarray
     x_scale: np.ndarray
-    y_mean: float = 0.0
-    y_scale: float = 1.0
+    y_mean: float | np.ndarray = 0.0
+    y_scale: float | np.ndarray = 1.0
 
     @classmethod
     def fit(cls, X: ArrayLike, y: ArrayLike | None = None) -> Standardization:
         """The standardization of training data: per-feature mean and standard deviation of
-        ``X`` and, if ``y`` is given, of ``y`` (constant columns get scale 1).
+        ``X`` and, if ``y`` is given, of each column of ``y`` (constant columns get scale 1;
+        missing targets, NaN, are left out).
 
         :param X: ``(N, D)`` training inputs.
-        :param y: ``(N,)`` regression targets, or ``None`` (classification: targets untouched).
+        :param y: ``(N,)`` or ``(N, T)`` regression targets, or ``None`` (classification and
+            counts: targets untouched).
         :return: the :class:`Standardization`.
         """
         X = np.asarray(X, dtype=np.float64)
@@ -108,9 +110,13 @@ class Standardization(NamedTuple):
         x_scale = np.where(x_scale > 0, x_scale, 1.0)
         if y is None:
             return cls(x_mean, x_scale)
-        y = np.asarray(y, dtype=np.float64).reshape(-1)
-        y_scale = float(y.std())
-        return cls(x_mean, x_scale, float(y.mean()), y_scale if y_scale > 0 else 1.0)
+        y = np.asarray(y, dtype=np.float64)
+        columns = y.reshape(y.shape[0], -1)
+        y_mean, y_scale = np.nanmean(columns, axis=0), np.nanstd(columns, axis=0)
+        y_scale = np.where(y_scale > 0, y_scale, 1.0)
+        if y.ndim == 1:
+            return cls(x_mean, x_scale, float(y_mean[0]), float(y_scale[0]))
+        return cls(x_mean, x_scale, y_mean, y_scale)
 
     def inputs(self, X: ArrayLike) -> np.ndarray:
         """``(X - x_mean) / x_scale``.
@@ -133,8 +139,9 @@ class Standardization(NamedTuple):
 
         :return: ``{"x_mean", "x_scale", "y_mean", "y_scale"}``.
         """
+        number = lambda v: float(v) if np.ndim(v) == 0 else [float(x) for x in np.ravel(v)]  # noqa: E731
         return {"x_mean": [float(v) for v in self.x_mean], "x_scale": [float(v) for v in self.x_scale],
-                "y_mean": float(self.y_mean), "y_scale": float(self.y_scale)}
+                "y_mean": number(self.y_mean), "y_scale": number(self.y_scale)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Standardization:
@@ -143,8 +150,9 @@ class Standardization(NamedTuple):
         :param data: the dict written by :meth:`to_json`.
         :return: the :class:`Standardization`.
         """
+        number = lambda v: np.asarray(v, np.float64) if isinstance(v, list) else float(v)  # noqa: E731
         return cls(np.asarray(data["x_mean"], np.float64), np.asarray(data["x_scale"], np.float64),
-                   float(data["y_mean"]), float(data["y_scale"]))
+                   number(data["y_mean"]), number(data["y_scale"]))
 
 
 # --- encoding of factory arguments ------------------------------------------------------------
@@ -282,7 +290,7 @@ def save_model(
     input_dim: int,
     standardization: Standardization | None = None,
     feature_names: Sequence[str] | None = None,
-    target_name: str | None = None,
+    target_name: str | Sequence[str] | None = None,
     metadata: Mapping[str, Any] | None = None,
     overwrite: bool = False,
 ) -> Path:
@@ -298,7 +306,7 @@ def save_model(
     :param standardization: the map from the data's units to the fitted ones, applied by
         :meth:`SavedModel.predict` (``None``: the data are used as they are).
     :param feature_names: ``D`` names of the input columns (written to ``model.json``).
-    :param target_name: name of the target column.
+    :param target_name: name of the target column (a list of names for several).
     :param metadata: further JSON-serializable information (e.g. training metrics).
     :param overwrite: replace an existing model directory at ``path``.
     :return: the directory written.
@@ -332,7 +340,7 @@ def save_model(
         "dtype": _params_dtype(params),
         "standardization": None if standardization is None else standardization.to_json(),
         "feature_names": None if feature_names is None else [str(n) for n in feature_names],
-        "target_name": target_name,
+        "target_name": target_name if target_name is None or isinstance(target_name, str) else list(target_name),
         "metadata": dict(metadata or {}),
         "files": {},
     }
@@ -377,8 +385,8 @@ class SavedModel:
     :ivar config: the parsed ``model.json``.
     :ivar standardization: the :class:`Standardization`, or ``None``.
     :ivar feature_names: the input column names, or ``None``.
-    :ivar target_name: the target column name, or ``None``.
-    :ivar likelihood: ``"gaussian"`` or ``"probit"``.
+    :ivar target_name: the target column name (a list for several), or ``None``.
+    :ivar likelihood: the factory's likelihood (``"gaussian"``, ``"probit"``, ``"softmax"``, ...).
     """
 
     def __init__(self, model: Callable, guide: Callable, params: dict, config: dict,
@@ -392,6 +400,13 @@ class SavedModel:
         self.target_name = config.get("target_name")
         self.likelihood = (config["model"].get("arguments") or {}).get("likelihood", "gaussian")
         self.input_dim = int(config["input_dim"])
+
+    @property
+    def target_names(self) -> list[str]:
+        """The target column names as a list (empty when none was recorded)."""
+        if self.target_name is None:
+            return []
+        return [self.target_name] if isinstance(self.target_name, str) else list(self.target_name)
 
     def __repr__(self) -> str:
         return (f"SavedModel({self.config['model']['factory']}, guide={self.config['guide']['class']}, "
@@ -411,8 +426,9 @@ class SavedModel:
             standardized units.
         :param keep_layers: also return every layer's draws and moments (see
             :func:`numpyro_dgp.predict`; off by default to keep memory at ``S x N``).
-        :return: a :class:`~numpyro_dgp.Prediction` (regression: means and variances mapped
-            back to the target's units; classification: probabilities of ``y = 1``).
+        :return: a :class:`~numpyro_dgp.Prediction` (regression: means, variances and, for other
+            likelihoods than the Gaussian, the atoms mapped back to the target's units;
+            classification: class probabilities; counts: as predicted).
         :raises ValueError: ``X`` without ``D`` columns.
         """
         from numpyro_dgp._prediction import predict
@@ -427,12 +443,28 @@ class SavedModel:
         key = jax.random.PRNGKey(0) if rng_key is None else rng_key
         prediction = predict(self.model, self.guide, self.params, key, X, num_samples=num_samples,
                              batch_size=batch_size, keep_layers=keep_layers)
-        if s is None or prediction.likelihood != "normal" or (s.y_mean == 0.0 and s.y_scale == 1.0):
+        if s is None or prediction.likelihood in ("bernoulli", "categorical") or (
+                np.all(np.asarray(s.y_mean) == 0.0) and np.all(np.asarray(s.y_scale) == 1.0)):
             return prediction
-        m, sc = s.y_mean, s.y_scale
-        return prediction._replace(mean=prediction.mean * sc + m, variance=prediction.variance * sc**2,
-                                   component_means=prediction.component_means * sc + m,
-                                   component_variances=prediction.component_variances * sc**2)
+        return _in_data_units(prediction, s.y_mean, s.y_scale)
+
+
+def _in_data_units(prediction: Any, shift: Any, scale: Any) -> Any:
+    """``prediction`` of standardized targets mapped by ``y = shift + scale y_std`` (each column by
+    its own where ``shift`` and ``scale`` are ``(T,)``): means, variances and, for a ``"general"``
+    prediction of a location-scale family, its atoms."""
+    m, sc = jnp.asarray(shift, prediction.mean.dtype), jnp.asarray(scale, prediction.mean.dtype)
+    atoms = prediction.atoms
+    if atoms is not None:
+        if not {"loc", "scale"} <= set(atoms.arg_constraints):
+            raise ValueError(f"SavedModel.predict: a {type(atoms).__name__} prediction has no location and scale to "
+                             "map to the data's units; pass standardized=True")
+        params = {name: getattr(atoms, name) for name in atoms.arg_constraints}
+        params["loc"], params["scale"] = params["loc"] * sc + m, params["scale"] * sc
+        atoms = type(atoms)(**params, validate_args=False)
+    return prediction._replace(mean=prediction.mean * sc + m, variance=prediction.variance * sc**2,
+                               component_means=prediction.component_means * sc + m,
+                               component_variances=prediction.component_variances * sc**2, atoms=atoms)
 
 
 def _read_config(path: Path) -> dict:
@@ -479,6 +511,17 @@ def _newer_library_hint(config: Mapping[str, Any]) -> str:
         return ""
     return (f" (written by numpyro_dgp {config['library_version']}, newer than this library "
             f"{_library_version()}: upgrade numpyro_dgp to load it)")
+
+
+def _placeholder_targets(arguments: Mapping[str, Any], rows: int, dtype: Any) -> jax.Array:
+    """Zero targets shaped and typed as the factory's model takes them (the guide's structure is
+    read from an abstract run on them): ``(rows,)`` or ``(rows, T)``, labels and counts as
+    integers."""
+    from numpyro_dgp.models import Observation
+
+    observation = Observation(arguments.get("likelihood", "gaussian"), int(arguments.get("num_outputs", 1)))
+    shape = (rows,) if observation.num_outputs == 1 else (rows, observation.num_outputs)
+    return jnp.zeros(shape, dtype if observation.continuous else jnp.int32)
 
 
 def load_model(path: os.PathLike | str) -> SavedModel:
@@ -530,8 +573,7 @@ def load_model(path: os.PathLike | str) -> SavedModel:
     standardization = None if standardization is None else Standardization.from_json(standardization)
     D, rows = int(config["input_dim"]), _setup_rows(config["model"])
     X0 = jnp.zeros((rows, D), dtype)
-    likelihood = (config["model"].get("arguments") or {}).get("likelihood", "gaussian")
-    y0 = jnp.zeros((rows,), dtype if likelihood == "gaussian" else jnp.int32)
+    y0 = _placeholder_targets(config["model"].get("arguments") or {}, rows, dtype)
     set_up_guide(guide, jax.random.PRNGKey(0), (X0, y0), {})
     check_params_against(param_specs(model, guide, (X0, y0), {}), params, f"load_model({str(path)!r})",
                          require_finite=True, hint=STRICT_HINT + _newer_library_hint(config))
@@ -539,40 +581,73 @@ def load_model(path: os.PathLike | str) -> SavedModel:
 
 
 def predictive_quantiles(prediction: Any, quantiles: ArrayLike, *, num_iters: int = 60) -> jax.Array:
-    """Quantiles of a Gaussian predictive mixture (:class:`~numpyro_dgp.Prediction` with a
-    Normal likelihood), per point, by bisection on the mixture's distribution function.
+    """Quantiles of a regression prediction's mixture (a :class:`~numpyro_dgp.Prediction` with a
+    Normal or any other likelihood of a number), per point, by bisection on the mixture's
+    distribution function (for counts: the smallest count whose probability of not being
+    exceeded reaches the level).
 
     :param prediction: the prediction.
     :param quantiles: ``(Q,)`` levels in ``(0, 1)``, e.g. ``[0.025, 0.975]``.
     :param num_iters: bisection steps (60 halve the starting bracket to below float64's
         resolution).
-    :return: ``(Q, N)`` quantiles.
-    :raises ValueError: a Bernoulli prediction, or levels outside ``(0, 1)``.
+    :return: ``(Q, N)`` quantiles (``(Q, N, T)`` for ``T`` target columns).
+    :raises ValueError: a classification prediction, or levels outside ``(0, 1)``.
     """
     from jax.scipy.stats import norm
 
-    if prediction.likelihood != "normal":
-        raise ValueError("predictive_quantiles: needs a Gaussian (regression) prediction, "
-                         f"got likelihood {prediction.likelihood!r}")
+    if prediction.likelihood not in ("normal", "general"):
+        raise ValueError("predictive_quantiles: needs a regression prediction (Normal or another likelihood of a "
+                         f"number), got likelihood {prediction.likelihood!r}")
     q = jnp.atleast_1d(jnp.asarray(quantiles, prediction.mean.dtype))
     if not bool(jnp.all((q > 0) & (q < 1))):
         raise ValueError(f"predictive_quantiles: quantiles must lie in (0, 1), got {quantiles!r}")
-    m, v = prediction.component_means, prediction.component_variances  # (S, N)
-    s = jnp.sqrt(jnp.maximum(v, jnp.finfo(v.dtype).tiny))
-    S = m.shape[0]
-    w = (jnp.full((S,), 1.0 / S, m.dtype) if prediction.weights is None else prediction.weights)[:, None]
-    z = jnp.max(jnp.abs(norm.ppf(q)))
-    lo = jnp.broadcast_to(jnp.min(m - (z + 1) * s, axis=0), (q.shape[0],) + m.shape[1:])
-    hi = jnp.broadcast_to(jnp.max(m + (z + 1) * s, axis=0), lo.shape)
+    q_full = q.reshape((-1,) + (1,) * prediction.mean.ndim)
+    cdf = _mixture_cdf(prediction)
+    spread = jnp.sqrt(jnp.maximum(prediction.component_variances, jnp.finfo(q.dtype).tiny))
+    spread = jnp.where(jnp.isfinite(spread), spread, 1.0)
+    z = jnp.max(jnp.abs(norm.ppf(q))) + 1
+    lo = jnp.broadcast_to(jnp.min(prediction.component_means - z * spread, axis=0), (q.shape[0],) + prediction.mean.shape)
+    hi = jnp.broadcast_to(jnp.max(prediction.component_means + z * spread, axis=0), lo.shape)
 
-    def cdf(x):  # x (Q, N) -> (Q, N)
-        return jnp.sum(w[None] * norm.cdf((x[:, None, :] - m[None]) / s[None]), axis=1)
+    def widen(_, bracket):  # heavy tails: double the bracket until it holds the level
+        lo, hi = bracket
+        width = hi - lo + 1.0
+        return jnp.where(cdf(lo) < q_full, lo, lo - width), jnp.where(cdf(hi) >= q_full, hi, hi + width)
 
-    def body(_, bracket):
+    def halve(_, bracket):
         lo, hi = bracket
         mid = 0.5 * (lo + hi)
-        below = cdf(mid) < q[:, None]
+        below = cdf(mid) < q_full
         return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
 
-    lo, hi = jax.lax.fori_loop(0, int(num_iters), body, (lo, hi))
+    lo, hi = jax.lax.fori_loop(0, 64, widen, (lo, hi))
+    lo, hi = jax.lax.fori_loop(0, int(num_iters), halve, (lo, hi))
+    if prediction.atoms is not None and bool(prediction.atoms.support.is_discrete):
+        return jnp.floor(hi)
     return 0.5 * (lo + hi)
+
+
+def _mixture_cdf(prediction: Any) -> Callable[[jax.Array], jax.Array]:
+    """``x (Q, N, ...) -> P(Y <= x)`` of the prediction's mixture at every point."""
+    from jax.scipy.stats import norm
+
+    m = prediction.component_means
+    S = m.shape[0]
+    w = jnp.full((S,), 1.0 / S, m.dtype) if prediction.weights is None else prediction.weights
+    if prediction.atoms is None:
+        s = jnp.sqrt(jnp.maximum(prediction.component_variances, jnp.finfo(m.dtype).tiny))
+        w = w.reshape((-1,) + (1,) * (m.ndim - 1))
+        return lambda x: jnp.sum(w[None] * norm.cdf((x[:, None] - m[None]) / s[None]), axis=1)
+    atoms = prediction.atoms
+    both = (w[:, None] * prediction.atom_weights[None]).reshape((S, -1) + (1,) * (m.ndim - 1))
+    lower = getattr(atoms.support, "lower_bound", None)
+
+    def cdf(x):
+        x = x[:, None, None]
+        if lower is None:
+            return jnp.sum(both[None] * atoms.cdf(x), axis=(1, 2))
+        # below the support (counts: x < 0) the distribution function is 0; not every cdf says so
+        inside = jnp.sum(both[None] * atoms.cdf(jnp.maximum(x, lower)), axis=(1, 2))
+        return jnp.where(x[:, 0, 0] < lower, 0.0, inside)
+
+    return cdf

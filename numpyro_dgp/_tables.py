@@ -22,31 +22,41 @@ class Table(NamedTuple):
     columns: list
     data: np.ndarray
 
-    def split(self, target: str | None) -> tuple[np.ndarray, np.ndarray | None, list]:
-        """Features and target: ``(X (N, D), y (N,) or None, feature names)``.
+    def split(self, target: str | list[str] | None) -> tuple[np.ndarray, np.ndarray | None, list]:
+        """Features and target: ``(X (N, D), y, feature names)``, ``y`` ``(N,)`` for one target
+        column, ``(N, T)`` for a list of ``T``, ``None`` without.
 
-        :param target: the target column (``None``: every column is a feature).
+        :param target: the target column or columns (``None``: every column is a feature).
         :return: ``(X, y, feature_names)``.
-        :raises ValueError: ``target`` is not a column (the message lists the columns).
+        :raises ValueError: a target that is not a column (the message lists the columns), or a
+            column named twice.
         """
         if target is None:
             return self.data, None, list(self.columns)
-        if target not in self.columns:
-            raise ValueError(f"--target {target!r} is not a column; the columns are {list(self.columns)}")
-        j = self.columns.index(target)
-        keep = [i for i in range(len(self.columns)) if i != j]
-        return self.data[:, keep], self.data[:, j], [self.columns[i] for i in keep]
+        names = [target] if isinstance(target, str) else list(target)
+        missing = [name for name in names if name not in self.columns]
+        if missing:
+            listed = repr(missing[0]) if len(missing) == 1 else str(missing)
+            raise ValueError(f"--target {listed} is not a column; the columns are {list(self.columns)}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"--target names a column twice: {names}")
+        chosen = [self.columns.index(name) for name in names]
+        keep = [i for i in range(len(self.columns)) if i not in chosen]
+        y = self.data[:, chosen[0]] if isinstance(target, str) else self.data[:, chosen]
+        return self.data[:, keep], y, [self.columns[i] for i in keep]
 
 
-def read_table(path: os.PathLike | str) -> Table:
+def read_table(path: os.PathLike | str, allow_missing: tuple[str, ...] | list[str] = ()) -> Table:
     """Read a numeric table: a CSV file with a header row (comma separated; ``;`` and tab
     are detected), or an ``.npz`` archive of equal-length 1-D arrays (one per column) or of a
     2-D ``X`` with a 1-D ``y`` (columns ``x0 .. x{D-1}`` and ``y``).
 
     Every value must be a finite number: columns holding text, empty cells or NaN/inf are
-    refused, and the error names them (with the first offending row).
+    refused, and the error names them (with the first offending row); in the columns named by
+    ``allow_missing``, empty cells and NaN are read as NaN (missing targets).
 
     :param path: the file (``.csv``, ``.txt`` or ``.npz``).
+    :param allow_missing: columns that may have missing values.
     :return: the :class:`Table`.
     :raises FileNotFoundError: ``path`` does not exist.
     :raises ValueError: an empty file, a row of another length than the header, columns that
@@ -56,11 +66,11 @@ def read_table(path: os.PathLike | str) -> Table:
     if not path.is_file():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
     if path.suffix.lower() == ".npz":
-        return _read_npz(path)
-    return _read_csv(path)
+        return _read_npz(path, tuple(allow_missing))
+    return _read_csv(path, tuple(allow_missing))
 
 
-def _read_npz(path: Path) -> Table:
+def _read_npz(path: Path, allow_missing: tuple[str, ...]) -> Table:
     with np.load(path, allow_pickle=False) as npz:
         arrays = {name: npz[name] for name in npz.files}
     if not arrays:
@@ -82,11 +92,11 @@ def _read_npz(path: Path) -> Table:
     if not_numeric:
         raise ValueError(f"{str(path)!r}: columns that are not numeric: {not_numeric}")
     data = np.stack([p.astype(np.float64) for p in parts], axis=1)
-    _check_finite_columns(path, columns, data)
+    _check_finite_columns(path, columns, data, allow_missing)
     return Table(columns, data)
 
 
-def _read_csv(path: Path) -> Table:
+def _read_csv(path: Path, allow_missing: tuple[str, ...]) -> Table:
     import csv
 
     text = path.read_text(encoding="utf-8-sig")
@@ -107,6 +117,9 @@ def _read_csv(path: Path) -> Table:
         if len(row) != len(columns):
             raise ValueError(f"{str(path)!r}: line {r} has {len(row)} fields, the header has {len(columns)}")
         for c, cell in enumerate(row):
+            if columns[c] in allow_missing and not cell.strip():
+                values[r - 2, c] = np.nan
+                continue
             try:
                 values[r - 2, c] = float(cell)
             except ValueError:
@@ -115,12 +128,13 @@ def _read_csv(path: Path) -> Table:
         listed = ", ".join(f"{name!r} (line {line}: {cell!r})" for name, (line, cell) in bad.items())
         raise ValueError(f"{str(path)!r}: columns that are not numeric: {listed}. Drop them or encode them as "
                          "numbers first")
-    _check_finite_columns(path, columns, values)
+    _check_finite_columns(path, columns, values, allow_missing)
     return Table(columns, values)
 
 
-def _check_finite_columns(path, columns, data):
-    bad = ~np.isfinite(data)
+def _check_finite_columns(path, columns, data, allow_missing=()):
+    may_miss = np.array([name in allow_missing for name in columns], bool)
+    bad = ~np.isfinite(data) & ~(np.isnan(data) & may_miss)
     if bad.any():
         names = [columns[j] for j in np.flatnonzero(bad.any(axis=0))]
         raise ValueError(f"{str(path)!r}: columns with missing, NaN or infinite values: {names}")

@@ -142,29 +142,41 @@ def non_finite_entries(value: np.ndarray, max_first: int = 3) -> tuple[int, list
     return count, first
 
 
-def targets(y: Any, num_points: int, caller: str, dtype: Any | None = None) -> jax.Array | None:
-    """Observed targets ``y`` of shape ``(N,)``; ``(N, 1)`` is accepted and squeezed.
+def targets(y: Any, num_points: int, caller: str, dtype: Any | None = None, num_outputs: int = 1,
+            allow_nan: bool = False) -> jax.Array | None:
+    """Observed targets ``y`` of shape ``(N,)`` (``(N, 1)`` is accepted and squeezed), or
+    ``(N, T)`` for ``T = num_outputs`` columns.
 
     :param y: targets, or ``None`` (prediction).
     :param num_points: ``N``, the number of input points.
     :param caller: the function in messages.
     :param dtype: cast ``y`` to this floating dtype (``None``: keep integers, e.g. class labels).
-    :return: ``(N,)`` targets, or ``None``.
+    :param num_outputs: ``T``, the number of target columns.
+    :param allow_nan: accept NaN entries (missing targets the model masks); infinities are
+        still refused.
+    :return: the targets, or ``None``.
     :raises ValueError: for any other shape, or non-finite values.
     """
     if y is None:
         return None
     y = jnp.asarray(y)
-    if y.ndim == 2 and y.shape == (num_points, 1):
+    expected = (num_points,) if num_outputs == 1 else (num_points, num_outputs)
+    if num_outputs == 1 and y.ndim == 2 and y.shape == (num_points, 1):
         y = y[:, 0]
-    if y.shape != (num_points,):
+    if y.shape != expected:
+        also = f" (or ({num_points}, 1))" if num_outputs == 1 else ""
         raise ValueError(
-            f"{caller}: y must have shape ({num_points},) (or ({num_points}, 1)) to match the {num_points} "
-            f"input points of X, got shape {tuple(y.shape)}"
+            f"{caller}: y must have shape {expected}{also} to match the {num_points} input points of X"
+            f"{'' if num_outputs == 1 else f' and its {num_outputs} target columns'}, got shape {tuple(y.shape)}"
         )
     if dtype is not None:
         y = as_float_array(y, "y", caller).astype(dtype)
-    check_finite(y, "y", caller)
+    if allow_nan:
+        value = concrete(y)
+        if value is not None and np.issubdtype(value.dtype, np.inexact) and np.isinf(value).any():
+            raise ValueError(f"{caller}: y contains infinite values (NaN entries are masked, infinities are not)")
+    else:
+        check_finite(y, "y", caller)
     return y
 
 

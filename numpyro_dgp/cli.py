@@ -4,13 +4,16 @@
   function, print the ELBO and test metrics, write a PNG of each layer's samples.
 * ``numpyro-dgp uci --dataset NAME --splits 0-4 ...`` -- DSVI on UCI splits; prints a table
   of test log-likelihood and RMSE (mean and standard error over splits).
-* ``numpyro-dgp fit DATA --target COLUMN --output MODEL_DIR ...`` -- fit a DSVI DGP to your own
-  table (CSV with a header row, or ``.npz``; see :func:`numpyro_dgp.datasets.read_table`),
+* ``numpyro-dgp fit DATA --target COLUMN[,COLUMN...] --output MODEL_DIR ...`` -- fit a DSVI DGP
+  to your own table (CSV with a header row, or ``.npz``; see
+  :func:`numpyro_dgp.datasets.read_table`) with any of the likelihoods of ``--likelihood``,
   standardized with the training part's statistics, and save it
   (:func:`numpyro_dgp.save_model`); with ``--test-fraction`` print held-out metrics.
 * ``numpyro-dgp predict MODEL_DIR DATA --output predictions.csv`` -- predict with a saved
   model (:func:`numpyro_dgp.load_model`): the predictive mean, standard deviation and
-  quantiles (regression) or the probability of ``y = 1`` (probit) per row, in the data's units.
+  quantiles of every target column (regression, counts), the probability of ``y = 1``
+  (probit) or the class probabilities and the most probable class (softmax, robust max) per
+  row, in the data's units.
 
 Every numeric argument is checked before anything runs: counts must be positive integers,
 ``--lr`` a finite positive number, ``--seed`` a non-negative integer and ``--splits``
@@ -167,6 +170,44 @@ def _quantile_list(text: str) -> list[float]:
     return values
 
 
+#: ``--likelihood`` -> the factories' name (:data:`numpyro_dgp.models.LIKELIHOODS`)
+LIKELIHOODS = {"normal": "gaussian", "probit": "probit", "softmax": "softmax", "robust-max": "robust_max",
+               "student-t": "student_t", "poisson": "poisson", "negative-binomial": "negative_binomial",
+               "heteroscedastic": "heteroscedastic"}
+_CONTINUOUS = ("gaussian", "student_t", "heteroscedastic")
+
+
+def _target_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"must be a column name or comma-separated names, got {text!r}")
+    return names
+
+
+def _check_target_values(y, likelihood: str, targets: list[str]) -> int | None:
+    """Refuse targets the likelihood cannot take (NumPy only, before JAX loads); return the
+    number of classes for ``softmax`` / ``robust_max``."""
+    import numpy as np
+
+    values = y[~np.isnan(y)]
+    shown = lambda v: f"{np.unique(v)[:6].tolist()}{' ...' if np.unique(v).size > 6 else ''}"  # noqa: E731
+    if likelihood == "probit" and not set(np.unique(values).tolist()) <= {0.0, 1.0}:
+        raise ValueError(f"--likelihood probit needs a target of 0s and 1s; {targets[0]!r} holds {shown(values)}")
+    if likelihood in ("softmax", "robust_max"):
+        if values.size == 0 or np.any(values < 0) or np.any(values != np.round(values)):
+            raise ValueError(f"--likelihood {likelihood.replace('_', '-')} needs class labels 0, 1, ..., C-1; "
+                             f"{targets[0]!r} holds {shown(values)}")
+        num_classes = int(values.max()) + 1
+        if num_classes < 2:
+            raise ValueError(f"--likelihood {likelihood.replace('_', '-')} needs at least two classes; "
+                             f"{targets[0]!r} holds only {shown(values)}")
+        return num_classes
+    if likelihood in ("poisson", "negative_binomial") and (np.any(values < 0) or np.any(values != np.round(values))):
+        raise ValueError(f"--likelihood {likelihood.replace('_', '-')} needs non-negative integer counts; "
+                         f"{targets} hold {shown(values)}")
+    return None
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
     """``numpyro-dgp fit``: fit a DSVI DGP to a table and save it as a model directory.
 
@@ -180,14 +221,19 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     from numpyro_dgp._tables import read_table  # NumPy only: a bad table is reported before JAX loads
 
-    X, y, names = read_table(args.data).split(args.target)
+    targets = args.target
+    masked = args.missing_targets == "mask"
+    likelihood = LIKELIHOODS[args.likelihood]
+    if len(targets) > 1 and likelihood in ("softmax", "robust_max"):
+        raise ValueError(f"--likelihood {args.likelihood} takes one --target column of labels, got {targets}")
+    table = read_table(args.data, allow_missing=targets)
+    X, y, names = table.split(targets[0] if len(targets) == 1 else targets)
     N = X.shape[0]
-    likelihood = "gaussian" if args.likelihood == "normal" else "probit"
-    if likelihood == "probit":
-        labels = np.unique(y)
-        if not set(labels.tolist()) <= {0.0, 1.0}:
-            raise ValueError(f"--likelihood probit needs a target of 0s and 1s; {args.target!r} holds "
-                             f"{labels[:6].tolist()}{' ...' if labels.size > 6 else ''}")
+    gaps = [name for j, name in enumerate(targets) if np.isnan(y.reshape(N, -1)[:, j]).any()]
+    if gaps and not masked:
+        raise ValueError(f"{args.data}: target column(s) {gaps} have missing values; pass --missing-targets mask to "
+                         "leave them out of the likelihood")
+    num_classes = _check_target_values(y, likelihood, targets)
     order = np.random.default_rng(args.seed).permutation(N)
     num_test = int(round(args.test_fraction * N))
     test, train = order[:num_test], order[num_test:]
@@ -200,27 +246,33 @@ def cmd_fit(args: argparse.Namespace) -> int:
     import numpyro
     from numpyro.infer import SVI
 
-    from numpyro_dgp import DGPElbo, Standardization, fit, load_model, metrics, save_model
+    from numpyro_dgp import DGPElbo, Standardization, fit, load_model, save_model
     from numpyro_dgp.guides import AutoFactorizedDGP
     from numpyro_dgp.models import deep_gp_regression
 
-    s = Standardization.fit(X[train], y[train] if likelihood == "gaussian" else None)
+    continuous = likelihood in _CONTINUOUS
+    s = Standardization.fit(X[train], y[train] if continuous else None)
     dtype = jnp.float32 if args.float32 else jnp.float64
     X_train = jnp.asarray(s.inputs(X[train]), dtype)
-    y_train = jnp.asarray(s.targets(y[train]), dtype) if likelihood == "gaussian" else jnp.asarray(y[train], jnp.int32)
+    if continuous or masked:
+        y_train = jnp.asarray(s.targets(y[train]) if continuous else y[train], dtype)
+    else:
+        y_train = jnp.asarray(y[train], jnp.int32)
     batch = args.batch_size if args.batch_size < train.size else None
     init_points = batch or train.size
     if args.num_inducing > init_points:
         raise ValueError(f"--num-inducing {args.num_inducing} exceeds the {init_points} points its k-means "
                          f"initialization sees ({'the first minibatch' if batch else 'the training rows'}); "
                          f"pass --num-inducing {init_points} or fewer{' or a larger --batch-size' if batch else ''}")
-    print(f"{args.data}: {N} rows, {len(names)} features, target {args.target!r} ({args.likelihood}); "
-          f"{train.size} training, {test.size} test rows")
+    shown = repr(targets[0]) if len(targets) == 1 else str(targets)
+    print(f"{args.data}: {N} rows, {len(names)} features, target {shown} ({args.likelihood}"
+          f"{f', {num_classes} classes' if num_classes else ''}); {train.size} training, {test.size} test rows")
     print(f"{args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, "
           f"{'batch ' + str(batch) if batch else 'full batch'}, {np.dtype(dtype).name}; inducing inputs by k-means on "
           f"{'one minibatch of ' + str(batch) if batch else str(min(train.size, 100_000))} points")
     model = deep_gp_regression(args.layers, num_inducing=args.num_inducing, hidden_width=args.hidden_width,
-                               likelihood=likelihood)
+                               likelihood=likelihood, num_outputs=len(targets), num_classes=num_classes,
+                               missing_targets=args.missing_targets)
     guide = AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(args.lr), DGPElbo())
     kwargs = {"batch_size": batch} if batch else {}
@@ -233,15 +285,33 @@ def cmd_fit(args: argparse.Namespace) -> int:
                "batch_size": batch, "seed": args.seed, "final_loss": final, "fit_seconds": seconds,
                "skipped_steps": int(result.num_skipped)}
     out = save_model(args.output, model, guide, result.params, input_dim=len(names), standardization=s,
-                     feature_names=names, target_name=args.target, metadata=summary, overwrite=args.overwrite)
+                     feature_names=names, target_name=targets[0] if len(targets) == 1 else targets,
+                     metadata=summary, overwrite=args.overwrite)
     print(f"fitted in {seconds:.1f} s ({result.seconds_per_step * 1e3:.2f} ms/step), final loss {final:.4g}; "
           f"saved {out}")
     if test.size:
         loaded = load_model(out)
         pred = loaded.predict(X[test], rng_key=jax.random.PRNGKey(args.seed + 1), batch_size=10_000)
-        scores = metrics(pred, jnp.asarray(y[test], pred.mean.dtype))
-        print("held-out: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+        print("held-out: " + _scores_text(pred, y[test], targets))
     return 0
+
+
+def _scores_text(pred, y, targets: list[str]) -> str:
+    """The metrics of ``pred`` against ``y`` as one line (each column's too, for several)."""
+    import numpy as np
+
+    from numpyro_dgp import metrics
+
+    y = np.asarray(y, np.float64)
+    if pred.likelihood in ("bernoulli", "categorical"):
+        y = y.astype(np.int32)
+    scores = metrics(pred, y)
+    text = ", ".join(f"{k} {v:.4g}" for k, v in scores.items())
+    if len(targets) > 1:
+        columns = metrics(pred, y, per_column=True)
+        text += "".join(f"; {name}: " + ", ".join(f"{k} {v[j]:.4g}" for k, v in columns.items())
+                        for j, name in enumerate(targets))
+    return text
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -267,10 +337,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     import jax
     import numpy as np
 
-    from numpyro_dgp import load_model, metrics, predictive_quantiles
+    from numpyro_dgp import load_model
 
     model = load_model(args.model_dir)
-    names = model.feature_names or [c for c in table.columns if c != model.target_name]
+    targets = model.target_names
+    names = model.feature_names or [c for c in table.columns if c not in targets]
     missing = [n for n in names if n not in table.columns]
     if missing:
         raise ValueError(f"{args.data}: the model needs the columns {missing}, which the table lacks "
@@ -278,25 +349,42 @@ def cmd_predict(args: argparse.Namespace) -> int:
     X = table.data[:, [table.columns.index(n) for n in names]]
     pred = model.predict(X, rng_key=jax.random.PRNGKey(args.seed), num_samples=args.num_samples,
                          batch_size=args.batch_size)
-    mean = np.asarray(pred.mean)
-    header = ["mean", "std"]
-    columns = [mean, np.sqrt(np.asarray(pred.variance))]
-    if pred.likelihood == "normal":
-        qs = np.asarray(predictive_quantiles(pred, args.quantiles))
-        header += [f"q{q:g}" for q in args.quantiles]
-        columns += list(qs)
-    else:
-        header[0] = "probability"
+    header, columns = _prediction_columns(pred, args.quantiles, targets)
     with open(args.output, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(header)
         writer.writerows(np.stack(columns, axis=1).tolist())
-    print(f"wrote {len(mean)} predictions to {args.output} ({', '.join(header)})")
-    if model.target_name is not None and model.target_name in table.columns:
-        y = table.data[:, table.columns.index(model.target_name)]
-        scores = metrics(pred, np.asarray(y, mean.dtype))
-        print(f"against the table's {model.target_name!r}: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+    print(f"wrote {X.shape[0]} predictions to {args.output} ({', '.join(header)})")
+    if targets and all(name in table.columns for name in targets):
+        y = table.data[:, [table.columns.index(name) for name in targets]]
+        y = y[:, 0] if len(targets) == 1 else y
+        shown = repr(targets[0]) if len(targets) == 1 else str(targets)
+        print(f"against the table's {shown}: " + _scores_text(pred, y, targets))
     return 0
+
+
+def _prediction_columns(pred, quantiles: list[float], targets: list[str]) -> tuple[list[str], list]:
+    """The CSV's header and columns: class probabilities and the most probable class, the
+    probability of ``y = 1``, or (regression, counts) the mean, standard deviation and
+    quantiles of every target column."""
+    import numpy as np
+
+    from numpyro_dgp import predictive_quantiles
+
+    mean, std = np.asarray(pred.mean), np.sqrt(np.asarray(pred.variance))
+    if pred.likelihood == "categorical":
+        header = [f"p{c}" for c in range(mean.shape[-1])] + ["class"]
+        return header, list(mean.T) + [np.argmax(mean, axis=-1)]
+    if pred.likelihood == "bernoulli":
+        return ["probability", "std"], [mean, std]
+    qs = np.asarray(predictive_quantiles(pred, quantiles))  # (Q, N) or (Q, N, T)
+    if mean.ndim == 1:
+        return ["mean", "std"] + [f"q{q:g}" for q in quantiles], [mean, std] + list(qs)
+    header, columns = [], []
+    for j, name in enumerate(targets or [f"y{j}" for j in range(mean.shape[1])]):
+        header += [f"mean_{name}", f"std_{name}"] + [f"q{q:g}_{name}" for q in quantiles]
+        columns += [mean[:, j], std[:, j]] + list(qs[..., j])
+    return header, columns
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -332,7 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     fit = sub.add_parser("fit", help="fit a DGP to your own table (CSV with a header row, or .npz) and save it")
     fit.add_argument("data", help="a CSV file with a header row, or an .npz of named columns")
-    fit.add_argument("--target", required=True, help="the column to predict; every other column is a feature")
+    fit.add_argument("--target", required=True, type=_target_list,
+                     help="the column to predict, or several separated by commas (one model for all); every other "
+                          "column is a feature")
     fit.add_argument("--output", required=True, help="the model directory to write")
     fit.add_argument("--layers", type=_positive_int, default=2)
     fit.add_argument("--num-inducing", type=_positive_int, default=100, help="M per layer")
@@ -340,8 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--steps", type=_positive_int, default=5000)
     fit.add_argument("--batch-size", type=_positive_int, default=1000)
     fit.add_argument("--lr", type=_positive_float, default=0.01, help="Adam's learning rate (> 0)")
-    fit.add_argument("--likelihood", choices=("normal", "probit"), default="normal",
-                     help="normal (regression) or probit (binary classification, target 0/1)")
+    fit.add_argument("--likelihood", choices=tuple(LIKELIHOODS), default="normal",
+                     help="normal or heteroscedastic (regression), student-t (robust regression), probit (target "
+                          "0/1), softmax or robust-max (target 0..C-1), poisson or negative-binomial (counts)")
+    fit.add_argument("--missing-targets", choices=("raise", "mask"), default="raise",
+                     help="mask: empty or NaN target cells are left out of the likelihood (default: refused)")
     fit.add_argument("--test-fraction", type=_fraction, default=0.0,
                      help="hold out this fraction of rows (at random) and print metrics on them")
     fit.add_argument("--seed", type=_non_negative_int, default=0)

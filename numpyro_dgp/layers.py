@@ -26,7 +26,7 @@ inducing inputs are layer ``l-1``'s inducing values, so neighboring layers share
     f, fz = gp_layer("f", (h, hz), k2, inducing="locations")
 
 The u site then holds the inducing values themselves (not a residual) with prior
-``N(mean(Z_l), K(Z_l, Z_l) + jitter)``; it is never whitened (whitening against a random
+``N(mean(Z_l), K(Z_l, Z_l) + jitter I)``; it is never whitened (whitening against a random
 ``K(f_{l-1}^z)`` is a different family).
 
 With ``inducing="amortized"`` (Meng & Zhang 2024) every point has its own inducing set:
@@ -106,7 +106,8 @@ class Layer(NamedTuple):
     :ivar Kmm_chol: ``(M, M)`` lower Cholesky factor of ``k(Z, Z) + jitter I`` (computed once).
     :ivar mean_fn: callable ``(N, D) -> (N, out_dim)``.
     :ivar whiten: whether ``"<name>.u"`` is whitened.
-    :ivar jitter: diagonal jitter.
+    :ivar jitter: the diagonal jitter added to ``k(Z, Z)``: ``gp_layer``'s (relative) jitter times
+        the mean of its diagonal (with ``inducing="amortized"``, the relative jitter itself).
     :ivar out_dim: number of outputs ``P``.
     :ivar u_site: name of the inducing-value site.
     :ivar prior_mean: ``(P, M)`` prior mean of the u site (zero unless ``inducing="locations"``,
@@ -127,7 +128,7 @@ class Layer(NamedTuple):
     Kmm_chol: jax.Array
     mean_fn: Callable
     whiten: bool
-    jitter: float
+    jitter: float | jax.Array
     out_dim: int
     u_site: str
     prior_mean: jax.Array | None = None
@@ -293,9 +294,10 @@ def gp_layer(
         sites (names as in ``kernel.hyperparameters()``).
     :param whiten: whitened inducing values ``u = L v`` (default for ``"global"``, better
         conditioned; not available for ``"locations"``).
-    :param jitter: diagonal jitter; default :func:`numpyro_dgp.core.default_jitter` of ``X``'s dtype.
-        With ``inducing="amortized"`` it is relative: each point's ``K(Z_n, Z_n)`` gets
-        ``jitter`` times its mean diagonal (the kernel variance for stationary kernels).
+    :param jitter: diagonal jitter relative to the prior variance: ``K(Z, Z)`` gets ``jitter``
+        times its mean diagonal (the kernel variance for stationary kernels; with
+        ``inducing="amortized"``, each point's ``K(Z_n, Z_n)`` its own); default
+        :func:`numpyro_dgp.core.default_jitter` of ``X``'s dtype.
     :param inducing: ``"global"`` (each layer has its own inducing inputs in its input space)
         or ``"locations"`` (inducing points as inducing locations) or ``"amortized"`` (per-point
         inducing sets, called inside the data plate; see the module docstring).
@@ -446,7 +448,11 @@ def gp_layer(
 
     # A failed factorization gives NaN, which fit() detects (skips and counts the step);
     # a lax.cond retry here would triple the compile time of every layer.
-    Kmm_chol = jittered_cholesky(kernel(Z), jitter)
+    Kmm = kernel(Z)
+    # Relative to the prior variance, as for per-point sets: a classifier's output layer grows
+    # its kernel variance to ~100, and a fixed 1e-4 then falls below float32 round-off.
+    jitter = jitter * _mean_diagonal(Kmm)
+    Kmm_chol = jittered_cholesky(Kmm, jitter)
     # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
     prior_mean = mean_fn(Z).T if locations else jnp.zeros((out_dim, M), X.dtype)
     if whiten:
@@ -473,6 +479,13 @@ def gp_layer(
     if locations:
         return out, u.T
     return out
+
+
+def _mean_diagonal(K: jax.Array) -> jax.Array:
+    """The mean of the diagonal of ``K`` (per matrix of a batch), kept above the smallest
+    normal number so that a relative jitter never becomes zero."""
+    mean = jnp.mean(jnp.diagonal(K, axis1=-2, axis2=-1), axis=-1)
+    return jnp.maximum(mean, jnp.finfo(K.dtype).tiny)
 
 
 def _emit_layer(layer: Layer, X: jax.Array, u: jax.Array) -> jax.Array:
@@ -567,8 +580,7 @@ def _amortized_layer(
     # The jitter is relative to each set's prior variance: float32 round-off in K(Z_n, Z_n)
     # grows with the kernel variance (a probit output layer's reaches ~100 on the letters
     # task), and a fixed 1e-4 then loses to it at one point in thousands, NaN-ing the step.
-    prior_variance = jnp.mean(jnp.diagonal(Kzz, axis1=-2, axis2=-1), axis=-1)[..., None, None]
-    Kzz_chol = jittered_cholesky(Kzz, jitter * prior_variance)
+    Kzz_chol = jittered_cholesky(Kzz, jitter * _mean_diagonal(Kzz)[..., None, None])
     prior_mean = jnp.swapaxes(mean_fn(Z), -1, -2)  # (..., B, P, M)
     # valid by construction (a failed factorization is NaN, which fit detects); validating it
     # in the set-up run, where the arguments are concrete, compiled ~30 small programs eagerly

@@ -23,10 +23,11 @@ features far from standardized give an :class:`~numpyro_dgp.InputScaleWarning`.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
@@ -38,15 +39,154 @@ from numpyro_dgp._validation import (
     check_finite,
     check_positive_int,
     check_positive_number,
+    concrete,
     targets,
 )
 from numpyro_dgp.handlers import sde_flow
 from numpyro_dgp.kernels import RBF, Kernel, Matern52
 from numpyro_dgp.layers import MEAN_FUNCTIONS, gp_layer
 
-__all__ = ["WITH_REPLACEMENT_ABOVE", "amortized_dgp", "deep_gp_regression", "diffgp"]
+__all__ = ["LIKELIHOODS", "MISSING_TARGETS", "Observation", "WITH_REPLACEMENT_ABOVE", "amortized_dgp",
+           "deep_gp_regression", "diffgp"]
 
-LIKELIHOODS = ("gaussian", "probit")
+#: The factories' likelihoods: the last layer's width per target column and what ``y`` holds
+#: (:mod:`numpyro_dgp.likelihoods`).
+LIKELIHOODS = ("gaussian", "probit", "softmax", "robust_max", "student_t", "poisson", "negative_binomial",
+               "heteroscedastic")
+#: likelihoods whose targets are class labels, and those whose targets are counts
+_LABELS = ("probit", "softmax", "robust_max")
+_COUNTS = ("poisson", "negative_binomial")
+#: the values of ``missing_targets``
+MISSING_TARGETS = ("raise", "mask")
+
+
+class Observation(NamedTuple):
+    """A factory's observation site: the likelihood and the shape of its targets.
+
+    :ivar likelihood: one of :data:`LIKELIHOODS`.
+    :ivar num_outputs: ``T``, target columns (``y`` is ``(N,)`` for one, ``(N, T)``).
+    :ivar num_classes: ``C`` for ``"softmax"`` and ``"robust_max"``.
+    :ivar noise_init: initial noise variance (``"gaussian"``; ``"student_t"``: the squared scale).
+    :ivar missing_targets: ``"raise"`` (NaN targets are refused) or ``"mask"`` (entries of
+        ``y`` that are NaN are left out of the likelihood).
+    """
+
+    likelihood: str = "gaussian"
+    num_outputs: int = 1
+    num_classes: int | None = None
+    noise_init: float = 0.01
+    missing_targets: str = "raise"
+
+    @property
+    def continuous(self) -> bool:
+        """Whether the targets are real numbers (not class labels or counts)."""
+        return self.likelihood not in _LABELS + _COUNTS
+
+    @property
+    def width(self) -> int:
+        """The last layer's number of outputs."""
+        if self.likelihood in ("softmax", "robust_max"):
+            return int(self.num_classes)
+        return 2 * self.num_outputs if self.likelihood == "heteroscedastic" else self.num_outputs
+
+    def check(self, caller: str) -> None:
+        """Check the options when the model is built (naming the argument).
+
+        :raises NotImplementedError: an unknown likelihood.
+        :raises ValueError: a bad ``num_outputs``, ``num_classes`` or ``missing_targets``.
+        """
+        if self.likelihood not in LIKELIHOODS:
+            raise NotImplementedError(f"{caller}: likelihood must be one of {LIKELIHOODS}, got {self.likelihood!r}")
+        check_positive_int(self.num_outputs, "num_outputs", caller)
+        classes = self.likelihood in ("softmax", "robust_max")
+        if classes and not (isinstance(self.num_classes, (int, np.integer)) and not isinstance(self.num_classes, bool)
+                            and self.num_classes >= 2):
+            raise ValueError(f"{caller}: likelihood={self.likelihood!r} needs num_classes, an integer >= 2, got "
+                             f"{self.num_classes!r}")
+        if classes and self.num_outputs != 1:
+            raise ValueError(f"{caller}: likelihood={self.likelihood!r} takes one column of labels; got "
+                             f"num_outputs={self.num_outputs}")
+        if not classes and self.num_classes is not None:
+            raise ValueError(f"{caller}: num_classes is for likelihood='softmax' or 'robust_max', not "
+                             f"{self.likelihood!r}")
+        if self.missing_targets not in MISSING_TARGETS:
+            raise ValueError(f"{caller}: missing_targets must be one of {MISSING_TARGETS}, got "
+                             f"{self.missing_targets!r}")
+
+    def targets(self, y: ArrayLike | None, num_points: int, dtype: Any, caller: str) -> jax.Array | None:
+        """``y`` at the door: ``(N,)`` (``(N, 1)`` squeezed) or ``(N, T)``; continuous targets cast
+        to ``dtype``; NaN refused (naming ``y``) unless masked; concrete labels and counts checked."""
+        if y is None:
+            return None
+        masked = self.missing_targets == "mask"
+        y = targets(y, num_points, caller, dtype if self.continuous or masked else None, self.num_outputs,
+                    allow_nan=masked)
+        if not self.continuous:
+            _check_discrete_targets(y, self, caller)
+        return y
+
+    def observe(self, f: jax.Array, y: jax.Array | None, data: Any, dtype: Any) -> None:
+        """The observation site ``"y"`` in the plate ``data``, given the last layer's output ``f``."""
+        fn = self._distribution(f, dtype)
+        if y is not None and self.missing_targets == "mask":
+            present = ~jnp.isnan(y)
+            fn = fn.mask(present)
+            y = jnp.where(present, y, 0.0)
+            if self.likelihood in _LABELS + _COUNTS:
+                y = y.astype(jnp.int32)
+        if self.num_outputs > 1:
+            fn = fn.to_event(1)
+        with data:
+            numpyro.sample("y", fn, obs=y)
+
+    def _distribution(self, f: jax.Array, dtype: Any) -> dist.Distribution:
+        from numpyro_dgp import likelihoods
+
+        name = self.likelihood
+        if name == "gaussian":
+            noise = numpyro.param("noise", jnp.full(self._noise_shape(), self.noise_init, dtype),
+                                  constraint=constraints.positive)
+            return dist.Normal(f[..., 0] if self.num_outputs == 1 else f, jnp.sqrt(noise))
+        if name == "probit":
+            return likelihoods.bernoulli_probit(f[..., 0] if self.num_outputs == 1 else f)
+        if name == "softmax":
+            return likelihoods.softmax(f)
+        if name == "robust_max":
+            return likelihoods.robust_max(f)
+        if name == "student_t":
+            df = numpyro.param("df", jnp.full(self._noise_shape(), 4.0, dtype), constraint=constraints.greater_than(1.0))
+            scale = numpyro.param("scale", jnp.full(self._noise_shape(), np.sqrt(self.noise_init), dtype),
+                                  constraint=constraints.positive)
+            return likelihoods.student_t(f, df, scale)
+        if name == "poisson":
+            return likelihoods.poisson(f)
+        if name == "negative_binomial":
+            concentration = numpyro.param("concentration", jnp.ones(self._noise_shape(), dtype),
+                                          constraint=constraints.positive)
+            return likelihoods.negative_binomial(f, concentration)
+        return likelihoods.heteroscedastic_normal(f)
+
+    def _noise_shape(self) -> tuple:
+        return () if self.num_outputs == 1 else (self.num_outputs,)
+
+
+def _check_discrete_targets(y: jax.Array, observation: Observation, caller: str) -> None:
+    """Refuse concrete labels outside ``0..C-1`` (0/1 for probit) and counts that are not
+    non-negative integers (NaN entries pass when they are masked)."""
+    value = concrete(y)
+    if value is None:
+        return
+    value = value[~np.isnan(value)] if np.issubdtype(value.dtype, np.inexact) else value.ravel()
+    if observation.likelihood in _COUNTS:
+        bad = (value < 0) | (value != np.round(value))
+        what = "non-negative integer counts"
+    else:
+        num_classes = 2 if observation.likelihood == "probit" else observation.num_classes
+        bad = ~np.isin(value, np.arange(num_classes))
+        what = "0/1 labels" if num_classes == 2 else f"class labels in 0..{num_classes - 1}"
+    if bad.any():
+        raise ValueError(f"{caller}: y must hold {what} for likelihood={observation.likelihood!r}; got "
+                         f"{int(bad.sum())} other value(s), e.g. {value[bad][0]!r}")
 
 
 def deep_gp_regression(
@@ -61,13 +201,17 @@ def deep_gp_regression(
     jitter: float | None = None,
     inner_noise: float | None = None,
     likelihood: str = "gaussian",
+    num_outputs: int = 1,
+    num_classes: int | None = None,
+    missing_targets: str = "raise",
 ) -> Callable:
     """The DSVI regression DGP (Salimbeni & Deisenroth, 2017) as a NumPyro model.
 
     Layers ``h1 .. h{L}``: inner layers of width ``hidden_width`` (default: the input
-    dimension) with an ``inner_mean`` mean function, a last layer of width 1 with zero mean,
-    then ``y ~ N(f, noise)`` (or, with ``likelihood="probit"``, the binary classification
-    DGP: ``y ~ Bernoulli(Phi(f))``, ``y`` in {0, 1}).
+    dimension) with an ``inner_mean`` mean function, a last layer with zero mean as wide as the
+    likelihood needs (one output per target column; ``C`` for classes; two per column for the
+    heteroscedastic Gaussian), then ``y ~ N(f, noise)`` or another likelihood (see
+    ``likelihood``).
 
     The returned ``model(X, y=None, batch_size=None, num_data=None)`` subsamples
     ``batch_size`` points per call when given (minibatch SVI; the likelihood is rescaled by the
@@ -88,17 +232,28 @@ def deep_gp_regression(
     :param inner_noise: initial output-noise variance of every inner layer (``gp_layer(...,
         noise=...)``: a learned ``"h<l>.noise"``); ``None`` (default): noiseless inner layers, as
         in DSVI. :class:`~numpyro_dgp.objectives.NestedCompressionElbo` needs it.
-    :param likelihood: ``"gaussian"`` (learned noise) or ``"probit"`` (``y`` in {0, 1},
-        :func:`numpyro_dgp.likelihoods.bernoulli_probit`).
-    :return: the model ``model(X, y=None, batch_size=None)``: ``X`` ``(N, D)``, ``y`` ``(N,)``.
+    :param likelihood: one of :data:`LIKELIHOODS` (:mod:`numpyro_dgp.likelihoods`): ``"gaussian"``
+        (learned noise ``"noise"``), ``"probit"`` (``y`` in {0, 1}), ``"softmax"`` or
+        ``"robust_max"`` (``y`` in ``0..C-1``), ``"student_t"`` (learned ``"df"`` and
+        ``"scale"``), ``"poisson"`` (counts), ``"negative_binomial"`` (counts, learned
+        ``"concentration"``) or ``"heteroscedastic"`` (a Gaussian whose log-variance is a second
+        output of the last layer).
+    :param num_outputs: ``T``, target columns: ``y`` is ``(N, T)`` (one noise, df, scale or
+        concentration per column).
+    :param num_classes: ``C`` for ``"softmax"`` and ``"robust_max"``.
+    :param missing_targets: ``"raise"`` (NaN targets are refused, naming ``y``) or ``"mask"``
+        (NaN entries of ``y`` are left out of the likelihood; :func:`~numpyro_dgp.fit` then takes
+        NaN in ``y``).
+    :return: the model ``model(X, y=None, batch_size=None)``: ``X`` ``(N, D)``, ``y`` ``(N,)``
+        (``(N, T)``).
     :raises ValueError: for an invalid argument (naming it).
     :raises NotImplementedError: for an unknown ``likelihood``.
     :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
     caller = "deep_gp_regression"
     config = _arguments(locals())
-    if likelihood not in LIKELIHOODS:
-        raise NotImplementedError(f"{caller}: likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
+    observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
+    observation.check(caller)
     check_positive_int(num_layers, "num_layers", caller)
     check_positive_int(num_inducing, "num_inducing", caller)
     check_positive_int(hidden_width, "hidden_width", caller, allow_none=True)
@@ -108,7 +263,7 @@ def deep_gp_regression(
     kernel = RBF() if kernel is None else kernel
 
     def model(X, y=None, batch_size=None, num_data=None):
-        X, y = _data(X, y, "deep_gp_regression model", likelihood)
+        X, y = _data(X, y, "deep_gp_regression model", observation)
         D = X.shape[1]
         data, X_batch, y_batch = _subsample(X, y, batch_size, "deep_gp_regression model", num_data)
         h = X_batch
@@ -120,13 +275,13 @@ def deep_gp_regression(
                 h,
                 kernel,
                 num_inducing=num_inducing,
-                out_dim=1 if last else width,
+                out_dim=observation.width if last else width,
                 mean="zero" if last else inner_mean,
                 whiten=whiten,
                 jitter=jitter,
                 noise=None if last else inner_noise,
             )
-        _observe(h[..., 0], y_batch, data, likelihood, noise_init, X.dtype)
+        observation.observe(h, y_batch, data, X.dtype)
 
     return _remember(model, caller, config)
 
@@ -143,19 +298,6 @@ def _remember(model, factory, arguments):
     return model
 
 
-def _observe(f, y_batch, data, likelihood, noise_init, dtype):
-    """The observation site ``"y"``: Gaussian with a learned noise, or probit."""
-    if likelihood == "gaussian":
-        noise = numpyro.param("noise", jnp.asarray(noise_init, dtype), constraint=constraints.positive)
-        with data:
-            numpyro.sample("y", dist.Normal(f, jnp.sqrt(noise)), obs=y_batch)
-    else:
-        from numpyro_dgp.likelihoods import bernoulli_probit
-
-        with data:
-            numpyro.sample("y", bernoulli_probit(f), obs=y_batch)
-
-
 def _check_common(caller, kernel, noise_init, jitter):
     """The factories' shared arguments: checked when the model is built, not at its first run."""
     if kernel is not None and not isinstance(kernel, Kernel):
@@ -165,14 +307,13 @@ def _check_common(caller, kernel, noise_init, jitter):
         check_positive_number(jitter, "jitter", caller)
 
 
-def _data(X, y, caller, likelihood="gaussian"):
+def _data(X, y, caller, observation):
     """The model's data at the door: ``X`` a finite float ``(N, D)`` array (integers cast to the
-    default float, never left integer: the noise is created in ``X``'s dtype), ``y`` ``(N,)``
-    (``(N, 1)`` squeezed; Gaussian targets cast to ``X``'s dtype)."""
+    default float, never left integer: the noise is created in ``X``'s dtype), ``y`` as
+    :meth:`Observation.targets` takes it."""
     X = as_float_array(X, "X", caller, ndim=2)
     check_finite(X, "X", caller)
-    y = targets(y, X.shape[0], caller, X.dtype if likelihood == "gaussian" else None)
-    return X, y
+    return X, observation.targets(y, X.shape[0], X.dtype, caller)
 
 
 #: above this many points, minibatch indices are drawn with replacement (``O(B)`` per step)
@@ -218,7 +359,7 @@ def _subsample(X, y, batch_size, caller, num_data=None):
         data = numpyro.plate("data", N, subsample_size=subsample_size)
     with data:
         X_batch = numpyro.subsample(X, event_dim=1)
-        y_batch = None if y is None else numpyro.subsample(y, event_dim=0)
+        y_batch = None if y is None else numpyro.subsample(y, event_dim=y.ndim - 1)  # (N,) or (N, T)
     return data, X_batch, y_batch
 
 
@@ -236,6 +377,9 @@ def diffgp(
     flow_inducing_inputs: ArrayLike | None = None,
     time_input: bool = False,
     jitter: float | None = None,
+    num_outputs: int = 1,
+    num_classes: int | None = None,
+    missing_targets: str = "raise",
 ) -> sde_flow:
     """The differential GP of Hegde et al. (2019), DiffGP: an SDE flow of the inputs, then a GP.
 
@@ -254,8 +398,7 @@ def diffgp(
     :param num_inducing: ``M`` of the flow and of the predictor (k-means initialized).
     :param flow_kernel: kernel of the vector field (initial values).
     :param kernel: kernel of the predictor (default ARD RBF).
-    :param likelihood: ``"gaussian"`` (learned noise) or ``"probit"`` (``y`` in {0, 1},
-        :func:`numpyro_dgp.likelihoods.bernoulli_probit`).
+    :param likelihood: one of :data:`LIKELIHOODS` (see :func:`deep_gp_regression`).
     :param noise_init: initial Gaussian noise variance.
     :param estimator: ``"marginal"`` (Hegde et al.'s) or ``"ancestral"`` (see ``sde_flow``).
     :param diffusion: ``False`` gives the ODE flow.
@@ -265,6 +408,9 @@ def diffgp(
     :param time_input: time-dependent vector field ("temporal DiffGP"): the flow layer sees
         ``[x, t]``; give ``flow_kernel`` over ``D + 1`` inputs (the default ARD RBF adapts).
     :param jitter: Cholesky jitter (default by dtype).
+    :param num_outputs: target columns (see :func:`deep_gp_regression`).
+    :param num_classes: ``C`` for ``"softmax"`` and ``"robust_max"``.
+    :param missing_targets: ``"raise"`` or ``"mask"`` (see :func:`deep_gp_regression`).
     :return: the :class:`~numpyro_dgp.handlers.sde_flow`-wrapped model
         ``model(X, y=None, batch_size=None)``.
     :raises ValueError: for an invalid argument (naming it).
@@ -272,8 +418,8 @@ def diffgp(
     :raises TypeError: if a kernel is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
     config = _arguments(locals())
-    if likelihood not in LIKELIHOODS:
-        raise NotImplementedError(f"diffgp: likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
+    observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
+    observation.check("diffgp")
     check_positive_number(T, "T", "diffgp", allow_zero=True)
     check_positive_int(num_steps, "num_steps", "diffgp")
     check_positive_int(num_inducing, "num_inducing", "diffgp")
@@ -289,7 +435,7 @@ def diffgp(
     kernel = RBF() if kernel is None else kernel
 
     def model(X, y=None, batch_size=None, num_data=None):
-        X, y = _data(X, y, "diffgp model", likelihood)
+        X, y = _data(X, y, "diffgp model", observation)
         data, X_batch, y_batch = _subsample(X, y, batch_size, "diffgp model", num_data)
         D = X.shape[-1]
         flow_in = X_batch
@@ -305,16 +451,9 @@ def diffgp(
             mean="zero",
             jitter=jitter,
         )
-        f = gp_layer("g", h, kernel, num_inducing=num_inducing, out_dim=1, mean="zero", jitter=jitter)
-        if likelihood == "gaussian":
-            noise = numpyro.param("noise", jnp.asarray(noise_init, X.dtype), constraint=constraints.positive)
-            with data:
-                numpyro.sample("y", dist.Normal(f[..., 0], jnp.sqrt(noise)), obs=y_batch)
-        else:
-            from numpyro_dgp.likelihoods import bernoulli_probit
-
-            with data:
-                numpyro.sample("y", bernoulli_probit(f[..., 0]), obs=y_batch)
+        f = gp_layer("g", h, kernel, num_inducing=num_inducing, out_dim=observation.width, mean="zero",
+                     jitter=jitter)
+        observation.observe(f, y_batch, data, X.dtype)
 
     return _remember(sde_flow(
         model, "flow", T=T, num_steps=num_steps, estimator=estimator, diffusion=diffusion, time_input=time_input
@@ -331,12 +470,16 @@ def amortized_dgp(
     mean: str = "zero",
     average_kl: bool = True,
     jitter: float | None = None,
+    num_outputs: int = 1,
+    num_classes: int | None = None,
+    missing_targets: str = "raise",
 ) -> Callable:
     """The amortized DGP of Meng & Zhang (2024) (AVDGP): every layer has per-point inducing
     sets (``gp_layer(..., inducing="amortized")``), fitted with
     :class:`numpyro_dgp.guides.AutoAmortizedDGP`.
 
-    Layers ``h1 .. h{L}`` of widths ``widths`` (the last is the output, width 1) with
+    Layers ``h1 .. h{L}`` of widths ``widths`` (the last is the output, as wide as the
+    likelihood needs: 1 for one Gaussian target, ``C`` for classes, ...) with
     ``num_inducing[l]`` inducing inputs per point, isotropic Matérn-5/2 kernels and zero mean
     functions (the settings of Meng & Zhang, App. C.1), then the likelihood.
 
@@ -344,36 +487,41 @@ def amortized_dgp(
     ``batch_size`` points per call when given (``num_data``: ``X`` is a minibatch, as for
     :func:`deep_gp_regression`).
 
-    :param widths: output width per layer; the last must be 1.
+    :param widths: output width per layer; the last is the likelihood's (1 for one Gaussian
+        target, ``num_classes`` for classes, ``2 num_outputs`` for the heteroscedastic Gaussian).
     :param num_inducing: ``M`` per layer.
     :param kernel: kernel of every layer (initial values; default isotropic Matérn-5/2).
-    :param likelihood: ``"gaussian"`` (learned noise) or ``"probit"`` (``y`` in {0, 1}).
+    :param likelihood: one of :data:`LIKELIHOODS` (see :func:`deep_gp_regression`).
     :param noise_init: initial Gaussian noise variance.
     :param mean: mean function of every layer (see :func:`~numpyro_dgp.gp_layer`).
     :param average_kl: the KL weighting of Meng & Zhang (averaged over points, ``1/N``);
         ``False`` gives the summed KL of a proper ELBO.
     :param jitter: Cholesky jitter (default by dtype).
+    :param num_outputs: target columns (see :func:`deep_gp_regression`).
+    :param num_classes: ``C`` for ``"softmax"`` and ``"robust_max"``.
+    :param missing_targets: ``"raise"`` or ``"mask"`` (see :func:`deep_gp_regression`).
     :return: the model ``model(X, y=None, batch_size=None)``: ``X`` ``(N, D)``, ``y`` ``(N,)``.
     :raises ValueError: for an invalid argument (naming it).
     :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
     config = _arguments(locals())
+    observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
+    observation.check("amortized_dgp")
     widths, num_inducing = tuple(widths), tuple(num_inducing)
-    if not widths or widths[-1] != 1 or any(not (isinstance(w, int) and w >= 1) for w in widths):
-        raise ValueError(f"amortized_dgp: widths must be positive integers ending in 1, got {widths!r}")
+    if not widths or any(not (isinstance(w, int) and w >= 1) for w in widths) or widths[-1] != observation.width:
+        raise ValueError(f"amortized_dgp: widths must be positive integers ending in the likelihood's "
+                         f"{observation.width} output(s), got {widths!r}")
     if len(num_inducing) != len(widths):
         raise ValueError(
             f"amortized_dgp: num_inducing needs one entry per layer ({len(widths)}), got {num_inducing!r}"
         )
-    if likelihood not in LIKELIHOODS:
-        raise NotImplementedError(f"amortized_dgp: likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
     for i, M in enumerate(num_inducing):
         check_positive_int(M, f"num_inducing[{i}]", "amortized_dgp")
     _check_common("amortized_dgp", kernel, noise_init, jitter)
     kernel = Matern52(ard=False) if kernel is None else kernel
 
     def model(X, y=None, batch_size=None, num_data=None):
-        X, y = _data(X, y, "amortized_dgp model", likelihood)
+        X, y = _data(X, y, "amortized_dgp model", observation)
         data, X_batch, y_batch = _subsample(X, y, batch_size, "amortized_dgp model", num_data)
         with data:
             h = X_batch
@@ -382,15 +530,6 @@ def amortized_dgp(
                     f"h{layer}", h, kernel, num_inducing=M, out_dim=width, mean=mean,
                     inducing="amortized", average_kl=average_kl, jitter=jitter,
                 )
-        f = h[..., 0]
-        if likelihood == "gaussian":
-            noise = numpyro.param("noise", jnp.asarray(noise_init, X.dtype), constraint=constraints.positive)
-            with data:
-                numpyro.sample("y", dist.Normal(f, jnp.sqrt(noise)), obs=y_batch)
-        else:
-            from numpyro_dgp.likelihoods import bernoulli_probit
-
-            with data:
-                numpyro.sample("y", bernoulli_probit(f), obs=y_batch)
+        observation.observe(h, y_batch, data, X.dtype)
 
     return _remember(model, "amortized_dgp", config)

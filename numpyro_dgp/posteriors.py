@@ -40,6 +40,7 @@ __all__ = [
     "AmortizedPosterior",
     "ChainLink",
     "JointBlock",
+    "LatentPosterior",
     "POINT_BOUND",
     "CholeskyNormal",
     "gaussian_parameters",
@@ -72,6 +73,17 @@ class AmortizedPosterior(NamedTuple):
     num_branches: int
     points: jax.Array | None
     log_weights: jax.Array
+
+
+class LatentPosterior(NamedTuple):
+    """A guide's ``q(w_n) = N(loc_n, diag(scale_n^2))`` of a latent input
+    (:func:`~numpyro_dgp.latent_input`), evaluated by the objectives inside the model's run.
+
+    :ivar encode: ``encoder_input (B, E) -> (loc (B, Q), scale (B, Q))`` (per-point parameters
+        ignore their argument).
+    """
+
+    encode: Callable
 
 
 class ChainLink(NamedTuple):

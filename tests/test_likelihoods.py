@@ -19,7 +19,7 @@ from numpyro_dgp.kernels import RBF
 
 jax.config.update("jax_enable_x64", True)  # idempotent (conftest does it too)
 
-JITTER = 1e-6  # float64 default of the layers
+JITTER = 1e-6  # float64 default of the layers, relative to the kernel variance
 M, N, N_NEW = 5, 12, 9
 
 
@@ -34,7 +34,7 @@ def rbf(A, B, variance, lengthscale):
 def svgp_moments(X, Z, variance, lengthscale, q_mean, q_scale_tril=None):
     """Whitened sparse GP marginal at X: mean A^T m, var k_xx - sum A^2 + sum (S^T A)^2 with
     A = L^-1 K_zx (q_scale_tril None: given u = L m, no posterior spread)."""
-    L = np.linalg.cholesky(rbf(Z, Z, variance, lengthscale) + JITTER * np.eye(len(Z)))
+    L = np.linalg.cholesky(rbf(Z, Z, variance, lengthscale) + JITTER * variance * np.eye(len(Z)))
     A = np.linalg.solve(L, rbf(Z, X, variance, lengthscale))
     mean = A.T @ np.asarray(q_mean)
     var = variance - (A**2).sum(0)
@@ -76,10 +76,10 @@ def logit_event_model(X, y=None):
     numpyro.sample("y", dist.Bernoulli(logits=f[..., 0]).to_event(1), obs=y)
 
 
-def poisson_model(X, y=None):
-    f = dgp.gp_layer("f", X, RBF(), num_inducing=M)
+def vector_model(X, y=None):
+    f = dgp.gp_layer("f", X, RBF(), num_inducing=M, out_dim=2)
     with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Poisson(jnp.exp(f[..., 0])), obs=y)
+        numpyro.sample("y", dist.MultivariateNormal(f, scale_tril=0.3 * jnp.eye(2)), obs=y)
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +238,7 @@ def test_bernoulli_log_likelihood_and_metrics_by_hand():
     np.testing.assert_allclose(dgp.log_likelihood(pred, y), expected, rtol=1e-12)
     np.testing.assert_allclose(dgp.log_likelihood(pred, y.astype(bool)), expected, rtol=1e-12)
     out = dgp.metrics(pred, y)
-    assert set(out) == {"log_likelihood", "error_rate", "brier"}
+    assert set(out) == {"log_likelihood", "accuracy", "error_rate", "brier", "ece"}
     np.testing.assert_allclose(out["log_likelihood"], expected.mean(), rtol=1e-12)
     # mixture probabilities 0.8, 0.3, 0.75, 0.65: only the last point is misclassified
     assert out["error_rate"] == 0.25
@@ -264,7 +264,7 @@ def test_bernoulli_metrics_validate_labels():
         dgp.log_likelihood(pred, np.array([1.0, 0.5, 0.0]))
     with pytest.raises(ValueError, match="metrics: y has shape"):
         dgp.metrics(pred, np.array([1.0, 0.0]))
-    with pytest.raises(ValueError, match="y_scale applies to Normal predictions"):
+    with pytest.raises(ValueError, match="y_scale applies to regression predictions"):
         dgp.metrics(pred, np.array([1.0, 0.0, 0.0]), y_scale=2.0)
 
 
@@ -310,17 +310,18 @@ def test_predict_from_samples_bernoulli_components(data):
 
 
 def test_unsupported_likelihood_raises_naming_the_site(data):
+    # a distribution over vectors: its predictive mixture is not one number per point or class
     X, y = data
-    counts = jnp.asarray(np.random.RandomState(0).poisson(1.0, N).astype(np.float64))
-    guide = dgp.guides.AutoFactorizedDGP(poisson_model)
-    svi = SVI(poisson_model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
-    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, counts))  # training works
-    with pytest.raises(NotImplementedError, match=r"'y' has likelihood Poisson.*Normal and Bernoulli"):
-        dgp.predict(poisson_model, guide, params, jax.random.PRNGKey(1), X, num_samples=2)
-    samples = {"f.u": jnp.zeros((2, 1, M)), "f.kernel.variance": jnp.ones(2),
+    vectors = jnp.asarray(np.random.RandomState(0).randn(N, 2))
+    guide = dgp.guides.AutoFactorizedDGP(vector_model)
+    svi = SVI(vector_model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, vectors))  # training works
+    with pytest.raises(NotImplementedError, match=r"'y' has a MultivariateNormal likelihood over vectors"):
+        dgp.predict(vector_model, guide, params, jax.random.PRNGKey(1), X, num_samples=2)
+    samples = {"f.u": jnp.zeros((2, 2, M)), "f.kernel.variance": jnp.ones(2),
                "f.kernel.lengthscale": jnp.ones((2, 1)), "f.inducing_inputs": jnp.zeros((2, M, 1))}
-    with pytest.raises(NotImplementedError, match=r"'y' has likelihood Poisson"):
-        dgp.predict_from_samples(poisson_model, samples, jax.random.PRNGKey(1), X)
+    with pytest.raises(NotImplementedError, match=r"predict_from_samples: observation site 'y' has a MultivariateNormal"):
+        dgp.predict_from_samples(vector_model, samples, jax.random.PRNGKey(1), X)
 
 
 # ---------------------------------------------------------------- (g) end to end

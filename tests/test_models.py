@@ -67,4 +67,4 @@ def test_probit_regression_model(data):
     tr = _trace(model, X, (y > 0).astype(jnp.int32))
     assert type(tr["y"]["fn"]).__name__ in ("BernoulliProbs", "ExpandedDistribution")
     with pytest.raises(NotImplementedError, match="likelihood"):
-        deep_gp_regression(likelihood="poisson")
+        deep_gp_regression(likelihood="nope")

@@ -68,7 +68,7 @@ def fitted_kernel(params):
 def dense_one_layer_predictive(params, X, Xs):
     k = fitted_kernel(params)
     Z = np.asarray(params["f.inducing_inputs"])
-    L = np.linalg.cholesky(k(Z, Z) + 1e-8 * np.eye(len(Z)))
+    L = np.linalg.cholesky(k(Z, Z) + 1e-8 * float(params["f.kernel.variance"]) * np.eye(len(Z)))  # relative jitter
     A = np.linalg.solve(L, k(Z, Xs))
     m = np.asarray(params["f.u_auto_loc"])[0]
     S = np.asarray(params["f.u_auto_scale_tril"])[0]
@@ -95,7 +95,7 @@ def shifted(X, offset, y=None):
 jax.config.update("jax_enable_x64", True)  # idempotent (conftest does it too)
 
 
-JITTER = 1e-6  # float64 default of the layers
+JITTER = 1e-6  # float64 default of the layers, relative to the kernel variance
 
 
 D, M1, M2, N_NEW = 2, 5, 4, 7
@@ -109,7 +109,7 @@ def rbf(A, B, variance, lengthscale):
 
 def svgp_given_u(X, Z, v, variance, lengthscale):
     """Whitened sparse GP given u = L v: mean K_xz L^-T v, var k_xx - diag(K_xz K_zz^-1 K_zx)."""
-    L = np.linalg.cholesky(rbf(Z, Z, variance, lengthscale) + JITTER * np.eye(len(Z)))
+    L = np.linalg.cholesky(rbf(Z, Z, variance, lengthscale) + JITTER * variance * np.eye(len(Z)))
     A = np.linalg.solve(L, rbf(Z, X, variance, lengthscale))  # (M, N)
     mean = A.T @ np.asarray(v)
     var = variance - (A**2).sum(0)
@@ -222,7 +222,7 @@ def test_coherent_samples_have_the_full_marginal_covariance(data, fitted):
     draws = dgp.sample_layers(one_layer, guide, params, jax.random.PRNGKey(4), Xs, num_samples=20_000)["f"][..., 0]
     k = fitted_kernel(params)
     Z = np.asarray(params["f.inducing_inputs"])
-    L = np.linalg.cholesky(k(Z, Z) + 1e-8 * np.eye(len(Z)))
+    L = np.linalg.cholesky(k(Z, Z) + 1e-8 * float(params["f.kernel.variance"]) * np.eye(len(Z)))
     A = np.linalg.solve(L, k(Z, np.asarray(Xs)))
     S = np.asarray(params["f.u_auto_scale_tril"])[0]
     cov = k(np.asarray(Xs), np.asarray(Xs)) - A.T @ A + (S.T @ A).T @ (S.T @ A)
@@ -270,17 +270,17 @@ def test_save_load_round_trip_gives_identical_predictions(data, fitted, tmp_path
 def test_predict_rejects_unsupported_likelihoods_and_bad_inputs(data, fitted):
     X, y = data
 
-    def counts_model(X, y=None):
-        f = dgp.gp_layer("f", X, dgp.kernels.RBF(), num_inducing=4)
+    def simplex_model(X, y=None):  # a distribution over vectors: no predictive mixture of numbers
+        f = dgp.gp_layer("f", X, dgp.kernels.RBF(), num_inducing=4, out_dim=3)
         with numpyro.plate("data", X.shape[0]):
-            numpyro.sample("y", dist.Poisson(jnp.exp(f[..., 0])), obs=y)
+            numpyro.sample("y", dist.Dirichlet(jnp.exp(f)), obs=y)
 
-    guide = dgp.guides.AutoFactorizedDGP(counts_model)
-    counts = (y > 0).astype(jnp.float64)
-    svi = SVI(counts_model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
-    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, counts))
-    with pytest.raises(NotImplementedError, match="Poisson"):
-        dgp.predict(counts_model, guide, params, jax.random.PRNGKey(0), X, num_samples=2)
+    guide = dgp.guides.AutoFactorizedDGP(simplex_model)
+    shares = jnp.full((X.shape[0], 3), 1 / 3)
+    svi = SVI(simplex_model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, shares))
+    with pytest.raises(NotImplementedError, match="Dirichlet likelihood over vectors"):
+        dgp.predict(simplex_model, guide, params, jax.random.PRNGKey(0), X, num_samples=2)
     g, p = fitted
     with pytest.raises(ValueError, match="X_new must have shape"):
         dgp.predict(one_layer, g, p, jax.random.PRNGKey(0), X[:, 0])

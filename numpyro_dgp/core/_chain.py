@@ -169,10 +169,14 @@ def output_at_nodes(mean: jax.Array, out_cov: jax.Array, nodes: jax.Array) -> ja
 
     :param mean: ``(N, P)`` output means.
     :param out_cov: ``(N, P, P)`` output covariances (see :func:`output_moments`).
-    :param nodes: ``(K, P)`` quadrature nodes shared by the points.
+    :param nodes: ``(K, P)`` quadrature nodes shared by the points, or ``(K, 1, P)`` (the same),
+        or ``(K, N, P)`` standard-normal draws per point.
     :return: ``(K, N, P)``.
     """
-    return mean[None] + jnp.einsum("npq,kq->knp", _output_factor(out_cov), nodes)
+    factor = _output_factor(out_cov)
+    if nodes.ndim == 2:
+        return mean[None] + jnp.einsum("npq,kq->knp", factor, nodes)
+    return mean[None] + (factor[None] @ nodes[..., None])[..., 0]
 
 
 def condition_on_output(belief: Belief, HB: jax.Array, out_cov: jax.Array, residual: jax.Array) -> Belief:

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
-from jax.example_libraries import stax
 from jax.typing import ArrayLike, DTypeLike
 from numpyro.distributions import constraints
 from numpyro.distributions.util import vec_to_tril_matrix
@@ -23,6 +22,7 @@ from numpyro.distributions.util import vec_to_tril_matrix
 from numpyro_dgp._protocol import inducing_tag
 from numpyro_dgp.guides._base import InducingSite
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
+from numpyro_dgp.guides._latent import _register, mlp
 from numpyro_dgp.posteriors import (
     AMORTIZATION_RULES,
     AmortizedPosterior,
@@ -35,34 +35,6 @@ __all__ = ["AutoAmortizedDGP", "AmortizedQ", "mlp"]
 
 #: The values of ``AutoAmortizedDGP(..., covariance=...)``.
 COVARIANCES = ("diagonal", "full")
-
-
-def mlp(
-    hidden_width: int, out_dim: int, num_hidden: int = 2, negative_slope: float = 0.2
-) -> tuple[Callable, Callable]:
-    """A ``stax`` MLP: ``num_hidden`` Dense layers of ``hidden_width`` with LeakyReLU, then a
-    Dense output layer.
-
-    :param hidden_width: width of the hidden layers.
-    :param out_dim: output width.
-    :param num_hidden: number of hidden layers.
-    :param negative_slope: LeakyReLU slope for negative inputs.
-    :return: ``(init_fn, apply_fn)``.
-    """
-    layers = []
-    for _ in range(num_hidden):
-        layers += [stax.Dense(hidden_width), stax.elementwise(jax.nn.leaky_relu, negative_slope=negative_slope)]
-    return stax.serial(*layers, stax.Dense(out_dim))
-
-
-def _register(prefix: str, init_fn: Callable, in_dim: int, dtype: DTypeLike) -> Any:
-    """The MLP's parameters as ``numpyro.param`` sites ``"<prefix>.<i>"``, initialized by
-    ``init_fn`` with a key fixed by the prefix (the same start in every run)."""
-    key = jax.random.PRNGKey(zlib.crc32(prefix.encode()))
-    _, params = init_fn(key, (-1, in_dim))
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    leaves = [numpyro.param(f"{prefix}.{i}", jnp.asarray(leaf, dtype)) for i, leaf in enumerate(leaves)]
-    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 class AmortizedQ(dist.Distribution):

@@ -15,7 +15,9 @@ from numpyro import handlers
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
 from numpyro.infer.initialization import init_to_mean, init_to_uniform
 
-from numpyro_dgp._protocol import inducing_tag
+from numpyro_dgp._protocol import inducing_tag, latent_specs
+from numpyro_dgp._validation import check_positive_int
+from numpyro_dgp.guides._latent import LATENT_GUIDES, LatentSite, latent_sites, sample_latent
 from numpyro_dgp.posteriors import gaussian_parameters
 
 __all__ = ["InducingSite", "DGPGuide"]
@@ -75,19 +77,31 @@ class DGPGuide(AutoGuide):
     :param prefix: parameter-name prefix.
     :param init_loc_fn: initialization strategy of the prototype run for the sites other than
         the inducing values (which start at their prior mean); default ``init_to_uniform``.
-    :raises ValueError: if ``inner_init`` is unknown or ``init_scale`` is not positive.
+    :param latent_inputs: the ``q(w_n)`` of the model's latent inputs
+        (:func:`numpyro_dgp.latent_input`): ``"per_point"`` (free parameters per training point)
+        or ``"amortized"`` (an MLP of the site's encoder input).
+    :param latent_hidden_width: the width of the ``"amortized"`` encoder's two hidden layers.
+    :raises ValueError: if ``inner_init`` or ``latent_inputs`` is unknown, or ``init_scale`` or
+        ``latent_hidden_width`` is not positive.
     """
 
     #: whether the guide handles layers with per-point inducing sets (``inducing="amortized"``)
     _accepts_amortized = False
 
     def __init__(self, model: Callable, *, inner_init: str = "deterministic", init_scale: float = 1e-5,
-                 prefix: str = "auto", init_loc_fn: Callable | None = None) -> None:
+                 prefix: str = "auto", init_loc_fn: Callable | None = None, latent_inputs: str = "per_point",
+                 latent_hidden_width: int = 32) -> None:
         name = type(self).__name__
         if inner_init not in INNER_INITS:
             raise ValueError(f"{name}: inner_init must be one of {INNER_INITS}, got {inner_init!r}")
         if not float(init_scale) > 0:
             raise ValueError(f"{name}: init_scale must be positive, got {init_scale!r}")
+        if latent_inputs not in LATENT_GUIDES:
+            raise ValueError(f"{name}: latent_inputs must be one of {LATENT_GUIDES}, got {latent_inputs!r}")
+        check_positive_int(latent_hidden_width, "latent_hidden_width", name)
+        self.latent_inputs = latent_inputs
+        self.latent_hidden_width = int(latent_hidden_width)
+        self.latent_sites: list[LatentSite] = []
         self.inner_init = inner_init
         self.init_scale = float(init_scale)
         init_loc_fn = init_to_uniform if init_loc_fn is None else init_loc_fn
@@ -115,6 +129,8 @@ class DGPGuide(AutoGuide):
             with handlers.block():
                 tr = handlers.trace(self._prototype_model(jax.random.PRNGKey(0))).get_trace(*args, **kwargs)
             found["trace"] = _abstract_trace(tr)
+            found["latents"] = {name: spec._replace(encoder_input=_abstract_value(spec.encoder_input))
+                                for name, spec in latent_specs(tr).items()}
             return 0
 
         jax.eval_shape(probe)
@@ -158,11 +174,19 @@ class DGPGuide(AutoGuide):
             InducingSite(name, layer, P, M, whiten, is_last=(i == len(sites) - 1), inducing=mode, dtype=dtype)
             for i, (name, layer, P, M, whiten, mode, dtype) in enumerate(sites)
         ]
-        u_names = {s.name for s in self.inducing_sites}
+        self.latent_sites = latent_sites(self.prototype_trace, found["latents"], self._prototype_frame_full_sizes)
+        u_names = {s.name for s in self.inducing_sites} | {s.name for s in self.latent_sites}
         others = [
             n for n, s in self.prototype_trace.items()
             if s["type"] == "sample" and not s["is_observed"] and n not in u_names
         ]
+        local = [n for n in others if self.prototype_trace[n]["cond_indep_stack"]]
+        if local and self.latent_sites:
+            raise ValueError(
+                f"{type(self).__name__}: the model has latent inputs {[s.name for s in self.latent_sites]} and other "
+                f"local latent sites {local}; their guides would draw the data plate's subsample twice. Make the "
+                "other local sites latent inputs, or give them a guide of your own"
+            )
         if others:
             self._other_guide = AutoNormal(
                 handlers.block(self.model, hide=list(u_names)), prefix=f"{self.prefix}_other"
@@ -213,7 +237,12 @@ class DGPGuide(AutoGuide):
         return self
 
     def _sample_others(self, *args: Any, **kwargs: Any) -> dict:
-        return {} if self._other_guide is None else self._other_guide(*args, **kwargs)
+        """The latent sites other than the inducing values: AutoNormal's, and the latent inputs'
+        placeholders (:func:`~numpyro_dgp.guides._latent.sample_latent`)."""
+        out = {} if self._other_guide is None else dict(self._other_guide(*args, **kwargs))
+        for site in self.latent_sites:
+            out[site.name] = sample_latent(site, self.latent_inputs, self.prefix, self.latent_hidden_width)
+        return out
 
     def sample_posterior(
         self, rng_key: jax.Array, params: dict, *args: Any, sample_shape: tuple[int, ...] = (), **kwargs: Any

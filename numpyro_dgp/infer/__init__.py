@@ -1,12 +1,25 @@
 """Inference drivers: :func:`fit` (compiled SVI), :func:`fit_minibatches` (SVI on minibatches
 from the host, memory-mapped files or several processes), :func:`init` (compiled
-``svi.init``) and :class:`SGHMC` (an MCMC kernel)."""
+``svi.init``), :func:`natural_gradients` (an optimizer taking natural-gradient steps on the
+layers' ``q(u)``) and :class:`SGHMC` (an MCMC kernel)."""
 
 from __future__ import annotations
 
 from numpyro_dgp.infer._fit import FitResult, fit
 from numpyro_dgp.infer._init import init
+from numpyro_dgp.infer._natural import NaturalGradientState, natural_gradient_ramp, natural_gradients
 from numpyro_dgp.infer._sghmc import SGHMC, SGHMCState
 from numpyro_dgp.infer._stream import HostMinibatches, fit_minibatches
 
-__all__ = ["FitResult", "HostMinibatches", "SGHMC", "SGHMCState", "fit", "fit_minibatches", "init"]
+__all__ = [
+    "FitResult",
+    "HostMinibatches",
+    "NaturalGradientState",
+    "SGHMC",
+    "SGHMCState",
+    "fit",
+    "fit_minibatches",
+    "init",
+    "natural_gradient_ramp",
+    "natural_gradients",
+]

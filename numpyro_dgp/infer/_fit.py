@@ -71,15 +71,32 @@ def _is_array(x):
     return isinstance(x, (jax.Array, np.ndarray))
 
 
-def _check_finite_args(args, kwargs):
+def _check_finite_args(args, kwargs, allow_missing=False):
+    """Refuse NaN or inf in the model's array arguments; with ``allow_missing``, NaN (but not
+    inf) in those after the first (the inputs), which the model masks as missing targets."""
     # on the host (NumPy): an eager jnp check would compile a program per argument shape
     for where, value in [(f"args[{i}]", a) for i, a in enumerate(args)] + [
         (f"{k}=", v) for k, v in kwargs.items()
     ]:
         if _is_array(value) and jnp.issubdtype(value.dtype, jnp.floating):
             value = concrete(value)  # None: another process's shard (that process checks it)
-            if value is not None and non_finite_entries(value, max_first=0)[0]:
-                raise ValueError(f"fit: model argument {where} contains NaN or inf values")
+            if value is None:
+                continue
+            if allow_missing and where != "args[0]":
+                if np.isinf(value).any():
+                    raise ValueError(f"fit: model argument {where} contains inf values")
+            elif non_finite_entries(value, max_first=0)[0]:
+                hint = "" if where == "args[0]" else (
+                    "; if they are missing targets, mask them in the model (numpyro_dgp.models' "
+                    "missing_targets='mask', or numpyro.handlers.mask in your own) and pass fit(..., allow_missing=True)")
+                raise ValueError(f"fit: model argument {where} contains NaN or inf values{hint}")
+
+
+def _masks_missing_targets(model: Any) -> bool:
+    """Whether ``model`` was built by a factory of :mod:`numpyro_dgp.models` with
+    ``missing_targets="mask"``."""
+    config = getattr(model, "dgp_config", None) or {}
+    return (config.get("arguments") or {}).get("missing_targets") == "mask"
 
 
 #: ``svi.get_params`` compiled, per SVI object (eagerly it compiles one program per parameter)
@@ -193,6 +210,7 @@ def fit(
     checkpoint_path: os.PathLike | str | None = None,
     checkpoint_every: int | None = None,
     resume: bool = False,
+    allow_missing: bool = False,
     **kwargs: Any,
 ) -> FitResult:
     """Run ``num_steps`` SVI updates compiled as a ``lax.scan`` over chunks of ``chunk_size``.
@@ -245,6 +263,11 @@ def fit(
     :param resume: continue from ``checkpoint_path`` if that file exists (else start afresh,
         so the same call serves the first run and every restart); ``rng_key``,
         ``init_state`` or ``init_params`` only rebuild the state's structure then.
+    :param allow_missing: pass NaN entries of the model's arguments after the first (the
+        targets) on to the model, which masks them out of its likelihood (its own
+        ``numpyro.handlers.mask``); models of :mod:`numpyro_dgp.models` built with
+        ``missing_targets="mask"`` are recognized without it. Inputs (the first argument) and
+        infinite values are always refused.
     :param kwargs: model keyword arguments, split into traced arrays and static values as
         ``args`` are.
     :return: :class:`FitResult` (with ``resume``, its losses cover the whole run).
@@ -257,7 +280,7 @@ def fit(
     """
     _check_fit_arguments(num_steps, chunk_size, average_from, checkpoint_path, checkpoint_every, resume,
                          init_state, init_params)
-    _check_finite_args(args, kwargs)
+    _check_finite_args(args, kwargs, allow_missing or _masks_missing_targets(svi.model))
     if args and _is_array(args[0]) and args[0].ndim == 2 and jnp.issubdtype(args[0].dtype, jnp.floating):
         warn_if_not_standardized(args[0], "X (its first argument)", "fit")
     model_kwargs = {**kwargs, **svi.static_kwargs}

@@ -4,6 +4,8 @@
   analytically (same bound as NumPyro's ``Trace_ELBO``, lower-variance estimator);
 * :class:`PredictiveObjective` -- the predictive (DSPP / PPGPR) objective of Jankowiak et al.
   (2020), not a bound on the evidence;
+* :class:`ImportanceWeightedElbo` -- the importance-weighted bound of Salimbeni et al. (2019)
+  for DGPs with latent inputs (:func:`~numpyro_dgp.latent_input`);
 * :class:`NestedCompressionElbo` -- the nested variational compression bound of Hensman &
   Lawrence (2014): Gaussian moments propagated through the layers by psi statistics, no
   sampling, for DGPs with noisy inner layers and a Gaussian likelihood;
@@ -16,6 +18,8 @@
 * Salimbeni, Deisenroth (2017). Doubly stochastic variational inference for deep Gaussian
   processes. NeurIPS.
 * Jankowiak, Pleiss, Gardner (2020). Deep sigma point processes. UAI.
+* Salimbeni, Dutordoir, Hensman, Deisenroth (2019). Deep Gaussian processes with
+  importance-weighted variational inference. ICML.
 * Hensman, Lawrence (2014). Nested variational compression in deep Gaussian processes.
   arXiv:1412.1370.
 * Titsias (2009). Variational learning of inducing variables in sparse Gaussian processes.
@@ -25,12 +29,13 @@
 
 from numpyro_dgp.objectives._collapsed import CollapsedSparseGP
 from numpyro_dgp.objectives._dsvi import DGPElbo, PredictiveObjective
+from numpyro_dgp.objectives._importance import ImportanceWeightedElbo
 from numpyro_dgp.objectives._nested import NestedCompressionElbo
 
-__all__ = ["CollapsedSparseGP", "DGPElbo", "NestedCompressionElbo", "PredictiveObjective"]
+__all__ = ["CollapsedSparseGP", "DGPElbo", "ImportanceWeightedElbo", "NestedCompressionElbo", "PredictiveObjective"]
 
 # The classes live in private modules; their public home is this module (as it was when it was
 # one file): documentation, reprs and pickles name them numpyro_dgp.objectives.<Class>.
-for _cls in (CollapsedSparseGP, DGPElbo, NestedCompressionElbo, PredictiveObjective):
+for _cls in (CollapsedSparseGP, DGPElbo, ImportanceWeightedElbo, NestedCompressionElbo, PredictiveObjective):
     _cls.__module__ = __name__
 del _cls

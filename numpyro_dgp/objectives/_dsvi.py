@@ -32,7 +32,9 @@ from numpyro_dgp._marginal import (
     site_posterior,
     uses_inducing_locations,
 )
-from numpyro_dgp._protocol import AMORTIZED_KL, QUADRATURE_AXIS, get_tag
+from numpyro_dgp._observation import closed_form_log_prob, needs_closed_form, observation_kind, unwrap
+from numpyro_dgp._protocol import AMORTIZED_KL, IMPORTANCE_LOG_WEIGHTS, QUADRATURE_AXIS, get_tag
+from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.core import block_diag_covariance, chain_gauss_kl_term, gauss_kl
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import (
@@ -194,6 +196,8 @@ def objective_terms(
             observed[name] = site
             continue
         site_kl = None
+        if get_tag(site, IMPORTANCE_LOG_WEIGHTS) is not None:
+            continue  # a latent input drawn K times: weighted inside the importance-weighted bound
         amortized_kl = get_tag(site, AMORTIZED_KL)
         if amortized_kl is not None:
             # per-point KLs of an amortized layer (branch axis first under rule AR1)
@@ -252,16 +256,45 @@ def _check_sampled_site(name: str, guide_trace: dict, inducing: bool, objective:
         )
 
 
-def _normal_inside(fn: dist.Distribution) -> tuple[dist.Normal | None, tuple | None, int | None]:
-    """``(Normal, wrapped shape)`` if ``fn`` is a Normal inside ``Independent``/``expand``
-    wrappers, else ``(None, None)``."""
-    shape = tuple(fn.batch_shape) + tuple(fn.event_shape)
-    reinterpreted = 0
-    while isinstance(fn, (dist.Independent, dist.ExpandedDistribution)):
-        if isinstance(fn, dist.Independent):
-            reinterpreted += fn.reinterpreted_batch_ndims
-        fn = fn.base_dist
-    return (fn, shape, reinterpreted) if isinstance(fn, dist.Normal) else (None, None, None)
+def _expected_log_likelihood(site: dict, run: MarginalRun, objective: str = "DGPElbo") -> jax.Array:
+    """``E_f[log p(y | f)]`` of an observed site, summed with its plate scale: in closed form
+    where its likelihood has one (:func:`~numpyro_dgp._observation.closed_form_log_prob`), else
+    the node-weighted log-density (quadrature or Monte Carlo)."""
+    last = run.layer_order[-1] if run.layer_order else None
+    lp = closed_form_log_prob(site, run.last_output, run.moments.get(last), run.correlated_outputs)
+    if lp is None:
+        _refuse_without_closed_form(site, objective)
+        return _weighted_log_prob(site, run.quadrature_weights, run.branch_log_weights)
+    lp = _reduce_branches(lp, _plate_ndim(site), run.branch_log_weights)
+    if site["scale"] is not None:
+        lp = site["scale"] * lp
+    return jnp.sum(lp)
+
+
+def expected_log_prob(site: dict, run: MarginalRun, objective: str = "ImportanceWeightedElbo") -> jax.Array:
+    """``E_f[log p(y | f)]`` of an observed site per point, without its plate scale: its batch
+    shape with the last layer's node axis averaged out (closed form where there is one)."""
+    last = run.layer_order[-1] if run.layer_order else None
+    lp = closed_form_log_prob(site, run.last_output, run.moments.get(last), run.correlated_outputs)
+    if lp is not None:
+        return lp
+    _refuse_without_closed_form(site, objective)
+    lp = site["fn"].log_prob(site["value"])
+    if _has_quadrature_axis(site, lp, run.quadrature_weights):
+        lp = jnp.tensordot(jnp.asarray(run.quadrature_weights, lp.dtype), lp, axes=(0, 0))
+    return lp
+
+
+def _refuse_without_closed_form(site: dict, objective: str) -> None:
+    """A likelihood that is piecewise constant in ``f`` (the robust max) has no gradient at
+    nodes: without its closed form the objective would silently stop training the layers."""
+    if get_tag(site, QUADRATURE_AXIS) and needs_closed_form(site):
+        raise ValueError(
+            f"{objective}: observation site {site['name']!r} ({type(unwrap(site['fn']).base).__name__}) is piecewise "
+            "constant in the last layer, so it trains only through its closed form, which needs the layer's whole "
+            "output (robust_max(f), not a slice of it) and an independent Gaussian per layer (AutoFactorizedDGP, "
+            "AutoNormal; not a guide that correlates the layers); PredictiveObjective does not take it"
+        )
 
 
 def _log_predictive(
@@ -271,23 +304,27 @@ def _log_predictive(
     the site's plate scale; shape: the site's batch shape. With branches (a leading branch
     axis after the quadrature axis), ``log sum_s w_s E[p(y | f_s)]``.
 
-    A Normal site's location is taken as affine in the layer output (``Normal(f[..., 0], s)``):
-    ``log N(y | E[loc], Var[loc] + s^2)`` with the node-weighted moments, exact then; other
-    likelihoods: ``log sum_k w_k p(y | node_k)`` (Gauss-Hermite)."""
+    A Normal site whose scale does not depend on the layer has its location taken as affine in
+    the layer output (``Normal(f[..., 0], s)``): ``log N(y | E[loc], Var[loc] + s^2)`` with the
+    node-weighted moments, exact then; other likelihoods: ``log sum_k w_k p(y | node_k)``
+    (Gauss-Hermite or Monte Carlo)."""
     scale = site["scale"] if site["scale"] is not None else 1.0
     fn, value = site["fn"], site["value"]
     lp = fn.log_prob(value)
     if not _has_quadrature_axis(site, lp, weights):
         return lp, scale
-    normal, shape, reinterpreted = _normal_inside(fn)
-    if normal is not None:
-        loc = jnp.broadcast_to(normal.loc, shape)
+    _refuse_without_closed_form(site, "PredictiveObjective")
+    parts = unwrap(fn)
+    if observation_kind(fn, site["name"], "PredictiveObjective") == "normal":
+        loc = jnp.broadcast_to(parts.base.loc, parts.shape)
         w = jnp.reshape(jnp.asarray(weights, loc.dtype), (-1,) + (1,) * (loc.ndim - 1))
         mean = jnp.sum(w * loc, axis=0)
-        var = jnp.sum(w * (loc - mean) ** 2, axis=0) + jnp.broadcast_to(normal.scale, shape)[0] ** 2
+        var = jnp.sum(w * (loc - mean) ** 2, axis=0) + jnp.broadcast_to(parts.base.scale, parts.shape)[0] ** 2
         lp = dist.Normal(mean, jnp.sqrt(var)).log_prob(value)
-        if reinterpreted:
-            lp = jnp.sum(lp, axis=tuple(range(-reinterpreted, 0)))
+        if parts.mask is not None:
+            lp = jnp.where(jnp.broadcast_to(parts.mask, parts.shape)[0], lp, 0.0)
+        if parts.event_ndims:
+            lp = jnp.sum(lp, axis=tuple(range(-parts.event_ndims, 0)))
     else:
         w = jnp.reshape(jnp.asarray(weights, lp.dtype), (-1,) + (1,) * (lp.ndim - 1))
         lp = logsumexp(lp, axis=0, b=w)
@@ -315,20 +352,30 @@ class DGPElbo(ELBO):
     The bound is the same as ``Trace_ELBO``'s on the same model and guide; only the
     estimator's variance is lower.
 
+    The expectation of the log-likelihood over the last layer's marginal is taken in closed
+    form where the likelihood gives one (:mod:`numpyro_dgp.likelihoods`: Poisson, heteroscedastic
+    Gaussian, robust max), by Gauss-Hermite quadrature for one output, exactly for Gaussian
+    likelihoods over several outputs (``2 P`` nodes), and by Monte Carlo draws otherwise (e.g. a
+    softmax over ``C`` outputs).
+
     :param num_particles: Monte Carlo samples of the inner layers per step.
     :param num_quadrature: quadrature nodes per output of the last layer (default: 20
-        Gauss-Hermite nodes for one output; several outputs: a tensor-product rule with 3
-        nodes per output).
+        Gauss-Hermite nodes for one output; several outputs: see above). Given with several
+        outputs, a tensor-product rule with this many nodes per output.
     :param vectorize_particles: ``jax.vmap`` over particles (else ``lax.map``).
-    :raises ValueError: if ``num_particles < 1``.
+    :param num_likelihood_samples: Monte Carlo draws of the last layer's outputs per point, where
+        the expectation is sampled.
+    :raises ValueError: if ``num_particles`` or ``num_likelihood_samples`` is not a positive integer.
     """
 
     def __init__(
-        self, num_particles: int = 1, num_quadrature: int | None = None, vectorize_particles: bool = True
+        self, num_particles: int = 1, num_quadrature: int | None = None, vectorize_particles: bool = True,
+        num_likelihood_samples: int = 32,
     ) -> None:
-        if int(num_particles) < 1:
-            raise ValueError(f"DGPElbo: num_particles must be >= 1, got {num_particles}")
+        check_positive_int(num_particles, "num_particles", "DGPElbo")
+        check_positive_int(num_likelihood_samples, "num_likelihood_samples", "DGPElbo")
         self.num_quadrature = num_quadrature
+        self.num_likelihood_samples = int(num_likelihood_samples)
         super().__init__(num_particles=num_particles, vectorize_particles=vectorize_particles)
 
     def elbo_components(
@@ -345,11 +392,10 @@ class DGPElbo(ELBO):
         :return: ``{"expected_log_likelihood", "kl_inducing", "other"}``; the ELBO is
             ``expected_log_likelihood - kl_inducing + other``.
         """
-        run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, self.num_quadrature)
+        run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, self.num_quadrature,
+                             num_samples=self.num_likelihood_samples)
         observed, kl, other = objective_terms(run)
-        ell = sum(
-            _weighted_log_prob(site, run.quadrature_weights, run.branch_log_weights) for site in observed.values()
-        )
+        ell = sum(_expected_log_likelihood(site, run) for site in observed.values())
         return {"expected_log_likelihood": ell, "kl_inducing": kl, "other": other}
 
     def loss_with_mutable_state(
@@ -392,15 +438,19 @@ class PredictiveObjective(ELBO):
     :param num_particles: ``S`` propagated samples of the inner layers per step.
     :param beta: KL weight (Meng & Zhang 2024 use 1).
     :param num_quadrature: Gauss-Hermite nodes per output of the last layer (default: 20 for
-        one output; several outputs: a tensor-product rule with 3 nodes per output).
+        one output; several outputs: as for :class:`DGPElbo`).
     :param particle_weights: ``(S,)`` mixture weights ``w_s`` (default ``1/S``), e.g. the
         weights of a quadrature rule over a guide's sample space.
+    :param num_likelihood_samples: Monte Carlo draws of the last layer's outputs per point, where
+        the expectation is sampled (as for :class:`DGPElbo`).
     :raises ValueError: if ``num_particles < 1``, ``beta < 0``, or ``particle_weights`` are not
         ``num_particles`` non-negative weights summing to 1.
     """
 
     def __init__(self, num_particles: int = 8, beta: float = 1.0, num_quadrature: int | None = None,
-                 particle_weights: ArrayLike | None = None) -> None:
+                 particle_weights: ArrayLike | None = None, num_likelihood_samples: int = 32) -> None:
+        check_positive_int(num_likelihood_samples, "num_likelihood_samples", "PredictiveObjective")
+        self.num_likelihood_samples = int(num_likelihood_samples)
         if int(num_particles) < 1:
             raise ValueError(f"PredictiveObjective: num_particles must be >= 1, got {num_particles}")
         if not (float(beta) >= 0):
@@ -429,7 +479,7 @@ class PredictiveObjective(ELBO):
 
         def one(key):
             run = marginal_trace(model, guide, param_map, key, args, kwargs, self.num_quadrature,
-                                objective="PredictiveObjective")
+                                objective="PredictiveObjective", num_samples=self.num_likelihood_samples)
             observed, kl, other = objective_terms(run, "PredictiveObjective")
             per_point = {}
             for name, site in observed.items():

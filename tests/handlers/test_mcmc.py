@@ -52,7 +52,7 @@ def _mvn_logpdf(x, mean, cov):
 jax.config.update("jax_enable_x64", True)  # idempotent (conftest does it too)
 
 
-JITTER = 1e-6  # float64 default of the layers
+JITTER = 1e-6  # float64 default of the layers, relative to the kernel variance
 
 
 D, M1, M2, N_NEW = 2, 5, 4, 7
@@ -66,7 +66,7 @@ def rbf(A, B, variance, lengthscale):
 
 def svgp_given_u(X, Z, v, variance, lengthscale):
     """Whitened sparse GP given u = L v: mean K_xz L^-T v, var k_xx - diag(K_xz K_zz^-1 K_zx)."""
-    L = np.linalg.cholesky(rbf(Z, Z, variance, lengthscale) + JITTER * np.eye(len(Z)))
+    L = np.linalg.cholesky(rbf(Z, Z, variance, lengthscale) + JITTER * variance * np.eye(len(Z)))
     A = np.linalg.solve(L, rbf(Z, X, variance, lengthscale))  # (M, N)
     mean = A.T @ np.asarray(v)
     var = variance - (A**2).sum(0)
@@ -148,7 +148,8 @@ def test_latent_conditionals_density_is_the_sparse_model(data):
         inputs = np.asarray(X)
         for name, kern, mean in (("h1", K1, inputs[:, 0]), ("h2", K2, np.zeros(8))):
             Z = np.asarray(tr2[f"{name}.inducing_inputs"]["value"])
-            Kmm = np.asarray(kern(Z)) + 1e-6 * np.eye(4)
+            jitter = 1e-6 * float(kern.variance)  # the layer's jitter is relative to its variance
+            Kmm = np.asarray(kern(Z)) + jitter * np.eye(4)
             Lm = np.linalg.cholesky(Kmm)
             Kmn = np.asarray(kern(Z, inputs))
             A = np.linalg.solve(Lm, Kmn)  # whitened: f = mean + A^T v
@@ -156,9 +157,9 @@ def test_latent_conditionals_density_is_the_sparse_model(data):
             C = np.asarray(kern(inputs)) - A.T @ A
             f = values[f"{name}.f"][0]
             if full_cov:
-                expected += _mvn_logpdf(f, m, C + 1e-6 * np.eye(8))
+                expected += _mvn_logpdf(f, m, C + jitter * np.eye(8))
             else:
-                expected += stats.norm(m, np.sqrt(np.diag(C) + 1e-6)).logpdf(f).sum()
+                expected += stats.norm(m, np.sqrt(np.diag(C) + jitter)).logpdf(f).sum()
             inputs = f[:, None]
         expected += stats.norm(values["h2.f"][0], 0.1).logpdf(np.asarray(y)).sum()
         np.testing.assert_allclose(float(lp), expected, rtol=1e-9)

@@ -149,8 +149,8 @@ def test_handler_ode_with_linear_drift_matches_the_analytic_solution():
         guide = AutoFactorizedDGP(model)
         params = init_params(model, guide, X, y)
         params = {**params, "flow.u_auto_loc": jnp.full((1, 1), c), "flow.u_auto_scale_tril": jnp.zeros((1, 1, 1))}
-        # whitened drift: k(x, z) L^-T v = 2 x / sqrt(2 + jitter) * c
-        a = 2.0 * c / np.sqrt(2.0 + dgp.core.default_jitter(jnp.float64))
+        # whitened drift: k(x, z) L^-T v = 2 x / sqrt(2 + 2 jitter) * c (the jitter is relative to k(z, z) = 2)
+        a = 2.0 * c / np.sqrt(2.0 * (1 + dgp.core.default_jitter(jnp.float64)))
         paths = dgp.sde.flow_trajectories(model, guide, params, jax.random.PRNGKey(0), X, num_samples=2)
         xT = paths[:, -1]
         np.testing.assert_allclose(xT[0], xT[1], rtol=0, atol=0)  # no diffusion: deterministic
@@ -373,6 +373,6 @@ def test_errors(data):
     with pytest.raises(ValueError, match="flow_inducing_inputs"):
         diffgp(1.0, time_input=True)
     with pytest.raises(NotImplementedError, match="likelihood"):
-        diffgp(1.0, likelihood="poisson")
+        diffgp(1.0, likelihood="nope")
     with pytest.raises(TypeError, match="sde_flow-wrapped"):
         dgp.sde.flow_trajectories(svgp_model, None, {}, jax.random.PRNGKey(0), X)

@@ -14,7 +14,8 @@ import numpyro_dgp as dgp
 from numpyro_dgp import core
 from numpyro_dgp.guides import AutoFactorizedDGP
 
-JITTER = 1e-8
+RELATIVE_JITTER = 1e-8  # the layer's jitter, relative to its kernel variance (1.3) ...
+JITTER = RELATIVE_JITTER * 1.3  # ... so K(Z, Z) gets this
 NOISE = 0.05
 Z = np.linspace(-2, 2, 5)[:, None]
 
@@ -28,7 +29,7 @@ def model(X, y=None, whiten=True, layer_noise=None, batch_size=None):
     with data:
         Xb = numpyro.subsample(X, event_dim=1)
         yb = None if y is None else numpyro.subsample(y, event_dim=0)
-    f = dgp.gp_layer("f", Xb, dgp.kernels.RBF(variance=1.3, lengthscale=0.6), inducing_inputs=Z, jitter=JITTER,
+    f = dgp.gp_layer("f", Xb, dgp.kernels.RBF(variance=1.3, lengthscale=0.6), inducing_inputs=Z, jitter=RELATIVE_JITTER,
                      whiten=whiten, mean="linear", noise=layer_noise)
     noise = numpyro.param("noise", NOISE, constraint=dist.constraints.positive)
     with data:

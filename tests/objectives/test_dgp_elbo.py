@@ -14,7 +14,8 @@ from numpyro_dgp.models import deep_gp_regression
 from tests._mc import paired_difference_and_se, z_threshold
 
 
-JITTER = 1e-8
+RELATIVE_JITTER = 1e-8  # the layer's jitter, relative to its kernel variance (1.3) ...
+JITTER = RELATIVE_JITTER * 1.3  # ... so K(Z, Z) gets this
 
 
 NOISE = 0.05
@@ -33,7 +34,7 @@ def one_layer_model(X, y=None, batch_size=None, whiten=True, inducing_inputs=Non
     f = dgp.gp_layer(
         "f", Xb, dgp.kernels.RBF(variance=1.3, lengthscale=0.4),
         inducing_inputs=X if inducing_inputs is None else inducing_inputs,
-        jitter=JITTER, whiten=whiten,
+        jitter=RELATIVE_JITTER, whiten=whiten,
     )
     noise = numpyro.param("noise", NOISE, constraint=dist.constraints.positive)
     with data:

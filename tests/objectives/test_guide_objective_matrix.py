@@ -40,7 +40,9 @@ from numpyro.infer.autoguide import (
 import numpyro_dgp as dgp
 from numpyro_dgp.guides import AutoAmortizedDGP, AutoChainDGP, AutoFactorizedDGP, AutoJointDGP
 
-N, NOISE, JITTER, VARIANCE, LENGTHSCALE = 20, 0.05, 1e-8, 1.3, 0.4
+N, NOISE, VARIANCE, LENGTHSCALE = 20, 0.05, 1.3, 0.4
+RELATIVE_JITTER = 1e-8  # the layer's jitter, relative to its kernel variance ...
+JITTER = RELATIVE_JITTER * VARIANCE  # ... so K(Z, Z) gets this
 NUM_DRAWS = 20_000
 
 #: "exact" or "refused" for every (guide, objective) pair
@@ -80,7 +82,7 @@ def _kernel():
 
 
 def model(X, y=None):
-    f = dgp.gp_layer("f", X, _kernel(), inducing_inputs=X, jitter=JITTER, learn_inducing=False,
+    f = dgp.gp_layer("f", X, _kernel(), inducing_inputs=X, jitter=RELATIVE_JITTER, learn_inducing=False,
                      learn_hyperparameters=False)
     with numpyro.plate("data", X.shape[0]):
         numpyro.sample("y", dist.Normal(f[..., 0], jnp.sqrt(NOISE)), obs=y)

@@ -1,0 +1,208 @@
+"""Predictive mixtures: one component per propagated sample, summarized by the observation's kind.
+
+A component is the observation site's distribution averaged over the last layer's marginal
+given the sample (its quadrature nodes or Monte Carlo draws, with their weights). How it is
+kept depends on the kind of the observation (:func:`~numpyro_dgp._observation.observation_kind`):
+
+* ``"normal"``: a Gaussian ``N(m_s, v_s)`` (node-weighted mean and variance of the location
+  plus the noise): exact for a location affine in the layer;
+* ``"bernoulli"`` / ``"categorical"``: the node-averaged probabilities (a mixture of
+  Bernoulli or categorical distributions is one, so this is exact);
+* ``"general"``: the distribution itself at every node (its *atoms*, ``(S, K, N, ...)``,
+  with the node weights), and its mean and variance by the law of total variance.
+
+The components are then mixed with equal weights (or a branching layer's weights).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpyro.distributions as dist
+
+from numpyro_dgp._observation import Rule, likelihood_rule, unwrap
+
+__all__ = [
+    "Component",
+    "PREDICTION_DRAWS",
+    "PREDICTION_NODES",
+    "component_of",
+    "flatten_branches",
+    "mixture_fields",
+    "prediction_rule",
+    "rebuild",
+    "rule_arguments",
+    "summarize",
+]
+
+#: Gauss-Hermite nodes per component for a one-output last layer, by kind: 3 give the exact
+#: moments of a location affine in the layer; probabilities and other likelihoods are smooth
+#: nonlinear functions of it.
+PREDICTION_NODES = {"normal": 3, "bernoulli": 20, "categorical": 20, "general": 10}
+#: Monte Carlo draws per point and component for a last layer of several outputs (a Normal
+#: takes the exact ``2 P``-node rule instead).
+PREDICTION_DRAWS = {"normal": 16, "bernoulli": 16, "categorical": 16, "general": 8}
+
+
+def prediction_rule(kind: str, out_dim: int) -> Rule:
+    """The rule a prediction of this ``kind`` takes the last layer's marginal with.
+
+    :param kind: the observation's kind.
+    :param out_dim: the last layer's ``P``.
+    :return: the :class:`~numpyro_dgp._observation.Rule`.
+    """
+    if out_dim == 1:
+        return likelihood_rule(1, [kind], PREDICTION_NODES[kind])
+    return likelihood_rule(out_dim, [kind], None, PREDICTION_DRAWS[kind], "predict")
+
+
+def rule_arguments(kind: str, out_dim: int) -> tuple[int | None, int]:
+    """``(num_quadrature, num_samples)`` for :func:`~numpyro_dgp._marginal.marginal_trace` that
+    give :func:`prediction_rule`."""
+    return (PREDICTION_NODES[kind] if out_dim == 1 else None), PREDICTION_DRAWS[kind]
+
+
+class Component(NamedTuple):
+    """One mixture component (or, stacked, all of them).
+
+    :ivar mean: the mean of ``y`` (``(..., N)``, ``(..., N, T)`` for columns, ``(..., N, C)``
+        class probabilities for a categorical site).
+    :ivar variance: the variance of ``y`` (same shape).
+    :ivar layers: ``{layer: (..., N, P)}`` one draw of every layer.
+    :ivar layer_means: ``{layer: (..., N, P)}`` the layers' marginal means.
+    :ivar layer_variances: ``{layer: (..., N, P)}`` their variances.
+    :ivar atoms: for the ``"general"`` kind, the observation distribution at the nodes,
+        batch shape ``(..., K, N, ...)``; ``None`` otherwise.
+    """
+
+    mean: jax.Array
+    variance: jax.Array
+    layers: dict
+    layer_means: dict
+    layer_variances: dict
+    atoms: Any = None
+
+
+def _node_average(weights: jax.Array, values: jax.Array) -> jax.Array:
+    return jnp.tensordot(jnp.asarray(weights, values.dtype), values, axes=(0, 0))
+
+
+def summarize(fn: dist.Distribution, kind: str, weights: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
+    """``(mean, variance, atoms)`` of ``y`` in one component, from the observation distribution
+    ``fn`` evaluated at the last layer's nodes (leading axis) and the nodes' ``weights``.
+
+    :param fn: the site's distribution, batch shape ``(K, ...)``.
+    :param kind: its kind (:func:`~numpyro_dgp._observation.observation_kind`).
+    :param weights: ``(K,)`` node weights.
+    :return: the component's mean and variance (the node axis averaged out) and, for the
+        ``"general"`` kind, the atoms (``fn``'s distribution with every parameter broadcast to
+        its batch shape), else ``None``.
+    """
+    parts = unwrap(fn)
+    base, shape = parts.base, parts.shape
+    if kind == "normal":
+        loc = jnp.broadcast_to(base.loc, shape)
+        mean = _node_average(weights, loc)
+        noise = jnp.broadcast_to(base.scale, shape)[0] ** 2
+        return mean, _node_average(weights, (loc - mean) ** 2) + noise, None
+    if kind in ("bernoulli", "categorical"):
+        probs = base.probs
+        probs = jnp.broadcast_to(probs, shape + probs.shape[len(base.batch_shape):])
+        p = _node_average(weights, probs)
+        return p, p * (1 - p), None
+    mean_k = jnp.broadcast_to(base.mean, shape)
+    second = jnp.broadcast_to(base.variance, shape) + mean_k**2
+    mean = _node_average(weights, mean_k)
+    return mean, _node_average(weights, second) - mean**2, _broadcast_atoms(base, shape)
+
+
+def _broadcast_atoms(base: dist.Distribution, shape: tuple) -> dist.Distribution:
+    """``base`` (plain: a recipe of :mod:`numpyro_dgp.likelihoods` as its NumPyro parent) with
+    every parameter broadcast to the batch shape ``shape``, so the atoms can be stacked,
+    sliced and written along the point axis like any array."""
+    plain = base.plain() if hasattr(base, "plain") else base
+    return rebuild(plain, lambda a: jnp.broadcast_to(a, shape))
+
+
+def rebuild(d: dist.Distribution, transform: Any) -> dist.Distribution:
+    """A fresh distribution of ``d``'s class from its parameters (the names of its
+    ``arg_constraints``), each passed through ``transform`` (broadcast, sliced, gathered): unlike
+    a map over its pytree leaves, the result's batch shape (and that of any distribution it
+    holds inside) follows the new parameters.
+
+    :raises NotImplementedError: a class whose constructor does not take its parameters by name.
+    """
+    names = list(d.arg_constraints)
+    try:
+        return type(d)(**{name: transform(jnp.asarray(getattr(d, name))) for name in names},
+                       validate_args=False)
+    except (TypeError, AttributeError) as err:
+        raise NotImplementedError(
+            f"predict: a {type(d).__name__} observation cannot be rebuilt from its parameters {names} ({err}); "
+            "predictive mixtures need a distribution whose constructor takes them by name"
+        ) from None
+
+
+def component_of(trace: dict, moments: dict, name: str, kind: str, weights: jax.Array, layer_names: list,
+                 draw_key: jax.Array) -> Component:
+    """One mixture component from a run with nodes on the last layer: the observation
+    summarized (:func:`summarize`), one draw of every layer, and the layers' moments."""
+    last = layer_names[-1]
+    mean, variance, atoms = summarize(trace[name]["fn"], kind, weights)
+    layers = {n: trace[n]["value"] for n in layer_names if n != last}
+    mean_L, var_L = moments[last]
+    layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * jax.random.normal(draw_key, mean_L.shape, mean_L.dtype)
+    means = {n: moments[n][0] for n in layer_names}
+    variances = {n: moments[n][1] for n in layer_names}
+    return Component(mean, variance, layers, means, variances, atoms)
+
+
+def flatten_branches(num_branches: int, components: Component, log_weights: jax.Array) -> tuple[Component, jax.Array]:
+    """Components ``(num_samples, S, ...)`` with branch log weights ``(num_samples, S)`` as one
+    mixture of ``num_samples * S`` components (weights ``w_s / num_samples``); layer arrays
+    without a branch axis (layers before the first branch) are broadcast to it."""
+    num_samples = components.mean.shape[0]
+
+    def flat(a: jax.Array) -> jax.Array:
+        return a.reshape((-1,) + a.shape[2:])
+
+    def flat_layer(a: jax.Array) -> jax.Array:
+        if a.ndim == 3:  # (num_samples, N, P) before the first branching layer
+            a = jnp.broadcast_to(a[:, None], (num_samples, num_branches) + a.shape[1:])
+        return flat(a)
+
+    tree = jax.tree_util.tree_map
+    weights = (jax.nn.softmax(log_weights, axis=-1) / num_samples).reshape(-1)
+    flattened = Component(flat(components.mean), flat(components.variance), tree(flat_layer, components.layers),
+                          tree(flat_layer, components.layer_means), tree(flat_layer, components.layer_variances),
+                          None if components.atoms is None else tree(flat, components.atoms))
+    return flattened, weights.astype(components.mean.dtype)
+
+
+def mixture_fields(kind: str, components: Component, weights: jax.Array | None, atom_weights: Any) -> dict:
+    """The arrays of the :class:`~numpyro_dgp.Prediction` of stacked ``components`` (leading
+    axis ``S``), mixed with equal weights or ``weights (S,)``: the mean, and the variance by the
+    law of total variance (``mean (1 - mean)`` for probabilities).
+
+    :return: ``{field: value}`` for every array field of the prediction.
+    """
+    if weights is None:
+        average = lambda a: jnp.mean(a, axis=0)  # noqa: E731
+    else:
+        average = lambda a: jnp.tensordot(weights, a, axes=(0, 0))  # noqa: E731
+    mean = average(components.mean)
+    if kind in ("bernoulli", "categorical"):
+        variance = mean * (1 - mean)
+    else:
+        variance = average(components.variance + components.mean**2) - mean**2
+    general = components.atoms is not None
+    return {
+        "mean": mean, "variance": variance, "component_means": components.mean,
+        "component_variances": components.variance, "layers": components.layers,
+        "layer_means": components.layer_means, "layer_variances": components.layer_variances,
+        # rebuilt: a distribution mapped over (vmap, tree_map) keeps the batch shape it had
+        "weights": weights, "atoms": None if components.atoms is None else rebuild(components.atoms, lambda a: a),
+        "atom_weights": jnp.asarray(atom_weights, mean.dtype) if general else None,
+    }

@@ -1,0 +1,187 @@
+"""Natural-gradient steps on the Gaussian ``q(u)`` of chosen layers, another optimizer on the rest.
+
+For ``q(u_p) = N(m, S)`` (one per output ``p`` of a layer) with natural parameters
+``theta = (S^-1 m, -S^-1 / 2)`` and expectation parameters ``eta = (m, S + m m^T)``, the
+natural gradient of the loss with respect to ``theta`` is its ordinary gradient with respect
+to ``eta``. One step is ``theta <- theta - gamma dL/deta``; ``dL/deta`` comes from the gradient
+the objective gives for the guide's parameters ``(m, L)`` (``S = L L^T``) by the chain rule
+through ``eta -> (m, chol(eta_2 - eta_1 eta_1^T))``, as GPflow's ``NaturalGradient`` computes it
+(Salimbeni, Eleftheriadis & Hensman 2018). With a Gaussian likelihood and a one-layer model the
+bound is a concave quadratic in ``eta`` of which ``theta`` is the linear coefficient, so one step
+of size 1 lands on the optimal ``q(u)`` (Titsias' collapsed optimum).
+
+**References:**
+
+* Salimbeni, Eleftheriadis, Hensman (2018). Natural gradients in practice: non-conjugate
+  variational inference in Gaussian process models. AISTATS.
+* Hensman, Fusi, Lawrence (2013). Gaussian processes for big data. UAI.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.scipy.linalg import cho_solve
+from numpyro.distributions.transforms import biject_to
+from numpyro.optim import _NumPyroOptim, optax_to_numpyro
+
+from numpyro_dgp._compat import softplus_lower_cholesky
+
+__all__ = ["NaturalGradientState", "natural_gradient_ramp", "natural_gradients"]
+
+
+class NaturalGradientState(NamedTuple):
+    """State of :func:`natural_gradients`.
+
+    :ivar count: steps taken (the argument of a step-size schedule).
+    :ivar others: the other optimizer's state (over the parameters it updates).
+    """
+
+    count: jax.Array
+    others: Any
+
+
+def natural_gradient_ramp(initial: float = 1e-4, final: float = 0.1, num_steps: int = 5) -> optax.Schedule:
+    """A step size that grows log-linearly from ``initial`` to ``final`` over ``num_steps`` steps
+    and stays there: natural-gradient steps on non-conjugate or deep models start small
+    (Salimbeni et al. 2018 recommend such a ramp; large steps on inner layers are unstable).
+
+    :param initial: the first step's size, ``> 0``.
+    :param final: the size from step ``num_steps`` on, ``> 0``.
+    :param num_steps: steps of the ramp, ``>= 1``.
+    :return: an optax schedule (step count -> step size).
+    :raises ValueError: for non-positive sizes or ``num_steps < 1``.
+    """
+    if not (float(initial) > 0 and float(final) > 0):
+        raise ValueError(f"natural_gradient_ramp: initial and final must be positive, got {initial!r}, {final!r}")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
+        raise ValueError(f"natural_gradient_ramp: num_steps must be a positive integer, got {num_steps!r}")
+    log_initial, log_final = np.log(float(initial)), np.log(float(final))
+
+    def schedule(count: jax.Array) -> jax.Array:
+        fraction = jnp.clip(count / num_steps, 0.0, 1.0)
+        return jnp.exp(log_initial + fraction * (log_final - log_initial))
+
+    return schedule
+
+
+def _site_pairs(guide: Any, names: Sequence[str], layers: str | Sequence[str]) -> list[tuple[str, str]]:
+    """``(loc, scale_tril)`` parameter names of the inducing sites the natural gradient takes."""
+    from numpyro_dgp.guides import AutoFactorizedDGP  # a sibling package that imports the engine
+
+    if not isinstance(guide, AutoFactorizedDGP):
+        raise TypeError(f"natural_gradients: the guide must be numpyro_dgp.guides.AutoFactorizedDGP (an independent "
+                        f"Gaussian per layer), got {type(guide).__name__}")
+    sites = guide.inducing_sites
+    if not sites:
+        raise ValueError("natural_gradients: the guide has not been set up (svi.init or fit builds it before the "
+                         "optimizer)")
+    by_layer = {site.layer: site for site in sites}
+    if layers == "last":
+        chosen = [sites[-1]]
+    elif layers == "all":
+        chosen = list(sites)
+    else:
+        unknown = [name for name in layers if name not in by_layer]
+        if isinstance(layers, str) or unknown:
+            raise ValueError(f"natural_gradients: layers must be 'last', 'all' or a list of the model's layers "
+                             f"{sorted(by_layer)}; got {layers!r}")
+        chosen = [by_layer[name] for name in layers]
+    if any(site.inducing == "amortized" for site in chosen):
+        raise ValueError("natural_gradients: layers with per-point inducing sets have no global q(u)")
+    pairs = [(f"{site.name}_{guide.prefix}_loc", f"{site.name}_{guide.prefix}_scale_tril") for site in chosen]
+    missing = [name for pair in pairs for name in pair if name not in names]
+    if missing:
+        raise ValueError(f"natural_gradients: the parameters have no {missing} (another guide's parameters?)")
+    return pairs
+
+
+def _natural_step(loc: jax.Array, tril_vec: jax.Array, grad_loc: jax.Array, grad_tril: jax.Array,
+                  step: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The new ``(loc, unconstrained scale_tril)`` of one layer's ``q(u)`` after a natural-gradient
+    step of size ``step`` (every output ``p`` at once: ``loc (P, M)``)."""
+    transform = biject_to(softplus_lower_cholesky)
+    L = transform(tril_vec)  # (P, M, M)
+    eta1 = loc
+    eta2 = L @ jnp.swapaxes(L, -1, -2) + loc[..., :, None] * loc[..., None, :]
+
+    def to_parameters(eta1, eta2):
+        covariance = eta2 - eta1[..., :, None] * eta1[..., None, :]
+        return eta1, transform.inv(jnp.linalg.cholesky(covariance))
+
+    _, pullback = jax.vjp(to_parameters, eta1, eta2)
+    grad_eta1, grad_eta2 = pullback((grad_loc, grad_tril))
+    grad_eta2 = 0.5 * (grad_eta2 + jnp.swapaxes(grad_eta2, -1, -2))
+    eye = jnp.broadcast_to(jnp.eye(L.shape[-1], dtype=L.dtype), L.shape)
+    precision = cho_solve((L, True), eye)  # S^-1
+    theta1 = precision @ loc[..., None] - step * grad_eta1[..., None]
+    new_precision = precision + 2 * step * grad_eta2  # -2 theta2
+    precision_chol = jnp.linalg.cholesky(new_precision)
+    covariance = cho_solve((precision_chol, True), eye)
+    new_loc = (covariance @ theta1)[..., 0]
+    return new_loc, transform.inv(jnp.linalg.cholesky(covariance))
+
+
+def natural_gradients(
+    guide: Any,
+    others: optax.GradientTransformation | None = None,
+    step_size: float | optax.Schedule = 1.0,
+    layers: str | Sequence[str] = "last",
+) -> _NumPyroOptim:
+    """An optimizer for ``numpyro.infer.SVI`` (and :func:`~numpyro_dgp.fit`): natural-gradient
+    steps on the Gaussian ``q(u)`` of the chosen layers of an
+    :class:`~numpyro_dgp.guides.AutoFactorizedDGP`, ``others`` (default Adam, 0.01) on every
+    other parameter, from the same gradient.
+
+    ::
+
+        optimizer = dgp.infer.natural_gradients(guide, optax.adam(0.01), step_size=0.1)
+        svi = SVI(model, guide, optimizer, dgp.DGPElbo())
+
+    A step that makes a covariance indefinite (too large a step on a noisy gradient) gives NaN
+    parameters, which :func:`~numpyro_dgp.fit` does not apply (it counts the step as skipped).
+
+    :param guide: the ``AutoFactorizedDGP`` being fitted (its layers are read when the optimizer
+        is initialized, after the guide is set up).
+    :param others: the optax transformation of the other parameters (kernel hyperparameters,
+        inducing inputs, noise, inner layers' ``q(u)`` with ``layers="last"``).
+    :param step_size: the natural-gradient step ``gamma``, a number or an optax schedule (e.g.
+        :func:`natural_gradient_ramp`); 1 is exact for a one-layer Gaussian model.
+    :param layers: ``"last"`` (the output layer: the common choice, natural gradients on inner
+        layers are known to be unstable), ``"all"``, or a list of layer names.
+    :return: a NumPyro optimizer (``numpyro.optim.optax_to_numpyro`` of the combined transformation).
+    :raises TypeError: another guide (at initialization).
+    :raises ValueError: unknown layers, or layers with per-point inducing sets.
+    """
+    others = optax.adam(0.01) if others is None else others
+    schedule: Callable = step_size if callable(step_size) else (lambda count: step_size)
+    if not callable(step_size) and not float(step_size) > 0:
+        raise ValueError(f"natural_gradients: step_size must be positive, got {step_size!r}")
+    if not (layers in ("last", "all") or (not isinstance(layers, str) and len(layers) > 0)):
+        raise ValueError(f"natural_gradients: layers must be 'last', 'all' or a list of layer names, got {layers!r}")
+
+    def split(tree: dict, pairs: list) -> dict:
+        taken = {name for pair in pairs for name in pair}
+        return {k: v for k, v in tree.items() if k not in taken}
+
+    def init(params: dict) -> NaturalGradientState:
+        pairs = _site_pairs(guide, list(params), layers)
+        return NaturalGradientState(jnp.zeros((), jnp.int32), others.init(split(params, pairs)))
+
+    def update(grads: dict, state: NaturalGradientState, params: dict | None = None) -> tuple[dict, NaturalGradientState]:
+        pairs = _site_pairs(guide, list(grads), layers)
+        rest = split(params, pairs)
+        rest_updates, rest_state = others.update(split(grads, pairs), state.others, rest)
+        updates = dict(rest_updates)
+        step = jnp.asarray(schedule(state.count))
+        for loc_name, tril_name in pairs:
+            loc, tril = params[loc_name], params[tril_name]
+            new_loc, new_tril = _natural_step(loc, tril, grads[loc_name], grads[tril_name], step.astype(loc.dtype))
+            updates[loc_name], updates[tril_name] = new_loc - loc, new_tril - tril
+        return updates, NaturalGradientState(state.count + 1, rest_state)
+
+    return optax_to_numpyro(optax.GradientTransformation(init, update))
