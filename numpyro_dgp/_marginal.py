@@ -213,7 +213,7 @@ class marginalize_inducing(Messenger):
         self.layer_order.append(layer.name)
         flow = get_tag(msg, FLOW)
         if self.num_importance and (flow is not None or isinstance(post, (ChainLink, JointBlock))
-                                    or get_tag(msg, BRANCHES) is not None or isinstance(post, AmortizedPosterior)):
+                                    or get_tag(msg, BRANCHES) is not None):
             raise ValueError(
                 f"ImportanceWeightedElbo: layer {layer.name!r} is an SDE flow, has branches or a guide that "
                 "correlates the layers; the importance-weighted bound takes independent Gaussian layers "
@@ -663,7 +663,7 @@ def marginal_trace(
             found["locations"] = uses_inducing_locations(tr)
             found["last_u_site"] = message_layer(tr[f"{last}.layer"]).u_site
             found["latents"] = list(latent_specs(tr))
-            found["amortized"] = amortized_layer_names(tr)
+            found["amortized"] = [layer.name for layer in trace_layers(tr) if layer.inducing == "amortized"]
             return 0
 
         # closing over args keeps static ones (subsample sizes) concrete
@@ -714,9 +714,9 @@ def marginal_trace(
 
 def _tail_kinds(seeded_model: Callable, last: str, out_dim: int, args: tuple, kwargs: dict,
                 objective: str, latent_mode: str) -> list[str]:
-    """The kinds (:func:`~numpyro_dgp._observation.observation_kind`) of the observed sites after
-    the last layer, from an abstract run with two nodes on it (so that a parameter that
-    depends on the layer carries the node axis)."""
+    """The kinds (:func:`~numpyro_dgp._observation.observation_kind`) of the sample sites after
+    the last layer (observed in training, not yet at prediction), from an abstract run with two
+    nodes on it (so that a parameter that depends on the layer carries the node axis)."""
     found = {}
     nodes = np.stack([np.ones(out_dim), -np.ones(out_dim)])
 
@@ -724,8 +724,7 @@ def _tail_kinds(seeded_model: Callable, last: str, out_dim: int, args: tuple, kw
         handler = marginalize_inducing(seeded_model, quadrature_layer=last, quadrature_nodes=nodes,
                                        quadrature_weights=np.full(2, 0.5), latent_mode=latent_mode)
         tr = trace(handler).get_trace(*args, **kwargs)
-        found["kinds"] = [observation_kind(tr[name]["fn"], name, objective)
-                          for name in quadrature_tail(tr) if tr[name]["is_observed"]]
+        found["kinds"] = [observation_kind(tr[name]["fn"], name, objective) for name in quadrature_tail(tr)]
         return 0
 
     jax.eval_shape(probe)

@@ -105,9 +105,7 @@ def log_likelihood(prediction: Prediction, y: ArrayLike, per_column: bool = Fals
     :raises ValueError: targets of another shape, or labels the prediction does not have.
     """
     y = _check_targets(prediction, y, "log_likelihood")
-    arrays = {k: getattr(prediction, k) for k in ("mean", "component_means", "component_variances", "weights",
-                                                  "atoms", "atom_weights")}
-    return _log_likelihood(prediction.likelihood, per_column, y, arrays)
+    return _log_likelihood(prediction.likelihood, per_column, y, _arrays(prediction))
 
 
 @partial(jax.jit, static_argnums=(0, 1))
@@ -164,16 +162,18 @@ def gaussian_mixture_crps(
     return jax.lax.map(per_point, (jnp.ravel(y), flat(means), flat(variances))).reshape(y.shape)
 
 
-def _draws(prediction: Prediction, rng_key: jax.Array, num_draws: int) -> jax.Array:
+def _draws(arrays: dict, rng_key: jax.Array, num_draws: int) -> jax.Array:
     """``(R, N, ...)`` independent draws from a ``"general"`` prediction's mixture at every point:
     an atom is chosen by its weight ``w_s w_k``, then drawn from."""
-    atoms = prediction.atoms
+    atoms = arrays["atoms"]
     S, K = atoms.batch_shape[:2]
-    w_s = jnp.full((S,), 1.0 / S) if prediction.weights is None else prediction.weights
-    logits = jnp.log(jnp.maximum((w_s[:, None] * prediction.atom_weights[None]).reshape(-1), 1e-300))
+    w_s = jnp.full((S,), 1.0 / S) if arrays["weights"] is None else arrays["weights"]
+    cumulative = jnp.cumsum((w_s[:, None] * arrays["atom_weights"][None]).reshape(-1))
     pick_key, draw_key = jax.random.split(rng_key)
     rest = tuple(atoms.batch_shape[2:])
-    index = jax.random.categorical(pick_key, logits, shape=(num_draws,) + rest)  # (R, N, ...)
+    # every point mixes its atoms with the same weights: invert their cumulative sum
+    u = jax.random.uniform(pick_key, (num_draws,) + rest, cumulative.dtype) * cumulative[-1]
+    index = jnp.minimum(jnp.searchsorted(cumulative, u), S * K - 1)  # (R, N, ...)
     chosen = rebuild(atoms, lambda a: jnp.take_along_axis(a.reshape((S * K,) + rest), index, axis=0))
     return chosen.sample(draw_key)
 
@@ -197,50 +197,56 @@ def _calibration_error(confidence: jax.Array, correct: jax.Array) -> jax.Array:
     return jnp.sum(jnp.abs(gap)) / confidence.shape[0]
 
 
-def _classification_metrics(prediction: Prediction, y: jax.Array) -> dict:
+#: the array fields of a prediction the scores read
+_ARRAYS = ("mean", "component_means", "component_variances", "weights", "atoms", "atom_weights")
+
+
+def _arrays(prediction: Prediction) -> dict:
+    return {k: getattr(prediction, k) for k in _ARRAYS}
+
+
+# The scores are one program per shape each: eagerly, every small operation would compile on its own.
+@partial(jax.jit, static_argnums=0)
+def _classification_scores(kind: str, y: jax.Array, p: dict) -> dict:
     """Mean log-likelihood, accuracy, error rate, Brier score and expected calibration error."""
-    if prediction.likelihood == "bernoulli":
-        p = prediction.mean
-        predicted, confidence = p > 0.5, jnp.maximum(p, 1 - p)
+    if kind == "bernoulli":
+        probs = p["mean"]
+        predicted, confidence = probs > 0.5, jnp.maximum(probs, 1 - probs)
         correct = predicted == (y == 1)
-        brier = jnp.mean((p - y) ** 2)
+        brier = jnp.mean((probs - y) ** 2)
     else:
-        probs = prediction.mean
+        probs = p["mean"]
         predicted, confidence = jnp.argmax(probs, axis=-1), jnp.max(probs, axis=-1)
         correct = predicted == y
         brier = jnp.mean(jnp.sum((probs - jax.nn.one_hot(y, probs.shape[-1], dtype=probs.dtype)) ** 2, axis=-1))
     accuracy = jnp.mean(correct)
-    return {"log_likelihood": float(jnp.mean(log_likelihood(prediction, y))), "accuracy": float(accuracy),
-            "error_rate": float(1 - accuracy), "brier": float(brier),
-            "ece": float(_calibration_error(jnp.ravel(confidence), jnp.ravel(correct)))}
+    return {"log_likelihood": jnp.mean(_log_likelihood(kind, False, y, p)), "accuracy": accuracy,
+            "error_rate": 1 - accuracy, "brier": brier,
+            "ece": _calibration_error(jnp.ravel(confidence), jnp.ravel(correct))}
 
 
-def _regression_metrics(prediction: Prediction, y: jax.Array, y_scale: jax.Array, per_column: bool,
-                        rng_key: jax.Array) -> dict:
-    """Mean log-likelihood, RMSE and CRPS (of each column with ``per_column``), in the units
-    ``y_scale`` maps back to."""
-    columns = per_column and y.ndim > 1
+@partial(jax.jit, static_argnums=(0, 1))
+def _regression_scores(kind: str, columns: bool, y: jax.Array, y_scale: jax.Array, p: dict,
+                       rng_key: jax.Array) -> dict:
+    """Mean log-likelihood, RMSE and CRPS (of each column with ``columns``) over the present
+    (not NaN) targets, in the units ``y_scale`` maps back to."""
     present = ~jnp.isnan(y)
-    # means over the present targets (of each column with per_column; rows with any for the LL)
     count = jnp.sum(present, axis=0) if columns else jnp.sum(present)
     reduce = lambda a: jnp.sum(jnp.where(present, a, 0.0), axis=0 if columns else None) / count  # noqa: E731
-    lp = log_likelihood(prediction, y, per_column=columns)
+    lp = _log_likelihood(kind, columns, y, p)
     if columns:
         ll = reduce(lp) - jnp.log(y_scale)
-    else:
+    else:  # each row's joint density over its present columns, over the rows with any
         rows = present.reshape(y.shape[0], -1)
         log_scale = jnp.sum(jnp.where(rows, jnp.log(jnp.broadcast_to(y_scale, rows.shape[1:])), 0.0), axis=1)
         ll = jnp.sum(jnp.where(rows.any(axis=1), lp - log_scale, 0.0)) / jnp.sum(rows.any(axis=1))
-    filled = jnp.where(present, y, prediction.mean)
-    rmse = jnp.sqrt(reduce((filled - prediction.mean) ** 2)) * y_scale
-    if prediction.likelihood == "normal":
-        crps = gaussian_mixture_crps(filled, prediction.component_means, prediction.component_variances,
-                                     prediction.weights)
+    filled = jnp.where(present, y, p["mean"])
+    rmse = jnp.sqrt(reduce(((filled - p["mean"]) * y_scale) ** 2))  # each column in its own units
+    if kind == "normal":
+        crps = gaussian_mixture_crps(filled, p["component_means"], p["component_variances"], p["weights"])
     else:
-        crps = _sample_crps(filled, _draws(prediction, rng_key, CRPS_DRAWS))
-    crps = reduce(crps * y_scale)
-    as_python = (lambda a: [float(v) for v in np.asarray(a)]) if columns else float  # noqa: E731
-    return {"log_likelihood": as_python(ll), "rmse": as_python(rmse), "crps": as_python(crps)}
+        crps = _sample_crps(filled, _draws(p, rng_key, CRPS_DRAWS))
+    return {"log_likelihood": ll, "rmse": rmse, "crps": reduce(crps * y_scale)}
 
 
 def metrics(prediction: Prediction, y: ArrayLike, y_scale: ArrayLike = 1.0, *, per_column: bool = False,
@@ -279,10 +285,14 @@ def metrics(prediction: Prediction, y: ArrayLike, y_scale: ArrayLike = 1.0, *, p
         if scaled:
             raise ValueError(f"metrics: y_scale applies to regression predictions; a {kind} prediction takes "
                              f"y_scale=1.0, got {y_scale!r}")
-        return _classification_metrics(prediction, y)
+        return {k: float(v) for k, v in _classification_scores(kind, y, _arrays(prediction)).items()}
     if scaled and kind == "general" and is_discrete(prediction.atoms):
         raise ValueError(f"metrics: y_scale applies to continuous targets; {type(prediction.atoms).__name__} "
                          f"predictions are of counts, got y_scale={y_scale!r}")
     y = y.astype(prediction.mean.dtype)
     key = jax.random.PRNGKey(0) if rng_key is None else rng_key
-    return _regression_metrics(prediction, y, jnp.asarray(y_scale, y.dtype), per_column, key)
+    columns = per_column and y.ndim > 1
+    scores = _regression_scores(kind, columns, y, jnp.asarray(y_scale, y.dtype), _arrays(prediction), key)
+    if columns:
+        return {k: [float(v) for v in np.asarray(a)] for k, a in scores.items()}
+    return {k: float(v) for k, v in scores.items()}

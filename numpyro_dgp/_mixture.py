@@ -39,8 +39,9 @@ __all__ = [
 
 #: Gauss-Hermite nodes per component for a one-output last layer, by kind: 3 give the exact
 #: moments of a location affine in the layer; probabilities and other likelihoods are smooth
-#: nonlinear functions of it.
-PREDICTION_NODES = {"normal": 3, "bernoulli": 20, "categorical": 20, "general": 10}
+#: nonlinear functions of it (a likelihood much narrower than the layer's spread, a large
+#: count under a wide marginal, is the hard case: 20 nodes keep such a density to ~1e-2)
+PREDICTION_NODES = {"normal": 3, "bernoulli": 20, "categorical": 20, "general": 20}
 #: Monte Carlo draws per point and component for a last layer of several outputs (a Normal
 #: takes the exact ``2 P``-node rule instead).
 PREDICTION_DRAWS = {"normal": 16, "bernoulli": 16, "categorical": 16, "general": 8}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from functools import partial
 import json
 import os
 import re
@@ -582,9 +583,10 @@ def load_model(path: os.PathLike | str) -> SavedModel:
 
 def predictive_quantiles(prediction: Any, quantiles: ArrayLike, *, num_iters: int = 60) -> jax.Array:
     """Quantiles of a regression prediction's mixture (a :class:`~numpyro_dgp.Prediction` with a
-    Normal or any other likelihood of a number), per point, by bisection on the mixture's
-    distribution function (for counts: the smallest count whose probability of not being
-    exceeded reaches the level).
+    Normal or any other likelihood of a number), per point: by bisection on the mixture's
+    distribution function, or, for counts, the smallest count whose probability of not being
+    exceeded reaches the level (from the distribution function tabulated at the counts up to
+    the mean plus 12 standard deviations).
 
     :param prediction: the prediction.
     :param quantiles: ``(Q,)`` levels in ``(0, 1)``, e.g. ``[0.025, 0.975]``.
@@ -593,26 +595,62 @@ def predictive_quantiles(prediction: Any, quantiles: ArrayLike, *, num_iters: in
     :return: ``(Q, N)`` quantiles (``(Q, N, T)`` for ``T`` target columns).
     :raises ValueError: a classification prediction, or levels outside ``(0, 1)``.
     """
-    from jax.scipy.stats import norm
-
     if prediction.likelihood not in ("normal", "general"):
         raise ValueError("predictive_quantiles: needs a regression prediction (Normal or another likelihood of a "
                          f"number), got likelihood {prediction.likelihood!r}")
-    q = jnp.atleast_1d(jnp.asarray(quantiles, prediction.mean.dtype))
-    if not bool(jnp.all((q > 0) & (q < 1))):
+    levels = np.atleast_1d(np.asarray(quantiles, np.float64))
+    if not np.all((levels > 0) & (levels < 1)):
         raise ValueError(f"predictive_quantiles: quantiles must lie in (0, 1), got {quantiles!r}")
-    q_full = q.reshape((-1,) + (1,) * prediction.mean.ndim)
-    cdf = _mixture_cdf(prediction)
-    spread = jnp.sqrt(jnp.maximum(prediction.component_variances, jnp.finfo(q.dtype).tiny))
+    q = jnp.asarray(levels, prediction.mean.dtype)
+    arrays = {k: getattr(prediction, k) for k in ("component_means", "component_variances", "weights", "atoms",
+                                                  "atom_weights")}
+    if prediction.atoms is not None and bool(prediction.atoms.support.is_discrete):
+        spread = np.sqrt(np.maximum(np.asarray(prediction.variance), 0.0))
+        largest = int(np.nanmax(np.where(np.isfinite(spread), np.asarray(prediction.mean) + 12 * spread, 0.0))) + 10
+        return _count_quantiles(q, arrays, min(largest, 1_000_000))
+    return _bisect_quantiles(q, arrays, int(num_iters))
+
+
+def _component_weights(arrays: dict) -> jax.Array:
+    """``(S, K)`` weights of every atom (``(S, 1)`` for Gaussian components)."""
+    m = arrays["component_means"]
+    w = jnp.full((m.shape[0],), 1.0 / m.shape[0], m.dtype) if arrays["weights"] is None else arrays["weights"]
+    return w[:, None] * (arrays["atom_weights"][None] if arrays["atoms"] is not None else jnp.ones((1,), m.dtype))
+
+
+# One program per shape: eagerly, every operation of the loops would compile on its own.
+@partial(jax.jit, static_argnums=2)
+def _bisect_quantiles(q: jax.Array, arrays: dict, num_iters: int) -> jax.Array:
+    """Bisection on the mixture's distribution function, from a bracket around the components
+    widened until it holds every level (heavy tails)."""
+    from jax.scipy.stats import norm
+
+    m, v = arrays["component_means"], arrays["component_variances"]
+    weights = _component_weights(arrays).reshape((m.shape[0], -1) + (1,) * (m.ndim - 1))  # (S, K, N...)
+    if arrays["atoms"] is None:
+        s = jnp.sqrt(jnp.maximum(v, jnp.finfo(v.dtype).tiny))
+        cdf_at = lambda x: norm.cdf((x[:, None, None] - m[None, :, None]) / s[None, :, None])  # noqa: E731
+    else:
+        cdf_at = lambda x: arrays["atoms"].cdf(x[:, None, None])  # noqa: E731
+
+    def cdf(x):  # (Q, N...) -> (Q, N...)
+        return jnp.sum(weights[None] * cdf_at(x), axis=(1, 2))
+
+    q_full = q.reshape((-1,) + (1,) * (m.ndim - 1))
+    spread = jnp.sqrt(jnp.maximum(v, jnp.finfo(v.dtype).tiny))
     spread = jnp.where(jnp.isfinite(spread), spread, 1.0)
     z = jnp.max(jnp.abs(norm.ppf(q))) + 1
-    lo = jnp.broadcast_to(jnp.min(prediction.component_means - z * spread, axis=0), (q.shape[0],) + prediction.mean.shape)
-    hi = jnp.broadcast_to(jnp.max(prediction.component_means + z * spread, axis=0), lo.shape)
+    lo = jnp.broadcast_to(jnp.min(m - z * spread, axis=0), q.shape + m.shape[1:])
+    hi = jnp.broadcast_to(jnp.max(m + z * spread, axis=0), lo.shape)
 
-    def widen(_, bracket):  # heavy tails: double the bracket until it holds the level
-        lo, hi = bracket
+    def unbracketed(state):
+        lo, hi, count = state
+        return (count < 64) & (jnp.any(cdf(lo) >= q_full) | jnp.any(cdf(hi) < q_full))
+
+    def widen(state):
+        lo, hi, count = state
         width = hi - lo + 1.0
-        return jnp.where(cdf(lo) < q_full, lo, lo - width), jnp.where(cdf(hi) >= q_full, hi, hi + width)
+        return jnp.where(cdf(lo) < q_full, lo, lo - width), jnp.where(cdf(hi) >= q_full, hi, hi + width), count + 1
 
     def halve(_, bracket):
         lo, hi = bracket
@@ -620,34 +658,28 @@ def predictive_quantiles(prediction: Any, quantiles: ArrayLike, *, num_iters: in
         below = cdf(mid) < q_full
         return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
 
-    lo, hi = jax.lax.fori_loop(0, 64, widen, (lo, hi))
-    lo, hi = jax.lax.fori_loop(0, int(num_iters), halve, (lo, hi))
-    if prediction.atoms is not None and bool(prediction.atoms.support.is_discrete):
-        return jnp.floor(hi)
+    lo, hi, _ = jax.lax.while_loop(unbracketed, widen, (lo, hi, 0))
+    lo, hi = jax.lax.fori_loop(0, num_iters, halve, (lo, hi))
     return 0.5 * (lo + hi)
 
 
-def _mixture_cdf(prediction: Any) -> Callable[[jax.Array], jax.Array]:
-    """``x (Q, N, ...) -> P(Y <= x)`` of the prediction's mixture at every point."""
-    from jax.scipy.stats import norm
+@partial(jax.jit, static_argnums=2)
+def _count_quantiles(q: jax.Array, arrays: dict, largest: int) -> jax.Array:
+    """Quantiles of a mixture of count distributions: its distribution function at the counts
+    ``0 .. largest``, point by point (bounded memory), and the first count that reaches each level."""
+    from numpyro_dgp._mixture import rebuild
 
-    m = prediction.component_means
-    S = m.shape[0]
-    w = jnp.full((S,), 1.0 / S, m.dtype) if prediction.weights is None else prediction.weights
-    if prediction.atoms is None:
-        s = jnp.sqrt(jnp.maximum(prediction.component_variances, jnp.finfo(m.dtype).tiny))
-        w = w.reshape((-1,) + (1,) * (m.ndim - 1))
-        return lambda x: jnp.sum(w[None] * norm.cdf((x[:, None] - m[None]) / s[None]), axis=1)
-    atoms = prediction.atoms
-    both = (w[:, None] * prediction.atom_weights[None]).reshape((S, -1) + (1,) * (m.ndim - 1))
-    lower = getattr(atoms.support, "lower_bound", None)
+    atoms = arrays["atoms"]
+    weights = _component_weights(arrays)  # (S, K)
+    counts = jnp.arange(largest + 1, dtype=q.dtype)
+    S, K = weights.shape
+    points = arrays["component_means"].shape[1:]
 
-    def cdf(x):
-        x = x[:, None, None]
-        if lower is None:
-            return jnp.sum(both[None] * atoms.cdf(x), axis=(1, 2))
-        # below the support (counts: x < 0) the distribution function is 0; not every cdf says so
-        inside = jnp.sum(both[None] * atoms.cdf(jnp.maximum(x, lower)), axis=(1, 2))
-        return jnp.where(x[:, 0, 0] < lower, 0.0, inside)
+    def at_point(index):  # the atoms of one point (of one column): (S, K)
+        point = rebuild(atoms, lambda a: a.reshape(S, K, -1)[:, :, index])
+        pmf = jnp.exp(point.log_prob(counts[:, None, None]))  # (C, S, K)
+        cdf = jnp.cumsum(jnp.sum(pmf * weights[None], axis=(1, 2)))
+        return jnp.searchsorted(cdf, q * (1 - 1e-12)).astype(q.dtype)  # the smallest count with cdf >= q
 
-    return cdf
+    per_point = jax.lax.map(at_point, jnp.arange(int(np.prod(points))))  # (N T, Q)
+    return per_point.T.reshape(q.shape + points)

@@ -186,7 +186,7 @@ def _check_discrete_targets(y: jax.Array, observation: Observation, caller: str)
         what = "0/1 labels" if num_classes == 2 else f"class labels in 0..{num_classes - 1}"
     if bad.any():
         raise ValueError(f"{caller}: y must hold {what} for likelihood={observation.likelihood!r}; got "
-                         f"{int(bad.sum())} other value(s), e.g. {value[bad][0]!r}")
+                         f"{int(bad.sum())} other value(s), e.g. {value[bad][0].item()!r}")
 
 
 def deep_gp_regression(

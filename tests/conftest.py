@@ -104,7 +104,7 @@ def pytest_configure(config):
 
 # The tutorial notebooks are the longest tests (1.5-4 min each against seconds for the rest):
 # run them first, longest first, so pytest-xdist's workers do not end on one long notebook.
-_NOTEBOOKS_LONGEST_FIRST = ["04_amortized", "03_mcmc_ground_truth", "05_sde_flow", "06_nested_compression", "02_swapping_guides"]
+_NOTEBOOKS_LONGEST_FIRST = ["04_amortized", "07_likelihoods_and_latents", "03_mcmc_ground_truth", "05_sde_flow", "06_nested_compression", "02_swapping_guides"]
 
 
 def _run_order(item):

@@ -113,3 +113,100 @@ def test_read_table_formats(tmp_path):
         read_table(tmp_path / "n.csv")
     with pytest.raises(FileNotFoundError):
         read_table(tmp_path / "none.csv")
+
+
+def _write_table(path, columns, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(columns)
+        w.writerows(rows)
+
+
+def test_fit_softmax_poisson_and_student_t_then_predict(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(90, 2))
+    label = np.argmax(np.stack([X[:, 0], X[:, 1], -X[:, 0] - X[:, 1]], 1), 1)
+    count = rng.poisson(np.exp(0.5 * X[:, 0]))
+    value = np.sin(X[:, 0]) + 0.1 * rng.standard_t(3, size=90)
+    _write_table(tmp_path / "d.csv", ["a", "b", "label", "count", "value"],
+                 np.column_stack([X, label, count, value]).tolist())
+    _write_table(tmp_path / "new.csv", ["a", "b"], X[:4].tolist())
+    common = ["--layers", "1", "--num-inducing", "8", "--steps", "30", "--no-progress", "--test-fraction", "0.2"]
+    for target, likelihood, header in (("label", "softmax", ["p0", "p1", "p2", "class"]),
+                                       ("count", "poisson", ["mean", "std", "q0.025", "q0.975"]),
+                                       ("value", "student-t", ["mean", "std", "q0.025", "q0.975"])):
+        others = [c for c in ("label", "count", "value") if c != target]
+        _write_table(tmp_path / f"{target}.csv", ["a", "b", target],
+                     np.column_stack([X, {"label": label, "count": count, "value": value}[target]]).tolist())
+        code = cli.main(["fit", str(tmp_path / f"{target}.csv"), "--target", target, "--likelihood", likelihood,
+                         *common, "--output", str(tmp_path / target)])
+        out = capsys.readouterr().out
+        assert code == 0, (likelihood, out)
+        assert "held-out: log_likelihood" in out and (("accuracy" in out) == (likelihood == "softmax")), out
+        assert others  # the other columns are not in this table
+        assert cli.main(["predict", str(tmp_path / target), str(tmp_path / "new.csv"), "--output",
+                         str(tmp_path / f"{target}_p.csv")]) == 0
+        rows = list(csv.reader(open(tmp_path / f"{target}_p.csv")))
+        assert rows[0] == header and len(rows) == 5, (likelihood, rows[0])
+        values = np.array(rows[1:], float)
+        assert np.all(np.isfinite(values))
+        if likelihood == "softmax":
+            np.testing.assert_allclose(values[:, :3].sum(1), 1.0, rtol=1e-9)
+            assert set(values[:, 3]) <= {0.0, 1.0, 2.0}
+        if likelihood == "poisson":
+            assert np.all(values[:, 2:] == np.round(values[:, 2:])) and np.all(values[:, 2] <= values[:, 3])
+
+
+def test_fit_several_targets_with_missing_cells(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(80, 2))
+    a = np.sin(X[:, 0]) + 0.1 * rng.normal(size=80)
+    b = [("" if rng.random() < 0.2 else f"{v}") for v in np.cos(X[:, 1]) + 0.1 * rng.normal(size=80)]
+    _write_table(tmp_path / "d.csv", ["x0", "x1", "a", "b"], [[*X[i], a[i], b[i]] for i in range(80)])
+    args = ["fit", str(tmp_path / "d.csv"), "--target", "a,b", "--layers", "1", "--num-inducing", "8", "--steps", "30",
+            "--no-progress", "--test-fraction", "0.2", "--output", str(tmp_path / "m")]
+    assert cli.main(args) == 2
+    assert "target column(s) ['b'] have missing values; pass --missing-targets mask" in capsys.readouterr().err
+    assert cli.main(args + ["--missing-targets", "mask"]) == 0
+    out = capsys.readouterr().out
+    assert "target ['a', 'b']" in out and "; a: log_likelihood" in out and "; b: log_likelihood" in out
+    _write_table(tmp_path / "new.csv", ["x0", "x1"], X[:3].tolist())
+    assert cli.main(["predict", str(tmp_path / "m"), str(tmp_path / "new.csv"), "--output", str(tmp_path / "p.csv"),
+                     "--quantiles", "0.5"]) == 0
+    rows = list(csv.reader(open(tmp_path / "p.csv")))
+    assert rows[0] == ["mean_a", "std_a", "q0.5_a", "mean_b", "std_b", "q0.5_b"] and len(rows) == 4
+
+
+def test_fit_refuses_targets_its_likelihood_cannot_take(tmp_path, capsys):
+    rows = [[0.1, 0], [0.2, 1], [0.3, 3], [0.4, 2]]
+    _write_table(tmp_path / "d.csv", ["x", "y"], rows)
+    base = ["fit", str(tmp_path / "d.csv"), "--target", "y", "--output", str(tmp_path / "m")]
+    _write_table(tmp_path / "f.csv", ["x", "y"], [[0.1, 0.5], [0.2, 1.0]])
+    assert cli.main(["fit", str(tmp_path / "f.csv"), "--target", "y", "--likelihood", "softmax", "--output",
+                     str(tmp_path / "m")]) == 2
+    assert "needs class labels 0, 1, ..., C-1" in capsys.readouterr().err
+    _write_table(tmp_path / "n.csv", ["x", "y"], [[0.1, -1], [0.2, 2]])
+    assert cli.main(["fit", str(tmp_path / "n.csv"), "--target", "y", "--likelihood", "poisson", "--output",
+                     str(tmp_path / "m")]) == 2
+    assert "needs non-negative integer counts" in capsys.readouterr().err
+    _write_table(tmp_path / "one.csv", ["x", "y"], [[0.1, 0], [0.2, 0]])
+    assert cli.main(["fit", str(tmp_path / "one.csv"), "--target", "y", "--likelihood", "robust-max", "--output",
+                     str(tmp_path / "m")]) == 2
+    assert "needs at least two classes" in capsys.readouterr().err
+    assert cli.main(base + ["--likelihood", "softmax", "--target", "x,y"]) == 2
+    assert "takes one --target column of labels" in capsys.readouterr().err
+    assert cli.main(["fit", str(tmp_path / "d.csv"), "--target", "y,y", "--output", str(tmp_path / "m")]) == 2
+    assert "names a column twice" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["fit", str(tmp_path / "d.csv"), "--target", "y,", "--output", str(tmp_path / "m")])
+    assert "must be a column name or comma-separated names" in capsys.readouterr().err
+
+
+def test_read_table_reads_missing_cells_where_allowed(tmp_path):
+    (tmp_path / "m.csv").write_text("a,b\n1,\n3,nan\n5,6\n")
+    t = read_table(tmp_path / "m.csv", allow_missing=["b"])
+    assert np.isnan(t.data[:2, 1]).all() and t.data[2, 1] == 6
+    with pytest.raises(ValueError, match="not numeric: 'b'"):
+        read_table(tmp_path / "m.csv", allow_missing=["a"])
+    X, Y, names = t.split(["b", "a"])
+    assert Y.shape == (3, 2) and names == [] and X.shape == (3, 0)

@@ -552,3 +552,98 @@ def test_exact_layers_collapse_last_refuses_observations_of_another_shape():
 
     with pytest.raises(ValueError, match=r"exact_layers\(collapse_last=True\): observation site 'y' has shape \(6, 2\)"):
         trace(seed(exact_layers(model, collapse_last=True), 0)).get_trace(X, jnp.stack([Y, Y], -1))
+
+
+# ---------------------------------------------------------------- likelihoods, targets, latent inputs
+
+
+def _initial_params(model, guide, y):
+    svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    return svi.get_params(svi.init(KEY, X, y))
+
+
+def test_likelihood_recipes_refuse_bad_arguments():
+    with pytest.raises(ValueError, match="softmax: f must be the last layer's output .* at least 2"):
+        dgp.likelihoods.softmax(jnp.zeros((5, 1)))
+    with pytest.raises(ValueError, match=r"robust_max: epsilon must lie in \(0, 1\)"):
+        dgp.likelihoods.robust_max(jnp.zeros((5, 3)), epsilon=1.0)
+    with pytest.raises(TypeError, match="robust_max: epsilon must be a number"):
+        dgp.likelihoods.robust_max(jnp.zeros((5, 3)), epsilon="small")
+    with pytest.raises(ValueError, match="heteroscedastic_normal: f needs an even number of outputs"):
+        dgp.likelihoods.heteroscedastic_normal(jnp.zeros((5, 3)))
+    with pytest.raises(ValueError, match="poisson: f must be the last layer's output"):
+        dgp.likelihoods.poisson(jnp.zeros(()))
+
+
+def test_objectives_refuse_bad_likelihood_settings():
+    for objective in (dgp.DGPElbo, dgp.PredictiveObjective):
+        with pytest.raises(ValueError, match="num_likelihood_samples must be a positive integer"):
+            objective(num_likelihood_samples=0)
+
+    def four_outputs(X, y=None):
+        f = dgp.gp_layer("f", X, dgp.kernels.RBF(), num_inducing=2, out_dim=4)
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(f, 0.1).to_event(1), obs=y)
+
+    guide = AutoFactorizedDGP(four_outputs)
+    Y4 = jnp.zeros((6, 4))
+    params = _initial_params(four_outputs, guide, Y4)
+    with pytest.raises(ValueError, match="num_quadrature=20 over 4 outputs has 160000 nodes"):
+        dgp.DGPElbo(num_quadrature=20).loss(KEY, params, four_outputs, guide, X, Y4)
+
+
+def test_predict_refuses_a_likelihood_it_cannot_rebuild():
+    def truncated(X, y=None):
+        f = _layer("f", X)
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.TruncatedNormal(f[..., 0], 0.1, low=-5.0), obs=y)
+
+    guide = AutoFactorizedDGP(truncated)
+    params = _initial_params(truncated, guide, Y)
+    with pytest.raises(NotImplementedError, match="cannot be rebuilt from its parameters"):
+        dgp.predict(truncated, guide, params, KEY, X, num_samples=2)
+
+
+def test_saved_count_model_refuses_a_target_standardization(tmp_path):
+    model = deep_gp_regression(1, num_inducing=2, likelihood="poisson")
+    guide = AutoFactorizedDGP(model)
+    counts = jnp.asarray([0, 1, 2, 3, 1, 0])
+    params = _initial_params(model, guide, counts)
+    standardization = dgp.Standardization(np.zeros(1), np.ones(1), 2.0, 3.0)  # y scaled: wrong for counts
+    dgp.save_model(tmp_path / "m", model, guide, params, input_dim=1, standardization=standardization)
+    with pytest.raises(ValueError, match="a Poisson prediction has no location and scale"):
+        dgp.load_model(tmp_path / "m").predict(np.asarray(X))
+
+
+def test_targets_of_another_width_and_infinite_missing_targets_are_refused():
+    model = deep_gp_regression(1, num_inducing=2, num_outputs=2)
+    with pytest.raises(ValueError, match=r"y must have shape \(6, 2\) .* its 2 target columns, got shape \(6,\)"):
+        seed(model, 0)(X, Y)
+    masked = deep_gp_regression(1, num_inducing=2, missing_targets="mask")
+    guide = AutoFactorizedDGP(masked)
+    with pytest.raises(ValueError, match=r"args\[1\] contains inf values"):
+        dgp.fit(SVI(masked, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo()), KEY, X, Y.at[0].set(jnp.inf),
+                num_steps=1, progress_bar=False)
+
+
+def test_latent_inputs_refuse_a_bad_name_a_missing_key_and_a_bad_guide_width():
+    def in_plate(fn):
+        with numpyro.plate("data", 6):
+            return fn()
+
+    with pytest.raises(ValueError, match="latent_input: name must be a non-empty string"):
+        seed(lambda: in_plate(lambda: dgp.latent_input("", X)), 0)()
+    with pytest.raises(RuntimeError, match="needs a random key"):
+        in_plate(lambda: dgp.latent_input("w", X))
+    with pytest.raises(ValueError, match="latent_hidden_width must be a positive integer"):
+        AutoFactorizedDGP(one_layer, latent_hidden_width=0)
+    with pytest.raises(ValueError, match="latent_mode must be 'posterior' or 'prior'"):
+        marginalize_inducing(one_layer, latent_mode="guide")
+
+
+def test_importance_weighting_refuses_amortized_layers():
+    model = dgp.models.amortized_dgp(widths=(1,), num_inducing=(2,))
+    guide = dgp.guides.AutoAmortizedDGP(model, num_branches=2)
+    params = _initial_params(model, guide, Y)
+    with pytest.raises(ValueError, match=r"layers \['h1'\] have per-point inducing sets, which the importance"):
+        dgp.ImportanceWeightedElbo(2).loss(KEY, params, model, guide, X, Y)

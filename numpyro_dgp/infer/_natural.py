@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.scipy.linalg import cho_solve
 from numpyro.distributions.transforms import biject_to
 from numpyro.optim import _NumPyroOptim, optax_to_numpyro
 
 from numpyro_dgp._compat import softplus_lower_cholesky
+from numpyro_dgp.core import cholesky, triangular_inverse
 
 __all__ = ["NaturalGradientState", "natural_gradient_ramp", "natural_gradients"]
 
@@ -111,19 +111,21 @@ def _natural_step(loc: jax.Array, tril_vec: jax.Array, grad_loc: jax.Array, grad
 
     def to_parameters(eta1, eta2):
         covariance = eta2 - eta1[..., :, None] * eta1[..., None, :]
-        return eta1, transform.inv(jnp.linalg.cholesky(covariance))
+        return eta1, transform.inv(cholesky(0.5 * (covariance + jnp.swapaxes(covariance, -1, -2))))
 
     _, pullback = jax.vjp(to_parameters, eta1, eta2)
     grad_eta1, grad_eta2 = pullback((grad_loc, grad_tril))
     grad_eta2 = 0.5 * (grad_eta2 + jnp.swapaxes(grad_eta2, -1, -2))
-    eye = jnp.broadcast_to(jnp.eye(L.shape[-1], dtype=L.dtype), L.shape)
-    precision = cho_solve((L, True), eye)  # S^-1
+    L_inv = triangular_inverse(L)
+    precision = jnp.swapaxes(L_inv, -1, -2) @ L_inv  # S^-1
     theta1 = precision @ loc[..., None] - step * grad_eta1[..., None]
     new_precision = precision + 2 * step * grad_eta2  # -2 theta2
-    precision_chol = jnp.linalg.cholesky(new_precision)
-    covariance = cho_solve((precision_chol, True), eye)
+    # the library's factorization and inverse: built from matrix products, they do not
+    # compete with XLA's threads as LAPACK's calls do inside a step
+    precision_inv = triangular_inverse(cholesky(new_precision))
+    covariance = jnp.swapaxes(precision_inv, -1, -2) @ precision_inv
     new_loc = (covariance @ theta1)[..., 0]
-    return new_loc, transform.inv(jnp.linalg.cholesky(covariance))
+    return new_loc, transform.inv(cholesky(covariance))
 
 
 def natural_gradients(
