@@ -22,3 +22,13 @@ def default_data_dir() -> str | None:
 
 
 DATA_DIR_HELP = "folder holding the UCI data sets (default: $NUMPYRO_DGP_DATA, else ../shared/data/uci beside the repository)"
+
+
+def shown_command(script: str, argv: list[str]) -> str:
+    """The command line to record in a result file, the peers' folder written as
+    ``$NUMPYRO_DGP_PEERS_DIR`` (``benchmarks/peers/setup.sh``) rather than this machine's path."""
+    import shlex
+
+    peers = os.environ.get("NUMPYRO_DGP_PEERS_DIR", str(Path.home() / ".cache" / "numpyro_dgp_peers"))
+    line = f"python benchmarks/{script} " + shlex.join(argv)
+    return line.replace(peers, "$NUMPYRO_DGP_PEERS_DIR")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from _paths import shown_command
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PEER = Path(__file__).resolve().parent / "peers" / "gpflux_digits.py"
@@ -138,7 +139,7 @@ def main(argv=None) -> None:
         jax.config.update("jax_enable_x64", True)
     from numpyro_dgp.datasets import parse_splits
 
-    record = {"command": "python benchmarks/digits.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
+    record = {"command": shown_command("digits.py", argv if argv is not None else sys.argv[1:]),
               "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}",
               "settings": (f"{args.steps} steps, M = {args.num_inducing}, width {args.hidden_width}, batch "
                            f"{args.batch_size}, Adam {args.lr}, {args.num_samples} samples, "

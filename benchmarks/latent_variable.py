@@ -13,7 +13,7 @@ Writes ``benchmarks/results/latent_variable_<tag>.json`` and ``.md`` with the ex
 
 Example (the committed results)::
 
-    python benchmarks/latent_variable.py --dataset concrete --splits 0-4 --steps 5000 --tag concrete
+    python benchmarks/latent_variable.py --dataset concrete --splits 0-2 --steps 5000 --tag concrete
 """
 
 from __future__ import annotations

@@ -9,11 +9,16 @@ time to the target is the compiled-step time (compilation excluded) until the me
 the trailing ``--window`` steps first reaches it. Test log-likelihood and RMSE at the end of
 each run.
 
+With ``--with-gpflux PYTHON`` (the venv of ``benchmarks/peers/setup.sh``), GPflow's
+``NaturalGradient`` against Adam in the same DGP in GPflux, on the same splits in the same run
+(``benchmarks/peers/gpflux_natural_gradients.py``), timed and scored the same way.
+
 Writes ``benchmarks/results/natural_gradients_<tag>.json`` and ``.md`` with the exact command.
 
 Example (the committed results)::
 
-    python benchmarks/natural_gradients.py --datasets kin8nm,power-plant --splits 0-2 --steps 5000 --tag uci
+    python benchmarks/natural_gradients.py --datasets kin8nm,power-plant --splits 0 --steps 5000 \\
+        --with-gpflux $NUMPYRO_DGP_PEERS_DIR/gpflux/bin/python --tag uci
 """
 
 from __future__ import annotations
@@ -21,16 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from _paths import DATA_DIR_HELP, default_data_dir
+from _paths import DATA_DIR_HELP, default_data_dir, shown_command
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PEER = Path(__file__).resolve().parent / "peers" / "gpflux_natural_gradients.py"
 
 
 def time_to(losses: np.ndarray, step_seconds: np.ndarray, target: float, window: int) -> float:
@@ -72,23 +78,57 @@ def run(data, args, natural: bool, seed: int) -> dict:
             "test_rmse": scores["rmse"]}
 
 
-def write(record: dict, path: Path) -> None:
-    lines = ["# Natural gradients (last layer) + Adam against Adam alone: time to DSVI's final objective", "",
-             f"Command: `{record['command']}`", "", f"Machine: {record['machine']}; {record['settings']}", "",
-             "| data set | split | Adam: s to target | NG + Adam: s to target | ratio | Adam ms/step | NG ms/step | "
-             "test LL Adam / NG | skipped Adam / NG |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in record["runs"]:
-        ratio = r["natural"]["seconds_to_target"] / r["adam"]["seconds_to_target"]
-        lines.append(
-            f"| {r['dataset']} | {r['split']} | {r['adam']['seconds_to_target']:.1f} | "
+def gpflux(python: str, name: str, split: int, args) -> dict:
+    """Adam and natural gradients + Adam in GPflux on one split (a subprocess in its own venv)."""
+    command = [python, str(PEER), "--dataset", name, "--split", str(split), "--steps", str(args.steps),
+               "--gamma", str(args.gamma), "--ramp", str(args.ramp), "--seed", str(split)]
+    if args.data_dir:
+        command += ["--data-dir", args.data_dir]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the GPflux peer failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def summarize(adam: dict, natural: dict, window: int) -> dict:
+    """Both runs' time to Adam's final objective, step time, final objective and test scores."""
+    target = float(np.mean(adam["losses"][-window:]))
+    entry = {"target": target}
+    for label, r in (("adam", adam), ("natural", natural)):
+        losses = np.asarray(r["losses"])
+        entry[label] = {"seconds_to_target": time_to(losses, r["step_seconds"], target, window),
+                        "ms_per_step": float(np.median(r["step_seconds"]) * 1e3),
+                        "compile_seconds": r.get("compile_seconds"),
+                        "final_objective": float(np.mean(losses[-window:])), "test_ll": r["test_ll"],
+                        "test_rmse": r["test_rmse"], "skipped": r.get("skipped", "-")}
+    return entry
+
+
+def _row(library: str, r: dict) -> str:
+    ratio = r["natural"]["seconds_to_target"] / r["adam"]["seconds_to_target"]
+    return (f"| {library} | {r['dataset']} | {r['split']} | {r['adam']['seconds_to_target']:.1f} | "
             f"{r['natural']['seconds_to_target']:.1f} | {ratio:.2f} | {r['adam']['ms_per_step']:.2f} | "
             f"{r['natural']['ms_per_step']:.2f} | {r['adam']['test_ll']:.3f} / {r['natural']['test_ll']:.3f} | "
             f"{r['adam']['skipped']} / {r['natural']['skipped']} |")
-    lines += ["", "The target is Adam's final training objective (mean negative ELBO of its last "
-              f"{record['window']} steps, standardized units); s to target: compiled-step seconds until a run's "
-              f"trailing {record['window']}-step mean loss first reaches it (compilation excluded, NaN: never). "
-              "Ratio below 1: natural gradients reach it sooner."]
+
+
+def write(record: dict, path: Path) -> None:
+    lines = ["# Natural gradients (last layer) + Adam against Adam alone: time to DSVI's final objective", "",
+             f"Command: `{record['command']}`", "", f"Machine: {record['machine']}; {record['settings']}", "",
+             "| library | data set | split | Adam: s to target | NG + Adam: s to target | ratio | Adam ms/step | "
+             "NG ms/step | test LL Adam / NG | skipped Adam / NG |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in record["runs"]:
+        lines.append(_row("numpyro-dgp", r))
+        if "gpflux" in r:
+            lines.append(_row("gpflux", {**r["gpflux"], "dataset": r["dataset"], "split": r["split"]}))
+    lines += ["", "Each library's target is its own Adam run's final training objective (mean negative ELBO of "
+              f"its last {record['window']} steps, standardized units); s to target: compiled-step seconds until a "
+              f"run's trailing {record['window']}-step mean loss first reaches it (compilation excluded, NaN: "
+              "never). Ratio below 1: natural gradients reach it sooner. Test LL per point, original units."]
+    if record.get("gpflux_version"):
+        lines += ["", f"Peer: {record['gpflux_version']} (GPflow's `NaturalGradient` on the last layer's "
+                  "`q_mu`, `q_sqrt`, the same ramp; its per-step time is the mean over the run)."]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -105,6 +145,7 @@ def main(argv=None) -> None:
     parser.add_argument("--window", type=int, default=200)
     parser.add_argument("--chunk", type=int, default=100)
     parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    parser.add_argument("--with-gpflux", metavar="PYTHON", default=None, help="the GPflux venv's python")
     parser.add_argument("--tag", default="uci")
     args = parser.parse_args(argv)
     import jax
@@ -112,7 +153,7 @@ def main(argv=None) -> None:
     jax.config.update("jax_enable_x64", True)
     from numpyro_dgp.datasets import load_uci, parse_splits
 
-    record = {"command": "python benchmarks/natural_gradients.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
+    record = {"command": shown_command("natural_gradients.py", argv if argv is not None else sys.argv[1:]),
               "machine": f"{platform.machine()}, python {platform.python_version()}",
               "settings": (f"2 layers, M = {args.num_inducing}, batch {args.batch_size}, {args.steps} steps, Adam "
                            f"{args.lr}; natural gradients on the last layer's q(u), step 1e-4 -> {args.gamma} over "
@@ -124,14 +165,13 @@ def main(argv=None) -> None:
             data = load_uci(name, split, data_dir=args.data_dir)
             adam = run(data, args, False, split)
             natural = run(data, args, True, split)
-            target = float(np.mean(adam["losses"][-args.window:]))
-            entry = {"dataset": name, "split": split, "target": target}
-            for label, r in (("adam", adam), ("natural", natural)):
-                entry[label] = {"seconds_to_target": time_to(r["losses"], r["step_seconds"], target, args.window),
-                                "ms_per_step": float(np.median(r["step_seconds"]) * 1e3),
-                                "compile_seconds": r["compile_seconds"], "final_objective":
-                                float(np.mean(r["losses"][-args.window:])), "test_ll": r["test_ll"],
-                                "test_rmse": r["test_rmse"], "skipped": r["skipped"]}
+            entry = {"dataset": name, "split": split, **summarize(adam, natural, args.window)}
+            if args.with_gpflux:
+                peer = gpflux(args.with_gpflux, name, split, args)
+                record["gpflux_version"] = peer["version"]
+                runs = [{**peer[k], "step_seconds": np.full(args.steps, peer[k]["seconds_per_step"])}
+                        for k in ("adam", "natural")]
+                entry["gpflux"] = summarize(*runs, args.window)
             record["runs"].append(entry)
             print(json.dumps(entry), flush=True)
             out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")

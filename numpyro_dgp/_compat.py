@@ -4,14 +4,15 @@ NumPyro has no public API for a few things a GP-layer primitive needs: the handl
 (to tell whether a model runs under a ``seed`` handler and inside which plates, and which
 sites the innermost ``trace`` handler has recorded so far in this run), the
 function a ``numpyro.plate`` draws subsample indices with (replaced by a faster one), and
-the lazy initial value of a ``numpyro.param`` message, and the constraint class behind
-``softplus_lower_cholesky`` (to register a faster transform for it). Each access is wrapped
+the lazy initial value of a ``numpyro.param`` message, the constraint class behind
+``softplus_lower_cholesky`` (to register a faster transform for it), and the class of the
+optimizers ``optax_to_numpyro`` returns (for annotations only). Each access is wrapped
 here, and ``tests/test_compat.py`` fails loudly if a NumPyro release changes any of them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,9 @@ from numpyro.distributions import constraints as _constraints
 from numpyro.distributions import transforms as _transforms
 
 from numpyro_dgp.core._triangular import lower_from_vector
+
+if TYPE_CHECKING:
+    from numpyro.optim import _NumPyroOptim as NumPyroOptimizer  # noqa: F401
 
 __all__ = [
     "active_plates",

@@ -22,10 +22,10 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 from numpyro.handlers import seed, substitute, trace
 
-from numpyro_dgp._marginal import marginalize_inducing, quadrature_rule
+from numpyro_dgp._marginal import marginalize_inducing
 from numpyro_dgp._mixture import PREDICTION_NODES, Component, component_of, mixture_fields
 from numpyro_dgp._moments import moment_trace
-from numpyro_dgp._observation import observation_kind
+from numpyro_dgp._observation import observation_kind, shared_rule
 from numpyro_dgp._prediction import Prediction, _check_guide_is_set_up, _observation_site, _warn_if_not_finite
 from numpyro_dgp.core import collapsed_posterior
 from numpyro_dgp.objectives._collapsed import collapse_sparse_layer
@@ -101,7 +101,7 @@ def predict_moment_matched(
     @jax.jit
     def run_once(params, X_new):
         run = moment_trace(model, guide, params, key, (X_new,) + tuple(args), kwargs, "predict",
-                           PREDICTION_NODES[likelihood], caller)
+                           PREDICTION_NODES[likelihood], caller, kind=likelihood)
         component = component_of(run.model_trace, run.moments, name, likelihood, run.quadrature_weights,
                                  found["layers"], key)
         return component, run.quadrature_weights
@@ -159,19 +159,19 @@ def predict_collapsed(
     )
     found = {}
 
-    def run(num_nodes):
-        nodes, weights = quadrature_rule(layer.out_dim, num_nodes)
+    def run(num_nodes, kind):
+        nodes, weights = shared_rule(layer.out_dim, kind, num_nodes, caller)
         m = marginalize_inducing(fitted, posteriors={layer.u_site: q}, quadrature_layer=layer.name,
                                  quadrature_nodes=nodes, quadrature_weights=weights)
         return trace(m).get_trace(X_new, *args, **kwargs), m.moments, weights
 
     def probe():
-        tr, _, _ = run(3)
+        tr, _, _ = run(3, "normal")
         found["name"] = _observation_site(tr, obs_site)
         found["likelihood"] = observation_kind(tr[found["name"]]["fn"], found["name"], caller)
         return 0
 
     jax.eval_shape(probe)
-    tr, moments, weights = run(PREDICTION_NODES[found["likelihood"]])
+    tr, moments, weights = run(PREDICTION_NODES[found["likelihood"]], found["likelihood"])
     component = component_of(tr, moments, found["name"], found["likelihood"], weights, [layer.name], key)
     return _warn_if_not_finite(_one_component(found["likelihood"], component, weights), caller)

@@ -62,8 +62,6 @@ from numpyro_dgp.core import (
     block_diag_covariance,
     chain_transition,
     condition_on_output,
-    gauss_hermite,
-    gauss_hermite_product,
     local_kl,
     output_at_nodes,
     output_moments,
@@ -91,7 +89,6 @@ __all__ = [
     "layers_by_u_site",
     "marginal_trace",
     "marginalize_inducing",
-    "quadrature_rule",
     "site_posterior",
     "uses_inducing_locations",
 ]
@@ -152,8 +149,9 @@ class marginalize_inducing(Messenger):
         self.quadrature_layer = quadrature_layer
         self.quadrature_nodes = quadrature_nodes
         self.quadrature_weights = quadrature_weights
-        if quadrature_layer is not None and quadrature_nodes is None and quadrature_weights is None:
-            raise ValueError("marginalize_inducing: quadrature_layer needs quadrature_nodes or quadrature_weights")
+        if quadrature_layer is not None and quadrature_weights is None:
+            raise ValueError("marginalize_inducing: quadrature_layer needs quadrature_weights (with quadrature_nodes, "
+                             "or without them for as many Monte Carlo draws per point)")
         if latent_mode not in ("posterior", "prior"):
             raise ValueError(f"marginalize_inducing: latent_mode must be 'posterior' or 'prior', got {latent_mode!r}")
         self.latent_mode = latent_mode
@@ -517,32 +515,6 @@ def site_posterior(
     return site_gaussian(site["name"], site["fn"], shape)
 
 
-def quadrature_rule(out_dim: int, num_quadrature: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Quadrature nodes and weights for the last layer's ``P``-dimensional marginal.
-
-    One output: ``num_quadrature`` (default 20) Gauss-Hermite nodes. Several outputs: the
-    tensor-product rule with ``num_quadrature`` (default 3) nodes per output. Both are exact
-    for a Gaussian likelihood whose location is affine in the layer output (a quadratic
-    log density needs degree 2, i.e. 2 nodes per axis).
-
-    :param out_dim: ``P``.
-    :param num_quadrature: nodes per output (default: see above).
-    :return: ``(nodes (K, P), weights (K,))``, standard-normal nodes.
-    :raises ValueError: if the rule would have more than 20,000 nodes.
-    """
-    if num_quadrature is None:
-        num_quadrature = 20 if out_dim == 1 else 3
-    if num_quadrature**out_dim > 20_000:
-        raise ValueError(
-            f"DGPElbo: a tensor-product rule with num_quadrature={num_quadrature} over "
-            f"{out_dim} outputs has {num_quadrature ** out_dim} nodes; lower num_quadrature"
-        )
-    if out_dim == 1:
-        nodes, weights = gauss_hermite(num_quadrature)
-        return nodes[:, None], weights
-    return gauss_hermite_product(num_quadrature, out_dim)
-
-
 def layers_by_u_site(model_trace: dict) -> dict[str, Layer]:
     """``{u-site name: Layer}`` from the ``"dgp_layer"`` messages of a model trace.
 
@@ -622,6 +594,7 @@ def marginal_trace(
     objective: str = "DGPElbo",
     num_samples: int | None = None,
     num_importance: int | None = None,
+    joint_draws: bool = False,
 ) -> MarginalRun:
     """Run ``guide`` then ``model`` with inducing values marginalized and quadrature nodes on
     the last layer (see :class:`marginalize_inducing`).
@@ -639,6 +612,9 @@ def marginal_trace(
         an observation that is not Gaussian).
     :param num_importance: ``K`` draws of every latent input per point (importance weighting;
         see :class:`marginalize_inducing`).
+    :param joint_draws: with several outputs, Monte Carlo draws whatever the observation (the
+        ``2 P`` nodes a Normal takes are exact for its expected log-density, not for the density
+        of a row under outputs correlated at a point).
     :return: :class:`MarginalRun`. With ``objective="predict"``, latent inputs are drawn from
         their prior and the guide's plates are not replayed (new points).
     """
@@ -670,7 +646,7 @@ def marginal_trace(
         jax.eval_shape(probe)
         last = found["last"]
         kinds = None
-        if found["out_dim"] > 1 and num_quadrature is None:
+        if found["out_dim"] > 1 and num_quadrature is None and not joint_draws:
             kinds = _tail_kinds(seeded_model, last, found["out_dim"], args, kwargs, objective, latent_mode)
         nodes, weights = likelihood_rule(found["out_dim"], kinds, num_quadrature, num_samples, objective)
 
@@ -724,11 +700,20 @@ def _tail_kinds(seeded_model: Callable, last: str, out_dim: int, args: tuple, kw
         handler = marginalize_inducing(seeded_model, quadrature_layer=last, quadrature_nodes=nodes,
                                        quadrature_weights=np.full(2, 0.5), latent_mode=latent_mode)
         tr = trace(handler).get_trace(*args, **kwargs)
-        found["kinds"] = [observation_kind(tr[name]["fn"], name, objective) for name in quadrature_tail(tr)]
+        found["kinds"] = [_training_kind(tr[name]["fn"], name, objective) for name in quadrature_tail(tr)]
         return 0
 
     jax.eval_shape(probe)
     return found["kinds"]
+
+
+def _training_kind(fn: Any, name: str, objective: str) -> str:
+    """:func:`~numpyro_dgp._observation.observation_kind`, a likelihood over vectors (which
+    predictive mixtures refuse) counting as general: Monte Carlo draws train any likelihood."""
+    try:
+        return observation_kind(fn, name, objective)
+    except NotImplementedError:
+        return "general"
 
 
 def _refuse_amortized_layers_without_encoder(guide: Callable, objective: str) -> None:

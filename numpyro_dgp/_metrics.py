@@ -117,9 +117,12 @@ def _log_likelihood(kind, per_column, y, p):
     present = ~jnp.isnan(y) if jnp.issubdtype(y.dtype, jnp.inexact) else jnp.ones(y.shape, bool)
     y = jnp.where(present, y, 0)
     if kind == "general":
-        lp = p["atoms"].log_prob(y.astype(p["mean"].dtype))  # (S, K, N, ...)
+        lp = jnp.where(present, p["atoms"].log_prob(y.astype(p["mean"].dtype)), 0.0)  # (S, K, N, ...)
+        if not per_column:  # each node is a joint draw of the outputs: a row's joint density at it
+            lp = _point_axes(lp, 3)
         lp = logsumexp(lp, axis=1, b=jnp.reshape(p["atom_weights"], (-1,) + (1,) * (lp.ndim - 2)))
-    elif kind == "bernoulli":
+        return jnp.where(present, _mix(lp, p["weights"]), jnp.nan) if per_column else _mix(lp, p["weights"])
+    if kind == "bernoulli":
         lp = _bernoulli_log_prob(y, p["component_means"])
     else:
         lp = norm.logpdf(y, p["component_means"], jnp.sqrt(p["component_variances"]))
@@ -249,6 +252,11 @@ def _regression_scores(kind: str, columns: bool, y: jax.Array, y_scale: jax.Arra
     return {"log_likelihood": ll, "rmse": rmse, "crps": reduce(crps * y_scale)}
 
 
+# A compiled program returns its dict with sorted keys; the scores are reported in this order.
+_CLASSIFICATION_SCORES = ("log_likelihood", "accuracy", "error_rate", "brier", "ece")
+_REGRESSION_SCORES = ("log_likelihood", "rmse", "crps")
+
+
 def metrics(prediction: Prediction, y: ArrayLike, y_scale: ArrayLike = 1.0, *, per_column: bool = False,
             rng_key: jax.Array | None = None) -> dict:
     """Test metrics of a prediction.
@@ -285,7 +293,8 @@ def metrics(prediction: Prediction, y: ArrayLike, y_scale: ArrayLike = 1.0, *, p
         if scaled:
             raise ValueError(f"metrics: y_scale applies to regression predictions; a {kind} prediction takes "
                              f"y_scale=1.0, got {y_scale!r}")
-        return {k: float(v) for k, v in _classification_scores(kind, y, _arrays(prediction)).items()}
+        scores = _classification_scores(kind, y, _arrays(prediction))
+        return {k: float(scores[k]) for k in _CLASSIFICATION_SCORES}
     if scaled and kind == "general" and is_discrete(prediction.atoms):
         raise ValueError(f"metrics: y_scale applies to continuous targets; {type(prediction.atoms).__name__} "
                          f"predictions are of counts, got y_scale={y_scale!r}")
@@ -294,5 +303,5 @@ def metrics(prediction: Prediction, y: ArrayLike, y_scale: ArrayLike = 1.0, *, p
     columns = per_column and y.ndim > 1
     scores = _regression_scores(kind, columns, y, jnp.asarray(y_scale, y.dtype), _arrays(prediction), key)
     if columns:
-        return {k: [float(v) for v in np.asarray(a)] for k, a in scores.items()}
-    return {k: float(v) for k, v in scores.items()}
+        return {k: [float(v) for v in np.asarray(scores[k])] for k in _REGRESSION_SCORES}
+    return {k: float(scores[k]) for k in _REGRESSION_SCORES}

@@ -43,8 +43,8 @@ from numpyro_dgp._marginal import (
     final_layer_name,
     guide_posteriors,
     guide_then_model,
-    quadrature_rule,
 )
+from numpyro_dgp._observation import shared_rule
 from numpyro_dgp._protocol import BRANCHES, FLOW, LAYER_MESSAGE, QUADRATURE_AXIS, get_tag, message_layer, with_tag
 from numpyro_dgp.core import uncertain_input_moments
 from numpyro_dgp.layers import Layer
@@ -264,6 +264,7 @@ def moment_trace(
     num_quadrature: int,
     caller: str,
     propagate_inducing_variance: bool = True,
+    kind: str = "normal",
 ) -> MomentRun:
     """Run ``guide``, then ``model`` under :class:`propagate_moments`.
 
@@ -277,6 +278,8 @@ def moment_trace(
     :param num_quadrature: Gauss-Hermite nodes per output of the last layer.
     :param caller: the name errors are reported under.
     :param propagate_inducing_variance: see :class:`propagate_moments`.
+    :param kind: the observation's kind, which picks the rule over several outputs
+        (:func:`~numpyro_dgp._observation.shared_rule`).
     :return: :class:`MomentRun`.
     """
     with _validation_off_when_traced(params):
@@ -292,7 +295,7 @@ def moment_trace(
             return 0
 
         jax.eval_shape(probe)
-        nodes, weights = quadrature_rule(found["out_dim"], num_quadrature)
+        nodes, weights = shared_rule(found["out_dim"], kind, num_quadrature, caller)
         posteriors = guide_posteriors(guide_trace, found["u_sites"])
         handler = propagate_moments(
             seeded_model, posteriors=posteriors, mode=mode, last_layer=found["last"], quadrature_nodes=nodes,

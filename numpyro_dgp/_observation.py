@@ -33,8 +33,11 @@ __all__ = [
     "closed_form_log_prob",
     "is_discrete",
     "likelihood_rule",
+    "masked_value",
     "needs_closed_form",
     "observation_kind",
+    "point_mask",
+    "shared_rule",
     "spherical_rule",
     "unwrap",
 ]
@@ -67,16 +70,40 @@ def unwrap(fn: dist.Distribution) -> Unwrapped:
     """The distribution inside ``Independent``, ``ExpandedDistribution`` and
     ``MaskedDistribution`` wrappers (in any order), with what they add."""
     shape = tuple(fn.batch_shape) + tuple(fn.event_shape)
-    event_ndims, mask = 0, None
+    event_ndims, masks = 0, []
     while isinstance(fn, (dist.Independent, dist.ExpandedDistribution, dist.MaskedDistribution)):
         if isinstance(fn, dist.Independent):
             event_ndims += fn.reinterpreted_batch_ndims
-        elif isinstance(fn, dist.MaskedDistribution):
-            inner = fn._mask
-            if inner is not True:
-                mask = inner if mask is None else mask & inner
+        elif isinstance(fn, dist.MaskedDistribution) and fn._mask is not True:
+            masks.append((fn._mask, event_ndims))
         fn = fn.base_dist
+    mask = None
+    for inner, outside in masks:
+        # a mask covers its own batch shape: the dimensions an Independent inside it
+        # reinterprets are trailing ones of the base's batch shape
+        inner = jnp.reshape(inner, jnp.shape(inner) + (1,) * (event_ndims - outside))
+        mask = inner if mask is None else mask & inner
     return Unwrapped(fn, shape, event_ndims, mask)
+
+
+def masked_value(parts: Unwrapped, value: jax.Array) -> jax.Array:
+    """``value`` with its masked-out entries replaced by a point of the base's support.
+
+    A missing target is often NaN: ``jnp.where(mask, log_prob(NaN), 0)`` is finite but its
+    gradient is ``0 * NaN``, so it must never reach the density (NumPyro's
+    ``MaskedDistribution`` does the same).
+    """
+    if parts.mask is None:
+        return value
+    return jnp.where(point_mask(parts, value), value, parts.base.support.feasible_like(value))
+
+
+def point_mask(parts: Unwrapped, value: jax.Array) -> jax.Array:
+    """The site's mask per entry of ``value``: a mask that the engine broadcast over the
+    leading node axis is the same at every node, and that axis is dropped."""
+    mask = jnp.asarray(parts.mask)
+    extra = mask.ndim - jnp.ndim(value)
+    return mask[(0,) * extra] if extra > 0 else mask
 
 
 def _varies_along_nodes(value: Any) -> bool:
@@ -84,20 +111,19 @@ def _varies_along_nodes(value: Any) -> bool:
     return jnp.ndim(value) >= 1 and jnp.shape(value)[0] > 1
 
 
-def observation_kind(fn: dist.Distribution, name: str, caller: str = "predict", nodes_first: bool = True) -> str:
+def observation_kind(fn: dist.Distribution, name: str, caller: str = "predict") -> str:
     """The kind of an observation site's distribution (one of :data:`KINDS`).
 
-    :param fn: the site's distribution, evaluated at the last layer's nodes (leading axis).
+    :param fn: the site's distribution, evaluated at two or more of the last layer's nodes (a
+        leading axis: a Normal scale that varies along it depends on the layer).
     :param name: the site's name (in error messages).
     :param caller: who asks (in error messages).
-    :param nodes_first: ``fn`` carries the node axis first (so a Normal scale that varies along
-        it is recognized as depending on ``f``).
     :return: the kind.
     :raises NotImplementedError: for a distribution over vectors (other than categories).
     """
     base = unwrap(fn).base
     if isinstance(base, dist.Normal):
-        return "general" if nodes_first and _varies_along_nodes(base.scale) else "normal"
+        return "general" if _varies_along_nodes(base.scale) else "normal"
     if isinstance(base, (dist.BernoulliProbs, dist.BernoulliLogits)):
         return "bernoulli"
     if isinstance(base, (dist.CategoricalProbs, dist.CategoricalLogits)):
@@ -121,11 +147,6 @@ class Rule(NamedTuple):
 
     nodes: np.ndarray | None
     weights: np.ndarray
-
-    @property
-    def is_monte_carlo(self) -> bool:
-        """Whether the rule draws its nodes."""
-        return self.nodes is None
 
 
 def spherical_rule(dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -174,6 +195,36 @@ def likelihood_rule(out_dim: int, kinds: list[str] | None = None, num_quadrature
     return Rule(None, np.full(num, 1.0 / num))
 
 
+def shared_rule(out_dim: int, kind: str, num_quadrature: int, caller: str) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes every point shares (no draws), for the deterministic predictions and bounds.
+
+    * one output: ``num_quadrature`` Gauss-Hermite nodes;
+    * several, a Normal: the ``2 P`` nodes of :func:`spherical_rule` (exact for a location
+      affine in the outputs);
+    * several, another likelihood: the tensor-product rule with ``num_quadrature`` nodes per
+      output, fewer (at least 2) where that would pass 20,000 nodes.
+
+    :param out_dim: ``P``.
+    :param kind: the observation's kind (:func:`observation_kind`).
+    :param num_quadrature: nodes per output.
+    :param caller: who asks (in error messages).
+    :return: ``(nodes (K, P), weights (K,))``, standard-normal nodes.
+    :raises ValueError: more outputs than a tensor-product rule of 2 nodes each can take.
+    """
+    if out_dim == 1:
+        nodes, weights = gauss_hermite(num_quadrature)
+        return nodes[:, None], weights
+    if kind == "normal":
+        return spherical_rule(out_dim)
+    per_output = min(num_quadrature, int(MAX_NODES ** (1.0 / out_dim) + 1e-9))
+    if per_output < 2:
+        raise ValueError(
+            f"{caller}: a deterministic rule over {out_dim} outputs of a {kind} likelihood would need more than "
+            f"{MAX_NODES} nodes; use numpyro_dgp.predict (Monte Carlo draws per point)"
+        )
+    return gauss_hermite_product(per_output, out_dim)
+
+
 def closed_form_log_prob(site: dict, last_output: Any, moments: tuple | None, correlated: bool) -> jax.Array | None:
     """``E_f[log p(y | f)]`` of an observed site in closed form, per point (and branch), or
     ``None`` where there is none.
@@ -198,9 +249,9 @@ def closed_form_log_prob(site: dict, last_output: Any, moments: tuple | None, co
     mean, var = moments
     if correlated and mean.shape[-1] > 1:
         return None
-    lp = expected(site["value"], mean, var)
-    if parts.mask is not None:
-        lp = jnp.where(parts.mask, lp, 0.0)
+    lp = expected(masked_value(parts, site["value"]), mean, var)
+    if parts.mask is not None:  # per point: the moments have no node axis
+        lp = jnp.where(point_mask(parts, site["value"]), lp, 0.0)
     if parts.event_ndims:
         lp = jnp.sum(lp, axis=tuple(range(-parts.event_ndims, 0)))
     return lp

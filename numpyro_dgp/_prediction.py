@@ -175,10 +175,16 @@ def predict(
     """Predictive mixture of a fitted DGP at ``X_new``.
 
     Each sample propagates ``X_new`` through the inner layers' marginals ``q(f_l | f_{l-1})``
-    (DSVI) and takes the last layer's marginal Gaussian by Gauss-Hermite quadrature, mapped
-    through the observation site's likelihood: Normal (3 nodes, exact when the location is
-    affine in the last layer, as in ``Normal(f[..., 0], sigma)``) or Bernoulli (20 nodes per
-    output: ``p_s(y = 1) = E[probs]``, e.g. ``Phi(m / sqrt(1 + v))`` for a plain probit).
+    (DSVI) and maps the last layer's marginal Gaussian through the observation site's
+    likelihood. One output: Gauss-Hermite nodes, 3 for a Normal (exact when the location is
+    affine in the layer, as in ``Normal(f[..., 0], sigma)``), 20 for a Bernoulli (``p_s(y = 1) =
+    E[probs]``, e.g. ``Phi(m / sqrt(1 + v))`` for a plain probit), a categorical (``E[probs]``)
+    or any other likelihood of a number (the component is the mixture of the likelihood at the
+    nodes, kept as :attr:`Prediction.atoms`). Several outputs: the ``2 P`` exact nodes for a
+    Normal, else Monte Carlo draws per point and sample (16; 8 atoms for a likelihood kept as
+    atoms). Under a guide that correlates the layers, a Normal over several outputs is kept
+    at 8 joint draws per sample (atoms), so that the joint density of a row keeps the
+    outputs' correlation.
 
     The compiled function is kept per guide: later calls with the same model, observation
     site, non-array arguments and input shapes (e.g. scoring a validation set after every
@@ -267,6 +273,21 @@ _POINT_AXIS = {"mean": 0, "variance": 0, "component_means": 1, "component_varian
                "layer_means": 1, "layer_variances": 1, "atoms": 2}
 
 
+def take_points(prediction: Prediction, index: ArrayLike) -> Prediction:
+    """The prediction at the points ``index`` (integers), every field that has a point axis
+    taken along it.
+
+    :raises NotImplementedError: a prediction with atoms (another likelihood's distributions).
+    """
+    if prediction.atoms is not None:
+        raise NotImplementedError("take_points: a prediction with atoms is not sliced here")
+    index = jnp.asarray(index, jnp.int32)
+    fields = {field: jax.tree_util.tree_map(lambda a, axis=axis: jnp.take(a, index, axis=axis),
+                                            getattr(prediction, field))
+              for field, axis in _POINT_AXIS.items() if field != "atoms"}
+    return prediction._replace(**fields)
+
+
 @partial(jax.jit, static_argnums=1)
 def _allocate_outputs(window, num_points):
     """Zero arrays shaped as ``window`` with ``num_points`` points."""
@@ -341,9 +362,16 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
         found["layers"] = list(run.layer_order)
         found["out_dim"] = run.moments[run.layer_order[-1]][0].shape[-1]
         found["branches"] = None if run.branch_log_weights is None else run.branch_log_weights.shape[0]
+        found["correlated"] = run.correlated_outputs
         return 0
 
     jax.eval_shape(probe)
+    if found["correlated"] and found["likelihood"] == "normal":
+        # a guide that correlates the layers correlates the last layer's outputs at a point: a
+        # component's per-column moments would drop that from a row's joint density, atoms at
+        # joint draws keep it (the 2 P nodes exact for the moments are not for the density)
+        found["likelihood"] = "general"
+    joint_draws = found["correlated"] and found["likelihood"] == "general"
     name, layer_names, kind = found["name"], found["layers"], found["likelihood"]
     num_nodes, num_draws = rule_arguments(kind, found["out_dim"])
 
@@ -352,7 +380,7 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
         call_kwargs = {**dict(static_kwargs), **dyn_kwargs}
         run_key, draw_key = jax.random.split(key)
         run = marginal_trace(model, guide_ref(), params, run_key, (X_new,) + call_args, call_kwargs, num_nodes,
-                             objective="predict", num_samples=num_draws)
+                             objective="predict", num_samples=num_draws, joint_draws=joint_draws)
         component = component_of(run.model_trace, run.moments, name, kind, run.quadrature_weights, layer_names,
                                  draw_key)
         if not keep_layers:  # nothing computed for them in the compiled function

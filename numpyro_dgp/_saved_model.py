@@ -130,7 +130,8 @@ class Standardization(NamedTuple):
     def targets(self, y: ArrayLike) -> np.ndarray:
         """``(y - y_mean) / y_scale``.
 
-        :param y: ``(N,)`` targets in the data's units.
+        :param y: ``(N,)`` targets in the data's units, or ``(N, T)`` for ``T`` columns (each with its own
+            mean and scale).
         :return: the standardized targets (float64).
         """
         return (np.asarray(y, dtype=np.float64) - self.y_mean) / self.y_scale
@@ -585,8 +586,9 @@ def predictive_quantiles(prediction: Any, quantiles: ArrayLike, *, num_iters: in
     """Quantiles of a regression prediction's mixture (a :class:`~numpyro_dgp.Prediction` with a
     Normal or any other likelihood of a number), per point: by bisection on the mixture's
     distribution function, or, for counts, the smallest count whose probability of not being
-    exceeded reaches the level (from the distribution function tabulated at the counts up to
-    the mean plus 12 standard deviations).
+    exceeded reaches the level (from the distribution function accumulated over the counts up
+    to the largest mean plus 12 standard deviations, at most 10^6; NaN where that does not
+    reach the level).
 
     :param prediction: the prediction.
     :param quantiles: ``(Q,)`` levels in ``(0, 1)``, e.g. ``[0.025, 0.975]``.
@@ -663,23 +665,40 @@ def _bisect_quantiles(q: jax.Array, arrays: dict, num_iters: int) -> jax.Array:
     return 0.5 * (lo + hi)
 
 
+#: entries of the probability table of one block of counts (counts x components x atoms)
+_COUNT_TABLE_ENTRIES = 1 << 22
+
+
 @partial(jax.jit, static_argnums=2)
 def _count_quantiles(q: jax.Array, arrays: dict, largest: int) -> jax.Array:
-    """Quantiles of a mixture of count distributions: its distribution function at the counts
-    ``0 .. largest``, point by point (bounded memory), and the first count that reaches each level."""
+    """Quantiles of a mixture of count distributions: its distribution function accumulated
+    over blocks of the counts ``0 .. largest`` (a table of at most :data:`_COUNT_TABLE_ENTRIES`
+    at a time), point by point, and the first count that reaches each level (NaN for a level
+    the counts up to ``largest`` do not reach)."""
     from numpyro_dgp._mixture import rebuild
 
     atoms = arrays["atoms"]
     weights = _component_weights(arrays)  # (S, K)
-    counts = jnp.arange(largest + 1, dtype=q.dtype)
     S, K = weights.shape
     points = arrays["component_means"].shape[1:]
+    block = max(1, min(largest + 1, _COUNT_TABLE_ENTRIES // (S * K)))
+    starts = jnp.arange(0, largest + 1, block)
+    levels = q * (1 - 1e-12)
 
     def at_point(index):  # the atoms of one point (of one column): (S, K)
         point = rebuild(atoms, lambda a: a.reshape(S, K, -1)[:, :, index])
-        pmf = jnp.exp(point.log_prob(counts[:, None, None]))  # (C, S, K)
-        cdf = jnp.cumsum(jnp.sum(pmf * weights[None], axis=(1, 2)))
-        return jnp.searchsorted(cdf, q * (1 - 1e-12)).astype(q.dtype)  # the smallest count with cdf >= q
+
+        def accumulate(carry, start):
+            below, found = carry  # the distribution function before this block; counts found (-1: not yet)
+            counts = (start + jnp.arange(block)).astype(q.dtype)
+            pmf = jnp.exp(point.log_prob(counts[:, None, None]))  # (block, S, K)
+            cdf = below + jnp.cumsum(jnp.sum(pmf * weights[None], axis=(1, 2)))
+            first = jnp.searchsorted(cdf, levels)  # the smallest count in the block with cdf >= q, or block
+            found = jnp.where((found < 0) & (first < block), start + first, found)
+            return (cdf[-1], found), None
+
+        (_, found), _ = jax.lax.scan(accumulate, (jnp.zeros((), q.dtype), jnp.full(q.shape, -1)), starts)
+        return jnp.where(found < 0, jnp.nan, found.astype(q.dtype))
 
     per_point = jax.lax.map(at_point, jnp.arange(int(np.prod(points))))  # (N T, Q)
     return per_point.T.reshape(q.shape + points)

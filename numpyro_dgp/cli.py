@@ -224,7 +224,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     targets = args.target
     masked = args.missing_targets == "mask"
     likelihood = LIKELIHOODS[args.likelihood]
-    if len(targets) > 1 and likelihood in ("softmax", "robust_max"):
+    if len(targets) > 1 and likelihood in ("probit", "softmax", "robust_max"):
         raise ValueError(f"--likelihood {args.likelihood} takes one --target column of labels, got {targets}")
     table = read_table(args.data, allow_missing=targets)
     X, y, names = table.split(targets[0] if len(targets) == 1 else targets)
@@ -301,10 +301,12 @@ def _scores_text(pred, y, targets: list[str]) -> str:
     import numpy as np
 
     from numpyro_dgp import metrics
+    from numpyro_dgp._prediction import take_points
 
     y = np.asarray(y, np.float64)
     if pred.likelihood in ("bernoulli", "categorical"):
-        y = y.astype(np.int32)
+        labelled = ~np.isnan(y)  # rows without a label (--missing-targets mask) are not scored
+        pred, y = take_points(pred, np.flatnonzero(labelled)), y[labelled].astype(np.int32)
     scores = metrics(pred, y)
     text = ", ".join(f"{k} {v:.4g}" for k, v in scores.items())
     if len(targets) > 1:

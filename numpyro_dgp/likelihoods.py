@@ -57,6 +57,7 @@ import numpyro.distributions as dist
 from jax.scipy.special import gammaln, ndtr
 from jax.typing import ArrayLike
 
+from numpyro_dgp._compat import is_tracer
 from numpyro_dgp.core import gauss_hermite
 
 __all__ = [
@@ -81,8 +82,12 @@ def _number(value: ArrayLike, name: str, caller: str) -> float:
 
 
 def _outputs(f: ArrayLike, caller: str, minimum: int = 1) -> jax.Array:
-    """``f`` as an array with an output axis of at least ``minimum`` entries."""
-    f = jnp.asarray(f)
+    """``f`` as an array with an output axis of at least ``minimum`` entries.
+
+    An array (or traced array) is kept as the same object: the engine recognizes a likelihood
+    built from the last layer's output by identity (``jnp.asarray`` of a value traced for a
+    gradient outside ``jit`` is a new object, and the closed form would be missed)."""
+    f = f if isinstance(f, jax.Array) else jnp.asarray(f)
     if f.ndim < 1 or f.shape[-1] < minimum:
         raise ValueError(f"{caller}: f must be the last layer's output (..., num_points, num_outputs) with at least "
                          f"{minimum} output(s), got shape {f.shape}")
@@ -144,7 +149,9 @@ class RobustMax(dist.CategoricalProbs):
     def __init__(self, f: ArrayLike, epsilon: float = 1e-3, *, validate_args: bool | None = None) -> None:
         f = _outputs(f, "robust_max", minimum=2)
         self.latent = f
-        self.epsilon = float(epsilon)
+        self.epsilon = _number(epsilon, "epsilon", "RobustMax")
+        if not 0.0 < self.epsilon < 1.0:
+            raise ValueError(f"RobustMax: epsilon must lie in (0, 1), got {epsilon!r}")
         C = f.shape[-1]
         largest = jax.nn.one_hot(jnp.argmax(f, axis=-1), C, dtype=f.dtype)
         probs = (1 - self.epsilon) * largest + self.epsilon / (C - 1) * (1 - largest)
@@ -191,10 +198,7 @@ def robust_max(f: ArrayLike, epsilon: float = 1e-3) -> RobustMax:
     :param epsilon: the probability of a class other than the largest output's, in ``(0, 1)``.
     :return: a :class:`RobustMax`, batch shape ``(..., N)``.
     """
-    value = _number(epsilon, "epsilon", "robust_max")
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"robust_max: epsilon must lie in (0, 1), got {epsilon!r}")
-    return RobustMax(f, value)
+    return RobustMax(f, epsilon)
 
 
 class HeteroscedasticNormal(dist.Normal):
@@ -271,6 +275,8 @@ class PoissonLogLink(dist.Poisson):
         f = _outputs(f, "poisson")
         self.latent = f
         self.exposure = jnp.asarray(exposure, f.dtype)
+        if not is_tracer(self.exposure) and not bool(jnp.all(self.exposure > 0)):
+            raise ValueError(f"poisson: exposure must be positive (the rate is exposure * exp(f)), got {exposure!r}")
         super().__init__(self.exposure * jnp.exp(_squeeze_output(f)), validate_args=validate_args)
 
     def expected_log_prob(self, value: ArrayLike, mean: jax.Array, var: jax.Array) -> jax.Array:

@@ -9,7 +9,8 @@
 The factories check their arguments when the model is built; every model checks its data
 when it runs eagerly (the first run of ``svi.init`` / :func:`~numpyro_dgp.fit`): ``X`` must be a
 finite ``(N, D)`` array (integers are cast to the default float, so the noise parameter, created
-in ``X``'s dtype, is a float), ``y`` ``(N,)`` or ``(N, 1)`` (squeezed) with finite values, and
+in ``X``'s dtype, is a float), ``y`` ``(N,)`` or ``(N, 1)`` (squeezed; ``(N, T)`` for ``num_outputs =
+T``) with finite values (NaN allowed where ``missing_targets="mask"``), and
 features far from standardized give an :class:`~numpyro_dgp.InputScaleWarning`.
 
 **References:**
@@ -500,7 +501,8 @@ def amortized_dgp(
     :param num_outputs: target columns (see :func:`deep_gp_regression`).
     :param num_classes: ``C`` for ``"softmax"`` and ``"robust_max"``.
     :param missing_targets: ``"raise"`` or ``"mask"`` (see :func:`deep_gp_regression`).
-    :return: the model ``model(X, y=None, batch_size=None)``: ``X`` ``(N, D)``, ``y`` ``(N,)``.
+    :return: the model ``model(X, y=None, batch_size=None, num_data=None)``: ``X`` ``(N, D)``,
+        ``y`` ``(N,)`` (``(N, T)`` for ``num_outputs = T > 1``).
     :raises ValueError: for an invalid argument (naming it).
     :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """

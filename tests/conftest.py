@@ -114,8 +114,33 @@ def _run_order(item):
                 len(_NOTEBOOKS_LONGEST_FIRST))
 
 
+#: node ids of the default suite's slowest cases, run only with --runslow (see the file's header)
+SLOW_CASES = Path(__file__).resolve().parent / "slow_cases.txt"
+
+
+def _slow_case_ids() -> set[str]:
+    lines = (line.split("  # ")[0].strip() for line in SLOW_CASES.read_text().splitlines())
+    return {line for line in lines if line and not line.startswith("#")}
+
+
+def _mark_slow_cases(config, items) -> None:
+    """Mark the cases listed in ``slow_cases.txt`` slow; on a whole-suite run (no paths given),
+    a listed id that names no collected test is an error, so a renamed test cannot silently
+    move back into the default suite."""
+    listed = _slow_case_ids()
+    for item in items:
+        if item.nodeid in listed:
+            item.add_marker(pytest.mark.slow)
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.keyword \
+            and not config.option.markexpr:
+        stale = sorted(listed - {item.nodeid for item in items})
+        if stale:
+            raise pytest.UsageError(f"tests/slow_cases.txt lists ids that name no test: {stale}")
+
+
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_run_order)  # stable: everything else keeps its order
+    _mark_slow_cases(config, items)
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow")

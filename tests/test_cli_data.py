@@ -177,6 +177,19 @@ def test_fit_several_targets_with_missing_cells(tmp_path, capsys):
     assert rows[0] == ["mean_a", "std_a", "q0.5_a", "mean_b", "std_b", "q0.5_b"] and len(rows) == 4
 
 
+def test_held_out_rows_without_a_label_are_not_scored(tmp_path, capsys):
+    # --missing-targets mask with labels: the held-out scores are those of the labelled rows
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(60, 2))
+    label = [("" if i % 4 == 0 else str(int(X[i, 0] > 0))) for i in range(60)]
+    _write_table(tmp_path / "d.csv", ["a", "b", "label"], [[*X[i], label[i]] for i in range(60)])
+    assert cli.main(["fit", str(tmp_path / "d.csv"), "--target", "label", "--likelihood", "probit", "--layers", "1",
+                     "--num-inducing", "6", "--steps", "20", "--no-progress", "--test-fraction", "0.3",
+                     "--missing-targets", "mask", "--output", str(tmp_path / "m")]) == 0
+    scores = capsys.readouterr().out.split("held-out: ")[1]
+    assert "accuracy" in scores and "nan" not in scores, scores
+
+
 def test_fit_refuses_targets_its_likelihood_cannot_take(tmp_path, capsys):
     rows = [[0.1, 0], [0.2, 1], [0.3, 3], [0.4, 2]]
     _write_table(tmp_path / "d.csv", ["x", "y"], rows)
@@ -195,6 +208,10 @@ def test_fit_refuses_targets_its_likelihood_cannot_take(tmp_path, capsys):
     assert "needs at least two classes" in capsys.readouterr().err
     assert cli.main(base + ["--likelihood", "softmax", "--target", "x,y"]) == 2
     assert "takes one --target column of labels" in capsys.readouterr().err
+    _write_table(tmp_path / "b.csv", ["x", "a", "b"], [[0.1, 0, 1], [0.2, 1, 0]])
+    assert cli.main(["fit", str(tmp_path / "b.csv"), "--target", "a,b", "--likelihood", "probit", "--output",
+                     str(tmp_path / "m")]) == 2
+    assert "--likelihood probit takes one --target column of labels, got ['a', 'b']" in capsys.readouterr().err
     assert cli.main(["fit", str(tmp_path / "d.csv"), "--target", "y,y", "--output", str(tmp_path / "m")]) == 2
     assert "names a column twice" in capsys.readouterr().err
     with pytest.raises(SystemExit):

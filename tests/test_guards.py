@@ -565,10 +565,14 @@ def _initial_params(model, guide, y):
 def test_likelihood_recipes_refuse_bad_arguments():
     with pytest.raises(ValueError, match="softmax: f must be the last layer's output .* at least 2"):
         dgp.likelihoods.softmax(jnp.zeros((5, 1)))
-    with pytest.raises(ValueError, match=r"robust_max: epsilon must lie in \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"RobustMax: epsilon must lie in \(0, 1\)"):
         dgp.likelihoods.robust_max(jnp.zeros((5, 3)), epsilon=1.0)
-    with pytest.raises(TypeError, match="robust_max: epsilon must be a number"):
+    with pytest.raises(ValueError, match=r"RobustMax: epsilon must lie in \(0, 1\)"):
+        dgp.likelihoods.RobustMax(jnp.zeros((5, 3)), epsilon=0.0)
+    with pytest.raises(TypeError, match="RobustMax: epsilon must be a number"):
         dgp.likelihoods.robust_max(jnp.zeros((5, 3)), epsilon="small")
+    with pytest.raises(ValueError, match="poisson: exposure must be positive"):
+        dgp.likelihoods.poisson(jnp.zeros((5, 1)), exposure=jnp.array([1.0, 2.0, 0.0, 1.0, 1.0]))
     with pytest.raises(ValueError, match="heteroscedastic_normal: f needs an even number of outputs"):
         dgp.likelihoods.heteroscedastic_normal(jnp.zeros((5, 3)))
     with pytest.raises(ValueError, match="poisson: f must be the last layer's output"):
@@ -576,9 +580,13 @@ def test_likelihood_recipes_refuse_bad_arguments():
 
 
 def test_objectives_refuse_bad_likelihood_settings():
-    for objective in (dgp.DGPElbo, dgp.PredictiveObjective):
+    for objective in (dgp.DGPElbo, dgp.PredictiveObjective, dgp.ImportanceWeightedElbo):
         with pytest.raises(ValueError, match="num_likelihood_samples must be a positive integer"):
             objective(num_likelihood_samples=0)
+        with pytest.raises(ValueError, match=f"{objective.__name__}: num_quadrature must be a positive integer"):
+            objective(num_quadrature=2.5)
+    with pytest.raises(ValueError, match="PredictiveObjective: num_particles must be a positive integer"):
+        dgp.PredictiveObjective(num_particles=0)
 
     def four_outputs(X, y=None):
         f = dgp.gp_layer("f", X, dgp.kernels.RBF(), num_inducing=2, out_dim=4)
@@ -639,6 +647,8 @@ def test_latent_inputs_refuse_a_bad_name_a_missing_key_and_a_bad_guide_width():
         AutoFactorizedDGP(one_layer, latent_hidden_width=0)
     with pytest.raises(ValueError, match="latent_mode must be 'posterior' or 'prior'"):
         marginalize_inducing(one_layer, latent_mode="guide")
+    with pytest.raises(ValueError, match="quadrature_layer needs quadrature_weights"):
+        marginalize_inducing(one_layer, quadrature_layer="f")
 
 
 def test_importance_weighting_refuses_amortized_layers():

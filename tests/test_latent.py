@@ -13,7 +13,7 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import SVI, Trace_ELBO
 from scipy.special import logsumexp
-from scipy.stats import multivariate_normal
+from scipy.stats import multivariate_normal, norm
 
 import numpyro_dgp as dgp
 from numpyro_dgp._marginal import marginal_trace
@@ -87,16 +87,21 @@ def test_the_bound_grows_with_k_and_stays_below_the_evidence(toy_fit):
 
 
 @pytest.mark.stochastic
-def test_the_bound_is_the_dense_formula(toy_fit):
+@pytest.mark.parametrize("proposal", ["prior", "shifted"])
+def test_the_bound_is_the_dense_formula(toy_fit, proposal):
     """``sum_n E log mean_k exp(E_q(f)[log N(y_n | f, s^2)]) p(w_k) / q(w_k) - KL(q(u) || p(u))``
-    with the marginal of f computed densely, by an independent Monte Carlo estimate."""
+    with the marginal of f computed densely, by an independent Monte Carlo estimate; q(w) at the
+    prior (weights 1) and away from it (the weights' formula at work)."""
     guide, params = toy_fit
+    loc, scale = (np.zeros(2), np.ones(2)) if proposal == "prior" else (np.array([0.3, -0.4]), np.array([0.7, 1.3]))
+    params = {**params, "w_auto_loc": jnp.asarray(loc[:, None]), "w_auto_scale": jnp.asarray(scale[:, None])}
     K, R = 4, 4000
     L = np.linalg.cholesky(kernel(Z_TOY, Z_TOY) + 1e-6 * VARIANCE * np.eye(len(Z_TOY)))
     m_u = np.asarray(params["f.u_auto_loc"])[0]
     S_u = np.asarray(params["f.u_auto_scale_tril"])[0]
     rng = np.random.default_rng(0)
-    w = rng.normal(size=(R, 2, K))  # q(w) = prior: log p(w) - log q(w) = 0
+    w = loc[:, None] + scale[:, None] * rng.normal(size=(R, 2, K))
+    log_weights = norm.logpdf(w) - norm.logpdf(w, loc[:, None], scale[:, None])  # log p(w) - log q(w)
     total = np.zeros(R)
     for n in range(2):
         H = np.stack([np.full(w[:, n].size, X_TOY[n, 0]), w[:, n].ravel()], -1)
@@ -104,7 +109,7 @@ def test_the_bound_is_the_dense_formula(toy_fit):
         mean = A.T @ m_u
         var = VARIANCE - (A**2).sum(0) + ((S_u.T @ A) ** 2).sum(0)
         ell = (-0.5 * np.log(2 * np.pi * NOISE) - 0.5 * ((Y_TOY[n] - mean) ** 2 + var) / NOISE).reshape(R, K)
-        total += logsumexp(ell, axis=1) - np.log(K)
+        total += logsumexp(ell + log_weights[:, n], axis=1) - np.log(K)
     kl = 0.5 * (np.sum(S_u**2) + m_u @ m_u - len(m_u) - 2 * np.sum(np.log(np.abs(np.diag(S_u)))))
     dense = total - kl
     ours = bound_draws(guide, params, K, R)
@@ -217,11 +222,45 @@ def test_latent_inputs_are_refused_where_they_cannot_work():
     params = initial_params(quadrature, guide, X, y)
     with pytest.raises(ValueError, match="importance-weighted bound takes independent Gaussian layers"):
         dgp.ImportanceWeightedElbo(2).loss(jax.random.PRNGKey(0), params, quadrature, guide, X, y)
+    flow = dgp.handlers.sde_flow(flow_then_layer, "flow", T=1.0, num_steps=2)
+    guide = dgp.guides.AutoFactorizedDGP(flow)
+    params = initial_params(flow, guide, X, y)
+    with pytest.raises(ValueError, match=r"layer 'flow' is an SDE flow"):
+        dgp.ImportanceWeightedElbo(2).loss(jax.random.PRNGKey(0), params, flow, guide, X, y)
     for bad in (dict(num_importance=0), dict(num_particles=0)):
         with pytest.raises(ValueError, match="must be a positive integer"):
             dgp.ImportanceWeightedElbo(**bad)
     with pytest.raises(ValueError, match="latent_inputs must be one of"):
         dgp.guides.AutoFactorizedDGP(toy, latent_inputs="free")
+
+
+def flow_then_layer(X, y=None):
+    """A latent input, a layer as wide as its input (an SDE flow under the handler), the last layer."""
+    with numpyro.plate("data", X.shape[0]):
+        h = dgp.latent_input("w", X, 1)
+    g = dgp.gp_layer("flow", h, dgp.kernels.RBF(), num_inducing=2, out_dim=2)
+    f = dgp.gp_layer("f", g, dgp.kernels.RBF(), num_inducing=2)
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(f[..., 0], 0.1), obs=y)
+
+
+def test_sites_scaled_differently_cannot_share_the_importance_average():
+    # two observations of the same latent, one under a scale handler: the per-point average
+    # of their joint likelihood has no single plate scale
+    def model(X, y=None):
+        with numpyro.plate("data", X.shape[0]):
+            h = dgp.latent_input("w", X, 1)
+        f = dgp.gp_layer("f", h, dgp.kernels.RBF(), num_inducing=2, out_dim=2)
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(f[..., 0], 0.1), obs=y)
+            with numpyro.handlers.scale(scale=3.0):
+                numpyro.sample("y2", dist.Normal(f[..., 1], 0.1), obs=y)
+
+    X, y = jnp.asarray(X_TOY), jnp.asarray(Y_TOY)
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    params = initial_params(model, guide, X, y)
+    with pytest.raises(ValueError, match=r"depend on the latent inputs are scaled differently \({'y': 1.0, 'y2': 3.0}\)"):
+        dgp.ImportanceWeightedElbo(2).loss(jax.random.PRNGKey(0), params, model, guide, X, y)
 
 
 def test_a_guide_without_q_w_cannot_importance_weight():

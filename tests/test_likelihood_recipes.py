@@ -243,6 +243,8 @@ def test_softmax_prediction_gives_class_probabilities(X):
     np.testing.assert_allclose(scores["accuracy"], np.mean(np.asarray(pred.mean).argmax(-1) == labels))
     with pytest.raises(ValueError, match=r"labels in 0..2 .* e.g. 3"):
         dgp.metrics(pred, np.array([0, 1, 2, 3, 0, 1]))
+    with pytest.raises(ValueError, match="predictive_quantiles: needs a regression prediction .* 'categorical'"):
+        dgp.predictive_quantiles(pred, [0.5])
 
 
 def test_poisson_prediction_is_the_node_mixture(X):
@@ -269,6 +271,25 @@ def test_poisson_prediction_is_the_node_mixture(X):
         assert np.all(cdf(row) >= level - 1e-6) and np.all((row == 0) | (cdf(row - 1) < level + 1e-6))
     with pytest.raises(ValueError, match="y_scale applies to continuous targets"):
         dgp.metrics(pred, counts, y_scale=2.0)
+    # the distribution function accumulated over blocks of counts is the one-table answer,
+    # and a level the counts scanned do not reach is NaN, not the last count
+    from numpyro_dgp import _saved_model
+
+    arrays = {k: getattr(pred, k) for k in ("component_means", "component_variances", "weights", "atoms",
+                                            "atom_weights")}
+    levels = jnp.asarray([0.1, 0.5, 0.9])
+    whole = _saved_model._count_quantiles.__wrapped__(levels, arrays, 60)
+    np.testing.assert_array_equal(whole, q)
+    _saved_model._COUNT_TABLE_ENTRIES, entries = 3 * 2 * 20, _saved_model._COUNT_TABLE_ENTRIES  # blocks of 3 counts
+    try:
+        np.testing.assert_array_equal(_saved_model._count_quantiles.__wrapped__(levels, arrays, 60), whole)
+        short = np.asarray(_saved_model._count_quantiles.__wrapped__(levels, arrays, 0))  # P(y = 0) only
+    finally:
+        _saved_model._COUNT_TABLE_ENTRIES = entries
+    with pytest.raises(ValueError, match=r"quantiles must lie in \(0, 1\), got \[0.0, 0.5\]"):
+        dgp.predictive_quantiles(pred, [0.0, 0.5])
+    reached = cdf(np.zeros(N)) >= levels[:, None]
+    assert np.all(np.where(reached, short == 0, np.isnan(short))) and not np.all(reached)
 
 
 @pytest.mark.stochastic

@@ -16,6 +16,7 @@ from scipy.stats import norm
 import numpyro_dgp as dgp
 from numpyro_dgp import bernoulli_probit
 from numpyro_dgp.kernels import RBF
+from tests._mc import z_threshold
 
 jax.config.update("jax_enable_x64", True)  # idempotent (conftest does it too)
 
@@ -315,13 +316,32 @@ def test_unsupported_likelihood_raises_naming_the_site(data):
     vectors = jnp.asarray(np.random.RandomState(0).randn(N, 2))
     guide = dgp.guides.AutoFactorizedDGP(vector_model)
     svi = SVI(vector_model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
-    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, vectors))  # training works
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, vectors))
     with pytest.raises(NotImplementedError, match=r"'y' has a MultivariateNormal likelihood over vectors"):
         dgp.predict(vector_model, guide, params, jax.random.PRNGKey(1), X, num_samples=2)
     samples = {"f.u": jnp.zeros((2, 2, M)), "f.kernel.variance": jnp.ones(2),
                "f.kernel.lengthscale": jnp.ones((2, 1)), "f.inducing_inputs": jnp.zeros((2, M, 1))}
     with pytest.raises(NotImplementedError, match=r"predict_from_samples: observation site 'y' has a MultivariateNormal"):
         dgp.predict_from_samples(vector_model, samples, jax.random.PRNGKey(1), X)
+
+
+@pytest.mark.stochastic
+def test_a_likelihood_over_vectors_trains_by_monte_carlo_draws(data):
+    # predictions refuse it (above), the objectives take it: E_f[log N(y | f, S)] by draws of f,
+    # unbiased for the tensor-product rule (exact: the log density is quadratic in f)
+    X, _ = data
+    vectors = jnp.asarray(np.random.RandomState(0).randn(N, 2))
+    guide = dgp.guides.AutoFactorizedDGP(vector_model)
+    svi = SVI(vector_model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    state = svi.init(jax.random.PRNGKey(0), X, vectors)
+    params = svi.get_params(state)
+    exact = float(dgp.DGPElbo(num_quadrature=2).loss(jax.random.PRNGKey(0), params, vector_model, guide, X, vectors))
+    draws = np.array([float(dgp.DGPElbo().loss(jax.random.PRNGKey(k), params, vector_model, guide, X, vectors))
+                      for k in range(12)])
+    se = draws.std(ddof=1) / np.sqrt(draws.size)
+    assert se > 0 and abs(draws.mean() - exact) < z_threshold() * se, (draws.mean(), exact, se)
+    _, loss = svi.update(state, X, vectors)
+    assert np.isfinite(float(loss))
 
 
 # ---------------------------------------------------------------- (g) end to end

@@ -13,7 +13,10 @@ The default suite runs one refused kind per guide and reason
 (:func:`tests._model_kinds.default_refusals`) and a covering set of the working ones
 (:func:`tests._model_kinds.covering_set`: each library guide with every inducing kind, each
 NumPyro autoguide, every inducing kind with every handler); ``--runslow`` runs every kind, the
-working ones with both likelihoods and both dtypes. Float32
+working ones with both likelihoods and both dtypes. The covering cases over the default
+suite's time budget are listed in ``tests/slow_cases.txt`` and run with ``--runslow`` too;
+four of them (whitened, not whitened, inducing locations with and without a flow) stay in
+the default suite. Float32
 cases run with JAX's 64-bit mode off (``jax.enable_x64(False)``), as users run float32 models.
 """
 

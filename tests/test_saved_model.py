@@ -232,3 +232,45 @@ def test_predictive_quantiles_of_one_gaussian():
     np.testing.assert_allclose(q[:, 0], [1 - 2 * 1.959963984540054, 1.0, 1 + 2 * 1.959963984540054], rtol=1e-9)
     with pytest.raises(ValueError, match=r"\(0, 1\)"):
         dgp.predictive_quantiles(p, [1.5])
+
+
+@pytest.mark.parametrize("likelihood", ["student_t", "heteroscedastic", "softmax", "robust_max", "poisson",
+                                        "negative_binomial", "gaussian-2"])
+def test_saved_models_of_other_likelihoods_predict_in_the_data_s_units(likelihood, tmp_path):
+    X, y = _data(n=40)
+    options = {"student_t": dict(likelihood="student_t"), "heteroscedastic": dict(likelihood="heteroscedastic"),
+               "softmax": dict(likelihood="softmax", num_classes=3),
+               "robust_max": dict(likelihood="robust_max", num_classes=3), "poisson": dict(likelihood="poisson"),
+               "negative_binomial": dict(likelihood="negative_binomial"), "gaussian-2": dict(num_outputs=2)}[likelihood]
+    model = dgp.models.deep_gp_regression(1, num_inducing=4, **options)
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    unscaled = likelihood in ("softmax", "robust_max", "poisson", "negative_binomial")  # labels and counts
+    if unscaled:
+        y_fit, s = (np.arange(40) % 3), dgp.Standardization(np.zeros(3), np.ones(3))
+    elif likelihood == "gaussian-2":
+        y_fit = np.stack([y, -y], 1)
+        s = dgp.Standardization(np.zeros(3), np.ones(3), np.array([5.0, -1.0]), np.array([2.0, 0.5]))
+    else:
+        y_fit, s = y, dgp.Standardization(np.zeros(3), np.ones(3), 5.0, 2.0)
+    params = _fitted(model, guide, X, y_fit, steps=3)
+    dgp.save_model(tmp_path / "m", model, guide, params, input_dim=3, standardization=s)
+    loaded = dgp.load_model(tmp_path / "m")
+    assert loaded.likelihood == options.get("likelihood", "gaussian")
+    ours = loaded.predict(X[:5], rng_key=jax.random.PRNGKey(3), num_samples=4)
+    plain = dgp.predict(model, guide, params, jax.random.PRNGKey(3), jnp.asarray(X[:5]), num_samples=4)
+    if unscaled:  # classes and counts are not standardized
+        np.testing.assert_allclose(ours.mean, plain.mean, rtol=1e-12)
+        np.testing.assert_allclose(dgp.log_likelihood(ours, y_fit[:5]), dgp.log_likelihood(plain, y_fit[:5]),
+                                   rtol=1e-12)
+        return
+    shift, scale = np.asarray(s.y_mean), np.asarray(s.y_scale)
+    np.testing.assert_allclose(ours.mean, plain.mean * scale + shift, rtol=1e-10)
+    np.testing.assert_allclose(ours.variance, plain.variance * scale**2, rtol=1e-10)
+    # densities of the data's units: those of the standardized targets, over the scale
+    y_data = y_fit[:5] * scale + shift
+    np.testing.assert_allclose(dgp.log_likelihood(ours, y_data),
+                               np.asarray(dgp.log_likelihood(plain, y_fit[:5])) - np.sum(np.log(scale) * np.ones(shift.shape)),
+                               rtol=1e-10)
+    quantiles = np.asarray(dgp.predictive_quantiles(ours, [0.5]))[0]
+    np.testing.assert_allclose(quantiles, np.asarray(dgp.predictive_quantiles(plain, [0.5]))[0] * scale + shift,
+                               rtol=1e-8, atol=1e-8)

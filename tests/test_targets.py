@@ -11,8 +11,11 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import SVI
 
+from scipy.special import gammaln
+
 import numpyro_dgp as dgp
 from numpyro_dgp.models import deep_gp_regression
+from tests._mc import z_threshold
 
 jax.config.update("jax_enable_x64", True)
 
@@ -36,13 +39,13 @@ def elbo_parts(model, guide, params, X, y):
     return dgp.DGPElbo().elbo_components(jax.random.PRNGKey(3), params, model, guide, X, jnp.asarray(y))
 
 
-def last_layer_moments(model, guide, params, X):
+def last_layer_moments(model, guide, params, X, layer="h1"):
     """The last layer's (mean, var) ``(N, T)`` from the engine (checked against dense algebra
     elsewhere), at a one-layer model: no sampling."""
     from numpyro_dgp._marginal import marginal_trace
 
     run = marginal_trace(model, guide, params, jax.random.PRNGKey(0), (X,), {}, objective="predict")
-    return [np.asarray(a) for a in run.moments["h1"]]
+    return [np.asarray(a) for a in run.moments[layer]]
 
 
 def test_two_columns_are_two_outputs_of_the_last_layer(data):
@@ -145,6 +148,56 @@ def test_user_models_mask_their_own_targets_with_allow_missing(data):
                 X.at[0, 0].set(jnp.nan), y, num_steps=2, progress_bar=False, allow_missing=True)
 
 
+@pytest.mark.parametrize("objective", ["closed form", "predictive"])
+def test_raw_nan_targets_under_a_mask_give_finite_gradients(data, objective):
+    # jnp.where(mask, log_prob(NaN), 0) is finite, its gradient 0 * NaN is not: the engine must
+    # replace the missing values before the density sees them, as NumPyro's masks do
+    X, Y = data
+    counts = jnp.asarray(np.random.RandomState(1).poisson(2.0, N), jnp.float64).at[3].set(jnp.nan)
+    y = counts if objective == "closed form" else Y[:, 0].at[3].set(jnp.nan)
+
+    def model(X, y=None):
+        f = dgp.gp_layer("f", X, dgp.kernels.RBF(), num_inducing=M)
+        with numpyro.plate("data", X.shape[0]), numpyro.handlers.mask(mask=~jnp.isnan(y)):
+            fn = dgp.likelihoods.poisson(f) if objective == "closed form" else dist.Normal(f[..., 0], 0.3)
+            numpyro.sample("y", fn, obs=y)
+
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    elbo = dgp.DGPElbo() if objective == "closed form" else dgp.PredictiveObjective(num_particles=2)
+    svi = SVI(model, guide, numpyro.optim.Adam(0.01), elbo)
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, y))
+    loss, grads = jax.value_and_grad(lambda p: elbo.loss(jax.random.PRNGKey(1), p, model, guide, X, y))(params)
+    assert np.isfinite(float(loss)) and all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
+    if objective == "closed form":  # one layer in closed form, no draws: the missing entry adds nothing
+        keep = np.arange(N) != 3
+        without = elbo.loss(jax.random.PRNGKey(1), params, model, guide, X[keep], y[keep])
+        np.testing.assert_allclose(float(loss), float(without), rtol=1e-10)
+
+
+def test_a_mask_outside_to_event_masks_rows(data):
+    # mask(Independent(Poisson (B, T), 1)): the (B,) mask leaves out rows; with B == T a mask
+    # misaligned to the columns would leave out other entries and give another number
+    X, _ = data
+    X4 = X[:4]
+    counts = jnp.asarray(np.random.RandomState(2).poisson(2.0, (4, 4)), jnp.float64)
+    rows = jnp.asarray([True, False, True, True])
+
+    def model(X, y=None, mask=True):
+        f = dgp.gp_layer("f", X, dgp.kernels.RBF(), num_inducing=2, out_dim=4)
+        with numpyro.plate("data", X.shape[0]), numpyro.handlers.mask(mask=mask):
+            numpyro.sample("y", dgp.likelihoods.poisson(f).to_event(1), obs=y)
+
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    params = init(model, guide, X4, counts)
+    masked = dgp.DGPElbo().elbo_components(jax.random.PRNGKey(3), params, model, guide, X4, counts, mask=rows)
+    full = dgp.DGPElbo().elbo_components(jax.random.PRNGKey(3), params, model, guide, X4, counts)
+    mean, var = last_layer_moments(model, guide, params, X4, "f")
+    per_entry = np.asarray(counts) * mean - np.exp(mean + var / 2) - gammaln(np.asarray(counts) + 1)
+    np.testing.assert_allclose(float(full["expected_log_likelihood"]), per_entry.sum(), rtol=1e-10)
+    np.testing.assert_allclose(float(masked["expected_log_likelihood"]), per_entry[np.asarray(rows)].sum(),
+                               rtol=1e-10)
+
+
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
     (dict(num_outputs=0), ValueError, "num_outputs must be a positive integer"),
     (dict(likelihood="softmax"), ValueError, "needs num_classes, an integer >= 2"),
@@ -178,3 +231,48 @@ def test_amortized_factory_takes_the_likelihood_s_width():
     model = dgp.models.amortized_dgp(widths=(4, 3), num_inducing=(3, 3), likelihood="softmax", num_classes=3)
     tr = numpyro.handlers.trace(numpyro.handlers.seed(model, 0)).get_trace(jnp.zeros((5, 2)), jnp.zeros(5, jnp.int32))
     assert type(tr["y"]["fn"]).__name__ == "CategoricalLogits"
+
+
+@pytest.mark.stochastic
+def test_a_row_s_joint_density_keeps_the_outputs_correlation_under_a_joint_guide(data):
+    # q(u) of AutoJointDGP ties output 1's inducing values to output 0's (u_1 = u_0 up to 1e-4):
+    # f_0 = f_1 at every point, so y_0 and y_1 share their f; a row's density is the bivariate
+    # Normal with covariance [[v + s2, v], [v, v + s2]], far from the product of the marginals
+    X, Y = data
+    noise = 0.05
+
+    def model(X, y=None):
+        f = dgp.gp_layer("f", X, dgp.kernels.RBF(), num_inducing=M, out_dim=2)
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(f, np.sqrt(noise)).to_event(1), obs=y)
+
+    # at the inducing inputs themselves, f has no variance beyond that of u (up to the jitter)
+    X, Y = X[:M], Y[:M]
+    guide = dgp.guides.AutoJointDGP(model)
+    params = {**init(model, guide, X, Y), "f.inducing_inputs": X}
+    A = 0.5 * np.eye(M)
+    tril = np.block([[A, np.zeros((M, M))], [A, 1e-4 * np.eye(M)]])
+    loc = np.tile(np.linspace(-1.0, 1.0, M), 2)
+    params = {**params, "auto_joint_scale_tril": jnp.asarray(tril), "auto_joint_loc": jnp.asarray(loc)}
+    pred = dgp.predict(model, guide, params, jax.random.PRNGKey(1), X, num_samples=400)
+    assert pred.likelihood == "general"  # kept at joint draws
+    mean, var = last_layer_moments(model, guide, params, X, "f")  # one layer: every sample's marginal
+    np.testing.assert_allclose(mean[:, 1], mean[:, 0], atol=1e-3)
+    np.testing.assert_allclose(var[:, 1], var[:, 0], rtol=1e-3)
+    m, v = mean[:, 0], var[:, 0]
+    rows = np.stack([m + np.sqrt(v), m - np.sqrt(v)], 1)  # y_0 != y_1: unlikely when f_0 = f_1
+    # the estimate is the average over the atoms of the row's joint density at each; the S
+    # samples of u are independent (the draws within one share its u: at Z they coincide)
+    loc_atoms = np.asarray(pred.atoms.loc)  # (S, K, N, 2)
+    dens = np.prod(np.exp(-0.5 * (rows - loc_atoms) ** 2 / noise) / np.sqrt(2 * np.pi * noise), axis=-1)
+    per_sample = dens.mean(1)  # (S, N)
+    estimate = per_sample.mean(0)
+    np.testing.assert_allclose(np.asarray(dgp.log_likelihood(pred, rows)), np.log(estimate), rtol=1e-10)
+    se = per_sample.std(0, ddof=1) / np.sqrt(per_sample.shape[0])
+    cov = np.stack([np.stack([v + noise, v], -1), np.stack([v, v + noise], -1)], -2)  # (N, 2, 2)
+    diff = rows - m[:, None]
+    exact = np.exp(-0.5 * np.einsum("ni,nij,nj->n", diff, np.linalg.inv(cov), diff)) / (
+        2 * np.pi * np.sqrt(np.linalg.det(cov)))
+    assert np.all(np.abs(estimate - exact) < z_threshold(M) * se), (estimate, exact, se)
+    independent = np.prod(np.exp(-0.5 * diff**2 / (v + noise)[:, None]) / np.sqrt(2 * np.pi * (v + noise))[:, None], 1)
+    assert np.all(np.abs(independent - exact) > 10 * z_threshold(M) * se)  # the test tells the two apart

@@ -1,5 +1,6 @@
 """Execute every tutorial notebook in smoke mode (``NUMPYRO_DGP_SMOKE=1``), and check that
-every notebook agrees with its jupytext script.
+every notebook agrees with its jupytext script. The default suite executes the quickstart;
+the others are listed in ``tests/slow_cases.txt`` and run with ``--runslow``.
 
 Each ``tutorials/*.ipynb`` is copied to a temporary directory and run top to bottom with
 nbclient; a cell that raises fails the test. Each notebook must produce at least one PNG

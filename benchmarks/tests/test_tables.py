@@ -130,3 +130,42 @@ def test_scale_step_flops_grow_as_the_math_says():
     # the variance term P M^2 B dominates at large M: doubling M nearly quadruples the count
     assert 3.5 < scale.step_flops(1000, 8, 90) / scale.step_flops(500, 8, 90) < 4.5
     assert scale.step_flops(500, 32, 90) > 3 * scale.step_flops(500, 8, 90)
+
+
+def test_time_to_target_is_the_first_time_the_trailing_mean_reaches_it():
+    natural = _load("natural_gradients")
+    losses = np.array([10.0, 8.0, 6.0, 4.0, 2.0, 1.0])
+    seconds = np.full(6, 0.5)
+    # trailing 2-step means: 9, 7, 5, 3, 1.5 (ending at steps 1..5); 5 <= 5 first at step 3
+    assert natural.time_to(losses, seconds, 5.0, 2) == 2.0
+    assert np.isnan(natural.time_to(losses, seconds, 0.5, 2))
+
+
+def _render(script, tag, tmp_path):
+    """``results/<script>_<tag>.json`` rendered by the script's ``write`` is the committed ``.md``."""
+    module = _load(script)
+    results = REPO / "benchmarks" / "results"
+    record = json.loads((results / f"{script}_{tag}.json").read_text())
+    path = tmp_path / "table.md"
+    module.write(record, path)
+    assert path.read_text() == (results / f"{script}_{tag}.md").read_text()
+    return record, path.read_text()
+
+
+def test_digits_table_is_rendered_from_its_record(tmp_path):
+    record, text = _render("digits", "softmax", tmp_path)
+    ours = [r["accuracy"] for r in record["runs"] if r["library"] == "numpyro-dgp"]
+    assert len(ours) >= 5 and f"| numpyro-dgp | {len(ours)} | {np.mean(ours):.4f}" in text
+
+
+def test_natural_gradients_table_is_rendered_from_its_record(tmp_path):
+    record, text = _render("natural_gradients", "uci", tmp_path)
+    for r in record["runs"]:
+        ratio = r["natural"]["seconds_to_target"] / r["adam"]["seconds_to_target"]
+        assert f"| {ratio:.2f} |" in text
+
+
+def test_latent_variable_table_is_rendered_from_its_record(tmp_path):
+    record, text = _render("latent_variable", "concrete", tmp_path)
+    assert record["dataset"] == "concrete" and len(record["runs"]) >= 3
+    assert "| latent-variable DGP (IW bound) |" in text

@@ -19,17 +19,20 @@ of size 1 lands on the optimal ``q(u)`` (Titsias' collapsed optimum).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from numpyro.distributions.transforms import biject_to
-from numpyro.optim import _NumPyroOptim, optax_to_numpyro
+from numpyro.optim import optax_to_numpyro
 
 from numpyro_dgp._compat import softplus_lower_cholesky
 from numpyro_dgp.core import cholesky, triangular_inverse
+
+if TYPE_CHECKING:
+    from numpyro_dgp._compat import NumPyroOptimizer
 
 __all__ = ["NaturalGradientState", "natural_gradient_ramp", "natural_gradients"]
 
@@ -133,7 +136,7 @@ def natural_gradients(
     others: optax.GradientTransformation | None = None,
     step_size: float | optax.Schedule = 1.0,
     layers: str | Sequence[str] = "last",
-) -> _NumPyroOptim:
+) -> NumPyroOptimizer:
     """An optimizer for ``numpyro.infer.SVI`` (and :func:`~numpyro_dgp.fit`): natural-gradient
     steps on the Gaussian ``q(u)`` of the chosen layers of an
     :class:`~numpyro_dgp.guides.AutoFactorizedDGP`, ``others`` (default Adam, 0.01) on every
@@ -175,6 +178,9 @@ def natural_gradients(
         return NaturalGradientState(jnp.zeros((), jnp.int32), others.init(split(params, pairs)))
 
     def update(grads: dict, state: NaturalGradientState, params: dict | None = None) -> tuple[dict, NaturalGradientState]:
+        if params is None:  # optax's signature has it optional; the natural step needs q(u) itself
+            raise ValueError("natural_gradients: update needs the current params (the natural step is taken from "
+                             "q(u)'s mean and Cholesky factor)")
         pairs = _site_pairs(guide, list(grads), layers)
         rest = split(params, pairs)
         rest_updates, rest_state = others.update(split(grads, pairs), state.others, rest)

@@ -32,7 +32,7 @@ from numpyro_dgp._marginal import (
     site_posterior,
     uses_inducing_locations,
 )
-from numpyro_dgp._observation import closed_form_log_prob, needs_closed_form, observation_kind, unwrap
+from numpyro_dgp._observation import closed_form_log_prob, masked_value, needs_closed_form, observation_kind, unwrap
 from numpyro_dgp._protocol import AMORTIZED_KL, IMPORTANCE_LOG_WEIGHTS, QUADRATURE_AXIS, get_tag
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.core import block_diag_covariance, chain_gauss_kl_term, gauss_kl
@@ -320,7 +320,7 @@ def _log_predictive(
         w = jnp.reshape(jnp.asarray(weights, loc.dtype), (-1,) + (1,) * (loc.ndim - 1))
         mean = jnp.sum(w * loc, axis=0)
         var = jnp.sum(w * (loc - mean) ** 2, axis=0) + jnp.broadcast_to(parts.base.scale, parts.shape)[0] ** 2
-        lp = dist.Normal(mean, jnp.sqrt(var)).log_prob(value)
+        lp = dist.Normal(mean, jnp.sqrt(var)).log_prob(masked_value(parts, value))
         if parts.mask is not None:
             lp = jnp.where(jnp.broadcast_to(parts.mask, parts.shape)[0], lp, 0.0)
         if parts.event_ndims:
@@ -345,9 +345,9 @@ class DGPElbo(ELBO):
     :mod:`numpyro_dgp.core`). With ``inducing="locations"`` the inner layers run on sampled
     inducing values (they are the next layer's inputs) and the last layer is marginalized
     given them. KLs are computed in closed form (given the sampled locations, for inducing
-    locations); and the expectation of the likelihood over the last layer's marginal is taken by
-    Gauss-Hermite quadrature (exact for Gaussian likelihoods). Other latent sites
-    (hyperparameters with priors) are estimated by sampling as in ``Trace_ELBO``.
+    locations); the expectation of the likelihood over the last layer's marginal as below.
+    Other latent sites (hyperparameters with priors) are estimated by sampling as in
+    ``Trace_ELBO``.
 
     The bound is the same as ``Trace_ELBO``'s on the same model and guide; only the
     estimator's variance is lower.
@@ -365,7 +365,8 @@ class DGPElbo(ELBO):
     :param vectorize_particles: ``jax.vmap`` over particles (else ``lax.map``).
     :param num_likelihood_samples: Monte Carlo draws of the last layer's outputs per point, where
         the expectation is sampled.
-    :raises ValueError: if ``num_particles`` or ``num_likelihood_samples`` is not a positive integer.
+    :raises ValueError: if ``num_particles``, ``num_likelihood_samples`` or a given
+        ``num_quadrature`` is not a positive integer.
     """
 
     def __init__(
@@ -374,6 +375,7 @@ class DGPElbo(ELBO):
     ) -> None:
         check_positive_int(num_particles, "num_particles", "DGPElbo")
         check_positive_int(num_likelihood_samples, "num_likelihood_samples", "DGPElbo")
+        check_positive_int(num_quadrature, "num_quadrature", "DGPElbo", allow_none=True)
         self.num_quadrature = num_quadrature
         self.num_likelihood_samples = int(num_likelihood_samples)
         super().__init__(num_particles=num_particles, vectorize_particles=vectorize_particles)
@@ -424,9 +426,11 @@ class PredictiveObjective(ELBO):
 
     ``sum_n log sum_s w_s p(y_n | x_n, s) - beta KL``, where particle ``s`` propagates the
     inputs through the inner layers (as :class:`DGPElbo` does, inducing values marginalized)
-    and ``p(y_n | x_n, s) = E[p(y_n | f_L)]`` over the last layer's Gaussian marginal
-    (Gauss-Hermite; for a Normal likelihood whose location is affine in the last layer, the
-    exact ``N(y | m_s, v_s + noise)`` from the nodes' moments). The ``log`` sits
+    and ``p(y_n | x_n, s) = E[p(y_n | f_L)]`` over the last layer's Gaussian marginal (for a
+    Normal likelihood whose location is affine in the last layer, the exact ``N(y | m_s, v_s +
+    noise)`` from the nodes' moments; otherwise Gauss-Hermite for one output, and for several
+    the average over Monte Carlo draws, whose ``log`` is then a downward-biased estimate, the
+    bias falling as ``1 / num_likelihood_samples``). The ``log`` sits
     outside the mixture over particles and the likelihood expectation, unlike the ELBO's
     ``E log``: it scores the predictive distribution directly and is no lower bound on the
     evidence. The KL terms (closed form, averaged over particles) act as a regularizer of
@@ -443,16 +447,17 @@ class PredictiveObjective(ELBO):
         weights of a quadrature rule over a guide's sample space.
     :param num_likelihood_samples: Monte Carlo draws of the last layer's outputs per point, where
         the expectation is sampled (as for :class:`DGPElbo`).
-    :raises ValueError: if ``num_particles < 1``, ``beta < 0``, or ``particle_weights`` are not
-        ``num_particles`` non-negative weights summing to 1.
+    :raises ValueError: if ``num_particles``, ``num_likelihood_samples`` or a given
+        ``num_quadrature`` is not a positive integer, ``beta < 0``, or ``particle_weights`` are
+        not ``num_particles`` non-negative weights summing to 1.
     """
 
     def __init__(self, num_particles: int = 8, beta: float = 1.0, num_quadrature: int | None = None,
                  particle_weights: ArrayLike | None = None, num_likelihood_samples: int = 32) -> None:
+        check_positive_int(num_particles, "num_particles", "PredictiveObjective")
         check_positive_int(num_likelihood_samples, "num_likelihood_samples", "PredictiveObjective")
+        check_positive_int(num_quadrature, "num_quadrature", "PredictiveObjective", allow_none=True)
         self.num_likelihood_samples = int(num_likelihood_samples)
-        if int(num_particles) < 1:
-            raise ValueError(f"PredictiveObjective: num_particles must be >= 1, got {num_particles}")
         if not (float(beta) >= 0):
             raise ValueError(f"PredictiveObjective: beta must be >= 0, got {beta}")
         if particle_weights is not None:

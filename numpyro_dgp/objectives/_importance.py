@@ -30,12 +30,27 @@ import numpy as np
 from jax.scipy.special import logsumexp
 from numpyro.infer import ELBO
 
+from numpyro_dgp._compat import is_tracer
 from numpyro_dgp._marginal import marginal_trace
 from numpyro_dgp._protocol import IMPORTANCE_LOG_WEIGHTS, get_tag
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.objectives._dsvi import _plate_ndim, expected_log_prob, objective_terms
 
 __all__ = ["ImportanceWeightedElbo"]
+
+
+def _common_scale(scales: dict) -> Any:
+    """The one plate scale of the sites inside the importance average (their sum per draw is
+    one joint likelihood per point, so they must be scaled alike)."""
+    first = next(iter(scales.values()))
+    concrete = {name: float(s) for name, s in scales.items() if not is_tracer(s) and np.ndim(s) == 0}
+    if len(set(concrete.values())) > 1:
+        raise ValueError(
+            f"ImportanceWeightedElbo: the observed sites that depend on the latent inputs are scaled differently "
+            f"({concrete}); their likelihoods are averaged together per point, so observe them in one plate with "
+            "one subsample and no scale handler between them"
+        )
+    return first
 
 
 class ImportanceWeightedElbo(ELBO):
@@ -50,14 +65,22 @@ class ImportanceWeightedElbo(ELBO):
     :param num_particles: draws of the inducing values per step (the bound averaged over them).
     :param num_quadrature: Gauss-Hermite nodes per output of the last layer (see
         :class:`~numpyro_dgp.DGPElbo`).
-    :raises ValueError: if ``num_importance`` or ``num_particles`` is not a positive integer.
+    :param num_likelihood_samples: Monte Carlo draws of the last layer's outputs per point and
+        latent draw, where the likelihood's expectation is sampled (as for
+        :class:`~numpyro_dgp.DGPElbo`).
+    :raises ValueError: if ``num_importance``, ``num_particles``, ``num_likelihood_samples`` or
+        a given ``num_quadrature`` is not a positive integer.
     """
 
-    def __init__(self, num_importance: int = 8, num_particles: int = 1, num_quadrature: int | None = None) -> None:
+    def __init__(self, num_importance: int = 8, num_particles: int = 1, num_quadrature: int | None = None,
+                 num_likelihood_samples: int = 32) -> None:
         check_positive_int(num_importance, "num_importance", "ImportanceWeightedElbo")
         check_positive_int(num_particles, "num_particles", "ImportanceWeightedElbo")
+        check_positive_int(num_likelihood_samples, "num_likelihood_samples", "ImportanceWeightedElbo")
+        check_positive_int(num_quadrature, "num_quadrature", "ImportanceWeightedElbo", allow_none=True)
         self.num_importance = int(num_importance)
         self.num_quadrature = num_quadrature
+        self.num_likelihood_samples = int(num_likelihood_samples)
         super().__init__(num_particles=num_particles, vectorize_particles=True)
 
     def components(
@@ -76,24 +99,25 @@ class ImportanceWeightedElbo(ELBO):
         """
         K = self.num_importance
         run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, self.num_quadrature,
-                             objective="ImportanceWeightedElbo", num_importance=K)
+                             objective="ImportanceWeightedElbo", num_samples=self.num_likelihood_samples,
+                             num_importance=K)
         observed, kl, other = objective_terms(run, "ImportanceWeightedElbo")
         log_weights = sum(get_tag(site, IMPORTANCE_LOG_WEIGHTS) for site in run.model_trace.values()
                           if get_tag(site, IMPORTANCE_LOG_WEIGHTS) is not None)
         # per point, the observed sites that depend on the latents are summed inside the
         # importance average (one joint likelihood per draw); the others outside it
-        inside, scale_inside, outside = 0.0, 1.0, 0.0
+        inside, scales, outside = 0.0, {}, 0.0
         for site in observed.values():
             lp = expected_log_prob(site, run)  # (K, B) with latent inputs, else (B,)
             scale = site["scale"] if site["scale"] is not None else 1.0
             if jnp.ndim(lp) > _plate_ndim(site):
-                inside, scale_inside = inside + lp, scale
+                inside, scales[site["name"]] = inside + lp, scale
             else:
                 outside = outside + jnp.sum(scale * lp)
         bound = outside
-        if jnp.ndim(inside) > 0:
+        if scales:
             per_point = logsumexp(inside + log_weights, axis=0) - np.log(K)
-            bound = bound + jnp.sum(scale_inside * per_point)
+            bound = bound + jnp.sum(_common_scale(scales) * per_point)
         return {"importance_weighted_log_likelihood": bound, "kl_inducing": kl, "other": other}
 
     def loss_with_mutable_state(
