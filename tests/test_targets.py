@@ -10,7 +10,6 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 from numpyro.infer import SVI
-
 from scipy.special import gammaln
 
 import numpyro_dgp as dgp
