@@ -53,7 +53,7 @@ _ATTRIBUTES = {
     "SavedModel": "_saved_model",
     "Standardization": "_saved_model",
     "load_model": "_saved_model",
-    "predictive_quantiles": "_saved_model",
+    "predictive_quantiles": "_quantiles",
     "save_model": "_saved_model",
     "InputScaleWarning": "_validation",
     "FitResult": "infer",
@@ -85,9 +85,9 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
         SavedModel,
         Standardization,
         load_model,
-        predictive_quantiles,
         save_model,
     )
+    from numpyro_dgp._quantiles import predictive_quantiles
     from numpyro_dgp._validation import InputScaleWarning
     from numpyro_dgp.infer import FitResult, fit
     from numpyro_dgp.io import load_params, save_params

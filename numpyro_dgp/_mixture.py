@@ -60,7 +60,7 @@ def prediction_rule(kind: str, out_dim: int) -> Rule:
 
 
 def rule_arguments(kind: str, out_dim: int) -> tuple[int | None, int]:
-    """``(num_quadrature, num_samples)`` for :func:`~numpyro_dgp._marginal.marginal_trace` that
+    """``(num_quadrature, num_samples)`` for :func:`~numpyro_dgp._marginal_run.marginal_trace` that
     give :func:`prediction_rule`."""
     return (PREDICTION_NODES[kind] if out_dim == 1 else None), PREDICTION_DRAWS[kind]
 

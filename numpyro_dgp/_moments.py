@@ -17,7 +17,7 @@ previous layer's output, whose per-point mean and variance were recorded when it
   variance (noise included), and the last layer's output becomes quadrature nodes.
 
 :func:`moment_trace` runs a guide and then the model under the handler (as
-:func:`numpyro_dgp._marginal.marginal_trace` does for the sampling engine).
+:func:`numpyro_dgp._marginal_run.marginal_trace` does for the sampling engine).
 
 **References:**
 
@@ -37,13 +37,8 @@ from numpyro.primitives import Messenger
 
 from numpyro_dgp._autoguides import innermost_guide
 from numpyro_dgp._compat import is_tracer
-from numpyro_dgp._marginal import (
-    _model_u_sites,
-    _validation_off_when_traced,
-    final_layer_name,
-    guide_posteriors,
-    guide_then_model,
-)
+from numpyro_dgp._marginal import _model_u_sites, final_layer_name, guide_posteriors
+from numpyro_dgp._marginal_run import _validation_off_when_traced, guide_then_model
 from numpyro_dgp._observation import shared_rule
 from numpyro_dgp._protocol import BRANCHES, FLOW, LAYER_MESSAGE, QUADRATURE_AXIS, get_tag, message_layer, with_tag
 from numpyro_dgp.core import uncertain_input_moments

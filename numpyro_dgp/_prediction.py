@@ -39,7 +39,7 @@ from jax.typing import ArrayLike
 from numpyro.handlers import replay, seed, substitute, trace
 
 from numpyro_dgp._cache import OwnerCache
-from numpyro_dgp._marginal import marginal_trace
+from numpyro_dgp._marginal_run import marginal_trace
 from numpyro_dgp._mixture import component_of, flatten_branches, mixture_fields, rebuild, rule_arguments
 from numpyro_dgp._observation import observation_kind
 from numpyro_dgp._params import PREDICT_HINT, check_params_against, param_specs

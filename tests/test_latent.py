@@ -16,7 +16,7 @@ from scipy.special import logsumexp
 from scipy.stats import multivariate_normal, norm
 
 import numpyro_dgp as dgp
-from numpyro_dgp._marginal import marginal_trace
+from numpyro_dgp._marginal_run import marginal_trace
 from tests._mc import z_threshold
 
 jax.config.update("jax_enable_x64", True)

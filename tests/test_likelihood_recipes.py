@@ -273,19 +273,19 @@ def test_poisson_prediction_is_the_node_mixture(X):
         dgp.metrics(pred, counts, y_scale=2.0)
     # the distribution function accumulated over blocks of counts is the one-table answer,
     # and a level the counts scanned do not reach is NaN, not the last count
-    from numpyro_dgp import _saved_model
+    from numpyro_dgp import _quantiles
 
     arrays = {k: getattr(pred, k) for k in ("component_means", "component_variances", "weights", "atoms",
                                             "atom_weights")}
     levels = jnp.asarray([0.1, 0.5, 0.9])
-    whole = _saved_model._count_quantiles.__wrapped__(levels, arrays, 60)
+    whole = _quantiles._count_quantiles.__wrapped__(levels, arrays, 60)
     np.testing.assert_array_equal(whole, q)
-    _saved_model._COUNT_TABLE_ENTRIES, entries = 3 * 2 * 20, _saved_model._COUNT_TABLE_ENTRIES  # blocks of 3 counts
+    _quantiles._COUNT_TABLE_ENTRIES, entries = 3 * 2 * 20, _quantiles._COUNT_TABLE_ENTRIES  # blocks of 3 counts
     try:
-        np.testing.assert_array_equal(_saved_model._count_quantiles.__wrapped__(levels, arrays, 60), whole)
-        short = np.asarray(_saved_model._count_quantiles.__wrapped__(levels, arrays, 0))  # P(y = 0) only
+        np.testing.assert_array_equal(_quantiles._count_quantiles.__wrapped__(levels, arrays, 60), whole)
+        short = np.asarray(_quantiles._count_quantiles.__wrapped__(levels, arrays, 0))  # P(y = 0) only
     finally:
-        _saved_model._COUNT_TABLE_ENTRIES = entries
+        _quantiles._COUNT_TABLE_ENTRIES = entries
     with pytest.raises(ValueError, match=r"quantiles must lie in \(0, 1\), got \[0.0, 0.5\]"):
         dgp.predictive_quantiles(pred, [0.0, 0.5])
     reached = cdf(np.zeros(N)) >= levels[:, None]

@@ -41,7 +41,7 @@ def elbo_parts(model, guide, params, X, y):
 def last_layer_moments(model, guide, params, X, layer="h1"):
     """The last layer's (mean, var) ``(N, T)`` from the engine (checked against dense algebra
     elsewhere), at a one-layer model: no sampling."""
-    from numpyro_dgp._marginal import marginal_trace
+    from numpyro_dgp._marginal_run import marginal_trace
 
     run = marginal_trace(model, guide, params, jax.random.PRNGKey(0), (X,), {}, objective="predict")
     return [np.asarray(a) for a in run.moments[layer]]

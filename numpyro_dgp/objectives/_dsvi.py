@@ -25,13 +25,9 @@ from jax.scipy.special import logsumexp
 from jax.typing import ArrayLike
 from numpyro.infer import ELBO
 
-from numpyro_dgp._marginal import (
-    MarginalRun,
-    layers_by_u_site,
-    marginal_trace,
-    site_posterior,
-    uses_inducing_locations,
-)
+from numpyro_dgp._marginal import layers_by_u_site, site_posterior, uses_inducing_locations
+
+from numpyro_dgp._marginal_run import MarginalRun, marginal_trace
 from numpyro_dgp._observation import closed_form_log_prob, masked_value, needs_closed_form, observation_kind, unwrap
 from numpyro_dgp._protocol import AMORTIZED_KL, IMPORTANCE_LOG_WEIGHTS, QUADRATURE_AXIS, get_tag
 from numpyro_dgp._validation import check_positive_int

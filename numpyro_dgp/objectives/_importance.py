@@ -31,7 +31,7 @@ from jax.scipy.special import logsumexp
 from numpyro.infer import ELBO
 
 from numpyro_dgp._compat import is_tracer
-from numpyro_dgp._marginal import marginal_trace
+from numpyro_dgp._marginal_run import marginal_trace
 from numpyro_dgp._protocol import IMPORTANCE_LOG_WEIGHTS, get_tag
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.objectives._dsvi import _plate_ndim, expected_log_prob, objective_terms

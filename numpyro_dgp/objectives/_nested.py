@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpyro.distributions as dist
 from numpyro.infer import ELBO
 
-from numpyro_dgp._marginal import MarginalRun
+from numpyro_dgp._marginal_run import MarginalRun
 from numpyro_dgp._moments import moment_trace
 from numpyro_dgp._protocol import QUADRATURE_AXIS, get_tag
 from numpyro_dgp.objectives._dsvi import _weighted_log_prob, objective_terms

@@ -26,7 +26,7 @@ import optax
 from jax.typing import ArrayLike
 from numpyro.infer import SVI
 
-from numpyro_dgp._marginal import marginal_trace
+from numpyro_dgp._marginal_run import marginal_trace
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP, DGPGuide
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.kernels import Kernel

@@ -22,7 +22,7 @@ from numpyro_dgp.core import gauss_hermite
 from numpyro_dgp.guides import AutoAmortizedDGP, AutoFactorizedDGP
 from numpyro_dgp.handlers import quadrature
 from numpyro_dgp.kernels import RBF, Matern52
-from numpyro_dgp._marginal import marginal_trace
+from numpyro_dgp._marginal_run import marginal_trace
 from numpyro_dgp._protocol import AMORTIZED_KL, get_tag
 
 JITTER = 1e-6  # float64 default; amortized layers scale it by the set's prior variance

@@ -14,7 +14,7 @@ import numpyro_dgp as dgp
 from numpyro_dgp.core import gauss_kl
 from numpyro_dgp.core import chain_gauss_kl_term
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP
-from numpyro_dgp._marginal import marginal_trace
+from numpyro_dgp._marginal_run import marginal_trace
 from scipy.stats import norm
 from tests._mc import paired_difference_and_se, z_threshold
 

@@ -21,7 +21,7 @@ from numpyro_dgp.handlers import exact_layers, sde_flow
 from numpyro_dgp.kernels import RBF, Linear
 from numpyro_dgp.layers import layer_moments
 from numpyro_dgp.models import diffgp
-from numpyro_dgp._marginal import marginal_trace
+from numpyro_dgp._marginal_run import marginal_trace
 from tests._mc import z_threshold
 
 NOISE = 0.05

@@ -10,7 +10,7 @@ from scipy.stats import norm
 import numpyro_dgp as dgp
 from numpyro_dgp.guides import AutoFactorizedDGP
 from numpyro_dgp.kernels import RBF
-from numpyro_dgp._marginal import marginal_trace
+from numpyro_dgp._marginal_run import marginal_trace
 from numpyro_dgp.objectives import PredictiveObjective
 from tests._mc import z_threshold
 

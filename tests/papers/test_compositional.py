@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import numpyro_dgp as dgp
-from numpyro_dgp._marginal import marginal_trace
+from numpyro_dgp._marginal_run import marginal_trace
 from tests._mc import z_threshold
 from numpyro_dgp.papers.compositional import (
     FAMILIES,
