@@ -215,7 +215,7 @@ def in_fresh_process(*args):
 
 
 def markdown(results):
-    lines = [f"# Large-N scaling (synthetic, D = {D})", "", f"Command: `{results.get('command', '')}`", "",
+    lines = ["# Large N, and the step against M, width and D (synthetic data)", "", f"Command: `{results.get('command', '')}`", "",
              f"Machine: {results['machine']}", ""]
     if results.get("sizes"):
         lines += ["2 layers, M = 100, inner width 30, batch 1000, data on the device; prediction of 100,000 points "
@@ -236,46 +236,110 @@ def markdown(results):
     return "\n".join(lines)
 
 
-def grid_point(M, width, precision, dim, steps, gpflux_python):
-    """Ours at one grid point in a fresh process, then GPflux's same model right after."""
+def grid_point(M, width, precision, dim, steps, peers):
+    """Ours at one grid point in a fresh process, then each peer's same model right after
+    (``peers``: library name -> its venv's python, for the Ms it runs at)."""
     r = in_fresh_process("grid", M, width, precision, dim, steps)
     print(json.dumps(r), flush=True)
-    if gpflux_python:
-        peer = subprocess.run([gpflux_python, str(Path(__file__).parent / "peers" / "gpflux_scale.py"),
+    for library, (python, ms) in peers.items():
+        if python is None or (ms is not None and M not in ms):
+            continue
+        peer = subprocess.run([python, str(Path(__file__).parent / "peers" / f"{library}_scale.py"),
                                "--num-inducing", str(M), "--width", str(width), "--precision", precision,
                                "--dim", str(dim), "--steps", str(steps)], capture_output=True, text=True)
         if peer.returncode != 0:
-            raise RuntimeError(f"gpflux M={M} width={width} D={dim} failed:\n{peer.stderr[-3000:]}")
+            raise RuntimeError(f"{library} M={M} width={width} D={dim} failed:\n{peer.stderr[-3000:]}")
         g = json.loads(peer.stdout.strip().splitlines()[-1])
         print(json.dumps(g), flush=True)
-        r["gpflux_ms_per_step"], r["gpflux_compile_seconds"] = g["ms_per_step"], g["compile_seconds"]
-        r["gpflux_version"] = g["version"]
+        r[f"{library}_ms_per_step"], r[f"{library}_compile_seconds"] = g["ms_per_step"], g["compile_seconds"]
+        r[f"{library}_version"] = g["version"]
     return r
 
 
 def _grid_lines(grid):
     peers = any("gpflux_ms_per_step" in r for r in grid)
+    gpytorch = any("gpytorch_ms_per_step" in r for r in grid)
     lines = ["Time per step, N = 10,000 synthetic points, batch 1000, 2 layers" + (
              f" (GPflux: {grid[0].get('gpflux_version')}, run right after ours at each point)" if peers else "")
-             + ". Floor: the FLOPs the math needs (`step_flops` in the script) at the matrix-product speed "
-             "measured in the same process (2000^3); roofline: floor FLOPs / our time against that speed. "
+             + (" (GPyTorch: " + next(r["gpytorch_version"] for r in grid if "gpytorch_version" in r)
+                + ", after GPflux where given)" if gpytorch else "")
+             + ". Peak: the matrix-product speed measured in our process at that point (2000^3, best of three "
+             "medians of five); floor: the FLOPs the math needs (`step_flops` in the script) at that speed; "
+             "achieved: those FLOPs over our time; roofline: achieved / peak. "
              "Meets: `2x` where ours is at least twice GPflux's steps/s, `65%` where 2x GPflux would be "
-             "below the floor and ours reaches 65% of the matrix-product speed, `-` neither.", "",
-             "| precision | D | M | width | ms/step | compile s | first step s | floor ms | roofline % |"
-             + (" GPflux ms/step | GPflux first step s | GPflux / ours | meets |" if peers else ""),
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- | --- |" if peers else "")]
+             "below the floor and ours reaches 65% of the peak, `-` neither. First step: the peers' whole "
+             "first step (GPflux traces and compiles its `tf.function` there; GPyTorch is eager).", "",
+             "| precision | D | M | width | ms/step | compile s | first step s | peak GFLOP/s | floor ms | "
+             "achieved GFLOP/s | roofline % |"
+             + (" GPflux ms/step | GPflux first step s | GPflux / ours | meets |" if peers else "")
+             + (" GPyTorch ms/step | GPyTorch / ours |" if gpytorch else ""),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- | --- |" if peers else "")
+             + (" --- | --- |" if gpytorch else "")]
     for r in grid:
         floor_ms = r["floor_gflop"] / r["matmul_gflops"] * 1e3
         row = (f"| {r['precision']} | {r.get('D', D)} | {r['M']} | {r['width']} | {r['ms_per_step']:.1f} | "
-               f"{r['compile_seconds']:.1f} | {r['first_step_seconds']:.1f} | {floor_ms:.1f} | "
-               f"{100 * floor_ms / r['ms_per_step']:.0f} |")
+               f"{r['compile_seconds']:.1f} | {r['first_step_seconds']:.1f} | {r['matmul_gflops']:.0f} | {floor_ms:.1f} | "
+               f"{r['floor_gflop'] / r['ms_per_step'] * 1e3:.1f} | {100 * floor_ms / r['ms_per_step']:.0f} |")
         if peers:
             ratio = r["gpflux_ms_per_step"] / r["ms_per_step"]
             twice_below_floor = r["gpflux_ms_per_step"] / 2 < floor_ms
             meets = "2x" if ratio >= 2 else ("65%" if twice_below_floor and floor_ms / r["ms_per_step"] >= 0.65 else "-")
             row += f" {r['gpflux_ms_per_step']:.1f} | {r['gpflux_compile_seconds']:.1f} | {ratio:.2f} | {meets} |"
+        if gpytorch:
+            row += (f" {r['gpytorch_ms_per_step']:.1f} | {r['gpytorch_ms_per_step'] / r['ms_per_step']:.2f} |"
+                    if "gpytorch_ms_per_step" in r else " - | - |")
         lines.append(row)
     return lines + [""]
+
+
+def plot_grid(grid, path):
+    """Log-log ms/step against M: ours (solid), GPflux (dashed), GPyTorch (crosses) and the FLOP
+    floor (dotted), one colour per width, one panel per precision and input dimension."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    precisions = sorted({r["precision"] for r in grid})
+    dims = sorted({r["D"] for r in grid})
+    fig, axes = plt.subplots(len(precisions), len(dims), figsize=(5 * len(dims), 4 * len(precisions)),
+                             squeeze=False, sharex=True)
+    colours = dict(zip(sorted({r["width"] for r in grid}), ["tab:blue", "tab:orange", "tab:green", "tab:red"]))
+    for (i, precision), (j, dim) in ((a, b) for a in enumerate(precisions) for b in enumerate(dims)):
+        ax = axes[i][j]
+        if not any((r["precision"], r["D"]) == (precision, dim) for r in grid):
+            ax.set_axis_off()
+            ax.text(0.5, 0.5, f"{precision}, D = {dim}: not run yet\n(scale.py --grid --resume)", ha="center",
+                    va="center", transform=ax.transAxes)
+            continue
+        for width, colour in colours.items():
+            rows = sorted((r for r in grid if (r["precision"], r["D"], r["width"]) == (precision, dim, width)),
+                          key=lambda r: r["M"])
+            Ms = [r["M"] for r in rows]
+            ax.plot(Ms, [r["ms_per_step"] for r in rows], "-o", color=colour, label=f"ours, width {width}")
+            if any("gpflux_ms_per_step" in r for r in rows):
+                ax.plot(Ms, [r.get("gpflux_ms_per_step", float("nan")) for r in rows], "--s", color=colour,
+                        label=f"GPflux, width {width}", markerfacecolor="none")
+            torch_rows = [r for r in rows if "gpytorch_ms_per_step" in r]
+            if torch_rows:
+                ax.plot([r["M"] for r in torch_rows], [r["gpytorch_ms_per_step"] for r in torch_rows], "x",
+                        color=colour, markersize=9, label=f"GPyTorch, width {width}")
+            ax.plot(Ms, [r["floor_gflop"] / r["matmul_gflops"] * 1e3 for r in rows], ":", color=colour,
+                    label=f"FLOP floor, width {width}")
+        ax.set(xscale="log", yscale="log", title=f"{precision}, D = {dim}", xlabel="inducing points M",
+               ylabel="ms per training step")
+        ax.grid(True, which="both", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
+    fig.suptitle("DSVI training step (2 layers, batch 1000, N = 10,000) on a 2-core CPU")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _grid_steps(M, width, dim):
+    """Steps per timed chunk: about 1.5 s at 40 GFLOP/s of the floor's FLOPs, 5 to 50."""
+    return int(min(50, max(5, 60e9 / step_flops(M, width, dim))))
 
 
 def main(argv=None):
@@ -291,12 +355,27 @@ def main(argv=None):
     parser.add_argument("--grid-dims", type=int, nargs="+", default=[8, 90])
     parser.add_argument("--grid-precisions", nargs="+", choices=("float32", "float64"), default=None,
                         help="--grid: precisions (default: --precision)")
-    parser.add_argument("--grid-steps", type=int, default=30, help="--grid: steps per timed chunk (3 chunks)")
+    parser.add_argument("--grid-steps", type=int, default=None,
+                        help="--grid: steps per timed chunk (3 chunks; default: about 1.5 s of work at the floor's "
+                             "FLOPs, 5 to 50 steps)")
     parser.add_argument("--tag", default="scale")
     parser.add_argument("--with-gpflux", metavar="PYTHON", default=None,
                         help="the GPflux venv's python (benchmarks/peers/setup.sh): time GPflux at every grid point, "
                              "right after ours")
+    parser.add_argument("--with-gpytorch", metavar="PYTHON", default=None,
+                        help="the GPyTorch venv's python: time GPyTorch at the grid points with M in --gpytorch-m")
+    parser.add_argument("--gpytorch-m", type=int, nargs="+", default=[100, 500])
+    parser.add_argument("--resume", action="store_true",
+                        help="--grid: keep the points already in results/TAG.json and run the rest")
+    parser.add_argument("--plot-only", action="store_true",
+                        help="re-render results/TAG.md and TAG.png from results/TAG.json without running")
     args = parser.parse_args(argv)
+    if args.plot_only:
+        results = json.loads((RESULTS / f"{args.tag}.json").read_text())
+        (RESULTS / f"{args.tag}.md").write_text(markdown(results))
+        plot_grid(results["grid"], RESULTS / f"{args.tag}.png")
+        return
+    RESULTS.mkdir(exist_ok=True)
     results = {"command": "python benchmarks/scale.py " + " ".join(sys.argv[1:] if argv is None else argv),
                "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
                "sizes": [], "grid": []}
@@ -304,15 +383,27 @@ def main(argv=None):
         r = in_fresh_process("size", N, args.precision, args.steps, args.predict_batch)
         print(json.dumps(r), flush=True)
         results["sizes"].append(r)
+    done = {}
+    if args.resume and (RESULTS / f"{args.tag}.json").is_file():
+        previous = json.loads((RESULTS / f"{args.tag}.json").read_text())
+        done = {(r["precision"], r["D"], r["M"], r["width"]): r for r in previous.get("grid", [])}
     if args.grid:
         for precision in args.grid_precisions or [args.precision]:
             for dim in args.grid_dims:
                 for M in args.grid_m:
                     for width in args.grid_widths:
-                        results["grid"].append(grid_point(M, width, precision, dim, args.grid_steps, args.with_gpflux))
-    RESULTS.mkdir(exist_ok=True)
+                        if (precision, dim, M, width) in done:
+                            results["grid"].append(done[(precision, dim, M, width)])
+                            continue
+                        steps = args.grid_steps or _grid_steps(M, width, dim)
+                        peers = {"gpflux": (args.with_gpflux, None), "gpytorch": (args.with_gpytorch, args.gpytorch_m)}
+                        results["grid"].append(grid_point(M, width, precision, dim, steps, peers))
+                        # written after every point: a long grid's finished points survive an interruption
+                        (RESULTS / f"{args.tag}.json").write_text(json.dumps(results, indent=2) + "\n")
     (RESULTS / f"{args.tag}.json").write_text(json.dumps(results, indent=2) + "\n")
     (RESULTS / f"{args.tag}.md").write_text(markdown(results))
+    if results["grid"]:
+        plot_grid(results["grid"], RESULTS / f"{args.tag}.png")
     print(markdown(results))
 
 

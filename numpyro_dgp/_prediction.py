@@ -44,7 +44,7 @@ from numpyro_dgp._mixture import component_of, flatten_branches, mixture_fields,
 from numpyro_dgp._observation import observation_kind
 from numpyro_dgp._params import PREDICT_HINT, check_params_against, param_specs
 from numpyro_dgp._protocol import quadrature_tail, trace_layer_names
-from numpyro_dgp._validation import as_float_array, check_finite, warn_if_not_standardized
+from numpyro_dgp._validation import as_float_array, check_finite, check_positive_int, warn_if_not_standardized
 from numpyro_dgp.handlers import coherent_layers
 from numpyro_dgp.infer._fit import _is_array
 
@@ -222,10 +222,8 @@ def predict(
     :raises ~numpyro_dgp.ParameterMismatchError: ``params`` that do not match the model and guide.
     :raises ValueError: for invalid arguments (``X_new`` not ``(N, D)``, non-finite, ...).
     """
-    if not (isinstance(num_samples, (int, np.integer)) and num_samples >= 1):
-        raise ValueError(f"predict: num_samples must be a positive integer, got {num_samples!r}")
-    if batch_size is not None and not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
-        raise ValueError(f"predict: batch_size must be a positive integer or None, got {batch_size!r}")
+    check_positive_int(num_samples, "num_samples", "predict")
+    check_positive_int(batch_size, "batch_size", "predict", allow_none=True)
     X_new = _test_inputs(X_new, "predict")
     _check_guide_is_set_up(guide, "predict")
     N = X_new.shape[0]

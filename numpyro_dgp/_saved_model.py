@@ -39,6 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from numpyro_dgp import __version__
+from numpyro_dgp._validation import check_positive_int
+
 __all__ = [
     "ModelFileError",
     "SavedModel",
@@ -267,12 +270,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _library_version() -> str:
-    from numpyro_dgp import __version__
-
-    return __version__
-
-
 def _params_dtype(params: Mapping[str, Any]) -> str:
     for value in params.values():
         dtype = np.dtype(getattr(value, "dtype", np.asarray(value).dtype))
@@ -322,8 +319,7 @@ def save_model(
     if not isinstance(config, dict) or config.get("factory") not in _FACTORIES:
         raise TypeError("save_model: model must be built by numpyro_dgp.models.deep_gp_regression, diffgp or "
                         "amortized_dgp (a model of your own: save its parameters with save_params)")
-    if not (isinstance(input_dim, (int, np.integer)) and input_dim >= 1):
-        raise ValueError(f"save_model: input_dim must be a positive integer, got {input_dim!r}")
+    check_positive_int(input_dim, "input_dim", "save_model")
     if standardization is not None and np.shape(standardization.x_mean) != (int(input_dim),):
         raise ValueError(f"save_model: standardization has {np.shape(standardization.x_mean)} feature means, "
                          f"input_dim is {input_dim}")
@@ -333,7 +329,7 @@ def save_model(
     document = {
         "format": MODEL_FORMAT,
         "format_version": MODEL_FORMAT_VERSION,
-        "library_version": _library_version(),
+        "library_version": __version__,
         "model": {"factory": config["factory"], "arguments": arguments},
         "guide": _guide_config(guide),
         "input_dim": int(input_dim),
@@ -483,7 +479,7 @@ def _read_config(path: Path) -> dict:
     if not isinstance(version, int) or not 1 <= version <= MODEL_FORMAT_VERSION:
         raise ModelFileError(
             f"load_model: {str(path)!r} has format_version={version!r}, written by numpyro_dgp "
-            f"{config.get('library_version')!r}; this library ({_library_version()}) reads versions "
+            f"{config.get('library_version')!r}; this library ({__version__}) reads versions "
             f"1..{MODEL_FORMAT_VERSION} (upgrade numpyro_dgp to load it)")
     for key in ("model", "guide", "input_dim", "dtype", "files", "library_version"):
         if key not in config:
@@ -506,11 +502,11 @@ def _version_tuple(version: Any) -> tuple[int, ...] | None:
 def _newer_library_hint(config: Mapping[str, Any]) -> str:
     """The upgrade hint when ``config`` was written by a newer numpyro_dgp than this one
     (empty otherwise): a newer release may describe models in ways this one cannot read."""
-    written, ours = _version_tuple(config["library_version"]), _version_tuple(_library_version())
+    written, ours = _version_tuple(config["library_version"]), _version_tuple(__version__)
     if written is None or ours is None or written <= ours:
         return ""
     return (f" (written by numpyro_dgp {config['library_version']}, newer than this library "
-            f"{_library_version()}: upgrade numpyro_dgp to load it)")
+            f"{__version__}: upgrade numpyro_dgp to load it)")
 
 
 def _placeholder_targets(arguments: Mapping[str, Any], rows: int, dtype: Any) -> jax.Array:

@@ -180,6 +180,18 @@ def targets(y: Any, num_points: int, caller: str, dtype: Any | None = None, num_
     return y
 
 
+def tree_all_finite(*trees: Any) -> jax.Array:
+    """Whether every floating-point entry of ``trees`` is finite, as a traceable boolean
+    (integer leaves, e.g. step counters, are skipped): the guard of the training loops.
+
+    :param trees: pytrees of arrays.
+    :return: ``()`` boolean array.
+    """
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(trees)
+              if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
 def check_positive_int(value: Any, name: str, caller: str, allow_none: bool = False) -> None:
     """Raise unless ``value`` is a positive integer (or ``None`` when allowed).
 

@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_dgp import __version__
+
 __all__ = ["FORMAT_VERSION", "save_params", "load_params"]
 
 #: Version of the on-disk layout written by :func:`save_params`.
@@ -52,17 +54,6 @@ _NATIVE_KINDS = frozenset("biufc")
 def _key_repr(key_path: tuple[str, ...]) -> str:
     # Subscript notation stays unambiguous for keys that contain dots or slashes.
     return "params" + "".join(f"[{k!r}]" for k in key_path)
-
-
-def _library_version() -> str | None:
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover - always present on Python >= 3.8
-        return None
-    try:
-        return version("numpyro-dgp")
-    except PackageNotFoundError:
-        return None
 
 
 def _is_ml_dtype(dtype: np.dtype) -> bool:
@@ -185,7 +176,7 @@ def save_params(
     header = {
         "format": _FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "library_version": _library_version(),
+        "library_version": __version__,
         "tree": tree,
         "metadata": dict(metadata) if metadata is not None else {},
     }

@@ -55,7 +55,7 @@ by default, the KL is averaged over points as in Meng & Zhang (2024) (the site i
 from __future__ import annotations
 
 import zlib
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -79,7 +79,7 @@ from numpyro_dgp._layer_parts import (
     _resolve_jitter,
     mean_projection,
 )
-from numpyro_dgp._validation import as_float_array
+from numpyro_dgp._validation import as_float_array, check_positive_int
 from numpyro_dgp._protocol import ENCODER_INPUT_MESSAGE, INDUCING, LAYER_MESSAGE, InducingTag
 from numpyro_dgp.core import (
     affine_inducing_inputs,
@@ -317,6 +317,42 @@ def gp_layer(
         is not a ``Distribution``.
     :raises RuntimeError: if the model does not run under a ``seed`` handler.
     """
+    _check_layer_kind(name, kernel, inducing)
+    if inducing == "amortized":
+        return _amortized_layer(
+            name, X, kernel, num_inducing=num_inducing, out_dim=out_dim, mean=mean,
+            inducing_inputs=inducing_inputs, learn_inducing=learn_inducing,
+            learn_hyperparameters=learn_hyperparameters, priors=priors, whiten=whiten,
+            jitter=jitter, average_kl=average_kl, noise=noise,
+        )
+    args = _check_layer_args(name, X, kernel, num_inducing=num_inducing, out_dim=out_dim, priors=priors,
+                             whiten=whiten, jitter=jitter, inducing=inducing, inducing_inputs=inducing_inputs)
+    X, in_dim = args.X, args.X.shape[-1]
+    kernel = _hyperparameters(name, kernel.with_input_dim(in_dim), X.dtype, args.priors, learn_hyperparameters)
+    Z = _inducing_inputs(name, args, num_inducing, learn_inducing)
+    mean_fn, mean_affine = _mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
+    noise = _noise_variance(name, noise, X.dtype)
+    Kmm_chol, jitter = _inducing_factor(kernel, Z, args.jitter)
+    # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
+    prior_mean = mean_fn(Z).T if args.locations else jnp.zeros((out_dim, Z.shape[0]), X.dtype)
+    u_site = f"{name}.u"
+    u = numpyro.sample(
+        u_site,
+        _inducing_prior(Kmm_chol, prior_mean, out_dim, args.whiten, args.locations, X.dtype).to_event(1),
+        infer={INDUCING: InducingTag(name, args.whiten, inducing)},
+    )
+    # NumPyro draws in the default float type; keep the layer in its inputs' precision
+    u = jnp.asarray(u, X.dtype)
+    layer = Layer(
+        name, kernel, Z, Kmm_chol, mean_fn, args.whiten, jitter, out_dim, u_site, prior_mean, inducing, noise,
+        mean_affine,
+    )
+    out = _emit_layer(layer, X, u)
+    return (out, u.T) if args.locations else out
+
+
+def _check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
+    """The checks every layer kind makes first: its name, kernel and inducing mode."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
     if not isinstance(kernel, Kernel):
@@ -327,31 +363,80 @@ def gp_layer(
         raise NotImplementedError(
             f"gp_layer {name!r}: inducing={inducing!r} is not available; supported: {INDUCING_MODES}"
         )
-    if inducing == "amortized":
-        return _amortized_layer(
-            name, X, kernel, num_inducing=num_inducing, out_dim=out_dim, mean=mean,
-            inducing_inputs=inducing_inputs, learn_inducing=learn_inducing,
-            learn_hyperparameters=learn_hyperparameters, priors=priors, whiten=whiten,
-            jitter=jitter, average_kl=average_kl, noise=noise,
-        )
+
+
+class _LayerArgs(NamedTuple):
+    """A global or locations layer's arguments after :func:`_check_layer_args`."""
+
+    X: jax.Array  #: float inputs, ``(N, D)`` or ``(S, N, D)``
+    propagated_Z: jax.Array | None  #: the locations of an ``(X, Z)`` pair, ``(M, D)``
+    inducing_inputs: jax.Array | None  #: given initial inducing inputs, ``(M, D)``
+    locations: bool
+    whiten: bool
+    priors: dict
+    jitter: float  #: relative jitter (scaled by the mean prior variance later)
+
+
+def _check_layer_args(
+    name: str, X: ArrayLike | tuple, kernel: Kernel, *, num_inducing: int | None, out_dim: int,
+    priors: dict | None, whiten: bool | None, jitter: float | None, inducing: str,
+    inducing_inputs: ArrayLike | None,
+) -> _LayerArgs:
+    """Every check of a global or locations layer, before any site is sent or JAX work done."""
     locations = inducing == "locations"
+    whiten = _check_whiten(name, whiten, locations)
+    X, propagated_Z = _split_locations_pair(name, X, locations)
+    _check_run_context(name)
+    X = _check_layer_inputs(name, X, kernel, locations)
+    check_positive_int(out_dim, "out_dim", f"gp_layer {name!r}")
+    priors = _check_priors(name, priors, kernel)
+    jitter = _resolve_jitter(name, jitter, X.dtype)
+    if propagated_Z is not None:
+        propagated_Z = _check_inducing_array(name, propagated_Z, num_inducing, X, "the inducing locations Z of (X, Z)")
+        if inducing_inputs is not None:
+            raise ValueError(
+                f"gp_layer {name!r}: the inducing locations come with X as (X, Z); do not also "
+                "pass inducing_inputs"
+            )
+    elif inducing_inputs is not None:
+        inducing_inputs = _check_inducing_array(name, inducing_inputs, num_inducing, X, "inducing_inputs")
+        _check_finite(inducing_inputs, f"gp_layer {name!r}: inducing_inputs")
+    elif isinstance(num_inducing, bool) or not (isinstance(num_inducing, (int, np.integer)) and num_inducing >= 1):
+        raise ValueError(
+            f"gp_layer {name!r}: give num_inducing (a positive integer) or inducing_inputs; "
+            f"got num_inducing={num_inducing!r}"
+        )
+    return _LayerArgs(X, propagated_Z, inducing_inputs, locations, whiten, priors, jitter)
+
+
+def _check_whiten(name: str, whiten: bool | None, locations: bool) -> bool:
+    """``whiten`` resolved: by default whitened, except inducing locations, which cannot be."""
     if whiten is None:
-        whiten = not locations
-    elif whiten and locations:
+        return not locations
+    if whiten and locations:
         raise ValueError(
             f"gp_layer {name!r}: inducing='locations' does not support whiten=True (whitening "
             "q(f_l^z) against K(f_(l-1)^z) would be a different variational family)"
         )
-    propagated_Z = None
-    if isinstance(X, (tuple, list)):
-        if not locations:
-            raise ValueError(
-                f"gp_layer {name!r}: X is a pair (points, inducing locations), which only "
-                "inducing='locations' takes; pass the points alone"
-            )
-        if len(X) != 2:
-            raise ValueError(f"gp_layer {name!r}: X must be an array or the pair (X, Z); got {len(X)} items")
-        X, propagated_Z = X
+    return bool(whiten)
+
+
+def _split_locations_pair(name: str, X: ArrayLike | tuple, locations: bool) -> tuple:
+    """``(X, Z or None)``: a previous locations layer hands on the pair ``(X, Z)``."""
+    if not isinstance(X, (tuple, list)):
+        return X, None
+    if not locations:
+        raise ValueError(
+            f"gp_layer {name!r}: X is a pair (points, inducing locations), which only "
+            "inducing='locations' takes; pass the points alone"
+        )
+    if len(X) != 2:
+        raise ValueError(f"gp_layer {name!r}: X must be an array or the pair (X, Z); got {len(X)} items")
+    return X[0], X[1]
+
+
+def _check_run_context(name: str) -> None:
+    """A global layer runs under ``seed`` and outside data plates (its inducing points are global)."""
     if handler_stack_is_empty():
         raise RuntimeError(
             f"gp_layer {name!r} needs a random key: run the model under numpyro.handlers.seed "
@@ -364,6 +449,10 @@ def gp_layer(
             "Call it outside data plates and subsample the inputs first "
             "(with plate: X_batch = numpyro.subsample(X, event_dim=1))"
         )
+
+
+def _check_layer_inputs(name: str, X: ArrayLike, kernel: Kernel, locations: bool) -> jax.Array:
+    """``X`` as a float array of points (or branches of points), finite and on a sane scale."""
     if not isinstance(X, jax.Array):  # keep a traced input as it is: moment propagation tracks it
         X = jnp.asarray(X)
     if X.ndim == 3 and locations:
@@ -380,8 +469,11 @@ def gp_layer(
     X = as_float_array(X, "X", f"gp_layer {name!r}")
     _check_finite(X, f"gp_layer {name!r}: X")
     _check_input_scale(name, X, kernel)
-    if not (isinstance(out_dim, (int, np.integer)) and out_dim >= 1):
-        raise ValueError(f"gp_layer {name!r}: out_dim must be a positive integer, got {out_dim!r}")
+    return X
+
+
+def _check_priors(name: str, priors: dict | None, kernel: Kernel) -> dict:
+    """``priors`` as a dict of distributions over the kernel's hyperparameters."""
     priors = dict(priors or {})
     for hp, prior in priors.items():
         if hp not in kernel.hyperparameters():
@@ -391,94 +483,62 @@ def gp_layer(
             )
         if not isinstance(prior, dist.Distribution):
             raise TypeError(f"gp_layer {name!r}: priors[{hp!r}] must be a Distribution")
-    jitter = _resolve_jitter(name, jitter, X.dtype)
+    return priors
+
+
+def _check_inducing_array(name: str, Z: ArrayLike, num_inducing: int | None, X: jax.Array, what: str) -> jax.Array:
+    """Given inducing inputs or locations as ``(M, D)`` in ``X``'s dtype, agreeing with ``num_inducing``."""
+    Z = jnp.asarray(Z, X.dtype)
     in_dim = X.shape[-1]
+    if Z.ndim != 2 or Z.shape[1] != in_dim:
+        raise ValueError(f"gp_layer {name!r}: {what} must have shape (M, {in_dim}), got {Z.shape}")
+    if num_inducing is not None and num_inducing != Z.shape[0]:
+        raise ValueError(f"gp_layer {name!r}: num_inducing={num_inducing} disagrees with {what} of shape {Z.shape}")
+    return Z
 
-    kernel = _hyperparameters(name, kernel.with_input_dim(in_dim), X.dtype, priors, learn_hyperparameters)
 
-    # inducing inputs
-    if propagated_Z is not None:
-        if inducing_inputs is not None:
-            raise ValueError(
-                f"gp_layer {name!r}: the inducing locations come with X as (X, Z); do not also "
-                "pass inducing_inputs"
-            )
-        propagated_Z = jnp.asarray(propagated_Z, X.dtype)
-        if propagated_Z.ndim != 2 or propagated_Z.shape[1] != in_dim:
-            raise ValueError(
-                f"gp_layer {name!r}: the inducing locations Z of (X, Z) must have shape "
-                f"(M, {in_dim}), got {propagated_Z.shape}"
-            )
-        if num_inducing is not None and num_inducing != propagated_Z.shape[0]:
-            raise ValueError(
-                f"gp_layer {name!r}: num_inducing={num_inducing} disagrees with the "
-                f"{propagated_Z.shape[0]} inducing locations passed in (X, Z)"
-            )
-        Z = propagated_Z
-    elif inducing_inputs is not None:
-        Z0 = jnp.asarray(inducing_inputs, X.dtype)
-        if Z0.ndim != 2 or Z0.shape[1] != in_dim:
-            raise ValueError(
-                f"gp_layer {name!r}: inducing_inputs must have shape (M, {in_dim}), got {Z0.shape}"
-            )
-        if num_inducing is not None and num_inducing != Z0.shape[0]:
-            raise ValueError(
-                f"gp_layer {name!r}: num_inducing={num_inducing} disagrees with "
-                f"inducing_inputs of shape {Z0.shape}"
-            )
-        _check_finite(Z0, f"gp_layer {name!r}: inducing_inputs")
-        init_Z = Z0
+def _inducing_inputs(name: str, args: _LayerArgs, num_inducing: int | None, learn_inducing: bool) -> jax.Array:
+    """The layer's inducing inputs: the propagated locations, or a parameter initialized from the
+    given inputs or by k-means on ``X``."""
+    if args.propagated_Z is not None:
+        return args.propagated_Z
+    if args.inducing_inputs is not None:
+        init = args.inducing_inputs
     else:
-        if not (isinstance(num_inducing, (int, np.integer)) and num_inducing >= 1):
-            raise ValueError(
-                f"gp_layer {name!r}: give num_inducing (a positive integer) or inducing_inputs; "
-                f"got num_inducing={num_inducing!r}"
-            )
+        in_dim = args.X.shape[-1]
+        points = jax.lax.stop_gradient(args.X.reshape(-1, in_dim))
         # A fixed key: the same data give the same inducing inputs in every run of the model
         # (a guide's prototype run and SVI's initial run must agree, e.g. for inducing locations).
-        init_Z = lambda _: kmeans(jax.random.PRNGKey(0), jax.lax.stop_gradient(X.reshape(-1, in_dim)), int(num_inducing))  # noqa: E731
-    if propagated_Z is None:
-        Z = numpyro.param(f"{name}.inducing_inputs", init_Z)
-        if not learn_inducing:
-            Z = jax.lax.stop_gradient(Z)
-    M = Z.shape[0]
+        init = lambda _: kmeans(jax.random.PRNGKey(0), points, int(num_inducing))  # noqa: E731
+    Z = numpyro.param(f"{name}.inducing_inputs", init)
+    return Z if learn_inducing else jax.lax.stop_gradient(Z)
 
-    mean_fn, mean_affine = _mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
-    noise = _noise_variance(name, noise, X.dtype)
 
+def _inducing_factor(kernel: Kernel, Z: jax.Array, jitter: float) -> tuple[jax.Array, jax.Array]:
+    """The jittered Cholesky factor of ``K(Z, Z)`` and the jitter it used."""
     # A failed factorization gives NaN, which fit() detects (skips and counts the step);
     # a lax.cond retry here would triple the compile time of every layer.
     Kmm = kernel(Z)
     # Relative to the prior variance, as for per-point sets: a classifier's output layer grows
     # its kernel variance to ~100, and a fixed 1e-4 then falls below float32 round-off.
     jitter = jitter * _mean_diagonal(Kmm)
-    Kmm_chol = jittered_cholesky(Kmm, jitter)
-    # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
-    prior_mean = mean_fn(Z).T if locations else jnp.zeros((out_dim, M), X.dtype)
+    return jittered_cholesky(Kmm, jitter), jitter
+
+
+def _inducing_prior(
+    Kmm_chol: jax.Array, prior_mean: jax.Array, out_dim: int, whiten: bool, locations: bool, dtype: np.dtype
+) -> dist.Distribution:
+    """``p(u)`` per output: N(mean(Z), K) for locations, else N(0, I) whitened or N(0, K)."""
+    M = Kmm_chol.shape[-1]
+    if locations:
+        return dist.MultivariateNormal(prior_mean, scale_tril=Kmm_chol)
     if whiten:
         # the standard normal by construction: its arguments are constants, concrete even in an
         # abstract (eval_shape) run, so validating them would compile ~20 small programs eagerly
-        prior = dist.MultivariateNormal(jnp.zeros(M, X.dtype), scale_tril=jnp.eye(M, dtype=X.dtype),
-                                        validate_args=False)
+        prior = dist.MultivariateNormal(jnp.zeros(M, dtype), scale_tril=jnp.eye(M, dtype=dtype), validate_args=False)
     else:
-        prior = dist.MultivariateNormal(jnp.zeros(M, X.dtype), scale_tril=Kmm_chol)
-    prior = prior.expand([out_dim]) if not locations else dist.MultivariateNormal(prior_mean, scale_tril=Kmm_chol)
-    u_site = f"{name}.u"
-    u = numpyro.sample(
-        u_site,
-        prior.to_event(1),
-        infer={INDUCING: InducingTag(name, bool(whiten), inducing)},
-    )
-
-    # NumPyro draws in the default float type; keep the layer in its inputs' precision
-    u = jnp.asarray(u, X.dtype)
-    layer = Layer(
-        name, kernel, Z, Kmm_chol, mean_fn, whiten, jitter, out_dim, u_site, prior_mean, inducing, noise, mean_affine
-    )
-    out = _emit_layer(layer, X, u)
-    if locations:
-        return out, u.T
-    return out
+        prior = dist.MultivariateNormal(jnp.zeros(M, dtype), scale_tril=Kmm_chol)
+    return prior.expand([out_dim])
 
 
 def _mean_diagonal(K: jax.Array) -> jax.Array:
@@ -519,63 +579,14 @@ def _amortized_layer(
     noise: float | None,
 ) -> jax.Array:
     """``gp_layer(..., inducing="amortized")``: per-point inducing sets (Meng & Zhang 2024)."""
-    if whiten:
-        raise ValueError(
-            f"gp_layer {name!r}: inducing='amortized' is unwhitened (the prior N(m(Z_n), K(Z_n, Z_n)) "
-            "of Meng & Zhang 2024); whiten=True is not available"
-        )
-    if inducing_inputs is not None:
-        raise ValueError(
-            f"gp_layer {name!r}: with inducing='amortized' the inducing inputs come from learned "
-            "affine maps of the encoder input; inducing_inputs cannot be given"
-        )
-    if priors:
-        raise ValueError(
-            f"gp_layer {name!r}: inducing='amortized' is called inside the data plate, where a "
-            "hyperparameter prior would become one sample per point; priors are not available"
-        )
-    if not (isinstance(num_inducing, (int, np.integer)) and num_inducing >= 1):
-        raise ValueError(f"gp_layer {name!r}: num_inducing must be a positive integer, got {num_inducing!r}")
-    if not (isinstance(out_dim, (int, np.integer)) and out_dim >= 1):
-        raise ValueError(f"gp_layer {name!r}: out_dim must be a positive integer, got {out_dim!r}")
-    data_plate = [p for p in active_plates() if p.dim == -1]
-    if not data_plate:
-        raise ValueError(
-            f"gp_layer {name!r}: inducing='amortized' gives every point its own inducing set; call "
-            "it inside the data plate: with numpyro.plate('data', N, subsample_size=B): "
-            "x = numpyro.subsample(X, event_dim=1); h = gp_layer(..., x, inducing='amortized')"
-        )
-    data_plate = data_plate[0]
-    X = as_float_array(X, "X", f"gp_layer {name!r}")
-    B = data_plate.subsample_size
-    if X.ndim not in (2, 3) or X.shape[-2] != B:
-        raise ValueError(
-            f"gp_layer {name!r}: X must have shape ({B}, dim) (the plate's {B} points), or "
-            f"(num_branches, {B}, dim); got {X.shape}"
-        )
-    _check_finite(X, f"gp_layer {name!r}: X")
-    _check_input_scale(name, X, kernel)
-    jitter = _resolve_jitter(name, jitter, X.dtype)
-    D = X.shape[-1]
-    M = int(num_inducing)
+    X, data_plate, jitter = _check_amortized_args(name, X, kernel, num_inducing=num_inducing, out_dim=out_dim,
+                                                  inducing_inputs=inducing_inputs, priors=priors, whiten=whiten,
+                                                  jitter=jitter)
+    D, M = X.shape[-1], int(num_inducing)
     kernel = _hyperparameters(name, kernel.with_input_dim(D), X.dtype, {}, learn_hyperparameters)
-    flat_X = X.reshape(-1, D)
-    mean_fn, mean_affine = _mean_function(name, mean, flat_X, D, out_dim)
+    mean_fn, mean_affine = _mean_function(name, mean, X.reshape(-1, D), D, out_dim)
     noise = _noise_variance(name, noise, X.dtype)
-
-    # M affine maps z_m = W_m p + b_m: W_m = I, b_m ~ N(0, I) (a key fixed by the name, so
-    # every run of the model starts from the same maps)
-    weight = numpyro.param(f"{name}.inducing_maps.weight", lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)))
-    bias_key = jax.random.PRNGKey(zlib.crc32(name.encode()))
-    bias = numpyro.param(f"{name}.inducing_maps.bias", lambda _: jax.random.normal(bias_key, (M, D), X.dtype))
-    if not learn_inducing:
-        weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
-
-    p = _emit(ENCODER_INPUT_MESSAGE, f"{name}.encoder_input", _default_encoder_input, (X,))
-    p = jnp.asarray(p, X.dtype)
-    if p.shape[-2] != B or p.shape[-1] != D or p.ndim not in (2, 3):
-        raise ValueError(f"gp_layer {name!r}: the encoder input must have shape (..., {B}, {D}), got {p.shape}")
-    Z = affine_inducing_inputs(weight, bias, p)  # (..., B, M, D)
+    Z, p = _amortized_inducing_inputs(name, X, M, learn_inducing)
     Kzz = jax.vmap(kernel)(Z.reshape(-1, M, D)).reshape(Z.shape[:-1] + (M,))
     # The jitter is relative to each set's prior variance: float32 round-off in K(Z_n, Z_n)
     # grows with the kernel variance (a probit output layer's reaches ~100 on the letters
@@ -598,9 +609,65 @@ def _amortized_layer(
             "the guide on its own; use numpyro_dgp.DGPElbo or numpyro_dgp.PredictiveObjective to train and "
             "numpyro_dgp.predict to predict"
         )
-    u = jnp.asarray(u, X.dtype)
     layer = Layer(
         name, kernel, Z, Kzz_chol, mean_fn, False, jitter, out_dim, u_site, prior_mean, "amortized", noise, mean_affine
     )
-    out = _emit_layer(layer, X, u)
-    return out
+    return _emit_layer(layer, X, jnp.asarray(u, X.dtype))
+
+
+def _check_amortized_args(
+    name: str, X: ArrayLike, kernel: Kernel, *, num_inducing: int | None, out_dim: int,
+    inducing_inputs: ArrayLike | None, priors: dict | None, whiten: bool | None, jitter: float | None,
+) -> tuple[jax.Array, Any, float]:
+    """Every check of a per-point (amortized) layer: ``(X, the data plate, the relative jitter)``."""
+    if whiten:
+        raise ValueError(
+            f"gp_layer {name!r}: inducing='amortized' is unwhitened (the prior N(m(Z_n), K(Z_n, Z_n)) "
+            "of Meng & Zhang 2024); whiten=True is not available"
+        )
+    if inducing_inputs is not None:
+        raise ValueError(
+            f"gp_layer {name!r}: with inducing='amortized' the inducing inputs come from learned "
+            "affine maps of the encoder input; inducing_inputs cannot be given"
+        )
+    if priors:
+        raise ValueError(
+            f"gp_layer {name!r}: inducing='amortized' is called inside the data plate, where a "
+            "hyperparameter prior would become one sample per point; priors are not available"
+        )
+    check_positive_int(num_inducing, "num_inducing", f"gp_layer {name!r}")
+    check_positive_int(out_dim, "out_dim", f"gp_layer {name!r}")
+    data_plate = [p for p in active_plates() if p.dim == -1]
+    if not data_plate:
+        raise ValueError(
+            f"gp_layer {name!r}: inducing='amortized' gives every point its own inducing set; call "
+            "it inside the data plate: with numpyro.plate('data', N, subsample_size=B): "
+            "x = numpyro.subsample(X, event_dim=1); h = gp_layer(..., x, inducing='amortized')"
+        )
+    X = as_float_array(X, "X", f"gp_layer {name!r}")
+    B = data_plate[0].subsample_size
+    if X.ndim not in (2, 3) or X.shape[-2] != B:
+        raise ValueError(
+            f"gp_layer {name!r}: X must have shape ({B}, dim) (the plate's {B} points), or "
+            f"(num_branches, {B}, dim); got {X.shape}"
+        )
+    _check_finite(X, f"gp_layer {name!r}: X")
+    _check_input_scale(name, X, kernel)
+    return X, data_plate[0], _resolve_jitter(name, jitter, X.dtype)
+
+
+def _amortized_inducing_inputs(name: str, X: jax.Array, M: int, learn_inducing: bool) -> tuple[jax.Array, jax.Array]:
+    """``(Z (..., B, M, D), p)``: each point's inducing inputs, ``M`` learned affine maps
+    ``z_m = W_m p + b_m`` of its encoder input ``p`` (``W_m = I``, ``b_m ~ N(0, I)`` at the start,
+    from a key fixed by the name, so every run of the model starts from the same maps)."""
+    B, D = X.shape[-2], X.shape[-1]
+    weight = numpyro.param(f"{name}.inducing_maps.weight", lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)))
+    bias_key = jax.random.PRNGKey(zlib.crc32(name.encode()))
+    bias = numpyro.param(f"{name}.inducing_maps.bias", lambda _: jax.random.normal(bias_key, (M, D), X.dtype))
+    if not learn_inducing:
+        weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
+    p = _emit(ENCODER_INPUT_MESSAGE, f"{name}.encoder_input", _default_encoder_input, (X,))
+    p = jnp.asarray(p, X.dtype)
+    if p.shape[-2] != B or p.shape[-1] != D or p.ndim not in (2, 3):
+        raise ValueError(f"gp_layer {name!r}: the encoder input must have shape (..., {B}, {D}), got {p.shape}")
+    return affine_inducing_inputs(weight, bias, p), p

@@ -347,3 +347,38 @@ def test_command_line_reports_num_inducing_above_the_training_set(capsys, uci_da
     with pytest.raises(SystemExit) as exit_:
         cli.main(["demo", "--seed", "-3"])
     assert exit_.value.code == 2 and "argument --seed: must be an integer >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: dgp.handlers.sde_flow(deep_gp_regression(2), layer="h1", num_steps=True), "sde_flow: num_steps"),
+    (lambda: dgp.handlers.quadrature(deep_gp_regression(2), num_points=True), "quadrature: num_points"),
+    (lambda: dgp.infer.SGHMC(deep_gp_regression(2), window_size=True), "SGHMC: window_size"),
+    (lambda: dgp.guides.AutoAmortizedDGP(deep_gp_regression(2), num_branches=True), "AutoAmortizedDGP: num_branches"),
+    (lambda: dgp.guides.AutoAmortizedDGP(deep_gp_regression(2), hidden_width=2.0), "AutoAmortizedDGP: hidden_width"),
+    (lambda: dgp.infer.natural_gradient_ramp(num_steps=True), "natural_gradient_ramp: num_steps"),
+])
+def test_counts_refuse_booleans_and_floats(build, match):
+    # one helper checks every count: True is an int to Python, but no user means one step by it
+    with pytest.raises(ValueError, match=f"{match} must be a positive integer"):
+        build()
+
+
+def test_layer_and_prediction_counts_refuse_booleans(data, fitted):
+    X, _ = data
+    model, guide, params = fitted
+    layer_model = lambda X: dgp.gp_layer("f", X, dgp.kernels.SquaredExponential(), num_inducing=2, out_dim=True)  # noqa: E731
+    with pytest.raises(ValueError, match="gp_layer 'f': out_dim must be a positive integer"):
+        numpyro.handlers.seed(layer_model, 0)(X)
+    for kwargs, name in [(dict(num_samples=True), "num_samples"), (dict(batch_size=0), "batch_size")]:
+        with pytest.raises(ValueError, match=f"predict: {name} must be a positive integer"):
+            dgp.predict(model, guide, params, jax.random.PRNGKey(0), X, **kwargs)
+
+
+def test_tree_all_finite_reads_every_floating_leaf_and_skips_counters():
+    # the guard fit, fit_minibatches and SGHMC skip an update by
+    tree = {"a": jnp.ones(3), "b": (jnp.zeros((2, 2)), jnp.array(7, jnp.int32))}
+    assert bool(_validation.tree_all_finite(tree)) and bool(_validation.tree_all_finite())
+    for bad in (jnp.nan, jnp.inf, -jnp.inf):
+        broken = {**tree, "b": (jnp.zeros((2, 2)).at[1, 0].set(bad), tree["b"][1])}
+        assert not bool(_validation.tree_all_finite(tree, broken))
+        assert not bool(jax.jit(_validation.tree_all_finite)(broken))

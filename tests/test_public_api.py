@@ -183,3 +183,12 @@ def test_lazy_submodules_load_on_first_use():
     assert out.split() == ["numpyro_dgp.diagnostics", "numpyro_dgp.plots"]
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         numpyro_dgp.nonexistent  # noqa: B018
+
+
+def test_the_package_declares_its_types_and_one_version():
+    # PEP 561 marker beside the package; the version saved files record is the distribution's
+    from importlib.metadata import version
+    from pathlib import Path
+
+    assert (Path(numpyro_dgp.__file__).parent / "py.typed").is_file()
+    assert numpyro_dgp.__version__ == version("numpyro-dgp")

@@ -14,6 +14,7 @@ from numpyro.distributions.util import vec_to_tril_matrix  # noqa: E402
 
 from numpyro_dgp._compat import softplus_lower_cholesky  # noqa: E402
 from numpyro_dgp.core import cholesky, conditional, triangular_inverse  # noqa: E402
+from numpyro_dgp.core._linalg import _leaf_size  # noqa: E402
 from numpyro_dgp.core._triangular import (  # noqa: E402
     LOWER_TIMES_BLOCK,
     QUADRATIC_FORM_BLOCK,
@@ -23,8 +24,9 @@ from numpyro_dgp.core._triangular import (  # noqa: E402
     triangular_blocks,
 )
 
-#: sizes at and around the block edges, and the large size the blocks are for
-SIZES = [1, 7, 64, 65, 130, 500]
+#: sizes at and around the block edges, the large size the blocks are for, and one where the
+#: number of blocks and leaves is capped (larger blocks and leaves)
+SIZES = [1, 7, 64, 65, 130, 500, 1000]
 
 
 def _dense_quadratic_forms(q_sqrt, B):
@@ -34,11 +36,30 @@ def _dense_quadratic_forms(q_sqrt, B):
 
 @pytest.mark.parametrize("size", [1, 5, 64, 65, 500])
 @pytest.mark.parametrize("block", [1, 3, 64])
-def test_triangular_blocks_cover_the_range_in_order(size, block):
-    blocks = triangular_blocks(size, block)
+@pytest.mark.parametrize("most", [None, 4])
+def test_triangular_blocks_cover_the_range_in_order(size, block, most):
+    blocks = triangular_blocks(size, block, most)
     assert blocks[0][0] == 0 and blocks[-1][1] == size
     assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
-    assert all(0 < stop - start <= block for start, stop in blocks)
+    if most is None or -(-size // block) <= most:
+        assert len(blocks) == -(-size // block) and all(0 < stop - start <= block for start, stop in blocks)
+    else:  # capped: exactly `most` nearly equal blocks, larger than `block`
+        assert len(blocks) == most and all(abs((stop - start) - size / most) < 1 for start, stop in blocks)
+
+
+@pytest.mark.parametrize("n", [1, 16, 17, 255, 256, 257, 500, 1000, 1001, 4099])
+@pytest.mark.parametrize("smallest, most_leaves", [(64, 8), (16, 4)])
+def test_recursions_stop_at_their_leaf_bound(n, smallest, most_leaves):
+    # the blocked factorization halves n until a block is at most the leaf edge: at most
+    # most_leaves leaves (so the compiled program's size is bounded in n), none above the edge
+    leaf = _leaf_size(n, smallest, most_leaves)
+
+    def leaves(size):
+        return [size] if size <= leaf else leaves(size // 2) + leaves(size - size // 2)
+
+    sizes = leaves(n)
+    assert sum(sizes) == n and max(sizes) <= leaf and len(sizes) <= max(most_leaves, 1)
+    assert leaf == smallest or leaf == -(-n // most_leaves)
 
 
 @pytest.mark.parametrize("M", SIZES)
@@ -67,6 +88,12 @@ def test_lower_times_matches_the_dense_product(M):
     reference = jax.grad(lambda T, X: jnp.sum(W * (jnp.tril(T) @ X)), argnums=(0, 1))(T, X)
     for g, r in zip(grads, reference):
         np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(r))))
+
+
+def test_lower_times_takes_a_batch_of_factors():
+    rs = np.random.RandomState(3)
+    T, X = jnp.asarray(rs.randn(2, 3, 130, 130)), jnp.asarray(rs.randn(2, 3, 130, 5))
+    np.testing.assert_allclose(lower_times(T, X), jnp.tril(T) @ X, rtol=1e-11, atol=1e-11)
 
 
 @pytest.mark.parametrize("M", [7, QUADRATIC_FORM_BLOCK + 1, LOWER_TIMES_BLOCK + 3])

@@ -44,6 +44,8 @@ from pathlib import Path
 import jax
 
 jax.config.update("jax_enable_x64", True)
+# NumPyro's progress bars import tqdm.auto, which warns in a notebook without ipywidgets
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 import jax.numpy as jnp
 import matplotlib.pyplot as plt

@@ -122,7 +122,17 @@ def test_scale_grid_says_which_target_each_point_meets():
             _grid_row(2000, 200.0, 150.0, 8.0)]  # floor 80 ms > 75 ms but only 40%
     table = [line for line in scale._grid_lines(rows) if line.startswith("| float64")]
     assert [line.rstrip(" |").rsplit("| ", 1)[1] for line in table] == ["2x", "-", "65%", "-"]
-    assert "| 70.0 | 70 |" in table[1]  # floor ms and roofline %
+    assert "| 100 | 70.0 | 70.0 | 70 |" in table[1]  # peak GFLOP/s, floor ms, achieved GFLOP/s, roofline %
+
+
+def test_scale_grid_shows_gpytorch_where_it_ran():
+    scale = _load("scale")
+    rows = [{**_grid_row(100, 10.0, 25.0, 0.5), "gpytorch_ms_per_step": 40.0, "gpytorch_version": "gpytorch 1.15.2"},
+            _grid_row(200, 20.0, 50.0, 1.0)]
+    lines = scale._grid_lines(rows)
+    assert "GPyTorch: gpytorch 1.15.2" in lines[0]
+    table = [line for line in lines if line.startswith("| float64")]
+    assert table[0].endswith("| 2x | 40.0 | 4.00 |") and table[1].endswith("| 2x | - | - |")
 
 
 def test_scale_step_flops_grow_as_the_math_says():

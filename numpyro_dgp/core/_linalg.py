@@ -64,7 +64,9 @@ def cholesky(K: jax.Array) -> jax.Array:
 
     The factor of ``jnp.linalg.cholesky`` (which reads ``(K + K^T) / 2``): one LAPACK call up
     to ``M = 64``, above it the blocked recursion ``L21 = K21 L11^{-T}``,
-    ``L22 = chol(K22 - L21 L21^T)`` with matrix products and :func:`triangular_inverse` (inside a
+    ``L22 = chol(K22 - L21 L21^T)`` with matrix products and :func:`triangular_inverse`, down to
+    LAPACK leaves of at most 64 (at most 8 leaves above ``M = 512``: a program that stops
+    growing with M compiles faster) (inside a
     training step a large multithreaded LAPACK call competed with XLA's threads for the cores;
     ``benchmarks/results/profile_step_float64_M500_W8.md``). Its derivative
     ``dL = L Phi(L^{-1} dK L^{-T})`` (``Phi``: lower triangle, half diagonal) is computed with
@@ -81,18 +83,32 @@ def cholesky(K: jax.Array) -> jax.Array:
 
 #: Matrices at most this large are factored by LAPACK in one call; larger ones by recursion.
 _CHOLESKY_LEAF = 64
+#: At most this many leaves (larger leaves above M = 512): fewer operations to compile at large M.
+#: Larger LAPACK leaves are slower inside a step (their threads compete with XLA's), so the bound
+#: stays loose: 4 leaves (of 125) made a width-1 step at M = 500 slower, 154 against 100 ms.
+_CHOLESKY_MOST_LEAVES = 8
+
+
+def _leaf_size(n: int, smallest: int, most_leaves: int) -> int:
+    """Leaf edge of a recursion that halves ``n``: at least ``smallest``, and large enough that
+    at most ``most_leaves`` leaves remain (each level's halves are at most ``ceil(n / 2^k)``)."""
+    return max(smallest, -(-n // most_leaves))
 
 
 def _blocked_cholesky(K: jax.Array) -> jax.Array:
+    return _cholesky_recursion(K, _leaf_size(K.shape[-1], _CHOLESKY_LEAF, _CHOLESKY_MOST_LEAVES))
+
+
+def _cholesky_recursion(K: jax.Array, leaf: int) -> jax.Array:
     # at M = 500 the step ran 20% faster with OpenBLAS held to one thread: its threads and
     # XLA's competed for the cores during the one large LAPACK call
     n = K.shape[-1]
-    if n <= _CHOLESKY_LEAF:
+    if n <= leaf:
         return jnp.linalg.cholesky(K)
     h = n // 2
-    L11 = _blocked_cholesky(K[..., :h, :h])
+    L11 = _cholesky_recursion(K[..., :h, :h], leaf)
     L21 = K[..., h:, :h] @ jnp.swapaxes(_triangular_inverse(L11), -1, -2)
-    L22 = _blocked_cholesky(K[..., h:, h:] - L21 @ jnp.swapaxes(L21, -1, -2))
+    L22 = _cholesky_recursion(K[..., h:, h:] - L21 @ jnp.swapaxes(L21, -1, -2), leaf)
     top = jnp.concatenate([L11, jnp.zeros(K.shape[:-2] + (h, n - h), K.dtype)], axis=-1)
     return jnp.concatenate([top, jnp.concatenate([L21, L22], axis=-1)], axis=-2)
 

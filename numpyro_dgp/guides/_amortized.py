@@ -20,6 +20,7 @@ from numpyro.distributions import constraints
 from numpyro.distributions.util import vec_to_tril_matrix
 
 from numpyro_dgp._protocol import inducing_tag
+from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.guides._base import InducingSite
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
 from numpyro_dgp.guides._latent import _register, mlp
@@ -130,14 +131,12 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
                  learn_points: bool = True, prefix: str = "auto", **kwargs: Any) -> None:
         if rule not in AMORTIZATION_RULES:
             raise ValueError(f"AutoAmortizedDGP: rule must be one of {AMORTIZATION_RULES}, got {rule!r}")
-        if not (isinstance(num_branches, (int, np.integer)) and num_branches >= 1):
-            raise ValueError(f"AutoAmortizedDGP: num_branches must be a positive integer, got {num_branches!r}")
+        check_positive_int(num_branches, "num_branches", "AutoAmortizedDGP")
         if covariance not in COVARIANCES:
             raise ValueError(f"AutoAmortizedDGP: covariance must be one of {COVARIANCES}, got {covariance!r}")
         if not float(init_scale) > 0:
             raise ValueError(f"AutoAmortizedDGP: init_scale must be positive, got {init_scale!r}")
-        if hidden_width is not None and not (isinstance(hidden_width, int) and hidden_width >= 1):
-            raise ValueError(f"AutoAmortizedDGP: hidden_width must be a positive integer, got {hidden_width!r}")
+        check_positive_int(hidden_width, "hidden_width", "AutoAmortizedDGP", allow_none=True)
         self.rule = rule
         self.num_branches = int(num_branches)
         self.covariance = covariance

@@ -17,6 +17,7 @@ from jax.typing import ArrayLike
 from numpyro.primitives import Messenger
 
 from numpyro_dgp._protocol import BRANCHES, FLOW, LAYER_MESSAGE, BranchTag, get_tag, message_layer, with_tag
+from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.posteriors import quadrature_log_weights, quadrature_points
 
 __all__ = ["quadrature"]
@@ -58,8 +59,7 @@ class quadrature(Messenger):
         weights: ArrayLike | None = None,
         learnable: bool = True,
     ) -> None:
-        if not (isinstance(num_points, int) and num_points >= 1):
-            raise ValueError(f"quadrature: num_points must be a positive integer, got {num_points!r}")
+        check_positive_int(num_points, "num_points", "quadrature")
         if weights is None:
             weights = np.full(num_points, 1.0 / num_points)
         weights = np.asarray(weights, float)

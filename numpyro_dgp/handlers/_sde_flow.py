@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from numpyro_dgp._protocol import FLOW, LAYER_MESSAGE, FlowTag, with_tag
+from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.core import euler_maruyama
 from numpyro_dgp.handlers._base import PerRunMessenger
 from numpyro_dgp.layers import Layer, layer_moments
@@ -153,8 +154,7 @@ class sde_flow(PerRunMessenger):
             raise ValueError(f"sde_flow: T must be a number, got {T!r}") from None
         if not (T_value >= 0 and T_value < float("inf")):
             raise ValueError(f"sde_flow: T must be finite and >= 0, got {T!r}")
-        if not (isinstance(num_steps, int) and num_steps >= 1):
-            raise ValueError(f"sde_flow: num_steps must be a positive integer, got {num_steps!r}")
+        check_positive_int(num_steps, "num_steps", "sde_flow")
         if estimator not in FLOW_ESTIMATORS:
             raise ValueError(f"sde_flow: estimator must be one of {FLOW_ESTIMATORS}, got {estimator!r}")
         self.spec = FlowSpec(layer, T_value, num_steps, estimator, bool(diffusion), bool(time_input), bool(record))

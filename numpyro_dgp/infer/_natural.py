@@ -30,6 +30,7 @@ from numpyro.optim import optax_to_numpyro
 
 from numpyro_dgp._compat import softplus_lower_cholesky
 from numpyro_dgp.core import cholesky, triangular_inverse
+from numpyro_dgp._validation import check_positive_int
 
 if TYPE_CHECKING:
     from numpyro_dgp._compat import NumPyroOptimizer
@@ -61,8 +62,7 @@ def natural_gradient_ramp(initial: float = 1e-4, final: float = 0.1, num_steps: 
     """
     if not (float(initial) > 0 and float(final) > 0):
         raise ValueError(f"natural_gradient_ramp: initial and final must be positive, got {initial!r}, {final!r}")
-    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
-        raise ValueError(f"natural_gradient_ramp: num_steps must be a positive integer, got {num_steps!r}")
+    check_positive_int(num_steps, "num_steps", "natural_gradient_ramp")
     log_initial, log_final = np.log(float(initial)), np.log(float(final))
 
     def schedule(count: jax.Array) -> jax.Array:

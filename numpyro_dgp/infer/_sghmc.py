@@ -48,6 +48,7 @@ from numpyro.infer.util import initialize_model, potential_energy, transform_fn
 from numpyro.util import identity, is_prng_key
 
 from numpyro_dgp._protocol import amortized_layer_names
+from numpyro_dgp._validation import check_positive_int, tree_all_finite
 
 if TYPE_CHECKING:
     import optax
@@ -112,11 +113,6 @@ class SGHMCState(NamedTuple):
 
 def _tree_where(pred, new, old):
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
-
-
-def _all_finite(*trees) -> jax.Array:
-    leaves = jax.tree.leaves(trees)
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves else jnp.array(True)
 
 
 def _inspect_model(model, init_strategy, rng_key, model_args, model_kwargs):
@@ -211,8 +207,7 @@ class SGHMC(MCMCKernel):
             raise ValueError(f"SGHMC: step_size must be positive, got {step_size!r}")
         if not 0 < mdecay <= 1:
             raise ValueError(f"SGHMC: mdecay must be in (0, 1], got {mdecay!r}")
-        if not (isinstance(window_size, int) and window_size >= 1):
-            raise ValueError(f"SGHMC: window_size must be an integer >= 1, got {window_size!r}")
+        check_positive_int(window_size, "window_size", "SGHMC")
         if num_data is not None and not num_data > 0:
             raise ValueError(f"SGHMC: num_data must be positive, got {num_data!r}")
         self._model = model
@@ -444,7 +439,7 @@ class SGHMC(MCMCKernel):
                 updates, new_opt_state = self._optimizer.update(p_grad, state.opt_state, state.params)
                 new_params = jax.tree_util.tree_map(_apply_update, state.params, updates)
                 new_params = jax.tree.map(lambda a, b: a.astype(b.dtype), new_params, state.params)
-                return new_params, new_opt_state, _all_finite(p_grad)
+                return new_params, new_opt_state, tree_all_finite(p_grad)
 
             # cond, not where: skips the gradient when params are frozen after warmup.
             params, opt_state, ok_params = jax.lax.cond(
@@ -467,6 +462,6 @@ class SGHMC(MCMCKernel):
             potential_energy=pe.astype(dtype),
         )
         # Reject the whole step on a non-finite potential or gradient rather than poison the chain.
-        ok = jnp.isfinite(pe) & _all_finite(grad) & ok_params
+        ok = jnp.isfinite(pe) & tree_all_finite(grad) & ok_params
         new = _tree_where(ok, proposed, state)
         return new._replace(i=state.i + 1, num_skipped=state.num_skipped + (~ok).astype(jnp.int32), rng_key=rng_key)

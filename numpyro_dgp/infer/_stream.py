@@ -30,8 +30,8 @@ from jax.typing import ArrayLike
 from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
-from numpyro_dgp._validation import check_positive_int
-from numpyro_dgp.infer._fit import FitResult, _all_finite, _initial_state, _select
+from numpyro_dgp._validation import check_positive_int, tree_all_finite
+from numpyro_dgp.infer._fit import FitResult, _initial_state, _select
 
 __all__ = ["HostMinibatches", "fit_minibatches"]
 
@@ -155,7 +155,7 @@ def fit_minibatches(
     @jax.jit
     def update(state, batch):
         new_state, loss = svi.update(state, *batch, **kwargs)
-        finite = jnp.isfinite(loss) & _all_finite(new_state.optim_state)
+        finite = jnp.isfinite(loss) & tree_all_finite(new_state.optim_state)
         kept = _select(finite, new_state.optim_state, state.optim_state)
         return new_state._replace(optim_state=kept), loss, ~finite
 
