@@ -366,7 +366,7 @@ def main(argv=None):
                         help="the GPyTorch venv's python: time GPyTorch at the grid points with M in --gpytorch-m")
     parser.add_argument("--gpytorch-m", type=int, nargs="+", default=[100, 500])
     parser.add_argument("--resume", action="store_true",
-                        help="--grid: keep the points already in results/TAG.json and run the rest")
+                        help="--grid: keep every point already in results/TAG.json and run this grid's missing ones")
     parser.add_argument("--plot-only", action="store_true",
                         help="re-render results/TAG.md and TAG.png from results/TAG.json without running")
     args = parser.parse_args(argv)
@@ -387,13 +387,15 @@ def main(argv=None):
     if args.resume and (RESULTS / f"{args.tag}.json").is_file():
         previous = json.loads((RESULTS / f"{args.tag}.json").read_text())
         done = {(r["precision"], r["D"], r["M"], r["width"]): r for r in previous.get("grid", [])}
+        # every earlier point stays (a resumed run may name a part of the grid); both commands are kept
+        results["grid"] = list(previous.get("grid", []))
+        results["command"] = f"{previous.get('command', '')} ; resumed by: {results['command']}"
     if args.grid:
         for precision in args.grid_precisions or [args.precision]:
             for dim in args.grid_dims:
                 for M in args.grid_m:
                     for width in args.grid_widths:
                         if (precision, dim, M, width) in done:
-                            results["grid"].append(done[(precision, dim, M, width)])
                             continue
                         steps = args.grid_steps or _grid_steps(M, width, dim)
                         peers = {"gpflux": (args.with_gpflux, None), "gpytorch": (args.with_gpytorch, args.gpytorch_m)}
