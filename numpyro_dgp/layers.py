@@ -55,7 +55,7 @@ by default, the KL is averaged over points as in Meng & Zhang (2024) (the site i
 from __future__ import annotations
 
 import zlib
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,22 +64,19 @@ import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
-from numpyro_dgp._compat import active_plates, handler_stack_is_empty
 from numpyro_dgp._layer_parts import (
-    _check_finite,
-    _check_input_scale,
-    _check_kernel_values,
-    _check_unique_name,
+    _check_amortized_args,
+    _check_layer_args,
+    _check_layer_kind,
+    _LayerArgs,
     _default_encoder_input,
     _emit,
     MEAN_FUNCTIONS,
     _hyperparameters,
     _mean_function,
     _noise_variance,
-    _resolve_jitter,
     mean_projection,
 )
-from numpyro_dgp._validation import as_float_array, check_positive_int
 from numpyro_dgp._protocol import ENCODER_INPUT_MESSAGE, INDUCING, LAYER_MESSAGE, InducingTag
 from numpyro_dgp.core import (
     affine_inducing_inputs,
@@ -93,8 +90,6 @@ from numpyro_dgp.kernels import Kernel
 
 __all__ = ["gp_layer", "Layer", "MEAN_FUNCTIONS", "layer_moments", "mean_projection", "sample_moments"]
 
-#: The values of ``gp_layer(..., inducing=...)``.
-INDUCING_MODES = ("global", "locations", "amortized")
 
 
 class Layer(NamedTuple):
@@ -351,152 +346,6 @@ def gp_layer(
     return (out, u.T) if args.locations else out
 
 
-def _check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
-    """The checks every layer kind makes first: its name, kernel and inducing mode."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
-    if not isinstance(kernel, Kernel):
-        raise TypeError(f"gp_layer {name!r}: kernel must be a numpyro_dgp.kernels.Kernel, got {type(kernel)}")
-    _check_unique_name(name)
-    _check_kernel_values(name, kernel)
-    if inducing not in INDUCING_MODES:
-        raise NotImplementedError(
-            f"gp_layer {name!r}: inducing={inducing!r} is not available; supported: {INDUCING_MODES}"
-        )
-
-
-class _LayerArgs(NamedTuple):
-    """A global or locations layer's arguments after :func:`_check_layer_args`."""
-
-    X: jax.Array  #: float inputs, ``(N, D)`` or ``(S, N, D)``
-    propagated_Z: jax.Array | None  #: the locations of an ``(X, Z)`` pair, ``(M, D)``
-    inducing_inputs: jax.Array | None  #: given initial inducing inputs, ``(M, D)``
-    locations: bool
-    whiten: bool
-    priors: dict
-    jitter: float  #: relative jitter (scaled by the mean prior variance later)
-
-
-def _check_layer_args(
-    name: str, X: ArrayLike | tuple, kernel: Kernel, *, num_inducing: int | None, out_dim: int,
-    priors: dict | None, whiten: bool | None, jitter: float | None, inducing: str,
-    inducing_inputs: ArrayLike | None,
-) -> _LayerArgs:
-    """Every check of a global or locations layer, before any site is sent or JAX work done."""
-    locations = inducing == "locations"
-    whiten = _check_whiten(name, whiten, locations)
-    X, propagated_Z = _split_locations_pair(name, X, locations)
-    _check_run_context(name)
-    X = _check_layer_inputs(name, X, kernel, locations)
-    check_positive_int(out_dim, "out_dim", f"gp_layer {name!r}")
-    priors = _check_priors(name, priors, kernel)
-    jitter = _resolve_jitter(name, jitter, X.dtype)
-    if propagated_Z is not None:
-        propagated_Z = _check_inducing_array(name, propagated_Z, num_inducing, X, "the inducing locations Z of (X, Z)")
-        if inducing_inputs is not None:
-            raise ValueError(
-                f"gp_layer {name!r}: the inducing locations come with X as (X, Z); do not also "
-                "pass inducing_inputs"
-            )
-    elif inducing_inputs is not None:
-        inducing_inputs = _check_inducing_array(name, inducing_inputs, num_inducing, X, "inducing_inputs")
-        _check_finite(inducing_inputs, f"gp_layer {name!r}: inducing_inputs")
-    elif isinstance(num_inducing, bool) or not (isinstance(num_inducing, (int, np.integer)) and num_inducing >= 1):
-        raise ValueError(
-            f"gp_layer {name!r}: give num_inducing (a positive integer) or inducing_inputs; "
-            f"got num_inducing={num_inducing!r}"
-        )
-    return _LayerArgs(X, propagated_Z, inducing_inputs, locations, whiten, priors, jitter)
-
-
-def _check_whiten(name: str, whiten: bool | None, locations: bool) -> bool:
-    """``whiten`` resolved: by default whitened, except inducing locations, which cannot be."""
-    if whiten is None:
-        return not locations
-    if whiten and locations:
-        raise ValueError(
-            f"gp_layer {name!r}: inducing='locations' does not support whiten=True (whitening "
-            "q(f_l^z) against K(f_(l-1)^z) would be a different variational family)"
-        )
-    return bool(whiten)
-
-
-def _split_locations_pair(name: str, X: ArrayLike | tuple, locations: bool) -> tuple:
-    """``(X, Z or None)``: a previous locations layer hands on the pair ``(X, Z)``."""
-    if not isinstance(X, (tuple, list)):
-        return X, None
-    if not locations:
-        raise ValueError(
-            f"gp_layer {name!r}: X is a pair (points, inducing locations), which only "
-            "inducing='locations' takes; pass the points alone"
-        )
-    if len(X) != 2:
-        raise ValueError(f"gp_layer {name!r}: X must be an array or the pair (X, Z); got {len(X)} items")
-    return X[0], X[1]
-
-
-def _check_run_context(name: str) -> None:
-    """A global layer runs under ``seed`` and outside data plates (its inducing points are global)."""
-    if handler_stack_is_empty():
-        raise RuntimeError(
-            f"gp_layer {name!r} needs a random key: run the model under numpyro.handlers.seed "
-            "(SVI, MCMC and Predictive do this)"
-        )
-    plates = [h.name for h in active_plates()]
-    if plates:
-        raise ValueError(
-            f"gp_layer {name!r} is called inside plate(s) {plates}: its inducing points are global. "
-            "Call it outside data plates and subsample the inputs first "
-            "(with plate: X_batch = numpyro.subsample(X, event_dim=1))"
-        )
-
-
-def _check_layer_inputs(name: str, X: ArrayLike, kernel: Kernel, locations: bool) -> jax.Array:
-    """``X`` as a float array of points (or branches of points), finite and on a sane scale."""
-    if not isinstance(X, jax.Array):  # keep a traced input as it is: moment propagation tracks it
-        X = jnp.asarray(X)
-    if X.ndim == 3 and locations:
-        raise ValueError(
-            f"gp_layer {name!r}: inducing='locations' does not take branched inputs (S, N, D): the inducing "
-            "locations of a layer follow one input, not weighted branches. Use inducing='global' under "
-            "numpyro_dgp.handlers.quadrature"
-        )
-    if X.ndim not in (2, 3):
-        raise ValueError(
-            f"gp_layer {name!r}: X must have shape (num_points, dim), or (num_branches, num_points, "
-            f"dim) under numpyro_dgp.handlers.quadrature or an amortized guide; got {X.shape}"
-        )
-    X = as_float_array(X, "X", f"gp_layer {name!r}")
-    _check_finite(X, f"gp_layer {name!r}: X")
-    _check_input_scale(name, X, kernel)
-    return X
-
-
-def _check_priors(name: str, priors: dict | None, kernel: Kernel) -> dict:
-    """``priors`` as a dict of distributions over the kernel's hyperparameters."""
-    priors = dict(priors or {})
-    for hp, prior in priors.items():
-        if hp not in kernel.hyperparameters():
-            raise ValueError(
-                f"gp_layer {name!r}: priors has {hp!r}, not a hyperparameter of "
-                f"{type(kernel).__name__} (it has {sorted(kernel.hyperparameters())})"
-            )
-        if not isinstance(prior, dist.Distribution):
-            raise TypeError(f"gp_layer {name!r}: priors[{hp!r}] must be a Distribution")
-    return priors
-
-
-def _check_inducing_array(name: str, Z: ArrayLike, num_inducing: int | None, X: jax.Array, what: str) -> jax.Array:
-    """Given inducing inputs or locations as ``(M, D)`` in ``X``'s dtype, agreeing with ``num_inducing``."""
-    Z = jnp.asarray(Z, X.dtype)
-    in_dim = X.shape[-1]
-    if Z.ndim != 2 or Z.shape[1] != in_dim:
-        raise ValueError(f"gp_layer {name!r}: {what} must have shape (M, {in_dim}), got {Z.shape}")
-    if num_inducing is not None and num_inducing != Z.shape[0]:
-        raise ValueError(f"gp_layer {name!r}: num_inducing={num_inducing} disagrees with {what} of shape {Z.shape}")
-    return Z
-
-
 def _inducing_inputs(name: str, args: _LayerArgs, num_inducing: int | None, learn_inducing: bool) -> jax.Array:
     """The layer's inducing inputs: the propagated locations, or a parameter initialized from the
     given inputs or by k-means on ``X``."""
@@ -613,47 +462,6 @@ def _amortized_layer(
         name, kernel, Z, Kzz_chol, mean_fn, False, jitter, out_dim, u_site, prior_mean, "amortized", noise, mean_affine
     )
     return _emit_layer(layer, X, jnp.asarray(u, X.dtype))
-
-
-def _check_amortized_args(
-    name: str, X: ArrayLike, kernel: Kernel, *, num_inducing: int | None, out_dim: int,
-    inducing_inputs: ArrayLike | None, priors: dict | None, whiten: bool | None, jitter: float | None,
-) -> tuple[jax.Array, Any, float]:
-    """Every check of a per-point (amortized) layer: ``(X, the data plate, the relative jitter)``."""
-    if whiten:
-        raise ValueError(
-            f"gp_layer {name!r}: inducing='amortized' is unwhitened (the prior N(m(Z_n), K(Z_n, Z_n)) "
-            "of Meng & Zhang 2024); whiten=True is not available"
-        )
-    if inducing_inputs is not None:
-        raise ValueError(
-            f"gp_layer {name!r}: with inducing='amortized' the inducing inputs come from learned "
-            "affine maps of the encoder input; inducing_inputs cannot be given"
-        )
-    if priors:
-        raise ValueError(
-            f"gp_layer {name!r}: inducing='amortized' is called inside the data plate, where a "
-            "hyperparameter prior would become one sample per point; priors are not available"
-        )
-    check_positive_int(num_inducing, "num_inducing", f"gp_layer {name!r}")
-    check_positive_int(out_dim, "out_dim", f"gp_layer {name!r}")
-    data_plate = [p for p in active_plates() if p.dim == -1]
-    if not data_plate:
-        raise ValueError(
-            f"gp_layer {name!r}: inducing='amortized' gives every point its own inducing set; call "
-            "it inside the data plate: with numpyro.plate('data', N, subsample_size=B): "
-            "x = numpyro.subsample(X, event_dim=1); h = gp_layer(..., x, inducing='amortized')"
-        )
-    X = as_float_array(X, "X", f"gp_layer {name!r}")
-    B = data_plate[0].subsample_size
-    if X.ndim not in (2, 3) or X.shape[-2] != B:
-        raise ValueError(
-            f"gp_layer {name!r}: X must have shape ({B}, dim) (the plate's {B} points), or "
-            f"(num_branches, {B}, dim); got {X.shape}"
-        )
-    _check_finite(X, f"gp_layer {name!r}: X")
-    _check_input_scale(name, X, kernel)
-    return X, data_plate[0], _resolve_jitter(name, jitter, X.dtype)
 
 
 def _amortized_inducing_inputs(name: str, X: jax.Array, M: int, learn_inducing: bool) -> tuple[jax.Array, jax.Array]:

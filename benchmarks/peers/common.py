@@ -371,3 +371,30 @@ def emit(result: dict) -> None:
     """The one JSON line on stdout."""
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
+
+
+# ----------------------------------------------------------------------------------------
+# benchmarks/scale.py --grid peers
+# ----------------------------------------------------------------------------------------
+
+
+def parse_scale_args(description, argv=None):
+    """The command line both ``*_scale.py`` peers take (one grid point)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--num-inducing", type=int, default=100)
+    parser.add_argument("--width", type=int, default=8)
+    parser.add_argument("--num-data", type=int, default=10_000)
+    parser.add_argument("--dim", type=int, default=90, help="input dimension D")
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--precision", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--steps", type=int, default=30, help="steps per timed block (3 blocks, median)")
+    return parser.parse_args(argv)
+
+
+def scale_data(N, D, dtype, seed=0):
+    """The grid peers' synthetic year-like data ``(X (N, D), y (N,))``, standardized ``y``."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((N, D)).astype(dtype)
+    proj = X.astype(np.float64) @ (rng.standard_normal((D, 3)) / np.sqrt(D))
+    y = np.sin(2 * proj[:, 0]) + 0.5 * proj[:, 1] * proj[:, 2] + 0.1 * rng.standard_normal(N)
+    return X, ((y - y.mean()) / y.std()).astype(dtype)

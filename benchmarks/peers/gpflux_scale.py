@@ -15,7 +15,6 @@ Run with the venv from setup.sh::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -31,15 +30,7 @@ import numpy as np  # noqa: E402
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-inducing", type=int, default=100)
-    parser.add_argument("--width", type=int, default=8)
-    parser.add_argument("--num-data", type=int, default=10_000)
-    parser.add_argument("--dim", type=int, default=90, help="input dimension D")
-    parser.add_argument("--batch-size", type=int, default=1000)
-    parser.add_argument("--precision", choices=("float32", "float64"), default="float32")
-    parser.add_argument("--steps", type=int, default=30, help="steps per timed block (3 blocks, median)")
-    args = parser.parse_args(argv)
+    args = common.parse_scale_args(__doc__.splitlines()[0], argv)
     import tensorflow as tf
     import gpflow
     import gpflux
@@ -56,11 +47,7 @@ def main(argv=None):
     tf_dtype = tf.float64 if args.precision == "float64" else tf.float32
 
     N, D, W, M, B = args.num_data, args.dim, args.width, args.num_inducing, args.batch_size
-    rng = np.random.default_rng(0)
-    X_np = rng.standard_normal((N, D)).astype(np_dtype)
-    proj = X_np.astype(np.float64) @ (rng.standard_normal((D, 3)) / np.sqrt(D))
-    y_np = np.sin(2 * proj[:, 0]) + 0.5 * proj[:, 1] * proj[:, 2] + 0.1 * rng.standard_normal(N)
-    y_np = ((y_np - y_np.mean()) / y_np.std()).astype(np_dtype)
+    X_np, y_np = common.scale_data(N, D, np_dtype)
     X_train, Y_train = tf.constant(X_np, tf_dtype), tf.constant(y_np[:, None], tf_dtype)
     Z = common.kmeans_init(X_np[:B], M, seed=0)
     Z_inner = Z @ np.eye(D, W) if W != D else Z  # the outer layer's inputs: the first W coordinates
