@@ -369,6 +369,9 @@ def test_layer_and_prediction_counts_refuse_booleans(data, fitted):
     layer_model = lambda X: dgp.gp_layer("f", X, dgp.kernels.SquaredExponential(), num_inducing=2, out_dim=True)  # noqa: E731
     with pytest.raises(ValueError, match="gp_layer 'f': out_dim must be a positive integer"):
         numpyro.handlers.seed(layer_model, 0)(X)
+    no_count = lambda X: dgp.gp_layer("f", X, dgp.kernels.SquaredExponential(), num_inducing=True)  # noqa: E731
+    with pytest.raises(ValueError, match="gp_layer 'f': give num_inducing"):
+        numpyro.handlers.seed(no_count, 0)(X)
     for kwargs, name in [(dict(num_samples=True), "num_samples"), (dict(batch_size=0), "batch_size")]:
         with pytest.raises(ValueError, match=f"predict: {name} must be a positive integer"):
             dgp.predict(model, guide, params, jax.random.PRNGKey(0), X, **kwargs)
