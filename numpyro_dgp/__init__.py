@@ -8,7 +8,8 @@ Write a DGP with :func:`gp_layer`; choose inference by choosing a guide
 :func:`fit`; predict with :func:`predict` (or, deterministically, :func:`predict_moment_matched`
 and :func:`predict_collapsed`). Parameters handed to :func:`predict`,
 :func:`fit` or :func:`load_params` are checked against the model (:func:`check_params`,
-:class:`ParameterMismatchError`); data are checked at the door (:class:`InputScaleWarning`). Run MCMC on the same model (NUTS on
+:class:`ParameterMismatchError`); data are checked at the door (:class:`InputScaleWarning`).
+Run MCMC on the same model (NUTS on
 :class:`~numpyro_dgp.handlers.exact_layers` / :class:`~numpyro_dgp.handlers.latent_conditionals`,
 or :class:`~numpyro_dgp.infer.SGHMC`) and compare layer by layer with
 :mod:`numpyro_dgp.diagnostics`.
@@ -37,23 +38,23 @@ _SUBMODULES = (
 
 #: public names defined in submodules: name -> the module that defines it
 _ATTRIBUTES = {
-    "predict_collapsed": "_deterministic_prediction",
-    "predict_moment_matched": "_deterministic_prediction",
-    "gaussian_mixture_crps": "_metrics",
-    "log_likelihood": "_metrics",
-    "metrics": "_metrics",
-    "ParameterMismatchError": "_params",
-    "check_params": "_params",
-    "NonFinitePredictionWarning": "_prediction",
-    "Prediction": "_prediction",
-    "predict": "_prediction",
-    "predict_from_samples": "_sample_prediction",
-    "sample_layers": "_prediction",
+    "predict_collapsed": "_predict.deterministic",
+    "predict_moment_matched": "_predict.deterministic",
+    "gaussian_mixture_crps": "_predict.metrics",
+    "log_likelihood": "_predict.metrics",
+    "metrics": "_predict.metrics",
+    "ParameterMismatchError": "_persist.params",
+    "check_params": "_persist.params",
+    "NonFinitePredictionWarning": "_predict.prediction",
+    "Prediction": "_predict.prediction",
+    "predict": "_predict.prediction",
+    "predict_from_samples": "_predict.samples",
+    "sample_layers": "_predict.prediction",
     "ModelFileError": "_saved_model",
     "SavedModel": "_saved_model",
     "Standardization": "_saved_model",
     "load_model": "_saved_model",
-    "predictive_quantiles": "_quantiles",
+    "predictive_quantiles": "_predict.quantiles",
     "save_model": "_saved_model",
     "InputScaleWarning": "_validation",
     "FitResult": "infer",
@@ -61,7 +62,7 @@ _ATTRIBUTES = {
     "load_params": "io",
     "save_params": "io",
     "gp_layer": "layers",
-    "latent_input": "_latent",
+    "latent_input": "_layers.latent",
     "bernoulli_probit": "likelihoods",
     "CollapsedSparseGP": "objectives",
     "DGPElbo": "objectives",
@@ -72,14 +73,31 @@ _ATTRIBUTES = {
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from numpyro_dgp import (
-        cli, core, datasets, diagnostics, guides, handlers, infer, io, kernels, layers, likelihoods, models,
-        objectives, plots, posteriors, recipes, sde,
+        cli,
+        core,
+        datasets,
+        diagnostics,
+        guides,
+        handlers,
+        infer,
+        io,
+        kernels,
+        layers,
+        likelihoods,
+        models,
+        objectives,
+        plots,
+        posteriors,
+        recipes,
+        sde,
     )
-    from numpyro_dgp._deterministic_prediction import predict_collapsed, predict_moment_matched
-    from numpyro_dgp._metrics import gaussian_mixture_crps, log_likelihood, metrics
-    from numpyro_dgp._params import ParameterMismatchError, check_params
-    from numpyro_dgp._prediction import NonFinitePredictionWarning, Prediction, predict, sample_layers
-    from numpyro_dgp._sample_prediction import predict_from_samples
+    from numpyro_dgp._layers.latent import latent_input
+    from numpyro_dgp._persist.params import ParameterMismatchError, check_params
+    from numpyro_dgp._predict.deterministic import predict_collapsed, predict_moment_matched
+    from numpyro_dgp._predict.metrics import gaussian_mixture_crps, log_likelihood, metrics
+    from numpyro_dgp._predict.prediction import NonFinitePredictionWarning, Prediction, predict, sample_layers
+    from numpyro_dgp._predict.quantiles import predictive_quantiles
+    from numpyro_dgp._predict.samples import predict_from_samples
     from numpyro_dgp._saved_model import (
         ModelFileError,
         SavedModel,
@@ -87,11 +105,9 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
         load_model,
         save_model,
     )
-    from numpyro_dgp._quantiles import predictive_quantiles
     from numpyro_dgp._validation import InputScaleWarning
     from numpyro_dgp.infer import FitResult, fit
     from numpyro_dgp.io import load_params, save_params
-    from numpyro_dgp._latent import latent_input
     from numpyro_dgp.layers import gp_layer
     from numpyro_dgp.likelihoods import bernoulli_probit
     from numpyro_dgp.objectives import (

@@ -32,6 +32,7 @@ __all__ = [
     "apply_stack",
     "autocontinuous_layout",
     "handler_stack_is_empty",
+    "innermost_guide",
     "innermost_trace",
     "is_tracer",
     "lazy_param_initializer",
@@ -125,3 +126,11 @@ class _SoftplusLowerCholeskyTransform(_transforms.SoftplusLowerCholeskyTransform
 #: transform whose forward map and derivative are one gather each (the library's guides use it).
 softplus_lower_cholesky = _SoftplusLowerCholesky()
 _transforms.biject_to.register(_SoftplusLowerCholesky, lambda constraint: _SoftplusLowerCholeskyTransform())
+
+
+def innermost_guide(guide: Callable) -> Callable:
+    """The guide inside handlers that wrap it (``data_parallel(guide)``, ``fast_subsample``...):
+    follows NumPyro's ``Messenger.fn``."""
+    while isinstance(guide, _primitives.Messenger) and guide.fn is not None:
+        guide = guide.fn
+    return guide

@@ -10,19 +10,27 @@ type and ``infer`` key of that protocol is defined here, once, with the type of 
   ``"<layer>.encoder_input"``: what an amortized layer's encoder sees;
 * message :data:`LATENT_MESSAGE` (``"dgp_latent"``), named ``"<site>.latent"``: ``args =
   (LatentSpec,)``, ``kwargs = {"rng_key"}``, sent by ``latent_input`` before its sample site;
+* the attribute :data:`MODEL_CONFIG` (``"dgp_config"``) of a model built by a factory of
+  :mod:`numpyro_dgp.models`: ``{"factory", "arguments"}``;
 * ``infer`` keys: :data:`INDUCING` on a layer's ``"<layer>.u"`` sample site
   (:class:`InducingTag`), :data:`GAUSSIAN` and :data:`CONDITIONAL` on a guide's inducing
   sites (the Gaussian structure it declares, see :mod:`numpyro_dgp.posteriors`),
   :data:`FLOW` and :data:`BRANCHES` on layer messages (set by the ``sde_flow`` and
   ``quadrature`` handlers), :data:`QUADRATURE_AXIS`, :data:`AMORTIZED_KL` and
   :data:`IMPORTANCE_LOG_WEIGHTS` on sample sites (set by the inducing-marginalization engine).
+
+The messages are sent (:func:`send_layer`, :func:`send_encoder_input`, :func:`send_latent`) and
+read (:func:`layer_call`, :func:`message_rng_key`, ...) only through the functions below, so
+that the layout of a message (its ``args`` and ``kwargs``) is written down in this module alone.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
+
+from numpyro_dgp._compat import apply_stack
 
 __all__ = [
     "AMORTIZED_KL",
@@ -35,18 +43,33 @@ __all__ = [
     "INDUCING",
     "LATENT_MESSAGE",
     "LAYER_MESSAGE",
+    "MODEL_CONFIG",
     "QUADRATURE_AXIS",
     "BranchTag",
     "FlowTag",
     "InducingTag",
+    "LayerCall",
     "amortized_layer_names",
+    "attach_model_config",
+    "encoder_input_layer",
     "get_tag",
     "inducing_site_names",
     "inducing_tag",
     "is_layer_message",
+    "layer_call",
+    "layer_site",
     "latent_specs",
+    "message_latent_spec",
     "message_layer",
+    "message_rng_key",
+    "model_config",
     "quadrature_tail",
+    "replace_layer_inputs",
+    "request_full_cov",
+    "send_encoder_input",
+    "send_latent",
+    "send_layer",
+    "wants_full_cov",
     "trace_layer_names",
     "trace_layers",
     "with_tag",
@@ -58,6 +81,9 @@ LAYER_MESSAGE = "dgp_layer"
 ENCODER_INPUT_MESSAGE = "dgp_encoder_input"
 #: Message type announcing a latent input (``latent_input``): its spec and key.
 LATENT_MESSAGE = "dgp_latent"
+
+#: Attribute of a model built by a factory of :mod:`numpyro_dgp.models`: ``{"factory", "arguments"}``.
+MODEL_CONFIG = "dgp_config"
 
 #: On a ``"<layer>.u"`` sample site: :class:`InducingTag`.
 INDUCING = "dgp_inducing"
@@ -117,6 +143,112 @@ class BranchTag(NamedTuple):
     log_weights: jax.Array
 
 
+class LayerCall(NamedTuple):
+    """What a :data:`LAYER_MESSAGE` carries (its ``args``).
+
+    :ivar layer: the :class:`~numpyro_dgp.layers.Layer`.
+    :ivar inputs: ``(..., B, D)`` the layer's inputs.
+    :ivar inducing: the layer's inducing values ``u`` (its ``"<layer>.u"`` sample).
+    """
+
+    layer: Any
+    inputs: jax.Array
+    inducing: jax.Array
+
+
+def _send(msg_type: str, name: str, fn: Callable, args: tuple, **kwargs: Any) -> Any:
+    """Send a non-sample message through the handler stack; handlers may set its value, else
+    ``fn(*args, **kwargs)`` gives it."""
+    msg = {
+        "type": msg_type,
+        "name": name,
+        "fn": fn,
+        "args": args,
+        "kwargs": kwargs,
+        "value": None,
+        "scale": None,
+        "is_observed": False,
+        "intermediates": [],
+        "cond_indep_stack": [],
+        "infer": {},
+    }
+    return apply_stack(msg)["value"]
+
+
+def layer_site(layer_name: str) -> str:
+    """The name of a layer's :data:`LAYER_MESSAGE` (``"<layer>.layer"``)."""
+    return f"{layer_name}.layer"
+
+
+def send_layer(call: LayerCall, rng_key: jax.Array, propagate: Callable) -> Any:
+    """Send a layer's :data:`LAYER_MESSAGE`; its value (default ``propagate(*call, rng_key=,
+    full_cov=False)``) is the layer's output."""
+    return _send(LAYER_MESSAGE, layer_site(call.layer.name), propagate, tuple(call), rng_key=rng_key, full_cov=False)
+
+
+def send_encoder_input(layer_name: str, inputs: jax.Array, default: Callable) -> Any:
+    """Send an amortized layer's :data:`ENCODER_INPUT_MESSAGE`; its value (default
+    ``default(inputs)``) is what the layer's encoder sees."""
+    return _send(ENCODER_INPUT_MESSAGE, f"{layer_name}.encoder_input", default, (inputs,))
+
+
+def encoder_input_layer(msg: dict) -> str:
+    """The name of the layer an :data:`ENCODER_INPUT_MESSAGE` belongs to."""
+    return msg["name"][: -len(".encoder_input")]
+
+
+def send_latent(spec: Any, rng_key: jax.Array) -> None:
+    """Announce a latent input (:data:`LATENT_MESSAGE`, ``spec`` a ``LatentSpec``) before its
+    sample site."""
+    _send(LATENT_MESSAGE, f"{spec.name}.latent", _spec_itself, (spec,), rng_key=rng_key)
+
+
+def _spec_itself(spec: Any, rng_key: jax.Array) -> Any:
+    return spec
+
+
+def layer_call(msg: dict) -> LayerCall:
+    """The layer, inputs and inducing values of a :data:`LAYER_MESSAGE`."""
+    return LayerCall(*msg["args"])
+
+
+def replace_layer_inputs(msg: dict, inputs: jax.Array) -> None:
+    """Evaluate a :data:`LAYER_MESSAGE`'s layer at ``inputs`` instead."""
+    msg["args"] = tuple(layer_call(msg)._replace(inputs=inputs))
+
+
+def message_rng_key(msg: dict) -> jax.Array:
+    """The random key a :data:`LAYER_MESSAGE` or :data:`LATENT_MESSAGE` was sent with."""
+    return msg["kwargs"]["rng_key"]
+
+
+def wants_full_cov(msg: dict) -> bool:
+    """Whether a :data:`LAYER_MESSAGE` asks for a joint draw over its inputs."""
+    return bool(msg["kwargs"].get("full_cov", False))
+
+
+def request_full_cov(msg: dict) -> None:
+    """Ask a :data:`LAYER_MESSAGE` for a joint draw over its inputs."""
+    msg["kwargs"] = {**msg["kwargs"], "full_cov": True}
+
+
+def message_latent_spec(msg: dict) -> Any:
+    """The ``LatentSpec`` a :data:`LATENT_MESSAGE` (message or trace site) carries."""
+    return msg["args"][0]
+
+
+def attach_model_config(model: Callable, factory: str, arguments: dict) -> None:
+    """Record on ``model`` the factory of :mod:`numpyro_dgp.models` that built it and its
+    arguments (attribute :data:`MODEL_CONFIG`)."""
+    setattr(model, MODEL_CONFIG, {"factory": factory, "arguments": dict(arguments)})
+
+
+def model_config(model: Any) -> dict | None:
+    """``{"factory", "arguments"}`` of a model built by a factory of :mod:`numpyro_dgp.models`,
+    ``None`` for any other model."""
+    return getattr(model, MODEL_CONFIG, None)
+
+
 def get_tag(site: dict, key: str, default: Any = None) -> Any:
     """``site["infer"][key]``, or ``default`` where the site has no such tag."""
     return (site.get("infer") or {}).get(key, default)
@@ -139,7 +271,7 @@ def is_layer_message(msg: dict) -> bool:
 
 def message_layer(msg: dict) -> Any:
     """The :class:`~numpyro_dgp.layers.Layer` a :data:`LAYER_MESSAGE` carries (its first argument)."""
-    return msg["args"][0]
+    return layer_call(msg).layer
 
 
 def trace_layers(trace: dict) -> list:
@@ -166,7 +298,8 @@ def quadrature_tail(trace: dict) -> list[str]:
 def latent_specs(trace: dict) -> dict:
     """``{site name: LatentSpec}`` of the latent inputs of a model trace (from their
     :data:`LATENT_MESSAGE` sites)."""
-    return {site["args"][0].name: site["args"][0] for site in trace.values() if site.get("type") == LATENT_MESSAGE}
+    specs = [message_latent_spec(site) for site in trace.values() if site.get("type") == LATENT_MESSAGE]
+    return {spec.name: spec for spec in specs}
 
 
 def amortized_layer_names(trace: dict) -> list[str]:

@@ -40,6 +40,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from numpyro_dgp import __version__
+from numpyro_dgp._protocol import model_config
 from numpyro_dgp._validation import check_positive_int
 
 __all__ = [
@@ -182,10 +183,10 @@ def _encode_value(value: Any, where: str) -> Any:
 
 
 def _encode_kernel(kernel: Any, where: str) -> dict:
-    from numpyro_dgp.kernels import _Combination
+    from numpyro_dgp.kernels import Product, Sum
 
     name = type(kernel).__name__
-    if isinstance(kernel, _Combination):
+    if isinstance(kernel, (Sum, Product)):
         return {"type": name, "kernels": [_encode_kernel(k, where) for k in kernel.kernels]}
     fields = {f.name: _encode_value(getattr(kernel, f.name), f"{where}.{f.name}")
               for f in dataclasses.fields(kernel)}
@@ -217,7 +218,7 @@ def _decode_kernel(data: dict) -> Any:
 
 
 def _guide_config(guide: Any) -> dict:
-    from numpyro_dgp._autoguides import innermost_guide
+    from numpyro_dgp._compat import innermost_guide
 
     inner = innermost_guide(guide)
     name = type(inner).__name__
@@ -315,7 +316,7 @@ def save_model(
     from numpyro_dgp.io import save_params
 
     path = Path(os.fspath(path)).expanduser()
-    config = getattr(model, "dgp_config", None)
+    config = model_config(model)
     if not isinstance(config, dict) or config.get("factory") not in _FACTORIES:
         raise TypeError("save_model: model must be built by numpyro_dgp.models.deep_gp_regression, diffgp or "
                         "amortized_dgp (a model of your own: save its parameters with save_params)")
@@ -427,7 +428,7 @@ class SavedModel:
             classification: class probabilities; counts: as predicted).
         :raises ValueError: ``X`` without ``D`` columns.
         """
-        from numpyro_dgp._prediction import predict
+        from numpyro_dgp._predict.prediction import predict
 
         X = np.asarray(X)
         if X.ndim != 2 or X.shape[1] != self.input_dim:
@@ -537,7 +538,7 @@ def load_model(path: os.PathLike | str) -> SavedModel:
         (with the same upgrade hint).
     :raises ValueError: float64 parameters while JAX's 64-bit mode is off.
     """
-    from numpyro_dgp._params import STRICT_HINT, check_params_against, param_specs, set_up_guide
+    from numpyro_dgp._persist.params import STRICT_HINT, check_params_against, param_specs, set_up_guide
     from numpyro_dgp.io import load_params
 
     path = Path(os.fspath(path)).expanduser()

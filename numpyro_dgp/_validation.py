@@ -19,11 +19,19 @@ __all__ = [
     "InputScaleWarning",
     "SCALE_LIMITS",
     "as_float_array",
+    "check_choice",
+    "check_directory",
+    "check_file",
     "check_finite",
+    "check_interval",
+    "check_mapping",
+    "check_name",
+    "check_present",
     "non_finite_entries",
     "check_positive_int",
     "check_positive_number",
     "concrete",
+    "is_array",
     "targets",
     "warn_if_not_standardized",
 ]
@@ -48,6 +56,12 @@ class InputScaleWarning(UserWarning):
     :func:`numpyro_dgp.predict` (test inputs above the upper limit); silence it with
     ``warnings.filterwarnings("ignore", category=InputScaleWarning)``.
     """
+
+
+def is_array(x: Any) -> bool:
+    """Whether ``x`` is an array (JAX or NumPy): what the compiled drivers trace rather than
+    treat as a static argument."""
+    return isinstance(x, (jax.Array, np.ndarray))
 
 
 def concrete(x: Any) -> np.ndarray | None:
@@ -223,6 +237,105 @@ def check_positive_number(value: Any, name: str, caller: str, allow_zero: bool =
     if isinstance(value, bool) or not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
         kind = "non-negative" if allow_zero else "positive"
         raise ValueError(f"{caller}: {name} must be a finite {kind} number, got {value!r}")
+
+
+def check_choice(value: Any, choices: Any, name: str, caller: str, error: type[Exception] = ValueError) -> None:
+    """Raise unless ``value`` is one of ``choices``.
+
+    :param value: the value.
+    :param choices: the accepted values (a tuple, or a dict whose keys are).
+    :param name: the argument's name in messages.
+    :param caller: the function in messages.
+    :param error: the exception type (``NotImplementedError`` for a mode that exists elsewhere).
+    :raises ValueError: (or ``error``) naming the accepted values.
+    """
+    try:
+        accepted = value in choices
+    except TypeError:  # an unhashable value against a dict or set
+        accepted = False
+    if not accepted:
+        raise error(f"{caller}: {name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def check_interval(value: Any, name: str, caller: str, low: float = -math.inf, high: float = math.inf,
+                   closed: str = "neither") -> None:
+    """Raise unless ``value`` is a finite number between ``low`` and ``high``.
+
+    :param value: the value.
+    :param name: the argument's name in messages.
+    :param caller: the function in messages.
+    :param low: the lower end.
+    :param high: the upper end.
+    :param closed: which ends belong to the interval: ``"neither"``, ``"low"``, ``"high"`` or ``"both"``.
+    :raises ValueError: otherwise, with the interval in the usual notation.
+    """
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    low_ok = number >= low if closed in ("low", "both") else number > low
+    high_ok = number <= high if closed in ("high", "both") else number < high
+    if isinstance(value, bool) or not (math.isfinite(number) and low_ok and high_ok):
+        left = "[" if closed in ("low", "both") else "("
+        right = "]" if closed in ("high", "both") else ")"
+        raise ValueError(f"{caller}: {name} must be a number in {left}{low}, {high}{right}, got {value!r}")
+
+
+def check_name(value: Any, name: str, caller: str) -> None:
+    """Raise unless ``value`` is a non-empty string (a site or layer name).
+
+    :raises ValueError: otherwise.
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{caller}: {name} must be a non-empty string, got {value!r}")
+
+
+def check_mapping(value: Any, name: str, caller: str, allow_empty: bool = False) -> None:
+    """Raise unless ``value`` is a dict (non-empty unless ``allow_empty``).
+
+    :raises ValueError: otherwise.
+    """
+    if not isinstance(value, dict) or not (value or allow_empty):
+        what = "a dict" if allow_empty else "a non-empty dict"
+        raise ValueError(f"{caller}: {name} must be {what}, got {type(value).__name__} {value!r:.80}")
+
+
+def check_present(required: Any, present: Any, what: str, caller: str) -> None:
+    """Raise if some of ``required`` is not in ``present`` (names the missing ones, sorted).
+
+    :param required: the names that must be there.
+    :param present: what holds them (a dict, a set, a trace...).
+    :param what: the holder in messages (``"samples"``, ``"the VI result"``).
+    :param caller: the function in messages.
+    :raises ValueError: naming the missing entries.
+    """
+    missing = sorted(str(name) for name in required if name not in present)
+    if missing:
+        raise ValueError(f"{caller}: {what} lack {missing}")
+
+
+def check_file(path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError) -> None:
+    """Raise unless ``path`` is an existing file.
+
+    :param path: the path (``pathlib.Path``).
+    :param what: the file in messages (``"data file"``).
+    :param caller: the function in messages.
+    :param error: the exception type.
+    :raises FileNotFoundError: (or ``error``) naming the path.
+    """
+    if not path.is_file():
+        state = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise error(f"{caller}: {what} {str(path)!r} {state}")
+
+
+def check_directory(path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError) -> None:
+    """Raise unless ``path`` is an existing directory.
+
+    :raises FileNotFoundError: (or ``error``) naming the path.
+    """
+    if not path.is_dir():
+        state = "is a file, not a directory" if path.exists() else "does not exist"
+        raise error(f"{caller}: {what} {str(path)!r} {state}")
 
 
 def _feature_spread(X: np.ndarray) -> np.ndarray:

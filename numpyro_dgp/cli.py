@@ -34,7 +34,7 @@ __all__ = ["build_parser", "main"]
 
 
 def _parse_splits(text: str) -> list[int]:
-    from numpyro_dgp._uci_files import parse_splits  # not datasets: that imports JAX
+    from numpyro_dgp._persist.uci_files import parse_splits  # not datasets: that imports JAX
 
     try:
         return parse_splits(text)
@@ -118,7 +118,7 @@ def cmd_uci(args: argparse.Namespace) -> int:
     :raises ValueError: ``--num-inducing`` above the number of training points.
     """
     # the data directory, the data set and the splits are checked before JAX is imported
-    from numpyro_dgp._uci_files import num_uci_splits
+    from numpyro_dgp._persist.uci_files import num_uci_splits
 
     available = num_uci_splits(args.dataset, args.data_dir)
     bad = [s for s in args.splits if not 0 <= s < available]
@@ -219,7 +219,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from numpyro_dgp._tables import read_table  # NumPy only: a bad table is reported before JAX loads
+    from numpyro_dgp._persist.tables import read_table  # NumPy only: a bad table is reported before JAX loads
 
     targets = args.target
     masked = args.missing_targets == "mask"
@@ -301,7 +301,7 @@ def _scores_text(pred, y, targets: list[str]) -> str:
     import numpy as np
 
     from numpyro_dgp import metrics
-    from numpyro_dgp._prediction import take_points
+    from numpyro_dgp._predict.prediction import take_points
 
     y = np.asarray(y, np.float64)
     if pred.likelihood in ("bernoulli", "categorical"):
@@ -325,7 +325,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """
     import json
 
-    from numpyro_dgp._tables import read_table  # NumPy only: a bad table is reported before JAX loads
+    from numpyro_dgp._persist.tables import read_table  # NumPy only: a bad table is reported before JAX loads
 
     table = read_table(args.data)
     config_path = Path(args.model_dir) / "model.json"

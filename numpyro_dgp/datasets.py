@@ -33,18 +33,18 @@ import jax.numpy as jnp
 import numpy as np
 from numpy.typing import DTypeLike
 
-from numpyro_dgp import _uci_files
-from numpyro_dgp._tables import Table, read_table
-from numpyro_dgp._uci_files import (
-    _check_split,
-    _dataset_dir,
-    _read_features_and_target,
-    _read_indices,
-    _standardize_stats,
+from numpyro_dgp._persist import uci_files as _uci_files
+from numpyro_dgp._persist.tables import Table, read_table
+from numpyro_dgp._persist.uci_files import (
+    check_split,
+    dataset_dir,
     default_data_dir,
     num_uci_splits,
     parse_splits,
+    read_features_and_target,
+    read_indices,
     resolve_uci_name,
+    standardize_stats,
 )
 
 __all__ = [
@@ -292,10 +292,10 @@ def uci_split_indices(
     :return: ``(train_idx (N,), test_idx (N*,))`` 0-based ``int64`` row indices into
         ``data.txt``.
     """
-    canonical, folder = _dataset_dir(name, data_dir)
-    split = _check_split(split, num_uci_splits(folder), canonical)
-    train_idx = _read_indices(folder / f"index_train_{split}.txt")
-    test_idx = _read_indices(folder / f"index_test_{split}.txt")
+    canonical, folder = dataset_dir(name, data_dir)
+    split = check_split(split, num_uci_splits(folder), canonical)
+    train_idx = read_indices(folder / f"index_train_{split}.txt")
+    test_idx = read_indices(folder / f"index_test_{split}.txt")
     return train_idx, test_idx
 
 
@@ -326,12 +326,12 @@ def load_uci(
     dtype = np.dtype(dtype)
     if dtype.kind != "f":
         raise ValueError(f"dtype must be a floating dtype, got {dtype}")
-    canonical, folder = _dataset_dir(name, data_dir)
-    split = _check_split(split, num_uci_splits(folder), canonical)
-    X, y, num_rows = _read_features_and_target(folder)
+    canonical, folder = dataset_dir(name, data_dir)
+    split = check_split(split, num_uci_splits(folder), canonical)
+    X, y, num_rows = read_features_and_target(folder)
 
-    train_idx = _read_indices(folder / f"index_train_{split}.txt", upper=num_rows)
-    test_idx = _read_indices(folder / f"index_test_{split}.txt", upper=num_rows)
+    train_idx = read_indices(folder / f"index_train_{split}.txt", upper=num_rows)
+    test_idx = read_indices(folder / f"index_test_{split}.txt", upper=num_rows)
     overlap = np.intersect1d(train_idx, test_idx)
     if overlap.size:
         raise ValueError(
@@ -380,8 +380,8 @@ def random_uci_split(
         )
     if part not in ("test", "validation"):
         raise ValueError(f"random_uci_split: part must be 'test' or 'validation', got {part!r}")
-    canonical, folder = _dataset_dir(name, data_dir)
-    X, y, num_rows = _read_features_and_target(folder)
+    canonical, folder = dataset_dir(name, data_dir)
+    X, y, num_rows = read_features_and_target(folder)
     perm = np.random.default_rng(int(seed)).permutation(num_rows)
     num_train = int(round(train_fraction * num_rows))
     num_test = min(int(round(test_fraction * num_rows)), num_rows - num_train)
@@ -399,8 +399,8 @@ def _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split):
     X_train, X_test = X[train_idx], X[test_idx]
     y_train, y_test = y[train_idx], y[test_idx]
 
-    x_mean, x_std = _standardize_stats(X_train)
-    y_mean, y_std = _standardize_stats(y_train)
+    x_mean, x_std = standardize_stats(X_train)
+    y_mean, y_std = standardize_stats(y_train)
 
     return UCISplit(
         X_train=((X_train - x_mean) / x_std).astype(dtype),

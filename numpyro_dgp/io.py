@@ -303,7 +303,7 @@ def _to_jax(tree: dict, key_path: tuple[str, ...], path: Path) -> dict:
 def _check_against_model(params: dict, model: Callable, guide: Callable | None, args: tuple, kwargs: dict,
                          strict: bool, path: Path) -> None:
     # imported here: numpyro_dgp.io stays light (no model machinery) for plain loads
-    from numpyro_dgp._params import STRICT_HINT, check_params_against, param_specs, set_up_guide
+    from numpyro_dgp._persist.params import STRICT_HINT, check_params_against, param_specs, set_up_guide
 
     if guide is not None:
         set_up_guide(guide, jax.random.PRNGKey(0), args, kwargs)

@@ -91,7 +91,8 @@ class Kernel:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        jax.tree_util.register_pytree_node(cls, _flatten_kernel, lambda aux, leaves: _unflatten_kernel(cls, aux, leaves))
+        jax.tree_util.register_pytree_node(
+            cls, _flatten_kernel, lambda aux, leaves: _unflatten_kernel(cls, aux, leaves))
 
     def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
         """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default ``X1``)."""

@@ -9,7 +9,7 @@ A call ``gp_layer("h1", X, kernel, num_inducing=50, out_dim=2)`` inside a model
    (whitened: prior ``N(0, I)`` per output; otherwise ``N(0, K(Z, Z))``; always the
    residual about the mean function), tagged with an :class:`~numpyro_dgp._protocol.InducingTag`
    (read it with :func:`numpyro_dgp._protocol.inducing_tag`);
-3. emits one message of type ``"dgp_layer"`` named ``"h1.layer"`` whose default handling
+3. emits one layer message (:data:`~numpyro_dgp._protocol.LAYER_MESSAGE`) named ``"h1.layer"`` whose default handling
    draws the layer's output at ``X`` from ``p(f(X) | u)`` point by point (DSVI propagation);
    handlers (``DGPElbo``'s analytic marginalization, coherent sampling, ...) reinterpret it;
 4. records the output as ``numpyro.deterministic("h1", f)`` so ``Predictive`` returns it.
@@ -64,20 +64,25 @@ import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
-from numpyro_dgp._layer_parts import (
-    _check_amortized_args,
-    _check_layer_args,
-    _check_layer_kind,
-    _LayerArgs,
-    _default_encoder_input,
-    _emit,
+from numpyro_dgp._layers.parts import (
     MEAN_FUNCTIONS,
-    _hyperparameters,
-    _mean_function,
-    _noise_variance,
+    LayerArgs,
+    check_amortized_args,
+    check_layer_args,
+    check_layer_kind,
+    default_encoder_input,
+    hyperparameter_sites,
+    mean_function,
     mean_projection,
+    noise_variance,
 )
-from numpyro_dgp._protocol import ENCODER_INPUT_MESSAGE, INDUCING, LAYER_MESSAGE, InducingTag
+from numpyro_dgp._protocol import (
+    INDUCING,
+    InducingTag,
+    LayerCall,
+    send_encoder_input,
+    send_layer,
+)
 from numpyro_dgp.core import (
     affine_inducing_inputs,
     conditional,
@@ -141,7 +146,7 @@ def layer_moments(
     noise (``gp_layer(..., noise=...)``) outputs ``f(X) + eps``: its noise variance is added to
     the variances (to the diagonal of the covariances).
 
-    :param layer: the layer (from its ``"dgp_layer"`` message).
+    :param layer: the layer (from its layer message).
     :param X: ``(N, D)`` layer inputs, or ``(S, N, D)`` with a leading branch axis (marginals
         only).
     :param q_mean: ``(P, M)`` (per-point inducing sets: ``(..., B, P, M)``, one set per point).
@@ -245,7 +250,7 @@ def _diagonal_draw(rng_key: jax.Array, mean: jax.Array, var: jax.Array) -> jax.A
 
 
 def _propagate(layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array, full_cov: bool = False) -> jax.Array:
-    """Default handling of a ``"dgp_layer"`` message: draw ``f(X) ~ p(f | u)``."""
+    """Default handling of a layer message: draw ``f(X) ~ p(f | u)``."""
     mean, var = layer_moments(layer, X, u, None, full_cov)
     return sample_moments(rng_key, mean, var, full_cov, layer.jitter)
 
@@ -312,7 +317,7 @@ def gp_layer(
         is not a ``Distribution``.
     :raises RuntimeError: if the model does not run under a ``seed`` handler.
     """
-    _check_layer_kind(name, kernel, inducing)
+    check_layer_kind(name, kernel, inducing)
     if inducing == "amortized":
         return _amortized_layer(
             name, X, kernel, num_inducing=num_inducing, out_dim=out_dim, mean=mean,
@@ -320,13 +325,13 @@ def gp_layer(
             learn_hyperparameters=learn_hyperparameters, priors=priors, whiten=whiten,
             jitter=jitter, average_kl=average_kl, noise=noise,
         )
-    args = _check_layer_args(name, X, kernel, num_inducing=num_inducing, out_dim=out_dim, priors=priors,
+    args = check_layer_args(name, X, kernel, num_inducing=num_inducing, out_dim=out_dim, priors=priors,
                              whiten=whiten, jitter=jitter, inducing=inducing, inducing_inputs=inducing_inputs)
     X, in_dim = args.X, args.X.shape[-1]
-    kernel = _hyperparameters(name, kernel.with_input_dim(in_dim), X.dtype, args.priors, learn_hyperparameters)
+    kernel = hyperparameter_sites(name, kernel.with_input_dim(in_dim), X.dtype, args.priors, learn_hyperparameters)
     Z = _inducing_inputs(name, args, num_inducing, learn_inducing)
-    mean_fn, mean_affine = _mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
-    noise = _noise_variance(name, noise, X.dtype)
+    mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
+    noise = noise_variance(name, noise, X.dtype)
     Kmm_chol, jitter = _inducing_factor(kernel, Z, args.jitter)
     # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
     prior_mean = mean_fn(Z).T if args.locations else jnp.zeros((out_dim, Z.shape[0]), X.dtype)
@@ -346,7 +351,7 @@ def gp_layer(
     return (out, u.T) if args.locations else out
 
 
-def _inducing_inputs(name: str, args: _LayerArgs, num_inducing: int | None, learn_inducing: bool) -> jax.Array:
+def _inducing_inputs(name: str, args: LayerArgs, num_inducing: int | None, learn_inducing: bool) -> jax.Array:
     """The layer's inducing inputs: the propagated locations, or a parameter initialized from the
     given inputs or by k-means on ``X``."""
     if args.propagated_Z is not None:
@@ -398,14 +403,14 @@ def _mean_diagonal(K: jax.Array) -> jax.Array:
 
 
 def _emit_layer(layer: Layer, X: jax.Array, u: jax.Array) -> jax.Array:
-    """Send the layer's ``"dgp_layer"`` message (default: draw ``f(X) | u``) and record the output."""
+    """Send the layer's message (default: draw ``f(X) | u``) and record the output."""
     rng_key = numpyro.prng_key()
     if rng_key is None:
         raise RuntimeError(
             f"gp_layer {layer.name!r} needs a random key: run the model under numpyro.handlers.seed "
             "(SVI, MCMC and Predictive do this)"
         )
-    out = _emit(LAYER_MESSAGE, f"{layer.name}.layer", _propagate, (layer, X, u), rng_key=rng_key, full_cov=False)
+    out = send_layer(LayerCall(layer, X, u), rng_key, _propagate)
     numpyro.deterministic(layer.name, out)
     return out
 
@@ -428,13 +433,13 @@ def _amortized_layer(
     noise: float | None,
 ) -> jax.Array:
     """``gp_layer(..., inducing="amortized")``: per-point inducing sets (Meng & Zhang 2024)."""
-    X, data_plate, jitter = _check_amortized_args(name, X, kernel, num_inducing=num_inducing, out_dim=out_dim,
+    X, data_plate, jitter = check_amortized_args(name, X, kernel, num_inducing=num_inducing, out_dim=out_dim,
                                                   inducing_inputs=inducing_inputs, priors=priors, whiten=whiten,
                                                   jitter=jitter)
     D, M = X.shape[-1], int(num_inducing)
-    kernel = _hyperparameters(name, kernel.with_input_dim(D), X.dtype, {}, learn_hyperparameters)
-    mean_fn, mean_affine = _mean_function(name, mean, X.reshape(-1, D), D, out_dim)
-    noise = _noise_variance(name, noise, X.dtype)
+    kernel = hyperparameter_sites(name, kernel.with_input_dim(D), X.dtype, {}, learn_hyperparameters)
+    mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, D), D, out_dim)
+    noise = noise_variance(name, noise, X.dtype)
     Z, p = _amortized_inducing_inputs(name, X, M, learn_inducing)
     Kzz = jax.vmap(kernel)(Z.reshape(-1, M, D)).reshape(Z.shape[:-1] + (M,))
     # The jitter is relative to each set's prior variance: float32 round-off in K(Z_n, Z_n)
@@ -469,12 +474,13 @@ def _amortized_inducing_inputs(name: str, X: jax.Array, M: int, learn_inducing: 
     ``z_m = W_m p + b_m`` of its encoder input ``p`` (``W_m = I``, ``b_m ~ N(0, I)`` at the start,
     from a key fixed by the name, so every run of the model starts from the same maps)."""
     B, D = X.shape[-2], X.shape[-1]
-    weight = numpyro.param(f"{name}.inducing_maps.weight", lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)))
+    weight = numpyro.param(f"{name}.inducing_maps.weight",
+                           lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)))
     bias_key = jax.random.PRNGKey(zlib.crc32(name.encode()))
     bias = numpyro.param(f"{name}.inducing_maps.bias", lambda _: jax.random.normal(bias_key, (M, D), X.dtype))
     if not learn_inducing:
         weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
-    p = _emit(ENCODER_INPUT_MESSAGE, f"{name}.encoder_input", _default_encoder_input, (X,))
+    p = send_encoder_input(name, X, default_encoder_input)
     p = jnp.asarray(p, X.dtype)
     if p.shape[-2] != B or p.shape[-1] != D or p.ndim not in (2, 3):
         raise ValueError(f"gp_layer {name!r}: the encoder input must have shape (..., {B}, {D}), got {p.shape}")

@@ -5,7 +5,7 @@ expectation over the layer's Gaussian marginal in closed form where this module 
 (the ``expected_log_prob`` method of :class:`PoissonLogLink`, :class:`HeteroscedasticNormal`
 and :class:`RobustMax`, used when the distribution is built from the layer's whole output),
 by Gauss-Hermite quadrature for one output, and by Monte Carlo draws otherwise
-(:func:`numpyro_dgp._observation.likelihood_rule`); :func:`~numpyro_dgp.predict` returns the
+(:func:`numpyro_dgp._engine.observation.likelihood_rule`); :func:`~numpyro_dgp.predict` returns the
 predictive distribution of the observation and :func:`~numpyro_dgp.metrics` its scores.
 
 The recipes take the last layer's output ``f`` of shape ``(..., N, P)``; an output axis of

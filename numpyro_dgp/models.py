@@ -35,6 +35,7 @@ from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 from numpyro.primitives import Messenger
 
+from numpyro_dgp._protocol import attach_model_config
 from numpyro_dgp._validation import (
     as_float_array,
     check_finite,
@@ -155,7 +156,8 @@ class Observation(NamedTuple):
         if name == "robust_max":
             return likelihoods.robust_max(f)
         if name == "student_t":
-            df = numpyro.param("df", jnp.full(self._noise_shape(), 4.0, dtype), constraint=constraints.greater_than(1.0))
+            df = numpyro.param("df", jnp.full(self._noise_shape(), 4.0, dtype),
+                               constraint=constraints.greater_than(1.0))
             scale = numpyro.param("scale", jnp.full(self._noise_shape(), np.sqrt(self.noise_init), dtype),
                                   constraint=constraints.positive)
             return likelihoods.student_t(f, df, scale)
@@ -293,9 +295,9 @@ def _arguments(arguments: dict) -> dict:
 
 
 def _remember(model, factory, arguments):
-    """Attach ``dgp_config = {"factory", "arguments"}`` to a factory's model, so that
+    """Attach ``{"factory", "arguments"}`` to a factory's model, so that
     :func:`numpyro_dgp.save_model` can write it and :func:`numpyro_dgp.load_model` rebuild it."""
-    model.dgp_config = {"factory": factory, "arguments": dict(arguments)}
+    attach_model_config(model, factory, arguments)
     return model
 
 

@@ -28,13 +28,13 @@ import numpyro
 from jax.typing import ArrayLike
 from numpyro.infer import SVI
 
+from numpyro_dgp._predict.metrics import metrics
+from numpyro_dgp._predict.prediction import predict, sample_layers
 from numpyro_dgp.datasets import Dataset, load_uci, step_function
 from numpyro_dgp.guides import AutoFactorizedDGP
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.models import deep_gp_regression
 from numpyro_dgp.objectives import DGPElbo
-from numpyro_dgp._metrics import metrics
-from numpyro_dgp._prediction import predict, sample_layers
 
 __all__ = [
     "RunResult",

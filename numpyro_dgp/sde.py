@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from numpyro_dgp._marginal_run import marginal_trace
+from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp._protocol import FLOW, get_tag
 from numpyro_dgp.core import kmeans
 from numpyro_dgp.handlers import sde_flow

@@ -385,3 +385,47 @@ def test_tree_all_finite_reads_every_floating_leaf_and_skips_counters():
         broken = {**tree, "b": (jnp.zeros((2, 2)).at[1, 0].set(bad), tree["b"][1])}
         assert not bool(_validation.tree_all_finite(tree, broken))
         assert not bool(jax.jit(_validation.tree_all_finite)(broken))
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: _validation.check_choice("qr", ("chol", "eig"), "method", "f"), ValueError,
+     r"f: method must be one of \('chol', 'eig'\), got 'qr'"),
+    (lambda: _validation.check_choice([1], {"a": 1}, "mode", "f", NotImplementedError), NotImplementedError,
+     r"f: mode must be one of \('a',\), got \[1\]"),
+    (lambda: _validation.check_interval(1.0, "level", "f", 0.0, 1.0), ValueError,
+     r"f: level must be a number in \(0.0, 1.0\), got 1.0"),
+    (lambda: _validation.check_interval(-0.5, "p", "f", 0.0, 1.0, closed="low"), ValueError, r"in \[0.0, 1.0\)"),
+    (lambda: _validation.check_interval(float("nan"), "p", "f", closed="both"), ValueError, "got nan"),
+    (lambda: _validation.check_interval(True, "p", "f"), ValueError, "got True"),
+    (lambda: _validation.check_name("  ", "name", "f"), ValueError, "f: name must be a non-empty string"),
+    (lambda: _validation.check_name(3, "name", "f"), ValueError, "got 3"),
+    (lambda: _validation.check_mapping({}, "inputs", "f"), ValueError, "f: inputs must be a non-empty dict"),
+    (lambda: _validation.check_mapping([1], "inputs", "f", allow_empty=True), ValueError, "must be a dict, got list"),
+    (lambda: _validation.check_present(["b", "a", "c"], {"c": 1}, "samples", "f"), ValueError,
+     r"f: samples lack \['a', 'b'\]"),
+])
+def test_generic_checks_fire_with_the_argument_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_generic_checks_pass_what_they_accept(tmp_path):
+    _validation.check_choice("eig", ("chol", "eig"), "method", "f")
+    _validation.check_interval(0.0, "p", "f", 0.0, 1.0, closed="low")
+    _validation.check_interval(1.0, "p", "f", 0.0, 1.0, closed="both")
+    _validation.check_name("h1", "name", "f")
+    _validation.check_mapping({}, "inputs", "f", allow_empty=True)
+    _validation.check_present(["a"], {"a": 1, "b": 2}, "samples", "f")
+    (tmp_path / "x.txt").write_text("")
+    _validation.check_file(tmp_path / "x.txt", "data file", "f")
+    _validation.check_directory(tmp_path, "data folder", "f")
+
+
+def test_path_checks_say_what_is_wrong_with_the_path(tmp_path):
+    (tmp_path / "x.txt").write_text("")
+    with pytest.raises(FileNotFoundError, match="f: data file '.*missing.txt' does not exist"):
+        _validation.check_file(tmp_path / "missing.txt", "data file", "f")
+    with pytest.raises(FileNotFoundError, match="is a directory, not a file"):
+        _validation.check_file(tmp_path, "data file", "f")
+    with pytest.raises(NotADirectoryError, match="f: data folder '.*x.txt' is a file, not a directory"):
+        _validation.check_directory(tmp_path / "x.txt", "data folder", "f", NotADirectoryError)

@@ -11,21 +11,21 @@ import scipy.linalg  # noqa: E402
 from scipy.stats import multivariate_normal  # noqa: E402
 
 from numpyro_dgp import core  # noqa: E402
-from tests._mc import z_threshold  # noqa: E402
 from numpyro_dgp.core import (  # noqa: E402
+    cholesky,
     conditional,
     default_jitter,
     expected_log_normal,
     gauss_hermite,
     gauss_hermite_product,
     gauss_kl,
-    cholesky,
     jittered_cholesky,
     kmeans,
     project,
     robust_cholesky,
     triangular_inverse,
 )
+from tests._mc import z_threshold  # noqa: E402
 
 RTOL = 1e-8
 ATOL = 1e-8

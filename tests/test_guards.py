@@ -29,7 +29,7 @@ from numpyro.infer.autoguide import AutoNormal
 
 import numpyro_dgp as dgp
 from numpyro_dgp import diagnostics
-from numpyro_dgp._marginal import layers_by_u_site, marginalize_inducing
+from numpyro_dgp._engine.marginal import layers_by_u_site, marginalize_inducing
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP
 from numpyro_dgp.handlers import collapse_last_layer, exact_layers, quadrature, sde_flow
 from numpyro_dgp.infer import fit_minibatches
@@ -73,11 +73,11 @@ def _x64_disabled():
     return jax.enable_x64(False)
 
 
-# --- _marginal.py ---------------------------------------------------------------------------
+# --- _engine/marginal.py ---------------------------------------------------------------------------
 
 
 def test_dgp_elbo_refuses_a_model_without_gp_layer():
-    """_marginal.py final_layer_name: DGPElbo on a model with no gp_layer (nothing to marginalize)."""
+    """_engine/marginal.py final_layer_name: DGPElbo on a model with no gp_layer (nothing to marginalize)."""
 
     def plain(X, y=None):
         m = numpyro.sample("m", dist.Normal(0.0, 1.0))
@@ -91,7 +91,7 @@ def test_dgp_elbo_refuses_a_model_without_gp_layer():
 
 
 def test_marginalize_refuses_unbranched_inputs_after_a_branching_layer():
-    """_marginal.py _branch_spec: a layer fed the unbranched inputs after another layer branched them."""
+    """_engine/marginal.py _branch_spec: a layer fed the unbranched inputs after another layer branched them."""
 
     def model(X, y=None):
         with quadrature(num_points=3, learnable=False):
@@ -103,7 +103,7 @@ def test_marginalize_refuses_unbranched_inputs_after_a_branching_layer():
 
 
 def test_marginalize_refuses_layers_with_different_numbers_of_branches():
-    """_marginal.py _branch_spec: two layers with different numbers of quadrature branches."""
+    """_engine/marginal.py _branch_spec: two layers with different numbers of quadrature branches."""
 
     def model(X, y=None):
         with quadrature(num_points=3, learnable=False):
@@ -124,19 +124,19 @@ def _ordered(X, y=None, order=("h1", "h2", "f")):
 
 
 def test_marginalize_refuses_a_chain_whose_parent_has_not_run():
-    """_marginal.py _belief: a chain guide's child layer run before its parent (layers reordered)."""
+    """_engine/marginal.py _belief: a chain guide's child layer run before its parent (layers reordered)."""
     with pytest.raises(ValueError, match="the guide chains 'h2.u' to 'h1.u', but layer 'h1.u' has not run before it"):
         _dgp_elbo(_ordered, AutoChainDGP(_ordered), order=("h2", "h1", "f"))
 
 
 def test_marginalize_refuses_layers_out_of_the_joint_guides_order():
-    """_marginal.py _belief: a joint guide's layers run in another order than the guide's Gaussian."""
+    """_engine/marginal.py _belief: a joint guide's layers run in another order than the guide's Gaussian."""
     with pytest.raises(ValueError, match=r"joint Gaussian orders the layers \('h1.u', 'h2.u', 'f.u'\); 'h2.u' ran out"):
         _dgp_elbo(_ordered, AutoJointDGP(_ordered), order=("h2", "h1", "f"))
 
 
 def test_marginalize_refuses_a_chained_layer_at_other_points():
-    """_marginal.py _correlated: a chain guide's layer run at other points than its parent."""
+    """_engine/marginal.py _correlated: a chain guide's layer run at other points than its parent."""
 
     def model(X, y=None):
         h = _layer("h1", X)
@@ -256,7 +256,7 @@ def test_nested_refuses_observation_sites_scaled_differently():
         _nested_loss(model)
 
 
-# --- _prediction.py --------------------------------------------------------------------------
+# --- _predict/prediction.py --------------------------------------------------------------------------
 
 
 def two_observations(X, y=None):
@@ -272,21 +272,21 @@ def two_observations_fit():
 
 
 def test_predict_refuses_to_guess_among_several_observation_sites(two_observations_fit):
-    """_prediction.py _observation_site: several sample sites after the last layer and no obs_site."""
+    """_predict/prediction.py observation_site: several sample sites after the last layer and no obs_site."""
     guide, params = two_observations_fit
     with pytest.raises(ValueError, match=r"predict: cannot tell the observation site; sample sites after the last layer: \['y', 'y2'\]"):
         dgp.predict(two_observations, guide, params, KEY, X, num_samples=2)
 
 
 def test_predict_refuses_an_obs_site_that_is_not_after_the_last_layer(two_observations_fit):
-    """_prediction.py _observation_site: an obs_site that is not a sample site after the last layer (a typo)."""
+    """_predict/prediction.py observation_site: an obs_site that is not a sample site after the last layer (a typo)."""
     guide, params = two_observations_fit
     with pytest.raises(ValueError, match="predict: obs_site 'z' is not a sample site after the last GP layer"):
         dgp.predict(two_observations, guide, params, KEY, X, num_samples=2, obs_site="z")
 
 
 def test_predict_from_samples_refuses_a_model_without_gp_layer():
-    """_sample_prediction.py predict_from_samples: a model that runs no gp_layer."""
+    """_predict/samples.py predict_from_samples: a model that runs no gp_layer."""
 
     def plain(X, y=None):
         m = numpyro.sample("m", dist.Normal(0.0, 1.0))
@@ -298,22 +298,22 @@ def test_predict_from_samples_refuses_a_model_without_gp_layer():
 
 
 def test_moment_matched_prediction_refuses_x_new_of_another_shape():
-    """_deterministic_prediction.py _check_inputs: X_new that is not (num_points, dim)."""
+    """_predict/deterministic.py _check_inputs: X_new that is not (num_points, dim)."""
     with pytest.raises(ValueError, match=r"predict_moment_matched: X_new must have shape \(num_points, dim\), got \(6,\)"):
         dgp.predict_moment_matched(one_layer, None, {}, X[:, 0])
 
 
 def test_collapsed_prediction_refuses_non_finite_x_new():
-    """_deterministic_prediction.py _check_inputs: X_new with NaN (a NaN prediction otherwise)."""
+    """_predict/deterministic.py _check_inputs: X_new with NaN (a NaN prediction otherwise)."""
     with pytest.raises(ValueError, match="predict_collapsed: X_new contains NaN or inf values"):
         dgp.predict_collapsed(one_layer, {}, X, Y, X.at[2, 0].set(jnp.nan))
 
 
-# --- _params.py ------------------------------------------------------------------------------
+# --- _persist/params.py ------------------------------------------------------------------------------
 
 
 def test_check_params_refuses_a_guide_built_on_another_model():
-    """_params.py param_specs: a guide built on another model (its u shapes do not fit this model)."""
+    """_persist/params.py param_specs: a guide built on another model (its u shapes do not fit this model)."""
     other = deep_gp_regression(1, num_inducing=3)
     guide = AutoFactorizedDGP(other)
     params = _init_params(other, guide, X, Y)
@@ -322,7 +322,7 @@ def test_check_params_refuses_a_guide_built_on_another_model():
 
 
 def test_check_params_refuses_params_that_are_not_a_dict():
-    """_params.py check_params_against: params given as a list instead of {site: array}."""
+    """_persist/params.py check_params_against: params given as a list instead of {site: array}."""
     with pytest.raises(TypeError, match=r"check_params: params must be a dict \{site name: array\}, got list"):
         dgp.check_params(one_layer, None, [jnp.zeros(2)], X, Y)
 
@@ -411,7 +411,7 @@ def singular(X, y=None, num_data=None):
 
 
 def test_fit_names_the_layer_whose_cholesky_fails_at_initialization():
-    """infer/_fit.py _initial_state: a model that cannot be initialized because a layer's K(Z, Z) is singular."""
+    """infer/_fit.py initial_state: a model that cannot be initialized because a layer's K(Z, Z) is singular."""
     with pytest.raises(ValueError, match="fit: the model cannot be initialized: the Cholesky factorization of K\\(Z, Z\\) fails in layer 'f'"):
         dgp.fit(_svi(singular, AutoNormal(singular)), KEY, X, Y, num_steps=1, progress_bar=False)
 

@@ -16,7 +16,7 @@ from scipy.special import logsumexp
 from scipy.stats import multivariate_normal, norm
 
 import numpyro_dgp as dgp
-from numpyro_dgp._marginal_run import marginal_trace
+from numpyro_dgp._engine.run import marginal_trace
 from tests._mc import z_threshold
 
 jax.config.update("jax_enable_x64", True)
@@ -188,9 +188,9 @@ def test_dgp_elbo_takes_the_latent_kl_in_closed_form():
     params = initial_params(toy, guide, X, y)
     loc, scale = np.array([[0.3], [-0.2]]), np.array([[0.5], [2.0]])
     params = {**params, "w_auto_loc": jnp.asarray(loc), "w_auto_scale": jnp.asarray(scale)}
-    parts = dgp.DGPElbo().elbo_components(jax.random.PRNGKey(0), params, toy, guide, X, y)
+    parts = dgp.DGPElbo().components(jax.random.PRNGKey(0), params, toy, guide, X, y)
     no_latent = {**params, "w_auto_loc": jnp.zeros((2, 1)), "w_auto_scale": jnp.ones((2, 1))}
-    kl_u = float(dgp.DGPElbo().elbo_components(jax.random.PRNGKey(0), no_latent, toy, guide, X, y)["kl_inducing"])
+    kl_u = float(dgp.DGPElbo().components(jax.random.PRNGKey(0), no_latent, toy, guide, X, y)["kl_inducing"])
     kl_w = np.sum(-np.log(scale) + 0.5 * (scale**2 + loc**2 - 1))
     np.testing.assert_allclose(float(parts["kl_inducing"]) - kl_u, kl_w, rtol=1e-10)
 

@@ -14,7 +14,8 @@ from numpyro.infer import SVI
 from scipy import integrate
 from scipy.special import gammaln, logsumexp
 from scipy.special import softmax as np_softmax
-from scipy.stats import norm, poisson, t as student
+from scipy.stats import norm, poisson
+from scipy.stats import t as student
 
 import numpyro_dgp as dgp
 from numpyro_dgp import likelihoods
@@ -83,7 +84,7 @@ def gauss_hermite_expectation(g, m, v, num):
 
 
 def ell(model, guide, params, X, y, key=0, **kwargs):
-    parts = dgp.DGPElbo(**kwargs).elbo_components(jax.random.PRNGKey(key), params, model, guide, X, jnp.asarray(y))
+    parts = dgp.DGPElbo(**kwargs).components(jax.random.PRNGKey(key), params, model, guide, X, jnp.asarray(y))
     return float(parts["expected_log_likelihood"])
 
 
@@ -273,7 +274,7 @@ def test_poisson_prediction_is_the_node_mixture(X):
         dgp.metrics(pred, counts, y_scale=2.0)
     # the distribution function accumulated over blocks of counts is the one-table answer,
     # and a level the counts scanned do not reach is NaN, not the last count
-    from numpyro_dgp import _quantiles
+    from numpyro_dgp._predict import quantiles as _quantiles
 
     arrays = {k: getattr(pred, k) for k in ("component_means", "component_variances", "weights", "atoms",
                                             "atom_weights")}

@@ -195,7 +195,7 @@ def test_dgp_elbo_expected_log_likelihood_matches_scipy_quadrature(data, squash)
     X, y = data
     model = probit_model(squash)
     guide, params = perturbed_guide(model, data, seed=2)
-    parts = dgp.DGPElbo().elbo_components(jax.random.PRNGKey(3), params, model, guide, X, y)
+    parts = dgp.DGPElbo().components(jax.random.PRNGKey(3), params, model, guide, X, y)
     m, v = moments_from_params(params, np.asarray(X))
 
     def log_p(f, label):

@@ -6,6 +6,7 @@ import numpy as np
 import numpyro
 import pytest
 from numpyro.infer import SVI
+
 import numpyro_dgp as dgp
 from numpyro_dgp.models import deep_gp_regression
 

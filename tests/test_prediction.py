@@ -3,6 +3,7 @@
 import contextlib
 import logging
 import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,11 +13,11 @@ import pytest
 from numpyro.infer import SVI, Predictive, Trace_ELBO
 from scipy import integrate
 from scipy.stats import norm
-import numpyro_dgp as dgp
-from numpyro_dgp.models import deep_gp_regression
-from numpyro_dgp import predict_from_samples
-from tests._mc import z_threshold
 
+import numpyro_dgp as dgp
+from numpyro_dgp import predict_from_samples
+from numpyro_dgp.models import deep_gp_regression
+from tests._mc import z_threshold
 
 NOISE = 0.05
 

@@ -170,7 +170,8 @@ def test_import_and_the_command_line_s_help_and_argument_errors_load_neither_jax
 
 
 def test_public_names_load_their_defining_module_s_objects():
-    from numpyro_dgp import _prediction, infer, objectives
+    from numpyro_dgp import infer, objectives
+    from numpyro_dgp._predict import prediction as _prediction
 
     assert numpyro_dgp.fit is infer.fit and numpyro_dgp.DGPElbo is objectives.DGPElbo
     assert numpyro_dgp.predict is _prediction.predict

@@ -1,6 +1,7 @@
 """The ready-made recipes (the demo)."""
 
 import warnings
+
 import jax
 
 

@@ -35,13 +35,13 @@ def init(model, guide, X, y, **kwargs):
 
 
 def elbo_parts(model, guide, params, X, y):
-    return dgp.DGPElbo().elbo_components(jax.random.PRNGKey(3), params, model, guide, X, jnp.asarray(y))
+    return dgp.DGPElbo().components(jax.random.PRNGKey(3), params, model, guide, X, jnp.asarray(y))
 
 
 def last_layer_moments(model, guide, params, X, layer="h1"):
     """The last layer's (mean, var) ``(N, T)`` from the engine (checked against dense algebra
     elsewhere), at a one-layer model: no sampling."""
-    from numpyro_dgp._marginal_run import marginal_trace
+    from numpyro_dgp._engine.run import marginal_trace
 
     run = marginal_trace(model, guide, params, jax.random.PRNGKey(0), (X,), {}, objective="predict")
     return [np.asarray(a) for a in run.moments[layer]]
@@ -188,8 +188,8 @@ def test_a_mask_outside_to_event_masks_rows(data):
 
     guide = dgp.guides.AutoFactorizedDGP(model)
     params = init(model, guide, X4, counts)
-    masked = dgp.DGPElbo().elbo_components(jax.random.PRNGKey(3), params, model, guide, X4, counts, mask=rows)
-    full = dgp.DGPElbo().elbo_components(jax.random.PRNGKey(3), params, model, guide, X4, counts)
+    masked = dgp.DGPElbo().components(jax.random.PRNGKey(3), params, model, guide, X4, counts, mask=rows)
+    full = dgp.DGPElbo().components(jax.random.PRNGKey(3), params, model, guide, X4, counts)
     mean, var = last_layer_moments(model, guide, params, X4, "f")
     per_entry = np.asarray(counts) * mean - np.exp(mean + var / 2) - gammaln(np.asarray(counts) + 1)
     np.testing.assert_allclose(float(full["expected_log_likelihood"]), per_entry.sum(), rtol=1e-10)

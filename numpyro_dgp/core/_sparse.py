@@ -61,7 +61,8 @@ def _check(method: str, y: ArrayLike, noise_var: ArrayLike, caller: str) -> tupl
     try:
         noise = jnp.broadcast_to(noise, Y.shape)
     except ValueError:
-        raise ValueError(f"{caller}: noise_var of shape {jnp.shape(noise_var)} does not broadcast to y's {y.shape}") from None
+        raise ValueError(
+            f"{caller}: noise_var of shape {jnp.shape(noise_var)} does not broadcast to y's {y.shape}") from None
     return Y, noise
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 import numpy as np
 
 from numpyro_dgp.diagnostics._health import Health, mcmc_health
-from numpyro_dgp.diagnostics._metrics import _draws, layer_metrics
+from numpyro_dgp.diagnostics._metrics import layer_draws, layer_metrics
 from numpyro_dgp.diagnostics._trees import layer_names
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def plot_layers(
     x = np.asarray(trees[methods[0]]["constant_data"]["grid_x"].values)[:, 0]
     for r, method in enumerate(methods):
         tree = trees[method]
-        draws = {n: _draws(tree, n)[..., 0] for n in names}
+        draws = {n: layer_draws(tree, n)[..., 0] for n in names}
         S = next(iter(draws.values())).shape[0]
         idx = rng.choice(S, size=min(num_samples, S), replace=False)
         inputs = np.broadcast_to(x, (len(idx), x.size))
@@ -138,7 +138,7 @@ def plot_marginals(
         for c, g in enumerate(points):
             ax = axes[r, c]
             for k, method in enumerate(methods):
-                v = _draws(trees[method], name)[:, g, 0]
+                v = layer_draws(trees[method], name)[:, g, 0]
                 ax.hist(v, bins=bins, density=True, histtype="step", lw=1.2, color=f"C{k}", label=method)
             ax.set_title(f"{name} at x = {x[g]:.2f}", fontsize=9)
             ax.tick_params(labelsize=7)

@@ -38,7 +38,7 @@ def _gaussian_kl(m0, v0, m1, v1):
     return 0.5 * (np.log(v1 / v0) + (v0 + (m0 - m1) ** 2) / v1 - 1.0)
 
 
-def _draws(tree, name):
+def layer_draws(tree, name):
     """``(C * D, G, P)`` draws of a layer variable."""
     v = np.asarray(tree["posterior"][name].values)
     return v.reshape((-1,) + v.shape[2:])
@@ -76,7 +76,7 @@ def layer_metrics(
     lo, hi = 0.5 - interval / 2, 0.5 + interval / 2
     rows = []
     for name in names:
-        a, b = _draws(vi, name), _draws(mcmc, name)
+        a, b = layer_draws(vi, name), layer_draws(mcmc, name)
         q_lo, q_hi = np.quantile(a, lo, axis=0), np.quantile(a, hi, axis=0)
         cover = ((b >= q_lo) & (b <= q_hi)).mean(0)
         ma, va, mb, vb = a.mean(0), a.var(0), b.mean(0), b.var(0)

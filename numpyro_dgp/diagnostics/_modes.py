@@ -147,7 +147,8 @@ def mode_evidence(model: Callable, samples: dict, modes: list[list[int]], rng_ke
         shrink = d / (n + d)
         cov = (1 - shrink) * cov + shrink * np.diag(np.diag(cov))
         cov = cov + 1e-12 * np.trace(cov) / d * np.eye(d)
-        proposal = dist.MultivariateNormal(jnp.asarray(mean), scale_tril=jnp.linalg.cholesky(jnp.asarray(cov) * inflate))
+        scale_tril = jnp.linalg.cholesky(jnp.asarray(cov) * inflate)
+        proposal = dist.MultivariateNormal(jnp.asarray(mean), scale_tril=scale_tril)
         theta = proposal.sample(jax.random.fold_in(rng_key, k), (num_draws,))
         log_ratio = np.asarray(log_joint(theta) - proposal.log_prob(theta), dtype=float)
         if not np.all(np.isfinite(log_ratio)):
@@ -167,7 +168,8 @@ def mode_evidence(model: Callable, samples: dict, modes: list[list[int]], rng_ke
             khat.append(float(array_stats.psislw(log_ratio)[1]))
     log_z = np.asarray(log_z)
     weights = np.exp(log_z - log_z.max())
-    return ModeEvidence([list(m) for m in modes], log_z, np.asarray(log_z_se), weights / weights.sum(), np.asarray(khat))
+    return ModeEvidence([list(m) for m in modes], log_z, np.asarray(log_z_se), weights / weights.sum(),
+                        np.asarray(khat))
 
 
 def mode_mixture(tree: xarray.DataTree, evidence: ModeEvidence, rng_key: jax.Array, *,

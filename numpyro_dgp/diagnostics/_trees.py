@@ -10,7 +10,7 @@ import numpy as np
 from jax.typing import ArrayLike
 from numpyro.handlers import seed, substitute, trace
 
-from numpyro_dgp._prediction import sample_layers
+from numpyro_dgp._predict.prediction import sample_layers
 from numpyro_dgp._protocol import inducing_site_names, trace_layer_names
 from numpyro_dgp.handlers import coherent_layers
 

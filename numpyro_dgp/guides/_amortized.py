@@ -23,7 +23,7 @@ from numpyro_dgp._protocol import inducing_tag
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.guides._base import InducingSite
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
-from numpyro_dgp.guides._latent import _register, mlp
+from numpyro_dgp.guides._latent import mlp, register_mlp
 from numpyro_dgp.posteriors import (
     AMORTIZATION_RULES,
     AmortizedPosterior,
@@ -178,8 +178,8 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         full = self.covariance == "full"
         scale_out = P * M * (M + 1) // 2 if full else P * M
         scale_init, scale_apply = mlp(width, scale_out, self.num_hidden)
-        mean_params = _register(f"{base}.mean_net", mean_init, in_dim, dtype)
-        scale_params = _register(f"{base}.scale_net", scale_init, in_dim, dtype)
+        mean_params = register_mlp(f"{base}.mean_net", mean_init, in_dim, dtype)
+        scale_params = register_mlp(f"{base}.scale_net", scale_init, in_dim, dtype)
         # softplus(raw + shift) starts at init_scale when the network's output is near 0
         shift = float(np.log(np.expm1(self.encoder_init_scale)))
 
@@ -208,7 +208,8 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         init = jnp.asarray(init, dtype)
         if init.shape != (S, site.out_dim):
             raise ValueError(
-                f"AutoAmortizedDGP: points for layer {site.layer!r} must have shape ({S}, {site.out_dim}), got {init.shape}"
+                f"AutoAmortizedDGP: points for layer {site.layer!r} must have shape ({S}, {site.out_dim}), "
+                f"got {init.shape}"
             )
         points = quadrature_points(f"{self.prefix}.{site.layer}.points", init, self.learn_points)
         log_weights = quadrature_log_weights(f"{self.prefix}.branch_logits", self.initial_weights, self.learn_points)

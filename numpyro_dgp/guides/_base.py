@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 from jax.typing import ArrayLike
-
 from numpyro import handlers
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
 from numpyro.infer.initialization import init_to_mean, init_to_uniform

@@ -8,7 +8,7 @@
 Both sample ``u`` jointly with exact log-densities, so NumPyro's own ELBOs work
 (``Trace_ELBO`` is estimator (a) of Ustyuzhaninov et al. (2020): sample ``u`` jointly,
 propagate conditionally). Each site also declares the structure
-(``infer["dgp_gaussian"]``: :class:`~numpyro_dgp.posteriors.JointBlock` /
+(its ``infer`` entry :data:`~numpyro_dgp._protocol.GAUSSIAN`: :class:`~numpyro_dgp.posteriors.JointBlock` /
 :class:`~numpyro_dgp.posteriors.ChainLink`), from which :class:`numpyro_dgp.DGPElbo`
 marginalizes the inducing values exactly, point by point, with closed-form KLs.
 

@@ -47,7 +47,7 @@ def mlp(
     return stax.serial(*layers, stax.Dense(out_dim))
 
 
-def _register(prefix: str, init_fn: Callable, in_dim: int, dtype: DTypeLike) -> Any:
+def register_mlp(prefix: str, init_fn: Callable, in_dim: int, dtype: DTypeLike) -> Any:
     """The MLP's parameters as ``numpyro.param`` sites ``"<prefix>.<i>"``, initialized by
     ``init_fn`` with a key fixed by the prefix (the same start in every run)."""
     key = jax.random.PRNGKey(zlib.crc32(prefix.encode()))
@@ -153,7 +153,7 @@ def sample_latent(site: LatentSite, mode: str, prefix: str, hidden_width: int) -
     Q, base = site.latent_dim, f"{site.name}_{prefix}"
     if mode == "amortized":
         init_fn, apply_fn = mlp(hidden_width, 2 * Q)
-        params = _register(f"{base}_encoder", init_fn, site.encoder_dim, site.dtype)
+        params = register_mlp(f"{base}_encoder", init_fn, site.encoder_dim, site.dtype)
 
         def encode(encoder_input):
             out = apply_fn(params, encoder_input)

@@ -14,7 +14,12 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._protocol import LAYER_MESSAGE
+from numpyro_dgp._protocol import (
+    LAYER_MESSAGE,
+    layer_call,
+    replace_layer_inputs,
+    request_full_cov,
+)
 from numpyro_dgp.handlers._base import PerRunMessenger
 
 __all__ = ["coherent_layers", "layer_inputs"]
@@ -32,7 +37,7 @@ class coherent_layers(Messenger):
     def process_message(self, msg: dict) -> None:
         """Ask every layer message for a joint draw (``full_cov=True``)."""
         if msg["type"] == LAYER_MESSAGE:
-            msg["kwargs"] = {**msg["kwargs"], "full_cov": True}
+            request_full_cov(msg)
 
 
 class layer_inputs(PerRunMessenger):
@@ -42,9 +47,9 @@ class layer_inputs(PerRunMessenger):
     ``model`` with layer ``h2`` evaluated at ``H``, so the moments a handler such as the
     objectives and :func:`numpyro_dgp.predict` records for ``h2`` are those of ``f_2(H)``
     under the fitted ``q`` (the ``Var[f_2(0)]`` of Ustyuzhaninov et al. 2020). The rest of
-    the run is unchanged: the layers before still draw their outputs (a guide that correlates layers conditions ``f_2``'s inducing
-    values on them, so the law of total variance over runs gives ``f_2(H)``'s marginal), and
-    the layers after see ``f_2(H)``.
+    the run is unchanged: the layers before still draw their outputs (a guide that correlates
+    layers conditions ``f_2``'s inducing values on them, so the law of total variance over runs
+    gives ``f_2(H)``'s marginal), and the layers after see ``f_2(H)``.
 
     Enter it inside the handlers that should see the replaced input (wrap the model itself).
 
@@ -76,7 +81,7 @@ class layer_inputs(PerRunMessenger):
         """Replace the input of the named layers' messages."""
         if msg["type"] != LAYER_MESSAGE:
             return
-        layer, X, u = msg["args"]
+        layer, X, _ = layer_call(msg)
         if layer.name not in self.inputs:
             return
         self._seen.add(layer.name)
@@ -88,6 +93,6 @@ class layer_inputs(PerRunMessenger):
                 f"layer_inputs: the input for layer {layer.name!r} has shape {value.shape}, which does not "
                 f"broadcast to the layer's input shape {X.shape}"
             ) from None
-        msg["args"] = (layer, value, u)
+        replace_layer_inputs(msg, value)
 
 

@@ -38,7 +38,7 @@ from jax.scipy.linalg import solve_triangular
 from jax.typing import ArrayLike
 
 from numpyro_dgp._compat import lazy_param_initializer
-from numpyro_dgp._protocol import INDUCING, LAYER_MESSAGE
+from numpyro_dgp._protocol import INDUCING, LAYER_MESSAGE, layer_call
 from numpyro_dgp.core import cholesky, jittered_cholesky
 from numpyro_dgp.handlers._base import PerRunMessenger, last_layer_name, refuse_special_layers
 from numpyro_dgp.layers import Layer, layer_moments
@@ -175,7 +175,8 @@ class exact_layers(PerRunMessenger):
         if self._collapsed is not None:
             return (
                 f"exact_layers(collapse_last=True): no observed sample site followed layer "
-                f"{self._collapsed.layer.name!r}; the collapsed layer is scored by the observations, so they must be given"
+                f"{self._collapsed.layer.name!r}; the collapsed layer is scored by the observations, so they must "
+                "be given"
             )
         return None
 
@@ -394,8 +395,8 @@ class collapse_last_layer(PerRunMessenger):
     Havasi et al. (2018) score the data with ``log N(y | m_L, v_L + s^2)``, where ``m_L, v_L``
     are the last layer's conditional mean and variance given its inducing values ``u_L``
     (and the sampled inner layers), instead of sampling ``f_L ~ p(f_L | u_L, f_{L-1})`` and
-    scoring ``log N(y | f_L, s^2)``. Under this handler the collapsed layer's ``"dgp_layer"``
-    message returns the conditional mean ``m_L`` (point by point), and the observation site
+    scoring ``log N(y | f_L, s^2)``. Under this handler the collapsed layer's
+    layer message returns the conditional mean ``m_L`` (point by point), and the observation site
     after it (a Normal whose location is that layer's output: ``Normal(f[..., 0], s)`` for a
     one-output layer, or ``Normal(f, s)``) gets the scale ``sqrt(s^2 + v_L)``. Inner layers
     keep their default propagation (sampled given their ``u``, point by point: FITC). After a
@@ -448,7 +449,7 @@ class collapse_last_layer(PerRunMessenger):
         """Return the collapsed layer's conditional mean and add its variance to the
         observation site's."""
         if msg["type"] == LAYER_MESSAGE:
-            layer, X, u = msg["args"]
+            layer, X, u = layer_call(msg)
             if layer.name != self.target:
                 return
             refuse_special_layers(msg, "collapse_last_layer")

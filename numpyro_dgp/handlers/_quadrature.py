@@ -89,7 +89,8 @@ class quadrature(Messenger):
         if points.ndim == 1:
             points = jnp.broadcast_to(points[:, None], (S, out_dim))
         if points.shape != (S, out_dim):
-            raise ValueError(f"quadrature: points for layer {layer!r} must have shape ({S}, {out_dim}), got {points.shape}")
+            raise ValueError(
+                f"quadrature: points for layer {layer!r} must have shape ({S}, {out_dim}), got {points.shape}")
         return points
 
     def process_message(self, msg: dict) -> None:
@@ -98,7 +99,8 @@ class quadrature(Messenger):
             return
         layer = message_layer(msg)
         if get_tag(msg, FLOW) is not None:
-            raise NotImplementedError(f"quadrature: layer {layer.name!r} is an sde_flow layer, which quadrature does not branch")
+            raise NotImplementedError(
+                f"quadrature: layer {layer.name!r} is an sde_flow layer, which quadrature does not branch")
         # registered on every run (SVI's initial run is a plain model run); the last layer's
         # points go unused: marginalize_inducing integrates that layer by Gauss-Hermite
         points = quadrature_points(

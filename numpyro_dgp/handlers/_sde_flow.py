@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from numpyro_dgp._protocol import FLOW, LAYER_MESSAGE, FlowTag, with_tag
+from numpyro_dgp._protocol import FLOW, LAYER_MESSAGE, FlowTag, layer_call, with_tag
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.core import euler_maruyama
 from numpyro_dgp.handlers._base import PerRunMessenger
@@ -169,7 +169,7 @@ class sde_flow(PerRunMessenger):
         default handling the flow given the sampled ``u``."""
         if msg["type"] != LAYER_MESSAGE:
             return
-        layer, X, _ = msg["args"]
+        layer, X, _ = layer_call(msg)
         self.layers_seen.append(layer.name)
         if layer.name != self.spec.layer:
             return

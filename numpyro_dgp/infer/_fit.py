@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 import weakref
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -22,16 +21,24 @@ from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._cache import OwnerCache
-from numpyro_dgp._params import STRICT_HINT, ParameterMismatchError, check_params_against, param_specs, set_up_guide
+from numpyro_dgp._persist.params import (
+    STRICT_HINT,
+    ParameterMismatchError,
+    check_params_against,
+    param_specs,
+    set_up_guide,
+)
+from numpyro_dgp._protocol import model_config
 from numpyro_dgp._validation import (
     check_positive_int,
     concrete,
+    is_array,
     non_finite_entries,
-    tree_all_finite,
     warn_if_not_standardized,
 )
 from numpyro_dgp.infer._checkpoint import Progress, read_checkpoint, write_checkpoint
-from numpyro_dgp.infer._faults import diagnose_layers, failed_layer
+from numpyro_dgp.infer._faults import failed_layer
+from numpyro_dgp.infer._loop import TrainingLog, guarded_update, report_skipped, run_chunks
 
 __all__ = ["FitResult", "fit"]
 
@@ -73,9 +80,6 @@ class FitResult(NamedTuple):
         return float(np.median(self.chunk_seconds) / self.chunk_size)
 
 
-def _is_array(x):
-    return isinstance(x, (jax.Array, np.ndarray))
-
 
 def _check_finite_args(args, kwargs, allow_missing=False):
     """Refuse NaN or inf in the model's array arguments; with ``allow_missing``, NaN (but not
@@ -84,7 +88,7 @@ def _check_finite_args(args, kwargs, allow_missing=False):
     for where, value in [(f"args[{i}]", a) for i, a in enumerate(args)] + [
         (f"{k}=", v) for k, v in kwargs.items()
     ]:
-        if _is_array(value) and jnp.issubdtype(value.dtype, jnp.floating):
+        if is_array(value) and jnp.issubdtype(value.dtype, jnp.floating):
             value = concrete(value)  # None: another process's shard (that process checks it)
             if value is None:
                 continue
@@ -94,14 +98,15 @@ def _check_finite_args(args, kwargs, allow_missing=False):
             elif non_finite_entries(value, max_first=0)[0]:
                 hint = "" if where == "args[0]" else (
                     "; if they are missing targets, mask them in the model (numpyro_dgp.models' "
-                    "missing_targets='mask', or numpyro.handlers.mask in your own) and pass fit(..., allow_missing=True)")
+                    "missing_targets='mask', or numpyro.handlers.mask in your own) and pass "
+                    "fit(..., allow_missing=True)")
                 raise ValueError(f"fit: model argument {where} contains NaN or inf values{hint}")
 
 
 def _masks_missing_targets(model: Any) -> bool:
     """Whether ``model`` was built by a factory of :mod:`numpyro_dgp.models` with
     ``missing_targets="mask"``."""
-    config = getattr(model, "dgp_config", None) or {}
+    config = model_config(model) or {}
     return (config.get("arguments") or {}).get("missing_targets") == "mask"
 
 
@@ -122,10 +127,6 @@ def _non_finite_entries(params):
     """Names of the entries of ``params`` holding NaN or inf (checked on the host)."""
     return [k for k, v in params.items()
             if np.issubdtype(np.asarray(v).dtype, np.inexact) and not np.all(np.isfinite(np.asarray(v)))]
-
-
-def _select(flag, new, old):
-    return jax.tree_util.tree_map(lambda n, o: jnp.where(flag, n, o), new, old)
 
 
 def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
@@ -156,23 +157,8 @@ def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
         state, mean, count = carry
         a, kw = merge(dyn_a, dyn_kw)
         svi = svi_ref()
-        new_state, loss = svi.update(state, *a, **kw)
-        finite = jnp.isfinite(loss) & tree_all_finite(new_state.optim_state)
-        # Materialize the check and the new state before selecting with it: otherwise XLA
-        # fuses every select with the reduction over all parameters, and large models (the
-        # amortized kin8nm model) compile 3-4x longer (66 s against 18 s).
-        finite, new_optim_state = jax.lax.optimization_barrier((finite, new_state.optim_state))
-        new_state = new_state._replace(optim_state=new_optim_state)
         active = step_index < num_active
-        accept = finite & active
-        kept = _select(accept, new_state.optim_state, state.optim_state)
-        kept_mutable = None if new_state.mutable_state is None else _select(
-            accept, new_state.mutable_state, state.mutable_state)
-        # A skipped step still advances the key (it is not retried with the same draw); an
-        # inactive step (padding the last chunk) leaves the whole state as it was, so that
-        # the run does not depend on how its steps are cut into chunks or calls.
-        state = new_state._replace(optim_state=kept, mutable_state=kept_mutable,
-                                   rng_key=_select(active, new_state.rng_key, state.rng_key))
+        state, loss, skipped = guarded_update(svi, state, a, kw, active)
         if average:
             # a skipped update still counts, with the parameters it left unchanged
             include = active & (step_index >= average_start)
@@ -180,7 +166,7 @@ def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
             current = svi.optim.get_params(state.optim_state)
             mean = jax.tree_util.tree_map(
                 lambda m, p: jnp.where(include, m + (p - m) / jnp.maximum(count, 1), m), mean, current)
-        return (state, mean, count), (loss, active & ~finite)
+        return (state, mean, count), (loss, skipped)
 
     @jax.jit
     def run_chunk(state, num_active, dyn_a, dyn_kw, mean, count, average_start):
@@ -281,89 +267,88 @@ def fit(
     _check_fit_arguments(num_steps, chunk_size, average_from, checkpoint_path, checkpoint_every, resume,
                          init_state, init_params)
     _check_finite_args(args, kwargs, allow_missing or _masks_missing_targets(svi.model))
-    if args and _is_array(args[0]) and args[0].ndim == 2 and jnp.issubdtype(args[0].dtype, jnp.floating):
+    if args and is_array(args[0]) and args[0].ndim == 2 and jnp.issubdtype(args[0].dtype, jnp.floating):
         warn_if_not_standardized(args[0], "X (its first argument)", "fit")
-    model_kwargs = {**kwargs, **svi.static_kwargs}
-    resuming = bool(resume) and Path(os.fspath(checkpoint_path)).expanduser().exists()
+    resume_from = checkpoint_path if resume and Path(os.fspath(checkpoint_path)).expanduser().exists() else None
+    progress, param_names = _starting_point(svi, rng_key, args, kwargs, init_state, init_params, strict,
+                                            average_from, resume_from, num_steps)
+    # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
+    dyn_args = [a if is_array(a) else None for a in args]
+    static_args = tuple(None if is_array(a) else a for a in args)
+    dyn_kwargs = {k: v for k, v in kwargs.items() if is_array(v)}
+    static_kwargs = {k: v for k, v in kwargs.items() if not is_array(v)}
+    chunk = min(int(chunk_size), int(num_steps), int(checkpoint_every or num_steps))
+    scan = _Scan(_chunk_runner(svi, chunk, static_args, static_kwargs, average_from is not None), progress,
+                 dyn_args, dyn_kwargs, average_from)
+    compile_seconds = scan.compile(num_steps) if progress.step < num_steps else 0.0
 
+    def chunk_length(done):
+        # a chunk ends at the next checkpoint, so checkpoints fall on exact step counts
+        return min(chunk, num_steps - done, checkpoint_every - done % checkpoint_every if checkpoint_every else chunk)
+
+    def checkpoint(done):
+        if checkpoint_path is not None and (done == num_steps or (checkpoint_every and done % checkpoint_every == 0)):
+            write_checkpoint(checkpoint_path, scan.progress(done, log), num_steps, average_from, param_names)
+
+    log = TrainingLog("fit", num_steps, losses=progress.losses, num_skipped=progress.num_skipped,
+                      progress_bar=progress_bar)
+    run_chunks(scan, log, chunk_length, checkpoint)
+    report_skipped(log, svi, scan.state, args, kwargs)
+    averaged = svi.constrain_fn(scan.mean) if average_from is not None else None
+    # no chunk ran when resuming from a checkpoint of the finished run
+    params = _get_params(svi, scan.state) if scan.params is None else scan.params
+    return FitResult(params, log.losses, scan.state, log.num_skipped, np.asarray(log.chunk_seconds), chunk,
+                     compile_seconds, averaged)
+
+
+class _Scan:
+    """The compiled chunk function (:func:`_chunk_runner`) and what it carries between chunks."""
+
+    def __init__(self, run_chunk, progress, dyn_args, dyn_kwargs, average_from):
+        self.run_chunk, self.dyn_args, self.dyn_kwargs = run_chunk, dyn_args, dyn_kwargs
+        self.state, self.mean, self.count = progress.state, progress.mean, progress.count
+        self.average_from = average_from
+        self.params = None  # constrained, from the last chunk
+
+    def compile(self, num_steps):
+        """Compile ahead of the first chunk, so that compilation is timed on its own (the jitted
+        call reuses this executable; cheap when ``svi`` already has it for these shapes)."""
+        start = time.perf_counter()
+        self.run_chunk.lower(self.state, jnp.asarray(num_steps), self.dyn_args, self.dyn_kwargs, self.mean,
+                             self.count, jnp.asarray(0)).compile()
+        return time.perf_counter() - start
+
+    def __call__(self, done, active):
+        average_start = jnp.asarray((self.average_from or 0) - done)
+        (self.state, self.mean, self.count), (losses, skipped), self.params = self.run_chunk(
+            self.state, jnp.asarray(active), self.dyn_args, self.dyn_kwargs, self.mean, self.count, average_start)
+        return np.asarray(losses)[:active], np.asarray(skipped)[:active]
+
+    def progress(self, done, log):
+        """The :class:`Progress` a checkpoint after ``done`` steps records."""
+        return Progress(done, self.state, self.mean, self.count, log.losses[:done], log.num_skipped)
+
+
+def _starting_point(svi, rng_key, args, kwargs, init_state, init_params, strict, average_from, resume_from,
+                    num_steps):
+    """``(progress, parameter names)`` where the fit starts: a new state (``svi.init``),
+    ``init_state``, or the checkpoint ``resume_from``; refuses non-finite parameters."""
     if init_state is None:
         if rng_key is None:
             raise ValueError("fit: rng_key is None; pass a PRNG key (or init_state= to continue a fit)")
-        state = _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict)
-    else:
-        state = init_state
-
-    average = average_from is not None
+        init_state = initial_state(svi, rng_key, args, kwargs, {**kwargs, **svi.static_kwargs}, init_params, strict)
     # without averaging the mean is an empty placeholder carried through the scan
-    mean = svi.optim.get_params(state.optim_state) if average else {}
-    progress = Progress(0, state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
+    mean = svi.optim.get_params(init_state.optim_state) if average_from is not None else {}
+    progress = Progress(0, init_state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
     # the optimizer's (unconstrained) values: the same names as the constrained parameters,
     # finite where they are, and read without compiling anything
-    params0 = svi.optim.get_params(state.optim_state)
-    if resuming:
-        progress = read_checkpoint(checkpoint_path, progress, num_steps, average_from, sorted(params0))
-        params0 = svi.optim.get_params(progress.state.optim_state)
-    bad = _non_finite_entries(params0)
+    names = sorted(svi.optim.get_params(init_state.optim_state))
+    if resume_from is not None:
+        progress = read_checkpoint(resume_from, progress, num_steps, average_from, names)
+    bad = _non_finite_entries(svi.optim.get_params(progress.state.optim_state))
     if bad:
         raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
-
-    # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
-    dyn_args = [a if _is_array(a) else None for a in args]
-    static_args = tuple(None if _is_array(a) else a for a in args)
-    dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
-    static_kwargs = {k: v for k, v in kwargs.items() if not _is_array(v)}
-    chunk = min(int(chunk_size), int(num_steps), int(checkpoint_every or num_steps))
-    run_chunk = _chunk_runner(svi, chunk, static_args, static_kwargs, average)
-
-    # Compiled ahead of the first chunk so that compilation is timed on its own (the jitted
-    # call below reuses this executable); cheap when svi already has it for these shapes.
-    start = time.perf_counter()
-    if progress.step < num_steps:
-        run_chunk.lower(progress.state, jnp.asarray(num_steps), dyn_args, dyn_kwargs, progress.mean,
-                        progress.count, jnp.asarray(0)).compile()
-    compile_seconds = time.perf_counter() - start
-
-    losses = np.empty(num_steps)
-    losses[:progress.step] = progress.losses
-    done, state, mean, count, num_skipped = progress.step, progress.state, progress.mean, progress.count, \
-        progress.num_skipped
-    chunk_seconds = []
-    params = None  # constrained, from the last chunk
-    bar = None
-    if progress_bar:
-        from tqdm import tqdm  # plain text: no ipywidgets needed in notebooks
-
-        bar = tqdm(total=num_steps, initial=done, desc="fit", unit="step")
-    try:
-        while done < num_steps:
-            # a chunk ends at the next checkpoint, so checkpoints fall on exact step counts
-            active = min(chunk, num_steps - done, checkpoint_every - done % checkpoint_every if checkpoint_every
-                         else chunk)
-            start = time.perf_counter()
-            average_start = jnp.asarray((average_from if average else 0) - done)
-            (state, mean, count), (chunk_losses, skipped), params = run_chunk(
-                state, jnp.asarray(active), dyn_args, dyn_kwargs, mean, count, average_start)
-            chunk_losses = np.asarray(chunk_losses)  # the host sync that ends the chunk
-            chunk_seconds.append(time.perf_counter() - start)
-            losses[done:done + active] = chunk_losses[:active]
-            num_skipped += int(np.sum(np.asarray(skipped)))
-            done += active
-            if checkpoint_path is not None and (done == num_steps or (checkpoint_every and done % checkpoint_every == 0)):
-                write_checkpoint(checkpoint_path, Progress(done, state, mean, count, losses[:done], num_skipped),
-                                 num_steps, average_from, sorted(params0))
-            if bar is not None:
-                finite = chunk_losses[:active][np.isfinite(chunk_losses[:active])]
-                bar.set_postfix(loss=f"{finite.mean():.4g}" if finite.size else "nan", skipped=num_skipped)
-                bar.update(active)
-    finally:
-        if bar is not None:
-            bar.close()
-    _report_skipped(svi, state, args, kwargs, num_skipped, num_steps)
-    averaged = svi.constrain_fn(mean) if average else None
-    if params is None:  # resumed from a checkpoint of the finished run: no chunk ran
-        params = _get_params(svi, state)
-    return FitResult(params, losses, state, num_skipped, np.asarray(chunk_seconds), chunk, compile_seconds,
-                     averaged)
+    return progress, names
 
 
 def _check_fit_arguments(num_steps, chunk_size, average_from, checkpoint_path, checkpoint_every, resume,
@@ -381,9 +366,9 @@ def _check_fit_arguments(num_steps, chunk_size, average_from, checkpoint_path, c
         raise ValueError("fit: give init_state (continue a fit) or init_params (start from values), not both")
 
 
-def _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict):
+def initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict):
     """``svi.init`` (compiled: :func:`numpyro_dgp.infer.init`) after setting up the guide (see
-    :func:`numpyro_dgp._params.set_up_guide`) and checking ``init_params``; when the model
+    :func:`numpyro_dgp._persist.params.set_up_guide`) and checking ``init_params``; when the model
     cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails."""
     try:
         set_up_guide(svi.guide, jax.random.fold_in(rng_key, _SETUP_STREAM), args, model_kwargs)
@@ -404,19 +389,3 @@ def _initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict
             f"fit: the model cannot be initialized: the Cholesky factorization of K(Z, Z) fails in layer {layer!r} "
             f"at its initial values; raise that layer's jitter (gp_layer({layer!r}, ..., jitter=...)), use float64 "
             f"(jax.config.update('jax_enable_x64', True)) or spread its inducing inputs. ({err})") from err
-
-
-def _report_skipped(svi, state, args, kwargs, num_skipped, num_steps):
-    if not num_skipped:
-        return
-    why = diagnose_layers(svi, state, args, kwargs)
-    if num_skipped == num_steps:
-        raise FloatingPointError(
-            "fit: every update produced a non-finite loss or parameters; check the data scale, "
-            "the jitter (numpyro_dgp.core.default_jitter) and the learning rate." + why
-        )
-    warnings.warn(
-        f"fit: skipped {num_skipped} of {num_steps} updates with non-finite loss or parameters (not applied)." + why,
-        RuntimeWarning,
-        stacklevel=3,
-    )

@@ -15,12 +15,12 @@ from functools import partial
 from typing import Any
 
 import jax
-import numpy as np
 from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
-from numpyro_dgp._autoguides import innermost_guide
 from numpyro_dgp._cache import OwnerCache
+from numpyro_dgp._compat import innermost_guide
+from numpyro_dgp._validation import is_array
 from numpyro_dgp.guides import DGPGuide
 
 __all__ = ["init"]
@@ -28,9 +28,6 @@ __all__ = ["init"]
 #: compiled initializations per SVI object
 _INITS = OwnerCache(max_entries=8)
 
-
-def _is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray))
 
 
 def _compilable(svi: SVI) -> bool:
@@ -67,10 +64,10 @@ def init(svi: SVI, rng_key: jax.Array, *args: Any, init_params: dict | None = No
         guide._setup_prototype(*args, **kwargs)
     if not _compilable(svi):
         return svi.init(rng_key, *args, init_params=init_params, **kwargs)
-    dyn_args = tuple(a if _is_array(a) else None for a in args)
-    static_args = tuple(None if _is_array(a) else a for a in args)
-    dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
-    static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not _is_array(v)))
+    dyn_args = tuple(a if is_array(a) else None for a in args)
+    static_args = tuple(None if is_array(a) else a for a in args)
+    dyn_kwargs = {k: v for k, v in kwargs.items() if is_array(v)}
+    static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not is_array(v)))
     key = (static_args, static_kwargs, init_params is None)
     try:
         hash(key)

@@ -29,8 +29,8 @@ from numpyro.distributions.transforms import biject_to
 from numpyro.optim import optax_to_numpyro
 
 from numpyro_dgp._compat import softplus_lower_cholesky
-from numpyro_dgp.core import cholesky, triangular_inverse
 from numpyro_dgp._validation import check_positive_int
+from numpyro_dgp.core import cholesky, triangular_inverse
 
 if TYPE_CHECKING:
     from numpyro_dgp._compat import NumPyroOptimizer
@@ -177,7 +177,8 @@ def natural_gradients(
         pairs = _site_pairs(guide, list(params), layers)
         return NaturalGradientState(jnp.zeros((), jnp.int32), others.init(split(params, pairs)))
 
-    def update(grads: dict, state: NaturalGradientState, params: dict | None = None) -> tuple[dict, NaturalGradientState]:
+    def update(grads: dict, state: NaturalGradientState,
+               params: dict | None = None) -> tuple[dict, NaturalGradientState]:
         if params is None:  # optax's signature has it optional; the natural step needs q(u) itself
             raise ValueError("natural_gradients: update needs the current params (the natural step is taken from "
                              "q(u)'s mean and Cholesky factor)")

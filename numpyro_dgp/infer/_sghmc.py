@@ -219,7 +219,8 @@ class SGHMC(MCMCKernel):
 
             param_optimizer = optax.adam(0.01)
         elif isinstance(param_optimizer, str):
-            raise ValueError(f"SGHMC: param_optimizer must be an optax optimizer, 'adam' or None, got {param_optimizer!r}")
+            raise ValueError(
+                f"SGHMC: param_optimizer must be an optax optimizer, 'adam' or None, got {param_optimizer!r}")
         self._optimizer = param_optimizer
         self._window_size = window_size
         self._optimize_after_warmup = bool(optimize_after_warmup)

@@ -30,8 +30,9 @@ from jax.typing import ArrayLike
 from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
-from numpyro_dgp._validation import check_positive_int, tree_all_finite
-from numpyro_dgp.infer._fit import FitResult, _initial_state, _select
+from numpyro_dgp._validation import check_positive_int
+from numpyro_dgp.infer._fit import FitResult, initial_state
+from numpyro_dgp.infer._loop import TrainingLog, guarded_update, report_skipped, run_chunks
 
 __all__ = ["HostMinibatches", "fit_minibatches"]
 
@@ -111,7 +112,9 @@ def fit_minibatches(
 
     Step ``t`` calls ``svi.update(state, *batch_t, num_data=num_data)`` (compiled once); an
     update whose loss or new parameters are not finite is not applied and is counted, as in
-    :func:`numpyro_dgp.fit`. The host gathers the next batch while the device runs the step
+    :func:`numpyro_dgp.fit` (the same loop: a warning, or an error when every update was skipped,
+    names the layer whose ``K(Z, Z)`` fails at the final parameters, if one does; not with
+    ``mesh``). The host gathers the next batch while the device runs the step
     (dispatch is asynchronous); the losses are fetched every ``sync_every`` steps.
 
     :param svi: a ``numpyro.infer.SVI`` whose model takes ``num_data=`` (the models of
@@ -130,6 +133,7 @@ def fit_minibatches(
     :return: :class:`~numpyro_dgp.FitResult` (``chunk_seconds`` per synchronization interval,
         ``chunk_size = sync_every``).
     :raises ValueError: for invalid arguments or an exhausted ``batches``.
+    :raises FloatingPointError: every update skipped.
     """
     check_positive_int(num_steps, "num_steps", "fit_minibatches")
     check_positive_int(num_data, "num_data", "fit_minibatches")
@@ -148,49 +152,33 @@ def fit_minibatches(
     if init_state is None:
         if rng_key is None:
             raise ValueError("fit_minibatches: rng_key is None; pass a PRNG key (or init_state=)")
-        state = _initial_state(svi, rng_key, batch, kwargs, {**kwargs, **svi.static_kwargs}, None, True)
+        state = initial_state(svi, rng_key, batch, kwargs, {**kwargs, **svi.static_kwargs}, None, True)
     else:
         state = init_state
 
     @jax.jit
     def update(state, batch):
-        new_state, loss = svi.update(state, *batch, **kwargs)
-        finite = jnp.isfinite(loss) & tree_all_finite(new_state.optim_state)
-        kept = _select(finite, new_state.optim_state, state.optim_state)
-        return new_state._replace(optim_state=kept), loss, ~finite
+        return guarded_update(svi, state, batch, kwargs)
 
     start = time.perf_counter()
     compiled = update.lower(state, batch).compile()
     compile_seconds = time.perf_counter() - start
-    bar = None
-    if progress_bar and jax.process_index() == 0:
-        from tqdm import tqdm
+    carry = {"state": state, "batch": batch}
 
-        bar = tqdm(total=num_steps, desc="fit", unit="step")
-    losses, skipped, pending, chunk_seconds = [], 0, [], []
-    tick = time.perf_counter()
-    try:
-        for step in range(num_steps):
+    def run(done, n):
+        # dispatch is asynchronous: the host gathers the next batch while the device runs a step
+        pending = []
+        for step in range(done, done + n):
             if step:
-                batch = next_batch()
-            state, loss, bad = compiled(state, batch)
-            pending.append((loss, bad))
-            if len(pending) == sync_every or step == num_steps - 1:
-                values = np.asarray([float(l) for l, _ in pending])  # noqa: E741 - the host sync
-                skipped += int(sum(bool(b) for _, b in pending))
-                losses.extend(values.tolist())
-                chunk_seconds.append(time.perf_counter() - tick)
-                tick = time.perf_counter()
-                if bar is not None:
-                    finite = values[np.isfinite(values)]
-                    bar.set_postfix(loss=f"{finite.mean():.4g}" if finite.size else "nan", skipped=skipped)
-                    bar.update(len(pending))
-                pending = []
-    finally:
-        if bar is not None:
-            bar.close()
-    if skipped == num_steps:
-        raise FloatingPointError("fit_minibatches: every update produced a non-finite loss or parameters; check the "
-                                 "data scale, the jitter and the learning rate")
-    return FitResult(svi.get_params(state), np.asarray(losses), state, skipped, np.asarray(chunk_seconds),
+                carry["batch"] = next_batch()
+            carry["state"], loss, skipped = compiled(carry["state"], carry["batch"])
+            pending.append((loss, skipped))
+        return np.asarray([float(loss) for loss, _ in pending]), np.asarray([bool(s) for _, s in pending])
+
+    log = TrainingLog("fit_minibatches", num_steps, progress_bar=progress_bar and jax.process_index() == 0)
+    run_chunks(run, log, lambda done: min(sync_every, num_steps - done))
+    state = carry["state"]
+    # the diagnostic's eager run would need every process of a distributed fit: only without a mesh
+    report_skipped(log, svi, state, carry["batch"], kwargs, diagnose=mesh is None)
+    return FitResult(svi.get_params(state), log.losses, state, log.num_skipped, np.asarray(log.chunk_seconds),
                      int(sync_every), compile_seconds)

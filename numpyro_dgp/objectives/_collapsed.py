@@ -23,8 +23,8 @@ from jax.typing import ArrayLike
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer import ELBO
 
-from numpyro_dgp._marginal import layers_by_u_site
-from numpyro_dgp._protocol import BRANCHES, LAYER_MESSAGE, get_tag
+from numpyro_dgp._engine.marginal import layers_by_u_site
+from numpyro_dgp._protocol import BRANCHES, LAYER_MESSAGE, get_tag, layer_call
 from numpyro_dgp.core import COLLAPSED_METHODS, collapsed_log_marginal
 from numpyro_dgp.handlers._base import PerRunMessenger, refuse_special_layers
 from numpyro_dgp.layers import Layer
@@ -100,7 +100,7 @@ class collapse_sparse_layer(PerRunMessenger):
     def process_message(self, msg: dict) -> None:
         """Take the layer's message; score the observation site after it."""
         if msg["type"] == LAYER_MESSAGE:
-            layer, X, _ = msg["args"]
+            layer, X, _ = layer_call(msg)
             self._layers += 1
             if self._layers > 1:
                 raise NotImplementedError(

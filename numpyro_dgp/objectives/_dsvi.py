@@ -14,6 +14,7 @@ closed-form KL of the inducing sites, the plate- and quadrature-weighted log den
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -25,10 +26,15 @@ from jax.scipy.special import logsumexp
 from jax.typing import ArrayLike
 from numpyro.infer import ELBO
 
-from numpyro_dgp._marginal import layers_by_u_site, site_posterior, uses_inducing_locations
-
-from numpyro_dgp._marginal_run import MarginalRun, marginal_trace
-from numpyro_dgp._observation import closed_form_log_prob, masked_value, needs_closed_form, observation_kind, unwrap
+from numpyro_dgp._engine.marginal import layers_by_u_site, site_posterior, uses_inducing_locations
+from numpyro_dgp._engine.observation import (
+    closed_form_log_prob,
+    masked_value,
+    needs_closed_form,
+    observation_kind,
+    unwrap,
+)
+from numpyro_dgp._engine.run import MarginalRun, marginal_trace
 from numpyro_dgp._protocol import AMORTIZED_KL, IMPORTANCE_LOG_WEIGHTS, QUADRATURE_AXIS, get_tag
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.core import block_diag_covariance, chain_gauss_kl_term, gauss_kl
@@ -51,7 +57,7 @@ def _reduce_branches(x: jax.Array, plate_ndim: int, branch_log_weights: jax.Arra
     return jnp.tensordot(jax.nn.softmax(branch_log_weights).astype(x.dtype), x, axes=(0, 0))
 
 
-def _plate_ndim(site: dict) -> int:
+def plate_ndim(site: dict) -> int:
     return max([-f.dim for f in site["cond_indep_stack"]] + [0])
 
 
@@ -65,13 +71,13 @@ def _has_quadrature_axis(site: dict, lp: jax.Array, weights: ArrayLike) -> bool:
     return jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == len(weights)
 
 
-def _weighted_log_prob(site: dict, weights: ArrayLike, branch_log_weights: jax.Array | None = None) -> jax.Array:
+def weighted_log_prob(site: dict, weights: ArrayLike, branch_log_weights: jax.Array | None = None) -> jax.Array:
     """Site log-density summed over its plates, averaging the quadrature axis and then the
     branch axis (:class:`numpyro_dgp.handlers.quadrature`, amortized guides) if present."""
     lp = site["fn"].log_prob(site["value"])
     if _has_quadrature_axis(site, lp, weights):
         lp = jnp.tensordot(jnp.asarray(weights, lp.dtype), lp, axes=(0, 0))
-        lp = _reduce_branches(lp, _plate_ndim(site), branch_log_weights)
+        lp = _reduce_branches(lp, plate_ndim(site), branch_log_weights)
     if site["scale"] is not None:
         lp = site["scale"] * lp
     return jnp.sum(lp)
@@ -197,7 +203,7 @@ def objective_terms(
         amortized_kl = get_tag(site, AMORTIZED_KL)
         if amortized_kl is not None:
             # per-point KLs of an amortized layer (branch axis first under rule AR1)
-            per_point = _reduce_branches(amortized_kl, _plate_ndim(site), run.branch_log_weights)
+            per_point = _reduce_branches(amortized_kl, plate_ndim(site), run.branch_log_weights)
             scale = site["scale"] if site["scale"] is not None else 1.0
             kl = kl + jnp.sum(scale * per_point)
             continue
@@ -216,7 +222,8 @@ def objective_terms(
                 raise ValueError(f"{objective}: latent site {name!r} is not covered by the guide")
             _check_sampled_site(name, guide_trace, name in layers, objective, run.guide_name)
             branch = run.branch_log_weights
-            other = other + _weighted_log_prob(site, weights, branch) - _weighted_log_prob(guide_trace[name], weights, branch)
+            other = (other + weighted_log_prob(site, weights, branch)
+                     - weighted_log_prob(guide_trace[name], weights, branch))
     return observed, kl, other
 
 
@@ -254,14 +261,14 @@ def _check_sampled_site(name: str, guide_trace: dict, inducing: bool, objective:
 
 def _expected_log_likelihood(site: dict, run: MarginalRun, objective: str = "DGPElbo") -> jax.Array:
     """``E_f[log p(y | f)]`` of an observed site, summed with its plate scale: in closed form
-    where its likelihood has one (:func:`~numpyro_dgp._observation.closed_form_log_prob`), else
+    where its likelihood has one (:func:`~numpyro_dgp._engine.observation.closed_form_log_prob`), else
     the node-weighted log-density (quadrature or Monte Carlo)."""
     last = run.layer_order[-1] if run.layer_order else None
     lp = closed_form_log_prob(site, run.last_output, run.moments.get(last), run.correlated_outputs)
     if lp is None:
         _refuse_without_closed_form(site, objective)
-        return _weighted_log_prob(site, run.quadrature_weights, run.branch_log_weights)
-    lp = _reduce_branches(lp, _plate_ndim(site), run.branch_log_weights)
+        return weighted_log_prob(site, run.quadrature_weights, run.branch_log_weights)
+    lp = _reduce_branches(lp, plate_ndim(site), run.branch_log_weights)
     if site["scale"] is not None:
         lp = site["scale"] * lp
     return jnp.sum(lp)
@@ -324,7 +331,7 @@ def _log_predictive(
     else:
         w = jnp.reshape(jnp.asarray(weights, lp.dtype), (-1,) + (1,) * (lp.ndim - 1))
         lp = logsumexp(lp, axis=0, b=w)
-    if branch_log_weights is not None and lp.ndim > _plate_ndim(site) and lp.shape[0] == branch_log_weights.shape[0]:
+    if branch_log_weights is not None and lp.ndim > plate_ndim(site) and lp.shape[0] == branch_log_weights.shape[0]:
         log_w = jax.nn.log_softmax(branch_log_weights).astype(lp.dtype)
         lp = logsumexp(lp + log_w.reshape((-1,) + (1,) * (lp.ndim - 1)), axis=0)
     return lp, scale
@@ -376,7 +383,7 @@ class DGPElbo(ELBO):
         self.num_likelihood_samples = int(num_likelihood_samples)
         super().__init__(num_particles=num_particles, vectorize_particles=vectorize_particles)
 
-    def elbo_components(
+    def components(
         self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
     ) -> dict[str, jax.Array]:
         """One-particle ELBO split into its parts.
@@ -396,6 +403,12 @@ class DGPElbo(ELBO):
         ell = sum(_expected_log_likelihood(site, run) for site in observed.values())
         return {"expected_log_likelihood": ell, "kl_inducing": kl, "other": other}
 
+    def elbo_components(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
+        """Deprecated name of :meth:`components` (the name every objective of numpyro-dgp uses)."""
+        warnings.warn("DGPElbo.elbo_components is deprecated; use DGPElbo.components", DeprecationWarning,
+                      stacklevel=2)
+        return self.components(*args, **kwargs)
+
     def loss_with_mutable_state(
         self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
     ) -> dict:
@@ -405,7 +418,7 @@ class DGPElbo(ELBO):
         """
 
         def single_particle_elbo(key):
-            parts = self.elbo_components(key, param_map, model, guide, *args, **kwargs)
+            parts = self.components(key, param_map, model, guide, *args, **kwargs)
             return parts["expected_log_likelihood"] - parts["kl_inducing"] + parts["other"]
 
         if self.num_particles == 1:
@@ -472,7 +485,7 @@ class PredictiveObjective(ELBO):
         self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
     ) -> dict[str, jax.Array]:
         """The objective's parts over ``num_particles`` particles (arguments as for
-        :meth:`DGPElbo.elbo_components`).
+        :meth:`DGPElbo.components`).
 
         :return: ``{"log_predictive", "kl_inducing", "other"}``; the objective is
             ``log_predictive - beta (kl_inducing - other)``.

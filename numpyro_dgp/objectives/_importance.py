@@ -31,10 +31,10 @@ from jax.scipy.special import logsumexp
 from numpyro.infer import ELBO
 
 from numpyro_dgp._compat import is_tracer
-from numpyro_dgp._marginal_run import marginal_trace
+from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp._protocol import IMPORTANCE_LOG_WEIGHTS, get_tag
 from numpyro_dgp._validation import check_positive_int
-from numpyro_dgp.objectives._dsvi import _plate_ndim, expected_log_prob, objective_terms
+from numpyro_dgp.objectives._dsvi import expected_log_prob, objective_terms, plate_ndim
 
 __all__ = ["ImportanceWeightedElbo"]
 
@@ -110,7 +110,7 @@ class ImportanceWeightedElbo(ELBO):
         for site in observed.values():
             lp = expected_log_prob(site, run)  # (K, B) with latent inputs, else (B,)
             scale = site["scale"] if site["scale"] is not None else 1.0
-            if jnp.ndim(lp) > _plate_ndim(site):
+            if jnp.ndim(lp) > plate_ndim(site):
                 inside, scales[site["name"]] = inside + lp, scale
             else:
                 outside = outside + jnp.sum(scale * lp)

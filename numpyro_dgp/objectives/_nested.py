@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -18,10 +19,10 @@ import jax.numpy as jnp
 import numpyro.distributions as dist
 from numpyro.infer import ELBO
 
-from numpyro_dgp._marginal_run import MarginalRun
-from numpyro_dgp._moments import moment_trace
+from numpyro_dgp._engine.moments import moment_trace
+from numpyro_dgp._engine.run import MarginalRun
 from numpyro_dgp._protocol import QUADRATURE_AXIS, get_tag
-from numpyro_dgp.objectives._dsvi import _weighted_log_prob, objective_terms
+from numpyro_dgp.objectives._dsvi import objective_terms, weighted_log_prob
 from numpyro_dgp.posteriors import unwrap_distribution
 
 __all__ = ["NestedCompressionElbo"]
@@ -125,7 +126,7 @@ class NestedCompressionElbo(ELBO):
         self.propagate_inducing_variance = bool(propagate_inducing_variance)
         super().__init__(num_particles=1)
 
-    def bound_components(
+    def components(
         self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
     ) -> dict[str, jax.Array]:
         """The bound split into its parts.
@@ -147,9 +148,15 @@ class NestedCompressionElbo(ELBO):
         )
         observed, kl, other = objective_terms(as_marginal, _NAME)
         scale = _tail_scale(observed)
-        ell = sum(_weighted_log_prob(site, run.quadrature_weights) for site in observed.values())
+        ell = sum(weighted_log_prob(site, run.quadrature_weights) for site in observed.values())
         penalty = scale * sum(run.penalties) if run.penalties else jnp.zeros((), jnp.result_type(ell))
         return {"expected_log_likelihood": ell, "inner_penalty": penalty, "kl_inducing": kl, "other": other}
+
+    def bound_components(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
+        """Deprecated name of :meth:`components` (the name every objective of numpyro-dgp uses)."""
+        warnings.warn("NestedCompressionElbo.bound_components is deprecated; use NestedCompressionElbo.components",
+                      DeprecationWarning, stacklevel=2)
+        return self.components(*args, **kwargs)
 
     def loss_with_mutable_state(
         self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
@@ -158,6 +165,6 @@ class NestedCompressionElbo(ELBO):
 
         :return: ``{"loss": -bound, "mutable_state": None}``.
         """
-        parts = self.bound_components(rng_key, param_map, model, guide, *args, **kwargs)
+        parts = self.components(rng_key, param_map, model, guide, *args, **kwargs)
         bound = parts["expected_log_likelihood"] - parts["inner_penalty"] - parts["kl_inducing"] + parts["other"]
         return {"loss": -bound, "mutable_state": None}

@@ -26,7 +26,7 @@ import optax
 from jax.typing import ArrayLike
 from numpyro.infer import SVI
 
-from numpyro_dgp._marginal_run import marginal_trace
+from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP, DGPGuide
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.kernels import Kernel
@@ -269,7 +269,7 @@ def family_samples(
     :param num_samples: ``S``, function samples.
     :return: ``{layer: (S, G)}`` (first output).
     """
-    from numpyro_dgp._prediction import sample_layers
+    from numpyro_dgp._predict.prediction import sample_layers
 
     samples = sample_layers(model, guide, params, rng_key, grid, num_samples=num_samples)
     return {n: np.asarray(v[..., 0]) for n, v in samples.items()}

@@ -365,7 +365,8 @@ def summary_table(
     """
     labels = pattern_labels(exact.patterns)
     rows = [
-        dict(family="exact", kl=0.0, elbo=exact.log_evidence, invalid_mass=float(exact.probabilities[~exact.valid].sum()),
+        dict(family="exact", kl=0.0, elbo=exact.log_evidence,
+             invalid_mass=float(exact.probabilities[~exact.valid].sum()),
              num_valid_patterns=int(np.sum(exact.probabilities[exact.valid] > 1e-3)),
              **{lab: float(p) for lab, p in zip(labels, exact.probabilities)})
     ]
@@ -401,7 +402,8 @@ def plot_sign_posteriors(
     else:
         fig = ax.figure
     labels = pattern_labels(exact.patterns)
-    series = [("exact", exact.probabilities)] + [(f"{r.family} (KL={r.kl:.3f})", r.probabilities) for r in fitted_results]
+    series = [("exact", exact.probabilities)] + [
+        (f"{r.family} (KL={r.kl:.3f})", r.probabilities) for r in fitted_results]
     positions = np.arange(len(labels))
     width = 0.8 / len(series)
     for i, (name, probs) in enumerate(series):

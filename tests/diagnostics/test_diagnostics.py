@@ -1,6 +1,7 @@
 """Diagnostics: ArviZ trees, per-layer metrics, MCMC health, mode evidence."""
 
 import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,11 +11,11 @@ import pytest
 from numpyro.handlers import substitute
 from numpyro.infer import MCMC, NUTS
 from scipy import stats
+
 import numpyro_dgp as dgp
 from numpyro_dgp import diagnostics, kernels
 from numpyro_dgp.handlers import exact_layers, latent_conditionals
 from tests._mc import z_threshold
-
 
 K1 = kernels.RBF(variance=1.0, lengthscale=0.6)
 

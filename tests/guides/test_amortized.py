@@ -18,12 +18,12 @@ from scipy import integrate
 from scipy.stats import norm
 
 import numpyro_dgp as dgp
+from numpyro_dgp._engine.run import marginal_trace
+from numpyro_dgp._protocol import AMORTIZED_KL, get_tag
 from numpyro_dgp.core import gauss_hermite
 from numpyro_dgp.guides import AutoAmortizedDGP, AutoFactorizedDGP
 from numpyro_dgp.handlers import quadrature
 from numpyro_dgp.kernels import RBF, Matern52
-from numpyro_dgp._marginal_run import marginal_trace
-from numpyro_dgp._protocol import AMORTIZED_KL, get_tag
 
 JITTER = 1e-6  # float64 default; amortized layers scale it by the set's prior variance
 
@@ -115,7 +115,7 @@ def test_kl_is_averaged_over_points_as_in_the_paper(average_kl):
     model = one_layer_model(Matern52(ard=False), average_kl=average_kl)
     guide = AutoAmortizedDGP(model, covariance="diagonal", num_hidden=1)
     params = perturbed_params(model, guide, X, y)
-    parts = dgp.DGPElbo().elbo_components(jax.random.PRNGKey(0), params, model, guide, X, y)
+    parts = dgp.DGPElbo().components(jax.random.PRNGKey(0), params, model, guide, X, y)
 
     (loc, std), _ = encoder_output(model, guide, params, X, y)
     W, b = np.asarray(params["h1.inducing_maps.weight"]), np.asarray(params["h1.inducing_maps.bias"])
@@ -143,8 +143,8 @@ def test_minibatch_scales_likelihood_by_N_over_B_and_kl_by_one_over_B():
     key = jax.random.PRNGKey(4)
     run = marginal_trace(model, guide, params, key, (X, y, 2), {})
     idx = np.asarray(run.model_trace["data"]["value"])
-    parts = dgp.DGPElbo().elbo_components(key, params, model, guide, X, y, 2)
-    full = dgp.DGPElbo().elbo_components(jax.random.PRNGKey(0), params, model, guide, X[idx], y[idx])
+    parts = dgp.DGPElbo().components(key, params, model, guide, X, y, 2)
+    full = dgp.DGPElbo().components(jax.random.PRNGKey(0), params, model, guide, X[idx], y[idx])
     # full batch of those two points: ELL summed, KL averaged over 2 points
     np.testing.assert_allclose(parts["expected_log_likelihood"], 3.0 * full["expected_log_likelihood"], rtol=1e-10)
     np.testing.assert_allclose(parts["kl_inducing"], full["kl_inducing"], rtol=1e-10)
@@ -161,7 +161,7 @@ def test_ar2p_at_hermite_nodes_is_gauss_hermite_quadrature():
         guide = AutoAmortizedDGP(model, rule="AR2P", num_branches=num_nodes, points={"h1": nodes[:, None]},
                                  weights=weights, learn_points=False, num_hidden=1)
         params = perturbed_params(model, guide, X, Y, scale=0.2)
-        parts = dgp.DGPElbo().elbo_components(jax.random.PRNGKey(0), params, model, guide, X, Y)
+        parts = dgp.DGPElbo().components(jax.random.PRNGKey(0), params, model, guide, X, Y)
         return guide, params, float(parts["expected_log_likelihood"])
 
     guide, params, ell20 = ell_with(20)
@@ -199,7 +199,7 @@ def test_quadrature_handler_gives_gauss_hermite_for_a_factorized_guide():
     model = quadrature(base, num_points=40, points=nodes, weights=weights, learnable=False)
     guide = AutoFactorizedDGP(model, inner_init="prior")
     params = perturbed_params(model, guide, X, y, scale=0.2)
-    parts = dgp.DGPElbo().elbo_components(jax.random.PRNGKey(0), params, model, guide, X, y)
+    parts = dgp.DGPElbo().components(jax.random.PRNGKey(0), params, model, guide, X, y)
 
     run = marginal_trace(model, guide, params, jax.random.PRNGKey(0), (X, y), {})
     assert run.branch_log_weights.shape == (40,)
@@ -247,7 +247,7 @@ def test_predictive_objective_and_predict_are_the_weighted_branch_mixture():
     parts = dgp.PredictiveObjective(num_particles=1).components(key, params, model, guide, X, y)
     np.testing.assert_allclose(parts["log_predictive"], log_pred, rtol=1e-10)
     ell = np.sum(w[:, None] * (-0.5 * np.log(2 * np.pi * 0.1) - 0.5 * ((np.asarray(y) - m) ** 2 + v) / 0.1))
-    elbo_parts = dgp.DGPElbo().elbo_components(key, params, model, guide, X, y)
+    elbo_parts = dgp.DGPElbo().components(key, params, model, guide, X, y)
     np.testing.assert_allclose(elbo_parts["expected_log_likelihood"], ell, rtol=1e-10)
 
     pred = dgp.predict(model, guide, params, jax.random.PRNGKey(6), X, num_samples=3)

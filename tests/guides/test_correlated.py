@@ -9,13 +9,12 @@ import numpyro.distributions as dist
 import pytest
 from jax.scipy.linalg import block_diag
 from numpyro.infer import SVI, Trace_ELBO
+from scipy.stats import norm
 
 import numpyro_dgp as dgp
-from numpyro_dgp.core import gauss_kl
-from numpyro_dgp.core import chain_gauss_kl_term
+from numpyro_dgp._engine.run import marginal_trace
+from numpyro_dgp.core import chain_gauss_kl_term, gauss_kl
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP
-from numpyro_dgp._marginal_run import marginal_trace
-from scipy.stats import norm
 from tests._mc import paired_difference_and_se, z_threshold
 
 GUIDES = [AutoFactorizedDGP, AutoJointDGP, AutoChainDGP]
@@ -246,7 +245,7 @@ def test_chain_kl_equals_dense_kl(data):
     run = marginal_trace(deep_model, guide, params, jax.random.PRNGKey(0), (X, y), {"num_layers": 3, "whiten": False})
     priors = [run.model_trace[f"{s.layer}.layer"]["args"][0].Kmm_chol for s in guide.inducing_sites]
     dense = float(gauss_kl(jnp.asarray(mean)[None], jnp.asarray(np.linalg.cholesky(cov))[None], block_diag(*priors)))
-    parts = dgp.DGPElbo().elbo_components(jax.random.PRNGKey(0), params, deep_model, guide, X, y, num_layers=3, whiten=False)
+    parts = dgp.DGPElbo().components(jax.random.PRNGKey(0), params, deep_model, guide, X, y, num_layers=3, whiten=False)
     np.testing.assert_allclose(float(parts["kl_inducing"]), dense, rtol=1e-10)
     covs = guide.marginal_covariances(params)
     terms = [chain_gauss_kl_term(params[f"{s.name}_auto_loc"], params[f"{s.name}_auto_scale_tril"], covs[s.name], priors[i])

@@ -10,14 +10,13 @@ from numpyro.handlers import seed, substitute, trace
 from numpyro.infer import MCMC, NUTS
 from numpyro.infer.util import log_density
 from scipy import stats
+from scipy.stats import norm
+
 import numpyro_dgp as dgp
 from numpyro_dgp import kernels
-from numpyro_dgp.handlers import exact_layers, latent_conditionals
-from scipy.stats import norm
-from numpyro_dgp.handlers import collapse_last_layer
+from numpyro_dgp.handlers import collapse_last_layer, exact_layers, latent_conditionals
 from numpyro_dgp.models import deep_gp_regression
 from tests._mc import mcmc_mean_and_se, mcmc_var_and_se, z_threshold
-
 
 K1 = kernels.RBF(variance=1.0, lengthscale=0.6)
 

@@ -15,13 +15,13 @@ import pytest
 from numpyro.infer import Trace_ELBO
 
 import numpyro_dgp as dgp
+from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp.core import euler_maruyama
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP
 from numpyro_dgp.handlers import exact_layers, sde_flow
 from numpyro_dgp.kernels import RBF, Linear
 from numpyro_dgp.layers import layer_moments
 from numpyro_dgp.models import diffgp
-from numpyro_dgp._marginal_run import marginal_trace
 from tests._mc import z_threshold
 
 NOISE = 0.05
@@ -113,8 +113,8 @@ def test_zero_flow_time_is_the_svgp(data):
     svgp_params = {k: v for k, v in params.items() if k.startswith("g.") or k == "noise"}
     key = jax.random.PRNGKey(4)
     # compiled: eager op-by-op tracing of the models is far slower
-    ours = jax.jit(lambda p: dgp.DGPElbo().elbo_components(key, p, flow_model, flow_guide, X, y))(params)
-    ref = jax.jit(lambda p: dgp.DGPElbo().elbo_components(key, p, svgp_model, svgp_guide, X, y))(svgp_params)
+    ours = jax.jit(lambda p: dgp.DGPElbo().components(key, p, flow_model, flow_guide, X, y))(params)
+    ref = jax.jit(lambda p: dgp.DGPElbo().components(key, p, svgp_model, svgp_guide, X, y))(svgp_params)
     np.testing.assert_allclose(ours["expected_log_likelihood"], ref["expected_log_likelihood"], rtol=1e-12)
     # the flow's own KL is the only difference
     flow_loc = params["flow.u_auto_loc"]

@@ -2,6 +2,7 @@
 
 import contextlib
 import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,9 +10,9 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 from numpyro.infer import SVI
+
 import numpyro_dgp as dgp
 from numpyro_dgp.models import deep_gp_regression
-
 
 NOISE = 0.05
 

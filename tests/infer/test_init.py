@@ -43,8 +43,9 @@ def test_prototype_is_abstract_and_holds_no_tracers():
 
 
 def test_compiled_init_is_kept_per_svi_and_reused():
-    from numpyro.infer import SVI
     import numpyro
+    from numpyro.infer import SVI
+
     import numpyro_dgp as dgp
     from numpyro_dgp.infer import _init
     from tests.init_reference_models import _data

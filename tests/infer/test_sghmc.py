@@ -11,12 +11,12 @@ import pytest
 from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC, Predictive
 from scipy.optimize import minimize_scalar
-from numpyro_dgp.infer import SGHMC
+
 from numpyro_dgp import predict_from_samples
 from numpyro_dgp.handlers import collapse_last_layer
+from numpyro_dgp.infer import SGHMC
 from numpyro_dgp.models import deep_gp_regression
 from tests._mc import z_threshold
-
 
 jax.config.update("jax_enable_x64", True)  # idempotent (conftest does it too)
 

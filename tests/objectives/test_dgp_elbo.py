@@ -9,10 +9,10 @@ import optax
 import pytest
 from numpyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
 from scipy.stats import multivariate_normal
+
 import numpyro_dgp as dgp
 from numpyro_dgp.models import deep_gp_regression
 from tests._mc import paired_difference_and_se, z_threshold
-
 
 RELATIVE_JITTER = 1e-8  # the layer's jitter, relative to its kernel variance (1.3) ...
 JITTER = RELATIVE_JITTER * 1.3  # ... so K(Z, Z) gets this
@@ -198,7 +198,7 @@ def test_expected_log_likelihood_closed_form_and_monte_carlo(data1d):
     params = init_params(model, guide, X, y)
     m, S = random_q(np.random.RandomState(2), len(Z))
     params = {**params, "f.u_auto_loc": jnp.asarray(m)[None], "f.u_auto_scale_tril": jnp.asarray(S)[None]}
-    ell = float(dgp.DGPElbo().elbo_components(jax.random.PRNGKey(0), params, model, guide, X, y)["expected_log_likelihood"])
+    ell = float(dgp.DGPElbo().components(jax.random.PRNGKey(0), params, model, guide, X, y)["expected_log_likelihood"])
     mean, var = dense_marginals(np.asarray(X), Z, m, S)
     yy = np.asarray(y)
     closed = np.sum(-0.5 * np.log(2 * np.pi * NOISE) - 0.5 * ((yy - mean) ** 2 + var) / NOISE)
@@ -386,7 +386,7 @@ def test_dgp_elbo_with_a_bernoulli_likelihood_uses_quadrature(data):
     svi = SVI(classifier, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
     params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, labels))
     params = {**params, "f.u_auto_loc": params["f.u_auto_loc"] + 0.7}
-    ours = float(dgp.DGPElbo().elbo_components(jax.random.PRNGKey(0), params, classifier, guide, X, labels)["expected_log_likelihood"])
+    ours = float(dgp.DGPElbo().components(jax.random.PRNGKey(0), params, classifier, guide, X, labels)["expected_log_likelihood"])
     keys = jax.random.split(jax.random.PRNGKey(1), 4000)
     tr = jax.vmap(lambda k: -Trace_ELBO().loss(k, params, classifier, guide, X, labels))(keys)
     kl = float(dgp.core.gauss_kl(params["f.u_auto_loc"], params["f.u_auto_scale_tril"]))

@@ -235,8 +235,8 @@ def test_minibatch_terms_are_scaled_by_n_over_b(data):
     nvc = dgp.NestedCompressionElbo()
     key = jax.random.PRNGKey(0)
     fixed = numpyro.handlers.substitute(deep, data={"data": idx})
-    batch = nvc.bound_components(key, params, fixed, guide, X, y, batch_size=5, **kw)
-    subset = nvc.bound_components(key, params, deep, guide, X[idx], y[idx], **kw)
+    batch = nvc.components(key, params, fixed, guide, X, y, batch_size=5, **kw)
+    subset = nvc.components(key, params, deep, guide, X[idx], y[idx], **kw)
     scale = X.shape[0] / 5
     np.testing.assert_allclose(batch["expected_log_likelihood"], scale * subset["expected_log_likelihood"], rtol=1e-10)
     np.testing.assert_allclose(batch["inner_penalty"], scale * subset["inner_penalty"], rtol=1e-10)
@@ -384,3 +384,20 @@ def test_data_parallel_bound_equals_single_device_on_two_cpu_devices():
     out = run_on_two_devices(_DATA_PARALLEL_SCRIPT)
     for loss_diff, grad_diff, eager_diff in out.values():
         assert loss_diff < 1e-10 and grad_diff < 1e-8 and eager_diff < 1e-8, out
+
+
+def test_every_objective_names_its_parts_components_and_the_old_names_warn(data):
+    """DGPElbo.elbo_components and NestedCompressionElbo.bound_components are deprecated aliases of
+    ``components``: same parts, and a DeprecationWarning naming the new method."""
+    X, y = data
+    kw = {"widths": (2,), "noises": (0.05,), "means": ("identity",)}
+    guide = AutoFactorizedDGP(deep)
+    params = _params(deep, guide, X, y, **kw)
+    key = jax.random.PRNGKey(0)
+    for objective, old in [(dgp.NestedCompressionElbo(), "bound_components"), (dgp.DGPElbo(), "elbo_components")]:
+        new_parts = objective.components(key, params, deep, guide, X, y, **kw)
+        with pytest.warns(DeprecationWarning, match=f"{old} is deprecated; use .*components"):
+            old_parts = getattr(objective, old)(key, params, deep, guide, X, y, **kw)
+        assert set(old_parts) == set(new_parts)
+        for name in new_parts:
+            np.testing.assert_array_equal(old_parts[name], new_parts[name])

@@ -7,13 +7,13 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 from scipy.stats import norm
+
 import numpyro_dgp as dgp
+from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp.guides import AutoFactorizedDGP
 from numpyro_dgp.kernels import RBF
-from numpyro_dgp._marginal_run import marginal_trace
 from numpyro_dgp.objectives import PredictiveObjective
 from tests._mc import z_threshold
-
 
 NOISE = 0.09
 
@@ -124,7 +124,7 @@ def test_two_layers_mix_the_particles_inside_the_log(data):
     @jax.jit
     def reference(k, params):
         run = marginal_trace(two_layer, guide, params, k, (X, y), {})
-        kl = dgp.DGPElbo().elbo_components(k, params, two_layer, guide, X, y)["kl_inducing"]
+        kl = dgp.DGPElbo().components(k, params, two_layer, guide, X, y)["kl_inducing"]
         return run.moments["f"], kl
 
     per_particle, kls = [], []

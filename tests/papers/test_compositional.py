@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import numpyro_dgp as dgp
-from numpyro_dgp._marginal_run import marginal_trace
-from tests._mc import z_threshold
+from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp.papers.compositional import (
     FAMILIES,
     composed_gp,
@@ -18,6 +17,7 @@ from numpyro_dgp.papers.compositional import (
     layer_variances,
     plot_compositions,
 )
+from tests._mc import z_threshold
 
 matplotlib.use("Agg")
 

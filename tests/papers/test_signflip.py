@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import matplotlib
 import numpy as np
 import pytest
-from scipy.stats import binom
 from numpyro.contrib.funsor import config_enumerate, enum, log_density
 from numpyro.infer import TraceEnum_ELBO
+from scipy.stats import binom
 
 from numpyro_dgp.papers.signflip import (
     SIGN_FAMILIES,

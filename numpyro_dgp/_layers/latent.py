@@ -32,8 +32,7 @@ import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
 from numpyro_dgp._compat import active_plates
-from numpyro_dgp._layer_parts import _emit
-from numpyro_dgp._protocol import LATENT_MESSAGE
+from numpyro_dgp._protocol import send_latent
 from numpyro_dgp._validation import as_float_array, check_positive_int
 
 __all__ = ["LatentSpec", "latent_input"]
@@ -50,10 +49,6 @@ class LatentSpec(NamedTuple):
     name: str
     latent_dim: int
     encoder_input: jax.Array
-
-
-def _no_change(spec: LatentSpec, rng_key: jax.Array) -> LatentSpec:
-    return spec
 
 
 def latent_input(name: str, X: ArrayLike, latent_dim: int = 1, *, encoder_input: ArrayLike | None = None) -> jax.Array:
@@ -90,8 +85,7 @@ def latent_input(name: str, X: ArrayLike, latent_dim: int = 1, *, encoder_input:
     rng_key = numpyro.prng_key()
     if rng_key is None:
         raise RuntimeError(f"latent_input {name!r} needs a random key: run the model under numpyro.handlers.seed")
-    _emit(LATENT_MESSAGE, f"{name}.latent", _no_change, (LatentSpec(name, int(latent_dim), encoder_input),),
-          rng_key=rng_key)
+    send_latent(LatentSpec(name, int(latent_dim), encoder_input), rng_key)
     prior = dist.Normal(jnp.zeros((B, int(latent_dim)), X.dtype), 1.0).to_event(1)
     w = jnp.asarray(numpyro.sample(name, prior), X.dtype)
     return jnp.concatenate([jnp.broadcast_to(X, w.shape[:-1] + X.shape[-1:]), w], axis=-1)

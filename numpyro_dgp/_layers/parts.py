@@ -12,7 +12,7 @@ import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
-from numpyro_dgp._compat import active_plates, apply_stack, handler_stack_is_empty, innermost_trace
+from numpyro_dgp._compat import active_plates, handler_stack_is_empty, innermost_trace
 from numpyro_dgp._validation import (
     as_float_array,
     check_positive_int,
@@ -127,7 +127,7 @@ def mean_projection(X: ArrayLike, in_dim: int, out_dim: int) -> jax.Array:
     return Vt[:out_dim].T
 
 
-def _mean_function(
+def mean_function(
     name: str, mean: str | Callable, X: jax.Array, in_dim: int, out_dim: int
 ) -> tuple[Callable, tuple[jax.Array, jax.Array] | None]:
     """The layer's mean function and, for the named (affine) ones, its ``(W (D, P), b (P,))``
@@ -153,7 +153,7 @@ def _mean_function(
     )
 
 
-def _noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax.Array | None:
+def noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax.Array | None:
     """The layer's learned output noise variance (``numpyro.param`` ``"<name>.noise"``), or ``None``."""
     if noise is None:
         return None
@@ -162,7 +162,10 @@ def _noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax
     return numpyro.param(f"{name}.noise", jnp.asarray(noise, dtype), constraint=constraints.positive)
 
 
-def _hyperparameters(name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, learn: bool) -> Kernel:
+def hyperparameter_sites(name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, learn: bool) -> Kernel:
+    """The kernel with its hyperparameters read from sites ``"<name>.kernel.<hp>"``: a
+    ``numpyro.sample`` site where ``priors`` has one, else a positive ``numpyro.param``
+    (gradient stopped unless ``learn``)."""
     values = {}
     for hp, init in kernel.hyperparameters().items():
         site = f"{name}.kernel.{hp}"
@@ -174,10 +177,7 @@ def _hyperparameters(name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, 
                 prior = prior.expand(init.shape).to_event(init.ndim)
             values[hp] = numpyro.sample(site, prior)
             continue
-        if _holds(lambda xp, v: xp.all(v > 0), init) is False:
-            raise ValueError(
-                f"gp_layer {name!r}: kernel hyperparameter {hp!r} must be positive, got {init}"
-            )
+        # initial values were checked positive by check_layer_kind (_check_kernel_values)
         value = numpyro.param(site, init, constraint=constraints.positive)
         values[hp] = value if learn else jax.lax.stop_gradient(value)
     try:
@@ -186,34 +186,15 @@ def _hyperparameters(name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, 
         raise ValueError(f"gp_layer {name!r}: {err} (site '{name}.kernel.*')") from None
 
 
-def _default_encoder_input(X: jax.Array) -> jax.Array:
+def default_encoder_input(X: jax.Array) -> jax.Array:
     """Without an amortization rule a layer's encoder sees its own input (rule AR1 of Meng & Zhang 2024)."""
     return X
-
-
-def _emit(msg_type: str, name: str, fn: Callable, args: tuple, **kwargs: Any) -> Any:
-    """Send a non-sample message (``"dgp_layer"``, ``"dgp_encoder_input"``) through the
-    handler stack; handlers may set its value, else ``fn(*args, **kwargs)`` gives it."""
-    msg = {
-        "type": msg_type,
-        "name": name,
-        "fn": fn,
-        "args": args,
-        "kwargs": kwargs,
-        "value": None,
-        "scale": None,
-        "is_observed": False,
-        "intermediates": [],
-        "cond_indep_stack": [],
-        "infer": {},
-    }
-    return apply_stack(msg)["value"]
 
 
 # ---- gp_layer's argument checks: all of them run before any site is sent ----
 
 
-def _check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
+def check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
     """The checks every layer kind makes first: its name, kernel and inducing mode."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
@@ -227,8 +208,8 @@ def _check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
         )
 
 
-class _LayerArgs(NamedTuple):
-    """A global or locations layer's arguments after :func:`_check_layer_args`."""
+class LayerArgs(NamedTuple):
+    """A global or locations layer's arguments after :func:`check_layer_args`."""
 
     X: jax.Array  #: float inputs, ``(N, D)`` or ``(S, N, D)``
     propagated_Z: jax.Array | None  #: the locations of an ``(X, Z)`` pair, ``(M, D)``
@@ -239,11 +220,11 @@ class _LayerArgs(NamedTuple):
     jitter: float  #: relative jitter (scaled by the mean prior variance later)
 
 
-def _check_layer_args(
+def check_layer_args(
     name: str, X: ArrayLike | tuple, kernel: Kernel, *, num_inducing: int | None, out_dim: int,
     priors: dict | None, whiten: bool | None, jitter: float | None, inducing: str,
     inducing_inputs: ArrayLike | None,
-) -> _LayerArgs:
+) -> LayerArgs:
     """Every check of a global or locations layer, before any site is sent or JAX work done."""
     locations = inducing == "locations"
     whiten = _check_whiten(name, whiten, locations)
@@ -268,7 +249,7 @@ def _check_layer_args(
             f"gp_layer {name!r}: give num_inducing (a positive integer) or inducing_inputs; "
             f"got num_inducing={num_inducing!r}"
         )
-    return _LayerArgs(X, propagated_Z, inducing_inputs, locations, whiten, priors, jitter)
+    return LayerArgs(X, propagated_Z, inducing_inputs, locations, whiten, priors, jitter)
 
 
 def _check_whiten(name: str, whiten: bool | None, locations: bool) -> bool:
@@ -359,7 +340,7 @@ def _check_inducing_array(name: str, Z: ArrayLike, num_inducing: int | None, X: 
     return Z
 
 
-def _check_amortized_args(
+def check_amortized_args(
     name: str, X: ArrayLike, kernel: Kernel, *, num_inducing: int | None, out_dim: int,
     inducing_inputs: ArrayLike | None, priors: dict | None, whiten: bool | None, jitter: float | None,
 ) -> tuple[jax.Array, Any, float]:

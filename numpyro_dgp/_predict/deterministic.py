@@ -22,11 +22,11 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 from numpyro.handlers import seed, substitute, trace
 
-from numpyro_dgp._marginal import marginalize_inducing
-from numpyro_dgp._mixture import PREDICTION_NODES, Component, component_of, mixture_fields
-from numpyro_dgp._moments import moment_trace
-from numpyro_dgp._observation import observation_kind, shared_rule
-from numpyro_dgp._prediction import Prediction, _check_guide_is_set_up, _observation_site, _warn_if_not_finite
+from numpyro_dgp._engine.marginal import marginalize_inducing
+from numpyro_dgp._engine.moments import moment_trace
+from numpyro_dgp._engine.observation import observation_kind, shared_rule
+from numpyro_dgp._predict.mixture import PREDICTION_NODES, Component, component_of, mixture_fields
+from numpyro_dgp._predict.prediction import Prediction, check_guide_is_set_up, observation_site, warn_if_not_finite
 from numpyro_dgp.core import collapsed_posterior
 from numpyro_dgp.objectives._collapsed import collapse_sparse_layer
 
@@ -84,13 +84,13 @@ def predict_moment_matched(
     """
     caller = "predict_moment_matched"
     X_new = _check_inputs(X_new, caller)
-    _check_guide_is_set_up(guide, caller)
+    check_guide_is_set_up(guide, caller)
     key = jax.random.PRNGKey(0)  # the guide's draws are not used: the moments are deterministic
     found = {}
 
     def probe():
         run = moment_trace(model, guide, params, key, (X_new,) + tuple(args), kwargs, "predict", 3, caller)
-        found["name"] = _observation_site(run.model_trace, obs_site)
+        found["name"] = observation_site(run.model_trace, obs_site)
         found["likelihood"] = observation_kind(run.model_trace[found["name"]]["fn"], found["name"], caller)
         found["layers"] = list(run.layer_order)
         return 0
@@ -107,7 +107,7 @@ def predict_moment_matched(
         return component, run.quadrature_weights
 
     component, node_weights = run_once(params, X_new)
-    return _warn_if_not_finite(_one_component(likelihood, component, node_weights), caller)
+    return warn_if_not_finite(_one_component(likelihood, component, node_weights), caller)
 
 
 def predict_collapsed(
@@ -167,11 +167,11 @@ def predict_collapsed(
 
     def probe():
         tr, _, _ = run(3, "normal")
-        found["name"] = _observation_site(tr, obs_site)
+        found["name"] = observation_site(tr, obs_site)
         found["likelihood"] = observation_kind(tr[found["name"]]["fn"], found["name"], caller)
         return 0
 
     jax.eval_shape(probe)
     tr, moments, weights = run(PREDICTION_NODES[found["likelihood"]], found["likelihood"])
     component = component_of(tr, moments, found["name"], found["likelihood"], weights, [layer.name], key)
-    return _warn_if_not_finite(_one_component(found["likelihood"], component, weights), caller)
+    return warn_if_not_finite(_one_component(found["likelihood"], component, weights), caller)

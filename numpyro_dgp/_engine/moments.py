@@ -17,7 +17,7 @@ previous layer's output, whose per-point mean and variance were recorded when it
   variance (noise included), and the last layer's output becomes quadrature nodes.
 
 :func:`moment_trace` runs a guide and then the model under the handler (as
-:func:`numpyro_dgp._marginal_run.marginal_trace` does for the sampling engine).
+:func:`numpyro_dgp._engine.run.marginal_trace` does for the sampling engine).
 
 **References:**
 
@@ -35,12 +35,20 @@ import numpy as np
 from numpyro.handlers import trace
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._autoguides import innermost_guide
-from numpyro_dgp._compat import is_tracer
-from numpyro_dgp._marginal import _model_u_sites, final_layer_name, guide_posteriors
-from numpyro_dgp._marginal_run import _validation_off_when_traced, guide_then_model
-from numpyro_dgp._observation import shared_rule
-from numpyro_dgp._protocol import BRANCHES, FLOW, LAYER_MESSAGE, QUADRATURE_AXIS, get_tag, message_layer, with_tag
+from numpyro_dgp._compat import innermost_guide, is_tracer
+from numpyro_dgp._engine.marginal import final_layer_name, guide_posteriors, model_u_sites
+from numpyro_dgp._engine.observation import shared_rule
+from numpyro_dgp._engine.run import guide_then_model, validation_off_when_traced
+from numpyro_dgp._protocol import (
+    BRANCHES,
+    FLOW,
+    LAYER_MESSAGE,
+    QUADRATURE_AXIS,
+    get_tag,
+    layer_call,
+    message_layer,
+    with_tag,
+)
 from numpyro_dgp.core import uncertain_input_moments
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import ChainLink, JointBlock
@@ -137,10 +145,11 @@ class propagate_moments(Messenger):
         return self.moments[self.layer_order[-2]]
 
     def _layer(self, msg: dict) -> jax.Array:
-        layer, X, _ = msg["args"]
+        layer, X, _ = layer_call(msg)
         self.layer_order.append(layer.name)
         if layer.inducing != "global":
-            self._refuse(layer, f"has inducing={layer.inducing!r}; only global inducing points propagate Gaussian moments")
+            self._refuse(layer,
+                         f"has inducing={layer.inducing!r}; only global inducing points propagate Gaussian moments")
         if get_tag(msg, FLOW) is not None or get_tag(msg, BRANCHES) is not None:
             self._refuse(layer, "is an sde_flow layer or branches at quadrature points")
         if X.ndim != 2:
@@ -274,10 +283,10 @@ def moment_trace(
     :param caller: the name errors are reported under.
     :param propagate_inducing_variance: see :class:`propagate_moments`.
     :param kind: the observation's kind, which picks the rule over several outputs
-        (:func:`~numpyro_dgp._observation.shared_rule`).
+        (:func:`~numpyro_dgp._engine.observation.shared_rule`).
     :return: :class:`MomentRun`.
     """
-    with _validation_off_when_traced(params):
+    with validation_off_when_traced(params):
         guide_trace, seeded_model = guide_then_model(model, guide, params, rng_key, args, kwargs)
         found = {}
 
@@ -285,7 +294,7 @@ def moment_trace(
             # abstract run (jax.eval_shape): the layers and which one is last; computes nothing
             tr = trace(seeded_model).get_trace(*args, **kwargs)
             found["last"] = final_layer_name(tr)
-            found["u_sites"] = _model_u_sites(tr)
+            found["u_sites"] = model_u_sites(tr)
             found["out_dim"] = message_layer(tr[f"{found['last']}.layer"]).out_dim
             return 0
 

@@ -15,7 +15,7 @@ log-likelihood ``logsumexp_s log Bernoulli(y | p_s) - log S``. A categorical sit
 (:func:`~numpyro_dgp.likelihoods.softmax`, :func:`~numpyro_dgp.likelihoods.robust_max`) gives
 class probabilities the same way, and any other likelihood (Student-t, Poisson, negative
 binomial, heteroscedastic Gaussian, ...) keeps the distribution at every node of every component
-(:mod:`numpyro_dgp._mixture`).
+(:mod:`numpyro_dgp._predict.mixture`).
 
 **References:**
 
@@ -39,14 +39,19 @@ from jax.typing import ArrayLike
 from numpyro.handlers import replay, seed, substitute, trace
 
 from numpyro_dgp._cache import OwnerCache
-from numpyro_dgp._marginal_run import marginal_trace
-from numpyro_dgp._mixture import component_of, flatten_branches, mixture_fields, rebuild, rule_arguments
-from numpyro_dgp._observation import observation_kind
-from numpyro_dgp._params import PREDICT_HINT, check_params_against, param_specs
+from numpyro_dgp._engine.observation import observation_kind
+from numpyro_dgp._engine.run import marginal_trace
+from numpyro_dgp._persist.params import PREDICT_HINT, check_params_against, param_specs
+from numpyro_dgp._predict.mixture import component_of, flatten_branches, mixture_fields, rebuild, rule_arguments
 from numpyro_dgp._protocol import quadrature_tail, trace_layer_names
-from numpyro_dgp._validation import as_float_array, check_finite, check_positive_int, warn_if_not_standardized
+from numpyro_dgp._validation import (
+    as_float_array,
+    check_finite,
+    check_positive_int,
+    is_array,
+    warn_if_not_standardized,
+)
 from numpyro_dgp.handlers import coherent_layers
-from numpyro_dgp.infer._fit import _is_array
 
 __all__ = [
     "NonFinitePredictionWarning",
@@ -64,7 +69,7 @@ class NonFinitePredictionWarning(UserWarning):
     """
 
 
-def _warn_if_not_finite(prediction, caller):
+def warn_if_not_finite(prediction, caller):
     """Report (never silently pass on) predictive means or variances that are NaN or infinite."""
     # on the host: eager jnp operations would each compile a program per shape
     bad = ~(np.isfinite(np.asarray(prediction.mean)) & np.isfinite(np.asarray(prediction.variance)))
@@ -125,7 +130,7 @@ class Prediction(NamedTuple):
     atom_weights: jax.Array | None = None
 
 
-def _test_inputs(X_new, caller):
+def checked_test_inputs(X_new, caller):
     """``X_new`` at the door: a finite float ``(N, D)`` array (integers cast), a warning when its
     features are spread far beyond the unit scale kernels start at."""
     X_new = as_float_array(X_new, "X_new", caller, ndim=2)
@@ -134,7 +139,7 @@ def _test_inputs(X_new, caller):
     return X_new
 
 
-def _check_guide_is_set_up(guide, caller):
+def check_guide_is_set_up(guide, caller):
     # AutoGuides build themselves on first call; inside jit/eval_shape that would leak
     # tracers, and on test inputs (y absent) it would treat y as a latent site.
     if getattr(guide, "prototype_trace", "absent") is None:
@@ -144,7 +149,7 @@ def _check_guide_is_set_up(guide, caller):
         )
 
 
-def _observation_site(model_trace, obs_site):
+def observation_site(model_trace, obs_site):
     tail = quadrature_tail(model_trace)
     if obs_site is None:
         if len(tail) != 1:
@@ -224,19 +229,19 @@ def predict(
     """
     check_positive_int(num_samples, "num_samples", "predict")
     check_positive_int(batch_size, "batch_size", "predict", allow_none=True)
-    X_new = _test_inputs(X_new, "predict")
-    _check_guide_is_set_up(guide, "predict")
+    X_new = checked_test_inputs(X_new, "predict")
+    check_guide_is_set_up(guide, "predict")
     N = X_new.shape[0]
     if batch_size is not None and batch_size < N:
         return _predict_in_batches(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site,
                                    strict, int(batch_size), keep_layers)
     found, fields = _predict_mixture(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site,
                                      strict, keep_layers)
-    return _warn_if_not_finite(_as_prediction(found, fields), "predict")
+    return warn_if_not_finite(_as_prediction(found, fields), "predict")
 
 
 def _as_prediction(found, fields):
-    """The :class:`Prediction` of the predictor's arrays (:func:`~numpyro_dgp._mixture.mixture_fields`)."""
+    """The :class:`Prediction` of the predictor's arrays (:func:`~numpyro_dgp._predict.mixture.mixture_fields`)."""
     if fields["atoms"] is not None:  # written window by window: rebuilt for its full batch shape
         fields = {**fields, "atoms": rebuild(fields["atoms"], lambda a: a)}
     return Prediction(**fields, likelihood=found["likelihood"])
@@ -263,7 +268,7 @@ def _predict_in_batches(model, guide, params, rng_key, X_new, args, kwargs, num_
             out = _allocate_outputs(along_points, N)
         out = _write_window(out, along_points, start)
     fixed = {k: v for k, v in fields.items() if k not in _POINT_AXIS}  # weights: the same for every window
-    return _warn_if_not_finite(_as_prediction(found, {**out, **fixed}), "predict")
+    return warn_if_not_finite(_as_prediction(found, {**out, **fixed}), "predict")
 
 
 #: the axis of the points in each field of a :class:`Prediction` that has one
@@ -316,10 +321,10 @@ def _predict_mixture(model, guide, params, rng_key, X_new, args, kwargs, num_sam
     specs = param_specs(model, guide, (X_new,) + tuple(args), kwargs)
     check_params_against(specs, params, "predict", allow_unexpected=not strict, require_finite=True,
                          hint=PREDICT_HINT)
-    dyn_args = tuple(a if _is_array(a) else None for a in args)
-    static_args = tuple(None if _is_array(a) else a for a in args)
-    dyn_kwargs = {k: v for k, v in kwargs.items() if _is_array(v)}
-    static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not _is_array(v)))
+    dyn_args = tuple(a if is_array(a) else None for a in args)
+    static_args = tuple(None if is_array(a) else a for a in args)
+    dyn_kwargs = {k: v for k, v in kwargs.items() if is_array(v)}
+    static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not is_array(v)))
     found, predictor = _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site,
                                   static_args, static_kwargs, keep_layers)
     return found, predictor(rng_key, params, X_new, dyn_args, dyn_kwargs, int(num_samples))
@@ -355,7 +360,7 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
         # abstract run (jax.eval_shape): finds the observation site and the layers, computes nothing
         run = marginal_trace(model, guide, params, rng_key, (X_new,) + tuple(args), kwargs, None, objective="predict",
                              num_samples=2)
-        found["name"] = _observation_site(run.model_trace, obs_site)
+        found["name"] = observation_site(run.model_trace, obs_site)
         found["likelihood"] = observation_kind(run.model_trace[found["name"]]["fn"], found["name"])
         found["layers"] = list(run.layer_order)
         found["out_dim"] = run.moments[run.layer_order[-1]][0].shape[-1]
@@ -431,7 +436,7 @@ def sample_layers(
     :param kwargs: keyword arguments of the model.
     :return: ``{layer: (S, N, P)}`` for every layer, in the order the model runs them.
     """
-    _check_guide_is_set_up(guide, "sample_layers")
+    check_guide_is_set_up(guide, "sample_layers")
 
     def one(key, params, X):
         guide_key, model_key = jax.random.split(key)

@@ -107,7 +107,7 @@ def _count_quantiles(q: jax.Array, arrays: dict, largest: int) -> jax.Array:
     over blocks of the counts ``0 .. largest`` (a table of at most :data:`_COUNT_TABLE_ENTRIES`
     at a time), point by point, and the first count that reaches each level (NaN for a level
     the counts up to ``largest`` do not reach)."""
-    from numpyro_dgp._mixture import rebuild
+    from numpyro_dgp._predict.mixture import rebuild
 
     atoms = arrays["atoms"]
     weights = _component_weights(arrays)  # (S, K)

@@ -95,7 +95,7 @@ def set_up_guide(guide: Callable, rng_key: jax.Array, args: tuple, kwargs: dict)
     """
     if getattr(guide, "prototype_trace", "absent") is not None:
         return
-    from numpyro_dgp._autoguides import innermost_guide
+    from numpyro_dgp._compat import innermost_guide
     from numpyro_dgp.guides import DGPGuide
 
     if isinstance(innermost_guide(guide), DGPGuide):
@@ -128,7 +128,7 @@ def _training_arguments(model: Callable, guide: Callable | None) -> tuple[tuple,
     never be computed from prediction inputs: fewer points than ``num_inducing`` would fail)."""
     if guide is None or getattr(guide, "model", None) is not model:
         return None
-    from numpyro_dgp._autoguides import innermost_guide
+    from numpyro_dgp._compat import innermost_guide
 
     return getattr(innermost_guide(guide), "prototype_args", None)
 

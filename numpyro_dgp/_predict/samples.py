@@ -15,11 +15,11 @@ from jax.typing import ArrayLike
 from numpyro.handlers import seed, substitute, trace
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._marginal import layers_by_u_site, marginalize_inducing
-from numpyro_dgp._mixture import component_of, flatten_branches, mixture_fields, prediction_rule
-from numpyro_dgp._observation import observation_kind, spherical_rule
-from numpyro_dgp._params import PREDICT_HINT, check_params_against
-from numpyro_dgp._prediction import Prediction, _observation_site, _test_inputs, _warn_if_not_finite
+from numpyro_dgp._engine.marginal import layers_by_u_site, marginalize_inducing
+from numpyro_dgp._engine.observation import observation_kind, spherical_rule
+from numpyro_dgp._persist.params import PREDICT_HINT, check_params_against
+from numpyro_dgp._predict.mixture import component_of, flatten_branches, mixture_fields, prediction_rule
+from numpyro_dgp._predict.prediction import Prediction, checked_test_inputs, observation_site, warn_if_not_finite
 from numpyro_dgp._protocol import trace_layers
 
 __all__ = ["predict_from_samples"]
@@ -67,7 +67,7 @@ def predict_from_samples(
     :raises ~numpyro_dgp.ParameterMismatchError: samples or ``params`` that do not match the model.
     :raises ValueError: for invalid arguments (empty samples, a missing ``"<layer>.u"`` site, ...).
     """
-    X_new = _test_inputs(X_new, "predict_from_samples")
+    X_new = checked_test_inputs(X_new, "predict_from_samples")
     if not isinstance(samples, dict) or not samples:
         raise ValueError("predict_from_samples: samples is empty; pass mcmc.get_samples() (a dict of (S, ...) arrays)")
     samples = {k: jnp.asarray(v) for k, v in samples.items()}
@@ -116,7 +116,7 @@ def predict_from_samples(
 
     def probe_tail():
         tr, _, log_weights = run(one_sample, jax.random.PRNGKey(0), (last, *spherical_rule(found["out_dim"])))
-        found["name"] = _observation_site(tr, obs_site)
+        found["name"] = observation_site(tr, obs_site)
         found["likelihood"] = observation_kind(tr[found["name"]]["fn"], found["name"], "predict_from_samples")
         found["branches"] = None if log_weights is None else log_weights.shape[0]
         return 0
@@ -144,7 +144,7 @@ def predict_from_samples(
 
     keys = jax.random.split(rng_key, S)
     fields = jax.jit(mixture)(samples, keys)
-    return _warn_if_not_finite(Prediction(**fields, likelihood=likelihood), "predict_from_samples")
+    return warn_if_not_finite(Prediction(**fields, likelihood=likelihood), "predict_from_samples")
 
 
 def _check_samples(model, samples, params, X_new, args, kwargs, strict):

@@ -2,7 +2,7 @@
 
 A component is the observation site's distribution averaged over the last layer's marginal
 given the sample (its quadrature nodes or Monte Carlo draws, with their weights). How it is
-kept depends on the kind of the observation (:func:`~numpyro_dgp._observation.observation_kind`):
+kept depends on the kind of the observation (:func:`~numpyro_dgp._engine.observation.observation_kind`):
 
 * ``"normal"``: a Gaussian ``N(m_s, v_s)`` (node-weighted mean and variance of the location
   plus the noise): exact for a location affine in the layer;
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpyro.distributions as dist
 
-from numpyro_dgp._observation import Rule, likelihood_rule, unwrap
+from numpyro_dgp._engine.observation import Rule, likelihood_rule, unwrap
 
 __all__ = [
     "Component",
@@ -52,7 +52,7 @@ def prediction_rule(kind: str, out_dim: int) -> Rule:
 
     :param kind: the observation's kind.
     :param out_dim: the last layer's ``P``.
-    :return: the :class:`~numpyro_dgp._observation.Rule`.
+    :return: the :class:`~numpyro_dgp._engine.observation.Rule`.
     """
     if out_dim == 1:
         return likelihood_rule(1, [kind], PREDICTION_NODES[kind])
@@ -60,7 +60,7 @@ def prediction_rule(kind: str, out_dim: int) -> Rule:
 
 
 def rule_arguments(kind: str, out_dim: int) -> tuple[int | None, int]:
-    """``(num_quadrature, num_samples)`` for :func:`~numpyro_dgp._marginal_run.marginal_trace` that
+    """``(num_quadrature, num_samples)`` for :func:`~numpyro_dgp._engine.run.marginal_trace` that
     give :func:`prediction_rule`."""
     return (PREDICTION_NODES[kind] if out_dim == 1 else None), PREDICTION_DRAWS[kind]
 
@@ -95,7 +95,7 @@ def summarize(fn: dist.Distribution, kind: str, weights: jax.Array) -> tuple[jax
     ``fn`` evaluated at the last layer's nodes (leading axis) and the nodes' ``weights``.
 
     :param fn: the site's distribution, batch shape ``(K, ...)``.
-    :param kind: its kind (:func:`~numpyro_dgp._observation.observation_kind`).
+    :param kind: its kind (:func:`~numpyro_dgp._engine.observation.observation_kind`).
     :param weights: ``(K,)`` node weights.
     :return: the component's mean and variance (the node axis averaged out) and, for the
         ``"general"`` kind, the atoms (``fn``'s distribution with every parameter broadcast to

@@ -9,7 +9,7 @@ evaluates amortized encoders inside the model's run, branches layers at quadratu
 integrates SDE-flow layers, and optionally puts Gauss-Hermite nodes of the last layer's
 marginal on a leading axis (exact Gaussian expectations).
 
-:func:`~numpyro_dgp._marginal_run.marginal_trace` runs a guide and then the model under that
+:func:`~numpyro_dgp._engine.run.marginal_trace` runs a guide and then the model under that
 handler and returns both traces with what the objectives need.
 
 **References:**
@@ -39,9 +39,14 @@ from numpyro_dgp._protocol import (
     LATENT_MESSAGE,
     LAYER_MESSAGE,
     QUADRATURE_AXIS,
+    encoder_input_layer,
     get_tag,
+    layer_call,
+    message_latent_spec,
+    message_rng_key,
     trace_layer_names,
     trace_layers,
+    wants_full_cov,
     with_tag,
 )
 from numpyro_dgp.core import (
@@ -55,7 +60,8 @@ from numpyro_dgp.core import (
     point_projection,
     sample_output,
 )
-from numpyro_dgp.handlers._sde_flow import FlowSpec, integrate_flow
+from numpyro_dgp.handlers import FlowSpec
+from numpyro_dgp.handlers._sde_flow import integrate_flow  # the handler's own integrator, run under marginalization
 from numpyro_dgp.layers import Layer, layer_moments, sample_moments
 from numpyro_dgp.posteriors import (
     AmortizedPosterior,
@@ -175,20 +181,20 @@ class marginalize_inducing(Messenger):
                 with_tag(msg, QUADRATURE_AXIS, True)
             return
         if msg["type"] == LATENT_MESSAGE:
-            spec = msg["args"][0]
-            self._latents[spec.name] = (spec, msg["kwargs"]["rng_key"])
+            spec = message_latent_spec(msg)
+            self._latents[spec.name] = (spec, message_rng_key(msg))
             return
         if msg["type"] == ENCODER_INPUT_MESSAGE:
-            layer_name = msg["name"][: -len(".encoder_input")]
+            layer_name = encoder_input_layer(msg)
             post = self.posteriors.get(f"{layer_name}.u")
             if isinstance(post, AmortizedPosterior) and post.rule != "AR1" and self._branch_mean is not None:
                 msg["value"] = self._branch_mean
             return
         if msg["type"] != LAYER_MESSAGE:
             return
-        layer, X, u = msg["args"]
-        full_cov = msg["kwargs"].get("full_cov", False)
-        rng_key = msg["kwargs"]["rng_key"]
+        layer, X, u = layer_call(msg)
+        full_cov = wants_full_cov(msg)
+        rng_key = message_rng_key(msg)
         post = self.posteriors.get(layer.u_site)
         self.layer_order.append(layer.name)
         flow = get_tag(msg, FLOW)
@@ -267,7 +273,9 @@ class marginalize_inducing(Messenger):
         batch = loc.shape[:-2]
         flat = lambda a, k: a.reshape((-1,) + a.shape[-k:])  # noqa: E731
         kl = local_kl(
-            flat(loc - prior_mean, 2), flat(scale, scale.ndim - len(batch)), flat(jnp.broadcast_to(prior_chol, batch + prior_chol.shape[-2:]), 2)
+            flat(loc - prior_mean, 2),
+            flat(scale, scale.ndim - len(batch)),
+            flat(jnp.broadcast_to(prior_chol, batch + prior_chol.shape[-2:]), 2),
         ).reshape(batch)
         self._amortized_q[msg["name"]] = (loc, scale)
         msg["value"] = loc  # never used as a draw: the layer marginalizes it
@@ -322,7 +330,7 @@ class marginalize_inducing(Messenger):
         else:
             spec = get_tag(msg, BRANCHES)
         if spec is None:
-            if self.branch_log_weights is not None and msg["args"][1].ndim != 3:
+            if self.branch_log_weights is not None and layer_call(msg).inputs.ndim != 3:
                 raise ValueError(
                     f"marginalize_inducing: layer {layer.name!r} runs on unbranched inputs after "
                     "another layer branched them"
@@ -498,7 +506,7 @@ def site_posterior(
 
 
 def layers_by_u_site(model_trace: dict) -> dict[str, Layer]:
-    """``{u-site name: Layer}`` from the ``"dgp_layer"`` messages of a model trace.
+    """``{u-site name: Layer}`` from the layer messages of a model trace.
 
     (The ``infer`` tags of the ``u`` sites cannot be used: ``replay`` overwrites them with
     the guide's.)
@@ -517,7 +525,7 @@ def uses_inducing_locations(model_trace: dict) -> bool:
     return any(layer.inducing == "locations" for layer in layers_by_u_site(model_trace).values())
 
 
-def _model_u_sites(model_trace: dict) -> dict[str, tuple[int, int]]:
+def model_u_sites(model_trace: dict) -> dict[str, tuple[int, int]]:
     return {
         name: (layer.out_dim, layer.inducing_inputs.shape[0])
         for name, layer in layers_by_u_site(model_trace).items()

@@ -106,7 +106,7 @@ def default_data_dir(data_dir: os.PathLike | str | None = None) -> Path:
     )
 
 
-def _dataset_dir(name: str | os.PathLike, data_dir) -> tuple[str, Path]:
+def dataset_dir(name: str | os.PathLike, data_dir) -> tuple[str, Path]:
     """``(name, folder)`` of a data set given by path, or by name under the data directory."""
     if isinstance(name, os.PathLike) or (isinstance(name, str) and (os.sep in name or name.startswith("~"))):
         folder = Path(name).expanduser()
@@ -139,7 +139,7 @@ def num_uci_splits(name: os.PathLike | str, data_dir: os.PathLike | str | None =
     :return: number of splits, read from ``n_splits.txt`` where the folder has one, else the
         number of ``index_train_<i>.txt`` files.
     """
-    _, folder = _dataset_dir(name, data_dir)
+    _, folder = dataset_dir(name, data_dir)
     path = folder / "n_splits.txt"
     if not path.is_file():
         count = len(list(folder.glob("index_train_*.txt")))
@@ -156,7 +156,7 @@ def num_uci_splits(name: os.PathLike | str, data_dir: os.PathLike | str | None =
     return int(value)
 
 
-def _read_indices(path: Path, upper: int | None = None) -> np.ndarray:
+def read_indices(path: Path, upper: int | None = None) -> np.ndarray:
     """Read a whitespace-separated index file; tolerates floats such as ``3.0``."""
     if not path.is_file():
         raise FileNotFoundError(f"index file {path} does not exist")
@@ -199,7 +199,7 @@ def _read_data(path: Path) -> np.ndarray:
     return data
 
 
-def _check_split(split: int, n_splits: int, canonical: str) -> int:
+def check_split(split: int, n_splits: int, canonical: str) -> int:
     if isinstance(split, bool) or not isinstance(split, (int, np.integer)):
         raise ValueError(f"split must be an integer, got {type(split).__name__}")
     if not 0 <= split < n_splits:
@@ -209,7 +209,7 @@ def _check_split(split: int, n_splits: int, canonical: str) -> int:
     return int(split)
 
 
-def _standardize_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def standardize_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mean = values.mean(axis=0)
     std = values.std(axis=0)
     # A constant training column would divide by zero; scaling by 1 maps it to zeros.
@@ -217,11 +217,11 @@ def _standardize_stats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, std
 
 
-def _read_features_and_target(folder: Path):
+def read_features_and_target(folder: Path):
     data = _read_data(folder / "data.txt")
     num_rows, num_cols = data.shape
-    features = _read_indices(folder / "index_features.txt", upper=num_cols)
-    target = _read_indices(folder / "index_target.txt", upper=num_cols)
+    features = read_indices(folder / "index_features.txt", upper=num_cols)
+    target = read_indices(folder / "index_target.txt", upper=num_cols)
     if target.size != 1:
         raise ValueError(
             f"index file {folder / 'index_target.txt'} must hold exactly one column, "

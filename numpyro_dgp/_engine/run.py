@@ -1,4 +1,4 @@
-"""One run of a guide and then the model under :class:`~numpyro_dgp._marginal.marginalize_inducing`:
+"""One run of a guide and then the model under :class:`~numpyro_dgp._engine.marginal.marginalize_inducing`:
 :func:`marginal_trace` finds the layers and the observation rule (an abstract first pass),
 reads the guide's posteriors and returns both traces with what the objectives and ``predict``
 need (:class:`MarginalRun`).
@@ -16,16 +16,16 @@ import numpyro.distributions as dist
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoContinuous
 
-from numpyro_dgp._autoguides import autocontinuous_posteriors, innermost_guide
-from numpyro_dgp._compat import is_tracer
-from numpyro_dgp._marginal import (
-    _model_u_sites,
+from numpyro_dgp._compat import innermost_guide, is_tracer
+from numpyro_dgp._engine.autoguides import autocontinuous_posteriors
+from numpyro_dgp._engine.marginal import (
     final_layer_name,
     guide_posteriors,
     marginalize_inducing,
+    model_u_sites,
     uses_inducing_locations,
 )
-from numpyro_dgp._observation import likelihood_rule, observation_kind
+from numpyro_dgp._engine.observation import likelihood_rule, observation_kind
 from numpyro_dgp._protocol import (
     amortized_layer_names,
     latent_specs,
@@ -33,7 +33,7 @@ from numpyro_dgp._protocol import (
     quadrature_tail,
     trace_layers,
 )
-from numpyro_dgp.handlers._training import fast_subsample
+from numpyro_dgp.handlers import fast_subsample
 from numpyro_dgp.posteriors import AmortizedPosterior, LatentPosterior, unwrap_distribution
 
 __all__ = [
@@ -95,7 +95,7 @@ def marginal_trace(
     :param args: positional arguments of the model and guide.
     :param kwargs: keyword arguments of the model and guide.
     :param num_quadrature: nodes per output of the last layer (see
-        :func:`~numpyro_dgp._observation.likelihood_rule`).
+        :func:`~numpyro_dgp._engine.observation.likelihood_rule`).
     :param objective: who asks (named in error messages).
     :param num_samples: Monte Carlo draws per point where the rule draws (several outputs and
         an observation that is not Gaussian).
@@ -109,7 +109,7 @@ def marginal_trace(
     """
     _refuse_amortized_layers_without_encoder(innermost_guide(guide), objective)
     predicting = objective == "predict"
-    with _validation_off_when_traced(params):
+    with validation_off_when_traced(params):
         guide_trace, seeded_model = guide_then_model(model, guide, params, rng_key, args, kwargs,
                                                      replay_plates=not predicting)
 
@@ -122,7 +122,7 @@ def marginal_trace(
         def probe():
             tr = trace(marginalize_inducing(seeded_model, latent_mode=latent_mode)).get_trace(*args, **kwargs)
             last = final_layer_name(tr)
-            found["u_sites"] = _model_u_sites(tr)
+            found["u_sites"] = model_u_sites(tr)
             found["last"] = last
             found["out_dim"] = message_layer(tr[f"{last}.layer"]).out_dim
             found["locations"] = uses_inducing_locations(tr)
@@ -179,7 +179,7 @@ def marginal_trace(
 
 def _tail_kinds(seeded_model: Callable, last: str, out_dim: int, args: tuple, kwargs: dict,
                 objective: str, latent_mode: str) -> list[str]:
-    """The kinds (:func:`~numpyro_dgp._observation.observation_kind`) of the sample sites after
+    """The kinds (:func:`~numpyro_dgp._engine.observation.observation_kind`) of the sample sites after
     the last layer (observed in training, not yet at prediction), from an abstract run with two
     nodes on it (so that a parameter that depends on the layer carries the node axis)."""
     found = {}
@@ -197,7 +197,7 @@ def _tail_kinds(seeded_model: Callable, last: str, out_dim: int, args: tuple, kw
 
 
 def _training_kind(fn: Any, name: str, objective: str) -> str:
-    """:func:`~numpyro_dgp._observation.observation_kind`, a likelihood over vectors (which
+    """:func:`~numpyro_dgp._engine.observation.observation_kind`, a likelihood over vectors (which
     predictive mixtures refuse) counting as general: Monte Carlo draws train any likelihood."""
     try:
         return observation_kind(fn, name, objective)
@@ -234,7 +234,7 @@ def guide_then_model(model: Callable, guide: Callable, params: dict, rng_key: ja
     return guide_trace, seeded_model
 
 
-def _validation_off_when_traced(params: Any) -> contextlib.AbstractContextManager:
+def validation_off_when_traced(params: Any) -> contextlib.AbstractContextManager:
     """NumPyro's argument checks cannot act on traced values (a traced check is skipped, and
     the compiler drops it), yet tracing them costs about 0.2 s of every
     compilation of a DGP step; they stay on in eager runs (``svi.init`` runs the model so)."""

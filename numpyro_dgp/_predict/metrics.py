@@ -23,9 +23,9 @@ from jax.scipy.special import logsumexp, ndtr
 from jax.scipy.stats import norm
 from jax.typing import ArrayLike
 
-from numpyro_dgp._mixture import rebuild
-from numpyro_dgp._observation import is_discrete
-from numpyro_dgp._prediction import Prediction
+from numpyro_dgp._engine.observation import is_discrete
+from numpyro_dgp._predict.mixture import rebuild
+from numpyro_dgp._predict.prediction import Prediction
 
 __all__ = ["gaussian_mixture_crps", "log_likelihood", "metrics"]
 

@@ -11,24 +11,16 @@ it is not, the objectives that need it refuse (:func:`refusal`).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import jax.numpy as jnp
 import numpyro.distributions as dist
 from numpyro.infer.autoguide import AutoContinuous
-from numpyro.primitives import Messenger
 
 from numpyro_dgp._compat import autocontinuous_layout
 from numpyro_dgp.posteriors import JointBlock, unwrap_distribution
 
-__all__ = ["autocontinuous_posteriors", "innermost_guide", "latent_site_name"]
-
-
-def innermost_guide(guide: Callable) -> Callable:
-    """The guide inside handlers that wrap it (``data_parallel(guide)``, ``fast_subsample``...)."""
-    while isinstance(guide, Messenger) and guide.fn is not None:
-        guide = guide.fn
-    return guide
+__all__ = ["autocontinuous_posteriors", "latent_site_name"]
 
 
 def latent_site_name(guide: AutoContinuous) -> str:
