@@ -28,16 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import shlex
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-from _paths import DATA_DIR_HELP, default_data_dir
+from _harness import add_data_dir, command, header, machine, now, table, write_results
 
 # Meng & Zhang (2024): kin8nm, standardized units, mean ± std over 5 splits
 PUBLISHED_KIN8NM = {
@@ -216,10 +211,9 @@ def _fmt_mean_sd(mean, sd, digits):
     return f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if np.isfinite(sd) else " (one run)")
 
 
-def write_markdown(path, record):
-    lines = ["# Amortized DGP (Meng & Zhang 2024) — numpyro-dgp", "", f"Command: `{record['command']}`", "",
-             f"Machine: {record['machine']}; float64: {record['float64']}; {record['date']}", "",
-             f"Settings: {record['settings']}", ""]
+def markdown(record):
+    lines = [*header("Amortized DGP (Meng & Zhang 2024) — numpyro-dgp", record["command"], record["machine"],
+                     f"float64: {record['float64']}", record["date"]), "", f"Settings: {record['settings']}", ""]
     if record.get("merged_from"):
         lines += [f"Merged from {', '.join(record['merged_from'])} (the same settings; disjoint splits run by the "
                   "commands above in separate processes).", ""]
@@ -227,9 +221,7 @@ def write_markdown(path, record):
         lines += [record["notes"], ""]
     if record["mode"] == "kin8nm":
         swa_label = f"mean parameters of the last {record.get('swa_epochs')} epochs"
-        lines += ["kin8nm, standardized units, mean ± sd over the splits (paper: 5 random 8:1:1 splits).", "",
-                  "| method | splits | NLL | RMSE | CRPS | s/epoch | compile s | paper NLL | paper RMSE | target |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        table_rows = []
         for method, rows in record["results"].items():
             if not rows:
                 continue
@@ -248,9 +240,12 @@ def write_markdown(path, record):
                 for key, bound in target.items():
                     value = _mean_sd([r[key + suffix] for r in rows])[0]
                     met.append(f"{key.upper()} <= {bound}: {'met' if value <= bound else 'NOT met'}")
-                lines.append(f"| {method} ({which}) | {len(rows)} | {' | '.join(cells)} | {spe:.2f} | {comp:.1f} | "
-                             f"{pub['nll'][0]:.3f} ± {pub['nll'][1]:.3f} | {pub['rmse'][0]:.3f} ± {pub['rmse'][1]:.3f} | "
-                             f"{'; '.join(met) or '—'} |")
+                table_rows.append([f"{method} ({which})", len(rows), *cells, f"{spe:.2f}", f"{comp:.1f}",
+                                   f"{pub['nll'][0]:.3f} ± {pub['nll'][1]:.3f}",
+                                   f"{pub['rmse'][0]:.3f} ± {pub['rmse'][1]:.3f}", "; ".join(met) or "—"])
+        lines += ["kin8nm, standardized units, mean ± sd over the splits (paper: 5 random 8:1:1 splits).", "",
+                  *table(["method", "splits", "NLL", "RMSE", "CRPS", "s/epoch", "compile s", "paper NLL", "paper RMSE",
+                          "target"], table_rows)]
         if any("selected_epoch" in r for rows in record["results"].values() for r in rows):
             lines += ["", "'final epoch': the parameters after the last epoch; 'best validation epoch': those of the "
                       "epoch with the lowest NLL on the split's validation part (the 10% that is neither training "
@@ -270,19 +265,19 @@ def write_markdown(path, record):
                           for m, rows in record["results"].items()
                           if rows and all("validation_nll_swa" in r for r in rows)) + "."]
     else:
-        lines += ["'DGP' letters, AR2P amortized DGPs, test error (%), mean ± sd over seeds.", "",
-                  "| layers | seeds | error % | test LL | s/epoch | paper error % (|M| = 64) |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+        table_rows = []
         for layers, rows in record["results"].items():
             if not rows:
                 continue
             e = _mean_sd([r["error_pct"] for r in rows])
             ll = _mean_sd([r["log_likelihood"] for r in rows])[0]
             spe = _mean_sd([r["seconds_per_epoch"] for r in rows])[0]
-            lines.append(f"| {layers} | {len(rows)} | {_fmt_mean_sd(*e, 2)} | {ll:.3f} | {spe:.2f} | "
-                         f"{PUBLISHED_LETTERS.get(int(layers), float('nan')):.2f} |")
+            table_rows.append([layers, len(rows), _fmt_mean_sd(*e, 2), f"{ll:.3f}", f"{spe:.2f}",
+                               f"{PUBLISHED_LETTERS.get(int(layers), float('nan')):.2f}"])
+        lines += ["'DGP' letters, AR2P amortized DGPs, test error (%), mean ± sd over seeds.", "",
+                  *table(["layers", "seeds", "error %", "test LL", "s/epoch", "paper error % (|M| = 64)"], table_rows)]
     lines += ["", "Per run:", "", "```", json.dumps(record["results"], indent=1), "```"]
-    Path(path).write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def merge(paths, tag, note=None):
@@ -307,9 +302,7 @@ def merge(paths, tag, note=None):
                 extend_by_split(out["results"].setdefault(key, []), rows, f"merge: {key}")
             except ValueError as err:
                 raise SystemExit(str(err)) from None
-    out_dir = Path(__file__).resolve().parent / "results"
-    (out_dir / f"amortized_{tag}.json").write_text(json.dumps(out, indent=1))
-    write_markdown(out_dir / f"amortized_{tag}.md", out)
+    write_results(f"amortized_{tag}", out, markdown(out))
     return out
 
 
@@ -334,7 +327,7 @@ def main(argv=None):
                         help="kin8nm: also score the mean parameters of the last N epochs (stochastic weight averaging)")
     parser.add_argument("--beta", type=float, default=1.0, help="AR2PP: KL weight of the predictive objective (paper: 1)")
     parser.add_argument("--float32", action="store_true")
-    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    add_data_dir(parser)
     parser.add_argument("--tag", default=None)
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="only merge these result files (one run's splits over several processes) into "
@@ -354,9 +347,6 @@ def main(argv=None):
     splits = parse_splits(args.splits)
     mode = "letters" if args.letters else "kin8nm"
     tag = args.tag or mode
-    out_dir = Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    json_path, md_path = out_dir / f"amortized_{tag}.json", out_dir / f"amortized_{tag}.md"
     if mode == "kin8nm":
         settings = (f"widths (16, 4, 1), Matérn-5/2 (isotropic), {_optimizer_label(args)}, batch {args.batch_size}, "
                     f"{args.epochs} epochs; AR2PP KL weight beta = {args.beta:g}; AR2P/AR2PP: per-point M = (8, 4, 4), zero means, S = {args.branches} "
@@ -371,18 +361,16 @@ def main(argv=None):
                     f"{args.hidden_width or 'min(in, out)'}")
         keys = [str(int(n)) for n in args.layers.split(",")]
     record = {
-        "command": "python benchmarks/amortized.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.default_backend()})",
+        "command": command("amortized.py", argv), "machine": machine(),
         "float64": not args.float32, "mode": mode, "settings": settings, "swa_epochs": args.swa_epochs,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "results": {k: [] for k in keys},
+        "date": now(), "results": {k: [] for k in keys},
     }
     for split in splits:
         for key in keys:
             row = run_kin8nm(key, split, args) if mode == "kin8nm" else run_letters(int(key), split, args)
             record["results"][key].append(row)
             print(key, row, flush=True)
-            json_path.write_text(json.dumps(record, indent=1))
-            write_markdown(md_path, record)
+            write_results(f"amortized_{tag}", record, markdown(record))
     return record
 
 

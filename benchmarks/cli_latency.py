@@ -28,7 +28,6 @@ Example (the committed results)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -37,8 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from _fresh import DROPPED_ENV, REPO, base_record, header_lines
+from _harness import DROPPED_ENV, REPO, base_record, header, table, write_results
 
 YARDSTICK = "import JAX and NumPyro"
 
@@ -83,23 +81,25 @@ def summarize(record: dict) -> list[dict]:
     return rows
 
 
-def write_markdown(path: Path, record: dict) -> None:
+def markdown(record: dict) -> str:
     lines = [
-        *header_lines("`numpyro-dgp` answering `--help` and common mistakes, against importing JAX", record,
-                      precision=None),
+        *header("`numpyro-dgp` answering `--help` and common mistakes, against importing JAX", record["command"],
+                record["machine"], record["date"], record["settings"], compact=True),
         "",
         "Whole processes timed from outside, each with the interpreter that ran the script and the "
         "repository on `PYTHONPATH`, `NUMPYRO_DGP_DATA` unset. Median (min–max) wall seconds over the rounds; "
         f"ratio: the median over rounds of the command's time over the yardstick's ({YARDSTICK}: "
         "`python -c \"import jax, numpyro\"`) in the same round.",
         "",
-        "| command | runs | wall s | / import JAX and NumPyro |",
-        "| --- | --- | --- | --- |",
+        *table(["command", "runs", "wall s", "/ import JAX and NumPyro"],
+               [[row["command"], row["runs"], f"{row['median_s']:.3f} ({row['min_s']:.3f}–{row['max_s']:.3f})",
+                 f"{row['vs_yardstick']:.3f}"] for row in summarize(record)]),
     ]
-    for row in summarize(record):
-        lines.append(f"| {row['command']} | {row['runs']} | {row['median_s']:.3f} ({row['min_s']:.3f}–"
-                     f"{row['max_s']:.3f}) | {row['vs_yardstick']:.3f} |")
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(path: Path, record: dict) -> None:
+    Path(path).write_text(markdown(record))
 
 
 def main(argv=None):
@@ -109,8 +109,6 @@ def main(argv=None):
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
 
-    out_dir = Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         cases = commands(Path(tmp))
         names = list(cases)
@@ -127,8 +125,7 @@ def main(argv=None):
                     record["runs"][name].append(seconds)
             print(f"round {r}" + (" (warm-up)" if r < 0 else ""), file=sys.stderr, flush=True)
     record["summary"] = summarize(record)
-    (out_dir / "cli_latency.json").write_text(json.dumps(record, indent=1))
-    write_markdown(out_dir / "cli_latency.md", record)
+    write_results("cli_latency", record, markdown(record))
     return record
 
 

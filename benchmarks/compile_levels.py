@@ -28,14 +28,11 @@ Example (the committed results)::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
-
-from _fresh import base_record, header_lines, run_fresh
-from _paths import DATA_DIR_HELP, default_data_dir
+from _harness import add_data_dir, base_record, header, run_fresh, table, write_results
 
 LEVELS = (0, 1, 2, 3)
 DEFAULT_LEVEL = 2  # XLA's default backend optimization level
@@ -107,28 +104,32 @@ def summarize(record: dict) -> list[dict]:
     return rows
 
 
-def write_markdown(path: Path, record: dict) -> None:
+def markdown(record: dict) -> str:
+    rows = []
+    for row in summarize(record):
+        rows.append([row["level"], row["runs"],
+                     f"{row['compile_s']:.2f} ({row['compile_range'][0]:.2f}–{row['compile_range'][1]:.2f})",
+                     f"{row.get('compile_vs_default', float('nan')):.2f}",
+                     f"{row['step_ms']:.1f} ({row['step_range'][0]:.1f}–{row['step_range'][1]:.1f})",
+                     f"{row.get('step_vs_default', float('nan')):.2f}", repr(row["loss"]),
+                     "yes" if row["bit_identical_to_default"] else "no"])
     lines = [
-        *header_lines("XLA backend optimization level of the kin8nm DSVI step: compile time against step time", record),
+        *header("XLA backend optimization level of the kin8nm DSVI step: compile time against step time",
+                record["command"], record["machine"], "float64", record["date"], record["settings"], compact=True),
         "",
         "Each run a fresh process (no persistent compilation cache). Compile: the scan over the "
         "steps compiled at the level (lowering excluded); step: the fastest of the timed runs divided by the "
         f"steps. Level {DEFAULT_LEVEL} is XLA's default, at which `fit` compiles. Medians (min–max) over rounds; "
         "last loss: after the steps from the same initial state.",
         "",
-        "| level | runs | compile s | compile / default | step ms | step / default | last loss | "
-        "bit-identical to the default level |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        *table(["level", "runs", "compile s", "compile / default", "step ms", "step / default", "last loss",
+                "bit-identical to the default level"], rows),
     ]
-    for row in summarize(record):
-        same = "yes" if row["bit_identical_to_default"] else "no"
-        lines.append(
-            f"| {row['level']} | {row['runs']} | {row['compile_s']:.2f} ({row['compile_range'][0]:.2f}–"
-            f"{row['compile_range'][1]:.2f}) | {row.get('compile_vs_default', float('nan')):.2f} | "
-            f"{row['step_ms']:.1f} ({row['step_range'][0]:.1f}–{row['step_range'][1]:.1f}) | "
-            f"{row.get('step_vs_default', float('nan')):.2f} | {row['loss']!r} | {same} |"
-        )
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(path: Path, record: dict) -> None:
+    Path(path).write_text(markdown(record))
 
 
 def main(argv=None):
@@ -137,7 +138,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=50, help="SVI steps in the compiled scan")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of the scan")
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="comma-separated levels, 0 to 3")
-    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    add_data_dir(parser)
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",") if x]
     if not levels or any(level not in LEVELS for level in levels):
@@ -145,8 +146,6 @@ def main(argv=None):
     if not args.data_dir:
         parser.error("no UCI data: pass --data-dir or set $NUMPYRO_DGP_DATA")
 
-    out_dir = Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(exist_ok=True)
     record = {
         **base_record("compile_levels.py", argv),
         "settings": (f"kin8nm split 0, 2 layers, width 8, M = 100, batch 1000; {args.steps} steps per scan, "
@@ -161,8 +160,7 @@ def main(argv=None):
             print(f"round {r} level {level}: compile {result['compile_s']:.2f} s, step {result['step_ms']:.2f} ms",
                   file=sys.stderr, flush=True)
     record["summary"] = summarize(record)
-    (out_dir / "compile_levels.json").write_text(json.dumps(record, indent=1))
-    write_markdown(out_dir / "compile_levels.md", record)
+    write_results("compile_levels", record, markdown(record))
     return record
 
 

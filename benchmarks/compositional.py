@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import jax
 
@@ -40,6 +38,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from _harness import RESULTS, command, table, write_results  # noqa: E402
 
 from numpyro_dgp import kernels  # noqa: E402
 from numpyro_dgp.papers.compositional import (  # noqa: E402
@@ -50,9 +49,6 @@ from numpyro_dgp.papers.compositional import (  # noqa: E402
     layer_variances,
     plot_compositions,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 
 # Ustyuzhaninov et al. (2020), Table 1 (10 trials); no chain-structured row is published
 PUBLISHED = {
@@ -129,14 +125,18 @@ def fmt(stat, sci=False):
     return f"{mean:.2e} ± {sd:.1e}" if sci else f"{mean:.2f} ± {sd:.2f}"
 
 
-def write_report(rows, args, extra, path_md, path_json, elapsed):
-    json.dump({"config": TABLE1, "args": vars(args), "rows": rows, "extra": extra, "elapsed": elapsed},
-              open(path_json, "w"), indent=1)
+def write_report(rows, args, extra, stem, elapsed):
+    """``results/<stem>.json`` (the runs) and ``.md`` (:func:`report`)."""
+    write_results(stem, {"config": TABLE1, "args": vars(args), "rows": rows, "extra": extra, "elapsed": elapsed},
+                  report(rows, args, extra, elapsed))
+
+
+def report(rows, args, extra, elapsed):
     lines = [
         "# Compositional uncertainty per variational family (Ustyuzhaninov et al. 2020, Table 1)",
         "",
         "Commands: " + (
-            f"`python benchmarks/compositional.py {' '.join(sys.argv[1:])}`".rstrip()
+            f"`{command('compositional.py')}`"
             if not args.merge else
             " and ".join(f"`python benchmarks/compositional.py {cmd}`" for cmd in getattr(args, "source_commands", []))
             + f" run side by side, then `python benchmarks/compositional.py --merge {args.merge}"
@@ -151,12 +151,7 @@ def write_report(rows, args, extra, path_md, path_json, elapsed):
         "",
     ]
     for init in args.inits.split(","):
-        lines += [
-            f"## Inner layers initialized `{init}`",
-            "",
-            "| family | ELBO | Var[f1(0)] | Var[f2(0)] = Var[f2(f1(0))] | Var[f2(h=0)] | median ELBO / Var[f1(0)] / Var[f2(0)] | seeds | paper ELBO | paper Var[f1(0)] | paper Var[f2(0)] |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
+        table_rows = []
         for fam in FAMILIES:
             e = summarize(rows, fam, init, "elbo")
             v1 = summarize(rows, fam, init, "var_h1(0)")
@@ -165,10 +160,15 @@ def write_report(rows, args, extra, path_md, path_json, elapsed):
             n = e[3] if e else 0
             pub = PUBLISHED[fam]
             med = [median(rows, fam, init, k) for k in ("elbo", "var_h1(0)", "var_h2(0)")]
-            lines.append(
-                f"| {FAMILIES[fam].label} | {fmt(e)} | {fmt(v1, True)} | {fmt(v2, True)} | {fmt(v2_own, True)} | "
-                f"{med[0]:.2f} / {med[1]:.2e} / {med[2]:.2e} | {n} | {pub[0]} | {pub[1]} | {pub[2]} |"
-            )
+            table_rows.append([FAMILIES[fam].label, fmt(e), fmt(v1, True), fmt(v2, True), fmt(v2_own, True),
+                               f"{med[0]:.2f} / {med[1]:.2e} / {med[2]:.2e}", n, *pub])
+        lines += [
+            f"## Inner layers initialized `{init}`",
+            "",
+            *table(["family", "ELBO", "Var[f1(0)]", "Var[f2(0)] = Var[f2(f1(0))]", "Var[f2(h=0)]",
+                    "median ELBO / Var[f1(0)] / Var[f2(0)]", "seeds", "paper ELBO", "paper Var[f1(0)]",
+                    "paper Var[f2(0)]"], table_rows),
+        ]
         # the orderings the issue asks for
         keys = ("elbo", "var_h1(0)", "var_h2(0)", "var_h2(h=0)")
         means = {fam: {k: (summarize(rows, fam, init, k) or [np.nan])[0] for k in keys} for fam in FAMILIES}
@@ -192,26 +192,24 @@ def write_report(rows, args, extra, path_md, path_json, elapsed):
                 "show the converged runs): " + ", ".join(failed)
             )
         lines.append("")
-    lines += ["## Per run", "", "| family | init | seed | ELBO | Var[f1(0)] | Var[f2(0)] | Var[f2(h=0)] | skipped steps | seconds |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        own = f"{r['var_h2(h=0)']:.2e}" if "var_h2(h=0)" in r else "—"
-        lines.append(
-            f"| {r['family']} | {r['init']} | {r['seed']} | {r['elbo']:.2f} ± {r['elbo_se']:.2f} | {r['var_h1(0)']:.2e} | "
-            f"{r['var_h2(0)']:.2e} | {own} | {r['num_skipped']} | {r['seconds']:.0f} |"
-        )
+    lines += ["## Per run", "",
+              *table(["family", "init", "seed", "ELBO", "Var[f1(0)]", "Var[f2(0)]", "Var[f2(h=0)]", "skipped steps",
+                      "seconds"],
+                     [[r["family"], r["init"], r["seed"], f"{r['elbo']:.2f} ± {r['elbo_se']:.2f}",
+                       f"{r['var_h1(0)']:.2e}", f"{r['var_h2(0)']:.2e}",
+                       f"{r['var_h2(h=0)']:.2e}" if "var_h2(h=0)" in r else "—", r["num_skipped"],
+                       f"{r['seconds']:.0f}"] for r in rows])]
     if extra:
         lines += ["", "## App. E: 3-layer fits (SE kernels, one seed)", "",
                   "Var[fl(0)]: the composition at x = 0; Var[fl(h=0)]: layer l at its own input 0.", "",
-                  "| target | family | ELBO | Var[f1(0)] | Var[f2(0)] | Var[f3(0)] | Var[f2(h=0)] | Var[f3(h=0)] |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for r in extra:
-            own = [f"{r[k]:.2e}" if k in r else "—" for k in ("var_h2(h=0)", "var_h3(h=0)")]
-            lines.append(
-                f"| {r['target']} | {FAMILIES[r['family']].label} | {r['elbo']:.2f} | {r['var_h1(0)']:.2e} | "
-                f"{r['var_h2(0)']:.2e} | {r['var_h3(0)']:.2e} | {own[0]} | {own[1]} |"
-            )
+                  *table(["target", "family", "ELBO", "Var[f1(0)]", "Var[f2(0)]", "Var[f3(0)]", "Var[f2(h=0)]",
+                          "Var[f3(h=0)]"],
+                         [[r["target"], FAMILIES[r["family"]].label, f"{r['elbo']:.2f}", f"{r['var_h1(0)']:.2e}",
+                           f"{r['var_h2(0)']:.2e}", f"{r['var_h3(0)']:.2e}",
+                           *(f"{r[k]:.2e}" if k in r else "—" for k in ("var_h2(h=0)", "var_h3(h=0)"))]
+                          for r in extra])]
         lines += ["", "Figures (next to this file): `compositional_table1*.png`, `compositional_sine*.png`, `compositional_identity*.png`."]
-    open(path_md, "w").write("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def merge(args):
@@ -234,7 +232,7 @@ def merge(args):
     args.inits = ",".join(inits)
     args.source_commands = sources
     suffix = f"_{args.tag}" if args.tag else ""
-    write_report(rows, args, extra, RESULTS / f"compositional{suffix}.md", RESULTS / f"compositional{suffix}.json", elapsed)
+    write_report(rows, args, extra, f"compositional{suffix}", elapsed)
     print(f"merged {args.merge} into compositional{suffix}.md")
 
 
@@ -252,7 +250,7 @@ def main(argv=None):
         return merge(args)
     RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = f"_{args.tag}" if args.tag else ""
-    path_md, path_json = RESULTS / f"compositional{suffix}.md", RESULTS / f"compositional{suffix}.json"
+    stem = f"compositional{suffix}"
     t0 = time.perf_counter()
     X, y = table1_data()
     grid = jnp.linspace(-1.0, 1.0, 200)[:, None]
@@ -267,7 +265,7 @@ def main(argv=None):
                 print(json.dumps(row), flush=True)
                 if seed == 0 and init == args.inits.split(",")[0]:
                     samples[fam] = family_samples(model, guide, result.params, grid, jax.random.PRNGKey(7))
-                write_report(rows, args, extra, path_md, path_json, time.perf_counter() - t0)
+                write_report(rows, args, extra, stem, time.perf_counter() - t0)
         if samples and init == args.inits.split(",")[0]:
             fig = plot_compositions(samples, grid, X, y)
             fig.suptitle(f"SE -> periodic, 25 samples per family (inner init: {init})", fontsize=10)
@@ -285,13 +283,13 @@ def main(argv=None):
                 extra.append(row)
                 print(json.dumps(row), flush=True)
                 samples[fam] = family_samples(model, guide, result.params, grid, jax.random.PRNGKey(7))
-                write_report(rows, args, extra, path_md, path_json, time.perf_counter() - t0)
+                write_report(rows, args, extra, stem, time.perf_counter() - t0)
             fig = plot_compositions(samples, grid, x, yt)
             fig.suptitle(f"3 SE layers fitted to the {target}, 25 samples per family", fontsize=10)
             fig.tight_layout()
             fig.savefig(RESULTS / f"compositional_{target}{suffix}.png", dpi=90)
-    write_report(rows, args, extra, path_md, path_json, time.perf_counter() - t0)
-    print(f"wrote {path_md}")
+    write_report(rows, args, extra, stem, time.perf_counter() - t0)
+    print(f"wrote {RESULTS / stem}.md")
 
 
 if __name__ == "__main__":

@@ -21,18 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from _harness import command, header, machine, table, write_results
 
-from _paths import shown_command
-
-RESULTS = Path(__file__).resolve().parent / "results"
 PEER = Path(__file__).resolve().parent / "peers" / "gpflux_digits.py"
 
 
@@ -98,26 +94,29 @@ def summary(values: list) -> str:
     return f"{v.mean():.4f} ({se:.4f})"
 
 
-def write(record: dict, path: Path) -> None:
-    lines = ["# Digits: a 2-layer softmax DGP (scikit-learn's 8x8 handwritten digits)", "",
-             f"Command: `{record['command']}`", "", f"Machine: {record['machine']}; {record['settings']}", "",
-             "| library | seeds | test accuracy | test NLL | ECE | ms/step | compile s | fit s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+def markdown(record: dict) -> str:
+    rows = []
     for library in ("numpyro-dgp", "gpflux"):
         runs = [r for r in record["runs"] if r["library"] == library]
         if runs:
-            lines.append(f"| {library} | {len(runs)} | {summary([r['accuracy'] for r in runs])} | "
-                         f"{summary([r['nll'] for r in runs])} | {summary([r['ece'] for r in runs])} | "
-                         f"{np.mean([r['seconds_per_step'] for r in runs]) * 1e3:.1f} | "
-                         f"{np.mean([r['compile_seconds'] for r in runs]):.1f} | "
-                         f"{np.mean([r['fit_seconds'] for r in runs]):.0f} |")
-    lines += ["", "Mean (standard error) over seeds; each seed its own random split, both libraries on the "
-              "same split in the same run. NLL per test image (natural log).", "", "Per seed:", "",
-              "| library | seed | accuracy | NLL | ECE | ms/step | skipped |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in record["runs"]:
-        lines.append(f"| {r['library']} | {r['seed']} | {r['accuracy']:.4f} | {r['nll']:.4f} | {r['ece']:.4f} | "
-                     f"{r['seconds_per_step'] * 1e3:.1f} | {r.get('skipped', '-')} |")
-    path.write_text("\n".join(lines) + "\n")
+            rows.append([library, len(runs), summary([r["accuracy"] for r in runs]), summary([r["nll"] for r in runs]),
+                         summary([r["ece"] for r in runs]),
+                         f"{np.mean([r['seconds_per_step'] for r in runs]) * 1e3:.1f}",
+                         f"{np.mean([r['compile_seconds'] for r in runs]):.1f}",
+                         f"{np.mean([r['fit_seconds'] for r in runs]):.0f}"])
+    lines = [*header("Digits: a 2-layer softmax DGP (scikit-learn's 8x8 handwritten digits)", record["command"],
+                     record["machine"], record["settings"]), "",
+             *table(["library", "seeds", "test accuracy", "test NLL", "ECE", "ms/step", "compile s", "fit s"], rows),
+             "", "Mean (standard error) over seeds; each seed its own random split, both libraries on the "
+             "same split in the same run. NLL per test image (natural log).", "", "Per seed:", "",
+             *table(["library", "seed", "accuracy", "NLL", "ECE", "ms/step", "skipped"],
+                    [[r["library"], r["seed"], f"{r['accuracy']:.4f}", f"{r['nll']:.4f}", f"{r['ece']:.4f}",
+                      f"{r['seconds_per_step'] * 1e3:.1f}", r.get("skipped", "-")] for r in record["runs"]])]
+    return "\n".join(lines) + "\n"
+
+
+def write(record: dict, path: Path) -> None:
+    Path(path).write_text(markdown(record))
 
 
 def main(argv=None) -> None:
@@ -139,13 +138,11 @@ def main(argv=None) -> None:
         jax.config.update("jax_enable_x64", True)
     from numpyro_dgp.datasets import parse_splits
 
-    record = {"command": shown_command("digits.py", argv if argv is not None else sys.argv[1:]),
-              "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}",
+    record = {"command": command("digits.py", argv), "machine": machine(),
               "settings": (f"{args.steps} steps, M = {args.num_inducing}, width {args.hidden_width}, batch "
                            f"{args.batch_size}, Adam {args.lr}, {args.num_samples} samples, "
                            f"{'float32' if args.float32 else 'float64'}"),
               "runs": []}
-    out = RESULTS / f"digits_{args.tag}"
     for seed in parse_splits(args.seeds):
         data = split(seed)
         record["runs"].append(ours(data, args, seed))
@@ -153,9 +150,8 @@ def main(argv=None) -> None:
         if args.with_gpflux:
             record["runs"].append(gpflux(args.with_gpflux, data, args, seed))
             print(json.dumps(record["runs"][-1]), flush=True)
-        out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-        write(record, out.with_suffix(".md"))
-    print(out.with_suffix(".md").read_text())
+        write_results(f"digits_{args.tag}", record, markdown(record))
+    print(markdown(record))
 
 
 if __name__ == "__main__":

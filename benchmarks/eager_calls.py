@@ -32,12 +32,10 @@ Example (the committed results)::
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
-
-from _fresh import base_record, header_lines, run_fresh
+from _harness import base_record, header, run_fresh, table, write_results
 
 CASES = ("gram", "conditional", "gauss_kl", "triangular_inverse")
 MODES = ("jitted", "op-by-op")
@@ -105,26 +103,27 @@ def summarize(record: dict) -> list[dict]:
     return rows
 
 
-def write_markdown(path: Path, record: dict) -> None:
+def markdown(record: dict) -> str:
     lines = [
-        *header_lines("Eager calls of the numerical core: the first call at new shapes", record),
+        *header("Eager calls of the numerical core: the first call at new shapes", record["command"],
+                record["machine"], "float64", record["date"], record["settings"], compact=True),
         "",
         "Each case in a fresh process (no persistent compilation cache). `jitted`: the library as it is "
         "(one compiled program per function and shapes); `op-by-op`: the same calls inside "
         "`jax.disable_jit()`, every operation compiled on its own, as when a function is not jitted. "
         "Medians over the rounds; programs = XLA programs lowered by the first call.",
         "",
-        "| case | jitted: first call s | jitted: second call s | jitted: programs | op-by-op: first call s | "
-        "op-by-op: second call s | op-by-op: programs | first call, op-by-op / jitted |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        *table(["case", "jitted: first call s", "jitted: second call s", "jitted: programs", "op-by-op: first call s",
+                "op-by-op: second call s", "op-by-op: programs", "first call, op-by-op / jitted"],
+               [[row["case"], f"{row['jitted:first_s']:.3f}", f"{row['jitted:second_s']:.4f}",
+                 f"{row['jitted:programs']:.0f}", f"{row['op-by-op:first_s']:.3f}", f"{row['op-by-op:second_s']:.4f}",
+                 f"{row['op-by-op:programs']:.0f}", f"{row['first_call_ratio']:.1f}x"] for row in summarize(record)]),
     ]
-    for row in summarize(record):
-        lines.append(
-            f"| {row['case']} | {row['jitted:first_s']:.3f} | {row['jitted:second_s']:.4f} | "
-            f"{row['jitted:programs']:.0f} | {row['op-by-op:first_s']:.3f} | {row['op-by-op:second_s']:.4f} | "
-            f"{row['op-by-op:programs']:.0f} | {row['first_call_ratio']:.1f}x |"
-        )
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(path: Path, record: dict) -> None:
+    Path(path).write_text(markdown(record))
 
 
 def main(argv=None):
@@ -137,8 +136,6 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown cases {unknown}; choose from {CASES}")
 
-    out_dir = Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(exist_ok=True)
     record = {
         **base_record("eager_calls.py", argv),
         "settings": f"M=50, N=200, D=4, P=3; {args.rounds} rounds, the modes alternating",
@@ -149,8 +146,7 @@ def main(argv=None):
             for mode in (MODES if r % 2 == 0 else MODES[::-1]):
                 record["runs"][case][mode].append(run_case(case, mode))
     record["summary"] = summarize(record)
-    (out_dir / "eager_calls.json").write_text(json.dumps(record, indent=1))
-    write_markdown(out_dir / "eager_calls.md", record)
+    write_results("eager_calls", record, markdown(record))
     return record
 
 

@@ -10,6 +10,7 @@
 Writes ``benchmarks/results/estimators.md``. Usage: ``python benchmarks/estimators.py``.
 """
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -23,14 +24,16 @@ from numpyro.infer import Trace_ELBO  # noqa: E402
 from scipy.stats import multivariate_normal  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-import test_correlated as C  # noqa: E402
-import test_elbo as T  # noqa: E402  (the models and dense references of the tests)
+sys.path.insert(0, str(ROOT))
+from _harness import command, table, write_results  # noqa: E402
 
 import numpyro_dgp as dgp  # noqa: E402
+from tests.guides import test_correlated as C  # noqa: E402
+from tests.objectives import test_dgp_elbo as T  # noqa: E402  (the models and dense references of the tests)
 
 
-def main():
+def main(argv=None):
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     rng = np.random.RandomState(0)
     X = np.sort(rng.uniform(-2, 2, 15))[:, None]
     y = np.sin(2 * X[:, 0]) + 0.1 * rng.randn(15)
@@ -51,24 +54,21 @@ def main():
     lines = [
         "# DGPElbo: exactness and estimator variance",
         "",
-        f"Command: `python benchmarks/estimators.py` ({time.strftime('%Y-%m-%d')}, float64)",
+        f"Command: `{command('estimators.py', argv)}` ({time.strftime('%Y-%m-%d')}, float64)",
         "",
         "One layer, 15 points, Z = X, jitter 1e-8, q at its analytic optimum:",
         "",
-        "| quantity | value |",
-        "| --- | --- |",
-        f"| maximized ELBO (DGPElbo) | {best:.10f} |",
-        f"| Titsias collapsed bound (dense) | {titsias:.10f} |",
-        f"| exact GP log marginal likelihood (dense) | {exact:.10f} |",
-        f"| abs(ELBO - Titsias) | {abs(best - titsias):.2e} |",
-        f"| abs(ELBO - log ML) | {abs(best - exact):.2e} |",
+        *table(["quantity", "value"], [["maximized ELBO (DGPElbo)", f"{best:.10f}"],
+                                       ["Titsias collapsed bound (dense)", f"{titsias:.10f}"],
+                                       ["exact GP log marginal likelihood (dense)", f"{exact:.10f}"],
+                                       ["abs(ELBO - Titsias)", f"{abs(best - titsias):.2e}"],
+                                       ["abs(ELBO - log ML)", f"{abs(best - exact):.2e}"]]),
         "",
         f"Two layers (RBF then Matern-5/2, widths 2 and 1), perturbed parameters, {n} draws each:",
         "",
-        "| estimator | mean | standard deviation |",
-        "| --- | --- | --- |",
-        f"| DGPElbo | {ours.mean():.3f} | {ours.std():.3f} |",
-        f"| Trace_ELBO | {theirs.mean():.3f} | {theirs.std():.3f} |",
+        *table(["estimator", "mean", "standard deviation"],
+               [["DGPElbo", f"{ours.mean():.3f}", f"{ours.std():.3f}"],
+                ["Trace_ELBO", f"{theirs.mean():.3f}", f"{theirs.std():.3f}"]]),
         "",
         f"Difference of means: {ours.mean() - theirs.mean():.3f} = {(ours.mean() - theirs.mean()) / se:.2f} standard errors; "
         f"variance ratio Trace_ELBO / DGPElbo: {theirs.var() / ours.var():.0f}.",
@@ -76,8 +76,7 @@ def main():
         "",
     ]
     lines += per_guide(n)
-    out = ROOT / "benchmarks" / "results" / "estimators.md"
-    out.write_text("\n".join(lines))
+    write_results("estimators", None, "\n".join(lines))
     print("\n".join(lines))
 
 
@@ -90,9 +89,8 @@ def per_guide(n):
         f"Every guide, {n} draws each (models of `tests/test_correlated.py`: 3 RBF layers with global",
         "inducing points; 2 RBF layers with inducing locations; noise 0.3; perturbed guide parameters):",
         "",
-        "| model | guide | DGPElbo mean (sd) | Trace_ELBO mean (sd) | difference / SE | variance ratio |",
-        "| --- | --- | --- | --- | --- | --- |",
     ]
+    rows = []
     for model_name, model, kw in [("global, L = 3", C.deep_model, {"num_layers": 3, "noise": 0.3}),
                                   ("locations, L = 2", C.locations_model, {"noise": 0.3})]:
         for guide_cls in C.GUIDES:
@@ -100,12 +98,12 @@ def per_guide(n):
             params = C.perturb(params, seed=9, scale=0.05)
             ours, theirs = C.estimator_draws(model, guide, params, X, y, n, **kw)
             se = np.sqrt(ours.var() / n + theirs.var() / n)
-            lines.append(
-                f"| {model_name} | {guide_cls.__name__} | {ours.mean():.3f} ({ours.std():.3f}) | "
-                f"{theirs.mean():.3f} ({theirs.std():.3f}) | {(ours.mean() - theirs.mean()) / se:+.2f} | "
-                f"{theirs.var() / ours.var():.1f} |"
-            )
+            rows.append([model_name, guide_cls.__name__, f"{ours.mean():.3f} ({ours.std():.3f})",
+                         f"{theirs.mean():.3f} ({theirs.std():.3f})", f"{(ours.mean() - theirs.mean()) / se:+.2f}",
+                         f"{theirs.var() / ours.var():.1f}"])
     lines += [
+        *table(["model", "guide", "DGPElbo mean (sd)", "Trace_ELBO mean (sd)", "difference / SE", "variance ratio"],
+               rows),
         "",
         "With inducing locations the inner layers' inducing values are sampled by both estimators",
         "(they are the next layer's inputs), so the ratio is small: only the last layer and the KLs",

@@ -20,17 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import shlex
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-from _paths import DATA_DIR_HELP, default_data_dir
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from _harness import add_data_dir, command, header, machine, table, write_results
 
 
 def latent_variable_dgp(num_layers: int, num_inducing: int):
@@ -86,22 +80,25 @@ def summary(values) -> str:
     return f"{v.mean():.3f} ({se:.3f})"
 
 
-def write(record: dict, path: Path) -> None:
+def markdown(record: dict) -> str:
     runs = record["runs"]
-    lines = [f"# Latent-variable DGP (importance-weighted bound) against DSVI: {record['dataset']}", "",
-             f"Command: `{record['command']}`", "", f"Machine: {record['machine']}; {record['settings']}", "",
-             "| model | splits | test LL | RMSE | CRPS | ms/step |", "| --- | --- | --- | --- | --- | --- |"]
+    rows = []
     for label, key in (("DSVI DGP (DGPElbo)", "dsvi"), ("latent-variable DGP (IW bound)", "latent")):
-        rows = [r[key] for r in runs]
-        lines.append(f"| {label} | {len(rows)} | {summary([r['log_likelihood'] for r in rows])} | "
-                     f"{summary([r['rmse'] for r in rows])} | {summary([r['crps'] for r in rows])} | "
-                     f"{np.mean([r['seconds_per_step'] for r in rows]) * 1e3:.1f} |")
-    lines += ["", "Mean (standard error) over splits, original target units. Per split (test LL):", "",
-              "| split | DSVI | latent-variable | skipped DSVI / LV |", "| --- | --- | --- | --- |"]
-    for r in runs:
-        lines.append(f"| {r['split']} | {r['dsvi']['log_likelihood']:.4f} | {r['latent']['log_likelihood']:.4f} | "
-                     f"{r['dsvi']['skipped']} / {r['latent']['skipped']} |")
-    path.write_text("\n".join(lines) + "\n")
+        rs = [r[key] for r in runs]
+        rows.append([label, len(rs), summary([r["log_likelihood"] for r in rs]), summary([r["rmse"] for r in rs]),
+                     summary([r["crps"] for r in rs]), f"{np.mean([r['seconds_per_step'] for r in rs]) * 1e3:.1f}"])
+    lines = [*header(f"Latent-variable DGP (importance-weighted bound) against DSVI: {record['dataset']}",
+                     record["command"], record["machine"], record["settings"]), "",
+             *table(["model", "splits", "test LL", "RMSE", "CRPS", "ms/step"], rows),
+             "", "Mean (standard error) over splits, original target units. Per split (test LL):", "",
+             *table(["split", "DSVI", "latent-variable", "skipped DSVI / LV"],
+                    [[r["split"], f"{r['dsvi']['log_likelihood']:.4f}", f"{r['latent']['log_likelihood']:.4f}",
+                      f"{r['dsvi']['skipped']} / {r['latent']['skipped']}"] for r in runs])]
+    return "\n".join(lines) + "\n"
+
+
+def write(record: dict, path: Path) -> None:
+    Path(path).write_text(markdown(record))
 
 
 def main(argv=None) -> None:
@@ -114,7 +111,7 @@ def main(argv=None) -> None:
     parser.add_argument("--num-importance", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    add_data_dir(parser)
     parser.add_argument("--tag", default=None)
     args = parser.parse_args(argv)
     import jax
@@ -123,12 +120,11 @@ def main(argv=None) -> None:
     import numpyro_dgp as dgp
     from numpyro_dgp.datasets import load_uci, parse_splits
 
-    record = {"command": "python benchmarks/latent_variable.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
-              "machine": f"{platform.machine()}, python {platform.python_version()}", "dataset": args.dataset,
+    record = {"command": command("latent_variable.py", argv), "machine": machine(), "dataset": args.dataset,
               "settings": (f"{args.layers} layers, M = {args.num_inducing}, {args.steps} steps, batch {args.batch_size}, "
                            f"Adam {args.lr}, K = {args.num_importance}, float64"),
               "runs": []}
-    out = RESULTS / f"latent_variable_{args.tag or args.dataset}"
+    stem = f"latent_variable_{args.tag or args.dataset}"
     for split in parse_splits(args.splits):
         data = load_uci(args.dataset, split, data_dir=args.data_dir)
         dsvi_model = dgp.models.deep_gp_regression(args.layers, num_inducing=args.num_inducing)
@@ -138,9 +134,8 @@ def main(argv=None) -> None:
         latent = fit_and_score(lv_model, lv_guide, dgp.ImportanceWeightedElbo(args.num_importance), data, args, split)
         record["runs"].append({"split": split, "dsvi": dsvi, "latent": latent})
         print(json.dumps(record["runs"][-1]), flush=True)
-        out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-        write(record, out.with_suffix(".md"))
-    print(out.with_suffix(".md").read_text())
+        write_results(stem, record, markdown(record))
+    print(markdown(record))
 
 
 if __name__ == "__main__":

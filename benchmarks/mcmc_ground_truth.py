@@ -23,7 +23,6 @@ is then compared with it per layer at the grid points: variance ratio VI/MCMC, W
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -39,13 +38,13 @@ import numpy as np  # noqa: E402
 from numpyro.infer import MCMC, NUTS  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import RESULTS, command, table, write_results  # noqa: E402
 from compositional import TABLE1, fit_one, table1_data, table1_kernels  # noqa: E402
 
 from numpyro_dgp import diagnostics  # noqa: E402
-from numpyro_dgp.papers.compositional import composed_gp  # noqa: E402
 from numpyro_dgp.handlers import exact_layers  # noqa: E402
+from numpyro_dgp.papers.compositional import composed_gp  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 FAMILIES = ("factorized", "joint", "chain")
 
 
@@ -107,7 +106,7 @@ def main(argv=None):
     p.add_argument("--vi-samples", type=int, default=2000)
     p.add_argument("--tag", default="")
     args = p.parse_args(argv)
-    command = "python benchmarks/mcmc_ground_truth.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = command("mcmc_ground_truth.py", argv)
 
     X, y = table1_data()
     grid = jnp.linspace(-1.0, 1.0, args.grid)[:, None]
@@ -168,8 +167,8 @@ def main(argv=None):
             for name in diagnostics.layer_names(explored):
                 rec = dict(family=family, seed=seed, layer=name, elbo=row["elbo"], fit_seconds=row["seconds"],
                            mode=k, mode_gap=gap, mode_weight=float(evidence.weights[k]))
-                for key, table in metrics.items():
-                    sel = table[(table.layer == name) & table.grid.isin(interior)]
+                for key, per_point in metrics.items():
+                    sel = per_point[(per_point.layer == name) & per_point.grid.isin(interior)]
                     rec[f"ratio_{key}"] = float(sel.variance_ratio.median())
                     rec[f"w1_{key}"] = float(sel.wasserstein.mean())
                     rec[f"coverage_{key}"] = float(sel.coverage.mean())
@@ -182,35 +181,32 @@ def main(argv=None):
                   flush=True)
 
     timings = dict(explore=explore_seconds, evidence=evidence_seconds, confirm=confirm_seconds)
-    write_report(args, command, rows, health, per_mode, mode_warning, evidence, per_chain, confirm_health, timings,
+    write_report(args, cmd, rows, health, per_mode, mode_warning, evidence, per_chain, confirm_health, timings,
                  interior, grid)
     comp = diagnostics.compare(fits, by_mass, points=interior)
     tag = f"_{args.tag}" if args.tag else ""
-    comp.figures["layers"].savefig(os.path.join(RESULTS, f"mcmc_ground_truth_layers{tag}.png"), dpi=90)
-    comp.figures["marginals"].savefig(os.path.join(RESULTS, f"mcmc_ground_truth_marginals{tag}.png"), dpi=90)
+    comp.figures["layers"].savefig(RESULTS / f"mcmc_ground_truth_layers{tag}.png", dpi=90)
+    comp.figures["marginals"].savefig(RESULTS / f"mcmc_ground_truth_marginals{tag}.png", dpi=90)
 
 
 def health_rows(health):
     """A ``mcmc_health`` table as markdown lines."""
-    lines = ["| layer | max R-hat | min bulk ESS | min tail ESS | divergences |", "| --- | --- | --- | --- | --- |"]
-    for r in health.table.to_dict("records"):
-        lines.append(f"| {r['layer']} | {r['max_rhat']:.3g} | {r['min_ess_bulk']:.0f} | {r['min_ess_tail']:.0f} | {r['divergences']} |")
-    return lines
+    return table(["layer", "max R-hat", "min bulk ESS", "min tail ESS", "divergences"],
+                 [[r["layer"], f"{r['max_rhat']:.3g}", f"{r['min_ess_bulk']:.0f}", f"{r['min_ess_tail']:.0f}",
+                   r["divergences"]] for r in health.table.to_dict("records")])
 
 
 def write_report(args, command, rows, health, per_mode, mode_warning, evidence, per_chain, confirm_health, timings,
                  interior, grid):
     tag = f"_{args.tag}" if args.tag else ""
-    path = os.path.join(RESULTS, f"mcmc_ground_truth{tag}")
-    json.dump(dict(command=command, date=str(date.today()), args=vars(args), rows=rows,
-                   health=health.table.to_dict("records"), modes=health.modes,
-                   per_mode_health=[t.to_dict("records") for t in per_mode], mode_warning=mode_warning,
-                   log_evidence=evidence.log_evidence.tolist(), log_evidence_se=evidence.log_evidence_se.tolist(),
-                   mode_weights=evidence.weights.tolist(), khat=evidence.khat.tolist(),
-                   per_chain_log_evidence={str(evidence.modes[i]): v for i, v in per_chain.items()},
-                   confirm_health=confirm_health.table.to_dict("records"), confirm_modes=confirm_health.modes,
-                   seconds=timings, interior=interior),
-              open(path + ".json", "w"), indent=1)
+    record = dict(command=command, date=str(date.today()), args=vars(args), rows=rows,
+                  health=health.table.to_dict("records"), modes=health.modes,
+                  per_mode_health=[t.to_dict("records") for t in per_mode], mode_warning=mode_warning,
+                  log_evidence=evidence.log_evidence.tolist(), log_evidence_se=evidence.log_evidence_se.tolist(),
+                  mode_weights=evidence.weights.tolist(), khat=evidence.khat.tolist(),
+                  per_chain_log_evidence={str(evidence.modes[i]): v for i, v in per_chain.items()},
+                  confirm_health=confirm_health.table.to_dict("records"), confirm_modes=confirm_health.modes,
+                  seconds=timings, interior=interior)
     model = "the full exact model (f2 sampled)" if args.no_collapse else "last layer integrated out (`collapse_last=True`)"
     lines = [
         "# MCMC ground truth on Ustyuzhaninov et al.'s (2020) Table 1 problem",
@@ -240,17 +236,18 @@ def write_report(args, command, rows, health, per_mode, mode_warning, evidence, 
         "R-hat and ESS: the mode's own chains (nan with one chain). Per-chain log Z: the same estimate from "
         "each of the mode's chains alone (their spread is the honest uncertainty of log Z).",
         "",
-        "| mode (chains) | log Z | se | k-hat | weight | max R-hat | min bulk ESS | per-chain log Z |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     order = np.argsort(-evidence.log_evidence)
+    rows_by_mass = []
     for i in order:
         t = per_mode[i].to_dict("records")
         rhat = max(r["max_rhat"] for r in t)
         ess = min(r["min_ess_bulk"] for r in t)
-        lines.append(f"| {evidence.modes[i]} | {evidence.log_evidence[i]:.1f} | {evidence.log_evidence_se[i]:.2f} | "
-                     f"{evidence.khat[i]:.2f} | {evidence.weights[i]:.3g} | {rhat:.3g} | {ess:.0f} | "
-                     + (", ".join(f"{v:.1f}" for v in per_chain[i]) if i in per_chain else "") + " |")
+        rows_by_mass.append([evidence.modes[i], f"{evidence.log_evidence[i]:.1f}", f"{evidence.log_evidence_se[i]:.2f}",
+                             f"{evidence.khat[i]:.2f}", f"{evidence.weights[i]:.3g}", f"{rhat:.3g}", f"{ess:.0f}",
+                             ", ".join(f"{v:.1f}" for v in per_chain[i]) if i in per_chain else ""])
+    lines += table(["mode (chains)", "log Z", "se", "k-hat", "weight", "max R-hat", "min bulk ESS", "per-chain log Z"],
+                   rows_by_mass)
     top = order[0]
     gap = evidence.log_evidence[top] - evidence.log_evidence[order[1]] if len(order) > 1 else float("inf")
     lines += ["", f"The heaviest mode {evidence.modes[top]} holds {evidence.weights[top]:.6g} of the mass found "
@@ -274,10 +271,8 @@ def write_report(args, command, rows, health, per_mode, mode_warning, evidence, 
         "explored mode closest to the fit's mean first layer (its weight in the last column). Coverage: "
         "share of MCMC draws inside the VI central 90% interval (0.90 if they agree).",
         "",
-        "| family | layer | ratio (by mass) | ratio (heaviest) | ratio (nearest) | coverage (by mass) | "
-        "W1 (by mass) | nearest mode's weight |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    family_rows = []
     for family in FAMILIES:
         for layer in sorted({r["layer"] for r in rows}):
             sel = [r for r in rows if r["family"] == family and r["layer"] == layer]
@@ -288,9 +283,11 @@ def write_report(args, command, rows, health, per_mode, mode_warning, evidence, 
                 v = np.array([r[key] for r in sel])
                 return f"{v.mean():.2e} ± {v.std():.1e}" if sci else f"{v.mean():.3f} ± {v.std():.3f}"
 
-            lines.append(f"| {family} | {layer} | {ms('ratio_mass')} | {ms('ratio_heaviest')} | {ms('ratio_mode')} | "
-                         f"{ms('coverage_mass', False)} | {ms('w1_mass')} | {ms('mode_weight')} |")
-    open(path + ".md", "w").write("\n".join(lines) + "\n")
+            family_rows.append([family, layer, ms("ratio_mass"), ms("ratio_heaviest"), ms("ratio_mode"),
+                                ms("coverage_mass", False), ms("w1_mass"), ms("mode_weight")])
+    lines += table(["family", "layer", "ratio (by mass)", "ratio (heaviest)", "ratio (nearest)", "coverage (by mass)",
+                    "W1 (by mass)", "nearest mode's weight"], family_rows)
+    write_results(f"mcmc_ground_truth{tag}", record, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

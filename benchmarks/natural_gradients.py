@@ -25,17 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from _harness import add_data_dir, command, header, machine, table, write_results
 
-from _paths import DATA_DIR_HELP, default_data_dir, shown_command
-
-RESULTS = Path(__file__).resolve().parent / "results"
 PEER = Path(__file__).resolve().parent / "peers" / "gpflux_natural_gradients.py"
 
 
@@ -104,24 +100,24 @@ def summarize(adam: dict, natural: dict, window: int) -> dict:
     return entry
 
 
-def _row(library: str, r: dict) -> str:
+def _row(library: str, r: dict) -> list:
     ratio = r["natural"]["seconds_to_target"] / r["adam"]["seconds_to_target"]
-    return (f"| {library} | {r['dataset']} | {r['split']} | {r['adam']['seconds_to_target']:.1f} | "
-            f"{r['natural']['seconds_to_target']:.1f} | {ratio:.2f} | {r['adam']['ms_per_step']:.2f} | "
-            f"{r['natural']['ms_per_step']:.2f} | {r['adam']['test_ll']:.3f} / {r['natural']['test_ll']:.3f} | "
-            f"{r['adam']['skipped']} / {r['natural']['skipped']} |")
+    return [library, r["dataset"], r["split"], f"{r['adam']['seconds_to_target']:.1f}",
+            f"{r['natural']['seconds_to_target']:.1f}", f"{ratio:.2f}", f"{r['adam']['ms_per_step']:.2f}",
+            f"{r['natural']['ms_per_step']:.2f}", f"{r['adam']['test_ll']:.3f} / {r['natural']['test_ll']:.3f}",
+            f"{r['adam']['skipped']} / {r['natural']['skipped']}"]
 
 
-def write(record: dict, path: Path) -> None:
-    lines = ["# Natural gradients (last layer) + Adam against Adam alone: time to DSVI's final objective", "",
-             f"Command: `{record['command']}`", "", f"Machine: {record['machine']}; {record['settings']}", "",
-             "| library | data set | split | Adam: s to target | NG + Adam: s to target | ratio | Adam ms/step | "
-             "NG ms/step | test LL Adam / NG | skipped Adam / NG |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+def markdown(record: dict) -> str:
+    rows = []
     for r in record["runs"]:
-        lines.append(_row("numpyro-dgp", r))
+        rows.append(_row("numpyro-dgp", r))
         if "gpflux" in r:
-            lines.append(_row("gpflux", {**r["gpflux"], "dataset": r["dataset"], "split": r["split"]}))
+            rows.append(_row("gpflux", {**r["gpflux"], "dataset": r["dataset"], "split": r["split"]}))
+    lines = [*header("Natural gradients (last layer) + Adam against Adam alone: time to DSVI's final objective",
+                     record["command"], record["machine"], record["settings"]), "",
+             *table(["library", "data set", "split", "Adam: s to target", "NG + Adam: s to target", "ratio",
+                     "Adam ms/step", "NG ms/step", "test LL Adam / NG", "skipped Adam / NG"], rows)]
     lines += ["", "Each library's target is its own Adam run's final training objective (mean negative ELBO of "
               f"its last {record['window']} steps, standardized units); s to target: compiled-step seconds until a "
               f"run's trailing {record['window']}-step mean loss first reaches it (compilation excluded, NaN: "
@@ -129,7 +125,11 @@ def write(record: dict, path: Path) -> None:
     if record.get("gpflux_version"):
         lines += ["", f"Peer: {record['gpflux_version']} (GPflow's `NaturalGradient` on the last layer's "
                   "`q_mu`, `q_sqrt`, the same ramp; its per-step time is the mean over the run)."]
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def write(record: dict, path: Path) -> None:
+    Path(path).write_text(markdown(record))
 
 
 def main(argv=None) -> None:
@@ -144,7 +144,7 @@ def main(argv=None) -> None:
     parser.add_argument("--ramp", type=int, default=100, help="steps of the log-linear ramp from 1e-4")
     parser.add_argument("--window", type=int, default=200)
     parser.add_argument("--chunk", type=int, default=100)
-    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    add_data_dir(parser)
     parser.add_argument("--with-gpflux", metavar="PYTHON", default=None, help="the GPflux venv's python")
     parser.add_argument("--tag", default="uci")
     args = parser.parse_args(argv)
@@ -153,13 +153,11 @@ def main(argv=None) -> None:
     jax.config.update("jax_enable_x64", True)
     from numpyro_dgp.datasets import load_uci, parse_splits
 
-    record = {"command": shown_command("natural_gradients.py", argv if argv is not None else sys.argv[1:]),
-              "machine": f"{platform.machine()}, python {platform.python_version()}",
+    record = {"command": command("natural_gradients.py", argv), "machine": machine(),
               "settings": (f"2 layers, M = {args.num_inducing}, batch {args.batch_size}, {args.steps} steps, Adam "
                            f"{args.lr}; natural gradients on the last layer's q(u), step 1e-4 -> {args.gamma} over "
                            f"{args.ramp} steps; float64"),
               "window": args.window, "runs": []}
-    out = RESULTS / f"natural_gradients_{args.tag}"
     for name in args.datasets.split(","):
         for split in parse_splits(args.splits):
             data = load_uci(name, split, data_dir=args.data_dir)
@@ -174,9 +172,8 @@ def main(argv=None) -> None:
                 entry["gpflux"] = summarize(*runs, args.window)
             record["runs"].append(entry)
             print(json.dumps(entry), flush=True)
-            out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-            write(record, out.with_suffix(".md"))
-    print(out.with_suffix(".md").read_text())
+            write_results(f"natural_gradients_{args.tag}", record, markdown(record))
+    print(markdown(record))
 
 
 if __name__ == "__main__":

@@ -39,17 +39,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
-import shlex
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-from _paths import DATA_DIR_HELP, default_data_dir
+from _harness import add_data_dir, command, header, machine, now, table, write_results
 
 DEFAULT_DATASETS = "bostonHousing,concrete,energy,wine-quality-red,kin8nm,power-plant"
 METHODS = ("dsvi", "nvc", "nvc_penalize")
@@ -74,37 +69,21 @@ def _reach_summary(runs):
     return f"{np.median(reached):.0f} s ({len(reached)}/{len(runs)} reached)"
 
 
-def write_markdown(path, record):
-    lines = [
-        "# NVC against DSVI on UCI regression (numpyro-dgp)",
-        "",
-        f"Command: `{record['command']}`",
-        "",
-        f"Machine: {record['machine']}; float64={record['float64']}; {record['settings']}",
-        "",
-        "Test LL per test point and RMSE in original units; training objectives on the full training set "
-        "(standardized units, nats): NVC's bound exactly, DSVI's ELBO estimated. Mean (standard error) over splits.",
-        "",
-        "| dataset | method | splits | test LL | RMSE | test LL (moment-matched) | final training objective | "
-        "s/step (training) | s/step (interleaved, split 0) | training s | time to reach DSVI's final objective |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    verdicts = []
+def markdown(record):
+    rows, verdicts = [], []
     for name, by_method in record["results"].items():
         for method, runs in by_method.items():
             if not runs:
                 continue
             timing = record.get("timing", {}).get(name, {}).get(method)
-            lines.append(
-                f"| {name} | {method} | {len(runs)} | {_mean_se([r['log_likelihood'] for r in runs])} | "
-                f"{_mean_se([r['rmse'] for r in runs], '.4g')} | "
-                f"{_mean_se([r.get('moment_matched_log_likelihood') for r in runs])} | "
-                f"{_mean_se([r['final_objective'] for r in runs], '.1f')} | "
-                f"{np.median([r['seconds_per_step'] for r in runs]) * 1e3:.1f} ms | "
-                f"{'-' if timing is None else f'{timing * 1e3:.1f} ms'} | "
-                f"{np.mean([r['train_seconds'] for r in runs]):.0f} | "
-                f"{'-' if method == 'dsvi' else _reach_summary(runs)} |"
-            )
+            rows.append([name, method, len(runs), _mean_se([r["log_likelihood"] for r in runs]),
+                         _mean_se([r["rmse"] for r in runs], ".4g"),
+                         _mean_se([r.get("moment_matched_log_likelihood") for r in runs]),
+                         _mean_se([r["final_objective"] for r in runs], ".1f"),
+                         f"{np.median([r['seconds_per_step'] for r in runs]) * 1e3:.1f} ms",
+                         "-" if timing is None else f"{timing * 1e3:.1f} ms",
+                         f"{np.mean([r['train_seconds'] for r in runs]):.0f}",
+                         "-" if method == "dsvi" else _reach_summary(runs)])
         dsvi = {r["split"]: r for r in by_method.get("dsvi", [])}
         for method in ("nvc", "nvc_penalize"):
             runs = [r for r in by_method.get(method, []) if r["split"] in dsvi]
@@ -114,16 +93,23 @@ def write_markdown(path, record):
             timing = record.get("timing", {}).get(name, {})
             faster = (f"{timing[method] / timing['dsvi']:.2f}x DSVI's step time" if method in timing and "dsvi" in timing
                       else "step time not measured")
-            verdicts.append(f"| {name} | {method} | {gap:+.3f} | {'yes' if gap >= -LL_MARGIN else 'NO'} | {faster} |")
+            verdicts.append([name, method, f"{gap:+.3f}", "yes" if gap >= -LL_MARGIN else "NO", faster])
+    lines = [
+        *header("NVC against DSVI on UCI regression (numpyro-dgp)", record["command"], record["machine"],
+                f"float64={record['float64']}", record["settings"]),
+        "",
+        "Test LL per test point and RMSE in original units; training objectives on the full training set "
+        "(standardized units, nats): NVC's bound exactly, DSVI's ELBO estimated. Mean (standard error) over splits.",
+        "",
+        *table(["dataset", "method", "splits", "test LL", "RMSE", "test LL (moment-matched)",
+                "final training objective", "s/step (training)", "s/step (interleaved, split 0)", "training s",
+                "time to reach DSVI's final objective"], rows),
+    ]
     if verdicts:
         lines += ["", f"NVC against DSVI (same splits): mean test-LL difference, within {LL_MARGIN} nats or ahead, "
                   "and interleaved step time:", "",
-                  "| dataset | method | LL(method) - LL(DSVI) | within 0.1 or ahead | step time |",
-                  "| --- | --- | --- | --- | --- |"] + verdicts
-    lines += ["", "Per split:", "",
-              "| dataset | method | split | LL | RMSE | LL (moment-matched) | final objective | s/step | "
-              "training s | time to reach DSVI's final | skipped |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  *table(["dataset", "method", "LL(method) - LL(DSVI)", "within 0.1 or ahead", "step time"], verdicts)]
+    per_split = []
     for name, by_method in record["results"].items():
         for method, runs in by_method.items():
             for r in runs:
@@ -131,15 +117,19 @@ def write_markdown(path, record):
                 reach = r.get("seconds_to_reach_dsvi")
                 objective = f"{r['final_objective']:.1f}" + (
                     f" ({r['final_objective_se']:.1f})" if r.get("final_objective_se") is not None else "")
-                lines.append(
-                    f"| {name} | {method} | {r['split']} | {r['log_likelihood']:.4f} | {r['rmse']:.4g} | "
-                    f"{'-' if mm is None else f'{mm:.4f}'} | {objective} | {r['seconds_per_step'] * 1e3:.1f} ms | "
-                    f"{r['train_seconds']:.0f} | {'-' if method == 'dsvi' else ('not reached' if reach is None else f'{reach:.0f} s')} | "
-                    f"{r['num_skipped']} |")
+                per_split.append([name, method, r["split"], f"{r['log_likelihood']:.4f}", f"{r['rmse']:.4g}",
+                                  "-" if mm is None else f"{mm:.4f}", objective,
+                                  f"{r['seconds_per_step'] * 1e3:.1f} ms",
+                                  f"{r['train_seconds']:.0f}",
+                                  "-" if method == "dsvi" else ("not reached" if reach is None else f"{reach:.0f} s"),
+                                  r["num_skipped"]])
+    lines += ["", "Per split:", "",
+              *table(["dataset", "method", "split", "LL", "RMSE", "LL (moment-matched)", "final objective", "s/step",
+                      "training s", "time to reach DSVI's final", "skipped"], per_split)]
     if record.get("combined_from"):
         lines += ["", "Combined from " + ", ".join(f"`{f}`" for f in record["combined_from"])
                   + " (the same settings; disjoint data sets or splits, each run by its command above in its own process)."]
-    Path(path).write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def combine(paths, tag):
@@ -166,9 +156,7 @@ def combine(paths, tag):
     for r in records:
         for name, timing in r.get("timing", {}).items():
             out["timing"].setdefault(name, timing)
-    out_dir = Path(__file__).resolve().parent / "results"
-    (out_dir / f"nested_{tag}.json").write_text(json.dumps(out, indent=1))
-    write_markdown(out_dir / f"nested_{tag}.md", out)
+    write_results(f"nested_{tag}", out, markdown(out))
     return out
 
 
@@ -297,7 +285,7 @@ def main(argv=None):
     parser.add_argument("--timing-rounds", type=int, default=3)
     parser.add_argument("--timing-split", type=int, default=None, help="split of the interleaved timing (default: the first)")
     parser.add_argument("--float32", action="store_true")
-    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    add_data_dir(parser)
     parser.add_argument("--tag", default=None, help="results file suffix")
     parser.add_argument("--combine", nargs="+", default=None, metavar="JSON",
                         help="join these result files (same settings, disjoint runs) into nested_<tag>")
@@ -324,12 +312,9 @@ def main(argv=None):
     if args.timing_split is None:
         args.timing_split = splits[0]
     tag = args.tag or "_".join(names)
-    out_dir = Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    json_path, md_path = out_dir / f"nested_{tag}.json", out_dir / f"nested_{tag}.md"
     record = {
-        "command": "python benchmarks/nested.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.default_backend()})",
+        "command": command("nested.py", argv),
+        "machine": machine(),
         "float64": not args.float32,
         "settings": (f"2-layer deep_gp_regression, M={args.num_inducing}, hidden width min(D, 30), inner noise "
                      f"initial {args.inner_noise}, AutoFactorizedDGP, Adam lr={args.lr}, {args.steps} steps, batch "
@@ -337,7 +322,7 @@ def main(argv=None):
                      f"objective checkpoints every {args.eval_every} steps, DSVI's final ELBO from {args.elbo_samples} "
                      f"samples; test: predict with 100 samples (and predict_moment_matched for NVC); "
                      f"{args.timing_rounds} interleaved timing rounds of {args.eval_every} steps"),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "date": now(),
         "results": {n: {m: [] for m in args.methods} for n in names},
     }
     for name in names:
@@ -349,8 +334,7 @@ def main(argv=None):
             summary = ", ".join(f"{m} LL {r['log_likelihood']:.3f} ({r['seconds_per_step'] * 1e3:.0f} ms/step)"
                                 for m, r in rows.items())
             print(f"{name} split {split}: {summary} [{time.perf_counter() - start:.0f} s]", flush=True)
-            json_path.write_text(json.dumps(record, indent=1))
-            write_markdown(md_path, record)
+            write_results(f"nested_{tag}", record, markdown(record))
     return record
 
 

@@ -25,17 +25,11 @@ Example (the committed results)::
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import shlex
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-from _paths import DATA_DIR_HELP, default_data_dir
+from _harness import add_data_dir, command, header, machine, now, table, write_results
 from nested import DEFAULT_DATASETS, METHODS, _Run
 
 PARTS = ("psi2_sums_fwd_grad", "exp_only")
@@ -109,31 +103,31 @@ def measure(name: str, args) -> dict:
             "seconds_per_step": median, "rounds": per_step, "num_skipped": skipped}
 
 
-def write_markdown(path: Path, record: dict) -> None:
+def markdown(record: dict) -> str:
+    rows = []
+    for name, r in record["results"].items():
+        t = {k: v * 1e3 for k, v in r["seconds_per_step"].items()}
+        rows.append([name, r["N"], r["batch"], r["hidden_width"], f"{t['dsvi']:.1f}", f"{t['nvc']:.1f}",
+                     f"{t['nvc_penalize']:.1f}", f"{t['psi2_sums_fwd_grad']:.1f}", f"{t['exp_only']:.1f}",
+                     f"{t['nvc'] / t['dsvi']:.2f}x", f"{t['nvc_penalize'] / t['dsvi']:.2f}x",
+                     f"{t['psi2_sums_fwd_grad'] / t['dsvi']:.2f}x"])
     lines = [
-        "# NVC step time against DSVI, with the cost of the summed Psi2 (numpyro-dgp)",
-        "",
-        f"Command: `{record['command']}`",
-        "",
-        f"Machine: {record['machine']}; float64; {record['date']}; {record['settings']}",
+        *header("NVC step time against DSVI, with the cost of the summed Psi2 (numpyro-dgp)", record["command"],
+                record["machine"], "float64", record["date"], record["settings"]),
         "",
         "Median milliseconds per step over the rounds (each method's compiled chunk, the methods alternating; "
         "`nvc` is the full bound, `nvc_penalize` the inner layer forwarding its noise only). "
         "`Psi2 sums` is the summed `Psi2` of the inner layer at per-point input variances, forward and "
         "gradient, alone; `exp` the exponentials of its `B x Q` entries alone (Q = M (M + 1) / 2).",
         "",
-        "| dataset | N | B | hidden width | DSVI | NVC | NVC penalize | Psi2 sums (fwd + grad) | exp only | "
-        "NVC / DSVI | NVC penalize / DSVI | Psi2 sums / DSVI |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        *table(["dataset", "N", "B", "hidden width", "DSVI", "NVC", "NVC penalize", "Psi2 sums (fwd + grad)",
+                "exp only", "NVC / DSVI", "NVC penalize / DSVI", "Psi2 sums / DSVI"], rows),
     ]
-    for name, r in record["results"].items():
-        t = {k: v * 1e3 for k, v in r["seconds_per_step"].items()}
-        lines.append(
-            f"| {name} | {r['N']} | {r['batch']} | {r['hidden_width']} | {t['dsvi']:.1f} | {t['nvc']:.1f} | "
-            f"{t['nvc_penalize']:.1f} | {t['psi2_sums_fwd_grad']:.1f} | {t['exp_only']:.1f} | "
-            f"{t['nvc'] / t['dsvi']:.2f}x | {t['nvc_penalize'] / t['dsvi']:.2f}x | "
-            f"{t['psi2_sums_fwd_grad'] / t['dsvi']:.2f}x |")
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(path: Path, record: dict) -> None:
+    Path(path).write_text(markdown(record))
 
 
 def main(argv=None):
@@ -146,7 +140,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--inner-noise", type=float, default=0.01)
-    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    add_data_dir(parser)
     args = parser.parse_args(argv)
 
     import jax
@@ -155,13 +149,10 @@ def main(argv=None):
     from numpyro_dgp.datasets import resolve_uci_name
 
     names = [resolve_uci_name(n) for n in args.datasets.split(",")]
-    out_dir = Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(exist_ok=True)
     record = {
-        "command": "python benchmarks/nested_step_time.py " + " ".join(
-            shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.default_backend()})",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": command("nested_step_time.py", argv),
+        "machine": machine(),
+        "date": now(),
         "settings": (f"nested.py's 2-layer model (M={args.num_inducing}, hidden width min(D, 30), AutoFactorizedDGP, "
                      f"Adam {args.lr}), batch min({args.batch_size}, N), split 0; {args.warmup} warm-up steps per "
                      f"method, then {args.rounds} rounds of {args.chunk} steps"),
@@ -169,8 +160,7 @@ def main(argv=None):
     }
     for name in names:
         record["results"][name] = measure(name, args)
-        (out_dir / "nested_step_time.json").write_text(json.dumps(record, indent=1))
-        write_markdown(out_dir / "nested_step_time.md", record)
+        write_results("nested_step_time", record, markdown(record))
     return record
 
 

@@ -27,13 +27,11 @@ import gzip
 import json
 import math
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _fresh import base_record, header_lines
-from _paths import DATA_DIR_HELP, default_data_dir
+from _harness import add_data_dir, base_record, header, table, write_results
 
 #: StableHLO operations counted, by the kind the tables report
 _KINDS = {"cholesky": "LAPACK Cholesky call (the blocked factorization's leaves)",
@@ -47,24 +45,26 @@ def main(argv=None):
     parser.add_argument("--num-inducing", type=int, default=100)
     parser.add_argument("--hidden-width", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
-    parser.add_argument("--out", default=None, help="result file (default: results/profile_step_<precision>_M<M>_W<width>.md)")
+    add_data_dir(parser)
+    parser.add_argument("--out", default=None,
+                        help="result file (default: results/profile_step_<precision>_M<M>_W<width>.md)")
     args = parser.parse_args(argv)
     import jax
 
     if args.precision == "float64":
         jax.config.update("jax_enable_x64", True)
     update, state, data = _compiled_step(args)
-    counts = _operation_counts(update.as_text())
+    counts = operation_counts(update.as_text())
     cost = update.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     unprofiled_ms, state = _time_steps(update, state, data, 50)
     per_op, per_thread, thunks, profiled_ms = _profile(update, state, data, args.steps)
     sources = _thunk_sources(update.as_text())
 
-    record = base_record("profile_step.py", argv if argv is not None else sys.argv[1:])
-    record["settings"] = f"M = {args.num_inducing}, hidden width {args.hidden_width}, batch 1000, kin8nm split 0"
-    lines = header_lines(f"Profile of one DSVI training step, {args.precision}", record, args.precision)
+    record = base_record("profile_step.py", argv)
+    settings = f"M = {args.num_inducing}, hidden width {args.hidden_width}, batch 1000, kin8nm split 0"
+    lines = header(f"Profile of one DSVI training step, {args.precision}", record["command"], record["machine"],
+                   args.precision, record["date"], settings, compact=True)
     lines += ["", f"Wall time per step: {unprofiled_ms:.2f} ms unprofiled (median of 5 x 10), "
               f"{profiled_ms:.2f} ms under the profiler. Thunks per step: {thunks:.0f}. Busy time per executor "
               "thread (ms/step): " + ", ".join(f"{b:.2f}" for b in sorted(per_thread.values(), reverse=True)[:4])
@@ -73,10 +73,11 @@ def main(argv=None):
               f"({cost.get('flops', float('nan')) / 1e6 / unprofiled_ms:.1f} GFLOP/s at the unprofiled time).", ""]
     lines += _count_table(counts) + [""]
     lines += _time_tables(per_op, sources)
-    out = Path(args.out) if args.out else (
-        Path(__file__).resolve().parent / "results"
-        / f"profile_step_{args.precision}_M{args.num_inducing}_W{args.hidden_width}.md")
-    out.write_text("\n".join(lines) + "\n")
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        write_results(f"profile_step_{args.precision}_M{args.num_inducing}_W{args.hidden_width}", None, text)
     print("\n".join(lines))
 
 
@@ -114,7 +115,7 @@ def _time_steps(update, state, data, n):
     return sorted(times)[2], state
 
 
-def _operation_counts(hlo: str) -> dict:
+def operation_counts(hlo: str) -> dict:
     """Counts of each kind in ``_KINDS`` and matrix-product FLOPs by source function, from the
     compiled HLO (every function inlined, so a count is how often the step runs it)."""
     shapes = {name: [int(d) for d in dims.split(",") if d] for name, dims in
@@ -148,11 +149,10 @@ def _source(name: str) -> str:
 
 def _count_table(counts: dict) -> list[str]:
     c, flops = counts["counts"], counts["flops"]
-    rows = [f"| {label} | {c[kind]} |" for kind, label in _KINDS.items()]
-    lines = ["What the step computes (compiled program, every function inlined):", "", "| operation | count |", "| --- | --- |", *rows, "",
-             "| matrix products from | GFLOP |", "| --- | --- |"]
-    return lines + [f"| {k} | {v / 1e9:.3f} |" for k, v in flops.most_common(12)] + [
-        f"| total | {sum(flops.values()) / 1e9:.3f} |"]
+    return ["What the step computes (compiled program, every function inlined):", "",
+            *table(["operation", "count"], [[label, c[kind]] for kind, label in _KINDS.items()]), "",
+            *table(["matrix products from", "GFLOP"], [[k, f"{v / 1e9:.3f}"] for k, v in flops.most_common(12)]
+                   + [["total", f"{sum(flops.values()) / 1e9:.3f}"]])]
 
 
 def _profile(update, state, data, steps):
@@ -198,13 +198,11 @@ def _time_tables(per_op, sources) -> list[str]:
     for name, ms in per_op.items():
         by_kind[_kind(name)] += ms
         by_source[sources.get(name, "?")] += ms
-    lines = ["Where the time goes (under the profiler, summed over executor threads):", "",
-             "| kind | ms per step |", "| --- | --- |"]
-    lines += [f"| {k} | {v:.2f} |" for k, v in by_kind.most_common()]
-    lines += ["", "| source function | ms per step |", "| --- | --- |"]
-    lines += [f"| {k} | {v:.2f} |" for k, v in by_source.most_common(12)]
-    lines += ["", "| operation | source function | ms per step |", "| --- | --- | --- |"]
-    return lines + [f"| {k} | {sources.get(k, '?')} | {v:.3f} |" for k, v in per_op.most_common(15)]
+    return ["Where the time goes (under the profiler, summed over executor threads):", "",
+            *table(["kind", "ms per step"], [[k, f"{v:.2f}"] for k, v in by_kind.most_common()]), "",
+            *table(["source function", "ms per step"], [[k, f"{v:.2f}"] for k, v in by_source.most_common(12)]), "",
+            *table(["operation", "source function", "ms per step"],
+                   [[k, sources.get(k, "?"), f"{v:.3f}"] for k, v in per_op.most_common(15)])]
 
 
 if __name__ == "__main__":

@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from _harness import RESULTS, command, header, machine, table, write_results
+
 D = 90
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def synthetic(N, dtype, seed=0, dim=D):
@@ -215,22 +214,21 @@ def in_fresh_process(*args):
 
 
 def markdown(results):
-    lines = ["# Large N, and the step against M, width and D (synthetic data)", "", f"Command: `{results.get('command', '')}`", "",
-             f"Machine: {results['machine']}", ""]
+    lines = [*header("Large N, and the step against M, width and D (synthetic data)", results.get("command", ""),
+                     results["machine"]), ""]
     if results.get("sizes"):
         lines += ["2 layers, M = 100, inner width 30, batch 1000, data on the device; prediction of 100,000 points "
                   f"with S = 100 in batches of {results['sizes'][0]['predict_batch']:,} (the one-batch call that compiles is timed apart). RSS: the "
                   "process's resident memory once the data are on the device (imports and data included), then "
                   "its peak (VmHWM, reset after the data were drawn) through training, and through prediction.", "",
-                  "| N | precision | data MB | init s | compile s | steps/s | predict 1e5 s | predict compile s | "
-                  "RSS MB with data | peak RSS MB training / prediction | finite |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for r in results["sizes"]:
-            lines.append(f"| {r['N']:,} | {r['precision']} | {r['data_mb']:.0f} | {r['init_seconds']:.2f} | "
-                         f"{r['compile_seconds']:.1f} | {r['steps_per_second']:.1f} | {r['predict_seconds']:.1f} | "
-                         f"{r['predict_compile_seconds']:.1f} | {r['rss_mb_with_data']:.0f} | "
-                         f"{r['peak_rss_mb_training']:.0f} / {r['peak_rss_mb']:.0f} | {r['all_finite']} |")
-        lines.append("")
+                  *table(["N", "precision", "data MB", "init s", "compile s", "steps/s", "predict 1e5 s",
+                          "predict compile s", "RSS MB with data", "peak RSS MB training / prediction", "finite"],
+                         [[f"{r['N']:,}", r["precision"], f"{r['data_mb']:.0f}", f"{r['init_seconds']:.2f}",
+                           f"{r['compile_seconds']:.1f}", f"{r['steps_per_second']:.1f}", f"{r['predict_seconds']:.1f}",
+                           f"{r['predict_compile_seconds']:.1f}", f"{r['rss_mb_with_data']:.0f}",
+                           f"{r['peak_rss_mb_training']:.0f} / {r['peak_rss_mb']:.0f}", r["all_finite"]]
+                          for r in results["sizes"]]),
+                  ""]
     if results.get("grid"):
         lines += _grid_lines(results["grid"])
     return "\n".join(lines)
@@ -259,37 +257,37 @@ def grid_point(M, width, precision, dim, steps, peers):
 def _grid_lines(grid):
     peers = any("gpflux_ms_per_step" in r for r in grid)
     gpytorch = any("gpytorch_ms_per_step" in r for r in grid)
-    lines = ["Time per step, N = 10,000 synthetic points, batch 1000, 2 layers" + (
-             f" (GPflux: {grid[0].get('gpflux_version')}, run right after ours at each point)" if peers else "")
-             + (" (GPyTorch: " + next(r["gpytorch_version"] for r in grid if "gpytorch_version" in r)
-                + ", after GPflux where given)" if gpytorch else "")
-             + ". Peak: the matrix-product speed measured in our process at that point (2000^3, best of three "
-             "medians of five); floor: the FLOPs the math needs (`step_flops` in the script) at that speed; "
-             "achieved: those FLOPs over our time; roofline: achieved / peak. "
-             "Meets: `2x` where ours is at least twice GPflux's steps/s, `65%` where 2x GPflux would be "
-             "below the floor and ours reaches 65% of the peak, `-` neither. First step: the peers' whole "
-             "first step (GPflux traces and compiles its `tf.function` there; GPyTorch is eager).", "",
-             "| precision | D | M | width | ms/step | compile s | first step s | peak GFLOP/s | floor ms | "
-             "achieved GFLOP/s | roofline % |"
-             + (" GPflux ms/step | GPflux first step s | GPflux / ours | meets |" if peers else "")
-             + (" GPyTorch ms/step | GPyTorch / ours |" if gpytorch else ""),
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- | --- |" if peers else "")
-             + (" --- | --- |" if gpytorch else "")]
+    columns = ["precision", "D", "M", "width", "ms/step", "compile s", "first step s", "peak GFLOP/s", "floor ms",
+               "achieved GFLOP/s", "roofline %"]
+    columns += ["GPflux ms/step", "GPflux first step s", "GPflux / ours", "meets"] if peers else []
+    columns += ["GPyTorch ms/step", "GPyTorch / ours"] if gpytorch else []
+    rows = []
     for r in grid:
         floor_ms = r["floor_gflop"] / r["matmul_gflops"] * 1e3
-        row = (f"| {r['precision']} | {r.get('D', D)} | {r['M']} | {r['width']} | {r['ms_per_step']:.1f} | "
-               f"{r['compile_seconds']:.1f} | {r['first_step_seconds']:.1f} | {r['matmul_gflops']:.0f} | {floor_ms:.1f} | "
-               f"{r['floor_gflop'] / r['ms_per_step'] * 1e3:.1f} | {100 * floor_ms / r['ms_per_step']:.0f} |")
+        row = [r["precision"], r.get("D", D), r["M"], r["width"], f"{r['ms_per_step']:.1f}",
+               f"{r['compile_seconds']:.1f}", f"{r['first_step_seconds']:.1f}", f"{r['matmul_gflops']:.0f}",
+               f"{floor_ms:.1f}", f"{r['floor_gflop'] / r['ms_per_step'] * 1e3:.1f}",
+               f"{100 * floor_ms / r['ms_per_step']:.0f}"]
         if peers:
             ratio = r["gpflux_ms_per_step"] / r["ms_per_step"]
             twice_below_floor = r["gpflux_ms_per_step"] / 2 < floor_ms
             meets = "2x" if ratio >= 2 else ("65%" if twice_below_floor and floor_ms / r["ms_per_step"] >= 0.65 else "-")
-            row += f" {r['gpflux_ms_per_step']:.1f} | {r['gpflux_compile_seconds']:.1f} | {ratio:.2f} | {meets} |"
+            row += [f"{r['gpflux_ms_per_step']:.1f}", f"{r['gpflux_compile_seconds']:.1f}", f"{ratio:.2f}", meets]
         if gpytorch:
-            row += (f" {r['gpytorch_ms_per_step']:.1f} | {r['gpytorch_ms_per_step'] / r['ms_per_step']:.2f} |"
-                    if "gpytorch_ms_per_step" in r else " - | - |")
-        lines.append(row)
-    return lines + [""]
+            row += ([f"{r['gpytorch_ms_per_step']:.1f}", f"{r['gpytorch_ms_per_step'] / r['ms_per_step']:.2f}"]
+                    if "gpytorch_ms_per_step" in r else ["-", "-"])
+        rows.append(row)
+    return ["Time per step, N = 10,000 synthetic points, batch 1000, 2 layers" + (
+            f" (GPflux: {grid[0].get('gpflux_version')}, run right after ours at each point)" if peers else "")
+            + (" (GPyTorch: " + next(r["gpytorch_version"] for r in grid if "gpytorch_version" in r)
+               + ", after GPflux where given)" if gpytorch else "")
+            + ". Peak: the matrix-product speed measured in our process at that point (2000^3, best of three "
+            "medians of five); floor: the FLOPs the math needs (`step_flops` in the script) at that speed; "
+            "achieved: those FLOPs over our time; roofline: achieved / peak. "
+            "Meets: `2x` where ours is at least twice GPflux's steps/s, `65%` where 2x GPflux would be "
+            "below the floor and ours reaches 65% of the peak, `-` neither. First step: the peers' whole "
+            "first step (GPflux traces and compiles its `tf.function` there; GPyTorch is eager).", "",
+            *table(columns, rows), ""]
 
 
 def plot_grid(grid, path):
@@ -372,13 +370,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.plot_only:
         results = json.loads((RESULTS / f"{args.tag}.json").read_text())
-        (RESULTS / f"{args.tag}.md").write_text(markdown(results))
+        write_results(args.tag, None, markdown(results))
         plot_grid(results["grid"], RESULTS / f"{args.tag}.png")
         return
     RESULTS.mkdir(exist_ok=True)
-    results = {"command": "python benchmarks/scale.py " + " ".join(sys.argv[1:] if argv is None else argv),
-               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-               "sizes": [], "grid": []}
+    # JAX is the children's (each point a fresh process): the parent does not import it
+    results = {"command": command("scale.py", argv), "machine": machine(with_jax=False), "sizes": [], "grid": []}
     for N in args.sizes:
         r = in_fresh_process("size", N, args.precision, args.steps, args.predict_batch)
         print(json.dumps(r), flush=True)
@@ -401,9 +398,8 @@ def main(argv=None):
                         peers = {"gpflux": (args.with_gpflux, None), "gpytorch": (args.with_gpytorch, args.gpytorch_m)}
                         results["grid"].append(grid_point(M, width, precision, dim, steps, peers))
                         # written after every point: a long grid's finished points survive an interruption
-                        (RESULTS / f"{args.tag}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / f"{args.tag}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / f"{args.tag}.md").write_text(markdown(results))
+                        write_results(args.tag, results, None)
+    write_results(args.tag, results, markdown(results))
     if results["grid"]:
         plot_grid(results["grid"], RESULTS / f"{args.tag}.png")
     print(markdown(results))

@@ -15,11 +15,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import time
-from pathlib import Path
+
+from _harness import RESULTS, command, header, machine, now, table, write_results
 
 BASE = {"batch_size": 1000, "num_inducing": 100, "num_layers": 2, "hidden_width": 8, "num_samples": 1}
 SWEEPS = {
@@ -92,12 +90,10 @@ def main(argv=None):
             print(f"{name}={v}: {r['ms_per_step']:.2f} ms/step, compile {r['compile_seconds']:.2f} s, "
                   f"memory {r['memory_bytes'] / 2**20:.1f} MiB", flush=True)
 
-    command = f"python benchmarks/scaling.py --precision {args.precision}"
-    out_dir = Path(__file__).resolve().parent / "results"
-    record = {"command": command, "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} (cpu)",
-              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "base": BASE, "results": results}
+    record = {"command": command("scaling.py", argv), "machine": machine(), "date": now(), "base": BASE,
+              "results": results}
     stem = f"scaling_{args.precision}"
-    (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=1))
+    write_results(stem, record, markdown(record, args.precision))
 
     fig, axes = plt.subplots(2, len(SWEEPS), figsize=(3.2 * len(SWEEPS), 5.6))
     for j, (name, rows) in enumerate(results.items()):
@@ -115,19 +111,24 @@ def main(argv=None):
     axes[1, 0].set_ylabel("compiled memory (MiB)")
     fig.suptitle(f"DSVI step ({args.precision}); base: " + ", ".join(f"{k}={v}" for k, v in BASE.items()), fontsize=10)
     fig.tight_layout()
-    fig.savefig(out_dir / f"{stem}.png", dpi=110)
+    fig.savefig(RESULTS / f"{stem}.png", dpi=110)
+    print(markdown(record, args.precision))
 
-    lines = [f"# Scaling of the DSVI training step ({args.precision})", "", f"Command: `{command}`  ",
-             f"Machine: {record['machine']}; {record['date']}", "",
-             "Base: " + ", ".join(f"{k} = {v}" for k, v in BASE.items()) + "; synthetic 8-D inputs, N = 8000. "
+
+def markdown(record, precision):
+    """The report of a record (``precision``: its ``--precision``, which names the plot)."""
+    lines = [*header(f"Scaling of the DSVI training step ({precision})", record["command"], record["machine"],
+                     record["date"], compact=True), "",
+             "Base: " + ", ".join(f"{k} = {v}" for k, v in record["base"].items())
+             + "; synthetic 8-D inputs, N = 8000. "
              "Memory: XLA's memory analysis of the compiled step (temporaries + arguments + outputs).", "",
-             f"![scaling]({stem}.png)", ""]
-    for name, rows in results.items():
-        lines += [f"| {name} | ms per step | compile (s) | memory (MiB) |", "| --- | --- | --- | --- |"]
-        lines += [f"| {r['value']} | {r['ms_per_step']:.2f} | {r['compile_seconds']:.2f} | {r['memory_bytes'] / 2**20:.1f} |" for r in rows]
+             f"![scaling](scaling_{precision}.png)", ""]
+    for name, rows in record["results"].items():
+        lines += table([name, "ms per step", "compile (s)", "memory (MiB)"],
+                       [[r["value"], f"{r['ms_per_step']:.2f}", f"{r['compile_seconds']:.2f}",
+                         f"{r['memory_bytes'] / 2**20:.1f}"] for r in rows])
         lines.append("")
-    (out_dir / f"{stem}.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -22,16 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import shlex
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
-
-from _paths import DATA_DIR_HELP, default_data_dir
+from _harness import RESULTS, add_data_dir, command, header, machine, now, table, write_results
 
 # Hegde et al. (2019), Tables 2-3: (mean, standard error) over 20 splits, original units.
 PUBLISHED = {
@@ -62,19 +56,10 @@ def _fmt(pair, digits=2):
     return _mean_se(pair, f".{digits}f", f".{digits}f")
 
 
-def write_markdown(path, record):
+def markdown(record):
     from numpyro_dgp.recipes import mean_and_standard_error as summarize
 
-    lines = [
-        "# DiffGP (SDE flow) on UCI regression (numpyro-dgp)",
-        "",
-        f"Command: `{record['command']}`",
-        "",
-        f"Machine: {record['machine']}; float64={record['float64']}; {record['settings']}",
-        "",
-        "| dataset | model | splits | test LL (ours) | RMSE (ours) | LL (published) | RMSE (published) | target | s/step | compile s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    rows = []
     for name, by_model in record["results"].items():
         for label, runs in by_model.items():
             if not runs:
@@ -91,19 +76,22 @@ def write_markdown(path, record):
                 target = f"{want}: {'met' if ok else 'NOT met'}"
             sps = np.mean([r["seconds_per_step"] for r in runs])
             comp = np.mean([r["compile_seconds"] for r in runs])
-            lines.append(
-                f"| {name} | {label} | {len(runs)} | {_mean_se(ll, '.3f', '.3f')} | {_mean_se(rmse, '.4g', '.2g')} | "
-                f"{pll} | {prm} | {target} | {sps * 1e3:.0f} ms | {comp:.1f} |"
-            )
-    lines += ["", "Mean (standard error) over splits; LL per test point, original target units. "
-              "Published: 20 splits. `DGP L=2` is our DSVI (published row: Salimbeni & Deisenroth 2017).", ""]
-    lines += ["Per run:", "", "| dataset | model | split | LL | RMSE | final ELBO | skipped | total s |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name, by_model in record["results"].items():
-        for label, runs in by_model.items():
-            for r in runs:
-                lines.append(f"| {name} | {label} | {r['split']} | {r['log_likelihood']:.4f} | {r['rmse']:.4g} | "
-                             f"{r['final_elbo']:.1f} | {r['num_skipped']} | {r['total_seconds']:.0f} |")
+            rows.append([name, label, len(runs), _mean_se(ll, ".3f", ".3f"), _mean_se(rmse, ".4g", ".2g"), pll, prm,
+                         target, f"{sps * 1e3:.0f} ms", f"{comp:.1f}"])
+    lines = [
+        *header("DiffGP (SDE flow) on UCI regression (numpyro-dgp)", record["command"], record["machine"],
+                f"float64={record['float64']}", record["settings"]),
+        "",
+        *table(["dataset", "model", "splits", "test LL (ours)", "RMSE (ours)", "LL (published)", "RMSE (published)",
+                "target", "s/step", "compile s"], rows),
+        "", "Mean (standard error) over splits; LL per test point, original target units. "
+        "Published: 20 splits. `DGP L=2` is our DSVI (published row: Salimbeni & Deisenroth 2017).", "",
+        "Per run:", "",
+        *table(["dataset", "model", "split", "LL", "RMSE", "final ELBO", "skipped", "total s"],
+               [[name, label, r["split"], f"{r['log_likelihood']:.4f}", f"{r['rmse']:.4g}", f"{r['final_elbo']:.1f}",
+                 r["num_skipped"], f"{r['total_seconds']:.0f}"]
+                for name, by_model in record["results"].items() for label, runs in by_model.items() for r in runs]),
+    ]
     if record.get("combined_from"):
         lines += ["", "Combined from " + ", ".join(f"`{f}`" for f in record["combined_from"])
                   + " (the same settings; disjoint splits, each run by its command above in its own process)."]
@@ -112,7 +100,11 @@ def write_markdown(path, record):
                   f"(same settings; command `{record['merged_from']['command']}`)."]
     if record.get("sweep_plot"):
         lines += ["", f"Flow-time sweep: ![sweep]({record['sweep_plot']})"]
-    Path(path).write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(path, record):
+    Path(path).write_text(markdown(record))
 
 
 def combine(paths, tag):
@@ -132,9 +124,7 @@ def combine(paths, tag):
         out["results"] = merge_by_split([r["results"] for r in records], "--combine")
     except ValueError as err:
         raise SystemExit(str(err)) from None
-    out_dir = Path(__file__).resolve().parent / "results"
-    (out_dir / f"sde_flow_{tag}.json").write_text(json.dumps(out, indent=1))
-    write_markdown(out_dir / f"sde_flow_{tag}.md", out)
+    write_results(f"sde_flow_{tag}", out, markdown(out))
     return out
 
 
@@ -194,7 +184,7 @@ def main(argv=None):
     parser.add_argument("--pretrain-steps", type=int, default=0,
                         help="fit the predictor alone as an SVGP (T = 0) for this many steps first (the paper's pre-training)")
     parser.add_argument("--float32", action="store_true")
-    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    add_data_dir(parser)
     parser.add_argument("--tag", default=None, help="results file suffix")
     parser.add_argument("--merge", default=None,
                         help="sweep: a results JSON of this script with the same settings whose other flow times "
@@ -224,13 +214,10 @@ def main(argv=None):
         Ts = [float(t) for t in args.T.split(",")]
     splits = parse_splits(args.splits)
     tag = args.tag or "_".join(names)
-    out_dir = Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    json_path, md_path = out_dir / f"sde_flow_{tag}.json", out_dir / f"sde_flow_{tag}.md"
     labels = [f"T={t:g}" for t in Ts] + ([] if (args.no_dsvi or args.sweep) else ["DGP L=2"])
     record = {
-        "command": "python benchmarks/sde_flow.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.default_backend()})",
+        "command": command("sde_flow.py", argv),
+        "machine": machine(),
         "float64": not args.float32,
         "settings": (f"DiffGP: M={args.num_inducing} (flow and predictor), {args.flow_steps} Euler-Maruyama steps, "
                      f"batch min({args.batch_size}, N), {args.particles} training samples (DGPElbo), Adam lr={args.lr}, "
@@ -239,7 +226,7 @@ def main(argv=None):
                      + (f", predictor pre-trained as an SVGP for {args.pretrain_steps} steps" if args.pretrain_steps else "")
                      + f"; DSVI L=2: M={args.num_inducing}, "
                      f"batch {args.dsvi_batch_size}, 1 sample, {args.steps} iterations, 100 test samples"),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "date": now(),
         "results": {n: {label: [] for label in labels} for n in names},
     }
     if args.merge:
@@ -270,11 +257,11 @@ def main(argv=None):
                 print(f"{name} {label} split {split}: LL {r.metrics['log_likelihood']:.4f} RMSE {r.metrics['rmse']:.4g} "
                       f"({r.seconds_per_step * 1e3:.0f} ms/step, {r.total_seconds:.0f} s)", flush=True)
                 if args.sweep:
-                    png = out_dir / f"sde_flow_{tag}.png"
+                    RESULTS.mkdir(exist_ok=True)
+                    png = RESULTS / f"sde_flow_{tag}.png"
                     plot_sweep(png, name, record["results"][name])
                     record["sweep_plot"] = png.name
-                json_path.write_text(json.dumps(record, indent=1))
-                write_markdown(md_path, record)
+                write_results(f"sde_flow_{tag}", record, markdown(record))
     return record
 
 

@@ -11,14 +11,9 @@ evaluation. Writes ``benchmarks/results/sde_flow_step_time.md`` with the command
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import shlex
-import sys
 import time
-from pathlib import Path
 
-from _paths import DATA_DIR_HELP, default_data_dir
+from _harness import add_data_dir, command, header, machine, table, write_results
 
 CONFIGS = [  # (label, batch size (None: full), training samples)
     ("paper: full batch, 4 samples", None, 4),
@@ -54,7 +49,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="concrete")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
-    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    add_data_dir(parser)
     args = parser.parse_args(argv)
 
     import jax
@@ -64,18 +59,12 @@ def main(argv=None):
     from numpyro_dgp.models import deep_gp_regression, diffgp
 
     lines = [
-        "# DiffGP vs DSVI: seconds per training step",
+        *header("DiffGP vs DSVI: seconds per training step", command("sde_flow_step_time.py", argv), machine(),
+                f"{args.dataset} split 0", "M = 100", "DiffGP T = 5 with 20 Euler-Maruyama steps",
+                "DSVI L = 2, hidden width min(D, 30)", f"mean over {args.steps} steps after one compiled step"),
         "",
-        "Command: `python benchmarks/sde_flow_step_time.py "
-        + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])) + "`",
-        "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.default_backend()}); "
-        f"{args.dataset} split 0; M = 100; DiffGP T = 5 with 20 Euler-Maruyama steps; DSVI L = 2, hidden width min(D, 30); "
-        f"mean over {args.steps} steps after one compiled step",
-        "",
-        "| dtype | configuration | DiffGP s/step | DSVI s/step | ratio | DiffGP compile+first s | DSVI compile+first s |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    rows = []
     for x64 in (True, False):
         jax.config.update("jax_enable_x64", x64)
         dtype = jnp.float64 if x64 else jnp.float32
@@ -86,12 +75,12 @@ def main(argv=None):
             flow = time_steps(diffgp(5.0, num_inducing=100), X, y, batch, particles, args.steps)
             dsvi = time_steps(deep_gp_regression(2, num_inducing=100, hidden_width=min(X.shape[1], 30)),
                               X, y, batch, particles, args.steps)
-            row = (f"| {'float64' if x64 else 'float32'} | {label} | {flow[0]:.3f} | {dsvi[0]:.4f} | "
-                   f"{flow[0] / dsvi[0]:.0f}x | {flow[1]:.1f} | {dsvi[1]:.1f} |")
-            print(row, flush=True)
-            lines.append(row)
-    out = Path(__file__).resolve().parent / "results" / "sde_flow_step_time.md"
-    out.write_text("\n".join(lines) + "\n")
+            rows.append(["float64" if x64 else "float32", label, f"{flow[0]:.3f}", f"{dsvi[0]:.4f}",
+                         f"{flow[0] / dsvi[0]:.0f}x", f"{flow[1]:.1f}", f"{dsvi[1]:.1f}"])
+            print(*rows[-1], sep=" | ", flush=True)
+    lines += table(["dtype", "configuration", "DiffGP s/step", "DSVI s/step", "ratio", "DiffGP compile+first s",
+                    "DSVI compile+first s"], rows)
+    write_results("sde_flow_step_time", None, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -27,18 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import os
-import platform
-import shlex
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from _harness import RESULTS, add_data_dir, command, machine, table, write_results
 
-from _paths import DATA_DIR_HELP, default_data_dir
-
-RESULTS = Path(__file__).resolve().parent / "results"
 # committed DSVI runs of benchmarks/uci.py (same model and settings), by dataset
 DSVI_FILES = {"kin8nm": "uci_kin8nm.json", "power-plant": "uci_power.json"}
 
@@ -104,7 +98,7 @@ def fmt(values, digits=3):
     return f"{v.mean():.{digits}f} ± {sd:.{digits}f}"
 
 
-def write_markdown(path, record):
+def markdown(record):
     lines = [
         "# UCI regression: SGHMC (sghmc_dgp) vs DSVI on the same 2-layer DGP (numpyro-dgp)",
         "",
@@ -121,10 +115,7 @@ def write_markdown(path, record):
     ]
     if record.get("notes"):
         lines += [record["notes"], ""]
-    lines += [
-        "| dataset | method | splits | test LL | RMSE | CRPS | train s/split |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    rows = []
     for name, res in record["results"].items():
         done = {r["split"] for r in res.get("sghmc") or []}
         for method in ("dsvi", "sghmc"):
@@ -134,12 +125,20 @@ def write_markdown(path, record):
             if not runs:
                 continue
             secs = [r.get("train_seconds", r.get("total_seconds", float("nan"))) for r in runs]
-            lines.append(
-                f"| {name} | {method.upper()} | {','.join(str(r['split']) for r in runs)} | "
-                f"{fmt([r['log_likelihood'] for r in runs])} | {fmt([r['rmse'] for r in runs], 4)} | "
-                f"{fmt([r['crps'] for r in runs], 4)} | {np.mean(secs):.0f} |"
-            )
+            rows.append([name, method.upper(), ",".join(str(r["split"]) for r in runs),
+                         fmt([r["log_likelihood"] for r in runs]), fmt([r["rmse"] for r in runs], 4),
+                         fmt([r["crps"] for r in runs], 4), f"{np.mean(secs):.0f}"])
+    per_split = []
+    for name, res in record["results"].items():
+        for method in ("dsvi", "sghmc"):
+            for r in res.get(method) or []:
+                secs = r.get("train_seconds", r.get("total_seconds", float("nan")))
+                note = (f"{r['steps']} steps, predict {r['predict_seconds']:.1f} s, mean noise var "
+                        f"{r['mean_noise_variance']:.4g}" if method == "sghmc" else "")
+                per_split.append([name, method.upper(), r["split"], f"{r['log_likelihood']:.4f}", f"{r['rmse']:.4g}",
+                                  f"{r['crps']:.4g}", f"{secs:.0f}", r["num_skipped"], note])
     lines += [
+        *table(["dataset", "method", "splits", "test LL", "RMSE", "CRPS", "train s/split"], rows),
         "",
         "Published sghmc_dgp (Havasi et al. 2018) numbers are not shown: we have no record of them "
         "for these splits, only of its settings.",
@@ -150,18 +149,9 @@ def write_markdown(path, record):
         "",
         "Per split:",
         "",
-        "| dataset | method | split | LL | RMSE | CRPS | seconds | skipped | notes |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        *table(["dataset", "method", "split", "LL", "RMSE", "CRPS", "seconds", "skipped", "notes"], per_split),
     ]
-    for name, res in record["results"].items():
-        for method in ("dsvi", "sghmc"):
-            for r in res.get(method) or []:
-                secs = r.get("train_seconds", r.get("total_seconds", float("nan")))
-                note = (f"{r['steps']} steps, predict {r['predict_seconds']:.1f} s, mean noise var "
-                        f"{r['mean_noise_variance']:.4g}" if method == "sghmc" else "")
-                lines.append(f"| {name} | {method.upper()} | {r['split']} | {r['log_likelihood']:.4f} | "
-                             f"{r['rmse']:.4g} | {r['crps']:.4g} | {secs:.0f} | {r['num_skipped']} | {note} |")
-    Path(path).write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def merge(paths, suffix="", note=None):
@@ -200,8 +190,7 @@ def merge(paths, suffix="", note=None):
                     raise SystemExit(f"merge: {name} SGHMC split(s) {sorted(clash)} appear in more than one file")
                 merged[method] += [x for x in res.get(method) or [] if x["split"] not in have]
                 merged[method].sort(key=lambda x: x["split"])
-    (RESULTS / f"sghmc_uci{suffix}.json").write_text(json.dumps(out, indent=1))
-    write_markdown(RESULTS / f"sghmc_uci{suffix}.md", out)
+    write_results(f"sghmc_uci{suffix}", out, markdown(out))
     return out
 
 
@@ -220,7 +209,7 @@ def main(argv=None):
     parser.add_argument("--no-collapse", action="store_true", help="sample f_L instead of collapsing it")
     parser.add_argument("--dsvi-steps", type=int, default=0,
                         help="re-run DSVI with this many steps (0: read benchmarks/uci.py's committed rows)")
-    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    add_data_dir(parser)
     parser.add_argument("--smoke", action="store_true", help="tiny run: 1 split, few steps, kin8nm only")
     parser.add_argument("--suffix", default=None, help="results file suffix (default: none; '_smoke' with --smoke)")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
@@ -243,13 +232,10 @@ def main(argv=None):
     names = [resolve_uci_name(n) for n in args.datasets.split(",")]
     splits = parse_splits(args.splits)
     suffix = args.suffix if args.suffix is not None else ("_smoke" if args.smoke else "")
-    RESULTS.mkdir(exist_ok=True)
-    json_path, md_path = RESULTS / f"sghmc_uci{suffix}.json", RESULTS / f"sghmc_uci{suffix}.md"
-    argv_list = argv if argv is not None else sys.argv[1:]
     record = {
-        "command": "python benchmarks/sghmc_uci.py " + " ".join(shlex.quote(a) for a in argv_list),
+        "command": command("sghmc_uci.py", argv),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.default_backend()})",
+        "machine": machine(),
         "sghmc_settings": (
             f"L=2, M={args.num_inducing} (k-means), hidden width min(D, 30), batch {args.batch_size}, step_size "
             f"{args.step_size}, mdecay {args.mdecay}, MW-MCEM Adam({args.lr}) window 100, "
@@ -282,8 +268,7 @@ def main(argv=None):
             print(f"{name} split {split} SGHMC: LL {row['log_likelihood']:.4f} RMSE {row['rmse']:.4g} "
                   f"train {row['train_seconds']:.0f} s, skipped {row['num_skipped']}", flush=True)
             record["seconds_total"] = time.perf_counter() - t_all
-            json_path.write_text(json.dumps(record, indent=1))
-            write_markdown(md_path, record)
+            write_results(f"sghmc_uci{suffix}", record, markdown(record))
     return record
 
 

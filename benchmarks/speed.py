@@ -1,6 +1,6 @@
 """Training speed at the kin8nm configuration: ours, and with ``--with-peers`` GPflux and GPyTorch.
 
-The configuration of the peers' speed measurements (benchmarks/README.md): 2 layers, hidden width 8, M = 100 k-means
+The configuration of the peers' speed measurements (notes/speed.md): 2 layers, hidden width 8, M = 100 k-means
 inducing points per layer, ARD RBF (SE) kernels, whitened, identity inner mean, minibatch
 1000 drawn inside the compiled step (plate subsampling), 1 Monte Carlo sample with the
 analytic Gaussian expectation at the output (DGPElbo), Adam 0.01, jitter 1e-6 / 1e-4.
@@ -33,14 +33,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _paths import DATA_DIR_HELP, default_data_dir
+from _harness import add_data_dir, command, header, machine, now, table, write_results
 
 HERE = Path(__file__).resolve().parent
 PEERS = {"gpflux": "gpflux_kin8nm.py", "gpytorch": "gpytorch_kin8nm.py"}
@@ -210,15 +208,13 @@ def main(argv=None):
     parser.add_argument("--data-parallel", type=int, default=0, metavar="N",
                         help="also run ours with handlers.data_parallel over N host devices (XLA_FLAGS device count)")
     parser.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    add_data_dir(parser)
     parser.add_argument("--tag", default="", help="results file suffix: results/speed_<tag>.{json,md}")
     parser.add_argument("--child", choices=["float32", "float64"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(measure(args.child, args.scan_length, args.repeats, args.data_dir, args.budget_seconds, args.devices)))
         return
-    import jax
-
     libraries = ["numpyro_dgp"] + ([f"numpyro_dgp_x{args.data_parallel}"] if args.data_parallel > 1 else []) + (
         list(PEERS) if args.with_peers else [])
     if args.with_peers and not all(peers_python(lib).exists() for lib in PEERS):
@@ -234,67 +230,69 @@ def main(argv=None):
                   + (f", budget {result['budget_steps']} steps -> LL {result['test_ll']:.3f} RMSE {result['test_rmse']:.4f}"
                      if result.get("test_ll") is not None else ""), flush=True)
 
-    command = "python benchmarks/speed.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    record = {
-        "command": command,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} (cpu)",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "runs": runs,
-    }
-    out_dir = HERE / "results"
-    out_dir.mkdir(exist_ok=True)
+    record = {"command": command("speed.py", argv), "machine": machine(), "date": now(), "runs": runs}
     stem = f"speed_{args.tag}" if args.tag else "speed"
-    (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=1))
+    write_results(stem, record, markdown(record))
+    print(markdown(record))
 
-    lines = [
-        "# Training speed at the kin8nm configuration" + (": numpyro-dgp, GPflux and GPyTorch in one run" if args.with_peers else ""),
-        "",
-        f"Command: `{command}`  ",
-        f"Machine: {record['machine']}; {record['date']}",
-        "",
-        "2 layers, width 8, M = 100, batch 1000 drawn inside the step, 1 sample, analytic expectation at the",
-        "output, Adam 0.01 (as GPflux and GPyTorch in benchmarks/peers). Each cell: median over rounds; every run a fresh",
-        "process; rounds interleaved. Steps/s exclude compilation; ours are steps inside `lax.scan` (as `fit`",
-        "runs them). Budget columns: a fresh model trained for the stated wall-clock seconds (compilation",
-        "included), test LL / RMSE in original units, kin8nm split 0, 100 predictive samples.",
-        "",
-        "| library | precision | steps/s | range | ratio to GPflux | compile / first step (s) | steps in budget | test LL | test RMSE |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+
+def markdown(record):
+    """The report of a record (its runs by ``library/precision``, in the order of the jobs)."""
+    runs = record["runs"]
+    jobs = [tuple(key.split("/")) for key in runs]
+    precisions = list(dict.fromkeys(p for _, p in jobs))
+    libraries = list(dict.fromkeys(lib for lib, _ in jobs))
+    rows = []
     for lib, p in jobs:
         rs = runs[f"{lib}/{p}"]
         rate = _median([r["steps_per_second"] for r in rs])
         ref = runs.get(f"gpflux/{p}")
         ratio = rate / _median([r["steps_per_second"] for r in ref]) if ref else None
-        lines.append(
-            f"| {lib} | {p} | {rate:.1f} | {min(r['steps_per_second'] for r in rs):.1f}-{max(r['steps_per_second'] for r in rs):.1f} | "
-            f"{_fmt(ratio, '.2f')} | {_median([r['compile_seconds'] for r in rs]):.2f} | "
-            f"{_fmt(_median([r.get('budget_steps') for r in rs]), '.0f')} | {_fmt(_median([r.get('test_ll') for r in rs]), '.3f')} | "
-            f"{_fmt(_median([r.get('test_rmse') for r in rs]), '.4f')} |"
-        )
-    lines += ["", "## Ours in detail, and the roofline", "",
-              "| precision | steps/s in scan | steps/s, Python loop | compile of one step (s) | compile of a 50-step scan (s) "
-              "| GFLOP per step (XLA) | matmul GFLOP/s (2000^3; 800x100x1000) | achieved GFLOP/s | fraction of 2000^3 matmul |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        rows.append([lib, p, f"{rate:.1f}",
+                     f"{min(r['steps_per_second'] for r in rs):.1f}-{max(r['steps_per_second'] for r in rs):.1f}",
+                     _fmt(ratio, ".2f"), f"{_median([r['compile_seconds'] for r in rs]):.2f}",
+                     _fmt(_median([r.get("budget_steps") for r in rs]), ".0f"),
+                     _fmt(_median([r.get("test_ll") for r in rs]), ".3f"),
+                     _fmt(_median([r.get("test_rmse") for r in rs]), ".4f")])
+    ours = []
     for p in precisions:
         rs = runs[f"numpyro_dgp/{p}"]
         rate = _median([r["steps_per_second"] for r in rs])
         gflop = _median([r["flops_per_step"] for r in rs]) / 1e9
         big = _median([r["matmul_gflops"]["2000x2000x2000"] for r in rs])
         small = _median([r["matmul_gflops"]["800x100x1000"] for r in rs])
-        lines.append(
-            f"| {p} | {rate:.1f} | {_median([r['loop_steps_per_second'] for r in rs]):.1f} | "
-            f"{_median([r['compile_seconds'] for r in rs]):.2f} | {_median([r['scan_compile_seconds'] for r in rs]):.2f} | "
-            f"{gflop:.3f} | {big:.0f}; {small:.0f} | {gflop * rate:.1f} | {gflop * rate / big:.2f} |"
-        )
+        ours.append([p, f"{rate:.1f}", f"{_median([r['loop_steps_per_second'] for r in rs]):.1f}",
+                     f"{_median([r['compile_seconds'] for r in rs]):.2f}",
+                     f"{_median([r['scan_compile_seconds'] for r in rs]):.2f}", f"{gflop:.3f}",
+                     f"{big:.0f}; {small:.0f}",
+                     f"{gflop * rate:.1f}", f"{gflop * rate / big:.2f}"])
+    with_peers = any(lib in PEERS for lib in libraries)
+    lines = [
+        *header("Training speed at the kin8nm configuration"
+                + (": numpyro-dgp, GPflux and GPyTorch in one run" if with_peers else ""),
+                record["command"], record["machine"], record["date"], compact=True),
+        "",
+        "2 layers, width 8, M = 100, batch 1000 drawn inside the step, 1 sample, analytic expectation at the",
+        "output, Adam 0.01 (as GPflux and GPyTorch in benchmarks/peers). Each cell: median over rounds; every run a "
+        "fresh",
+        "process; rounds interleaved. Steps/s exclude compilation; ours are steps inside `lax.scan` (as `fit`",
+        "runs them). Budget columns: a fresh model trained for the stated wall-clock seconds (compilation",
+        "included), test LL / RMSE in original units, kin8nm split 0, 100 predictive samples.",
+        "",
+        *table(["library", "precision", "steps/s", "range", "ratio to GPflux", "compile / first step (s)",
+                "steps in budget", "test LL", "test RMSE"], rows),
+        "", "## Ours in detail, and the roofline", "",
+        *table(["precision", "steps/s in scan", "steps/s, Python loop", "compile of one step (s)",
+                "compile of a 50-step scan (s)", "GFLOP per step (XLA)", "matmul GFLOP/s (2000^3; 800x100x1000)",
+                "achieved GFLOP/s", "fraction of 2000^3 matmul"], ours),
+    ]
     versions = {lib: runs[f"{lib}/{precisions[0]}"][0].get("version") for lib in libraries if lib in PEERS or lib == "numpyro_dgp"}
     threads = {lib: runs[f"{lib}/{precisions[0]}"][0].get("num_threads") for lib in PEERS if lib in libraries}
     lines += ["", "Versions: " + "; ".join(f"{k}: {v}" for k, v in versions.items())]
     if threads:
         lines.append("Peer threads: " + ", ".join(f"{k} {v}" for k, v in threads.items()))
     lines.append("")
-    (out_dir / f"{stem}.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

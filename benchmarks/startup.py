@@ -60,13 +60,11 @@ _ENTRY = (time.time(), time.perf_counter())  # the script's first statement: the
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
-import shlex  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from _paths import DATA_DIR_HELP, default_data_dir  # noqa: E402
+from _harness import add_data_dir, command, header, machine, now, table, write_results  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -566,10 +564,8 @@ def render(record):
     """The Markdown report of a record (``write_markdown`` writes it)."""
     rounds = record.get("settings", {}).get("rounds", "?")
     lines = [
-        "# Start-up at the kin8nm configuration: time to the first step and to accuracy",
-        "",
-        f"Command: `{record['command']}`  ",
-        f"Machine: {record['machine']}; {record['date']}  ",
+        *header("Start-up at the kin8nm configuration: time to the first step and to accuracy", record["command"],
+                record["machine"], f"{record['date']}  ", compact=True),
         "Versions: " + "; ".join(f"{k}: {v}" for k, v in record.get("versions", {}).items()),
         "",
         f"Every run a fresh process; {rounds} round{'' if rounds == 1 else 's'}, each running every configuration once in an order "
@@ -592,10 +588,8 @@ def render(record):
         "step; GPflux traces its `tf.function` there); first step = the rest of that `fit` call (its "
         "checks, the step, the result on the host); total = launch to the first finished step.",
         "",
-        "| configuration | runs | interpreter | import | data | model init | first-step compile | first step | "
-        "launch → first finished step | XLA compiles in init (n / s) | peak RSS (MiB) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    rows = []
     for config in record["configs"]:
         if config not in CONFIGS:
             continue
@@ -608,20 +602,23 @@ def render(record):
         xla_init = [_xla_delta(r, "data", "init") for r in rs if r.get("xla")]
         xla_cell = "–" if not xla_init else (
             f"{_median([x[0] for x in xla_init]):.0f} / {_median([x[1] for x in xla_init]):.2f}")
-        lines.append(f"| {config} | {len(rs)}{_failed(record, config)} | {col('interpreter')} | {col('import')} | "
-                     f"{col('data')} | {col('init')} | {col('compile')} | {col('step')} | {col('total')} | {xla_cell} | "
-                     f"{_cell([r.get('max_rss_mib') for r in rs], '.0f')} |")
+        rows.append([config, f"{len(rs)}{_failed(record, config)}", col("interpreter"), col("import"), col("data"),
+                     col("init"), col("compile"), col("step"), col("total"), xla_cell,
+                     _cell([r.get("max_rss_mib") for r in rs], ".0f")])
+    lines += table(["configuration", "runs", "interpreter", "import", "data", "model init", "first-step compile",
+                    "first step", "launch → first finished step", "XLA compiles in init (n / s)", "peak RSS (MiB)"],
+                   rows)
 
-    lines += ["", "## Ours against GPflux in the same round: launch to the first finished step", "",
-              "| precision | ours (DSVI) | GPflux | GPyTorch | ours / GPflux, same round | target |",
-              "| --- | --- | --- | --- | --- | --- |"]
+    rows = []
     for precision in ("float64", "float32"):
         short = PRECISION_SHORT[precision]
         ratios = first_step_ratios(record, precision)
         totals = {c: _cell([phases(r)["total"] for r in runs_of(record, c)])
                   for c in (f"dsvi-{short}", f"gpflux-{short}", f"gpytorch-{short}")}
-        lines.append(f"| {precision} | {totals[f'dsvi-{short}']} | {totals[f'gpflux-{short}']} | "
-                     f"{totals[f'gpytorch-{short}']} | {_cell(ratios, '.2f')} | <= {TARGETS['first_step_ratio']:g} |")
+        rows.append([precision, totals[f"dsvi-{short}"], totals[f"gpflux-{short}"], totals[f"gpytorch-{short}"],
+                     _cell(ratios, ".2f"), f"<= {TARGETS['first_step_ratio']:g}"])
+    lines += ["", "## Ours against GPflux in the same round: launch to the first finished step", "",
+              *table(["precision", "ours (DSVI)", "GPflux", "GPyTorch", "ours / GPflux, same round", "target"], rows)]
 
     if any(c in ACCURACY_CONFIGS for c in record["configs"]):
         s = record.get("settings", {})
@@ -635,21 +632,20 @@ def render(record):
                   f"mixture every {s.get('check_every', '?')} steps; stop at the first check >= {_target_ll(record):g} "
                   f"(cap {s.get('max_steps', '?')} steps). The checks are inside the wall clock; the test LL of the "
                   "parameters at that check is computed after the clock stops.",
-                  "",
-                  "| configuration | reached / runs | seconds from launch | steps | checks' seconds | "
-                  "validation LL at stop | test LL at stop | test RMSE at stop |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  ""]
+        rows = []
         for config in record["configs"]:
             if config not in ACCURACY_CONFIGS:
                 continue
             rs = runs_of(record, config)
             reached = [r for r in rs if r.get("reached")]
-            lines.append(
-                f"| {config} | {len(reached)} / {len(rs)}{_failed(record, config)} | "
-                f"{_cell([r['seconds'] for r in reached], '.1f') if reached else 'not reached'} | "
-                f"{_cell([r['steps'] for r in rs], '.0f')} | {_cell([r.get('eval_seconds') for r in rs], '.1f')} | "
-                f"{_cell([r.get('valid_ll') for r in rs], '.3f')} | {_cell([r.get('test_ll') for r in rs], '.3f')} | "
-                f"{_cell([r.get('test_rmse') for r in rs], '.4f')} |")
+            rows.append([config, f"{len(reached)} / {len(rs)}{_failed(record, config)}",
+                         _cell([r["seconds"] for r in reached], ".1f") if reached else "not reached",
+                         _cell([r["steps"] for r in rs], ".0f"), _cell([r.get("eval_seconds") for r in rs], ".1f"),
+                         _cell([r.get("valid_ll") for r in rs], ".3f"), _cell([r.get("test_ll") for r in rs], ".3f"),
+                         _cell([r.get("test_rmse") for r in rs], ".4f")])
+        lines += table(["configuration", "reached / runs", "seconds from launch", "steps", "checks' seconds",
+                        "validation LL at stop", "test LL at stop", "test RMSE at stop"], rows)
         for precision in ("float64", "float32"):
             ratios = accuracy_ratios(record, precision)
             if ratios:
@@ -667,9 +663,8 @@ def render(record):
     if ours:
         lines += ["", "## Ours: XLA compilations and tracing per phase (median over rounds)", "",
                   "Counted with `jax.monitoring` (backend compilations and jaxpr tracing) in the same processes: "
-                  "many small compilations in a phase are eager operations each compiled on its own.", "",
-                  "| configuration | phase | seconds | XLA compilations | backend compile (s) | jaxpr tracing (s) |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+                  "many small compilations in a phase are eager operations each compiled on its own.", ""]
+        rows = []
         for config in ours:
             rs = [r for r in runs_of(record, config) if r.get("xla")]
             for phase, (a, b) in {"import": (None, "import"), "data": ("import", "data"), "model init": ("data", "init"),
@@ -678,8 +673,10 @@ def render(record):
                 deltas = [d for d in deltas if d is not None]
                 secs = [(r["marks"][b] - (r["marks"][a] if a else r["marks"]["script_entry"])) for r in rs]
                 if deltas:
-                    lines.append(f"| {config} | {phase} | {_cell(secs)} | {_cell([d[0] for d in deltas], '.0f')} | "
-                                 f"{_cell([d[1] for d in deltas])} | {_cell([d[2] for d in deltas])} |")
+                    rows.append([config, phase, _cell(secs), _cell([d[0] for d in deltas], ".0f"),
+                                 _cell([d[1] for d in deltas]), _cell([d[2] for d in deltas])])
+        lines += table(["configuration", "phase", "seconds", "XLA compilations", "backend compile (s)",
+                        "jaxpr tracing (s)"], rows)
 
     failed = [run for run in record["runs"] if not _ok(run)]
     if failed:
@@ -743,7 +740,7 @@ def main(argv=None):
     parser.add_argument("--target-ll", type=float, default=1.25, help="time to accuracy: validation LL target (original units)")
     parser.add_argument("--check-every", type=int, default=250, help="time to accuracy: steps between checks")
     parser.add_argument("--max-steps", type=int, default=20000, help="time to accuracy: give up after this many steps")
-    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    add_data_dir(parser)
     parser.add_argument("--tag", default="", help="results file suffix: results/startup_<tag>.{json,md}")
     parser.add_argument("--child", choices=list(ALL_CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--until-ll", type=float, default=None, help=argparse.SUPPRESS)
@@ -770,14 +767,11 @@ def main(argv=None):
         if not all(peers_python(lib).exists() for lib in peers):
             subprocess.run(["bash", str(HERE / "peers" / "setup.sh")], check=True)
 
-    command = "python benchmarks/startup.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    out_dir = HERE / "results"
-    out_dir.mkdir(exist_ok=True)
     stem = f"startup_{args.tag}" if args.tag else "startup"
     record = {
-        "command": command,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": command("startup.py", argv),
+        "machine": machine(with_jax=False),  # JAX is the children's: the parent does not import it
+        "date": now(),
         "settings": {"rounds": args.rounds, "warmup_runs": args.warmup_runs, "target_ll": args.target_ll, "check_every": args.check_every,
                      "max_steps": args.max_steps,
                      "env": {k: v for k, v in os.environ.items() if k.startswith(("JAX_", "XLA_"))}},
@@ -807,8 +801,7 @@ def main(argv=None):
             else:
                 p = phases(result)
                 print(f"round {r} {config}: " + ", ".join(f"{k} {v:.2f}" for k, v in p.items() if v is not None), flush=True)
-            (out_dir / f"{stem}.json").write_text(json.dumps(record, indent=1))
-            write_markdown(out_dir / f"{stem}.md", record)
+            write_results(stem, record, render(record))
     print(render(record))
 
 

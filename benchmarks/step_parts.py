@@ -20,13 +20,13 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from _harness import command, header, machine, now, table, write_results
 
 
 def best_ms(fn, arg, length):
@@ -109,43 +109,36 @@ def measure(precision):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--child":
-        print(json.dumps(measure(argv[1])))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", choices=["float64", "float32"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(measure(args.child)))
         return
-    import jax
-
     results = []
     for precision in ("float64", "float32"):
         proc = subprocess.run([sys.executable, __file__, "--child", precision], check=True, capture_output=True, text=True)
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    record = {
-        "command": "python benchmarks/step_parts.py",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} (cpu)",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "results": results,
-    }
-    out_dir = Path(__file__).resolve().parent / "results"
-    (out_dir / "step_parts.json").write_text(json.dumps(record, indent=1))
+    record = {"command": command("step_parts.py", argv), "machine": machine(), "date": now(), "results": results}
+    write_results("step_parts", record, markdown(record))
+    print(markdown(record))
+
+
+def markdown(record):
     lines = [
-        "# Parts of the training step (ms per call, inside a jitted scan, best of 3)",
+        *header("Parts of the training step (ms per call, inside a jitted scan, best of 3)", record["command"],
+                record["machine"], record["date"], compact=True),
         "",
-        f"Command: `{record['command']}`  ",
-        f"Machine: {record['machine']}; {record['date']}",
+        *table(["precision", "100x100 triangular inverse: XLA solve", "block recursion",
+                "grad through Cholesky + inverse: JAX rules", "our rules", "draw 1000 of 7372: NumPyro scan", "top_k",
+                "grad of variance term: batched einsum", "one product"],
+               [[r["precision"], *(f"{r[k]:.3f}" for k in (
+                   "inverse_solve_ms", "inverse_blocked_ms", "grad_jax_rules_ms", "grad_our_rules_ms",
+                   "subsample_numpyro_ms", "subsample_top_k_ms", "variance_grad_einsum_ms", "variance_grad_flat_ms"))]
+                for r in record["results"]]),
         "",
-        "| precision | 100x100 triangular inverse: XLA solve | block recursion | grad through Cholesky + inverse: JAX rules "
-        "| our rules | draw 1000 of 7372: NumPyro scan | top_k | grad of variance term: batched einsum | one product |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in results:
-        lines.append(
-            f"| {r['precision']} | {r['inverse_solve_ms']:.3f} | {r['inverse_blocked_ms']:.3f} | {r['grad_jax_rules_ms']:.3f} | "
-            f"{r['grad_our_rules_ms']:.3f} | {r['subsample_numpyro_ms']:.3f} | {r['subsample_top_k_ms']:.3f} | "
-            f"{r['variance_grad_einsum_ms']:.3f} | {r['variance_grad_flat_ms']:.3f} |"
-        )
-    lines.append("")
-    (out_dir / "step_parts.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

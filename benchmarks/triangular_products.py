@@ -22,13 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
-from _fresh import base_record, header_lines
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from _harness import base_record, header, table, write_results
 
 
 def _median_ms(fn, args, repeats):
@@ -92,12 +88,12 @@ def measure(precision, sizes, repeats):
 
 
 def markdown(record):
-    lines = header_lines("Cholesky and triangular products by size: ours against the plain formulation", record, None)
-    lines += ["", "Milliseconds per call (value and gradient), median; speed-up = plain / ours.", "",
-              "| precision | piece | M | plain ms | ours ms | speed-up |", "| --- | --- | --- | --- | --- | --- |"]
-    for r in record["rows"]:
-        lines.append(f"| {r['precision']} | {r['piece']} | {r['M']} | {r['plain_ms']:.2f} | {r['ours_ms']:.2f} | "
-                     f"{r['plain_ms'] / r['ours_ms']:.2f} |")
+    lines = header("Cholesky and triangular products by size: ours against the plain formulation", record["command"],
+                   record["machine"], record["date"], record["settings"], compact=True)
+    lines += ["", "Milliseconds per call (value and gradient), median; speed-up = plain / ours.", ""]
+    lines += table(["precision", "piece", "M", "plain ms", "ours ms", "speed-up"],
+                   [[r["precision"], r["piece"], r["M"], f"{r['plain_ms']:.2f}", f"{r['ours_ms']:.2f}",
+                     f"{r['plain_ms'] / r['ours_ms']:.2f}"] for r in record["rows"]])
     return "\n".join(lines) + "\n"
 
 
@@ -110,12 +106,10 @@ def main(argv=None):
     import jax
 
     jax.config.update("jax_enable_x64", True)  # float32 arrays stay float32
-    record = base_record("triangular_products.py", argv if argv is not None else sys.argv[1:])
+    record = base_record("triangular_products.py", argv)
     record["settings"] = "jitted, one process, pieces alone"
     record["rows"] = [r for p in args.precisions for r in measure(p, args.sizes, args.repeats)]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "triangular_products.json").write_text(json.dumps(record, indent=2) + "\n")
-    (RESULTS / "triangular_products.md").write_text(markdown(record))
+    write_results("triangular_products", record, markdown(record))
     print(markdown(record))
 
 

@@ -11,17 +11,9 @@ Example (the committed results)::
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import shlex
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
-
-from _paths import DATA_DIR_HELP, default_data_dir
+from _harness import add_data_dir, command, header, machine, now, table, write_results
 
 # Published DSVI "DGP L=2" rows (Salimbeni & Deisenroth 2017):
 # test log-likelihood and RMSE, mean (standard error) over 20 splits, original units.
@@ -36,19 +28,10 @@ PUBLISHED_DGP2 = {
 }
 
 
-def write_markdown(path, record):
+def markdown(record):
     from numpyro_dgp.recipes import mean_and_standard_error as summarize
 
-    lines = [
-        "# UCI regression: 2-layer DSVI DGP (numpyro-dgp)",
-        "",
-        f"Command: `{record['command']}`",
-        "",
-        f"Machine: {record['machine']}; float64={record['float64']}; {record['settings']}",
-        "",
-        "| dataset | splits | test LL (ours) | RMSE (ours) | CRPS (ours) | DGP L=2 LL (published) | DGP L=2 RMSE (published) | s/step | compile s | total s/split |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    rows = []
     for name, runs in record["results"].items():
         if not runs:
             continue
@@ -61,16 +44,21 @@ def write_markdown(path, record):
         sps = np.mean([r["seconds_per_step"] for r in runs])
         comp = np.mean([r["compile_seconds"] for r in runs])
         tot = np.mean([r["total_seconds"] for r in runs])
-        lines.append(
-            f"| {name} | {len(runs)} | {ll[0]:.3f} ({ll[1]:.3f}) | {rmse[0]:.4g} ({rmse[1]:.2g}) | "
-            f"{crps[0]:.4g} ({crps[1]:.2g}) | {pll} | {prm} | {sps * 1e3:.1f} ms | {comp:.1f} | {tot:.0f} |"
-        )
-    lines += ["", "Mean (standard error) over splits; LL per test point, original target units.", ""]
-    lines += ["Per split:", "", "| dataset | split | LL | RMSE | CRPS | final ELBO | skipped |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for name, runs in record["results"].items():
-        for r in runs:
-            lines.append(f"| {name} | {r['split']} | {r['log_likelihood']:.4f} | {r['rmse']:.4g} | {r['crps']:.4g} | {r['final_elbo']:.1f} | {r['num_skipped']} |")
-    Path(path).write_text("\n".join(lines) + "\n")
+        rows.append([name, len(runs), f"{ll[0]:.3f} ({ll[1]:.3f})", f"{rmse[0]:.4g} ({rmse[1]:.2g})",
+                     f"{crps[0]:.4g} ({crps[1]:.2g})", pll, prm, f"{sps * 1e3:.1f} ms", f"{comp:.1f}", f"{tot:.0f}"])
+    lines = [
+        *header("UCI regression: 2-layer DSVI DGP (numpyro-dgp)", record["command"], record["machine"],
+                f"float64={record['float64']}", record["settings"]),
+        "",
+        *table(["dataset", "splits", "test LL (ours)", "RMSE (ours)", "CRPS (ours)", "DGP L=2 LL (published)",
+                "DGP L=2 RMSE (published)", "s/step", "compile s", "total s/split"], rows),
+        "", "Mean (standard error) over splits; LL per test point, original target units.", "", "Per split:", "",
+        *table(["dataset", "split", "LL", "RMSE", "CRPS", "final ELBO", "skipped"],
+               [[name, r["split"], f"{r['log_likelihood']:.4f}", f"{r['rmse']:.4g}", f"{r['crps']:.4g}",
+                 f"{r['final_elbo']:.1f}", r["num_skipped"]]
+                for name, runs in record["results"].items() for r in runs]),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
@@ -83,7 +71,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--float32", action="store_true")
-    parser.add_argument("--data-dir", default=default_data_dir(), help=DATA_DIR_HELP)
+    add_data_dir(parser)
     parser.add_argument("--tag", default=None, help="results file suffix")
     args = parser.parse_args(argv)
 
@@ -98,16 +86,13 @@ def main(argv=None):
     names = [resolve_uci_name(n) for n in args.datasets.split(",")]
     splits = parse_splits(args.splits)
     tag = args.tag or "_".join(names)
-    out_dir = Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    json_path, md_path = out_dir / f"uci_{tag}.json", out_dir / f"uci_{tag}.md"
     record = {
-        "command": "python benchmarks/uci.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.default_backend()})",
+        "command": command("uci.py", argv),
+        "machine": machine(),
         "float64": not args.float32,
         "settings": f"L={args.layers}, M={args.num_inducing}, batch={args.batch_size}, Adam lr={args.lr}, "
                     f"{args.steps} steps, 1 training sample (DGPElbo), 100 test samples, hidden width min(D, 30)",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "date": now(),
         "results": {n: [] for n in names},
     }
     for name in names:
@@ -119,8 +104,7 @@ def main(argv=None):
             record["results"][name].append(row)
             print(f"{name} split {split}: LL {r.metrics['log_likelihood']:.4f} RMSE {r.metrics['rmse']:.4g} "
                   f"({r.seconds_per_step * 1e3:.1f} ms/step, {r.total_seconds:.0f} s)", flush=True)
-            json_path.write_text(json.dumps(record, indent=1))
-            write_markdown(md_path, record)
+            write_results(f"uci_{tag}", record, markdown(record))
     return record
 
 

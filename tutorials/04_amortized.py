@@ -269,7 +269,7 @@ for S in ([2, 32] if SMOKE else [1, 2, 4, 8, 16, 32, 64]):
     nodes, w = gauss_hermite(S)
     m = quadrature(narrow, num_points=S, points=nodes, weights=w, learnable=False)
     g = AutoFactorizedDGP(m, inner_init="prior").setup(jax.random.PRNGKey(0), Xs, ys)
-    parts = dgp.DGPElbo().elbo_components(jax.random.PRNGKey(0), fitted, m, g, Xs, ys)
+    parts = dgp.DGPElbo().components(jax.random.PRNGKey(0), fitted, m, g, Xs, ys)
     print(f"S = {S:2d} Hermite nodes: expected log-likelihood {float(parts['expected_log_likelihood']):.8f}")
 
 # %% [markdown]
@@ -319,7 +319,7 @@ plt.tight_layout(); plt.show()
 # committed results are shown here (not recomputed by this notebook): kin8nm (AR2P and AR2PP, with
 # the test metrics of the final, the validation-selected and the averaged parameters of the last 25
 # epochs; averaging is what brings AR2PP under the NLL target), and the letters at the
-# paper's Adam 0.005 and at 0.002. The amortized section of benchmarks/README.md lists every other run
+# paper's Adam 0.005 and at 0.002. The amortized section of benchmarks/notes/amortized.md lists every other run
 # (earlier settings, single-seed probes) and the command that made each.
 
 # %%

@@ -1,0 +1,159 @@
+"""What one training step costs at large M for each guide and objective: factorizations,
+triangular solves, matrix-product FLOPs and time, against the DSVI step on the same model.
+
+A 2-layer DGP (width 8, M inducing points per layer, ARD RBF kernels) on 1000 synthetic points
+with 8 inputs (the data of ``scale.py``), the whole batch in every step; each configuration's
+``SVI.update`` compiled on its own. The counts come from the compiled program (every function
+inlined, so a count is how often one step runs it; ``profile_step.py`` reads them the same way):
+LAPACK Cholesky calls (the blocked factorization's leaves), LAPACK triangular solves (the
+triangular inverse's leaves) and matrix-product FLOPs. The math needs one ``K(Z, Z)``
+factorization per layer, shared by the layer's outputs and samples; a guide that correlates
+layers adds its own factor's work (``AutoJointDGP``: one ``L P M`` square factor;
+``AutoChainDGP``: per-layer blocks). The SGHMC step is the sampler's update of the same
+model (``SGHMC.sample``), with the kernel hyperparameters learned by Adam (MW-MCEM).
+
+Usage::
+
+    python benchmarks/guide_costs.py --num-inducing 500    # results/guide_costs_M500.{json,md}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from _harness import base_record, header, table, write_results
+from profile_step import operation_counts
+
+CONFIGS = ("dsvi", "joint", "chain", "locations", "nested", "amortized", "sghmc")
+_WHAT = {
+    "dsvi": "AutoFactorizedDGP + DGPElbo (DSVI)",
+    "joint": "AutoJointDGP + DGPElbo (one Gaussian over both layers' inducing values)",
+    "chain": "AutoChainDGP + DGPElbo (each layer's q(u) conditioned on the previous layer's)",
+    "locations": "inducing='locations' layers + AutoFactorizedDGP + DGPElbo",
+    "nested": "AutoFactorizedDGP + NestedCompressionElbo (nested variational compression)",
+    "amortized": "amortized_dgp + AutoAmortizedDGP + DGPElbo (per-point inducing sets of --amortized-inducing)",
+    "sghmc": "SGHMC sampler step (numpyro_dgp.infer.SGHMC) on the DSVI model",
+}
+
+
+def _model(config, M, width, amortized_inducing):
+    import numpyro
+
+    import numpyro_dgp as dgp
+
+    if config == "amortized":
+        # per-point sets: the math factorizes one small K(Z_n, Z_n) per point, so M here is the
+        # set size (Meng & Zhang 2024 use 4-8), not the global M
+        return dgp.models.amortized_dgp(widths=(width, 1), num_inducing=(amortized_inducing, amortized_inducing))
+    if config == "locations":
+        def model(X, y=None):
+            h = dgp.gp_layer("h1", X, dgp.kernels.RBF(), num_inducing=M, out_dim=width, mean="identity",
+                             inducing="locations")
+            f, _ = dgp.gp_layer("h2", h, dgp.kernels.RBF(), num_inducing=M, inducing="locations")
+            noise = numpyro.param("noise", 0.01, constraint=numpyro.distributions.constraints.positive)
+            with numpyro.plate("data", X.shape[0]):
+                numpyro.sample("y", numpyro.distributions.Normal(f[:, 0], noise**0.5), obs=y)
+        return model
+    inner_noise = 0.01 if config == "nested" else None
+    return dgp.models.deep_gp_regression(2, num_inducing=M, hidden_width=width, inner_noise=inner_noise)
+
+
+def _step(config, model, X, y):
+    """``(compiled step, its arguments)`` of one configuration."""
+    import jax
+    import numpyro
+    from numpyro.infer import SVI
+
+    import numpyro_dgp as dgp
+
+    key = jax.random.PRNGKey(0)
+    if config == "sghmc":
+        kernel = dgp.infer.SGHMC(model, num_data=X.shape[0])
+        state = kernel.init(key, 0, None, (X, y), {})
+        step = jax.jit(lambda s: kernel.sample(s, (X, y), {}))
+        return step.lower(state).compile(), (state,)
+    guide = {"joint": dgp.guides.AutoJointDGP, "chain": dgp.guides.AutoChainDGP,
+             "amortized": dgp.guides.AutoAmortizedDGP}.get(config, dgp.guides.AutoFactorizedDGP)(model)
+    objective = dgp.NestedCompressionElbo() if config == "nested" else dgp.DGPElbo()
+    svi = SVI(model, guide, numpyro.optim.Adam(0.01), objective)
+    state = svi.init(key, X, y)
+    step = jax.jit(lambda s: svi.update(s, X, y)[0])
+    return step.lower(state).compile(), (state,)
+
+
+def run(config, M, width, precision, repeats, amortized_inducing):
+    import jax
+    import numpy as np
+    from scale import synthetic
+
+    X, y = synthetic(1000, np.float64 if precision == "float64" else np.float32, dim=8)
+    model = _model(config, M, width, amortized_inducing)
+    t0 = time.perf_counter()
+    compiled, args = _step(config, model, X, y)
+    compile_seconds = time.perf_counter() - t0
+    counts = operation_counts(compiled.as_text())
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    state = jax.block_until_ready(compiled(*args))  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(compiled(state))
+        times.append(time.perf_counter() - t0)
+    return {"config": config, "M": amortized_inducing if config == "amortized" else M, "width": width,
+            "precision": precision,
+            "compile_seconds": compile_seconds, "ms_per_step": 1e3 * float(np.median(times)),
+            "cholesky_calls": counts["counts"]["cholesky"], "triangular_solves": counts["counts"]["triangular_solve"],
+            "products": counts["counts"]["dot_general"], "product_gflop": sum(counts["flops"].values()) / 1e9,
+            "xla_gflop": float(cost.get("flops", float("nan"))) / 1e9}
+
+
+def markdown(record):
+    lines = header("What a training step costs at large M, by guide and objective", record["command"],
+                   record["machine"], record["rows"][0]["precision"], record["date"]) + [""]
+    rows = record["rows"]
+    base = next((r for r in rows if r["config"] == "dsvi"), None)
+    lines += ["A 2-layer DGP, width 8, M = {M} per layer, 1000 points with 8 inputs in every step, {p}. Counts "
+              "from the compiled step (every function inlined): LAPACK Cholesky calls are the blocked "
+              "factorization's leaves, LAPACK triangular solves the triangular inverse's leaves. Time: median "
+              "of {n} steps after one warm-up, each configuration alone.".format(M=rows[0]["M"], p=rows[0]["precision"],
+                                                                               n=record["repeats"]), "",
+              ]
+    lines += table(["configuration", "Cholesky calls", "triangular solves", "products", "product GFLOP", "XLA GFLOP",
+                    "ms/step", "/ DSVI", "compile s"],
+                   [[_WHAT[r["config"]], r["cholesky_calls"], r["triangular_solves"], r["products"],
+                     f"{r['product_gflop']:.2f}", f"{r['xla_gflop']:.2f}", f"{r['ms_per_step']:.1f}",
+                     f"{r['ms_per_step'] / base['ms_per_step']:.2f}" if base else "-", f"{r['compile_seconds']:.1f}"]
+                    for r in rows])
+    return "\n".join(lines + [""])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-inducing", type=int, default=500)
+    parser.add_argument("--width", type=int, default=8)
+    parser.add_argument("--precision", choices=("float32", "float64"), default="float64")
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--amortized-inducing", type=int, default=16, help="per-point set size of the amortized model")
+    parser.add_argument("--tag", default=None, help="result name (default: guide_costs_M<M>)")
+    args = parser.parse_args(argv)
+    import jax
+
+    if args.precision == "float64":
+        jax.config.update("jax_enable_x64", True)
+    record = base_record("guide_costs.py", argv)
+    record.update(repeats=args.repeats, rows=[], settings=f"M = {args.num_inducing}, width {args.width}")
+    for config in args.configs:
+        row = run(config, args.num_inducing, args.width, args.precision, args.repeats, args.amortized_inducing)
+        print(json.dumps(row), flush=True)
+        record["rows"].append(row)
+    tag = args.tag or f"guide_costs_M{args.num_inducing}"
+    write_results(tag, record, markdown(record))
+    print(markdown(record))
+
+
+if __name__ == "__main__":
+    main()
