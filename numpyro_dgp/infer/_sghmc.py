@@ -227,8 +227,8 @@ class SGHMC(MCMCKernel):
         self._init_strategy = init_strategy
         # Set by ``init``.
         self._num_warmup = 0
-        self._num_data = None
-        self._param_transforms = {}
+        self._num_data: int | None = None
+        self._param_transforms: dict[str, Any] = {}
         self._postprocess_fn = None
         self._vectorized = False
 
@@ -367,7 +367,7 @@ class SGHMC(MCMCKernel):
         ones = jnp.ones_like(z_flat)
         opt_state = self._optimizer.init(params) if self._optimizes(params) else ()
         return SGHMCState(
-            i=jnp.array(0),
+            i=jnp.zeros((), jnp.int32),
             z=z,
             momentum=jnp.zeros_like(z_flat),  # zero initial momentum, as sghmc_dgp
             xi=ones,
@@ -376,9 +376,11 @@ class SGHMC(MCMCKernel):
             params=params,
             opt_state=opt_state,
             window=jnp.zeros((self._window_size,) + z_flat.shape, z_flat.dtype),
-            window_count=jnp.array(0),
+            # counters: int32, not a weakly typed int, so a step returns the state's own types
+            # (an ahead-of-time compiled step refused its second call otherwise)
+            window_count=jnp.zeros((), jnp.int32),
             potential_energy=jnp.zeros((), z_flat.dtype),
-            num_skipped=jnp.array(0),
+            num_skipped=jnp.zeros((), jnp.int32),
             rng_key=rng_key,
         )
 
@@ -397,6 +399,7 @@ class SGHMC(MCMCKernel):
         z_flat, unravel = ravel_pytree(state.z)
         dtype = z_flat.dtype
         n = self._num_data
+        assert n is not None, "SGHMC.sample before init"  # init sets it
         eta = self._step_size**2 / n
         mdecay = self._mdecay
 
