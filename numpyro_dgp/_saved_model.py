@@ -79,6 +79,17 @@ class ModelFileError(ValueError):
     """
 
 
+def _check_standardization_inputs(X: ArrayLike) -> np.ndarray:
+    """``X`` as a float64 array, checked to be a non-empty ``(N, D)`` array.
+
+    :raises ValueError: otherwise.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[0] < 1:
+        raise ValueError(f"Standardization.fit: X must be a non-empty (N, D) array, got shape {X.shape}")
+    return X
+
+
 class Standardization(NamedTuple):
     """The affine maps between the data's units and the standardized units a model is fitted in:
     ``X_std = (X - x_mean) / x_scale`` and, for regression, ``y_std = (y - y_mean) / y_scale``.
@@ -105,9 +116,7 @@ class Standardization(NamedTuple):
             counts: targets untouched).
         :return: the :class:`Standardization`.
         """
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[0] < 1:
-            raise ValueError(f"Standardization.fit: X must be a non-empty (N, D) array, got shape {X.shape}")
+        X = _check_standardization_inputs(X)
         x_mean = X.mean(axis=0)
         x_scale = X.std(axis=0)
         x_scale = np.where(x_scale > 0, x_scale, 1.0)
@@ -162,9 +171,24 @@ class Standardization(NamedTuple):
 # --- encoding of factory arguments ------------------------------------------------------------
 
 
+def _check_encodable(value: Any, where: str) -> None:
+    """Raise unless ``value`` is of a type ``model.json`` can hold (numbers, strings, arrays,
+    kernels and lists of them; the entries of lists are checked as they are encoded).
+
+    :raises TypeError: otherwise.
+    """
+    from numpyro_dgp.kernels import Kernel
+
+    if not (value is None or isinstance(value, (bool, str, int, np.integer, float, np.floating, Kernel, jax.Array,
+                                                np.ndarray, list, tuple))):
+        raise TypeError(f"save_model: the model argument {where} = {value!r} cannot be saved (a "
+                        f"{type(value).__name__}; only numbers, strings, arrays, kernels and lists of them)")
+
+
 def _encode_value(value: Any, where: str) -> Any:
     from numpyro_dgp.kernels import Kernel
 
+    _check_encodable(value, where)
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, (int, np.integer)):
@@ -176,10 +200,7 @@ def _encode_value(value: Any, where: str) -> Any:
     if isinstance(value, (jax.Array, np.ndarray)):
         arr = np.asarray(value)
         return {"__array__": arr.tolist(), "dtype": arr.dtype.name}
-    if isinstance(value, (list, tuple)):
-        return [_encode_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    raise TypeError(f"save_model: the model argument {where} = {value!r} cannot be saved (a "
-                    f"{type(value).__name__}; only numbers, strings, arrays, kernels and lists of them)")
+    return [_encode_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
 
 
 def _encode_kernel(kernel: Any, where: str) -> dict:
@@ -193,31 +214,53 @@ def _encode_kernel(kernel: Any, where: str) -> dict:
     return {"type": name, "fields": fields}
 
 
+def _check_encoded(value: Any) -> None:
+    """Raise if ``value`` is a dict that encodes neither a kernel nor an array.
+
+    :raises ValueError: for such a dict.
+    """
+    if isinstance(value, dict) and "__kernel__" not in value and "__array__" not in value:
+        raise ValueError(f"unknown encoded value {value!r}")
+
+
 def _decode_value(value: Any) -> Any:
+    _check_encoded(value)
     if isinstance(value, list):
         return [_decode_value(v) for v in value]
     if isinstance(value, dict):
         if "__kernel__" in value:
             return _decode_kernel(value["__kernel__"])
-        if "__array__" in value:
-            return np.asarray(value["__array__"], dtype=np.dtype(value["dtype"]))
-        raise ValueError(f"unknown encoded value {value!r}")
+        return np.asarray(value["__array__"], dtype=np.dtype(value["dtype"]))
     return value
 
 
-def _decode_kernel(data: dict) -> Any:
+def _check_kernel_class(data: dict) -> type:
+    """The kernel class ``data`` names.
+
+    :raises ValueError: a name that is not a kernel of :mod:`numpyro_dgp.kernels`.
+    """
     from numpyro_dgp import kernels
 
     cls = getattr(kernels, data.get("type", ""), None)
     if not (isinstance(cls, type) and issubclass(cls, kernels.Kernel)):
         raise ValueError(f"unknown kernel type {data.get('type')!r}")
+    return cls
+
+
+def _decode_kernel(data: dict) -> Any:
+    cls = _check_kernel_class(data)
     if "kernels" in data:
         return cls(*[_decode_kernel(k) for k in data["kernels"]])
     fields = {k: _decode_value(v) for k, v in data["fields"].items()}
     return cls(**fields)
 
 
-def _guide_config(guide: Any) -> dict:
+def _check_guide(guide: Any) -> str:
+    """The class name of ``guide``, checked to be a library guide that can be saved.
+
+    :raises TypeError: a guide of another library, a wrapped guide, or an ``AutoAmortizedDGP``
+        built with ``points=``.
+    """
     from numpyro_dgp._compat import innermost_guide
 
     inner = innermost_guide(guide)
@@ -225,31 +268,54 @@ def _guide_config(guide: Any) -> dict:
     if inner is not guide or name not in _GUIDE_OPTIONS:
         raise TypeError(f"save_model: guide must be one of the library's guides {sorted(_GUIDE_OPTIONS)} "
                         f"(not wrapped), got {type(guide).__name__}")
-    options = {key: _encode_value(getattr(inner, attr), f"guide.{attr}") for attr, key in _GUIDE_OPTIONS[name]}
+    if name == "AutoAmortizedDGP" and inner.initial_points is not None:
+        raise TypeError("save_model: an AutoAmortizedDGP built with points= cannot be saved yet; "
+                        "build it without points= (they are then initialized and learned)")
+    return name
+
+
+def _guide_config(guide: Any) -> dict:
+    name = _check_guide(guide)
+    options = {key: _encode_value(getattr(guide, attr), f"guide.{attr}") for attr, key in _GUIDE_OPTIONS[name]}
     if name == "AutoAmortizedDGP":
-        if inner.initial_points is not None:
-            raise TypeError("save_model: an AutoAmortizedDGP built with points= cannot be saved yet; "
-                            "build it without points= (they are then initialized and learned)")
-        options["weights"] = [float(w) for w in inner.initial_weights]
+        options["weights"] = [float(w) for w in guide.initial_weights]
     return {"class": name, "options": options}
+
+
+def _check_guide_class(config: Mapping[str, Any]) -> str:
+    """The guide class ``config`` names.
+
+    :raises ValueError: a class this library does not save.
+    """
+    name = config.get("class")
+    if name not in _GUIDE_OPTIONS:
+        raise ValueError(f"unknown guide class {name!r} (this library saves {sorted(_GUIDE_OPTIONS)})")
+    return name
 
 
 def _make_guide(model: Callable, config: Mapping[str, Any]) -> Any:
     from numpyro_dgp import guides
 
-    name = config.get("class")
-    if name not in _GUIDE_OPTIONS:
-        raise ValueError(f"unknown guide class {name!r} (this library saves {sorted(_GUIDE_OPTIONS)})")
+    name = _check_guide_class(config)
     options = {k: _decode_value(v) for k, v in dict(config.get("options") or {}).items()}
     return getattr(guides, name)(model, **options)
+
+
+def _check_factory(config: Mapping[str, Any]) -> str:
+    """The model factory ``config`` names.
+
+    :raises ValueError: a factory this library does not save.
+    """
+    factory = config.get("factory")
+    if factory not in _FACTORIES:
+        raise ValueError(f"unknown model factory {factory!r} (this library saves {list(_FACTORIES)})")
+    return factory
 
 
 def _make_model(config: Mapping[str, Any]) -> Callable:
     from numpyro_dgp import models
 
-    factory = config.get("factory")
-    if factory not in _FACTORIES:
-        raise ValueError(f"unknown model factory {factory!r} (this library saves {list(_FACTORIES)})")
+    factory = _check_factory(config)
     arguments = {k: _decode_value(v) for k, v in dict(config.get("arguments") or {}).items()}
     return getattr(models, factory)(**arguments)
 
@@ -277,6 +343,51 @@ def _params_dtype(params: Mapping[str, Any]) -> str:
         if np.issubdtype(dtype, np.floating):
             return dtype.name
     return np.dtype(jnp.zeros(()).dtype).name
+
+
+def _check_save_model_arguments(model: Callable, input_dim: int, standardization: Standardization | None,
+                                feature_names: Sequence[str] | None) -> dict[str, Any]:
+    """The model's recorded configuration (factory and arguments), checked with ``input_dim``,
+    ``standardization`` and ``feature_names``.
+
+    :raises TypeError: a model not built by a factory of :mod:`numpyro_dgp.models`.
+    :raises ValueError: a bad ``input_dim``, or a ``standardization`` or ``feature_names`` of
+        another size.
+    """
+    config = model_config(model)
+    if not isinstance(config, dict) or config.get("factory") not in _FACTORIES:
+        raise TypeError("save_model: model must be built by numpyro_dgp.models.deep_gp_regression, diffgp or "
+                        "amortized_dgp (a model of your own: save its parameters with save_params)")
+    check_positive_int(input_dim, "input_dim", "save_model")
+    if standardization is not None and np.shape(standardization.x_mean) != (int(input_dim),):
+        raise ValueError(f"save_model: standardization has {np.shape(standardization.x_mean)} feature means, "
+                         f"input_dim is {input_dim}")
+    if feature_names is not None and len(feature_names) != int(input_dim):
+        raise ValueError(f"save_model: {len(feature_names)} feature_names for input_dim={input_dim}")
+    return config
+
+
+def _check_model_target(path: Path, overwrite: bool) -> None:
+    """Raise unless the model directory can be written at ``path``.
+
+    :raises FileExistsError: ``path`` exists and ``overwrite`` is false.
+    :raises FileNotFoundError: its parent directory does not exist.
+    """
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"save_model: {str(path)!r} exists; pass overwrite=True to replace it")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"save_model: the directory {str(path.parent)!r} does not exist")
+
+
+def _check_document_json(document: dict[str, Any]) -> str:
+    """``model.json``'s text.
+
+    :raises TypeError: metadata that JSON cannot hold.
+    """
+    try:
+        return json.dumps(document, indent=2)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"save_model: metadata must be JSON-serializable: {err}") from err
 
 
 def save_model(
@@ -316,18 +427,9 @@ def save_model(
     from numpyro_dgp.io import save_params
 
     path = Path(os.fspath(path)).expanduser()
-    config = model_config(model)
-    if not isinstance(config, dict) or config.get("factory") not in _FACTORIES:
-        raise TypeError("save_model: model must be built by numpyro_dgp.models.deep_gp_regression, diffgp or "
-                        "amortized_dgp (a model of your own: save its parameters with save_params)")
-    check_positive_int(input_dim, "input_dim", "save_model")
-    if standardization is not None and np.shape(standardization.x_mean) != (int(input_dim),):
-        raise ValueError(f"save_model: standardization has {np.shape(standardization.x_mean)} feature means, "
-                         f"input_dim is {input_dim}")
-    if feature_names is not None and len(feature_names) != int(input_dim):
-        raise ValueError(f"save_model: {len(feature_names)} feature_names for input_dim={input_dim}")
+    config = _check_save_model_arguments(model, input_dim, standardization, feature_names)
     arguments = {k: _encode_value(v, k) for k, v in config["arguments"].items()}
-    document = {
+    document: dict[str, Any] = {
         "format": MODEL_FORMAT,
         "format_version": MODEL_FORMAT_VERSION,
         "library_version": __version__,
@@ -341,19 +443,13 @@ def save_model(
         "metadata": dict(metadata or {}),
         "files": {},
     }
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"save_model: {str(path)!r} exists; pass overwrite=True to replace it")
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"save_model: the directory {str(path.parent)!r} does not exist")
+    _check_model_target(path, overwrite)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         save_params(tmp / PARAMS_FILE, dict(params))
         document["files"][PARAMS_FILE] = {"sha256": _sha256(tmp / PARAMS_FILE),
                                           "bytes": (tmp / PARAMS_FILE).stat().st_size}
-        try:
-            text = json.dumps(document, indent=2)
-        except (TypeError, ValueError) as err:
-            raise TypeError(f"save_model: metadata must be JSON-serializable: {err}") from err
+        text = _check_document_json(document)
         with open(tmp / CONFIG_FILE, "w", encoding="utf-8") as f:
             f.write(text + "\n")
             f.flush()
@@ -370,6 +466,17 @@ def save_model(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def _check_predict_inputs(X: ArrayLike, input_dim: int) -> np.ndarray:
+    """``X`` as a NumPy array, checked to have ``input_dim`` columns.
+
+    :raises ValueError: otherwise.
+    """
+    X = np.asarray(X)
+    if X.ndim != 2 or X.shape[1] != input_dim:
+        raise ValueError(f"SavedModel.predict: X must have shape (N, {input_dim}), got {X.shape}")
+    return X
 
 
 class SavedModel:
@@ -430,9 +537,7 @@ class SavedModel:
         """
         from numpyro_dgp._predict.prediction import predict
 
-        X = np.asarray(X)
-        if X.ndim != 2 or X.shape[1] != self.input_dim:
-            raise ValueError(f"SavedModel.predict: X must have shape (N, {self.input_dim}), got {X.shape}")
+        X = _check_predict_inputs(X, self.input_dim)
         s = None if standardized else self.standardization
         if s is not None:
             X = s.inputs(X)
@@ -446,16 +551,24 @@ class SavedModel:
         return _in_data_units(prediction, s.y_mean, s.y_scale)
 
 
+def _check_location_scale(atoms: Any) -> None:
+    """Raise unless the prediction's atoms (``None``: none) are of a location-scale family.
+
+    :raises ValueError: otherwise.
+    """
+    if atoms is not None and not {"loc", "scale"} <= set(atoms.arg_constraints):
+        raise ValueError(f"SavedModel.predict: a {type(atoms).__name__} prediction has no location and scale to "
+                         "map to the data's units; pass standardized=True")
+
+
 def _in_data_units(prediction: Any, shift: Any, scale: Any) -> Any:
     """``prediction`` of standardized targets mapped by ``y = shift + scale y_std`` (each column by
     its own where ``shift`` and ``scale`` are ``(T,)``): means, variances and, for a ``"general"``
     prediction of a location-scale family, its atoms."""
     m, sc = jnp.asarray(shift, prediction.mean.dtype), jnp.asarray(scale, prediction.mean.dtype)
     atoms = prediction.atoms
+    _check_location_scale(atoms)
     if atoms is not None:
-        if not {"loc", "scale"} <= set(atoms.arg_constraints):
-            raise ValueError(f"SavedModel.predict: a {type(atoms).__name__} prediction has no location and scale to "
-                             "map to the data's units; pass standardized=True")
         params = {name: getattr(atoms, name) for name in atoms.arg_constraints}
         params["loc"], params["scale"] = params["loc"] * sc + m, params["scale"] * sc
         atoms = type(atoms)(**params, validate_args=False)
@@ -465,14 +578,33 @@ def _in_data_units(prediction: Any, shift: Any, scale: Any) -> Any:
 
 
 def _read_config(path: Path) -> dict:
+    """``model.json`` of the model directory ``path``, read and checked."""
     config_path = path / CONFIG_FILE
+    config = _check_config_json(path, config_path)
+    _check_config(config, path, config_path)
+    return config
+
+
+def _check_config_json(path: Path, config_path: Path) -> Any:
+    """The JSON value ``config_path`` (``model.json`` of ``path``) holds.
+
+    :raises ModelFileError: a missing file, or one that is not valid JSON.
+    """
     if not config_path.is_file():
         raise ModelFileError(f"load_model: {str(path)!r} has no {CONFIG_FILE} (not a model directory written by "
                              "save_model, or an incomplete copy)")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        return json.loads(config_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ModelFileError(f"load_model: {str(config_path)!r} is corrupted (not valid JSON: {err})") from err
+
+
+def _check_config(config: Any, path: Path, config_path: Path) -> None:
+    """Raise unless ``config`` describes a model of a format version this library reads, with
+    every entry loading needs.
+
+    :raises ModelFileError: otherwise.
+    """
     if not isinstance(config, dict) or config.get("format") != MODEL_FORMAT:
         raise ModelFileError(f"load_model: {str(config_path)!r} does not describe a numpyro_dgp model "
                              f"(format {config.get('format') if isinstance(config, dict) else None!r})")
@@ -488,7 +620,6 @@ def _read_config(path: Path) -> dict:
     if _version_tuple(config["library_version"]) is None:
         raise ModelFileError(f"load_model: {str(config_path)!r} is corrupted (library_version "
                              f"{config['library_version']!r} is not a version number)")
-    return config
 
 
 def _version_tuple(version: Any) -> tuple[int, ...] | None:
@@ -521,6 +652,46 @@ def _placeholder_targets(arguments: Mapping[str, Any], rows: int, dtype: Any) ->
     return jnp.zeros(shape, dtype if observation.continuous else jnp.int32)
 
 
+def _check_model_directory(path: os.PathLike | str) -> Path:
+    """``path`` as a :class:`~pathlib.Path`, checked to be a directory.
+
+    :raises FileNotFoundError: ``path`` does not exist.
+    :raises ModelFileError: ``path`` is a file.
+    """
+    path = Path(os.fspath(path)).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"load_model: the model directory {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise ModelFileError(f"load_model: {str(path)!r} is a file; a model is a directory written by save_model")
+    return path
+
+
+def _check_params_file(params_path: Path, path: Path, config: Mapping[str, Any]) -> None:
+    """Raise unless ``params.npz`` is there with the checksum ``model.json`` records.
+
+    :raises ModelFileError: a missing file, or another checksum.
+    """
+    if not params_path.is_file():
+        raise ModelFileError(f"load_model: {str(path)!r} has no {PARAMS_FILE} (an incomplete copy?)")
+    recorded = (config.get("files") or {}).get(PARAMS_FILE) or {}
+    digest = _sha256(params_path)
+    if recorded.get("sha256") != digest:
+        raise ModelFileError(f"load_model: {str(params_path)!r} is corrupted or was replaced: its sha256 is "
+                             f"{digest}, {CONFIG_FILE} records {recorded.get('sha256')!r}")
+
+
+def _check_model_dtype(config: Mapping[str, Any], path: Path) -> np.dtype:
+    """The model's dtype, checked to be one JAX gives as it is (float64 needs 64-bit mode).
+
+    :raises ValueError: a float64 model while 64-bit mode is off.
+    """
+    dtype = np.dtype(config["dtype"])
+    if dtype == np.float64 and not jax.config.jax_enable_x64:
+        raise ValueError(f"load_model: {str(path)!r} holds a float64 model; call "
+                         'jax.config.update("jax_enable_x64", True) before loading it')
+    return dtype
+
+
 def load_model(path: os.PathLike | str) -> SavedModel:
     """Load a model directory written by :func:`save_model` (or ``numpyro-dgp fit``).
 
@@ -541,24 +712,11 @@ def load_model(path: os.PathLike | str) -> SavedModel:
     from numpyro_dgp._persist.params import STRICT_HINT, check_params_against, param_specs, set_up_guide
     from numpyro_dgp.io import load_params
 
-    path = Path(os.fspath(path)).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"load_model: the model directory {str(path)!r} does not exist")
-    if not path.is_dir():
-        raise ModelFileError(f"load_model: {str(path)!r} is a file; a model is a directory written by save_model")
+    path = _check_model_directory(path)
     config = _read_config(path)
     params_path = path / PARAMS_FILE
-    if not params_path.is_file():
-        raise ModelFileError(f"load_model: {str(path)!r} has no {PARAMS_FILE} (an incomplete copy?)")
-    recorded = (config.get("files") or {}).get(PARAMS_FILE) or {}
-    digest = _sha256(params_path)
-    if recorded.get("sha256") != digest:
-        raise ModelFileError(f"load_model: {str(params_path)!r} is corrupted or was replaced: its sha256 is "
-                             f"{digest}, {CONFIG_FILE} records {recorded.get('sha256')!r}")
-    dtype = np.dtype(config["dtype"])
-    if dtype == np.float64 and not jax.config.jax_enable_x64:
-        raise ValueError(f"load_model: {str(path)!r} holds a float64 model; call "
-                         'jax.config.update("jax_enable_x64", True) before loading it')
+    _check_params_file(params_path, path, config)
+    dtype = _check_model_dtype(config, path)
     try:
         model = _make_model(config["model"])
         guide = _make_guide(model, config["guide"])

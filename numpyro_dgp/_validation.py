@@ -145,7 +145,8 @@ def non_finite_entries(value: np.ndarray, max_first: int = 3) -> tuple[int, list
         return int(bad.sum()), [tuple(int(i) for i in idx) for idx in np.argwhere(bad)[:max_first]]
     row_bytes = max(1, value.itemsize * (value.size // value.shape[0]))
     rows = max(1, _FINITE_BLOCK_BYTES // row_bytes)
-    count, first = 0, []
+    count = 0
+    first: list[tuple[int, ...]] = []
     for start in range(0, value.shape[0], rows):
         bad = ~np.isfinite(value[start:start + rows])
         n = int(bad.sum())

@@ -28,7 +28,10 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # NumPy is imported where it is used: the command's start stays light
+    import numpy as np
 
 __all__ = ["build_parser", "main"]
 
@@ -42,15 +45,23 @@ def _parse_splits(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _integer(text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
+def _check_at_least(value: int | None, minimum: int, text: str) -> int:
+    """``value`` (parsed from ``text``; ``None``: not an integer), checked to be ``>= minimum``.
+
+    :raises argparse.ArgumentTypeError: otherwise.
+    """
     if value is None or value < minimum:
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}")
     return value
+
+
+def _integer(text: str, minimum: int) -> int:
+    try:
+        value: int | None = int(text)
+    except ValueError:
+        value = None
+    return _check_at_least(value, minimum, text)
 
 
 def _positive_int(text: str) -> int:
@@ -61,13 +72,21 @@ def _non_negative_int(text: str) -> int:
     return _integer(text, 0)
 
 
+def _check_positive_float(value: float, text: str) -> None:
+    """Raise unless ``value`` (parsed from ``text``; NaN: not a number) is finite and positive.
+
+    :raises argparse.ArgumentTypeError: otherwise.
+    """
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite positive number, got {text!r}")
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite positive number, got {text!r}")
+    _check_positive_float(value, text)
     return value
 
 
@@ -108,6 +127,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_uci_splits(dataset: str, data_dir: str | None, splits: list[int]) -> None:
+    """Raise unless the data set has every split of ``splits`` (NumPy only: before JAX loads).
+
+    :raises FileNotFoundError: no such data set (see :func:`~numpyro_dgp.datasets.num_uci_splits`).
+    :raises SystemExit: a split index the data set does not have.
+    """
+    from numpyro_dgp._persist.uci_files import num_uci_splits
+
+    available = num_uci_splits(dataset, data_dir)
+    bad = [s for s in splits if not 0 <= s < available]
+    if bad:
+        raise SystemExit(f"--splits: {dataset} has splits 0..{available - 1}; got {bad}")
+
+
+def _check_uci_inducing(num_inducing: int, num_train: int, name: str, split: int) -> None:
+    """Raise if ``--num-inducing`` exceeds the ``num_train`` training points of the first split.
+
+    :raises ValueError: otherwise.
+    """
+    if num_inducing > num_train:
+        raise ValueError(f"--num-inducing {num_inducing} exceeds the {num_train} training points of {name} "
+                         f"(split {split}); pass --num-inducing {num_train} or fewer")
+
+
 def cmd_uci(args: argparse.Namespace) -> int:
     """``numpyro-dgp uci``: DSVI on the chosen UCI splits; prints per-split test
     log-likelihood, RMSE and CRPS, then their mean and standard error.
@@ -118,21 +161,14 @@ def cmd_uci(args: argparse.Namespace) -> int:
     :raises ValueError: ``--num-inducing`` above the number of training points.
     """
     # the data directory, the data set and the splits are checked before JAX is imported
-    from numpyro_dgp._persist.uci_files import num_uci_splits
-
-    available = num_uci_splits(args.dataset, args.data_dir)
-    bad = [s for s in args.splits if not 0 <= s < available]
-    if bad:
-        raise SystemExit(f"--splits: {args.dataset} has splits 0..{available - 1}; got {bad}")
+    _check_uci_splits(args.dataset, args.data_dir, args.splits)
     _setup_precision(args.float32)
     from numpyro_dgp.datasets import load_uci
     from numpyro_dgp.recipes import mean_and_standard_error, run_uci
 
     data = load_uci(args.dataset, args.splits[0], data_dir=args.data_dir)  # fails early on bad files
-    name, num_train = data.name, data.X_train.shape[0]
-    if args.num_inducing > num_train:
-        raise ValueError(f"--num-inducing {args.num_inducing} exceeds the {num_train} training points of {name} "
-                         f"(split {args.splits[0]}); pass --num-inducing {num_train} or fewer")
+    name = data.name
+    _check_uci_inducing(args.num_inducing, data.X_train.shape[0], name, args.splits[0])
     print(f"{name}: {args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, batch {args.batch_size}")
     print(f"{'split':>5} {'test LL':>9} {'RMSE':>9} {'CRPS':>9} {'ms/step':>8} {'seconds':>8}")
     lls, rmses = [], []
@@ -150,14 +186,31 @@ def cmd_uci(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_fraction(value: float, text: str) -> None:
+    """Raise unless ``value`` (parsed from ``text``; NaN: not a number) is in ``[0, 1)``.
+
+    :raises argparse.ArgumentTypeError: otherwise.
+    """
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
+    _check_fraction(value, text)
     return value
+
+
+def _check_quantiles(values: list[float], text: str) -> None:
+    """Raise unless ``values`` (parsed from ``text``; empty: not numbers) are some levels in ``(0, 1)``.
+
+    :raises argparse.ArgumentTypeError: otherwise.
+    """
+    if not values or not all(0 < v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers in (0, 1), e.g. 0.025,0.975; got {text!r}")
 
 
 def _quantile_list(text: str) -> list[float]:
@@ -165,8 +218,7 @@ def _quantile_list(text: str) -> list[float]:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         values = []
-    if not values or not all(0 < v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"must be comma-separated numbers in (0, 1), e.g. 0.025,0.975; got {text!r}")
+    _check_quantiles(values, text)
     return values
 
 
@@ -177,14 +229,22 @@ LIKELIHOODS = {"normal": "gaussian", "probit": "probit", "softmax": "softmax", "
 _CONTINUOUS = ("gaussian", "student_t", "heteroscedastic")
 
 
-def _target_list(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",")]
+def _check_target_names(names: list[str], text: str) -> None:
+    """Raise if a name of ``names`` (split from ``text``) is empty.
+
+    :raises argparse.ArgumentTypeError: otherwise.
+    """
     if not all(names):
         raise argparse.ArgumentTypeError(f"must be a column name or comma-separated names, got {text!r}")
+
+
+def _target_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",")]
+    _check_target_names(names, text)
     return names
 
 
-def _check_target_values(y, likelihood: str, targets: list[str]) -> int | None:
+def _check_target_values(y: np.ndarray, likelihood: str, targets: list[str]) -> int | None:
     """Refuse targets the likelihood cannot take (NumPy only, before JAX loads); return the
     number of classes for ``softmax`` / ``robust_max``."""
     import numpy as np
@@ -208,6 +268,51 @@ def _check_target_values(y, likelihood: str, targets: list[str]) -> int | None:
     return None
 
 
+def _check_label_targets(option: str, likelihood: str, targets: list[str]) -> None:
+    """Raise if a likelihood of labels (``--likelihood option``) is given several target columns.
+
+    :raises ValueError: otherwise.
+    """
+    if len(targets) > 1 and likelihood in ("probit", "softmax", "robust_max"):
+        raise ValueError(f"--likelihood {option} takes one --target column of labels, got {targets}")
+
+
+def _check_missing_targets(data: str, y: np.ndarray, targets: list[str], masked: bool) -> None:
+    """Raise if a target column has missing values (NaN) and they are not to be masked.
+
+    :raises ValueError: naming the columns.
+    """
+    import numpy as np
+
+    N = y.shape[0]
+    gaps = [name for j, name in enumerate(targets) if np.isnan(y.reshape(N, -1)[:, j]).any()]
+    if gaps and not masked:
+        raise ValueError(f"{data}: target column(s) {gaps} have missing values; pass --missing-targets mask to "
+                         "leave them out of the likelihood")
+
+
+def _check_training_rows(num_train: int, test_fraction: float, N: int) -> None:
+    """Raise if ``--test-fraction`` leaves fewer than two of the ``N`` rows for training.
+
+    :raises ValueError: otherwise.
+    """
+    if num_train < 2:
+        raise ValueError(f"--test-fraction {test_fraction} leaves {num_train} training rows of {N}")
+
+
+def _check_fit_inducing(num_inducing: int, batch: int | None, num_train: int) -> None:
+    """Raise if ``--num-inducing`` exceeds the points its k-means initialization sees (the first
+    minibatch of ``batch`` rows, else the ``num_train`` training rows).
+
+    :raises ValueError: otherwise.
+    """
+    init_points = batch or num_train
+    if num_inducing > init_points:
+        raise ValueError(f"--num-inducing {num_inducing} exceeds the {init_points} points its k-means "
+                         f"initialization sees ({'the first minibatch' if batch else 'the training rows'}); "
+                         f"pass --num-inducing {init_points} or fewer{' or a larger --batch-size' if batch else ''}")
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
     """``numpyro-dgp fit``: fit a DSVI DGP to a table and save it as a model directory.
 
@@ -224,21 +329,17 @@ def cmd_fit(args: argparse.Namespace) -> int:
     targets = args.target
     masked = args.missing_targets == "mask"
     likelihood = LIKELIHOODS[args.likelihood]
-    if len(targets) > 1 and likelihood in ("probit", "softmax", "robust_max"):
-        raise ValueError(f"--likelihood {args.likelihood} takes one --target column of labels, got {targets}")
+    _check_label_targets(args.likelihood, likelihood, targets)
     table = read_table(args.data, allow_missing=targets)
     X, y, names = table.split(targets[0] if len(targets) == 1 else targets)
+    assert y is not None  # a target was named
     N = X.shape[0]
-    gaps = [name for j, name in enumerate(targets) if np.isnan(y.reshape(N, -1)[:, j]).any()]
-    if gaps and not masked:
-        raise ValueError(f"{args.data}: target column(s) {gaps} have missing values; pass --missing-targets mask to "
-                         "leave them out of the likelihood")
+    _check_missing_targets(args.data, y, targets, masked)
     num_classes = _check_target_values(y, likelihood, targets)
     order = np.random.default_rng(args.seed).permutation(N)
     num_test = int(round(args.test_fraction * N))
     test, train = order[:num_test], order[num_test:]
-    if train.size < 2:
-        raise ValueError(f"--test-fraction {args.test_fraction} leaves {train.size} training rows of {N}")
+    _check_training_rows(train.size, args.test_fraction, N)
 
     _setup_precision(args.float32)
     import jax
@@ -259,11 +360,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     else:
         y_train = jnp.asarray(y[train], jnp.int32)
     batch = args.batch_size if args.batch_size < train.size else None
-    init_points = batch or train.size
-    if args.num_inducing > init_points:
-        raise ValueError(f"--num-inducing {args.num_inducing} exceeds the {init_points} points its k-means "
-                         f"initialization sees ({'the first minibatch' if batch else 'the training rows'}); "
-                         f"pass --num-inducing {init_points} or fewer{' or a larger --batch-size' if batch else ''}")
+    _check_fit_inducing(args.num_inducing, batch, train.size)
     shown = repr(targets[0]) if len(targets) == 1 else str(targets)
     print(f"{args.data}: {N} rows, {len(names)} features, target {shown} ({args.likelihood}"
           f"{f', {num_classes} classes' if num_classes else ''}); {train.size} training, {test.size} test rows")
@@ -344,10 +441,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     model = load_model(args.model_dir)
     targets = model.target_names
     names = model.feature_names or [c for c in table.columns if c not in targets]
-    missing = [n for n in names if n not in table.columns]
-    if missing:
-        raise ValueError(f"{args.data}: the model needs the columns {missing}, which the table lacks "
-                         f"(it has {table.columns})")
+    _check_feature_columns(names, table.columns, args.data)
     X = table.data[:, [table.columns.index(n) for n in names]]
     pred = model.predict(X, rng_key=jax.random.PRNGKey(args.seed), num_samples=args.num_samples,
                          batch_size=args.batch_size)
@@ -365,6 +459,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_feature_columns(names: list[str], columns: list[str], data: str) -> None:
+    """Raise unless the table (of ``columns``) has every feature column of the model (``names``).
+
+    :raises ValueError: naming the missing columns.
+    """
+    missing = [n for n in names if n not in columns]
+    if missing:
+        raise ValueError(f"{data}: the model needs the columns {missing}, which the table lacks "
+                         f"(it has {columns})")
+
+
 def _prediction_columns(pred, quantiles: list[float], targets: list[str]) -> tuple[list[str], list]:
     """The CSV's header and columns: class probabilities and the most probable class, the
     probability of ``y = 1``, or (regression, counts) the mean, standard deviation and
@@ -379,7 +484,7 @@ def _prediction_columns(pred, quantiles: list[float], targets: list[str]) -> tup
         return header, list(mean.T) + [np.argmax(mean, axis=-1)]
     if pred.likelihood == "bernoulli":
         return ["probability", "std"], [mean, std]
-    qs = np.asarray(predictive_quantiles(pred, quantiles))  # (Q, N) or (Q, N, T)
+    qs = np.asarray(predictive_quantiles(pred, np.asarray(quantiles, np.float64)))  # (Q, N) or (Q, N, T)
     if mean.ndim == 1:
         return ["mean", "std"] + [f"q{q:g}" for q in quantiles], [mean, std] + list(qs)
     header, columns = [], []

@@ -46,6 +46,7 @@ from numpyro_dgp._persist.uci_files import (
     resolve_uci_name,
     standardize_stats,
 )
+from numpyro_dgp._validation import check_choice
 
 __all__ = [
     "Dataset",
@@ -145,21 +146,33 @@ class UCISplit(NamedTuple):
 # ----------------------------------------------------------------------------------------
 
 
-def _numpy_rng(rng_key) -> np.random.Generator:
-    # Seed a NumPy generator from the JAX key so the data are float64 and reproducible
-    # whether or not jax_enable_x64 is set (jax.random would give float32 without it).
+def _check_rng_key(rng_key: jax.Array) -> np.ndarray:
+    """Four ``uint32`` words drawn with ``rng_key`` (the seed of a NumPy generator).
+
+    :raises TypeError: ``rng_key`` is not a JAX PRNG key.
+    """
     # jax.random.bits accepts both raw uint32 keys (PRNGKey) and typed keys (key).
     try:
-        seed = np.asarray(jax.random.bits(rng_key, (4,), jnp.uint32))
+        return np.asarray(jax.random.bits(rng_key, (4,), jnp.uint32))
     except Exception as err:  # noqa: BLE001 - re-raised with a clearer message
         raise TypeError(
             f"rng_key must be a JAX PRNG key (jax.random.key or jax.random.PRNGKey), "
             f"got {type(rng_key).__name__}: {err}"
         ) from err
+
+
+def _numpy_rng(rng_key: jax.Array) -> np.random.Generator:
+    # Seed a NumPy generator from the JAX key so the data are float64 and reproducible
+    # whether or not jax_enable_x64 is set (jax.random would give float32 without it).
+    seed = _check_rng_key(rng_key)
     return np.random.default_rng([int(s) for s in seed])
 
 
 def _check_toy_args(num_train: int, num_test: int, noise_std: float) -> None:
+    """Raise unless the sizes are positive integers and ``noise_std`` a finite number >= 0.
+
+    :raises ValueError: otherwise.
+    """
     for arg_name, value in (("num_train", num_train), ("num_test", num_test)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{arg_name} must be a positive integer, got {value!r}")
@@ -172,7 +185,7 @@ def _check_toy_args(num_train: int, num_test: int, noise_std: float) -> None:
 
 
 def _toy_problem(
-    rng_key,
+    rng_key: jax.Array,
     fn: Callable[[np.ndarray], np.ndarray],
     name: str,
     num_train: int,
@@ -299,6 +312,30 @@ def uci_split_indices(
     return train_idx, test_idx
 
 
+def _check_float_dtype(dtype: DTypeLike) -> np.dtype:
+    """``dtype`` as a NumPy dtype, checked to be a floating one.
+
+    :raises ValueError: otherwise.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+    return dtype
+
+
+def _check_disjoint(train_idx: np.ndarray, test_idx: np.ndarray, split: int, canonical: str) -> None:
+    """Raise if a row is in both the training and the test indices of ``split``.
+
+    :raises ValueError: naming how many rows are.
+    """
+    overlap = np.intersect1d(train_idx, test_idx)
+    if overlap.size:
+        raise ValueError(
+            f"split={split} of {canonical!r}: {overlap.size} row(s) appear in both "
+            f"index_train_{split}.txt and index_test_{split}.txt"
+        )
+
+
 def load_uci(
     name: os.PathLike | str,
     split: int = 0,
@@ -323,21 +360,14 @@ def load_uci(
         overlapping train/test indices.
     :raises FileNotFoundError: missing data directory or files.
     """
-    dtype = np.dtype(dtype)
-    if dtype.kind != "f":
-        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+    dtype = _check_float_dtype(dtype)
     canonical, folder = dataset_dir(name, data_dir)
     split = check_split(split, num_uci_splits(folder), canonical)
     X, y, num_rows = read_features_and_target(folder)
 
     train_idx = read_indices(folder / f"index_train_{split}.txt", upper=num_rows)
     test_idx = read_indices(folder / f"index_test_{split}.txt", upper=num_rows)
-    overlap = np.intersect1d(train_idx, test_idx)
-    if overlap.size:
-        raise ValueError(
-            f"split={split} of {canonical!r}: {overlap.size} row(s) appear in both "
-            f"index_train_{split}.txt and index_test_{split}.txt"
-        )
+    _check_disjoint(train_idx, test_idx, split, canonical)
     return _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split)
 
 
@@ -369,17 +399,7 @@ def random_uci_split(
     :raises ValueError: fractions out of range, an empty held-out part, an unknown ``part``
         or a non-floating ``dtype``.
     """
-    dtype = np.dtype(dtype)
-    if dtype.kind != "f":
-        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
-    # the tolerance lets 0.8 + 0.2 (1.0000000000000002 in floating point) through
-    if not (0 < train_fraction < 1 and 0 < test_fraction <= 1 - train_fraction + 1e-12):
-        raise ValueError(
-            f"random_uci_split: need 0 < train_fraction < 1 and 0 < test_fraction <= 1 - train_fraction, "
-            f"got {train_fraction}, {test_fraction}"
-        )
-    if part not in ("test", "validation"):
-        raise ValueError(f"random_uci_split: part must be 'test' or 'validation', got {part!r}")
+    dtype = _check_random_split_args(dtype, train_fraction, test_fraction, part)
     canonical, folder = dataset_dir(name, data_dir)
     X, y, num_rows = read_features_and_target(folder)
     perm = np.random.default_rng(int(seed)).permutation(num_rows)
@@ -387,12 +407,37 @@ def random_uci_split(
     num_test = min(int(round(test_fraction * num_rows)), num_rows - num_train)
     train_idx = perm[:num_train]
     held_out_idx = perm[num_train : num_train + num_test] if part == "test" else perm[num_train + num_test :]
+    _check_held_out(held_out_idx, part, train_fraction, test_fraction, num_rows)
+    return _standardized_split(X, y, train_idx, held_out_idx, dtype, canonical, int(seed))
+
+
+def _check_random_split_args(dtype: DTypeLike, train_fraction: float, test_fraction: float, part: str) -> np.dtype:
+    """``dtype`` as a floating NumPy dtype, with the fractions and ``part`` checked.
+
+    :raises ValueError: a non-floating dtype, fractions out of range or an unknown ``part``.
+    """
+    dtype = _check_float_dtype(dtype)
+    # the tolerance lets 0.8 + 0.2 (1.0000000000000002 in floating point) through
+    if not (0 < train_fraction < 1 and 0 < test_fraction <= 1 - train_fraction + 1e-12):
+        raise ValueError(
+            f"random_uci_split: need 0 < train_fraction < 1 and 0 < test_fraction <= 1 - train_fraction, "
+            f"got {train_fraction}, {test_fraction}"
+        )
+    check_choice(part, ("test", "validation"), "part", "random_uci_split")
+    return dtype
+
+
+def _check_held_out(held_out_idx: np.ndarray, part: str, train_fraction: float, test_fraction: float,
+                    num_rows: int) -> None:
+    """Raise if the held-out ``part`` of a random split has no rows.
+
+    :raises ValueError: otherwise.
+    """
     if held_out_idx.size == 0:
         raise ValueError(
             f"random_uci_split: the {part} part is empty (train_fraction={train_fraction}, "
             f"test_fraction={test_fraction}, {num_rows} rows)"
         )
-    return _standardized_split(X, y, train_idx, held_out_idx, dtype, canonical, int(seed))
 
 
 def _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split):

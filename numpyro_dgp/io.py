@@ -32,7 +32,7 @@ import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal, overload
 
 import jax
 import jax.numpy as jnp
@@ -62,7 +62,11 @@ def _is_ml_dtype(dtype: np.dtype) -> bool:
     return dtype.kind == "V" and getattr(dtype.type, "__module__", "").startswith("ml_dtypes")
 
 
-def _ml_dtype(name: str) -> np.dtype:
+def _check_ml_dtype(name: str) -> np.dtype:
+    """The ``ml_dtypes`` dtype a raw-encoded member records by name.
+
+    :raises ValueError: a name ``ml_dtypes`` does not define.
+    """
     import ml_dtypes
 
     try:
@@ -71,7 +75,11 @@ def _ml_dtype(name: str) -> np.dtype:
         raise ValueError(f"unsupported stored dtype {name!r}") from err
 
 
-def _to_numpy(value: Any, key_path: tuple[str, ...]) -> np.ndarray:
+def _check_leaf(value: Any, key_path: tuple[str, ...]) -> np.ndarray:
+    """``value`` as a NumPy array that :func:`save_params` can store.
+
+    :raises TypeError: a value that is not a numeric or boolean array.
+    """
     where = _key_repr(key_path)
     if value is None or isinstance(value, (str, bytes, bytearray)):
         raise TypeError(f"{where} must be array-like, got {type(value).__name__}")
@@ -90,23 +98,31 @@ def _to_numpy(value: Any, key_path: tuple[str, ...]) -> np.ndarray:
     return arr
 
 
+def _check_key(key: Any, key_path: tuple[str, ...]) -> None:
+    """Raise unless ``key`` (an entry of the dict at ``key_path``) is a string.
+
+    :raises TypeError: otherwise.
+    """
+    if not isinstance(key, str):
+        raise TypeError(
+            f"keys must be strings, got {type(key).__name__} key {key!r} in "
+            f"{_key_repr(key_path)}"
+        )
+
+
 def _encode(
     tree: Mapping, key_path: tuple[str, ...], members: dict[str, np.ndarray]
 ) -> dict[str, Any]:
-    items = []
+    items: list[list[Any]] = []
     for key, value in tree.items():
-        if not isinstance(key, str):
-            raise TypeError(
-                f"keys must be strings, got {type(key).__name__} key {key!r} in "
-                f"{_key_repr(key_path)}"
-            )
+        _check_key(key, key_path)
         child_path = key_path + (key,)
         if isinstance(value, Mapping):
             items.append([key, _encode(value, child_path, members)])
             continue
-        arr = _to_numpy(value, child_path)
+        arr = _check_leaf(value, child_path)
         name = f"a{len(members)}"
-        node = {"type": "array", "name": name, "dtype": arr.dtype.name, "shape": list(arr.shape)}
+        node: dict[str, Any] = {"type": "array", "name": name, "dtype": arr.dtype.name, "shape": list(arr.shape)}
         if _is_ml_dtype(arr.dtype):
             node["encoding"] = "raw"
             # Bytes as uint8 keep the exact bits; reshape(-1) first so 0-d arrays can be viewed.
@@ -142,6 +158,43 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def _check_save_arguments(params: Any, metadata: Any) -> None:
+    """Raise unless ``params`` is a mapping and ``metadata`` a mapping or ``None``.
+
+    :raises TypeError: otherwise.
+    """
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of str -> array, got {type(params).__name__}")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a mapping or None, got {type(metadata).__name__}")
+
+
+def _check_header_json(header: dict[str, Any]) -> str:
+    """The header as JSON text.
+
+    :raises TypeError: metadata that JSON cannot hold.
+    """
+    try:
+        return json.dumps(header)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"metadata must be JSON-serializable: {err}") from err
+
+
+def _check_target_path(path: Path) -> None:
+    """Raise unless ``path`` can be written: its directory exists and it is not a directory.
+
+    :raises FileNotFoundError: the directory does not exist.
+    :raises IsADirectoryError: ``path`` is a directory.
+    """
+    directory = path.parent
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            f"directory {str(directory)!r} for path={str(path)!r} does not exist"
+        )
+    if path.is_dir():
+        raise IsADirectoryError(f"path={str(path)!r} is a directory, expected a file path")
+
+
 def save_params(
     path: os.PathLike | str, params: Mapping[str, Any], metadata: Mapping[str, Any] | None = None
 ) -> Path:
@@ -165,10 +218,7 @@ def save_params(
     :raises IsADirectoryError: ``path`` is a directory.
     """
     path = Path(os.fspath(path)).expanduser()
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params must be a mapping of str -> array, got {type(params).__name__}")
-    if metadata is not None and not isinstance(metadata, Mapping):
-        raise TypeError(f"metadata must be a mapping or None, got {type(metadata).__name__}")
+    _check_save_arguments(params, metadata)
 
     # Convert and validate everything before touching the file system.
     members: dict[str, np.ndarray] = {}
@@ -180,19 +230,9 @@ def save_params(
         "tree": tree,
         "metadata": dict(metadata) if metadata is not None else {},
     }
-    try:
-        header_json = json.dumps(header)
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"metadata must be JSON-serializable: {err}") from err
-    members[_HEADER_KEY] = np.array(header_json, dtype=np.str_)
-
+    members[_HEADER_KEY] = np.array(_check_header_json(header), dtype=np.str_)
+    _check_target_path(path)
     directory = path.parent
-    if not directory.is_dir():
-        raise FileNotFoundError(
-            f"directory {str(directory)!r} for path={str(path)!r} does not exist"
-        )
-    if path.is_dir():
-        raise IsADirectoryError(f"path={str(path)!r} is a directory, expected a file path")
 
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
@@ -220,57 +260,100 @@ def save_params(
     return path
 
 
-def _decode(node: Any, key_path: tuple[str, ...], members: Mapping[str, np.ndarray]) -> Any:
+def _check_node(node: Any, key_path: tuple[str, ...]) -> None:
+    """Raise unless ``node`` is a dict or array entry of the header's tree.
+
+    :raises ValueError: otherwise.
+    """
     if not isinstance(node, dict) or node.get("type") not in ("dict", "array"):
         raise ValueError(f"malformed tree entry at {_key_repr(key_path)}")
-    if node["type"] == "dict":
-        out = {}
-        for item in node.get("items", []):
-            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
-                raise ValueError(f"malformed tree entry inside {_key_repr(key_path)}")
-            out[item[0]] = _decode(item[1], key_path + (item[0],), members)
-        return out
 
-    where = _key_repr(key_path)
+
+def _check_item(item: Any, key_path: tuple[str, ...]) -> None:
+    """Raise unless ``item`` (of the dict entry at ``key_path``) is a ``[key, entry]`` pair.
+
+    :raises ValueError: otherwise.
+    """
+    if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+        raise ValueError(f"malformed tree entry inside {_key_repr(key_path)}")
+
+
+def _check_array_entry(
+    node: dict[str, Any], where: str, members: Mapping[str, np.ndarray]
+) -> tuple[np.ndarray, tuple[int, ...], np.dtype | None]:
+    """``(member, shape, dtype)`` of an array entry checked against its archive member
+    (``dtype``: the ``ml_dtypes`` type of a raw-encoded member, else ``None``).
+
+    :raises ValueError: a missing member, one that does not match the recorded dtype and shape,
+        or an unknown encoding.
+    """
     name = node.get("name")
     if name not in members:
         raise ValueError(f"array for {where} (member {name!r}) is missing")
-    arr = members[name]
+    arr = members[node["name"]]
     shape = tuple(node.get("shape", ()))
     encoding = node.get("encoding")
     if encoding == "raw":
-        dtype = _ml_dtype(node["dtype"])
+        dtype = _check_ml_dtype(node["dtype"])
         expected_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if arr.dtype != np.uint8 or arr.size != expected_bytes:
             raise ValueError(f"array for {where} does not match its recorded dtype/shape")
-        arr = arr.view(dtype).reshape(shape)
-    elif encoding == "npy":
+        return arr, shape, dtype
+    if encoding == "npy":
         if arr.dtype != np.dtype(node["dtype"]) or arr.shape != shape:
             raise ValueError(
                 f"array for {where} has dtype {arr.dtype} and shape {arr.shape}, but the "
                 f"header records {node['dtype']} and {shape}"
             )
-    else:
-        raise ValueError(f"unknown encoding {encoding!r} for {where}")
-    return arr
+        return arr, shape, None
+    raise ValueError(f"unknown encoding {encoding!r} for {where}")
 
 
-def _read_archive(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    loaded = np.load(path, allow_pickle=False)
+def _decode(node: Any, key_path: tuple[str, ...], members: Mapping[str, np.ndarray]) -> Any:
+    _check_node(node, key_path)
+    if node["type"] == "dict":
+        out = {}
+        for item in node.get("items", []):
+            _check_item(item, key_path)
+            out[item[0]] = _decode(item[1], key_path + (item[0],), members)
+        return out
+    arr, shape, raw_dtype = _check_array_entry(node, _key_repr(key_path), members)
+    return arr if raw_dtype is None else arr.view(raw_dtype).reshape(shape)
+
+
+def _check_npz(loaded: Any) -> None:
+    """Raise unless ``loaded`` (what ``np.load`` gave) is an archive holding the header (an
+    archive without it is closed).
+
+    :raises ValueError: otherwise.
+    """
     if not isinstance(loaded, np.lib.npyio.NpzFile):
         raise ValueError("file is a single .npy array, not an .npz archive")
-    with loaded as npz:
-        if _HEADER_KEY not in npz.files:
-            raise ValueError("no numpyro_dgp header found (not written by save_params?)")
-        # Read every member now: truncation/CRC errors surface here, not later.
-        members = {name: npz[name] for name in npz.files}
-    header_arr = members.pop(_HEADER_KEY)
+    if _HEADER_KEY not in loaded.files:
+        loaded.close()
+        raise ValueError("no numpyro_dgp header found (not written by save_params?)")
+
+
+def _check_header(header_arr: np.ndarray) -> dict[str, Any]:
+    """The header read from its member.
+
+    :raises ValueError: a member that is not a JSON string describing a parameter file.
+    """
     if header_arr.dtype.kind != "U" or header_arr.shape != ():
         raise ValueError("header is not a JSON string")
     header = json.loads(str(header_arr[()]))
     if not isinstance(header, dict) or header.get("format") != _FORMAT_NAME:
         raise ValueError("header does not describe a numpyro_dgp parameter file")
-    return header, members
+    return header
+
+
+def _read_archive(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    loaded = np.load(path, allow_pickle=False)
+    _check_npz(loaded)
+    with loaded as npz:
+        # Read every member now: truncation/CRC errors surface here, not later.
+        members = {name: npz[name] for name in npz.files}
+    return _check_header(members.pop(_HEADER_KEY)), members
 
 
 def _check_jax_representable(arr: np.ndarray, where: str, path: Path) -> None:
@@ -309,6 +392,86 @@ def _check_against_model(params: dict, model: Callable, guide: Callable | None, 
         set_up_guide(guide, jax.random.PRNGKey(0), args, kwargs)
     check_params_against(param_specs(model, guide, args, kwargs), params, f"load_params({str(path)!r})",
                          allow_missing=not strict, allow_unexpected=not strict, hint=STRICT_HINT)
+
+
+def _check_load_arguments(path: os.PathLike | str, model: Callable | None, guide: Callable | None, args: tuple,
+                          kwargs: Mapping[str, Any] | None) -> Path:
+    """``path`` as a :class:`~pathlib.Path`, checked to be a file; ``guide``, ``args`` and
+    ``kwargs`` checked to come with ``model``.
+
+    :raises ValueError: ``guide``, ``args`` or ``kwargs`` without ``model``.
+    :raises FileNotFoundError: ``path`` does not exist.
+    :raises IsADirectoryError: ``path`` is a directory.
+    """
+    if model is None and (guide is not None or args or kwargs):
+        raise ValueError("load_params: guide=, args= and kwargs= are for the check against model=; pass model= too")
+    path = Path(os.fspath(path)).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"parameter file path={str(path)!r} does not exist")
+    if path.is_dir():
+        raise IsADirectoryError(f"path={str(path)!r} is a directory, expected a parameter file")
+    return path
+
+
+def _check_archive(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """``(header, members)`` of the parameter file at ``path``.
+
+    :raises ValueError: a file that is truncated, corrupt or not written by :func:`save_params`.
+    """
+    try:
+        return _read_archive(path)
+    except (PermissionError, MemoryError):
+        raise
+    except Exception as err:  # noqa: BLE001 - zipfile, zlib, EOF, JSON and format errors
+        raise ValueError(
+            f"could not read parameter file {str(path)!r} (truncated, corrupt or not an "
+            f"npz written by save_params): {type(err).__name__}: {err}"
+        ) from err
+
+
+def _check_format_version(header: dict, path: Path) -> None:
+    """Raise unless the header's format version is one this library reads.
+
+    :raises ValueError: otherwise.
+    """
+    version = header.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+        raise ValueError(
+            f"parameter file {str(path)!r} has format_version={version!r}; this library "
+            f"reads versions 1..{FORMAT_VERSION} (upgrade numpyro_dgp to read it)"
+        )
+
+
+def _check_tree(header: dict, members: dict[str, np.ndarray], path: Path) -> dict:
+    """The parameter dict the header's tree describes, its arrays checked against the members.
+
+    :raises ValueError: a corrupt tree, or one whose top level is not a dict.
+    """
+    try:
+        params = _decode(header.get("tree"), (), members)
+    except ValueError as err:
+        raise ValueError(f"parameter file {str(path)!r} is corrupt: {err}") from err
+    if not isinstance(params, dict):
+        raise ValueError(f"parameter file {str(path)!r} is corrupt: top level is not a dict")
+    return params
+
+
+@overload
+def load_params(path: os.PathLike | str, return_metadata: Literal[False] = False, *, as_numpy: bool = False,
+                model: Callable | None = None, guide: Callable | None = None, args: tuple = (),
+                kwargs: Mapping[str, Any] | None = None, strict: bool = True) -> dict: ...
+
+
+@overload
+def load_params(path: os.PathLike | str, return_metadata: Literal[True], *, as_numpy: bool = False,
+                model: Callable | None = None, guide: Callable | None = None, args: tuple = (),
+                kwargs: Mapping[str, Any] | None = None, strict: bool = True) -> tuple[dict, dict]: ...
+
+
+@overload
+def load_params(path: os.PathLike | str, return_metadata: bool = False, *, as_numpy: bool = False,
+                model: Callable | None = None, guide: Callable | None = None, args: tuple = (),
+                kwargs: Mapping[str, Any] | None = None, strict: bool = True) -> dict | tuple[dict, dict]: ...
 
 
 def load_params(
@@ -353,36 +516,10 @@ def load_params(
         is off (and ``as_numpy`` is false); ``guide``, ``args`` or ``kwargs`` without ``model``.
     :raises ~numpyro_dgp.ParameterMismatchError: with ``model``, parameters that do not match it.
     """
-    if model is None and (guide is not None or args or kwargs):
-        raise ValueError("load_params: guide=, args= and kwargs= are for the check against model=; pass model= too")
-    path = Path(os.fspath(path)).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"parameter file path={str(path)!r} does not exist")
-    if path.is_dir():
-        raise IsADirectoryError(f"path={str(path)!r} is a directory, expected a parameter file")
-
-    try:
-        header, members = _read_archive(path)
-    except (PermissionError, MemoryError):
-        raise
-    except Exception as err:  # noqa: BLE001 - zipfile, zlib, EOF, JSON and format errors
-        raise ValueError(
-            f"could not read parameter file {str(path)!r} (truncated, corrupt or not an "
-            f"npz written by save_params): {type(err).__name__}: {err}"
-        ) from err
-
-    version = header.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
-        raise ValueError(
-            f"parameter file {str(path)!r} has format_version={version!r}; this library "
-            f"reads versions 1..{FORMAT_VERSION} (upgrade numpyro_dgp to read it)"
-        )
-    try:
-        params = _decode(header.get("tree"), (), members)
-    except ValueError as err:
-        raise ValueError(f"parameter file {str(path)!r} is corrupt: {err}") from err
-    if not isinstance(params, dict):
-        raise ValueError(f"parameter file {str(path)!r} is corrupt: top level is not a dict")
+    path = _check_load_arguments(path, model, guide, args, kwargs)
+    header, members = _check_archive(path)
+    _check_format_version(header, path)
+    params = _check_tree(header, members, path)
 
     if not as_numpy:
         params = _to_jax(params, (), path)

@@ -21,7 +21,7 @@ hyperparameter; traced values (a kernel built inside ``jit`` or ``vmap``) are no
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -76,12 +76,27 @@ def _check_hyperparameter(kernel: str, name: str, value: Any) -> None:
         raise ValueError(f"{kernel}: {name} must be finite and positive, got {value!r}")
 
 
+def _check_hyperparameter_names(kernel: Kernel, values: dict[str, Any]) -> None:
+    """The names given to :meth:`Kernel.replace` must be the kernel's hyperparameters.
+
+    :raises ValueError: naming the unknown ones.
+    """
+    unknown = set(values) - set(kernel.hyperparameters())
+    if unknown:
+        raise ValueError(
+            f"{type(kernel).__name__} has no hyperparameter(s) {sorted(unknown)}; "
+            f"it has {sorted(kernel.hyperparameters())}"
+        )
+
+
 class Kernel:
     """Base class. Subclasses are frozen dataclasses whose fields listed in
     ``_hyperparameter_names`` are the positive hyperparameters (the pytree leaves); every
     other field is static."""
 
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ()
+    if TYPE_CHECKING:  # every concrete kernel is a dataclass (dataclasses.replace and fields take it)
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __post_init__(self) -> None:
         # dataclass constructors and dataclasses.replace call this; pytree unflattening
@@ -108,12 +123,7 @@ class Kernel:
 
     def replace(self, **values: Any) -> Kernel:
         """A copy with some hyperparameters replaced (names as in :meth:`hyperparameters`)."""
-        unknown = set(values) - set(self.hyperparameters())
-        if unknown:
-            raise ValueError(
-                f"{type(self).__name__} has no hyperparameter(s) {sorted(unknown)}; "
-                f"it has {sorted(self.hyperparameters())}"
-            )
+        _check_hyperparameter_names(self, values)
         return dataclasses.replace(self, **values)
 
     def with_input_dim(self, input_dim: int) -> Kernel:
@@ -146,7 +156,8 @@ def _flatten_kernel(kernel: Kernel) -> tuple[tuple, tuple]:
     return tuple(getattr(kernel, n) for n in names), static
 
 
-def _unflatten_kernel(cls: type, static: tuple, leaves: tuple) -> Kernel:
+def _unflatten_kernel(cls: type[Kernel], static: tuple, leaves: tuple) -> Kernel:
+    out: Kernel
     if issubclass(cls, _Combination):
         out = object.__new__(cls)
         object.__setattr__(out, "kernels", tuple(leaves))
@@ -157,6 +168,18 @@ def _unflatten_kernel(cls: type, static: tuple, leaves: tuple) -> Kernel:
     for name, value in static:
         object.__setattr__(out, name, value)
     return out
+
+
+def _check_lengthscale_length(kernel: str, ls: jax.Array, input_dim: int) -> None:
+    """A vector of lengthscales has one entry, or one per input dimension.
+
+    :raises ValueError: for another length.
+    """
+    if ls.ndim == 1 and ls.shape[0] not in (1, input_dim):
+        raise ValueError(
+            f"{kernel}.lengthscale has shape {ls.shape}, "
+            f"but the layer input has {input_dim} dimensions"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,13 +204,9 @@ class Stationary(Kernel):
         :raises ValueError: if the lengthscales are a vector of another length than ``input_dim``.
         """
         ls = jnp.asarray(self.lengthscale)
+        _check_lengthscale_length(type(self).__name__, ls, input_dim)
         if self.ard and ls.ndim == 0:
             return dataclasses.replace(self, lengthscale=jnp.full((input_dim,), ls))
-        if ls.ndim == 1 and ls.shape[0] not in (1, input_dim):
-            raise ValueError(
-                f"{type(self).__name__}.lengthscale has shape {ls.shape}, "
-                f"but the layer input has {input_dim} dimensions"
-            )
         return self
 
     # Profiles with a kink at r = 0 (Matern12) set squared distances below the round-off of
@@ -235,7 +254,7 @@ class Stationary(Kernel):
 # the dozen operations of a Gram matrix would otherwise each compile on their own at every new
 # shape; inside jit, grad or vmap it is inlined like any nested jit.
 def _gram(kernel: Stationary, X1: jax.Array, X2: jax.Array) -> jax.Array:
-    return kernel.variance * kernel._profile(kernel._scaled_sqdist(X1, X2))
+    return jnp.asarray(kernel.variance) * kernel._profile(kernel._scaled_sqdist(X1, X2))
 
 
 _stationary_gram = jax.jit(_gram)
@@ -310,7 +329,7 @@ class Periodic(Kernel):
         X1, X2 = _check_inputs(X1, X2)
         diff = X1[:, None, :] - X2[None, :, :]
         s = jnp.sin(jnp.pi * diff / self.period) / jnp.asarray(self.lengthscale)
-        return self.variance * jnp.exp(-2.0 * jnp.sum(s**2, -1))
+        return jnp.asarray(self.variance) * jnp.exp(-2.0 * jnp.sum(s**2, -1))
 
     def diag(self, X: ArrayLike) -> jax.Array:
         """Diagonal of ``self(X, X)``: ``variance`` at every point, shape ``(N,)``."""
@@ -331,12 +350,22 @@ class Linear(Kernel):
     def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
         """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default ``X1``)."""
         X1, X2 = _check_inputs(X1, X2)
-        return self.variance * (X1 @ X2.T)
+        return jnp.asarray(self.variance) * (X1 @ X2.T)
 
     def diag(self, X: ArrayLike) -> jax.Array:
         """Diagonal of ``self(X, X)``: ``variance * |x|^2`` per point, shape ``(N,)``."""
         X = _check_diag_input(X)
-        return self.variance * jnp.sum(X**2, -1)
+        return jnp.asarray(self.variance) * jnp.sum(X**2, -1)
+
+
+def _check_parts(combination: str, kernels: tuple) -> None:
+    """The parts of a sum or product must be kernels.
+
+    :raises TypeError: naming the first part that is not.
+    """
+    for k in kernels:
+        if not isinstance(k, Kernel):
+            raise TypeError(f"{combination} takes Kernel objects, got {type(k)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,10 +379,9 @@ class _Combination(Kernel):
     kernels: tuple
 
     def __init__(self, *kernels: Kernel) -> None:
-        flat = []
+        _check_parts(type(self).__name__, kernels)
+        flat: list[Kernel] = []
         for k in kernels:
-            if not isinstance(k, Kernel):
-                raise TypeError(f"{type(self).__name__} takes Kernel objects, got {type(k)}")
             # flatten nested combinations of the same kind so names stay short
             flat.extend(k.kernels if type(k) is type(self) else [k])
         object.__setattr__(self, "kernels", tuple(flat))
@@ -368,12 +396,7 @@ class _Combination(Kernel):
 
     def replace(self, **values: Any) -> _Combination:
         """A copy with some parts' hyperparameters replaced (names ``"k<i>.<name>"``)."""
-        unknown = set(values) - set(self.hyperparameters())
-        if unknown:
-            raise ValueError(
-                f"{type(self).__name__} has no hyperparameter(s) {sorted(unknown)}; "
-                f"it has {sorted(self.hyperparameters())}"
-            )
+        _check_hyperparameter_names(self, values)
         parts = []
         for i, k in enumerate(self.kernels):
             prefix = f"k{i}."

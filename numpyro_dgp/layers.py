@@ -134,7 +134,7 @@ class Layer(NamedTuple):
     prior_mean: jax.Array | None = None
     inducing: str = "global"
     noise: jax.Array | None = None
-    mean_affine: tuple[jax.Array, jax.Array] | None = None
+    mean_affine: tuple[jax.Array, jax.Array] | tuple[None, None] | None = None
 
 
 def layer_moments(
@@ -155,6 +155,9 @@ def layer_moments(
     :return: ``(mean (N, P), var (N, P))``, or ``(mean (N, P), cov (P, N, N))`` if ``full_cov``.
     :raises NotImplementedError: for ``full_cov`` on a layer with per-point inducing sets.
     """
+    # arrays are kept as they are (moment propagation tells a layer's input by its identity)
+    X, q_mean = (a if isinstance(a, jax.Array) else jnp.asarray(a) for a in (X, q_mean))
+    q_sqrt = q_sqrt if q_sqrt is None or isinstance(q_sqrt, jax.Array) else jnp.asarray(q_sqrt)
     mean, var = _noiseless_moments(layer, X, q_mean, q_sqrt, full_cov)
     if layer.noise is None:
         return mean, var
@@ -163,16 +166,24 @@ def layer_moments(
     return mean, var + layer.noise
 
 
+def _check_covariance_request(layer: Layer, full_cov: bool) -> None:
+    """Covariances over the points exist only for layers with global inducing points.
+
+    :raises NotImplementedError: for ``full_cov`` on a layer with per-point inducing sets.
+    """
+    if layer.inducing == "amortized" and full_cov:
+        raise NotImplementedError(
+            f"layer {layer.name!r} has per-point inducing sets (inducing='amortized'): its "
+            "outputs are independent across points given the sets, so only marginals exist"
+        )
+
+
 def _noiseless_moments(
     layer: Layer, X: jax.Array, q_mean: jax.Array, q_sqrt: jax.Array | None, full_cov: bool
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`layer_moments` of the GP ``f`` itself (the layer's noise not added)."""
+    _check_covariance_request(layer, full_cov)
     if layer.inducing == "amortized":
-        if full_cov:
-            raise NotImplementedError(
-                f"layer {layer.name!r} has per-point inducing sets (inducing='amortized'): its "
-                "outputs are independent across points given the sets, so only marginals exist"
-            )
         return amortized_moments(layer, X, q_mean, q_sqrt)
     if X.ndim == 3 and not full_cov:  # a leading branch axis: every branch's points alike
         mean, var = _noiseless_moments(layer, X.reshape(-1, X.shape[-1]), q_mean, q_sqrt, False)
@@ -205,6 +216,7 @@ def amortized_moments(
         or ``None``.
     :return: ``(mean, var)``, each of shape ``X.shape[:-1] + (P,)``.
     """
+    assert layer.prior_mean is not None  # an amortized layer always has its sets' prior means
     q_mean = q_mean - layer.prior_mean
 
     def base(Z, L, X, m, s):
@@ -219,7 +231,8 @@ def amortized_moments(
 
 
 def sample_moments(
-    rng_key: jax.Array, mean: ArrayLike, var: ArrayLike, full_cov: bool = False, jitter: float | None = None
+    rng_key: jax.Array, mean: ArrayLike, var: ArrayLike, full_cov: bool = False,
+    jitter: float | jax.Array | None = None,
 ) -> jax.Array:
     """One reparameterized draw from the moments returned by :func:`layer_moments`.
 
@@ -236,6 +249,7 @@ def sample_moments(
     if full_cov:
         jitter = default_jitter(jnp.result_type(var)) if jitter is None else jitter
         L = jittered_cholesky(var, jitter)  # (P, N, N)
+        mean = jnp.asarray(mean)
         eps = jax.random.normal(rng_key, mean.shape[::-1], mean.dtype)  # (P, N)
         return mean + jnp.einsum("pnm,pm->np", L, eps)
     return _diagonal_draw(rng_key, jnp.asarray(mean), jnp.asarray(var))
@@ -331,8 +345,8 @@ def gp_layer(
     kernel = hyperparameter_sites(name, kernel.with_input_dim(in_dim), X.dtype, args.priors, learn_hyperparameters)
     Z = _inducing_inputs(name, args, num_inducing, learn_inducing)
     mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
-    noise = noise_variance(name, noise, X.dtype)
-    Kmm_chol, jitter = _inducing_factor(kernel, Z, args.jitter)
+    noise_var = noise_variance(name, noise, X.dtype)
+    Kmm_chol, layer_jitter = _inducing_factor(kernel, Z, args.jitter)
     # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
     prior_mean = mean_fn(Z).T if args.locations else jnp.zeros((out_dim, Z.shape[0]), X.dtype)
     u_site = f"{name}.u"
@@ -344,8 +358,8 @@ def gp_layer(
     # NumPyro draws in the default float type; keep the layer in its inputs' precision
     u = jnp.asarray(u, X.dtype)
     layer = Layer(
-        name, kernel, Z, Kmm_chol, mean_fn, args.whiten, jitter, out_dim, u_site, prior_mean, inducing, noise,
-        mean_affine,
+        name, kernel, Z, Kmm_chol, mean_fn, args.whiten, layer_jitter, out_dim, u_site, prior_mean, inducing,
+        noise_var, mean_affine,
     )
     out = _emit_layer(layer, X, u)
     return (out, u.T) if args.locations else out
@@ -356,9 +370,11 @@ def _inducing_inputs(name: str, args: LayerArgs, num_inducing: int | None, learn
     given inputs or by k-means on ``X``."""
     if args.propagated_Z is not None:
         return args.propagated_Z
+    init: jax.Array | Callable[[jax.Array], jax.Array]
     if args.inducing_inputs is not None:
         init = args.inducing_inputs
     else:
+        assert num_inducing is not None  # check_layer_args: given when inducing_inputs is not
         in_dim = args.X.shape[-1]
         points = jax.lax.stop_gradient(args.X.reshape(-1, in_dim))
         # A fixed key: the same data give the same inducing inputs in every run of the model
@@ -375,8 +391,8 @@ def _inducing_factor(kernel: Kernel, Z: jax.Array, jitter: float) -> tuple[jax.A
     Kmm = kernel(Z)
     # Relative to the prior variance, as for per-point sets: a classifier's output layer grows
     # its kernel variance to ~100, and a fixed 1e-4 then falls below float32 round-off.
-    jitter = jitter * _mean_diagonal(Kmm)
-    return jittered_cholesky(Kmm, jitter), jitter
+    absolute = jitter * _mean_diagonal(Kmm)
+    return jittered_cholesky(Kmm, absolute), absolute
 
 
 def _inducing_prior(
@@ -417,7 +433,7 @@ def _emit_layer(layer: Layer, X: jax.Array, u: jax.Array) -> jax.Array:
 
 def _amortized_layer(
     name: str,
-    X: ArrayLike,
+    X: ArrayLike | tuple[ArrayLike, ArrayLike],
     kernel: Kernel,
     *,
     num_inducing: int | None,
@@ -436,10 +452,11 @@ def _amortized_layer(
     X, data_plate, jitter = check_amortized_args(name, X, kernel, num_inducing=num_inducing, out_dim=out_dim,
                                                   inducing_inputs=inducing_inputs, priors=priors, whiten=whiten,
                                                   jitter=jitter)
+    assert num_inducing is not None  # check_amortized_args: a positive integer
     D, M = X.shape[-1], int(num_inducing)
     kernel = hyperparameter_sites(name, kernel.with_input_dim(D), X.dtype, {}, learn_hyperparameters)
     mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, D), D, out_dim)
-    noise = noise_variance(name, noise, X.dtype)
+    noise_var = noise_variance(name, noise, X.dtype)
     Z, p = _amortized_inducing_inputs(name, X, M, learn_inducing)
     Kzz = jax.vmap(kernel)(Z.reshape(-1, M, D)).reshape(Z.shape[:-1] + (M,))
     # The jitter is relative to each set's prior variance: float32 round-off in K(Z_n, Z_n)
@@ -464,7 +481,8 @@ def _amortized_layer(
             "numpyro_dgp.predict to predict"
         )
     layer = Layer(
-        name, kernel, Z, Kzz_chol, mean_fn, False, jitter, out_dim, u_site, prior_mean, "amortized", noise, mean_affine
+        name, kernel, Z, Kzz_chol, mean_fn, False, jitter, out_dim, u_site, prior_mean, "amortized", noise_var,
+        mean_affine,
     )
     return _emit_layer(layer, X, jnp.asarray(u, X.dtype))
 
@@ -473,15 +491,24 @@ def _amortized_inducing_inputs(name: str, X: jax.Array, M: int, learn_inducing: 
     """``(Z (..., B, M, D), p)``: each point's inducing inputs, ``M`` learned affine maps
     ``z_m = W_m p + b_m`` of its encoder input ``p`` (``W_m = I``, ``b_m ~ N(0, I)`` at the start,
     from a key fixed by the name, so every run of the model starts from the same maps)."""
-    B, D = X.shape[-2], X.shape[-1]
+    D = X.shape[-1]
     weight = numpyro.param(f"{name}.inducing_maps.weight",
                            lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)))
     bias_key = jax.random.PRNGKey(zlib.crc32(name.encode()))
     bias = numpyro.param(f"{name}.inducing_maps.bias", lambda _: jax.random.normal(bias_key, (M, D), X.dtype))
     if not learn_inducing:
         weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
-    p = send_encoder_input(name, X, default_encoder_input)
+    p = _check_encoder_input(name, send_encoder_input(name, X, default_encoder_input), X)
+    return affine_inducing_inputs(weight, bias, p), p
+
+
+def _check_encoder_input(name: str, p: ArrayLike, X: jax.Array) -> jax.Array:
+    """An amortized layer's encoder input (a handler's rule gives it) as ``(..., B, D)`` in ``X``'s dtype.
+
+    :raises ValueError: for another shape.
+    """
+    B, D = X.shape[-2], X.shape[-1]
     p = jnp.asarray(p, X.dtype)
     if p.shape[-2] != B or p.shape[-1] != D or p.ndim not in (2, 3):
         raise ValueError(f"gp_layer {name!r}: the encoder input must have shape (..., {B}, {D}), got {p.shape}")
-    return affine_inducing_inputs(weight, bias, p), p
+    return p

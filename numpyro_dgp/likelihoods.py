@@ -50,12 +50,14 @@ several outputs are coupled at a point and the quadrature or Monte Carlo rule is
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 from jax.scipy.special import gammaln, ndtr
-from jax.typing import ArrayLike
+from jax.typing import ArrayLike, DTypeLike
 
 from numpyro_dgp._compat import is_tracer
 from numpyro_dgp.core import gauss_hermite
@@ -74,19 +76,26 @@ __all__ = [
 ]
 
 
-def _number(value: ArrayLike, name: str, caller: str) -> float:
+def _check_number(value: Any, name: str, caller: str) -> float:
+    """``value`` as a Python float.
+
+    :raises TypeError: if it is not a number.
+    """
     try:
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{caller}: {name} must be a number, got {value!r}") from None
 
 
-def _outputs(f: ArrayLike, caller: str, minimum: int = 1) -> jax.Array:
+def _check_outputs(f: ArrayLike, caller: str, minimum: int = 1) -> jax.Array:
     """``f`` as an array with an output axis of at least ``minimum`` entries.
 
     An array (or traced array) is kept as the same object: the engine recognizes a likelihood
     built from the last layer's output by identity (``jnp.asarray`` of a value traced for a
-    gradient outside ``jit`` is a new object, and the closed form would be missed)."""
+    gradient outside ``jit`` is a new object, and the closed form would be missed).
+
+    :raises ValueError: for fewer outputs.
+    """
     f = f if isinstance(f, jax.Array) else jnp.asarray(f)
     if f.ndim < 1 or f.shape[-1] < minimum:
         raise ValueError(f"{caller}: f must be the last layer's output (..., num_points, num_outputs) with at least "
@@ -112,11 +121,21 @@ def bernoulli_probit(f: ArrayLike, squash: float = 1e-3) -> dist.BernoulliProbs:
     :return: ``dist.Bernoulli(probs=...)`` (a ``BernoulliProbs``) with the batch shape of
         ``f``.
     """
-    value = _number(squash, "squash", "bernoulli_probit")
-    if not 0.0 <= value < 0.5:
-        raise ValueError(f"bernoulli_probit: squash must satisfy 0 <= squash < 0.5, got {squash!r}")
+    value = _check_squash(squash)
     f = jnp.asarray(f)
     return dist.Bernoulli(probs=value + (1.0 - 2.0 * value) * ndtr(f))
+
+
+def _check_squash(squash: float) -> float:
+    """:func:`bernoulli_probit`'s squash as a float in ``[0, 0.5)``.
+
+    :raises TypeError: if it is not a number.
+    :raises ValueError: outside ``[0, 0.5)``.
+    """
+    value = _check_number(squash, "squash", "bernoulli_probit")
+    if not 0.0 <= value < 0.5:
+        raise ValueError(f"bernoulli_probit: squash must satisfy 0 <= squash < 0.5, got {squash!r}")
+    return value
 
 
 def softmax(f: ArrayLike) -> dist.CategoricalLogits:
@@ -125,7 +144,7 @@ def softmax(f: ArrayLike) -> dist.CategoricalLogits:
     :param f: ``(..., N, C)`` the last layer's output, ``C >= 2``.
     :return: ``dist.Categorical(logits=f)``, batch shape ``(..., N)``; labels in ``0..C-1``.
     """
-    return dist.Categorical(logits=_outputs(f, "softmax", minimum=2))
+    return dist.Categorical(logits=_check_outputs(f, "softmax", minimum=2))
 
 
 class RobustMax(dist.CategoricalProbs):
@@ -147,11 +166,8 @@ class RobustMax(dist.CategoricalProbs):
     requires_closed_form = True
 
     def __init__(self, f: ArrayLike, epsilon: float = 1e-3, *, validate_args: bool | None = None) -> None:
-        f = _outputs(f, "robust_max", minimum=2)
+        f, self.epsilon = _check_robust_max_args(f, epsilon)
         self.latent = f
-        self.epsilon = _number(epsilon, "epsilon", "RobustMax")
-        if not 0.0 < self.epsilon < 1.0:
-            raise ValueError(f"RobustMax: epsilon must lie in (0, 1), got {epsilon!r}")
         C = f.shape[-1]
         largest = jax.nn.one_hot(jnp.argmax(f, axis=-1), C, dtype=f.dtype)
         probs = (1 - self.epsilon) * largest + self.epsilon / (C - 1) * (1 - largest)
@@ -191,6 +207,19 @@ class RobustMax(dist.CategoricalProbs):
         return p * np.log1p(-self.epsilon) + (1 - p) * np.log(self.epsilon / (C - 1))
 
 
+def _check_robust_max_args(f: ArrayLike, epsilon: float) -> tuple[jax.Array, float]:
+    """:class:`RobustMax`'s ``(f, epsilon)``: at least two outputs, ``epsilon`` a float in ``(0, 1)``.
+
+    :raises ValueError: for fewer outputs, or ``epsilon`` outside ``(0, 1)``.
+    :raises TypeError: if ``epsilon`` is not a number.
+    """
+    f = _check_outputs(f, "robust_max", minimum=2)
+    value = _check_number(epsilon, "epsilon", "RobustMax")
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"RobustMax: epsilon must lie in (0, 1), got {epsilon!r}")
+    return f, value
+
+
 def robust_max(f: ArrayLike, epsilon: float = 1e-3) -> RobustMax:
     """Multi-class classification with the robust max (see :class:`RobustMax`).
 
@@ -199,6 +228,18 @@ def robust_max(f: ArrayLike, epsilon: float = 1e-3) -> RobustMax:
     :return: a :class:`RobustMax`, batch shape ``(..., N)``.
     """
     return RobustMax(f, epsilon)
+
+
+def _check_paired_outputs(f: ArrayLike) -> jax.Array:
+    """:class:`HeteroscedasticNormal`'s ``f``: an even number (at least two) of outputs.
+
+    :raises ValueError: otherwise.
+    """
+    f = _check_outputs(f, "heteroscedastic_normal", minimum=2)
+    if f.shape[-1] % 2:
+        raise ValueError("heteroscedastic_normal: f needs an even number of outputs (means, then log-variances), "
+                         f"got {f.shape[-1]}")
+    return f
 
 
 class HeteroscedasticNormal(dist.Normal):
@@ -211,10 +252,7 @@ class HeteroscedasticNormal(dist.Normal):
     pytree_data_fields = ("latent",)
 
     def __init__(self, f: ArrayLike, *, validate_args: bool | None = None) -> None:
-        f = _outputs(f, "heteroscedastic_normal", minimum=2)
-        if f.shape[-1] % 2:
-            raise ValueError("heteroscedastic_normal: f needs an even number of outputs (means, then log-variances), "
-                             f"got {f.shape[-1]}")
+        f = _check_paired_outputs(f)
         self.latent = f
         loc, log_var = self._split(f)
         super().__init__(loc, jnp.exp(0.5 * log_var), validate_args=validate_args)
@@ -259,7 +297,18 @@ def student_t(f: ArrayLike, df: ArrayLike, scale: ArrayLike) -> dist.StudentT:
     :param scale: the scale (e.g. a positive ``numpyro.param``).
     :return: ``dist.StudentT``.
     """
-    return dist.StudentT(df, _squeeze_output(_outputs(f, "student_t")), scale)
+    return dist.StudentT(df, _squeeze_output(_check_outputs(f, "student_t")), scale)
+
+
+def _check_exposure(exposure: ArrayLike, dtype: DTypeLike) -> jax.Array:
+    """:class:`PoissonLogLink`'s exposure as an array of ``dtype``, positive where concrete.
+
+    :raises ValueError: for a concrete exposure that is not positive.
+    """
+    value = jnp.asarray(exposure, dtype)
+    if not is_tracer(value) and not bool(jnp.all(value > 0)):
+        raise ValueError(f"poisson: exposure must be positive (the rate is exposure * exp(f)), got {exposure!r}")
+    return value
 
 
 class PoissonLogLink(dist.Poisson):
@@ -272,11 +321,9 @@ class PoissonLogLink(dist.Poisson):
     pytree_data_fields = ("latent", "exposure")
 
     def __init__(self, f: ArrayLike, exposure: ArrayLike = 1.0, *, validate_args: bool | None = None) -> None:
-        f = _outputs(f, "poisson")
+        f = _check_outputs(f, "poisson")
         self.latent = f
-        self.exposure = jnp.asarray(exposure, f.dtype)
-        if not is_tracer(self.exposure) and not bool(jnp.all(self.exposure > 0)):
-            raise ValueError(f"poisson: exposure must be positive (the rate is exposure * exp(f)), got {exposure!r}")
+        self.exposure = _check_exposure(exposure, f.dtype)
         super().__init__(self.exposure * jnp.exp(_squeeze_output(f)), validate_args=validate_args)
 
     def expected_log_prob(self, value: ArrayLike, mean: jax.Array, var: jax.Array) -> jax.Array:
@@ -288,8 +335,8 @@ class PoissonLogLink(dist.Poisson):
         :return: the batch shape of ``value`` broadcast against the layer's.
         """
         m, v = _squeeze_output(mean), _squeeze_output(var)
-        a = self.exposure
-        return value * (m + jnp.log(a)) - a * jnp.exp(m + 0.5 * v) - gammaln(jnp.asarray(value, m.dtype) + 1)
+        a, y = self.exposure, jnp.asarray(value)
+        return y * (m + jnp.log(a)) - a * jnp.exp(m + 0.5 * v) - gammaln(jnp.asarray(value, m.dtype) + 1)
 
     def plain(self) -> dist.Poisson:
         """The same distribution as a plain ``dist.Poisson``."""
@@ -313,4 +360,4 @@ def negative_binomial(f: ArrayLike, concentration: ArrayLike) -> dist.NegativeBi
     :param concentration: the positive concentration (e.g. a ``numpyro.param``).
     :return: ``dist.NegativeBinomial2``.
     """
-    return dist.NegativeBinomial2(jnp.exp(_squeeze_output(_outputs(f, "negative_binomial"))), concentration)
+    return dist.NegativeBinomial2(jnp.exp(_squeeze_output(_check_outputs(f, "negative_binomial"))), concentration)

@@ -24,7 +24,7 @@ features far from standardized give an :class:`~numpyro_dgp.InputScaleWarning`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence, cast
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,7 @@ from numpyro.primitives import Messenger
 from numpyro_dgp._protocol import attach_model_config
 from numpyro_dgp._validation import (
     as_float_array,
+    check_choice,
     check_finite,
     check_positive_int,
     check_positive_number,
@@ -88,7 +89,7 @@ class Observation(NamedTuple):
     def width(self) -> int:
         """The last layer's number of outputs."""
         if self.likelihood in ("softmax", "robust_max"):
-            return int(self.num_classes)
+            return int(cast(int, self.num_classes))  # given for these likelihoods (see check)
         return 2 * self.num_outputs if self.likelihood == "heteroscedastic" else self.num_outputs
 
     def check(self, caller: str) -> None:
@@ -97,23 +98,10 @@ class Observation(NamedTuple):
         :raises NotImplementedError: an unknown likelihood.
         :raises ValueError: a bad ``num_outputs``, ``num_classes`` or ``missing_targets``.
         """
-        if self.likelihood not in LIKELIHOODS:
-            raise NotImplementedError(f"{caller}: likelihood must be one of {LIKELIHOODS}, got {self.likelihood!r}")
+        check_choice(self.likelihood, LIKELIHOODS, "likelihood", caller, error=NotImplementedError)
         check_positive_int(self.num_outputs, "num_outputs", caller)
-        classes = self.likelihood in ("softmax", "robust_max")
-        if classes and not (isinstance(self.num_classes, (int, np.integer)) and not isinstance(self.num_classes, bool)
-                            and self.num_classes >= 2):
-            raise ValueError(f"{caller}: likelihood={self.likelihood!r} needs num_classes, an integer >= 2, got "
-                             f"{self.num_classes!r}")
-        if classes and self.num_outputs != 1:
-            raise ValueError(f"{caller}: likelihood={self.likelihood!r} takes one column of labels; got "
-                             f"num_outputs={self.num_outputs}")
-        if not classes and self.num_classes is not None:
-            raise ValueError(f"{caller}: num_classes is for likelihood='softmax' or 'robust_max', not "
-                             f"{self.likelihood!r}")
-        if self.missing_targets not in MISSING_TARGETS:
-            raise ValueError(f"{caller}: missing_targets must be one of {MISSING_TARGETS}, got "
-                             f"{self.missing_targets!r}")
+        _check_classes(self, caller)
+        check_choice(self.missing_targets, MISSING_TARGETS, "missing_targets", caller)
 
     def targets(self, y: ArrayLike | None, num_points: int, dtype: Any, caller: str) -> jax.Array | None:
         """``y`` at the door: ``(N,)`` (``(N, 1)`` squeezed) or ``(N, T)``; continuous targets cast
@@ -123,6 +111,7 @@ class Observation(NamedTuple):
         masked = self.missing_targets == "mask"
         y = targets(y, num_points, caller, dtype if self.continuous or masked else None, self.num_outputs,
                     allow_nan=masked)
+        assert y is not None  # targets() returns None only for None
         if not self.continuous:
             _check_discrete_targets(y, self, caller)
         return y
@@ -173,6 +162,25 @@ class Observation(NamedTuple):
         return () if self.num_outputs == 1 else (self.num_outputs,)
 
 
+def _check_classes(observation: Observation, caller: str) -> None:
+    """``num_classes``: an integer >= 2 for the class likelihoods (with one column of labels), absent for the others.
+
+    :raises ValueError: otherwise.
+    """
+    likelihood, num_classes = observation.likelihood, observation.num_classes
+    classes = likelihood in ("softmax", "robust_max")
+    if classes and not (isinstance(num_classes, (int, np.integer)) and not isinstance(num_classes, bool)
+                        and num_classes >= 2):
+        raise ValueError(f"{caller}: likelihood={likelihood!r} needs num_classes, an integer >= 2, got "
+                         f"{num_classes!r}")
+    if classes and observation.num_outputs != 1:
+        raise ValueError(f"{caller}: likelihood={likelihood!r} takes one column of labels; got "
+                         f"num_outputs={observation.num_outputs}")
+    if not classes and num_classes is not None:
+        raise ValueError(f"{caller}: num_classes is for likelihood='softmax' or 'robust_max', not "
+                         f"{likelihood!r}")
+
+
 def _check_discrete_targets(y: jax.Array, observation: Observation, caller: str) -> None:
     """Refuse concrete labels outside ``0..C-1`` (0/1 for probit) and counts that are not
     non-negative integers (NaN entries pass when they are masked)."""
@@ -185,6 +193,7 @@ def _check_discrete_targets(y: jax.Array, observation: Observation, caller: str)
         what = "non-negative integer counts"
     else:
         num_classes = 2 if observation.likelihood == "probit" else observation.num_classes
+        assert num_classes is not None  # Observation.check: the class likelihoods have it
         bad = ~np.isin(value, np.arange(num_classes))
         what = "0/1 labels" if num_classes == 2 else f"class labels in 0..{num_classes - 1}"
     if bad.any():
@@ -257,12 +266,7 @@ def deep_gp_regression(
     config = _arguments(locals())
     observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
     observation.check(caller)
-    check_positive_int(num_layers, "num_layers", caller)
-    check_positive_int(num_inducing, "num_inducing", caller)
-    check_positive_int(hidden_width, "hidden_width", caller, allow_none=True)
-    _check_common(caller, kernel, noise_init, jitter)
-    if not (callable(inner_mean) or inner_mean in MEAN_FUNCTIONS):
-        raise ValueError(f"{caller}: inner_mean must be one of {MEAN_FUNCTIONS} or a callable, got {inner_mean!r}")
+    _check_regression_args(num_layers, num_inducing, hidden_width, kernel, noise_init, jitter, inner_mean)
     kernel = RBF() if kernel is None else kernel
 
     def model(X, y=None, batch_size=None, num_data=None):
@@ -287,6 +291,22 @@ def deep_gp_regression(
         observation.observe(h, y_batch, data, X.dtype)
 
     return _remember(model, caller, config)
+
+
+def _check_regression_args(num_layers: int, num_inducing: int, hidden_width: int | None, kernel: Kernel | None,
+                           noise_init: float, jitter: float | None, inner_mean: str | Callable) -> None:
+    """:func:`deep_gp_regression`'s own arguments (the likelihood's are :meth:`Observation.check`'s).
+
+    :raises ValueError: for an invalid argument (naming it).
+    :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
+    """
+    caller = "deep_gp_regression"
+    check_positive_int(num_layers, "num_layers", caller)
+    check_positive_int(num_inducing, "num_inducing", caller)
+    check_positive_int(hidden_width, "hidden_width", caller, allow_none=True)
+    _check_common(caller, kernel, noise_init, jitter)
+    if not (callable(inner_mean) or inner_mean in MEAN_FUNCTIONS):
+        raise ValueError(f"{caller}: inner_mean must be one of {MEAN_FUNCTIONS} or a callable, got {inner_mean!r}")
 
 
 def _arguments(arguments: dict) -> dict:
@@ -337,19 +357,29 @@ class _plate_indices(Messenger):
             msg["value"] = self.indices
 
 
+def _check_minibatch(batch_size: int | None, num_data: int | None, N: int, caller: str) -> None:
+    """A model's ``batch_size`` (points drawn per call) or ``num_data`` (``X`` is a minibatch of that many).
+
+    :raises ValueError: for a value that is not a positive integer, both given, or ``num_data`` below ``N``.
+    """
+    check_positive_int(batch_size, "batch_size", caller, allow_none=True)
+    if num_data is None:
+        return
+    check_positive_int(num_data, "num_data", caller)
+    if batch_size is not None:
+        raise ValueError(f"{caller}: give batch_size (draw minibatches of X) or num_data (X is a minibatch), "
+                         "not both")
+    if num_data < N:
+        raise ValueError(f"{caller}: num_data={num_data} is below the {N} points of the minibatch X")
+
+
 def _subsample(X, y, batch_size, caller, num_data=None):
     """The data plate and the minibatch: ``batch_size`` points of ``X`` (drawn here), or, with
     ``num_data``, ``X`` itself as a minibatch of a data set of ``num_data`` points (drawn by
     the caller, e.g. from host memory; the likelihood is scaled by ``num_data / len(X)``)."""
     N = X.shape[0]
-    check_positive_int(batch_size, "batch_size", caller, allow_none=True)
+    _check_minibatch(batch_size, num_data, N, caller)
     if num_data is not None:
-        check_positive_int(num_data, "num_data", caller)
-        if batch_size is not None:
-            raise ValueError(f"{caller}: give batch_size (draw minibatches of X) or num_data (X is a minibatch), "
-                             "not both")
-        if num_data < N:
-            raise ValueError(f"{caller}: num_data={num_data} is below the {N} points of the minibatch X")
         with _plate_indices("data", jnp.arange(N)):
             data = numpyro.plate("data", int(num_data), subsample_size=N)
         return data, X, y
@@ -423,17 +453,8 @@ def diffgp(
     config = _arguments(locals())
     observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
     observation.check("diffgp")
-    check_positive_number(T, "T", "diffgp", allow_zero=True)
-    check_positive_int(num_steps, "num_steps", "diffgp")
-    check_positive_int(num_inducing, "num_inducing", "diffgp")
-    _check_common("diffgp", kernel, noise_init, jitter)
-    if flow_kernel is not None and not isinstance(flow_kernel, Kernel):
-        raise TypeError(f"diffgp: flow_kernel must be a numpyro_dgp.kernels.Kernel, got {type(flow_kernel).__name__}")
-    if time_input and flow_inducing_inputs is None:
-        raise ValueError(
-            "diffgp: time_input=True needs flow_inducing_inputs over (x, t), e.g. "
-            "numpyro_dgp.sde.temporal_inducing_inputs(X, num_inducing, jnp.linspace(0, T, 3))"
-        )
+    _check_diffgp_args(T, num_steps, num_inducing, kernel, noise_init, jitter, flow_kernel, time_input,
+                       flow_inducing_inputs)
     flow_kernel = RBF(variance=0.01) if flow_kernel is None else flow_kernel
     kernel = RBF() if kernel is None else kernel
 
@@ -461,6 +482,27 @@ def diffgp(
     return _remember(sde_flow(
         model, "flow", T=T, num_steps=num_steps, estimator=estimator, diffusion=diffusion, time_input=time_input
     ), "diffgp", config)
+
+
+def _check_diffgp_args(T: float, num_steps: int, num_inducing: int, kernel: Kernel | None, noise_init: float,
+                       jitter: float | None, flow_kernel: Kernel | None, time_input: bool,
+                       flow_inducing_inputs: ArrayLike | None) -> None:
+    """:func:`diffgp`'s own arguments (the likelihood's are :meth:`Observation.check`'s).
+
+    :raises ValueError: for an invalid argument (naming it).
+    :raises TypeError: if a kernel is not a :class:`~numpyro_dgp.kernels.Kernel`.
+    """
+    check_positive_number(T, "T", "diffgp", allow_zero=True)
+    check_positive_int(num_steps, "num_steps", "diffgp")
+    check_positive_int(num_inducing, "num_inducing", "diffgp")
+    _check_common("diffgp", kernel, noise_init, jitter)
+    if flow_kernel is not None and not isinstance(flow_kernel, Kernel):
+        raise TypeError(f"diffgp: flow_kernel must be a numpyro_dgp.kernels.Kernel, got {type(flow_kernel).__name__}")
+    if time_input and flow_inducing_inputs is None:
+        raise ValueError(
+            "diffgp: time_input=True needs flow_inducing_inputs over (x, t), e.g. "
+            "numpyro_dgp.sde.temporal_inducing_inputs(X, num_inducing, jnp.linspace(0, T, 3))"
+        )
 
 
 def amortized_dgp(
@@ -511,16 +553,7 @@ def amortized_dgp(
     config = _arguments(locals())
     observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
     observation.check("amortized_dgp")
-    widths, num_inducing = tuple(widths), tuple(num_inducing)
-    if not widths or any(not (isinstance(w, int) and w >= 1) for w in widths) or widths[-1] != observation.width:
-        raise ValueError(f"amortized_dgp: widths must be positive integers ending in the likelihood's "
-                         f"{observation.width} output(s), got {widths!r}")
-    if len(num_inducing) != len(widths):
-        raise ValueError(
-            f"amortized_dgp: num_inducing needs one entry per layer ({len(widths)}), got {num_inducing!r}"
-        )
-    for i, M in enumerate(num_inducing):
-        check_positive_int(M, f"num_inducing[{i}]", "amortized_dgp")
+    widths, num_inducing = _check_layer_sizes(widths, num_inducing, observation.width)
     _check_common("amortized_dgp", kernel, noise_init, jitter)
     kernel = Matern52(ard=False) if kernel is None else kernel
 
@@ -537,3 +570,23 @@ def amortized_dgp(
         observation.observe(h, y_batch, data, X.dtype)
 
     return _remember(model, "amortized_dgp", config)
+
+
+def _check_layer_sizes(widths: Sequence[int], num_inducing: Sequence[int],
+                       width: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """:func:`amortized_dgp`'s ``(widths, num_inducing)`` as tuples: positive integers, one of each per
+    layer, the last width the likelihood's ``width``.
+
+    :raises ValueError: otherwise (naming the argument).
+    """
+    widths, num_inducing = tuple(widths), tuple(num_inducing)
+    if not widths or any(not (isinstance(w, int) and w >= 1) for w in widths) or widths[-1] != width:
+        raise ValueError(f"amortized_dgp: widths must be positive integers ending in the likelihood's "
+                         f"{width} output(s), got {widths!r}")
+    if len(num_inducing) != len(widths):
+        raise ValueError(
+            f"amortized_dgp: num_inducing needs one entry per layer ({len(widths)}), got {num_inducing!r}"
+        )
+    for i, M in enumerate(num_inducing):
+        check_positive_int(M, f"num_inducing[{i}]", "amortized_dgp")
+    return widths, num_inducing

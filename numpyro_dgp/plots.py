@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence, cast
 
 import numpy as np
 from jax.typing import ArrayLike
@@ -22,7 +22,7 @@ __all__ = ["plot_layer_samples"]
 
 def plot_layer_samples(
     grid: ArrayLike,
-    samples: dict[str, ArrayLike],
+    samples: Mapping[str, ArrayLike],
     X: ArrayLike | None = None,
     y: ArrayLike | None = None,
     layer_names: Sequence[str] | None = None,
@@ -52,7 +52,8 @@ def plot_layer_samples(
     x = np.asarray(grid)[:, 0]
     if axes is None:
         fig, axes = plt.subplots(1, len(names) + 1, figsize=(4.3 * (len(names) + 1), 3.7))
-    fig = axes[0].figure
+    # a Figure, unless the caller's axes sit on a SubFigure (then that is what is returned)
+    fig = cast("matplotlib.figure.Figure", axes[0].figure)
     axes[0].plot(x, values[0].T, color="C0", alpha=0.4, lw=1)
     axes[0].set(title=f"layer 1: {names[0]}(x)", xlabel="x", ylabel=names[0])
     for i in range(1, len(names)):

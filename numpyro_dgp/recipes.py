@@ -121,7 +121,7 @@ def fit_factorized(
     """
     guide = AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(learning_rate), DGPElbo(num_particles=num_particles))
-    kwargs = {"batch_size": batch_size} if batch_size else {}
+    kwargs: dict[str, Any] = {"batch_size": batch_size} if batch_size else {}
     result = fit(svi, rng_key, X, y, num_steps=num_steps, chunk_size=min(chunk_size, num_steps),
                  progress_bar=progress_bar, init_params=init_params, strict=False, **kwargs)
     return model, guide, result

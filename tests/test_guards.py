@@ -150,7 +150,7 @@ def test_marginalize_refuses_a_chained_layer_at_other_points():
 
 
 def test_dgp_elbo_inducing_kl_refuses_a_chain_parent_not_run_before():
-    """objectives/_dsvi.py inducing_kl: a chained site whose parent's KL term was not seen (a wrong KL)."""
+    """objectives/_dsvi.py _chain_link_kl: a chained site whose parent's KL term was not seen (a wrong KL)."""
 
     def model(X, y=None):
         _observe(_layer("f", _layer("h1", X)), y)
@@ -176,7 +176,7 @@ def test_dgp_elbo_refuses_a_joint_guide_over_layers_the_model_did_not_run():
 
 
 def test_dgp_elbo_refuses_a_latent_site_after_the_last_layer():
-    """objectives/_dsvi.py objective_terms: a latent site after the last layer (quadrature would mis-score it)."""
+    """objectives/_dsvi.py _check_other_site: a latent site after the last layer (quadrature would mis-score it)."""
 
     def model(X, y=None):
         f = _layer("f", X)
@@ -188,7 +188,7 @@ def test_dgp_elbo_refuses_a_latent_site_after_the_last_layer():
 
 
 def test_dgp_elbo_refuses_a_latent_site_the_guide_does_not_cover():
-    """objectives/_dsvi.py objective_terms: a latent site the guide does not sample (log q missing)."""
+    """objectives/_dsvi.py _check_other_site: a latent site the guide does not sample (log q missing)."""
 
     def model(X, y=None):
         s = numpyro.sample("s", dist.Normal(0.0, 1.0))
@@ -204,7 +204,7 @@ def test_dgp_elbo_refuses_a_latent_site_the_guide_does_not_cover():
 
 
 def test_collapsed_refuses_a_latent_site_the_guide_does_not_cover():
-    """objectives/_collapsed.py CollapsedSparseGP: a latent site the guide does not sample."""
+    """objectives/_collapsed.py _check_guide_sites (CollapsedSparseGP): a latent site the guide does not sample."""
 
     def model(X, y=None):
         s = numpyro.sample("s", dist.LogNormal(0.0, 1.0))
@@ -272,21 +272,21 @@ def two_observations_fit():
 
 
 def test_predict_refuses_to_guess_among_several_observation_sites(two_observations_fit):
-    """_predict/prediction.py observation_site: several sample sites after the last layer and no obs_site."""
+    """_predict/prediction.py _check_observation_site: several sample sites after the last layer and no obs_site."""
     guide, params = two_observations_fit
     with pytest.raises(ValueError, match=r"predict: cannot tell the observation site; sample sites after the last layer: \['y', 'y2'\]"):
         dgp.predict(two_observations, guide, params, KEY, X, num_samples=2)
 
 
 def test_predict_refuses_an_obs_site_that_is_not_after_the_last_layer(two_observations_fit):
-    """_predict/prediction.py observation_site: an obs_site that is not a sample site after the last layer (a typo)."""
+    """_predict/prediction.py _check_observation_site: an obs_site not a sample site after the last layer (a typo)."""
     guide, params = two_observations_fit
     with pytest.raises(ValueError, match="predict: obs_site 'z' is not a sample site after the last GP layer"):
         dgp.predict(two_observations, guide, params, KEY, X, num_samples=2, obs_site="z")
 
 
 def test_predict_from_samples_refuses_a_model_without_gp_layer():
-    """_predict/samples.py predict_from_samples: a model that runs no gp_layer."""
+    """_predict/samples.py _check_model_layers (predict_from_samples): a model that runs no gp_layer."""
 
     def plain(X, y=None):
         m = numpyro.sample("m", dist.Normal(0.0, 1.0))
@@ -331,7 +331,7 @@ def test_check_params_refuses_params_that_are_not_a_dict():
 
 
 def test_layer_samples_refuses_samples_of_no_latent_site():
-    """diagnostics/_trees.py layer_samples: samples none of whose sites the model has (a wrong dict)."""
+    """diagnostics/_trees.py _check_chosen_samples: samples none of whose sites the model has (a wrong dict)."""
 
     def plain(X):
         numpyro.sample("m", dist.Normal(0.0, 1.0))
@@ -347,19 +347,19 @@ def _tree(names, grid=X, draws=8):
 
 
 def test_layer_metrics_refuses_a_vi_result_missing_a_layer():
-    """diagnostics/_metrics.py layer_metrics: a VI result without some layer of the MCMC reference."""
+    """diagnostics/_metrics.py _check_comparable: a VI result without some layer of the MCMC reference."""
     with pytest.raises(ValueError, match=r"layer_metrics: the VI result lacks layers \['h2'\]"):
         diagnostics.layer_metrics(_tree(["h1"]), _tree(["h1", "h2"]))
 
 
 def test_compare_refuses_no_vi_result():
-    """diagnostics/_compare.py compare: an empty dict of variational results."""
+    """diagnostics/_compare.py _check_methods (compare): an empty dict of variational results."""
     with pytest.raises(ValueError, match="compare: vi must name at least one variational result"):
         diagnostics.compare({}, _tree(["h1"]), plot=False)
 
 
 def test_compare_refuses_points_outside_the_grid():
-    """diagnostics/_compare.py compare: summary points that are not grid indices."""
+    """diagnostics/_compare.py _check_points (compare): summary points that are not grid indices."""
     with warnings.catch_warnings():  # 8 draws: the health report may warn about them
         warnings.simplefilter("ignore")
         with pytest.raises(ValueError, match=r"compare: points must be grid indices in \[0, 6\), got \[6\]"):
@@ -491,7 +491,7 @@ def params_file(tmp_path):
 
 
 def test_load_params_refuses_a_file_missing_an_array(params_file):
-    """io.py _decode: a parameter file whose header names an array member that is missing."""
+    """io.py _check_array_entry: a parameter file whose header names an array member that is missing."""
     path, names = params_file
     _rewrite(path, **{names["a"]: None})
     with pytest.raises(ValueError, match=f"array for .*a.* \\(member '{names['a']}'\\) is missing"):
@@ -499,7 +499,7 @@ def test_load_params_refuses_a_file_missing_an_array(params_file):
 
 
 def test_load_params_refuses_a_raw_array_of_another_size(params_file):
-    """io.py _decode: a raw-encoded (bfloat16) array whose bytes do not match its recorded dtype and shape."""
+    """io.py _check_array_entry: a raw-encoded (bfloat16) array whose bytes do not match its recorded dtype, shape."""
     path, names = params_file
     _rewrite(path, **{names["b"]: np.zeros(3, np.uint8)})
     with pytest.raises(ValueError, match="array for .*b.* does not match its recorded dtype/shape"):
@@ -507,7 +507,7 @@ def test_load_params_refuses_a_raw_array_of_another_size(params_file):
 
 
 def test_load_params_refuses_an_array_of_another_shape_than_its_header(params_file):
-    """io.py _decode: an array whose dtype and shape differ from those its header records."""
+    """io.py _check_array_entry: an array whose dtype and shape differ from those its header records."""
     path, names = params_file
     _rewrite(path, **{names["a"]: np.ones(4, np.float32)})
     with pytest.raises(ValueError, match=r"has dtype float32 and shape \(4,\), but the header records <f8 and \(3,\)"):

@@ -68,3 +68,11 @@ def test_ruff_finds_nothing_in_the_package():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "numpyro_dgp"], cwd=counts.ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (pip install -e '.[test]')")
+def test_mypy_finds_nothing_in_the_package(tmp_path):
+    # the configuration is pyproject.toml's [tool.mypy]; a fresh cache, so the answer is today's
+    result = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy_cache")],
+                            cwd=counts.ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:]

@@ -47,8 +47,31 @@ def autocontinuous_posteriors(
         correlation with the inducing values would be dropped), or its distribution is not
         Gaussian.
     """
-    name = type(guide).__name__
     layout = autocontinuous_layout(guide)
+    latent, sites = _check_gaussian_latent(guide, guide_trace, layout, model_u_sites, objective)
+    if isinstance(latent, dist.Normal):
+        loc, scale = jnp.broadcast_arrays(latent.loc, latent.scale)
+        out: dict[str, Any] = {}
+        for s in sites:
+            start, stop, shape = layout[s]
+            out[s] = (loc[start:stop].reshape(shape), scale[start:stop].reshape(shape))
+        return out
+    block = JointBlock(
+        tuple(sites), tuple(tuple(layout[s][2]) for s in sites), latent.loc, latent.scale_tril
+    )
+    return {s: block for s in sites}
+
+
+def _check_gaussian_latent(
+    guide: AutoContinuous, guide_trace: dict, layout: dict, model_u_sites: dict[str, tuple[int, int]], objective: str
+) -> tuple[dist.Distribution, list[str]]:
+    """The guide's latent distribution and the inducing sites its vector holds (execution order),
+    refused where the objective cannot integrate the inducing values over it.
+
+    :raises ValueError: the latent vector holds sites other than inducing values, packs the
+        inducing sites out of execution order, or its distribution is not Gaussian.
+    """
+    name = type(guide).__name__
     others = [s for s in layout if s not in model_u_sites]
     if others:
         raise ValueError(
@@ -60,20 +83,12 @@ def autocontinuous_posteriors(
     latent = unwrap_distribution(guide_trace[latent_site_name(guide)]["fn"])
     sites = [s for s in model_u_sites if s in layout]
     if isinstance(latent, dist.Normal):
-        loc, scale = jnp.broadcast_arrays(latent.loc, latent.scale)
-        out = {}
-        for s in sites:
-            start, stop, shape = layout[s]
-            out[s] = (loc[start:stop].reshape(shape), scale[start:stop].reshape(shape))
-        return out
+        return latent, sites
     if isinstance(latent, (dist.MultivariateNormal, dist.LowRankMultivariateNormal)):
         order = [layout[s][0] for s in sites]
         if order != sorted(order):
             raise ValueError(f"{objective} with {name}: the guide packs the inducing sites out of execution order")
-        block = JointBlock(
-            tuple(sites), tuple(tuple(layout[s][2]) for s in sites), latent.loc, latent.scale_tril
-        )
-        return {s: block for s in sites}
+        return latent, sites
     raise ValueError(
         f"{objective} with {name}: the guide's distribution over the inducing values is not Gaussian "
         f"({type(latent).__name__}), so {objective} cannot integrate them out. Use NumPyro's Trace_ELBO "

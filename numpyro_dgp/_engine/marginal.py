@@ -82,6 +82,19 @@ __all__ = [
 ]
 
 
+def _check_marginalize_options(quadrature_layer: str | None, quadrature_weights: ArrayLike | None,
+                               latent_mode: str) -> None:
+    """Refuse a quadrature layer without weights and an unknown ``latent_mode`` (:class:`marginalize_inducing`).
+
+    :raises ValueError: for either.
+    """
+    if quadrature_layer is not None and quadrature_weights is None:
+        raise ValueError("marginalize_inducing: quadrature_layer needs quadrature_weights (with quadrature_nodes, "
+                         "or without them for as many Monte Carlo draws per point)")
+    if latent_mode not in ("posterior", "prior"):
+        raise ValueError(f"marginalize_inducing: latent_mode must be 'posterior' or 'prior', got {latent_mode!r}")
+
+
 class marginalize_inducing(Messenger):
     """Propagate each layer through its marginal ``q(f_l | f_{l-1})`` instead of a sampled ``u_l``.
 
@@ -126,6 +139,7 @@ class marginalize_inducing(Messenger):
         latent_mode: str = "posterior",
         num_importance: int | None = None,
     ) -> None:
+        _check_marginalize_options(quadrature_layer, quadrature_weights, latent_mode)
         posteriors = dict(posteriors or {})
         parents = {p.parent for p in posteriors.values() if isinstance(p, ChainLink) and p.parent is not None}
         # a chain factor with neither parent nor child is an independent Gaussian: DSVI path
@@ -137,28 +151,28 @@ class marginalize_inducing(Messenger):
         self.quadrature_layer = quadrature_layer
         self.quadrature_nodes = quadrature_nodes
         self.quadrature_weights = quadrature_weights
-        if quadrature_layer is not None and quadrature_weights is None:
-            raise ValueError("marginalize_inducing: quadrature_layer needs quadrature_weights (with quadrature_nodes, "
-                             "or without them for as many Monte Carlo draws per point)")
-        if latent_mode not in ("posterior", "prior"):
-            raise ValueError(f"marginalize_inducing: latent_mode must be 'posterior' or 'prior', got {latent_mode!r}")
         self.latent_mode = latent_mode
         self.num_importance = num_importance
         self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
-        self.moments = {}
-        self.layer_order = []
+        self.moments: dict[str, tuple[jax.Array, jax.Array]] = {}
+        self.layer_order: list[str] = []
         self._in_tail = False
-        self._beliefs = {}  # chain: u-site -> per-point belief over its values given its output
-        self._joint_states = {}  # joint group -> (next block index, per-point belief over the rest)
-        self._amortized_q = {}  # u-site -> (loc, scale) of q(u_n | p_n) at the model's p
-        self._encoder_inputs = {}  # u-site -> the encoder input p of its amortized layer
-        self._latents = {}  # latent-input site -> (LatentSpec, key) from its announcing message
-        self._branch_mean = None  # weighted mean of the last layer's branch means (AR2 / AR2P)
-        self.branch_log_weights = None  # (S,) once a layer has branched the points
-        self.last_output = None  # the quadrature layer's value (its nodes)
+        # chain: u-site -> per-point belief over its values given its output
+        self._beliefs: dict[str, Belief] = {}
+        # joint group -> (next block index, per-point belief over the rest)
+        self._joint_states: dict[tuple, tuple[int, Belief]] = {}
+        # u-site -> (loc, scale) of q(u_n | p_n) at the model's p
+        self._amortized_q: dict[str, tuple[jax.Array, jax.Array]] = {}
+        self._encoder_inputs: dict[str, jax.Array] = {}  # u-site -> the encoder input p of its amortized layer
+        # latent-input site -> (LatentSpec, key) from its announcing message
+        self._latents: dict[str, tuple[Any, jax.Array]] = {}
+        # weighted mean of the last layer's branch means (AR2 / AR2P)
+        self._branch_mean: jax.Array | None = None
+        self.branch_log_weights: jax.Array | None = None  # (S,) once a layer has branched the points
+        self.last_output: jax.Array | None = None  # the quadrature layer's value (its nodes)
         self.correlated_outputs = False
 
     def __enter__(self) -> marginalize_inducing:
@@ -245,7 +259,9 @@ class marginalize_inducing(Messenger):
         """The standard-normal nodes for the quadrature layer, broadcastable against
         ``(K,) + mean.shape``: the shared rule's, or fresh draws per point (Monte Carlo)."""
         if self.quadrature_nodes is None:
-            return jax.random.normal(rng_key, (len(self.quadrature_weights),) + mean.shape, mean.dtype)
+            weights = self.quadrature_weights
+            assert weights is not None  # a quadrature layer without weights is refused by __init__
+            return jax.random.normal(rng_key, (jnp.shape(weights)[0],) + mean.shape, mean.dtype)
         nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)  # (K, P)
         return nodes.reshape((nodes.shape[0],) + (1,) * (mean.ndim - 1) + nodes.shape[-1:])
 
@@ -402,8 +418,10 @@ class marginalize_inducing(Messenger):
                     f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, but layer "
                     f"{post.parent!r} has not run before it at these points"
                 )
+            parent_mean, coupling = post.parent_mean, post.coupling
+            assert parent_mean is not None and coupling is not None  # a chain factor with a parent has both
             return chain_transition(
-                self._beliefs.pop(post.parent), post.parent_mean.reshape(-1), post.mean, post.coupling, post.scale_tril
+                self._beliefs.pop(post.parent), parent_mean.reshape(-1), post.mean, coupling, post.scale_tril
             )
         k = post.sites.index(name)
         if k == 0:
@@ -431,6 +449,7 @@ class marginalize_inducing(Messenger):
         res_mean, out_cov, HB = output_moments(alpha, base_var, belief, P)
         # the belief is over the inducing values themselves; the conditional needs their
         # residual about the prior mean (zero except for inducing="locations")
+        assert layer.prior_mean is not None  # gp_layer gives every layer its prior mean
         res_mean = res_mean - alpha @ layer.prior_mean.T
         mean = res_mean + layer.mean_fn(X)
         if layer.noise is not None:

@@ -27,7 +27,7 @@ previous layer's output, whose per-point mean and variance were recorded when it
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,7 @@ from numpyro_dgp._protocol import (
     message_layer,
     with_tag,
 )
+from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import uncertain_input_moments
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import ChainLink, JointBlock
@@ -92,8 +93,7 @@ class propagate_moments(Messenger):
         propagate_inducing_variance: bool = True,
         guide_name: str | None = None,
     ) -> None:
-        if mode not in MOMENT_MODES:
-            raise ValueError(f"propagate_moments: mode must be one of {MOMENT_MODES}, got {mode!r}")
+        check_choice(mode, MOMENT_MODES, "mode", "propagate_moments")
         self.posteriors = dict(posteriors or {})
         self.mode = mode
         self.last_layer = last_layer
@@ -105,11 +105,11 @@ class propagate_moments(Messenger):
         super().__init__(fn)
 
     def _reset(self) -> None:
-        self.moments = {}
-        self.penalties = []
-        self.layer_order = []
+        self.moments: dict[str, tuple[jax.Array, jax.Array]] = {}
+        self.penalties: list[jax.Array] = []
+        self.layer_order: list[str] = []
         self._in_tail = False
-        self._last_output = None
+        self._last_output: jax.Array | None = None
 
     def __enter__(self) -> propagate_moments:
         """Reset the per-run state and push the handler on the stack."""
@@ -126,7 +126,7 @@ class propagate_moments(Messenger):
         if msg["type"] == LAYER_MESSAGE:
             msg["value"] = self._layer(msg)
 
-    def _refuse(self, layer: Layer, problem: str, instead: str = _INSTEAD) -> None:
+    def _refuse(self, layer: Layer, problem: str, instead: str = _INSTEAD) -> NoReturn:
         with_guide = f" with {self.guide_name}" if self.guide_name else ""
         raise NotImplementedError(f"{self.caller}{with_guide}: layer {layer.name!r} {problem}; {instead}")
 
@@ -135,7 +135,9 @@ class propagate_moments(Messenger):
         recorded moments of the previous layer's output for the others."""
         if not self.layer_order[:-1]:
             return X, None
-        if X is not self._last_output and not _same_values(X, self._last_output):
+        last_output = self._last_output
+        assert last_output is not None  # set by the layer before, which was not the last one
+        if X is not last_output and not _same_values(X, last_output):
             self._refuse(
                 layer,
                 "does not take the previous layer's output as it was returned (moment propagation "

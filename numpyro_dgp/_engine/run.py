@@ -107,7 +107,7 @@ def marginal_trace(
     :return: :class:`MarginalRun`. With ``objective="predict"``, latent inputs are drawn from
         their prior and the guide's plates are not replayed (new points).
     """
-    _refuse_amortized_layers_without_encoder(innermost_guide(guide), objective)
+    _check_amortized_layers_have_encoder(innermost_guide(guide), objective)
     predicting = objective == "predict"
     with validation_off_when_traced(params):
         guide_trace, seeded_model = guide_then_model(model, guide, params, rng_key, args, kwargs,
@@ -140,16 +140,8 @@ def marginal_trace(
         nodes, weights = likelihood_rule(found["out_dim"], kinds, num_quadrature, num_samples, objective)
 
         base_guide = innermost_guide(guide)
-        if num_importance and found["amortized"]:
-            raise ValueError(f"{objective}: layers {found['amortized']} have per-point inducing sets, which the "
-                             "importance-weighted bound does not take; use DGPElbo")
+        _check_guide_fits_model(base_guide, found, num_importance, objective)
         if isinstance(base_guide, AutoContinuous):
-            if found["locations"]:
-                raise ValueError(
-                    f"{objective} with {type(base_guide).__name__}: a model with inducing='locations' needs "
-                    "each layer's Gaussian given the sampled earlier layers; use "
-                    "numpyro_dgp.guides.AutoJointDGP (the same joint Gaussian family) or AutoFactorizedDGP"
-                )
             posteriors = autocontinuous_posteriors(base_guide, guide_trace, found["u_sites"], objective)
         elif found["locations"]:
             # Layer l's inducing inputs are layer l-1's inducing values: those must be the very
@@ -174,6 +166,23 @@ def marginal_trace(
         return MarginalRun(
             guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights,
             handler.branch_log_weights, type(base_guide).__name__, handler.last_output, handler.correlated_outputs,
+        )
+
+
+def _check_guide_fits_model(base_guide: Callable, found: dict, num_importance: int | None, objective: str) -> None:
+    """Refuse per-point inducing sets under importance weighting, and an ``AutoContinuous`` guide
+    on a model with ``inducing="locations"`` (``found``: what :func:`marginal_trace`'s probe found).
+
+    :raises ValueError: for either.
+    """
+    if num_importance and found["amortized"]:
+        raise ValueError(f"{objective}: layers {found['amortized']} have per-point inducing sets, which the "
+                         "importance-weighted bound does not take; use DGPElbo")
+    if isinstance(base_guide, AutoContinuous) and found["locations"]:
+        raise ValueError(
+            f"{objective} with {type(base_guide).__name__}: a model with inducing='locations' needs "
+            "each layer's Gaussian given the sampled earlier layers; use "
+            "numpyro_dgp.guides.AutoJointDGP (the same joint Gaussian family) or AutoFactorizedDGP"
         )
 
 
@@ -205,7 +214,7 @@ def _training_kind(fn: Any, name: str, objective: str) -> str:
         return "general"
 
 
-def _refuse_amortized_layers_without_encoder(guide: Callable, objective: str) -> None:
+def _check_amortized_layers_have_encoder(guide: Callable, objective: str) -> None:
     """Per-point inducing sets (``inducing="amortized"``) are encoded by
     :class:`~numpyro_dgp.guides.AutoAmortizedDGP` only; another guide (NumPyro's autoguides
     draw them as free local latents, whose Gaussian the engine cannot read) is refused by name."""
@@ -250,7 +259,7 @@ def latent_posteriors(guide_trace: dict, names: list[str]) -> dict[str, Any]:
     :param guide_trace: a trace of the guide.
     :param names: the latent inputs' site names.
     """
-    out = {}
+    out: dict[str, Any] = {}
     for name in names:
         site = guide_trace.get(name)
         if site is None or site["type"] != "sample":

@@ -56,8 +56,11 @@ def _all_finite(xp: Any, x: Any) -> Any:
     return non_finite_entries(x)[0] == 0 if xp is np else xp.all(xp.isfinite(x))
 
 
-def _resolve_jitter(name: str, jitter: float | None, dtype: Any) -> float:
-    """The layer's jitter: the dtype's default, or the given one once checked."""
+def _check_layer_jitter(name: str, jitter: float | None, dtype: Any) -> float:
+    """The layer's jitter: the dtype's default, or the given one once checked.
+
+    :raises ValueError: for a given jitter that is not a finite positive number.
+    """
     jitter = default_jitter(dtype) if jitter is None else jitter
     try:
         check_jitter(jitter)
@@ -127,12 +130,24 @@ def mean_projection(X: ArrayLike, in_dim: int, out_dim: int) -> jax.Array:
     return Vt[:out_dim].T
 
 
+def _check_mean(name: str, mean: str | Callable) -> None:
+    """A layer's mean function: a callable or one of :data:`MEAN_FUNCTIONS`.
+
+    :raises ValueError: otherwise.
+    """
+    if not (callable(mean) or mean in MEAN_FUNCTIONS):
+        raise ValueError(
+            f"gp_layer {name!r}: mean must be one of {MEAN_FUNCTIONS} or a callable, got {mean!r}"
+        )
+
+
 def mean_function(
     name: str, mean: str | Callable, X: jax.Array, in_dim: int, out_dim: int
-) -> tuple[Callable, tuple[jax.Array, jax.Array] | None]:
+) -> tuple[Callable, tuple[jax.Array, jax.Array] | tuple[None, None] | None]:
     """The layer's mean function and, for the named (affine) ones, its ``(W (D, P), b (P,))``
     (``(None, None)`` for ``"zero"``): moment propagation through a layer (nested variational
     compression) needs them."""
+    _check_mean(name, mean)
     if callable(mean):
         return mean, None
     zero_bias = jnp.zeros(out_dim, X.dtype)
@@ -144,22 +159,27 @@ def mean_function(
         W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
         W = jax.lax.stop_gradient(W)  # fixed, as in DSVI; stored so predictions reuse it
         return (lambda A: A @ W), (W, zero_bias)
-    if mean == "linear":
-        W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
-        b = numpyro.param(f"{name}.mean.bias", jnp.zeros(out_dim, X.dtype))
-        return (lambda A: A @ W + b), (W, b)
-    raise ValueError(
-        f"gp_layer {name!r}: mean must be one of {MEAN_FUNCTIONS} or a callable, got {mean!r}"
-    )
+    # "linear"
+    W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
+    b = numpyro.param(f"{name}.mean.bias", jnp.zeros(out_dim, X.dtype))
+    return (lambda A: A @ W + b), (W, b)
 
 
 def noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax.Array | None:
     """The layer's learned output noise variance (``numpyro.param`` ``"<name>.noise"``), or ``None``."""
     if noise is None:
         return None
+    _check_noise(name, noise)
+    return numpyro.param(f"{name}.noise", jnp.asarray(noise, dtype), constraint=constraints.positive)
+
+
+def _check_noise(name: str, noise: ArrayLike) -> None:
+    """A layer's noise variance: a finite positive scalar (checked where concrete).
+
+    :raises ValueError: otherwise.
+    """
     if np.ndim(noise) != 0 or _holds(lambda xp, v: xp.isfinite(v) & (v > 0), noise) is False:
         raise ValueError(f"gp_layer {name!r}: noise must be a finite positive scalar (a variance), got {noise!r}")
-    return numpyro.param(f"{name}.noise", jnp.asarray(noise, dtype), constraint=constraints.positive)
 
 
 def hyperparameter_sites(name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, learn: bool) -> Kernel:
@@ -228,12 +248,12 @@ def check_layer_args(
     """Every check of a global or locations layer, before any site is sent or JAX work done."""
     locations = inducing == "locations"
     whiten = _check_whiten(name, whiten, locations)
-    X, propagated_Z = _split_locations_pair(name, X, locations)
+    X, propagated_Z = _check_locations_pair(name, X, locations)
     _check_run_context(name)
     X = _check_layer_inputs(name, X, kernel, locations)
     check_positive_int(out_dim, "out_dim", f"gp_layer {name!r}")
     priors = _check_priors(name, priors, kernel)
-    jitter = _resolve_jitter(name, jitter, X.dtype)
+    jitter = _check_layer_jitter(name, jitter, X.dtype)
     if propagated_Z is not None:
         propagated_Z = _check_inducing_array(name, propagated_Z, num_inducing, X, "the inducing locations Z of (X, Z)")
         if inducing_inputs is not None:
@@ -264,8 +284,11 @@ def _check_whiten(name: str, whiten: bool | None, locations: bool) -> bool:
     return bool(whiten)
 
 
-def _split_locations_pair(name: str, X: ArrayLike | tuple, locations: bool) -> tuple:
-    """``(X, Z or None)``: a previous locations layer hands on the pair ``(X, Z)``."""
+def _check_locations_pair(name: str, X: ArrayLike | tuple, locations: bool) -> tuple[ArrayLike, ArrayLike | None]:
+    """``(X, Z or None)``: a previous locations layer hands on the pair ``(X, Z)``.
+
+    :raises ValueError: for a pair without ``inducing='locations'``, or not two items.
+    """
     if not isinstance(X, (tuple, list)):
         return X, None
     if not locations:
@@ -341,7 +364,7 @@ def _check_inducing_array(name: str, Z: ArrayLike, num_inducing: int | None, X: 
 
 
 def check_amortized_args(
-    name: str, X: ArrayLike, kernel: Kernel, *, num_inducing: int | None, out_dim: int,
+    name: str, X: ArrayLike | tuple, kernel: Kernel, *, num_inducing: int | None, out_dim: int,
     inducing_inputs: ArrayLike | None, priors: dict | None, whiten: bool | None, jitter: float | None,
 ) -> tuple[jax.Array, Any, float]:
     """Every check of a per-point (amortized) layer: ``(X, the data plate, the relative jitter)``."""
@@ -378,4 +401,4 @@ def check_amortized_args(
         )
     _check_finite(X, f"gp_layer {name!r}: X")
     _check_input_scale(name, X, kernel)
-    return X, data_plate[0], _resolve_jitter(name, jitter, X.dtype)
+    return X, data_plate[0], _check_layer_jitter(name, jitter, X.dtype)

@@ -11,7 +11,7 @@ after that.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 import jax
@@ -49,7 +49,7 @@ class ParameterMismatchError(ValueError):
     """
 
     def __init__(self, caller: str, missing: list[str], unexpected: list[str],
-                 mismatched: dict[str, tuple[str, str]], non_finite: list[str] = (), hint: str = "") -> None:
+                 mismatched: dict[str, tuple[str, str]], non_finite: Sequence[str] = (), hint: str = "") -> None:
         self.missing = list(missing)
         self.unexpected = list(unexpected)
         self.mismatched = dict(mismatched)
@@ -98,10 +98,11 @@ def set_up_guide(guide: Callable, rng_key: jax.Array, args: tuple, kwargs: dict)
     from numpyro_dgp._compat import innermost_guide
     from numpyro_dgp.guides import DGPGuide
 
-    if isinstance(innermost_guide(guide), DGPGuide):
+    inner = innermost_guide(guide)
+    if isinstance(inner, DGPGuide):
         # the library's guides read their structure abstractly and draw the same keys
         # whether or not it was built before: no run, no key
-        innermost_guide(guide)._setup_prototype(*args, **kwargs)
+        inner._setup_prototype(*args, **kwargs)
         return
     with handlers.block():
         handlers.seed(guide, rng_key)(*args, **kwargs)

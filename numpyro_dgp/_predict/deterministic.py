@@ -15,7 +15,7 @@ prediction.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, cast
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +28,7 @@ from numpyro_dgp._engine.observation import observation_kind, shared_rule
 from numpyro_dgp._predict.mixture import PREDICTION_NODES, Component, component_of, mixture_fields
 from numpyro_dgp._predict.prediction import Prediction, check_guide_is_set_up, observation_site, warn_if_not_finite
 from numpyro_dgp.core import collapsed_posterior
-from numpyro_dgp.objectives._collapsed import collapse_sparse_layer
+from numpyro_dgp.objectives._collapsed import CollapsedData, collapse_sparse_layer
 
 __all__ = ["predict_collapsed", "predict_moment_matched"]
 
@@ -151,7 +151,8 @@ def predict_collapsed(
     fitted = substitute(seed(model, key), data=params)
     handler = collapse_sparse_layer(fitted, method, caller)
     trace(handler).get_trace(jnp.asarray(X), y, *args, **kwargs)
-    data = handler.data
+    # None only for a model without a gp_layer, which fails at the first attribute as before
+    data = cast(CollapsedData, handler.data)
     layer = data.layer
     q = collapsed_posterior(
         layer.Kmm_chol, layer.kernel(layer.inducing_inputs, data.X), layer.kernel.diag(data.X), data.residual,

@@ -257,6 +257,21 @@ _CLASSIFICATION_SCORES = ("log_likelihood", "accuracy", "error_rate", "brier", "
 _REGRESSION_SCORES = ("log_likelihood", "rmse", "crps")
 
 
+def _check_y_scale(prediction: Prediction, y_scale: ArrayLike) -> None:
+    """Refuse a ``y_scale`` other than 1 for a classification or count prediction (:func:`metrics`).
+
+    :raises ValueError: naming the prediction's kind.
+    """
+    kind = prediction.likelihood
+    scaled = not np.all(np.asarray(y_scale) == 1.0)
+    if kind in ("bernoulli", "categorical") and scaled:
+        raise ValueError(f"metrics: y_scale applies to regression predictions; a {kind} prediction takes "
+                         f"y_scale=1.0, got {y_scale!r}")
+    if scaled and kind == "general" and is_discrete(prediction.atoms):
+        raise ValueError(f"metrics: y_scale applies to continuous targets; {type(prediction.atoms).__name__} "
+                         f"predictions are of counts, got y_scale={y_scale!r}")
+
+
 def metrics(prediction: Prediction, y: ArrayLike, y_scale: ArrayLike = 1.0, *, per_column: bool = False,
             rng_key: jax.Array | None = None) -> dict:
     """Test metrics of a prediction.
@@ -287,17 +302,11 @@ def metrics(prediction: Prediction, y: ArrayLike, y_scale: ArrayLike = 1.0, *, p
         ``y_scale`` for a classification or count prediction.
     """
     y = _check_targets(prediction, y, "metrics")
+    _check_y_scale(prediction, y_scale)
     kind = prediction.likelihood
-    scaled = not np.all(np.asarray(y_scale) == 1.0)
     if kind in ("bernoulli", "categorical"):
-        if scaled:
-            raise ValueError(f"metrics: y_scale applies to regression predictions; a {kind} prediction takes "
-                             f"y_scale=1.0, got {y_scale!r}")
         scores = _classification_scores(kind, y, _arrays(prediction))
         return {k: float(scores[k]) for k in _CLASSIFICATION_SCORES}
-    if scaled and kind == "general" and is_discrete(prediction.atoms):
-        raise ValueError(f"metrics: y_scale applies to continuous targets; {type(prediction.atoms).__name__} "
-                         f"predictions are of counts, got y_scale={y_scale!r}")
     y = y.astype(prediction.mean.dtype)
     key = jax.random.PRNGKey(0) if rng_key is None else rng_key
     columns = per_column and y.ndim > 1

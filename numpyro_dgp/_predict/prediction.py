@@ -130,7 +130,7 @@ class Prediction(NamedTuple):
     atom_weights: jax.Array | None = None
 
 
-def checked_test_inputs(X_new, caller):
+def checked_test_inputs(X_new: ArrayLike, caller: str) -> jax.Array:
     """``X_new`` at the door: a finite float ``(N, D)`` array (integers cast), a warning when its
     features are spread far beyond the unit scale kernels start at."""
     X_new = as_float_array(X_new, "X_new", caller, ndim=2)
@@ -139,7 +139,7 @@ def checked_test_inputs(X_new, caller):
     return X_new
 
 
-def check_guide_is_set_up(guide, caller):
+def check_guide_is_set_up(guide: Callable, caller: str) -> None:
     # AutoGuides build themselves on first call; inside jit/eval_shape that would leak
     # tracers, and on test inputs (y absent) it would treat y as a latent site.
     if getattr(guide, "prototype_trace", "absent") is None:
@@ -149,8 +149,17 @@ def check_guide_is_set_up(guide, caller):
         )
 
 
-def observation_site(model_trace, obs_site):
-    tail = quadrature_tail(model_trace)
+def observation_site(model_trace: dict, obs_site: str | None) -> str:
+    """The observation site of a run: ``obs_site``, or the one sample site after the last layer."""
+    return _check_observation_site(quadrature_tail(model_trace), obs_site)
+
+
+def _check_observation_site(tail: list[str], obs_site: str | None) -> str:
+    """``obs_site`` (or the only site of ``tail``), checked to be a sample site after the last layer.
+
+    :raises ValueError: several sites after the last layer and no ``obs_site``, or an ``obs_site``
+        that is not one of them.
+    """
     if obs_site is None:
         if len(tail) != 1:
             raise ValueError(
@@ -282,13 +291,21 @@ def take_points(prediction: Prediction, index: ArrayLike) -> Prediction:
 
     :raises NotImplementedError: a prediction with atoms (another likelihood's distributions).
     """
-    if prediction.atoms is not None:
-        raise NotImplementedError("take_points: a prediction with atoms is not sliced here")
+    _check_without_atoms(prediction, "take_points")
     index = jnp.asarray(index, jnp.int32)
     fields = {field: jax.tree_util.tree_map(lambda a, axis=axis: jnp.take(a, index, axis=axis),
                                             getattr(prediction, field))
               for field, axis in _POINT_AXIS.items() if field != "atoms"}
     return prediction._replace(**fields)
+
+
+def _check_without_atoms(prediction: Prediction, caller: str) -> None:
+    """Refuse a prediction with atoms (another likelihood's distributions, not sliced along the points).
+
+    :raises NotImplementedError: for one.
+    """
+    if prediction.atoms is not None:
+        raise NotImplementedError(f"{caller}: a prediction with atoms is not sliced here")
 
 
 @partial(jax.jit, static_argnums=1)

@@ -29,12 +29,7 @@ def predictive_quantiles(prediction: Any, quantiles: ArrayLike, *, num_iters: in
     :return: ``(Q, N)`` quantiles (``(Q, N, T)`` for ``T`` target columns).
     :raises ValueError: a classification prediction, or levels outside ``(0, 1)``.
     """
-    if prediction.likelihood not in ("normal", "general"):
-        raise ValueError("predictive_quantiles: needs a regression prediction (Normal or another likelihood of a "
-                         f"number), got likelihood {prediction.likelihood!r}")
-    levels = np.atleast_1d(np.asarray(quantiles, np.float64))
-    if not np.all((levels > 0) & (levels < 1)):
-        raise ValueError(f"predictive_quantiles: quantiles must lie in (0, 1), got {quantiles!r}")
+    levels = _check_quantile_request(prediction, quantiles)
     q = jnp.asarray(levels, prediction.mean.dtype)
     arrays = {k: getattr(prediction, k) for k in ("component_means", "component_variances", "weights", "atoms",
                                                   "atom_weights")}
@@ -43,6 +38,20 @@ def predictive_quantiles(prediction: Any, quantiles: ArrayLike, *, num_iters: in
         largest = int(np.nanmax(np.where(np.isfinite(spread), np.asarray(prediction.mean) + 12 * spread, 0.0))) + 10
         return _count_quantiles(q, arrays, min(largest, 1_000_000))
     return _bisect_quantiles(q, arrays, int(num_iters))
+
+
+def _check_quantile_request(prediction: Any, quantiles: ArrayLike) -> np.ndarray:
+    """The levels ``(Q,)`` as float64, checked to lie in ``(0, 1)`` for a regression prediction.
+
+    :raises ValueError: a classification prediction, or levels outside ``(0, 1)``.
+    """
+    if prediction.likelihood not in ("normal", "general"):
+        raise ValueError("predictive_quantiles: needs a regression prediction (Normal or another likelihood of a "
+                         f"number), got likelihood {prediction.likelihood!r}")
+    levels = np.atleast_1d(np.asarray(quantiles, np.float64))
+    if not np.all((levels > 0) & (levels < 1)):
+        raise ValueError(f"predictive_quantiles: quantiles must lie in (0, 1), got {quantiles!r}")
+    return levels
 
 
 def _component_weights(arrays: dict) -> jax.Array:

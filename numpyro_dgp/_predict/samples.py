@@ -68,16 +68,7 @@ def predict_from_samples(
     :raises ValueError: for invalid arguments (empty samples, a missing ``"<layer>.u"`` site, ...).
     """
     X_new = checked_test_inputs(X_new, "predict_from_samples")
-    if not isinstance(samples, dict) or not samples:
-        raise ValueError("predict_from_samples: samples is empty; pass mcmc.get_samples() (a dict of (S, ...) arrays)")
-    samples = {k: jnp.asarray(v) for k, v in samples.items()}
-    sizes = {k: (v.shape[0] if v.ndim else None) for k, v in samples.items()}
-    S_set = set(sizes.values())
-    if None in S_set or len(S_set) != 1:
-        raise ValueError(f"predict_from_samples: every sample array needs the same leading (sample) axis; got {sizes}")
-    S = S_set.pop()
-    if S < 1:
-        raise ValueError("predict_from_samples: samples is empty (0 samples along the leading axis)")
+    samples, S = _check_sample_arrays(samples)
     fixed = _check_samples(model, samples, params, X_new, args, kwargs, strict)
 
     def run(sample, key, quadrature):
@@ -97,21 +88,14 @@ def predict_from_samples(
     def probe():
         tr, _, _ = run(one_sample, jax.random.PRNGKey(0), None)
         layers = trace_layers(tr)
-        if not layers:
-            raise ValueError("predict_from_samples: the model runs no gp_layer")
+        u_sites = sorted(layers_by_u_site(tr))
+        _check_model_layers(layers, u_sites, samples)
         found["layers"] = [layer.name for layer in layers]
-        found["u_sites"] = sorted(layers_by_u_site(tr))
         found["out_dim"] = layers[-1].out_dim
         found["sites"] = {n: s["type"] for n, s in tr.items() if s["type"] in ("sample", "param")}
         return 0
 
     jax.eval_shape(probe)
-    missing = [u for u in found["u_sites"] if u not in samples]
-    if missing:
-        raise ValueError(
-            f"predict_from_samples: samples lack the inducing-value site(s) {missing}; they hold "
-            f"{sorted(samples)}. Pass the samples of an MCMC run on the model (its '<layer>.u' sites)"
-        )
     last = found["layers"][-1]
 
     def probe_tail():
@@ -145,6 +129,42 @@ def predict_from_samples(
     keys = jax.random.split(rng_key, S)
     fields = jax.jit(mixture)(samples, keys)
     return warn_if_not_finite(Prediction(**fields, likelihood=likelihood), "predict_from_samples")
+
+
+def _check_sample_arrays(samples: Any) -> tuple[dict[str, jax.Array], int]:
+    """``samples`` as arrays and their number ``S``: a non-empty dict of arrays that share one
+    leading (sample) axis of length at least 1.
+
+    :raises ValueError: otherwise.
+    """
+    if not isinstance(samples, dict) or not samples:
+        raise ValueError("predict_from_samples: samples is empty; pass mcmc.get_samples() (a dict of (S, ...) arrays)")
+    arrays = {k: jnp.asarray(v) for k, v in samples.items()}
+    sizes = {k: (v.shape[0] if v.ndim else None) for k, v in arrays.items()}
+    S_set = set(sizes.values())
+    if None in S_set or len(S_set) != 1:
+        raise ValueError(f"predict_from_samples: every sample array needs the same leading (sample) axis; got {sizes}")
+    S = S_set.pop()
+    assert S is not None  # refused above
+    if S < 1:
+        raise ValueError("predict_from_samples: samples is empty (0 samples along the leading axis)")
+    return arrays, S
+
+
+def _check_model_layers(layers: list, u_sites: list[str], samples: dict) -> None:
+    """Refuse a model without a ``gp_layer``, and samples without some layer's inducing values
+    (``u_sites``, sorted), from the model's run at the test inputs.
+
+    :raises ValueError: for either.
+    """
+    if not layers:
+        raise ValueError("predict_from_samples: the model runs no gp_layer")
+    missing = [u for u in u_sites if u not in samples]
+    if missing:
+        raise ValueError(
+            f"predict_from_samples: samples lack the inducing-value site(s) {missing}; they hold "
+            f"{sorted(samples)}. Pass the samples of an MCMC run on the model (its '<layer>.u' sites)"
+        )
 
 
 def _check_samples(model, samples, params, X_new, args, kwargs, strict):

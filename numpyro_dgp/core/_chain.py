@@ -67,7 +67,7 @@ def point_projection(
         or not) and ``s = k(x, x) - k(x, Z) K^{-1} k(Z, x)``.
     """
     A, B = project(Kmn, Kmm_chol, whiten)
-    return B.T, Knn_diag - jnp.sum(A**2, axis=0)
+    return B.T, jnp.asarray(Knn_diag) - jnp.sum(A**2, axis=0)
 
 
 class Belief(NamedTuple):
@@ -156,9 +156,17 @@ def sample_output(mean: jax.Array, out_cov: jax.Array, eps: jax.Array) -> jax.Ar
     :return: ``(N, P)``.
     :raises ValueError: if ``eps`` is not shaped like ``mean``.
     """
+    _check_eps_shape(mean, eps)
+    return mean + jnp.einsum("npq,nq->np", _output_factor(out_cov), eps)
+
+
+def _check_eps_shape(mean: jax.Array, eps: jax.Array) -> None:
+    """:func:`sample_output`'s draws must be shaped like its means.
+
+    :raises ValueError: otherwise.
+    """
     if eps.shape != mean.shape:
         raise ValueError(f"sample_output: eps must have the shape of mean {mean.shape}, got {eps.shape}")
-    return mean + jnp.einsum("npq,nq->np", _output_factor(out_cov), eps)
 
 
 def output_at_nodes(mean: jax.Array, out_cov: jax.Array, nodes: jax.Array) -> jax.Array:
@@ -257,7 +265,7 @@ def chain_gauss_kl_term(
     if prior_chol is None:
         trace = jnp.sum(jnp.trace(blocks, axis1=-2, axis2=-1))
         mahalanobis = jnp.sum(mean**2)
-        logdet_p = 0.0
+        logdet_p: float | jax.Array = 0.0
     else:
         Linv = solve_triangular(prior_chol, jnp.eye(M, dtype=mean.dtype), lower=True)
         trace = jnp.sum(jnp.einsum("im,pmn,in->p", Linv, blocks, Linv))

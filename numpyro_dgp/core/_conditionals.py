@@ -29,9 +29,9 @@ def factors_transpose_times(q_sqrt: ArrayLike, B: ArrayLike) -> jax.Array:
     :param B: ``(M, N)``.
     :return: ``(P, K, N)``.
     """
-    P, M, K = q_sqrt.shape
+    P, M, K = jnp.shape(q_sqrt)
     factors = jnp.transpose(q_sqrt, (1, 0, 2)).reshape(M, P * K)
-    return (factors.T @ B).reshape(P, K, B.shape[-1])
+    return (factors.T @ B).reshape(P, K, jnp.shape(B)[-1])
 
 
 def project(Kmn: ArrayLike, Kmm_chol: ArrayLike, whiten: bool = True) -> tuple[jax.Array, jax.Array]:
@@ -45,7 +45,7 @@ def project(Kmn: ArrayLike, Kmm_chol: ArrayLike, whiten: bool = True) -> tuple[j
         ``K^{-1} Kmn = L^{-T} A``.
     """
     Linv = triangular_inverse(Kmm_chol)
-    A = lower_times(Linv, Kmn)
+    A = lower_times(Linv, jnp.asarray(Kmn))
     B = A if whiten else Linv.T @ A
     return A, B
 
@@ -96,11 +96,7 @@ def _conditional(
     whiten: bool,
     full_cov: bool,
 ) -> tuple[jax.Array, jax.Array]:
-    if q_sqrt is not None and q_sqrt.ndim not in (2, 3):
-        raise ValueError(f"q_sqrt must be (P, M, M) or (P, M); got shape {q_sqrt.shape}")
-    if Knn.ndim != (2 if full_cov else 1):
-        expected = "(N, N)" if full_cov else "(N,)"
-        raise ValueError(f"full_cov={full_cov} needs Knn of shape {expected}; got {Knn.shape}")
+    _check_conditional_shapes(Knn, q_sqrt, full_cov)
     A, B = project(Kmn, Kmm_chol, whiten)
     mean = (q_mean @ B).T
     if full_cov:
@@ -113,6 +109,19 @@ def _conditional(
     # Near the inducing inputs the prior variance and its reduction cancel; in float32, with a
     # kernel variance far above the jitter, the round-off can leave them below zero.
     return mean, jnp.maximum(jnp.broadcast_to(var, mean.shape), 0.0)
+
+
+def _check_conditional_shapes(Knn: jax.Array, q_sqrt: jax.Array | None, full_cov: bool) -> None:
+    """The conditional's ``q_sqrt`` (``(P, M, M)``, ``(P, M)`` or ``None``) and ``Knn`` (``(N, N)``
+    with ``full_cov``, else ``(N,)``) by their numbers of dimensions.
+
+    :raises ValueError: for another number of dimensions.
+    """
+    if q_sqrt is not None and q_sqrt.ndim not in (2, 3):
+        raise ValueError(f"q_sqrt must be (P, M, M) or (P, M); got shape {q_sqrt.shape}")
+    if Knn.ndim != (2 if full_cov else 1):
+        expected = "(N, N)" if full_cov else "(N,)"
+        raise ValueError(f"full_cov={full_cov} needs Knn of shape {expected}; got {Knn.shape}")
 
 
 def _covariance(A: jax.Array, B: jax.Array, Knn: jax.Array, q_sqrt: jax.Array | None, P: int) -> jax.Array:

@@ -34,7 +34,7 @@ def _gauss_kl(q_mean: jax.Array, q_sqrt: jax.Array, prior_chol: jax.Array | None
     if prior_chol is None:
         trace = jnp.sum(q_sqrt**2)
         mahalanobis = jnp.sum(q_mean**2)
-        logdet_p = 0.0
+        logdet_p: float | jax.Array = 0.0
     else:
         Linv_m = solve_triangular(prior_chol, q_mean.T, lower=True)  # (M, P)
         mahalanobis = jnp.sum(Linv_m**2)

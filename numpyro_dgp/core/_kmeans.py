@@ -69,20 +69,28 @@ def kmeans(rng_key: jax.Array, X: ArrayLike, num_clusters: int, num_iters: int =
     :return: ``(M, D)`` centers; an empty cluster keeps its previous center.
     :raises ValueError: if ``num_clusters`` exceeds the number of points ``N``.
     """
-    N = X.shape[0]
-    if num_clusters > N:
-        raise ValueError(
-            f"num_inducing={num_clusters} exceeds the {N} points available to initialize "
-            "the inducing inputs by k-means; lower num_inducing or pass inducing_inputs="
-        )
+    N = jnp.shape(X)[0]
+    _check_kmeans_sizes(N, num_clusters, max_points)
     if max_points is not None and N > max_points:
-        if not num_clusters <= max_points:
-            raise ValueError(f"kmeans: num_clusters={num_clusters} exceeds max_points={max_points}")
         # drawn once, at initialization; the Lloyd iterations then cost O(max_points M D)
         subsample_key = jax.random.fold_in(rng_key, 0x5AB)
         keep = jax.random.choice(subsample_key, N, (int(max_points),), replace=False)
         X = jnp.asarray(X)[keep]
     return _kmeans(rng_key, X, int(num_clusters), int(num_iters))
+
+
+def _check_kmeans_sizes(N: int, num_clusters: int, max_points: int | None) -> None:
+    """k-means needs at least ``num_clusters`` points, in the data and in the subsample.
+
+    :raises ValueError: if ``num_clusters`` exceeds ``N``, or ``max_points`` when the data are subsampled.
+    """
+    if num_clusters > N:
+        raise ValueError(
+            f"num_inducing={num_clusters} exceeds the {N} points available to initialize "
+            "the inducing inputs by k-means; lower num_inducing or pass inducing_inputs="
+        )
+    if max_points is not None and N > max_points and not num_clusters <= max_points:
+        raise ValueError(f"kmeans: num_clusters={num_clusters} exceeds max_points={max_points}")
 
 
 @partial(jax.jit, static_argnums=(2, 3))

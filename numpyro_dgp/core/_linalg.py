@@ -39,7 +39,7 @@ def check_jitter(jitter: ArrayLike, name: str = "jitter") -> None:
     :raises ValueError: if ``jitter`` is concrete and not a finite positive number.
     """
     try:
-        value = float(jitter)
+        value = float(jitter)  # type: ignore[arg-type]  # ArrayLike has complex: its TypeError is caught
     except (TypeError, jax.errors.ConcretizationTypeError):
         return  # traced: cannot check here
     if not (value > 0 and value < float("inf")):
@@ -56,6 +56,7 @@ def jittered_cholesky(K: ArrayLike, jitter: ArrayLike) -> jax.Array:
     :raises ValueError: if a concrete scalar ``jitter`` is not a finite positive number.
     """
     check_jitter(jitter)
+    K = jnp.asarray(K)
     M = K.shape[-1]
     return cholesky(K + jitter * jnp.eye(M, dtype=K.dtype))
 
@@ -143,6 +144,7 @@ def robust_cholesky(
     :raises ValueError: if a concrete ``jitter`` is not a finite positive number.
     """
     check_jitter(jitter)
+    K = jnp.asarray(K)
     jitter = jnp.asarray(jitter, K.dtype)
 
     def attempt(k, carry):

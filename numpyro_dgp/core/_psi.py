@@ -36,12 +36,12 @@ cost as the sum. With zero input variance every statistic is the kernel evaluate
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, TypeGuard
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.typing import ArrayLike
+from jax.typing import ArrayLike, DTypeLike
 
 from numpyro_dgp.core._gauss_sums import gauss_sums_over_points, gauss_sums_per_point
 from numpyro_dgp.core._quadrature import gauss_hermite_product
@@ -55,9 +55,13 @@ _BLOCK_ENTRIES = 2**23
 _MAX_NODES = 20_000
 
 
-def _inputs(mean: ArrayLike, var: ArrayLike, caller: str, shared: bool = False) -> tuple[jax.Array, jax.Array]:
+def _check_input_moments(mean: ArrayLike, var: ArrayLike, caller: str,
+                         shared: bool = False) -> tuple[jax.Array, jax.Array]:
     """``(mean (N, D), var)``: ``var`` broadcast to ``(N, D)``, or with ``shared`` kept ``(D,)``
-    when every point has the same variances (a scalar or ``(D,)`` given)."""
+    when every point has the same variances (a scalar or ``(D,)`` given).
+
+    :raises ValueError: for a ``mean`` not ``(N, D)`` or a ``var`` that does not broadcast to it.
+    """
     mean = jnp.asarray(mean)
     if mean.ndim != 2:
         raise ValueError(f"{caller}: mean must have shape (N, D), got {mean.shape}")
@@ -72,18 +76,22 @@ def _inputs(mean: ArrayLike, var: ArrayLike, caller: str, shared: bool = False) 
         raise ValueError(f"{caller}: var of shape {jnp.shape(var)} does not broadcast to mean's {mean.shape}") from None
 
 
-def _inducing(Z: ArrayLike, mean: jax.Array, caller: str) -> jax.Array:
+def _check_inducing_inputs(Z: ArrayLike, mean: jax.Array, caller: str) -> jax.Array:
+    """``Z`` as ``(M, D)`` in the inputs' dtype.
+
+    :raises ValueError: for another shape.
+    """
     Z = jnp.asarray(Z, mean.dtype)
     if Z.ndim != 2 or Z.shape[1] != mean.shape[1]:
         raise ValueError(f"{caller}: Z must have shape (M, {mean.shape[1]}), got {Z.shape}")
     return Z
 
 
-def _is_rbf(kernel: Kernel) -> bool:
+def _is_rbf(kernel: Kernel) -> TypeGuard[RBF]:
     return type(kernel) is RBF
 
 
-def _rbf_parts(kernel: Kernel, mean: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _rbf_parts(kernel: RBF, mean: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(variance, lengthscales (D,))`` in the inputs' dtype."""
     D = mean.shape[1]
     ls = jnp.broadcast_to(jnp.asarray(kernel.lengthscale, mean.dtype), (D,))
@@ -103,18 +111,25 @@ def _scaled_sqdist(mean: jax.Array, scale: jax.Array, points: jax.Array) -> jax.
     return jnp.maximum(sq, 0.0)
 
 
-def _gh_nodes(mean: jax.Array, var: jax.Array, num_points: int, caller: str) -> tuple[jax.Array, jax.Array]:
-    """Tensor-product Gauss-Hermite nodes ``(N, K, D)`` of every point's input and weights ``(K,)``."""
-    D = mean.shape[1]
+def _check_rule_size(num_points: int, D: int, caller: str) -> None:
+    """The fallback's tensor-product rule must stay within :data:`_MAX_NODES` nodes per point.
+
+    :raises ValueError: for ``num_points ** D`` above it.
+    """
     if int(num_points) ** D > _MAX_NODES:
         raise ValueError(
             f"{caller}: the Gauss-Hermite fallback needs num_points ** D = {int(num_points)}^{D} nodes per "
             f"point (over {_MAX_NODES}); lower num_points or use a kernel with closed-form psi statistics "
             "(RBF, Linear)"
         )
+
+
+def _gh_nodes(mean: jax.Array, var: jax.Array, num_points: int, caller: str) -> tuple[jax.Array, jax.Array]:
+    """Tensor-product Gauss-Hermite nodes ``(N, K, D)`` of every point's input and weights ``(K,)``."""
+    D = mean.shape[1]
+    _check_rule_size(num_points, D, caller)
     nodes, weights = gauss_hermite_product(int(num_points), D)
-    nodes = jnp.asarray(nodes, mean.dtype)
-    x = mean[:, None, :] + jnp.sqrt(jnp.maximum(var, 0.0))[:, None, :] * nodes[None]
+    x = mean[:, None, :] + jnp.sqrt(jnp.maximum(var, 0.0))[:, None, :] * jnp.asarray(nodes, mean.dtype)[None]
     return x, jnp.asarray(weights, mean.dtype)
 
 
@@ -128,7 +143,7 @@ def psi0(kernel: Kernel, mean: ArrayLike, var: ArrayLike, *, num_points: int = 1
     :return: ``(N,)``.
     :raises ValueError: for inputs of the wrong shape, or a fallback rule over 20,000 nodes.
     """
-    mean, var = _inputs(mean, var, "psi0")
+    mean, var = _check_input_moments(mean, var, "psi0")
     if _is_rbf(kernel):
         return jnp.broadcast_to(jnp.asarray(kernel.variance, mean.dtype), mean.shape[:1])
     if type(kernel) is Linear:
@@ -152,8 +167,8 @@ def psi1(kernel: Kernel, mean: ArrayLike, var: ArrayLike, Z: ArrayLike, *, num_p
     :return: ``(N, M)``.
     :raises ValueError: for inputs of the wrong shape, or a fallback rule over 20,000 nodes.
     """
-    mean, var = _inputs(mean, var, "psi1")
-    Z = _inducing(Z, mean, "psi1")
+    mean, var = _check_input_moments(mean, var, "psi1")
+    Z = _check_inducing_inputs(Z, mean, "psi1")
     if _is_rbf(kernel):
         sf2, ls = _rbf_parts(kernel, mean)
         scale = ls**2 + var
@@ -183,8 +198,8 @@ def expected_input_kernel(
     :return: ``(N, M, D)``.
     :raises ValueError: for inputs of the wrong shape, or a fallback rule over 20,000 nodes.
     """
-    mean, var = _inputs(mean, var, "expected_input_kernel")
-    Z = _inducing(Z, mean, "expected_input_kernel")
+    mean, var = _check_input_moments(mean, var, "expected_input_kernel")
+    Z = _check_inducing_inputs(Z, mean, "expected_input_kernel")
     if _is_rbf(kernel):
         _, ls = _rbf_parts(kernel, mean)
         scale = ls**2 + var  # (N, D)
@@ -204,7 +219,7 @@ def _pairs(M: int) -> tuple[np.ndarray, np.ndarray]:
     return np.triu_indices(M)
 
 
-def _rbf_psi2_pairs(kernel: Kernel, mean: jax.Array, var: jax.Array, Z: jax.Array):
+def _rbf_psi2_pairs(kernel: RBF, mean: jax.Array, var: jax.Array, Z: jax.Array):
     """The squared exponential ``Psi2`` over the pairs ``m <= m'``: ``Psi2_n[pair] =
     pair_factor[pair] E[n, pair]`` with ``E`` the Gaussian bumps of
     :mod:`numpyro_dgp.core._gauss_sums`; returns ``(pair_factor (Q,), bump arguments)``."""
@@ -217,7 +232,7 @@ def _rbf_psi2_pairs(kernel: Kernel, mean: jax.Array, var: jax.Array, Z: jax.Arra
     return pair_factor, (mean, scale, log_det, zbar)
 
 
-def _rbf_shared_psi2(kernel: Kernel, mean: jax.Array, var: jax.Array, Z: jax.Array):
+def _rbf_shared_psi2(kernel: RBF, mean: jax.Array, var: jax.Array, Z: jax.Array):
     """The squared exponential ``Psi2`` when every point has the input variances ``var (D,)``:
     ``Psi2_n = scale * B * phi_n^T phi_n`` with ``phi (N, M)``, so sums and traces are products.
 
@@ -298,8 +313,8 @@ def psi2(
     :return: ``(M, M)``, or ``(N, M, M)`` if ``per_point``.
     :raises ValueError: for inputs of the wrong shape, or a fallback rule over 20,000 nodes.
     """
-    mean, var = _inputs(mean, var, "psi2", shared=True)
-    Z = _inducing(Z, mean, "psi2")
+    mean, var = _check_input_moments(mean, var, "psi2", shared=True)
+    Z = _check_inducing_inputs(Z, mean, "psi2")
     M = Z.shape[0]
     if _is_rbf(kernel) and var.ndim == 1:
         scale, B, Phi = _rbf_shared_psi2(kernel, mean, var, Z)
@@ -363,12 +378,10 @@ def psi2_traces(
     :return: ``(N, J)``.
     :raises ValueError: for inputs of the wrong shape, or a fallback rule over 20,000 nodes.
     """
-    mean, var = _inputs(mean, var, "psi2_traces", shared=True)
-    Z = _inducing(Z, mean, "psi2_traces")
+    mean, var = _check_input_moments(mean, var, "psi2_traces", shared=True)
+    Z = _check_inducing_inputs(Z, mean, "psi2_traces")
     M = Z.shape[0]
-    A = jnp.asarray(matrices, mean.dtype)
-    if A.ndim != 3 or A.shape[1:] != (M, M):
-        raise ValueError(f"psi2_traces: matrices must have shape (J, {M}, {M}), got {A.shape}")
+    A = _check_trace_matrices(matrices, M, mean.dtype)
     if _is_rbf(kernel) and var.ndim == 1:
         scale, B, Phi = _rbf_shared_psi2(kernel, mean, var, Z)
         # tr(Psi2_n A) = scale phi_n (B * A^T) phi_n^T
@@ -387,3 +400,14 @@ def psi2_traces(
     N, K, D = x.shape
     Kx = kernel(x.reshape(N * K, D), Z).reshape(N, K, M)
     return jnp.einsum("nkm,jml,nkl,k->nj", Kx, A, Kx, w)
+
+
+def _check_trace_matrices(matrices: ArrayLike, M: int, dtype: DTypeLike) -> jax.Array:
+    """:func:`psi2_traces`' matrices as ``(J, M, M)`` in the inputs' dtype.
+
+    :raises ValueError: for another shape.
+    """
+    A = jnp.asarray(matrices, dtype)
+    if A.ndim != 3 or A.shape[1:] != (M, M):
+        raise ValueError(f"psi2_traces: matrices must have shape (J, {M}, {M}), got {A.shape}")
+    return A

@@ -21,10 +21,18 @@ def gauss_hermite(num_points: int) -> tuple[np.ndarray, np.ndarray]:
     :return: ``(nodes (K,), weights (K,))`` as NumPy float64 arrays; weights sum to 1.
     :raises ValueError: if ``num_points < 1``.
     """
-    if int(num_points) < 1:
-        raise ValueError(f"num_points must be >= 1, got {num_points}")
+    _check_num_points(num_points)
     nodes, weights = np.polynomial.hermite_e.hermegauss(int(num_points))
     return nodes, weights / weights.sum()
+
+
+def _check_num_points(num_points: int) -> None:
+    """A Gauss-Hermite rule has at least one node.
+
+    :raises ValueError: if ``num_points < 1``.
+    """
+    if int(num_points) < 1:
+        raise ValueError(f"num_points must be >= 1, got {num_points}")
 
 
 def gauss_hermite_product(num_points: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -49,4 +57,5 @@ def expected_log_normal(y: ArrayLike, f_mean: ArrayLike, f_var: ArrayLike, noise
     :param noise_var: observation noise variances.
     :return: the expectations, broadcast over the arguments.
     """
+    y, f_mean = jnp.asarray(y), jnp.asarray(f_mean)
     return -0.5 * jnp.log(2 * jnp.pi * noise_var) - 0.5 * ((y - f_mean) ** 2 + f_var) / noise_var

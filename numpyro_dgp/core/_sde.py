@@ -20,6 +20,15 @@ from jax.typing import ArrayLike
 __all__ = ["euler_maruyama"]
 
 
+def _check_num_steps(num_steps: int) -> None:
+    """:func:`euler_maruyama` takes a positive integer number of steps.
+
+    :raises ValueError: otherwise.
+    """
+    if not (isinstance(num_steps, int) and num_steps >= 1):
+        raise ValueError(f"euler_maruyama: num_steps must be a positive integer, got {num_steps!r}")
+
+
 def euler_maruyama(
     drift_diffusion: Callable,
     x0: ArrayLike,
@@ -47,8 +56,7 @@ def euler_maruyama(
     :return: ``x_T (N, D)``, or ``(x_T, path)`` with ``record=True``.
     :raises ValueError: if ``num_steps`` is not a positive integer.
     """
-    if not (isinstance(num_steps, int) and num_steps >= 1):
-        raise ValueError(f"euler_maruyama: num_steps must be a positive integer, got {num_steps!r}")
+    _check_num_steps(num_steps)
     x0 = jnp.asarray(x0)
     dt = jnp.asarray(T, x0.dtype) / num_steps
     keys = jax.random.split(rng_key, num_steps)

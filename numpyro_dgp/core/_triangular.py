@@ -89,10 +89,18 @@ def lower_from_vector(vector: jax.Array) -> jax.Array:
     :param vector: ``(..., n (n + 1) / 2)``.
     :return: ``(..., n, n)``, zero above the diagonal.
     """
-    n = round((np.sqrt(1 + 8 * vector.shape[-1]) - 1) / 2)
-    if n * (n + 1) // 2 != vector.shape[-1]:
-        raise ValueError(f"vector's last axis must be n (n + 1) / 2 long; got {vector.shape[-1]}")
-    return _lower_from_vector(vector, n)
+    return _lower_from_vector(vector, _check_triangle_size(vector.shape[-1]))
+
+
+def _check_triangle_size(length: int) -> int:
+    """``n`` of a lower-triangle vector of ``length = n (n + 1) / 2`` entries.
+
+    :raises ValueError: for a length that is no triangular number.
+    """
+    n = round((np.sqrt(1 + 8 * length) - 1) / 2)
+    if n * (n + 1) // 2 != length:
+        raise ValueError(f"vector's last axis must be n (n + 1) / 2 long; got {length}")
+    return n
 
 
 @lru_cache(maxsize=None)

@@ -64,6 +64,18 @@ def _alpha_map(Kmm_chol: jax.Array, whiten: bool) -> jax.Array:
     return Linv.T if whiten else Linv.T @ Linv
 
 
+def _check_moment_options(q_sqrt: ArrayLike | None, per_point: bool, per_point_inducing: bool) -> None:
+    """:func:`uncertain_input_moments`' ``q_sqrt`` (``(P, M, M)``, ``(P, M)`` or ``None``) and its
+    per-point options (per-point variances need the per-point inducing part).
+
+    :raises ValueError: for another ``q_sqrt``, or ``per_point`` without ``per_point_inducing``.
+    """
+    if q_sqrt is not None and jnp.ndim(q_sqrt) not in (2, 3):
+        raise ValueError(f"uncertain_input_moments: q_sqrt must be (P, M, M) or (P, M); got shape {jnp.shape(q_sqrt)}")
+    if per_point and not per_point_inducing:
+        raise ValueError("uncertain_input_moments: per_point=True needs per_point_inducing=True")
+
+
 def uncertain_input_moments(
     kernel: Kernel,
     Z: ArrayLike,
@@ -103,8 +115,10 @@ def uncertain_input_moments(
     :param num_points: Gauss-Hermite nodes per input dimension for kernels without closed-form
         psi statistics (see :mod:`numpyro_dgp.core` ``psi1``).
     :return: :class:`UncertainInputMoments`.
-    :raises ValueError: if ``q_sqrt`` has the wrong number of dimensions.
+    :raises ValueError: if ``q_sqrt`` has the wrong number of dimensions, or ``per_point`` is asked
+        without ``per_point_inducing``.
     """
+    _check_moment_options(q_sqrt, per_point, per_point_inducing)
     mean = jnp.asarray(mean)
     Z = jnp.asarray(Z, mean.dtype)
     q_mean = jnp.asarray(q_mean, mean.dtype)
@@ -113,16 +127,13 @@ def uncertain_input_moments(
     a = q_mean @ T.T  # (P, M): E alpha_p
     if q_sqrt is None:
         R = None
-    elif q_sqrt.ndim == 3:
+    elif jnp.ndim(q_sqrt) == 3:
         R = jnp.einsum("mk,pkl->pml", T, q_sqrt)  # C_p = R_p R_p^T
-    elif q_sqrt.ndim == 2:
-        R = T[None] * q_sqrt[:, None, :]
     else:
-        raise ValueError(f"uncertain_input_moments: q_sqrt must be (P, M, M) or (P, M); got shape {q_sqrt.shape}")
+        R = T[None] * jnp.asarray(q_sqrt)[:, None, :]
     K_inv = T @ T.T if whiten else T  # (M, M)
 
-    deterministic = var is None
-    if deterministic:
+    if var is None:  # deterministic inputs
         P1 = kernel(mean, Z)
     else:
         var = jnp.asarray(var, mean.dtype)
@@ -141,7 +152,7 @@ def uncertain_input_moments(
     else:
         inducing_var = jnp.einsum("mk,pml,pkl->p", P1.T @ P1, R, R)  # sum_n Psi1_n C_p Psi1_n^T
 
-    if deterministic:
+    if var is None:
         explained = jnp.sum((P1 @ T) ** 2, -1) if whiten else jnp.sum((P1 @ K_inv) * P1, -1)
         conditional_var = kernel.diag(mean) - explained
         input_var = jnp.zeros_like(f_mean)
@@ -158,8 +169,6 @@ def uncertain_input_moments(
         traces = psi2_traces(kernel, mean, var, Z, jnp.concatenate([G, K_inv[None]]), num_points=num_points)
         conditional_var = psi0(kernel, mean, var, num_points=num_points) - traces[:, P]
         # tr((Psi2_n - Psi1_n^T Psi1_n) G_p) = tr(Psi2_n G_p) - (Psi1_n a_p)^2 - inducing_var
-        if not per_point_inducing:
-            raise ValueError("uncertain_input_moments: per_point=True needs per_point_inducing=True")
         input_var = traces[:, :P] - gp_mean**2 - inducing_var
     else:
         Psi2 = psi2(kernel, mean, var, Z, num_points=num_points)

@@ -54,15 +54,11 @@ def compare(vi: dict[str, xarray.DataTree], mcmc: xarray.DataTree, *, points: Se
     """
     import pandas as pd
 
-    if not vi:
-        raise ValueError("compare: vi must name at least one variational result")
+    _check_methods(vi)
     health = mcmc_health(mcmc, rhat_threshold=rhat_threshold, ess_threshold=ess_threshold)
     table = pd.concat([layer_metrics(tree, mcmc, interval=interval, label=name) for name, tree in vi.items()],
                       ignore_index=True)
-    G = mcmc["posterior"].sizes["grid"]
-    points = list(range(G)) if points is None else [int(p) for p in points]
-    if any(p < 0 or p >= G for p in points):
-        raise ValueError(f"compare: points must be grid indices in [0, {G}), got {points}")
+    points = _check_points(points, mcmc["posterior"].sizes["grid"])
     chosen = table[table["grid"].isin(points)]
     summary = (
         chosen.groupby(["method", "layer"], sort=False)
@@ -75,6 +71,26 @@ def compare(vi: dict[str, xarray.DataTree], mcmc: xarray.DataTree, *, points: Se
         figures["layers"] = plot_layers({**vi, "MCMC": mcmc})
         figures["marginals"] = plot_marginals({**vi, "MCMC": mcmc}, points=points[:: max(1, len(points) // 3)][:3])
     return Comparison(table, summary, health, figures)
+
+
+def _check_methods(vi: dict[str, xarray.DataTree]) -> None:
+    """Refuse an empty ``vi`` (:func:`compare`).
+
+    :raises ValueError: for one.
+    """
+    if not vi:
+        raise ValueError("compare: vi must name at least one variational result")
+
+
+def _check_points(points: Sequence[int] | None, G: int) -> list[int]:
+    """``points`` as a list of grid indices (default: all ``G``), each checked to be in ``[0, G)``.
+
+    :raises ValueError: for an index outside.
+    """
+    chosen = list(range(G)) if points is None else [int(p) for p in points]
+    if any(p < 0 or p >= G for p in chosen):
+        raise ValueError(f"compare: points must be grid indices in [0, {G}), got {chosen}")
+    return chosen
 
 
 def plot_layers(

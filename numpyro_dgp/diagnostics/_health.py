@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -104,7 +104,7 @@ def mcmc_health(tree: xarray.DataTree, *, rhat_threshold: float = 1.01, ess_thre
         div = int(np.asarray(tree["sample_stats"]["diverging"].values).sum())
     rows = []
     for name in names:
-        row = dict(layer=name, chains=C, draws=posterior.sizes["draw"])
+        row: dict[str, Any] = dict(layer=name, chains=C, draws=posterior.sizes["draw"])
         if C > 1:
             row["max_rhat"] = float(np.nanmax(np.asarray(az.rhat(posterior[name]).values)))
         else:

@@ -44,6 +44,24 @@ def layer_draws(tree, name):
     return v.reshape((-1,) + v.shape[2:])
 
 
+def _check_comparable(vi: xarray.DataTree, mcmc: xarray.DataTree, interval: float) -> tuple[list[str], np.ndarray]:
+    """The reference's layer names and grid, checked against the VI result's (:func:`layer_metrics`).
+
+    :raises ValueError: ``interval`` outside ``(0, 1)``, a layer the VI result lacks, or another grid.
+    """
+    if not 0 < interval < 1:
+        raise ValueError(f"layer_metrics: interval must be in (0, 1), got {interval!r}")
+    names = layer_names(mcmc)
+    missing = [n for n in names if n not in layer_names(vi)]
+    if missing:
+        raise ValueError(f"layer_metrics: the VI result lacks layers {missing} (it has {layer_names(vi)})")
+    x = np.asarray(mcmc["constant_data"]["grid_x"].values)
+    vi_x = np.asarray(vi["constant_data"]["grid_x"].values)
+    if x.shape != vi_x.shape or not np.allclose(x, vi_x):
+        raise ValueError("layer_metrics: the VI and MCMC results are on different grids")
+    return names, x
+
+
 def layer_metrics(
     vi: xarray.DataTree, mcmc: xarray.DataTree, *, interval: float = 0.9, label: str | None = None
 ) -> pandas.DataFrame:
@@ -62,16 +80,7 @@ def layer_metrics(
     """
     import pandas as pd
 
-    if not 0 < interval < 1:
-        raise ValueError(f"layer_metrics: interval must be in (0, 1), got {interval!r}")
-    names = layer_names(mcmc)
-    missing = [n for n in names if n not in layer_names(vi)]
-    if missing:
-        raise ValueError(f"layer_metrics: the VI result lacks layers {missing} (it has {layer_names(vi)})")
-    x = np.asarray(mcmc["constant_data"]["grid_x"].values)
-    vi_x = np.asarray(vi["constant_data"]["grid_x"].values)
-    if x.shape != vi_x.shape or not np.allclose(x, vi_x):
-        raise ValueError("layer_metrics: the VI and MCMC results are on different grids")
+    names, x = _check_comparable(vi, mcmc, interval)
     label = label or vi.attrs.get("label", "vi")
     lo, hi = 0.5 - interval / 2, 0.5 + interval / 2
     rows = []

@@ -48,13 +48,37 @@ class ModeEvidence(NamedTuple):
     khat: np.ndarray
 
 
-def _latent_sites(model, args, kwargs, samples):
+def _latent_sites(model: Callable, args: tuple, kwargs: dict) -> list[str]:
+    """The model's latent sample sites, in execution order."""
     tr = trace(seed(model, 0)).get_trace(*args, **kwargs)
-    names = [n for n, site in tr.items() if site["type"] == "sample" and not site["is_observed"]]
+    return [n for n, site in tr.items() if site["type"] == "sample" and not site["is_observed"]]
+
+
+def _check_mode_settings(modes: list[list[int]], num_draws: int, inflate: float) -> None:
+    """Refuse empty modes, fewer than 100 proposal draws and a non-positive ``inflate`` (:func:`mode_evidence`).
+
+    :raises ValueError: for each.
+    """
+    if not modes or any(len(m) == 0 for m in modes):
+        raise ValueError(f"mode_evidence: modes must be non-empty lists of chain indices, got {modes!r}")
+    if num_draws < 100:
+        raise ValueError(f"mode_evidence: num_draws must be at least 100, got {num_draws}")
+    if not inflate > 0:
+        raise ValueError(f"mode_evidence: inflate must be positive, got {inflate!r}")
+
+
+def _check_mode_samples(names: list[str], samples: dict, modes: list[list[int]]) -> None:
+    """Refuse samples that lack a latent site of the model, and modes that name chains the samples do not have.
+
+    :raises ValueError: for either.
+    """
     missing = [n for n in names if n not in samples]
     if missing:
         raise ValueError(f"mode_evidence: samples lack the model's latent sites {missing}")
-    return names
+    C = np.asarray(samples[names[0]]).shape[0]
+    bad = [m for m in modes for c in m if not 0 <= c < C]
+    if bad:
+        raise ValueError(f"mode_evidence: modes name chains outside 0..{C - 1}: {bad}")
 
 
 def _bridge_log_evidence(log_ratio_posterior, log_ratio_proposal, num_iterations: int = 200):
@@ -114,17 +138,9 @@ def mode_evidence(model: Callable, samples: dict, modes: list[list[int]], rng_ke
     from jax.flatten_util import ravel_pytree
     from numpyro.infer.util import potential_energy, unconstrain_fn
 
-    if not modes or any(len(m) == 0 for m in modes):
-        raise ValueError(f"mode_evidence: modes must be non-empty lists of chain indices, got {modes!r}")
-    if num_draws < 100:
-        raise ValueError(f"mode_evidence: num_draws must be at least 100, got {num_draws}")
-    if not inflate > 0:
-        raise ValueError(f"mode_evidence: inflate must be positive, got {inflate!r}")
-    names = _latent_sites(model, args, kwargs, samples)
-    C = np.asarray(samples[names[0]]).shape[0]
-    bad = [m for m in modes for c in m if not 0 <= c < C]
-    if bad:
-        raise ValueError(f"mode_evidence: modes name chains outside 0..{C - 1}: {bad}")
+    _check_mode_settings(modes, num_draws, inflate)
+    names = _latent_sites(model, args, kwargs)
+    _check_mode_samples(names, samples, modes)
     latent = {n: jnp.asarray(samples[n]) for n in names}
     # every latent site is given, so the log density does not depend on the key; the seed
     # only satisfies layers that ask for one
@@ -134,7 +150,9 @@ def mode_evidence(model: Callable, samples: dict, modes: list[list[int]], rng_ke
     _, unravel = ravel_pytree(jax.tree.map(lambda v: v[0, 0], unconstrained))
     flat = jax.vmap(jax.vmap(lambda t: ravel_pytree(t)[0]))(unconstrained)  # (C, D, dim)
     log_joint = jax.jit(jax.vmap(lambda z: -potential_energy(model, args, kwargs, unravel(z))))
-    log_z, log_z_se, khat = [], [], []
+    log_z: list[float] = []
+    log_z_se: list[float] = []
+    khat: list[float] = []
     for k, chains in enumerate(modes):
         draws = np.asarray(flat[np.asarray(chains)]).reshape(-1, flat.shape[-1])
         mean = draws.mean(0)
@@ -166,9 +184,9 @@ def mode_evidence(model: Callable, samples: dict, modes: list[list[int]], rng_ke
             # the Pareto fit overflows (k-hat nan) when the ratios span hundreds of nats
             warnings.simplefilter("ignore", RuntimeWarning)
             khat.append(float(array_stats.psislw(log_ratio)[1]))
-    log_z = np.asarray(log_z)
-    weights = np.exp(log_z - log_z.max())
-    return ModeEvidence([list(m) for m in modes], log_z, np.asarray(log_z_se), weights / weights.sum(),
+    log_evidence = np.asarray(log_z)
+    weights = np.exp(log_evidence - log_evidence.max())
+    return ModeEvidence([list(m) for m in modes], log_evidence, np.asarray(log_z_se), weights / weights.sum(),
                         np.asarray(khat))
 
 

@@ -20,7 +20,7 @@ from numpyro.distributions import constraints
 from numpyro.distributions.util import vec_to_tril_matrix
 
 from numpyro_dgp._protocol import inducing_tag
-from numpyro_dgp._validation import check_positive_int
+from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.guides._base import InducingSite
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
 from numpyro_dgp.guides._latent import mlp, register_mlp
@@ -129,14 +129,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
                  hidden_width: int | None = None, num_hidden: int = 2, init_scale: float = 0.1,
                  points: dict[str, ArrayLike] | None = None, weights: ArrayLike | None = None,
                  learn_points: bool = True, prefix: str = "auto", **kwargs: Any) -> None:
-        if rule not in AMORTIZATION_RULES:
-            raise ValueError(f"AutoAmortizedDGP: rule must be one of {AMORTIZATION_RULES}, got {rule!r}")
-        check_positive_int(num_branches, "num_branches", "AutoAmortizedDGP")
-        if covariance not in COVARIANCES:
-            raise ValueError(f"AutoAmortizedDGP: covariance must be one of {COVARIANCES}, got {covariance!r}")
-        if not float(init_scale) > 0:
-            raise ValueError(f"AutoAmortizedDGP: init_scale must be positive, got {init_scale!r}")
-        check_positive_int(hidden_width, "hidden_width", "AutoAmortizedDGP", allow_none=True)
+        initial_weights = _check_amortized_options(rule, num_branches, covariance, init_scale, hidden_width, weights)
         self.rule = rule
         self.num_branches = int(num_branches)
         self.covariance = covariance
@@ -144,14 +137,9 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         self.num_hidden = int(num_hidden)
         self.encoder_init_scale = float(init_scale)
         self.initial_points = points
-        if weights is None:
-            weights = np.full(int(num_branches), 1.0 / int(num_branches))
-        weights = np.asarray(weights, float)
-        if weights.shape != (int(num_branches),) or np.any(weights <= 0):
-            raise ValueError(f"AutoAmortizedDGP: weights must be {num_branches} positive numbers, got {weights!r}")
-        self.initial_weights = weights / weights.sum()
+        self.initial_weights = initial_weights
         self.learn_points = bool(learn_points)
-        self.amortized_sites = {}  # u-site -> encoder input width D
+        self.amortized_sites: dict[str, int] = {}  # u-site -> encoder input width D
         super().__init__(model, prefix=prefix, **kwargs)
 
     _accepts_amortized = True
@@ -159,15 +147,11 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
     def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
         super()._setup_prototype(*args, **kwargs)
         self.amortized_sites = {
-            s.name: int(inducing_tag(self.prototype_trace[s.name]).encoder_input.shape[-1])
+            s.name: _encoder_width(self.prototype_trace[s.name])
             for s in self.inducing_sites
             if s.inducing == "amortized"
         }
-        if not self.amortized_sites:
-            raise ValueError(
-                "AutoAmortizedDGP: the model has no gp_layer with inducing='amortized'; use "
-                "AutoFactorizedDGP (or build the layers with inducing='amortized')"
-            )
+        _check_has_amortized_layers(self.amortized_sites)
 
     def _encoder(self, site: InducingSite, in_dim: int, dtype: DTypeLike) -> Callable:
         """``p -> (loc (..., P, M), scale)`` with its parameters registered."""
@@ -205,12 +189,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
             init = self.initial_points.get(site.layer)
         if init is None:
             init = jax.random.normal(jax.random.PRNGKey(zlib.crc32(site.layer.encode())), (S, site.out_dim), dtype)
-        init = jnp.asarray(init, dtype)
-        if init.shape != (S, site.out_dim):
-            raise ValueError(
-                f"AutoAmortizedDGP: points for layer {site.layer!r} must have shape ({S}, {site.out_dim}), "
-                f"got {init.shape}"
-            )
+        init = _check_points(site, jnp.asarray(init, dtype), S)
         points = quadrature_points(f"{self.prefix}.{site.layer}.points", init, self.learn_points)
         log_weights = quadrature_log_weights(f"{self.prefix}.branch_logits", self.initial_weights, self.learn_points)
         return points, log_weights.astype(dtype)
@@ -252,4 +231,57 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
 
         :raises NotImplementedError: always; use :func:`numpyro_dgp.predict`.
         """
-        return self.median(params)
+        self.median(params)
+
+
+def _check_amortized_options(rule: str, num_branches: int, covariance: str, init_scale: float,
+                             hidden_width: int | None, weights: ArrayLike | None) -> np.ndarray:
+    """:class:`AutoAmortizedDGP`'s options; returns the starting branch weights, normalized.
+
+    :raises ValueError: for an unknown ``rule`` or ``covariance``, or invalid ``num_branches``,
+        ``init_scale``, ``hidden_width`` or ``weights``.
+    """
+    check_choice(rule, AMORTIZATION_RULES, "rule", "AutoAmortizedDGP")
+    check_positive_int(num_branches, "num_branches", "AutoAmortizedDGP")
+    check_choice(covariance, COVARIANCES, "covariance", "AutoAmortizedDGP")
+    if not float(init_scale) > 0:
+        raise ValueError(f"AutoAmortizedDGP: init_scale must be positive, got {init_scale!r}")
+    check_positive_int(hidden_width, "hidden_width", "AutoAmortizedDGP", allow_none=True)
+    if weights is None:
+        weights = np.full(int(num_branches), 1.0 / int(num_branches))
+    weights = np.asarray(weights, float)
+    if weights.shape != (int(num_branches),) or np.any(weights <= 0):
+        raise ValueError(f"AutoAmortizedDGP: weights must be {num_branches} positive numbers, got {weights!r}")
+    return weights / weights.sum()
+
+
+def _encoder_width(site: dict) -> int:
+    """The width ``D`` of the encoder input of an amortized layer's inducing site."""
+    tag = inducing_tag(site)
+    assert tag is not None and tag.encoder_input is not None  # an amortized layer's tag carries it
+    return int(tag.encoder_input.shape[-1])
+
+
+def _check_has_amortized_layers(amortized_sites: dict[str, int]) -> None:
+    """:class:`AutoAmortizedDGP` needs a model with some ``gp_layer(..., inducing='amortized')``.
+
+    :raises ValueError: otherwise.
+    """
+    if not amortized_sites:
+        raise ValueError(
+            "AutoAmortizedDGP: the model has no gp_layer with inducing='amortized'; use "
+            "AutoFactorizedDGP (or build the layers with inducing='amortized')"
+        )
+
+
+def _check_points(site: InducingSite, init: jax.Array, S: int) -> jax.Array:
+    """A layer's AR2P starting points: ``(S, P)``.
+
+    :raises ValueError: for another shape.
+    """
+    if init.shape != (S, site.out_dim):
+        raise ValueError(
+            f"AutoAmortizedDGP: points for layer {site.layer!r} must have shape ({S}, {site.out_dim}), "
+            f"got {init.shape}"
+        )
+    return init

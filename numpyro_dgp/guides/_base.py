@@ -14,8 +14,8 @@ from numpyro import handlers
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
 from numpyro.infer.initialization import init_to_mean, init_to_uniform
 
-from numpyro_dgp._protocol import inducing_tag, latent_specs
-from numpyro_dgp._validation import check_positive_int
+from numpyro_dgp._protocol import InducingTag, inducing_tag, latent_specs
+from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.guides._latent import LATENT_GUIDES, LatentSite, latent_sites, sample_latent
 from numpyro_dgp.posteriors import gaussian_parameters
 
@@ -65,6 +65,66 @@ def _init_inducing_to_mean(site: dict | None = None, init_loc_fn: Callable = ini
 INNER_INITS = ("deterministic", "prior")
 
 
+def _check_guide_options(name: str, inner_init: str, init_scale: float, latent_inputs: str,
+                         latent_hidden_width: int) -> None:
+    """:class:`DGPGuide`'s options (``name``: the guide's class in messages).
+
+    :raises ValueError: for an unknown ``inner_init`` or ``latent_inputs``, or an ``init_scale`` or
+        ``latent_hidden_width`` that is not positive.
+    """
+    check_choice(inner_init, INNER_INITS, "inner_init", name)
+    if not float(init_scale) > 0:
+        raise ValueError(f"{name}: init_scale must be positive, got {init_scale!r}")
+    check_choice(latent_inputs, LATENT_GUIDES, "latent_inputs", name)
+    check_positive_int(latent_hidden_width, "latent_hidden_width", name)
+
+
+def _check_inducing_site(guide: str, name: str, site: dict, tag: InducingTag, accepts_amortized: bool) -> None:
+    """A model's inducing site as a guide takes it: global ones outside data plates, per-point
+    ones (``inducing='amortized'``) only for a guide that ``accepts_amortized``.
+
+    :raises ValueError: otherwise.
+    """
+    if tag.inducing == "amortized":
+        if not accepts_amortized:
+            raise ValueError(
+                f"{guide}: layer {tag.layer!r} has per-point "
+                "inducing sets (inducing='amortized'); use numpyro_dgp.guides.AutoAmortizedDGP"
+            )
+        return
+    if site["cond_indep_stack"]:
+        plates = [f.name for f in site["cond_indep_stack"]]
+        raise ValueError(
+            f"{guide}: inducing site {name!r} is inside plate(s) {plates}; "
+            "call gp_layer outside data plates (subsample the inputs first)"
+        )
+
+
+def _check_has_inducing_sites(guide: str, sites: list) -> None:
+    """A model a guide takes has ``gp_layer`` inducing sites.
+
+    :raises ValueError: otherwise.
+    """
+    if not sites:
+        raise ValueError(
+            f"{guide}: the model has no gp_layer inducing sites ('<name>.u'); "
+            "build the model with numpyro_dgp.gp_layer"
+        )
+
+
+def _check_local_sites(guide: str, latent_names: list[str], local: list[str]) -> None:
+    """A model with latent inputs has no other local latent sites (their guides would subsample twice).
+
+    :raises ValueError: otherwise.
+    """
+    if local and latent_names:
+        raise ValueError(
+            f"{guide}: the model has latent inputs {latent_names} and other "
+            f"local latent sites {local}; their guides would draw the data plate's subsample twice. Make the "
+            "other local sites latent inputs, or give them a guide of your own"
+        )
+
+
 class DGPGuide(AutoGuide):
     """Base class: finds the ``gp_layer`` inducing sites in the prototype trace and hands the
     remaining latent sites (e.g. hyperparameters with priors) to an ``AutoNormal``.
@@ -90,14 +150,7 @@ class DGPGuide(AutoGuide):
     def __init__(self, model: Callable, *, inner_init: str = "deterministic", init_scale: float = 1e-5,
                  prefix: str = "auto", init_loc_fn: Callable | None = None, latent_inputs: str = "per_point",
                  latent_hidden_width: int = 32) -> None:
-        name = type(self).__name__
-        if inner_init not in INNER_INITS:
-            raise ValueError(f"{name}: inner_init must be one of {INNER_INITS}, got {inner_init!r}")
-        if not float(init_scale) > 0:
-            raise ValueError(f"{name}: init_scale must be positive, got {init_scale!r}")
-        if latent_inputs not in LATENT_GUIDES:
-            raise ValueError(f"{name}: latent_inputs must be one of {LATENT_GUIDES}, got {latent_inputs!r}")
-        check_positive_int(latent_hidden_width, "latent_hidden_width", name)
+        _check_guide_options(type(self).__name__, inner_init, init_scale, latent_inputs, latent_hidden_width)
         self.latent_inputs = latent_inputs
         self.latent_hidden_width = int(latent_hidden_width)
         self.latent_sites: list[LatentSite] = []
@@ -111,7 +164,7 @@ class DGPGuide(AutoGuide):
         #: arguments), so that checks of fitted parameters never rerun initialization on other inputs
         self.prototype_args: tuple[tuple, dict] | None = None
 
-    def _prototype_model(self, rng_key: jax.Array) -> Callable:
+    def _prototype_model(self, rng_key: jax.Array | None) -> Callable:
         """The model run the structure is read from: latent sites at their initial values
         (inducing values at their prior mean), as NumPyro's ``initialize_model`` runs it."""
         return handlers.substitute(handlers.seed(self.model, rng_key), substitute_fn=self.init_loc_fn)
@@ -135,44 +188,15 @@ class DGPGuide(AutoGuide):
         jax.eval_shape(probe)
         self.prototype_trace = found["trace"]
         self.prototype_args = jax.tree_util.tree_map(_abstract_value, (args, kwargs))
-        self._prototype_frames = {}
-        self._prototype_plate_sizes = {}
+        self._prototype_frames: dict[str, Any] = {}
+        self._prototype_plate_sizes: dict[str, int] = {}
         for name, site in self.prototype_trace.items():
             if site["type"] == "plate":
                 self._prototype_frame_full_sizes[name] = site["args"][0]
             elif site["type"] == "sample" and not site["is_observed"]:
                 for frame in site["cond_indep_stack"]:
                     self._prototype_frames.setdefault(frame.name, frame)
-        sites = []
-        for name, site in self.prototype_trace.items():
-            tag = inducing_tag(site)
-            if tag is None:
-                continue
-            P, M = site["value"].shape[-2:]
-            if tag.inducing == "amortized":
-                if not self._accepts_amortized:
-                    raise ValueError(
-                        f"{type(self).__name__}: layer {tag.layer!r} has per-point "
-                        "inducing sets (inducing='amortized'); use numpyro_dgp.guides.AutoAmortizedDGP"
-                    )
-                sites.append((name, tag.layer, P, M, False, "amortized", site["value"].dtype))
-                continue
-            if site["cond_indep_stack"]:
-                plates = [f.name for f in site["cond_indep_stack"]]
-                raise ValueError(
-                    f"{type(self).__name__}: inducing site {name!r} is inside plate(s) {plates}; "
-                    "call gp_layer outside data plates (subsample the inputs first)"
-                )
-            sites.append((name, tag.layer, P, M, tag.whiten, tag.inducing, site["value"].dtype))
-        if not sites:
-            raise ValueError(
-                f"{type(self).__name__}: the model has no gp_layer inducing sites ('<name>.u'); "
-                "build the model with numpyro_dgp.gp_layer"
-            )
-        self.inducing_sites = [
-            InducingSite(name, layer, P, M, whiten, is_last=(i == len(sites) - 1), inducing=mode, dtype=dtype)
-            for i, (name, layer, P, M, whiten, mode, dtype) in enumerate(sites)
-        ]
+        self.inducing_sites = self._read_inducing_sites()
         self.latent_sites = latent_sites(self.prototype_trace, found["latents"], self._prototype_frame_full_sizes)
         u_names = {s.name for s in self.inducing_sites} | {s.name for s in self.latent_sites}
         others = [
@@ -180,16 +204,29 @@ class DGPGuide(AutoGuide):
             if s["type"] == "sample" and not s["is_observed"] and n not in u_names
         ]
         local = [n for n in others if self.prototype_trace[n]["cond_indep_stack"]]
-        if local and self.latent_sites:
-            raise ValueError(
-                f"{type(self).__name__}: the model has latent inputs {[s.name for s in self.latent_sites]} and other "
-                f"local latent sites {local}; their guides would draw the data plate's subsample twice. Make the "
-                "other local sites latent inputs, or give them a guide of your own"
-            )
+        _check_local_sites(type(self).__name__, [s.name for s in self.latent_sites], local)
         if others:
             self._other_guide = AutoNormal(
                 handlers.block(self.model, hide=list(u_names)), prefix=f"{self.prefix}_other"
             )
+
+    def _read_inducing_sites(self) -> list[InducingSite]:
+        """The prototype trace's inducing sites in execution order, each checked
+        (:func:`_check_inducing_site`), at least one (:func:`_check_has_inducing_sites`)."""
+        sites = []
+        for name, site in self.prototype_trace.items():
+            tag = inducing_tag(site)
+            if tag is None:
+                continue
+            P, M = site["value"].shape[-2:]
+            _check_inducing_site(type(self).__name__, name, site, tag, self._accepts_amortized)
+            whiten = False if tag.inducing == "amortized" else tag.whiten
+            sites.append((name, tag.layer, P, M, whiten, tag.inducing, site["value"].dtype))
+        _check_has_inducing_sites(type(self).__name__, sites)
+        return [
+            InducingSite(name, layer, P, M, whiten, is_last=(i == len(sites) - 1), inducing=mode, dtype=dtype)
+            for i, (name, layer, P, M, whiten, mode, dtype) in enumerate(sites)
+        ]
 
     def _prepare(self, *args: Any, **kwargs: Any) -> jax.Array | None:
         """Start a run of the guide: draw its key (on every call, so the key stream does not
@@ -217,7 +254,9 @@ class DGPGuide(AutoGuide):
             return jnp.zeros((P, M), site.dtype), jnp.broadcast_to(eye, (P, M, M))
         with handlers.block():
             tr = handlers.trace(self._prototype_model(rng_key)).get_trace(*args, **kwargs)
-        return gaussian_parameters(tr[site.name]["fn"], (P, M))
+        moments = gaussian_parameters(tr[site.name]["fn"], (P, M))
+        assert moments is not None  # gp_layer's inducing prior is a multivariate normal
+        return moments
 
     def setup(self, rng_key: jax.Array, *args: Any, **kwargs: Any) -> DGPGuide:
         """Build the guide's structure from the model run on the *training* arguments.

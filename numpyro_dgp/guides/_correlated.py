@@ -67,7 +67,7 @@ class AutoJointDGP(DGPGuide):
     def _q(self, rng_key: jax.Array | None, args: tuple, kwargs: dict) -> tuple[jax.Array, jax.Array]:
         loc_name, tril_name = self._names
         sites = self.inducing_sites
-        priors = []
+        priors: list[tuple[jax.Array, jax.Array]] = []
 
         def prior_moments():
             if not priors:
@@ -204,6 +204,8 @@ class AutoChainDGP(AutoFactorizedDGP):
                 cond_loc = loc
                 link = ChainLink(None, loc, tril)
             else:
+                # set with the parent: the coupling by _chain_q, the parent's values by the last step
+                assert coupling is not None and parent_u is not None and parent_loc is not None
                 shift = coupling @ (parent_u - parent_loc).reshape(-1)
                 cond_loc = loc + shift.reshape(loc.shape)
                 link = ChainLink(parent.name, loc, tril, parent_loc, coupling)

@@ -45,7 +45,7 @@ class AutoFactorizedDGP(DGPGuide):
            kwargs: dict) -> tuple[jax.Array, jax.Array]:
         """The parameters of ``q(u)`` for one inducing site: ``loc (P, M)``, ``scale_tril (P, M, M)``
         (starting, when they are created, from the prior at initialization)."""
-        prior = {}
+        prior: dict[str, jax.Array] = {}
 
         def moments():
             if not prior:

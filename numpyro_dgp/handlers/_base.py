@@ -11,7 +11,7 @@ from numpyro.primitives import Messenger
 
 from numpyro_dgp._protocol import FLOW, get_tag, message_layer, trace_layer_names
 
-__all__ = ["PerRunMessenger", "last_layer_name", "refuse_special_layers"]
+__all__ = ["PerRunMessenger", "check_layer_supported", "last_layer_name"]
 
 
 class PerRunMessenger(Messenger):
@@ -44,8 +44,12 @@ class PerRunMessenger(Messenger):
             raise ValueError(problem)
 
 
-def refuse_special_layers(msg: dict, handler: str) -> None:
-    """Raise for layer messages ``handler`` cannot take: per-point inducing sets and SDE flows."""
+def check_layer_supported(msg: dict, handler: str) -> None:
+    """Refuse a layer message ``handler`` cannot take: per-point inducing sets and SDE flows
+    (the same refusal for every handler that replaces a layer's computation).
+
+    :raises NotImplementedError: for either.
+    """
     layer = message_layer(msg)
     if layer.inducing == "amortized":
         raise NotImplementedError(

@@ -20,6 +20,7 @@ from numpyro_dgp._protocol import (
     replace_layer_inputs,
     request_full_cov,
 )
+from numpyro_dgp._validation import check_mapping
 from numpyro_dgp.handlers._base import PerRunMessenger
 
 __all__ = ["coherent_layers", "layer_inputs"]
@@ -62,10 +63,10 @@ class layer_inputs(PerRunMessenger):
     """
 
     def __init__(self, fn: Callable | None = None, inputs: dict[str, ArrayLike] | None = None) -> None:
-        if not isinstance(inputs, dict) or not inputs:
-            raise ValueError(f"layer_inputs: inputs must be a non-empty dict {{layer name: array}}, got {inputs!r}")
+        check_mapping(inputs, "inputs", "layer_inputs")
+        assert inputs is not None  # refused above
         self.inputs = {name: jnp.asarray(value) for name, value in inputs.items()}
-        self._seen = set()
+        self._seen: set[str] = set()
         super().__init__(fn)
 
     def _reset(self) -> None:

@@ -40,7 +40,7 @@ from jax.typing import ArrayLike
 from numpyro_dgp._compat import lazy_param_initializer
 from numpyro_dgp._protocol import INDUCING, LAYER_MESSAGE, layer_call
 from numpyro_dgp.core import cholesky, jittered_cholesky
-from numpyro_dgp.handlers._base import PerRunMessenger, last_layer_name, refuse_special_layers
+from numpyro_dgp.handlers._base import PerRunMessenger, check_layer_supported, last_layer_name
 from numpyro_dgp.layers import Layer, layer_moments
 from numpyro_dgp.posteriors import unwrap_distribution
 
@@ -95,6 +95,30 @@ def _check_points(site: str, value: jax.Array, shape: tuple) -> jax.Array:
     return value
 
 
+def _check_grid(grid: ArrayLike | None) -> jax.Array | None:
+    """``grid`` as an array, checked to be finite and ``(G, D)`` (``None`` passes; :class:`exact_layers`).
+
+    :raises ValueError: otherwise.
+    """
+    if grid is None:
+        return None
+    grid = jnp.asarray(grid)
+    if grid.ndim != 2:
+        raise ValueError(f"exact_layers: grid must have shape (num_grid, dim), got {grid.shape}")
+    if not bool(jnp.all(jnp.isfinite(grid))):
+        raise ValueError("exact_layers: grid contains NaN or inf values")
+    return grid
+
+
+def _check_jitter(jitter: float | None) -> None:
+    """Refuse a given ``jitter`` that is not positive (:class:`exact_layers`).
+
+    :raises ValueError: for one.
+    """
+    if jitter is not None and not (jitter > 0):
+        raise ValueError(f"exact_layers: jitter must be positive, got {jitter!r}")
+
+
 class exact_layers(PerRunMessenger):
     """The exact DGP: every layer's output is a latent site with the full GP prior.
 
@@ -144,26 +168,20 @@ class exact_layers(PerRunMessenger):
         collapse_last: bool = False,
     ) -> None:
         _check_parameterization("exact_layers", parameterization)
-        if grid is not None:
-            grid = jnp.asarray(grid)
-            if grid.ndim != 2:
-                raise ValueError(f"exact_layers: grid must have shape (num_grid, dim), got {grid.shape}")
-            if not bool(jnp.all(jnp.isfinite(grid))):
-                raise ValueError("exact_layers: grid contains NaN or inf values")
-        if jitter is not None and not (jitter > 0):
-            raise ValueError(f"exact_layers: jitter must be positive, got {jitter!r}")
-        self.grid = grid
+        checked_grid = _check_grid(grid)
+        _check_jitter(jitter)
+        self.grid = checked_grid
         self.parameterization = parameterization
         self.jitter = jitter
         self.collapse_last = bool(collapse_last)
-        self._last_layer = None
+        self._last_layer: str | None = None
         self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
         self._grid_inputs = self.grid if hasattr(self, "grid") else None
-        self.layer_order = []
-        self._collapsed = None  # the collapsed layer's prior, until its observation site
+        self.layer_order: list[str] = []
+        self._collapsed: _CollapsedLayer | None = None  # the collapsed layer's prior, until its observation site
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model under the handler (finding its last layer first for ``collapse_last``)."""
@@ -201,7 +219,7 @@ class exact_layers(PerRunMessenger):
             msg["stop"] = True
             return
         if msg["type"] == LAYER_MESSAGE:
-            refuse_special_layers(msg, "exact_layers")
+            check_layer_supported(msg, "exact_layers")
             msg["fn"] = self._exact
 
     def _exact(
@@ -229,7 +247,7 @@ class exact_layers(PerRunMessenger):
             numpyro.deterministic(f"{layer.name}.grid", f[N:])
         return f[:N]
 
-    def _defer_collapsed(self, layer: Layer, X: jax.Array, A: jax.Array, jitter: float) -> jax.Array:
+    def _defer_collapsed(self, layer: Layer, X: jax.Array, A: jax.Array, jitter: float | jax.Array) -> jax.Array:
         """The collapsed layer: keep its prior for the observation site, return its prior mean."""
         N = X.shape[0]
         mean = layer.mean_fn(A)
@@ -246,6 +264,7 @@ class exact_layers(PerRunMessenger):
 
     def _score_collapsed(self, msg: dict) -> None:
         state, self._collapsed = self._collapsed, None
+        assert state is not None  # process_message calls this only with a collapsed layer pending
         layer, N = state.layer, state.num_data
         base = unwrap_distribution(msg["fn"])
         if not isinstance(base, dist.Normal):
@@ -297,7 +316,7 @@ class _CollapsedLayer(NamedTuple):
     num_data: int
     kernel: jax.Array  # (N + G, N + G), data rows first
     mean: jax.Array  # (N + G, P)
-    jitter: float
+    jitter: float | jax.Array
     grid_white: jax.Array | None  # (P, G)
 
 
@@ -312,7 +331,7 @@ class _CollapsedNormal(dist.Distribution):
     """
 
     support = dist.constraints.real
-    reparametrized_params = []
+    reparametrized_params: list[str] = []
 
     def __init__(self, loc: jax.Array, scale_tril: jax.Array, *, validate_args: bool | None = None) -> None:
         self.loc, self.scale_tril = loc, scale_tril
@@ -322,7 +341,7 @@ class _CollapsedNormal(dist.Distribution):
     def mean(self) -> jax.Array:
         return self.loc
 
-    def log_prob(self, value: ArrayLike) -> jax.Array:
+    def log_prob(self, value: jax.Array) -> jax.Array:
         residual = (value - self.loc).reshape(value.shape[0], -1).T  # (P, N)
         alpha = solve_triangular(self.scale_tril, residual[..., None], lower=True)[..., 0]
         log_det = jnp.log(jnp.diagonal(self.scale_tril, axis1=-2, axis2=-1)).sum()
@@ -366,12 +385,12 @@ class latent_conditionals(PerRunMessenger):
         super().__init__(fn)
 
     def _reset(self) -> None:
-        self.layer_order = []
+        self.layer_order: list[str] = []
 
     def process_message(self, msg: dict) -> None:
         """Make every layer's output a latent site given its inducing values."""
         if msg["type"] == LAYER_MESSAGE:
-            refuse_special_layers(msg, "latent_conditionals")
+            check_layer_supported(msg, "latent_conditionals")
             msg["fn"] = self._conditional
 
     def _conditional(
@@ -415,13 +434,13 @@ class collapse_last_layer(PerRunMessenger):
     def __init__(self, fn: Callable | None = None, layer: str | None = None, obs_site: str | None = None) -> None:
         self.layer = layer
         self.obs_site = obs_site
-        self._found_last = None
+        self._found_last: str | None = None
         self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
-        self.moments = None
-        self._pending = None  # var (N, P) of the collapsed layer until the observation site
+        self.moments: tuple[jax.Array, jax.Array] | None = None
+        self._pending: jax.Array | None = None  # var (N, P) of the collapsed layer until the observation site
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model under the handler (finding its last layer first if no ``layer`` is given)."""
@@ -452,7 +471,7 @@ class collapse_last_layer(PerRunMessenger):
             layer, X, u = layer_call(msg)
             if layer.name != self.target:
                 return
-            refuse_special_layers(msg, "collapse_last_layer")
+            check_layer_supported(msg, "collapse_last_layer")
             mean, var = layer_moments(layer, X, u, None, False)
             var = jnp.maximum(var, 0.0)
             self.moments = (mean, var)

@@ -23,6 +23,19 @@ from numpyro_dgp.posteriors import quadrature_log_weights, quadrature_points
 __all__ = ["quadrature"]
 
 
+def _check_weights(weights: ArrayLike | None, num_points: int) -> np.ndarray:
+    """``weights`` as floats (default uniform), checked to be ``num_points`` positive numbers (:class:`quadrature`).
+
+    :raises ValueError: otherwise.
+    """
+    if weights is None:
+        weights = np.full(num_points, 1.0 / num_points)
+    weights = np.asarray(weights, float)
+    if weights.shape != (num_points,) or np.any(weights <= 0):
+        raise ValueError(f"quadrature: weights must be {num_points} positive numbers, got {weights!r}")
+    return weights
+
+
 class quadrature(Messenger):
     """Propagate ``S`` weighted branches through a DGP's inner layers: the AR2P rule of Meng &
     Zhang (2024) for any guide.
@@ -60,14 +73,10 @@ class quadrature(Messenger):
         learnable: bool = True,
     ) -> None:
         check_positive_int(num_points, "num_points", "quadrature")
-        if weights is None:
-            weights = np.full(num_points, 1.0 / num_points)
-        weights = np.asarray(weights, float)
-        if weights.shape != (num_points,) or np.any(weights <= 0):
-            raise ValueError(f"quadrature: weights must be {num_points} positive numbers, got {weights!r}")
+        checked = _check_weights(weights, num_points)
         self.num_points = num_points
         self.points = points
-        self.weights = weights / weights.sum()
+        self.weights = checked / checked.sum()
         self.learnable = bool(learnable)
         super().__init__(fn)
 

@@ -9,14 +9,14 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from numpyro_dgp._protocol import FLOW, LAYER_MESSAGE, FlowTag, layer_call, with_tag
-from numpyro_dgp._validation import check_positive_int
+from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.core import euler_maruyama
 from numpyro_dgp.handlers._base import PerRunMessenger
 from numpyro_dgp.layers import Layer, layer_moments
@@ -81,8 +81,9 @@ def integrate_flow(
         drift_diffusion, x0, spec.T, spec.num_steps, rng_key, diffusion=spec.diffusion, record=spec.record
     )
     if spec.record:
-        out, box["path"] = out
-    return out
+        end, box["path"] = out
+        return end
+    return cast(jax.Array, out)  # record=False: euler_maruyama returns the end state alone
 
 
 def _flow_given_u(
@@ -91,6 +92,25 @@ def _flow_given_u(
     """Default handling of a flow layer's message: drift and diffusion given the sampled ``u``."""
     del full_cov  # the flow moves each point on its own
     return integrate_flow(spec, box, layer, X, u, None, rng_key)
+
+
+def _check_flow_settings(layer: str | None, T: float, num_steps: int, estimator: str) -> tuple[str, float]:
+    """``(layer, T as a float)``, checked: a layer name, a finite ``T >= 0``, a positive number of
+    steps and a known estimator (:class:`sde_flow`).
+
+    :raises ValueError: otherwise.
+    """
+    if not isinstance(layer, str) or not layer:
+        raise ValueError(f"sde_flow: layer must be the name of a gp_layer, got {layer!r}")
+    try:
+        T_value = float(T)
+    except (TypeError, ValueError):
+        raise ValueError(f"sde_flow: T must be a number, got {T!r}") from None
+    if not (T_value >= 0 and T_value < float("inf")):
+        raise ValueError(f"sde_flow: T must be finite and >= 0, got {T!r}")
+    check_positive_int(num_steps, "num_steps", "sde_flow")
+    check_choice(estimator, FLOW_ESTIMATORS, "estimator", "sde_flow")
+    return layer, T_value
 
 
 class sde_flow(PerRunMessenger):
@@ -146,23 +166,13 @@ class sde_flow(PerRunMessenger):
         time_input: bool = False,
         record: bool = False,
     ) -> None:
-        if not isinstance(layer, str) or not layer:
-            raise ValueError(f"sde_flow: layer must be the name of a gp_layer, got {layer!r}")
-        try:
-            T_value = float(T)
-        except (TypeError, ValueError):
-            raise ValueError(f"sde_flow: T must be a number, got {T!r}") from None
-        if not (T_value >= 0 and T_value < float("inf")):
-            raise ValueError(f"sde_flow: T must be finite and >= 0, got {T!r}")
-        check_positive_int(num_steps, "num_steps", "sde_flow")
-        if estimator not in FLOW_ESTIMATORS:
-            raise ValueError(f"sde_flow: estimator must be one of {FLOW_ESTIMATORS}, got {estimator!r}")
+        layer, T_value = _check_flow_settings(layer, T, num_steps, estimator)
         self.spec = FlowSpec(layer, T_value, num_steps, estimator, bool(diffusion), bool(time_input), bool(record))
         self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
-        self.layers_seen = []
+        self.layers_seen: list[str] = []
 
     def process_message(self, msg: dict) -> None:
         """Tag the flow layer's message (:class:`~numpyro_dgp._protocol.FlowTag`) and make its
@@ -195,7 +205,7 @@ class sde_flow(PerRunMessenger):
                 f"sde_flow: layer {layer.name!r} maps {X.shape[-1]} inputs{extra} to {layer.out_dim} "
                 f"outputs; a flow's vector field needs out_dim equal to the state width {state_dim}"
             )
-        box = {}
+        box: dict[str, jax.Array] = {}
         with_tag(msg, FLOW, FlowTag(self.spec, box))
         # the recorded path lands in the box, which the trace keeps in the site's infer dict
         msg["fn"] = partial(_flow_given_u, self.spec, box)

@@ -47,6 +47,15 @@ class fast_subsample(Messenger):
 
 
 
+def _check_mesh_axis(mesh: Mesh, axis_name: str) -> None:
+    """Refuse an ``axis_name`` that is not an axis of ``mesh`` (:class:`data_parallel`).
+
+    :raises ValueError: naming the mesh's axes.
+    """
+    if axis_name not in mesh.axis_names:
+        raise ValueError(f"data_parallel: axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}")
+
+
 class data_parallel(Messenger):
     """Data-parallel training: shard the points of the plate ``plate_name`` across devices.
 
@@ -89,8 +98,7 @@ class data_parallel(Messenger):
             mesh = Mesh(np.asarray(jax.devices()), (axis_name,))
         elif axis_name is None:
             axis_name = mesh.axis_names[0]
-        if axis_name not in mesh.axis_names:
-            raise ValueError(f"data_parallel: axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}")
+        _check_mesh_axis(mesh, axis_name)
         self.mesh, self.axis_name, self.plate_name = mesh, axis_name, plate_name
         super().__init__(fn)
 

@@ -46,7 +46,7 @@ class Progress(NamedTuple):
     step: int
     state: SVIState
     mean: dict
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # a field named like tuple.count: the checker's clash, not a bug
     losses: np.ndarray
     num_skipped: int
 
@@ -75,16 +75,13 @@ def write_checkpoint(path: os.PathLike | str, progress: Progress, num_steps: int
     save_params(path, {"leaves": leaves, "losses": np.asarray(progress.losses, np.float64)}, metadata=metadata)
 
 
-def read_checkpoint(path: os.PathLike | str, template: Progress, num_steps: int, average_from: int | None,
-                    names: list[str]) -> Progress:
-    """The :class:`Progress` stored at ``path``, rebuilt on the structure of ``template`` (a fresh
-    start of the same fit).
+def _check_metadata(meta: dict[str, Any], where: str, num_steps: int, average_from: int | None,
+                    names: list[str]) -> int:
+    """The step a checkpoint stands at, its metadata ``meta`` checked against this fit.
 
-    :raises ValueError: a file that is not a fit checkpoint, or one written by another model,
-        optimizer or averaging setting, or one further on than ``num_steps``.
+    :raises ValueError: a file that is not a fit checkpoint, one of a fit with other parameters
+        or another ``average_from``, or one beyond ``num_steps``.
     """
-    stored, meta = load_params(path, return_metadata=True, as_numpy=True)
-    where = f"fit: checkpoint {os.fspath(path)!r}"
     if meta.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{where} is not a fit checkpoint (written by save_params, not by fit?)")
     if meta.get("params") != sorted(names):
@@ -98,19 +95,41 @@ def read_checkpoint(path: os.PathLike | str, template: Progress, num_steps: int,
     step = int(meta["step"])
     if step > num_steps:
         raise ValueError(f"{where} is at step {step}, beyond this fit's num_steps={num_steps}")
-    template_leaves, treedef = jax.tree_util.tree_flatten((template.state, template.mean, template.count))
-    given = stored["leaves"]
+    return step
+
+
+def _check_leaves(given: dict[str, np.ndarray], template_leaves: list, where: str) -> None:
+    """Raise unless the stored state arrays ``given`` are as many as the leaves of this fit's
+    state, each of the same shape and dtype (PRNG keys as their raw key data).
+
+    :raises ValueError: otherwise, naming the first array that differs.
+    """
     if len(given) != len(template_leaves):
         raise ValueError(f"{where} holds {len(given)} state arrays, this fit's state has {len(template_leaves)} "
                          "(another optimizer?)")
-    leaves = []
     for i, like in enumerate(template_leaves):
         value = given[str(i)]
         expected = jax.random.key_data(like) if _is_key(like) else like
         if value.shape != tuple(expected.shape) or value.dtype != expected.dtype:
             raise ValueError(f"{where}: state array {i} has shape {value.shape} {value.dtype}, this fit's has "
                              f"{tuple(expected.shape)} {expected.dtype} (another optimizer or precision?)")
-        leaves.append(jax.random.wrap_key_data(value, impl=jax.random.key_impl(like)) if _is_key(like)
-                      else jnp.asarray(value))
+
+
+def read_checkpoint(path: os.PathLike | str, template: Progress, num_steps: int, average_from: int | None,
+                    names: list[str]) -> Progress:
+    """The :class:`Progress` stored at ``path``, rebuilt on the structure of ``template`` (a fresh
+    start of the same fit).
+
+    :raises ValueError: a file that is not a fit checkpoint, or one written by another model,
+        optimizer or averaging setting, or one further on than ``num_steps``.
+    """
+    stored, meta = load_params(path, return_metadata=True, as_numpy=True)
+    where = f"fit: checkpoint {os.fspath(path)!r}"
+    step = _check_metadata(meta, where, num_steps, average_from, names)
+    template_leaves, treedef = jax.tree_util.tree_flatten((template.state, template.mean, template.count))
+    given = stored["leaves"]
+    _check_leaves(given, template_leaves, where)
+    leaves = [jax.random.wrap_key_data(given[str(i)], impl=jax.random.key_impl(like)) if _is_key(like)
+              else jnp.asarray(given[str(i)]) for i, like in enumerate(template_leaves)]
     state, mean, count = jax.tree_util.tree_unflatten(treedef, leaves)
     return Progress(step, state, mean, count, np.asarray(stored["losses"]), int(meta["num_skipped"]))

@@ -269,7 +269,8 @@ def fit(
     _check_finite_args(args, kwargs, allow_missing or _masks_missing_targets(svi.model))
     if args and is_array(args[0]) and args[0].ndim == 2 and jnp.issubdtype(args[0].dtype, jnp.floating):
         warn_if_not_standardized(args[0], "X (its first argument)", "fit")
-    resume_from = checkpoint_path if resume and Path(os.fspath(checkpoint_path)).expanduser().exists() else None
+    resume_from = checkpoint_path if (resume and checkpoint_path is not None  # checked: resume needs the path
+                                      and Path(os.fspath(checkpoint_path)).expanduser().exists()) else None
     progress, param_names = _starting_point(svi, rng_key, args, kwargs, init_state, init_params, strict,
                                             average_from, resume_from, num_steps)
     # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.

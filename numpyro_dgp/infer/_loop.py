@@ -26,27 +26,32 @@ from numpyro_dgp.infer._faults import diagnose_layers
 __all__ = ["TrainingLog", "guarded_update", "report_skipped", "run_chunks", "select"]
 
 
-def select(flag: jax.Array, new: Any, old: Any) -> Any:
+def select(flag: jax.Array | bool, new: Any, old: Any) -> Any:
     """``new`` where ``flag``, else ``old``, leaf by leaf."""
     return jax.tree_util.tree_map(lambda n, o: jnp.where(flag, n, o), new, old)
 
 
-def guarded_update(svi: SVI, state: SVIState, args: tuple, kwargs: dict,
-                   active: jax.Array | bool = True) -> tuple[SVIState, jax.Array, jax.Array]:
+def guarded_update(svi: SVI, state: SVIState, args: tuple, kwargs: dict, active: jax.Array | bool = True,
+                   barrier: bool = True) -> tuple[SVIState, jax.Array, jax.Array]:
     """One SVI update, applied only where its loss and new parameters are finite.
 
     A skipped update still advances the key (it is not retried with the same draw). An
     inactive step (``active`` false: padding a chunk) leaves the whole state as it was, key
     included, so that a run does not depend on how its steps are cut into chunks.
 
+    ``barrier`` materializes the finiteness check and the new state before selecting with them:
+    otherwise XLA fuses every select with the reduction over all parameters, and a scan over
+    the steps of a large model (the amortized kin8nm model) compiles 3-4x longer (66 s against
+    18 s). The fusion it prevents changes round-off, so a run with and without it differs in
+    the last digits (and a chaotic optimization then further).
+
     :return: ``(state, loss, skipped)``; ``skipped`` is ``active & ~finite``.
     """
     new_state, loss = svi.update(state, *args, **kwargs)
     finite = jnp.isfinite(loss) & tree_all_finite(new_state.optim_state)
-    # Materialize the check and the new state before selecting with it: otherwise XLA fuses
-    # every select with the reduction over all parameters, and large models (the amortized
-    # kin8nm model) compile 3-4x longer (66 s against 18 s).
-    finite, new_optim_state = jax.lax.optimization_barrier((finite, new_state.optim_state))
+    new_optim_state = new_state.optim_state
+    if barrier:
+        finite, new_optim_state = jax.lax.optimization_barrier((finite, new_optim_state))
     accept = finite & active
     mutable = None if new_state.mutable_state is None else select(accept, new_state.mutable_state, state.mutable_state)
     rng_key = new_state.rng_key if active is True else select(active, new_state.rng_key, state.rng_key)

@@ -37,6 +37,20 @@ from numpyro_dgp.infer._loop import TrainingLog, guarded_update, report_skipped,
 __all__ = ["HostMinibatches", "fit_minibatches"]
 
 
+def _check_host_arrays(X: ArrayLike, y: ArrayLike | None, batch_size: int) -> None:
+    """:class:`HostMinibatches`' arrays: ``X`` ``(N, D)``, ``y`` with ``N`` rows, ``batch_size`` at most ``N``.
+
+    :raises ValueError: otherwise.
+    """
+    check_positive_int(batch_size, "batch_size", "HostMinibatches")
+    if np.ndim(X) != 2:
+        raise ValueError(f"HostMinibatches: X must be (N, D), got shape {np.shape(X)}")
+    if y is not None and np.shape(y)[0] != np.shape(X)[0]:
+        raise ValueError(f"HostMinibatches: y has {np.shape(y)[0]} rows, X has {np.shape(X)[0]}")
+    if batch_size > np.shape(X)[0]:
+        raise ValueError(f"HostMinibatches: batch_size={batch_size} exceeds the {np.shape(X)[0]} rows")
+
+
 class HostMinibatches:
     """An endless stream of minibatches ``(X[idx], y[idx])`` gathered on the host.
 
@@ -53,15 +67,9 @@ class HostMinibatches:
     :raises ValueError: for mismatched lengths or a bad ``batch_size``.
     """
 
-    def __init__(self, X: ArrayLike, y: ArrayLike | None, batch_size: int, *, seed: int = 0,
-                 dtype: Any = None) -> None:
-        check_positive_int(batch_size, "batch_size", "HostMinibatches")
-        if np.ndim(X) != 2:
-            raise ValueError(f"HostMinibatches: X must be (N, D), got shape {np.shape(X)}")
-        if y is not None and np.shape(y)[0] != np.shape(X)[0]:
-            raise ValueError(f"HostMinibatches: y has {np.shape(y)[0]} rows, X has {np.shape(X)[0]}")
-        if batch_size > np.shape(X)[0]:
-            raise ValueError(f"HostMinibatches: batch_size={batch_size} exceeds the {np.shape(X)[0]} rows")
+    def __init__(self, X: np.ndarray | jax.Array, y: np.ndarray | jax.Array | None, batch_size: int, *,
+                 seed: int = 0, dtype: Any = None) -> None:
+        _check_host_arrays(X, y, batch_size)
         self.X, self.y, self.batch_size, self.dtype = X, y, int(batch_size), dtype
         self.num_data = int(np.shape(X)[0])
         self._rng = np.random.default_rng(seed)
@@ -158,7 +166,9 @@ def fit_minibatches(
 
     @jax.jit
     def update(state, batch):
-        return guarded_update(svi, state, batch, kwargs)
+        # one step per program: no scan whose compile the barrier bounds, and without it the
+        # results are those of fit_minibatches before it shared fit's loop, bit for bit
+        return guarded_update(svi, state, batch, kwargs, barrier=False)
 
     start = time.perf_counter()
     compiled = update.lower(state, batch).compile()

@@ -25,8 +25,9 @@ from numpyro.infer import ELBO
 
 from numpyro_dgp._engine.marginal import layers_by_u_site
 from numpyro_dgp._protocol import BRANCHES, LAYER_MESSAGE, get_tag, layer_call
+from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import COLLAPSED_METHODS, collapsed_log_marginal
-from numpyro_dgp.handlers._base import PerRunMessenger, refuse_special_layers
+from numpyro_dgp.handlers._base import PerRunMessenger, check_layer_supported
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import unwrap_distribution
 
@@ -53,7 +54,7 @@ class _SpreadTotal(dist.Distribution):
     points: spread evenly over the batch entries (their sum is exact). Scoring only."""
 
     support = dist.constraints.real
-    reparametrized_params = []
+    reparametrized_params: list[str] = []
 
     def __init__(self, total: jax.Array, batch_shape: tuple, *, validate_args: bool | None = None) -> None:
         self.total = total
@@ -77,16 +78,15 @@ class collapse_sparse_layer(PerRunMessenger):
     """
 
     def __init__(self, fn: Callable | None = None, method: str = "vfe", caller: str = "collapse_sparse_layer") -> None:
-        if method not in COLLAPSED_METHODS:
-            raise ValueError(f"{caller}: method must be one of {COLLAPSED_METHODS}, got {method!r}")
+        check_choice(method, COLLAPSED_METHODS, "method", caller)
         self.method = method
         self.caller = caller
         self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
-        self.data = None
-        self._pending = None
+        self.data: CollapsedData | None = None
+        self._pending: tuple[Layer, jax.Array] | None = None
         self._layers = 0
 
     def _problem_after_run(self) -> str | None:
@@ -107,7 +107,7 @@ class collapse_sparse_layer(PerRunMessenger):
                     f"{self.caller}: the model runs more than one gp_layer ({layer.name!r} is the second); "
                     "the collapsed objective is for one layer; for deep models use DGPElbo or NestedCompressionElbo"
                 )
-            refuse_special_layers(msg, self.caller)
+            check_layer_supported(msg, self.caller)
             if layer.inducing != "global" or get_tag(msg, BRANCHES) is not None or X.ndim != 2:
                 raise NotImplementedError(
                     f"{self.caller}: layer {layer.name!r} has inducing={layer.inducing!r}, branches or "
@@ -120,7 +120,9 @@ class collapse_sparse_layer(PerRunMessenger):
             self._score(msg)
 
     def _score(self, msg: dict) -> None:
-        (layer, X), self._pending = self._pending, None
+        pending, self._pending = self._pending, None
+        assert pending is not None  # process_message scores a site only with a layer pending
+        layer, X = pending
         base = unwrap_distribution(msg["fn"])
         if not isinstance(base, dist.Normal):
             raise NotImplementedError(
@@ -191,8 +193,7 @@ class CollapsedSparseGP(ELBO):
     """
 
     def __init__(self, method: str = "vfe") -> None:
-        if method not in COLLAPSED_METHODS:
-            raise ValueError(f"CollapsedSparseGP: method must be one of {COLLAPSED_METHODS}, got {method!r}")
+        check_choice(method, COLLAPSED_METHODS, "method", "CollapsedSparseGP")
         self.method = method
         super().__init__(num_particles=1)
 
@@ -217,7 +218,8 @@ class CollapsedSparseGP(ELBO):
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         u_sites = set(layers_by_u_site(model_trace))
-        total = 0.0
+        _check_guide_sites(model_trace, guide_trace, u_sites)
+        total: jax.Array | float = 0.0
         for name, site in model_trace.items():
             if site["type"] != "sample":
                 continue
@@ -226,18 +228,30 @@ class CollapsedSparseGP(ELBO):
                 total = total + scale * jnp.sum(site["fn"].log_prob(site["value"]))
                 continue
             if name in u_sites:
-                if name in guide_trace:
-                    raise ValueError(
-                        f"CollapsedSparseGP: the guide samples the inducing values {name!r}, which the "
-                        "objective integrates out; give a guide for the other latent sites only "
-                        "(lambda *args, **kwargs: None when there are none)"
-                    )
                 continue
-            if name not in guide_trace:
-                raise ValueError(f"CollapsedSparseGP: latent site {name!r} is not covered by the guide")
             q_site = guide_trace[name]
             q_scale = 1.0 if q_site["scale"] is None else q_site["scale"]
             total = total + scale * jnp.sum(site["fn"].log_prob(site["value"])) - q_scale * jnp.sum(
                 q_site["fn"].log_prob(q_site["value"])
             )
         return {"loss": -total, "mutable_state": None}
+
+
+def _check_guide_sites(model_trace: dict, guide_trace: dict, u_sites: set[str]) -> None:
+    """Refuse a guide that samples the inducing values, or misses another latent site of the
+    model (:class:`CollapsedSparseGP`; the first offending site in execution order).
+
+    :raises ValueError: naming the site.
+    """
+    for name, site in model_trace.items():
+        if site["type"] != "sample" or site["is_observed"]:
+            continue
+        if name in u_sites:
+            if name in guide_trace:
+                raise ValueError(
+                    f"CollapsedSparseGP: the guide samples the inducing values {name!r}, which the "
+                    "objective integrates out; give a guide for the other latent sites only "
+                    "(lambda *args, **kwargs: None when there are none)"
+                )
+        elif name not in guide_trace:
+            raise ValueError(f"CollapsedSparseGP: latent site {name!r} is not covered by the guide")

@@ -68,7 +68,7 @@ def _has_quadrature_axis(site: dict, lp: jax.Array, weights: ArrayLike) -> bool:
     if not get_tag(site, QUADRATURE_AXIS):
         return False
     batch_ndim = max([-f.dim for f in site["cond_indep_stack"]] + [len(site["fn"].batch_shape) - 1, 0])
-    return jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == len(weights)
+    return jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == jnp.shape(weights)[0]
 
 
 def weighted_log_prob(site: dict, weights: ArrayLike, branch_log_weights: jax.Array | None = None) -> jax.Array:
@@ -142,20 +142,16 @@ def inducing_kl(
         p_loc, p_scale = p
         if isinstance(q, JointBlock):
             return _dense_kl(q.loc - p_loc.reshape(-1), q.scale_tril, [(p_scale[0], M)] * P)
+        assert not isinstance(q, ChainLink)  # structured=False: (loc, scale) or a JointBlock
         return gauss_kl(q[0] - p_loc, q[1], p_scale[0])
     q = posterior if posterior is not None else site_posterior(guide_site, shape)
     if q is None:
         return None
     prior_chol = _prior_chol(layer)
+    prior_mean = layer.prior_mean
+    assert prior_mean is not None  # gp_layer gives every layer its prior mean
     if isinstance(q, ChainLink):
-        cov = block_diag_covariance(q.scale_tril)
-        if q.parent is not None:
-            if q.parent not in marginal_covs:
-                raise ValueError(f"{objective}: the guide chains {name!r} to {q.parent!r}, which the model did not run "
-                                 "before it")
-            cov = cov + q.coupling @ marginal_covs[q.parent] @ q.coupling.T
-        marginal_covs[name] = cov
-        return chain_gauss_kl_term(q.mean - layer.prior_mean, q.scale_tril, cov, prior_chol)
+        return _chain_link_kl(name, q, prior_mean, prior_chol, marginal_covs, objective)
     if isinstance(q, JointBlock):
         if name != q.sites[0]:
             return jnp.zeros((), q.loc.dtype)  # the group's KL was counted at its first site
@@ -166,12 +162,28 @@ def inducing_kl(
         for s, (Ps, Ms) in zip(q.sites, q.shapes):
             blocks += [(_prior_chol(layers[s]), Ms)] * Ps
         return _dense_kl(q.loc, q.scale_tril, blocks)
-    return gauss_kl(q[0] - layer.prior_mean, q[1], prior_chol)
+    return gauss_kl(q[0] - prior_mean, q[1], prior_chol)
+
+
+def _chain_link_kl(name: str, q: ChainLink, prior_mean: jax.Array, prior_chol: jax.Array | None,
+                   marginal_covs: dict[str, jax.Array], objective: str) -> jax.Array:
+    """One link's term of the chain decomposition of the KL (:func:`inducing_kl`); its marginal
+    covariance is recorded in ``marginal_covs`` for its child."""
+    cov = block_diag_covariance(q.scale_tril)
+    if q.parent is not None:
+        if q.parent not in marginal_covs:
+            raise ValueError(f"{objective}: the guide chains {name!r} to {q.parent!r}, which the model did not run "
+                             "before it")
+        coupling = q.coupling
+        assert coupling is not None  # a chain factor with a parent has its coupling
+        cov = cov + coupling @ marginal_covs[q.parent] @ coupling.T
+    marginal_covs[name] = cov
+    return chain_gauss_kl_term(q.mean - prior_mean, q.scale_tril, cov, prior_chol)
 
 
 def objective_terms(
     run: MarginalRun, objective: str = "DGPElbo"
-) -> tuple[dict[str, dict], jax.Array, jax.Array]:
+) -> tuple[dict[str, dict], jax.Array | float, jax.Array | float]:
     """The pieces of a bound from one :func:`marginal_trace` run.
 
     :param run: the run.
@@ -188,9 +200,9 @@ def objective_terms(
     layers = layers_by_u_site(model_trace)
     locations = uses_inducing_locations(model_trace)
     observed = {}
-    kl = 0.0
-    other = 0.0
-    marginal_covs = {}
+    kl: jax.Array | float = 0.0  # 0.0 where the model has no such site
+    other: jax.Array | float = 0.0
+    marginal_covs: dict[str, jax.Array] = {}
     for name, site in model_trace.items():
         if site["type"] != "sample":
             continue
@@ -213,18 +225,29 @@ def objective_terms(
         if site_kl is not None:
             kl = kl + (site["scale"] if site["scale"] is not None else 1.0) * site_kl
         else:
-            if get_tag(site, QUADRATURE_AXIS):
-                raise ValueError(
-                    f"{objective}: latent site {name!r} comes after the last GP layer; "
-                    "only observed sites may depend on the last layer's output. Use Trace_ELBO."
-                )
-            if name not in guide_trace:
-                raise ValueError(f"{objective}: latent site {name!r} is not covered by the guide")
-            _check_sampled_site(name, guide_trace, name in layers, objective, run.guide_name)
+            _check_other_site(name, site, guide_trace, name in layers, objective, run.guide_name)
             branch = run.branch_log_weights
             other = (other + weighted_log_prob(site, weights, branch)
                      - weighted_log_prob(guide_trace[name], weights, branch))
     return observed, kl, other
+
+
+def _check_other_site(name: str, site: dict, guide_trace: dict, inducing: bool, objective: str,
+                      guide_name: str) -> None:
+    """Refuse a latent site scored by its sampled value (``log p - log q``) that comes after the
+    last layer, that the guide does not cover, or whose sampled score would be wrong
+    (:func:`_check_sampled_site`).
+
+    :raises ValueError: naming the site.
+    """
+    if get_tag(site, QUADRATURE_AXIS):
+        raise ValueError(
+            f"{objective}: latent site {name!r} comes after the last GP layer; "
+            "only observed sites may depend on the last layer's output. Use Trace_ELBO."
+        )
+    if name not in guide_trace:
+        raise ValueError(f"{objective}: latent site {name!r} is not covered by the guide")
+    _check_sampled_site(name, guide_trace, inducing, objective, guide_name)
 
 
 def _check_sampled_site(name: str, guide_trace: dict, inducing: bool, objective: str, guide_name: str) -> None:
@@ -385,7 +408,7 @@ class DGPElbo(ELBO):
 
     def components(
         self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
-    ) -> dict[str, jax.Array]:
+    ) -> dict[str, jax.Array | float]:
         """One-particle ELBO split into its parts.
 
         :param rng_key: PRNG key.
@@ -403,7 +426,7 @@ class DGPElbo(ELBO):
         ell = sum(_expected_log_likelihood(site, run) for site in observed.values())
         return {"expected_log_likelihood": ell, "kl_inducing": kl, "other": other}
 
-    def elbo_components(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
+    def elbo_components(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array | float]:
         """Deprecated name of :meth:`components` (the name every objective of numpyro-dgp uses)."""
         warnings.warn("DGPElbo.elbo_components is deprecated; use DGPElbo.components", DeprecationWarning,
                       stacklevel=2)
@@ -428,6 +451,27 @@ class DGPElbo(ELBO):
             elbo = jnp.mean(self.vectorize_particles_fn(single_particle_elbo, keys))
         return {"loss": -elbo, "mutable_state": None}
 
+
+
+def _check_predictive_options(num_particles: int, num_likelihood_samples: int, num_quadrature: int | None,
+                              beta: float, particle_weights: ArrayLike | None) -> None:
+    """Check :class:`PredictiveObjective`'s settings: positive counts, ``beta >= 0``, and
+    ``num_particles`` non-negative particle weights summing to 1.
+
+    :raises ValueError: for each.
+    """
+    check_positive_int(num_particles, "num_particles", "PredictiveObjective")
+    check_positive_int(num_likelihood_samples, "num_likelihood_samples", "PredictiveObjective")
+    check_positive_int(num_quadrature, "num_quadrature", "PredictiveObjective", allow_none=True)
+    if not (float(beta) >= 0):
+        raise ValueError(f"PredictiveObjective: beta must be >= 0, got {beta}")
+    if particle_weights is not None:
+        w = np.asarray(particle_weights, float)
+        if w.shape != (int(num_particles),) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
+            raise ValueError(
+                "PredictiveObjective: particle_weights must be num_particles non-negative "
+                f"weights summing to 1, got {particle_weights!r}"
+            )
 
 
 class PredictiveObjective(ELBO):
@@ -463,19 +507,8 @@ class PredictiveObjective(ELBO):
 
     def __init__(self, num_particles: int = 8, beta: float = 1.0, num_quadrature: int | None = None,
                  particle_weights: ArrayLike | None = None, num_likelihood_samples: int = 32) -> None:
-        check_positive_int(num_particles, "num_particles", "PredictiveObjective")
-        check_positive_int(num_likelihood_samples, "num_likelihood_samples", "PredictiveObjective")
-        check_positive_int(num_quadrature, "num_quadrature", "PredictiveObjective", allow_none=True)
+        _check_predictive_options(num_particles, num_likelihood_samples, num_quadrature, beta, particle_weights)
         self.num_likelihood_samples = int(num_likelihood_samples)
-        if not (float(beta) >= 0):
-            raise ValueError(f"PredictiveObjective: beta must be >= 0, got {beta}")
-        if particle_weights is not None:
-            w = np.asarray(particle_weights, float)
-            if w.shape != (int(num_particles),) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
-                raise ValueError(
-                    "PredictiveObjective: particle_weights must be num_particles non-negative "
-                    f"weights summing to 1, got {particle_weights!r}"
-                )
         self.beta = float(beta)
         self.num_quadrature = num_quadrature
         self.particle_weights = particle_weights

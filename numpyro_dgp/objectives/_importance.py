@@ -85,7 +85,7 @@ class ImportanceWeightedElbo(ELBO):
 
     def components(
         self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
-    ) -> dict[str, jax.Array]:
+    ) -> dict[str, jax.Array | float]:
         """One particle's bound split into its parts.
 
         :param rng_key: PRNG key.
@@ -106,7 +106,9 @@ class ImportanceWeightedElbo(ELBO):
                           if get_tag(site, IMPORTANCE_LOG_WEIGHTS) is not None)
         # per point, the observed sites that depend on the latents are summed inside the
         # importance average (one joint likelihood per draw); the others outside it
-        inside, scales, outside = 0.0, {}, 0.0
+        inside: jax.Array | float = 0.0
+        outside: jax.Array | float = 0.0
+        scales: dict[str, Any] = {}
         for site in observed.values():
             lp = expected_log_prob(site, run)  # (K, B) with latent inputs, else (B,)
             scale = site["scale"] if site["scale"] is not None else 1.0

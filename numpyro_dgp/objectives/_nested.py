@@ -59,6 +59,15 @@ def _tail_scale(observed: dict) -> Any:
     return 1.0 if scales[0] is None else scales[0]
 
 
+def _check_num_particles(num_particles: int) -> None:
+    """Refuse ``num_particles`` other than 1 (:class:`NestedCompressionElbo`'s bound is deterministic).
+
+    :raises ValueError: for another number.
+    """
+    if int(num_particles) != 1:
+        raise ValueError(f"{_NAME}: the bound is deterministic; num_particles must be 1, got {num_particles}")
+
+
 class NestedCompressionElbo(ELBO):
     """The nested variational compression bound of Hensman & Lawrence (2014), for the same
     ``gp_layer`` models and guides with an independent Gaussian ``q(u_l) = N(m_l, S_l)`` per
@@ -121,14 +130,13 @@ class NestedCompressionElbo(ELBO):
     """
 
     def __init__(self, propagate_inducing_variance: bool = True, num_particles: int = 1) -> None:
-        if int(num_particles) != 1:
-            raise ValueError(f"{_NAME}: the bound is deterministic; num_particles must be 1, got {num_particles}")
+        _check_num_particles(num_particles)
         self.propagate_inducing_variance = bool(propagate_inducing_variance)
         super().__init__(num_particles=1)
 
     def components(
         self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
-    ) -> dict[str, jax.Array]:
+    ) -> dict[str, jax.Array | float]:
         """The bound split into its parts.
 
         :param rng_key: PRNG key (used only by latent sites other than the inducing values).
@@ -152,7 +160,7 @@ class NestedCompressionElbo(ELBO):
         penalty = scale * sum(run.penalties) if run.penalties else jnp.zeros((), jnp.result_type(ell))
         return {"expected_log_likelihood": ell, "inner_penalty": penalty, "kl_inducing": kl, "other": other}
 
-    def bound_components(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
+    def bound_components(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array | float]:
         """Deprecated name of :meth:`components` (the name every objective of numpyro-dgp uses)."""
         warnings.warn("NestedCompressionElbo.bound_components is deprecated; use NestedCompressionElbo.components",
                       DeprecationWarning, stacklevel=2)

@@ -27,6 +27,7 @@ from jax.typing import ArrayLike
 from numpyro.infer import SVI
 
 from numpyro_dgp._engine.run import marginal_trace
+from numpyro_dgp._validation import check_choice
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP, DGPGuide
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.kernels import Kernel
@@ -64,6 +65,17 @@ FAMILIES = {
 }
 
 
+def _check_composed_gp(kernels: list[Kernel], noise: float) -> None:
+    """Raise unless there is a kernel per layer (at least one) and ``noise`` is positive.
+
+    :raises ValueError: otherwise.
+    """
+    if not kernels:
+        raise ValueError("composed_gp: kernels must name at least one layer")
+    if not noise > 0:
+        raise ValueError(f"composed_gp: noise must be positive, got {noise!r}")
+
+
 def composed_gp(
     kernels: Sequence[Kernel],
     *,
@@ -98,10 +110,7 @@ def composed_gp(
     :return: ``model(X, y=None)`` with ``X`` ``(N, 1)`` and ``y`` ``(N,)``.
     """
     kernels = list(kernels)
-    if not kernels:
-        raise ValueError("composed_gp: kernels must name at least one layer")
-    if not noise > 0:
-        raise ValueError(f"composed_gp: noise must be positive, got {noise!r}")
+    _check_composed_gp(kernels, noise)
 
     def model(X, y=None):
         h = X
@@ -157,8 +166,7 @@ def fit_family(
     :param model_kwargs: further options of :func:`composed_gp` (``num_inducing`` is required).
     :return: ``(model, guide, FitResult)``.
     """
-    if family not in FAMILIES:
-        raise ValueError(f"fit_family: family must be one of {sorted(FAMILIES)}, got {family!r}")
+    check_choice(family, tuple(sorted(FAMILIES)), "family", "fit_family")
     spec = FAMILIES[family]
     model = composed_gp(kernels, inducing=spec.inducing, **model_kwargs)
     guide = spec.guide(model, inner_init=inner_init)

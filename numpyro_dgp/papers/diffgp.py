@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import jax
 import numpy as np
@@ -18,6 +19,18 @@ from numpyro_dgp.models import diffgp
 from numpyro_dgp.recipes import Fitted, RunResult, fit_factorized, run_on_uci
 
 __all__ = ["fit_diffgp", "run_diffgp_uci"]
+
+
+def _check_diffgp_options(init: str, pretrain_steps: int) -> None:
+    """Raise unless ``init`` is ``"default"`` or ``"released"`` and ``pretrain_steps`` a
+    non-negative integer.
+
+    :raises ValueError: otherwise.
+    """
+    if init not in ("default", "released"):
+        raise ValueError(f"fit_diffgp: init must be 'default' or 'released', got {init!r}")
+    if not (isinstance(pretrain_steps, (int, np.integer)) and pretrain_steps >= 0):
+        raise ValueError(f"fit_diffgp: pretrain_steps must be a non-negative integer, got {pretrain_steps!r}")
 
 
 def fit_diffgp(
@@ -66,12 +79,9 @@ def fit_diffgp(
     :return: ``(model, guide, FitResult)``; ``FitResult`` of the flow model (the
         pre-training is not counted in its timings).
     """
-    if init not in ("default", "released"):
-        raise ValueError(f"fit_diffgp: init must be 'default' or 'released', got {init!r}")
-    if not (isinstance(pretrain_steps, (int, np.integer)) and pretrain_steps >= 0):
-        raise ValueError(f"fit_diffgp: pretrain_steps must be a non-negative integer, got {pretrain_steps!r}")
+    _check_diffgp_options(init, pretrain_steps)
     D = X.shape[-1]
-    options = {"num_inducing": num_inducing, "noise_init": noise_init}
+    options: dict[str, Any] = {"num_inducing": num_inducing, "noise_init": noise_init}
     if init == "released":
         options.update(noise_init=1.0, flow_kernel=RBF(variance=0.01, lengthscale=float(D)),
                        kernel=RBF(lengthscale=float(D)))

@@ -16,6 +16,17 @@ from numpyro_dgp.datasets import Dataset, _numpy_rng
 __all__ = ["letters_classification"]
 
 
+def _check_sizes(num_train: int, num_test: int) -> None:
+    """Raise unless ``num_train`` and ``num_test`` are positive integers.
+
+    :raises ValueError: otherwise.
+    """
+    if not (isinstance(num_train, (int, np.integer)) and num_train >= 1):
+        raise ValueError(f"num_train must be a positive integer, got {num_train!r}")
+    if not (isinstance(num_test, (int, np.integer)) and num_test >= 1):
+        raise ValueError(f"num_test must be a positive integer, got {num_test!r}")
+
+
 def letters_classification(
     rng_key: jax.Array, num_train: int = 10000, num_test: int = 10000, text: str = "DGP"
 ) -> Dataset:
@@ -36,10 +47,7 @@ def letters_classification(
     from matplotlib.path import Path as MplPath
     from matplotlib.textpath import TextPath
 
-    if not (isinstance(num_train, (int, np.integer)) and num_train >= 1):
-        raise ValueError(f"num_train must be a positive integer, got {num_train!r}")
-    if not (isinstance(num_test, (int, np.integer)) and num_test >= 1):
-        raise ValueError(f"num_test must be a positive integer, got {num_test!r}")
+    _check_sizes(num_train, num_test)
     glyphs = TextPath((0, 0), text, size=1, prop=FontProperties(family="DejaVu Sans", weight="bold"))
     polygons = glyphs.to_polygons()
     corners = np.concatenate(polygons)
@@ -47,11 +55,11 @@ def letters_classification(
     # fit the text's box into [0.05, 0.95] horizontally, centered vertically
     scale = 0.9 / (hi - lo)[0]
     offset = np.array([0.05, 0.5 - 0.5 * scale * (hi - lo)[1]]) - scale * lo
-    polygons = [MplPath(poly * scale + offset) for poly in polygons]
+    outlines = [MplPath(poly * scale + offset) for poly in polygons]
 
     def label(X):
         # even-odd rule over the glyph outlines: holes (inner contours) flip back to outside
-        crossings = sum(poly.contains_points(X).astype(int) for poly in polygons)
+        crossings = sum(poly.contains_points(X).astype(int) for poly in outlines)
         return (crossings % 2).astype(np.float64)
 
     rng = _numpy_rng(rng_key)

@@ -5,6 +5,16 @@ from __future__ import annotations
 __all__ = ["extend_by_split", "merge_by_split"]
 
 
+def _check_distinct_splits(rows: list[dict], more: list[dict], what: str) -> None:
+    """Raise if a split has rows in both ``rows`` and ``more``.
+
+    :raises ValueError: naming the splits and ``what``.
+    """
+    clash = {r["split"] for r in rows} & {r["split"] for r in more}
+    if clash:
+        raise ValueError(f"{what}: split(s) {sorted(clash)} appear in more than one file")
+
+
 def extend_by_split(rows: list[dict], more: list[dict], what: str) -> list[dict]:
     """Append the per-split result rows ``more`` to ``rows`` (both lists of dicts with a
     ``"split"`` key), kept sorted by split; a split in both is an error naming ``what``
@@ -16,9 +26,7 @@ def extend_by_split(rows: list[dict], more: list[dict], what: str) -> list[dict]
     :return: ``rows`` (the same list).
     :raises ValueError: a split appears in both ``rows`` and ``more``.
     """
-    clash = {r["split"] for r in rows} & {r["split"] for r in more}
-    if clash:
-        raise ValueError(f"{what}: split(s) {sorted(clash)} appear in more than one file")
+    _check_distinct_splits(rows, more, what)
     rows += more
     rows.sort(key=lambda r: r["split"])
     return rows

@@ -32,7 +32,7 @@ and :func:`posterior_samples` use NumPyro's funsor-backed enumeration
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence, cast
 
 import funsor
 import jax
@@ -239,18 +239,24 @@ class SignFamilyFit(NamedTuple):
     restart_kls: np.ndarray
 
 
+def _check_sign_family(family: str) -> None:
+    """Raise unless ``family`` is one of :data:`SIGN_FAMILIES`.
+
+    :raises ValueError: otherwise.
+    """
+    if family not in SIGN_FAMILIES:
+        raise ValueError(f"unknown family {family!r}; expected one of {SIGN_FAMILIES}")
+
+
 def _contexts(family: str, patterns: np.ndarray) -> np.ndarray:
     """Which conditional each layer uses for each pattern, shape (2^L, L), values in {0, 1}."""
+    _check_sign_family(family)
     ctx = np.zeros_like(patterns)
-    if family == "factorized":
-        pass
-    elif family == "chain":  # q(s_l | s_{l-1})
+    if family == "chain":  # q(s_l | s_{l-1})
         ctx[:, 1:] = patterns[:, :-1]
     elif family == "composition":  # q(s_l | c_{l-1}), c_{l-1} negative iff an odd number of flips so far
         ctx[:, 1:] = np.cumsum(patterns, axis=1)[:, :-1] % 2
-    else:
-        raise ValueError(f"unknown family {family!r}; expected one of {SIGN_FAMILIES}")
-    return ctx
+    return ctx  # factorized: every layer its own single conditional
 
 
 def _log_q(logits, patterns, contexts):
@@ -262,6 +268,15 @@ def _log_q(logits, patterns, contexts):
 def _elbo(logits, log_joint, patterns, contexts):
     log_q = _log_q(logits, patterns, contexts)
     return jnp.sum(jnp.exp(log_q) * (log_joint - log_q))
+
+
+def _check_exact_layers(patterns: np.ndarray, num_layers: int) -> None:
+    """Raise unless the exact posterior's ``patterns`` are of ``num_layers`` layers.
+
+    :raises ValueError: otherwise.
+    """
+    if patterns.shape[1] != num_layers:
+        raise ValueError("`exact` was computed for a different number of layers")
 
 
 def fit_sign_family(
@@ -310,8 +325,7 @@ def fit_sign_family(
     if exact is None:
         exact = exact_posterior(x, y, num_layers=num_layers, noise=noise)
     patterns = exact.patterns
-    if patterns.shape[1] != num_layers:
-        raise ValueError("`exact` was computed for a different number of layers")
+    _check_exact_layers(patterns, num_layers)
     pat = jnp.asarray(patterns)
     ctx = jnp.asarray(_contexts(family, patterns))
     log_joint = jnp.asarray(exact.log_joint)
@@ -399,8 +413,8 @@ def plot_sign_posteriors(
 
     if ax is None:
         fig, ax = plt.subplots(figsize=(8, 3.5))
-    else:
-        fig = ax.figure
+    else:  # a Figure, unless the caller's axes sit on a SubFigure (then that is what is returned)
+        fig = cast("matplotlib.figure.Figure", ax.figure)
     labels = pattern_labels(exact.patterns)
     series = [("exact", exact.probabilities)] + [
         (f"{r.family} (KL={r.kl:.3f})", r.probabilities) for r in fitted_results]
