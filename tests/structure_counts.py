@@ -213,7 +213,7 @@ def main() -> None:
         ("imports from a higher layer", len(upward_imports())),
         ("raises in check helpers / all raises", f"{inside} / {total}"),
         ("package lines over 100 characters", lines_over()),
-        ("benchmarks/*.py lines", benchmark_lines),
+        ("benchmarks/**/*.py lines (scripts, peers, tests)", benchmark_lines),
         ("benchmarks/README.md lines", len(readme.read_text().splitlines()) if readme.exists() else 0),
     ]
     width = max(len(name) for name, _ in rows)
