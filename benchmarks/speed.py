@@ -1,6 +1,6 @@
 """Training speed at the kin8nm configuration: ours, and with ``--with-peers`` GPflux and GPyTorch.
 
-The configuration of the peers' speed measurements (notes/speed.md): 2 layers, hidden width 8, M = 100 k-means
+The configuration of the peers' speed measurements (topics/speed.md): 2 layers, hidden width 8, M = 100 k-means
 inducing points per layer, ARD RBF (SE) kernels, whitened, identity inner mean, minibatch
 1000 drawn inside the compiled step (plate subsampling), 1 Monte Carlo sample with the
 analytic Gaussian expectation at the output (DGPElbo), Adam 0.01, jitter 1e-6 / 1e-4.

@@ -52,7 +52,7 @@ _ATTRIBUTES = {
     "sample_layers": "_predict.prediction",
     "ModelFileError": "_saved_model",
     "SavedModel": "_saved_model",
-    "Standardization": "_saved_model",
+    "Standardization": "_persist.standardization",
     "load_model": "_saved_model",
     "predictive_quantiles": "_predict.quantiles",
     "save_model": "_saved_model",

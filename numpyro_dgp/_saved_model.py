@@ -24,7 +24,6 @@ and guide (:class:`~numpyro_dgp.ParameterMismatchError`).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -32,7 +31,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +39,8 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from numpyro_dgp import __version__
+from numpyro_dgp._persist.encoding import decode_value, encode_value
+from numpyro_dgp._persist.standardization import Standardization
 from numpyro_dgp._protocol import model_config
 from numpyro_dgp._validation import check_positive_int
 
@@ -79,182 +80,6 @@ class ModelFileError(ValueError):
     """
 
 
-def _check_standardization_inputs(X: ArrayLike) -> np.ndarray:
-    """``X`` as a float64 array, checked to be a non-empty ``(N, D)`` array.
-
-    :raises ValueError: otherwise.
-    """
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2 or X.shape[0] < 1:
-        raise ValueError(f"Standardization.fit: X must be a non-empty (N, D) array, got shape {X.shape}")
-    return X
-
-
-class Standardization(NamedTuple):
-    """The affine maps between the data's units and the standardized units a model is fitted in:
-    ``X_std = (X - x_mean) / x_scale`` and, for regression, ``y_std = (y - y_mean) / y_scale``.
-
-    :ivar x_mean: ``(D,)`` feature means of the training part.
-    :ivar x_scale: ``(D,)`` feature standard deviations (1 where a feature is constant).
-    :ivar y_mean: target mean (0 for classification and counts; ``(T,)`` for ``T`` columns).
-    :ivar y_scale: target standard deviation (1 for classification and counts; ``(T,)``).
-    """
-
-    x_mean: np.ndarray
-    x_scale: np.ndarray
-    y_mean: float | np.ndarray = 0.0
-    y_scale: float | np.ndarray = 1.0
-
-    @classmethod
-    def fit(cls, X: ArrayLike, y: ArrayLike | None = None) -> Standardization:
-        """The standardization of training data: per-feature mean and standard deviation of
-        ``X`` and, if ``y`` is given, of each column of ``y`` (constant columns get scale 1;
-        missing targets, NaN, are left out).
-
-        :param X: ``(N, D)`` training inputs.
-        :param y: ``(N,)`` or ``(N, T)`` regression targets, or ``None`` (classification and
-            counts: targets untouched).
-        :return: the :class:`Standardization`.
-        """
-        X = _check_standardization_inputs(X)
-        x_mean = X.mean(axis=0)
-        x_scale = X.std(axis=0)
-        x_scale = np.where(x_scale > 0, x_scale, 1.0)
-        if y is None:
-            return cls(x_mean, x_scale)
-        y = np.asarray(y, dtype=np.float64)
-        columns = y.reshape(y.shape[0], -1)
-        y_mean, y_scale = np.nanmean(columns, axis=0), np.nanstd(columns, axis=0)
-        y_scale = np.where(y_scale > 0, y_scale, 1.0)
-        if y.ndim == 1:
-            return cls(x_mean, x_scale, float(y_mean[0]), float(y_scale[0]))
-        return cls(x_mean, x_scale, y_mean, y_scale)
-
-    def inputs(self, X: ArrayLike) -> np.ndarray:
-        """``(X - x_mean) / x_scale``.
-
-        :param X: ``(N, D)`` inputs in the data's units.
-        :return: the standardized inputs (float64).
-        """
-        return (np.asarray(X, dtype=np.float64) - self.x_mean) / self.x_scale
-
-    def targets(self, y: ArrayLike) -> np.ndarray:
-        """``(y - y_mean) / y_scale``.
-
-        :param y: ``(N,)`` targets in the data's units, or ``(N, T)`` for ``T`` columns (each with its own
-            mean and scale).
-        :return: the standardized targets (float64).
-        """
-        return (np.asarray(y, dtype=np.float64) - self.y_mean) / self.y_scale
-
-    def to_json(self) -> dict:
-        """A JSON-serializable dict (lists of floats; Python's float repr round-trips exactly).
-
-        :return: ``{"x_mean", "x_scale", "y_mean", "y_scale"}``.
-        """
-        number = lambda v: float(v) if np.ndim(v) == 0 else [float(x) for x in np.ravel(v)]  # noqa: E731
-        return {"x_mean": [float(v) for v in self.x_mean], "x_scale": [float(v) for v in self.x_scale],
-                "y_mean": number(self.y_mean), "y_scale": number(self.y_scale)}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Standardization:
-        """The inverse of :meth:`to_json`.
-
-        :param data: the dict written by :meth:`to_json`.
-        :return: the :class:`Standardization`.
-        """
-        number = lambda v: np.asarray(v, np.float64) if isinstance(v, list) else float(v)  # noqa: E731
-        return cls(np.asarray(data["x_mean"], np.float64), np.asarray(data["x_scale"], np.float64),
-                   number(data["y_mean"]), number(data["y_scale"]))
-
-
-# --- encoding of factory arguments ------------------------------------------------------------
-
-
-def _check_encodable(value: Any, where: str) -> None:
-    """Raise unless ``value`` is of a type ``model.json`` can hold (numbers, strings, arrays,
-    kernels and lists of them; the entries of lists are checked as they are encoded).
-
-    :raises TypeError: otherwise.
-    """
-    from numpyro_dgp.kernels import Kernel
-
-    if not (value is None or isinstance(value, (bool, str, int, np.integer, float, np.floating, Kernel, jax.Array,
-                                                np.ndarray, list, tuple))):
-        raise TypeError(f"save_model: the model argument {where} = {value!r} cannot be saved (a "
-                        f"{type(value).__name__}; only numbers, strings, arrays, kernels and lists of them)")
-
-
-def _encode_value(value: Any, where: str) -> Any:
-    from numpyro_dgp.kernels import Kernel
-
-    _check_encodable(value, where)
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value)
-    if isinstance(value, Kernel):
-        return {"__kernel__": _encode_kernel(value, where)}
-    if isinstance(value, (jax.Array, np.ndarray)):
-        arr = np.asarray(value)
-        return {"__array__": arr.tolist(), "dtype": arr.dtype.name}
-    return [_encode_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
-
-
-def _encode_kernel(kernel: Any, where: str) -> dict:
-    from numpyro_dgp.kernels import Product, Sum
-
-    name = type(kernel).__name__
-    if isinstance(kernel, (Sum, Product)):
-        return {"type": name, "kernels": [_encode_kernel(k, where) for k in kernel.kernels]}
-    fields = {f.name: _encode_value(getattr(kernel, f.name), f"{where}.{f.name}")
-              for f in dataclasses.fields(kernel)}
-    return {"type": name, "fields": fields}
-
-
-def _check_encoded(value: Any) -> None:
-    """Raise if ``value`` is a dict that encodes neither a kernel nor an array.
-
-    :raises ValueError: for such a dict.
-    """
-    if isinstance(value, dict) and "__kernel__" not in value and "__array__" not in value:
-        raise ValueError(f"unknown encoded value {value!r}")
-
-
-def _decode_value(value: Any) -> Any:
-    _check_encoded(value)
-    if isinstance(value, list):
-        return [_decode_value(v) for v in value]
-    if isinstance(value, dict):
-        if "__kernel__" in value:
-            return _decode_kernel(value["__kernel__"])
-        return np.asarray(value["__array__"], dtype=np.dtype(value["dtype"]))
-    return value
-
-
-def _check_kernel_class(data: dict) -> type:
-    """The kernel class ``data`` names.
-
-    :raises ValueError: a name that is not a kernel of :mod:`numpyro_dgp.kernels`.
-    """
-    from numpyro_dgp import kernels
-
-    cls = getattr(kernels, data.get("type", ""), None)
-    if not (isinstance(cls, type) and issubclass(cls, kernels.Kernel)):
-        raise ValueError(f"unknown kernel type {data.get('type')!r}")
-    return cls
-
-
-def _decode_kernel(data: dict) -> Any:
-    cls = _check_kernel_class(data)
-    if "kernels" in data:
-        return cls(*[_decode_kernel(k) for k in data["kernels"]])
-    fields = {k: _decode_value(v) for k, v in data["fields"].items()}
-    return cls(**fields)
-
-
 def _check_guide(guide: Any) -> str:
     """The class name of ``guide``, checked to be a library guide that can be saved.
 
@@ -276,7 +101,7 @@ def _check_guide(guide: Any) -> str:
 
 def _guide_config(guide: Any) -> dict:
     name = _check_guide(guide)
-    options = {key: _encode_value(getattr(guide, attr), f"guide.{attr}") for attr, key in _GUIDE_OPTIONS[name]}
+    options = {key: encode_value(getattr(guide, attr), f"guide.{attr}") for attr, key in _GUIDE_OPTIONS[name]}
     if name == "AutoAmortizedDGP":
         options["weights"] = [float(w) for w in guide.initial_weights]
     return {"class": name, "options": options}
@@ -297,7 +122,7 @@ def _make_guide(model: Callable, config: Mapping[str, Any]) -> Any:
     from numpyro_dgp import guides
 
     name = _check_guide_class(config)
-    options = {k: _decode_value(v) for k, v in dict(config.get("options") or {}).items()}
+    options = {k: decode_value(v) for k, v in dict(config.get("options") or {}).items()}
     return getattr(guides, name)(model, **options)
 
 
@@ -316,7 +141,7 @@ def _make_model(config: Mapping[str, Any]) -> Callable:
     from numpyro_dgp import models
 
     factory = _check_factory(config)
-    arguments = {k: _decode_value(v) for k, v in dict(config.get("arguments") or {}).items()}
+    arguments = {k: decode_value(v) for k, v in dict(config.get("arguments") or {}).items()}
     return getattr(models, factory)(**arguments)
 
 
@@ -428,7 +253,7 @@ def save_model(
 
     path = Path(os.fspath(path)).expanduser()
     config = _check_save_model_arguments(model, input_dim, standardization, feature_names)
-    arguments = {k: _encode_value(v, k) for k, v in config["arguments"].items()}
+    arguments = {k: encode_value(v, k) for k, v in config["arguments"].items()}
     document: dict[str, Any] = {
         "format": MODEL_FORMAT,
         "format_version": MODEL_FORMAT_VERSION,

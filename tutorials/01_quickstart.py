@@ -426,7 +426,7 @@ print("resumed run equals the uninterrupted one bit for bit:",
 # Inside the step, `DGPElbo` draws the minibatch with one `top_k` (`dgp.handlers.fast_subsample`)
 # instead of NumPyro's sequential CPU shuffle, and every layer differentiates its Cholesky
 # factor and inverse with matrix products only (`dgp.core.cholesky`,
-# `dgp.core.triangular_inverse`); benchmarks/notes/speed.md has what each change gave.
+# `dgp.core.triangular_inverse`); benchmarks/topics/speed.md has what each change gave.
 
 # %%
 svi_more = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())

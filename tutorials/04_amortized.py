@@ -319,7 +319,7 @@ plt.tight_layout(); plt.show()
 # committed results are shown here (not recomputed by this notebook): kin8nm (AR2P and AR2PP, with
 # the test metrics of the final, the validation-selected and the averaged parameters of the last 25
 # epochs; averaging is what brings AR2PP under the NLL target), and the letters at the
-# paper's Adam 0.005 and at 0.002. The amortized section of benchmarks/notes/amortized.md lists every other run
+# paper's Adam 0.005 and at 0.002. The amortized section of benchmarks/topics/amortized.md lists every other run
 # (earlier settings, single-seed probes) and the command that made each.
 
 # %%

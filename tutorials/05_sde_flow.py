@@ -325,14 +325,14 @@ plt.tight_layout(); plt.show()
 # ```
 #
 # The concrete files `archive/sde_flow_concrete_3k*.md` compare the three starts on the same splits.
-# The cell below prints the headline tables (each with the command that made it); benchmarks/notes/sde_flow.md's
+# The cell below prints the headline tables (each with the command that made it); benchmarks/topics/sde_flow.md's
 # DiffGP section lists every other run (T = 1 on all six sets, the starts, the probes).
 
 # %%
 # the tests run a copy of this notebook elsewhere, so find the results from the package
 results = Path(dgp.__file__).resolve().parent.parent / "benchmarks" / "results"
 assert results.is_dir(), f"committed benchmark results not found at {results}"
-# the headline files; the DiffGP section of benchmarks/notes/sde_flow.md lists every other run and its command
+# the headline files; the DiffGP section of benchmarks/topics/sde_flow.md lists every other run and its command
 headline = {
     "sde_flow_concrete_reduced_20splits.md": "concrete T = 5, reduced settings, 20 splits (our DSVI in the same run)",
     "sde_flow_concrete_fullbatch.md": "concrete T = 5, the paper's optimization (full batch, 4 samples, 3000 steps), splits 0-4",
