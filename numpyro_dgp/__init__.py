@@ -32,8 +32,23 @@ __version__ = "0.1.0"
 
 #: public submodules, imported on first attribute access
 _SUBMODULES = (
-    "cli", "core", "datasets", "diagnostics", "guides", "handlers", "infer", "io", "kernels", "layers",
-    "likelihoods", "models", "objectives", "plots", "posteriors", "recipes", "sde",
+    "cli",
+    "core",
+    "datasets",
+    "diagnostics",
+    "guides",
+    "handlers",
+    "infer",
+    "io",
+    "kernels",
+    "layers",
+    "likelihoods",
+    "models",
+    "objectives",
+    "plots",
+    "posteriors",
+    "recipes",
+    "sde",
 )
 
 #: public names defined in submodules: name -> the module that defines it
@@ -95,7 +110,12 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from numpyro_dgp._persist.params import ParameterMismatchError, check_params
     from numpyro_dgp._predict.deterministic import predict_collapsed, predict_moment_matched
     from numpyro_dgp._predict.metrics import gaussian_mixture_crps, log_likelihood, metrics
-    from numpyro_dgp._predict.prediction import NonFinitePredictionWarning, Prediction, predict, sample_layers
+    from numpyro_dgp._predict.prediction import (
+        NonFinitePredictionWarning,
+        Prediction,
+        predict,
+        sample_layers,
+    )
     from numpyro_dgp._predict.quantiles import predictive_quantiles
     from numpyro_dgp._predict.samples import predict_from_samples
     from numpyro_dgp._saved_model import (

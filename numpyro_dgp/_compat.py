@@ -126,7 +126,9 @@ class _SoftplusLowerCholeskyTransform(_transforms.SoftplusLowerCholeskyTransform
 #: ``numpyro.distributions.constraints.softplus_lower_cholesky`` with :func:`biject_to` giving a
 #: transform whose forward map and derivative are one gather each (the library's guides use it).
 softplus_lower_cholesky = _SoftplusLowerCholesky()
-_transforms.biject_to.register(_SoftplusLowerCholesky, lambda constraint: _SoftplusLowerCholeskyTransform())
+_transforms.biject_to.register(
+    _SoftplusLowerCholesky, lambda constraint: _SoftplusLowerCholeskyTransform()
+)
 
 
 def innermost_guide(guide: Callable) -> Callable:

@@ -183,7 +183,14 @@ def layer_site(layer_name: str) -> str:
 def send_layer(call: LayerCall, rng_key: jax.Array, propagate: Callable) -> Any:
     """Send a layer's :data:`LAYER_MESSAGE`; its value (default ``propagate(*call, rng_key=,
     full_cov=False)``) is the layer's output."""
-    return _send(LAYER_MESSAGE, layer_site(call.layer.name), propagate, tuple(call), rng_key=rng_key, full_cov=False)
+    return _send(
+        LAYER_MESSAGE,
+        layer_site(call.layer.name),
+        propagate,
+        tuple(call),
+        rng_key=rng_key,
+        full_cov=False,
+    )
 
 
 def send_encoder_input(layer_name: str, inputs: jax.Array, default: Callable) -> Any:
@@ -292,13 +299,19 @@ def inducing_site_names(trace: dict) -> list[str]:
 
 def quadrature_tail(trace: dict) -> list[str]:
     """The sample sites after the last layer of a marginalized run (tagged :data:`QUADRATURE_AXIS`)."""
-    return [name for name, site in trace.items() if site.get("type") == "sample" and get_tag(site, QUADRATURE_AXIS)]
+    return [
+        name
+        for name, site in trace.items()
+        if site.get("type") == "sample" and get_tag(site, QUADRATURE_AXIS)
+    ]
 
 
 def latent_specs(trace: dict) -> dict:
     """``{site name: LatentSpec}`` of the latent inputs of a model trace (from their
     :data:`LATENT_MESSAGE` sites)."""
-    specs = [message_latent_spec(site) for site in trace.values() if site.get("type") == LATENT_MESSAGE]
+    specs = [
+        message_latent_spec(site) for site in trace.values() if site.get("type") == LATENT_MESSAGE
+    ]
     return {spec.name: spec for spec in specs}
 
 

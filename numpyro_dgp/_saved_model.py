@@ -63,13 +63,32 @@ _FACTORIES = ("deep_gp_regression", "diffgp", "amortized_dgp")
 
 #: constructor options recorded per guide class (attribute name, keyword)
 _GUIDE_OPTIONS = {
-    "AutoFactorizedDGP": (("inner_init", "inner_init"), ("init_scale", "init_scale"), ("prefix", "prefix")),
-    "AutoJointDGP": (("inner_init", "inner_init"), ("init_scale", "init_scale"), ("prefix", "prefix")),
-    "AutoChainDGP": (("inner_init", "inner_init"), ("init_scale", "init_scale"), ("prefix", "prefix")),
-    "AutoAmortizedDGP": (("rule", "rule"), ("num_branches", "num_branches"), ("covariance", "covariance"),
-                         ("hidden_width", "hidden_width"), ("num_hidden", "num_hidden"),
-                         ("encoder_init_scale", "init_scale"), ("learn_points", "learn_points"),
-                         ("inner_init", "inner_init"), ("prefix", "prefix")),
+    "AutoFactorizedDGP": (
+        ("inner_init", "inner_init"),
+        ("init_scale", "init_scale"),
+        ("prefix", "prefix"),
+    ),
+    "AutoJointDGP": (
+        ("inner_init", "inner_init"),
+        ("init_scale", "init_scale"),
+        ("prefix", "prefix"),
+    ),
+    "AutoChainDGP": (
+        ("inner_init", "inner_init"),
+        ("init_scale", "init_scale"),
+        ("prefix", "prefix"),
+    ),
+    "AutoAmortizedDGP": (
+        ("rule", "rule"),
+        ("num_branches", "num_branches"),
+        ("covariance", "covariance"),
+        ("hidden_width", "hidden_width"),
+        ("num_hidden", "num_hidden"),
+        ("encoder_init_scale", "init_scale"),
+        ("learn_points", "learn_points"),
+        ("inner_init", "inner_init"),
+        ("prefix", "prefix"),
+    ),
 }
 
 
@@ -91,17 +110,24 @@ def _check_guide(guide: Any) -> str:
     inner = innermost_guide(guide)
     name = type(inner).__name__
     if inner is not guide or name not in _GUIDE_OPTIONS:
-        raise TypeError(f"save_model: guide must be one of the library's guides {sorted(_GUIDE_OPTIONS)} "
-                        f"(not wrapped), got {type(guide).__name__}")
+        raise TypeError(
+            f"save_model: guide must be one of the library's guides {sorted(_GUIDE_OPTIONS)} "
+            f"(not wrapped), got {type(guide).__name__}"
+        )
     if name == "AutoAmortizedDGP" and inner.initial_points is not None:
-        raise TypeError("save_model: an AutoAmortizedDGP built with points= cannot be saved yet; "
-                        "build it without points= (they are then initialized and learned)")
+        raise TypeError(
+            "save_model: an AutoAmortizedDGP built with points= cannot be saved yet; "
+            "build it without points= (they are then initialized and learned)"
+        )
     return name
 
 
 def _guide_config(guide: Any) -> dict:
     name = _check_guide(guide)
-    options = {key: encode_value(getattr(guide, attr), f"guide.{attr}") for attr, key in _GUIDE_OPTIONS[name]}
+    options = {
+        key: encode_value(getattr(guide, attr), f"guide.{attr}")
+        for attr, key in _GUIDE_OPTIONS[name]
+    }
     if name == "AutoAmortizedDGP":
         options["weights"] = [float(w) for w in guide.initial_weights]
     return {"class": name, "options": options}
@@ -114,7 +140,9 @@ def _check_guide_class(config: Mapping[str, Any]) -> str:
     """
     name = config.get("class")
     if name not in _GUIDE_OPTIONS:
-        raise ValueError(f"unknown guide class {name!r} (this library saves {sorted(_GUIDE_OPTIONS)})")
+        raise ValueError(
+            f"unknown guide class {name!r} (this library saves {sorted(_GUIDE_OPTIONS)})"
+        )
     return name
 
 
@@ -133,7 +161,9 @@ def _check_factory(config: Mapping[str, Any]) -> str:
     """
     factory = config.get("factory")
     if factory not in _FACTORIES:
-        raise ValueError(f"unknown model factory {factory!r} (this library saves {list(_FACTORIES)})")
+        raise ValueError(
+            f"unknown model factory {factory!r} (this library saves {list(_FACTORIES)})"
+        )
     return factory
 
 
@@ -170,8 +200,12 @@ def _params_dtype(params: Mapping[str, Any]) -> str:
     return np.dtype(jnp.zeros(()).dtype).name
 
 
-def _check_save_model_arguments(model: Callable, input_dim: int, standardization: Standardization | None,
-                                feature_names: Sequence[str] | None) -> dict[str, Any]:
+def _check_save_model_arguments(
+    model: Callable,
+    input_dim: int,
+    standardization: Standardization | None,
+    feature_names: Sequence[str] | None,
+) -> dict[str, Any]:
     """The model's recorded configuration (factory and arguments), checked with ``input_dim``,
     ``standardization`` and ``feature_names``.
 
@@ -181,14 +215,20 @@ def _check_save_model_arguments(model: Callable, input_dim: int, standardization
     """
     config = model_config(model)
     if not isinstance(config, dict) or config.get("factory") not in _FACTORIES:
-        raise TypeError("save_model: model must be built by numpyro_dgp.models.deep_gp_regression, diffgp or "
-                        "amortized_dgp (a model of your own: save its parameters with save_params)")
+        raise TypeError(
+            "save_model: model must be built by numpyro_dgp.models.deep_gp_regression, diffgp or "
+            "amortized_dgp (a model of your own: save its parameters with save_params)"
+        )
     check_positive_int(input_dim, "input_dim", "save_model")
     if standardization is not None and np.shape(standardization.x_mean) != (int(input_dim),):
-        raise ValueError(f"save_model: standardization has {np.shape(standardization.x_mean)} feature means, "
-                         f"input_dim is {input_dim}")
+        raise ValueError(
+            f"save_model: standardization has {np.shape(standardization.x_mean)} feature means, "
+            f"input_dim is {input_dim}"
+        )
     if feature_names is not None and len(feature_names) != int(input_dim):
-        raise ValueError(f"save_model: {len(feature_names)} feature_names for input_dim={input_dim}")
+        raise ValueError(
+            f"save_model: {len(feature_names)} feature_names for input_dim={input_dim}"
+        )
     return config
 
 
@@ -199,7 +239,9 @@ def _check_model_target(path: Path, overwrite: bool) -> None:
     :raises FileNotFoundError: its parent directory does not exist.
     """
     if path.exists() and not overwrite:
-        raise FileExistsError(f"save_model: {str(path)!r} exists; pass overwrite=True to replace it")
+        raise FileExistsError(
+            f"save_model: {str(path)!r} exists; pass overwrite=True to replace it"
+        )
     if not path.parent.is_dir():
         raise FileNotFoundError(f"save_model: the directory {str(path.parent)!r} does not exist")
 
@@ -264,7 +306,9 @@ def save_model(
         "dtype": _params_dtype(params),
         "standardization": None if standardization is None else standardization.to_json(),
         "feature_names": None if feature_names is None else [str(n) for n in feature_names],
-        "target_name": target_name if target_name is None or isinstance(target_name, str) else list(target_name),
+        "target_name": target_name
+        if target_name is None or isinstance(target_name, str)
+        else list(target_name),
         "metadata": dict(metadata or {}),
         "files": {},
     }
@@ -272,8 +316,10 @@ def save_model(
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         save_params(tmp / PARAMS_FILE, dict(params))
-        document["files"][PARAMS_FILE] = {"sha256": _sha256(tmp / PARAMS_FILE),
-                                          "bytes": (tmp / PARAMS_FILE).stat().st_size}
+        document["files"][PARAMS_FILE] = {
+            "sha256": _sha256(tmp / PARAMS_FILE),
+            "bytes": (tmp / PARAMS_FILE).stat().st_size,
+        }
         text = _check_document_json(document)
         with open(tmp / CONFIG_FILE, "w", encoding="utf-8") as f:
             f.write(text + "\n")
@@ -318,8 +364,14 @@ class SavedModel:
     :ivar likelihood: the factory's likelihood (``"gaussian"``, ``"probit"``, ``"softmax"``, ...).
     """
 
-    def __init__(self, model: Callable, guide: Callable, params: dict, config: dict,
-                 standardization: Standardization | None) -> None:
+    def __init__(
+        self,
+        model: Callable,
+        guide: Callable,
+        params: dict,
+        config: dict,
+        standardization: Standardization | None,
+    ) -> None:
         self.model = model
         self.guide = guide
         self.params = params
@@ -338,11 +390,21 @@ class SavedModel:
         return [self.target_name] if isinstance(self.target_name, str) else list(self.target_name)
 
     def __repr__(self) -> str:
-        return (f"SavedModel({self.config['model']['factory']}, guide={self.config['guide']['class']}, "
-                f"input_dim={self.input_dim}, likelihood={self.likelihood!r})")
+        return (
+            f"SavedModel({self.config['model']['factory']}, guide={self.config['guide']['class']}, "
+            f"input_dim={self.input_dim}, likelihood={self.likelihood!r})"
+        )
 
-    def predict(self, X: ArrayLike, *, rng_key: jax.Array | None = None, num_samples: int = 100,
-                batch_size: int | None = None, standardized: bool = False, keep_layers: bool = False) -> Any:
+    def predict(
+        self,
+        X: ArrayLike,
+        *,
+        rng_key: jax.Array | None = None,
+        num_samples: int = 100,
+        batch_size: int | None = None,
+        standardized: bool = False,
+        keep_layers: bool = False,
+    ) -> Any:
         """The predictive mixture at ``X`` in the data's units.
 
         :param X: ``(N, D)`` inputs in the data's units (standardized here with the stored
@@ -368,10 +430,21 @@ class SavedModel:
             X = s.inputs(X)
         X = jnp.asarray(X, dtype=self.config["dtype"])
         key = jax.random.PRNGKey(0) if rng_key is None else rng_key
-        prediction = predict(self.model, self.guide, self.params, key, X, num_samples=num_samples,
-                             batch_size=batch_size, keep_layers=keep_layers)
-        if s is None or prediction.likelihood in ("bernoulli", "categorical") or (
-                np.all(np.asarray(s.y_mean) == 0.0) and np.all(np.asarray(s.y_scale) == 1.0)):
+        prediction = predict(
+            self.model,
+            self.guide,
+            self.params,
+            key,
+            X,
+            num_samples=num_samples,
+            batch_size=batch_size,
+            keep_layers=keep_layers,
+        )
+        if (
+            s is None
+            or prediction.likelihood in ("bernoulli", "categorical")
+            or (np.all(np.asarray(s.y_mean) == 0.0) and np.all(np.asarray(s.y_scale) == 1.0))
+        ):
             return prediction
         return _in_data_units(prediction, s.y_mean, s.y_scale)
 
@@ -382,8 +455,10 @@ def _check_location_scale(atoms: Any) -> None:
     :raises ValueError: otherwise.
     """
     if atoms is not None and not {"loc", "scale"} <= set(atoms.arg_constraints):
-        raise ValueError(f"SavedModel.predict: a {type(atoms).__name__} prediction has no location and scale to "
-                         "map to the data's units; pass standardized=True")
+        raise ValueError(
+            f"SavedModel.predict: a {type(atoms).__name__} prediction has no location and scale to "
+            "map to the data's units; pass standardized=True"
+        )
 
 
 def _in_data_units(prediction: Any, shift: Any, scale: Any) -> Any:
@@ -397,9 +472,13 @@ def _in_data_units(prediction: Any, shift: Any, scale: Any) -> Any:
         params = {name: getattr(atoms, name) for name in atoms.arg_constraints}
         params["loc"], params["scale"] = params["loc"] * sc + m, params["scale"] * sc
         atoms = type(atoms)(**params, validate_args=False)
-    return prediction._replace(mean=prediction.mean * sc + m, variance=prediction.variance * sc**2,
-                               component_means=prediction.component_means * sc + m,
-                               component_variances=prediction.component_variances * sc**2, atoms=atoms)
+    return prediction._replace(
+        mean=prediction.mean * sc + m,
+        variance=prediction.variance * sc**2,
+        component_means=prediction.component_means * sc + m,
+        component_variances=prediction.component_variances * sc**2,
+        atoms=atoms,
+    )
 
 
 def _read_config(path: Path) -> dict:
@@ -416,12 +495,16 @@ def _check_config_json(path: Path, config_path: Path) -> Any:
     :raises ModelFileError: a missing file, or one that is not valid JSON.
     """
     if not config_path.is_file():
-        raise ModelFileError(f"load_model: {str(path)!r} has no {CONFIG_FILE} (not a model directory written by "
-                             "save_model, or an incomplete copy)")
+        raise ModelFileError(
+            f"load_model: {str(path)!r} has no {CONFIG_FILE} (not a model directory written by "
+            "save_model, or an incomplete copy)"
+        )
     try:
         return json.loads(config_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelFileError(f"load_model: {str(config_path)!r} is corrupted (not valid JSON: {err})") from err
+        raise ModelFileError(
+            f"load_model: {str(config_path)!r} is corrupted (not valid JSON: {err})"
+        ) from err
 
 
 def _check_config(config: Any, path: Path, config_path: Path) -> None:
@@ -431,20 +514,27 @@ def _check_config(config: Any, path: Path, config_path: Path) -> None:
     :raises ModelFileError: otherwise.
     """
     if not isinstance(config, dict) or config.get("format") != MODEL_FORMAT:
-        raise ModelFileError(f"load_model: {str(config_path)!r} does not describe a numpyro_dgp model "
-                             f"(format {config.get('format') if isinstance(config, dict) else None!r})")
+        raise ModelFileError(
+            f"load_model: {str(config_path)!r} does not describe a numpyro_dgp model "
+            f"(format {config.get('format') if isinstance(config, dict) else None!r})"
+        )
     version = config.get("format_version")
     if not isinstance(version, int) or not 1 <= version <= MODEL_FORMAT_VERSION:
         raise ModelFileError(
             f"load_model: {str(path)!r} has format_version={version!r}, written by numpyro_dgp "
             f"{config.get('library_version')!r}; this library ({__version__}) reads versions "
-            f"1..{MODEL_FORMAT_VERSION} (upgrade numpyro_dgp to load it)")
+            f"1..{MODEL_FORMAT_VERSION} (upgrade numpyro_dgp to load it)"
+        )
     for key in ("model", "guide", "input_dim", "dtype", "files", "library_version"):
         if key not in config:
-            raise ModelFileError(f"load_model: {str(config_path)!r} is corrupted (no {key!r} entry)")
+            raise ModelFileError(
+                f"load_model: {str(config_path)!r} is corrupted (no {key!r} entry)"
+            )
     if _version_tuple(config["library_version"]) is None:
-        raise ModelFileError(f"load_model: {str(config_path)!r} is corrupted (library_version "
-                             f"{config['library_version']!r} is not a version number)")
+        raise ModelFileError(
+            f"load_model: {str(config_path)!r} is corrupted (library_version "
+            f"{config['library_version']!r} is not a version number)"
+        )
 
 
 def _version_tuple(version: Any) -> tuple[int, ...] | None:
@@ -462,8 +552,10 @@ def _newer_library_hint(config: Mapping[str, Any]) -> str:
     written, ours = _version_tuple(config["library_version"]), _version_tuple(__version__)
     if written is None or ours is None or written <= ours:
         return ""
-    return (f" (written by numpyro_dgp {config['library_version']}, newer than this library "
-            f"{__version__}: upgrade numpyro_dgp to load it)")
+    return (
+        f" (written by numpyro_dgp {config['library_version']}, newer than this library "
+        f"{__version__}: upgrade numpyro_dgp to load it)"
+    )
 
 
 def _placeholder_targets(arguments: Mapping[str, Any], rows: int, dtype: Any) -> jax.Array:
@@ -472,7 +564,9 @@ def _placeholder_targets(arguments: Mapping[str, Any], rows: int, dtype: Any) ->
     integers."""
     from numpyro_dgp.models import Observation
 
-    observation = Observation(arguments.get("likelihood", "gaussian"), int(arguments.get("num_outputs", 1)))
+    observation = Observation(
+        arguments.get("likelihood", "gaussian"), int(arguments.get("num_outputs", 1))
+    )
     shape = (rows,) if observation.num_outputs == 1 else (rows, observation.num_outputs)
     return jnp.zeros(shape, dtype if observation.continuous else jnp.int32)
 
@@ -487,7 +581,9 @@ def _check_model_directory(path: os.PathLike | str) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"load_model: the model directory {str(path)!r} does not exist")
     if not path.is_dir():
-        raise ModelFileError(f"load_model: {str(path)!r} is a file; a model is a directory written by save_model")
+        raise ModelFileError(
+            f"load_model: {str(path)!r} is a file; a model is a directory written by save_model"
+        )
     return path
 
 
@@ -497,12 +593,16 @@ def _check_params_file(params_path: Path, path: Path, config: Mapping[str, Any])
     :raises ModelFileError: a missing file, or another checksum.
     """
     if not params_path.is_file():
-        raise ModelFileError(f"load_model: {str(path)!r} has no {PARAMS_FILE} (an incomplete copy?)")
+        raise ModelFileError(
+            f"load_model: {str(path)!r} has no {PARAMS_FILE} (an incomplete copy?)"
+        )
     recorded = (config.get("files") or {}).get(PARAMS_FILE) or {}
     digest = _sha256(params_path)
     if recorded.get("sha256") != digest:
-        raise ModelFileError(f"load_model: {str(params_path)!r} is corrupted or was replaced: its sha256 is "
-                             f"{digest}, {CONFIG_FILE} records {recorded.get('sha256')!r}")
+        raise ModelFileError(
+            f"load_model: {str(params_path)!r} is corrupted or was replaced: its sha256 is "
+            f"{digest}, {CONFIG_FILE} records {recorded.get('sha256')!r}"
+        )
 
 
 def _check_model_dtype(config: Mapping[str, Any], path: Path) -> np.dtype:
@@ -512,8 +612,10 @@ def _check_model_dtype(config: Mapping[str, Any], path: Path) -> np.dtype:
     """
     dtype = np.dtype(config["dtype"])
     if dtype == np.float64 and not jax.config.jax_enable_x64:
-        raise ValueError(f"load_model: {str(path)!r} holds a float64 model; call "
-                         'jax.config.update("jax_enable_x64", True) before loading it')
+        raise ValueError(
+            f"load_model: {str(path)!r} holds a float64 model; call "
+            'jax.config.update("jax_enable_x64", True) before loading it'
+        )
     return dtype
 
 
@@ -534,7 +636,12 @@ def load_model(path: os.PathLike | str) -> SavedModel:
         (with the same upgrade hint).
     :raises ValueError: float64 parameters while JAX's 64-bit mode is off.
     """
-    from numpyro_dgp._persist.params import STRICT_HINT, check_params_against, param_specs, set_up_guide
+    from numpyro_dgp._persist.params import (
+        STRICT_HINT,
+        check_params_against,
+        param_specs,
+        set_up_guide,
+    )
     from numpyro_dgp.io import load_params
 
     path = _check_model_directory(path)
@@ -546,15 +653,24 @@ def load_model(path: os.PathLike | str) -> SavedModel:
         model = _make_model(config["model"])
         guide = _make_guide(model, config["guide"])
     except (TypeError, ValueError, KeyError) as err:
-        raise ModelFileError(f"load_model: {str(path / CONFIG_FILE)!r} describes a model this library cannot "
-                             f"build: {err}{_newer_library_hint(config)}") from err
+        raise ModelFileError(
+            f"load_model: {str(path / CONFIG_FILE)!r} describes a model this library cannot "
+            f"build: {err}{_newer_library_hint(config)}"
+        ) from err
     params = load_params(params_path)
     standardization = config.get("standardization")
-    standardization = None if standardization is None else Standardization.from_json(standardization)
+    standardization = (
+        None if standardization is None else Standardization.from_json(standardization)
+    )
     D, rows = int(config["input_dim"]), _setup_rows(config["model"])
     X0 = jnp.zeros((rows, D), dtype)
     y0 = _placeholder_targets(config["model"].get("arguments") or {}, rows, dtype)
     set_up_guide(guide, jax.random.PRNGKey(0), (X0, y0), {})
-    check_params_against(param_specs(model, guide, (X0, y0), {}), params, f"load_model({str(path)!r})",
-                         require_finite=True, hint=STRICT_HINT + _newer_library_hint(config))
+    check_params_against(
+        param_specs(model, guide, (X0, y0), {}),
+        params,
+        f"load_model({str(path)!r})",
+        require_finite=True,
+        hint=STRICT_HINT + _newer_library_hint(config),
+    )
     return SavedModel(model, guide, params, config, standardization)

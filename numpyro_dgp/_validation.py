@@ -77,7 +77,9 @@ def concrete(x: Any) -> np.ndarray | None:
         return None
 
 
-def as_float_array(x: Any, name: str, caller: str, ndim: int | tuple[int, ...] | None = None) -> jax.Array:
+def as_float_array(
+    x: Any, name: str, caller: str, ndim: int | tuple[int, ...] | None = None
+) -> jax.Array:
     """``x`` as a JAX array of a floating dtype: booleans and integers are cast to the default
     float (``jnp.result_type(float)``: float64 with 64-bit mode on, else float32), complex and
     non-numeric inputs are refused.
@@ -96,15 +98,22 @@ def as_float_array(x: Any, name: str, caller: str, ndim: int | tuple[int, ...] |
         if not isinstance(x, jax.Array):
             x = jnp.asarray(x)
     except TypeError as err:
-        raise TypeError(f"{caller}: {name} must be a numeric array, got {type(x).__name__}: {err}") from None
+        raise TypeError(
+            f"{caller}: {name} must be a numeric array, got {type(x).__name__}: {err}"
+        ) from None
     if jnp.issubdtype(x.dtype, jnp.complexfloating) or not (
-            jnp.issubdtype(x.dtype, jnp.number) or x.dtype == jnp.bool_):
-        raise TypeError(f"{caller}: {name} must be a real (float or integer) array, got dtype {x.dtype}")
+        jnp.issubdtype(x.dtype, jnp.number) or x.dtype == jnp.bool_
+    ):
+        raise TypeError(
+            f"{caller}: {name} must be a real (float or integer) array, got dtype {x.dtype}"
+        )
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.result_type(float))
     allowed = (ndim,) if isinstance(ndim, int) else ndim
     if allowed is not None and x.ndim not in allowed:
-        shapes = " or ".join({1: "(num_points,)", 2: "(num_points, dim)"}.get(n, f"{n}-D") for n in allowed)
+        shapes = " or ".join(
+            {1: "(num_points,)", 2: "(num_points, dim)"}.get(n, f"{n}-D") for n in allowed
+        )
         raise ValueError(f"{caller}: {name} must have shape {shapes}, got shape {tuple(x.shape)}")
     return x
 
@@ -148,17 +157,25 @@ def non_finite_entries(value: np.ndarray, max_first: int = 3) -> tuple[int, list
     count = 0
     first: list[tuple[int, ...]] = []
     for start in range(0, value.shape[0], rows):
-        bad = ~np.isfinite(value[start:start + rows])
+        bad = ~np.isfinite(value[start : start + rows])
         n = int(bad.sum())
         if n and len(first) < max_first:
-            first += [(int(idx[0]) + start,) + tuple(int(i) for i in idx[1:])
-                      for idx in np.argwhere(bad)[:max_first - len(first)]]
+            first += [
+                (int(idx[0]) + start,) + tuple(int(i) for i in idx[1:])
+                for idx in np.argwhere(bad)[: max_first - len(first)]
+            ]
         count += n
     return count, first
 
 
-def targets(y: Any, num_points: int, caller: str, dtype: Any | None = None, num_outputs: int = 1,
-            allow_nan: bool = False) -> jax.Array | None:
+def targets(
+    y: Any,
+    num_points: int,
+    caller: str,
+    dtype: Any | None = None,
+    num_outputs: int = 1,
+    allow_nan: bool = False,
+) -> jax.Array | None:
     """Observed targets ``y`` of shape ``(N,)`` (``(N, 1)`` is accepted and squeezed), or
     ``(N, T)`` for ``T = num_outputs`` columns.
 
@@ -189,7 +206,9 @@ def targets(y: Any, num_points: int, caller: str, dtype: Any | None = None, num_
     if allow_nan:
         value = concrete(y)
         if value is not None and np.issubdtype(value.dtype, np.inexact) and np.isinf(value).any():
-            raise ValueError(f"{caller}: y contains infinite values (NaN entries are masked, infinities are not)")
+            raise ValueError(
+                f"{caller}: y contains infinite values (NaN entries are masked, infinities are not)"
+            )
     else:
         check_finite(y, "y", caller)
     return y
@@ -202,8 +221,11 @@ def tree_all_finite(*trees: Any) -> jax.Array:
     :param trees: pytrees of arrays.
     :return: ``()`` boolean array.
     """
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(trees)
-              if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+    leaves = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree_util.tree_leaves(trees)
+        if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
+    ]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
@@ -235,12 +257,19 @@ def check_positive_number(value: Any, name: str, caller: str, allow_zero: bool =
         number = float(value)
     except (TypeError, ValueError):
         number = math.nan
-    if isinstance(value, bool) or not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+    if (
+        isinstance(value, bool)
+        or not math.isfinite(number)
+        or number < 0
+        or (number == 0 and not allow_zero)
+    ):
         kind = "non-negative" if allow_zero else "positive"
         raise ValueError(f"{caller}: {name} must be a finite {kind} number, got {value!r}")
 
 
-def check_choice(value: Any, choices: Any, name: str, caller: str, error: type[Exception] = ValueError) -> None:
+def check_choice(
+    value: Any, choices: Any, name: str, caller: str, error: type[Exception] = ValueError
+) -> None:
     """Raise unless ``value`` is one of ``choices``.
 
     :param value: the value.
@@ -258,8 +287,14 @@ def check_choice(value: Any, choices: Any, name: str, caller: str, error: type[E
         raise error(f"{caller}: {name} must be one of {tuple(choices)}, got {value!r}")
 
 
-def check_interval(value: Any, name: str, caller: str, low: float = -math.inf, high: float = math.inf,
-                   closed: str = "neither") -> None:
+def check_interval(
+    value: Any,
+    name: str,
+    caller: str,
+    low: float = -math.inf,
+    high: float = math.inf,
+    closed: str = "neither",
+) -> None:
     """Raise unless ``value`` is a finite number between ``low`` and ``high``.
 
     :param value: the value.
@@ -279,7 +314,9 @@ def check_interval(value: Any, name: str, caller: str, low: float = -math.inf, h
     if isinstance(value, bool) or not (math.isfinite(number) and low_ok and high_ok):
         left = "[" if closed in ("low", "both") else "("
         right = "]" if closed in ("high", "both") else ")"
-        raise ValueError(f"{caller}: {name} must be a number in {left}{low}, {high}{right}, got {value!r}")
+        raise ValueError(
+            f"{caller}: {name} must be a number in {left}{low}, {high}{right}, got {value!r}"
+        )
 
 
 def check_name(value: Any, name: str, caller: str) -> None:
@@ -298,7 +335,9 @@ def check_mapping(value: Any, name: str, caller: str, allow_empty: bool = False)
     """
     if not isinstance(value, dict) or not (value or allow_empty):
         what = "a dict" if allow_empty else "a non-empty dict"
-        raise ValueError(f"{caller}: {name} must be {what}, got {type(value).__name__} {value!r:.80}")
+        raise ValueError(
+            f"{caller}: {name} must be {what}, got {type(value).__name__} {value!r:.80}"
+        )
 
 
 def check_present(required: Any, present: Any, what: str, caller: str) -> None:
@@ -315,7 +354,9 @@ def check_present(required: Any, present: Any, what: str, caller: str) -> None:
         raise ValueError(f"{caller}: {what} lack {missing}")
 
 
-def check_file(path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError) -> None:
+def check_file(
+    path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError
+) -> None:
     """Raise unless ``path`` is an existing file.
 
     :param path: the path (``pathlib.Path``).
@@ -329,7 +370,9 @@ def check_file(path: Any, what: str, caller: str, error: type[Exception] = FileN
         raise error(f"{caller}: {what} {str(path)!r} {state}")
 
 
-def check_directory(path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError) -> None:
+def check_directory(
+    path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError
+) -> None:
     """Raise unless ``path`` is an existing directory.
 
     :raises FileNotFoundError: (or ``error``) naming the path.
@@ -351,17 +394,23 @@ def _feature_spread(X: np.ndarray) -> np.ndarray:
     else:
         total = np.zeros(X.shape[-1])
         for start in range(0, X.shape[0], block):
-            total += X[start:start + block].astype(np.float64).sum(axis=0)
+            total += X[start : start + block].astype(np.float64).sum(axis=0)
         mean = total / X.shape[0]
         squares = np.zeros(X.shape[-1])
         for start in range(0, X.shape[0], block):
-            squares += ((X[start:start + block].astype(np.float64) - mean) ** 2).sum(axis=0)
+            squares += ((X[start : start + block].astype(np.float64) - mean) ** 2).sum(axis=0)
         std = np.sqrt(squares / X.shape[0])
     return np.where(std > 0, std, np.nan)
 
 
-def warn_if_not_standardized(X: Any, name: str, caller: str, lengthscales: list | None = None,
-                             upper_only: bool = False, stacklevel: int = 3) -> None:
+def warn_if_not_standardized(
+    X: Any,
+    name: str,
+    caller: str,
+    lengthscales: list | None = None,
+    upper_only: bool = False,
+    stacklevel: int = 3,
+) -> None:
     """Issue :class:`InputScaleWarning` (once per distinct problem) when some feature of the
     concrete array ``X`` has a spread outside :data:`SCALE_LIMITS` relative to the lengthscale.
 
@@ -377,7 +426,12 @@ def warn_if_not_standardized(X: Any, name: str, caller: str, lengthscales: list 
     :param stacklevel: of the warning (3: the caller's caller, the user's line).
     """
     value = concrete(X)
-    if value is None or value.ndim < 2 or value.shape[-2] < 2 or not np.issubdtype(value.dtype, np.floating):
+    if (
+        value is None
+        or value.ndim < 2
+        or value.shape[-2] < 2
+        or not np.issubdtype(value.dtype, np.floating)
+    ):
         return
     spread = _feature_spread(value)
     candidates = []
@@ -388,23 +442,32 @@ def warn_if_not_standardized(X: Any, name: str, caller: str, lengthscales: list 
         candidates.append(spread / np.broadcast_to(np.asarray(ls, np.float64), spread.shape))
     ratios = np.stack(candidates)
     # per feature the lengthscale that fits it best
-    best = np.take_along_axis(ratios, np.nanargmin(np.abs(np.log(np.where(np.isnan(ratios), 1.0, ratios))), 0)[None],
-                              0)[0]
+    best = np.take_along_axis(
+        ratios, np.nanargmin(np.abs(np.log(np.where(np.isnan(ratios), 1.0, ratios))), 0)[None], 0
+    )[0]
     low, high = SCALE_LIMITS
     too_big = np.flatnonzero(best > high)
     too_small = np.array([], int) if upper_only else np.flatnonzero(best < low)
     if not (too_big.size or too_small.size):
         return
-    fingerprint = (value.shape[-1], tuple(too_big), tuple(too_small),
-                   tuple(np.round(np.log10(best[np.concatenate([too_big, too_small])]))))
+    fingerprint = (
+        value.shape[-1],
+        tuple(too_big),
+        tuple(too_small),
+        tuple(np.round(np.log10(best[np.concatenate([too_big, too_small])]))),
+    )
     if fingerprint in _WARNED:
         return
     _WARNED.add(fingerprint)
     parts = []
     if too_big.size:
-        parts.append(f"feature(s) {too_big.tolist()[:10]} have a spread up to {np.nanmax(best[too_big]):.3g}")
+        parts.append(
+            f"feature(s) {too_big.tolist()[:10]} have a spread up to {np.nanmax(best[too_big]):.3g}"
+        )
     if too_small.size:
-        parts.append(f"feature(s) {too_small.tolist()[:10]} have a spread down to {np.nanmin(best[too_small]):.3g}")
+        parts.append(
+            f"feature(s) {too_small.tolist()[:10]} have a spread down to {np.nanmin(best[too_small]):.3g}"
+        )
     relative = " times the kernel's lengthscale" if lengthscales else ""
     warnings.warn(
         f"{caller}: {name} is far from standardized: {'; '.join(parts)}{relative} (expected within "

@@ -115,14 +115,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     png = out_dir / "demo_step_function.png"
-    print(f"Fitting a 2-layer DGP and a 1-layer SVGP to the step function ({args.steps} steps each)...")
+    print(
+        f"Fitting a 2-layer DGP and a 1-layer SVGP to the step function ({args.steps} steps each)..."
+    )
     runs = run_demo(jax.random.PRNGKey(args.seed), num_steps=args.steps, output=png)
     print()
     print(f"{'model':<14} {'final ELBO':>11} {'test LL':>9} {'RMSE':>8} {'CRPS':>8} {'ms/step':>8}")
     for label, name in (("dgp", "DGP (2 layers)"), ("svgp", "SVGP (1 layer)")):
         r = runs[label]
-        print(f"{name:<14} {r.final_elbo:>11.2f} {r.metrics['log_likelihood']:>9.3f} {r.metrics['rmse']:>8.4f} "
-              f"{r.metrics['crps']:>8.4f} {r.seconds_per_step * 1e3:>8.2f}")
+        print(
+            f"{name:<14} {r.final_elbo:>11.2f} {r.metrics['log_likelihood']:>9.3f} {r.metrics['rmse']:>8.4f} "
+            f"{r.metrics['crps']:>8.4f} {r.seconds_per_step * 1e3:>8.2f}"
+        )
     print(f"\nwrote {png}")
     return 0
 
@@ -147,8 +151,10 @@ def _check_uci_inducing(num_inducing: int, num_train: int, name: str, split: int
     :raises ValueError: otherwise.
     """
     if num_inducing > num_train:
-        raise ValueError(f"--num-inducing {num_inducing} exceeds the {num_train} training points of {name} "
-                         f"(split {split}); pass --num-inducing {num_train} or fewer")
+        raise ValueError(
+            f"--num-inducing {num_inducing} exceeds the {num_train} training points of {name} "
+            f"(split {split}); pass --num-inducing {num_train} or fewer"
+        )
 
 
 def cmd_uci(args: argparse.Namespace) -> int:
@@ -166,19 +172,34 @@ def cmd_uci(args: argparse.Namespace) -> int:
     from numpyro_dgp.datasets import load_uci
     from numpyro_dgp.recipes import mean_and_standard_error, run_uci
 
-    data = load_uci(args.dataset, args.splits[0], data_dir=args.data_dir)  # fails early on bad files
+    data = load_uci(
+        args.dataset, args.splits[0], data_dir=args.data_dir
+    )  # fails early on bad files
     name = data.name
     _check_uci_inducing(args.num_inducing, data.X_train.shape[0], name, args.splits[0])
-    print(f"{name}: {args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, batch {args.batch_size}")
+    print(
+        f"{name}: {args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, batch {args.batch_size}"
+    )
     print(f"{'split':>5} {'test LL':>9} {'RMSE':>9} {'CRPS':>9} {'ms/step':>8} {'seconds':>8}")
     lls, rmses = [], []
     for split in args.splits:
-        r = run_uci(args.dataset, split, data_dir=args.data_dir, num_layers=args.layers, num_inducing=args.num_inducing,
-                    num_steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr)
+        r = run_uci(
+            args.dataset,
+            split,
+            data_dir=args.data_dir,
+            num_layers=args.layers,
+            num_inducing=args.num_inducing,
+            num_steps=args.steps,
+            batch_size=args.batch_size,
+            learning_rate=args.lr,
+        )
         lls.append(r.metrics["log_likelihood"])
         rmses.append(r.metrics["rmse"])
-        print(f"{split:>5} {lls[-1]:>9.4f} {rmses[-1]:>9.4g} {r.metrics['crps']:>9.4g} "
-              f"{r.seconds_per_step * 1e3:>8.2f} {r.total_seconds:>8.1f}", flush=True)
+        print(
+            f"{split:>5} {lls[-1]:>9.4f} {rmses[-1]:>9.4g} {r.metrics['crps']:>9.4g} "
+            f"{r.seconds_per_step * 1e3:>8.2f} {r.total_seconds:>8.1f}",
+            flush=True,
+        )
 
     (ll, ll_se), (rm, rm_se) = mean_and_standard_error(lls), mean_and_standard_error(rmses)
     print(f"{'mean':>5} {ll:>9.4f} {rm:>9.4g}")
@@ -210,7 +231,9 @@ def _check_quantiles(values: list[float], text: str) -> None:
     :raises argparse.ArgumentTypeError: otherwise.
     """
     if not values or not all(0 < v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"must be comma-separated numbers in (0, 1), e.g. 0.025,0.975; got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated numbers in (0, 1), e.g. 0.025,0.975; got {text!r}"
+        )
 
 
 def _quantile_list(text: str) -> list[float]:
@@ -223,9 +246,16 @@ def _quantile_list(text: str) -> list[float]:
 
 
 #: ``--likelihood`` -> the factories' name (:data:`numpyro_dgp.models.LIKELIHOODS`)
-LIKELIHOODS = {"normal": "gaussian", "probit": "probit", "softmax": "softmax", "robust-max": "robust_max",
-               "student-t": "student_t", "poisson": "poisson", "negative-binomial": "negative_binomial",
-               "heteroscedastic": "heteroscedastic"}
+LIKELIHOODS = {
+    "normal": "gaussian",
+    "probit": "probit",
+    "softmax": "softmax",
+    "robust-max": "robust_max",
+    "student-t": "student_t",
+    "poisson": "poisson",
+    "negative-binomial": "negative_binomial",
+    "heteroscedastic": "heteroscedastic",
+}
 _CONTINUOUS = ("gaussian", "student_t", "heteroscedastic")
 
 
@@ -235,7 +265,9 @@ def _check_target_names(names: list[str], text: str) -> None:
     :raises argparse.ArgumentTypeError: otherwise.
     """
     if not all(names):
-        raise argparse.ArgumentTypeError(f"must be a column name or comma-separated names, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be a column name or comma-separated names, got {text!r}"
+        )
 
 
 def _target_list(text: str) -> list[str]:
@@ -252,19 +284,29 @@ def _check_target_values(y: np.ndarray, likelihood: str, targets: list[str]) -> 
     values = y[~np.isnan(y)]
     shown = lambda v: f"{np.unique(v)[:6].tolist()}{' ...' if np.unique(v).size > 6 else ''}"  # noqa: E731
     if likelihood == "probit" and not set(np.unique(values).tolist()) <= {0.0, 1.0}:
-        raise ValueError(f"--likelihood probit needs a target of 0s and 1s; {targets[0]!r} holds {shown(values)}")
+        raise ValueError(
+            f"--likelihood probit needs a target of 0s and 1s; {targets[0]!r} holds {shown(values)}"
+        )
     if likelihood in ("softmax", "robust_max"):
         if values.size == 0 or np.any(values < 0) or np.any(values != np.round(values)):
-            raise ValueError(f"--likelihood {likelihood.replace('_', '-')} needs class labels 0, 1, ..., C-1; "
-                             f"{targets[0]!r} holds {shown(values)}")
+            raise ValueError(
+                f"--likelihood {likelihood.replace('_', '-')} needs class labels 0, 1, ..., C-1; "
+                f"{targets[0]!r} holds {shown(values)}"
+            )
         num_classes = int(values.max()) + 1
         if num_classes < 2:
-            raise ValueError(f"--likelihood {likelihood.replace('_', '-')} needs at least two classes; "
-                             f"{targets[0]!r} holds only {shown(values)}")
+            raise ValueError(
+                f"--likelihood {likelihood.replace('_', '-')} needs at least two classes; "
+                f"{targets[0]!r} holds only {shown(values)}"
+            )
         return num_classes
-    if likelihood in ("poisson", "negative_binomial") and (np.any(values < 0) or np.any(values != np.round(values))):
-        raise ValueError(f"--likelihood {likelihood.replace('_', '-')} needs non-negative integer counts; "
-                         f"{targets} hold {shown(values)}")
+    if likelihood in ("poisson", "negative_binomial") and (
+        np.any(values < 0) or np.any(values != np.round(values))
+    ):
+        raise ValueError(
+            f"--likelihood {likelihood.replace('_', '-')} needs non-negative integer counts; "
+            f"{targets} hold {shown(values)}"
+        )
     return None
 
 
@@ -274,7 +316,9 @@ def _check_label_targets(option: str, likelihood: str, targets: list[str]) -> No
     :raises ValueError: otherwise.
     """
     if len(targets) > 1 and likelihood in ("probit", "softmax", "robust_max"):
-        raise ValueError(f"--likelihood {option} takes one --target column of labels, got {targets}")
+        raise ValueError(
+            f"--likelihood {option} takes one --target column of labels, got {targets}"
+        )
 
 
 def _check_missing_targets(data: str, y: np.ndarray, targets: list[str], masked: bool) -> None:
@@ -287,8 +331,10 @@ def _check_missing_targets(data: str, y: np.ndarray, targets: list[str], masked:
     N = y.shape[0]
     gaps = [name for j, name in enumerate(targets) if np.isnan(y.reshape(N, -1)[:, j]).any()]
     if gaps and not masked:
-        raise ValueError(f"{data}: target column(s) {gaps} have missing values; pass --missing-targets mask to "
-                         "leave them out of the likelihood")
+        raise ValueError(
+            f"{data}: target column(s) {gaps} have missing values; pass --missing-targets mask to "
+            "leave them out of the likelihood"
+        )
 
 
 def _check_training_rows(num_train: int, test_fraction: float, N: int) -> None:
@@ -308,9 +354,11 @@ def _check_fit_inducing(num_inducing: int, batch: int | None, num_train: int) ->
     """
     init_points = batch or num_train
     if num_inducing > init_points:
-        raise ValueError(f"--num-inducing {num_inducing} exceeds the {init_points} points its k-means "
-                         f"initialization sees ({'the first minibatch' if batch else 'the training rows'}); "
-                         f"pass --num-inducing {init_points} or fewer{' or a larger --batch-size' if batch else ''}")
+        raise ValueError(
+            f"--num-inducing {num_inducing} exceeds the {init_points} points its k-means "
+            f"initialization sees ({'the first minibatch' if batch else 'the training rows'}); "
+            f"pass --num-inducing {init_points} or fewer{' or a larger --batch-size' if batch else ''}"
+        )
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -324,7 +372,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from numpyro_dgp._persist.tables import read_table  # NumPy only: a bad table is reported before JAX loads
+    from numpyro_dgp._persist.tables import (
+        read_table,
+    )  # NumPy only: a bad table is reported before JAX loads
 
     targets = args.target
     masked = args.missing_targets == "mask"
@@ -362,30 +412,67 @@ def cmd_fit(args: argparse.Namespace) -> int:
     batch = args.batch_size if args.batch_size < train.size else None
     _check_fit_inducing(args.num_inducing, batch, train.size)
     shown = repr(targets[0]) if len(targets) == 1 else str(targets)
-    print(f"{args.data}: {N} rows, {len(names)} features, target {shown} ({args.likelihood}"
-          f"{f', {num_classes} classes' if num_classes else ''}); {train.size} training, {test.size} test rows")
-    print(f"{args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, "
-          f"{'batch ' + str(batch) if batch else 'full batch'}, {np.dtype(dtype).name}; inducing inputs by k-means on "
-          f"{'one minibatch of ' + str(batch) if batch else str(min(train.size, 100_000))} points")
-    model = deep_gp_regression(args.layers, num_inducing=args.num_inducing, hidden_width=args.hidden_width,
-                               likelihood=likelihood, num_outputs=len(targets), num_classes=num_classes,
-                               missing_targets=args.missing_targets)
+    print(
+        f"{args.data}: {N} rows, {len(names)} features, target {shown} ({args.likelihood}"
+        f"{f', {num_classes} classes' if num_classes else ''}); {train.size} training, {test.size} test rows"
+    )
+    print(
+        f"{args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, "
+        f"{'batch ' + str(batch) if batch else 'full batch'}, {np.dtype(dtype).name}; inducing inputs by k-means on "
+        f"{'one minibatch of ' + str(batch) if batch else str(min(train.size, 100_000))} points"
+    )
+    model = deep_gp_regression(
+        args.layers,
+        num_inducing=args.num_inducing,
+        hidden_width=args.hidden_width,
+        likelihood=likelihood,
+        num_outputs=len(targets),
+        num_classes=num_classes,
+        missing_targets=args.missing_targets,
+    )
     guide = AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(args.lr), DGPElbo())
     kwargs = {"batch_size": batch} if batch else {}
     start = time.perf_counter()
-    result = fit(svi, jax.random.PRNGKey(args.seed), X_train, y_train, num_steps=args.steps,
-                 chunk_size=min(100, args.steps), progress_bar=not args.no_progress, **kwargs)
+    result = fit(
+        svi,
+        jax.random.PRNGKey(args.seed),
+        X_train,
+        y_train,
+        num_steps=args.steps,
+        chunk_size=min(100, args.steps),
+        progress_bar=not args.no_progress,
+        **kwargs,
+    )
     seconds = time.perf_counter() - start
-    final = float(np.nanmean(result.losses[-min(100, args.steps):]))
-    summary = {"rows": int(N), "train_rows": int(train.size), "test_rows": int(test.size), "steps": args.steps,
-               "batch_size": batch, "seed": args.seed, "final_loss": final, "fit_seconds": seconds,
-               "skipped_steps": int(result.num_skipped)}
-    out = save_model(args.output, model, guide, result.params, input_dim=len(names), standardization=s,
-                     feature_names=names, target_name=targets[0] if len(targets) == 1 else targets,
-                     metadata=summary, overwrite=args.overwrite)
-    print(f"fitted in {seconds:.1f} s ({result.seconds_per_step * 1e3:.2f} ms/step), final loss {final:.4g}; "
-          f"saved {out}")
+    final = float(np.nanmean(result.losses[-min(100, args.steps) :]))
+    summary = {
+        "rows": int(N),
+        "train_rows": int(train.size),
+        "test_rows": int(test.size),
+        "steps": args.steps,
+        "batch_size": batch,
+        "seed": args.seed,
+        "final_loss": final,
+        "fit_seconds": seconds,
+        "skipped_steps": int(result.num_skipped),
+    }
+    out = save_model(
+        args.output,
+        model,
+        guide,
+        result.params,
+        input_dim=len(names),
+        standardization=s,
+        feature_names=names,
+        target_name=targets[0] if len(targets) == 1 else targets,
+        metadata=summary,
+        overwrite=args.overwrite,
+    )
+    print(
+        f"fitted in {seconds:.1f} s ({result.seconds_per_step * 1e3:.2f} ms/step), final loss {final:.4g}; "
+        f"saved {out}"
+    )
     if test.size:
         loaded = load_model(out)
         pred = loaded.predict(X[test], rng_key=jax.random.PRNGKey(args.seed + 1), batch_size=10_000)
@@ -408,8 +495,10 @@ def _scores_text(pred, y, targets: list[str]) -> str:
     text = ", ".join(f"{k} {v:.4g}" for k, v in scores.items())
     if len(targets) > 1:
         columns = metrics(pred, y, per_column=True)
-        text += "".join(f"; {name}: " + ", ".join(f"{k} {v[j]:.4g}" for k, v in columns.items())
-                        for j, name in enumerate(targets))
+        text += "".join(
+            f"; {name}: " + ", ".join(f"{k} {v[j]:.4g}" for k, v in columns.items())
+            for j, name in enumerate(targets)
+        )
     return text
 
 
@@ -422,7 +511,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """
     import json
 
-    from numpyro_dgp._persist.tables import read_table  # NumPy only: a bad table is reported before JAX loads
+    from numpyro_dgp._persist.tables import (
+        read_table,
+    )  # NumPy only: a bad table is reported before JAX loads
 
     table = read_table(args.data)
     config_path = Path(args.model_dir) / "model.json"
@@ -443,8 +534,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     names = model.feature_names or [c for c in table.columns if c not in targets]
     _check_feature_columns(names, table.columns, args.data)
     X = table.data[:, [table.columns.index(n) for n in names]]
-    pred = model.predict(X, rng_key=jax.random.PRNGKey(args.seed), num_samples=args.num_samples,
-                         batch_size=args.batch_size)
+    pred = model.predict(
+        X,
+        rng_key=jax.random.PRNGKey(args.seed),
+        num_samples=args.num_samples,
+        batch_size=args.batch_size,
+    )
     header, columns = _prediction_columns(pred, args.quantiles, targets)
     with open(args.output, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
@@ -466,8 +561,10 @@ def _check_feature_columns(names: list[str], columns: list[str], data: str) -> N
     """
     missing = [n for n in names if n not in columns]
     if missing:
-        raise ValueError(f"{data}: the model needs the columns {missing}, which the table lacks "
-                         f"(it has {columns})")
+        raise ValueError(
+            f"{data}: the model needs the columns {missing}, which the table lacks "
+            f"(it has {columns})"
+        )
 
 
 def _prediction_columns(pred, quantiles: list[float], targets: list[str]) -> tuple[list[str], list]:
@@ -484,7 +581,9 @@ def _prediction_columns(pred, quantiles: list[float], targets: list[str]) -> tup
         return header, list(mean.T) + [np.argmax(mean, axis=-1)]
     if pred.likelihood == "bernoulli":
         return ["probability", "std"], [mean, std]
-    qs = np.asarray(predictive_quantiles(pred, np.asarray(quantiles, np.float64)))  # (Q, N) or (Q, N, T)
+    qs = np.asarray(
+        predictive_quantiles(pred, np.asarray(quantiles, np.float64))
+    )  # (Q, N) or (Q, N, T)
     if mean.ndim == 1:
         return ["mean", "std"] + [f"q{q:g}" for q in quantiles], [mean, std] + list(qs)
     header, columns = [], []
@@ -500,10 +599,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     :return: the parser.
     """
-    parser = argparse.ArgumentParser(prog="numpyro-dgp", description="Deep Gaussian processes on NumPyro.")
+    parser = argparse.ArgumentParser(
+        prog="numpyro-dgp", description="Deep Gaussian processes on NumPyro."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="fit a DGP to the built-in step function and plot each layer")
+    demo = sub.add_parser(
+        "demo", help="fit a DGP to the built-in step function and plot each layer"
+    )
     demo.add_argument("--steps", type=_positive_int, default=3000)
     demo.add_argument("--seed", type=_non_negative_int, default=0)
     demo.add_argument("--output-dir", default="demo_output")
@@ -511,39 +614,68 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     uci = sub.add_parser("uci", help="DSVI on UCI regression splits")
-    uci.add_argument("--dataset", required=True,
-                     help="a data set folder under --data-dir (e.g. kin8nm, boston, concrete, energy, power, wine, "
-                          "yacht, or any other folder in the standard split layout), or the path of such a folder")
+    uci.add_argument(
+        "--dataset",
+        required=True,
+        help="a data set folder under --data-dir (e.g. kin8nm, boston, concrete, energy, power, wine, "
+        "yacht, or any other folder in the standard split layout), or the path of such a folder",
+    )
     uci.add_argument("--splits", type=_parse_splits, default=[0], help="e.g. 0-4 or 0,3,7")
     uci.add_argument("--layers", type=_positive_int, default=2)
-    uci.add_argument("--num-inducing", type=_positive_int, default=100,
-                     help="M per layer (at most the number of training points)")
+    uci.add_argument(
+        "--num-inducing",
+        type=_positive_int,
+        default=100,
+        help="M per layer (at most the number of training points)",
+    )
     uci.add_argument("--steps", type=_positive_int, default=5000)
     uci.add_argument("--batch-size", type=_positive_int, default=1000)
     uci.add_argument("--lr", type=_positive_float, default=0.01, help="Adam's learning rate (> 0)")
-    uci.add_argument("--data-dir", default=None, help="folder holding the data sets (default: $NUMPYRO_DGP_DATA)")
+    uci.add_argument(
+        "--data-dir", default=None, help="folder holding the data sets (default: $NUMPYRO_DGP_DATA)"
+    )
     uci.add_argument("--float32", action="store_true")
     uci.set_defaults(func=cmd_uci)
 
-    fit = sub.add_parser("fit", help="fit a DGP to your own table (CSV with a header row, or .npz) and save it")
+    fit = sub.add_parser(
+        "fit", help="fit a DGP to your own table (CSV with a header row, or .npz) and save it"
+    )
     fit.add_argument("data", help="a CSV file with a header row, or an .npz of named columns")
-    fit.add_argument("--target", required=True, type=_target_list,
-                     help="the column to predict, or several separated by commas (one model for all); every other "
-                          "column is a feature")
+    fit.add_argument(
+        "--target",
+        required=True,
+        type=_target_list,
+        help="the column to predict, or several separated by commas (one model for all); every other "
+        "column is a feature",
+    )
     fit.add_argument("--output", required=True, help="the model directory to write")
     fit.add_argument("--layers", type=_positive_int, default=2)
     fit.add_argument("--num-inducing", type=_positive_int, default=100, help="M per layer")
-    fit.add_argument("--hidden-width", type=_positive_int, default=None, help="inner-layer width (default: D)")
+    fit.add_argument(
+        "--hidden-width", type=_positive_int, default=None, help="inner-layer width (default: D)"
+    )
     fit.add_argument("--steps", type=_positive_int, default=5000)
     fit.add_argument("--batch-size", type=_positive_int, default=1000)
     fit.add_argument("--lr", type=_positive_float, default=0.01, help="Adam's learning rate (> 0)")
-    fit.add_argument("--likelihood", choices=tuple(LIKELIHOODS), default="normal",
-                     help="normal or heteroscedastic (regression), student-t (robust regression), probit (target "
-                          "0/1), softmax or robust-max (target 0..C-1), poisson or negative-binomial (counts)")
-    fit.add_argument("--missing-targets", choices=("raise", "mask"), default="raise",
-                     help="mask: empty or NaN target cells are left out of the likelihood (default: refused)")
-    fit.add_argument("--test-fraction", type=_fraction, default=0.0,
-                     help="hold out this fraction of rows (at random) and print metrics on them")
+    fit.add_argument(
+        "--likelihood",
+        choices=tuple(LIKELIHOODS),
+        default="normal",
+        help="normal or heteroscedastic (regression), student-t (robust regression), probit (target "
+        "0/1), softmax or robust-max (target 0..C-1), poisson or negative-binomial (counts)",
+    )
+    fit.add_argument(
+        "--missing-targets",
+        choices=("raise", "mask"),
+        default="raise",
+        help="mask: empty or NaN target cells are left out of the likelihood (default: refused)",
+    )
+    fit.add_argument(
+        "--test-fraction",
+        type=_fraction,
+        default=0.0,
+        help="hold out this fraction of rows (at random) and print metrics on them",
+    )
     fit.add_argument("--seed", type=_non_negative_int, default=0)
     fit.add_argument("--float32", action="store_true", help="single precision (default float64)")
     fit.add_argument("--overwrite", action="store_true", help="replace an existing model directory")
@@ -551,13 +683,23 @@ def build_parser() -> argparse.ArgumentParser:
     fit.set_defaults(func=cmd_fit)
 
     predict = sub.add_parser("predict", help="predict with a saved model; writes a CSV")
-    predict.add_argument("model_dir", help="a model directory written by 'numpyro-dgp fit' or save_model")
+    predict.add_argument(
+        "model_dir", help="a model directory written by 'numpyro-dgp fit' or save_model"
+    )
     predict.add_argument("data", help="a CSV or .npz table with the model's feature columns")
     predict.add_argument("--output", required=True, help="the CSV file to write")
-    predict.add_argument("--num-samples", type=_positive_int, default=100, help="mixture components")
-    predict.add_argument("--batch-size", type=_positive_int, default=10_000, help="rows predicted at a time")
-    predict.add_argument("--quantiles", type=_quantile_list, default=[0.025, 0.975],
-                         help="comma-separated levels (regression), default 0.025,0.975")
+    predict.add_argument(
+        "--num-samples", type=_positive_int, default=100, help="mixture components"
+    )
+    predict.add_argument(
+        "--batch-size", type=_positive_int, default=10_000, help="rows predicted at a time"
+    )
+    predict.add_argument(
+        "--quantiles",
+        type=_quantile_list,
+        default=[0.025, 0.975],
+        help="comma-separated levels (regression), default 0.025,0.975",
+    )
     predict.add_argument("--seed", type=_non_negative_int, default=0)
     predict.set_defaults(func=cmd_predict)
     return parser

@@ -241,7 +241,9 @@ def step_function(
     return _toy_problem(rng_key, _step, "step", num_train, num_test, noise_std)
 
 
-def sine(rng_key: jax.Array, num_train: int = 100, num_test: int = 200, noise_std: float = 0.01) -> Dataset:
+def sine(
+    rng_key: jax.Array, num_train: int = 100, num_test: int = 200, noise_std: float = 0.01
+) -> Dataset:
     """Noisy ``y = sin(pi x)`` on ``[-1, 1]`` (the 3-layer sine fit of Ustyuzhaninov et al.
     (2020), App. E).
 
@@ -323,7 +325,9 @@ def _check_float_dtype(dtype: DTypeLike) -> np.dtype:
     return dtype
 
 
-def _check_disjoint(train_idx: np.ndarray, test_idx: np.ndarray, split: int, canonical: str) -> None:
+def _check_disjoint(
+    train_idx: np.ndarray, test_idx: np.ndarray, split: int, canonical: str
+) -> None:
     """Raise if a row is in both the training and the test indices of ``split``.
 
     :raises ValueError: naming how many rows are.
@@ -406,12 +410,16 @@ def random_uci_split(
     num_train = int(round(train_fraction * num_rows))
     num_test = min(int(round(test_fraction * num_rows)), num_rows - num_train)
     train_idx = perm[:num_train]
-    held_out_idx = perm[num_train : num_train + num_test] if part == "test" else perm[num_train + num_test :]
+    held_out_idx = (
+        perm[num_train : num_train + num_test] if part == "test" else perm[num_train + num_test :]
+    )
     _check_held_out(held_out_idx, part, train_fraction, test_fraction, num_rows)
     return _standardized_split(X, y, train_idx, held_out_idx, dtype, canonical, int(seed))
 
 
-def _check_random_split_args(dtype: DTypeLike, train_fraction: float, test_fraction: float, part: str) -> np.dtype:
+def _check_random_split_args(
+    dtype: DTypeLike, train_fraction: float, test_fraction: float, part: str
+) -> np.dtype:
     """``dtype`` as a floating NumPy dtype, with the fractions and ``part`` checked.
 
     :raises ValueError: a non-floating dtype, fractions out of range or an unknown ``part``.
@@ -427,8 +435,9 @@ def _check_random_split_args(dtype: DTypeLike, train_fraction: float, test_fract
     return dtype
 
 
-def _check_held_out(held_out_idx: np.ndarray, part: str, train_fraction: float, test_fraction: float,
-                    num_rows: int) -> None:
+def _check_held_out(
+    held_out_idx: np.ndarray, part: str, train_fraction: float, test_fraction: float, num_rows: int
+) -> None:
     """Raise if the held-out ``part`` of a random split has no rows.
 
     :raises ValueError: otherwise.

@@ -105,8 +105,7 @@ def _check_key(key: Any, key_path: tuple[str, ...]) -> None:
     """
     if not isinstance(key, str):
         raise TypeError(
-            f"keys must be strings, got {type(key).__name__} key {key!r} in "
-            f"{_key_repr(key_path)}"
+            f"keys must be strings, got {type(key).__name__} key {key!r} in {_key_repr(key_path)}"
         )
 
 
@@ -122,7 +121,12 @@ def _encode(
             continue
         arr = _check_leaf(value, child_path)
         name = f"a{len(members)}"
-        node: dict[str, Any] = {"type": "array", "name": name, "dtype": arr.dtype.name, "shape": list(arr.shape)}
+        node: dict[str, Any] = {
+            "type": "array",
+            "name": name,
+            "dtype": arr.dtype.name,
+            "shape": list(arr.shape),
+        }
         if _is_ml_dtype(arr.dtype):
             node["encoding"] = "raw"
             # Bytes as uint8 keep the exact bits; reshape(-1) first so 0-d arrays can be viewed.
@@ -383,19 +387,42 @@ def _to_jax(tree: dict, key_path: tuple[str, ...], path: Path) -> dict:
     return convert(tree)
 
 
-def _check_against_model(params: dict, model: Callable, guide: Callable | None, args: tuple, kwargs: dict,
-                         strict: bool, path: Path) -> None:
+def _check_against_model(
+    params: dict,
+    model: Callable,
+    guide: Callable | None,
+    args: tuple,
+    kwargs: dict,
+    strict: bool,
+    path: Path,
+) -> None:
     # imported here: numpyro_dgp.io stays light (no model machinery) for plain loads
-    from numpyro_dgp._persist.params import STRICT_HINT, check_params_against, param_specs, set_up_guide
+    from numpyro_dgp._persist.params import (
+        STRICT_HINT,
+        check_params_against,
+        param_specs,
+        set_up_guide,
+    )
 
     if guide is not None:
         set_up_guide(guide, jax.random.PRNGKey(0), args, kwargs)
-    check_params_against(param_specs(model, guide, args, kwargs), params, f"load_params({str(path)!r})",
-                         allow_missing=not strict, allow_unexpected=not strict, hint=STRICT_HINT)
+    check_params_against(
+        param_specs(model, guide, args, kwargs),
+        params,
+        f"load_params({str(path)!r})",
+        allow_missing=not strict,
+        allow_unexpected=not strict,
+        hint=STRICT_HINT,
+    )
 
 
-def _check_load_arguments(path: os.PathLike | str, model: Callable | None, guide: Callable | None, args: tuple,
-                          kwargs: Mapping[str, Any] | None) -> Path:
+def _check_load_arguments(
+    path: os.PathLike | str,
+    model: Callable | None,
+    guide: Callable | None,
+    args: tuple,
+    kwargs: Mapping[str, Any] | None,
+) -> Path:
     """``path`` as a :class:`~pathlib.Path`, checked to be a file; ``guide``, ``args`` and
     ``kwargs`` checked to come with ``model``.
 
@@ -404,7 +431,9 @@ def _check_load_arguments(path: os.PathLike | str, model: Callable | None, guide
     :raises IsADirectoryError: ``path`` is a directory.
     """
     if model is None and (guide is not None or args or kwargs):
-        raise ValueError("load_params: guide=, args= and kwargs= are for the check against model=; pass model= too")
+        raise ValueError(
+            "load_params: guide=, args= and kwargs= are for the check against model=; pass model= too"
+        )
     path = Path(os.fspath(path)).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"parameter file path={str(path)!r} does not exist")
@@ -457,21 +486,45 @@ def _check_tree(header: dict, members: dict[str, np.ndarray], path: Path) -> dic
 
 
 @overload
-def load_params(path: os.PathLike | str, return_metadata: Literal[False] = False, *, as_numpy: bool = False,
-                model: Callable | None = None, guide: Callable | None = None, args: tuple = (),
-                kwargs: Mapping[str, Any] | None = None, strict: bool = True) -> dict: ...
+def load_params(
+    path: os.PathLike | str,
+    return_metadata: Literal[False] = False,
+    *,
+    as_numpy: bool = False,
+    model: Callable | None = None,
+    guide: Callable | None = None,
+    args: tuple = (),
+    kwargs: Mapping[str, Any] | None = None,
+    strict: bool = True,
+) -> dict: ...
 
 
 @overload
-def load_params(path: os.PathLike | str, return_metadata: Literal[True], *, as_numpy: bool = False,
-                model: Callable | None = None, guide: Callable | None = None, args: tuple = (),
-                kwargs: Mapping[str, Any] | None = None, strict: bool = True) -> tuple[dict, dict]: ...
+def load_params(
+    path: os.PathLike | str,
+    return_metadata: Literal[True],
+    *,
+    as_numpy: bool = False,
+    model: Callable | None = None,
+    guide: Callable | None = None,
+    args: tuple = (),
+    kwargs: Mapping[str, Any] | None = None,
+    strict: bool = True,
+) -> tuple[dict, dict]: ...
 
 
 @overload
-def load_params(path: os.PathLike | str, return_metadata: bool = False, *, as_numpy: bool = False,
-                model: Callable | None = None, guide: Callable | None = None, args: tuple = (),
-                kwargs: Mapping[str, Any] | None = None, strict: bool = True) -> dict | tuple[dict, dict]: ...
+def load_params(
+    path: os.PathLike | str,
+    return_metadata: bool = False,
+    *,
+    as_numpy: bool = False,
+    model: Callable | None = None,
+    guide: Callable | None = None,
+    args: tuple = (),
+    kwargs: Mapping[str, Any] | None = None,
+    strict: bool = True,
+) -> dict | tuple[dict, dict]: ...
 
 
 def load_params(

@@ -51,9 +51,7 @@ def _check_inputs(X1: ArrayLike, X2: ArrayLike | None) -> tuple[jax.Array, jax.A
             f"kernel inputs must be 2-D (num_points, dim); got shapes {X1.shape} and {X2.shape}"
         )
     if X1.shape[-1] != X2.shape[-1]:
-        raise ValueError(
-            f"kernel inputs disagree in dimension: {X1.shape[-1]} vs {X2.shape[-1]}"
-        )
+        raise ValueError(f"kernel inputs disagree in dimension: {X1.shape[-1]} vs {X2.shape[-1]}")
     return X1, X2
 
 
@@ -95,7 +93,9 @@ class Kernel:
     other field is static."""
 
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ()
-    if TYPE_CHECKING:  # every concrete kernel is a dataclass (dataclasses.replace and fields take it)
+    if (
+        TYPE_CHECKING
+    ):  # every concrete kernel is a dataclass (dataclasses.replace and fields take it)
         __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __post_init__(self) -> None:
@@ -107,7 +107,8 @@ class Kernel:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         jax.tree_util.register_pytree_node(
-            cls, _flatten_kernel, lambda aux, leaves: _unflatten_kernel(cls, aux, leaves))
+            cls, _flatten_kernel, lambda aux, leaves: _unflatten_kernel(cls, aux, leaves)
+        )
 
     def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
         """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default ``X1``)."""
@@ -400,7 +401,7 @@ class _Combination(Kernel):
         parts = []
         for i, k in enumerate(self.kernels):
             prefix = f"k{i}."
-            mine = {n[len(prefix):]: v for n, v in values.items() if n.startswith(prefix)}
+            mine = {n[len(prefix) :]: v for n, v in values.items() if n.startswith(prefix)}
             parts.append(k.replace(**mine) if mine else k)
         return type(self)(*parts)
 

@@ -93,8 +93,14 @@ from numpyro_dgp.core import (
 )
 from numpyro_dgp.kernels import Kernel
 
-__all__ = ["gp_layer", "Layer", "MEAN_FUNCTIONS", "layer_moments", "mean_projection", "sample_moments"]
-
+__all__ = [
+    "gp_layer",
+    "Layer",
+    "MEAN_FUNCTIONS",
+    "layer_moments",
+    "mean_projection",
+    "sample_moments",
+]
 
 
 class Layer(NamedTuple):
@@ -138,7 +144,11 @@ class Layer(NamedTuple):
 
 
 def layer_moments(
-    layer: Layer, X: ArrayLike, q_mean: ArrayLike, q_sqrt: ArrayLike | None = None, full_cov: bool = False
+    layer: Layer,
+    X: ArrayLike,
+    q_mean: ArrayLike,
+    q_sqrt: ArrayLike | None = None,
+    full_cov: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Mean and (co)variance of the layer's output at ``X`` given ``u ~ N(q_mean, q_sqrt q_sqrt^T)``.
 
@@ -187,7 +197,9 @@ def _noiseless_moments(
         return amortized_moments(layer, X, q_mean, q_sqrt)
     if X.ndim == 3 and not full_cov:  # a leading branch axis: every branch's points alike
         mean, var = _noiseless_moments(layer, X.reshape(-1, X.shape[-1]), q_mean, q_sqrt, False)
-        return mean.reshape(X.shape[:-1] + mean.shape[-1:]), var.reshape(X.shape[:-1] + var.shape[-1:])
+        return mean.reshape(X.shape[:-1] + mean.shape[-1:]), var.reshape(
+            X.shape[:-1] + var.shape[-1:]
+        )
     Z = layer.inducing_inputs
     Kmn = layer.kernel(Z, X)
     Knn = layer.kernel(X) if full_cov else layer.kernel.diag(X)
@@ -231,7 +243,10 @@ def amortized_moments(
 
 
 def sample_moments(
-    rng_key: jax.Array, mean: ArrayLike, var: ArrayLike, full_cov: bool = False,
+    rng_key: jax.Array,
+    mean: ArrayLike,
+    var: ArrayLike,
+    full_cov: bool = False,
     jitter: float | jax.Array | None = None,
 ) -> jax.Array:
     """One reparameterized draw from the moments returned by :func:`layer_moments`.
@@ -263,7 +278,9 @@ def _diagonal_draw(rng_key: jax.Array, mean: jax.Array, var: jax.Array) -> jax.A
     return mean + jnp.sqrt(jnp.maximum(var, 0.0)) * eps
 
 
-def _propagate(layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array, full_cov: bool = False) -> jax.Array:
+def _propagate(
+    layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array, full_cov: bool = False
+) -> jax.Array:
     """Default handling of a layer message: draw ``f(X) ~ p(f | u)``."""
     mean, var = layer_moments(layer, X, u, None, full_cov)
     return sample_moments(rng_key, mean, var, full_cov, layer.jitter)
@@ -334,15 +351,37 @@ def gp_layer(
     check_layer_kind(name, kernel, inducing)
     if inducing == "amortized":
         return _amortized_layer(
-            name, X, kernel, num_inducing=num_inducing, out_dim=out_dim, mean=mean,
-            inducing_inputs=inducing_inputs, learn_inducing=learn_inducing,
-            learn_hyperparameters=learn_hyperparameters, priors=priors, whiten=whiten,
-            jitter=jitter, average_kl=average_kl, noise=noise,
+            name,
+            X,
+            kernel,
+            num_inducing=num_inducing,
+            out_dim=out_dim,
+            mean=mean,
+            inducing_inputs=inducing_inputs,
+            learn_inducing=learn_inducing,
+            learn_hyperparameters=learn_hyperparameters,
+            priors=priors,
+            whiten=whiten,
+            jitter=jitter,
+            average_kl=average_kl,
+            noise=noise,
         )
-    args = check_layer_args(name, X, kernel, num_inducing=num_inducing, out_dim=out_dim, priors=priors,
-                             whiten=whiten, jitter=jitter, inducing=inducing, inducing_inputs=inducing_inputs)
+    args = check_layer_args(
+        name,
+        X,
+        kernel,
+        num_inducing=num_inducing,
+        out_dim=out_dim,
+        priors=priors,
+        whiten=whiten,
+        jitter=jitter,
+        inducing=inducing,
+        inducing_inputs=inducing_inputs,
+    )
     X, in_dim = args.X, args.X.shape[-1]
-    kernel = hyperparameter_sites(name, kernel.with_input_dim(in_dim), X.dtype, args.priors, learn_hyperparameters)
+    kernel = hyperparameter_sites(
+        name, kernel.with_input_dim(in_dim), X.dtype, args.priors, learn_hyperparameters
+    )
     Z = _inducing_inputs(name, args, num_inducing, learn_inducing)
     mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
     noise_var = noise_variance(name, noise, X.dtype)
@@ -352,20 +391,35 @@ def gp_layer(
     u_site = f"{name}.u"
     u = numpyro.sample(
         u_site,
-        _inducing_prior(Kmm_chol, prior_mean, out_dim, args.whiten, args.locations, X.dtype).to_event(1),
+        _inducing_prior(
+            Kmm_chol, prior_mean, out_dim, args.whiten, args.locations, X.dtype
+        ).to_event(1),
         infer={INDUCING: InducingTag(name, args.whiten, inducing)},
     )
     # NumPyro draws in the default float type; keep the layer in its inputs' precision
     u = jnp.asarray(u, X.dtype)
     layer = Layer(
-        name, kernel, Z, Kmm_chol, mean_fn, args.whiten, layer_jitter, out_dim, u_site, prior_mean, inducing,
-        noise_var, mean_affine,
+        name,
+        kernel,
+        Z,
+        Kmm_chol,
+        mean_fn,
+        args.whiten,
+        layer_jitter,
+        out_dim,
+        u_site,
+        prior_mean,
+        inducing,
+        noise_var,
+        mean_affine,
     )
     out = _emit_layer(layer, X, u)
     return (out, u.T) if args.locations else out
 
 
-def _inducing_inputs(name: str, args: LayerArgs, num_inducing: int | None, learn_inducing: bool) -> jax.Array:
+def _inducing_inputs(
+    name: str, args: LayerArgs, num_inducing: int | None, learn_inducing: bool
+) -> jax.Array:
     """The layer's inducing inputs: the propagated locations, or a parameter initialized from the
     given inputs or by k-means on ``X``."""
     if args.propagated_Z is not None:
@@ -396,7 +450,12 @@ def _inducing_factor(kernel: Kernel, Z: jax.Array, jitter: float) -> tuple[jax.A
 
 
 def _inducing_prior(
-    Kmm_chol: jax.Array, prior_mean: jax.Array, out_dim: int, whiten: bool, locations: bool, dtype: np.dtype
+    Kmm_chol: jax.Array,
+    prior_mean: jax.Array,
+    out_dim: int,
+    whiten: bool,
+    locations: bool,
+    dtype: np.dtype,
 ) -> dist.Distribution:
     """``p(u)`` per output: N(mean(Z), K) for locations, else N(0, I) whitened or N(0, K)."""
     M = Kmm_chol.shape[-1]
@@ -405,7 +464,9 @@ def _inducing_prior(
     if whiten:
         # the standard normal by construction: its arguments are constants, concrete even in an
         # abstract (eval_shape) run, so validating them would compile ~20 small programs eagerly
-        prior = dist.MultivariateNormal(jnp.zeros(M, dtype), scale_tril=jnp.eye(M, dtype=dtype), validate_args=False)
+        prior = dist.MultivariateNormal(
+            jnp.zeros(M, dtype), scale_tril=jnp.eye(M, dtype=dtype), validate_args=False
+        )
     else:
         prior = dist.MultivariateNormal(jnp.zeros(M, dtype), scale_tril=Kmm_chol)
     return prior.expand([out_dim])
@@ -449,12 +510,22 @@ def _amortized_layer(
     noise: float | None,
 ) -> jax.Array:
     """``gp_layer(..., inducing="amortized")``: per-point inducing sets (Meng & Zhang 2024)."""
-    X, data_plate, jitter = check_amortized_args(name, X, kernel, num_inducing=num_inducing, out_dim=out_dim,
-                                                  inducing_inputs=inducing_inputs, priors=priors, whiten=whiten,
-                                                  jitter=jitter)
+    X, data_plate, jitter = check_amortized_args(
+        name,
+        X,
+        kernel,
+        num_inducing=num_inducing,
+        out_dim=out_dim,
+        inducing_inputs=inducing_inputs,
+        priors=priors,
+        whiten=whiten,
+        jitter=jitter,
+    )
     assert num_inducing is not None  # check_amortized_args: a positive integer
     D, M = X.shape[-1], int(num_inducing)
-    kernel = hyperparameter_sites(name, kernel.with_input_dim(D), X.dtype, {}, learn_hyperparameters)
+    kernel = hyperparameter_sites(
+        name, kernel.with_input_dim(D), X.dtype, {}, learn_hyperparameters
+    )
     mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, D), D, out_dim)
     noise_var = noise_variance(name, noise, X.dtype)
     Z, p = _amortized_inducing_inputs(name, X, M, learn_inducing)
@@ -466,7 +537,9 @@ def _amortized_layer(
     prior_mean = jnp.swapaxes(mean_fn(Z), -1, -2)  # (..., B, P, M)
     # valid by construction (a failed factorization is NaN, which fit detects); validating it
     # in the set-up run, where the arguments are concrete, compiled ~30 small programs eagerly
-    prior = dist.MultivariateNormal(prior_mean, scale_tril=Kzz_chol[..., None, :, :], validate_args=False).to_event(1)
+    prior = dist.MultivariateNormal(
+        prior_mean, scale_tril=Kzz_chol[..., None, :, :], validate_args=False
+    ).to_event(1)
     u_site = f"{name}.u"
     infer = {INDUCING: InducingTag(name, False, "amortized", p)}
     with numpyro.handlers.scale(scale=1.0 / data_plate.size if average_kl else 1.0):
@@ -481,21 +554,38 @@ def _amortized_layer(
             "numpyro_dgp.predict to predict"
         )
     layer = Layer(
-        name, kernel, Z, Kzz_chol, mean_fn, False, jitter, out_dim, u_site, prior_mean, "amortized", noise_var,
+        name,
+        kernel,
+        Z,
+        Kzz_chol,
+        mean_fn,
+        False,
+        jitter,
+        out_dim,
+        u_site,
+        prior_mean,
+        "amortized",
+        noise_var,
         mean_affine,
     )
     return _emit_layer(layer, X, jnp.asarray(u, X.dtype))
 
 
-def _amortized_inducing_inputs(name: str, X: jax.Array, M: int, learn_inducing: bool) -> tuple[jax.Array, jax.Array]:
+def _amortized_inducing_inputs(
+    name: str, X: jax.Array, M: int, learn_inducing: bool
+) -> tuple[jax.Array, jax.Array]:
     """``(Z (..., B, M, D), p)``: each point's inducing inputs, ``M`` learned affine maps
     ``z_m = W_m p + b_m`` of its encoder input ``p`` (``W_m = I``, ``b_m ~ N(0, I)`` at the start,
     from a key fixed by the name, so every run of the model starts from the same maps)."""
     D = X.shape[-1]
-    weight = numpyro.param(f"{name}.inducing_maps.weight",
-                           lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)))
+    weight = numpyro.param(
+        f"{name}.inducing_maps.weight",
+        lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)),
+    )
     bias_key = jax.random.PRNGKey(zlib.crc32(name.encode()))
-    bias = numpyro.param(f"{name}.inducing_maps.bias", lambda _: jax.random.normal(bias_key, (M, D), X.dtype))
+    bias = numpyro.param(
+        f"{name}.inducing_maps.bias", lambda _: jax.random.normal(bias_key, (M, D), X.dtype)
+    )
     if not learn_inducing:
         weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
     p = _check_encoder_input(name, send_encoder_input(name, X, default_encoder_input), X)
@@ -510,5 +600,7 @@ def _check_encoder_input(name: str, p: ArrayLike, X: jax.Array) -> jax.Array:
     B, D = X.shape[-2], X.shape[-1]
     p = jnp.asarray(p, X.dtype)
     if p.shape[-2] != B or p.shape[-1] != D or p.ndim not in (2, 3):
-        raise ValueError(f"gp_layer {name!r}: the encoder input must have shape (..., {B}, {D}), got {p.shape}")
+        raise ValueError(
+            f"gp_layer {name!r}: the encoder input must have shape (..., {B}, {D}), got {p.shape}"
+        )
     return p

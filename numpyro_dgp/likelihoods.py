@@ -98,8 +98,10 @@ def _check_outputs(f: ArrayLike, caller: str, minimum: int = 1) -> jax.Array:
     """
     f = f if isinstance(f, jax.Array) else jnp.asarray(f)
     if f.ndim < 1 or f.shape[-1] < minimum:
-        raise ValueError(f"{caller}: f must be the last layer's output (..., num_points, num_outputs) with at least "
-                         f"{minimum} output(s), got shape {f.shape}")
+        raise ValueError(
+            f"{caller}: f must be the last layer's output (..., num_points, num_outputs) with at least "
+            f"{minimum} output(s), got shape {f.shape}"
+        )
     return f
 
 
@@ -165,7 +167,9 @@ class RobustMax(dist.CategoricalProbs):
     #: piecewise constant in f: only the closed form gives gradients
     requires_closed_form = True
 
-    def __init__(self, f: ArrayLike, epsilon: float = 1e-3, *, validate_args: bool | None = None) -> None:
+    def __init__(
+        self, f: ArrayLike, epsilon: float = 1e-3, *, validate_args: bool | None = None
+    ) -> None:
         f, self.epsilon = _check_robust_max_args(f, epsilon)
         self.latent = f
         C = f.shape[-1]
@@ -237,8 +241,10 @@ def _check_paired_outputs(f: ArrayLike) -> jax.Array:
     """
     f = _check_outputs(f, "heteroscedastic_normal", minimum=2)
     if f.shape[-1] % 2:
-        raise ValueError("heteroscedastic_normal: f needs an even number of outputs (means, then log-variances), "
-                         f"got {f.shape[-1]}")
+        raise ValueError(
+            "heteroscedastic_normal: f needs an even number of outputs (means, then log-variances), "
+            f"got {f.shape[-1]}"
+        )
     return f
 
 
@@ -272,7 +278,11 @@ class HeteroscedasticNormal(dist.Normal):
         :return: the batch shape of ``value`` broadcast against the layer's.
         """
         (m0, m1), (v0, v1) = self._split(mean), self._split(var)
-        return -0.5 * np.log(2 * np.pi) - 0.5 * m1 - 0.5 * ((value - m0) ** 2 + v0) * jnp.exp(-m1 + 0.5 * v1)
+        return (
+            -0.5 * np.log(2 * np.pi)
+            - 0.5 * m1
+            - 0.5 * ((value - m0) ** 2 + v0) * jnp.exp(-m1 + 0.5 * v1)
+        )
 
     def plain(self) -> dist.Normal:
         """The same distribution as a plain ``dist.Normal``."""
@@ -307,7 +317,9 @@ def _check_exposure(exposure: ArrayLike, dtype: DTypeLike) -> jax.Array:
     """
     value = jnp.asarray(exposure, dtype)
     if not is_tracer(value) and not bool(jnp.all(value > 0)):
-        raise ValueError(f"poisson: exposure must be positive (the rate is exposure * exp(f)), got {exposure!r}")
+        raise ValueError(
+            f"poisson: exposure must be positive (the rate is exposure * exp(f)), got {exposure!r}"
+        )
     return value
 
 
@@ -320,7 +332,9 @@ class PoissonLogLink(dist.Poisson):
 
     pytree_data_fields = ("latent", "exposure")
 
-    def __init__(self, f: ArrayLike, exposure: ArrayLike = 1.0, *, validate_args: bool | None = None) -> None:
+    def __init__(
+        self, f: ArrayLike, exposure: ArrayLike = 1.0, *, validate_args: bool | None = None
+    ) -> None:
         f = _check_outputs(f, "poisson")
         self.latent = f
         self.exposure = _check_exposure(exposure, f.dtype)
@@ -336,7 +350,11 @@ class PoissonLogLink(dist.Poisson):
         """
         m, v = _squeeze_output(mean), _squeeze_output(var)
         a, y = self.exposure, jnp.asarray(value)
-        return y * (m + jnp.log(a)) - a * jnp.exp(m + 0.5 * v) - gammaln(jnp.asarray(value, m.dtype) + 1)
+        return (
+            y * (m + jnp.log(a))
+            - a * jnp.exp(m + 0.5 * v)
+            - gammaln(jnp.asarray(value, m.dtype) + 1)
+        )
 
     def plain(self) -> dist.Poisson:
         """The same distribution as a plain ``dist.Poisson``."""
@@ -360,4 +378,6 @@ def negative_binomial(f: ArrayLike, concentration: ArrayLike) -> dist.NegativeBi
     :param concentration: the positive concentration (e.g. a ``numpyro.param``).
     :return: ``dist.NegativeBinomial2``.
     """
-    return dist.NegativeBinomial2(jnp.exp(_squeeze_output(_check_outputs(f, "negative_binomial"))), concentration)
+    return dist.NegativeBinomial2(
+        jnp.exp(_squeeze_output(_check_outputs(f, "negative_binomial"))), concentration
+    )

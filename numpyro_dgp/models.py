@@ -49,13 +49,28 @@ from numpyro_dgp.handlers import sde_flow
 from numpyro_dgp.kernels import RBF, Kernel, Matern52
 from numpyro_dgp.layers import MEAN_FUNCTIONS, gp_layer
 
-__all__ = ["LIKELIHOODS", "MISSING_TARGETS", "Observation", "WITH_REPLACEMENT_ABOVE", "amortized_dgp",
-           "deep_gp_regression", "diffgp"]
+__all__ = [
+    "LIKELIHOODS",
+    "MISSING_TARGETS",
+    "Observation",
+    "WITH_REPLACEMENT_ABOVE",
+    "amortized_dgp",
+    "deep_gp_regression",
+    "diffgp",
+]
 
 #: The factories' likelihoods: the last layer's width per target column and what ``y`` holds
 #: (:mod:`numpyro_dgp.likelihoods`).
-LIKELIHOODS = ("gaussian", "probit", "softmax", "robust_max", "student_t", "poisson", "negative_binomial",
-               "heteroscedastic")
+LIKELIHOODS = (
+    "gaussian",
+    "probit",
+    "softmax",
+    "robust_max",
+    "student_t",
+    "poisson",
+    "negative_binomial",
+    "heteroscedastic",
+)
 #: likelihoods whose targets are class labels, and those whose targets are counts
 _LABELS = ("probit", "softmax", "robust_max")
 _COUNTS = ("poisson", "negative_binomial")
@@ -103,14 +118,22 @@ class Observation(NamedTuple):
         _check_classes(self, caller)
         check_choice(self.missing_targets, MISSING_TARGETS, "missing_targets", caller)
 
-    def targets(self, y: ArrayLike | None, num_points: int, dtype: Any, caller: str) -> jax.Array | None:
+    def targets(
+        self, y: ArrayLike | None, num_points: int, dtype: Any, caller: str
+    ) -> jax.Array | None:
         """``y`` at the door: ``(N,)`` (``(N, 1)`` squeezed) or ``(N, T)``; continuous targets cast
         to ``dtype``; NaN refused (naming ``y``) unless masked; concrete labels and counts checked."""
         if y is None:
             return None
         masked = self.missing_targets == "mask"
-        y = targets(y, num_points, caller, dtype if self.continuous or masked else None, self.num_outputs,
-                    allow_nan=masked)
+        y = targets(
+            y,
+            num_points,
+            caller,
+            dtype if self.continuous or masked else None,
+            self.num_outputs,
+            allow_nan=masked,
+        )
         assert y is not None  # targets() returns None only for None
         if not self.continuous:
             _check_discrete_targets(y, self, caller)
@@ -135,8 +158,11 @@ class Observation(NamedTuple):
 
         name = self.likelihood
         if name == "gaussian":
-            noise = numpyro.param("noise", jnp.full(self._noise_shape(), self.noise_init, dtype),
-                                  constraint=constraints.positive)
+            noise = numpyro.param(
+                "noise",
+                jnp.full(self._noise_shape(), self.noise_init, dtype),
+                constraint=constraints.positive,
+            )
             return dist.Normal(f[..., 0] if self.num_outputs == 1 else f, jnp.sqrt(noise))
         if name == "probit":
             return likelihoods.bernoulli_probit(f[..., 0] if self.num_outputs == 1 else f)
@@ -145,16 +171,25 @@ class Observation(NamedTuple):
         if name == "robust_max":
             return likelihoods.robust_max(f)
         if name == "student_t":
-            df = numpyro.param("df", jnp.full(self._noise_shape(), 4.0, dtype),
-                               constraint=constraints.greater_than(1.0))
-            scale = numpyro.param("scale", jnp.full(self._noise_shape(), np.sqrt(self.noise_init), dtype),
-                                  constraint=constraints.positive)
+            df = numpyro.param(
+                "df",
+                jnp.full(self._noise_shape(), 4.0, dtype),
+                constraint=constraints.greater_than(1.0),
+            )
+            scale = numpyro.param(
+                "scale",
+                jnp.full(self._noise_shape(), np.sqrt(self.noise_init), dtype),
+                constraint=constraints.positive,
+            )
             return likelihoods.student_t(f, df, scale)
         if name == "poisson":
             return likelihoods.poisson(f)
         if name == "negative_binomial":
-            concentration = numpyro.param("concentration", jnp.ones(self._noise_shape(), dtype),
-                                          constraint=constraints.positive)
+            concentration = numpyro.param(
+                "concentration",
+                jnp.ones(self._noise_shape(), dtype),
+                constraint=constraints.positive,
+            )
             return likelihoods.negative_binomial(f, concentration)
         return likelihoods.heteroscedastic_normal(f)
 
@@ -169,16 +204,24 @@ def _check_classes(observation: Observation, caller: str) -> None:
     """
     likelihood, num_classes = observation.likelihood, observation.num_classes
     classes = likelihood in ("softmax", "robust_max")
-    if classes and not (isinstance(num_classes, (int, np.integer)) and not isinstance(num_classes, bool)
-                        and num_classes >= 2):
-        raise ValueError(f"{caller}: likelihood={likelihood!r} needs num_classes, an integer >= 2, got "
-                         f"{num_classes!r}")
+    if classes and not (
+        isinstance(num_classes, (int, np.integer))
+        and not isinstance(num_classes, bool)
+        and num_classes >= 2
+    ):
+        raise ValueError(
+            f"{caller}: likelihood={likelihood!r} needs num_classes, an integer >= 2, got "
+            f"{num_classes!r}"
+        )
     if classes and observation.num_outputs != 1:
-        raise ValueError(f"{caller}: likelihood={likelihood!r} takes one column of labels; got "
-                         f"num_outputs={observation.num_outputs}")
+        raise ValueError(
+            f"{caller}: likelihood={likelihood!r} takes one column of labels; got "
+            f"num_outputs={observation.num_outputs}"
+        )
     if not classes and num_classes is not None:
-        raise ValueError(f"{caller}: num_classes is for likelihood='softmax' or 'robust_max', not "
-                         f"{likelihood!r}")
+        raise ValueError(
+            f"{caller}: num_classes is for likelihood='softmax' or 'robust_max', not {likelihood!r}"
+        )
 
 
 def _check_discrete_targets(y: jax.Array, observation: Observation, caller: str) -> None:
@@ -197,8 +240,10 @@ def _check_discrete_targets(y: jax.Array, observation: Observation, caller: str)
         bad = ~np.isin(value, np.arange(num_classes))
         what = "0/1 labels" if num_classes == 2 else f"class labels in 0..{num_classes - 1}"
     if bad.any():
-        raise ValueError(f"{caller}: y must hold {what} for likelihood={observation.likelihood!r}; got "
-                         f"{int(bad.sum())} other value(s), e.g. {value[bad][0].item()!r}")
+        raise ValueError(
+            f"{caller}: y must hold {what} for likelihood={observation.likelihood!r}; got "
+            f"{int(bad.sum())} other value(s), e.g. {value[bad][0].item()!r}"
+        )
 
 
 def deep_gp_regression(
@@ -266,7 +311,9 @@ def deep_gp_regression(
     config = _arguments(locals())
     observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
     observation.check(caller)
-    _check_regression_args(num_layers, num_inducing, hidden_width, kernel, noise_init, jitter, inner_mean)
+    _check_regression_args(
+        num_layers, num_inducing, hidden_width, kernel, noise_init, jitter, inner_mean
+    )
     kernel = RBF() if kernel is None else kernel
 
     def model(X, y=None, batch_size=None, num_data=None):
@@ -293,8 +340,15 @@ def deep_gp_regression(
     return _remember(model, caller, config)
 
 
-def _check_regression_args(num_layers: int, num_inducing: int, hidden_width: int | None, kernel: Kernel | None,
-                           noise_init: float, jitter: float | None, inner_mean: str | Callable) -> None:
+def _check_regression_args(
+    num_layers: int,
+    num_inducing: int,
+    hidden_width: int | None,
+    kernel: Kernel | None,
+    noise_init: float,
+    jitter: float | None,
+    inner_mean: str | Callable,
+) -> None:
     """:func:`deep_gp_regression`'s own arguments (the likelihood's are :meth:`Observation.check`'s).
 
     :raises ValueError: for an invalid argument (naming it).
@@ -306,7 +360,9 @@ def _check_regression_args(num_layers: int, num_inducing: int, hidden_width: int
     check_positive_int(hidden_width, "hidden_width", caller, allow_none=True)
     _check_common(caller, kernel, noise_init, jitter)
     if not (callable(inner_mean) or inner_mean in MEAN_FUNCTIONS):
-        raise ValueError(f"{caller}: inner_mean must be one of {MEAN_FUNCTIONS} or a callable, got {inner_mean!r}")
+        raise ValueError(
+            f"{caller}: inner_mean must be one of {MEAN_FUNCTIONS} or a callable, got {inner_mean!r}"
+        )
 
 
 def _arguments(arguments: dict) -> dict:
@@ -324,7 +380,9 @@ def _remember(model, factory, arguments):
 def _check_common(caller, kernel, noise_init, jitter):
     """The factories' shared arguments: checked when the model is built, not at its first run."""
     if kernel is not None and not isinstance(kernel, Kernel):
-        raise TypeError(f"{caller}: kernel must be a numpyro_dgp.kernels.Kernel, got {type(kernel).__name__}")
+        raise TypeError(
+            f"{caller}: kernel must be a numpyro_dgp.kernels.Kernel, got {type(kernel).__name__}"
+        )
     check_positive_number(noise_init, "noise_init", caller)
     if jitter is not None:
         check_positive_number(jitter, "jitter", caller)
@@ -367,10 +425,14 @@ def _check_minibatch(batch_size: int | None, num_data: int | None, N: int, calle
         return
     check_positive_int(num_data, "num_data", caller)
     if batch_size is not None:
-        raise ValueError(f"{caller}: give batch_size (draw minibatches of X) or num_data (X is a minibatch), "
-                         "not both")
+        raise ValueError(
+            f"{caller}: give batch_size (draw minibatches of X) or num_data (X is a minibatch), "
+            "not both"
+        )
     if num_data < N:
-        raise ValueError(f"{caller}: num_data={num_data} is below the {N} points of the minibatch X")
+        raise ValueError(
+            f"{caller}: num_data={num_data} is below the {N} points of the minibatch X"
+        )
 
 
 def _subsample(X, y, batch_size, caller, num_data=None):
@@ -392,7 +454,9 @@ def _subsample(X, y, batch_size, caller, num_data=None):
         data = numpyro.plate("data", N, subsample_size=subsample_size)
     with data:
         X_batch = numpyro.subsample(X, event_dim=1)
-        y_batch = None if y is None else numpyro.subsample(y, event_dim=y.ndim - 1)  # (N,) or (N, T)
+        y_batch = (
+            None if y is None else numpyro.subsample(y, event_dim=y.ndim - 1)
+        )  # (N,) or (N, T)
     return data, X_batch, y_batch
 
 
@@ -453,8 +517,17 @@ def diffgp(
     config = _arguments(locals())
     observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
     observation.check("diffgp")
-    _check_diffgp_args(T, num_steps, num_inducing, kernel, noise_init, jitter, flow_kernel, time_input,
-                       flow_inducing_inputs)
+    _check_diffgp_args(
+        T,
+        num_steps,
+        num_inducing,
+        kernel,
+        noise_init,
+        jitter,
+        flow_kernel,
+        time_input,
+        flow_inducing_inputs,
+    )
     flow_kernel = RBF(variance=0.01) if flow_kernel is None else flow_kernel
     kernel = RBF() if kernel is None else kernel
 
@@ -464,7 +537,9 @@ def diffgp(
         D = X.shape[-1]
         flow_in = X_batch
         if time_input:
-            flow_in = jnp.concatenate([X_batch, jnp.zeros((X_batch.shape[0], 1), X_batch.dtype)], axis=-1)
+            flow_in = jnp.concatenate(
+                [X_batch, jnp.zeros((X_batch.shape[0], 1), X_batch.dtype)], axis=-1
+            )
         h = gp_layer(
             "flow",
             flow_in,
@@ -475,18 +550,43 @@ def diffgp(
             mean="zero",
             jitter=jitter,
         )
-        f = gp_layer("g", h, kernel, num_inducing=num_inducing, out_dim=observation.width, mean="zero",
-                     jitter=jitter)
+        f = gp_layer(
+            "g",
+            h,
+            kernel,
+            num_inducing=num_inducing,
+            out_dim=observation.width,
+            mean="zero",
+            jitter=jitter,
+        )
         observation.observe(f, y_batch, data, X.dtype)
 
-    return _remember(sde_flow(
-        model, "flow", T=T, num_steps=num_steps, estimator=estimator, diffusion=diffusion, time_input=time_input
-    ), "diffgp", config)
+    return _remember(
+        sde_flow(
+            model,
+            "flow",
+            T=T,
+            num_steps=num_steps,
+            estimator=estimator,
+            diffusion=diffusion,
+            time_input=time_input,
+        ),
+        "diffgp",
+        config,
+    )
 
 
-def _check_diffgp_args(T: float, num_steps: int, num_inducing: int, kernel: Kernel | None, noise_init: float,
-                       jitter: float | None, flow_kernel: Kernel | None, time_input: bool,
-                       flow_inducing_inputs: ArrayLike | None) -> None:
+def _check_diffgp_args(
+    T: float,
+    num_steps: int,
+    num_inducing: int,
+    kernel: Kernel | None,
+    noise_init: float,
+    jitter: float | None,
+    flow_kernel: Kernel | None,
+    time_input: bool,
+    flow_inducing_inputs: ArrayLike | None,
+) -> None:
     """:func:`diffgp`'s own arguments (the likelihood's are :meth:`Observation.check`'s).
 
     :raises ValueError: for an invalid argument (naming it).
@@ -497,7 +597,9 @@ def _check_diffgp_args(T: float, num_steps: int, num_inducing: int, kernel: Kern
     check_positive_int(num_inducing, "num_inducing", "diffgp")
     _check_common("diffgp", kernel, noise_init, jitter)
     if flow_kernel is not None and not isinstance(flow_kernel, Kernel):
-        raise TypeError(f"diffgp: flow_kernel must be a numpyro_dgp.kernels.Kernel, got {type(flow_kernel).__name__}")
+        raise TypeError(
+            f"diffgp: flow_kernel must be a numpyro_dgp.kernels.Kernel, got {type(flow_kernel).__name__}"
+        )
     if time_input and flow_inducing_inputs is None:
         raise ValueError(
             "diffgp: time_input=True needs flow_inducing_inputs over (x, t), e.g. "
@@ -564,25 +666,39 @@ def amortized_dgp(
             h = X_batch
             for layer, (width, M) in enumerate(zip(widths, num_inducing), start=1):
                 h = gp_layer(
-                    f"h{layer}", h, kernel, num_inducing=M, out_dim=width, mean=mean,
-                    inducing="amortized", average_kl=average_kl, jitter=jitter,
+                    f"h{layer}",
+                    h,
+                    kernel,
+                    num_inducing=M,
+                    out_dim=width,
+                    mean=mean,
+                    inducing="amortized",
+                    average_kl=average_kl,
+                    jitter=jitter,
                 )
         observation.observe(h, y_batch, data, X.dtype)
 
     return _remember(model, "amortized_dgp", config)
 
 
-def _check_layer_sizes(widths: Sequence[int], num_inducing: Sequence[int],
-                       width: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _check_layer_sizes(
+    widths: Sequence[int], num_inducing: Sequence[int], width: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """:func:`amortized_dgp`'s ``(widths, num_inducing)`` as tuples: positive integers, one of each per
     layer, the last width the likelihood's ``width``.
 
     :raises ValueError: otherwise (naming the argument).
     """
     widths, num_inducing = tuple(widths), tuple(num_inducing)
-    if not widths or any(not (isinstance(w, int) and w >= 1) for w in widths) or widths[-1] != width:
-        raise ValueError(f"amortized_dgp: widths must be positive integers ending in the likelihood's "
-                         f"{width} output(s), got {widths!r}")
+    if (
+        not widths
+        or any(not (isinstance(w, int) and w >= 1) for w in widths)
+        or widths[-1] != width
+    ):
+        raise ValueError(
+            f"amortized_dgp: widths must be positive integers ending in the likelihood's "
+            f"{width} output(s), got {widths!r}"
+        )
     if len(num_inducing) != len(widths):
         raise ValueError(
             f"amortized_dgp: num_inducing needs one entry per layer ({len(widths)}), got {num_inducing!r}"

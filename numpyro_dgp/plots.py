@@ -61,8 +61,11 @@ def plot_layer_samples(
         for s in range(outputs.shape[0]):
             order = np.argsort(inputs[s])
             ax.plot(inputs[s][order], outputs[s][order], color=f"C{i}", alpha=0.4, lw=1)
-        ax.set(title=f"layer {i + 1}: {names[i]}({names[i - 1]}) along each sample", xlabel=names[i - 1],
-               ylabel=names[i])
+        ax.set(
+            title=f"layer {i + 1}: {names[i]}({names[i - 1]}) along each sample",
+            xlabel=names[i - 1],
+            ylabel=names[i],
+        )
     last = axes[len(names)]
     last.plot(x, values[-1].T, color="C2", alpha=0.4, lw=1)
     if X is not None and y is not None:

@@ -150,13 +150,19 @@ class CholeskyNormal(dist.TransformedDistribution):
     :param scale_tril: ``(..., M, M)`` lower Cholesky factors.
     """
 
-    def __init__(self, loc: ArrayLike, scale_tril: ArrayLike, *, validate_args: bool | None = None) -> None:
+    def __init__(
+        self, loc: ArrayLike, scale_tril: ArrayLike, *, validate_args: bool | None = None
+    ) -> None:
         loc, scale_tril = jnp.asarray(loc), jnp.asarray(scale_tril)
         shape = jnp.broadcast_shapes(loc.shape, scale_tril.shape[:-1])
         self.loc = jnp.broadcast_to(loc, shape)
         self.scale_tril = scale_tril
         base = dist.Normal(jnp.zeros(shape, loc.dtype), 1.0).to_event(1)
-        super().__init__(base, dist.transforms.LowerCholeskyAffine(self.loc, scale_tril), validate_args=validate_args)
+        super().__init__(
+            base,
+            dist.transforms.LowerCholeskyAffine(self.loc, scale_tril),
+            validate_args=validate_args,
+        )
 
     @property
     def mean(self) -> jax.Array:

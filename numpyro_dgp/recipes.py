@@ -122,8 +122,18 @@ def fit_factorized(
     guide = AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(learning_rate), DGPElbo(num_particles=num_particles))
     kwargs: dict[str, Any] = {"batch_size": batch_size} if batch_size else {}
-    result = fit(svi, rng_key, X, y, num_steps=num_steps, chunk_size=min(chunk_size, num_steps),
-                 progress_bar=progress_bar, init_params=init_params, strict=False, **kwargs)
+    result = fit(
+        svi,
+        rng_key,
+        X,
+        y,
+        num_steps=num_steps,
+        chunk_size=min(chunk_size, num_steps),
+        progress_bar=progress_bar,
+        init_params=init_params,
+        strict=False,
+        **kwargs,
+    )
     return model, guide, result
 
 
@@ -154,12 +164,28 @@ def run_on_uci(
     t0 = time.perf_counter()
     fit_key, pred_key = jax.random.split(rng_key)
     model, guide, result = fit_fn(fit_key, X, y)
-    pred = predict(model, guide, result.params, pred_key, jnp.asarray(data.X_test, dtype), num_samples=num_test_samples)
+    pred = predict(
+        model,
+        guide,
+        result.params,
+        pred_key,
+        jnp.asarray(data.X_test, dtype),
+        num_samples=num_test_samples,
+    )
     m = metrics(pred, jnp.asarray(data.y_test, dtype), y_scale=data.y_std)
     total = time.perf_counter() - t0
     final_elbo = float(-np.nanmean(result.losses[-100:]))
-    return RunResult(m, final_elbo, result.seconds_per_step, result.compile_seconds, total, result.num_skipped,
-                     model, guide, result.params)
+    return RunResult(
+        m,
+        final_elbo,
+        result.seconds_per_step,
+        result.compile_seconds,
+        total,
+        result.num_skipped,
+        model,
+        guide,
+        result.params,
+    )
 
 
 def fit_dsvi(
@@ -197,10 +223,21 @@ def fit_dsvi(
     :return: ``(model, guide, FitResult)``; timings are ``FitResult.seconds_per_step`` and
         ``FitResult.compile_seconds``.
     """
-    model = deep_gp_regression(num_layers, num_inducing=num_inducing, hidden_width=hidden_width, noise_init=noise_init)
-    return fit_factorized(model, rng_key, X, y, num_steps=num_steps, batch_size=batch_size,
-                          learning_rate=learning_rate, num_particles=num_particles, progress_bar=progress_bar,
-                          chunk_size=chunk_size)
+    model = deep_gp_regression(
+        num_layers, num_inducing=num_inducing, hidden_width=hidden_width, noise_init=noise_init
+    )
+    return fit_factorized(
+        model,
+        rng_key,
+        X,
+        y,
+        num_steps=num_steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        num_particles=num_particles,
+        progress_bar=progress_bar,
+        chunk_size=chunk_size,
+    )
 
 
 def run_uci(
@@ -235,12 +272,20 @@ def run_uci(
     :param progress_bar: show a progress bar.
     :return: :class:`RunResult`.
     """
+
     def fit_fn(fit_key, X, y):
         width = hidden_width if hidden_width is not None else min(X.shape[1], 30)
         return fit_dsvi(
-            fit_key, X, y, num_layers=num_layers, num_inducing=min(num_inducing, X.shape[0]),
-            hidden_width=width, num_steps=num_steps, batch_size=batch_size if batch_size < X.shape[0] else None,
-            learning_rate=learning_rate, progress_bar=progress_bar,
+            fit_key,
+            X,
+            y,
+            num_layers=num_layers,
+            num_inducing=min(num_inducing, X.shape[0]),
+            hidden_width=width,
+            num_steps=num_steps,
+            batch_size=batch_size if batch_size < X.shape[0] else None,
+            learning_rate=learning_rate,
+            progress_bar=progress_bar,
         )
 
     return run_on_uci(name, split, rng_key, data_dir, num_test_samples, fit_fn)
@@ -274,14 +319,28 @@ def run_demo(
         t0 = time.perf_counter()
         fit_key, pred_key = jax.random.split(key)
         model, guide, result = fit_dsvi(
-            fit_key, X, y, num_layers=layers, num_inducing=num_inducing, num_steps=num_steps,
-            learning_rate=0.01, noise_init=0.01,
+            fit_key,
+            X,
+            y,
+            num_layers=layers,
+            num_inducing=num_inducing,
+            num_steps=num_steps,
+            learning_rate=0.01,
+            noise_init=0.01,
         )
         pred = predict(model, guide, result.params, pred_key, Xt, num_samples=num_test_samples)
         m = metrics(pred, yt)
-        out[label] = RunResult(m, float(-np.nanmean(result.losses[-100:])), result.seconds_per_step,
-                               result.compile_seconds, time.perf_counter() - t0, result.num_skipped,
-                               model, guide, result.params)
+        out[label] = RunResult(
+            m,
+            float(-np.nanmean(result.losses[-100:])),
+            result.seconds_per_step,
+            result.compile_seconds,
+            time.perf_counter() - t0,
+            result.num_skipped,
+            model,
+            guide,
+            result.params,
+        )
     if output is not None:
         plot_demo(out["dgp"], data, plot_key, output)
     return out
@@ -305,8 +364,10 @@ def plot_demo(run: RunResult, data: Dataset, rng_key: jax.Array, path: os.PathLi
     grid = jnp.linspace(-1.2, 1.2, 200, dtype=dtype)[:, None]
     samples = sample_layers(run.model, run.guide, run.params, rng_key, grid, num_samples=25)
     fig = plot_layer_samples(grid, samples, data.X_train, data.y_train)
-    fig.suptitle(f"2-layer DGP (DSVI) on the step function: test LL {run.metrics['log_likelihood']:.2f}, "
-                 f"RMSE {run.metrics['rmse']:.3f}")
+    fig.suptitle(
+        f"2-layer DGP (DSVI) on the step function: test LL {run.metrics['log_likelihood']:.2f}, "
+        f"RMSE {run.metrics['rmse']:.3f}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -115,7 +115,11 @@ def _check_temporal_inputs(X: ArrayLike, times: ArrayLike) -> tuple[jax.Array, j
     X = jnp.asarray(X)
     times = jnp.atleast_1d(jnp.asarray(times, X.dtype))
     if X.ndim != 2:
-        raise ValueError(f"temporal_inducing_inputs: X must have shape (num_points, dim), got {X.shape}")
+        raise ValueError(
+            f"temporal_inducing_inputs: X must have shape (num_points, dim), got {X.shape}"
+        )
     if times.ndim != 1 or times.shape[0] < 1:
-        raise ValueError(f"temporal_inducing_inputs: times must be a non-empty 1-D array, got shape {times.shape}")
+        raise ValueError(
+            f"temporal_inducing_inputs: times must be a non-empty 1-D array, got shape {times.shape}"
+        )
     return X, times

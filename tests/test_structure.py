@@ -70,6 +70,14 @@ def test_ruff_finds_nothing_in_the_package():
     assert result.returncode == 0, result.stdout
 
 
+@pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="ruff is not installed (pip install -e '.[test]')")
+def test_the_package_is_formatted():
+    # `ruff format numpyro_dgp` rewrites what this finds; the style is pyproject.toml's [tool.ruff]
+    result = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "numpyro_dgp"],
+                            cwd=counts.ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (pip install -e '.[test]')")
 def test_mypy_finds_nothing_in_the_package(tmp_path):
     # the configuration is pyproject.toml's [tool.mypy]; a fresh cache, so the answer is today's

@@ -29,7 +29,10 @@ def latent_site_name(guide: AutoContinuous) -> str:
 
 
 def autocontinuous_posteriors(
-    guide: AutoContinuous, guide_trace: dict, model_u_sites: dict[str, tuple[int, int]], objective: str
+    guide: AutoContinuous,
+    guide_trace: dict,
+    model_u_sites: dict[str, tuple[int, int]],
+    objective: str,
 ) -> dict[str, Any]:
     """The Gaussian over the inducing sites of an ``AutoContinuous`` guide's run.
 
@@ -63,7 +66,11 @@ def autocontinuous_posteriors(
 
 
 def _check_gaussian_latent(
-    guide: AutoContinuous, guide_trace: dict, layout: dict, model_u_sites: dict[str, tuple[int, int]], objective: str
+    guide: AutoContinuous,
+    guide_trace: dict,
+    layout: dict,
+    model_u_sites: dict[str, tuple[int, int]],
+    objective: str,
 ) -> tuple[dist.Distribution, list[str]]:
     """The guide's latent distribution and the inducing sites its vector holds (execution order),
     refused where the objective cannot integrate the inducing values over it.
@@ -87,7 +94,9 @@ def _check_gaussian_latent(
     if isinstance(latent, (dist.MultivariateNormal, dist.LowRankMultivariateNormal)):
         order = [layout[s][0] for s in sites]
         if order != sorted(order):
-            raise ValueError(f"{objective} with {name}: the guide packs the inducing sites out of execution order")
+            raise ValueError(
+                f"{objective} with {name}: the guide packs the inducing sites out of execution order"
+            )
         return latent, sites
     raise ValueError(
         f"{objective} with {name}: the guide's distribution over the inducing values is not Gaussian "

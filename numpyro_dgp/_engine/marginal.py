@@ -61,7 +61,9 @@ from numpyro_dgp.core import (
     sample_output,
 )
 from numpyro_dgp.handlers import FlowSpec
-from numpyro_dgp.handlers._sde_flow import integrate_flow  # the handler's own integrator, run under marginalization
+from numpyro_dgp.handlers._sde_flow import (
+    integrate_flow,
+)  # the handler's own integrator, run under marginalization
 from numpyro_dgp.layers import Layer, layer_moments, sample_moments
 from numpyro_dgp.posteriors import (
     AmortizedPosterior,
@@ -82,17 +84,22 @@ __all__ = [
 ]
 
 
-def _check_marginalize_options(quadrature_layer: str | None, quadrature_weights: ArrayLike | None,
-                               latent_mode: str) -> None:
+def _check_marginalize_options(
+    quadrature_layer: str | None, quadrature_weights: ArrayLike | None, latent_mode: str
+) -> None:
     """Refuse a quadrature layer without weights and an unknown ``latent_mode`` (:class:`marginalize_inducing`).
 
     :raises ValueError: for either.
     """
     if quadrature_layer is not None and quadrature_weights is None:
-        raise ValueError("marginalize_inducing: quadrature_layer needs quadrature_weights (with quadrature_nodes, "
-                         "or without them for as many Monte Carlo draws per point)")
+        raise ValueError(
+            "marginalize_inducing: quadrature_layer needs quadrature_weights (with quadrature_nodes, "
+            "or without them for as many Monte Carlo draws per point)"
+        )
     if latent_mode not in ("posterior", "prior"):
-        raise ValueError(f"marginalize_inducing: latent_mode must be 'posterior' or 'prior', got {latent_mode!r}")
+        raise ValueError(
+            f"marginalize_inducing: latent_mode must be 'posterior' or 'prior', got {latent_mode!r}"
+        )
 
 
 class marginalize_inducing(Messenger):
@@ -141,7 +148,11 @@ class marginalize_inducing(Messenger):
     ) -> None:
         _check_marginalize_options(quadrature_layer, quadrature_weights, latent_mode)
         posteriors = dict(posteriors or {})
-        parents = {p.parent for p in posteriors.values() if isinstance(p, ChainLink) and p.parent is not None}
+        parents = {
+            p.parent
+            for p in posteriors.values()
+            if isinstance(p, ChainLink) and p.parent is not None
+        }
         # a chain factor with neither parent nor child is an independent Gaussian: DSVI path
         for name, post in list(posteriors.items()):
             if isinstance(post, ChainLink) and post.parent is None and name not in parents:
@@ -166,12 +177,16 @@ class marginalize_inducing(Messenger):
         self._joint_states: dict[tuple, tuple[int, Belief]] = {}
         # u-site -> (loc, scale) of q(u_n | p_n) at the model's p
         self._amortized_q: dict[str, tuple[jax.Array, jax.Array]] = {}
-        self._encoder_inputs: dict[str, jax.Array] = {}  # u-site -> the encoder input p of its amortized layer
+        self._encoder_inputs: dict[
+            str, jax.Array
+        ] = {}  # u-site -> the encoder input p of its amortized layer
         # latent-input site -> (LatentSpec, key) from its announcing message
         self._latents: dict[str, tuple[Any, jax.Array]] = {}
         # weighted mean of the last layer's branch means (AR2 / AR2P)
         self._branch_mean: jax.Array | None = None
-        self.branch_log_weights: jax.Array | None = None  # (S,) once a layer has branched the points
+        self.branch_log_weights: jax.Array | None = (
+            None  # (S,) once a layer has branched the points
+        )
         self.last_output: jax.Array | None = None  # the quadrature layer's value (its nodes)
         self.correlated_outputs = False
 
@@ -201,7 +216,11 @@ class marginalize_inducing(Messenger):
         if msg["type"] == ENCODER_INPUT_MESSAGE:
             layer_name = encoder_input_layer(msg)
             post = self.posteriors.get(f"{layer_name}.u")
-            if isinstance(post, AmortizedPosterior) and post.rule != "AR1" and self._branch_mean is not None:
+            if (
+                isinstance(post, AmortizedPosterior)
+                and post.rule != "AR1"
+                and self._branch_mean is not None
+            ):
                 msg["value"] = self._branch_mean
             return
         if msg["type"] != LAYER_MESSAGE:
@@ -212,8 +231,11 @@ class marginalize_inducing(Messenger):
         post = self.posteriors.get(layer.u_site)
         self.layer_order.append(layer.name)
         flow = get_tag(msg, FLOW)
-        if self.num_importance and (flow is not None or isinstance(post, (ChainLink, JointBlock))
-                                    or get_tag(msg, BRANCHES) is not None):
+        if self.num_importance and (
+            flow is not None
+            or isinstance(post, (ChainLink, JointBlock))
+            or get_tag(msg, BRANCHES) is not None
+        ):
             raise ValueError(
                 f"ImportanceWeightedElbo: layer {layer.name!r} is an SDE flow, has branches or a guide that "
                 "correlates the layers; the importance-weighted bound takes independent Gaussian layers "
@@ -231,7 +253,9 @@ class marginalize_inducing(Messenger):
                 )
             msg["value"] = self._correlated(layer, X, post, rng_key)
             return
-        branch = None if layer.name == self.quadrature_layer else self._branch_spec(layer, msg, post)
+        branch = (
+            None if layer.name == self.quadrature_layer else self._branch_spec(layer, msg, post)
+        )
         if layer.inducing == "amortized":
             if layer.u_site in self._amortized_q:
                 mean, var = layer_moments(layer, X, *self._amortized_q[layer.u_site])
@@ -311,21 +335,27 @@ class marginalize_inducing(Messenger):
         post = self.posteriors.get(msg["name"])
         if post is None:
             if K:
-                raise ValueError(f"ImportanceWeightedElbo: the guide gives no Gaussian q({msg['name']}) to draw the "
-                                 "latent input from; use a numpyro_dgp.guides guide (or NumPyro's AutoNormal)")
+                raise ValueError(
+                    f"ImportanceWeightedElbo: the guide gives no Gaussian q({msg['name']}) to draw the "
+                    "latent input from; use a numpyro_dgp.guides guide (or NumPyro's AutoNormal)"
+                )
             return  # the guide's (or the prior's) draw is used
         loc, scale = post.encode(spec.encoder_input) if isinstance(post, LatentPosterior) else post
         loc, scale = jnp.asarray(loc, dtype), jnp.asarray(scale, dtype)
         w = loc + scale * eps
         if K:
-            log_ratio = -0.5 * w**2 + 0.5 * eps**2 + jnp.log(scale)  # log N(w | 0, I) - log N(w | loc, scale)
+            log_ratio = (
+                -0.5 * w**2 + 0.5 * eps**2 + jnp.log(scale)
+            )  # log N(w | 0, I) - log N(w | loc, scale)
             with_tag(msg, IMPORTANCE_LOG_WEIGHTS, jnp.sum(log_ratio, axis=-1))
         else:
             kl = -jnp.log(scale) + 0.5 * (scale**2 + loc**2 - 1.0)
             with_tag(msg, AMORTIZED_KL, jnp.sum(kl, axis=-1))
         msg["value"] = w
 
-    def _importance_draw(self, layer: Layer, X: jax.Array, u: jax.Array, post: Any, rng_key: jax.Array) -> jax.Array:
+    def _importance_draw(
+        self, layer: Layer, X: jax.Array, u: jax.Array, post: Any, rng_key: jax.Array
+    ) -> jax.Array:
         """The layer's outputs at a point's ``K`` importance draws ``X (K, B, D)``, drawn jointly
         (their ``K x K`` covariance under the layer's marginal): the draws share the inducing
         values, as the importance-weighted bound needs."""
@@ -338,7 +368,9 @@ class marginalize_inducing(Messenger):
         keys = jax.random.split(rng_key, X.shape[1])
         return jnp.swapaxes(jax.vmap(at_point, in_axes=(1, 0))(X, keys), 0, 1)
 
-    def _branch_spec(self, layer: Layer, msg: dict, post: Any) -> tuple[jax.Array | None, jax.Array] | None:
+    def _branch_spec(
+        self, layer: Layer, msg: dict, post: Any
+    ) -> tuple[jax.Array | None, jax.Array] | None:
         """``(points (S, P) or None, log_weights (S,))`` if this layer branches its outputs:
         from an :class:`AmortizedPosterior`, or from a :class:`quadrature` handler's tag."""
         if isinstance(post, AmortizedPosterior):
@@ -359,7 +391,9 @@ class marginalize_inducing(Messenger):
             )
         return spec
 
-    def _branch(self, mean: jax.Array, var: jax.Array, branch: tuple, rng_key: jax.Array) -> jax.Array:
+    def _branch(
+        self, mean: jax.Array, var: jax.Array, branch: tuple, rng_key: jax.Array
+    ) -> jax.Array:
         """``S`` branches of the layer's outputs, ``(S, B, P)``: ``mean + point * std`` per
         branch (learned points or fresh standard-normal draws)."""
         points, log_weights = branch
@@ -380,7 +414,13 @@ class marginalize_inducing(Messenger):
         return mean + std * eps
 
     def _flow(
-        self, layer: Layer, X: jax.Array, u: jax.Array, post: Any, flow: tuple[FlowSpec, dict], rng_key: jax.Array
+        self,
+        layer: Layer,
+        X: jax.Array,
+        u: jax.Array,
+        post: Any,
+        flow: tuple[FlowSpec, dict],
+        rng_key: jax.Array,
     ) -> jax.Array:
         """An :class:`sde_flow` layer: integrate with the guide's marginal moments (the
         ``"marginal"`` estimator) or with the sampled inducing values (``"ancestral"``)."""
@@ -419,9 +459,15 @@ class marginalize_inducing(Messenger):
                     f"{post.parent!r} has not run before it at these points"
                 )
             parent_mean, coupling = post.parent_mean, post.coupling
-            assert parent_mean is not None and coupling is not None  # a chain factor with a parent has both
+            assert (
+                parent_mean is not None and coupling is not None
+            )  # a chain factor with a parent has both
             return chain_transition(
-                self._beliefs.pop(post.parent), parent_mean.reshape(-1), post.mean, coupling, post.scale_tril
+                self._beliefs.pop(post.parent),
+                parent_mean.reshape(-1),
+                post.mean,
+                coupling,
+                post.scale_tril,
             )
         k = post.sites.index(name)
         if k == 0:
@@ -434,7 +480,9 @@ class marginalize_inducing(Messenger):
             )
         return state[1]
 
-    def _correlated(self, layer: Layer, X: jax.Array, post: ChainLink | JointBlock, rng_key: jax.Array) -> jax.Array:
+    def _correlated(
+        self, layer: Layer, X: jax.Array, post: ChainLink | JointBlock, rng_key: jax.Array
+    ) -> jax.Array:
         N = X.shape[0]
         P, M = layer.out_dim, layer.inducing_inputs.shape[0]
         belief = self._belief(layer, post)
@@ -445,7 +493,9 @@ class marginalize_inducing(Messenger):
                 "point's chain of layer outputs"
             )
         Z = layer.inducing_inputs
-        alpha, base_var = point_projection(layer.kernel(Z, X), layer.Kmm_chol, layer.kernel.diag(X), layer.whiten)
+        alpha, base_var = point_projection(
+            layer.kernel(Z, X), layer.Kmm_chol, layer.kernel.diag(X), layer.whiten
+        )
         res_mean, out_cov, HB = output_moments(alpha, base_var, belief, P)
         # the belief is over the inducing values themselves; the conditional needs their
         # residual about the prior mean (zero except for inducing="locations")
@@ -461,7 +511,11 @@ class marginalize_inducing(Messenger):
             self._in_tail = True
             self.correlated_outputs = P > 1
             shared = self.quadrature_nodes is not None
-            nodes = jnp.asarray(self.quadrature_nodes, mean.dtype) if shared else self._nodes(mean, rng_key)
+            nodes = (
+                jnp.asarray(self.quadrature_nodes, mean.dtype)
+                if shared
+                else self._nodes(mean, rng_key)
+            )
             self.last_output = output_at_nodes(mean, out_cov, nodes)
             return self.last_output
         eps = jax.random.normal(rng_key, mean.shape, mean.dtype)

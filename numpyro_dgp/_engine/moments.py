@@ -128,7 +128,9 @@ class propagate_moments(Messenger):
 
     def _refuse(self, layer: Layer, problem: str, instead: str = _INSTEAD) -> NoReturn:
         with_guide = f" with {self.guide_name}" if self.guide_name else ""
-        raise NotImplementedError(f"{self.caller}{with_guide}: layer {layer.name!r} {problem}; {instead}")
+        raise NotImplementedError(
+            f"{self.caller}{with_guide}: layer {layer.name!r} {problem}; {instead}"
+        )
 
     def _input_moments(self, layer: Layer, X: jax.Array) -> tuple[jax.Array, jax.Array | None]:
         """``(mean, var)`` of the layer's input: fixed for the first layer (``var=None``), the
@@ -150,8 +152,10 @@ class propagate_moments(Messenger):
         layer, X, _ = layer_call(msg)
         self.layer_order.append(layer.name)
         if layer.inducing != "global":
-            self._refuse(layer,
-                         f"has inducing={layer.inducing!r}; only global inducing points propagate Gaussian moments")
+            self._refuse(
+                layer,
+                f"has inducing={layer.inducing!r}; only global inducing points propagate Gaussian moments",
+            )
         if get_tag(msg, FLOW) is not None or get_tag(msg, BRANCHES) is not None:
             self._refuse(layer, "is an sde_flow layer or branches at quadrature points")
         if X.ndim != 2:
@@ -183,8 +187,17 @@ class propagate_moments(Messenger):
         weight, bias = layer.mean_affine if var_in is not None else (None, None)
         per_point = last or self.mode == "predict"
         parts = uncertain_input_moments(
-            layer.kernel, layer.inducing_inputs, layer.Kmm_chol, post[0], post[1], mean_in, var_in,
-            whiten=layer.whiten, mean_weight=weight, mean_bias=bias, per_point=per_point,
+            layer.kernel,
+            layer.inducing_inputs,
+            layer.Kmm_chol,
+            post[0],
+            post[1],
+            mean_in,
+            var_in,
+            whiten=layer.whiten,
+            mean_weight=weight,
+            mean_bias=bias,
+            per_point=per_point,
             per_point_inducing=per_point or self.propagate_inducing_variance,
         )
         mean = parts.mean if var_in is not None else parts.mean + layer.mean_fn(X)
@@ -304,11 +317,22 @@ def moment_trace(
         nodes, weights = shared_rule(found["out_dim"], kind, num_quadrature, caller)
         posteriors = guide_posteriors(guide_trace, found["u_sites"])
         handler = propagate_moments(
-            seeded_model, posteriors=posteriors, mode=mode, last_layer=found["last"], quadrature_nodes=nodes,
-            caller=caller, propagate_inducing_variance=propagate_inducing_variance,
+            seeded_model,
+            posteriors=posteriors,
+            mode=mode,
+            last_layer=found["last"],
+            quadrature_nodes=nodes,
+            caller=caller,
+            propagate_inducing_variance=propagate_inducing_variance,
             guide_name=type(innermost_guide(guide)).__name__,
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         return MomentRun(
-            guide_trace, model_trace, posteriors, handler.moments, handler.penalties, handler.layer_order, weights
+            guide_trace,
+            model_trace,
+            posteriors,
+            handler.moments,
+            handler.penalties,
+            handler.layer_order,
+            weights,
         )

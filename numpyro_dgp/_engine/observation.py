@@ -161,8 +161,13 @@ def spherical_rule(dim: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([eye, -eye]), np.full(2 * dim, 1.0 / (2 * dim))
 
 
-def likelihood_rule(out_dim: int, kinds: list[str] | None = None, num_quadrature: int | None = None,
-                    num_samples: int | None = None, caller: str = "DGPElbo") -> Rule:
+def likelihood_rule(
+    out_dim: int,
+    kinds: list[str] | None = None,
+    num_quadrature: int | None = None,
+    num_samples: int | None = None,
+    caller: str = "DGPElbo",
+) -> Rule:
     """The rule for ``E_f[...]`` over the last layer's ``P = out_dim`` outputs.
 
     * one output: ``num_quadrature`` (default 20) Gauss-Hermite nodes;
@@ -186,7 +191,7 @@ def likelihood_rule(out_dim: int, kinds: list[str] | None = None, num_quadrature
         if num_quadrature**out_dim > MAX_NODES:
             raise ValueError(
                 f"{caller}: a tensor-product rule with num_quadrature={num_quadrature} over {out_dim} outputs has "
-                f"{num_quadrature ** out_dim} nodes; lower num_quadrature, or leave it None for Monte Carlo draws"
+                f"{num_quadrature**out_dim} nodes; lower num_quadrature, or leave it None for Monte Carlo draws"
             )
         return Rule(*gauss_hermite_product(num_quadrature, out_dim))
     if kinds and all(kind == "normal" for kind in kinds):
@@ -195,7 +200,9 @@ def likelihood_rule(out_dim: int, kinds: list[str] | None = None, num_quadrature
     return Rule(None, np.full(num, 1.0 / num))
 
 
-def shared_rule(out_dim: int, kind: str, num_quadrature: int, caller: str) -> tuple[np.ndarray, np.ndarray]:
+def shared_rule(
+    out_dim: int, kind: str, num_quadrature: int, caller: str
+) -> tuple[np.ndarray, np.ndarray]:
     """Nodes every point shares (no draws), for the deterministic predictions and bounds.
 
     * one output: ``num_quadrature`` Gauss-Hermite nodes;
@@ -225,7 +232,9 @@ def shared_rule(out_dim: int, kind: str, num_quadrature: int, caller: str) -> tu
     return gauss_hermite_product(per_output, out_dim)
 
 
-def closed_form_log_prob(site: dict, last_output: Any, moments: tuple | None, correlated: bool) -> jax.Array | None:
+def closed_form_log_prob(
+    site: dict, last_output: Any, moments: tuple | None, correlated: bool
+) -> jax.Array | None:
     """``E_f[log p(y | f)]`` of an observed site in closed form, per point (and branch), or
     ``None`` where there is none.
 
@@ -244,7 +253,11 @@ def closed_form_log_prob(site: dict, last_output: Any, moments: tuple | None, co
     """
     parts = unwrap(site["fn"])
     expected = getattr(parts.base, "expected_log_prob", None)
-    if expected is None or moments is None or getattr(parts.base, "latent", None) is not last_output:
+    if (
+        expected is None
+        or moments is None
+        or getattr(parts.base, "latent", None) is not last_output
+    ):
         return None
     mean, var = moments
     if correlated and mean.shape[-1] > 1:

@@ -110,8 +110,9 @@ def marginal_trace(
     _check_amortized_layers_have_encoder(innermost_guide(guide), objective)
     predicting = objective == "predict"
     with validation_off_when_traced(params):
-        guide_trace, seeded_model = guide_then_model(model, guide, params, rng_key, args, kwargs,
-                                                     replay_plates=not predicting)
+        guide_trace, seeded_model = guide_then_model(
+            model, guide, params, rng_key, args, kwargs, replay_plates=not predicting
+        )
 
         # Which sites are inducing values and which layer is last: an abstract first pass
         # (jax.eval_shape), so it adds nothing to the compiled computation.
@@ -120,7 +121,9 @@ def marginal_trace(
         latent_mode = "prior" if predicting else "posterior"
 
         def probe():
-            tr = trace(marginalize_inducing(seeded_model, latent_mode=latent_mode)).get_trace(*args, **kwargs)
+            tr = trace(marginalize_inducing(seeded_model, latent_mode=latent_mode)).get_trace(
+                *args, **kwargs
+            )
             last = final_layer_name(tr)
             found["u_sites"] = model_u_sites(tr)
             found["last"] = last
@@ -128,7 +131,9 @@ def marginal_trace(
             found["locations"] = uses_inducing_locations(tr)
             found["last_u_site"] = message_layer(tr[f"{last}.layer"]).u_site
             found["latents"] = list(latent_specs(tr))
-            found["amortized"] = [layer.name for layer in trace_layers(tr) if layer.inducing == "amortized"]
+            found["amortized"] = [
+                layer.name for layer in trace_layers(tr) if layer.inducing == "amortized"
+            ]
             return 0
 
         # closing over args keeps static ones (subsample sizes) concrete
@@ -136,19 +141,27 @@ def marginal_trace(
         last = found["last"]
         kinds = None
         if found["out_dim"] > 1 and num_quadrature is None and not joint_draws:
-            kinds = _tail_kinds(seeded_model, last, found["out_dim"], args, kwargs, objective, latent_mode)
-        nodes, weights = likelihood_rule(found["out_dim"], kinds, num_quadrature, num_samples, objective)
+            kinds = _tail_kinds(
+                seeded_model, last, found["out_dim"], args, kwargs, objective, latent_mode
+            )
+        nodes, weights = likelihood_rule(
+            found["out_dim"], kinds, num_quadrature, num_samples, objective
+        )
 
         base_guide = innermost_guide(guide)
         _check_guide_fits_model(base_guide, found, num_importance, objective)
         if isinstance(base_guide, AutoContinuous):
-            posteriors = autocontinuous_posteriors(base_guide, guide_trace, found["u_sites"], objective)
+            posteriors = autocontinuous_posteriors(
+                base_guide, guide_trace, found["u_sites"], objective
+            )
         elif found["locations"]:
             # Layer l's inducing inputs are layer l-1's inducing values: those must be the very
             # samples every point is propagated with, so the inner layers run on sampled u and only
             # the last layer is marginalized, given the samples (its guide site's own Gaussian).
             last_u = found["last_u_site"]
-            posteriors = guide_posteriors(guide_trace, {last_u: found["u_sites"][last_u]}, structured=False)
+            posteriors = guide_posteriors(
+                guide_trace, {last_u: found["u_sites"][last_u]}, structured=False
+            )
         else:
             posteriors = guide_posteriors(guide_trace, found["u_sites"])
         posteriors.update(amortized_posteriors(guide_trace))
@@ -164,20 +177,32 @@ def marginal_trace(
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         return MarginalRun(
-            guide_trace, model_trace, posteriors, handler.moments, handler.layer_order, weights,
-            handler.branch_log_weights, type(base_guide).__name__, handler.last_output, handler.correlated_outputs,
+            guide_trace,
+            model_trace,
+            posteriors,
+            handler.moments,
+            handler.layer_order,
+            weights,
+            handler.branch_log_weights,
+            type(base_guide).__name__,
+            handler.last_output,
+            handler.correlated_outputs,
         )
 
 
-def _check_guide_fits_model(base_guide: Callable, found: dict, num_importance: int | None, objective: str) -> None:
+def _check_guide_fits_model(
+    base_guide: Callable, found: dict, num_importance: int | None, objective: str
+) -> None:
     """Refuse per-point inducing sets under importance weighting, and an ``AutoContinuous`` guide
     on a model with ``inducing="locations"`` (``found``: what :func:`marginal_trace`'s probe found).
 
     :raises ValueError: for either.
     """
     if num_importance and found["amortized"]:
-        raise ValueError(f"{objective}: layers {found['amortized']} have per-point inducing sets, which the "
-                         "importance-weighted bound does not take; use DGPElbo")
+        raise ValueError(
+            f"{objective}: layers {found['amortized']} have per-point inducing sets, which the "
+            "importance-weighted bound does not take; use DGPElbo"
+        )
     if isinstance(base_guide, AutoContinuous) and found["locations"]:
         raise ValueError(
             f"{objective} with {type(base_guide).__name__}: a model with inducing='locations' needs "
@@ -186,8 +211,15 @@ def _check_guide_fits_model(base_guide: Callable, found: dict, num_importance: i
         )
 
 
-def _tail_kinds(seeded_model: Callable, last: str, out_dim: int, args: tuple, kwargs: dict,
-                objective: str, latent_mode: str) -> list[str]:
+def _tail_kinds(
+    seeded_model: Callable,
+    last: str,
+    out_dim: int,
+    args: tuple,
+    kwargs: dict,
+    objective: str,
+    latent_mode: str,
+) -> list[str]:
     """The kinds (:func:`~numpyro_dgp._engine.observation.observation_kind`) of the sample sites after
     the last layer (observed in training, not yet at prediction), from an abstract run with two
     nodes on it (so that a parameter that depends on the layer carries the node axis)."""
@@ -195,10 +227,17 @@ def _tail_kinds(seeded_model: Callable, last: str, out_dim: int, args: tuple, kw
     nodes = np.stack([np.ones(out_dim), -np.ones(out_dim)])
 
     def probe():
-        handler = marginalize_inducing(seeded_model, quadrature_layer=last, quadrature_nodes=nodes,
-                                       quadrature_weights=np.full(2, 0.5), latent_mode=latent_mode)
+        handler = marginalize_inducing(
+            seeded_model,
+            quadrature_layer=last,
+            quadrature_nodes=nodes,
+            quadrature_weights=np.full(2, 0.5),
+            latent_mode=latent_mode,
+        )
         tr = trace(handler).get_trace(*args, **kwargs)
-        found["kinds"] = [_training_kind(tr[name]["fn"], name, objective) for name in quadrature_tail(tr)]
+        found["kinds"] = [
+            _training_kind(tr[name]["fn"], name, objective) for name in quadrature_tail(tr)
+        ]
         return 0
 
     jax.eval_shape(probe)
@@ -228,8 +267,15 @@ def _check_amortized_layers_have_encoder(guide: Callable, objective: str) -> Non
         )
 
 
-def guide_then_model(model: Callable, guide: Callable, params: dict, rng_key: jax.Array, args: tuple,
-                     kwargs: dict, replay_plates: bool = True) -> tuple[dict, Callable]:
+def guide_then_model(
+    model: Callable,
+    guide: Callable,
+    params: dict,
+    rng_key: jax.Array,
+    args: tuple,
+    kwargs: dict,
+    replay_plates: bool = True,
+) -> tuple[dict, Callable]:
     """The guide's trace (run with ``params`` under one half of ``rng_key``) and the model
     seeded with the other half, replaying that trace, with ``params`` substituted: the start of
     every objective and prediction that runs the guide before the model.
@@ -237,8 +283,14 @@ def guide_then_model(model: Callable, guide: Callable, params: dict, rng_key: ja
     With ``replay_plates=False`` the model draws its own plates' subsamples (prediction at new
     points: a guide's plate over the training points must not choose them)."""
     guide_key, model_key = jax.random.split(rng_key)
-    guide_trace = trace(substitute(seed(fast_subsample(guide), guide_key), data=params)).get_trace(*args, **kwargs)
-    replayed = guide_trace if replay_plates else {k: v for k, v in guide_trace.items() if v["type"] != "plate"}
+    guide_trace = trace(substitute(seed(fast_subsample(guide), guide_key), data=params)).get_trace(
+        *args, **kwargs
+    )
+    replayed = (
+        guide_trace
+        if replay_plates
+        else {k: v for k, v in guide_trace.items() if v["type"] != "plate"}
+    )
     seeded_model = substitute(replay(seed(fast_subsample(model), model_key), replayed), data=params)
     return guide_trace, seeded_model
 
@@ -282,6 +334,6 @@ def amortized_posteriors(guide_trace: dict) -> dict[str, AmortizedPosterior]:
     return {
         site["fn"].site: site["fn"].posterior
         for site in guide_trace.values()
-        if site["type"] == "sample" and isinstance(getattr(site["fn"], "posterior", None), AmortizedPosterior)
+        if site["type"] == "sample"
+        and isinstance(getattr(site["fn"], "posterior", None), AmortizedPosterior)
     }
-

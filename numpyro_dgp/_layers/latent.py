@@ -51,8 +51,9 @@ class LatentSpec(NamedTuple):
     encoder_input: jax.Array
 
 
-def _check_latent_args(name: str, X: ArrayLike, latent_dim: int,
-                       encoder_input: ArrayLike | None) -> tuple[jax.Array, jax.Array]:
+def _check_latent_args(
+    name: str, X: ArrayLike, latent_dim: int, encoder_input: ArrayLike | None
+) -> tuple[jax.Array, jax.Array]:
     """:func:`latent_input`'s ``(X, encoder_input)`` as float arrays of the data plate's ``B`` points.
 
     :raises ValueError: for a bad name or ``latent_dim``, outside a data plate, or inputs of another
@@ -63,21 +64,32 @@ def _check_latent_args(name: str, X: ArrayLike, latent_dim: int,
     check_positive_int(latent_dim, "latent_dim", f"latent_input {name!r}")
     plates = [p for p in active_plates() if p.dim == -1]
     if not plates:
-        raise ValueError(f"latent_input {name!r}: w is one latent per point; call it inside the data plate "
-                         "(with numpyro.plate('data', N): h = latent_input(...))")
+        raise ValueError(
+            f"latent_input {name!r}: w is one latent per point; call it inside the data plate "
+            "(with numpyro.plate('data', N): h = latent_input(...))"
+        )
     B = plates[0].subsample_size
     X = as_float_array(X, "X", f"latent_input {name!r}")
     if X.ndim != 2 or X.shape[0] != B:
-        raise ValueError(f"latent_input {name!r}: X must have shape ({B}, dim), the plate's {B} points; got {X.shape}")
-    encoder_input = X if encoder_input is None else as_float_array(encoder_input, "encoder_input",
-                                                                    f"latent_input {name!r}")
+        raise ValueError(
+            f"latent_input {name!r}: X must have shape ({B}, dim), the plate's {B} points; got {X.shape}"
+        )
+    encoder_input = (
+        X
+        if encoder_input is None
+        else as_float_array(encoder_input, "encoder_input", f"latent_input {name!r}")
+    )
     if encoder_input.ndim != 2 or encoder_input.shape[0] != B:
-        raise ValueError(f"latent_input {name!r}: encoder_input must have shape ({B}, features), got "
-                         f"{encoder_input.shape}")
+        raise ValueError(
+            f"latent_input {name!r}: encoder_input must have shape ({B}, features), got "
+            f"{encoder_input.shape}"
+        )
     return X, encoder_input
 
 
-def latent_input(name: str, X: ArrayLike, latent_dim: int = 1, *, encoder_input: ArrayLike | None = None) -> jax.Array:
+def latent_input(
+    name: str, X: ArrayLike, latent_dim: int = 1, *, encoder_input: ArrayLike | None = None
+) -> jax.Array:
     """Concatenate a latent ``w_n ~ N(0, I_Q)`` to every point's input: ``[x_n, w_n]``.
 
     Call it inside the data plate (``w`` is local: one per point, subsampled with the points);
@@ -96,7 +108,9 @@ def latent_input(name: str, X: ArrayLike, latent_dim: int = 1, *, encoder_input:
     B = X.shape[0]
     rng_key = numpyro.prng_key()
     if rng_key is None:
-        raise RuntimeError(f"latent_input {name!r} needs a random key: run the model under numpyro.handlers.seed")
+        raise RuntimeError(
+            f"latent_input {name!r} needs a random key: run the model under numpyro.handlers.seed"
+        )
     send_latent(LatentSpec(name, int(latent_dim), encoder_input), rng_key)
     prior = dist.Normal(jnp.zeros((B, int(latent_dim)), X.dtype), 1.0).to_event(1)
     w = jnp.asarray(numpyro.sample(name, prior), X.dtype)

@@ -38,7 +38,9 @@ def _holds(check: Callable[..., Any], *values: ArrayLike) -> bool | None:
     than copied to the host."""
     if any(isinstance(v, jax.core.Tracer) for v in values):
         return None
-    if any(isinstance(v, jax.Array) and any(d.platform != "cpu" for d in v.devices()) for v in values):
+    if any(
+        isinstance(v, jax.Array) and any(d.platform != "cpu" for d in v.devices()) for v in values
+    ):
         try:
             return bool(check(jnp, *values))
         except jax.errors.ConcretizationTypeError:
@@ -65,7 +67,9 @@ def _check_layer_jitter(name: str, jitter: float | None, dtype: Any) -> float:
     try:
         check_jitter(jitter)
     except ValueError:
-        raise ValueError(f"gp_layer {name!r}: jitter must be a finite positive number, got {jitter!r}") from None
+        raise ValueError(
+            f"gp_layer {name!r}: jitter must be a finite positive number, got {jitter!r}"
+        ) from None
     return jitter
 
 
@@ -89,7 +93,9 @@ def _check_kernel_values(name: str, kernel: Kernel) -> None:
     its constructor's check)."""
     for hp, value in kernel.hyperparameters().items():
         if _holds(lambda xp, v: xp.all(v > 0), value) is False:
-            raise ValueError(f"gp_layer {name!r}: kernel hyperparameter {hp!r} must be positive, got {value}")
+            raise ValueError(
+                f"gp_layer {name!r}: kernel hyperparameter {hp!r} must be positive, got {value}"
+            )
 
 
 def _check_input_scale(name: str, X: jax.Array, kernel: Kernel) -> None:
@@ -97,9 +103,12 @@ def _check_input_scale(name: str, X: jax.Array, kernel: Kernel) -> None:
     the upper side: an inner layer's inputs (the previous layer's outputs) legitimately start
     with a tiny spread (a near-deterministic q(u), zero-padded identity means); too small a
     spread of the data is reported by :func:`numpyro_dgp.fit`."""
-    lengthscales = [v for k, v in kernel.hyperparameters().items() if k.rpartition(".")[2] == "lengthscale"]
-    warn_if_not_standardized(X, "X", f"gp_layer {name!r}", lengthscales or None, upper_only=True,
-                             stacklevel=4)
+    lengthscales = [
+        v for k, v in kernel.hyperparameters().items() if k.rpartition(".")[2] == "lengthscale"
+    ]
+    warn_if_not_standardized(
+        X, "X", f"gp_layer {name!r}", lengthscales or None, upper_only=True, stacklevel=4
+    )
 
 
 def _check_finite(x: ArrayLike, what: str) -> None:
@@ -170,7 +179,9 @@ def noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax.
     if noise is None:
         return None
     _check_noise(name, noise)
-    return numpyro.param(f"{name}.noise", jnp.asarray(noise, dtype), constraint=constraints.positive)
+    return numpyro.param(
+        f"{name}.noise", jnp.asarray(noise, dtype), constraint=constraints.positive
+    )
 
 
 def _check_noise(name: str, noise: ArrayLike) -> None:
@@ -179,10 +190,14 @@ def _check_noise(name: str, noise: ArrayLike) -> None:
     :raises ValueError: otherwise.
     """
     if np.ndim(noise) != 0 or _holds(lambda xp, v: xp.isfinite(v) & (v > 0), noise) is False:
-        raise ValueError(f"gp_layer {name!r}: noise must be a finite positive scalar (a variance), got {noise!r}")
+        raise ValueError(
+            f"gp_layer {name!r}: noise must be a finite positive scalar (a variance), got {noise!r}"
+        )
 
 
-def hyperparameter_sites(name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, learn: bool) -> Kernel:
+def hyperparameter_sites(
+    name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, learn: bool
+) -> Kernel:
     """The kernel with its hyperparameters read from sites ``"<name>.kernel.<hp>"``: a
     ``numpyro.sample`` site where ``priors`` has one, else a positive ``numpyro.param``
     (gradient stopped unless ``learn``)."""
@@ -219,7 +234,9 @@ def check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
     if not isinstance(kernel, Kernel):
-        raise TypeError(f"gp_layer {name!r}: kernel must be a numpyro_dgp.kernels.Kernel, got {type(kernel)}")
+        raise TypeError(
+            f"gp_layer {name!r}: kernel must be a numpyro_dgp.kernels.Kernel, got {type(kernel)}"
+        )
     _check_unique_name(name)
     _check_kernel_values(name, kernel)
     if inducing not in INDUCING_MODES:
@@ -241,8 +258,16 @@ class LayerArgs(NamedTuple):
 
 
 def check_layer_args(
-    name: str, X: ArrayLike | tuple, kernel: Kernel, *, num_inducing: int | None, out_dim: int,
-    priors: dict | None, whiten: bool | None, jitter: float | None, inducing: str,
+    name: str,
+    X: ArrayLike | tuple,
+    kernel: Kernel,
+    *,
+    num_inducing: int | None,
+    out_dim: int,
+    priors: dict | None,
+    whiten: bool | None,
+    jitter: float | None,
+    inducing: str,
     inducing_inputs: ArrayLike | None,
 ) -> LayerArgs:
     """Every check of a global or locations layer, before any site is sent or JAX work done."""
@@ -255,16 +280,22 @@ def check_layer_args(
     priors = _check_priors(name, priors, kernel)
     jitter = _check_layer_jitter(name, jitter, X.dtype)
     if propagated_Z is not None:
-        propagated_Z = _check_inducing_array(name, propagated_Z, num_inducing, X, "the inducing locations Z of (X, Z)")
+        propagated_Z = _check_inducing_array(
+            name, propagated_Z, num_inducing, X, "the inducing locations Z of (X, Z)"
+        )
         if inducing_inputs is not None:
             raise ValueError(
                 f"gp_layer {name!r}: the inducing locations come with X as (X, Z); do not also "
                 "pass inducing_inputs"
             )
     elif inducing_inputs is not None:
-        inducing_inputs = _check_inducing_array(name, inducing_inputs, num_inducing, X, "inducing_inputs")
+        inducing_inputs = _check_inducing_array(
+            name, inducing_inputs, num_inducing, X, "inducing_inputs"
+        )
         _check_finite(inducing_inputs, f"gp_layer {name!r}: inducing_inputs")
-    elif isinstance(num_inducing, bool) or not (isinstance(num_inducing, (int, np.integer)) and num_inducing >= 1):
+    elif isinstance(num_inducing, bool) or not (
+        isinstance(num_inducing, (int, np.integer)) and num_inducing >= 1
+    ):
         raise ValueError(
             f"gp_layer {name!r}: give num_inducing (a positive integer) or inducing_inputs; "
             f"got num_inducing={num_inducing!r}"
@@ -284,7 +315,9 @@ def _check_whiten(name: str, whiten: bool | None, locations: bool) -> bool:
     return bool(whiten)
 
 
-def _check_locations_pair(name: str, X: ArrayLike | tuple, locations: bool) -> tuple[ArrayLike, ArrayLike | None]:
+def _check_locations_pair(
+    name: str, X: ArrayLike | tuple, locations: bool
+) -> tuple[ArrayLike, ArrayLike | None]:
     """``(X, Z or None)``: a previous locations layer hands on the pair ``(X, Z)``.
 
     :raises ValueError: for a pair without ``inducing='locations'``, or not two items.
@@ -297,7 +330,9 @@ def _check_locations_pair(name: str, X: ArrayLike | tuple, locations: bool) -> t
             "inducing='locations' takes; pass the points alone"
         )
     if len(X) != 2:
-        raise ValueError(f"gp_layer {name!r}: X must be an array or the pair (X, Z); got {len(X)} items")
+        raise ValueError(
+            f"gp_layer {name!r}: X must be an array or the pair (X, Z); got {len(X)} items"
+        )
     return X[0], X[1]
 
 
@@ -352,20 +387,32 @@ def _check_priors(name: str, priors: dict | None, kernel: Kernel) -> dict:
     return priors
 
 
-def _check_inducing_array(name: str, Z: ArrayLike, num_inducing: int | None, X: jax.Array, what: str) -> jax.Array:
+def _check_inducing_array(
+    name: str, Z: ArrayLike, num_inducing: int | None, X: jax.Array, what: str
+) -> jax.Array:
     """Given inducing inputs or locations as ``(M, D)`` in ``X``'s dtype, agreeing with ``num_inducing``."""
     Z = jnp.asarray(Z, X.dtype)
     in_dim = X.shape[-1]
     if Z.ndim != 2 or Z.shape[1] != in_dim:
         raise ValueError(f"gp_layer {name!r}: {what} must have shape (M, {in_dim}), got {Z.shape}")
     if num_inducing is not None and num_inducing != Z.shape[0]:
-        raise ValueError(f"gp_layer {name!r}: num_inducing={num_inducing} disagrees with {what} of shape {Z.shape}")
+        raise ValueError(
+            f"gp_layer {name!r}: num_inducing={num_inducing} disagrees with {what} of shape {Z.shape}"
+        )
     return Z
 
 
 def check_amortized_args(
-    name: str, X: ArrayLike | tuple, kernel: Kernel, *, num_inducing: int | None, out_dim: int,
-    inducing_inputs: ArrayLike | None, priors: dict | None, whiten: bool | None, jitter: float | None,
+    name: str,
+    X: ArrayLike | tuple,
+    kernel: Kernel,
+    *,
+    num_inducing: int | None,
+    out_dim: int,
+    inducing_inputs: ArrayLike | None,
+    priors: dict | None,
+    whiten: bool | None,
+    jitter: float | None,
 ) -> tuple[jax.Array, Any, float]:
     """Every check of a per-point (amortized) layer: ``(X, the data plate, the relative jitter)``."""
     if whiten:

@@ -20,10 +20,29 @@ def _check_encodable(value: Any, where: str) -> None:
     """
     from numpyro_dgp.kernels import Kernel
 
-    if not (value is None or isinstance(value, (bool, str, int, np.integer, float, np.floating, Kernel, jax.Array,
-                                                np.ndarray, list, tuple))):
-        raise TypeError(f"save_model: the model argument {where} = {value!r} cannot be saved (a "
-                        f"{type(value).__name__}; only numbers, strings, arrays, kernels and lists of them)")
+    if not (
+        value is None
+        or isinstance(
+            value,
+            (
+                bool,
+                str,
+                int,
+                np.integer,
+                float,
+                np.floating,
+                Kernel,
+                jax.Array,
+                np.ndarray,
+                list,
+                tuple,
+            ),
+        )
+    ):
+        raise TypeError(
+            f"save_model: the model argument {where} = {value!r} cannot be saved (a "
+            f"{type(value).__name__}; only numbers, strings, arrays, kernels and lists of them)"
+        )
 
 
 def encode_value(value: Any, where: str) -> Any:
@@ -52,8 +71,10 @@ def _encode_kernel(kernel: Any, where: str) -> dict:
     name = type(kernel).__name__
     if isinstance(kernel, (Sum, Product)):
         return {"type": name, "kernels": [_encode_kernel(k, where) for k in kernel.kernels]}
-    fields = {f.name: encode_value(getattr(kernel, f.name), f"{where}.{f.name}")
-              for f in dataclasses.fields(kernel)}
+    fields = {
+        f.name: encode_value(getattr(kernel, f.name), f"{where}.{f.name}")
+        for f in dataclasses.fields(kernel)
+    }
     return {"type": name, "fields": fields}
 
 

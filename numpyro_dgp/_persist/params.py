@@ -22,7 +22,13 @@ from numpyro import handlers
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._validation import concrete
 
-__all__ = ["ParameterMismatchError", "check_params", "check_params_against", "param_specs", "set_up_guide"]
+__all__ = [
+    "ParameterMismatchError",
+    "check_params",
+    "check_params_against",
+    "param_specs",
+    "set_up_guide",
+]
 
 #: entries of each kind listed in an error message before "... and N more"
 _MAX_LISTED = 12
@@ -48,20 +54,33 @@ class ParameterMismatchError(ValueError):
     :param hint: a closing sentence (what to do).
     """
 
-    def __init__(self, caller: str, missing: list[str], unexpected: list[str],
-                 mismatched: dict[str, tuple[str, str]], non_finite: Sequence[str] = (), hint: str = "") -> None:
+    def __init__(
+        self,
+        caller: str,
+        missing: list[str],
+        unexpected: list[str],
+        mismatched: dict[str, tuple[str, str]],
+        non_finite: Sequence[str] = (),
+        hint: str = "",
+    ) -> None:
         self.missing = list(missing)
         self.unexpected = list(unexpected)
         self.mismatched = dict(mismatched)
         self.non_finite = list(non_finite)
         lines = [f"{caller}: the parameters do not match those the model (and guide) create:"]
         if self.missing:
-            lines.append(f"  missing (the model/guide would silently use initial values): {_listed(self.missing)}")
+            lines.append(
+                f"  missing (the model/guide would silently use initial values): {_listed(self.missing)}"
+            )
         if self.unexpected:
-            lines.append(f"  unexpected (no such parameter: misspelt, renamed or from another model?): "
-                         f"{_listed(self.unexpected)}")
+            lines.append(
+                f"  unexpected (no such parameter: misspelt, renamed or from another model?): "
+                f"{_listed(self.unexpected)}"
+            )
         for name, (given, expected) in list(self.mismatched.items())[:_MAX_LISTED]:
-            lines.append(f"  mis-shaped {name!r}: given {given}, the model/guide creates {expected}")
+            lines.append(
+                f"  mis-shaped {name!r}: given {given}, the model/guide creates {expected}"
+            )
         if len(self.mismatched) > _MAX_LISTED:
             lines.append(f"  ... and {len(self.mismatched) - _MAX_LISTED} more mis-shaped entries")
         if self.non_finite:
@@ -110,10 +129,12 @@ def set_up_guide(guide: Callable, rng_key: jax.Array, args: tuple, kwargs: dict)
 
 def _signature(args: tuple, kwargs: dict) -> tuple | None:
     """A hashable summary: arrays by shape and dtype, other values as they are."""
+
     def one(v):
         if isinstance(v, (jax.Array, np.ndarray)):
             return ("array", tuple(v.shape), str(v.dtype))
         return v
+
     key = (tuple(one(a) for a in args), tuple(sorted((k, one(v)) for k, v in kwargs.items())))
     try:
         hash(key)
@@ -145,12 +166,16 @@ def _guide_run_arguments(args: tuple, kwargs: dict, training: tuple[tuple, dict]
 
     def rebuild(arrays):
         it = iter(arrays)
-        return jax.tree_util.tree_unflatten(treedef, [next(it) if a else leaf for leaf, a in zip(leaves, is_array)])
+        return jax.tree_util.tree_unflatten(
+            treedef, [next(it) if a else leaf for leaf, a in zip(leaves, is_array)]
+        )
 
     return tuple(leaf for leaf, a in zip(leaves, is_array) if a), rebuild
 
 
-def param_specs(model: Callable, guide: Callable | None, args: tuple, kwargs: dict) -> dict[str, jax.ShapeDtypeStruct]:
+def param_specs(
+    model: Callable, guide: Callable | None, args: tuple, kwargs: dict
+) -> dict[str, jax.ShapeDtypeStruct]:
     """What the guide and the model create: ``{param site: ShapeDtypeStruct}`` from an abstract
     run (``jax.eval_shape``; the guide must be set up).
 
@@ -171,7 +196,9 @@ def param_specs(model: Callable, guide: Callable | None, args: tuple, kwargs: di
     """
     owner = model if guide is None else guide
     # the prototype records this model only if the guide was built on it
-    prototype = getattr(guide, "prototype_trace", None) if getattr(guide, "model", None) is model else None
+    prototype = (
+        getattr(guide, "prototype_trace", None) if getattr(guide, "model", None) is model else None
+    )
     training = _training_arguments(model, guide)
     signature = _signature(*(training if training is not None else (args, kwargs)))
     key = None if signature is None else (model, signature)
@@ -186,7 +213,9 @@ def param_specs(model: Callable, guide: Callable | None, args: tuple, kwargs: di
         seeded = handlers.seed(model, model_key)
         if guide is not None:
             guide_args, guide_kwargs = guide_arguments(guide_arrays)
-            guide_trace = handlers.trace(handlers.seed(guide, guide_key)).get_trace(*guide_args, **guide_kwargs)
+            guide_trace = handlers.trace(handlers.seed(guide, guide_key)).get_trace(
+                *guide_args, **guide_kwargs
+            )
             specs.update({n: s["value"] for n, s in guide_trace.items() if s["type"] == "param"})
             seeded = handlers.replay(seeded, guide_trace)
         if prototype is None:
@@ -200,15 +229,24 @@ def param_specs(model: Callable, guide: Callable | None, args: tuple, kwargs: di
     try:
         specs = jax.eval_shape(run, guide_arrays)
     except TypeError as err:  # JAX's shape errors: e.g. a guide built on another model
-        raise ValueError(f"the model cannot run with these arguments{' and this guide' if guide else ''} "
-                         f"(do they belong together?): {err}") from err
+        raise ValueError(
+            f"the model cannot run with these arguments{' and this guide' if guide else ''} "
+            f"(do they belong together?): {err}"
+        ) from err
     if prototype is not None:
         # the library's guides keep abstract values (ShapeDtypeStruct) in their prototype
         for name, site in prototype.items():
             if site["type"] == "param" and name not in specs:
                 value = site["value"]
-                specs[name] = value if isinstance(value, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(
-                    np.shape(value), jnp.result_type(value), weak_type=isinstance(value, (int, float)))
+                specs[name] = (
+                    value
+                    if isinstance(value, jax.ShapeDtypeStruct)
+                    else jax.ShapeDtypeStruct(
+                        np.shape(value),
+                        jnp.result_type(value),
+                        weak_type=isinstance(value, (int, float)),
+                    )
+                )
     if key is not None:
         _SPECS.put(owner, key, (prototype, specs))
     return specs
@@ -218,7 +256,10 @@ def _compatible(given_dtype: np.dtype, spec: jax.ShapeDtypeStruct) -> bool:
     if given_dtype == spec.dtype:
         return True
     # a Python-number initial value (weakly typed) takes any dtype of its kind
-    return bool(getattr(spec, "weak_type", False)) and np.dtype(given_dtype).kind == np.dtype(spec.dtype).kind
+    return (
+        bool(getattr(spec, "weak_type", False))
+        and np.dtype(given_dtype).kind == np.dtype(spec.dtype).kind
+    )
 
 
 def check_params_against(
@@ -247,7 +288,9 @@ def check_params_against(
     :raises TypeError: if ``params`` is not a mapping.
     """
     if not isinstance(params, Mapping):
-        raise TypeError(f"{caller}: params must be a dict {{site name: array}}, got {type(params).__name__}")
+        raise TypeError(
+            f"{caller}: params must be a dict {{site name: array}}, got {type(params).__name__}"
+        )
     missing = [] if allow_missing else [n for n in specs if n not in params]
     unexpected = [] if allow_unexpected else [n for n in params if n not in specs]
     mismatched, non_finite = {}, []
@@ -303,15 +346,24 @@ def check_params(
     if guide is not None:
         set_up_guide(guide, jax.random.PRNGKey(0), args, kwargs)
     specs = param_specs(model, guide, args, kwargs)
-    check_params_against(specs, params, "check_params", allow_missing=not strict, allow_unexpected=not strict,
-                         hint=STRICT_HINT)
+    check_params_against(
+        specs,
+        params,
+        "check_params",
+        allow_missing=not strict,
+        allow_unexpected=not strict,
+        hint=STRICT_HINT,
+    )
 
 
 #: the closing sentence of errors that ``strict=False`` would relax
-STRICT_HINT = ("Pass parameters saved from this model and guide (same layer names, num_inducing, widths "
-               "and dtype), or strict=False to accept a partial or larger dict.")
+STRICT_HINT = (
+    "Pass parameters saved from this model and guide (same layer names, num_inducing, widths "
+    "and dtype), or strict=False to accept a partial or larger dict."
+)
 
 #: the closing sentence of prediction errors (missing entries are never accepted there)
-PREDICT_HINT = ("Pass the parameters fitted with this model and guide (same layer names, num_inducing, widths "
-                "and dtype); strict=False ignores unexpected entries.")
-
+PREDICT_HINT = (
+    "Pass the parameters fitted with this model and guide (same layer names, num_inducing, widths "
+    "and dtype); strict=False ignores unexpected entries."
+)

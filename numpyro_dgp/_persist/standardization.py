@@ -18,7 +18,9 @@ def _check_standardization_inputs(X: ArrayLike) -> np.ndarray:
     """
     X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2 or X.shape[0] < 1:
-        raise ValueError(f"Standardization.fit: X must be a non-empty (N, D) array, got shape {X.shape}")
+        raise ValueError(
+            f"Standardization.fit: X must be a non-empty (N, D) array, got shape {X.shape}"
+        )
     return X
 
 
@@ -85,8 +87,12 @@ class Standardization(NamedTuple):
         :return: ``{"x_mean", "x_scale", "y_mean", "y_scale"}``.
         """
         number = lambda v: float(v) if np.ndim(v) == 0 else [float(x) for x in np.ravel(v)]  # noqa: E731
-        return {"x_mean": [float(v) for v in self.x_mean], "x_scale": [float(v) for v in self.x_scale],
-                "y_mean": number(self.y_mean), "y_scale": number(self.y_scale)}
+        return {
+            "x_mean": [float(v) for v in self.x_mean],
+            "x_scale": [float(v) for v in self.x_scale],
+            "y_mean": number(self.y_mean),
+            "y_scale": number(self.y_scale),
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Standardization:
@@ -96,5 +102,9 @@ class Standardization(NamedTuple):
         :return: the :class:`Standardization`.
         """
         number = lambda v: np.asarray(v, np.float64) if isinstance(v, list) else float(v)  # noqa: E731
-        return cls(np.asarray(data["x_mean"], np.float64), np.asarray(data["x_scale"], np.float64),
-                   number(data["y_mean"]), number(data["y_scale"]))
+        return cls(
+            np.asarray(data["x_mean"], np.float64),
+            np.asarray(data["x_scale"], np.float64),
+            number(data["y_mean"]),
+            number(data["y_scale"]),
+        )

@@ -123,10 +123,14 @@ def _check_npz_columns(path: Path, columns: list[str], parts: list[np.ndarray]) 
 
     :raises ValueError: otherwise, naming the columns at fault.
     """
-    bad_shape = [c for c, p in zip(columns, parts) if p.ndim != 1 or p.shape[0] != parts[0].shape[0]]
+    bad_shape = [
+        c for c, p in zip(columns, parts) if p.ndim != 1 or p.shape[0] != parts[0].shape[0]
+    ]
     if bad_shape:
-        raise ValueError(f"{str(path)!r}: every array must be one column of the same length (or X (N, D) with y "
-                         f"(N,)); these are not: {bad_shape}")
+        raise ValueError(
+            f"{str(path)!r}: every array must be one column of the same length (or X (N, D) with y "
+            f"(N,)); these are not: {bad_shape}"
+        )
     not_numeric = [c for c, p in zip(columns, parts) if p.dtype.kind not in "biuf"]
     if not_numeric:
         raise ValueError(f"{str(path)!r}: columns that are not numeric: {not_numeric}")
@@ -180,7 +184,9 @@ def _check_csv_rows(path: Path, rows: list[list[str]]) -> list[str]:
         raise ValueError(f"{str(path)!r}: the header repeats column names: {columns}")
     for r, row in enumerate(rows[1:], start=2):
         if len(row) != len(columns):
-            raise ValueError(f"{str(path)!r}: line {r} has {len(row)} fields, the header has {len(columns)}")
+            raise ValueError(
+                f"{str(path)!r}: line {r} has {len(row)} fields, the header has {len(columns)}"
+            )
     return columns
 
 
@@ -190,13 +196,18 @@ def _check_numeric_cells(path: Path, bad: dict[str, tuple[int, str]]) -> None:
     :raises ValueError: naming the columns.
     """
     if bad:
-        listed = ", ".join(f"{name!r} (line {line}: {cell!r})" for name, (line, cell) in bad.items())
-        raise ValueError(f"{str(path)!r}: columns that are not numeric: {listed}. Drop them or encode them as "
-                         "numbers first")
+        listed = ", ".join(
+            f"{name!r} (line {line}: {cell!r})" for name, (line, cell) in bad.items()
+        )
+        raise ValueError(
+            f"{str(path)!r}: columns that are not numeric: {listed}. Drop them or encode them as "
+            "numbers first"
+        )
 
 
-def _check_finite_columns(path: Path, columns: list[str], data: np.ndarray,
-                          allow_missing: tuple[str, ...] = ()) -> None:
+def _check_finite_columns(
+    path: Path, columns: list[str], data: np.ndarray, allow_missing: tuple[str, ...] = ()
+) -> None:
     """Raise if a column holds NaN or infinite values (NaN allowed in ``allow_missing``'s columns).
 
     :raises ValueError: naming the columns.

@@ -153,7 +153,9 @@ def _check_named_folder(folder: Path, canonical: str, base: Path) -> None:
 
 def dataset_dir(name: str | os.PathLike, data_dir: os.PathLike | str | None) -> tuple[str, Path]:
     """``(name, folder)`` of a data set given by path, or by name under the data directory."""
-    if isinstance(name, os.PathLike) or (isinstance(name, str) and (os.sep in name or name.startswith("~"))):
+    if isinstance(name, os.PathLike) or (
+        isinstance(name, str) and (os.sep in name or name.startswith("~"))
+    ):
         folder = Path(name).expanduser()
         _check_layout_folder(folder)
         return folder.resolve().name, folder.resolve()
@@ -364,7 +366,9 @@ def _check_split_part(part: str, text: str) -> tuple[int, int]:
         )
     a, b = int(bounds[0]), int(bounds[-1])
     if b < a:
-        raise ValueError(f"the range {part!r} is empty: write it low-high, e.g. '{b}-{a}' (got {text!r})")
+        raise ValueError(
+            f"the range {part!r} is empty: write it low-high, e.g. '{b}-{a}' (got {text!r})"
+        )
     return a, b
 
 

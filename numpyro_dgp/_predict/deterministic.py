@@ -26,7 +26,12 @@ from numpyro_dgp._engine.marginal import marginalize_inducing
 from numpyro_dgp._engine.moments import moment_trace
 from numpyro_dgp._engine.observation import observation_kind, shared_rule
 from numpyro_dgp._predict.mixture import PREDICTION_NODES, Component, component_of, mixture_fields
-from numpyro_dgp._predict.prediction import Prediction, check_guide_is_set_up, observation_site, warn_if_not_finite
+from numpyro_dgp._predict.prediction import (
+    Prediction,
+    check_guide_is_set_up,
+    observation_site,
+    warn_if_not_finite,
+)
 from numpyro_dgp.core import collapsed_posterior
 from numpyro_dgp.objectives._collapsed import CollapsedData, collapse_sparse_layer
 
@@ -45,7 +50,9 @@ def _check_inputs(X_new: ArrayLike, caller: str) -> jax.Array:
 def _one_component(likelihood: str, component: Component, node_weights: ArrayLike) -> Prediction:
     """The prediction of a single (deterministic) component."""
     stacked = jax.tree_util.tree_map(lambda a: a[None], component)
-    return Prediction(**mixture_fields(likelihood, stacked, None, node_weights), likelihood=likelihood)
+    return Prediction(
+        **mixture_fields(likelihood, stacked, None, node_weights), likelihood=likelihood
+    )
 
 
 def predict_moment_matched(
@@ -89,9 +96,13 @@ def predict_moment_matched(
     found = {}
 
     def probe():
-        run = moment_trace(model, guide, params, key, (X_new,) + tuple(args), kwargs, "predict", 3, caller)
+        run = moment_trace(
+            model, guide, params, key, (X_new,) + tuple(args), kwargs, "predict", 3, caller
+        )
         found["name"] = observation_site(run.model_trace, obs_site)
-        found["likelihood"] = observation_kind(run.model_trace[found["name"]]["fn"], found["name"], caller)
+        found["likelihood"] = observation_kind(
+            run.model_trace[found["name"]]["fn"], found["name"], caller
+        )
         found["layers"] = list(run.layer_order)
         return 0
 
@@ -100,10 +111,27 @@ def predict_moment_matched(
 
     @jax.jit
     def run_once(params, X_new):
-        run = moment_trace(model, guide, params, key, (X_new,) + tuple(args), kwargs, "predict",
-                           PREDICTION_NODES[likelihood], caller, kind=likelihood)
-        component = component_of(run.model_trace, run.moments, name, likelihood, run.quadrature_weights,
-                                 found["layers"], key)
+        run = moment_trace(
+            model,
+            guide,
+            params,
+            key,
+            (X_new,) + tuple(args),
+            kwargs,
+            "predict",
+            PREDICTION_NODES[likelihood],
+            caller,
+            kind=likelihood,
+        )
+        component = component_of(
+            run.model_trace,
+            run.moments,
+            name,
+            likelihood,
+            run.quadrature_weights,
+            found["layers"],
+            key,
+        )
         return component, run.quadrature_weights
 
     component, node_weights = run_once(params, X_new)
@@ -155,15 +183,25 @@ def predict_collapsed(
     data = cast(CollapsedData, handler.data)
     layer = data.layer
     q = collapsed_posterior(
-        layer.Kmm_chol, layer.kernel(layer.inducing_inputs, data.X), layer.kernel.diag(data.X), data.residual,
-        data.noise_var, method=method, whiten=layer.whiten,
+        layer.Kmm_chol,
+        layer.kernel(layer.inducing_inputs, data.X),
+        layer.kernel.diag(data.X),
+        data.residual,
+        data.noise_var,
+        method=method,
+        whiten=layer.whiten,
     )
     found = {}
 
     def run(num_nodes, kind):
         nodes, weights = shared_rule(layer.out_dim, kind, num_nodes, caller)
-        m = marginalize_inducing(fitted, posteriors={layer.u_site: q}, quadrature_layer=layer.name,
-                                 quadrature_nodes=nodes, quadrature_weights=weights)
+        m = marginalize_inducing(
+            fitted,
+            posteriors={layer.u_site: q},
+            quadrature_layer=layer.name,
+            quadrature_nodes=nodes,
+            quadrature_weights=weights,
+        )
         return trace(m).get_trace(X_new, *args, **kwargs), m.moments, weights
 
     def probe():
@@ -174,5 +212,7 @@ def predict_collapsed(
 
     jax.eval_shape(probe)
     tr, moments, weights = run(PREDICTION_NODES[found["likelihood"]], found["likelihood"])
-    component = component_of(tr, moments, found["name"], found["likelihood"], weights, [layer.name], key)
+    component = component_of(
+        tr, moments, found["name"], found["likelihood"], weights, [layer.name], key
+    )
     return warn_if_not_finite(_one_component(found["likelihood"], component, weights), caller)

@@ -52,14 +52,18 @@ def _check_labels(y: jax.Array, prediction: Prediction, caller: str) -> None:
     bad = ~np.isin(values, np.arange(num_classes))
     if bad.any():
         labels = "0/1 labels" if num_classes == 2 else f"labels in 0..{num_classes - 1}"
-        raise ValueError(f"{caller}: y must hold only {labels} for a {prediction.likelihood} prediction; got "
-                         f"{int(bad.sum())} other value(s), e.g. {values[bad].ravel()[0].item()!r}")
+        raise ValueError(
+            f"{caller}: y must hold only {labels} for a {prediction.likelihood} prediction; got "
+            f"{int(bad.sum())} other value(s), e.g. {values[bad].ravel()[0].item()!r}"
+        )
 
 
 def _check_targets(prediction: Prediction, y: ArrayLike, caller: str) -> jax.Array:
     y = jnp.asarray(y)
     if y.shape != _target_shape(prediction):
-        raise ValueError(f"{caller}: y has shape {y.shape}, the prediction's targets have {_target_shape(prediction)}")
+        raise ValueError(
+            f"{caller}: y has shape {y.shape}, the prediction's targets have {_target_shape(prediction)}"
+        )
     if prediction.likelihood in ("bernoulli", "categorical"):
         _check_labels(y, prediction, caller)
     return y
@@ -117,17 +121,29 @@ def _log_likelihood(kind, per_column, y, p):
     present = ~jnp.isnan(y) if jnp.issubdtype(y.dtype, jnp.inexact) else jnp.ones(y.shape, bool)
     y = jnp.where(present, y, 0)
     if kind == "general":
-        lp = jnp.where(present, p["atoms"].log_prob(y.astype(p["mean"].dtype)), 0.0)  # (S, K, N, ...)
+        lp = jnp.where(
+            present, p["atoms"].log_prob(y.astype(p["mean"].dtype)), 0.0
+        )  # (S, K, N, ...)
         if not per_column:  # each node is a joint draw of the outputs: a row's joint density at it
             lp = _point_axes(lp, 3)
         lp = logsumexp(lp, axis=1, b=jnp.reshape(p["atom_weights"], (-1,) + (1,) * (lp.ndim - 2)))
-        return jnp.where(present, _mix(lp, p["weights"]), jnp.nan) if per_column else _mix(lp, p["weights"])
+        return (
+            jnp.where(present, _mix(lp, p["weights"]), jnp.nan)
+            if per_column
+            else _mix(lp, p["weights"])
+        )
     if kind == "bernoulli":
         lp = _bernoulli_log_prob(y, p["component_means"])
     else:
         lp = norm.logpdf(y, p["component_means"], jnp.sqrt(p["component_variances"]))
-    lp = jnp.where(present, lp, 0.0)  # a missing target adds nothing (a row's joint is over its present columns)
-    return jnp.where(present, _mix(lp, p["weights"]), jnp.nan) if per_column else _mix(_point_axes(lp, 2), p["weights"])
+    lp = jnp.where(
+        present, lp, 0.0
+    )  # a missing target adds nothing (a row's joint is over its present columns)
+    return (
+        jnp.where(present, _mix(lp, p["weights"]), jnp.nan)
+        if per_column
+        else _mix(_point_axes(lp, 2), p["weights"])
+    )
 
 
 def _crps_A(mu, var):
@@ -153,7 +169,11 @@ def gaussian_mixture_crps(
     """
     y = jnp.asarray(y)
     S = means.shape[0]
-    w = jnp.full((S,), 1.0 / S, means.dtype) if weights is None else jnp.asarray(weights, means.dtype)
+    w = (
+        jnp.full((S,), 1.0 / S, means.dtype)
+        if weights is None
+        else jnp.asarray(weights, means.dtype)
+    )
     flat = lambda a: jnp.moveaxis(jnp.reshape(a, (S, -1)), 0, -1)  # noqa: E731  (S, N...) -> (N..., S)
 
     def per_point(args):
@@ -177,7 +197,9 @@ def _draws(arrays: dict, rng_key: jax.Array, num_draws: int) -> jax.Array:
     # every point mixes its atoms with the same weights: invert their cumulative sum
     u = jax.random.uniform(pick_key, (num_draws,) + rest, cumulative.dtype) * cumulative[-1]
     index = jnp.minimum(jnp.searchsorted(cumulative, u), S * K - 1)  # (R, N, ...)
-    chosen = rebuild(atoms, lambda a: jnp.take_along_axis(a.reshape((S * K,) + rest), index, axis=0))
+    chosen = rebuild(
+        atoms, lambda a: jnp.take_along_axis(a.reshape((S * K,) + rest), index, axis=0)
+    )
     return chosen.sample(draw_key)
 
 
@@ -196,7 +218,11 @@ def _calibration_error(confidence: jax.Array, correct: jax.Array) -> jax.Array:
     """The expected calibration error over :data:`ECE_BINS` equal-width confidence bins:
     ``sum_b (n_b / N) |accuracy_b - confidence_b|``."""
     bins = jnp.clip(jnp.floor(confidence * ECE_BINS).astype(jnp.int32), 0, ECE_BINS - 1)
-    gap = jnp.zeros(ECE_BINS, confidence.dtype).at[bins].add(correct.astype(confidence.dtype) - confidence)
+    gap = (
+        jnp.zeros(ECE_BINS, confidence.dtype)
+        .at[bins]
+        .add(correct.astype(confidence.dtype) - confidence)
+    )
     return jnp.sum(jnp.abs(gap)) / confidence.shape[0]
 
 
@@ -221,16 +247,23 @@ def _classification_scores(kind: str, y: jax.Array, p: dict) -> dict:
         probs = p["mean"]
         predicted, confidence = jnp.argmax(probs, axis=-1), jnp.max(probs, axis=-1)
         correct = predicted == y
-        brier = jnp.mean(jnp.sum((probs - jax.nn.one_hot(y, probs.shape[-1], dtype=probs.dtype)) ** 2, axis=-1))
+        brier = jnp.mean(
+            jnp.sum((probs - jax.nn.one_hot(y, probs.shape[-1], dtype=probs.dtype)) ** 2, axis=-1)
+        )
     accuracy = jnp.mean(correct)
-    return {"log_likelihood": jnp.mean(_log_likelihood(kind, False, y, p)), "accuracy": accuracy,
-            "error_rate": 1 - accuracy, "brier": brier,
-            "ece": _calibration_error(jnp.ravel(confidence), jnp.ravel(correct))}
+    return {
+        "log_likelihood": jnp.mean(_log_likelihood(kind, False, y, p)),
+        "accuracy": accuracy,
+        "error_rate": 1 - accuracy,
+        "brier": brier,
+        "ece": _calibration_error(jnp.ravel(confidence), jnp.ravel(correct)),
+    }
 
 
 @partial(jax.jit, static_argnums=(0, 1))
-def _regression_scores(kind: str, columns: bool, y: jax.Array, y_scale: jax.Array, p: dict,
-                       rng_key: jax.Array) -> dict:
+def _regression_scores(
+    kind: str, columns: bool, y: jax.Array, y_scale: jax.Array, p: dict, rng_key: jax.Array
+) -> dict:
     """Mean log-likelihood, RMSE and CRPS (of each column with ``columns``) over the present
     (not NaN) targets, in the units ``y_scale`` maps back to."""
     present = ~jnp.isnan(y)
@@ -241,12 +274,16 @@ def _regression_scores(kind: str, columns: bool, y: jax.Array, y_scale: jax.Arra
         ll = reduce(lp) - jnp.log(y_scale)
     else:  # each row's joint density over its present columns, over the rows with any
         rows = present.reshape(y.shape[0], -1)
-        log_scale = jnp.sum(jnp.where(rows, jnp.log(jnp.broadcast_to(y_scale, rows.shape[1:])), 0.0), axis=1)
+        log_scale = jnp.sum(
+            jnp.where(rows, jnp.log(jnp.broadcast_to(y_scale, rows.shape[1:])), 0.0), axis=1
+        )
         ll = jnp.sum(jnp.where(rows.any(axis=1), lp - log_scale, 0.0)) / jnp.sum(rows.any(axis=1))
     filled = jnp.where(present, y, p["mean"])
     rmse = jnp.sqrt(reduce(((filled - p["mean"]) * y_scale) ** 2))  # each column in its own units
     if kind == "normal":
-        crps = gaussian_mixture_crps(filled, p["component_means"], p["component_variances"], p["weights"])
+        crps = gaussian_mixture_crps(
+            filled, p["component_means"], p["component_variances"], p["weights"]
+        )
     else:
         crps = _sample_crps(filled, _draws(p, rng_key, CRPS_DRAWS))
     return {"log_likelihood": ll, "rmse": rmse, "crps": reduce(crps * y_scale)}
@@ -265,15 +302,25 @@ def _check_y_scale(prediction: Prediction, y_scale: ArrayLike) -> None:
     kind = prediction.likelihood
     scaled = not np.all(np.asarray(y_scale) == 1.0)
     if kind in ("bernoulli", "categorical") and scaled:
-        raise ValueError(f"metrics: y_scale applies to regression predictions; a {kind} prediction takes "
-                         f"y_scale=1.0, got {y_scale!r}")
+        raise ValueError(
+            f"metrics: y_scale applies to regression predictions; a {kind} prediction takes "
+            f"y_scale=1.0, got {y_scale!r}"
+        )
     if scaled and kind == "general" and is_discrete(prediction.atoms):
-        raise ValueError(f"metrics: y_scale applies to continuous targets; {type(prediction.atoms).__name__} "
-                         f"predictions are of counts, got y_scale={y_scale!r}")
+        raise ValueError(
+            f"metrics: y_scale applies to continuous targets; {type(prediction.atoms).__name__} "
+            f"predictions are of counts, got y_scale={y_scale!r}"
+        )
 
 
-def metrics(prediction: Prediction, y: ArrayLike, y_scale: ArrayLike = 1.0, *, per_column: bool = False,
-            rng_key: jax.Array | None = None) -> dict:
+def metrics(
+    prediction: Prediction,
+    y: ArrayLike,
+    y_scale: ArrayLike = 1.0,
+    *,
+    per_column: bool = False,
+    rng_key: jax.Array | None = None,
+) -> dict:
     """Test metrics of a prediction.
 
     * Regression (Normal, and any other likelihood of a number: Student-t, Poisson, negative
@@ -310,7 +357,9 @@ def metrics(prediction: Prediction, y: ArrayLike, y_scale: ArrayLike = 1.0, *, p
     y = y.astype(prediction.mean.dtype)
     key = jax.random.PRNGKey(0) if rng_key is None else rng_key
     columns = per_column and y.ndim > 1
-    scores = _regression_scores(kind, columns, y, jnp.asarray(y_scale, y.dtype), _arrays(prediction), key)
+    scores = _regression_scores(
+        kind, columns, y, jnp.asarray(y_scale, y.dtype), _arrays(prediction), key
+    )
     if columns:
         return {k: [float(v) for v in np.asarray(scores[k])] for k in _REGRESSION_SCORES}
     return {k: float(scores[k]) for k in _REGRESSION_SCORES}

@@ -90,7 +90,9 @@ def _node_average(weights: jax.Array, values: jax.Array) -> jax.Array:
     return jnp.tensordot(jnp.asarray(weights, values.dtype), values, axes=(0, 0))
 
 
-def summarize(fn: dist.Distribution, kind: str, weights: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
+def summarize(
+    fn: dist.Distribution, kind: str, weights: jax.Array
+) -> tuple[jax.Array, jax.Array, Any]:
     """``(mean, variance, atoms)`` of ``y`` in one component, from the observation distribution
     ``fn`` evaluated at the last layer's nodes (leading axis) and the nodes' ``weights``.
 
@@ -110,7 +112,7 @@ def summarize(fn: dist.Distribution, kind: str, weights: jax.Array) -> tuple[jax
         return mean, _node_average(weights, (loc - mean) ** 2) + noise, None
     if kind in ("bernoulli", "categorical"):
         probs = base.probs
-        probs = jnp.broadcast_to(probs, shape + probs.shape[len(base.batch_shape):])
+        probs = jnp.broadcast_to(probs, shape + probs.shape[len(base.batch_shape) :])
         p = _node_average(weights, probs)
         return p, p * (1 - p), None
     mean_k = jnp.broadcast_to(base.mean, shape)
@@ -137,8 +139,10 @@ def rebuild(d: dist.Distribution, transform: Any) -> dist.Distribution:
     """
     names = list(d.arg_constraints)
     try:
-        return type(d)(**{name: transform(jnp.asarray(getattr(d, name))) for name in names},
-                       validate_args=False)
+        return type(d)(
+            **{name: transform(jnp.asarray(getattr(d, name))) for name in names},
+            validate_args=False,
+        )
     except (TypeError, AttributeError) as err:
         raise NotImplementedError(
             f"predict: a {type(d).__name__} observation cannot be rebuilt from its parameters {names} ({err}); "
@@ -146,21 +150,32 @@ def rebuild(d: dist.Distribution, transform: Any) -> dist.Distribution:
         ) from None
 
 
-def component_of(trace: dict, moments: dict, name: str, kind: str, weights: jax.Array, layer_names: list,
-                 draw_key: jax.Array) -> Component:
+def component_of(
+    trace: dict,
+    moments: dict,
+    name: str,
+    kind: str,
+    weights: jax.Array,
+    layer_names: list,
+    draw_key: jax.Array,
+) -> Component:
     """One mixture component from a run with nodes on the last layer: the observation
     summarized (:func:`summarize`), one draw of every layer, and the layers' moments."""
     last = layer_names[-1]
     mean, variance, atoms = summarize(trace[name]["fn"], kind, weights)
     layers = {n: trace[n]["value"] for n in layer_names if n != last}
     mean_L, var_L = moments[last]
-    layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * jax.random.normal(draw_key, mean_L.shape, mean_L.dtype)
+    layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * jax.random.normal(
+        draw_key, mean_L.shape, mean_L.dtype
+    )
     means = {n: moments[n][0] for n in layer_names}
     variances = {n: moments[n][1] for n in layer_names}
     return Component(mean, variance, layers, means, variances, atoms)
 
 
-def flatten_branches(num_branches: int, components: Component, log_weights: jax.Array) -> tuple[Component, jax.Array]:
+def flatten_branches(
+    num_branches: int, components: Component, log_weights: jax.Array
+) -> tuple[Component, jax.Array]:
     """Components ``(num_samples, S, ...)`` with branch log weights ``(num_samples, S)`` as one
     mixture of ``num_samples * S`` components (weights ``w_s / num_samples``); layer arrays
     without a branch axis (layers before the first branch) are broadcast to it."""
@@ -176,13 +191,20 @@ def flatten_branches(num_branches: int, components: Component, log_weights: jax.
 
     tree = jax.tree_util.tree_map
     weights = (jax.nn.softmax(log_weights, axis=-1) / num_samples).reshape(-1)
-    flattened = Component(flat(components.mean), flat(components.variance), tree(flat_layer, components.layers),
-                          tree(flat_layer, components.layer_means), tree(flat_layer, components.layer_variances),
-                          None if components.atoms is None else tree(flat, components.atoms))
+    flattened = Component(
+        flat(components.mean),
+        flat(components.variance),
+        tree(flat_layer, components.layers),
+        tree(flat_layer, components.layer_means),
+        tree(flat_layer, components.layer_variances),
+        None if components.atoms is None else tree(flat, components.atoms),
+    )
     return flattened, weights.astype(components.mean.dtype)
 
 
-def mixture_fields(kind: str, components: Component, weights: jax.Array | None, atom_weights: Any) -> dict:
+def mixture_fields(
+    kind: str, components: Component, weights: jax.Array | None, atom_weights: Any
+) -> dict:
     """The arrays of the :class:`~numpyro_dgp.Prediction` of stacked ``components`` (leading
     axis ``S``), mixed with equal weights or ``weights (S,)``: the mean, and the variance by the
     law of total variance (``mean (1 - mean)`` for probabilities).
@@ -200,10 +222,15 @@ def mixture_fields(kind: str, components: Component, weights: jax.Array | None, 
         variance = average(components.variance + components.mean**2) - mean**2
     general = components.atoms is not None
     return {
-        "mean": mean, "variance": variance, "component_means": components.mean,
-        "component_variances": components.variance, "layers": components.layers,
-        "layer_means": components.layer_means, "layer_variances": components.layer_variances,
+        "mean": mean,
+        "variance": variance,
+        "component_means": components.mean,
+        "component_variances": components.variance,
+        "layers": components.layers,
+        "layer_means": components.layer_means,
+        "layer_variances": components.layer_variances,
         # rebuilt: a distribution mapped over (vmap, tree_map) keeps the batch shape it had
-        "weights": weights, "atoms": None if components.atoms is None else rebuild(components.atoms, lambda a: a),
+        "weights": weights,
+        "atoms": None if components.atoms is None else rebuild(components.atoms, lambda a: a),
         "atom_weights": jnp.asarray(atom_weights, mean.dtype) if general else None,
     }

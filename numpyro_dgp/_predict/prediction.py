@@ -42,7 +42,13 @@ from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._engine.observation import observation_kind
 from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp._persist.params import PREDICT_HINT, check_params_against, param_specs
-from numpyro_dgp._predict.mixture import component_of, flatten_branches, mixture_fields, rebuild, rule_arguments
+from numpyro_dgp._predict.mixture import (
+    component_of,
+    flatten_branches,
+    mixture_fields,
+    rebuild,
+    rule_arguments,
+)
 from numpyro_dgp._protocol import quadrature_tail, trace_layer_names
 from numpyro_dgp._validation import (
     as_float_array,
@@ -168,7 +174,9 @@ def _check_observation_site(tail: list[str], obs_site: str | None) -> str:
             )
         obs_site = tail[0]
     if obs_site not in tail:
-        raise ValueError(f"predict: obs_site {obs_site!r} is not a sample site after the last GP layer ({tail})")
+        raise ValueError(
+            f"predict: obs_site {obs_site!r} is not a sample site after the last GP layer ({tail})"
+        )
     return obs_site
 
 
@@ -242,10 +250,33 @@ def predict(
     check_guide_is_set_up(guide, "predict")
     N = X_new.shape[0]
     if batch_size is not None and batch_size < N:
-        return _predict_in_batches(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site,
-                                   strict, int(batch_size), keep_layers)
-    found, fields = _predict_mixture(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site,
-                                     strict, keep_layers)
+        return _predict_in_batches(
+            model,
+            guide,
+            params,
+            rng_key,
+            X_new,
+            args,
+            kwargs,
+            num_samples,
+            obs_site,
+            strict,
+            int(batch_size),
+            keep_layers,
+        )
+    found, fields = _predict_mixture(
+        model,
+        guide,
+        params,
+        rng_key,
+        X_new,
+        args,
+        kwargs,
+        num_samples,
+        obs_site,
+        strict,
+        keep_layers,
+    )
     return warn_if_not_finite(_as_prediction(found, fields), "predict")
 
 
@@ -256,8 +287,20 @@ def _as_prediction(found, fields):
     return Prediction(**fields, likelihood=found["likelihood"])
 
 
-def _predict_in_batches(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site, strict,
-                        batch_size, keep_layers):
+def _predict_in_batches(
+    model,
+    guide,
+    params,
+    rng_key,
+    X_new,
+    args,
+    kwargs,
+    num_samples,
+    obs_site,
+    strict,
+    batch_size,
+    keep_layers,
+):
     """:func:`predict` over windows of ``batch_size`` points, written into preallocated outputs.
 
     Every window has the same shape (one compiled predictor): the last one is shifted back to
@@ -270,19 +313,40 @@ def _predict_in_batches(model, guide, params, rng_key, X_new, args, kwargs, num_
     starts = sorted({min(start, N - batch_size) for start in range(0, N, batch_size)})
     out = None
     for start in starts:
-        found, fields = _predict_mixture(model, guide, params, rng_key, X_new[start:start + batch_size], args,
-                                         kwargs, num_samples, obs_site, strict, keep_layers)
+        found, fields = _predict_mixture(
+            model,
+            guide,
+            params,
+            rng_key,
+            X_new[start : start + batch_size],
+            args,
+            kwargs,
+            num_samples,
+            obs_site,
+            strict,
+            keep_layers,
+        )
         along_points = {k: v for k, v in fields.items() if k in _POINT_AXIS}
         if out is None:
             out = _allocate_outputs(along_points, N)
         out = _write_window(out, along_points, start)
-    fixed = {k: v for k, v in fields.items() if k not in _POINT_AXIS}  # weights: the same for every window
+    fixed = {
+        k: v for k, v in fields.items() if k not in _POINT_AXIS
+    }  # weights: the same for every window
     return warn_if_not_finite(_as_prediction(found, {**out, **fixed}), "predict")
 
 
 #: the axis of the points in each field of a :class:`Prediction` that has one
-_POINT_AXIS = {"mean": 0, "variance": 0, "component_means": 1, "component_variances": 1, "layers": 1,
-               "layer_means": 1, "layer_variances": 1, "atoms": 2}
+_POINT_AXIS = {
+    "mean": 0,
+    "variance": 0,
+    "component_means": 1,
+    "component_variances": 1,
+    "layers": 1,
+    "layer_means": 1,
+    "layer_variances": 1,
+    "atoms": 2,
+}
 
 
 def take_points(prediction: Prediction, index: ArrayLike) -> Prediction:
@@ -293,9 +357,13 @@ def take_points(prediction: Prediction, index: ArrayLike) -> Prediction:
     """
     _check_without_atoms(prediction, "take_points")
     index = jnp.asarray(index, jnp.int32)
-    fields = {field: jax.tree_util.tree_map(lambda a, axis=axis: jnp.take(a, index, axis=axis),
-                                            getattr(prediction, field))
-              for field, axis in _POINT_AXIS.items() if field != "atoms"}
+    fields = {
+        field: jax.tree_util.tree_map(
+            lambda a, axis=axis: jnp.take(a, index, axis=axis), getattr(prediction, field)
+        )
+        for field, axis in _POINT_AXIS.items()
+        if field != "atoms"
+    }
     return prediction._replace(**fields)
 
 
@@ -311,39 +379,73 @@ def _check_without_atoms(prediction: Prediction, caller: str) -> None:
 @partial(jax.jit, static_argnums=1)
 def _allocate_outputs(window, num_points):
     """Zero arrays shaped as ``window`` with ``num_points`` points."""
+
     def allocate(field, tree):
         axis = _POINT_AXIS[field]
         return jax.tree_util.tree_map(
-            lambda a: jnp.zeros(a.shape[:axis] + (num_points,) + a.shape[axis + 1:], a.dtype), tree)
+            lambda a: jnp.zeros(a.shape[:axis] + (num_points,) + a.shape[axis + 1 :], a.dtype), tree
+        )
+
     return {field: allocate(field, tree) for field, tree in window.items()}
 
 
 @partial(jax.jit, donate_argnums=0)
 def _write_window(out, window, start):
     """``out`` with ``window`` written at point ``start`` (in place: ``out`` is donated)."""
+
     def write(field, out_tree, window_tree):
         def put(o, w):
             index = [0] * o.ndim
             index[_POINT_AXIS[field]] = start
             return jax.lax.dynamic_update_slice(o, w, index)
+
         return jax.tree_util.tree_map(put, out_tree, window_tree)
+
     return {field: write(field, out[field], window[field]) for field in out}
 
 
-def _predict_mixture(model, guide, params, rng_key, X_new, args, kwargs, num_samples, obs_site, strict,
-                     keep_layers=True):
+def _predict_mixture(
+    model,
+    guide,
+    params,
+    rng_key,
+    X_new,
+    args,
+    kwargs,
+    num_samples,
+    obs_site,
+    strict,
+    keep_layers=True,
+):
     """``(found, fields)`` of :func:`predict` at one block of test inputs: the parameters checked,
     the compiled predictor run; ``fields`` are the arrays of the :class:`Prediction` (mean,
     variance, components ``(S, N)``, layers ``(S, N, P)``, weights)."""
     specs = param_specs(model, guide, (X_new,) + tuple(args), kwargs)
-    check_params_against(specs, params, "predict", allow_unexpected=not strict, require_finite=True,
-                         hint=PREDICT_HINT)
+    check_params_against(
+        specs,
+        params,
+        "predict",
+        allow_unexpected=not strict,
+        require_finite=True,
+        hint=PREDICT_HINT,
+    )
     dyn_args = tuple(a if is_array(a) else None for a in args)
     static_args = tuple(None if is_array(a) else a for a in args)
     dyn_kwargs = {k: v for k, v in kwargs.items() if is_array(v)}
     static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not is_array(v)))
-    found, predictor = _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site,
-                                  static_args, static_kwargs, keep_layers)
+    found, predictor = _predictor(
+        model,
+        guide,
+        params,
+        rng_key,
+        X_new,
+        args,
+        kwargs,
+        obs_site,
+        static_args,
+        static_kwargs,
+        keep_layers,
+    )
     return found, predictor(rng_key, params, X_new, dyn_args, dyn_kwargs, int(num_samples))
 
 
@@ -351,8 +453,19 @@ def _predict_mixture(model, guide, params, rng_key, X_new, args, kwargs, num_sam
 _PREDICTORS = OwnerCache(max_entries=8)
 
 
-def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, static_args, static_kwargs,
-               keep_layers=True):
+def _predictor(
+    model,
+    guide,
+    params,
+    rng_key,
+    X_new,
+    args,
+    kwargs,
+    obs_site,
+    static_args,
+    static_kwargs,
+    keep_layers=True,
+):
     """``(found, batched)``: what the model's trace says (observation site, likelihood, layers,
     branches) and the jitted, vmapped mixture-component function.
 
@@ -375,13 +488,24 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
 
     def probe():
         # abstract run (jax.eval_shape): finds the observation site and the layers, computes nothing
-        run = marginal_trace(model, guide, params, rng_key, (X_new,) + tuple(args), kwargs, None, objective="predict",
-                             num_samples=2)
+        run = marginal_trace(
+            model,
+            guide,
+            params,
+            rng_key,
+            (X_new,) + tuple(args),
+            kwargs,
+            None,
+            objective="predict",
+            num_samples=2,
+        )
         found["name"] = observation_site(run.model_trace, obs_site)
         found["likelihood"] = observation_kind(run.model_trace[found["name"]]["fn"], found["name"])
         found["layers"] = list(run.layer_order)
         found["out_dim"] = run.moments[run.layer_order[-1]][0].shape[-1]
-        found["branches"] = None if run.branch_log_weights is None else run.branch_log_weights.shape[0]
+        found["branches"] = (
+            None if run.branch_log_weights is None else run.branch_log_weights.shape[0]
+        )
         found["correlated"] = run.correlated_outputs
         return 0
 
@@ -399,10 +523,21 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
         call_args = tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
         call_kwargs = {**dict(static_kwargs), **dyn_kwargs}
         run_key, draw_key = jax.random.split(key)
-        run = marginal_trace(model, guide_ref(), params, run_key, (X_new,) + call_args, call_kwargs, num_nodes,
-                             objective="predict", num_samples=num_draws, joint_draws=joint_draws)
-        component = component_of(run.model_trace, run.moments, name, kind, run.quadrature_weights, layer_names,
-                                 draw_key)
+        run = marginal_trace(
+            model,
+            guide_ref(),
+            params,
+            run_key,
+            (X_new,) + call_args,
+            call_kwargs,
+            num_nodes,
+            objective="predict",
+            num_samples=num_draws,
+            joint_draws=joint_draws,
+        )
+        component = component_of(
+            run.model_trace, run.moments, name, kind, run.quadrature_weights, layer_names, draw_key
+        )
         if not keep_layers:  # nothing computed for them in the compiled function
             component = component._replace(layers={}, layer_means={}, layer_variances={})
         return component, run.branch_log_weights, run.quadrature_weights
@@ -412,7 +547,8 @@ def _predictor(model, guide, params, rng_key, X_new, args, kwargs, obs_site, sta
         # on the components would compile on its own)
         keys = jax.random.split(rng_key, num_samples)
         components, log_weights, node_weights = jax.vmap(one, in_axes=(0, None, None, None, None))(
-            keys, params, X_new, dyn_args, dyn_kwargs)
+            keys, params, X_new, dyn_args, dyn_kwargs
+        )
         weights = None
         if found["branches"]:
             components, weights = flatten_branches(found["branches"], components, log_weights)
@@ -457,7 +593,9 @@ def sample_layers(
 
     def one(key, params, X):
         guide_key, model_key = jax.random.split(key)
-        guide_trace = trace(substitute(seed(guide, guide_key), data=params)).get_trace(X, *args, **kwargs)
+        guide_trace = trace(substitute(seed(guide, guide_key), data=params)).get_trace(
+            X, *args, **kwargs
+        )
         m = substitute(replay(seed(model, model_key), guide_trace), data=params)
         if coherent:
             m = coherent_layers(m)

@@ -14,7 +14,9 @@ from jax.typing import ArrayLike
 __all__ = ["predictive_quantiles"]
 
 
-def predictive_quantiles(prediction: Any, quantiles: ArrayLike, *, num_iters: int = 60) -> jax.Array:
+def predictive_quantiles(
+    prediction: Any, quantiles: ArrayLike, *, num_iters: int = 60
+) -> jax.Array:
     """Quantiles of a regression prediction's mixture (a :class:`~numpyro_dgp.Prediction` with a
     Normal or any other likelihood of a number), per point: by bisection on the mixture's
     distribution function, or, for counts, the smallest count whose probability of not being
@@ -31,11 +33,20 @@ def predictive_quantiles(prediction: Any, quantiles: ArrayLike, *, num_iters: in
     """
     levels = _check_quantile_request(prediction, quantiles)
     q = jnp.asarray(levels, prediction.mean.dtype)
-    arrays = {k: getattr(prediction, k) for k in ("component_means", "component_variances", "weights", "atoms",
-                                                  "atom_weights")}
+    arrays = {
+        k: getattr(prediction, k)
+        for k in ("component_means", "component_variances", "weights", "atoms", "atom_weights")
+    }
     if prediction.atoms is not None and bool(prediction.atoms.support.is_discrete):
         spread = np.sqrt(np.maximum(np.asarray(prediction.variance), 0.0))
-        largest = int(np.nanmax(np.where(np.isfinite(spread), np.asarray(prediction.mean) + 12 * spread, 0.0))) + 10
+        largest = (
+            int(
+                np.nanmax(
+                    np.where(np.isfinite(spread), np.asarray(prediction.mean) + 12 * spread, 0.0)
+                )
+            )
+            + 10
+        )
         return _count_quantiles(q, arrays, min(largest, 1_000_000))
     return _bisect_quantiles(q, arrays, int(num_iters))
 
@@ -46,8 +57,10 @@ def _check_quantile_request(prediction: Any, quantiles: ArrayLike) -> np.ndarray
     :raises ValueError: a classification prediction, or levels outside ``(0, 1)``.
     """
     if prediction.likelihood not in ("normal", "general"):
-        raise ValueError("predictive_quantiles: needs a regression prediction (Normal or another likelihood of a "
-                         f"number), got likelihood {prediction.likelihood!r}")
+        raise ValueError(
+            "predictive_quantiles: needs a regression prediction (Normal or another likelihood of a "
+            f"number), got likelihood {prediction.likelihood!r}"
+        )
     levels = np.atleast_1d(np.asarray(quantiles, np.float64))
     if not np.all((levels > 0) & (levels < 1)):
         raise ValueError(f"predictive_quantiles: quantiles must lie in (0, 1), got {quantiles!r}")
@@ -57,8 +70,14 @@ def _check_quantile_request(prediction: Any, quantiles: ArrayLike) -> np.ndarray
 def _component_weights(arrays: dict) -> jax.Array:
     """``(S, K)`` weights of every atom (``(S, 1)`` for Gaussian components)."""
     m = arrays["component_means"]
-    w = jnp.full((m.shape[0],), 1.0 / m.shape[0], m.dtype) if arrays["weights"] is None else arrays["weights"]
-    return w[:, None] * (arrays["atom_weights"][None] if arrays["atoms"] is not None else jnp.ones((1,), m.dtype))
+    w = (
+        jnp.full((m.shape[0],), 1.0 / m.shape[0], m.dtype)
+        if arrays["weights"] is None
+        else arrays["weights"]
+    )
+    return w[:, None] * (
+        arrays["atom_weights"][None] if arrays["atoms"] is not None else jnp.ones((1,), m.dtype)
+    )
 
 
 # One program per shape: eagerly, every operation of the loops would compile on its own.
@@ -69,7 +88,9 @@ def _bisect_quantiles(q: jax.Array, arrays: dict, num_iters: int) -> jax.Array:
     from jax.scipy.stats import norm
 
     m, v = arrays["component_means"], arrays["component_variances"]
-    weights = _component_weights(arrays).reshape((m.shape[0], -1) + (1,) * (m.ndim - 1))  # (S, K, N...)
+    weights = _component_weights(arrays).reshape(
+        (m.shape[0], -1) + (1,) * (m.ndim - 1)
+    )  # (S, K, N...)
     if arrays["atoms"] is None:
         s = jnp.sqrt(jnp.maximum(v, jnp.finfo(v.dtype).tiny))
         cdf_at = lambda x: norm.cdf((x[:, None, None] - m[None, :, None]) / s[None, :, None])  # noqa: E731
@@ -93,7 +114,11 @@ def _bisect_quantiles(q: jax.Array, arrays: dict, num_iters: int) -> jax.Array:
     def widen(state):
         lo, hi, count = state
         width = hi - lo + 1.0
-        return jnp.where(cdf(lo) < q_full, lo, lo - width), jnp.where(cdf(hi) >= q_full, hi, hi + width), count + 1
+        return (
+            jnp.where(cdf(lo) < q_full, lo, lo - width),
+            jnp.where(cdf(hi) >= q_full, hi, hi + width),
+            count + 1,
+        )
 
     def halve(_, bracket):
         lo, hi = bracket
@@ -130,15 +155,21 @@ def _count_quantiles(q: jax.Array, arrays: dict, largest: int) -> jax.Array:
         point = rebuild(atoms, lambda a: a.reshape(S, K, -1)[:, :, index])
 
         def accumulate(carry, start):
-            below, found = carry  # the distribution function before this block; counts found (-1: not yet)
+            below, found = (
+                carry  # the distribution function before this block; counts found (-1: not yet)
+            )
             counts = (start + jnp.arange(block)).astype(q.dtype)
             pmf = jnp.exp(point.log_prob(counts[:, None, None]))  # (block, S, K)
             cdf = below + jnp.cumsum(jnp.sum(pmf * weights[None], axis=(1, 2)))
-            first = jnp.searchsorted(cdf, levels)  # the smallest count in the block with cdf >= q, or block
+            first = jnp.searchsorted(
+                cdf, levels
+            )  # the smallest count in the block with cdf >= q, or block
             found = jnp.where((found < 0) & (first < block), start + first, found)
             return (cdf[-1], found), None
 
-        (_, found), _ = jax.lax.scan(accumulate, (jnp.zeros((), q.dtype), jnp.full(q.shape, -1)), starts)
+        (_, found), _ = jax.lax.scan(
+            accumulate, (jnp.zeros((), q.dtype), jnp.full(q.shape, -1)), starts
+        )
         return jnp.where(found < 0, jnp.nan, found.astype(q.dtype))
 
     per_point = jax.lax.map(at_point, jnp.arange(int(np.prod(points))))  # (N T, Q)

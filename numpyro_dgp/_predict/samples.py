@@ -18,8 +18,18 @@ from numpyro.primitives import Messenger
 from numpyro_dgp._engine.marginal import layers_by_u_site, marginalize_inducing
 from numpyro_dgp._engine.observation import observation_kind, spherical_rule
 from numpyro_dgp._persist.params import PREDICT_HINT, check_params_against
-from numpyro_dgp._predict.mixture import component_of, flatten_branches, mixture_fields, prediction_rule
-from numpyro_dgp._predict.prediction import Prediction, checked_test_inputs, observation_site, warn_if_not_finite
+from numpyro_dgp._predict.mixture import (
+    component_of,
+    flatten_branches,
+    mixture_fields,
+    prediction_rule,
+)
+from numpyro_dgp._predict.prediction import (
+    Prediction,
+    checked_test_inputs,
+    observation_site,
+    warn_if_not_finite,
+)
 from numpyro_dgp._protocol import trace_layers
 
 __all__ = ["predict_from_samples"]
@@ -75,8 +85,12 @@ def predict_from_samples(
         data = {**fixed, **sample}
         m = substitute(seed(model, key), data=data)
         if quadrature is not None:
-            handler = marginalize_inducing(m, quadrature_layer=quadrature[0], quadrature_nodes=quadrature[1],
-                                           quadrature_weights=quadrature[2])
+            handler = marginalize_inducing(
+                m,
+                quadrature_layer=quadrature[0],
+                quadrature_nodes=quadrature[1],
+                quadrature_weights=quadrature[2],
+            )
         else:
             handler = marginalize_inducing(m)
         tr = trace(handler).get_trace(X_new, *args, **kwargs)
@@ -99,9 +113,13 @@ def predict_from_samples(
     last = found["layers"][-1]
 
     def probe_tail():
-        tr, _, log_weights = run(one_sample, jax.random.PRNGKey(0), (last, *spherical_rule(found["out_dim"])))
+        tr, _, log_weights = run(
+            one_sample, jax.random.PRNGKey(0), (last, *spherical_rule(found["out_dim"]))
+        )
         found["name"] = observation_site(tr, obs_site)
-        found["likelihood"] = observation_kind(tr[found["name"]]["fn"], found["name"], "predict_from_samples")
+        found["likelihood"] = observation_kind(
+            tr[found["name"]]["fn"], found["name"], "predict_from_samples"
+        )
         found["branches"] = None if log_weights is None else log_weights.shape[0]
         return 0
 
@@ -117,12 +135,16 @@ def predict_from_samples(
     def one(sample, key):
         run_key, draw_key = jax.random.split(key)
         tr, moments, log_weights = run(sample, run_key, quad)
-        return component_of(tr, moments, name, likelihood, weights, found["layers"], draw_key), log_weights
+        return component_of(
+            tr, moments, name, likelihood, weights, found["layers"], draw_key
+        ), log_weights
 
     def mixture(samples, keys):
         components, log_weights = jax.vmap(one)(samples, keys)
         mixing = None
-        if found["branches"]:  # a quadrature handler's weighted branches: sample x branch components
+        if found[
+            "branches"
+        ]:  # a quadrature handler's weighted branches: sample x branch components
             components, mixing = flatten_branches(found["branches"], components, log_weights)
         return mixture_fields(likelihood, components, mixing, weights)
 
@@ -138,16 +160,22 @@ def _check_sample_arrays(samples: Any) -> tuple[dict[str, jax.Array], int]:
     :raises ValueError: otherwise.
     """
     if not isinstance(samples, dict) or not samples:
-        raise ValueError("predict_from_samples: samples is empty; pass mcmc.get_samples() (a dict of (S, ...) arrays)")
+        raise ValueError(
+            "predict_from_samples: samples is empty; pass mcmc.get_samples() (a dict of (S, ...) arrays)"
+        )
     arrays = {k: jnp.asarray(v) for k, v in samples.items()}
     sizes = {k: (v.shape[0] if v.ndim else None) for k, v in arrays.items()}
     S_set = set(sizes.values())
     if None in S_set or len(S_set) != 1:
-        raise ValueError(f"predict_from_samples: every sample array needs the same leading (sample) axis; got {sizes}")
+        raise ValueError(
+            f"predict_from_samples: every sample array needs the same leading (sample) axis; got {sizes}"
+        )
     S = S_set.pop()
     assert S is not None  # refused above
     if S < 1:
-        raise ValueError("predict_from_samples: samples is empty (0 samples along the leading axis)")
+        raise ValueError(
+            "predict_from_samples: samples is empty (0 samples along the leading axis)"
+        )
     return arrays, S
 
 
@@ -179,7 +207,9 @@ def _check_samples(model, samples, params, X_new, args, kwargs, strict):
     found = {}
 
     def run():
-        tr = trace(substitute(seed(model, jax.random.PRNGKey(0)), data=data)).get_trace(X_new, *args, **kwargs)
+        tr = trace(substitute(seed(model, jax.random.PRNGKey(0)), data=data)).get_trace(
+            X_new, *args, **kwargs
+        )
         for name, site in tr.items():
             if site["type"] == "param" or (site["type"] == "sample" and not site["is_observed"]):
                 shape = site["fn"].shape() if site["type"] == "sample" else jnp.shape(site["value"])
@@ -187,11 +217,19 @@ def _check_samples(model, samples, params, X_new, args, kwargs, strict):
         return 0
 
     jax.eval_shape(run)
-    check_params_against({k: v for k, v in found.items() if k not in samples}, fixed,
-                         "predict_from_samples (params)", allow_missing=True, allow_unexpected=not strict,
-                         require_finite=True, hint=PREDICT_HINT)
+    check_params_against(
+        {k: v for k, v in found.items() if k not in samples},
+        fixed,
+        "predict_from_samples (params)",
+        allow_missing=True,
+        allow_unexpected=not strict,
+        require_finite=True,
+        hint=PREDICT_HINT,
+    )
     latent = {k: v for k, v in found.items() if k in samples}
-    check_params_against(latent, {k: samples[k] for k in latent}, "predict_from_samples (samples)", leading=1)
+    check_params_against(
+        latent, {k: samples[k] for k in latent}, "predict_from_samples (samples)", leading=1
+    )
     return fixed
 
 

@@ -25,7 +25,9 @@ from numpyro_dgp.kernels import Kernel
 __all__ = ["affine_inducing_inputs", "local_conditional", "local_kl"]
 
 
-def affine_inducing_inputs(weight: ArrayLike, bias: ArrayLike, encoder_input: ArrayLike) -> jax.Array:
+def affine_inducing_inputs(
+    weight: ArrayLike, bias: ArrayLike, encoder_input: ArrayLike
+) -> jax.Array:
     """``z_m = W_m p + b_m`` for each of the ``M`` maps.
 
     :param weight: ``(M, D, D_p)`` the maps' matrices ``W_m``.
@@ -58,11 +60,15 @@ def local_conditional(
     """
 
     def one(Z_n, L_n, x_n, m_n, s_n):
-        mean, var = conditional(kernel(Z_n, x_n[None]), L_n, kernel.diag(x_n[None]), m_n, s_n, whiten=False)
+        mean, var = conditional(
+            kernel(Z_n, x_n[None]), L_n, kernel.diag(x_n[None]), m_n, s_n, whiten=False
+        )
         return mean[0], var[0]
 
     if q_sqrt is None:
-        return jax.vmap(lambda Z_n, L_n, x_n, m_n: one(Z_n, L_n, x_n, m_n, None))(Z, Kzz_chol, X, q_mean)
+        return jax.vmap(lambda Z_n, L_n, x_n, m_n: one(Z_n, L_n, x_n, m_n, None))(
+            Z, Kzz_chol, X, q_mean
+        )
     return jax.vmap(one)(Z, Kzz_chol, X, q_mean, q_sqrt)
 
 

@@ -166,7 +166,9 @@ def _check_eps_shape(mean: jax.Array, eps: jax.Array) -> None:
     :raises ValueError: otherwise.
     """
     if eps.shape != mean.shape:
-        raise ValueError(f"sample_output: eps must have the shape of mean {mean.shape}, got {eps.shape}")
+        raise ValueError(
+            f"sample_output: eps must have the shape of mean {mean.shape}, got {eps.shape}"
+        )
 
 
 def output_at_nodes(mean: jax.Array, out_cov: jax.Array, nodes: jax.Array) -> jax.Array:
@@ -187,7 +189,9 @@ def output_at_nodes(mean: jax.Array, out_cov: jax.Array, nodes: jax.Array) -> ja
     return mean[None] + (factor[None] @ nodes[..., None])[..., 0]
 
 
-def condition_on_output(belief: Belief, HB: jax.Array, out_cov: jax.Array, residual: jax.Array) -> Belief:
+def condition_on_output(
+    belief: Belief, HB: jax.Array, out_cov: jax.Array, residual: jax.Array
+) -> Belief:
     """Kalman update of the belief on the sampled output of the current layer.
 
     :param belief: the belief (see :func:`output_moments`).
@@ -240,12 +244,17 @@ def chain_transition(
     """
     new_loc = mean.reshape(-1) + (belief.loc - parent_mean) @ coupling.T
     shared = coupling @ belief.shared_cov @ coupling.T + block_diag_covariance(scale_tril)
-    downdate = None if belief.downdate is None else jnp.einsum("njk,ik->nji", belief.downdate, coupling)
+    downdate = (
+        None if belief.downdate is None else jnp.einsum("njk,ik->nji", belief.downdate, coupling)
+    )
     return Belief(new_loc, shared, downdate)
 
 
 def chain_gauss_kl_term(
-    mean: jax.Array, scale_tril: jax.Array, marginal_cov: jax.Array, prior_chol: jax.Array | None = None
+    mean: jax.Array,
+    scale_tril: jax.Array,
+    marginal_cov: jax.Array,
+    prior_chol: jax.Array | None = None,
 ) -> jax.Array:
     """One layer's share of ``KL[q(u_1..u_L) || prod_l p(u_l)]`` for a chain-structured ``q``.
 

@@ -34,7 +34,9 @@ def factors_transpose_times(q_sqrt: ArrayLike, B: ArrayLike) -> jax.Array:
     return (factors.T @ B).reshape(P, K, jnp.shape(B)[-1])
 
 
-def project(Kmn: ArrayLike, Kmm_chol: ArrayLike, whiten: bool = True) -> tuple[jax.Array, jax.Array]:
+def project(
+    Kmn: ArrayLike, Kmm_chol: ArrayLike, whiten: bool = True
+) -> tuple[jax.Array, jax.Array]:
     """The two projections the conditional needs.
 
     :param Kmn: ``(M, N)`` cross-covariance ``k(Z, X)``.
@@ -80,7 +82,9 @@ def conditional(
     """
     Kmn, Kmm_chol, Knn, q_mean = (jnp.asarray(a) for a in (Kmn, Kmm_chol, Knn, q_mean))
     q_sqrt = None if q_sqrt is None else jnp.asarray(q_sqrt)
-    return _conditional(Kmn, Kmm_chol, Knn, q_mean, q_sqrt, whiten=bool(whiten), full_cov=bool(full_cov))
+    return _conditional(
+        Kmn, Kmm_chol, Knn, q_mean, q_sqrt, whiten=bool(whiten), full_cov=bool(full_cov)
+    )
 
 
 # One program per shape and flags: outside jit (interactive use, tests) the conditional's
@@ -124,7 +128,9 @@ def _check_conditional_shapes(Knn: jax.Array, q_sqrt: jax.Array | None, full_cov
         raise ValueError(f"full_cov={full_cov} needs Knn of shape {expected}; got {Knn.shape}")
 
 
-def _covariance(A: jax.Array, B: jax.Array, Knn: jax.Array, q_sqrt: jax.Array | None, P: int) -> jax.Array:
+def _covariance(
+    A: jax.Array, B: jax.Array, Knn: jax.Array, q_sqrt: jax.Array | None, P: int
+) -> jax.Array:
     """``(P, N, N)``: ``Knn - A^T A + B^T S_p B``."""
     cov = jnp.broadcast_to(Knn - A.T @ A, (P,) + Knn.shape)
     if q_sqrt is None:

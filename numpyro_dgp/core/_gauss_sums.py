@@ -33,7 +33,9 @@ def _sqdist(mean: jax.Array, inv: jax.Array, centers: jax.Array) -> jax.Array:
     return jnp.maximum(sq, 0.0)
 
 
-def _bumps(mean: jax.Array, scale: jax.Array, log_weight: jax.Array, centers: jax.Array) -> jax.Array:
+def _bumps(
+    mean: jax.Array, scale: jax.Array, log_weight: jax.Array, centers: jax.Array
+) -> jax.Array:
     return jnp.exp(log_weight[:, None] - _sqdist(mean, 1.0 / scale, centers))
 
 
@@ -95,7 +97,9 @@ def gauss_sums_per_point(
 
 def _per_point_fwd(mean, scale, log_weight, centers, W):
     m, z = _centred(mean, centers)
-    out = _blocked(lambda a, s, w: _bumps(a, s, w, z) @ W.T, (m, scale, log_weight), (False,) * 3, z.shape[0])
+    out = _blocked(
+        lambda a, s, w: _bumps(a, s, w, z) @ W.T, (m, scale, log_weight), (False,) * 3, z.shape[0]
+    )
     return _rows(out, mean.shape[0]), (mean, scale, log_weight, centers, W)
 
 
@@ -108,7 +112,9 @@ def _per_point_bwd(res, g):
         return _grads(a, s, z, E * (gb @ W)) + (gb.T @ E,)
 
     # padded rows get a zero cotangent: they add nothing to the summed dz and dW
-    dm, ds, dw, dz, dW = _blocked(block, (m, scale, log_weight, g), (False, False, False, True), z.shape[0])
+    dm, ds, dw, dz, dW = _blocked(
+        block, (m, scale, log_weight, g), (False, False, False, True), z.shape[0]
+    )
     N = mean.shape[0]
     return _rows(dm, N), _rows(ds, N), _rows(dw, N), jnp.sum(dz, 0), jnp.sum(dW, 0)
 
@@ -118,7 +124,11 @@ gauss_sums_per_point.defvjp(_per_point_fwd, _per_point_bwd)
 
 @jax.custom_vjp
 def gauss_sums_over_points(
-    mean: jax.Array, scale: jax.Array, log_weight: jax.Array, centers: jax.Array, point_weight: jax.Array
+    mean: jax.Array,
+    scale: jax.Array,
+    log_weight: jax.Array,
+    centers: jax.Array,
+    point_weight: jax.Array,
 ) -> jax.Array:
     """``out[q] = sum_n point_weight[n] E[n, q]`` (see the module docstring).
 
@@ -137,8 +147,12 @@ _OVER_POINTS_PADDING = (False, False, False, True)  # padded points get weight z
 
 def _over_points_fwd(mean, scale, log_weight, centers, point_weight):
     m, z = _centred(mean, centers)
-    out = _blocked(lambda a, s, w, p: p @ _bumps(a, s, w, z), (m, scale, log_weight, point_weight),
-                   _OVER_POINTS_PADDING, z.shape[0])
+    out = _blocked(
+        lambda a, s, w, p: p @ _bumps(a, s, w, z),
+        (m, scale, log_weight, point_weight),
+        _OVER_POINTS_PADDING,
+        z.shape[0],
+    )
     return jnp.sum(out, 0), (mean, scale, log_weight, centers, point_weight)
 
 
@@ -150,7 +164,9 @@ def _over_points_bwd(res, g):
         Eg = _bumps(a, s, w, z) * g[None, :]
         return _grads(a, s, z, Eg * p[:, None]) + (jnp.sum(Eg, axis=1),)
 
-    dm, ds, dw, dz, dp = _blocked(block, (m, scale, log_weight, point_weight), _OVER_POINTS_PADDING, z.shape[0])
+    dm, ds, dw, dz, dp = _blocked(
+        block, (m, scale, log_weight, point_weight), _OVER_POINTS_PADDING, z.shape[0]
+    )
     N = mean.shape[0]
     return _rows(dm, N), _rows(ds, N), _rows(dw, N), jnp.sum(dz, 0), _rows(dp, N)
 

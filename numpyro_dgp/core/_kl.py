@@ -10,7 +10,9 @@ from jax.typing import ArrayLike
 __all__ = ["gauss_kl"]
 
 
-def gauss_kl(q_mean: ArrayLike, q_sqrt: ArrayLike, prior_chol: ArrayLike | None = None) -> jax.Array:
+def gauss_kl(
+    q_mean: ArrayLike, q_sqrt: ArrayLike, prior_chol: ArrayLike | None = None
+) -> jax.Array:
     """``sum_p KL[N(m_p, S_p) || N(0, K)]`` with ``S_p = L_p L_p^T``.
 
     :param q_mean: ``(P, M)``.

@@ -37,7 +37,9 @@ def _kmeanspp_start(rng_key: jax.Array, X: jax.Array, num_clusters: int) -> jax.
         # one (all d2 == 0), draw uniformly among the unchosen points instead.
         weights = jnp.where(jnp.any(d2 > 0), d2, jnp.where(chosen, 0.0, 1.0))
         # a clamp, not a stand-in value: both masks may not see the same rounding under jit
-        logits = jnp.where(weights > 0, jnp.log(jnp.maximum(weights, jnp.finfo(weights.dtype).tiny)), -jnp.inf)
+        logits = jnp.where(
+            weights > 0, jnp.log(jnp.maximum(weights, jnp.finfo(weights.dtype).tiny)), -jnp.inf
+        )
         new = jax.random.categorical(key, logits).astype(idx.dtype)
         chosen = chosen.at[new].set(True)
         d2 = jnp.minimum(d2, _sqdist_to(X, X[new]))
@@ -51,8 +53,13 @@ def _kmeanspp_start(rng_key: jax.Array, X: jax.Array, num_clusters: int) -> jax.
 MAX_KMEANS_POINTS = 100_000
 
 
-def kmeans(rng_key: jax.Array, X: ArrayLike, num_clusters: int, num_iters: int = 25,
-           max_points: int | None = MAX_KMEANS_POINTS) -> jax.Array:
+def kmeans(
+    rng_key: jax.Array,
+    X: ArrayLike,
+    num_clusters: int,
+    num_iters: int = 25,
+    max_points: int | None = MAX_KMEANS_POINTS,
+) -> jax.Array:
     """Lloyd's algorithm started from ``num_clusters`` distinct data points (k-means++
     seeding), on at most ``max_points`` points.
 
@@ -99,11 +106,7 @@ def _kmeans(rng_key, X, num_clusters, num_iters):
     centers = _kmeanspp_start(rng_key, X, num_clusters)
 
     def step(centers, _):
-        d2 = (
-            jnp.sum(X**2, -1)[:, None]
-            + jnp.sum(centers**2, -1)[None, :]
-            - 2 * X @ centers.T
-        )
+        d2 = jnp.sum(X**2, -1)[:, None] + jnp.sum(centers**2, -1)[None, :] - 2 * X @ centers.T
         assign = jax.nn.one_hot(jnp.argmin(d2, axis=1), num_clusters, dtype=X.dtype)  # (N, M)
         counts = assign.sum(0)
         sums = assign.T @ X

@@ -208,7 +208,9 @@ def _triangular_inverse(L: jax.Array) -> jax.Array:
         pad = [(0, 0)] * (L.ndim - 2) + [(0, size - n), (0, size - n)]
         L = jnp.pad(L, pad) + jnp.diag((jnp.arange(size) >= n).astype(L.dtype))
     blocks = _diagonal_blocks(L, leaf)
-    inverse = solve_triangular(blocks, jnp.broadcast_to(jnp.eye(leaf, dtype=L.dtype), blocks.shape), lower=True)
+    inverse = solve_triangular(
+        blocks, jnp.broadcast_to(jnp.eye(leaf, dtype=L.dtype), blocks.shape), lower=True
+    )
     width = leaf
     while width < size:
         lower_left = _diagonal_blocks(L, 2 * width)[..., width:, :width]

@@ -55,8 +55,9 @@ _BLOCK_ENTRIES = 2**23
 _MAX_NODES = 20_000
 
 
-def _check_input_moments(mean: ArrayLike, var: ArrayLike, caller: str,
-                         shared: bool = False) -> tuple[jax.Array, jax.Array]:
+def _check_input_moments(
+    mean: ArrayLike, var: ArrayLike, caller: str, shared: bool = False
+) -> tuple[jax.Array, jax.Array]:
     """``(mean (N, D), var)``: ``var`` broadcast to ``(N, D)``, or with ``shared`` kept ``(D,)``
     when every point has the same variances (a scalar or ``(D,)`` given).
 
@@ -73,7 +74,9 @@ def _check_input_moments(mean: ArrayLike, var: ArrayLike, caller: str,
             return mean, jnp.broadcast_to(var, mean.shape[1:])
         return mean, jnp.broadcast_to(var, mean.shape)
     except ValueError:
-        raise ValueError(f"{caller}: var of shape {jnp.shape(var)} does not broadcast to mean's {mean.shape}") from None
+        raise ValueError(
+            f"{caller}: var of shape {jnp.shape(var)} does not broadcast to mean's {mean.shape}"
+        ) from None
 
 
 def _check_inducing_inputs(Z: ArrayLike, mean: jax.Array, caller: str) -> jax.Array:
@@ -124,12 +127,17 @@ def _check_rule_size(num_points: int, D: int, caller: str) -> None:
         )
 
 
-def _gh_nodes(mean: jax.Array, var: jax.Array, num_points: int, caller: str) -> tuple[jax.Array, jax.Array]:
+def _gh_nodes(
+    mean: jax.Array, var: jax.Array, num_points: int, caller: str
+) -> tuple[jax.Array, jax.Array]:
     """Tensor-product Gauss-Hermite nodes ``(N, K, D)`` of every point's input and weights ``(K,)``."""
     D = mean.shape[1]
     _check_rule_size(num_points, D, caller)
     nodes, weights = gauss_hermite_product(int(num_points), D)
-    x = mean[:, None, :] + jnp.sqrt(jnp.maximum(var, 0.0))[:, None, :] * jnp.asarray(nodes, mean.dtype)[None]
+    x = (
+        mean[:, None, :]
+        + jnp.sqrt(jnp.maximum(var, 0.0))[:, None, :] * jnp.asarray(nodes, mean.dtype)[None]
+    )
     return x, jnp.asarray(weights, mean.dtype)
 
 
@@ -153,7 +161,9 @@ def psi0(kernel: Kernel, mean: ArrayLike, var: ArrayLike, *, num_points: int = 1
     return kernel.diag(x.reshape(N * K, D)).reshape(N, K) @ w
 
 
-def psi1(kernel: Kernel, mean: ArrayLike, var: ArrayLike, Z: ArrayLike, *, num_points: int = 10) -> jax.Array:
+def psi1(
+    kernel: Kernel, mean: ArrayLike, var: ArrayLike, Z: ArrayLike, *, num_points: int = 10
+) -> jax.Array:
     """``Psi1[n, m] = E k(x_n, z_m)`` for ``x_n ~ N(mean[n], diag(var[n]))``.
 
     Squared exponential: ``variance prod_d (1 + var_nd / l_d^2)^(-1/2)
@@ -274,8 +284,12 @@ def _sum_over_point_blocks(fn: Callable, mean: jax.Array, var: jax.Array, width:
     num_blocks = -(-N // block)
     pad = num_blocks * block - N
     # padded points are the first point again, masked out of the sum
-    mean_b = jnp.concatenate([mean, jnp.broadcast_to(mean[:1], (pad,) + mean.shape[1:])]).reshape(num_blocks, block, -1)
-    var_b = jnp.concatenate([var, jnp.broadcast_to(var[:1], (pad,) + var.shape[1:])]).reshape(num_blocks, block, -1)
+    mean_b = jnp.concatenate([mean, jnp.broadcast_to(mean[:1], (pad,) + mean.shape[1:])]).reshape(
+        num_blocks, block, -1
+    )
+    var_b = jnp.concatenate([var, jnp.broadcast_to(var[:1], (pad,) + var.shape[1:])]).reshape(
+        num_blocks, block, -1
+    )
     keep = (jnp.arange(num_blocks * block) < N).reshape(num_blocks, block)
     step = jax.checkpoint(fn)
 

@@ -48,7 +48,9 @@ def gauss_hermite_product(num_points: int, dim: int) -> tuple[np.ndarray, np.nda
     return grid.reshape(-1, dim), w
 
 
-def expected_log_normal(y: ArrayLike, f_mean: ArrayLike, f_var: ArrayLike, noise_var: ArrayLike) -> jax.Array:
+def expected_log_normal(
+    y: ArrayLike, f_mean: ArrayLike, f_var: ArrayLike, noise_var: ArrayLike
+) -> jax.Array:
     """``E_{f ~ N(f_mean, f_var)} log N(y | f, noise_var)`` in closed form (elementwise).
 
     :param y: observations.

@@ -48,7 +48,9 @@ __all__ = ["COLLAPSED_METHODS", "collapsed_log_marginal", "collapsed_posterior"]
 COLLAPSED_METHODS = ("vfe", "fitc")
 
 
-def _check(method: str, y: ArrayLike, noise_var: ArrayLike, caller: str) -> tuple[jax.Array, jax.Array]:
+def _check(
+    method: str, y: ArrayLike, noise_var: ArrayLike, caller: str
+) -> tuple[jax.Array, jax.Array]:
     if method not in COLLAPSED_METHODS:
         raise ValueError(f"{caller}: method must be one of {COLLAPSED_METHODS}, got {method!r}")
     y = jnp.asarray(y)
@@ -62,7 +64,8 @@ def _check(method: str, y: ArrayLike, noise_var: ArrayLike, caller: str) -> tupl
         noise = jnp.broadcast_to(noise, Y.shape)
     except ValueError:
         raise ValueError(
-            f"{caller}: noise_var of shape {jnp.shape(noise_var)} does not broadcast to y's {y.shape}") from None
+            f"{caller}: noise_var of shape {jnp.shape(noise_var)} does not broadcast to y's {y.shape}"
+        ) from None
     return Y, noise
 
 
@@ -76,8 +79,11 @@ def _one_output(V: jax.Array, Knn_diag: jax.Array, y: jax.Array, noise: jax.Arra
     c = triangular_inverse(L_B) @ (V @ (y / lam))
     N = y.shape[0]
     log_marginal = (
-        -0.5 * N * math.log(2 * math.pi) - 0.5 * jnp.sum(jnp.log(lam)) - jnp.sum(jnp.log(jnp.diagonal(L_B)))
-        - 0.5 * jnp.sum(y**2 / lam) + 0.5 * jnp.sum(c**2)
+        -0.5 * N * math.log(2 * math.pi)
+        - 0.5 * jnp.sum(jnp.log(lam))
+        - jnp.sum(jnp.log(jnp.diagonal(L_B)))
+        - 0.5 * jnp.sum(y**2 / lam)
+        + 0.5 * jnp.sum(c**2)
     )
     trace = 0.5 * jnp.sum(residual_var / noise) if method == "vfe" else jnp.zeros((), V.dtype)
     whitened_mean = triangular_inverse(L_B).T @ c
@@ -88,7 +94,9 @@ def _per_output(Kmm_chol, Kmn, Knn_diag, y, noise_var, method, caller):
     Y, noise = _check(method, y, noise_var, caller)
     V = triangular_inverse(jnp.asarray(Kmm_chol, Y.dtype)) @ jnp.asarray(Kmn, Y.dtype)
     Knn_diag = jnp.asarray(Knn_diag, Y.dtype)
-    return jax.vmap(lambda yp, sp: _one_output(V, Knn_diag, yp, sp, method), in_axes=(1, 1))(Y, noise)
+    return jax.vmap(lambda yp, sp: _one_output(V, Knn_diag, yp, sp, method), in_axes=(1, 1))(
+        Y, noise
+    )
 
 
 def collapsed_log_marginal(
@@ -112,7 +120,9 @@ def collapsed_log_marginal(
     :return: scalar.
     :raises ValueError: for an unknown ``method`` or mismatched shapes.
     """
-    log_marginal, _, _, trace = _per_output(Kmm_chol, Kmn, Knn_diag, y, noise_var, method, "collapsed_log_marginal")
+    log_marginal, _, _, trace = _per_output(
+        Kmm_chol, Kmn, Knn_diag, y, noise_var, method, "collapsed_log_marginal"
+    )
     return jnp.sum(log_marginal - trace)
 
 
@@ -140,7 +150,9 @@ def collapsed_posterior(
         :func:`~numpyro_dgp.core.conditional` for the predictive.
     :raises ValueError: for an unknown ``method`` or mismatched shapes.
     """
-    _, whitened_mean, L_B, _ = _per_output(Kmm_chol, Kmn, Knn_diag, y, noise_var, method, "collapsed_posterior")
+    _, whitened_mean, L_B, _ = _per_output(
+        Kmm_chol, Kmn, Knn_diag, y, noise_var, method, "collapsed_posterior"
+    )
     L_B_inv = triangular_inverse(L_B)
     # lower factor of the whitened covariance B^-1 = L_B^-T L_B^-1
     whitened_sqrt = cholesky(jnp.swapaxes(L_B_inv, -1, -2) @ L_B_inv)

@@ -31,7 +31,9 @@ LOWER_TIMES_BLOCK = 128
 LOWER_TIMES_MOST_BLOCKS = 4
 
 
-def triangular_blocks(size: int, block: int, most: int | None = None) -> tuple[tuple[int, int], ...]:
+def triangular_blocks(
+    size: int, block: int, most: int | None = None
+) -> tuple[tuple[int, int], ...]:
     """``(start, stop)`` of ``ceil(size / block)`` (at most ``most``) nearly equal blocks covering
     ``range(size)``."""
     count = max(1, -(-size // block))
@@ -60,7 +62,9 @@ def _block_factors(q_sqrt: jax.Array, start: int, stop: int) -> jax.Array:
     """Columns ``start:stop`` of every ``tril(L_p)`` from row ``start`` on, as one
     ``(M - start, P * width)`` matrix (outputs side by side: one product serves them all)."""
     P, M, _ = q_sqrt.shape
-    block = jnp.concatenate([jnp.tril(q_sqrt[:, start:stop, start:stop]), q_sqrt[:, stop:, start:stop]], axis=1)
+    block = jnp.concatenate(
+        [jnp.tril(q_sqrt[:, start:stop, start:stop]), q_sqrt[:, stop:, start:stop]], axis=1
+    )
     return jnp.transpose(block, (1, 0, 2)).reshape(M - start, P * (stop - start))
 
 
@@ -110,10 +114,14 @@ def _lower_layout(n: int) -> np.ndarray:
     positions = np.concatenate([rows * n + cols, np.arange(n) * (n + 1)])
     source = np.full(n * n, positions.size)
     source[positions] = np.arange(positions.size)
-    return source.astype(np.int32)  # whatever jax_enable_x64 says: one program stays valid if it changes
+    return source.astype(
+        np.int32
+    )  # whatever jax_enable_x64 says: one program stays valid if it changes
 
 
-@partial(jax.jit, static_argnums=1)  # one program per shape outside jit (a guide's set-up runs eagerly)
+@partial(
+    jax.jit, static_argnums=1
+)  # one program per shape outside jit (a guide's set-up runs eagerly)
 def _lower_from_vector(vector: jax.Array, n: int) -> jax.Array:
     padded = jnp.concatenate([vector, jnp.zeros(vector.shape[:-1] + (1,), vector.dtype)], axis=-1)
     # gathering whole rows of the transposed array lays the result out as XLA's CPU gather

@@ -64,14 +64,18 @@ def _alpha_map(Kmm_chol: jax.Array, whiten: bool) -> jax.Array:
     return Linv.T if whiten else Linv.T @ Linv
 
 
-def _check_moment_options(q_sqrt: ArrayLike | None, per_point: bool, per_point_inducing: bool) -> None:
+def _check_moment_options(
+    q_sqrt: ArrayLike | None, per_point: bool, per_point_inducing: bool
+) -> None:
     """:func:`uncertain_input_moments`' ``q_sqrt`` (``(P, M, M)``, ``(P, M)`` or ``None``) and its
     per-point options (per-point variances need the per-point inducing part).
 
     :raises ValueError: for another ``q_sqrt``, or ``per_point`` without ``per_point_inducing``.
     """
     if q_sqrt is not None and jnp.ndim(q_sqrt) not in (2, 3):
-        raise ValueError(f"uncertain_input_moments: q_sqrt must be (P, M, M) or (P, M); got shape {jnp.shape(q_sqrt)}")
+        raise ValueError(
+            f"uncertain_input_moments: q_sqrt must be (P, M, M) or (P, M); got shape {jnp.shape(q_sqrt)}"
+        )
     if per_point and not per_point_inducing:
         raise ValueError("uncertain_input_moments: per_point=True needs per_point_inducing=True")
 
@@ -166,21 +170,32 @@ def uncertain_input_moments(
         G = G + R @ jnp.swapaxes(R, -1, -2)
     gp_mean = P1 @ a.T  # (N, P): the GP part of the mean
     if per_point:
-        traces = psi2_traces(kernel, mean, var, Z, jnp.concatenate([G, K_inv[None]]), num_points=num_points)
+        traces = psi2_traces(
+            kernel, mean, var, Z, jnp.concatenate([G, K_inv[None]]), num_points=num_points
+        )
         conditional_var = psi0(kernel, mean, var, num_points=num_points) - traces[:, P]
         # tr((Psi2_n - Psi1_n^T Psi1_n) G_p) = tr(Psi2_n G_p) - (Psi1_n a_p)^2 - inducing_var
         input_var = traces[:, :P] - gp_mean**2 - inducing_var
     else:
         Psi2 = psi2(kernel, mean, var, Z, num_points=num_points)
-        conditional_var = jnp.sum(psi0(kernel, mean, var, num_points=num_points)) - jnp.sum(Psi2 * K_inv)
-        input_var = jnp.einsum("mk,pmk->p", Psi2, G) - jnp.sum(gp_mean**2, 0) - (
-            jnp.sum(inducing_var, 0) if per_point_inducing else inducing_var
+        conditional_var = jnp.sum(psi0(kernel, mean, var, num_points=num_points)) - jnp.sum(
+            Psi2 * K_inv
+        )
+        input_var = (
+            jnp.einsum("mk,pmk->p", Psi2, G)
+            - jnp.sum(gp_mean**2, 0)
+            - (jnp.sum(inducing_var, 0) if per_point_inducing else inducing_var)
         )
     if mean_weight is not None:
         W = jnp.asarray(mean_weight, mean.dtype)
         # Cov_x(x_d, k(x, z_m)) = E[x_d k(x, z_m)] - mean_d Psi1[n, m]
-        cross = expected_input_kernel(kernel, mean, var, Z, num_points=num_points) - mean[:, None, :] * P1[..., None]
-        mean_path = jnp.broadcast_to(var, mean.shape) @ W**2 + 2.0 * jnp.einsum("nmd,dp,pm->np", cross, W, a)
+        cross = (
+            expected_input_kernel(kernel, mean, var, Z, num_points=num_points)
+            - mean[:, None, :] * P1[..., None]
+        )
+        mean_path = jnp.broadcast_to(var, mean.shape) @ W**2 + 2.0 * jnp.einsum(
+            "nmd,dp,pm->np", cross, W, a
+        )
         input_var = input_var + (mean_path if per_point else jnp.sum(mean_path, 0))
     if per_point:
         # round-off can leave a tiny negative difference where the input is nearly certain

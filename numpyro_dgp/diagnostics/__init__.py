@@ -39,7 +39,13 @@ from numpyro_dgp.diagnostics._compare import Comparison, compare, plot_layers, p
 from numpyro_dgp.diagnostics._health import Health, MultimodalityWarning, mcmc_health
 from numpyro_dgp.diagnostics._metrics import layer_metrics, wasserstein_1d
 from numpyro_dgp.diagnostics._modes import ModeEvidence, mode_evidence, mode_mixture
-from numpyro_dgp.diagnostics._trees import from_guide, from_layer_samples, from_mcmc, layer_names, layer_samples
+from numpyro_dgp.diagnostics._trees import (
+    from_guide,
+    from_layer_samples,
+    from_mcmc,
+    layer_names,
+    layer_samples,
+)
 
 __all__ = [
     "Comparison",

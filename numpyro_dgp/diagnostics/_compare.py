@@ -35,9 +35,16 @@ class Comparison(NamedTuple):
     figures: dict[str, matplotlib.figure.Figure]
 
 
-def compare(vi: dict[str, xarray.DataTree], mcmc: xarray.DataTree, *, points: Sequence[int] | None = None,
-            interval: float = 0.9, plot: bool = True,
-            rhat_threshold: float = 1.01, ess_threshold: float = 400.0) -> Comparison:
+def compare(
+    vi: dict[str, xarray.DataTree],
+    mcmc: xarray.DataTree,
+    *,
+    points: Sequence[int] | None = None,
+    interval: float = 0.9,
+    plot: bool = True,
+    rhat_threshold: float = 1.01,
+    ess_threshold: float = 400.0,
+) -> Comparison:
     """Compare variational results with an MCMC reference, layer by layer.
 
     :param vi: ``{method name: DataTree}`` (from :func:`from_guide`).
@@ -56,20 +63,28 @@ def compare(vi: dict[str, xarray.DataTree], mcmc: xarray.DataTree, *, points: Se
 
     _check_methods(vi)
     health = mcmc_health(mcmc, rhat_threshold=rhat_threshold, ess_threshold=ess_threshold)
-    table = pd.concat([layer_metrics(tree, mcmc, interval=interval, label=name) for name, tree in vi.items()],
-                      ignore_index=True)
+    table = pd.concat(
+        [layer_metrics(tree, mcmc, interval=interval, label=name) for name, tree in vi.items()],
+        ignore_index=True,
+    )
     points = _check_points(points, mcmc["posterior"].sizes["grid"])
     chosen = table[table["grid"].isin(points)]
     summary = (
         chosen.groupby(["method", "layer"], sort=False)
-        .agg(variance_ratio=("variance_ratio", "median"), wasserstein=("wasserstein", "mean"),
-             kl_gaussian=("kl_gaussian", "mean"), coverage=("coverage", "mean"))
+        .agg(
+            variance_ratio=("variance_ratio", "median"),
+            wasserstein=("wasserstein", "mean"),
+            kl_gaussian=("kl_gaussian", "mean"),
+            coverage=("coverage", "mean"),
+        )
         .reset_index()
     )
     figures = {}
     if plot:
         figures["layers"] = plot_layers({**vi, "MCMC": mcmc})
-        figures["marginals"] = plot_marginals({**vi, "MCMC": mcmc}, points=points[:: max(1, len(points) // 3)][:3])
+        figures["marginals"] = plot_marginals(
+            {**vi, "MCMC": mcmc}, points=points[:: max(1, len(points) // 3)][:3]
+        )
     return Comparison(table, summary, health, figures)
 
 
@@ -109,7 +124,9 @@ def plot_layers(
     methods = list(trees)
     names = layer_names(trees[methods[0]])
     ncols = len(names) + 1
-    fig, axes = plt.subplots(len(methods), ncols, figsize=(3.1 * ncols, 2.4 * len(methods)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(methods), ncols, figsize=(3.1 * ncols, 2.4 * len(methods)), squeeze=False
+    )
     rng = np.random.default_rng(seed)
     x = np.asarray(trees[methods[0]]["constant_data"]["grid_x"].values)[:, 0]
     for r, method in enumerate(methods):
@@ -148,14 +165,18 @@ def plot_marginals(
     methods = list(trees)
     names = layer_names(trees[methods[-1]])
     points = list(points)
-    fig, axes = plt.subplots(len(names), len(points), figsize=(3.2 * len(points), 2.4 * len(names)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(names), len(points), figsize=(3.2 * len(points), 2.4 * len(names)), squeeze=False
+    )
     x = np.asarray(trees[methods[-1]]["constant_data"]["grid_x"].values)[:, 0]
     for r, name in enumerate(names):
         for c, g in enumerate(points):
             ax = axes[r, c]
             for k, method in enumerate(methods):
                 v = layer_draws(trees[method], name)[:, g, 0]
-                ax.hist(v, bins=bins, density=True, histtype="step", lw=1.2, color=f"C{k}", label=method)
+                ax.hist(
+                    v, bins=bins, density=True, histtype="step", lw=1.2, color=f"C{k}", label=method
+                )
             ax.set_title(f"{name} at x = {x[g]:.2f}", fontsize=9)
             ax.tick_params(labelsize=7)
     axes[0, 0].legend(fontsize=7)

@@ -48,7 +48,12 @@ def _chain_modes(tree, names, tolerance):
     layer's stationary kernel ignores) must not hide a difference along a tight one."""
     C = tree["posterior"].sizes["chain"]
     draws = np.concatenate(
-        [np.asarray(tree["posterior"][name].values).reshape(C, tree["posterior"].sizes["draw"], -1) for name in names],
+        [
+            np.asarray(tree["posterior"][name].values).reshape(
+                C, tree["posterior"].sizes["draw"], -1
+            )
+            for name in names
+        ],
         axis=2,
     )  # (C, D, F)
     means = draws.mean(1)
@@ -70,8 +75,14 @@ def _chain_modes(tree, names, tolerance):
     return modes
 
 
-def mcmc_health(tree: xarray.DataTree, *, rhat_threshold: float = 1.01, ess_threshold: float = 400.0,
-                mode_tolerance: float = 3.0, warn: bool = True) -> Health:
+def mcmc_health(
+    tree: xarray.DataTree,
+    *,
+    rhat_threshold: float = 1.01,
+    ess_threshold: float = 400.0,
+    mode_tolerance: float = 3.0,
+    warn: bool = True,
+) -> Health:
     """R-hat, ESS, divergences per layer, per-chain means, and modes.
 
     Chains are one mode when their per-chain means (every layer at every grid point) lie
@@ -109,8 +120,12 @@ def mcmc_health(tree: xarray.DataTree, *, rhat_threshold: float = 1.01, ess_thre
             row["max_rhat"] = float(np.nanmax(np.asarray(az.rhat(posterior[name]).values)))
         else:
             row["max_rhat"] = float("nan")
-        row["min_ess_bulk"] = float(np.nanmin(np.asarray(az.ess(posterior[name], method="bulk").values)))
-        row["min_ess_tail"] = float(np.nanmin(np.asarray(az.ess(posterior[name], method="tail").values)))
+        row["min_ess_bulk"] = float(
+            np.nanmin(np.asarray(az.ess(posterior[name], method="bulk").values))
+        )
+        row["min_ess_tail"] = float(
+            np.nanmin(np.asarray(az.ess(posterior[name], method="tail").values))
+        )
         row["divergences"] = div
         row["ok"] = bool(
             (C == 1 or row["max_rhat"] < rhat_threshold)
@@ -125,7 +140,9 @@ def mcmc_health(tree: xarray.DataTree, *, rhat_threshold: float = 1.01, ess_thre
         for c in range(C):
             for g in range(v.shape[1]):
                 for p in range(v.shape[2]):
-                    chain_rows.append(dict(layer=name, chain=c, grid=g, output=p, mean=float(v[c, g, p])))
+                    chain_rows.append(
+                        dict(layer=name, chain=c, grid=g, output=p, mean=float(v[c, g, p]))
+                    )
     chain_means = pd.DataFrame(chain_rows)
     modes = _chain_modes(tree, names, mode_tolerance) if C > 1 else [[0]]
     multimodal = len(modes) > 1

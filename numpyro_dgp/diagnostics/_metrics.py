@@ -44,7 +44,9 @@ def layer_draws(tree, name):
     return v.reshape((-1,) + v.shape[2:])
 
 
-def _check_comparable(vi: xarray.DataTree, mcmc: xarray.DataTree, interval: float) -> tuple[list[str], np.ndarray]:
+def _check_comparable(
+    vi: xarray.DataTree, mcmc: xarray.DataTree, interval: float
+) -> tuple[list[str], np.ndarray]:
     """The reference's layer names and grid, checked against the VI result's (:func:`layer_metrics`).
 
     :raises ValueError: ``interval`` outside ``(0, 1)``, a layer the VI result lacks, or another grid.
@@ -54,7 +56,9 @@ def _check_comparable(vi: xarray.DataTree, mcmc: xarray.DataTree, interval: floa
     names = layer_names(mcmc)
     missing = [n for n in names if n not in layer_names(vi)]
     if missing:
-        raise ValueError(f"layer_metrics: the VI result lacks layers {missing} (it has {layer_names(vi)})")
+        raise ValueError(
+            f"layer_metrics: the VI result lacks layers {missing} (it has {layer_names(vi)})"
+        )
     x = np.asarray(mcmc["constant_data"]["grid_x"].values)
     vi_x = np.asarray(vi["constant_data"]["grid_x"].values)
     if x.shape != vi_x.shape or not np.allclose(x, vi_x):
@@ -91,13 +95,21 @@ def layer_metrics(
         ma, va, mb, vb = a.mean(0), a.var(0), b.mean(0), b.var(0)
         for g in range(a.shape[1]):
             for p in range(a.shape[2]):
-                rows.append(dict(
-                    method=label, layer=name, output=p, grid=g, x=float(x[g, 0]),
-                    mean_vi=float(ma[g, p]), mean_mcmc=float(mb[g, p]),
-                    var_vi=float(va[g, p]), var_mcmc=float(vb[g, p]),
-                    variance_ratio=float(va[g, p] / vb[g, p]),
-                    wasserstein=wasserstein_1d(a[:, g, p], b[:, g, p]),
-                    kl_gaussian=float(_gaussian_kl(ma[g, p], va[g, p], mb[g, p], vb[g, p])),
-                    coverage=float(cover[g, p]),
-                ))
+                rows.append(
+                    dict(
+                        method=label,
+                        layer=name,
+                        output=p,
+                        grid=g,
+                        x=float(x[g, 0]),
+                        mean_vi=float(ma[g, p]),
+                        mean_mcmc=float(mb[g, p]),
+                        var_vi=float(va[g, p]),
+                        var_mcmc=float(vb[g, p]),
+                        variance_ratio=float(va[g, p] / vb[g, p]),
+                        wasserstein=wasserstein_1d(a[:, g, p], b[:, g, p]),
+                        kl_gaussian=float(_gaussian_kl(ma[g, p], va[g, p], mb[g, p], vb[g, p])),
+                        coverage=float(cover[g, p]),
+                    )
+                )
     return pd.DataFrame(rows)

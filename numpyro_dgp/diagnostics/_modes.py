@@ -60,7 +60,9 @@ def _check_mode_settings(modes: list[list[int]], num_draws: int, inflate: float)
     :raises ValueError: for each.
     """
     if not modes or any(len(m) == 0 for m in modes):
-        raise ValueError(f"mode_evidence: modes must be non-empty lists of chain indices, got {modes!r}")
+        raise ValueError(
+            f"mode_evidence: modes must be non-empty lists of chain indices, got {modes!r}"
+        )
     if num_draws < 100:
         raise ValueError(f"mode_evidence: num_draws must be at least 100, got {num_draws}")
     if not inflate > 0:
@@ -99,14 +101,24 @@ def _bridge_log_evidence(log_ratio_posterior, log_ratio_proposal, num_iterations
             log_r = new
             break
         log_r = new
-    num = np.exp(log_ratio_proposal - np.logaddexp(np.log(s1) + log_ratio_proposal, np.log(s2) + log_r))
+    num = np.exp(
+        log_ratio_proposal - np.logaddexp(np.log(s1) + log_ratio_proposal, np.log(s2) + log_r)
+    )
     den = np.exp(-np.logaddexp(np.log(s1) + log_ratio_posterior, np.log(s2) + log_r) + log_r)
     rel_var = num.var() / (n2 * num.mean() ** 2) + den.var() / (n1 * den.mean() ** 2)
     return float(log_r), float(np.sqrt(rel_var))
 
 
-def mode_evidence(model: Callable, samples: dict, modes: list[list[int]], rng_key: jax.Array, *args,
-                  num_draws: int = 4000, inflate: float = 1.0, **kwargs) -> ModeEvidence:
+def mode_evidence(
+    model: Callable,
+    samples: dict,
+    modes: list[list[int]],
+    rng_key: jax.Array,
+    *args,
+    num_draws: int = 4000,
+    inflate: float = 1.0,
+    **kwargs,
+) -> ModeEvidence:
     """How much posterior mass each mode holds, from chains that each stay in one mode.
 
     Chains from dispersed starts that settle in different modes say nothing about the
@@ -176,7 +188,9 @@ def mode_evidence(model: Callable, samples: dict, modes: list[list[int]], rng_ke
             )
         # bridge sampling (Meng & Wong 1996, optimal bridge, iterated): uses the mode's own draws
         # too, so it stays accurate where plain importance sampling from q has heavy-tailed ratios
-        own = np.asarray(log_joint(jnp.asarray(draws)) - proposal.log_prob(jnp.asarray(draws)), dtype=float)
+        own = np.asarray(
+            log_joint(jnp.asarray(draws)) - proposal.log_prob(jnp.asarray(draws)), dtype=float
+        )
         estimate, se = _bridge_log_evidence(own, log_ratio)
         log_z.append(estimate)
         log_z_se.append(se)
@@ -186,12 +200,23 @@ def mode_evidence(model: Callable, samples: dict, modes: list[list[int]], rng_ke
             khat.append(float(array_stats.psislw(log_ratio)[1]))
     log_evidence = np.asarray(log_z)
     weights = np.exp(log_evidence - log_evidence.max())
-    return ModeEvidence([list(m) for m in modes], log_evidence, np.asarray(log_z_se), weights / weights.sum(),
-                        np.asarray(khat))
+    return ModeEvidence(
+        [list(m) for m in modes],
+        log_evidence,
+        np.asarray(log_z_se),
+        weights / weights.sum(),
+        np.asarray(khat),
+    )
 
 
-def mode_mixture(tree: xarray.DataTree, evidence: ModeEvidence, rng_key: jax.Array, *,
-                 num_draws: int | None = None, label: str | None = None) -> xarray.DataTree:
+def mode_mixture(
+    tree: xarray.DataTree,
+    evidence: ModeEvidence,
+    rng_key: jax.Array,
+    *,
+    num_draws: int | None = None,
+    label: str | None = None,
+) -> xarray.DataTree:
     """The MCMC result with its modes pooled by their posterior mass (one chain of draws).
 
     Draws ``num_draws`` (default: all draws of the run) from the mixture of the modes'
@@ -219,5 +244,8 @@ def mode_mixture(tree: xarray.DataTree, evidence: ModeEvidence, rng_key: jax.Arr
         idx = rng.choice(len(pool), size=int(count), replace=True)
         picks += [pool[i] for i in idx]
     layers = {n: np.stack([values[n][c, d] for c, d in picks]) for n in names}
-    return from_layer_samples(layers, np.asarray(tree["constant_data"]["grid_x"].values),
-                              label=label or f"{tree.attrs.get('label', 'MCMC')} (modes by mass)")
+    return from_layer_samples(
+        layers,
+        np.asarray(tree["constant_data"]["grid_x"].values),
+        label=label or f"{tree.attrs.get('label', 'MCMC')} (modes by mass)",
+    )

@@ -74,10 +74,14 @@ def _check_chosen_samples(chosen: dict, samples: dict, inducing_sites: Any) -> N
     missing = sorted(n for n in inducing_sites if n not in chosen)
     if missing:
         # drawing them from the prior would silently mix prior and posterior draws
-        raise ValueError(f"layer_samples: samples lack the inducing-value sites {missing}; pass the "
-                         "posterior samples of every layer's inducing values (e.g. mcmc.get_samples())")
+        raise ValueError(
+            f"layer_samples: samples lack the inducing-value sites {missing}; pass the "
+            "posterior samples of every layer's inducing values (e.g. mcmc.get_samples())"
+        )
     if not chosen:
-        raise ValueError(f"layer_samples: none of the samples' sites {sorted(samples)} is a latent site of the model")
+        raise ValueError(
+            f"layer_samples: none of the samples' sites {sorted(samples)} is a latent site of the model"
+        )
 
 
 def layer_names(tree: xarray.DataTree) -> list[str]:
@@ -89,9 +93,15 @@ def layer_names(tree: xarray.DataTree) -> list[str]:
     return list(tree.attrs.get("layers") or [])
 
 
-def from_layer_samples(layers: Mapping[str, ArrayLike], grid: ArrayLike, *, num_chains: int = 1,
-                       extra: dict | None = None, sample_stats: dict | None = None,
-                       label: str | None = None) -> xarray.DataTree:
+def from_layer_samples(
+    layers: Mapping[str, ArrayLike],
+    grid: ArrayLike,
+    *,
+    num_chains: int = 1,
+    extra: dict | None = None,
+    sample_stats: dict | None = None,
+    label: str | None = None,
+) -> xarray.DataTree:
     """A ``DataTree`` in this module's layout.
 
     :param layers: ``{layer: (C, D, G, P)}`` or ``{layer: (S, G, P)}`` (reshaped into
@@ -123,12 +133,17 @@ def from_layer_samples(layers: Mapping[str, ArrayLike], grid: ArrayLike, *, num_
         dims[name] = ["grid", f"{name}_output"]
     for name, value in (extra or {}).items():
         value = np.asarray(value)
-        posterior[name] = value if value.shape[:2] == next(iter(posterior.values())).shape[:2] else shaped(value)
+        posterior[name] = (
+            value if value.shape[:2] == next(iter(posterior.values())).shape[:2] else shaped(value)
+        )
     data = {"posterior": posterior, "constant_data": {"grid_x": np.asarray(grid)}}
     if sample_stats:
         data["sample_stats"] = {k: np.asarray(v) for k, v in sample_stats.items()}
-    tree = az.from_dict(data, dims={**dims, "grid_x": ["grid", "grid_x_dim"]},
-                        coords={"grid": np.arange(np.asarray(grid).shape[0])})
+    tree = az.from_dict(
+        data,
+        dims={**dims, "grid_x": ["grid", "grid_x_dim"]},
+        coords={"grid": np.arange(np.asarray(grid).shape[0])},
+    )
     tree.attrs["layers"] = names
     if label is not None:
         tree.attrs["label"] = label
@@ -163,12 +178,19 @@ def from_guide(
     :param kwargs: keyword arguments of the model.
     :return: a ``DataTree`` in this module's layout with one chain of ``num_samples`` draws.
     """
-    layers = sample_layers(model, guide, params, rng_key, grid, *args, num_samples=num_samples, **kwargs)
+    layers = sample_layers(
+        model, guide, params, rng_key, grid, *args, num_samples=num_samples, **kwargs
+    )
     return from_layer_samples(layers, grid, label=label)
 
 
-def _check_grid_or_rerun(samples: dict, grid_sites: list[str], grid: ArrayLike, model: Callable | None,
-                         rng_key: jax.Array | None) -> None:
+def _check_grid_or_rerun(
+    samples: dict,
+    grid_sites: list[str],
+    grid: ArrayLike,
+    model: Callable | None,
+    rng_key: jax.Array | None,
+) -> None:
     """An MCMC run's ``"<layer>.grid"`` sites must be on ``grid``; without them, ``model`` and
     ``rng_key`` must be given to re-run the layers on it (:func:`from_mcmc`).
 
@@ -177,7 +199,9 @@ def _check_grid_or_rerun(samples: dict, grid_sites: list[str], grid: ArrayLike, 
     if grid_sites:
         grid_rows = np.asarray(samples[grid_sites[0]]).shape[2]
         if grid_rows != np.asarray(grid).shape[0]:
-            raise ValueError(f"from_mcmc: the run's grid has {grid_rows} points, grid has {np.asarray(grid).shape[0]}")
+            raise ValueError(
+                f"from_mcmc: the run's grid has {grid_rows} points, grid has {np.asarray(grid).shape[0]}"
+            )
     elif model is None or rng_key is None:
         raise ValueError(
             "from_mcmc: the run has no '<layer>.grid' sites (exact_layers with a grid); pass "

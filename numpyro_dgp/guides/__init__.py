@@ -11,4 +11,11 @@ from numpyro_dgp.guides._base import DGPGuide, InducingSite
 from numpyro_dgp.guides._correlated import AutoChainDGP, AutoJointDGP
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
 
-__all__ = ["AutoAmortizedDGP", "AutoChainDGP", "AutoFactorizedDGP", "AutoJointDGP", "DGPGuide", "InducingSite"]
+__all__ = [
+    "AutoAmortizedDGP",
+    "AutoChainDGP",
+    "AutoFactorizedDGP",
+    "AutoJointDGP",
+    "DGPGuide",
+    "InducingSite",
+]

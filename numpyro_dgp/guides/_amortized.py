@@ -57,7 +57,9 @@ class AmortizedQ(dist.Distribution):
 
     support = constraints.real
 
-    def __init__(self, posterior: AmortizedPosterior, site: str, value_shape: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, posterior: AmortizedPosterior, site: str, value_shape: tuple[int, ...] = ()
+    ) -> None:
         self.posterior = posterior
         self.site = site
         value_shape = tuple(value_shape)
@@ -125,11 +127,25 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         ``init_scale``, ``hidden_width`` or ``weights``.
     """
 
-    def __init__(self, model: Callable, *, rule: str = "AR2P", num_branches: int = 32, covariance: str = "diagonal",
-                 hidden_width: int | None = None, num_hidden: int = 2, init_scale: float = 0.1,
-                 points: dict[str, ArrayLike] | None = None, weights: ArrayLike | None = None,
-                 learn_points: bool = True, prefix: str = "auto", **kwargs: Any) -> None:
-        initial_weights = _check_amortized_options(rule, num_branches, covariance, init_scale, hidden_width, weights)
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        rule: str = "AR2P",
+        num_branches: int = 32,
+        covariance: str = "diagonal",
+        hidden_width: int | None = None,
+        num_hidden: int = 2,
+        init_scale: float = 0.1,
+        points: dict[str, ArrayLike] | None = None,
+        weights: ArrayLike | None = None,
+        learn_points: bool = True,
+        prefix: str = "auto",
+        **kwargs: Any,
+    ) -> None:
+        initial_weights = _check_amortized_options(
+            rule, num_branches, covariance, init_scale, hidden_width, weights
+        )
         self.rule = rule
         self.num_branches = int(num_branches)
         self.covariance = covariance
@@ -188,10 +204,14 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         if isinstance(self.initial_points, dict):
             init = self.initial_points.get(site.layer)
         if init is None:
-            init = jax.random.normal(jax.random.PRNGKey(zlib.crc32(site.layer.encode())), (S, site.out_dim), dtype)
+            init = jax.random.normal(
+                jax.random.PRNGKey(zlib.crc32(site.layer.encode())), (S, site.out_dim), dtype
+            )
         init = _check_points(site, jnp.asarray(init, dtype), S)
         points = quadrature_points(f"{self.prefix}.{site.layer}.points", init, self.learn_points)
-        log_weights = quadrature_log_weights(f"{self.prefix}.branch_logits", self.initial_weights, self.learn_points)
+        log_weights = quadrature_log_weights(
+            f"{self.prefix}.branch_logits", self.initial_weights, self.learn_points
+        )
         return points, log_weights.astype(dtype)
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
@@ -202,18 +222,27 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         for site in self.inducing_sites:
             if site.inducing != "amortized":
                 loc, scale_tril = self._q(site, rng_key, args, kwargs)
-                result[site.name] = numpyro.sample(site.name, CholeskyNormal(loc, scale_tril).to_event(1))
+                result[site.name] = numpyro.sample(
+                    site.name, CholeskyNormal(loc, scale_tril).to_event(1)
+                )
                 continue
             dtype = self.prototype_trace[site.name]["value"].dtype
             points, log_weights = self._branches(site, dtype)
             posterior = AmortizedPosterior(
                 self._encoder(site, self.amortized_sites[site.name], dtype),
-                self.rule, self.num_branches, points, log_weights,
+                self.rule,
+                self.num_branches,
+                points,
+                log_weights,
             )
             # under the u site's own name, so NumPyro's ELBOs meet it (and refuse it) instead of
             # finding the model's u site uncovered; auxiliary: it is never a draw of u
             value_shape = self.prototype_trace[site.name]["value"].shape
-            numpyro.sample(site.name, AmortizedQ(posterior, site.name, value_shape), infer={"is_auxiliary": True})
+            numpyro.sample(
+                site.name,
+                AmortizedQ(posterior, site.name, value_shape),
+                infer={"is_auxiliary": True},
+            )
         return result
 
     def median(self, params: dict) -> NoReturn:
@@ -234,8 +263,14 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         self.median(params)
 
 
-def _check_amortized_options(rule: str, num_branches: int, covariance: str, init_scale: float,
-                             hidden_width: int | None, weights: ArrayLike | None) -> np.ndarray:
+def _check_amortized_options(
+    rule: str,
+    num_branches: int,
+    covariance: str,
+    init_scale: float,
+    hidden_width: int | None,
+    weights: ArrayLike | None,
+) -> np.ndarray:
     """:class:`AutoAmortizedDGP`'s options; returns the starting branch weights, normalized.
 
     :raises ValueError: for an unknown ``rule`` or ``covariance``, or invalid ``num_branches``,
@@ -251,7 +286,9 @@ def _check_amortized_options(rule: str, num_branches: int, covariance: str, init
         weights = np.full(int(num_branches), 1.0 / int(num_branches))
     weights = np.asarray(weights, float)
     if weights.shape != (int(num_branches),) or np.any(weights <= 0):
-        raise ValueError(f"AutoAmortizedDGP: weights must be {num_branches} positive numbers, got {weights!r}")
+        raise ValueError(
+            f"AutoAmortizedDGP: weights must be {num_branches} positive numbers, got {weights!r}"
+        )
     return weights / weights.sum()
 
 

@@ -50,7 +50,9 @@ class InducingSite(NamedTuple):
         return self.out_dim * self.num_inducing
 
 
-def _init_inducing_to_mean(site: dict | None = None, init_loc_fn: Callable = init_to_uniform) -> Any:
+def _init_inducing_to_mean(
+    site: dict | None = None, init_loc_fn: Callable = init_to_uniform
+) -> Any:
     """Initial values for the prototype run: inducing sites at their prior mean (so that, with
     inducing locations, each layer's locations are the previous layer's prior mean), others
     by ``init_loc_fn``. (A ``functools.partial``, as NumPyro's ``initialize_model`` expects.)"""
@@ -65,8 +67,9 @@ def _init_inducing_to_mean(site: dict | None = None, init_loc_fn: Callable = ini
 INNER_INITS = ("deterministic", "prior")
 
 
-def _check_guide_options(name: str, inner_init: str, init_scale: float, latent_inputs: str,
-                         latent_hidden_width: int) -> None:
+def _check_guide_options(
+    name: str, inner_init: str, init_scale: float, latent_inputs: str, latent_hidden_width: int
+) -> None:
     """:class:`DGPGuide`'s options (``name``: the guide's class in messages).
 
     :raises ValueError: for an unknown ``inner_init`` or ``latent_inputs``, or an ``init_scale`` or
@@ -79,7 +82,9 @@ def _check_guide_options(name: str, inner_init: str, init_scale: float, latent_i
     check_positive_int(latent_hidden_width, "latent_hidden_width", name)
 
 
-def _check_inducing_site(guide: str, name: str, site: dict, tag: InducingTag, accepts_amortized: bool) -> None:
+def _check_inducing_site(
+    guide: str, name: str, site: dict, tag: InducingTag, accepts_amortized: bool
+) -> None:
     """A model's inducing site as a guide takes it: global ones outside data plates, per-point
     ones (``inducing='amortized'``) only for a guide that ``accepts_amortized``.
 
@@ -147,17 +152,31 @@ class DGPGuide(AutoGuide):
     #: whether the guide handles layers with per-point inducing sets (``inducing="amortized"``)
     _accepts_amortized = False
 
-    def __init__(self, model: Callable, *, inner_init: str = "deterministic", init_scale: float = 1e-5,
-                 prefix: str = "auto", init_loc_fn: Callable | None = None, latent_inputs: str = "per_point",
-                 latent_hidden_width: int = 32) -> None:
-        _check_guide_options(type(self).__name__, inner_init, init_scale, latent_inputs, latent_hidden_width)
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        inner_init: str = "deterministic",
+        init_scale: float = 1e-5,
+        prefix: str = "auto",
+        init_loc_fn: Callable | None = None,
+        latent_inputs: str = "per_point",
+        latent_hidden_width: int = 32,
+    ) -> None:
+        _check_guide_options(
+            type(self).__name__, inner_init, init_scale, latent_inputs, latent_hidden_width
+        )
         self.latent_inputs = latent_inputs
         self.latent_hidden_width = int(latent_hidden_width)
         self.latent_sites: list[LatentSite] = []
         self.inner_init = inner_init
         self.init_scale = float(init_scale)
         init_loc_fn = init_to_uniform if init_loc_fn is None else init_loc_fn
-        super().__init__(model, prefix=prefix, init_loc_fn=partial(_init_inducing_to_mean, init_loc_fn=init_loc_fn))
+        super().__init__(
+            model,
+            prefix=prefix,
+            init_loc_fn=partial(_init_inducing_to_mean, init_loc_fn=init_loc_fn),
+        )
         self.inducing_sites: list[InducingSite] = []
         self._other_guide = None
         #: the shapes and dtypes of the arguments the structure was built from (the training
@@ -167,7 +186,9 @@ class DGPGuide(AutoGuide):
     def _prototype_model(self, rng_key: jax.Array | None) -> Callable:
         """The model run the structure is read from: latent sites at their initial values
         (inducing values at their prior mean), as NumPyro's ``initialize_model`` runs it."""
-        return handlers.substitute(handlers.seed(self.model, rng_key), substitute_fn=self.init_loc_fn)
+        return handlers.substitute(
+            handlers.seed(self.model, rng_key), substitute_fn=self.init_loc_fn
+        )
 
     def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
         """Read the model's structure from one abstract run (``jax.eval_shape``: nothing is
@@ -179,10 +200,14 @@ class DGPGuide(AutoGuide):
 
         def probe():
             with handlers.block():
-                tr = handlers.trace(self._prototype_model(jax.random.PRNGKey(0))).get_trace(*args, **kwargs)
+                tr = handlers.trace(self._prototype_model(jax.random.PRNGKey(0))).get_trace(
+                    *args, **kwargs
+                )
             found["trace"] = _abstract_trace(tr)
-            found["latents"] = {name: spec._replace(encoder_input=_abstract_value(spec.encoder_input))
-                                for name, spec in latent_specs(tr).items()}
+            found["latents"] = {
+                name: spec._replace(encoder_input=_abstract_value(spec.encoder_input))
+                for name, spec in latent_specs(tr).items()
+            }
             return 0
 
         jax.eval_shape(probe)
@@ -197,10 +222,13 @@ class DGPGuide(AutoGuide):
                 for frame in site["cond_indep_stack"]:
                     self._prototype_frames.setdefault(frame.name, frame)
         self.inducing_sites = self._read_inducing_sites()
-        self.latent_sites = latent_sites(self.prototype_trace, found["latents"], self._prototype_frame_full_sizes)
+        self.latent_sites = latent_sites(
+            self.prototype_trace, found["latents"], self._prototype_frame_full_sizes
+        )
         u_names = {s.name for s in self.inducing_sites} | {s.name for s in self.latent_sites}
         others = [
-            n for n, s in self.prototype_trace.items()
+            n
+            for n, s in self.prototype_trace.items()
             if s["type"] == "sample" and not s["is_observed"] and n not in u_names
         ]
         local = [n for n in others if self.prototype_trace[n]["cond_indep_stack"]]
@@ -224,7 +252,9 @@ class DGPGuide(AutoGuide):
             sites.append((name, tag.layer, P, M, whiten, tag.inducing, site["value"].dtype))
         _check_has_inducing_sites(type(self).__name__, sites)
         return [
-            InducingSite(name, layer, P, M, whiten, is_last=(i == len(sites) - 1), inducing=mode, dtype=dtype)
+            InducingSite(
+                name, layer, P, M, whiten, is_last=(i == len(sites) - 1), inducing=mode, dtype=dtype
+            )
             for i, (name, layer, P, M, whiten, mode, dtype) in enumerate(sites)
         ]
 
@@ -279,11 +309,18 @@ class DGPGuide(AutoGuide):
         placeholders (:func:`~numpyro_dgp.guides._latent.sample_latent`)."""
         out = {} if self._other_guide is None else dict(self._other_guide(*args, **kwargs))
         for site in self.latent_sites:
-            out[site.name] = sample_latent(site, self.latent_inputs, self.prefix, self.latent_hidden_width)
+            out[site.name] = sample_latent(
+                site, self.latent_inputs, self.prefix, self.latent_hidden_width
+            )
         return out
 
     def sample_posterior(
-        self, rng_key: jax.Array, params: dict, *args: Any, sample_shape: tuple[int, ...] = (), **kwargs: Any
+        self,
+        rng_key: jax.Array,
+        params: dict,
+        *args: Any,
+        sample_shape: tuple[int, ...] = (),
+        **kwargs: Any,
     ) -> dict[str, jax.Array]:
         """Draw latent values (inducing sites and any others) from the fitted guide.
 
@@ -298,16 +335,23 @@ class DGPGuide(AutoGuide):
             self.setup(rng_key, *args, **kwargs)
 
         def one(key, params):
-            tr = handlers.trace(handlers.seed(handlers.substitute(self, data=params), key)).get_trace(*args, **kwargs)
+            tr = handlers.trace(
+                handlers.seed(handlers.substitute(self, data=params), key)
+            ).get_trace(*args, **kwargs)
             return {
-                n: s["value"] for n, s in tr.items()
-                if s["type"] == "sample" and not s["is_observed"] and not s["infer"].get("is_auxiliary")
+                n: s["value"]
+                for n, s in tr.items()
+                if s["type"] == "sample"
+                and not s["is_observed"]
+                and not s["infer"].get("is_auxiliary")
             }
 
         num = int(np.prod(sample_shape)) if sample_shape else 1
         keys = jax.random.split(rng_key, num)
         samples = jax.jit(jax.vmap(one, in_axes=(0, None)))(keys, params)
-        return jax.tree_util.tree_map(lambda x: x.reshape(tuple(sample_shape) + x.shape[1:]), samples)
+        return jax.tree_util.tree_map(
+            lambda x: x.reshape(tuple(sample_shape) + x.shape[1:]), samples
+        )
 
     @staticmethod
     def _lazy_param(name: str, init: Callable[[], jax.Array], **kwargs: Any) -> jax.Array:
@@ -317,10 +361,13 @@ class DGPGuide(AutoGuide):
         NumPyro draws a key from the run's stream for a callable initial value; the draw here
         is served by a stream of its own, so the guide's samples get the same keys as before.
         """
+
         def create():
             return numpyro.param(name, lambda _: init(), **kwargs)
 
-        hide_keys = handlers.block(handlers.seed(create, rng_seed=0), hide_fn=lambda msg: msg["type"] == "prng_key")
+        hide_keys = handlers.block(
+            handlers.seed(create, rng_seed=0), hide_fn=lambda msg: msg["type"] == "prng_key"
+        )
         return hide_keys()
 
     def _initial_scale_tril(self, site: InducingSite, prior_scale_tril: jax.Array) -> jax.Array:
@@ -349,8 +396,12 @@ def _abstract_trace(tr: dict) -> dict:
     values, so nothing of the abstract run (its tracers) outlives it."""
     out = {}
     for name, site in tr.items():
-        infer = {k: v._replace(encoder_input=_abstract_value(v.encoder_input)) if hasattr(v, "encoder_input")
-                 else _abstract_value(v) for k, v in (site.get("infer") or {}).items()}
+        infer = {
+            k: v._replace(encoder_input=_abstract_value(v.encoder_input))
+            if hasattr(v, "encoder_input")
+            else _abstract_value(v)
+            for k, v in (site.get("infer") or {}).items()
+        }
         out[name] = {
             "type": site["type"],
             "name": name,
@@ -358,6 +409,8 @@ def _abstract_trace(tr: dict) -> dict:
             "infer": infer,
             "is_observed": site.get("is_observed", False),
             "cond_indep_stack": site.get("cond_indep_stack", []),
-            "args": tuple(a for a in site.get("args", ()) if isinstance(a, (int, np.integer, type(None)))),
+            "args": tuple(
+                a for a in site.get("args", ()) if isinstance(a, (int, np.integer, type(None)))
+            ),
         }
     return out

@@ -39,6 +39,7 @@ from numpyro_dgp.posteriors import ChainLink, JointBlock
 
 __all__ = ["AutoJointDGP", "AutoChainDGP"]
 
+
 def _quantiles_from_cov(loc: jax.Array, cov: jax.Array, quantiles: ArrayLike) -> jax.Array:
     std = jnp.sqrt(jnp.diagonal(cov)).reshape(loc.shape)
     return loc + ndtri(jnp.asarray(quantiles)).reshape((-1,) + (1,) * loc.ndim) * std
@@ -64,7 +65,9 @@ class AutoJointDGP(DGPGuide):
     def _names(self) -> tuple[str, str]:
         return f"{self.prefix}_joint_loc", f"{self.prefix}_joint_scale_tril"
 
-    def _q(self, rng_key: jax.Array | None, args: tuple, kwargs: dict) -> tuple[jax.Array, jax.Array]:
+    def _q(
+        self, rng_key: jax.Array | None, args: tuple, kwargs: dict
+    ) -> tuple[jax.Array, jax.Array]:
         loc_name, tril_name = self._names
         sites = self.inducing_sites
         priors: list[tuple[jax.Array, jax.Array]] = []
@@ -78,7 +81,10 @@ class AutoJointDGP(DGPGuide):
             return jnp.concatenate([loc.reshape(-1) for loc, _ in prior_moments()])
 
         def init_tril():
-            blocks = [block_diag(*self._initial_scale_tril(s, tril)) for s, (_, tril) in zip(sites, prior_moments())]
+            blocks = [
+                block_diag(*self._initial_scale_tril(s, tril))
+                for s, (_, tril) in zip(sites, prior_moments())
+            ]
             return block_diag(*blocks)
 
         loc = self._lazy_param(loc_name, init_loc)
@@ -114,7 +120,9 @@ class AutoJointDGP(DGPGuide):
             cond_loc = loc[start:stop] + tril[start:stop, :start] @ z[:start]
             value = (cond_loc + factor @ z[start:stop]).reshape(site.out_dim, site.num_inducing)
             log_det = jnp.sum(jnp.log(jnp.diagonal(factor)))
-            conditional = JointBlock((site.name,), ((site.out_dim, site.num_inducing),), cond_loc, factor)
+            conditional = JointBlock(
+                (site.name,), ((site.out_dim, site.num_inducing),), cond_loc, factor
+            )
             u = numpyro.sample(
                 site.name,
                 dist.Delta(value, log_density=-log_det, event_dim=2),
@@ -182,14 +190,20 @@ class AutoChainDGP(AutoFactorizedDGP):
     """
 
     def _chain_q(
-        self, site: InducingSite, parent: InducingSite | None, rng_key: jax.Array | None, args: tuple, kwargs: dict
+        self,
+        site: InducingSite,
+        parent: InducingSite | None,
+        rng_key: jax.Array | None,
+        args: tuple,
+        kwargs: dict,
     ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
         """``m_l``, ``D_l`` (the factorized guide's parameters) and ``C_l`` (``None`` for the first layer)."""
         loc, tril = self._q(site, rng_key, args, kwargs)
         coupling = None
         if parent is not None:
             coupling = numpyro.param(
-                f"{site.name}_{self.prefix}_coupling", jnp.zeros((site.size, parent.size), loc.dtype)
+                f"{site.name}_{self.prefix}_coupling",
+                jnp.zeros((site.size, parent.size), loc.dtype),
             )
         return loc, tril, coupling
 
@@ -250,5 +264,7 @@ class AutoChainDGP(AutoFactorizedDGP):
         out = self._other_quantiles(params, jnp.asarray(quantiles))
         covs = self.marginal_covariances(params)
         for s in self.inducing_sites:
-            out[s.name] = _quantiles_from_cov(params[f"{s.name}_{self.prefix}_loc"], covs[s.name], quantiles)
+            out[s.name] = _quantiles_from_cov(
+                params[f"{s.name}_{self.prefix}_loc"], covs[s.name], quantiles
+            )
         return out

@@ -41,8 +41,9 @@ class AutoFactorizedDGP(DGPGuide):
         ``"<site>_<prefix>_scale_tril"``.
     """
 
-    def _q(self, site: InducingSite, rng_key: jax.Array | None, args: tuple,
-           kwargs: dict) -> tuple[jax.Array, jax.Array]:
+    def _q(
+        self, site: InducingSite, rng_key: jax.Array | None, args: tuple, kwargs: dict
+    ) -> tuple[jax.Array, jax.Array]:
         """The parameters of ``q(u)`` for one inducing site: ``loc (P, M)``, ``scale_tril (P, M, M)``
         (starting, when they are created, from the prior at initialization)."""
         prior: dict[str, jax.Array] = {}
@@ -54,7 +55,8 @@ class AutoFactorizedDGP(DGPGuide):
 
         loc = self._lazy_param(f"{site.name}_{self.prefix}_loc", lambda: moments()["loc"])
         scale_tril = self._lazy_param(
-            f"{site.name}_{self.prefix}_scale_tril", lambda: self._initial_scale_tril(site, moments()["scale_tril"]),
+            f"{site.name}_{self.prefix}_scale_tril",
+            lambda: self._initial_scale_tril(site, moments()["scale_tril"]),
             constraint=softplus_lower_cholesky,
         )
         return loc, scale_tril
@@ -65,7 +67,9 @@ class AutoFactorizedDGP(DGPGuide):
         result = dict(self._sample_others(*args, **kwargs))
         for site in self.inducing_sites:
             loc, scale_tril = self._q(site, rng_key, args, kwargs)
-            result[site.name] = numpyro.sample(site.name, CholeskyNormal(loc, scale_tril).to_event(1))
+            result[site.name] = numpyro.sample(
+                site.name, CholeskyNormal(loc, scale_tril).to_event(1)
+            )
         return result
 
     def median(self, params: dict) -> dict[str, jax.Array]:

@@ -43,7 +43,10 @@ def mlp(
     """
     layers = []
     for _ in range(num_hidden):
-        layers += [stax.Dense(hidden_width), stax.elementwise(jax.nn.leaky_relu, negative_slope=negative_slope)]
+        layers += [
+            stax.Dense(hidden_width),
+            stax.elementwise(jax.nn.leaky_relu, negative_slope=negative_slope),
+        ]
     return stax.serial(*layers, stax.Dense(out_dim))
 
 
@@ -53,7 +56,9 @@ def register_mlp(prefix: str, init_fn: Callable, in_dim: int, dtype: DTypeLike) 
     key = jax.random.PRNGKey(zlib.crc32(prefix.encode()))
     _, params = init_fn(key, (-1, in_dim))
     leaves, treedef = jax.tree_util.tree_flatten(params)
-    leaves = [numpyro.param(f"{prefix}.{i}", jnp.asarray(leaf, dtype)) for i, leaf in enumerate(leaves)]
+    leaves = [
+        numpyro.param(f"{prefix}.{i}", jnp.asarray(leaf, dtype)) for i, leaf in enumerate(leaves)
+    ]
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
@@ -91,9 +96,18 @@ def latent_sites(trace: dict, specs: dict, full_sizes: dict) -> list[LatentSite]
     out = []
     for name, spec in specs.items():
         frame = [f for f in trace[name]["cond_indep_stack"] if f.dim == -1][0]
-        out.append(LatentSite(name, spec.latent_dim, int(spec.encoder_input.shape[-1]), frame.name,
-                              int(full_sizes.get(frame.name, frame.size)), int(frame.size), frame.dim,
-                              trace[name]["value"].dtype))
+        out.append(
+            LatentSite(
+                name,
+                spec.latent_dim,
+                int(spec.encoder_input.shape[-1]),
+                frame.name,
+                int(full_sizes.get(frame.name, frame.size)),
+                int(frame.size),
+                frame.dim,
+                trace[name]["value"].dtype,
+            )
+        )
     return out
 
 
@@ -159,11 +173,21 @@ def sample_latent(site: LatentSite, mode: str, prefix: str, hidden_width: int) -
             out = apply_fn(params, encoder_input)
             return out[..., :Q], _softplus_scale(out[..., Q:])
 
-        return numpyro.sample(site.name, LatentQ(LatentPosterior(encode), site.name, (site.batch_size, Q)),
-                              infer={"is_auxiliary": True})
+        return numpyro.sample(
+            site.name,
+            LatentQ(LatentPosterior(encode), site.name, (site.batch_size, Q)),
+            infer={"is_auxiliary": True},
+        )
     loc = numpyro.param(f"{base}_loc", jnp.zeros((site.plate_size, Q), site.dtype))
-    scale = numpyro.param(f"{base}_scale", jnp.ones((site.plate_size, Q), site.dtype), constraint=constraints.positive)
-    with numpyro.plate(site.plate, site.plate_size, subsample_size=site.batch_size, dim=site.plate_dim) as index:
+    scale = numpyro.param(
+        f"{base}_scale", jnp.ones((site.plate_size, Q), site.dtype), constraint=constraints.positive
+    )
+    with numpyro.plate(
+        site.plate, site.plate_size, subsample_size=site.batch_size, dim=site.plate_dim
+    ) as index:
         batch = (loc[index], scale[index])
-        return numpyro.sample(site.name, LatentQ(LatentPosterior(lambda _: batch), site.name, (site.batch_size, Q)),
-                              infer={"is_auxiliary": True})
+        return numpyro.sample(
+            site.name,
+            LatentQ(LatentPosterior(lambda _: batch), site.name, (site.batch_size, Q)),
+            infer={"is_auxiliary": True},
+        )

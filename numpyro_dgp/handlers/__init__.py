@@ -34,7 +34,12 @@ Other inference schemes:
 """
 
 from numpyro_dgp.handlers._evaluation import coherent_layers, layer_inputs
-from numpyro_dgp.handlers._mcmc import PARAMETERIZATIONS, collapse_last_layer, exact_layers, latent_conditionals
+from numpyro_dgp.handlers._mcmc import (
+    PARAMETERIZATIONS,
+    collapse_last_layer,
+    exact_layers,
+    latent_conditionals,
+)
 from numpyro_dgp.handlers._quadrature import quadrature
 from numpyro_dgp.handlers._sde_flow import FLOW_ESTIMATORS, FlowSpec, sde_flow
 from numpyro_dgp.handlers._training import data_parallel, fast_subsample

@@ -78,5 +78,3 @@ def last_layer_name(fn: Callable, args: tuple, kwargs: dict, handler: str) -> st
 
     jax.eval_shape(probe)
     return found["last"]
-
-

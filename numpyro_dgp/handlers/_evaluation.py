@@ -62,7 +62,9 @@ class layer_inputs(PerRunMessenger):
         input shape.
     """
 
-    def __init__(self, fn: Callable | None = None, inputs: dict[str, ArrayLike] | None = None) -> None:
+    def __init__(
+        self, fn: Callable | None = None, inputs: dict[str, ArrayLike] | None = None
+    ) -> None:
         check_mapping(inputs, "inputs", "layer_inputs")
         assert inputs is not None  # refused above
         self.inputs = {name: jnp.asarray(value) for name, value in inputs.items()}
@@ -75,7 +77,9 @@ class layer_inputs(PerRunMessenger):
     def _problem_after_run(self) -> str | None:
         missing = sorted(set(self.inputs) - self._seen)
         if missing:
-            return f"layer_inputs: the model has no layer named {missing} (inputs were given for them)"
+            return (
+                f"layer_inputs: the model has no layer named {missing} (inputs were given for them)"
+            )
         return None
 
     def process_message(self, msg: dict) -> None:
@@ -95,5 +99,3 @@ class layer_inputs(PerRunMessenger):
                 f"broadcast to the layer's input shape {X.shape}"
             ) from None
         replace_layer_inputs(msg, value)
-
-

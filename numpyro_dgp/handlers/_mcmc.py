@@ -58,7 +58,9 @@ def _check_parameterization(handler: str, parameterization: str) -> None:
         )
 
 
-def _layer_output_site(name: str, mean: jax.Array, scale: jax.Array, parameterization: str) -> jax.Array:
+def _layer_output_site(
+    name: str, mean: jax.Array, scale: jax.Array, parameterization: str
+) -> jax.Array:
     """Latent layer output ``f (n, P)`` with mean ``mean (n, P)``, as a NumPyro site.
 
     ``scale`` is ``(P, n, n)`` lower-triangular (points correlated, one factor per output) or
@@ -70,8 +72,13 @@ def _layer_output_site(name: str, mean: jax.Array, scale: jax.Array, parameteriz
     dense = scale.ndim == 3
     if parameterization == "noncentered":
         site = f"{name}.f_white"
-        eps = _check_points(site, numpyro.sample(site, dist.Normal(jnp.zeros(mean.shape[::-1], mean.dtype), 1.0)
-                                                  .to_event(2)), mean.shape[::-1])
+        eps = _check_points(
+            site,
+            numpyro.sample(
+                site, dist.Normal(jnp.zeros(mean.shape[::-1], mean.dtype), 1.0).to_event(2)
+            ),
+            mean.shape[::-1],
+        )
         if dense:
             return mean + jnp.einsum("pnm,pm->np", scale, eps)
         return mean + scale * eps.T
@@ -181,7 +188,9 @@ class exact_layers(PerRunMessenger):
     def _reset(self) -> None:
         self._grid_inputs = self.grid if hasattr(self, "grid") else None
         self.layer_order: list[str] = []
-        self._collapsed: _CollapsedLayer | None = None  # the collapsed layer's prior, until its observation site
+        self._collapsed: _CollapsedLayer | None = (
+            None  # the collapsed layer's prior, until its observation site
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model under the handler (finding its last layer first for ``collapse_last``)."""
@@ -205,7 +214,11 @@ class exact_layers(PerRunMessenger):
             self._score_collapsed(msg)
             return
         infer = msg.get("infer") or {}
-        if msg["type"] == "param" and msg["name"].endswith(".inducing_inputs") and msg["value"] is None:
+        if (
+            msg["type"] == "param"
+            and msg["name"].endswith(".inducing_inputs")
+            and msg["value"] is None
+        ):
             # No inducing points in the exact model: skip the k-means initialization.
             init = lazy_param_initializer(msg)
             if init is not None:
@@ -223,7 +236,13 @@ class exact_layers(PerRunMessenger):
             msg["fn"] = self._exact
 
     def _exact(
-        self, layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array | None = None, full_cov: bool = False
+        self,
+        layer: Layer,
+        X: jax.Array,
+        u: jax.Array,
+        *,
+        rng_key: jax.Array | None = None,
+        full_cov: bool = False,
     ) -> jax.Array:
         del u, rng_key, full_cov
         self.layer_order.append(layer.name)
@@ -247,7 +266,9 @@ class exact_layers(PerRunMessenger):
             numpyro.deterministic(f"{layer.name}.grid", f[N:])
         return f[:N]
 
-    def _defer_collapsed(self, layer: Layer, X: jax.Array, A: jax.Array, jitter: float | jax.Array) -> jax.Array:
+    def _defer_collapsed(
+        self, layer: Layer, X: jax.Array, A: jax.Array, jitter: float | jax.Array
+    ) -> jax.Array:
         """The collapsed layer: keep its prior for the observation site, return its prior mean."""
         N = X.shape[0]
         mean = layer.mean_fn(A)
@@ -259,7 +280,9 @@ class exact_layers(PerRunMessenger):
             grid_white = numpyro.sample(
                 f"{layer.name}.grid_white", dist.Normal(jnp.zeros(shape, A.dtype), 1.0).to_event(2)
             )
-        self._collapsed = _CollapsedLayer(layer, N, _output_covariance(layer, A), mean, jitter, grid_white)
+        self._collapsed = _CollapsedLayer(
+            layer, N, _output_covariance(layer, A), mean, jitter, grid_white
+        )
         return mean[:N]
 
     def _score_collapsed(self, msg: dict) -> None:
@@ -333,7 +356,9 @@ class _CollapsedNormal(dist.Distribution):
     support = dist.constraints.real
     reparametrized_params: list[str] = []
 
-    def __init__(self, loc: jax.Array, scale_tril: jax.Array, *, validate_args: bool | None = None) -> None:
+    def __init__(
+        self, loc: jax.Array, scale_tril: jax.Array, *, validate_args: bool | None = None
+    ) -> None:
         self.loc, self.scale_tril = loc, scale_tril
         super().__init__(batch_shape=jnp.shape(loc), event_shape=(), validate_args=validate_args)
 
@@ -376,7 +401,10 @@ class latent_conditionals(PerRunMessenger):
     """
 
     def __init__(
-        self, fn: Callable | None = None, parameterization: str = "noncentered", full_cov: bool = False
+        self,
+        fn: Callable | None = None,
+        parameterization: str = "noncentered",
+        full_cov: bool = False,
     ) -> None:
         _check_parameterization("latent_conditionals", parameterization)
         self.parameterization = parameterization
@@ -394,7 +422,13 @@ class latent_conditionals(PerRunMessenger):
             msg["fn"] = self._conditional
 
     def _conditional(
-        self, layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array | None = None, full_cov: bool = False
+        self,
+        layer: Layer,
+        X: jax.Array,
+        u: jax.Array,
+        *,
+        rng_key: jax.Array | None = None,
+        full_cov: bool = False,
     ) -> jax.Array:
         del rng_key, full_cov
         self.layer_order.append(layer.name)
@@ -431,7 +465,9 @@ class collapse_last_layer(PerRunMessenger):
     :raises ValueError: after a run in which no Normal observation site followed the layer.
     """
 
-    def __init__(self, fn: Callable | None = None, layer: str | None = None, obs_site: str | None = None) -> None:
+    def __init__(
+        self, fn: Callable | None = None, layer: str | None = None, obs_site: str | None = None
+    ) -> None:
         self.layer = layer
         self.obs_site = obs_site
         self._found_last: str | None = None
@@ -440,7 +476,9 @@ class collapse_last_layer(PerRunMessenger):
 
     def _reset(self) -> None:
         self.moments: tuple[jax.Array, jax.Array] | None = None
-        self._pending: jax.Array | None = None  # var (N, P) of the collapsed layer until the observation site
+        self._pending: jax.Array | None = (
+            None  # var (N, P) of the collapsed layer until the observation site
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model under the handler (finding its last layer first if no ``layer`` is given)."""
@@ -518,5 +556,3 @@ def _add_normal_variance(fn: dist.Distribution, var: jax.Array) -> dist.Distribu
             "(Normal(f[..., 0], s) for one output, Normal(f, s))"
         )
     return dist.Normal(fn.loc, jnp.sqrt(fn.scale**2 + extra))
-
-

@@ -16,7 +16,15 @@ import numpy as np
 from jax.typing import ArrayLike
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._protocol import BRANCHES, FLOW, LAYER_MESSAGE, BranchTag, get_tag, message_layer, with_tag
+from numpyro_dgp._protocol import (
+    BRANCHES,
+    FLOW,
+    LAYER_MESSAGE,
+    BranchTag,
+    get_tag,
+    message_layer,
+    with_tag,
+)
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.posteriors import quadrature_log_weights, quadrature_points
 
@@ -32,7 +40,9 @@ def _check_weights(weights: ArrayLike | None, num_points: int) -> np.ndarray:
         weights = np.full(num_points, 1.0 / num_points)
     weights = np.asarray(weights, float)
     if weights.shape != (num_points,) or np.any(weights <= 0):
-        raise ValueError(f"quadrature: weights must be {num_points} positive numbers, got {weights!r}")
+        raise ValueError(
+            f"quadrature: weights must be {num_points} positive numbers, got {weights!r}"
+        )
     return weights
 
 
@@ -99,7 +109,8 @@ class quadrature(Messenger):
             points = jnp.broadcast_to(points[:, None], (S, out_dim))
         if points.shape != (S, out_dim):
             raise ValueError(
-                f"quadrature: points for layer {layer!r} must have shape ({S}, {out_dim}), got {points.shape}")
+                f"quadrature: points for layer {layer!r} must have shape ({S}, {out_dim}), got {points.shape}"
+            )
         return points
 
     def process_message(self, msg: dict) -> None:
@@ -109,12 +120,14 @@ class quadrature(Messenger):
         layer = message_layer(msg)
         if get_tag(msg, FLOW) is not None:
             raise NotImplementedError(
-                f"quadrature: layer {layer.name!r} is an sde_flow layer, which quadrature does not branch")
+                f"quadrature: layer {layer.name!r} is an sde_flow layer, which quadrature does not branch"
+            )
         # registered on every run (SVI's initial run is a plain model run); the last layer's
         # points go unused: marginalize_inducing integrates that layer by Gauss-Hermite
         points = quadrature_points(
-            f"quadrature.{layer.name}.points", self.initial_points(layer.name, layer.out_dim), self.learnable
+            f"quadrature.{layer.name}.points",
+            self.initial_points(layer.name, layer.out_dim),
+            self.learnable,
         )
         log_weights = quadrature_log_weights("quadrature.logits", self.weights, self.learnable)
         with_tag(msg, BRANCHES, BranchTag(points, log_weights))
-

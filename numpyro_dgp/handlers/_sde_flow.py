@@ -78,7 +78,13 @@ def integrate_flow(
         return layer_moments(layer, x, q_mean, q_sqrt, False)
 
     out = euler_maruyama(
-        drift_diffusion, x0, spec.T, spec.num_steps, rng_key, diffusion=spec.diffusion, record=spec.record
+        drift_diffusion,
+        x0,
+        spec.T,
+        spec.num_steps,
+        rng_key,
+        diffusion=spec.diffusion,
+        record=spec.record,
     )
     if spec.record:
         end, box["path"] = out
@@ -87,14 +93,23 @@ def integrate_flow(
 
 
 def _flow_given_u(
-    spec: FlowSpec, box: dict, layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array, full_cov: bool = False
+    spec: FlowSpec,
+    box: dict,
+    layer: Layer,
+    X: jax.Array,
+    u: jax.Array,
+    *,
+    rng_key: jax.Array,
+    full_cov: bool = False,
 ) -> jax.Array:
     """Default handling of a flow layer's message: drift and diffusion given the sampled ``u``."""
     del full_cov  # the flow moves each point on its own
     return integrate_flow(spec, box, layer, X, u, None, rng_key)
 
 
-def _check_flow_settings(layer: str | None, T: float, num_steps: int, estimator: str) -> tuple[str, float]:
+def _check_flow_settings(
+    layer: str | None, T: float, num_steps: int, estimator: str
+) -> tuple[str, float]:
     """``(layer, T as a float)``, checked: a layer name, a finite ``T >= 0``, a positive number of
     steps and a known estimator (:class:`sde_flow`).
 
@@ -167,7 +182,9 @@ class sde_flow(PerRunMessenger):
         record: bool = False,
     ) -> None:
         layer, T_value = _check_flow_settings(layer, T, num_steps, estimator)
-        self.spec = FlowSpec(layer, T_value, num_steps, estimator, bool(diffusion), bool(time_input), bool(record))
+        self.spec = FlowSpec(
+            layer, T_value, num_steps, estimator, bool(diffusion), bool(time_input), bool(record)
+        )
         self._reset()
         super().__init__(fn)
 
@@ -214,5 +231,3 @@ class sde_flow(PerRunMessenger):
         if self.spec.layer not in self.layers_seen:
             return f"sde_flow: the model ran no gp_layer named {self.spec.layer!r} (its layers: {self.layers_seen})"
         return None
-
-

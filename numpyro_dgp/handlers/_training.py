@@ -46,14 +46,15 @@ class fast_subsample(Messenger):
             msg["fn"] = _top_k_subsample
 
 
-
 def _check_mesh_axis(mesh: Mesh, axis_name: str) -> None:
     """Refuse an ``axis_name`` that is not an axis of ``mesh`` (:class:`data_parallel`).
 
     :raises ValueError: naming the mesh's axes.
     """
     if axis_name not in mesh.axis_names:
-        raise ValueError(f"data_parallel: axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}")
+        raise ValueError(
+            f"data_parallel: axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}"
+        )
 
 
 class data_parallel(Messenger):
@@ -107,4 +108,3 @@ class data_parallel(Messenger):
         if msg["type"] == "plate" and msg["name"] == self.plate_name and msg["value"] is not None:
             sharding = NamedSharding(self.mesh, PartitionSpec(self.axis_name))
             msg["value"] = jax.lax.with_sharding_constraint(msg["value"], sharding)
-

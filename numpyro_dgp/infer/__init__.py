@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from numpyro_dgp.infer._fit import FitResult, fit
 from numpyro_dgp.infer._init import init
-from numpyro_dgp.infer._natural import NaturalGradientState, natural_gradient_ramp, natural_gradients
+from numpyro_dgp.infer._natural import (
+    NaturalGradientState,
+    natural_gradient_ramp,
+    natural_gradients,
+)
 from numpyro_dgp.infer._sghmc import SGHMC, SGHMCState
 from numpyro_dgp.infer._stream import HostMinibatches, fit_minibatches
 

@@ -59,11 +59,18 @@ def _leaves(progress: Progress) -> list:
     return jax.tree_util.tree_leaves((progress.state, progress.mean, progress.count))
 
 
-def write_checkpoint(path: os.PathLike | str, progress: Progress, num_steps: int, average_from: int | None,
-                     names: list[str]) -> None:
+def write_checkpoint(
+    path: os.PathLike | str,
+    progress: Progress,
+    num_steps: int,
+    average_from: int | None,
+    names: list[str],
+) -> None:
     """Write ``progress`` to ``path`` atomically (see the module docstring)."""
-    leaves = {str(i): np.asarray(jax.random.key_data(leaf) if _is_key(leaf) else leaf)
-              for i, leaf in enumerate(_leaves(progress))}
+    leaves = {
+        str(i): np.asarray(jax.random.key_data(leaf) if _is_key(leaf) else leaf)
+        for i, leaf in enumerate(_leaves(progress))
+    }
     metadata = {
         "format": CHECKPOINT_FORMAT,
         "step": int(progress.step),
@@ -72,11 +79,16 @@ def write_checkpoint(path: os.PathLike | str, progress: Progress, num_steps: int
         "num_skipped": int(progress.num_skipped),
         "params": sorted(names),
     }
-    save_params(path, {"leaves": leaves, "losses": np.asarray(progress.losses, np.float64)}, metadata=metadata)
+    save_params(
+        path,
+        {"leaves": leaves, "losses": np.asarray(progress.losses, np.float64)},
+        metadata=metadata,
+    )
 
 
-def _check_metadata(meta: dict[str, Any], where: str, num_steps: int, average_from: int | None,
-                    names: list[str]) -> int:
+def _check_metadata(
+    meta: dict[str, Any], where: str, num_steps: int, average_from: int | None, names: list[str]
+) -> int:
     """The step a checkpoint stands at, its metadata ``meta`` checked against this fit.
 
     :raises ValueError: a file that is not a fit checkpoint, one of a fit with other parameters
@@ -90,8 +102,10 @@ def _check_metadata(meta: dict[str, Any], where: str, num_steps: int, average_fr
             f"guide have {sorted(names)}"
         )
     if meta.get("average_from") != average_from:
-        raise ValueError(f"{where} was written with average_from={meta.get('average_from')!r}, "
-                         f"this fit has average_from={average_from!r}")
+        raise ValueError(
+            f"{where} was written with average_from={meta.get('average_from')!r}, "
+            f"this fit has average_from={average_from!r}"
+        )
     step = int(meta["step"])
     if step > num_steps:
         raise ValueError(f"{where} is at step {step}, beyond this fit's num_steps={num_steps}")
@@ -105,18 +119,27 @@ def _check_leaves(given: dict[str, np.ndarray], template_leaves: list, where: st
     :raises ValueError: otherwise, naming the first array that differs.
     """
     if len(given) != len(template_leaves):
-        raise ValueError(f"{where} holds {len(given)} state arrays, this fit's state has {len(template_leaves)} "
-                         "(another optimizer?)")
+        raise ValueError(
+            f"{where} holds {len(given)} state arrays, this fit's state has {len(template_leaves)} "
+            "(another optimizer?)"
+        )
     for i, like in enumerate(template_leaves):
         value = given[str(i)]
         expected = jax.random.key_data(like) if _is_key(like) else like
         if value.shape != tuple(expected.shape) or value.dtype != expected.dtype:
-            raise ValueError(f"{where}: state array {i} has shape {value.shape} {value.dtype}, this fit's has "
-                             f"{tuple(expected.shape)} {expected.dtype} (another optimizer or precision?)")
+            raise ValueError(
+                f"{where}: state array {i} has shape {value.shape} {value.dtype}, this fit's has "
+                f"{tuple(expected.shape)} {expected.dtype} (another optimizer or precision?)"
+            )
 
 
-def read_checkpoint(path: os.PathLike | str, template: Progress, num_steps: int, average_from: int | None,
-                    names: list[str]) -> Progress:
+def read_checkpoint(
+    path: os.PathLike | str,
+    template: Progress,
+    num_steps: int,
+    average_from: int | None,
+    names: list[str],
+) -> Progress:
     """The :class:`Progress` stored at ``path``, rebuilt on the structure of ``template`` (a fresh
     start of the same fit).
 
@@ -126,10 +149,18 @@ def read_checkpoint(path: os.PathLike | str, template: Progress, num_steps: int,
     stored, meta = load_params(path, return_metadata=True, as_numpy=True)
     where = f"fit: checkpoint {os.fspath(path)!r}"
     step = _check_metadata(meta, where, num_steps, average_from, names)
-    template_leaves, treedef = jax.tree_util.tree_flatten((template.state, template.mean, template.count))
+    template_leaves, treedef = jax.tree_util.tree_flatten(
+        (template.state, template.mean, template.count)
+    )
     given = stored["leaves"]
     _check_leaves(given, template_leaves, where)
-    leaves = [jax.random.wrap_key_data(given[str(i)], impl=jax.random.key_impl(like)) if _is_key(like)
-              else jnp.asarray(given[str(i)]) for i, like in enumerate(template_leaves)]
+    leaves = [
+        jax.random.wrap_key_data(given[str(i)], impl=jax.random.key_impl(like))
+        if _is_key(like)
+        else jnp.asarray(given[str(i)])
+        for i, like in enumerate(template_leaves)
+    ]
     state, mean, count = jax.tree_util.tree_unflatten(treedef, leaves)
-    return Progress(step, state, mean, count, np.asarray(stored["losses"]), int(meta["num_skipped"]))
+    return Progress(
+        step, state, mean, count, np.asarray(stored["losses"]), int(meta["num_skipped"])
+    )

@@ -42,16 +42,23 @@ class _check_factors(Messenger):
             raise _Stop
 
 
-def failed_layer(model: Callable, guide: Callable | None, params: dict, args: tuple, kwargs: dict,
-                 rng_key: jax.Array) -> tuple[str | None, str | None]:
+def failed_layer(
+    model: Callable,
+    guide: Callable | None,
+    params: dict,
+    args: tuple,
+    kwargs: dict,
+    rng_key: jax.Array,
+) -> tuple[str | None, str | None]:
     """``(layer, error)``: the first layer whose ``K(Z, Z)`` factor is not finite at ``params``
     (``None`` if every layer's is), and the error that stopped the check early, if any."""
     model_run = substitute(seed(model, rng_key), data=params)
     with numpyro.validation_enabled(False):
         if guide is not None:
             try:
-                guide_trace = trace(substitute(seed(guide, jax.random.fold_in(rng_key, 1)), data=params)).get_trace(
-                    *args, **kwargs)
+                guide_trace = trace(
+                    substitute(seed(guide, jax.random.fold_in(rng_key, 1)), data=params)
+                ).get_trace(*args, **kwargs)
                 model_run = replay(model_run, guide_trace)
             except Exception:  # noqa: BLE001 - the guide itself may fail at these values: check the model alone
                 pass
@@ -69,14 +76,24 @@ def diagnose_layers(svi: Any, state: Any, args: tuple, kwargs: dict) -> str:
     """A sentence for :func:`~numpyro_dgp.fit`'s warning or error about skipped steps: the layer
     whose ``K(Z, Z)`` cannot be factorized at the final parameters, with what to do, or that
     every layer's can."""
-    layer, error = failed_layer(svi.model, svi.guide, svi.get_params(state), args, {**kwargs, **svi.static_kwargs},
-                                jax.random.PRNGKey(0))
+    layer, error = failed_layer(
+        svi.model,
+        svi.guide,
+        svi.get_params(state),
+        args,
+        {**kwargs, **svi.static_kwargs},
+        jax.random.PRNGKey(0),
+    )
     if layer is not None:
-        return (f" The Cholesky factorization of K(Z, Z) fails in layer {layer!r} at the final parameters "
-                "(a near-singular K(Z, Z): inducing inputs too close for the kernel's lengthscale, or too small a "
-                f"jitter): raise that layer's jitter (gp_layer({layer!r}, ..., jitter=...)) or use float64 "
-                "(jax.config.update('jax_enable_x64', True)).")
+        return (
+            f" The Cholesky factorization of K(Z, Z) fails in layer {layer!r} at the final parameters "
+            "(a near-singular K(Z, Z): inducing inputs too close for the kernel's lengthscale, or too small a "
+            f"jitter): raise that layer's jitter (gp_layer({layer!r}, ..., jitter=...)) or use float64 "
+            "(jax.config.update('jax_enable_x64', True))."
+        )
     if error is not None:
         return f" (Checking each layer's K(Z, Z) at the final parameters failed: {error}.)"
-    return (" Every layer's K(Z, Z) factorizes at the final parameters, so the non-finite values came from "
-            "elsewhere: a NaN or inf in a minibatch, the likelihood or the objective, or too large a learning rate.")
+    return (
+        " Every layer's K(Z, Z) factorizes at the final parameters, so the non-finite values came from "
+        "elsewhere: a NaN or inf in a minibatch, the likelihood or the objective, or too large a learning rate."
+    )

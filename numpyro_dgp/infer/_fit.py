@@ -80,7 +80,6 @@ class FitResult(NamedTuple):
         return float(np.median(self.chunk_seconds) / self.chunk_size)
 
 
-
 def _check_finite_args(args, kwargs, allow_missing=False):
     """Refuse NaN or inf in the model's array arguments; with ``allow_missing``, NaN (but not
     inf) in those after the first (the inputs), which the model masks as missing targets."""
@@ -96,10 +95,15 @@ def _check_finite_args(args, kwargs, allow_missing=False):
                 if np.isinf(value).any():
                     raise ValueError(f"fit: model argument {where} contains inf values")
             elif non_finite_entries(value, max_first=0)[0]:
-                hint = "" if where == "args[0]" else (
-                    "; if they are missing targets, mask them in the model (numpyro_dgp.models' "
-                    "missing_targets='mask', or numpyro.handlers.mask in your own) and pass "
-                    "fit(..., allow_missing=True)")
+                hint = (
+                    ""
+                    if where == "args[0]"
+                    else (
+                        "; if they are missing targets, mask them in the model (numpyro_dgp.models' "
+                        "missing_targets='mask', or numpyro.handlers.mask in your own) and pass "
+                        "fit(..., allow_missing=True)"
+                    )
+                )
                 raise ValueError(f"fit: model argument {where} contains NaN or inf values{hint}")
 
 
@@ -125,8 +129,11 @@ def _get_params(svi, state):
 
 def _non_finite_entries(params):
     """Names of the entries of ``params`` holding NaN or inf (checked on the host)."""
-    return [k for k, v in params.items()
-            if np.issubdtype(np.asarray(v).dtype, np.inexact) and not np.all(np.isfinite(np.asarray(v)))]
+    return [
+        k
+        for k, v in params.items()
+        if np.issubdtype(np.asarray(v).dtype, np.inexact) and not np.all(np.isfinite(np.asarray(v)))
+    ]
 
 
 def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
@@ -165,13 +172,17 @@ def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
             count = count + include
             current = svi.optim.get_params(state.optim_state)
             mean = jax.tree_util.tree_map(
-                lambda m, p: jnp.where(include, m + (p - m) / jnp.maximum(count, 1), m), mean, current)
+                lambda m, p: jnp.where(include, m + (p - m) / jnp.maximum(count, 1), m),
+                mean,
+                current,
+            )
         return (state, mean, count), (loss, skipped)
 
     @jax.jit
     def run_chunk(state, num_active, dyn_a, dyn_kw, mean, count, average_start):
         def body(carry, i):
             return step(carry, i, num_active, dyn_a, dyn_kw, average_start)
+
         carry, per_step = jax.lax.scan(body, (state, mean, count), jnp.arange(chunk))
         # the constrained parameters come out of the same program: a separate jitted
         # get_params would be one more compilation before the first step can finish
@@ -264,42 +275,98 @@ def fit(
     :raises RuntimeError: the model cannot be initialized (the message names the layer whose
         ``K(Z, Z)`` fails, if one does).
     """
-    _check_fit_arguments(num_steps, chunk_size, average_from, checkpoint_path, checkpoint_every, resume,
-                         init_state, init_params)
+    _check_fit_arguments(
+        num_steps,
+        chunk_size,
+        average_from,
+        checkpoint_path,
+        checkpoint_every,
+        resume,
+        init_state,
+        init_params,
+    )
     _check_finite_args(args, kwargs, allow_missing or _masks_missing_targets(svi.model))
-    if args and is_array(args[0]) and args[0].ndim == 2 and jnp.issubdtype(args[0].dtype, jnp.floating):
+    if (
+        args
+        and is_array(args[0])
+        and args[0].ndim == 2
+        and jnp.issubdtype(args[0].dtype, jnp.floating)
+    ):
         warn_if_not_standardized(args[0], "X (its first argument)", "fit")
-    resume_from = checkpoint_path if (resume and checkpoint_path is not None  # checked: resume needs the path
-                                      and Path(os.fspath(checkpoint_path)).expanduser().exists()) else None
-    progress, param_names = _starting_point(svi, rng_key, args, kwargs, init_state, init_params, strict,
-                                            average_from, resume_from, num_steps)
+    resume_from = (
+        checkpoint_path
+        if (
+            resume
+            and checkpoint_path is not None  # checked: resume needs the path
+            and Path(os.fspath(checkpoint_path)).expanduser().exists()
+        )
+        else None
+    )
+    progress, param_names = _starting_point(
+        svi,
+        rng_key,
+        args,
+        kwargs,
+        init_state,
+        init_params,
+        strict,
+        average_from,
+        resume_from,
+        num_steps,
+    )
     # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
     dyn_args = [a if is_array(a) else None for a in args]
     static_args = tuple(None if is_array(a) else a for a in args)
     dyn_kwargs = {k: v for k, v in kwargs.items() if is_array(v)}
     static_kwargs = {k: v for k, v in kwargs.items() if not is_array(v)}
     chunk = min(int(chunk_size), int(num_steps), int(checkpoint_every or num_steps))
-    scan = _Scan(_chunk_runner(svi, chunk, static_args, static_kwargs, average_from is not None), progress,
-                 dyn_args, dyn_kwargs, average_from)
+    scan = _Scan(
+        _chunk_runner(svi, chunk, static_args, static_kwargs, average_from is not None),
+        progress,
+        dyn_args,
+        dyn_kwargs,
+        average_from,
+    )
     compile_seconds = scan.compile(num_steps) if progress.step < num_steps else 0.0
 
     def chunk_length(done):
         # a chunk ends at the next checkpoint, so checkpoints fall on exact step counts
-        return min(chunk, num_steps - done, checkpoint_every - done % checkpoint_every if checkpoint_every else chunk)
+        return min(
+            chunk,
+            num_steps - done,
+            checkpoint_every - done % checkpoint_every if checkpoint_every else chunk,
+        )
 
     def checkpoint(done):
-        if checkpoint_path is not None and (done == num_steps or (checkpoint_every and done % checkpoint_every == 0)):
-            write_checkpoint(checkpoint_path, scan.progress(done, log), num_steps, average_from, param_names)
+        if checkpoint_path is not None and (
+            done == num_steps or (checkpoint_every and done % checkpoint_every == 0)
+        ):
+            write_checkpoint(
+                checkpoint_path, scan.progress(done, log), num_steps, average_from, param_names
+            )
 
-    log = TrainingLog("fit", num_steps, losses=progress.losses, num_skipped=progress.num_skipped,
-                      progress_bar=progress_bar)
+    log = TrainingLog(
+        "fit",
+        num_steps,
+        losses=progress.losses,
+        num_skipped=progress.num_skipped,
+        progress_bar=progress_bar,
+    )
     run_chunks(scan, log, chunk_length, checkpoint)
     report_skipped(log, svi, scan.state, args, kwargs)
     averaged = svi.constrain_fn(scan.mean) if average_from is not None else None
     # no chunk ran when resuming from a checkpoint of the finished run
     params = _get_params(svi, scan.state) if scan.params is None else scan.params
-    return FitResult(params, log.losses, scan.state, log.num_skipped, np.asarray(log.chunk_seconds), chunk,
-                     compile_seconds, averaged)
+    return FitResult(
+        params,
+        log.losses,
+        scan.state,
+        log.num_skipped,
+        np.asarray(log.chunk_seconds),
+        chunk,
+        compile_seconds,
+        averaged,
+    )
 
 
 class _Scan:
@@ -315,14 +382,28 @@ class _Scan:
         """Compile ahead of the first chunk, so that compilation is timed on its own (the jitted
         call reuses this executable; cheap when ``svi`` already has it for these shapes)."""
         start = time.perf_counter()
-        self.run_chunk.lower(self.state, jnp.asarray(num_steps), self.dyn_args, self.dyn_kwargs, self.mean,
-                             self.count, jnp.asarray(0)).compile()
+        self.run_chunk.lower(
+            self.state,
+            jnp.asarray(num_steps),
+            self.dyn_args,
+            self.dyn_kwargs,
+            self.mean,
+            self.count,
+            jnp.asarray(0),
+        ).compile()
         return time.perf_counter() - start
 
     def __call__(self, done, active):
         average_start = jnp.asarray((self.average_from or 0) - done)
         (self.state, self.mean, self.count), (losses, skipped), self.params = self.run_chunk(
-            self.state, jnp.asarray(active), self.dyn_args, self.dyn_kwargs, self.mean, self.count, average_start)
+            self.state,
+            jnp.asarray(active),
+            self.dyn_args,
+            self.dyn_kwargs,
+            self.mean,
+            self.count,
+            average_start,
+        )
         return np.asarray(losses)[:active], np.asarray(skipped)[:active]
 
     def progress(self, done, log):
@@ -330,14 +411,28 @@ class _Scan:
         return Progress(done, self.state, self.mean, self.count, log.losses[:done], log.num_skipped)
 
 
-def _starting_point(svi, rng_key, args, kwargs, init_state, init_params, strict, average_from, resume_from,
-                    num_steps):
+def _starting_point(
+    svi,
+    rng_key,
+    args,
+    kwargs,
+    init_state,
+    init_params,
+    strict,
+    average_from,
+    resume_from,
+    num_steps,
+):
     """``(progress, parameter names)`` where the fit starts: a new state (``svi.init``),
     ``init_state``, or the checkpoint ``resume_from``; refuses non-finite parameters."""
     if init_state is None:
         if rng_key is None:
-            raise ValueError("fit: rng_key is None; pass a PRNG key (or init_state= to continue a fit)")
-        init_state = initial_state(svi, rng_key, args, kwargs, {**kwargs, **svi.static_kwargs}, init_params, strict)
+            raise ValueError(
+                "fit: rng_key is None; pass a PRNG key (or init_state= to continue a fit)"
+            )
+        init_state = initial_state(
+            svi, rng_key, args, kwargs, {**kwargs, **svi.static_kwargs}, init_params, strict
+        )
     # without averaging the mean is an empty placeholder carried through the scan
     mean = svi.optim.get_params(init_state.optim_state) if average_from is not None else {}
     progress = Progress(0, init_state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
@@ -352,19 +447,34 @@ def _starting_point(svi, rng_key, args, kwargs, init_state, init_params, strict,
     return progress, names
 
 
-def _check_fit_arguments(num_steps, chunk_size, average_from, checkpoint_path, checkpoint_every, resume,
-                         init_state, init_params):
+def _check_fit_arguments(
+    num_steps,
+    chunk_size,
+    average_from,
+    checkpoint_path,
+    checkpoint_every,
+    resume,
+    init_state,
+    init_params,
+):
     check_positive_int(num_steps, "num_steps", "fit")
     check_positive_int(chunk_size, "chunk_size", "fit")
     check_positive_int(checkpoint_every, "checkpoint_every", "fit", allow_none=True)
     if average_from is not None and not (
-            isinstance(average_from, (int, np.integer)) and 0 <= average_from < num_steps):
-        raise ValueError(f"fit: average_from must be an integer in [0, num_steps) = [0, {num_steps}), "
-                         f"got {average_from!r}")
+        isinstance(average_from, (int, np.integer)) and 0 <= average_from < num_steps
+    ):
+        raise ValueError(
+            f"fit: average_from must be an integer in [0, num_steps) = [0, {num_steps}), "
+            f"got {average_from!r}"
+        )
     if checkpoint_path is None and (checkpoint_every is not None or resume):
-        raise ValueError("fit: checkpoint_every and resume need checkpoint_path (the checkpoint file)")
+        raise ValueError(
+            "fit: checkpoint_every and resume need checkpoint_path (the checkpoint file)"
+        )
     if init_state is not None and init_params is not None:
-        raise ValueError("fit: give init_state (continue a fit) or init_params (start from values), not both")
+        raise ValueError(
+            "fit: give init_state (continue a fit) or init_params (start from values), not both"
+        )
 
 
 def initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict):
@@ -374,19 +484,28 @@ def initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict)
     try:
         set_up_guide(svi.guide, jax.random.fold_in(rng_key, _SETUP_STREAM), args, model_kwargs)
         if init_params is not None:
-            check_params_against(param_specs(svi.model, svi.guide, args, model_kwargs), init_params,
-                                 "fit (init_params)", allow_missing=not strict, allow_unexpected=not strict,
-                                 require_finite=True, hint=STRICT_HINT)
+            check_params_against(
+                param_specs(svi.model, svi.guide, args, model_kwargs),
+                init_params,
+                "fit (init_params)",
+                allow_missing=not strict,
+                allow_unexpected=not strict,
+                require_finite=True,
+                hint=STRICT_HINT,
+            )
         from numpyro_dgp.infer._init import init  # a sibling that imports the guides
 
         return init(svi, rng_key, *args, init_params=init_params, **kwargs)
     except (ValueError, RuntimeError) as err:
         if isinstance(err, ParameterMismatchError):
             raise
-        layer, _ = failed_layer(svi.model, None, dict(init_params or {}), args, model_kwargs, jax.random.PRNGKey(0))
+        layer, _ = failed_layer(
+            svi.model, None, dict(init_params or {}), args, model_kwargs, jax.random.PRNGKey(0)
+        )
         if layer is None:
             raise
         raise type(err)(
             f"fit: the model cannot be initialized: the Cholesky factorization of K(Z, Z) fails in layer {layer!r} "
             f"at its initial values; raise that layer's jitter (gp_layer({layer!r}, ..., jitter=...)), use float64 "
-            f"(jax.config.update('jax_enable_x64', True)) or spread its inducing inputs. ({err})") from err
+            f"(jax.config.update('jax_enable_x64', True)) or spread its inducing inputs. ({err})"
+        ) from err

@@ -29,7 +29,6 @@ __all__ = ["init"]
 _INITS = OwnerCache(max_entries=8)
 
 
-
 def _compilable(svi: SVI) -> bool:
     """Whether ``svi.init`` can run inside ``jit``: the guide is one of this library's, whose
     structure is read abstractly, and owns no NumPyro sub-guide (an ``AutoNormal`` for latent
@@ -38,7 +37,9 @@ def _compilable(svi: SVI) -> bool:
     return isinstance(guide, DGPGuide) and guide._other_guide is None
 
 
-def init(svi: SVI, rng_key: jax.Array, *args: Any, init_params: dict | None = None, **kwargs: Any) -> SVIState:
+def init(
+    svi: SVI, rng_key: jax.Array, *args: Any, init_params: dict | None = None, **kwargs: Any
+) -> SVIState:
     """The initial ``SVIState`` of ``svi``: ``svi.init`` compiled as one program.
 
     The same state as ``svi.init(rng_key, *args, init_params=init_params, **kwargs)``, for the
@@ -82,7 +83,9 @@ def init(svi: SVI, rng_key: jax.Array, *args: Any, init_params: dict | None = No
         @partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
         def compiled(rng_key, dyn_args, dyn_kwargs, init_params):
             call_args = tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
-            return svi_ref().init(rng_key, *call_args, init_params=init_params, **dict(static_kwargs), **dyn_kwargs)
+            return svi_ref().init(
+                rng_key, *call_args, init_params=init_params, **dict(static_kwargs), **dyn_kwargs
+            )
 
         _INITS.put(svi, key, compiled)
     return compiled(rng_key, dyn_args, dyn_kwargs, init_params)

@@ -31,8 +31,14 @@ def select(flag: jax.Array | bool, new: Any, old: Any) -> Any:
     return jax.tree_util.tree_map(lambda n, o: jnp.where(flag, n, o), new, old)
 
 
-def guarded_update(svi: SVI, state: SVIState, args: tuple, kwargs: dict, active: jax.Array | bool = True,
-                   barrier: bool = True) -> tuple[SVIState, jax.Array, jax.Array]:
+def guarded_update(
+    svi: SVI,
+    state: SVIState,
+    args: tuple,
+    kwargs: dict,
+    active: jax.Array | bool = True,
+    barrier: bool = True,
+) -> tuple[SVIState, jax.Array, jax.Array]:
     """One SVI update, applied only where its loss and new parameters are finite.
 
     A skipped update still advances the key (it is not retried with the same draw). An
@@ -53,10 +59,19 @@ def guarded_update(svi: SVI, state: SVIState, args: tuple, kwargs: dict, active:
     if barrier:
         finite, new_optim_state = jax.lax.optimization_barrier((finite, new_optim_state))
     accept = finite & active
-    mutable = None if new_state.mutable_state is None else select(accept, new_state.mutable_state, state.mutable_state)
-    rng_key = new_state.rng_key if active is True else select(active, new_state.rng_key, state.rng_key)
-    state = new_state._replace(optim_state=select(accept, new_optim_state, state.optim_state), mutable_state=mutable,
-                               rng_key=rng_key)
+    mutable = (
+        None
+        if new_state.mutable_state is None
+        else select(accept, new_state.mutable_state, state.mutable_state)
+    )
+    rng_key = (
+        new_state.rng_key if active is True else select(active, new_state.rng_key, state.rng_key)
+    )
+    state = new_state._replace(
+        optim_state=select(accept, new_optim_state, state.optim_state),
+        mutable_state=mutable,
+        rng_key=rng_key,
+    )
     return state, loss, active & ~finite
 
 
@@ -70,13 +85,20 @@ class TrainingLog:
     :param progress_bar: show a tqdm progress bar (plain text: no ipywidgets needed in notebooks).
     """
 
-    def __init__(self, caller: str, num_steps: int, *, losses: np.ndarray | None = None, num_skipped: int = 0,
-                 progress_bar: bool = True) -> None:
+    def __init__(
+        self,
+        caller: str,
+        num_steps: int,
+        *,
+        losses: np.ndarray | None = None,
+        num_skipped: int = 0,
+        progress_bar: bool = True,
+    ) -> None:
         self.caller, self.num_steps = caller, int(num_steps)
         self.done = 0 if losses is None else len(losses)
         self.num_skipped = int(num_skipped)
         self.losses = np.empty(num_steps)
-        self.losses[:self.done] = [] if losses is None else losses
+        self.losses[: self.done] = [] if losses is None else losses
         self.chunk_seconds: list[float] = []
         self._bar = None
         if progress_bar:
@@ -87,13 +109,15 @@ class TrainingLog:
     def record(self, chunk_losses: np.ndarray, skipped: np.ndarray, seconds: float) -> None:
         """Add a finished chunk: its steps' losses and skip flags, and its wall time."""
         n = len(chunk_losses)
-        self.losses[self.done:self.done + n] = chunk_losses
+        self.losses[self.done : self.done + n] = chunk_losses
         self.num_skipped += int(np.sum(skipped))
         self.done += n
         self.chunk_seconds.append(seconds)
         if self._bar is not None:
             finite = chunk_losses[np.isfinite(chunk_losses)]
-            self._bar.set_postfix(loss=f"{finite.mean():.4g}" if finite.size else "nan", skipped=self.num_skipped)
+            self._bar.set_postfix(
+                loss=f"{finite.mean():.4g}" if finite.size else "nan", skipped=self.num_skipped
+            )
             self._bar.update(n)
 
     def close(self) -> None:
@@ -102,8 +126,12 @@ class TrainingLog:
             self._bar.close()
 
 
-def run_chunks(run_chunk: Callable[[int, int], tuple[np.ndarray, np.ndarray]], log: TrainingLog,
-               chunk_length: Callable[[int], int], after_chunk: Callable[[int], None] | None = None) -> TrainingLog:
+def run_chunks(
+    run_chunk: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
+    log: TrainingLog,
+    chunk_length: Callable[[int], int],
+    after_chunk: Callable[[int], None] | None = None,
+) -> TrainingLog:
     """Run chunks until ``log`` holds every step: ``run_chunk(done, n)`` runs the ``n =
     chunk_length(done)`` steps after the ``done`` steps so far and returns their losses and skip flags on the host (the
     synchronization that ends the chunk); ``after_chunk(steps done)`` follows each chunk."""
@@ -120,8 +148,9 @@ def run_chunks(run_chunk: Callable[[int, int], tuple[np.ndarray, np.ndarray]], l
     return log
 
 
-def report_skipped(log: TrainingLog, svi: SVI, state: SVIState, args: tuple, kwargs: dict,
-                   diagnose: bool = True) -> None:
+def report_skipped(
+    log: TrainingLog, svi: SVI, state: SVIState, args: tuple, kwargs: dict, diagnose: bool = True
+) -> None:
     """Warn about skipped updates, or raise when every update of the run was skipped; with
     ``diagnose``, an eager run at the final parameters names the layer whose ``K(Z, Z)`` fails."""
     if not log.num_skipped:

@@ -56,11 +56,15 @@ def _check_ramp(initial: float, final: float, num_steps: int) -> None:
     :raises ValueError: otherwise.
     """
     if not (float(initial) > 0 and float(final) > 0):
-        raise ValueError(f"natural_gradient_ramp: initial and final must be positive, got {initial!r}, {final!r}")
+        raise ValueError(
+            f"natural_gradient_ramp: initial and final must be positive, got {initial!r}, {final!r}"
+        )
     check_positive_int(num_steps, "num_steps", "natural_gradient_ramp")
 
 
-def natural_gradient_ramp(initial: float = 1e-4, final: float = 0.1, num_steps: int = 5) -> optax.Schedule:
+def natural_gradient_ramp(
+    initial: float = 1e-4, final: float = 0.1, num_steps: int = 5
+) -> optax.Schedule:
     """A step size that grows log-linearly from ``initial`` to ``final`` over ``num_steps`` steps
     and stays there: natural-gradient steps on non-conjugate or deep models start small
     (Salimbeni et al. 2018 recommend such a ramp; large steps on inner layers are unstable).
@@ -81,10 +85,15 @@ def natural_gradient_ramp(initial: float = 1e-4, final: float = 0.1, num_steps: 
     return schedule
 
 
-def _site_pairs(guide: Any, names: Sequence[str], layers: str | Sequence[str]) -> list[tuple[str, str]]:
+def _site_pairs(
+    guide: Any, names: Sequence[str], layers: str | Sequence[str]
+) -> list[tuple[str, str]]:
     """``(loc, scale_tril)`` parameter names of the inducing sites the natural gradient takes."""
     chosen = _check_chosen_sites(_check_natural_guide(guide), layers)
-    pairs = [(f"{site.name}_{guide.prefix}_loc", f"{site.name}_{guide.prefix}_scale_tril") for site in chosen]
+    pairs = [
+        (f"{site.name}_{guide.prefix}_loc", f"{site.name}_{guide.prefix}_scale_tril")
+        for site in chosen
+    ]
     _check_params_present(pairs, names)
     return pairs
 
@@ -96,7 +105,9 @@ def _check_params_present(pairs: list[tuple[str, str]], names: Sequence[str]) ->
     """
     missing = [name for pair in pairs for name in pair if name not in names]
     if missing:
-        raise ValueError(f"natural_gradients: the parameters have no {missing} (another guide's parameters?)")
+        raise ValueError(
+            f"natural_gradients: the parameters have no {missing} (another guide's parameters?)"
+        )
 
 
 def _check_natural_guide(guide: Any) -> list[InducingSite]:
@@ -108,15 +119,21 @@ def _check_natural_guide(guide: Any) -> list[InducingSite]:
     from numpyro_dgp.guides import AutoFactorizedDGP  # a sibling package that imports the engine
 
     if not isinstance(guide, AutoFactorizedDGP):
-        raise TypeError(f"natural_gradients: the guide must be numpyro_dgp.guides.AutoFactorizedDGP (an independent "
-                        f"Gaussian per layer), got {type(guide).__name__}")
+        raise TypeError(
+            f"natural_gradients: the guide must be numpyro_dgp.guides.AutoFactorizedDGP (an independent "
+            f"Gaussian per layer), got {type(guide).__name__}"
+        )
     if not guide.inducing_sites:
-        raise ValueError("natural_gradients: the guide has not been set up (svi.init or fit builds it before the "
-                         "optimizer)")
+        raise ValueError(
+            "natural_gradients: the guide has not been set up (svi.init or fit builds it before the "
+            "optimizer)"
+        )
     return guide.inducing_sites
 
 
-def _check_chosen_sites(sites: list[InducingSite], layers: str | Sequence[str]) -> list[InducingSite]:
+def _check_chosen_sites(
+    sites: list[InducingSite], layers: str | Sequence[str]
+) -> list[InducingSite]:
     """The sites of ``layers`` (``"last"``, ``"all"`` or the model's layer names), each with a global ``q(u)``.
 
     :raises ValueError: for names that are not the model's layers, or a layer with per-point inducing sets.
@@ -129,16 +146,21 @@ def _check_chosen_sites(sites: list[InducingSite], layers: str | Sequence[str]) 
     else:
         unknown = [name for name in layers if name not in by_layer]
         if isinstance(layers, str) or unknown:
-            raise ValueError(f"natural_gradients: layers must be 'last', 'all' or a list of the model's layers "
-                             f"{sorted(by_layer)}; got {layers!r}")
+            raise ValueError(
+                f"natural_gradients: layers must be 'last', 'all' or a list of the model's layers "
+                f"{sorted(by_layer)}; got {layers!r}"
+            )
         chosen = [by_layer[name] for name in layers]
     if any(site.inducing == "amortized" for site in chosen):
-        raise ValueError("natural_gradients: layers with per-point inducing sets have no global q(u)")
+        raise ValueError(
+            "natural_gradients: layers with per-point inducing sets have no global q(u)"
+        )
     return chosen
 
 
-def _natural_step(loc: jax.Array, tril_vec: jax.Array, grad_loc: jax.Array, grad_tril: jax.Array,
-                  step: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _natural_step(
+    loc: jax.Array, tril_vec: jax.Array, grad_loc: jax.Array, grad_tril: jax.Array, step: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """The new ``(loc, unconstrained scale_tril)`` of one layer's ``q(u)`` after a natural-gradient
     step of size ``step`` (every output ``p`` at once: ``loc (P, M)``)."""
     transform = biject_to(softplus_lower_cholesky)
@@ -174,7 +196,9 @@ def _check_natural_options(step_size: float | optax.Schedule, layers: str | Sequ
     if not callable(step_size) and not float(step_size) > 0:
         raise ValueError(f"natural_gradients: step_size must be positive, got {step_size!r}")
     if not (layers in ("last", "all") or (not isinstance(layers, str) and len(layers) > 0)):
-        raise ValueError(f"natural_gradients: layers must be 'last', 'all' or a list of layer names, got {layers!r}")
+        raise ValueError(
+            f"natural_gradients: layers must be 'last', 'all' or a list of layer names, got {layers!r}"
+        )
 
 
 def natural_gradients(
@@ -220,11 +244,14 @@ def natural_gradients(
         pairs = _site_pairs(guide, list(params), layers)
         return NaturalGradientState(jnp.zeros((), jnp.int32), others.init(split(params, pairs)))
 
-    def update(grads: dict, state: NaturalGradientState,
-               params: dict | None = None) -> tuple[dict, NaturalGradientState]:
+    def update(
+        grads: dict, state: NaturalGradientState, params: dict | None = None
+    ) -> tuple[dict, NaturalGradientState]:
         if params is None:  # optax's signature has it optional; the natural step needs q(u) itself
-            raise ValueError("natural_gradients: update needs the current params (the natural step is taken from "
-                             "q(u)'s mean and Cholesky factor)")
+            raise ValueError(
+                "natural_gradients: update needs the current params (the natural step is taken from "
+                "q(u)'s mean and Cholesky factor)"
+            )
         pairs = _site_pairs(guide, list(grads), layers)
         rest = split(params, pairs)
         rest_updates, rest_state = others.update(split(grads, pairs), state.others, rest)
@@ -232,7 +259,9 @@ def natural_gradients(
         step = jnp.asarray(schedule(state.count))
         for loc_name, tril_name in pairs:
             loc, tril = params[loc_name], params[tril_name]
-            new_loc, new_tril = _natural_step(loc, tril, grads[loc_name], grads[tril_name], step.astype(loc.dtype))
+            new_loc, new_tril = _natural_step(
+                loc, tril, grads[loc_name], grads[tril_name], step.astype(loc.dtype)
+            )
             updates[loc_name], updates[tril_name] = new_loc - loc, new_tril - tril
         return updates, NaturalGradientState(state.count + 1, rest_state)
 

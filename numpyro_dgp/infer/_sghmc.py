@@ -123,7 +123,9 @@ def _inspect_model(model, init_strategy, rng_key, model_args, model_kwargs):
     found = {}
 
     def run(key):
-        tr = trace(substitute(seed(model, key), substitute_fn=init_strategy)).get_trace(*model_args, **model_kwargs)
+        tr = trace(substitute(seed(model, key), substitute_fn=init_strategy)).get_trace(
+            *model_args, **model_kwargs
+        )
         latent = [k for k, s in tr.items() if s["type"] == "sample" and not s["is_observed"]]
         found["latent"] = latent
         found["discrete"] = [k for k in latent if tr[k]["fn"].support.is_discrete]
@@ -220,7 +222,8 @@ class SGHMC(MCMCKernel):
             param_optimizer = optax.adam(0.01)
         elif isinstance(param_optimizer, str):
             raise ValueError(
-                f"SGHMC: param_optimizer must be an optax optimizer, 'adam' or None, got {param_optimizer!r}")
+                f"SGHMC: param_optimizer must be an optax optimizer, 'adam' or None, got {param_optimizer!r}"
+            )
         self._optimizer = param_optimizer
         self._window_size = window_size
         self._optimize_after_warmup = bool(optimize_after_warmup)
@@ -325,7 +328,9 @@ class SGHMC(MCMCKernel):
 
         # The postprocess replay (deterministic sites) runs the model without a seed; give its
         # plate subsampling a fixed key (only plates: latents still get distinct init values).
-        plates_seeded = seed(self._model, rng_seed=0, hide_types=["sample", "prng_key", "control_flow"])
+        plates_seeded = seed(
+            self._model, rng_seed=0, hide_types=["sample", "prng_key", "control_flow"]
+        )
         info = initialize_model(
             key_init,
             plates_seeded,
@@ -337,9 +342,12 @@ class SGHMC(MCMCKernel):
         self._postprocess_fn = info.postprocess_fn
         param_sites = {k: s for k, s in info.model_trace.items() if s["type"] == "param"}
         self._param_transforms = {
-            k: biject_to(s["kwargs"].get("constraint", constraints.real)) for k, s in param_sites.items()
+            k: biject_to(s["kwargs"].get("constraint", constraints.real))
+            for k, s in param_sites.items()
         }
-        params = transform_fn(self._param_transforms, {k: s["value"] for k, s in param_sites.items()}, invert=True)
+        params = transform_fn(
+            self._param_transforms, {k: s["value"] for k, s in param_sites.items()}, invert=True
+        )
         z = info.param_info.z if init_params is None else init_params
 
         init_state = jax.jit(self._init_state)  # one compilation instead of many eager ops
@@ -424,7 +432,9 @@ class SGHMC(MCMCKernel):
 
         noise_std = jnp.sqrt(jnp.maximum(2.0 * eta * mdecay * minv, _EPS))
         noise = noise_std * random.normal(key_noise, z_flat.shape, dtype)
-        momentum = (state.momentum - eta * minv * grad - mdecay * state.momentum + noise).astype(dtype)
+        momentum = (state.momentum - eta * minv * grad - mdecay * state.momentum + noise).astype(
+            dtype
+        )
         z_new_flat = z_flat + momentum
 
         # MW-MCEM: store the new sample, then one optimizer step at a random window sample.
@@ -440,7 +450,9 @@ class SGHMC(MCMCKernel):
 
             def optimize(_):
                 p_grad = jax.grad(loss)(state.params)
-                updates, new_opt_state = self._optimizer.update(p_grad, state.opt_state, state.params)
+                updates, new_opt_state = self._optimizer.update(
+                    p_grad, state.opt_state, state.params
+                )
                 new_params = jax.tree_util.tree_map(_apply_update, state.params, updates)
                 new_params = jax.tree.map(lambda a, b: a.astype(b.dtype), new_params, state.params)
                 return new_params, new_opt_state, tree_all_finite(p_grad)
@@ -468,4 +480,6 @@ class SGHMC(MCMCKernel):
         # Reject the whole step on a non-finite potential or gradient rather than poison the chain.
         ok = jnp.isfinite(pe) & tree_all_finite(grad) & ok_params
         new = _tree_where(ok, proposed, state)
-        return new._replace(i=state.i + 1, num_skipped=state.num_skipped + (~ok).astype(jnp.int32), rng_key=rng_key)
+        return new._replace(
+            i=state.i + 1, num_skipped=state.num_skipped + (~ok).astype(jnp.int32), rng_key=rng_key
+        )

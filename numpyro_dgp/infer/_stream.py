@@ -48,7 +48,9 @@ def _check_host_arrays(X: ArrayLike, y: ArrayLike | None, batch_size: int) -> No
     if y is not None and np.shape(y)[0] != np.shape(X)[0]:
         raise ValueError(f"HostMinibatches: y has {np.shape(y)[0]} rows, X has {np.shape(X)[0]}")
     if batch_size > np.shape(X)[0]:
-        raise ValueError(f"HostMinibatches: batch_size={batch_size} exceeds the {np.shape(X)[0]} rows")
+        raise ValueError(
+            f"HostMinibatches: batch_size={batch_size} exceeds the {np.shape(X)[0]} rows"
+        )
 
 
 class HostMinibatches:
@@ -67,8 +69,15 @@ class HostMinibatches:
     :raises ValueError: for mismatched lengths or a bad ``batch_size``.
     """
 
-    def __init__(self, X: np.ndarray | jax.Array, y: np.ndarray | jax.Array | None, batch_size: int, *,
-                 seed: int = 0, dtype: Any = None) -> None:
+    def __init__(
+        self,
+        X: np.ndarray | jax.Array,
+        y: np.ndarray | jax.Array | None,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        dtype: Any = None,
+    ) -> None:
         _check_host_arrays(X, y, batch_size)
         self.X, self.y, self.batch_size, self.dtype = X, y, int(batch_size), dtype
         self.num_data = int(np.shape(X)[0])
@@ -82,15 +91,19 @@ class HostMinibatches:
 
         :return: ``(batch_size,)`` int64 indices.
         """
-        return np.sort(self._rng.choice(self.num_data, self.batch_size, replace=False, shuffle=False))
+        return np.sort(
+            self._rng.choice(self.num_data, self.batch_size, replace=False, shuffle=False)
+        )
 
     def __next__(self) -> tuple[np.ndarray, ...]:
         idx = self.indices()
         X = np.asarray(self.X[idx], dtype=self.dtype)
         if self.y is None:
             return (X,)
-        return X, np.asarray(self.y[idx], dtype=self.dtype if np.issubdtype(np.asarray(self.y[:1]).dtype,
-                                                                                np.floating) else None)
+        return X, np.asarray(
+            self.y[idx],
+            dtype=self.dtype if np.issubdtype(np.asarray(self.y[:1]).dtype, np.floating) else None,
+        )
 
 
 def _to_device(batch, mesh):
@@ -100,8 +113,12 @@ def _to_device(batch, mesh):
     from jax.sharding import NamedSharding, PartitionSpec
 
     axis = mesh.axis_names[0]
-    return tuple(jax.make_array_from_process_local_data(
-        NamedSharding(mesh, PartitionSpec(axis, *([None] * (a.ndim - 1)))), a) for a in arrays)
+    return tuple(
+        jax.make_array_from_process_local_data(
+            NamedSharding(mesh, PartitionSpec(axis, *([None] * (a.ndim - 1)))), a
+        )
+        for a in arrays
+    )
 
 
 def fit_minibatches(
@@ -160,7 +177,9 @@ def fit_minibatches(
     if init_state is None:
         if rng_key is None:
             raise ValueError("fit_minibatches: rng_key is None; pass a PRNG key (or init_state=)")
-        state = initial_state(svi, rng_key, batch, kwargs, {**kwargs, **svi.static_kwargs}, None, True)
+        state = initial_state(
+            svi, rng_key, batch, kwargs, {**kwargs, **svi.static_kwargs}, None, True
+        )
     else:
         state = init_state
 
@@ -183,12 +202,23 @@ def fit_minibatches(
                 carry["batch"] = next_batch()
             carry["state"], loss, skipped = compiled(carry["state"], carry["batch"])
             pending.append((loss, skipped))
-        return np.asarray([float(loss) for loss, _ in pending]), np.asarray([bool(s) for _, s in pending])
+        return np.asarray([float(loss) for loss, _ in pending]), np.asarray(
+            [bool(s) for _, s in pending]
+        )
 
-    log = TrainingLog("fit_minibatches", num_steps, progress_bar=progress_bar and jax.process_index() == 0)
+    log = TrainingLog(
+        "fit_minibatches", num_steps, progress_bar=progress_bar and jax.process_index() == 0
+    )
     run_chunks(run, log, lambda done: min(sync_every, num_steps - done))
     state = carry["state"]
     # the diagnostic's eager run would need every process of a distributed fit: only without a mesh
     report_skipped(log, svi, state, carry["batch"], kwargs, diagnose=mesh is None)
-    return FitResult(svi.get_params(state), log.losses, state, log.num_skipped, np.asarray(log.chunk_seconds),
-                     int(sync_every), compile_seconds)
+    return FitResult(
+        svi.get_params(state),
+        log.losses,
+        state,
+        log.num_skipped,
+        np.asarray(log.chunk_seconds),
+        int(sync_every),
+        compile_seconds,
+    )

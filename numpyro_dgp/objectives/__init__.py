@@ -32,10 +32,22 @@ from numpyro_dgp.objectives._dsvi import DGPElbo, PredictiveObjective
 from numpyro_dgp.objectives._importance import ImportanceWeightedElbo
 from numpyro_dgp.objectives._nested import NestedCompressionElbo
 
-__all__ = ["CollapsedSparseGP", "DGPElbo", "ImportanceWeightedElbo", "NestedCompressionElbo", "PredictiveObjective"]
+__all__ = [
+    "CollapsedSparseGP",
+    "DGPElbo",
+    "ImportanceWeightedElbo",
+    "NestedCompressionElbo",
+    "PredictiveObjective",
+]
 
 # The classes live in private modules; their public home is this module (as it was when it was
 # one file): documentation, reprs and pickles name them numpyro_dgp.objectives.<Class>.
-for _cls in (CollapsedSparseGP, DGPElbo, ImportanceWeightedElbo, NestedCompressionElbo, PredictiveObjective):
+for _cls in (
+    CollapsedSparseGP,
+    DGPElbo,
+    ImportanceWeightedElbo,
+    NestedCompressionElbo,
+    PredictiveObjective,
+):
     _cls.__module__ = __name__
 del _cls

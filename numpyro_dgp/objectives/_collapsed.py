@@ -56,12 +56,18 @@ class _SpreadTotal(dist.Distribution):
     support = dist.constraints.real
     reparametrized_params: list[str] = []
 
-    def __init__(self, total: jax.Array, batch_shape: tuple, *, validate_args: bool | None = None) -> None:
+    def __init__(
+        self, total: jax.Array, batch_shape: tuple, *, validate_args: bool | None = None
+    ) -> None:
         self.total = total
         super().__init__(batch_shape=batch_shape, event_shape=(), validate_args=validate_args)
 
     def log_prob(self, value: ArrayLike) -> jax.Array:
-        return jnp.full(self.batch_shape, self.total / np.prod(self.batch_shape), dtype=jnp.result_type(self.total))
+        return jnp.full(
+            self.batch_shape,
+            self.total / np.prod(self.batch_shape),
+            dtype=jnp.result_type(self.total),
+        )
 
 
 class collapse_sparse_layer(PerRunMessenger):
@@ -77,7 +83,9 @@ class collapse_sparse_layer(PerRunMessenger):
     :param caller: the name errors are reported under.
     """
 
-    def __init__(self, fn: Callable | None = None, method: str = "vfe", caller: str = "collapse_sparse_layer") -> None:
+    def __init__(
+        self, fn: Callable | None = None, method: str = "vfe", caller: str = "collapse_sparse_layer"
+    ) -> None:
         check_choice(method, COLLAPSED_METHODS, "method", caller)
         self.method = method
         self.caller = caller
@@ -151,7 +159,11 @@ class collapse_sparse_layer(PerRunMessenger):
         residual = y.reshape(N, P) - loc
         self.data = CollapsedData(layer, X, residual, noise_var)
         total = collapsed_log_marginal(
-            layer.Kmm_chol, layer.kernel(layer.inducing_inputs, X), layer.kernel.diag(X), residual, noise_var,
+            layer.Kmm_chol,
+            layer.kernel(layer.inducing_inputs, X),
+            layer.kernel.diag(X),
+            residual,
+            noise_var,
             method=self.method,
         )
         fn = _SpreadTotal(total, tuple(base.batch_shape) if base.batch_shape else y.shape)
@@ -198,7 +210,13 @@ class CollapsedSparseGP(ELBO):
         super().__init__(num_particles=1)
 
     def loss_with_mutable_state(
-        self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
+        self,
+        rng_key: jax.Array,
+        param_map: dict,
+        model: Callable,
+        guide: Callable,
+        *args: Any,
+        **kwargs: Any,
     ) -> dict:
         """The negative collapsed objective (NumPyro's ``ELBO`` interface).
 
@@ -212,9 +230,13 @@ class CollapsedSparseGP(ELBO):
         :raises ValueError: if the guide samples the inducing values or misses a latent site.
         """
         guide_key, model_key = jax.random.split(rng_key)
-        guide_trace = trace(substitute(seed(guide, guide_key), data=param_map)).get_trace(*args, **kwargs)
+        guide_trace = trace(substitute(seed(guide, guide_key), data=param_map)).get_trace(
+            *args, **kwargs
+        )
         handler = collapse_sparse_layer(
-            substitute(replay(seed(model, model_key), guide_trace), data=param_map), self.method, "CollapsedSparseGP"
+            substitute(replay(seed(model, model_key), guide_trace), data=param_map),
+            self.method,
+            "CollapsedSparseGP",
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         u_sites = set(layers_by_u_site(model_trace))
@@ -231,8 +253,10 @@ class CollapsedSparseGP(ELBO):
                 continue
             q_site = guide_trace[name]
             q_scale = 1.0 if q_site["scale"] is None else q_site["scale"]
-            total = total + scale * jnp.sum(site["fn"].log_prob(site["value"])) - q_scale * jnp.sum(
-                q_site["fn"].log_prob(q_site["value"])
+            total = (
+                total
+                + scale * jnp.sum(site["fn"].log_prob(site["value"]))
+                - q_scale * jnp.sum(q_site["fn"].log_prob(q_site["value"]))
             )
         return {"loss": -total, "mutable_state": None}
 

@@ -50,9 +50,15 @@ from numpyro_dgp.posteriors import (
 __all__ = ["DGPElbo", "PredictiveObjective"]
 
 
-def _reduce_branches(x: jax.Array, plate_ndim: int, branch_log_weights: jax.Array | None) -> jax.Array:
+def _reduce_branches(
+    x: jax.Array, plate_ndim: int, branch_log_weights: jax.Array | None
+) -> jax.Array:
     """Average a leading branch axis of ``x`` with the branch weights, if it is there."""
-    if branch_log_weights is None or jnp.ndim(x) <= plate_ndim or jnp.shape(x)[0] != branch_log_weights.shape[0]:
+    if (
+        branch_log_weights is None
+        or jnp.ndim(x) <= plate_ndim
+        or jnp.shape(x)[0] != branch_log_weights.shape[0]
+    ):
         return x
     return jnp.tensordot(jax.nn.softmax(branch_log_weights).astype(x.dtype), x, axes=(0, 0))
 
@@ -67,11 +73,15 @@ def _has_quadrature_axis(site: dict, lp: jax.Array, weights: ArrayLike) -> bool:
     such axis."""
     if not get_tag(site, QUADRATURE_AXIS):
         return False
-    batch_ndim = max([-f.dim for f in site["cond_indep_stack"]] + [len(site["fn"].batch_shape) - 1, 0])
+    batch_ndim = max(
+        [-f.dim for f in site["cond_indep_stack"]] + [len(site["fn"].batch_shape) - 1, 0]
+    )
     return jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == jnp.shape(weights)[0]
 
 
-def weighted_log_prob(site: dict, weights: ArrayLike, branch_log_weights: jax.Array | None = None) -> jax.Array:
+def weighted_log_prob(
+    site: dict, weights: ArrayLike, branch_log_weights: jax.Array | None = None
+) -> jax.Array:
     """Site log-density summed over its plates, averaging the quadrature axis and then the
     branch axis (:class:`numpyro_dgp.handlers.quadrature`, amortized guides) if present."""
     lp = site["fn"].log_prob(site["value"])
@@ -157,7 +167,9 @@ def inducing_kl(
             return jnp.zeros((), q.loc.dtype)  # the group's KL was counted at its first site
         missing = [s for s in q.sites if s not in layers]
         if missing:
-            raise ValueError(f"{objective}: the guide's joint Gaussian covers {missing}, which the model did not run")
+            raise ValueError(
+                f"{objective}: the guide's joint Gaussian covers {missing}, which the model did not run"
+            )
         blocks = []
         for s, (Ps, Ms) in zip(q.sites, q.shapes):
             blocks += [(_prior_chol(layers[s]), Ms)] * Ps
@@ -165,15 +177,23 @@ def inducing_kl(
     return gauss_kl(q[0] - prior_mean, q[1], prior_chol)
 
 
-def _chain_link_kl(name: str, q: ChainLink, prior_mean: jax.Array, prior_chol: jax.Array | None,
-                   marginal_covs: dict[str, jax.Array], objective: str) -> jax.Array:
+def _chain_link_kl(
+    name: str,
+    q: ChainLink,
+    prior_mean: jax.Array,
+    prior_chol: jax.Array | None,
+    marginal_covs: dict[str, jax.Array],
+    objective: str,
+) -> jax.Array:
     """One link's term of the chain decomposition of the KL (:func:`inducing_kl`); its marginal
     covariance is recorded in ``marginal_covs`` for its child."""
     cov = block_diag_covariance(q.scale_tril)
     if q.parent is not None:
         if q.parent not in marginal_covs:
-            raise ValueError(f"{objective}: the guide chains {name!r} to {q.parent!r}, which the model did not run "
-                             "before it")
+            raise ValueError(
+                f"{objective}: the guide chains {name!r} to {q.parent!r}, which the model did not run "
+                "before it"
+            )
         coupling = q.coupling
         assert coupling is not None  # a chain factor with a parent has its coupling
         cov = cov + coupling @ marginal_covs[q.parent] @ coupling.T
@@ -220,20 +240,32 @@ def objective_terms(
             kl = kl + jnp.sum(scale * per_point)
             continue
         if name in layers and name in guide_trace:
-            site_kl = inducing_kl(name, site, guide_trace[name], layers, locations, marginal_covs,
-                                  None if locations else run.posteriors.get(name), objective)
+            site_kl = inducing_kl(
+                name,
+                site,
+                guide_trace[name],
+                layers,
+                locations,
+                marginal_covs,
+                None if locations else run.posteriors.get(name),
+                objective,
+            )
         if site_kl is not None:
             kl = kl + (site["scale"] if site["scale"] is not None else 1.0) * site_kl
         else:
             _check_other_site(name, site, guide_trace, name in layers, objective, run.guide_name)
             branch = run.branch_log_weights
-            other = (other + weighted_log_prob(site, weights, branch)
-                     - weighted_log_prob(guide_trace[name], weights, branch))
+            other = (
+                other
+                + weighted_log_prob(site, weights, branch)
+                - weighted_log_prob(guide_trace[name], weights, branch)
+            )
     return observed, kl, other
 
 
-def _check_other_site(name: str, site: dict, guide_trace: dict, inducing: bool, objective: str,
-                      guide_name: str) -> None:
+def _check_other_site(
+    name: str, site: dict, guide_trace: dict, inducing: bool, objective: str, guide_name: str
+) -> None:
     """Refuse a latent site scored by its sampled value (``log p - log q``) that comes after the
     last layer, that the guide does not cover, or whose sampled score would be wrong
     (:func:`_check_sampled_site`).
@@ -250,7 +282,9 @@ def _check_other_site(name: str, site: dict, guide_trace: dict, inducing: bool, 
     _check_sampled_site(name, guide_trace, inducing, objective, guide_name)
 
 
-def _check_sampled_site(name: str, guide_trace: dict, inducing: bool, objective: str, guide_name: str) -> None:
+def _check_sampled_site(
+    name: str, guide_trace: dict, inducing: bool, objective: str, guide_name: str
+) -> None:
     """Refuse a latent site scored by its sampled value when that score would be wrong.
 
     A guide that draws the site as a ``Delta`` of an auxiliary draw (NumPyro's
@@ -262,8 +296,10 @@ def _check_sampled_site(name: str, guide_trace: dict, inducing: bool, objective:
     if not isinstance(unwrap_distribution(guide_trace[name]["fn"]), dist.Delta):
         return
     auxiliary = [
-        n for n, s in guide_trace.items()
-        if s["type"] == "sample" and (s.get("infer") or {}).get("is_auxiliary")
+        n
+        for n, s in guide_trace.items()
+        if s["type"] == "sample"
+        and (s.get("infer") or {}).get("is_auxiliary")
         and not isinstance(getattr(s["fn"], "posterior", None), AmortizedPosterior)
     ]
     if auxiliary:
@@ -297,7 +333,9 @@ def _expected_log_likelihood(site: dict, run: MarginalRun, objective: str = "DGP
     return jnp.sum(lp)
 
 
-def expected_log_prob(site: dict, run: MarginalRun, objective: str = "ImportanceWeightedElbo") -> jax.Array:
+def expected_log_prob(
+    site: dict, run: MarginalRun, objective: str = "ImportanceWeightedElbo"
+) -> jax.Array:
     """``E_f[log p(y | f)]`` of an observed site per point, without its plate scale: its batch
     shape with the last layer's node axis averaged out (closed form where there is one)."""
     last = run.layer_order[-1] if run.layer_order else None
@@ -345,7 +383,10 @@ def _log_predictive(
         loc = jnp.broadcast_to(parts.base.loc, parts.shape)
         w = jnp.reshape(jnp.asarray(weights, loc.dtype), (-1,) + (1,) * (loc.ndim - 1))
         mean = jnp.sum(w * loc, axis=0)
-        var = jnp.sum(w * (loc - mean) ** 2, axis=0) + jnp.broadcast_to(parts.base.scale, parts.shape)[0] ** 2
+        var = (
+            jnp.sum(w * (loc - mean) ** 2, axis=0)
+            + jnp.broadcast_to(parts.base.scale, parts.shape)[0] ** 2
+        )
         lp = dist.Normal(mean, jnp.sqrt(var)).log_prob(masked_value(parts, value))
         if parts.mask is not None:
             lp = jnp.where(jnp.broadcast_to(parts.mask, parts.shape)[0], lp, 0.0)
@@ -354,7 +395,11 @@ def _log_predictive(
     else:
         w = jnp.reshape(jnp.asarray(weights, lp.dtype), (-1,) + (1,) * (lp.ndim - 1))
         lp = logsumexp(lp, axis=0, b=w)
-    if branch_log_weights is not None and lp.ndim > plate_ndim(site) and lp.shape[0] == branch_log_weights.shape[0]:
+    if (
+        branch_log_weights is not None
+        and lp.ndim > plate_ndim(site)
+        and lp.shape[0] == branch_log_weights.shape[0]
+    ):
         log_w = jax.nn.log_softmax(branch_log_weights).astype(lp.dtype)
         lp = logsumexp(lp + log_w.reshape((-1,) + (1,) * (lp.ndim - 1)), axis=0)
     return lp, scale
@@ -396,7 +441,10 @@ class DGPElbo(ELBO):
     """
 
     def __init__(
-        self, num_particles: int = 1, num_quadrature: int | None = None, vectorize_particles: bool = True,
+        self,
+        num_particles: int = 1,
+        num_quadrature: int | None = None,
+        vectorize_particles: bool = True,
         num_likelihood_samples: int = 32,
     ) -> None:
         check_positive_int(num_particles, "num_particles", "DGPElbo")
@@ -407,7 +455,13 @@ class DGPElbo(ELBO):
         super().__init__(num_particles=num_particles, vectorize_particles=vectorize_particles)
 
     def components(
-        self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
+        self,
+        rng_key: jax.Array,
+        param_map: dict,
+        model: Callable,
+        guide: Callable,
+        *args: Any,
+        **kwargs: Any,
     ) -> dict[str, jax.Array | float]:
         """One-particle ELBO split into its parts.
 
@@ -420,20 +474,37 @@ class DGPElbo(ELBO):
         :return: ``{"expected_log_likelihood", "kl_inducing", "other"}``; the ELBO is
             ``expected_log_likelihood - kl_inducing + other``.
         """
-        run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, self.num_quadrature,
-                             num_samples=self.num_likelihood_samples)
+        run = marginal_trace(
+            model,
+            guide,
+            param_map,
+            rng_key,
+            args,
+            kwargs,
+            self.num_quadrature,
+            num_samples=self.num_likelihood_samples,
+        )
         observed, kl, other = objective_terms(run)
         ell = sum(_expected_log_likelihood(site, run) for site in observed.values())
         return {"expected_log_likelihood": ell, "kl_inducing": kl, "other": other}
 
     def elbo_components(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array | float]:
         """Deprecated name of :meth:`components` (the name every objective of numpyro-dgp uses)."""
-        warnings.warn("DGPElbo.elbo_components is deprecated; use DGPElbo.components", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "DGPElbo.elbo_components is deprecated; use DGPElbo.components",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.components(*args, **kwargs)
 
     def loss_with_mutable_state(
-        self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
+        self,
+        rng_key: jax.Array,
+        param_map: dict,
+        model: Callable,
+        guide: Callable,
+        *args: Any,
+        **kwargs: Any,
     ) -> dict:
         """The negative ELBO averaged over ``num_particles`` (NumPyro's ``ELBO`` interface).
 
@@ -452,9 +523,13 @@ class DGPElbo(ELBO):
         return {"loss": -elbo, "mutable_state": None}
 
 
-
-def _check_predictive_options(num_particles: int, num_likelihood_samples: int, num_quadrature: int | None,
-                              beta: float, particle_weights: ArrayLike | None) -> None:
+def _check_predictive_options(
+    num_particles: int,
+    num_likelihood_samples: int,
+    num_quadrature: int | None,
+    beta: float,
+    particle_weights: ArrayLike | None,
+) -> None:
     """Check :class:`PredictiveObjective`'s settings: positive counts, ``beta >= 0``, and
     ``num_particles`` non-negative particle weights summing to 1.
 
@@ -505,9 +580,17 @@ class PredictiveObjective(ELBO):
         not ``num_particles`` non-negative weights summing to 1.
     """
 
-    def __init__(self, num_particles: int = 8, beta: float = 1.0, num_quadrature: int | None = None,
-                 particle_weights: ArrayLike | None = None, num_likelihood_samples: int = 32) -> None:
-        _check_predictive_options(num_particles, num_likelihood_samples, num_quadrature, beta, particle_weights)
+    def __init__(
+        self,
+        num_particles: int = 8,
+        beta: float = 1.0,
+        num_quadrature: int | None = None,
+        particle_weights: ArrayLike | None = None,
+        num_likelihood_samples: int = 32,
+    ) -> None:
+        _check_predictive_options(
+            num_particles, num_likelihood_samples, num_quadrature, beta, particle_weights
+        )
         self.num_likelihood_samples = int(num_likelihood_samples)
         self.beta = float(beta)
         self.num_quadrature = num_quadrature
@@ -515,7 +598,13 @@ class PredictiveObjective(ELBO):
         super().__init__(num_particles=num_particles, vectorize_particles=True)
 
     def components(
-        self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
+        self,
+        rng_key: jax.Array,
+        param_map: dict,
+        model: Callable,
+        guide: Callable,
+        *args: Any,
+        **kwargs: Any,
     ) -> dict[str, jax.Array]:
         """The objective's parts over ``num_particles`` particles (arguments as for
         :meth:`DGPElbo.components`).
@@ -525,8 +614,17 @@ class PredictiveObjective(ELBO):
         """
 
         def one(key):
-            run = marginal_trace(model, guide, param_map, key, args, kwargs, self.num_quadrature,
-                                objective="PredictiveObjective", num_samples=self.num_likelihood_samples)
+            run = marginal_trace(
+                model,
+                guide,
+                param_map,
+                key,
+                args,
+                kwargs,
+                self.num_quadrature,
+                objective="PredictiveObjective",
+                num_samples=self.num_likelihood_samples,
+            )
             observed, kl, other = objective_terms(run, "PredictiveObjective")
             per_point = {}
             for name, site in observed.items():
@@ -542,7 +640,9 @@ class PredictiveObjective(ELBO):
             log_w = jnp.log(jnp.asarray(self.particle_weights))
         total = 0.0
         for lp, scale in per_point.values():  # lp (S, batch...), scale (S,) (the same for all)
-            mixture = logsumexp(lp + jnp.reshape(log_w.astype(lp.dtype), (-1,) + (1,) * (lp.ndim - 1)), axis=0)
+            mixture = logsumexp(
+                lp + jnp.reshape(log_w.astype(lp.dtype), (-1,) + (1,) * (lp.ndim - 1)), axis=0
+            )
             total = total + scale[0] * jnp.sum(mixture)
         if self.particle_weights is None:
             kl, other = jnp.mean(kl), jnp.mean(other)
@@ -552,7 +652,13 @@ class PredictiveObjective(ELBO):
         return {"log_predictive": total, "kl_inducing": kl, "other": other}
 
     def loss_with_mutable_state(
-        self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
+        self,
+        rng_key: jax.Array,
+        param_map: dict,
+        model: Callable,
+        guide: Callable,
+        *args: Any,
+        **kwargs: Any,
     ) -> dict:
         """The negative objective (NumPyro's ``ELBO`` interface).
 

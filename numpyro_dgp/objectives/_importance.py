@@ -43,7 +43,9 @@ def _common_scale(scales: dict) -> Any:
     """The one plate scale of the sites inside the importance average (their sum per draw is
     one joint likelihood per point, so they must be scaled alike)."""
     first = next(iter(scales.values()))
-    concrete = {name: float(s) for name, s in scales.items() if not is_tracer(s) and np.ndim(s) == 0}
+    concrete = {
+        name: float(s) for name, s in scales.items() if not is_tracer(s) and np.ndim(s) == 0
+    }
     if len(set(concrete.values())) > 1:
         raise ValueError(
             f"ImportanceWeightedElbo: the observed sites that depend on the latent inputs are scaled differently "
@@ -72,19 +74,34 @@ class ImportanceWeightedElbo(ELBO):
         a given ``num_quadrature`` is not a positive integer.
     """
 
-    def __init__(self, num_importance: int = 8, num_particles: int = 1, num_quadrature: int | None = None,
-                 num_likelihood_samples: int = 32) -> None:
+    def __init__(
+        self,
+        num_importance: int = 8,
+        num_particles: int = 1,
+        num_quadrature: int | None = None,
+        num_likelihood_samples: int = 32,
+    ) -> None:
         check_positive_int(num_importance, "num_importance", "ImportanceWeightedElbo")
         check_positive_int(num_particles, "num_particles", "ImportanceWeightedElbo")
-        check_positive_int(num_likelihood_samples, "num_likelihood_samples", "ImportanceWeightedElbo")
-        check_positive_int(num_quadrature, "num_quadrature", "ImportanceWeightedElbo", allow_none=True)
+        check_positive_int(
+            num_likelihood_samples, "num_likelihood_samples", "ImportanceWeightedElbo"
+        )
+        check_positive_int(
+            num_quadrature, "num_quadrature", "ImportanceWeightedElbo", allow_none=True
+        )
         self.num_importance = int(num_importance)
         self.num_quadrature = num_quadrature
         self.num_likelihood_samples = int(num_likelihood_samples)
         super().__init__(num_particles=num_particles, vectorize_particles=True)
 
     def components(
-        self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
+        self,
+        rng_key: jax.Array,
+        param_map: dict,
+        model: Callable,
+        guide: Callable,
+        *args: Any,
+        **kwargs: Any,
     ) -> dict[str, jax.Array | float]:
         """One particle's bound split into its parts.
 
@@ -98,12 +115,24 @@ class ImportanceWeightedElbo(ELBO):
             ``importance_weighted_log_likelihood - kl_inducing + other``.
         """
         K = self.num_importance
-        run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, self.num_quadrature,
-                             objective="ImportanceWeightedElbo", num_samples=self.num_likelihood_samples,
-                             num_importance=K)
+        run = marginal_trace(
+            model,
+            guide,
+            param_map,
+            rng_key,
+            args,
+            kwargs,
+            self.num_quadrature,
+            objective="ImportanceWeightedElbo",
+            num_samples=self.num_likelihood_samples,
+            num_importance=K,
+        )
         observed, kl, other = objective_terms(run, "ImportanceWeightedElbo")
-        log_weights = sum(get_tag(site, IMPORTANCE_LOG_WEIGHTS) for site in run.model_trace.values()
-                          if get_tag(site, IMPORTANCE_LOG_WEIGHTS) is not None)
+        log_weights = sum(
+            get_tag(site, IMPORTANCE_LOG_WEIGHTS)
+            for site in run.model_trace.values()
+            if get_tag(site, IMPORTANCE_LOG_WEIGHTS) is not None
+        )
         # per point, the observed sites that depend on the latents are summed inside the
         # importance average (one joint likelihood per draw); the others outside it
         inside: jax.Array | float = 0.0
@@ -123,7 +152,13 @@ class ImportanceWeightedElbo(ELBO):
         return {"importance_weighted_log_likelihood": bound, "kl_inducing": kl, "other": other}
 
     def loss_with_mutable_state(
-        self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
+        self,
+        rng_key: jax.Array,
+        param_map: dict,
+        model: Callable,
+        guide: Callable,
+        *args: Any,
+        **kwargs: Any,
     ) -> dict:
         """The negative bound averaged over ``num_particles`` (NumPyro's ``ELBO`` interface).
 
@@ -132,7 +167,9 @@ class ImportanceWeightedElbo(ELBO):
 
         def one(key):
             parts = self.components(key, param_map, model, guide, *args, **kwargs)
-            return parts["importance_weighted_log_likelihood"] - parts["kl_inducing"] + parts["other"]
+            return (
+                parts["importance_weighted_log_likelihood"] - parts["kl_inducing"] + parts["other"]
+            )
 
         keys = jax.random.split(rng_key, self.num_particles)
         return {"loss": -jnp.mean(jax.vmap(one)(keys)), "mutable_state": None}

@@ -65,7 +65,9 @@ def _check_num_particles(num_particles: int) -> None:
     :raises ValueError: for another number.
     """
     if int(num_particles) != 1:
-        raise ValueError(f"{_NAME}: the bound is deterministic; num_particles must be 1, got {num_particles}")
+        raise ValueError(
+            f"{_NAME}: the bound is deterministic; num_particles must be 1, got {num_particles}"
+        )
 
 
 class NestedCompressionElbo(ELBO):
@@ -135,7 +137,13 @@ class NestedCompressionElbo(ELBO):
         super().__init__(num_particles=1)
 
     def components(
-        self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
+        self,
+        rng_key: jax.Array,
+        param_map: dict,
+        model: Callable,
+        guide: Callable,
+        *args: Any,
+        **kwargs: Any,
     ) -> dict[str, jax.Array | float]:
         """The bound split into its parts.
 
@@ -149,30 +157,65 @@ class NestedCompressionElbo(ELBO):
             bound is ``expected_log_likelihood - inner_penalty - kl_inducing + other``.
         """
         run = moment_trace(
-            model, guide, param_map, rng_key, args, kwargs, "bound", 2, _NAME, self.propagate_inducing_variance
+            model,
+            guide,
+            param_map,
+            rng_key,
+            args,
+            kwargs,
+            "bound",
+            2,
+            _NAME,
+            self.propagate_inducing_variance,
         )
         as_marginal = MarginalRun(
-            run.guide_trace, run.model_trace, run.posteriors, run.moments, run.layer_order, run.quadrature_weights
+            run.guide_trace,
+            run.model_trace,
+            run.posteriors,
+            run.moments,
+            run.layer_order,
+            run.quadrature_weights,
         )
         observed, kl, other = objective_terms(as_marginal, _NAME)
         scale = _tail_scale(observed)
         ell = sum(weighted_log_prob(site, run.quadrature_weights) for site in observed.values())
-        penalty = scale * sum(run.penalties) if run.penalties else jnp.zeros((), jnp.result_type(ell))
-        return {"expected_log_likelihood": ell, "inner_penalty": penalty, "kl_inducing": kl, "other": other}
+        penalty = (
+            scale * sum(run.penalties) if run.penalties else jnp.zeros((), jnp.result_type(ell))
+        )
+        return {
+            "expected_log_likelihood": ell,
+            "inner_penalty": penalty,
+            "kl_inducing": kl,
+            "other": other,
+        }
 
     def bound_components(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array | float]:
         """Deprecated name of :meth:`components` (the name every objective of numpyro-dgp uses)."""
-        warnings.warn("NestedCompressionElbo.bound_components is deprecated; use NestedCompressionElbo.components",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "NestedCompressionElbo.bound_components is deprecated; use NestedCompressionElbo.components",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.components(*args, **kwargs)
 
     def loss_with_mutable_state(
-        self, rng_key: jax.Array, param_map: dict, model: Callable, guide: Callable, *args: Any, **kwargs: Any
+        self,
+        rng_key: jax.Array,
+        param_map: dict,
+        model: Callable,
+        guide: Callable,
+        *args: Any,
+        **kwargs: Any,
     ) -> dict:
         """The negative bound (NumPyro's ``ELBO`` interface).
 
         :return: ``{"loss": -bound, "mutable_state": None}``.
         """
         parts = self.components(rng_key, param_map, model, guide, *args, **kwargs)
-        bound = parts["expected_log_likelihood"] - parts["inner_penalty"] - parts["kl_inducing"] + parts["other"]
+        bound = (
+            parts["expected_log_likelihood"]
+            - parts["inner_penalty"]
+            - parts["kl_inducing"]
+            + parts["other"]
+        )
         return {"loss": -bound, "mutable_state": None}

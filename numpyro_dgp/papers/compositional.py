@@ -121,13 +121,21 @@ def composed_gp(
                 Z = inducing_inputs if i == 0 else inner_inducing_inputs
                 kw = {"inducing_inputs": Z} if Z is not None else {"num_inducing": num_inducing}
             h = gp_layer(
-                f"h{i + 1}", h, kernel, mean="zero" if last else inner_mean,
-                inducing=inducing, learn_hyperparameters=learn_hyperparameters,
-                learn_inducing=learn_inducing, jitter=jitter, **kw,
+                f"h{i + 1}",
+                h,
+                kernel,
+                mean="zero" if last else inner_mean,
+                inducing=inducing,
+                learn_hyperparameters=learn_hyperparameters,
+                learn_inducing=learn_inducing,
+                jitter=jitter,
+                **kw,
             )
         f = h[0] if inducing == "locations" else h
         with numpyro.plate("data", X.shape[0]):
-            numpyro.sample("y", dist.Normal(f[..., 0], jnp.sqrt(jnp.asarray(noise, X.dtype))), obs=y)
+            numpyro.sample(
+                "y", dist.Normal(f[..., 0], jnp.sqrt(jnp.asarray(noise, X.dtype))), obs=y
+            )
 
     return model
 
@@ -171,8 +179,15 @@ def fit_family(
     model = composed_gp(kernels, inducing=spec.inducing, **model_kwargs)
     guide = spec.guide(model, inner_init=inner_init)
     adam = optax.adam(learning_rate)
-    optimizer = adam if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), adam)
-    svi = SVI(model, guide, numpyro.optim.optax_to_numpyro(optimizer), DGPElbo(num_particles=num_particles))
+    optimizer = (
+        adam if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), adam)
+    )
+    svi = SVI(
+        model,
+        guide,
+        numpyro.optim.optax_to_numpyro(optimizer),
+        DGPElbo(num_particles=num_particles),
+    )
     result: FitResult = fit(svi, rng_key, X, y, num_steps=num_steps, progress_bar=progress_bar)
     return model, guide, result
 
@@ -305,7 +320,9 @@ def plot_compositions(
     fams = list(samples_by_family)
     layer_names = list(samples_by_family[fams[0]])
     ncols = len(layer_names) + 1
-    fig, axes = plt.subplots(len(fams), ncols, figsize=(3.2 * ncols, 2.6 * len(fams)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(fams), ncols, figsize=(3.2 * ncols, 2.6 * len(fams)), squeeze=False
+    )
     g = np.asarray(grid)[:, 0]
     for r, fam in enumerate(fams):
         layers = samples_by_family[fam]

@@ -30,7 +30,9 @@ def _check_diffgp_options(init: str, pretrain_steps: int) -> None:
     if init not in ("default", "released"):
         raise ValueError(f"fit_diffgp: init must be 'default' or 'released', got {init!r}")
     if not (isinstance(pretrain_steps, (int, np.integer)) and pretrain_steps >= 0):
-        raise ValueError(f"fit_diffgp: pretrain_steps must be a non-negative integer, got {pretrain_steps!r}")
+        raise ValueError(
+            f"fit_diffgp: pretrain_steps must be a non-negative integer, got {pretrain_steps!r}"
+        )
 
 
 def fit_diffgp(
@@ -83,24 +85,49 @@ def fit_diffgp(
     D = X.shape[-1]
     options: dict[str, Any] = {"num_inducing": num_inducing, "noise_init": noise_init}
     if init == "released":
-        options.update(noise_init=1.0, flow_kernel=RBF(variance=0.01, lengthscale=float(D)),
-                       kernel=RBF(lengthscale=float(D)))
+        options.update(
+            noise_init=1.0,
+            flow_kernel=RBF(variance=0.01, lengthscale=float(D)),
+            kernel=RBF(lengthscale=float(D)),
+        )
     # the flow model's own fit keeps rng_key, so that the default run is unchanged by these options
     pretrain_key, means_key = jax.random.fold_in(rng_key, 1), jax.random.fold_in(rng_key, 2)
     init_params = {}
     if init == "released":  # whitened inducing means, shape (out_dim, M)
         for i, (site, width) in enumerate((("flow.u_auto_loc", D), ("g.u_auto_loc", 1))):
-            init_params[site] = jax.random.normal(jax.random.fold_in(means_key, i), (width, num_inducing), X.dtype)
+            init_params[site] = jax.random.normal(
+                jax.random.fold_in(means_key, i), (width, num_inducing), X.dtype
+            )
     if pretrain_steps:
-        _, _, pre = fit_factorized(diffgp(0.0, **options), pretrain_key, X, y, num_steps=int(pretrain_steps),
-                                   batch_size=batch_size, learning_rate=learning_rate, progress_bar=progress_bar,
-                                   chunk_size=chunk_size)
-        init_params.update({k: v for k, v in pre.params.items() if k == "noise" or k.startswith("g.")})
+        _, _, pre = fit_factorized(
+            diffgp(0.0, **options),
+            pretrain_key,
+            X,
+            y,
+            num_steps=int(pretrain_steps),
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            progress_bar=progress_bar,
+            chunk_size=chunk_size,
+        )
+        init_params.update(
+            {k: v for k, v in pre.params.items() if k == "noise" or k.startswith("g.")}
+        )
 
     model = diffgp(T, num_steps=num_flow_steps, estimator=estimator, **options)
-    return fit_factorized(model, rng_key, X, y, num_steps=num_steps, batch_size=batch_size,
-                          learning_rate=learning_rate, num_particles=num_particles, progress_bar=progress_bar,
-                          chunk_size=chunk_size, init_params=init_params or None)
+    return fit_factorized(
+        model,
+        rng_key,
+        X,
+        y,
+        num_steps=num_steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        num_particles=num_particles,
+        progress_bar=progress_bar,
+        chunk_size=chunk_size,
+        init_params=init_params or None,
+    )
 
 
 def run_diffgp_uci(
@@ -143,12 +170,22 @@ def run_diffgp_uci(
     :param pretrain_steps: SVGP pre-training steps, see :func:`fit_diffgp`.
     :return: :class:`~numpyro_dgp.recipes.RunResult`.
     """
+
     def fit_fn(fit_key, X, y):
         return fit_diffgp(
-            fit_key, X, y, T=T, num_flow_steps=num_flow_steps, num_inducing=min(num_inducing, X.shape[0]),
-            num_steps=num_steps, batch_size=batch_size if batch_size < X.shape[0] else None,
-            learning_rate=learning_rate, num_particles=num_particles, progress_bar=progress_bar,
-            init=init, pretrain_steps=pretrain_steps,
+            fit_key,
+            X,
+            y,
+            T=T,
+            num_flow_steps=num_flow_steps,
+            num_inducing=min(num_inducing, X.shape[0]),
+            num_steps=num_steps,
+            batch_size=batch_size if batch_size < X.shape[0] else None,
+            learning_rate=learning_rate,
+            num_particles=num_particles,
+            progress_bar=progress_bar,
+            init=init,
+            pretrain_steps=pretrain_steps,
         )
 
     return run_on_uci(name, split, rng_key, data_dir, num_test_samples, fit_fn)

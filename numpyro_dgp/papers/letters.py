@@ -48,7 +48,9 @@ def letters_classification(
     from matplotlib.textpath import TextPath
 
     _check_sizes(num_train, num_test)
-    glyphs = TextPath((0, 0), text, size=1, prop=FontProperties(family="DejaVu Sans", weight="bold"))
+    glyphs = TextPath(
+        (0, 0), text, size=1, prop=FontProperties(family="DejaVu Sans", weight="bold")
+    )
     polygons = glyphs.to_polygons()
     corners = np.concatenate(polygons)
     lo, hi = corners.min(0), corners.max(0)

@@ -45,5 +45,9 @@ def merge_by_split(results: list[dict], what: str) -> dict:
     for table in results:
         for name, by_label in table.items():
             for label, rows in by_label.items():
-                extend_by_split(merged.setdefault(name, {}).setdefault(label, []), rows, f"{what}: {name} {label}")
+                extend_by_split(
+                    merged.setdefault(name, {}).setdefault(label, []),
+                    rows,
+                    f"{what}: {name} {label}",
+                )
     return merged

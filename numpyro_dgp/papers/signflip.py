@@ -156,14 +156,18 @@ def _log_joint_funsor(x, y, num_layers, noise):
         if site["type"] != "sample":
             continue
         log_prob = site["fn"].log_prob(site["value"])
-        factors.append(funsor.to_funsor(log_prob, output=funsor.Real, dim_to_name=site["infer"]["dim_to_name"]))
+        factors.append(
+            funsor.to_funsor(log_prob, output=funsor.Real, dim_to_name=site["infer"]["dim_to_name"])
+        )
         plates |= frozenset(f.name for f in site["cond_indep_stack"] if f.dim is not None)
     return funsor.sum_product.sum_product(
         funsor.ops.logaddexp, funsor.ops.add, factors, eliminate=plates, plates=plates
     )
 
 
-def exact_posterior(x: ArrayLike, y: ArrayLike, *, num_layers: int = 3, noise: float = 0.1) -> ExactPosterior:
+def exact_posterior(
+    x: ArrayLike, y: ArrayLike, *, num_layers: int = 3, noise: float = 0.1
+) -> ExactPosterior:
     """Exact posterior over the ``2^L`` sign patterns by funsor-backed parallel enumeration.
 
     The model is traced under ``enum(config_enumerate(sign_flip_model), first_available_dim=-2)``;
@@ -179,16 +183,26 @@ def exact_posterior(x: ArrayLike, y: ArrayLike, *, num_layers: int = 3, noise: f
     names = tuple(f"s{layer}" for layer in range(1, num_layers + 1))
     joint = _log_joint_funsor(x, y, num_layers, noise)
     if set(joint.inputs) != set(names):
-        raise ValueError(f"unexpected free variables {sorted(joint.inputs)} in the joint log density")
+        raise ValueError(
+            f"unexpected free variables {sorted(joint.inputs)} in the joint log density"
+        )
     # Bernoulli's enumeration support is (0, 1), so index == value along every dimension.
     log_joint = np.asarray(joint.align(names).data, dtype=np.float64).reshape(-1)
     log_evidence = float(np.logaddexp.reduce(log_joint))
     patterns = sign_patterns(num_layers)
-    return ExactPosterior(patterns, np.exp(log_joint - log_evidence), log_evidence, log_joint, _valid(patterns))
+    return ExactPosterior(
+        patterns, np.exp(log_joint - log_evidence), log_evidence, log_joint, _valid(patterns)
+    )
 
 
 def posterior_samples(
-    rng_key: jax.Array, x: ArrayLike, y: ArrayLike, num_samples: int, *, num_layers: int = 3, noise: float = 0.1
+    rng_key: jax.Array,
+    x: ArrayLike,
+    y: ArrayLike,
+    num_samples: int,
+    *,
+    num_layers: int = 3,
+    noise: float = 0.1,
 ) -> np.ndarray:
     """Sign patterns drawn from the exact posterior with ``infer_discrete(temperature=1)``.
 
@@ -205,7 +219,9 @@ def posterior_samples(
     model = config_enumerate(sign_flip_model)
 
     def one(key):
-        sampler = infer_discrete(model, first_available_dim=_FIRST_AVAILABLE_DIM, temperature=1, rng_key=key)
+        sampler = infer_discrete(
+            model, first_available_dim=_FIRST_AVAILABLE_DIM, temperature=1, rng_key=key
+        )
         tr = numpyro.handlers.trace(sampler).get_trace(x, y, num_layers=num_layers, noise=noise)
         return jnp.stack([jnp.asarray(tr[name]["value"]).reshape(()) for name in names])
 
@@ -254,7 +270,9 @@ def _contexts(family: str, patterns: np.ndarray) -> np.ndarray:
     ctx = np.zeros_like(patterns)
     if family == "chain":  # q(s_l | s_{l-1})
         ctx[:, 1:] = patterns[:, :-1]
-    elif family == "composition":  # q(s_l | c_{l-1}), c_{l-1} negative iff an odd number of flips so far
+    elif (
+        family == "composition"
+    ):  # q(s_l | c_{l-1}), c_{l-1} negative iff an odd number of flips so far
         ctx[:, 1:] = np.cumsum(patterns, axis=1)[:, :-1] % 2
     return ctx  # factorized: every layer its own single conditional
 
@@ -262,7 +280,12 @@ def _contexts(family: str, patterns: np.ndarray) -> np.ndarray:
 def _log_q(logits, patterns, contexts):
     """``log q(s)`` for every pattern: sum over layers of Bernoulli log-probabilities."""
     layer_logits = logits[jnp.arange(patterns.shape[1])[None, :], contexts]  # (2^L, L)
-    return jnp.sum(jnp.where(patterns == 1, jax.nn.log_sigmoid(layer_logits), jax.nn.log_sigmoid(-layer_logits)), -1)
+    return jnp.sum(
+        jnp.where(
+            patterns == 1, jax.nn.log_sigmoid(layer_logits), jax.nn.log_sigmoid(-layer_logits)
+        ),
+        -1,
+    )
 
 
 def _elbo(logits, log_joint, patterns, contexts):
@@ -379,15 +402,26 @@ def summary_table(
     """
     labels = pattern_labels(exact.patterns)
     rows = [
-        dict(family="exact", kl=0.0, elbo=exact.log_evidence,
-             invalid_mass=float(exact.probabilities[~exact.valid].sum()),
-             num_valid_patterns=int(np.sum(exact.probabilities[exact.valid] > 1e-3)),
-             **{lab: float(p) for lab, p in zip(labels, exact.probabilities)})
+        dict(
+            family="exact",
+            kl=0.0,
+            elbo=exact.log_evidence,
+            invalid_mass=float(exact.probabilities[~exact.valid].sum()),
+            num_valid_patterns=int(np.sum(exact.probabilities[exact.valid] > 1e-3)),
+            **{lab: float(p) for lab, p in zip(labels, exact.probabilities)},
+        )
     ]
     for r in results:
-        rows.append(dict(family=r.family, kl=r.kl, elbo=r.elbo, invalid_mass=r.invalid_mass,
-                         num_valid_patterns=r.num_valid_patterns,
-                         **{lab: float(p) for lab, p in zip(labels, r.probabilities)}))
+        rows.append(
+            dict(
+                family=r.family,
+                kl=r.kl,
+                elbo=r.elbo,
+                invalid_mass=r.invalid_mass,
+                num_valid_patterns=r.num_valid_patterns,
+                **{lab: float(p) for lab, p in zip(labels, r.probabilities)},
+            )
+        )
     if not markdown:
         return rows
     cols = ["family", "kl", "elbo", "invalid_mass", "num_valid_patterns", *labels]
@@ -417,7 +451,8 @@ def plot_sign_posteriors(
         fig = cast("matplotlib.figure.Figure", ax.figure)
     labels = pattern_labels(exact.patterns)
     series = [("exact", exact.probabilities)] + [
-        (f"{r.family} (KL={r.kl:.3f})", r.probabilities) for r in fitted_results]
+        (f"{r.family} (KL={r.kl:.3f})", r.probabilities) for r in fitted_results
+    ]
     positions = np.arange(len(labels))
     width = 0.8 / len(series)
     for i, (name, probs) in enumerate(series):
