@@ -29,7 +29,8 @@ class OwnerCache:
         return None if table is None else table.get(key)
 
     def put(self, owner: Any, key: Hashable, value: Any) -> None:
-        """Store ``value`` for ``(owner, key)`` (no-op for owners that cannot be weakly referenced)."""
+        """Store ``value`` for ``(owner, key)`` (no-op for owners that cannot be weakly
+        referenced)."""
         try:
             table = self._tables.setdefault(owner, {})
         except TypeError:

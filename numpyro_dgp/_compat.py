@@ -109,7 +109,8 @@ def autocontinuous_layout(guide: Any) -> dict[str, tuple[int, int, tuple[int, ..
     return layout
 
 
-# NumPyro's constraint class is private: the base is read from its public instance (a dynamic base to mypy)
+# NumPyro's constraint class is private: the base is read from its public instance (a dynamic base
+# to mypy)
 class _SoftplusLowerCholesky(type(_constraints.softplus_lower_cholesky)):  # type: ignore[misc]
     """NumPyro's ``softplus_lower_cholesky`` constraint, transformed with one gather each way."""
 

@@ -82,7 +82,8 @@ ENCODER_INPUT_MESSAGE = "dgp_encoder_input"
 #: Message type announcing a latent input (``latent_input``): its spec and key.
 LATENT_MESSAGE = "dgp_latent"
 
-#: Attribute of a model built by a factory of :mod:`numpyro_dgp.models`: ``{"factory", "arguments"}``.
+#: Attribute of a model built by a factory of :mod:`numpyro_dgp.models`:
+#: ``{"factory", "arguments"}``.
 MODEL_CONFIG = "dgp_config"
 
 #: On a ``"<layer>.u"`` sample site: :class:`InducingTag`.
@@ -112,7 +113,8 @@ class InducingTag(NamedTuple):
     :ivar layer: the layer's name.
     :ivar whiten: whether the site is whitened (prior ``N(0, I)``).
     :ivar inducing: ``"global"``, ``"locations"`` or ``"amortized"``.
-    :ivar encoder_input: ``(..., B, D)`` what the encoder of an amortized layer sees (else ``None``).
+    :ivar encoder_input: ``(..., B, D)`` what the encoder of an amortized layer sees (else
+        ``None``).
     """
 
     layer: str
@@ -277,7 +279,8 @@ def is_layer_message(msg: dict) -> bool:
 
 
 def message_layer(msg: dict) -> Any:
-    """The :class:`~numpyro_dgp.layers.Layer` a :data:`LAYER_MESSAGE` carries (its first argument)."""
+    """The :class:`~numpyro_dgp.layers.Layer` a :data:`LAYER_MESSAGE` carries (its first
+    argument)."""
     return layer_call(msg).layer
 
 
@@ -298,7 +301,8 @@ def inducing_site_names(trace: dict) -> list[str]:
 
 
 def quadrature_tail(trace: dict) -> list[str]:
-    """The sample sites after the last layer of a marginalized run (tagged :data:`QUADRATURE_AXIS`)."""
+    """The sample sites after the last layer of a marginalized run (tagged
+    :data:`QUADRATURE_AXIS`)."""
     return [
         name
         for name, site in trace.items()

@@ -198,8 +198,9 @@ def targets(
     if y.shape != expected:
         also = f" (or ({num_points}, 1))" if num_outputs == 1 else ""
         raise ValueError(
-            f"{caller}: y must have shape {expected}{also} to match the {num_points} input points of X"
-            f"{'' if num_outputs == 1 else f' and its {num_outputs} target columns'}, got shape {tuple(y.shape)}"
+            f"{caller}: y must have shape {expected}{also} to match the {num_points} input points "
+            f"of X{'' if num_outputs == 1 else f' and its {num_outputs} target columns'}, got "
+            f"shape {tuple(y.shape)}"
         )
     if dtype is not None:
         y = as_float_array(y, "y", caller).astype(dtype)
@@ -302,7 +303,8 @@ def check_interval(
     :param caller: the function in messages.
     :param low: the lower end.
     :param high: the upper end.
-    :param closed: which ends belong to the interval: ``"neither"``, ``"low"``, ``"high"`` or ``"both"``.
+    :param closed: which ends belong to the interval: ``"neither"``, ``"low"``, ``"high"`` or
+        ``"both"``.
     :raises ValueError: otherwise, with the interval in the usual notation.
     """
     try:
@@ -466,13 +468,15 @@ def warn_if_not_standardized(
         )
     if too_small.size:
         parts.append(
-            f"feature(s) {too_small.tolist()[:10]} have a spread down to {np.nanmin(best[too_small]):.3g}"
+            f"feature(s) {too_small.tolist()[:10]} have a spread down to "
+            f"{np.nanmin(best[too_small]):.3g}"
         )
     relative = " times the kernel's lengthscale" if lengthscales else ""
     warnings.warn(
         f"{caller}: {name} is far from standardized: {'; '.join(parts)}{relative} (expected within "
-        f"[{low:g}, {high:g}]). Kernels start at unit lengthscales, so the fit may end at a constant "
-        "predictor: standardize each feature (or set the kernel's lengthscales to the data's scale).",
+        f"[{low:g}, {high:g}]). Kernels start at unit lengthscales, so the fit may end at a "
+        "constant predictor: standardize each feature (or set the kernel's lengthscales to the "
+        "data's scale).",
         InputScaleWarning,
         stacklevel=stacklevel,
     )

@@ -116,7 +116,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     png = out_dir / "demo_step_function.png"
     print(
-        f"Fitting a 2-layer DGP and a 1-layer SVGP to the step function ({args.steps} steps each)..."
+        "Fitting a 2-layer DGP and a 1-layer SVGP to the step function "
+        f"({args.steps} steps each)..."
     )
     runs = run_demo(jax.random.PRNGKey(args.seed), num_steps=args.steps, output=png)
     print()
@@ -124,7 +125,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for label, name in (("dgp", "DGP (2 layers)"), ("svgp", "SVGP (1 layer)")):
         r = runs[label]
         print(
-            f"{name:<14} {r.final_elbo:>11.2f} {r.metrics['log_likelihood']:>9.3f} {r.metrics['rmse']:>8.4f} "
+            f"{name:<14} {r.final_elbo:>11.2f} {r.metrics['log_likelihood']:>9.3f} "
+            f"{r.metrics['rmse']:>8.4f} "
             f"{r.metrics['crps']:>8.4f} {r.seconds_per_step * 1e3:>8.2f}"
         )
     print(f"\nwrote {png}")
@@ -178,7 +180,8 @@ def cmd_uci(args: argparse.Namespace) -> int:
     name = data.name
     _check_uci_inducing(args.num_inducing, data.X_train.shape[0], name, args.splits[0])
     print(
-        f"{name}: {args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, batch {args.batch_size}"
+        f"{name}: {args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, "
+        f"batch {args.batch_size}"
     )
     print(f"{'split':>5} {'test LL':>9} {'RMSE':>9} {'CRPS':>9} {'ms/step':>8} {'seconds':>8}")
     lls, rmses = [], []
@@ -226,7 +229,8 @@ def _fraction(text: str) -> float:
 
 
 def _check_quantiles(values: list[float], text: str) -> None:
-    """Raise unless ``values`` (parsed from ``text``; empty: not numbers) are some levels in ``(0, 1)``.
+    """Raise unless ``values`` (parsed from ``text``; empty: not numbers) are some levels in
+    ``(0, 1)``.
 
     :raises argparse.ArgumentTypeError: otherwise.
     """
@@ -282,7 +286,9 @@ def _check_target_values(y: np.ndarray, likelihood: str, targets: list[str]) -> 
     import numpy as np
 
     values = y[~np.isnan(y)]
-    shown = lambda v: f"{np.unique(v)[:6].tolist()}{' ...' if np.unique(v).size > 6 else ''}"  # noqa: E731
+    shown = (  # noqa: E731
+        lambda v: f"{np.unique(v)[:6].tolist()}{' ...' if np.unique(v).size > 6 else ''}"
+    )
     if likelihood == "probit" and not set(np.unique(values).tolist()) <= {0.0, 1.0}:
         raise ValueError(
             f"--likelihood probit needs a target of 0s and 1s; {targets[0]!r} holds {shown(values)}"
@@ -357,8 +363,113 @@ def _check_fit_inducing(num_inducing: int, batch: int | None, num_train: int) ->
         raise ValueError(
             f"--num-inducing {num_inducing} exceeds the {init_points} points its k-means "
             f"initialization sees ({'the first minibatch' if batch else 'the training rows'}); "
-            f"pass --num-inducing {init_points} or fewer{' or a larger --batch-size' if batch else ''}"
+            f"pass --num-inducing {init_points} or fewer"
+            f"{' or a larger --batch-size' if batch else ''}"
         )
+
+
+def _fit_table(
+    args: argparse.Namespace, likelihood: str, targets: list[str], masked: bool
+) -> tuple[np.ndarray, np.ndarray, list[str], int | None]:
+    """``(X, y, feature names, number of classes)`` of ``fit``'s table, its targets checked
+    against the likelihood (NumPy only: a bad table is reported before JAX loads)."""
+    from numpyro_dgp._persist.tables import read_table  # NumPy only: before JAX loads
+
+    _check_label_targets(args.likelihood, likelihood, targets)
+    table = read_table(args.data, allow_missing=targets)
+    X, y, names = table.split(targets[0] if len(targets) == 1 else targets)
+    assert y is not None  # a target was named
+    _check_missing_targets(args.data, y, targets, masked)
+    num_classes = _check_target_values(y, likelihood, targets)
+    return X, y, names, num_classes
+
+
+def _train_test_rows(N: int, seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, test)`` row indices: ``--test-fraction`` of the ``N`` rows held out at random."""
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(N)
+    num_test = int(round(test_fraction * N))
+    test, train = order[:num_test], order[num_test:]
+    _check_training_rows(train.size, test_fraction, N)
+    return train, test
+
+
+def _training_arrays(
+    s, X: np.ndarray, y: np.ndarray, train: np.ndarray, dtype, continuous: bool, masked: bool
+):
+    """``(X_train, y_train)`` as JAX arrays: standardized inputs, and standardized targets
+    (continuous likelihoods), labels or counts."""
+    import jax.numpy as jnp
+
+    X_train = jnp.asarray(s.inputs(X[train]), dtype)
+    if continuous or masked:
+        y_train = jnp.asarray(s.targets(y[train]) if continuous else y[train], dtype)
+    else:
+        y_train = jnp.asarray(y[train], jnp.int32)
+    return X_train, y_train
+
+
+def _print_fit_plan(
+    args: argparse.Namespace,
+    N: int,
+    names: list[str],
+    num_classes: int | None,
+    train_rows: int,
+    test_rows: int,
+    batch: int | None,
+    dtype,
+) -> None:
+    """Print what ``fit`` is about to do: the table's sizes, the model and the optimization."""
+    import numpy as np
+
+    targets = args.target
+    shown = repr(targets[0]) if len(targets) == 1 else str(targets)
+    print(
+        f"{args.data}: {N} rows, {len(names)} features, target {shown} ({args.likelihood}"
+        f"{f', {num_classes} classes' if num_classes else ''}); {train_rows} training, "
+        f"{test_rows} test rows"
+    )
+    print(
+        f"{args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, "
+        f"{'batch ' + str(batch) if batch else 'full batch'}, {np.dtype(dtype).name}; "
+        "inducing inputs by k-means on "
+        f"{'one minibatch of ' + str(batch) if batch else str(min(train_rows, 100_000))} points"
+    )
+
+
+def _fit_summary(
+    args: argparse.Namespace,
+    N: int,
+    train_rows: int,
+    test_rows: int,
+    batch: int | None,
+    final: float,
+    seconds: float,
+    result,
+) -> dict:
+    """The fit's record saved with the model (``metadata``)."""
+    return {
+        "rows": int(N),
+        "train_rows": int(train_rows),
+        "test_rows": int(test_rows),
+        "steps": args.steps,
+        "batch_size": batch,
+        "seed": args.seed,
+        "final_loss": final,
+        "fit_seconds": seconds,
+        "skipped_steps": int(result.num_skipped),
+    }
+
+
+def _print_held_out(
+    loaded, X: np.ndarray, y: np.ndarray, test: np.ndarray, targets: list[str], seed: int
+) -> None:
+    """Print the metrics of the saved model (``loaded`` again) on the held-out rows."""
+    import jax
+
+    pred = loaded.predict(X[test], rng_key=jax.random.PRNGKey(seed + 1), batch_size=10_000)
+    print("held-out: " + _scores_text(pred, y[test], targets))
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -372,24 +483,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from numpyro_dgp._persist.tables import (
-        read_table,
-    )  # NumPy only: a bad table is reported before JAX loads
-
     targets = args.target
     masked = args.missing_targets == "mask"
     likelihood = LIKELIHOODS[args.likelihood]
-    _check_label_targets(args.likelihood, likelihood, targets)
-    table = read_table(args.data, allow_missing=targets)
-    X, y, names = table.split(targets[0] if len(targets) == 1 else targets)
-    assert y is not None  # a target was named
+    X, y, names, num_classes = _fit_table(args, likelihood, targets, masked)
     N = X.shape[0]
-    _check_missing_targets(args.data, y, targets, masked)
-    num_classes = _check_target_values(y, likelihood, targets)
-    order = np.random.default_rng(args.seed).permutation(N)
-    num_test = int(round(args.test_fraction * N))
-    test, train = order[:num_test], order[num_test:]
-    _check_training_rows(train.size, args.test_fraction, N)
+    train, test = _train_test_rows(N, args.seed, args.test_fraction)
 
     _setup_precision(args.float32)
     import jax
@@ -404,23 +503,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
     continuous = likelihood in _CONTINUOUS
     s = Standardization.fit(X[train], y[train] if continuous else None)
     dtype = jnp.float32 if args.float32 else jnp.float64
-    X_train = jnp.asarray(s.inputs(X[train]), dtype)
-    if continuous or masked:
-        y_train = jnp.asarray(s.targets(y[train]) if continuous else y[train], dtype)
-    else:
-        y_train = jnp.asarray(y[train], jnp.int32)
+    X_train, y_train = _training_arrays(s, X, y, train, dtype, continuous, masked)
     batch = args.batch_size if args.batch_size < train.size else None
     _check_fit_inducing(args.num_inducing, batch, train.size)
-    shown = repr(targets[0]) if len(targets) == 1 else str(targets)
-    print(
-        f"{args.data}: {N} rows, {len(names)} features, target {shown} ({args.likelihood}"
-        f"{f', {num_classes} classes' if num_classes else ''}); {train.size} training, {test.size} test rows"
-    )
-    print(
-        f"{args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, "
-        f"{'batch ' + str(batch) if batch else 'full batch'}, {np.dtype(dtype).name}; inducing inputs by k-means on "
-        f"{'one minibatch of ' + str(batch) if batch else str(min(train.size, 100_000))} points"
-    )
+    _print_fit_plan(args, N, names, num_classes, train.size, test.size, batch, dtype)
     model = deep_gp_regression(
         args.layers,
         num_inducing=args.num_inducing,
@@ -446,17 +532,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     )
     seconds = time.perf_counter() - start
     final = float(np.nanmean(result.losses[-min(100, args.steps) :]))
-    summary = {
-        "rows": int(N),
-        "train_rows": int(train.size),
-        "test_rows": int(test.size),
-        "steps": args.steps,
-        "batch_size": batch,
-        "seed": args.seed,
-        "final_loss": final,
-        "fit_seconds": seconds,
-        "skipped_steps": int(result.num_skipped),
-    }
+    summary = _fit_summary(args, N, train.size, test.size, batch, final, seconds, result)
     out = save_model(
         args.output,
         model,
@@ -470,13 +546,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     print(
-        f"fitted in {seconds:.1f} s ({result.seconds_per_step * 1e3:.2f} ms/step), final loss {final:.4g}; "
-        f"saved {out}"
+        f"fitted in {seconds:.1f} s ({result.seconds_per_step * 1e3:.2f} ms/step), "
+        f"final loss {final:.4g}; saved {out}"
     )
     if test.size:
         loaded = load_model(out)
-        pred = loaded.predict(X[test], rng_key=jax.random.PRNGKey(args.seed + 1), batch_size=10_000)
-        print("held-out: " + _scores_text(pred, y[test], targets))
+        _print_held_out(loaded, X, y, test, targets, args.seed)
     return 0
 
 
@@ -593,17 +668,8 @@ def _prediction_columns(pred, quantiles: list[float], targets: list[str]) -> tup
     return header, columns
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``numpyro-dgp`` command, with the subcommands ``demo``,
-    ``uci``, ``fit`` and ``predict``; each sets ``func`` to the function that runs it.
-
-    :return: the parser.
-    """
-    parser = argparse.ArgumentParser(
-        prog="numpyro-dgp", description="Deep Gaussian processes on NumPyro."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_demo_parser(sub) -> None:
+    """Add the ``demo`` subcommand and its arguments to ``sub`` (the subparsers)."""
     demo = sub.add_parser(
         "demo", help="fit a DGP to the built-in step function and plot each layer"
     )
@@ -613,12 +679,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--float32", action="store_true", help="single precision (default float64)")
     demo.set_defaults(func=cmd_demo)
 
+
+def _add_uci_parser(sub) -> None:
+    """Add the ``uci`` subcommand and its arguments to ``sub`` (the subparsers)."""
     uci = sub.add_parser("uci", help="DSVI on UCI regression splits")
     uci.add_argument(
         "--dataset",
         required=True,
-        help="a data set folder under --data-dir (e.g. kin8nm, boston, concrete, energy, power, wine, "
-        "yacht, or any other folder in the standard split layout), or the path of such a folder",
+        help="a data set folder under --data-dir (e.g. kin8nm, boston, concrete, energy, power, "
+        "wine, yacht, or any other folder in the standard split layout), or the path of such a "
+        "folder",
     )
     uci.add_argument("--splits", type=_parse_splits, default=[0], help="e.g. 0-4 or 0,3,7")
     uci.add_argument("--layers", type=_positive_int, default=2)
@@ -637,6 +707,9 @@ def build_parser() -> argparse.ArgumentParser:
     uci.add_argument("--float32", action="store_true")
     uci.set_defaults(func=cmd_uci)
 
+
+def _add_fit_parser(sub) -> None:
+    """Add the ``fit`` subcommand and its arguments to ``sub`` (the subparsers)."""
     fit = sub.add_parser(
         "fit", help="fit a DGP to your own table (CSV with a header row, or .npz) and save it"
     )
@@ -645,8 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--target",
         required=True,
         type=_target_list,
-        help="the column to predict, or several separated by commas (one model for all); every other "
-        "column is a feature",
+        help="the column to predict, or several separated by commas (one model for all); every "
+        "other column is a feature",
     )
     fit.add_argument("--output", required=True, help="the model directory to write")
     fit.add_argument("--layers", type=_positive_int, default=2)
@@ -661,8 +734,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--likelihood",
         choices=tuple(LIKELIHOODS),
         default="normal",
-        help="normal or heteroscedastic (regression), student-t (robust regression), probit (target "
-        "0/1), softmax or robust-max (target 0..C-1), poisson or negative-binomial (counts)",
+        help="normal or heteroscedastic (regression), student-t (robust regression), probit "
+        "(target 0/1), softmax or robust-max (target 0..C-1), poisson or negative-binomial "
+        "(counts)",
     )
     fit.add_argument(
         "--missing-targets",
@@ -682,6 +756,9 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--no-progress", action="store_true", help="no progress bar")
     fit.set_defaults(func=cmd_fit)
 
+
+def _add_predict_parser(sub) -> None:
+    """Add the ``predict`` subcommand and its arguments to ``sub`` (the subparsers)."""
     predict = sub.add_parser("predict", help="predict with a saved model; writes a CSV")
     predict.add_argument(
         "model_dir", help="a model directory written by 'numpyro-dgp fit' or save_model"
@@ -702,6 +779,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     predict.add_argument("--seed", type=_non_negative_int, default=0)
     predict.set_defaults(func=cmd_predict)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``numpyro-dgp`` command, with the subcommands ``demo``,
+    ``uci``, ``fit`` and ``predict``; each sets ``func`` to the function that runs it.
+
+    :return: the parser.
+    """
+    parser = argparse.ArgumentParser(
+        prog="numpyro-dgp", description="Deep Gaussian processes on NumPyro."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    _add_demo_parser(sub)
+    _add_uci_parser(sub)
+    _add_fit_parser(sub)
+    _add_predict_parser(sub)
     return parser
 
 

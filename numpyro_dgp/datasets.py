@@ -428,8 +428,8 @@ def _check_random_split_args(
     # the tolerance lets 0.8 + 0.2 (1.0000000000000002 in floating point) through
     if not (0 < train_fraction < 1 and 0 < test_fraction <= 1 - train_fraction + 1e-12):
         raise ValueError(
-            f"random_uci_split: need 0 < train_fraction < 1 and 0 < test_fraction <= 1 - train_fraction, "
-            f"got {train_fraction}, {test_fraction}"
+            "random_uci_split: need 0 < train_fraction < 1 and 0 < test_fraction <= "
+            f"1 - train_fraction, got {train_fraction}, {test_fraction}"
         )
     check_choice(part, ("test", "validation"), "part", "random_uci_split")
     return dtype

@@ -432,7 +432,8 @@ def _check_load_arguments(
     """
     if model is None and (guide is not None or args or kwargs):
         raise ValueError(
-            "load_params: guide=, args= and kwargs= are for the check against model=; pass model= too"
+            "load_params: guide=, args= and kwargs= are for the check against model=; pass "
+            "model= too"
         )
     path = Path(os.fspath(path)).expanduser()
     if not path.exists():

@@ -111,7 +111,8 @@ class Kernel:
         )
 
     def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
-        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default ``X1``)."""
+        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default
+        ``X1``)."""
         raise NotImplementedError
 
     def diag(self, X: ArrayLike) -> jax.Array:
@@ -237,7 +238,8 @@ class Stationary(Kernel):
         raise NotImplementedError
 
     def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
-        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default ``X1``)."""
+        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default
+        ``X1``)."""
         X1, X2 = _check_inputs(X1, X2)
         try:
             hash(_flatten_kernel(self)[1])
@@ -326,7 +328,8 @@ class Periodic(Kernel):
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ("variance", "lengthscale", "period")
 
     def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
-        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default ``X1``)."""
+        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default
+        ``X1``)."""
         X1, X2 = _check_inputs(X1, X2)
         diff = X1[:, None, :] - X2[None, :, :]
         s = jnp.sin(jnp.pi * diff / self.period) / jnp.asarray(self.lengthscale)
@@ -349,7 +352,8 @@ class Linear(Kernel):
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ("variance",)
 
     def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
-        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default ``X1``)."""
+        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default
+        ``X1``)."""
         X1, X2 = _check_inputs(X1, X2)
         return jnp.asarray(self.variance) * (X1 @ X2.T)
 

@@ -9,9 +9,10 @@ A call ``gp_layer("h1", X, kernel, num_inducing=50, out_dim=2)`` inside a model
    (whitened: prior ``N(0, I)`` per output; otherwise ``N(0, K(Z, Z))``; always the
    residual about the mean function), tagged with an :class:`~numpyro_dgp._protocol.InducingTag`
    (read it with :func:`numpyro_dgp._protocol.inducing_tag`);
-3. emits one layer message (:data:`~numpyro_dgp._protocol.LAYER_MESSAGE`) named ``"h1.layer"`` whose default handling
-   draws the layer's output at ``X`` from ``p(f(X) | u)`` point by point (DSVI propagation);
-   handlers (``DGPElbo``'s analytic marginalization, coherent sampling, ...) reinterpret it;
+3. emits one layer message (:data:`~numpyro_dgp._protocol.LAYER_MESSAGE`) named ``"h1.layer"``
+   whose default handling draws the layer's output at ``X`` from ``p(f(X) | u)`` point by point
+   (DSVI propagation); handlers (``DGPElbo``'s analytic marginalization, coherent sampling, ...)
+   reinterpret it;
 4. records the output as ``numpyro.deterministic("h1", f)`` so ``Predictive`` returns it.
 
 Shapes: ``X (N, D)``; returns ``(N, out_dim)``.
@@ -119,8 +120,8 @@ class Layer(NamedTuple):
     :ivar prior_mean: ``(P, M)`` prior mean of the u site (zero unless ``inducing="locations"``,
         where the site holds the inducing values rather than their residual).
     :ivar inducing: ``"global"``, ``"locations"`` or ``"amortized"`` (then ``inducing_inputs``
-        is ``(..., B, M, D)``, ``Kmm_chol`` ``(..., B, M, M)`` and ``prior_mean`` ``(..., B, P, M)``:
-        one set per point, and per branch when the leading axis is there).
+        is ``(..., B, M, D)``, ``Kmm_chol`` ``(..., B, M, M)`` and ``prior_mean``
+        ``(..., B, P, M)``: one set per point, and per branch when the leading axis is there).
     :ivar noise: the variance of the Gaussian noise added to the layer's output
         (``gp_layer(..., noise=...)``), or ``None`` (a noiseless layer).
     :ivar mean_affine: ``(W (D, P), b (P,))`` of a named mean function (``"identity"``,
@@ -150,7 +151,8 @@ def layer_moments(
     q_sqrt: ArrayLike | None = None,
     full_cov: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
-    """Mean and (co)variance of the layer's output at ``X`` given ``u ~ N(q_mean, q_sqrt q_sqrt^T)``.
+    """Mean and (co)variance of the layer's output at ``X`` given
+    ``u ~ N(q_mean, q_sqrt q_sqrt^T)``.
 
     ``q_sqrt=None`` means ``u = q_mean`` exactly (the conditional ``p(f | u)``). A layer with
     noise (``gp_layer(..., noise=...)``) outputs ``f(X) + eps``: its noise variance is added to
@@ -484,8 +486,8 @@ def _emit_layer(layer: Layer, X: jax.Array, u: jax.Array) -> jax.Array:
     rng_key = numpyro.prng_key()
     if rng_key is None:
         raise RuntimeError(
-            f"gp_layer {layer.name!r} needs a random key: run the model under numpyro.handlers.seed "
-            "(SVI, MCMC and Predictive do this)"
+            f"gp_layer {layer.name!r} needs a random key: run the model under "
+            "numpyro.handlers.seed (SVI, MCMC and Predictive do this)"
         )
     out = send_layer(LayerCall(layer, X, u), rng_key, _propagate)
     numpyro.deterministic(layer.name, out)
@@ -548,10 +550,10 @@ def _amortized_layer(
         # the placeholder of AutoAmortizedDGP (shaped as at its set-up), replayed at another
         # batch size by an objective that samples the guide on its own (Trace_ELBO, ...)
         raise NotImplementedError(
-            f"gp_layer {name!r} (inducing='amortized'): AutoAmortizedDGP's q(u_n | p_n) depends on the "
-            "model's layer outputs, so NumPyro's Trace_ELBO, TraceMeanField_ELBO and Predictive cannot sample "
-            "the guide on its own; use numpyro_dgp.DGPElbo or numpyro_dgp.PredictiveObjective to train and "
-            "numpyro_dgp.predict to predict"
+            f"gp_layer {name!r} (inducing='amortized'): AutoAmortizedDGP's q(u_n | p_n) depends "
+            "on the model's layer outputs, so NumPyro's Trace_ELBO, TraceMeanField_ELBO and "
+            "Predictive cannot sample the guide on its own; use numpyro_dgp.DGPElbo or "
+            "numpyro_dgp.PredictiveObjective to train and numpyro_dgp.predict to predict"
         )
     layer = Layer(
         name,
@@ -593,7 +595,8 @@ def _amortized_inducing_inputs(
 
 
 def _check_encoder_input(name: str, p: ArrayLike, X: jax.Array) -> jax.Array:
-    """An amortized layer's encoder input (a handler's rule gives it) as ``(..., B, D)`` in ``X``'s dtype.
+    """An amortized layer's encoder input (a handler's rule gives it) as ``(..., B, D)`` in
+    ``X``'s dtype.
 
     :raises ValueError: for another shape.
     """

@@ -99,8 +99,8 @@ def _check_outputs(f: ArrayLike, caller: str, minimum: int = 1) -> jax.Array:
     f = f if isinstance(f, jax.Array) else jnp.asarray(f)
     if f.ndim < 1 or f.shape[-1] < minimum:
         raise ValueError(
-            f"{caller}: f must be the last layer's output (..., num_points, num_outputs) with at least "
-            f"{minimum} output(s), got shape {f.shape}"
+            f"{caller}: f must be the last layer's output (..., num_points, num_outputs) with "
+            f"at least {minimum} output(s), got shape {f.shape}"
         )
     return f
 
@@ -212,7 +212,8 @@ class RobustMax(dist.CategoricalProbs):
 
 
 def _check_robust_max_args(f: ArrayLike, epsilon: float) -> tuple[jax.Array, float]:
-    """:class:`RobustMax`'s ``(f, epsilon)``: at least two outputs, ``epsilon`` a float in ``(0, 1)``.
+    """:class:`RobustMax`'s ``(f, epsilon)``: at least two outputs, ``epsilon`` a float in
+    ``(0, 1)``.
 
     :raises ValueError: for fewer outputs, or ``epsilon`` outside ``(0, 1)``.
     :raises TypeError: if ``epsilon`` is not a number.
@@ -242,8 +243,8 @@ def _check_paired_outputs(f: ArrayLike) -> jax.Array:
     f = _check_outputs(f, "heteroscedastic_normal", minimum=2)
     if f.shape[-1] % 2:
         raise ValueError(
-            "heteroscedastic_normal: f needs an even number of outputs (means, then log-variances), "
-            f"got {f.shape[-1]}"
+            "heteroscedastic_normal: f needs an even number of outputs (means, then "
+            f"log-variances), got {f.shape[-1]}"
         )
     return f
 
@@ -269,7 +270,8 @@ class HeteroscedasticNormal(dist.Normal):
         return _squeeze_output(a[..., :half]), _squeeze_output(a[..., half:])
 
     def expected_log_prob(self, value: ArrayLike, mean: jax.Array, var: jax.Array) -> jax.Array:
-        """``E[log N(y | f_0, e^{f_1})] = -log(2 pi)/2 - m_1/2 - ((y - m_0)^2 + v_0) e^{-m_1 + v_1/2} / 2``
+        """``E[log N(y | f_0, e^{f_1})]
+        = -log(2 pi)/2 - m_1/2 - ((y - m_0)^2 + v_0) e^{-m_1 + v_1/2} / 2``
         for independent ``f_0 ~ N(m_0, v_0)``, ``f_1 ~ N(m_1, v_1)``.
 
         :param value: the observations.
@@ -341,7 +343,8 @@ class PoissonLogLink(dist.Poisson):
         super().__init__(self.exposure * jnp.exp(_squeeze_output(f)), validate_args=validate_args)
 
     def expected_log_prob(self, value: ArrayLike, mean: jax.Array, var: jax.Array) -> jax.Array:
-        """``E[log Poisson(y | a e^f)] = y (m + log a) - a e^{m + v/2} - log y!`` for ``f ~ N(m, v)``.
+        """``E[log Poisson(y | a e^f)] = y (m + log a) - a e^{m + v/2} - log y!`` for
+        ``f ~ N(m, v)``.
 
         :param value: the counts.
         :param mean: ``(..., N, P)`` the last layer's means.

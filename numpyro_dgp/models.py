@@ -9,8 +9,8 @@
 The factories check their arguments when the model is built; every model checks its data
 when it runs eagerly (the first run of ``svi.init`` / :func:`~numpyro_dgp.fit`): ``X`` must be a
 finite ``(N, D)`` array (integers are cast to the default float, so the noise parameter, created
-in ``X``'s dtype, is a float), ``y`` ``(N,)`` or ``(N, 1)`` (squeezed; ``(N, T)`` for ``num_outputs =
-T``) with finite values (NaN allowed where ``missing_targets="mask"``), and
+in ``X``'s dtype, is a float), ``y`` ``(N,)`` or ``(N, 1)`` (squeezed; ``(N, T)`` for
+``num_outputs = T``) with finite values (NaN allowed where ``missing_targets="mask"``), and
 features far from standardized give an :class:`~numpyro_dgp.InputScaleWarning`.
 
 **References:**
@@ -122,7 +122,8 @@ class Observation(NamedTuple):
         self, y: ArrayLike | None, num_points: int, dtype: Any, caller: str
     ) -> jax.Array | None:
         """``y`` at the door: ``(N,)`` (``(N, 1)`` squeezed) or ``(N, T)``; continuous targets cast
-        to ``dtype``; NaN refused (naming ``y``) unless masked; concrete labels and counts checked."""
+        to ``dtype``; NaN refused (naming ``y``) unless masked; concrete labels and counts
+        checked."""
         if y is None:
             return None
         masked = self.missing_targets == "mask"
@@ -140,7 +141,8 @@ class Observation(NamedTuple):
         return y
 
     def observe(self, f: jax.Array, y: jax.Array | None, data: Any, dtype: Any) -> None:
-        """The observation site ``"y"`` in the plate ``data``, given the last layer's output ``f``."""
+        """The observation site ``"y"`` in the plate ``data``, given the last layer's output
+        ``f``."""
         fn = self._distribution(f, dtype)
         if y is not None and self.missing_targets == "mask":
             present = ~jnp.isnan(y)
@@ -198,7 +200,8 @@ class Observation(NamedTuple):
 
 
 def _check_classes(observation: Observation, caller: str) -> None:
-    """``num_classes``: an integer >= 2 for the class likelihoods (with one column of labels), absent for the others.
+    """``num_classes``: an integer >= 2 for the class likelihoods (with one column of labels),
+    absent for the others.
 
     :raises ValueError: otherwise.
     """
@@ -349,7 +352,8 @@ def _check_regression_args(
     jitter: float | None,
     inner_mean: str | Callable,
 ) -> None:
-    """:func:`deep_gp_regression`'s own arguments (the likelihood's are :meth:`Observation.check`'s).
+    """:func:`deep_gp_regression`'s own arguments (the likelihood's are
+    :meth:`Observation.check`'s).
 
     :raises ValueError: for an invalid argument (naming it).
     :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
@@ -361,7 +365,8 @@ def _check_regression_args(
     _check_common(caller, kernel, noise_init, jitter)
     if not (callable(inner_mean) or inner_mean in MEAN_FUNCTIONS):
         raise ValueError(
-            f"{caller}: inner_mean must be one of {MEAN_FUNCTIONS} or a callable, got {inner_mean!r}"
+            f"{caller}: inner_mean must be one of {MEAN_FUNCTIONS} or a callable, "
+            f"got {inner_mean!r}"
         )
 
 
@@ -416,9 +421,11 @@ class _plate_indices(Messenger):
 
 
 def _check_minibatch(batch_size: int | None, num_data: int | None, N: int, caller: str) -> None:
-    """A model's ``batch_size`` (points drawn per call) or ``num_data`` (``X`` is a minibatch of that many).
+    """A model's ``batch_size`` (points drawn per call) or ``num_data`` (``X`` is a minibatch of
+    that many).
 
-    :raises ValueError: for a value that is not a positive integer, both given, or ``num_data`` below ``N``.
+    :raises ValueError: for a value that is not a positive integer, both given, or ``num_data``
+        below ``N``.
     """
     check_positive_int(batch_size, "batch_size", caller, allow_none=True)
     if num_data is None:
@@ -598,7 +605,8 @@ def _check_diffgp_args(
     _check_common("diffgp", kernel, noise_init, jitter)
     if flow_kernel is not None and not isinstance(flow_kernel, Kernel):
         raise TypeError(
-            f"diffgp: flow_kernel must be a numpyro_dgp.kernels.Kernel, got {type(flow_kernel).__name__}"
+            "diffgp: flow_kernel must be a numpyro_dgp.kernels.Kernel, "
+            f"got {type(flow_kernel).__name__}"
         )
     if time_input and flow_inducing_inputs is None:
         raise ValueError(
@@ -684,8 +692,8 @@ def amortized_dgp(
 def _check_layer_sizes(
     widths: Sequence[int], num_inducing: Sequence[int], width: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """:func:`amortized_dgp`'s ``(widths, num_inducing)`` as tuples: positive integers, one of each per
-    layer, the last width the likelihood's ``width``.
+    """:func:`amortized_dgp`'s ``(widths, num_inducing)`` as tuples: positive integers, one of each
+    per layer, the last width the likelihood's ``width``.
 
     :raises ValueError: otherwise (naming the argument).
     """
@@ -701,7 +709,8 @@ def _check_layer_sizes(
         )
     if len(num_inducing) != len(widths):
         raise ValueError(
-            f"amortized_dgp: num_inducing needs one entry per layer ({len(widths)}), got {num_inducing!r}"
+            f"amortized_dgp: num_inducing needs one entry per layer ({len(widths)}), "
+            f"got {num_inducing!r}"
         )
     for i, M in enumerate(num_inducing):
         check_positive_int(M, f"num_inducing[{i}]", "amortized_dgp")

@@ -88,7 +88,8 @@ class LatentPosterior(NamedTuple):
 
 class ChainLink(NamedTuple):
     """One factor ``q(u_l | u_parent) = N(mean + C vec(u_parent - parent_mean), D D^T)`` of a
-    chain-structured guide, carried in the guide site's ``infer`` (key :data:`~numpyro_dgp._protocol.GAUSSIAN`).
+    chain-structured guide, carried in the guide site's ``infer`` (key
+    :data:`~numpyro_dgp._protocol.GAUSSIAN`).
 
     :ivar parent: the parent's u-site name, or ``None`` for the first layer of the chain.
     :ivar mean: ``(P, M)`` marginal mean ``m_l``.
@@ -105,8 +106,9 @@ class ChainLink(NamedTuple):
 
 
 class JointBlock(NamedTuple):
-    """One Gaussian ``N(loc, L L^T)`` over the flattened inducing values of several sites, in
-    order (``vec(u)`` output-major), carried in each site's ``infer`` (key :data:`~numpyro_dgp._protocol.GAUSSIAN`).
+    """One Gaussian ``N(loc, L L^T)`` over the flattened inducing values of several sites, in order
+    (``vec(u)`` output-major), carried in each site's ``infer`` (key
+    :data:`~numpyro_dgp._protocol.GAUSSIAN`).
 
     :ivar sites: u-site names in order.
     :ivar shapes: ``(P, M)`` per site.

@@ -258,7 +258,8 @@ def run_uci(
     """DSVI on one UCI split (the recipe of Salimbeni & Deisenroth, 2017); metrics in the
     original units.
 
-    :param name: data set name under ``data_dir``, or a path to a folder in the standard split layout.
+    :param name: data set name under ``data_dir``, or a path to a folder in the standard split
+        layout.
     :param split: split index.
     :param rng_key: PRNG key (default ``PRNGKey(split)``).
     :param data_dir: folder holding the data sets.

@@ -1,4 +1,5 @@
-"""Helpers for SDE-flow models (DiffGP, Hegde et al. 2019): paths for plots, temporal inducing inputs.
+"""Helpers for SDE-flow models (DiffGP, Hegde et al. 2019): paths for plots, temporal inducing
+inputs.
 
 The flow itself is the handler :class:`numpyro_dgp.handlers.sde_flow`; a ready-made model
 is :func:`numpyro_dgp.models.diffgp`.
@@ -120,6 +121,7 @@ def _check_temporal_inputs(X: ArrayLike, times: ArrayLike) -> tuple[jax.Array, j
         )
     if times.ndim != 1 or times.shape[0] < 1:
         raise ValueError(
-            f"temporal_inducing_inputs: times must be a non-empty 1-D array, got shape {times.shape}"
+            "temporal_inducing_inputs: times must be a non-empty 1-D array, got shape "
+            f"{times.shape}"
         )
     return X, times

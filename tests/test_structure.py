@@ -36,6 +36,10 @@ def test_the_message_protocol_is_read_only_through_its_module():
     assert counts.protocol_literals() == []
 
 
+def test_no_function_is_longer_than_40_statements():
+    assert counts.long_functions() == []
+
+
 def test_the_counts_see_what_they_count(tmp_path, monkeypatch):
     """Each count fires on a package that breaks its rule (so the tests above can fail)."""
     package = tmp_path / "numpyro_dgp"
@@ -46,6 +50,12 @@ def test_the_counts_see_what_they_count(tmp_path, monkeypatch):
     (package / "handlers").mkdir()
     (package / "handlers" / "__init__.py").write_text("")
     (package / "handlers" / "_base.py").write_text('def f(msg):\n    return msg["args"][0], "dgp_layer"\n')
+    # 41 statements, a docstring and a wrapped call: only the statements count
+    body = "".join(f"    x{i} = {i}\n" for i in range(40))
+    (package / "handlers" / "long.py").write_text(
+        f'def g():\n    """Doc."""\n{body}    return max(\n        x0,\n        x1,\n    )\n'
+        f"def h():\n{body}"
+    )
     for i in range(6):
         (package / f"_private{i}.py").write_text("")
     monkeypatch.setattr(counts, "ROOT", tmp_path)
@@ -55,6 +65,7 @@ def test_the_counts_see_what_they_count(tmp_path, monkeypatch):
     assert [imp.module for imp in counts.private_imports()] == ["numpyro_dgp.handlers._base"]
     assert len(counts.private_top_level_modules()) == 6
     assert counts.protocol_literals() == ["numpyro_dgp/handlers/_base.py:2"]
+    assert counts.long_functions() == [("numpyro_dgp/handlers/long.py:g", 41)]
 
 
 def test_the_counting_script_runs():

@@ -82,10 +82,10 @@ def _check_gaussian_latent(
     others = [s for s in layout if s not in model_u_sites]
     if others:
         raise ValueError(
-            f"{objective} with {name}: the guide's latent vector also holds {others}, whose correlation with "
-            f"the inducing values {objective} cannot integrate over. Use numpyro_dgp.guides.AutoJointDGP "
-            "(a joint Gaussian over the inducing values; other latent sites get their own AutoNormal), or "
-            "NumPyro's Trace_ELBO with this guide"
+            f"{objective} with {name}: the guide's latent vector also holds {others}, whose "
+            f"correlation with the inducing values {objective} cannot integrate over. Use "
+            "numpyro_dgp.guides.AutoJointDGP (a joint Gaussian over the inducing values; other "
+            "latent sites get their own AutoNormal), or NumPyro's Trace_ELBO with this guide"
         )
     latent = unwrap_distribution(guide_trace[latent_site_name(guide)]["fn"])
     sites = [s for s in model_u_sites if s in layout]
@@ -95,12 +95,14 @@ def _check_gaussian_latent(
         order = [layout[s][0] for s in sites]
         if order != sorted(order):
             raise ValueError(
-                f"{objective} with {name}: the guide packs the inducing sites out of execution order"
+                f"{objective} with {name}: the guide packs the inducing sites "
+                "out of execution order"
             )
         return latent, sites
     raise ValueError(
-        f"{objective} with {name}: the guide's distribution over the inducing values is not Gaussian "
-        f"({type(latent).__name__}), so {objective} cannot integrate them out. Use NumPyro's Trace_ELBO "
-        "with this guide, or a Gaussian guide (numpyro_dgp.guides.AutoFactorizedDGP, AutoJointDGP, "
-        "NumPyro's AutoNormal, AutoMultivariateNormal) with this objective"
+        f"{objective} with {name}: the guide's distribution over the inducing values is not "
+        f"Gaussian ({type(latent).__name__}), so {objective} cannot integrate them out. Use "
+        "NumPyro's Trace_ELBO with this guide, or a Gaussian guide "
+        "(numpyro_dgp.guides.AutoFactorizedDGP, AutoJointDGP, NumPyro's AutoNormal, "
+        "AutoMultivariateNormal) with this objective"
     )

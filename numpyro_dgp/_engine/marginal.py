@@ -87,19 +87,77 @@ __all__ = [
 def _check_marginalize_options(
     quadrature_layer: str | None, quadrature_weights: ArrayLike | None, latent_mode: str
 ) -> None:
-    """Refuse a quadrature layer without weights and an unknown ``latent_mode`` (:class:`marginalize_inducing`).
+    """Refuse a quadrature layer without weights and an unknown ``latent_mode``
+    (:class:`marginalize_inducing`).
 
     :raises ValueError: for either.
     """
     if quadrature_layer is not None and quadrature_weights is None:
         raise ValueError(
-            "marginalize_inducing: quadrature_layer needs quadrature_weights (with quadrature_nodes, "
+            "marginalize_inducing: quadrature_layer needs quadrature_weights "
+            "(with quadrature_nodes, "
             "or without them for as many Monte Carlo draws per point)"
         )
     if latent_mode not in ("posterior", "prior"):
         raise ValueError(
             f"marginalize_inducing: latent_mode must be 'posterior' or 'prior', got {latent_mode!r}"
         )
+
+
+def _check_importance_layer(
+    num_importance: int | None, layer: Layer, post: Any, flow: Any, msg: dict
+) -> None:
+    """Refuse, under the importance-weighted bound, a layer that is a flow, has branches or a
+    guide that correlates the layers.
+
+    :raises ValueError: for such a layer.
+    """
+    if num_importance and (
+        flow is not None
+        or isinstance(post, (ChainLink, JointBlock))
+        or get_tag(msg, BRANCHES) is not None
+    ):
+        raise ValueError(
+            f"ImportanceWeightedElbo: layer {layer.name!r} is an SDE flow, has branches or a "
+            "guide that correlates the layers; the importance-weighted bound takes independent "
+            "Gaussian layers "
+            "(AutoFactorizedDGP, AutoNormal) without handlers"
+        )
+
+
+def _check_correlated_full_cov(layer: Layer, full_cov: bool) -> None:
+    """Refuse ``full_cov`` for a layer whose guide correlates the layers.
+
+    :raises NotImplementedError: if ``full_cov``.
+    """
+    if full_cov:
+        raise NotImplementedError(
+            f"marginalize_inducing: layer {layer.name!r} has a guide that correlates layers; "
+            "its marginals are per point (full_cov=False). For coherent function samples "
+            "use numpyro_dgp.sample_layers, which samples the inducing values."
+        )
+
+
+def _marginal_moments(
+    layer: Layer,
+    X: jax.Array,
+    u: jax.Array,
+    post: Any,
+    full_cov: bool,
+    amortized_q: dict[str, tuple[jax.Array, jax.Array]],
+) -> tuple[jax.Array, jax.Array]:
+    """The layer's marginal ``(mean, var)``: under the amortized ``q(u_n | p_n)``, the guide's
+    Gaussian, or ``p(f | u)`` with the ``u`` value at hand."""
+    if layer.inducing == "amortized":
+        if layer.u_site in amortized_q:
+            mean, var = layer_moments(layer, X, *amortized_q[layer.u_site])
+        else:
+            mean, var = layer_moments(layer, X, u, None)
+    elif post is not None:
+        mean, var = layer_moments(layer, X, post[0], post[1], full_cov)
+    else:
+        mean, var = layer_moments(layer, X, u, None, full_cov)
+    return mean, var
 
 
 class marginalize_inducing(Messenger):
@@ -111,8 +169,8 @@ class marginalize_inducing(Messenger):
         independent layers (DSVI marginals, point by point), or a :class:`ChainLink` /
         :class:`JointBlock` for guides that correlate layers (the exact per-point recursion
         of :mod:`numpyro_dgp.core`'s chain functions: each point's outputs condition the
-        belief over the inducing values of the layers still to come). Layers whose ``u`` site is not listed
-        fall back to ``p(f | u)`` with the ``u`` value at hand.
+        belief over the inducing values of the layers still to come). Layers whose ``u`` site
+        is not listed fall back to ``p(f | u)`` with the ``u`` value at hand.
     :param quadrature_layer: name of the layer whose output is replaced by quadrature nodes
         of its (Gaussian) marginal: value ``(K, N, P)``; every sample site after it is tagged
         ``infer[QUADRATURE_AXIS] = True`` so an objective can weight the leading axis with
@@ -198,86 +256,96 @@ class marginalize_inducing(Messenger):
 
     def process_message(self, msg: dict) -> None:
         """Record amortized ``q(u_n | p_n)``, tag the sites after the last layer, and give each
-        layer message its value from the layer's marginal (or quadrature nodes, branches, a flow)."""
+        layer message its value from the layer's marginal (or quadrature nodes, branches, a
+        flow)."""
         if msg["type"] == "sample":
-            # an amortized layer's u site follows its encoder-input message (found by name: the
-            # guide's placeholder site of the same name replaces the site's infer tags)
-            if msg["name"] in self._encoder_inputs and not msg["is_observed"]:
-                self._amortized_site(msg, self._encoder_inputs[msg["name"]])
-            if msg["name"] in self._latents and not msg["is_observed"]:
-                self._latent_site(msg, *self._latents[msg["name"]])
-            if self._in_tail:
-                with_tag(msg, QUADRATURE_AXIS, True)
+            self._sample_site(msg)
             return
         if msg["type"] == LATENT_MESSAGE:
             spec = message_latent_spec(msg)
             self._latents[spec.name] = (spec, message_rng_key(msg))
             return
         if msg["type"] == ENCODER_INPUT_MESSAGE:
-            layer_name = encoder_input_layer(msg)
-            post = self.posteriors.get(f"{layer_name}.u")
-            if (
-                isinstance(post, AmortizedPosterior)
-                and post.rule != "AR1"
-                and self._branch_mean is not None
-            ):
-                msg["value"] = self._branch_mean
+            self._encoder_input(msg)
             return
         if msg["type"] != LAYER_MESSAGE:
             return
+        self._layer_message(msg)
+
+    def _sample_site(self, msg: dict) -> None:
+        """A sample site: an amortized layer's ``u`` site, a latent input's site, or a site
+        after the quadrature layer (tagged with :data:`QUADRATURE_AXIS`)."""
+        # an amortized layer's u site follows its encoder-input message (found by name: the
+        # guide's placeholder site of the same name replaces the site's infer tags)
+        if msg["name"] in self._encoder_inputs and not msg["is_observed"]:
+            self._amortized_site(msg, self._encoder_inputs[msg["name"]])
+        if msg["name"] in self._latents and not msg["is_observed"]:
+            self._latent_site(msg, *self._latents[msg["name"]])
+        if self._in_tail:
+            with_tag(msg, QUADRATURE_AXIS, True)
+
+    def _encoder_input(self, msg: dict) -> None:
+        """An encoder-input message: after a layer branched the points, an AR2 / AR2P encoder
+        sees the weighted mean of the branch means."""
+        layer_name = encoder_input_layer(msg)
+        post = self.posteriors.get(f"{layer_name}.u")
+        if (
+            isinstance(post, AmortizedPosterior)
+            and post.rule != "AR1"
+            and self._branch_mean is not None
+        ):
+            msg["value"] = self._branch_mean
+
+    def _layer_message(self, msg: dict) -> None:
+        """A layer message: its value from the layer's marginal (or quadrature nodes, branches,
+        a flow, the per-point recursion of a guide that correlates the layers)."""
         layer, X, u = layer_call(msg)
         full_cov = wants_full_cov(msg)
         rng_key = message_rng_key(msg)
         post = self.posteriors.get(layer.u_site)
         self.layer_order.append(layer.name)
         flow = get_tag(msg, FLOW)
-        if self.num_importance and (
-            flow is not None
-            or isinstance(post, (ChainLink, JointBlock))
-            or get_tag(msg, BRANCHES) is not None
-        ):
-            raise ValueError(
-                f"ImportanceWeightedElbo: layer {layer.name!r} is an SDE flow, has branches or a guide that "
-                "correlates the layers; the importance-weighted bound takes independent Gaussian layers "
-                "(AutoFactorizedDGP, AutoNormal) without handlers"
-            )
+        _check_importance_layer(self.num_importance, layer, post, flow, msg)
         if flow is not None:
             msg["value"] = self._flow(layer, X, u, post, flow, rng_key)
             return
         if isinstance(post, (ChainLink, JointBlock)):
-            if full_cov:
-                raise NotImplementedError(
-                    f"marginalize_inducing: layer {layer.name!r} has a guide that correlates layers; "
-                    "its marginals are per point (full_cov=False). For coherent function samples "
-                    "use numpyro_dgp.sample_layers, which samples the inducing values."
-                )
+            _check_correlated_full_cov(layer, full_cov)
             msg["value"] = self._correlated(layer, X, post, rng_key)
             return
         branch = (
             None if layer.name == self.quadrature_layer else self._branch_spec(layer, msg, post)
         )
-        if layer.inducing == "amortized":
-            if layer.u_site in self._amortized_q:
-                mean, var = layer_moments(layer, X, *self._amortized_q[layer.u_site])
-            else:
-                mean, var = layer_moments(layer, X, u, None)
-        elif post is not None:
-            mean, var = layer_moments(layer, X, post[0], post[1], full_cov)
-        else:
-            mean, var = layer_moments(layer, X, u, None, full_cov)
+        mean, var = _marginal_moments(layer, X, u, post, full_cov, self._amortized_q)
         self.moments[layer.name] = (mean, var)
+        msg["value"] = self._marginal_value(layer, X, u, post, mean, var, branch, full_cov, rng_key)
+
+    def _marginal_value(
+        self,
+        layer: Layer,
+        X: jax.Array,
+        u: jax.Array,
+        post: Any,
+        mean: jax.Array,
+        var: jax.Array,
+        branch: tuple | None,
+        full_cov: bool,
+        rng_key: jax.Array,
+    ) -> jax.Array:
+        """The layer's value from its marginal ``(mean, var)``: quadrature nodes (the
+        quadrature layer), branches, ``K`` importance draws, or one sample."""
         if layer.name == self.quadrature_layer:
             if full_cov:
                 raise ValueError("marginalize_inducing: quadrature needs full_cov=False")
             std = jnp.sqrt(jnp.maximum(var, 0.0))
-            msg["value"] = self.last_output = mean[None] + std[None] * self._nodes(mean, rng_key)
+            self.last_output = mean[None] + std[None] * self._nodes(mean, rng_key)
             self._in_tail = True
-        elif branch is not None:
-            msg["value"] = self._branch(mean, var, branch, rng_key)
-        elif self.num_importance and X.ndim == 3 and not full_cov:
-            msg["value"] = self._importance_draw(layer, X, u, post, rng_key)
-        else:
-            msg["value"] = sample_moments(rng_key, mean, var, full_cov, layer.jitter)
+            return self.last_output
+        if branch is not None:
+            return self._branch(mean, var, branch, rng_key)
+        if self.num_importance and X.ndim == 3 and not full_cov:
+            return self._importance_draw(layer, X, u, post, rng_key)
+        return sample_moments(rng_key, mean, var, full_cov, layer.jitter)
 
     def _nodes(self, mean: jax.Array, rng_key: jax.Array) -> jax.Array:
         """The standard-normal nodes for the quadrature layer, broadcastable against
@@ -336,7 +404,8 @@ class marginalize_inducing(Messenger):
         if post is None:
             if K:
                 raise ValueError(
-                    f"ImportanceWeightedElbo: the guide gives no Gaussian q({msg['name']}) to draw the "
+                    f"ImportanceWeightedElbo: the guide gives no Gaussian q({msg['name']}) "
+                    "to draw the "
                     "latent input from; use a numpyro_dgp.guides guide (or NumPyro's AutoNormal)"
                 )
             return  # the guide's (or the prior's) draw is used
@@ -387,7 +456,8 @@ class marginalize_inducing(Messenger):
         if self.branch_log_weights is not None and spec[1].shape != self.branch_log_weights.shape:
             raise ValueError(
                 f"marginalize_inducing: layer {layer.name!r} has {spec[1].shape[0]} branches, an "
-                f"earlier layer {self.branch_log_weights.shape[0]}; every layer needs the same number"
+                f"earlier layer {self.branch_log_weights.shape[0]}; every layer needs the same "
+                "number"
             )
         return spec
 
@@ -433,7 +503,8 @@ class marginalize_inducing(Messenger):
         if isinstance(post, (ChainLink, JointBlock)):
             raise NotImplementedError(
                 f"sde_flow: layer {layer.name!r} has a guide that correlates layers; the flow "
-                "supports guides with an independent Gaussian per layer (AutoFactorizedDGP, AutoNormal)"
+                "supports guides with an independent Gaussian per layer "
+                "(AutoFactorizedDGP, AutoNormal)"
             )
         if post is not None and spec.estimator == "marginal":
             q_mean, q_sqrt = post
@@ -455,7 +526,8 @@ class marginalize_inducing(Messenger):
                 return Belief(post.mean.reshape(-1), block_diag_covariance(post.scale_tril))
             if post.parent not in self._beliefs:
                 raise ValueError(
-                    f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, but layer "
+                    f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, "
+                    "but layer "
                     f"{post.parent!r} has not run before it at these points"
                 )
             parent_mean, coupling = post.parent_mean, post.coupling
@@ -488,8 +560,9 @@ class marginalize_inducing(Messenger):
         belief = self._belief(layer, post)
         if belief.loc.ndim == 2 and belief.loc.shape[0] != N:
             raise ValueError(
-                f"marginalize_inducing: layer {layer.name!r} runs at {N} points but the layer before "
-                f"it in the guide's chain ran at {belief.loc.shape[0]}; a correlated guide needs each "
+                f"marginalize_inducing: layer {layer.name!r} runs at {N} points but the layer "
+                f"before it in the guide's chain ran at {belief.loc.shape[0]}; a correlated guide "
+                "needs each "
                 "point's chain of layer outputs"
             )
         Z = layer.inducing_inputs
@@ -614,6 +687,7 @@ def final_layer_name(model_trace: dict) -> str:
     names = trace_layer_names(model_trace)
     if not names:
         raise ValueError(
-            "the model has no gp_layer: DGPElbo and predict need a model built with numpyro_dgp.gp_layer"
+            "the model has no gp_layer: DGPElbo and predict need a model built with "
+            "numpyro_dgp.gp_layer"
         )
     return names[-1]

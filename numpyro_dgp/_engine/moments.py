@@ -63,7 +63,8 @@ _INSTEAD = "use DGPElbo (sampling propagation), which supports it"
 
 
 class propagate_moments(Messenger):
-    """Give each layer message its value from Gaussian moment propagation (see the module docstring).
+    """Give each layer message its value from Gaussian moment propagation (see the module
+    docstring).
 
     :param fn: the model.
     :param posteriors: ``{u-site name: (loc (P, M), scale (P, M, M) or (P, M))}``, the guide's
@@ -149,31 +150,19 @@ class propagate_moments(Messenger):
         return self.moments[self.layer_order[-2]]
 
     def _layer(self, msg: dict) -> jax.Array:
+        """The layer message's value: the layer's output moments at its input's Gaussian, as
+        the next layer's input or (the last layer) as quadrature nodes."""
         layer, X, _ = layer_call(msg)
         self.layer_order.append(layer.name)
-        if layer.inducing != "global":
-            self._refuse(
-                layer,
-                f"has inducing={layer.inducing!r}; only global inducing points propagate Gaussian moments",
-            )
-        if get_tag(msg, FLOW) is not None or get_tag(msg, BRANCHES) is not None:
-            self._refuse(layer, "is an sde_flow layer or branches at quadrature points")
-        if X.ndim != 2:
-            self._refuse(layer, f"takes branched inputs of shape {X.shape}")
         post = self.posteriors.get(layer.u_site)
-        if isinstance(post, (ChainLink, JointBlock)):
-            self._refuse(
-                layer,
-                "has a guide that correlates layers; moment propagation needs an independent "
-                "Gaussian per layer (AutoFactorizedDGP, AutoNormal)",
-                "use DGPElbo with this guide",
-            )
+        self._check_layer(msg, layer, X, post)
         if post is None:
             self._refuse(
                 layer,
-                f"has no per-layer Gaussian guide over {layer.u_site!r} (a Delta, a flow, one of NumPyro's "
-                "latent-vector autoguides such as AutoDiagonalNormal, or no site); moment "
-                "propagation needs an independent Gaussian per layer (AutoFactorizedDGP, AutoNormal)",
+                f"has no per-layer Gaussian guide over {layer.u_site!r} (a Delta, a flow, one of "
+                "NumPyro's latent-vector autoguides such as AutoDiagonalNormal, or no site); "
+                "moment propagation needs an independent Gaussian per layer "
+                "(AutoFactorizedDGP, AutoNormal)",
                 "use DGPElbo or Trace_ELBO with this guide",
             )
         mean_in, var_in = self._input_moments(layer, X)
@@ -201,6 +190,41 @@ class propagate_moments(Messenger):
             per_point_inducing=per_point or self.propagate_inducing_variance,
         )
         mean = parts.mean if var_in is not None else parts.mean + layer.mean_fn(X)
+        var = self._forwarded_variance(layer, parts, last)
+        self.moments[layer.name] = (mean, var)
+        if last:
+            nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)
+            self._in_tail = True
+            return mean[None] + jnp.sqrt(jnp.maximum(var, 0.0))[None] * nodes[:, None, :]
+        self._last_output = mean + 0.0  # a new array: its identity marks the next layer's input
+        return self._last_output
+
+    def _check_layer(self, msg: dict, layer: Layer, X: jax.Array, post: Any) -> None:
+        """Refuse a layer that moment propagation cannot take: per-point inducing sets, a flow
+        or branches, branched inputs, or a guide that correlates its inducing values (``post``)
+        with another layer's."""
+        if layer.inducing != "global":
+            self._refuse(
+                layer,
+                f"has inducing={layer.inducing!r}; only global inducing points propagate "
+                "Gaussian moments",
+            )
+        if get_tag(msg, FLOW) is not None or get_tag(msg, BRANCHES) is not None:
+            self._refuse(layer, "is an sde_flow layer or branches at quadrature points")
+        if X.ndim != 2:
+            self._refuse(layer, f"takes branched inputs of shape {X.shape}")
+        if isinstance(post, (ChainLink, JointBlock)):
+            self._refuse(
+                layer,
+                "has a guide that correlates layers; moment propagation needs an independent "
+                "Gaussian per layer (AutoFactorizedDGP, AutoNormal)",
+                "use DGPElbo with this guide",
+            )
+
+    def _forwarded_variance(self, layer: Layer, parts: Any, last: bool) -> jax.Array:
+        """The variance the layer forwards (``parts``: its
+        :class:`~numpyro_dgp.core.UncertainInputMoments`); in ``"bound"`` mode an inner layer
+        records its penalty."""
         noise = layer.noise
         if self.mode == "bound":
             if last and noise is not None:
@@ -220,6 +244,7 @@ class propagate_moments(Messenger):
             if last:
                 var = parts.inducing_var + parts.input_var + parts.conditional_var[:, None]
             else:
+                assert noise is not None  # an inner layer without noise is refused above
                 spread = jnp.sum(parts.input_var) + layer.out_dim * parts.conditional_var
                 if self.propagate_inducing_variance:
                     var = parts.inducing_var + noise
@@ -233,13 +258,7 @@ class propagate_moments(Messenger):
             var = parts.inducing_var + parts.input_var + parts.conditional_var[:, None]
             if noise is not None:
                 var = var + noise
-        self.moments[layer.name] = (mean, var)
-        if last:
-            nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)
-            self._in_tail = True
-            return mean[None] + jnp.sqrt(jnp.maximum(var, 0.0))[None] * nodes[:, None, :]
-        self._last_output = mean + 0.0  # a new array: its identity marks the next layer's input
-        return self._last_output
+        return var
 
 
 def _same_values(X: jax.Array, output: jax.Array) -> bool:
@@ -288,7 +307,8 @@ def moment_trace(
     """Run ``guide``, then ``model`` under :class:`propagate_moments`.
 
     :param model: the model.
-    :param guide: the guide (its inducing sites give the Gaussians; their sampled values are unused).
+    :param guide: the guide (its inducing sites give the Gaussians; their sampled values are
+        unused).
     :param params: parameter values substituted into both.
     :param rng_key: PRNG key (the guide's draws of sites other than the inducing values).
     :param args: positional arguments of the model and guide.

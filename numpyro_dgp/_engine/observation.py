@@ -131,9 +131,10 @@ def observation_kind(fn: dist.Distribution, name: str, caller: str = "predict") 
     if tuple(base.event_shape) == ():
         return "general"
     raise NotImplementedError(
-        f"{caller}: observation site {name!r} has a {type(base).__name__} likelihood over vectors (event shape "
-        f"{tuple(base.event_shape)}); predictive mixtures take a distribution of scalars (one per point, or per "
-        "point and column) or of categories. Observe each column in a plate instead of as one vector"
+        f"{caller}: observation site {name!r} has a {type(base).__name__} likelihood over "
+        f"vectors (event shape {tuple(base.event_shape)}); predictive mixtures take a "
+        "distribution of scalars (one per point, or per point and column) or of categories. "
+        "Observe each column in a plate instead of as one vector"
     )
 
 
@@ -190,8 +191,9 @@ def likelihood_rule(
     if num_quadrature is not None:
         if num_quadrature**out_dim > MAX_NODES:
             raise ValueError(
-                f"{caller}: a tensor-product rule with num_quadrature={num_quadrature} over {out_dim} outputs has "
-                f"{num_quadrature**out_dim} nodes; lower num_quadrature, or leave it None for Monte Carlo draws"
+                f"{caller}: a tensor-product rule with num_quadrature={num_quadrature} over "
+                f"{out_dim} outputs has {num_quadrature**out_dim} nodes; lower num_quadrature, "
+                "or leave it None for Monte Carlo draws"
             )
         return Rule(*gauss_hermite_product(num_quadrature, out_dim))
     if kinds and all(kind == "normal" for kind in kinds):
@@ -226,8 +228,9 @@ def shared_rule(
     per_output = min(num_quadrature, int(MAX_NODES ** (1.0 / out_dim) + 1e-9))
     if per_output < 2:
         raise ValueError(
-            f"{caller}: a deterministic rule over {out_dim} outputs of a {kind} likelihood would need more than "
-            f"{MAX_NODES} nodes; use numpyro_dgp.predict (Monte Carlo draws per point)"
+            f"{caller}: a deterministic rule over {out_dim} outputs of a {kind} likelihood "
+            f"would need more than {MAX_NODES} nodes; use numpyro_dgp.predict (Monte Carlo "
+            "draws per point)"
         )
     return gauss_hermite_product(per_output, out_dim)
 

@@ -1,7 +1,7 @@
-"""One run of a guide and then the model under :class:`~numpyro_dgp._engine.marginal.marginalize_inducing`:
-:func:`marginal_trace` finds the layers and the observation rule (an abstract first pass),
-reads the guide's posteriors and returns both traces with what the objectives and ``predict``
-need (:class:`MarginalRun`).
+"""One run of a guide and then the model under
+:class:`~numpyro_dgp._engine.marginal.marginalize_inducing`: :func:`marginal_trace` finds the layers
+and the observation rule (an abstract first pass), reads the guide's posteriors and returns both
+traces with what the objectives and ``predict`` need (:class:`MarginalRun`).
 """
 
 from __future__ import annotations
@@ -205,8 +205,8 @@ def _check_guide_fits_model(
         )
     if isinstance(base_guide, AutoContinuous) and found["locations"]:
         raise ValueError(
-            f"{objective} with {type(base_guide).__name__}: a model with inducing='locations' needs "
-            "each layer's Gaussian given the sampled earlier layers; use "
+            f"{objective} with {type(base_guide).__name__}: a model with inducing='locations' "
+            "needs each layer's Gaussian given the sampled earlier layers; use "
             "numpyro_dgp.guides.AutoJointDGP (the same joint Gaussian family) or AutoFactorizedDGP"
         )
 
@@ -220,9 +220,9 @@ def _tail_kinds(
     objective: str,
     latent_mode: str,
 ) -> list[str]:
-    """The kinds (:func:`~numpyro_dgp._engine.observation.observation_kind`) of the sample sites after
-    the last layer (observed in training, not yet at prediction), from an abstract run with two
-    nodes on it (so that a parameter that depends on the layer carries the node axis)."""
+    """The kinds (:func:`~numpyro_dgp._engine.observation.observation_kind`) of the sample sites
+    after the last layer (observed in training, not yet at prediction), from an abstract run with
+    two nodes on it (so that a parameter that depends on the layer carries the node axis)."""
     found = {}
     nodes = np.stack([np.ones(out_dim), -np.ones(out_dim)])
 
@@ -262,8 +262,9 @@ def _check_amortized_layers_have_encoder(guide: Callable, objective: str) -> Non
     layers = amortized_layer_names(getattr(guide, "prototype_trace", None) or {})
     if layers:
         raise ValueError(
-            f"{objective} with {type(guide).__name__}: layer(s) {layers} have per-point inducing sets "
-            "(inducing='amortized'), which only an encoder describes; use numpyro_dgp.guides.AutoAmortizedDGP"
+            f"{objective} with {type(guide).__name__}: layer(s) {layers} have per-point inducing "
+            "sets (inducing='amortized'), which only an encoder describes; use "
+            "numpyro_dgp.guides.AutoAmortizedDGP"
         )
 
 

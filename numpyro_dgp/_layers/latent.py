@@ -54,7 +54,8 @@ class LatentSpec(NamedTuple):
 def _check_latent_args(
     name: str, X: ArrayLike, latent_dim: int, encoder_input: ArrayLike | None
 ) -> tuple[jax.Array, jax.Array]:
-    """:func:`latent_input`'s ``(X, encoder_input)`` as float arrays of the data plate's ``B`` points.
+    """:func:`latent_input`'s ``(X, encoder_input)`` as float arrays of the data plate's ``B``
+    points.
 
     :raises ValueError: for a bad name or ``latent_dim``, outside a data plate, or inputs of another
         shape than the plate's.
@@ -72,7 +73,8 @@ def _check_latent_args(
     X = as_float_array(X, "X", f"latent_input {name!r}")
     if X.ndim != 2 or X.shape[0] != B:
         raise ValueError(
-            f"latent_input {name!r}: X must have shape ({B}, dim), the plate's {B} points; got {X.shape}"
+            f"latent_input {name!r}: X must have shape ({B}, dim), the plate's {B} points; "
+            f"got {X.shape}"
         )
     encoder_input = (
         X
@@ -100,7 +102,8 @@ def latent_input(
     :param latent_dim: ``Q``.
     :param encoder_input: ``(B, E)`` what an amortized guide's encoder maps to ``q(w_n)``
         (default ``X``; e.g. ``jnp.concatenate([X, y[:, None]], -1)`` when ``y`` is given).
-    :return: ``(B, D + Q)``; with ``K`` importance draws of ``w`` (an objective's), ``(K, B, D + Q)``.
+    :return: ``(B, D + Q)``; with ``K`` importance draws of ``w`` (an objective's),
+        ``(K, B, D + Q)``.
     :raises ValueError: outside a data plate, or inputs of another shape than the plate's.
     :raises RuntimeError: without a random key (the model must run under ``seed``).
     """

@@ -83,8 +83,8 @@ def _check_unique_name(name: str) -> None:
     clash = [site for site in (f"{name}.u", f"{name}.layer", name) if site in recorded]
     if clash:
         raise ValueError(
-            f"gp_layer: duplicate layer name {name!r}: this run of the model already has the site(s) "
-            f"{clash}; give every gp_layer call its own name (e.g. 'h1', 'h2', ...)"
+            f"gp_layer: duplicate layer name {name!r}: this run of the model already has the "
+            f"site(s) {clash}; give every gp_layer call its own name (e.g. 'h1', 'h2', ...)"
         )
 
 
@@ -175,7 +175,8 @@ def mean_function(
 
 
 def noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax.Array | None:
-    """The layer's learned output noise variance (``numpyro.param`` ``"<name>.noise"``), or ``None``."""
+    """The layer's learned output noise variance (``numpyro.param`` ``"<name>.noise"``), or
+    ``None``."""
     if noise is None:
         return None
     _check_noise(name, noise)
@@ -222,7 +223,8 @@ def hyperparameter_sites(
 
 
 def default_encoder_input(X: jax.Array) -> jax.Array:
-    """Without an amortization rule a layer's encoder sees its own input (rule AR1 of Meng & Zhang 2024)."""
+    """Without an amortization rule a layer's encoder sees its own input (rule AR1 of
+    Meng & Zhang 2024)."""
     return X
 
 
@@ -241,7 +243,8 @@ def check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
     _check_kernel_values(name, kernel)
     if inducing not in INDUCING_MODES:
         raise NotImplementedError(
-            f"gp_layer {name!r}: inducing={inducing!r} is not available; supported: {INDUCING_MODES}"
+            f"gp_layer {name!r}: inducing={inducing!r} is not available; "
+            f"supported: {INDUCING_MODES}"
         )
 
 
@@ -337,7 +340,8 @@ def _check_locations_pair(
 
 
 def _check_run_context(name: str) -> None:
-    """A global layer runs under ``seed`` and outside data plates (its inducing points are global)."""
+    """A global layer runs under ``seed`` and outside data plates (its inducing points are
+    global)."""
     if handler_stack_is_empty():
         raise RuntimeError(
             f"gp_layer {name!r} needs a random key: run the model under numpyro.handlers.seed "
@@ -346,8 +350,8 @@ def _check_run_context(name: str) -> None:
     plates = [h.name for h in active_plates()]
     if plates:
         raise ValueError(
-            f"gp_layer {name!r} is called inside plate(s) {plates}: its inducing points are global. "
-            "Call it outside data plates and subsample the inputs first "
+            f"gp_layer {name!r} is called inside plate(s) {plates}: its inducing points are "
+            "global. Call it outside data plates and subsample the inputs first "
             "(with plate: X_batch = numpyro.subsample(X, event_dim=1))"
         )
 
@@ -358,14 +362,15 @@ def _check_layer_inputs(name: str, X: ArrayLike, kernel: Kernel, locations: bool
         X = jnp.asarray(X)
     if X.ndim == 3 and locations:
         raise ValueError(
-            f"gp_layer {name!r}: inducing='locations' does not take branched inputs (S, N, D): the inducing "
-            "locations of a layer follow one input, not weighted branches. Use inducing='global' under "
-            "numpyro_dgp.handlers.quadrature"
+            f"gp_layer {name!r}: inducing='locations' does not take branched inputs (S, N, D): "
+            "the inducing locations of a layer follow one input, not weighted branches. Use "
+            "inducing='global' under numpyro_dgp.handlers.quadrature"
         )
     if X.ndim not in (2, 3):
         raise ValueError(
-            f"gp_layer {name!r}: X must have shape (num_points, dim), or (num_branches, num_points, "
-            f"dim) under numpyro_dgp.handlers.quadrature or an amortized guide; got {X.shape}"
+            f"gp_layer {name!r}: X must have shape (num_points, dim), or (num_branches, "
+            "num_points, dim) under numpyro_dgp.handlers.quadrature or an amortized guide; "
+            f"got {X.shape}"
         )
     X = as_float_array(X, "X", f"gp_layer {name!r}")
     _check_finite(X, f"gp_layer {name!r}: X")
@@ -390,14 +395,16 @@ def _check_priors(name: str, priors: dict | None, kernel: Kernel) -> dict:
 def _check_inducing_array(
     name: str, Z: ArrayLike, num_inducing: int | None, X: jax.Array, what: str
 ) -> jax.Array:
-    """Given inducing inputs or locations as ``(M, D)`` in ``X``'s dtype, agreeing with ``num_inducing``."""
+    """Given inducing inputs or locations as ``(M, D)`` in ``X``'s dtype, agreeing with
+    ``num_inducing``."""
     Z = jnp.asarray(Z, X.dtype)
     in_dim = X.shape[-1]
     if Z.ndim != 2 or Z.shape[1] != in_dim:
         raise ValueError(f"gp_layer {name!r}: {what} must have shape (M, {in_dim}), got {Z.shape}")
     if num_inducing is not None and num_inducing != Z.shape[0]:
         raise ValueError(
-            f"gp_layer {name!r}: num_inducing={num_inducing} disagrees with {what} of shape {Z.shape}"
+            f"gp_layer {name!r}: num_inducing={num_inducing} disagrees with {what} of shape "
+            f"{Z.shape}"
         )
     return Z
 
@@ -414,11 +421,12 @@ def check_amortized_args(
     whiten: bool | None,
     jitter: float | None,
 ) -> tuple[jax.Array, Any, float]:
-    """Every check of a per-point (amortized) layer: ``(X, the data plate, the relative jitter)``."""
+    """Every check of a per-point (amortized) layer:
+    ``(X, the data plate, the relative jitter)``."""
     if whiten:
         raise ValueError(
-            f"gp_layer {name!r}: inducing='amortized' is unwhitened (the prior N(m(Z_n), K(Z_n, Z_n)) "
-            "of Meng & Zhang 2024); whiten=True is not available"
+            f"gp_layer {name!r}: inducing='amortized' is unwhitened (the prior "
+            "N(m(Z_n), K(Z_n, Z_n)) of Meng & Zhang 2024); whiten=True is not available"
         )
     if inducing_inputs is not None:
         raise ValueError(

@@ -70,7 +70,8 @@ class ParameterMismatchError(ValueError):
         lines = [f"{caller}: the parameters do not match those the model (and guide) create:"]
         if self.missing:
             lines.append(
-                f"  missing (the model/guide would silently use initial values): {_listed(self.missing)}"
+                "  missing (the model/guide would silently use initial values): "
+                f"{_listed(self.missing)}"
             )
         if self.unexpected:
             lines.append(

@@ -75,8 +75,8 @@ class Standardization(NamedTuple):
     def targets(self, y: ArrayLike) -> np.ndarray:
         """``(y - y_mean) / y_scale``.
 
-        :param y: ``(N,)`` targets in the data's units, or ``(N, T)`` for ``T`` columns (each with its own
-            mean and scale).
+        :param y: ``(N,)`` targets in the data's units, or ``(N, T)`` for ``T`` columns (each with
+            its own mean and scale).
         :return: the standardized targets (float64).
         """
         return (np.asarray(y, dtype=np.float64) - self.y_mean) / self.y_scale
@@ -86,7 +86,9 @@ class Standardization(NamedTuple):
 
         :return: ``{"x_mean", "x_scale", "y_mean", "y_scale"}``.
         """
-        number = lambda v: float(v) if np.ndim(v) == 0 else [float(x) for x in np.ravel(v)]  # noqa: E731
+        number = lambda v: (  # noqa: E731
+            float(v) if np.ndim(v) == 0 else [float(x) for x in np.ravel(v)]
+        )
         return {
             "x_mean": [float(v) for v in self.x_mean],
             "x_scale": [float(v) for v in self.x_scale],
@@ -101,7 +103,9 @@ class Standardization(NamedTuple):
         :param data: the dict written by :meth:`to_json`.
         :return: the :class:`Standardization`.
         """
-        number = lambda v: np.asarray(v, np.float64) if isinstance(v, list) else float(v)  # noqa: E731
+        number = lambda v: (  # noqa: E731
+            np.asarray(v, np.float64) if isinstance(v, list) else float(v)
+        )
         return cls(
             np.asarray(data["x_mean"], np.float64),
             np.asarray(data["x_scale"], np.float64),

@@ -165,7 +165,8 @@ def _read_csv(path: Path, allow_missing: tuple[str, ...]) -> Table:
 
 
 def _check_csv_lines(path: Path, lines: list[str]) -> None:
-    """Raise unless the CSV file has a header row and a row of data (``lines``: its non-blank lines).
+    """Raise unless the CSV file has a header row and a row of data (``lines``: its non-blank
+    lines).
 
     :raises ValueError: otherwise.
     """

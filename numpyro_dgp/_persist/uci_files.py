@@ -1,4 +1,5 @@
-"""Finding and reading folders in the standard UCI split layout (behind :func:`numpyro_dgp.datasets.load_uci`).
+"""Finding and reading folders in the standard UCI split layout (behind
+:func:`numpyro_dgp.datasets.load_uci`).
 
 NumPy only, no JAX: the command line checks ``--splits``, the data directory and the data set's
 name with these before it imports JAX. :mod:`numpyro_dgp.datasets` re-exports the public names.
@@ -286,7 +287,8 @@ def _check_data_rows(data: np.ndarray, path: Path) -> None:
 
 
 def check_split(split: int, n_splits: int, canonical: str) -> int:
-    """``split`` as an ``int``, checked to be an index of one of ``n_splits`` splits of ``canonical``.
+    """``split`` as an ``int``, checked to be an index of one of ``n_splits`` splits of
+    ``canonical``.
 
     :raises ValueError: otherwise.
     """
@@ -324,7 +326,8 @@ def _check_target_index(target: np.ndarray, features: np.ndarray, folder: Path) 
 
 
 def read_features_and_target(folder: Path) -> tuple[np.ndarray, np.ndarray, int]:
-    """``(X, y, number of rows)`` of the data set in ``folder``, by its feature and target indices."""
+    """``(X, y, number of rows)`` of the data set in ``folder``, by its feature and target
+    indices."""
     data = _read_data(folder / "data.txt")
     num_rows, num_cols = data.shape
     features = read_indices(folder / "index_features.txt", upper=num_cols)
@@ -361,8 +364,8 @@ def _check_split_part(part: str, text: str) -> tuple[int, int]:
     bounds = part.split("-")
     if not (1 <= len(bounds) <= 2 and all(b.strip().isdigit() for b in bounds)):
         raise ValueError(
-            f"{part!r} is not a split index or a range: use non-negative integers and inclusive ranges "
-            f"a-b, e.g. '0-4' or '0,3,7' (got {text!r})"
+            f"{part!r} is not a split index or a range: use non-negative integers and inclusive "
+            f"ranges a-b, e.g. '0-4' or '0,3,7' (got {text!r})"
         )
     a, b = int(bounds[0]), int(bounds[-1])
     if b < a:

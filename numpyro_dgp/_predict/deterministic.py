@@ -73,9 +73,9 @@ def predict_moment_matched(
     tr(K^-1 Psi2_n K^-1 (m m^T + S)) - (Psi1_n K^-1 m)^2`` (plus a linear mean function's
     share), the outputs of a layer treated as independent. The last layer's Gaussian is mapped
     through the likelihood as :func:`~numpyro_dgp.predict` does. No sampling: one mixture
-    component per test point. For models and guides :class:`~numpyro_dgp.objectives.NestedCompressionElbo`
-    accepts (any noise on the layers, which the prediction includes); inner layers need not
-    have noise here.
+    component per test point. For models and guides
+    :class:`~numpyro_dgp.objectives.NestedCompressionElbo` accepts (any noise on the layers, which
+    the prediction includes); inner layers need not have noise here.
 
     :param model: the NumPyro model; called as ``model(X_new, *args, **kwargs)``.
     :param guide: the fitted guide (an independent Gaussian per layer).

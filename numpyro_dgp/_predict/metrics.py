@@ -62,7 +62,8 @@ def _check_targets(prediction: Prediction, y: ArrayLike, caller: str) -> jax.Arr
     y = jnp.asarray(y)
     if y.shape != _target_shape(prediction):
         raise ValueError(
-            f"{caller}: y has shape {y.shape}, the prediction's targets have {_target_shape(prediction)}"
+            f"{caller}: y has shape {y.shape}, the prediction's targets have "
+            f"{_target_shape(prediction)}"
         )
     if prediction.likelihood in ("bernoulli", "categorical"):
         _check_labels(y, prediction, caller)
@@ -174,7 +175,8 @@ def gaussian_mixture_crps(
         if weights is None
         else jnp.asarray(weights, means.dtype)
     )
-    flat = lambda a: jnp.moveaxis(jnp.reshape(a, (S, -1)), 0, -1)  # noqa: E731  (S, N...) -> (N..., S)
+    # (S, N...) -> (N..., S)
+    flat = lambda a: jnp.moveaxis(jnp.reshape(a, (S, -1)), 0, -1)  # noqa: E731
 
     def per_point(args):
         yi, mi, vi = args
@@ -234,7 +236,8 @@ def _arrays(prediction: Prediction) -> dict:
     return {k: getattr(prediction, k) for k in _ARRAYS}
 
 
-# The scores are one program per shape each: eagerly, every small operation would compile on its own.
+# The scores are one program per shape each: eagerly, every small operation would compile on its
+# own.
 @partial(jax.jit, static_argnums=0)
 def _classification_scores(kind: str, y: jax.Array, p: dict) -> dict:
     """Mean log-likelihood, accuracy, error rate, Brier score and expected calibration error."""
@@ -268,7 +271,9 @@ def _regression_scores(
     (not NaN) targets, in the units ``y_scale`` maps back to."""
     present = ~jnp.isnan(y)
     count = jnp.sum(present, axis=0) if columns else jnp.sum(present)
-    reduce = lambda a: jnp.sum(jnp.where(present, a, 0.0), axis=0 if columns else None) / count  # noqa: E731
+    reduce = lambda a: (  # noqa: E731
+        jnp.sum(jnp.where(present, a, 0.0), axis=0 if columns else None) / count
+    )
     lp = _log_likelihood(kind, columns, y, p)
     if columns:
         ll = reduce(lp) - jnp.log(y_scale)

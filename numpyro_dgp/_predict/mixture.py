@@ -1,8 +1,8 @@
 """Predictive mixtures: one component per propagated sample, summarized by the observation's kind.
 
-A component is the observation site's distribution averaged over the last layer's marginal
-given the sample (its quadrature nodes or Monte Carlo draws, with their weights). How it is
-kept depends on the kind of the observation (:func:`~numpyro_dgp._engine.observation.observation_kind`):
+A component is the observation site's distribution averaged over the last layer's marginal given the
+sample (its quadrature nodes or Monte Carlo draws, with their weights). How it is kept depends on
+the kind of the observation (:func:`~numpyro_dgp._engine.observation.observation_kind`):
 
 * ``"normal"``: a Gaussian ``N(m_s, v_s)`` (node-weighted mean and variance of the location
   plus the noise): exact for a location affine in the layer;
@@ -145,8 +145,9 @@ def rebuild(d: dist.Distribution, transform: Any) -> dist.Distribution:
         )
     except (TypeError, AttributeError) as err:
         raise NotImplementedError(
-            f"predict: a {type(d).__name__} observation cannot be rebuilt from its parameters {names} ({err}); "
-            "predictive mixtures need a distribution whose constructor takes them by name"
+            f"predict: a {type(d).__name__} observation cannot be rebuilt from its parameters "
+            f"{names} ({err}); predictive mixtures need a distribution whose constructor takes "
+            "them by name"
         ) from None
 
 

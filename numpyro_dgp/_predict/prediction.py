@@ -84,8 +84,9 @@ def warn_if_not_finite(prediction, caller):
     if num_bad:
         first = [int(i) for i in np.flatnonzero(bad)[:5]]
         warnings.warn(
-            f"{caller}: {num_bad} of {bad.shape[0]} test points have a NaN or infinite predictive mean or "
-            f"variance (first: {first}); usually a Cholesky factorization failed for them (raise the "
+            f"{caller}: {num_bad} of {bad.shape[0]} test points have a NaN or infinite "
+            f"predictive mean or variance (first: {first}); usually a Cholesky factorization "
+            "failed for them (raise the "
             "layers' jitter, or use float64). Their metrics will be NaN.",
             NonFinitePredictionWarning,
             stacklevel=3,
@@ -151,7 +152,8 @@ def check_guide_is_set_up(guide: Callable, caller: str) -> None:
     if getattr(guide, "prototype_trace", "absent") is None:
         raise ValueError(
             f"{caller}: the guide has not been set up. Run svi.init(...) / fit(...) with it, or "
-            "call guide.setup(rng_key, X_train, y_train) on the training data (e.g. after load_params)"
+            "call guide.setup(rng_key, X_train, y_train) on the training data "
+            "(e.g. after load_params)"
         )
 
 
@@ -161,7 +163,8 @@ def observation_site(model_trace: dict, obs_site: str | None) -> str:
 
 
 def _check_observation_site(tail: list[str], obs_site: str | None) -> str:
-    """``obs_site`` (or the only site of ``tail``), checked to be a sample site after the last layer.
+    """``obs_site`` (or the only site of ``tail``), checked to be a sample site after the last
+    layer.
 
     :raises ValueError: several sites after the last layer and no ``obs_site``, or an ``obs_site``
         that is not one of them.
@@ -169,7 +172,8 @@ def _check_observation_site(tail: list[str], obs_site: str | None) -> str:
     if obs_site is None:
         if len(tail) != 1:
             raise ValueError(
-                f"predict: cannot tell the observation site; sample sites after the last layer: {tail}. "
+                "predict: cannot tell the observation site; sample sites after the last layer: "
+                f"{tail}. "
                 "Pass obs_site="
             )
         obs_site = tail[0]
@@ -281,7 +285,8 @@ def predict(
 
 
 def _as_prediction(found, fields):
-    """The :class:`Prediction` of the predictor's arrays (:func:`~numpyro_dgp._predict.mixture.mixture_fields`)."""
+    """The :class:`Prediction` of the predictor's arrays
+    (:func:`~numpyro_dgp._predict.mixture.mixture_fields`)."""
     if fields["atoms"] is not None:  # written window by window: rebuilt for its full batch shape
         fields = {**fields, "atoms": rebuild(fields["atoms"], lambda a: a)}
     return Prediction(**fields, likelihood=found["likelihood"])
@@ -368,7 +373,8 @@ def take_points(prediction: Prediction, index: ArrayLike) -> Prediction:
 
 
 def _check_without_atoms(prediction: Prediction, caller: str) -> None:
-    """Refuse a prediction with atoms (another likelihood's distributions, not sliced along the points).
+    """Refuse a prediction with atoms (another likelihood's distributions, not sliced along the
+    points).
 
     :raises NotImplementedError: for one.
     """
@@ -474,16 +480,36 @@ def _predictor(
     repeated predictions (validation during training, plots) reuse one compiled executable
     per input shape instead of retracing; array arguments are traced, never baked in."""
     prototype = getattr(guide, "prototype_trace", None)
-    key = (model, obs_site, static_args, static_kwargs, keep_layers)
-    try:
-        hash(key)
-    except TypeError:  # unhashable static arguments: compile for this call only
-        key = None
+    key = _predictor_key(model, obs_site, static_args, static_kwargs, keep_layers)
     entry = None if key is None else _PREDICTORS.get(guide, key)
     if entry is not None and entry[0] is prototype:
         return entry[1], entry[2]
     guide_ref = weakref.ref(guide)
 
+    found = _probe_prediction(model, guide, params, rng_key, X_new, args, kwargs, obs_site)
+    predictive_mixture = _mixture_function(
+        model, guide_ref, found, static_args, static_kwargs, keep_layers
+    )
+    predictor = jax.jit(predictive_mixture, static_argnums=5)
+    if key is not None:
+        _PREDICTORS.put(guide, key, (prototype, found, predictor))
+    return found, predictor
+
+
+def _predictor_key(model, obs_site, static_args, static_kwargs, keep_layers):
+    """The key of a predictor in :data:`_PREDICTORS`, or ``None`` for unhashable static
+    arguments (then it is compiled for this call only)."""
+    key = (model, obs_site, static_args, static_kwargs, keep_layers)
+    try:
+        hash(key)
+    except TypeError:  # unhashable static arguments: compile for this call only
+        key = None
+    return key
+
+
+def _probe_prediction(model, guide, params, rng_key, X_new, args, kwargs, obs_site):
+    """``found``: what an abstract run of the model's trace says (observation site, likelihood,
+    layers, last layer's width, branches, correlated outputs)."""
     found = {}
 
     def probe():
@@ -515,6 +541,13 @@ def _predictor(
         # component's per-column moments would drop that from a row's joint density, atoms at
         # joint draws keep it (the 2 P nodes exact for the moments are not for the density)
         found["likelihood"] = "general"
+    return found
+
+
+def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_layers):
+    """The mixture of ``num_samples`` components at ``X_new`` (to be jitted): each component
+    one vmapped run of the model under the guide (``guide_ref``, a weak reference), mapped
+    through the observation site's likelihood (``found``)."""
     joint_draws = found["correlated"] and found["likelihood"] == "general"
     name, layer_names, kind = found["name"], found["layers"], found["likelihood"]
     num_nodes, num_draws = rule_arguments(kind, found["out_dim"])
@@ -554,10 +587,7 @@ def _predictor(
             components, weights = flatten_branches(found["branches"], components, log_weights)
         return mixture_fields(kind, components, weights, node_weights[0])
 
-    predictor = jax.jit(predictive_mixture, static_argnums=5)
-    if key is not None:
-        _PREDICTORS.put(guide, key, (prototype, found, predictor))
-    return found, predictor
+    return predictive_mixture
 
 
 def sample_layers(

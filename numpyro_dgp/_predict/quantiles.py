@@ -58,8 +58,8 @@ def _check_quantile_request(prediction: Any, quantiles: ArrayLike) -> np.ndarray
     """
     if prediction.likelihood not in ("normal", "general"):
         raise ValueError(
-            "predictive_quantiles: needs a regression prediction (Normal or another likelihood of a "
-            f"number), got likelihood {prediction.likelihood!r}"
+            "predictive_quantiles: needs a regression prediction (Normal or another likelihood of "
+            f"a number), got likelihood {prediction.likelihood!r}"
         )
     levels = np.atleast_1d(np.asarray(quantiles, np.float64))
     if not np.all((levels > 0) & (levels < 1)):
@@ -93,7 +93,9 @@ def _bisect_quantiles(q: jax.Array, arrays: dict, num_iters: int) -> jax.Array:
     )  # (S, K, N...)
     if arrays["atoms"] is None:
         s = jnp.sqrt(jnp.maximum(v, jnp.finfo(v.dtype).tiny))
-        cdf_at = lambda x: norm.cdf((x[:, None, None] - m[None, :, None]) / s[None, :, None])  # noqa: E731
+        cdf_at = lambda x: (  # noqa: E731
+            norm.cdf((x[:, None, None] - m[None, :, None]) / s[None, :, None])
+        )
     else:
         cdf_at = lambda x: arrays["atoms"].cdf(x[:, None, None])  # noqa: E731
 

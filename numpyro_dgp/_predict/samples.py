@@ -83,21 +83,68 @@ def predict_from_samples(
 
     def run(sample, key, quadrature):
         data = {**fixed, **sample}
-        m = substitute(seed(model, key), data=data)
-        if quadrature is not None:
-            handler = marginalize_inducing(
-                m,
-                quadrature_layer=quadrature[0],
-                quadrature_nodes=quadrature[1],
-                quadrature_weights=quadrature[2],
-            )
-        else:
-            handler = marginalize_inducing(m)
-        tr = trace(handler).get_trace(X_new, *args, **kwargs)
-        return tr, handler.moments, handler.branch_log_weights
+        return _marginalized_run(model, data, key, quadrature, X_new, args, kwargs)
 
-    found = {}
     one_sample = {k: v[0] for k, v in samples.items()}
+    layers, out_dim, sites = _model_layers(run, one_sample, samples)
+    last = layers[-1]
+    name, likelihood, branches = _model_observation(run, one_sample, last, out_dim, obs_site)
+    nodes, weights = prediction_rule(likelihood, out_dim)
+    quad = (last, nodes, weights)
+    # substitute the model's latent and param sites only (not deterministic layer outputs
+    # recorded at training points, nor the observation site)
+    keep = [k for k in samples if k in sites and k != name]
+    samples = {k: samples[k] for k in keep}
+
+    def one(sample, key):
+        run_key, draw_key = jax.random.split(key)
+        tr, moments, log_weights = run(sample, run_key, quad)
+        return component_of(tr, moments, name, likelihood, weights, layers, draw_key), log_weights
+
+    def mixture(samples, keys):
+        components, log_weights = jax.vmap(one)(samples, keys)
+        mixing = None
+        if branches:  # a quadrature handler's weighted branches: sample x branch components
+            components, mixing = flatten_branches(branches, components, log_weights)
+        return mixture_fields(likelihood, components, mixing, weights)
+
+    keys = jax.random.split(rng_key, S)
+    fields = jax.jit(mixture)(samples, keys)
+    return warn_if_not_finite(Prediction(**fields, likelihood=likelihood), "predict_from_samples")
+
+
+def _marginalized_run(
+    model: Callable,
+    data: dict,
+    key: jax.Array,
+    quadrature: tuple | None,
+    X_new: jax.Array,
+    args: tuple,
+    kwargs: dict,
+) -> tuple[dict, dict, jax.Array | None]:
+    """``(trace, moments, branch log weights)`` of one run of the model at ``X_new`` with
+    ``data`` substituted, under :class:`marginalize_inducing` (with the quadrature
+    ``(layer, nodes, weights)``, or none)."""
+    m = substitute(seed(model, key), data=data)
+    if quadrature is not None:
+        handler = marginalize_inducing(
+            m,
+            quadrature_layer=quadrature[0],
+            quadrature_nodes=quadrature[1],
+            quadrature_weights=quadrature[2],
+        )
+    else:
+        handler = marginalize_inducing(m)
+    tr = trace(handler).get_trace(X_new, *args, **kwargs)
+    return tr, handler.moments, handler.branch_log_weights
+
+
+def _model_layers(
+    run: Callable, one_sample: dict, samples: dict
+) -> tuple[list[str], int, dict[str, str]]:
+    """``(layer names, last layer's out_dim, {sample or param site: its type})`` from one
+    abstract run with the first sample, the model's layers checked against the samples."""
+    found: dict[str, Any] = {}
 
     def probe():
         tr, _, _ = run(one_sample, jax.random.PRNGKey(0), None)
@@ -110,11 +157,19 @@ def predict_from_samples(
         return 0
 
     jax.eval_shape(probe)
-    last = found["layers"][-1]
+    return found["layers"], found["out_dim"], found["sites"]
+
+
+def _model_observation(
+    run: Callable, one_sample: dict, last: str, out_dim: int, obs_site: str | None
+) -> tuple[str, str, int | None]:
+    """``(observation site, its likelihood kind, number of branches or None)`` from one
+    abstract run with the first sample and the last layer at quadrature nodes."""
+    found: dict[str, Any] = {}
 
     def probe_tail():
         tr, _, log_weights = run(
-            one_sample, jax.random.PRNGKey(0), (last, *spherical_rule(found["out_dim"]))
+            one_sample, jax.random.PRNGKey(0), (last, *spherical_rule(out_dim))
         )
         found["name"] = observation_site(tr, obs_site)
         found["likelihood"] = observation_kind(
@@ -124,33 +179,7 @@ def predict_from_samples(
         return 0
 
     jax.eval_shape(probe_tail)
-    name, likelihood = found["name"], found["likelihood"]
-    nodes, weights = prediction_rule(likelihood, found["out_dim"])
-    quad = (last, nodes, weights)
-    # substitute the model's latent and param sites only (not deterministic layer outputs
-    # recorded at training points, nor the observation site)
-    keep = [k for k in samples if k in found["sites"] and k != name]
-    samples = {k: samples[k] for k in keep}
-
-    def one(sample, key):
-        run_key, draw_key = jax.random.split(key)
-        tr, moments, log_weights = run(sample, run_key, quad)
-        return component_of(
-            tr, moments, name, likelihood, weights, found["layers"], draw_key
-        ), log_weights
-
-    def mixture(samples, keys):
-        components, log_weights = jax.vmap(one)(samples, keys)
-        mixing = None
-        if found[
-            "branches"
-        ]:  # a quadrature handler's weighted branches: sample x branch components
-            components, mixing = flatten_branches(found["branches"], components, log_weights)
-        return mixture_fields(likelihood, components, mixing, weights)
-
-    keys = jax.random.split(rng_key, S)
-    fields = jax.jit(mixture)(samples, keys)
-    return warn_if_not_finite(Prediction(**fields, likelihood=likelihood), "predict_from_samples")
+    return found["name"], found["likelihood"], found["branches"]
 
 
 def _check_sample_arrays(samples: Any) -> tuple[dict[str, jax.Array], int]:
@@ -161,14 +190,16 @@ def _check_sample_arrays(samples: Any) -> tuple[dict[str, jax.Array], int]:
     """
     if not isinstance(samples, dict) or not samples:
         raise ValueError(
-            "predict_from_samples: samples is empty; pass mcmc.get_samples() (a dict of (S, ...) arrays)"
+            "predict_from_samples: samples is empty; pass mcmc.get_samples() "
+            "(a dict of (S, ...) arrays)"
         )
     arrays = {k: jnp.asarray(v) for k, v in samples.items()}
     sizes = {k: (v.shape[0] if v.ndim else None) for k, v in arrays.items()}
     S_set = set(sizes.values())
     if None in S_set or len(S_set) != 1:
         raise ValueError(
-            f"predict_from_samples: every sample array needs the same leading (sample) axis; got {sizes}"
+            "predict_from_samples: every sample array needs the same leading (sample) axis; "
+            f"got {sizes}"
         )
     S = S_set.pop()
     assert S is not None  # refused above
@@ -191,7 +222,8 @@ def _check_model_layers(layers: list, u_sites: list[str], samples: dict) -> None
     if missing:
         raise ValueError(
             f"predict_from_samples: samples lack the inducing-value site(s) {missing}; they hold "
-            f"{sorted(samples)}. Pass the samples of an MCMC run on the model (its '<layer>.u' sites)"
+            f"{sorted(samples)}. Pass the samples of an MCMC run on the model "
+            "(its '<layer>.u' sites)"
         )
 
 
@@ -257,7 +289,7 @@ def _check_no_param_unset(model, data, X_new, args, kwargs):
         jax.eval_shape(run)
     except _UnsetParam as unset:
         raise ValueError(
-            f"predict_from_samples: param site {unset.args[0]!r} is neither in the samples nor in params=; it "
-            "would take its initial value (e.g. k-means on X_new). Pass params= (the fitted values, or those "
-            "the MCMC run used)"
+            f"predict_from_samples: param site {unset.args[0]!r} is neither in the samples nor "
+            "in params=; it would take its initial value (e.g. k-means on X_new). Pass params= "
+            "(the fitted values, or those the MCMC run used)"
         ) from None

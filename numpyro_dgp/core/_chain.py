@@ -84,7 +84,8 @@ class Belief(NamedTuple):
     downdate: jax.Array | None = None
 
     def covariance(self) -> jax.Array:
-        """The dense covariance, ``(K, K)`` or ``(N, K, K)`` (for checks; the recursion never forms it)."""
+        """The dense covariance, ``(K, K)`` or ``(N, K, K)`` (for checks; the recursion never
+        forms it)."""
         if self.downdate is None:
             return self.shared_cov
         return self.shared_cov - jnp.einsum("njk,njl->nkl", self.downdate, self.downdate)

@@ -89,7 +89,8 @@ def kmeans(
 def _check_kmeans_sizes(N: int, num_clusters: int, max_points: int | None) -> None:
     """k-means needs at least ``num_clusters`` points, in the data and in the subsample.
 
-    :raises ValueError: if ``num_clusters`` exceeds ``N``, or ``max_points`` when the data are subsampled.
+    :raises ValueError: if ``num_clusters`` exceeds ``N``, or ``max_points`` when the data are
+        subsampled.
     """
     if num_clusters > N:
         raise ValueError(

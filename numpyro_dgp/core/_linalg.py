@@ -39,7 +39,8 @@ def check_jitter(jitter: ArrayLike, name: str = "jitter") -> None:
     :raises ValueError: if ``jitter`` is concrete and not a finite positive number.
     """
     try:
-        value = float(jitter)  # type: ignore[arg-type]  # ArrayLike has complex: its TypeError is caught
+        # ArrayLike has complex: its TypeError is caught
+        value = float(jitter)  # type: ignore[arg-type]
     except (TypeError, jax.errors.ConcretizationTypeError):
         return  # traced: cannot check here
     if not (value > 0 and value < float("inf")):
@@ -75,8 +76,8 @@ def cholesky(K: jax.Array) -> jax.Array:
     ``dL = L Phi(L^{-1} dK L^{-T})`` (``Phi``: lower triangle, half diagonal) is computed with
     the explicit inverse of :func:`triangular_inverse` and matrix products only. JAX's own
     rule uses two triangular solves, which on CPU cost 100x a product of the same size
-    (measured with the project's benchmarks); a DGP training step differentiates one factor per layer.
-    NaN where the factorization fails, like ``jnp.linalg.cholesky``.
+    (measured with the project's benchmarks); a DGP training step differentiates one factor per
+    layer. NaN where the factorization fails, like ``jnp.linalg.cholesky``.
 
     :param K: ``(..., M, M)`` symmetric positive-definite matrix.
     :return: ``(..., M, M)`` lower-triangular factor.
@@ -199,7 +200,8 @@ def _triangular_inverse(L: jax.Array) -> jax.Array:
     an identity block to ``leaf * 2^k`` (``[[L, 0], [0, I]]^{-1} = [[L^{-1}, 0], [0, I]]``),
     one batched triangular solve inverts its ``2^k`` diagonal leaves (each <= 16), then each
     level joins neighbouring pairs with batched products. The program has ``O(log M)``
-    operations where the depth-first recursion had ``O(M / 16)`` (compile at M = 1000: 16 -> 13.5 s)."""
+    operations where the depth-first recursion had ``O(M / 16)`` (compile at M = 1000:
+    16 -> 13.5 s)."""
     n = L.shape[-1]
     levels = max(0, math.ceil(math.log2(n / _INVERSE_LEAF)))
     leaf = -(-n // 2**levels)

@@ -9,12 +9,12 @@ the statistics are (Titsias & Lawrence 2010)
   points ``(M, M)``;
 * ``E[x_n k(x_n, z_m)]``, shape ``(N, M, D)`` (what a layer with a linear mean function needs).
 
-Closed forms: the squared exponential kernel with ARD lengthscales (:class:`~numpyro_dgp.kernels.RBF`)
-and the linear kernel (:class:`~numpyro_dgp.kernels.Linear`). Every other kernel (Matérn,
-periodic, sums and products) falls back to a tensor-product Gauss-Hermite rule over the
-``D`` input dimensions of each point (``num_points`` nodes per dimension, ``num_points ** D``
-per point), which is exact only in the limit of many nodes and costs ``num_points ** D``
-kernel evaluations per point.
+Closed forms: the squared exponential kernel with ARD lengthscales
+(:class:`~numpyro_dgp.kernels.RBF`) and the linear kernel (:class:`~numpyro_dgp.kernels.Linear`).
+Every other kernel (Matérn, periodic, sums and products) falls back to a tensor-product
+Gauss-Hermite rule over the ``D`` input dimensions of each point (``num_points`` nodes per
+dimension, ``num_points ** D`` per point), which is exact only in the limit of many nodes and
+costs ``num_points ** D`` kernel evaluations per point.
 
 The summed ``Psi2`` of the squared exponential kernel never forms an ``N x M x M`` tensor. When
 every point has the same input variances (``var`` of shape ``(D,)`` or a scalar), the exponent
@@ -121,16 +121,17 @@ def _check_rule_size(num_points: int, D: int, caller: str) -> None:
     """
     if int(num_points) ** D > _MAX_NODES:
         raise ValueError(
-            f"{caller}: the Gauss-Hermite fallback needs num_points ** D = {int(num_points)}^{D} nodes per "
-            f"point (over {_MAX_NODES}); lower num_points or use a kernel with closed-form psi statistics "
-            "(RBF, Linear)"
+            f"{caller}: the Gauss-Hermite fallback needs num_points ** D = {int(num_points)}^{D} "
+            f"nodes per point (over {_MAX_NODES}); lower num_points or use a kernel with "
+            "closed-form psi statistics (RBF, Linear)"
         )
 
 
 def _gh_nodes(
     mean: jax.Array, var: jax.Array, num_points: int, caller: str
 ) -> tuple[jax.Array, jax.Array]:
-    """Tensor-product Gauss-Hermite nodes ``(N, K, D)`` of every point's input and weights ``(K,)``."""
+    """Tensor-product Gauss-Hermite nodes ``(N, K, D)`` of every point's input and weights
+    ``(K,)``."""
     D = mean.shape[1]
     _check_rule_size(num_points, D, caller)
     nodes, weights = gauss_hermite_product(int(num_points), D)
@@ -246,7 +247,8 @@ def _rbf_shared_psi2(kernel: RBF, mean: jax.Array, var: jax.Array, Z: jax.Array)
     """The squared exponential ``Psi2`` when every point has the input variances ``var (D,)``:
     ``Psi2_n = scale * B * phi_n^T phi_n`` with ``phi (N, M)``, so sums and traces are products.
 
-    Per dimension, ``(mean - zbar)^2 = (mean - z_m)^2 / 2 + (mean - z_m')^2 / 2 - (z_m - z_m')^2 / 4``:
+    Per dimension,
+    ``(mean - zbar)^2 = (mean - z_m)^2 / 2 + (mean - z_m')^2 / 2 - (z_m - z_m')^2 / 4``:
     with a variance shared by the points, the last term is a factor of the pair alone.
     """
     sf2, ls = _rbf_parts(kernel, mean)

@@ -1,4 +1,5 @@
-"""Euler–Maruyama integration of an Itô SDE ``dx = mu(x, t) dt + sqrt(Sigma(x, t)) dW`` (pure JAX).
+"""Euler–Maruyama integration of an Itô SDE ``dx = mu(x, t) dt + sqrt(Sigma(x, t)) dW``
+(pure JAX).
 
 ``Sigma`` is diagonal (a variance per point and dimension), as in DiffGP (Hegde et al.
 2019), where the drift and diffusion are a GP layer's mean and marginal variance.
@@ -39,7 +40,8 @@ def euler_maruyama(
     diffusion: bool = True,
     record: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """Integrate ``x_{k+1} = x_k + mu(x_k, t_k) dt + sqrt(Sigma(x_k, t_k) dt) eps_k`` from 0 to ``T``.
+    """Integrate ``x_{k+1} = x_k + mu(x_k, t_k) dt + sqrt(Sigma(x_k, t_k) dt) eps_k`` from 0 to
+    ``T``.
 
     Fresh standard-normal ``eps_k`` at every step, for every element of ``x`` (every point
     and dimension; independent keys give independent samples). Gradients flow through the

@@ -64,13 +64,15 @@ def _check(
         noise = jnp.broadcast_to(noise, Y.shape)
     except ValueError:
         raise ValueError(
-            f"{caller}: noise_var of shape {jnp.shape(noise_var)} does not broadcast to y's {y.shape}"
+            f"{caller}: noise_var of shape {jnp.shape(noise_var)} does not broadcast to "
+            f"y's {y.shape}"
         ) from None
     return Y, noise
 
 
 def _one_output(V: jax.Array, Knn_diag: jax.Array, y: jax.Array, noise: jax.Array, method: str):
-    """``(log N(y | 0, Q + Lambda), whitened posterior mean (M,), L_B (M, M), trace term)`` for one output."""
+    """``(log N(y | 0, Q + Lambda), whitened posterior mean (M,), L_B (M, M), trace term)`` for
+    one output."""
     residual_var = Knn_diag - jnp.sum(V**2, axis=0)  # diag(K_ff - Q_ff)
     lam = noise + residual_var if method == "fitc" else noise
     Vs = V / jnp.sqrt(lam)

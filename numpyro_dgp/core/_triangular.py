@@ -85,10 +85,11 @@ def lower_from_vector(vector: jax.Array) -> jax.Array:
     """The lower-triangular ``(..., n, n)`` matrix of NumPyro's lower-Cholesky vector layout.
 
     ``vector`` holds the strict lower triangle row by row, then the diagonal
-    (``(..., n (n + 1) / 2)``), as ``numpyro.distributions.transforms.SoftplusLowerCholeskyTransform``
-    lays it out, with one gather (NumPyro's ``vec_to_tril_matrix`` scatters into zeros and adds
-    the diagonal as a broadcast product: several passes over ``n^2`` entries that a step at
-    ``M = 500`` felt); the result keeps ``vector``'s dtype.
+    (``(..., n (n + 1) / 2)``), as
+    ``numpyro.distributions.transforms.SoftplusLowerCholeskyTransform`` lays it out, with one
+    gather (NumPyro's ``vec_to_tril_matrix`` scatters into zeros and adds the diagonal as a
+    broadcast product: several passes over ``n^2`` entries that a step at ``M = 500`` felt); the
+    result keeps ``vector``'s dtype.
 
     :param vector: ``(..., n (n + 1) / 2)``.
     :return: ``(..., n, n)``, zero above the diagonal.

@@ -74,10 +74,158 @@ def _check_moment_options(
     """
     if q_sqrt is not None and jnp.ndim(q_sqrt) not in (2, 3):
         raise ValueError(
-            f"uncertain_input_moments: q_sqrt must be (P, M, M) or (P, M); got shape {jnp.shape(q_sqrt)}"
+            "uncertain_input_moments: q_sqrt must be (P, M, M) or (P, M); "
+            f"got shape {jnp.shape(q_sqrt)}"
         )
     if per_point and not per_point_inducing:
         raise ValueError("uncertain_input_moments: per_point=True needs per_point_inducing=True")
+
+
+def _alpha_factors(T: jax.Array, q_sqrt: ArrayLike | None) -> jax.Array | None:
+    """``R (P, M, M)`` with ``C_p = Cov alpha_p = R_p R_p^T``, or ``None`` when ``q_sqrt`` is."""
+    if q_sqrt is None:
+        R = None
+    elif jnp.ndim(q_sqrt) == 3:
+        R = jnp.einsum("mk,pkl->pml", T, q_sqrt)  # C_p = R_p R_p^T
+    else:
+        R = T[None] * jnp.asarray(q_sqrt)[:, None, :]
+    return R
+
+
+def _expected_kernel_row(
+    kernel: Kernel, mean: jax.Array, var: ArrayLike | None, Z: jax.Array, num_points: int
+) -> tuple[jax.Array, jax.Array | None]:
+    """``(Psi1 (N, M), var)``: ``E_x k(x_n, Z)`` (the kernel itself for deterministic inputs)
+    and the input variances as an array of the means' dtype."""
+    if var is None:  # deterministic inputs
+        P1 = kernel(mean, Z)
+    else:
+        var = jnp.asarray(var, mean.dtype)
+        if var.ndim > 1:
+            var = jnp.broadcast_to(var, mean.shape)
+        P1 = psi1(kernel, mean, var, Z, num_points=num_points)
+    return P1, var
+
+
+def _output_mean(
+    P1: jax.Array,
+    a: jax.Array,
+    mean: jax.Array,
+    mean_weight: ArrayLike | None,
+    mean_bias: ArrayLike | None,
+) -> jax.Array:
+    """``(N, P)`` ``E f_p(x_n)``: the GP's part plus the linear mean function's."""
+    f_mean = P1 @ a.T
+    if mean_weight is not None:
+        f_mean = f_mean + mean @ jnp.asarray(mean_weight, mean.dtype)
+    if mean_bias is not None:
+        f_mean = f_mean + jnp.asarray(mean_bias, mean.dtype)
+    return f_mean
+
+
+def _inducing_variance(
+    R: jax.Array | None,
+    P1: jax.Array,
+    f_mean: jax.Array,
+    P: int,
+    dtype: jnp.dtype,
+    per_point_inducing: bool,
+) -> jax.Array:
+    """``Var_u E_x[f | u]``: ``(N, P)`` per point, or ``(P,)`` summed over the points."""
+    if R is None:
+        inducing_var = jnp.zeros_like(f_mean) if per_point_inducing else jnp.zeros((P,), dtype)
+    elif per_point_inducing:
+        inducing_var = jnp.sum(factors_transpose_times(R, P1.T) ** 2, axis=1).T
+    else:
+        inducing_var = jnp.einsum("mk,pml,pkl->p", P1.T @ P1, R, R)  # sum_n Psi1_n C_p Psi1_n^T
+    return inducing_var
+
+
+def _deterministic_moments(
+    kernel: Kernel,
+    mean: jax.Array,
+    P1: jax.Array,
+    T: jax.Array,
+    K_inv: jax.Array,
+    f_mean: jax.Array,
+    inducing_var: jax.Array,
+    P: int,
+    whiten: bool,
+    per_point: bool,
+) -> UncertainInputMoments:
+    """The moments at deterministic inputs: the conditional variance, no ``input_var``."""
+    explained = jnp.sum((P1 @ T) ** 2, -1) if whiten else jnp.sum((P1 @ K_inv) * P1, -1)
+    conditional_var = kernel.diag(mean) - explained
+    input_var = jnp.zeros_like(f_mean)
+    if not per_point:
+        conditional_var, input_var = jnp.sum(conditional_var), jnp.zeros((P,), mean.dtype)
+    return UncertainInputMoments(f_mean, inducing_var, input_var, conditional_var)
+
+
+def _psi_variances(
+    kernel: Kernel,
+    mean: jax.Array,
+    var: jax.Array,
+    Z: jax.Array,
+    P1: jax.Array,
+    a: jax.Array,
+    R: jax.Array | None,
+    K_inv: jax.Array,
+    inducing_var: jax.Array,
+    per_point: bool,
+    per_point_inducing: bool,
+    num_points: int,
+) -> tuple[jax.Array, jax.Array]:
+    """``(conditional_var, input_var)`` at Gaussian inputs from the psi statistics, the mean
+    function's part of ``input_var`` aside."""
+    P = a.shape[0]
+    # second moments of alpha_p: G_p = a_p a_p^T + C_p
+    G = a[:, :, None] * a[:, None, :]
+    if R is not None:
+        G = G + R @ jnp.swapaxes(R, -1, -2)
+    gp_mean = P1 @ a.T  # (N, P): the GP part of the mean
+    if per_point:
+        traces = psi2_traces(
+            kernel, mean, var, Z, jnp.concatenate([G, K_inv[None]]), num_points=num_points
+        )
+        conditional_var = psi0(kernel, mean, var, num_points=num_points) - traces[:, P]
+        # tr((Psi2_n - Psi1_n^T Psi1_n) G_p) = tr(Psi2_n G_p) - (Psi1_n a_p)^2 - inducing_var
+        input_var = traces[:, :P] - gp_mean**2 - inducing_var
+    else:
+        Psi2 = psi2(kernel, mean, var, Z, num_points=num_points)
+        conditional_var = jnp.sum(psi0(kernel, mean, var, num_points=num_points)) - jnp.sum(
+            Psi2 * K_inv
+        )
+        input_var = (
+            jnp.einsum("mk,pmk->p", Psi2, G)
+            - jnp.sum(gp_mean**2, 0)
+            - (jnp.sum(inducing_var, 0) if per_point_inducing else inducing_var)
+        )
+    return conditional_var, input_var
+
+
+def _mean_function_variance(
+    kernel: Kernel,
+    mean: jax.Array,
+    var: jax.Array,
+    Z: jax.Array,
+    P1: jax.Array,
+    a: jax.Array,
+    mean_weight: ArrayLike,
+    num_points: int,
+) -> jax.Array:
+    """``(N, P)`` ``w^T diag(var_n) w + 2 w^T Cov_x(x, k(x, Z)) a``: what the input's
+    uncertainty adds through the linear mean function."""
+    W = jnp.asarray(mean_weight, mean.dtype)
+    # Cov_x(x_d, k(x, z_m)) = E[x_d k(x, z_m)] - mean_d Psi1[n, m]
+    cross = (
+        expected_input_kernel(kernel, mean, var, Z, num_points=num_points)
+        - mean[:, None, :] * P1[..., None]
+    )
+    mean_path = jnp.broadcast_to(var, mean.shape) @ W**2 + 2.0 * jnp.einsum(
+        "nmd,dp,pm->np", cross, W, a
+    )
+    return mean_path
 
 
 def uncertain_input_moments(
@@ -129,73 +277,34 @@ def uncertain_input_moments(
     P, M = q_mean.shape
     T = _alpha_map(jnp.asarray(Kmm_chol, mean.dtype), whiten)
     a = q_mean @ T.T  # (P, M): E alpha_p
-    if q_sqrt is None:
-        R = None
-    elif jnp.ndim(q_sqrt) == 3:
-        R = jnp.einsum("mk,pkl->pml", T, q_sqrt)  # C_p = R_p R_p^T
-    else:
-        R = T[None] * jnp.asarray(q_sqrt)[:, None, :]
+    R = _alpha_factors(T, q_sqrt)
     K_inv = T @ T.T if whiten else T  # (M, M)
 
-    if var is None:  # deterministic inputs
-        P1 = kernel(mean, Z)
-    else:
-        var = jnp.asarray(var, mean.dtype)
-        if var.ndim > 1:
-            var = jnp.broadcast_to(var, mean.shape)
-        P1 = psi1(kernel, mean, var, Z, num_points=num_points)
-    f_mean = P1 @ a.T
-    if mean_weight is not None:
-        f_mean = f_mean + mean @ jnp.asarray(mean_weight, mean.dtype)
-    if mean_bias is not None:
-        f_mean = f_mean + jnp.asarray(mean_bias, mean.dtype)
-    if R is None:
-        inducing_var = jnp.zeros_like(f_mean) if per_point_inducing else jnp.zeros((P,), mean.dtype)
-    elif per_point_inducing:
-        inducing_var = jnp.sum(factors_transpose_times(R, P1.T) ** 2, axis=1).T
-    else:
-        inducing_var = jnp.einsum("mk,pml,pkl->p", P1.T @ P1, R, R)  # sum_n Psi1_n C_p Psi1_n^T
+    P1, var = _expected_kernel_row(kernel, mean, var, Z, num_points)
+    f_mean = _output_mean(P1, a, mean, mean_weight, mean_bias)
+    inducing_var = _inducing_variance(R, P1, f_mean, P, mean.dtype, per_point_inducing)
 
     if var is None:
-        explained = jnp.sum((P1 @ T) ** 2, -1) if whiten else jnp.sum((P1 @ K_inv) * P1, -1)
-        conditional_var = kernel.diag(mean) - explained
-        input_var = jnp.zeros_like(f_mean)
-        if not per_point:
-            conditional_var, input_var = jnp.sum(conditional_var), jnp.zeros((P,), mean.dtype)
-        return UncertainInputMoments(f_mean, inducing_var, input_var, conditional_var)
+        return _deterministic_moments(
+            kernel, mean, P1, T, K_inv, f_mean, inducing_var, P, whiten, per_point
+        )
 
-    # second moments of alpha_p: G_p = a_p a_p^T + C_p
-    G = a[:, :, None] * a[:, None, :]
-    if R is not None:
-        G = G + R @ jnp.swapaxes(R, -1, -2)
-    gp_mean = P1 @ a.T  # (N, P): the GP part of the mean
-    if per_point:
-        traces = psi2_traces(
-            kernel, mean, var, Z, jnp.concatenate([G, K_inv[None]]), num_points=num_points
-        )
-        conditional_var = psi0(kernel, mean, var, num_points=num_points) - traces[:, P]
-        # tr((Psi2_n - Psi1_n^T Psi1_n) G_p) = tr(Psi2_n G_p) - (Psi1_n a_p)^2 - inducing_var
-        input_var = traces[:, :P] - gp_mean**2 - inducing_var
-    else:
-        Psi2 = psi2(kernel, mean, var, Z, num_points=num_points)
-        conditional_var = jnp.sum(psi0(kernel, mean, var, num_points=num_points)) - jnp.sum(
-            Psi2 * K_inv
-        )
-        input_var = (
-            jnp.einsum("mk,pmk->p", Psi2, G)
-            - jnp.sum(gp_mean**2, 0)
-            - (jnp.sum(inducing_var, 0) if per_point_inducing else inducing_var)
-        )
+    conditional_var, input_var = _psi_variances(
+        kernel,
+        mean,
+        var,
+        Z,
+        P1,
+        a,
+        R,
+        K_inv,
+        inducing_var,
+        per_point,
+        per_point_inducing,
+        num_points,
+    )
     if mean_weight is not None:
-        W = jnp.asarray(mean_weight, mean.dtype)
-        # Cov_x(x_d, k(x, z_m)) = E[x_d k(x, z_m)] - mean_d Psi1[n, m]
-        cross = (
-            expected_input_kernel(kernel, mean, var, Z, num_points=num_points)
-            - mean[:, None, :] * P1[..., None]
-        )
-        mean_path = jnp.broadcast_to(var, mean.shape) @ W**2 + 2.0 * jnp.einsum(
-            "nmd,dp,pm->np", cross, W, a
-        )
+        mean_path = _mean_function_variance(kernel, mean, var, Z, P1, a, mean_weight, num_points)
         input_var = input_var + (mean_path if per_point else jnp.sum(mean_path, 0))
     if per_point:
         # round-off can leave a tiny negative difference where the input is nearly certain

@@ -151,8 +151,8 @@ def mcmc_health(
             f"MCMC chains settled in {len(modes)} different modes {modes} (per-chain means of the "
             f"layers differ by more than {mode_tolerance} within-chain sds; max R-hat "
             f"{table['max_rhat'].max():.3g}). Pooled summaries average these compositions away; "
-            "see Health.chain_means; weigh the modes by their mass (mode_evidence, mode_mixture) or "
-            "use a sampler that moves between them.",
+            "see Health.chain_means; weigh the modes by their mass (mode_evidence, mode_mixture) "
+            "or use a sampler that moves between them.",
             MultimodalityWarning,
             stacklevel=2,
         )

@@ -47,9 +47,11 @@ def layer_draws(tree, name):
 def _check_comparable(
     vi: xarray.DataTree, mcmc: xarray.DataTree, interval: float
 ) -> tuple[list[str], np.ndarray]:
-    """The reference's layer names and grid, checked against the VI result's (:func:`layer_metrics`).
+    """The reference's layer names and grid, checked against the VI result's
+    (:func:`layer_metrics`).
 
-    :raises ValueError: ``interval`` outside ``(0, 1)``, a layer the VI result lacks, or another grid.
+    :raises ValueError: ``interval`` outside ``(0, 1)``, a layer the VI result lacks, or another
+        grid.
     """
     if not 0 < interval < 1:
         raise ValueError(f"layer_metrics: interval must be in (0, 1), got {interval!r}")

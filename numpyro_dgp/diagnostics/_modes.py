@@ -55,7 +55,8 @@ def _latent_sites(model: Callable, args: tuple, kwargs: dict) -> list[str]:
 
 
 def _check_mode_settings(modes: list[list[int]], num_draws: int, inflate: float) -> None:
-    """Refuse empty modes, fewer than 100 proposal draws and a non-positive ``inflate`` (:func:`mode_evidence`).
+    """Refuse empty modes, fewer than 100 proposal draws and a non-positive ``inflate``
+    (:func:`mode_evidence`).
 
     :raises ValueError: for each.
     """
@@ -70,7 +71,8 @@ def _check_mode_settings(modes: list[list[int]], num_draws: int, inflate: float)
 
 
 def _check_mode_samples(names: list[str], samples: dict, modes: list[list[int]]) -> None:
-    """Refuse samples that lack a latent site of the model, and modes that name chains the samples do not have.
+    """Refuse samples that lack a latent site of the model, and modes that name chains the
+    samples do not have.
 
     :raises ValueError: for either.
     """
@@ -81,6 +83,43 @@ def _check_mode_samples(names: list[str], samples: dict, modes: list[list[int]])
     bad = [m for m in modes for c in m if not 0 <= c < C]
     if bad:
         raise ValueError(f"mode_evidence: modes name chains outside 0..{C - 1}: {bad}")
+
+
+def _check_mode_draws(chains: list[int], n: int) -> None:
+    """Refuse a mode with fewer than two draws (its Gaussian ``q`` needs a covariance).
+
+    :raises ValueError: for one.
+    """
+    if n < 2:
+        raise ValueError(f"mode_evidence: mode {chains} has {n} draw(s); at least 2 are needed")
+
+
+def _mode_proposal(draws: np.ndarray, chains: list[int], inflate: float) -> dist.MultivariateNormal:
+    """The Gaussian ``q`` fitted to a mode's ``(n, d)`` unconstrained draws: their mean, and
+    their covariance shrunk towards its diagonal, times ``inflate``."""
+    mean = draws.mean(0)
+    n, d = draws.shape
+    _check_mode_draws(chains, n)
+    cov = np.cov(draws, rowvar=False).reshape(d, d)
+    # shrink towards the diagonal by d / (n + d): keeps q proper with fewer draws than
+    # dimensions; the bridge estimate is consistent for any q, so this costs only variance
+    shrink = d / (n + d)
+    cov = (1 - shrink) * cov + shrink * np.diag(np.diag(cov))
+    cov = cov + 1e-12 * np.trace(cov) / d * np.eye(d)
+    scale_tril = jnp.linalg.cholesky(jnp.asarray(cov) * inflate)
+    return dist.MultivariateNormal(jnp.asarray(mean), scale_tril=scale_tril)
+
+
+def _check_finite_ratios(log_ratio: np.ndarray, num_draws: int, chains: list[int]) -> None:
+    """Refuse proposal draws of a mode where ``log p/q`` is not finite.
+
+    :raises FloatingPointError: naming how many.
+    """
+    if not np.all(np.isfinite(log_ratio)):
+        raise FloatingPointError(
+            f"mode_evidence: {int(np.sum(~np.isfinite(log_ratio)))} of {num_draws} proposal "
+            f"draws of mode {chains} have a non-finite log density"
+        )
 
 
 def _bridge_log_evidence(log_ratio_posterior, log_ratio_proposal, num_iterations: int = 200):
@@ -167,25 +206,10 @@ def mode_evidence(
     khat: list[float] = []
     for k, chains in enumerate(modes):
         draws = np.asarray(flat[np.asarray(chains)]).reshape(-1, flat.shape[-1])
-        mean = draws.mean(0)
-        n, d = draws.shape
-        if n < 2:
-            raise ValueError(f"mode_evidence: mode {chains} has {n} draw(s); at least 2 are needed")
-        cov = np.cov(draws, rowvar=False).reshape(d, d)
-        # shrink towards the diagonal by d / (n + d): keeps q proper with fewer draws than
-        # dimensions; the bridge estimate is consistent for any q, so this costs only variance
-        shrink = d / (n + d)
-        cov = (1 - shrink) * cov + shrink * np.diag(np.diag(cov))
-        cov = cov + 1e-12 * np.trace(cov) / d * np.eye(d)
-        scale_tril = jnp.linalg.cholesky(jnp.asarray(cov) * inflate)
-        proposal = dist.MultivariateNormal(jnp.asarray(mean), scale_tril=scale_tril)
+        proposal = _mode_proposal(draws, chains, inflate)
         theta = proposal.sample(jax.random.fold_in(rng_key, k), (num_draws,))
         log_ratio = np.asarray(log_joint(theta) - proposal.log_prob(theta), dtype=float)
-        if not np.all(np.isfinite(log_ratio)):
-            raise FloatingPointError(
-                f"mode_evidence: {int(np.sum(~np.isfinite(log_ratio)))} of {num_draws} proposal draws of mode "
-                f"{chains} have a non-finite log density"
-            )
+        _check_finite_ratios(log_ratio, num_draws, chains)
         # bridge sampling (Meng & Wong 1996, optimal bridge, iterated): uses the mode's own draws
         # too, so it stays accurate where plain importance sampling from q has heavy-tailed ratios
         own = np.asarray(

@@ -80,7 +80,8 @@ def _check_chosen_samples(chosen: dict, samples: dict, inducing_sites: Any) -> N
         )
     if not chosen:
         raise ValueError(
-            f"layer_samples: none of the samples' sites {sorted(samples)} is a latent site of the model"
+            f"layer_samples: none of the samples' sites {sorted(samples)} is a latent site of the "
+            "model"
         )
 
 
@@ -200,7 +201,8 @@ def _check_grid_or_rerun(
         grid_rows = np.asarray(samples[grid_sites[0]]).shape[2]
         if grid_rows != np.asarray(grid).shape[0]:
             raise ValueError(
-                f"from_mcmc: the run's grid has {grid_rows} points, grid has {np.asarray(grid).shape[0]}"
+                f"from_mcmc: the run's grid has {grid_rows} points, grid has "
+                f"{np.asarray(grid).shape[0]}"
             )
     elif model is None or rng_key is None:
         raise ValueError(

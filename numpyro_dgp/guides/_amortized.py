@@ -1,4 +1,5 @@
-"""``AutoAmortizedDGP``: encoder networks give each point's inducing values (AVDGP, Meng & Zhang 2024).
+"""``AutoAmortizedDGP``: encoder networks give each point's inducing values (AVDGP,
+Meng & Zhang 2024).
 
 **References:**
 
@@ -77,8 +78,9 @@ class AmortizedQ(dist.Distribution):
         raise NotImplementedError(
             f"AutoAmortizedDGP: q({self.site}) depends on the model's layer outputs (the encoder "
             "input), so the guide cannot be sampled on its own (NumPyro's Trace_ELBO, "
-            "TraceMeanField_ELBO, Predictive); use numpyro_dgp.DGPElbo or numpyro_dgp.PredictiveObjective "
-            "to train and numpyro_dgp.predict to predict: they evaluate the encoders inside the model's run"
+            "TraceMeanField_ELBO, Predictive); use numpyro_dgp.DGPElbo or "
+            "numpyro_dgp.PredictiveObjective to train and numpyro_dgp.predict to predict: they "
+            "evaluate the encoders inside the model's run"
         )
 
 
@@ -318,7 +320,7 @@ def _check_points(site: InducingSite, init: jax.Array, S: int) -> jax.Array:
     """
     if init.shape != (S, site.out_dim):
         raise ValueError(
-            f"AutoAmortizedDGP: points for layer {site.layer!r} must have shape ({S}, {site.out_dim}), "
-            f"got {init.shape}"
+            f"AutoAmortizedDGP: points for layer {site.layer!r} must have shape "
+            f"({S}, {site.out_dim}), got {init.shape}"
         )
     return init

@@ -118,15 +118,16 @@ def _check_has_inducing_sites(guide: str, sites: list) -> None:
 
 
 def _check_local_sites(guide: str, latent_names: list[str], local: list[str]) -> None:
-    """A model with latent inputs has no other local latent sites (their guides would subsample twice).
+    """A model with latent inputs has no other local latent sites (their guides would subsample
+    twice).
 
     :raises ValueError: otherwise.
     """
     if local and latent_names:
         raise ValueError(
             f"{guide}: the model has latent inputs {latent_names} and other "
-            f"local latent sites {local}; their guides would draw the data plate's subsample twice. Make the "
-            "other local sites latent inputs, or give them a guide of your own"
+            f"local latent sites {local}; their guides would draw the data plate's subsample "
+            "twice. Make the other local sites latent inputs, or give them a guide of your own"
         )
 
 
@@ -179,8 +180,9 @@ class DGPGuide(AutoGuide):
         )
         self.inducing_sites: list[InducingSite] = []
         self._other_guide = None
-        #: the shapes and dtypes of the arguments the structure was built from (the training
-        #: arguments), so that checks of fitted parameters never rerun initialization on other inputs
+        #: the shapes and dtypes of the arguments the structure was built from (the
+        #: training arguments), so that checks of fitted parameters never rerun initialization
+        #: on other inputs
         self.prototype_args: tuple[tuple, dict] | None = None
 
     def _prototype_model(self, rng_key: jax.Array | None) -> Callable:

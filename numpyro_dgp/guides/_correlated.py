@@ -1,4 +1,5 @@
-"""Guides that correlate the inducing values of different layers (Ustyuzhaninov et al. 2020, Sec. 4.1).
+"""Guides that correlate the inducing values of different layers (Ustyuzhaninov et al. 2020,
+Sec. 4.1).
 
 * :class:`AutoJointDGP` -- one Gaussian over the inducing values of all layers (full
   ``D x D`` covariance, ``D = sum_l P_l M_l``).
@@ -7,8 +8,8 @@
 
 Both sample ``u`` jointly with exact log-densities, so NumPyro's own ELBOs work
 (``Trace_ELBO`` is estimator (a) of Ustyuzhaninov et al. (2020): sample ``u`` jointly,
-propagate conditionally). Each site also declares the structure
-(its ``infer`` entry :data:`~numpyro_dgp._protocol.GAUSSIAN`: :class:`~numpyro_dgp.posteriors.JointBlock` /
+propagate conditionally). Each site also declares the structure (its ``infer`` entry
+:data:`~numpyro_dgp._protocol.GAUSSIAN`: :class:`~numpyro_dgp.posteriors.JointBlock` /
 :class:`~numpyro_dgp.posteriors.ChainLink`), from which :class:`numpyro_dgp.DGPElbo`
 marginalizes the inducing values exactly, point by point, with closed-form KLs.
 
@@ -46,7 +47,8 @@ def _quantiles_from_cov(loc: jax.Array, cov: jax.Array, quantiles: ArrayLike) ->
 
 
 class AutoJointDGP(DGPGuide):
-    """One multivariate normal over the inducing values of every layer (Ustyuzhaninov et al. 2020, Sec. 4.1a).
+    """One multivariate normal over the inducing values of every layer (Ustyuzhaninov et al. 2020,
+    Sec. 4.1a).
 
     ``q(vec(u_1), ..., vec(u_L)) = N(loc, L L^T)`` with a full lower-triangular ``L``
     (softplus diagonal). Initialized with zero cross-layer covariance, i.e. exactly the
@@ -174,7 +176,8 @@ class AutoJointDGP(DGPGuide):
 
 
 class AutoChainDGP(AutoFactorizedDGP):
-    """Chain-structured Gaussian over the layers' inducing values (Ustyuzhaninov et al. 2020, Sec. 4.1b).
+    """Chain-structured Gaussian over the layers' inducing values (Ustyuzhaninov et al. 2020,
+    Sec. 4.1b).
 
     ``q(u_1) = N(m_1, D_1 D_1^T)``, ``q(u_l | u_{l-1}) = N(m_l + C_l vec(u_{l-1} - m_{l-1}),
     D_l D_l^T)``: ``m_l`` is layer ``l``'s marginal mean, ``D_l`` one lower factor per output
@@ -197,7 +200,8 @@ class AutoChainDGP(AutoFactorizedDGP):
         args: tuple,
         kwargs: dict,
     ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-        """``m_l``, ``D_l`` (the factorized guide's parameters) and ``C_l`` (``None`` for the first layer)."""
+        """``m_l``, ``D_l`` (the factorized guide's parameters) and ``C_l`` (``None`` for the
+        first layer)."""
         loc, tril = self._q(site, rng_key, args, kwargs)
         coupling = None
         if parent is not None:
@@ -218,7 +222,8 @@ class AutoChainDGP(AutoFactorizedDGP):
                 cond_loc = loc
                 link = ChainLink(None, loc, tril)
             else:
-                # set with the parent: the coupling by _chain_q, the parent's values by the last step
+                # set with the parent: the coupling by _chain_q, the parent's values by the
+                # last step
                 assert coupling is not None and parent_u is not None and parent_loc is not None
                 shift = coupling @ (parent_u - parent_loc).reshape(-1)
                 cond_loc = loc + shift.reshape(loc.shape)

@@ -44,8 +44,9 @@ class AutoFactorizedDGP(DGPGuide):
     def _q(
         self, site: InducingSite, rng_key: jax.Array | None, args: tuple, kwargs: dict
     ) -> tuple[jax.Array, jax.Array]:
-        """The parameters of ``q(u)`` for one inducing site: ``loc (P, M)``, ``scale_tril (P, M, M)``
-        (starting, when they are created, from the prior at initialization)."""
+        """The parameters of ``q(u)`` for one inducing site: ``loc (P, M)``,
+        ``scale_tril (P, M, M)`` (starting, when they are created, from the prior at
+        initialization)."""
         prior: dict[str, jax.Array] = {}
 
         def moments():

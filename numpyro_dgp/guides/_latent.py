@@ -139,9 +139,10 @@ class LatentQ(dist.Distribution):
         :raises NotImplementedError: always.
         """
         raise NotImplementedError(
-            f"the guide's q({self.site}) is evaluated inside the model's run, so the guide cannot be sampled on "
-            "its own (NumPyro's Trace_ELBO, TraceMeanField_ELBO, Predictive); use numpyro_dgp.DGPElbo or "
-            "numpyro_dgp.ImportanceWeightedElbo to train and numpyro_dgp.predict to predict"
+            f"the guide's q({self.site}) is evaluated inside the model's run, so the guide cannot "
+            "be sampled on its own (NumPyro's Trace_ELBO, TraceMeanField_ELBO, Predictive); use "
+            "numpyro_dgp.DGPElbo or numpyro_dgp.ImportanceWeightedElbo to train and "
+            "numpyro_dgp.predict to predict"
         )
 
 

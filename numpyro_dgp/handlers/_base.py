@@ -58,7 +58,8 @@ def check_layer_supported(msg: dict, handler: str) -> None:
         )
     if get_tag(msg, FLOW) is not None:
         raise NotImplementedError(
-            f"{handler}: layer {layer.name!r} is an sde_flow layer, which {handler} does not support"
+            f"{handler}: layer {layer.name!r} is an sde_flow layer, which {handler} does not "
+            "support"
         )
 
 

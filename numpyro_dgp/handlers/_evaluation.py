@@ -95,7 +95,7 @@ class layer_inputs(PerRunMessenger):
             value = jnp.broadcast_to(value.astype(X.dtype), X.shape)
         except ValueError:
             raise ValueError(
-                f"layer_inputs: the input for layer {layer.name!r} has shape {value.shape}, which does not "
-                f"broadcast to the layer's input shape {X.shape}"
+                f"layer_inputs: the input for layer {layer.name!r} has shape {value.shape}, which "
+                f"does not broadcast to the layer's input shape {X.shape}"
             ) from None
         replace_layer_inputs(msg, value)

@@ -54,7 +54,8 @@ PARAMETERIZATIONS = ("noncentered", "centered")
 def _check_parameterization(handler: str, parameterization: str) -> None:
     if parameterization not in PARAMETERIZATIONS:
         raise ValueError(
-            f"{handler}: parameterization must be one of {PARAMETERIZATIONS}, got {parameterization!r}"
+            f"{handler}: parameterization must be one of {PARAMETERIZATIONS}, "
+            f"got {parameterization!r}"
         )
 
 
@@ -94,16 +95,18 @@ def _check_points(site: str, value: jax.Array, shape: tuple) -> jax.Array:
     the layer's number of points: it exists only at the inputs it was sampled at."""
     if tuple(jnp.shape(value))[-2:] != tuple(shape):
         raise ValueError(
-            f"latent layer output {site!r} has shape {tuple(jnp.shape(value))[-2:]}, but the layer has "
-            f"{shape[-1]} points here: latent layer outputs exist only at the inputs they were sampled at. "
-            "At new inputs, predict with numpyro_dgp.predict_from_samples(model, samples, ...), or pass "
-            "Predictive only the samples of the '<layer>.u' sites and of the parameters"
+            f"latent layer output {site!r} has shape {tuple(jnp.shape(value))[-2:]}, but the layer "
+            f"has {shape[-1]} points here: latent layer outputs exist only at the inputs they were "
+            "sampled at. At new inputs, predict with "
+            "numpyro_dgp.predict_from_samples(model, samples, ...), or pass Predictive only the "
+            "samples of the '<layer>.u' sites and of the parameters"
         )
     return value
 
 
 def _check_grid(grid: ArrayLike | None) -> jax.Array | None:
-    """``grid`` as an array, checked to be finite and ``(G, D)`` (``None`` passes; :class:`exact_layers`).
+    """``grid`` as an array, checked to be finite and ``(G, D)`` (``None`` passes;
+    :class:`exact_layers`).
 
     :raises ValueError: otherwise.
     """
@@ -202,8 +205,8 @@ class exact_layers(PerRunMessenger):
         if self._collapsed is not None:
             return (
                 f"exact_layers(collapse_last=True): no observed sample site followed layer "
-                f"{self._collapsed.layer.name!r}; the collapsed layer is scored by the observations, so they must "
-                "be given"
+                f"{self._collapsed.layer.name!r}; the collapsed layer is scored by the "
+                "observations, so they must be given"
             )
         return None
 
@@ -249,9 +252,9 @@ class exact_layers(PerRunMessenger):
         grid = self._grid_inputs
         if grid is not None and grid.shape[-1] != X.shape[-1]:
             raise ValueError(
-                f"exact_layers: layer {layer.name!r} takes inputs of width {X.shape[-1]} but the grid "
-                f"reaching it has width {grid.shape[-1]}; the layers must form a chain starting at "
-                "the grid's input space"
+                f"exact_layers: layer {layer.name!r} takes inputs of width {X.shape[-1]} but the "
+                f"grid reaching it has width {grid.shape[-1]}; the layers must form a chain "
+                "starting at the grid's input space"
             )
         A = X if grid is None else jnp.concatenate([X, jnp.asarray(grid, X.dtype)], axis=0)
         jitter = layer.jitter if self.jitter is None else self.jitter
@@ -292,17 +295,18 @@ class exact_layers(PerRunMessenger):
         base = unwrap_distribution(msg["fn"])
         if not isinstance(base, dist.Normal):
             raise NotImplementedError(
-                f"exact_layers(collapse_last=True): observation site {msg['name']!r} has likelihood "
-                f"{type(base).__name__}; only a Normal likelihood can be integrated against layer {layer.name!r}"
+                f"exact_layers(collapse_last=True): observation site {msg['name']!r} has "
+                f"likelihood {type(base).__name__}; only a Normal likelihood can be integrated "
+                f"against layer {layer.name!r}"
             )
         y = jnp.asarray(msg["value"])
         P = layer.out_dim
         allowed = [(N, P)] + ([(N,)] if P == 1 else [])
         if y.shape not in allowed:
             raise ValueError(
-                f"exact_layers(collapse_last=True): observation site {msg['name']!r} has shape {y.shape}; "
-                f"layer {layer.name!r} puts {P} output(s) at {N} points, so it must be ({N}, {P})"
-                + (f" or ({N},)" if P == 1 else "")
+                f"exact_layers(collapse_last=True): observation site {msg['name']!r} has shape "
+                f"{y.shape}; layer {layer.name!r} puts {P} output(s) at {N} points, so it must be "
+                f"({N}, {P})" + (f" or ({N},)" if P == 1 else "")
             )
         noise_var = jnp.broadcast_to(base.scale**2, y.shape).reshape(N, P)
         K_data = state.kernel[:N, :N] + state.jitter * jnp.eye(N, dtype=y.dtype)
@@ -481,7 +485,8 @@ class collapse_last_layer(PerRunMessenger):
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the model under the handler (finding its last layer first if no ``layer`` is given)."""
+        """Run the model under the handler (finding its last layer first if no ``layer`` is
+        given)."""
         if self.layer is None and self._found_last is None:
             self._found_last = last_layer_name(self.fn, args, kwargs, "collapse_last_layer")
         return super().__call__(*args, **kwargs)
@@ -496,9 +501,10 @@ class collapse_last_layer(PerRunMessenger):
         # the run scored the data with that variance silently dropped
         if self._pending is not None:
             return (
-                f"collapse_last_layer: no Normal observation site followed layer {self.target!r}, so its "
-                "conditional variance was absorbed by none; the collapsed likelihood (Havasi et al. 2018) "
-                "needs a Normal observation (Normal(f[..., 0], s)). Sample the layer instead (no handler)"
+                f"collapse_last_layer: no Normal observation site followed layer {self.target!r}, "
+                "so its conditional variance was absorbed by none; the collapsed likelihood "
+                "(Havasi et al. 2018) needs a Normal observation (Normal(f[..., 0], s)). Sample "
+                "the layer instead (no handler)"
             )
         return None
 
@@ -525,7 +531,8 @@ class collapse_last_layer(PerRunMessenger):
             if self.obs_site is not None:
                 raise NotImplementedError(
                     f"collapse_last_layer: observation site {msg['name']!r} has likelihood "
-                    f"{type(msg['fn']).__name__}; only Normal likelihoods can absorb the layer's variance"
+                    f"{type(msg['fn']).__name__}; only Normal likelihoods can absorb the layer's "
+                    "variance"
                 )
             return
         msg["fn"] = rebuilt

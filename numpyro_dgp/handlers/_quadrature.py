@@ -32,7 +32,8 @@ __all__ = ["quadrature"]
 
 
 def _check_weights(weights: ArrayLike | None, num_points: int) -> np.ndarray:
-    """``weights`` as floats (default uniform), checked to be ``num_points`` positive numbers (:class:`quadrature`).
+    """``weights`` as floats (default uniform), checked to be ``num_points`` positive numbers
+    (:class:`quadrature`).
 
     :raises ValueError: otherwise.
     """
@@ -109,18 +110,21 @@ class quadrature(Messenger):
             points = jnp.broadcast_to(points[:, None], (S, out_dim))
         if points.shape != (S, out_dim):
             raise ValueError(
-                f"quadrature: points for layer {layer!r} must have shape ({S}, {out_dim}), got {points.shape}"
+                f"quadrature: points for layer {layer!r} must have shape ({S}, {out_dim}), "
+                f"got {points.shape}"
             )
         return points
 
     def process_message(self, msg: dict) -> None:
-        """Tag every layer message with its branch points and weights (:class:`~numpyro_dgp._protocol.BranchTag`)."""
+        """Tag every layer message with its branch points and weights
+        (:class:`~numpyro_dgp._protocol.BranchTag`)."""
         if msg["type"] != LAYER_MESSAGE:
             return
         layer = message_layer(msg)
         if get_tag(msg, FLOW) is not None:
             raise NotImplementedError(
-                f"quadrature: layer {layer.name!r} is an sde_flow layer, which quadrature does not branch"
+                f"quadrature: layer {layer.name!r} is an sde_flow layer, which quadrature does not "
+                "branch"
             )
         # registered on every run (SVI's initial run is a plain model run); the last layer's
         # points go unused: marginalize_inducing integrates that layer by Gauss-Hermite

@@ -29,7 +29,8 @@ FLOW_ESTIMATORS = ("marginal", "ancestral")
 
 
 class FlowSpec(NamedTuple):
-    """Settings of an :class:`sde_flow` layer (carried by its layer message's :class:`~numpyro_dgp._protocol.FlowTag`).
+    """Settings of an :class:`sde_flow` layer (carried by its layer message's
+    :class:`~numpyro_dgp._protocol.FlowTag`).
 
     :ivar layer: the flow layer's name.
     :ivar T: flow time.
@@ -202,13 +203,14 @@ class sde_flow(PerRunMessenger):
             return
         if layer.inducing == "amortized":
             raise NotImplementedError(
-                f"sde_flow: layer {layer.name!r} has per-point inducing sets (inducing='amortized'); "
-                "a flow layer needs global inducing points"
+                f"sde_flow: layer {layer.name!r} has per-point inducing sets "
+                "(inducing='amortized'); a flow layer needs global inducing points"
             )
         if layer.noise is not None:
             raise ValueError(
-                f"sde_flow: layer {layer.name!r} has output noise (gp_layer(..., noise=...)); a flow "
-                "layer's mean and variance are the drift and diffusion of the SDE, so it takes no noise"
+                f"sde_flow: layer {layer.name!r} has output noise (gp_layer(..., noise=...)); a "
+                "flow layer's mean and variance are the drift and diffusion of the SDE, so it "
+                "takes no noise"
             )
         if msg["value"] is not None:
             raise ValueError(
@@ -219,8 +221,9 @@ class sde_flow(PerRunMessenger):
         if layer.out_dim != state_dim:
             extra = " plus the time column" if self.spec.time_input else ""
             raise ValueError(
-                f"sde_flow: layer {layer.name!r} maps {X.shape[-1]} inputs{extra} to {layer.out_dim} "
-                f"outputs; a flow's vector field needs out_dim equal to the state width {state_dim}"
+                f"sde_flow: layer {layer.name!r} maps {X.shape[-1]} inputs{extra} to "
+                f"{layer.out_dim} outputs; a flow's vector field needs out_dim equal to the state "
+                f"width {state_dim}"
             )
         box: dict[str, jax.Array] = {}
         with_tag(msg, FLOW, FlowTag(self.spec, box))
@@ -229,5 +232,8 @@ class sde_flow(PerRunMessenger):
 
     def _problem_after_run(self) -> str | None:
         if self.spec.layer not in self.layers_seen:
-            return f"sde_flow: the model ran no gp_layer named {self.spec.layer!r} (its layers: {self.layers_seen})"
+            return (
+                f"sde_flow: the model ran no gp_layer named {self.spec.layer!r} (its layers: "
+                f"{self.layers_seen})"
+            )
         return None

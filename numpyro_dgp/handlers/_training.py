@@ -33,9 +33,9 @@ class fast_subsample(Messenger):
 
     On CPU NumPyro shuffles with a sequential loop of ``B`` steps (a ``lax.scan`` of
     Fisher-Yates swaps), which costs a DGP training step about 1 ms at ``B = 1000``
-    (measured with the project's benchmarks); ``top_k`` of ``N`` uniforms gives a subset with the same (uniform)
-    distribution in a few vectorized passes. Subsamples that are already set (replayed from a
-    guide, or substituted) are left alone.
+    (measured with the project's benchmarks); ``top_k`` of ``N`` uniforms gives a subset with the
+    same (uniform) distribution in a few vectorized passes. Subsamples that are already set
+    (replayed from a guide, or substituted) are left alone.
 
     :param fn: the model or guide.
     """

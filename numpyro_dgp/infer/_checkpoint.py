@@ -46,7 +46,8 @@ class Progress(NamedTuple):
     step: int
     state: SVIState
     mean: dict
-    count: jax.Array  # type: ignore[assignment]  # a field named like tuple.count: the checker's clash, not a bug
+    # a field named like tuple.count: the checker's clash, not a bug
+    count: jax.Array  # type: ignore[assignment]
     losses: np.ndarray
     num_skipped: int
 
@@ -98,8 +99,8 @@ def _check_metadata(
         raise ValueError(f"{where} is not a fit checkpoint (written by save_params, not by fit?)")
     if meta.get("params") != sorted(names):
         raise ValueError(
-            f"{where} was written by a fit with other parameters ({meta.get('params')}); this model and "
-            f"guide have {sorted(names)}"
+            f"{where} was written by a fit with other parameters ({meta.get('params')}); this "
+            f"model and guide have {sorted(names)}"
         )
     if meta.get("average_from") != average_from:
         raise ValueError(

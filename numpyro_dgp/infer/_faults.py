@@ -60,7 +60,8 @@ def failed_layer(
                     substitute(seed(guide, jax.random.fold_in(rng_key, 1)), data=params)
                 ).get_trace(*args, **kwargs)
                 model_run = replay(model_run, guide_trace)
-            except Exception:  # noqa: BLE001 - the guide itself may fail at these values: check the model alone
+            except Exception:  # noqa: BLE001
+                # the guide itself may fail at these values: check the model alone
                 pass
         checker = _check_factors(model_run)
         try:
@@ -86,14 +87,16 @@ def diagnose_layers(svi: Any, state: Any, args: tuple, kwargs: dict) -> str:
     )
     if layer is not None:
         return (
-            f" The Cholesky factorization of K(Z, Z) fails in layer {layer!r} at the final parameters "
-            "(a near-singular K(Z, Z): inducing inputs too close for the kernel's lengthscale, or too small a "
-            f"jitter): raise that layer's jitter (gp_layer({layer!r}, ..., jitter=...)) or use float64 "
+            f" The Cholesky factorization of K(Z, Z) fails in layer {layer!r} at the final "
+            "parameters (a near-singular K(Z, Z): inducing inputs too close for the kernel's "
+            "lengthscale, or too small a jitter): raise that layer's jitter "
+            f"(gp_layer({layer!r}, ..., jitter=...)) or use float64 "
             "(jax.config.update('jax_enable_x64', True))."
         )
     if error is not None:
         return f" (Checking each layer's K(Z, Z) at the final parameters failed: {error}.)"
     return (
-        " Every layer's K(Z, Z) factorizes at the final parameters, so the non-finite values came from "
-        "elsewhere: a NaN or inf in a minibatch, the likelihood or the objective, or too large a learning rate."
+        " Every layer's K(Z, Z) factorizes at the final parameters, so the non-finite values came "
+        "from elsewhere: a NaN or inf in a minibatch, the likelihood or the objective, or too "
+        "large a learning rate."
     )

@@ -99,9 +99,9 @@ def _check_finite_args(args, kwargs, allow_missing=False):
                     ""
                     if where == "args[0]"
                     else (
-                        "; if they are missing targets, mask them in the model (numpyro_dgp.models' "
-                        "missing_targets='mask', or numpyro.handlers.mask in your own) and pass "
-                        "fit(..., allow_missing=True)"
+                        "; if they are missing targets, mask them in the model "
+                        "(numpyro_dgp.models' missing_targets='mask', or numpyro.handlers.mask in "
+                        "your own) and pass fit(..., allow_missing=True)"
                     )
                 )
                 raise ValueError(f"fit: model argument {where} contains NaN or inf values{hint}")
@@ -505,7 +505,8 @@ def initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict)
         if layer is None:
             raise
         raise type(err)(
-            f"fit: the model cannot be initialized: the Cholesky factorization of K(Z, Z) fails in layer {layer!r} "
-            f"at its initial values; raise that layer's jitter (gp_layer({layer!r}, ..., jitter=...)), use float64 "
+            "fit: the model cannot be initialized: the Cholesky factorization of K(Z, Z) fails in "
+            f"layer {layer!r} at its initial values; raise that layer's jitter "
+            f"(gp_layer({layer!r}, ..., jitter=...)), use float64 "
             f"(jax.config.update('jax_enable_x64', True)) or spread its inducing inputs. ({err})"
         ) from err

@@ -132,9 +132,10 @@ def run_chunks(
     chunk_length: Callable[[int], int],
     after_chunk: Callable[[int], None] | None = None,
 ) -> TrainingLog:
-    """Run chunks until ``log`` holds every step: ``run_chunk(done, n)`` runs the ``n =
-    chunk_length(done)`` steps after the ``done`` steps so far and returns their losses and skip flags on the host (the
-    synchronization that ends the chunk); ``after_chunk(steps done)`` follows each chunk."""
+    """Run chunks until ``log`` holds every step: ``run_chunk(done, n)`` runs the
+    ``n = chunk_length(done)`` steps after the ``done`` steps so far and returns their losses and
+    skip flags on the host (the synchronization that ends the chunk); ``after_chunk(steps done)``
+    follows each chunk."""
     try:
         while log.done < log.num_steps:
             n = chunk_length(log.done)
@@ -158,12 +159,12 @@ def report_skipped(
     why = diagnose_layers(svi, state, args, kwargs) if diagnose else ""
     if log.num_skipped == log.num_steps:
         raise FloatingPointError(
-            f"{log.caller}: every update produced a non-finite loss or parameters; check the data scale, "
-            "the jitter (numpyro_dgp.core.default_jitter) and the learning rate." + why
+            f"{log.caller}: every update produced a non-finite loss or parameters; check the data "
+            "scale, the jitter (numpyro_dgp.core.default_jitter) and the learning rate." + why
         )
     warnings.warn(
-        f"{log.caller}: skipped {log.num_skipped} of {log.num_steps} updates with non-finite loss or parameters "
-        "(not applied)." + why,
+        f"{log.caller}: skipped {log.num_skipped} of {log.num_steps} updates with non-finite loss "
+        "or parameters (not applied)." + why,
         RuntimeWarning,
         stacklevel=3,
     )

@@ -46,7 +46,8 @@ class NaturalGradientState(NamedTuple):
     :ivar others: the other optimizer's state (over the parameters it updates).
     """
 
-    count: jax.Array  # type: ignore[assignment]  # the field shadows tuple.count (optax names it so)
+    # the field shadows tuple.count (optax names it so)
+    count: jax.Array  # type: ignore[assignment]
     others: Any
 
 
@@ -111,7 +112,8 @@ def _check_params_present(pairs: list[tuple[str, str]], names: Sequence[str]) ->
 
 
 def _check_natural_guide(guide: Any) -> list[InducingSite]:
-    """The inducing sites of ``guide``, an :class:`~numpyro_dgp.guides.AutoFactorizedDGP` already set up.
+    """The inducing sites of ``guide``, an :class:`~numpyro_dgp.guides.AutoFactorizedDGP`
+    already set up.
 
     :raises TypeError: for another guide.
     :raises ValueError: for a guide not set up.
@@ -120,13 +122,13 @@ def _check_natural_guide(guide: Any) -> list[InducingSite]:
 
     if not isinstance(guide, AutoFactorizedDGP):
         raise TypeError(
-            f"natural_gradients: the guide must be numpyro_dgp.guides.AutoFactorizedDGP (an independent "
-            f"Gaussian per layer), got {type(guide).__name__}"
+            "natural_gradients: the guide must be numpyro_dgp.guides.AutoFactorizedDGP (an "
+            f"independent Gaussian per layer), got {type(guide).__name__}"
         )
     if not guide.inducing_sites:
         raise ValueError(
-            "natural_gradients: the guide has not been set up (svi.init or fit builds it before the "
-            "optimizer)"
+            "natural_gradients: the guide has not been set up (svi.init or fit builds it before "
+            "the optimizer)"
         )
     return guide.inducing_sites
 
@@ -134,9 +136,11 @@ def _check_natural_guide(guide: Any) -> list[InducingSite]:
 def _check_chosen_sites(
     sites: list[InducingSite], layers: str | Sequence[str]
 ) -> list[InducingSite]:
-    """The sites of ``layers`` (``"last"``, ``"all"`` or the model's layer names), each with a global ``q(u)``.
+    """The sites of ``layers`` (``"last"``, ``"all"`` or the model's layer names), each with a
+    global ``q(u)``.
 
-    :raises ValueError: for names that are not the model's layers, or a layer with per-point inducing sets.
+    :raises ValueError: for names that are not the model's layers, or a layer with per-point
+        inducing sets.
     """
     by_layer = {site.layer: site for site in sites}
     if layers == "last":
@@ -197,7 +201,8 @@ def _check_natural_options(step_size: float | optax.Schedule, layers: str | Sequ
         raise ValueError(f"natural_gradients: step_size must be positive, got {step_size!r}")
     if not (layers in ("last", "all") or (not isinstance(layers, str) and len(layers) > 0)):
         raise ValueError(
-            f"natural_gradients: layers must be 'last', 'all' or a list of layer names, got {layers!r}"
+            "natural_gradients: layers must be 'last', 'all' or a list of layer names, "
+            f"got {layers!r}"
         )
 
 
@@ -228,7 +233,8 @@ def natural_gradients(
         :func:`natural_gradient_ramp`); 1 is exact for a one-layer Gaussian model.
     :param layers: ``"last"`` (the output layer: the common choice, natural gradients on inner
         layers are known to be unstable), ``"all"``, or a list of layer names.
-    :return: a NumPyro optimizer (``numpyro.optim.optax_to_numpyro`` of the combined transformation).
+    :return: a NumPyro optimizer (``numpyro.optim.optax_to_numpyro`` of the combined
+        transformation).
     :raises TypeError: another guide (at initialization).
     :raises ValueError: unknown layers, or layers with per-point inducing sets.
     """
@@ -249,8 +255,8 @@ def natural_gradients(
     ) -> tuple[dict, NaturalGradientState]:
         if params is None:  # optax's signature has it optional; the natural step needs q(u) itself
             raise ValueError(
-                "natural_gradients: update needs the current params (the natural step is taken from "
-                "q(u)'s mean and Cholesky factor)"
+                "natural_gradients: update needs the current params (the natural step is taken "
+                "from q(u)'s mean and Cholesky factor)"
             )
         pairs = _site_pairs(guide, list(grads), layers)
         rest = split(params, pairs)

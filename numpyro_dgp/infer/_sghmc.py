@@ -136,14 +136,16 @@ def _inspect_model(model, init_strategy, rng_key, model_args, model_kwargs):
     if found["amortized"]:
         # per-point inducing values at the training points say nothing about new points
         raise ValueError(
-            f"SGHMC: layer(s) {found['amortized']} have per-point inducing sets (inducing='amortized'), "
-            "which an encoder describes; MCMC samples global inducing values: use inducing='global'"
+            f"SGHMC: layer(s) {found['amortized']} have per-point inducing sets "
+            "(inducing='amortized'), which an encoder describes; MCMC samples global inducing "
+            "values: use inducing='global'"
         )
     return found["latent"], found["discrete"], found["plates"]
 
 
 class SGHMC(MCMCKernel):
-    """Adaptive SGHMC (Springenberg et al. 2016) with MW-MCEM parameter learning (Havasi et al. 2018).
+    """Adaptive SGHMC (Springenberg et al. 2016) with MW-MCEM parameter learning
+    (Havasi et al. 2018).
 
     Use with :class:`numpyro.infer.MCMC`; warmup steps are the burn-in (preconditioner adaptation).
     ``mcmc.get_samples()`` contains, per sample, the constrained latent sites, the constrained
@@ -217,12 +219,14 @@ class SGHMC(MCMCKernel):
         self._mdecay = float(mdecay)
         self._num_data_arg = num_data
         if param_optimizer == "adam":
-            import optax  # only where SGHMC learns params: optax is not needed to import the package
+            # only where SGHMC learns params: optax is not needed to import the package
+            import optax
 
             param_optimizer = optax.adam(0.01)
         elif isinstance(param_optimizer, str):
             raise ValueError(
-                f"SGHMC: param_optimizer must be an optax optimizer, 'adam' or None, got {param_optimizer!r}"
+                "SGHMC: param_optimizer must be an optax optimizer, 'adam' or None, "
+                f"got {param_optimizer!r}"
             )
         self._optimizer = param_optimizer
         self._window_size = window_size

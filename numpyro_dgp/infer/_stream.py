@@ -38,7 +38,8 @@ __all__ = ["HostMinibatches", "fit_minibatches"]
 
 
 def _check_host_arrays(X: ArrayLike, y: ArrayLike | None, batch_size: int) -> None:
-    """:class:`HostMinibatches`' arrays: ``X`` ``(N, D)``, ``y`` with ``N`` rows, ``batch_size`` at most ``N``.
+    """:class:`HostMinibatches`' arrays: ``X`` ``(N, D)``, ``y`` with ``N`` rows, ``batch_size``
+    at most ``N``.
 
     :raises ValueError: otherwise.
     """

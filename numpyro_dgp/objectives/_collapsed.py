@@ -100,8 +100,9 @@ class collapse_sparse_layer(PerRunMessenger):
     def _problem_after_run(self) -> str | None:
         if self._pending is not None:
             return (
-                f"{self.caller}: no observed sample site followed layer {self._pending[0].name!r}; the "
-                "collapsed objective is a function of the observations, so they must be given"
+                f"{self.caller}: no observed sample site followed layer "
+                f"{self._pending[0].name!r}; the collapsed objective is a function of the "
+                "observations, so they must be given"
             )
         return None
 
@@ -112,14 +113,16 @@ class collapse_sparse_layer(PerRunMessenger):
             self._layers += 1
             if self._layers > 1:
                 raise NotImplementedError(
-                    f"{self.caller}: the model runs more than one gp_layer ({layer.name!r} is the second); "
-                    "the collapsed objective is for one layer; for deep models use DGPElbo or NestedCompressionElbo"
+                    f"{self.caller}: the model runs more than one gp_layer ({layer.name!r} is the "
+                    "second); the collapsed objective is for one layer; for deep models use "
+                    "DGPElbo or NestedCompressionElbo"
                 )
             check_layer_supported(msg, self.caller)
             if layer.inducing != "global" or get_tag(msg, BRANCHES) is not None or X.ndim != 2:
                 raise NotImplementedError(
-                    f"{self.caller}: layer {layer.name!r} has inducing={layer.inducing!r}, branches or "
-                    "branched inputs; the collapsed objective needs global inducing points and (N, D) inputs"
+                    f"{self.caller}: layer {layer.name!r} has inducing={layer.inducing!r}, "
+                    "branches or branched inputs; the collapsed objective needs global inducing "
+                    "points and (N, D) inputs"
                 )
             self._pending = (layer, X)
             msg["value"] = layer.mean_fn(X)
@@ -134,14 +137,15 @@ class collapse_sparse_layer(PerRunMessenger):
         base = unwrap_distribution(msg["fn"])
         if not isinstance(base, dist.Normal):
             raise NotImplementedError(
-                f"{self.caller}: observation site {msg['name']!r} has likelihood {type(base).__name__}; "
-                "the collapsed objective integrates q(u) out against a Gaussian likelihood; use DGPElbo"
+                f"{self.caller}: observation site {msg['name']!r} has likelihood "
+                f"{type(base).__name__}; the collapsed objective integrates q(u) out against a "
+                "Gaussian likelihood; use DGPElbo"
             )
         if msg["scale"] is not None and not _is_one(msg["scale"]):
             raise NotImplementedError(
-                f"{self.caller}: observation site {msg['name']!r} is scaled by {msg['scale']} (a subsampled "
-                "plate?); the collapsed objective couples all points and needs the full data in every "
-                "step; use DGPElbo for minibatches"
+                f"{self.caller}: observation site {msg['name']!r} is scaled by {msg['scale']} (a "
+                "subsampled plate?); the collapsed objective couples all points and needs the full "
+                "data in every step; use DGPElbo for minibatches"
             )
         y = jnp.asarray(msg["value"])
         N, P = X.shape[0], layer.out_dim
@@ -192,12 +196,12 @@ class CollapsedSparseGP(ELBO):
       it is the exact marginal likelihood of a different model, which tends to under-estimate
       the noise and over-fit (Bauer, van der Wilk & Rasmussen 2016).
 
-    Computed in ``O(N M^2)`` without ``N x N`` matrices (:func:`~numpyro_dgp.core.collapsed_log_marginal`);
-    the layer's output noise, if any, adds to ``sigma^2``. Every point is in every step: a
-    subsampled data plate is refused. The guide covers the model's other latent sites (none
-    for plain hyperparameters, which are ``numpyro.param`` sites: pass
-    ``guide = lambda *args, **kwargs: None``), and must not sample the inducing values; those
-    sites are ``log p - log q`` as in ``Trace_ELBO``. Predict with
+    Computed in ``O(N M^2)`` without ``N x N`` matrices
+    (:func:`~numpyro_dgp.core.collapsed_log_marginal`); the layer's output noise, if any, adds to
+    ``sigma^2``. Every point is in every step: a subsampled data plate is refused. The guide covers
+    the model's other latent sites (none for plain hyperparameters, which are ``numpyro.param``
+    sites: pass ``guide = lambda *args, **kwargs: None``), and must not sample the inducing values;
+    those sites are ``log p - log q`` as in ``Trace_ELBO``. Predict with
     :func:`numpyro_dgp.predict_collapsed` (the FITC or VFE predictive).
 
     :param method: ``"vfe"`` or ``"fitc"``.

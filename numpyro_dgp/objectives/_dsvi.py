@@ -168,7 +168,8 @@ def inducing_kl(
         missing = [s for s in q.sites if s not in layers]
         if missing:
             raise ValueError(
-                f"{objective}: the guide's joint Gaussian covers {missing}, which the model did not run"
+                f"{objective}: the guide's joint Gaussian covers {missing}, which the model did "
+                "not run"
             )
         blocks = []
         for s, (Ps, Ms) in zip(q.sites, q.shapes):
@@ -191,8 +192,8 @@ def _chain_link_kl(
     if q.parent is not None:
         if q.parent not in marginal_covs:
             raise ValueError(
-                f"{objective}: the guide chains {name!r} to {q.parent!r}, which the model did not run "
-                "before it"
+                f"{objective}: the guide chains {name!r} to {q.parent!r}, which the model did not "
+                "run before it"
             )
         coupling = q.coupling
         assert coupling is not None  # a chain factor with a parent has its coupling
@@ -306,22 +307,24 @@ def _check_sampled_site(
         raise ValueError(
             f"{objective} with {guide_name}: site {name!r} is drawn through the auxiliary site(s) "
             f"{auxiliary}, whose density {objective} does not score, so its value would be wrong. "
-            "Use NumPyro's Trace_ELBO with this guide, or a guide with a Gaussian over the inducing "
-            "values and its own guide for other latent sites (numpyro_dgp.guides.AutoFactorizedDGP, "
-            "AutoJointDGP, AutoChainDGP, NumPyro's AutoNormal)"
+            "Use NumPyro's Trace_ELBO with this guide, or a guide with a Gaussian over the "
+            "inducing values and its own guide for other latent sites "
+            "(numpyro_dgp.guides.AutoFactorizedDGP, AutoJointDGP, AutoChainDGP, NumPyro's "
+            "AutoNormal)"
         )
     if inducing and objective == "PredictiveObjective":
         raise ValueError(
-            f"PredictiveObjective with {guide_name}: q({name}) is a point mass, whose KL to the prior is "
-            "infinite. Use a Gaussian guide (numpyro_dgp.guides.AutoFactorizedDGP, NumPyro's AutoNormal), "
-            "or DGPElbo / Trace_ELBO, which give the MAP objective for a point mass"
+            f"PredictiveObjective with {guide_name}: q({name}) is a point mass, whose KL to the "
+            "prior is infinite. Use a Gaussian guide (numpyro_dgp.guides.AutoFactorizedDGP, "
+            "NumPyro's AutoNormal), or DGPElbo / Trace_ELBO, which give the MAP objective for a "
+            "point mass"
         )
 
 
 def _expected_log_likelihood(site: dict, run: MarginalRun, objective: str = "DGPElbo") -> jax.Array:
     """``E_f[log p(y | f)]`` of an observed site, summed with its plate scale: in closed form
-    where its likelihood has one (:func:`~numpyro_dgp._engine.observation.closed_form_log_prob`), else
-    the node-weighted log-density (quadrature or Monte Carlo)."""
+    where its likelihood has one (:func:`~numpyro_dgp._engine.observation.closed_form_log_prob`),
+    else the node-weighted log-density (quadrature or Monte Carlo)."""
     last = run.layer_order[-1] if run.layer_order else None
     lp = closed_form_log_prob(site, run.last_output, run.moments.get(last), run.correlated_outputs)
     if lp is None:
@@ -354,10 +357,12 @@ def _refuse_without_closed_form(site: dict, objective: str) -> None:
     nodes: without its closed form the objective would silently stop training the layers."""
     if get_tag(site, QUADRATURE_AXIS) and needs_closed_form(site):
         raise ValueError(
-            f"{objective}: observation site {site['name']!r} ({type(unwrap(site['fn']).base).__name__}) is piecewise "
-            "constant in the last layer, so it trains only through its closed form, which needs the layer's whole "
-            "output (robust_max(f), not a slice of it) and an independent Gaussian per layer (AutoFactorizedDGP, "
-            "AutoNormal; not a guide that correlates the layers); PredictiveObjective does not take it"
+            f"{objective}: observation site {site['name']!r} "
+            f"({type(unwrap(site['fn']).base).__name__}) is piecewise constant in the last layer, "
+            "so it trains only through its closed form, which needs the layer's whole output "
+            "(robust_max(f), not a slice of it) and an independent Gaussian per layer "
+            "(AutoFactorizedDGP, AutoNormal; not a guide that correlates the layers); "
+            "PredictiveObjective does not take it"
         )
 
 
@@ -550,7 +555,8 @@ def _check_predictive_options(
 
 
 class PredictiveObjective(ELBO):
-    """The predictive (DSPP / PPGPR) objective of Jankowiak et al. (2020), AR2PP in Meng & Zhang (2024).
+    """The predictive (DSPP / PPGPR) objective of Jankowiak et al. (2020), AR2PP in
+    Meng & Zhang (2024).
 
     ``sum_n log sum_s w_s p(y_n | x_n, s) - beta KL``, where particle ``s`` propagates the
     inputs through the inner layers (as :class:`DGPElbo` does, inducing values marginalized)

@@ -3,7 +3,8 @@ with latent inputs (:func:`~numpyro_dgp.latent_input`).
 
 Each point's latents are drawn ``K`` times from the guide, ``w_n^k ~ q(w_n)``, and weighted::
 
-    L_K = sum_n E log (1/K) sum_k exp(E_q(f_n^k)[log p(y_n | f_n^k)]) p(w_n^k) / q(w_n^k) - KL[q(U) || p(U)]
+    L_K = sum_n E log (1/K) sum_k exp(E_q(f_n^k)[log p(y_n | f_n^k)]) p(w_n^k) / q(w_n^k)
+          - KL[q(U) || p(U)]
 
 with the inducing values integrated out as in DSVI. Between the latent input and the last
 layer, a point's ``K`` draws are taken jointly (their ``K x K`` covariance under ``q``): they
@@ -48,9 +49,9 @@ def _common_scale(scales: dict) -> Any:
     }
     if len(set(concrete.values())) > 1:
         raise ValueError(
-            f"ImportanceWeightedElbo: the observed sites that depend on the latent inputs are scaled differently "
-            f"({concrete}); their likelihoods are averaged together per point, so observe them in one plate with "
-            "one subsample and no scale handler between them"
+            f"ImportanceWeightedElbo: the observed sites that depend on the latent inputs are "
+            f"scaled differently ({concrete}); their likelihoods are averaged together per point, "
+            "so observe them in one plate with one subsample and no scale handler between them"
         )
     return first
 

@@ -60,7 +60,8 @@ def _tail_scale(observed: dict) -> Any:
 
 
 def _check_num_particles(num_particles: int) -> None:
-    """Refuse ``num_particles`` other than 1 (:class:`NestedCompressionElbo`'s bound is deterministic).
+    """Refuse ``num_particles`` other than 1 (:class:`NestedCompressionElbo`'s bound is
+    deterministic).
 
     :raises ValueError: for another number.
     """
@@ -192,7 +193,8 @@ class NestedCompressionElbo(ELBO):
     def bound_components(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array | float]:
         """Deprecated name of :meth:`components` (the name every objective of numpyro-dgp uses)."""
         warnings.warn(
-            "NestedCompressionElbo.bound_components is deprecated; use NestedCompressionElbo.components",
+            "NestedCompressionElbo.bound_components is deprecated; use "
+            "NestedCompressionElbo.components",
             DeprecationWarning,
             stacklevel=2,
         )

@@ -79,9 +79,9 @@ def sign_flip_model(
     ``s_l ~ Bernoulli(0.5)`` (``1`` = layer ``l`` flips the sign) are global sites outside the data
     plate, marked ``infer={"enumerate": "parallel"}``. The data plate has ``dim=-1``, so use
     ``max_plate_nesting=1`` / ``first_available_dim=-2``: under parallel enumeration ``s_l`` arrives
-    with shape ``(2,) + (1,) * l`` (its own dimension ``-(l + 1)``), and the running product of signs
-    broadcasts over all enumerated dimensions without any indexing (no ``Vindex`` is needed because
-    no parameter array is indexed by an enumerated value). ``f_L`` then has shape
+    with shape ``(2,) + (1,) * l`` (its own dimension ``-(l + 1)``), and the running product of
+    signs broadcasts over all enumerated dimensions without any indexing (no ``Vindex`` is needed
+    because no parameter array is indexed by an enumerated value). ``f_L`` then has shape
     ``(2,) * L + (N,)`` under enumeration and ``(N,)`` otherwise.
 
     :param x: ``(N,)`` inputs.
@@ -425,7 +425,9 @@ def summary_table(
     if not markdown:
         return rows
     cols = ["family", "kl", "elbo", "invalid_mass", "num_valid_patterns", *labels]
-    fmt = lambda v: v if isinstance(v, str) else (str(v) if isinstance(v, int) else f"{v:.4g}")  # noqa: E731
+    fmt = lambda v: (  # noqa: E731
+        v if isinstance(v, str) else (str(v) if isinstance(v, int) else f"{v:.4g}")
+    )
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(row[c]) for c in cols) + " |" for row in rows]
     return "\n".join(lines)
