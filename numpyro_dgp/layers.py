@@ -56,6 +56,7 @@ by default, the KL is averaged over points as in Meng & Zhang (2024) (the site i
 from __future__ import annotations
 
 import zlib
+from functools import partial
 from typing import Callable, NamedTuple
 
 import jax
@@ -65,6 +66,7 @@ import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
+from numpyro_dgp._compat import is_tracer
 from numpyro_dgp._layers.parts import (
     MEAN_FUNCTIONS,
     LayerArgs,
@@ -387,7 +389,7 @@ def gp_layer(
     Z = _inducing_inputs(name, args, num_inducing, learn_inducing)
     mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
     noise_var = noise_variance(name, noise, X.dtype)
-    Kmm_chol, layer_jitter = _inducing_factor(kernel, Z, args.jitter)
+    Kmm_chol, layer_jitter = _inducing_factor(kernel, Z, float(args.jitter))
     # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
     prior_mean = mean_fn(Z).T if args.locations else jnp.zeros((out_dim, Z.shape[0]), X.dtype)
     u_site = f"{name}.u"
@@ -441,7 +443,18 @@ def _inducing_inputs(
 
 
 def _inducing_factor(kernel: Kernel, Z: jax.Array, jitter: float) -> tuple[jax.Array, jax.Array]:
-    """The jittered Cholesky factor of ``K(Z, Z)`` and the jitter it used."""
+    """The jittered Cholesky factor of ``K(Z, Z)`` and the jitter it used: one compiled program
+    per kernel type and shapes when the model runs eagerly (``svi.init``), where each operation
+    would otherwise compile on its own. Traced (a training step), the operations are inlined
+    as they are: differentiating through a nested ``jit`` would regroup the step's backward
+    pass and change its round-off."""
+    if any(is_tracer(leaf) for leaf in jax.tree_util.tree_leaves((kernel, Z))):
+        return _jittered_factor(kernel, Z, jitter)
+    return _jittered_factor_program(kernel, Z, jitter)
+
+
+def _jittered_factor(kernel: Kernel, Z: jax.Array, jitter: float) -> tuple[jax.Array, jax.Array]:
+    """:func:`_inducing_factor`'s operations."""
     # A failed factorization gives NaN, which fit() detects (skips and counts the step);
     # a lax.cond retry here would triple the compile time of every layer.
     Kmm = kernel(Z)
@@ -449,6 +462,9 @@ def _inducing_factor(kernel: Kernel, Z: jax.Array, jitter: float) -> tuple[jax.A
     # its kernel variance to ~100, and a fixed 1e-4 then falls below float32 round-off.
     absolute = jitter * _mean_diagonal(Kmm)
     return jittered_cholesky(Kmm, absolute), absolute
+
+
+_jittered_factor_program = partial(jax.jit, static_argnums=2)(_jittered_factor)
 
 
 def _inducing_prior(

@@ -159,7 +159,9 @@ class CholeskyNormal(dist.TransformedDistribution):
         shape = jnp.broadcast_shapes(loc.shape, scale_tril.shape[:-1])
         self.loc = jnp.broadcast_to(loc, shape)
         self.scale_tril = scale_tril
-        base = dist.Normal(jnp.zeros(shape, loc.dtype), 1.0).to_event(1)
+        # the standard normal by construction: validating its constant arguments would compile
+        # ~10 small programs in an eager run (svi.init)
+        base = dist.Normal(jnp.zeros(shape, loc.dtype), 1.0, validate_args=False).to_event(1)
         super().__init__(
             base,
             dist.transforms.LowerCholeskyAffine(self.loc, scale_tril),

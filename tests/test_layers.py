@@ -261,3 +261,38 @@ def test_dgpelbo_with_a_noisy_last_layer_is_the_closed_form():
     expected = np.sum(-0.5 * np.log(2 * np.pi * s2) - ((np.asarray(y) - m[:, 0]) ** 2 + v[:, 0]) / (2 * s2))
     expected -= float(dgp.core.gauss_kl(*q))
     assert abs(elbo - expected) < 1e-9 * abs(expected)
+
+
+def test_inducing_factor_is_one_program_eagerly_and_inlined_when_traced():
+    """K(Z, Z)'s jittered factor: run eagerly (svi.init) one compiled program, equal to the
+    dense factorization; traced (a training step) the operations themselves, not a nested
+    program, so that the step's derivative keeps its grouping (and its round-off)."""
+    from numpyro_dgp.layers import _inducing_factor
+
+    rs = np.random.RandomState(0)
+    Z = jnp.asarray(rs.randn(7, 3))
+    kernel = dgp.kernels.RBF(lengthscale=jnp.full(3, 0.7), variance=jnp.asarray(1.3))
+    L, jitter = _inducing_factor(kernel, Z, 1e-6)
+    K = np.asarray(kernel(Z))
+    assert float(jitter) == pytest.approx(1e-6 * np.mean(np.diag(K)), rel=1e-14)
+    np.testing.assert_allclose(L, np.linalg.cholesky(K + float(jitter) * np.eye(7)), rtol=1e-12, atol=1e-14)
+
+    from numpyro_dgp.layers import _jittered_factor_program
+
+    before = _jittered_factor_program._cache_size()
+    _inducing_factor(kernel, Z[:5], 1e-6)  # new shapes, run eagerly: one more program
+    assert _jittered_factor_program._cache_size() == before + 1
+
+    def names(jaxpr):
+        for eqn in jaxpr.eqns:
+            yield str(eqn.params.get("name", eqn.primitive.name))
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    sub = getattr(sub, "jaxpr", sub)
+                    if hasattr(sub, "eqns"):
+                        yield from names(sub)
+
+    traced = jax.make_jaxpr(lambda Z: _inducing_factor(kernel, Z, 1e-6))(Z).jaxpr
+    assert "_jittered_factor" not in set(names(traced))
+    eager = jax.make_jaxpr(jax.jit(lambda Z: _inducing_factor(kernel, Z, 1e-6)))(Z).jaxpr
+    assert "_jittered_factor" not in set(names(eager))  # traced inside jit too

@@ -159,12 +159,13 @@ def mean_function(
     _check_mean(name, mean)
     if callable(mean):
         return mean, None
-    zero_bias = jnp.zeros(out_dim, X.dtype)
+    # constants built on the host: an eager run of the model compiles nothing for them
+    zero_bias = jax.device_put(np.zeros(out_dim, X.dtype))
     if mean == "zero":
         return (lambda A: jnp.zeros(A.shape[:-1] + (out_dim,), A.dtype)), (None, None)
     if mean == "identity":
         if in_dim == out_dim:
-            return (lambda A: A), (jnp.eye(in_dim, dtype=X.dtype), zero_bias)
+            return (lambda A: A), (jax.device_put(np.eye(in_dim, dtype=X.dtype)), zero_bias)
         W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
         W = jax.lax.stop_gradient(W)  # fixed, as in DSVI; stored so predictions reuse it
         return (lambda A: A @ W), (W, zero_bias)

@@ -282,8 +282,9 @@ class DGPGuide(AutoGuide):
         """
         P, M = site.out_dim, site.num_inducing
         if site.inducing == "global" and site.whiten:
-            eye = jnp.eye(M, dtype=site.dtype)
-            return jnp.zeros((P, M), site.dtype), jnp.broadcast_to(eye, (P, M, M))
+            # built on the host: an eager run (svi.init) compiles nothing for these constants
+            eye = np.broadcast_to(np.eye(M, dtype=site.dtype), (P, M, M))
+            return jax.device_put(np.zeros((P, M), site.dtype)), jax.device_put(eye)
         with handlers.block():
             tr = handlers.trace(self._prototype_model(rng_key)).get_trace(*args, **kwargs)
         moments = gaussian_parameters(tr[site.name]["fn"], (P, M))
