@@ -507,12 +507,14 @@ print("predictive means from a fresh process equal this one's:",
 table = model_dir.parent / "step.csv"
 np.savetxt(table, np.column_stack([np.asarray(X)[:, 0], np.asarray(y)]), delimiter=",", header="x,y", comments="")
 cli = [sys.executable, "-m", "numpyro_dgp.cli"]
-fit_out = subprocess.run(cli + ["fit", str(table), "--target", "y", "--output", str(model_dir.parent / "cli_model"),
+# run in the table's folder, so the commands (and what they print) name files, not local paths
+fit_out = subprocess.run(cli + ["fit", "step.csv", "--target", "y", "--output", "cli_model",
                                 "--num-inducing", "20", "--steps", str(200 if SMOKE else 2000), "--no-progress",
-                                "--test-fraction", "0.2"], check=True, capture_output=True, text=True)
+                                "--test-fraction", "0.2"], check=True, capture_output=True, text=True,
+                         cwd=model_dir.parent)
 print(fit_out.stdout[-600:])
-subprocess.run(cli + ["predict", str(model_dir.parent / "cli_model"), str(table), "--output",
-                      str(model_dir.parent / "predictions.csv")], check=True, capture_output=True, text=True)
+subprocess.run(cli + ["predict", "cli_model", "step.csv", "--output", "predictions.csv"], check=True,
+               capture_output=True, text=True, cwd=model_dir.parent)
 print((model_dir.parent / "predictions.csv").read_text().splitlines()[:4])
 
 # %% [markdown]
@@ -521,8 +523,8 @@ print((model_dir.parent / "predictions.csv").read_text().splitlines()[:4])
 # before it imports JAX (`benchmarks/cli_latency.py` measures it).
 
 # %%
-wrong = subprocess.run(cli + ["fit", str(table), "--target", "z", "--output", str(model_dir.parent / "no_model")],
-                       capture_output=True, text=True)
+wrong = subprocess.run(cli + ["fit", "step.csv", "--target", "z", "--output", "no_model"],
+                       capture_output=True, text=True, cwd=model_dir.parent)
 print(f"exit status {wrong.returncode}: {wrong.stderr.strip()}")
 
 # %% [markdown]
