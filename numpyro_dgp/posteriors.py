@@ -27,6 +27,7 @@ Write a custom guide by emitting these on its sites' ``infer`` dicts (see
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, NamedTuple
 
 import jax
@@ -168,6 +169,22 @@ class CholeskyNormal(dist.TransformedDistribution):
             validate_args=validate_args,
         )
 
+    def sample_with_intermediates(
+        self, key: jax.Array, sample_shape: tuple[int, ...] = ()
+    ) -> tuple[jax.Array, list]:
+        """A draw ``loc + L z`` and ``[[z, None]]``, the intermediates its log-density reads.
+
+        Run eagerly (``svi.init`` draws the guide's sites so), one compiled program per shape
+        instead of an operation each; traced, NumPyro's own operations."""
+        if any(isinstance(a, jax.core.Tracer) for a in (key, self.loc, self.scale_tril)):
+            return super().sample_with_intermediates(key, sample_shape)
+        z, x = _cholesky_normal_draw(key, self.loc, self.scale_tril, tuple(sample_shape))
+        return x, [[z, None]]
+
+    def sample(self, key: jax.Array, sample_shape: tuple[int, ...] = ()) -> jax.Array:
+        """A draw ``loc + L z`` (see :meth:`sample_with_intermediates`)."""
+        return self.sample_with_intermediates(key, sample_shape)[0]
+
     @property
     def mean(self) -> jax.Array:
         """The mean ``loc``."""
@@ -177,6 +194,17 @@ class CholeskyNormal(dist.TransformedDistribution):
     def variance(self) -> jax.Array:
         """The marginal variances ``diag(L L^T)``."""
         return jnp.sum(self.scale_tril**2, axis=-1)
+
+
+@partial(jax.jit, static_argnums=3)
+def _cholesky_normal_draw(
+    key: jax.Array, loc: jax.Array, scale_tril: jax.Array, sample_shape: tuple[int, ...]
+) -> tuple[jax.Array, jax.Array]:
+    """``(z, loc + L z)``: the operations of NumPyro's ``Normal(0, 1)`` draw and
+    ``LowerCholeskyAffine`` as :class:`CholeskyNormal` composes them, in one program."""
+    shape = sample_shape + loc.shape
+    z = jnp.zeros(loc.shape, loc.dtype) + jax.random.normal(key, shape) * 1.0
+    return z, loc + jnp.squeeze(jnp.matmul(scale_tril, z[..., jnp.newaxis]), axis=-1)
 
 
 def gaussian_parameters(
