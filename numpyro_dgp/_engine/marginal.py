@@ -333,7 +333,8 @@ class marginalize_inducing(Messenger):
         rng_key: jax.Array,
     ) -> jax.Array:
         """The layer's value from its marginal ``(mean, var)``: quadrature nodes (the
-        quadrature layer), branches, ``K`` importance draws, or one sample."""
+        quadrature layer, which also records :attr:`last_output` and enters the tail of the
+        model), branches, ``K`` importance draws, or one sample."""
         if layer.name == self.quadrature_layer:
             if full_cov:
                 raise ValueError("marginalize_inducing: quadrature needs full_cov=False")

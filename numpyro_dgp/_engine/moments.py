@@ -223,8 +223,9 @@ class propagate_moments(Messenger):
 
     def _forwarded_variance(self, layer: Layer, parts: Any, last: bool) -> jax.Array:
         """The variance the layer forwards (``parts``: its
-        :class:`~numpyro_dgp.core.UncertainInputMoments`); in ``"bound"`` mode an inner layer
-        records its penalty."""
+        :class:`~numpyro_dgp.core.UncertainInputMoments`). In ``"bound"`` mode an inner layer
+        appends its penalty to :attr:`penalties`, and a last layer with noise or an inner layer
+        without it is refused (``NotImplementedError``)."""
         noise = layer.noise
         if self.mode == "bound":
             if last and noise is not None:
