@@ -64,6 +64,20 @@ def is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray))
 
 
+def split_traced(
+    args: tuple, kwargs: dict
+) -> tuple[tuple, tuple, dict, tuple[tuple[str, Any], ...]]:
+    """``(dyn_args, static_args, dyn_kwargs, static_kwargs)``: the arrays a compiled driver
+    traces, each other argument (a batch size, a flag) static. A traced positional argument's
+    place holds ``None`` in ``static_args`` and the reverse; ``static_kwargs`` is sorted by name
+    (hashable, a cache key when its values are)."""
+    dyn_args = tuple(a if is_array(a) else None for a in args)
+    static_args = tuple(None if is_array(a) else a for a in args)
+    dyn_kwargs = {k: v for k, v in kwargs.items() if is_array(v)}
+    static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not is_array(v)))
+    return dyn_args, static_args, dyn_kwargs, static_kwargs
+
+
 def concrete(x: Any) -> np.ndarray | None:
     """``x`` as a NumPy array, or ``None`` when it is a tracer (inside ``jit``/``eval_shape``)
     or a global array of several processes (not all of it is in this process)."""

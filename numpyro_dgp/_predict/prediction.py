@@ -54,7 +54,7 @@ from numpyro_dgp._validation import (
     as_float_array,
     check_finite,
     check_positive_int,
-    is_array,
+    split_traced,
     warn_if_not_standardized,
 )
 from numpyro_dgp.handlers import coherent_layers
@@ -435,10 +435,7 @@ def _predict_mixture(
         require_finite=True,
         hint=PREDICT_HINT,
     )
-    dyn_args = tuple(a if is_array(a) else None for a in args)
-    static_args = tuple(None if is_array(a) else a for a in args)
-    dyn_kwargs = {k: v for k, v in kwargs.items() if is_array(v)}
-    static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not is_array(v)))
+    dyn_args, static_args, dyn_kwargs, static_kwargs = split_traced(args, kwargs)
     found, predictor = _predictor(
         model,
         guide,

@@ -34,6 +34,7 @@ from numpyro_dgp._validation import (
     concrete,
     is_array,
     non_finite_entries,
+    split_traced,
     warn_if_not_standardized,
 )
 from numpyro_dgp.infer._checkpoint import Progress, read_checkpoint, write_checkpoint
@@ -315,10 +316,8 @@ def fit(
         num_steps,
     )
     # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
-    dyn_args = [a if is_array(a) else None for a in args]
-    static_args = tuple(None if is_array(a) else a for a in args)
-    dyn_kwargs = {k: v for k, v in kwargs.items() if is_array(v)}
-    static_kwargs = {k: v for k, v in kwargs.items() if not is_array(v)}
+    dyn_args, static_args, dyn_kwargs, sorted_static = split_traced(args, kwargs)
+    static_kwargs = dict(sorted_static)
     chunk = min(int(chunk_size), int(num_steps), int(checkpoint_every or num_steps))
     scan = _Scan(
         _chunk_runner(svi, chunk, static_args, static_kwargs, average_from is not None),

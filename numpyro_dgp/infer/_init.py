@@ -20,7 +20,7 @@ from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._compat import innermost_guide
-from numpyro_dgp._validation import is_array
+from numpyro_dgp._validation import split_traced
 from numpyro_dgp.guides import DGPGuide
 
 __all__ = ["init"]
@@ -65,10 +65,7 @@ def init(
         guide._setup_prototype(*args, **kwargs)
     if not _compilable(svi):
         return svi.init(rng_key, *args, init_params=init_params, **kwargs)
-    dyn_args = tuple(a if is_array(a) else None for a in args)
-    static_args = tuple(None if is_array(a) else a for a in args)
-    dyn_kwargs = {k: v for k, v in kwargs.items() if is_array(v)}
-    static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if not is_array(v)))
+    dyn_args, static_args, dyn_kwargs, static_kwargs = split_traced(args, kwargs)
     key = (static_args, static_kwargs, init_params is None)
     try:
         hash(key)
