@@ -24,10 +24,8 @@ and guide (:class:`~numpyro_dgp.ParameterMismatchError`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -40,6 +38,19 @@ from jax.typing import ArrayLike
 
 from numpyro_dgp import __version__
 from numpyro_dgp._persist.encoding import decode_value, encode_value
+from numpyro_dgp._persist.model_files import (
+    CONFIG_FILE,
+    MODEL_FORMAT,
+    MODEL_FORMAT_VERSION,
+    PARAMS_FILE,
+    ModelFileError,
+    check_model_directory,
+    check_model_dtype,
+    check_params_file,
+    newer_library_hint,
+    read_config,
+    sha256,
+)
 from numpyro_dgp._persist.standardization import Standardization
 from numpyro_dgp._protocol import model_config
 from numpyro_dgp._validation import check_positive_int
@@ -51,12 +62,6 @@ __all__ = [
     "load_model",
     "save_model",
 ]
-
-#: the format name and version written into ``model.json``
-MODEL_FORMAT = "numpyro_dgp.model"
-MODEL_FORMAT_VERSION = 1
-CONFIG_FILE = "model.json"
-PARAMS_FILE = "params.npz"
 
 #: the factories a saved model can name
 _FACTORIES = ("deep_gp_regression", "diffgp", "amortized_dgp")
@@ -90,13 +95,6 @@ _GUIDE_OPTIONS = {
         ("prefix", "prefix"),
     ),
 }
-
-
-class ModelFileError(ValueError):
-    """A saved model directory that cannot be loaded: a file missing, a checksum that does not
-    match, an unreadable or unknown ``model.json``, or a format version this library does not
-    read. Raised by :func:`load_model`.
-    """
 
 
 def _check_guide(guide: Any) -> str:
@@ -182,14 +180,6 @@ def _setup_rows(config: Mapping[str, Any]) -> int:
     counts = arguments.get("num_inducing", 1)
     counts = counts if isinstance(counts, list) else [counts]
     return max([int(c) for c in counts if isinstance(c, (int, float))] + [2])
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _params_dtype(params: Mapping[str, Any]) -> str:
@@ -317,7 +307,7 @@ def save_model(
     try:
         save_params(tmp / PARAMS_FILE, dict(params))
         document["files"][PARAMS_FILE] = {
-            "sha256": _sha256(tmp / PARAMS_FILE),
+            "sha256": sha256(tmp / PARAMS_FILE),
             "bytes": (tmp / PARAMS_FILE).stat().st_size,
         }
         text = _check_document_json(document)
@@ -481,83 +471,6 @@ def _in_data_units(prediction: Any, shift: Any, scale: Any) -> Any:
     )
 
 
-def _read_config(path: Path) -> dict:
-    """``model.json`` of the model directory ``path``, read and checked."""
-    config_path = path / CONFIG_FILE
-    config = _check_config_json(path, config_path)
-    _check_config(config, path, config_path)
-    return config
-
-
-def _check_config_json(path: Path, config_path: Path) -> Any:
-    """The JSON value ``config_path`` (``model.json`` of ``path``) holds.
-
-    :raises ModelFileError: a missing file, or one that is not valid JSON.
-    """
-    if not config_path.is_file():
-        raise ModelFileError(
-            f"load_model: {str(path)!r} has no {CONFIG_FILE} (not a model directory written by "
-            "save_model, or an incomplete copy)"
-        )
-    try:
-        return json.loads(config_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelFileError(
-            f"load_model: {str(config_path)!r} is corrupted (not valid JSON: {err})"
-        ) from err
-
-
-def _check_config(config: Any, path: Path, config_path: Path) -> None:
-    """Raise unless ``config`` describes a model of a format version this library reads, with
-    every entry loading needs.
-
-    :raises ModelFileError: otherwise.
-    """
-    if not isinstance(config, dict) or config.get("format") != MODEL_FORMAT:
-        raise ModelFileError(
-            f"load_model: {str(config_path)!r} does not describe a numpyro_dgp model "
-            f"(format {config.get('format') if isinstance(config, dict) else None!r})"
-        )
-    version = config.get("format_version")
-    if not isinstance(version, int) or not 1 <= version <= MODEL_FORMAT_VERSION:
-        raise ModelFileError(
-            f"load_model: {str(path)!r} has format_version={version!r}, written by numpyro_dgp "
-            f"{config.get('library_version')!r}; this library ({__version__}) reads versions "
-            f"1..{MODEL_FORMAT_VERSION} (upgrade numpyro_dgp to load it)"
-        )
-    for key in ("model", "guide", "input_dim", "dtype", "files", "library_version"):
-        if key not in config:
-            raise ModelFileError(
-                f"load_model: {str(config_path)!r} is corrupted (no {key!r} entry)"
-            )
-    if _version_tuple(config["library_version"]) is None:
-        raise ModelFileError(
-            f"load_model: {str(config_path)!r} is corrupted (library_version "
-            f"{config['library_version']!r} is not a version number)"
-        )
-
-
-def _version_tuple(version: Any) -> tuple[int, ...] | None:
-    """``"0.1.0"`` -> ``(0, 1, 0)`` (a pre-release or local suffix of the last part ignored);
-    ``None`` for anything that is not a dotted version number."""
-    if not isinstance(version, str):
-        return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)*)(?:[.+-]?[A-Za-z].*)?", version.strip())
-    return None if match is None else tuple(int(part) for part in match.group(1).split("."))
-
-
-def _newer_library_hint(config: Mapping[str, Any]) -> str:
-    """The upgrade hint when ``config`` was written by a newer numpyro_dgp than this one
-    (empty otherwise): a newer release may describe models in ways this one cannot read."""
-    written, ours = _version_tuple(config["library_version"]), _version_tuple(__version__)
-    if written is None or ours is None or written <= ours:
-        return ""
-    return (
-        f" (written by numpyro_dgp {config['library_version']}, newer than this library "
-        f"{__version__}: upgrade numpyro_dgp to load it)"
-    )
-
-
 def _placeholder_targets(arguments: Mapping[str, Any], rows: int, dtype: Any) -> jax.Array:
     """Zero targets shaped and typed as the factory's model takes them (the guide's structure is
     read from an abstract run on them): ``(rows,)`` or ``(rows, T)``, labels and counts as
@@ -569,54 +482,6 @@ def _placeholder_targets(arguments: Mapping[str, Any], rows: int, dtype: Any) ->
     )
     shape = (rows,) if observation.num_outputs == 1 else (rows, observation.num_outputs)
     return jnp.zeros(shape, dtype if observation.continuous else jnp.int32)
-
-
-def _check_model_directory(path: os.PathLike | str) -> Path:
-    """``path`` as a :class:`~pathlib.Path`, checked to be a directory.
-
-    :raises FileNotFoundError: ``path`` does not exist.
-    :raises ModelFileError: ``path`` is a file.
-    """
-    path = Path(os.fspath(path)).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"load_model: the model directory {str(path)!r} does not exist")
-    if not path.is_dir():
-        raise ModelFileError(
-            f"load_model: {str(path)!r} is a file; a model is a directory written by save_model"
-        )
-    return path
-
-
-def _check_params_file(params_path: Path, path: Path, config: Mapping[str, Any]) -> None:
-    """Raise unless ``params.npz`` is there with the checksum ``model.json`` records.
-
-    :raises ModelFileError: a missing file, or another checksum.
-    """
-    if not params_path.is_file():
-        raise ModelFileError(
-            f"load_model: {str(path)!r} has no {PARAMS_FILE} (an incomplete copy?)"
-        )
-    recorded = (config.get("files") or {}).get(PARAMS_FILE) or {}
-    digest = _sha256(params_path)
-    if recorded.get("sha256") != digest:
-        raise ModelFileError(
-            f"load_model: {str(params_path)!r} is corrupted or was replaced: its sha256 is "
-            f"{digest}, {CONFIG_FILE} records {recorded.get('sha256')!r}"
-        )
-
-
-def _check_model_dtype(config: Mapping[str, Any], path: Path) -> np.dtype:
-    """The model's dtype, checked to be one JAX gives as it is (float64 needs 64-bit mode).
-
-    :raises ValueError: a float64 model while 64-bit mode is off.
-    """
-    dtype = np.dtype(config["dtype"])
-    if dtype == np.float64 and not jax.config.jax_enable_x64:
-        raise ValueError(
-            f"load_model: {str(path)!r} holds a float64 model; call "
-            'jax.config.update("jax_enable_x64", True) before loading it'
-        )
-    return dtype
 
 
 def load_model(path: os.PathLike | str) -> SavedModel:
@@ -644,18 +509,18 @@ def load_model(path: os.PathLike | str) -> SavedModel:
     )
     from numpyro_dgp.io import load_params
 
-    path = _check_model_directory(path)
-    config = _read_config(path)
+    path = check_model_directory(path)
+    config = read_config(path)
     params_path = path / PARAMS_FILE
-    _check_params_file(params_path, path, config)
-    dtype = _check_model_dtype(config, path)
+    check_params_file(params_path, path, config)
+    dtype = check_model_dtype(config, path)
     try:
         model = _make_model(config["model"])
         guide = _make_guide(model, config["guide"])
     except (TypeError, ValueError, KeyError) as err:
         raise ModelFileError(
             f"load_model: {str(path / CONFIG_FILE)!r} describes a model this library cannot "
-            f"build: {err}{_newer_library_hint(config)}"
+            f"build: {err}{newer_library_hint(config)}"
         ) from err
     params = load_params(params_path)
     standardization = config.get("standardization")
@@ -671,6 +536,6 @@ def load_model(path: os.PathLike | str) -> SavedModel:
         params,
         f"load_model({str(path)!r})",
         require_finite=True,
-        hint=STRICT_HINT + _newer_library_hint(config),
+        hint=STRICT_HINT + newer_library_hint(config),
     )
     return SavedModel(model, guide, params, config, standardization)

@@ -29,7 +29,8 @@ from numpyro.infer.autoguide import AutoNormal
 
 import numpyro_dgp as dgp
 from numpyro_dgp import diagnostics
-from numpyro_dgp._engine.marginal import layers_by_u_site, marginalize_inducing
+from numpyro_dgp._engine.marginal import marginalize_inducing
+from numpyro_dgp._engine.traces import layers_by_u_site
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP
 from numpyro_dgp.handlers import collapse_last_layer, exact_layers, quadrature, sde_flow
 from numpyro_dgp.infer import fit_minibatches

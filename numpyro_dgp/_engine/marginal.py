@@ -28,13 +28,16 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 from numpyro.primitives import Messenger
 
+from numpyro_dgp._engine.marginal_checks import (
+    check_correlated_full_cov,
+    check_importance_layer,
+    check_marginalize_options,
+)
 from numpyro_dgp._protocol import (
     AMORTIZED_KL,
     BRANCHES,
-    CONDITIONAL,
     ENCODER_INPUT_MESSAGE,
     FLOW,
-    GAUSSIAN,
     IMPORTANCE_LOG_WEIGHTS,
     LATENT_MESSAGE,
     LAYER_MESSAGE,
@@ -44,8 +47,6 @@ from numpyro_dgp._protocol import (
     layer_call,
     message_latent_spec,
     message_rng_key,
-    trace_layer_names,
-    trace_layers,
     wants_full_cov,
     with_tag,
 )
@@ -70,72 +71,10 @@ from numpyro_dgp.posteriors import (
     ChainLink,
     JointBlock,
     LatentPosterior,
-    site_gaussian,
     unwrap_distribution,
 )
 
-__all__ = [
-    "final_layer_name",
-    "guide_posteriors",
-    "layers_by_u_site",
-    "marginalize_inducing",
-    "site_posterior",
-    "uses_inducing_locations",
-]
-
-
-def _check_marginalize_options(
-    quadrature_layer: str | None, quadrature_weights: ArrayLike | None, latent_mode: str
-) -> None:
-    """Refuse a quadrature layer without weights and an unknown ``latent_mode``
-    (:class:`marginalize_inducing`).
-
-    :raises ValueError: for either.
-    """
-    if quadrature_layer is not None and quadrature_weights is None:
-        raise ValueError(
-            "marginalize_inducing: quadrature_layer needs quadrature_weights "
-            "(with quadrature_nodes, "
-            "or without them for as many Monte Carlo draws per point)"
-        )
-    if latent_mode not in ("posterior", "prior"):
-        raise ValueError(
-            f"marginalize_inducing: latent_mode must be 'posterior' or 'prior', got {latent_mode!r}"
-        )
-
-
-def _check_importance_layer(
-    num_importance: int | None, layer: Layer, post: Any, flow: Any, msg: dict
-) -> None:
-    """Refuse, under the importance-weighted bound, a layer that is a flow, has branches or a
-    guide that correlates the layers.
-
-    :raises ValueError: for such a layer.
-    """
-    if num_importance and (
-        flow is not None
-        or isinstance(post, (ChainLink, JointBlock))
-        or get_tag(msg, BRANCHES) is not None
-    ):
-        raise ValueError(
-            f"ImportanceWeightedElbo: layer {layer.name!r} is an SDE flow, has branches or a "
-            "guide that correlates the layers; the importance-weighted bound takes independent "
-            "Gaussian layers "
-            "(AutoFactorizedDGP, AutoNormal) without handlers"
-        )
-
-
-def _check_correlated_full_cov(layer: Layer, full_cov: bool) -> None:
-    """Refuse ``full_cov`` for a layer whose guide correlates the layers.
-
-    :raises NotImplementedError: if ``full_cov``.
-    """
-    if full_cov:
-        raise NotImplementedError(
-            f"marginalize_inducing: layer {layer.name!r} has a guide that correlates layers; "
-            "its marginals are per point (full_cov=False). For coherent function samples "
-            "use numpyro_dgp.sample_layers, which samples the inducing values."
-        )
+__all__ = ["marginalize_inducing"]
 
 
 def _marginal_moments(
@@ -204,7 +143,7 @@ class marginalize_inducing(Messenger):
         latent_mode: str = "posterior",
         num_importance: int | None = None,
     ) -> None:
-        _check_marginalize_options(quadrature_layer, quadrature_weights, latent_mode)
+        check_marginalize_options(quadrature_layer, quadrature_weights, latent_mode)
         posteriors = dict(posteriors or {})
         parents = {
             p.parent
@@ -305,12 +244,12 @@ class marginalize_inducing(Messenger):
         post = self.posteriors.get(layer.u_site)
         self.layer_order.append(layer.name)
         flow = get_tag(msg, FLOW)
-        _check_importance_layer(self.num_importance, layer, post, flow, msg)
+        check_importance_layer(self.num_importance, layer, post, flow, msg)
         if flow is not None:
             msg["value"] = self._flow(layer, X, u, post, flow, rng_key)
             return
         if isinstance(post, (ChainLink, JointBlock)):
-            _check_correlated_full_cov(layer, full_cov)
+            check_correlated_full_cov(layer, full_cov)
             msg["value"] = self._correlated(layer, X, post, rng_key)
             return
         branch = (
@@ -604,91 +543,3 @@ class marginalize_inducing(Messenger):
                 given = condition_on_output(belief, HB, out_cov, value - mean)
                 self._joint_states[post.sites] = (k + 1, given.tail(P * M))
         return value
-
-
-def guide_posteriors(
-    guide_trace: dict, model_u_sites: dict[str, tuple[int, int]], structured: bool = True
-) -> dict[str, Any]:
-    """The guide's Gaussian over every inducing site it samples.
-
-    :param guide_trace: a trace of the guide.
-    :param model_u_sites: ``{u-site name: value shape (P, M)}`` from the model.
-    :param structured: use the structure a guide declares in ``infer[GAUSSIAN]``
-        (:class:`~numpyro_dgp.posteriors.ChainLink`, :class:`~numpyro_dgp.posteriors.JointBlock`:
-        the marginal over the layers); otherwise read each site's distribution as it is (for
-        a chain or joint guide that is the Gaussian *given* the sampled earlier layers).
-    :return: ``{u-site name: posterior}`` for the sites whose guide distribution is Gaussian
-        over the inducing values (others are left to sampling).
-    """
-    out = {}
-    for name, shape in model_u_sites.items():
-        site = guide_trace.get(name)
-        if site is None or site["type"] != "sample":
-            continue
-        params = site_posterior(site, shape, structured)
-        if params is not None:
-            out[name] = params
-    return out
-
-
-def site_posterior(
-    site: dict, shape: tuple[int, int], structured: bool = True
-) -> tuple[jax.Array, jax.Array] | ChainLink | JointBlock | None:
-    """A guide site's Gaussian over its ``(P, M)`` inducing values.
-
-    :param site: the guide's site.
-    :param shape: ``(P, M)``.
-    :param structured: prefer the structure the site declares (``infer[GAUSSIAN]``).
-    :return: the declared structure if ``structured``, else the site's Gaussian given the
-        earlier samples (``infer[CONDITIONAL]``, or the site distribution itself); ``None`` if
-        neither is Gaussian.
-    """
-    declared = get_tag(site, GAUSSIAN)
-    if structured and declared is not None:
-        return declared
-    conditional = get_tag(site, CONDITIONAL)
-    if conditional is not None:
-        return conditional
-    return site_gaussian(site["name"], site["fn"], shape)
-
-
-def layers_by_u_site(model_trace: dict) -> dict[str, Layer]:
-    """``{u-site name: Layer}`` from the layer messages of a model trace.
-
-    (The ``infer`` tags of the ``u`` sites cannot be used: ``replay`` overwrites them with
-    the guide's.)
-
-    :param model_trace: a trace of the model.
-    :return: the layers by the names of their u sites.
-    """
-    return {layer.u_site: layer for layer in trace_layers(model_trace)}
-
-
-def uses_inducing_locations(model_trace: dict) -> bool:
-    """Whether any ``gp_layer`` of the trace has ``inducing="locations"``.
-
-    :param model_trace: a trace of the model.
-    """
-    return any(layer.inducing == "locations" for layer in layers_by_u_site(model_trace).values())
-
-
-def model_u_sites(model_trace: dict) -> dict[str, tuple[int, int]]:
-    return {
-        name: (layer.out_dim, layer.inducing_inputs.shape[0])
-        for name, layer in layers_by_u_site(model_trace).items()
-    }
-
-
-def final_layer_name(model_trace: dict) -> str:
-    """Name of the last ``gp_layer`` run in ``model_trace`` (execution order).
-
-    :param model_trace: a trace of the model.
-    :raises ValueError: if the model ran no ``gp_layer``.
-    """
-    names = trace_layer_names(model_trace)
-    if not names:
-        raise ValueError(
-            "the model has no gp_layer: DGPElbo and predict need a model built with "
-            "numpyro_dgp.gp_layer"
-        )
-    return names[-1]

@@ -36,9 +36,9 @@ from numpyro.handlers import trace
 from numpyro.primitives import Messenger
 
 from numpyro_dgp._compat import innermost_guide, is_tracer
-from numpyro_dgp._engine.marginal import final_layer_name, guide_posteriors, model_u_sites
 from numpyro_dgp._engine.observation import shared_rule
 from numpyro_dgp._engine.run import guide_then_model, validation_off_when_traced
+from numpyro_dgp._engine.traces import final_layer_name, guide_posteriors, model_u_sites
 from numpyro_dgp._protocol import (
     BRANCHES,
     FLOW,

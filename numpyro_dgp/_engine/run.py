@@ -18,14 +18,14 @@ from numpyro.infer.autoguide import AutoContinuous
 
 from numpyro_dgp._compat import innermost_guide, is_tracer
 from numpyro_dgp._engine.autoguides import autocontinuous_posteriors
-from numpyro_dgp._engine.marginal import (
+from numpyro_dgp._engine.marginal import marginalize_inducing
+from numpyro_dgp._engine.observation import likelihood_rule, observation_kind
+from numpyro_dgp._engine.traces import (
     final_layer_name,
     guide_posteriors,
-    marginalize_inducing,
     model_u_sites,
     uses_inducing_locations,
 )
-from numpyro_dgp._engine.observation import likelihood_rule, observation_kind
 from numpyro_dgp._protocol import (
     amortized_layer_names,
     latent_specs,

@@ -15,8 +15,9 @@ from jax.typing import ArrayLike
 from numpyro.handlers import seed, substitute, trace
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._engine.marginal import layers_by_u_site, marginalize_inducing
+from numpyro_dgp._engine.marginal import marginalize_inducing
 from numpyro_dgp._engine.observation import observation_kind, spherical_rule
+from numpyro_dgp._engine.traces import layers_by_u_site
 from numpyro_dgp._persist.params import PREDICT_HINT, check_params_against
 from numpyro_dgp._predict.mixture import (
     component_of,

@@ -28,9 +28,10 @@
 """
 
 from numpyro_dgp.objectives._collapsed import CollapsedSparseGP
-from numpyro_dgp.objectives._dsvi import DGPElbo, PredictiveObjective
+from numpyro_dgp.objectives._dsvi import DGPElbo
 from numpyro_dgp.objectives._importance import ImportanceWeightedElbo
 from numpyro_dgp.objectives._nested import NestedCompressionElbo
+from numpyro_dgp.objectives._predictive import PredictiveObjective
 
 __all__ = [
     "CollapsedSparseGP",

@@ -23,7 +23,7 @@ from jax.typing import ArrayLike
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer import ELBO
 
-from numpyro_dgp._engine.marginal import layers_by_u_site
+from numpyro_dgp._engine.traces import layers_by_u_site
 from numpyro_dgp._protocol import BRANCHES, LAYER_MESSAGE, get_tag, layer_call
 from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import COLLAPSED_METHODS, collapsed_log_marginal

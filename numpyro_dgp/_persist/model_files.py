@@ -1,0 +1,180 @@
+"""Reading and checking a saved model directory (``model.json`` + ``params.npz``, written by
+:func:`numpyro_dgp.save_model`): the file names and format version, the directory, the
+``model.json`` entries, the parameters' checksum, the model's dtype and the upgrade hint when a
+newer numpyro_dgp wrote it. Raises :class:`ModelFileError`. Below the whole-model save and load
+(``numpyro_dgp._saved_model``), which rebuild the model from what is read here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+from numpyro_dgp import __version__
+
+__all__ = [
+    "CONFIG_FILE",
+    "MODEL_FORMAT",
+    "MODEL_FORMAT_VERSION",
+    "PARAMS_FILE",
+    "ModelFileError",
+    "check_model_directory",
+    "check_model_dtype",
+    "check_params_file",
+    "newer_library_hint",
+    "read_config",
+    "sha256",
+]
+
+#: the format name and version written into ``model.json``
+MODEL_FORMAT = "numpyro_dgp.model"
+MODEL_FORMAT_VERSION = 1
+CONFIG_FILE = "model.json"
+PARAMS_FILE = "params.npz"
+
+
+class ModelFileError(ValueError):
+    """A saved model directory that cannot be loaded: a file missing, a checksum that does not
+    match, an unreadable or unknown ``model.json``, or a format version this library does not
+    read. Raised by :func:`load_model`.
+    """
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_config(path: Path) -> dict:
+    """``model.json`` of the model directory ``path``, read and checked."""
+    config_path = path / CONFIG_FILE
+    config = _check_config_json(path, config_path)
+    _check_config(config, path, config_path)
+    return config
+
+
+def _check_config_json(path: Path, config_path: Path) -> Any:
+    """The JSON value ``config_path`` (``model.json`` of ``path``) holds.
+
+    :raises ModelFileError: a missing file, or one that is not valid JSON.
+    """
+    if not config_path.is_file():
+        raise ModelFileError(
+            f"load_model: {str(path)!r} has no {CONFIG_FILE} (not a model directory written by "
+            "save_model, or an incomplete copy)"
+        )
+    try:
+        return json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelFileError(
+            f"load_model: {str(config_path)!r} is corrupted (not valid JSON: {err})"
+        ) from err
+
+
+def _check_config(config: Any, path: Path, config_path: Path) -> None:
+    """Raise unless ``config`` describes a model of a format version this library reads, with
+    every entry loading needs.
+
+    :raises ModelFileError: otherwise.
+    """
+    if not isinstance(config, dict) or config.get("format") != MODEL_FORMAT:
+        raise ModelFileError(
+            f"load_model: {str(config_path)!r} does not describe a numpyro_dgp model "
+            f"(format {config.get('format') if isinstance(config, dict) else None!r})"
+        )
+    version = config.get("format_version")
+    if not isinstance(version, int) or not 1 <= version <= MODEL_FORMAT_VERSION:
+        raise ModelFileError(
+            f"load_model: {str(path)!r} has format_version={version!r}, written by numpyro_dgp "
+            f"{config.get('library_version')!r}; this library ({__version__}) reads versions "
+            f"1..{MODEL_FORMAT_VERSION} (upgrade numpyro_dgp to load it)"
+        )
+    for key in ("model", "guide", "input_dim", "dtype", "files", "library_version"):
+        if key not in config:
+            raise ModelFileError(
+                f"load_model: {str(config_path)!r} is corrupted (no {key!r} entry)"
+            )
+    if _version_tuple(config["library_version"]) is None:
+        raise ModelFileError(
+            f"load_model: {str(config_path)!r} is corrupted (library_version "
+            f"{config['library_version']!r} is not a version number)"
+        )
+
+
+def _version_tuple(version: Any) -> tuple[int, ...] | None:
+    """``"0.1.0"`` -> ``(0, 1, 0)`` (a pre-release or local suffix of the last part ignored);
+    ``None`` for anything that is not a dotted version number."""
+    if not isinstance(version, str):
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)*)(?:[.+-]?[A-Za-z].*)?", version.strip())
+    return None if match is None else tuple(int(part) for part in match.group(1).split("."))
+
+
+def newer_library_hint(config: Mapping[str, Any]) -> str:
+    """The upgrade hint when ``config`` was written by a newer numpyro_dgp than this one
+    (empty otherwise): a newer release may describe models in ways this one cannot read."""
+    written, ours = _version_tuple(config["library_version"]), _version_tuple(__version__)
+    if written is None or ours is None or written <= ours:
+        return ""
+    return (
+        f" (written by numpyro_dgp {config['library_version']}, newer than this library "
+        f"{__version__}: upgrade numpyro_dgp to load it)"
+    )
+
+
+def check_model_directory(path: os.PathLike | str) -> Path:
+    """``path`` as a :class:`~pathlib.Path`, checked to be a directory.
+
+    :raises FileNotFoundError: ``path`` does not exist.
+    :raises ModelFileError: ``path`` is a file.
+    """
+    path = Path(os.fspath(path)).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"load_model: the model directory {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise ModelFileError(
+            f"load_model: {str(path)!r} is a file; a model is a directory written by save_model"
+        )
+    return path
+
+
+def check_params_file(params_path: Path, path: Path, config: Mapping[str, Any]) -> None:
+    """Raise unless ``params.npz`` is there with the checksum ``model.json`` records.
+
+    :raises ModelFileError: a missing file, or another checksum.
+    """
+    if not params_path.is_file():
+        raise ModelFileError(
+            f"load_model: {str(path)!r} has no {PARAMS_FILE} (an incomplete copy?)"
+        )
+    recorded = (config.get("files") or {}).get(PARAMS_FILE) or {}
+    digest = sha256(params_path)
+    if recorded.get("sha256") != digest:
+        raise ModelFileError(
+            f"load_model: {str(params_path)!r} is corrupted or was replaced: its sha256 is "
+            f"{digest}, {CONFIG_FILE} records {recorded.get('sha256')!r}"
+        )
+
+
+def check_model_dtype(config: Mapping[str, Any], path: Path) -> np.dtype:
+    """The model's dtype, checked to be one JAX gives as it is (float64 needs 64-bit mode).
+
+    :raises ValueError: a float64 model while 64-bit mode is off.
+    """
+    dtype = np.dtype(config["dtype"])
+    if dtype == np.float64 and not jax.config.jax_enable_x64:
+        raise ValueError(
+            f"load_model: {str(path)!r} holds a float64 model; call "
+            'jax.config.update("jax_enable_x64", True) before loading it'
+        )
+    return dtype

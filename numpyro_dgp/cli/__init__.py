@@ -1,0 +1,341 @@
+"""The ``numpyro-dgp`` command.
+
+* ``numpyro-dgp demo`` -- fit a 2-layer DGP and a 1-layer SVGP to the built-in step
+  function, print the ELBO and test metrics, write a PNG of each layer's samples.
+* ``numpyro-dgp uci --dataset NAME --splits 0-4 ...`` -- DSVI on UCI splits; prints a table
+  of test log-likelihood and RMSE (mean and standard error over splits).
+* ``numpyro-dgp fit DATA --target COLUMN[,COLUMN...] --output MODEL_DIR ...`` -- fit a DSVI DGP
+  to your own table (CSV with a header row, or ``.npz``; see
+  :func:`numpyro_dgp.datasets.read_table`) with any of the likelihoods of ``--likelihood``,
+  standardized with the training part's statistics, and save it
+  (:func:`numpyro_dgp.save_model`); with ``--test-fraction`` print held-out metrics.
+* ``numpyro-dgp predict MODEL_DIR DATA --output predictions.csv`` -- predict with a saved
+  model (:func:`numpyro_dgp.load_model`): the predictive mean, standard deviation and
+  quantiles of every target column (regression, counts), the probability of ``y = 1``
+  (probit) or the class probabilities and the most probable class (softmax, robust max) per
+  row, in the data's units.
+
+Every numeric argument is checked before anything runs: counts must be positive integers,
+``--lr`` a finite positive number, ``--seed`` a non-negative integer and ``--splits``
+non-negative indices or increasing ranges; ``--num-inducing`` above the number of training
+points is an error (not clipped). A bad value exits with status 2 and a message naming the
+argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from numpyro_dgp.cli._parser import (
+    LIKELIHOODS,
+    add_demo_parser,
+    add_fit_parser,
+    add_predict_parser,
+    add_uci_parser,
+)
+from numpyro_dgp.cli._table import (
+    CONTINUOUS,
+    check_feature_columns,
+    check_fit_inducing,
+    fit_summary,
+    fit_table,
+    prediction_columns,
+    print_fit_plan,
+    print_held_out,
+    scores_text,
+    train_test_rows,
+    training_arrays,
+)
+
+__all__ = ["build_parser", "main"]
+
+
+def _setup_precision(float32: bool) -> None:
+    import jax
+
+    if not float32:
+        jax.config.update("jax_enable_x64", True)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``numpyro-dgp demo``: fit a 2-layer DGP and an SVGP to the step function, print a table
+    of their ELBOs and test metrics and write a PNG of the DGP's layer samples.
+
+    :param args: the parsed ``demo`` arguments (see :func:`build_parser`).
+    :return: the exit status, 0.
+    """
+    _setup_precision(args.float32)
+    import jax
+    import matplotlib
+
+    matplotlib.use("Agg")  # the command writes files; no display needed
+
+    from numpyro_dgp.recipes import run_demo
+
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = out_dir / "demo_step_function.png"
+    print(
+        "Fitting a 2-layer DGP and a 1-layer SVGP to the step function "
+        f"({args.steps} steps each)..."
+    )
+    runs = run_demo(jax.random.PRNGKey(args.seed), num_steps=args.steps, output=png)
+    print()
+    print(f"{'model':<14} {'final ELBO':>11} {'test LL':>9} {'RMSE':>8} {'CRPS':>8} {'ms/step':>8}")
+    for label, name in (("dgp", "DGP (2 layers)"), ("svgp", "SVGP (1 layer)")):
+        r = runs[label]
+        print(
+            f"{name:<14} {r.final_elbo:>11.2f} {r.metrics['log_likelihood']:>9.3f} "
+            f"{r.metrics['rmse']:>8.4f} "
+            f"{r.metrics['crps']:>8.4f} {r.seconds_per_step * 1e3:>8.2f}"
+        )
+    print(f"\nwrote {png}")
+    return 0
+
+
+def _check_uci_splits(dataset: str, data_dir: str | None, splits: list[int]) -> None:
+    """Raise unless the data set has every split of ``splits`` (NumPy only: before JAX loads).
+
+    :raises FileNotFoundError: no such data set (see :func:`~numpyro_dgp.datasets.num_uci_splits`).
+    :raises SystemExit: a split index the data set does not have.
+    """
+    from numpyro_dgp._persist.uci_files import num_uci_splits
+
+    available = num_uci_splits(dataset, data_dir)
+    bad = [s for s in splits if not 0 <= s < available]
+    if bad:
+        raise SystemExit(f"--splits: {dataset} has splits 0..{available - 1}; got {bad}")
+
+
+def _check_uci_inducing(num_inducing: int, num_train: int, name: str, split: int) -> None:
+    """Raise if ``--num-inducing`` exceeds the ``num_train`` training points of the first split.
+
+    :raises ValueError: otherwise.
+    """
+    if num_inducing > num_train:
+        raise ValueError(
+            f"--num-inducing {num_inducing} exceeds the {num_train} training points of {name} "
+            f"(split {split}); pass --num-inducing {num_train} or fewer"
+        )
+
+
+def cmd_uci(args: argparse.Namespace) -> int:
+    """``numpyro-dgp uci``: DSVI on the chosen UCI splits; prints per-split test
+    log-likelihood, RMSE and CRPS, then their mean and standard error.
+
+    :param args: the parsed ``uci`` arguments (see :func:`build_parser`).
+    :return: the exit status, 0.
+    :raises SystemExit: a split index the data set does not have.
+    :raises ValueError: ``--num-inducing`` above the number of training points.
+    """
+    # the data directory, the data set and the splits are checked before JAX is imported
+    _check_uci_splits(args.dataset, args.data_dir, args.splits)
+    _setup_precision(args.float32)
+    from numpyro_dgp.datasets import load_uci
+    from numpyro_dgp.recipes import mean_and_standard_error, run_uci
+
+    data = load_uci(
+        args.dataset, args.splits[0], data_dir=args.data_dir
+    )  # fails early on bad files
+    name = data.name
+    _check_uci_inducing(args.num_inducing, data.X_train.shape[0], name, args.splits[0])
+    print(
+        f"{name}: {args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, "
+        f"batch {args.batch_size}"
+    )
+    print(f"{'split':>5} {'test LL':>9} {'RMSE':>9} {'CRPS':>9} {'ms/step':>8} {'seconds':>8}")
+    lls, rmses = [], []
+    for split in args.splits:
+        r = run_uci(
+            args.dataset,
+            split,
+            data_dir=args.data_dir,
+            num_layers=args.layers,
+            num_inducing=args.num_inducing,
+            num_steps=args.steps,
+            batch_size=args.batch_size,
+            learning_rate=args.lr,
+        )
+        lls.append(r.metrics["log_likelihood"])
+        rmses.append(r.metrics["rmse"])
+        print(
+            f"{split:>5} {lls[-1]:>9.4f} {rmses[-1]:>9.4g} {r.metrics['crps']:>9.4g} "
+            f"{r.seconds_per_step * 1e3:>8.2f} {r.total_seconds:>8.1f}",
+            flush=True,
+        )
+
+    (ll, ll_se), (rm, rm_se) = mean_and_standard_error(lls), mean_and_standard_error(rmses)
+    print(f"{'mean':>5} {ll:>9.4f} {rm:>9.4g}")
+    print(f"{'s.e.':>5} {ll_se:>9.4f} {rm_se:>9.4g}")
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    """``numpyro-dgp fit``: fit a DSVI DGP to a table and save it as a model directory.
+
+    :param args: the parsed ``fit`` arguments (see :func:`build_parser`).
+    :return: the exit status, 0.
+    :raises ValueError: a bad table, target or size (the message names it).
+    """
+    import time
+
+    import numpy as np
+
+    targets = args.target
+    masked = args.missing_targets == "mask"
+    likelihood = LIKELIHOODS[args.likelihood]
+    X, y, names, num_classes = fit_table(args, likelihood, targets, masked)
+    N = X.shape[0]
+    train, test = train_test_rows(N, args.seed, args.test_fraction)
+
+    _setup_precision(args.float32)
+    import jax
+    import jax.numpy as jnp
+    import numpyro
+    from numpyro.infer import SVI
+
+    from numpyro_dgp import DGPElbo, Standardization, fit, load_model, save_model
+    from numpyro_dgp.guides import AutoFactorizedDGP
+    from numpyro_dgp.models import deep_gp_regression
+
+    continuous = likelihood in CONTINUOUS
+    s = Standardization.fit(X[train], y[train] if continuous else None)
+    dtype = jnp.float32 if args.float32 else jnp.float64
+    X_train, y_train = training_arrays(s, X, y, train, dtype, continuous, masked)
+    batch = args.batch_size if args.batch_size < train.size else None
+    check_fit_inducing(args.num_inducing, batch, train.size)
+    print_fit_plan(args, N, names, num_classes, train.size, test.size, batch, dtype)
+    model = deep_gp_regression(
+        args.layers,
+        num_inducing=args.num_inducing,
+        hidden_width=args.hidden_width,
+        likelihood=likelihood,
+        num_outputs=len(targets),
+        num_classes=num_classes,
+        missing_targets=args.missing_targets,
+    )
+    guide = AutoFactorizedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(args.lr), DGPElbo())
+    kwargs = {"batch_size": batch} if batch else {}
+    start = time.perf_counter()
+    result = fit(
+        svi,
+        jax.random.PRNGKey(args.seed),
+        X_train,
+        y_train,
+        num_steps=args.steps,
+        chunk_size=min(100, args.steps),
+        progress_bar=not args.no_progress,
+        **kwargs,
+    )
+    seconds = time.perf_counter() - start
+    final = float(np.nanmean(result.losses[-min(100, args.steps) :]))
+    summary = fit_summary(args, N, train.size, test.size, batch, final, seconds, result)
+    out = save_model(
+        args.output,
+        model,
+        guide,
+        result.params,
+        input_dim=len(names),
+        standardization=s,
+        feature_names=names,
+        target_name=targets[0] if len(targets) == 1 else targets,
+        metadata=summary,
+        overwrite=args.overwrite,
+    )
+    print(
+        f"fitted in {seconds:.1f} s ({result.seconds_per_step * 1e3:.2f} ms/step), "
+        f"final loss {final:.4g}; saved {out}"
+    )
+    if test.size:
+        loaded = load_model(out)
+        print_held_out(loaded, X, y, test, targets, args.seed)
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """``numpyro-dgp predict``: predict with a saved model and write a CSV, one row per input row.
+
+    :param args: the parsed ``predict`` arguments (see :func:`build_parser`).
+    :return: the exit status, 0.
+    :raises ValueError: a table without the model's feature columns, or a bad model directory.
+    """
+    import json
+
+    from numpyro_dgp._persist.tables import (
+        read_table,
+    )  # NumPy only: a bad table is reported before JAX loads
+
+    table = read_table(args.data)
+    config_path = Path(args.model_dir) / "model.json"
+    try:
+        dtype = json.loads(config_path.read_text(encoding="utf-8")).get("dtype")
+    except (OSError, ValueError, AttributeError):
+        dtype = None  # load_model reports what is wrong
+    _setup_precision(dtype == "float32")
+    import csv
+
+    import jax
+    import numpy as np
+
+    from numpyro_dgp import load_model
+
+    model = load_model(args.model_dir)
+    targets = model.target_names
+    names = model.feature_names or [c for c in table.columns if c not in targets]
+    check_feature_columns(names, table.columns, args.data)
+    X = table.data[:, [table.columns.index(n) for n in names]]
+    pred = model.predict(
+        X,
+        rng_key=jax.random.PRNGKey(args.seed),
+        num_samples=args.num_samples,
+        batch_size=args.batch_size,
+    )
+    header, columns = prediction_columns(pred, args.quantiles, targets)
+    with open(args.output, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(np.stack(columns, axis=1).tolist())
+    print(f"wrote {X.shape[0]} predictions to {args.output} ({', '.join(header)})")
+    if targets and all(name in table.columns for name in targets):
+        y = table.data[:, [table.columns.index(name) for name in targets]]
+        y = y[:, 0] if len(targets) == 1 else y
+        shown = repr(targets[0]) if len(targets) == 1 else str(targets)
+        print(f"against the table's {shown}: " + scores_text(pred, y, targets))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``numpyro-dgp`` command, with the subcommands ``demo``,
+    ``uci``, ``fit`` and ``predict``; each sets ``func`` to the function that runs it.
+
+    :return: the parser.
+    """
+    parser = argparse.ArgumentParser(
+        prog="numpyro-dgp", description="Deep Gaussian processes on NumPyro."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    add_demo_parser(sub, cmd_demo)
+    add_uci_parser(sub, cmd_uci)
+    add_fit_parser(sub, cmd_fit)
+    add_predict_parser(sub, cmd_predict)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``numpyro-dgp`` command.
+
+    :param argv: the arguments after the program name (default: ``sys.argv[1:]``).
+    :return: the exit status: 0 on success, 2 on a ``ValueError``, ``FileNotFoundError`` or
+        ``FileExistsError`` (reported on standard error).
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        print(f"numpyro-dgp: error: {err}", file=sys.stderr)
+        return 2

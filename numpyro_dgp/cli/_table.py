@@ -1,0 +1,266 @@
+"""The table and target checks of ``numpyro-dgp fit`` and ``predict``, and the helpers of
+their tables: reading and splitting the rows, the fit's plan and record, the scores and
+the prediction columns (NumPy, and JAX only inside the functions that need it)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # NumPy is imported where it is used: the command's start stays light
+    import numpy as np
+
+CONTINUOUS = ("gaussian", "student_t", "heteroscedastic")
+
+
+def _check_target_values(y: np.ndarray, likelihood: str, targets: list[str]) -> int | None:
+    """Refuse targets the likelihood cannot take (NumPy only, before JAX loads); return the
+    number of classes for ``softmax`` / ``robust_max``."""
+    import numpy as np
+
+    values = y[~np.isnan(y)]
+    shown = (  # noqa: E731
+        lambda v: f"{np.unique(v)[:6].tolist()}{' ...' if np.unique(v).size > 6 else ''}"
+    )
+    if likelihood == "probit" and not set(np.unique(values).tolist()) <= {0.0, 1.0}:
+        raise ValueError(
+            f"--likelihood probit needs a target of 0s and 1s; {targets[0]!r} holds {shown(values)}"
+        )
+    if likelihood in ("softmax", "robust_max"):
+        if values.size == 0 or np.any(values < 0) or np.any(values != np.round(values)):
+            raise ValueError(
+                f"--likelihood {likelihood.replace('_', '-')} needs class labels 0, 1, ..., C-1; "
+                f"{targets[0]!r} holds {shown(values)}"
+            )
+        num_classes = int(values.max()) + 1
+        if num_classes < 2:
+            raise ValueError(
+                f"--likelihood {likelihood.replace('_', '-')} needs at least two classes; "
+                f"{targets[0]!r} holds only {shown(values)}"
+            )
+        return num_classes
+    if likelihood in ("poisson", "negative_binomial") and (
+        np.any(values < 0) or np.any(values != np.round(values))
+    ):
+        raise ValueError(
+            f"--likelihood {likelihood.replace('_', '-')} needs non-negative integer counts; "
+            f"{targets} hold {shown(values)}"
+        )
+    return None
+
+
+def _check_label_targets(option: str, likelihood: str, targets: list[str]) -> None:
+    """Raise if a likelihood of labels (``--likelihood option``) is given several target columns.
+
+    :raises ValueError: otherwise.
+    """
+    if len(targets) > 1 and likelihood in ("probit", "softmax", "robust_max"):
+        raise ValueError(
+            f"--likelihood {option} takes one --target column of labels, got {targets}"
+        )
+
+
+def _check_missing_targets(data: str, y: np.ndarray, targets: list[str], masked: bool) -> None:
+    """Raise if a target column has missing values (NaN) and they are not to be masked.
+
+    :raises ValueError: naming the columns.
+    """
+    import numpy as np
+
+    N = y.shape[0]
+    gaps = [name for j, name in enumerate(targets) if np.isnan(y.reshape(N, -1)[:, j]).any()]
+    if gaps and not masked:
+        raise ValueError(
+            f"{data}: target column(s) {gaps} have missing values; pass --missing-targets mask to "
+            "leave them out of the likelihood"
+        )
+
+
+def _check_training_rows(num_train: int, test_fraction: float, N: int) -> None:
+    """Raise if ``--test-fraction`` leaves fewer than two of the ``N`` rows for training.
+
+    :raises ValueError: otherwise.
+    """
+    if num_train < 2:
+        raise ValueError(f"--test-fraction {test_fraction} leaves {num_train} training rows of {N}")
+
+
+def check_fit_inducing(num_inducing: int, batch: int | None, num_train: int) -> None:
+    """Raise if ``--num-inducing`` exceeds the points its k-means initialization sees (the first
+    minibatch of ``batch`` rows, else the ``num_train`` training rows).
+
+    :raises ValueError: otherwise.
+    """
+    init_points = batch or num_train
+    if num_inducing > init_points:
+        raise ValueError(
+            f"--num-inducing {num_inducing} exceeds the {init_points} points its k-means "
+            f"initialization sees ({'the first minibatch' if batch else 'the training rows'}); "
+            f"pass --num-inducing {init_points} or fewer"
+            f"{' or a larger --batch-size' if batch else ''}"
+        )
+
+
+def fit_table(
+    args: argparse.Namespace, likelihood: str, targets: list[str], masked: bool
+) -> tuple[np.ndarray, np.ndarray, list[str], int | None]:
+    """``(X, y, feature names, number of classes)`` of ``fit``'s table, its targets checked
+    against the likelihood (NumPy only: a bad table is reported before JAX loads)."""
+    from numpyro_dgp._persist.tables import read_table  # NumPy only: before JAX loads
+
+    _check_label_targets(args.likelihood, likelihood, targets)
+    table = read_table(args.data, allow_missing=targets)
+    X, y, names = table.split(targets[0] if len(targets) == 1 else targets)
+    assert y is not None  # a target was named
+    _check_missing_targets(args.data, y, targets, masked)
+    num_classes = _check_target_values(y, likelihood, targets)
+    return X, y, names, num_classes
+
+
+def train_test_rows(N: int, seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, test)`` row indices: ``--test-fraction`` of the ``N`` rows held out at random."""
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(N)
+    num_test = int(round(test_fraction * N))
+    test, train = order[:num_test], order[num_test:]
+    _check_training_rows(train.size, test_fraction, N)
+    return train, test
+
+
+def training_arrays(
+    s, X: np.ndarray, y: np.ndarray, train: np.ndarray, dtype, continuous: bool, masked: bool
+):
+    """``(X_train, y_train)`` as JAX arrays: standardized inputs, and standardized targets
+    (continuous likelihoods), labels or counts."""
+    import jax.numpy as jnp
+
+    X_train = jnp.asarray(s.inputs(X[train]), dtype)
+    if continuous or masked:
+        y_train = jnp.asarray(s.targets(y[train]) if continuous else y[train], dtype)
+    else:
+        y_train = jnp.asarray(y[train], jnp.int32)
+    return X_train, y_train
+
+
+def print_fit_plan(
+    args: argparse.Namespace,
+    N: int,
+    names: list[str],
+    num_classes: int | None,
+    train_rows: int,
+    test_rows: int,
+    batch: int | None,
+    dtype,
+) -> None:
+    """Print what ``fit`` is about to do: the table's sizes, the model and the optimization."""
+    import numpy as np
+
+    targets = args.target
+    shown = repr(targets[0]) if len(targets) == 1 else str(targets)
+    print(
+        f"{args.data}: {N} rows, {len(names)} features, target {shown} ({args.likelihood}"
+        f"{f', {num_classes} classes' if num_classes else ''}); {train_rows} training, "
+        f"{test_rows} test rows"
+    )
+    print(
+        f"{args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, "
+        f"{'batch ' + str(batch) if batch else 'full batch'}, {np.dtype(dtype).name}; "
+        "inducing inputs by k-means on "
+        f"{'one minibatch of ' + str(batch) if batch else str(min(train_rows, 100_000))} points"
+    )
+
+
+def fit_summary(
+    args: argparse.Namespace,
+    N: int,
+    train_rows: int,
+    test_rows: int,
+    batch: int | None,
+    final: float,
+    seconds: float,
+    result,
+) -> dict:
+    """The fit's record saved with the model (``metadata``)."""
+    return {
+        "rows": int(N),
+        "train_rows": int(train_rows),
+        "test_rows": int(test_rows),
+        "steps": args.steps,
+        "batch_size": batch,
+        "seed": args.seed,
+        "final_loss": final,
+        "fit_seconds": seconds,
+        "skipped_steps": int(result.num_skipped),
+    }
+
+
+def print_held_out(
+    loaded, X: np.ndarray, y: np.ndarray, test: np.ndarray, targets: list[str], seed: int
+) -> None:
+    """Print the metrics of the saved model (``loaded`` again) on the held-out rows."""
+    import jax
+
+    pred = loaded.predict(X[test], rng_key=jax.random.PRNGKey(seed + 1), batch_size=10_000)
+    print("held-out: " + scores_text(pred, y[test], targets))
+
+
+def scores_text(pred, y, targets: list[str]) -> str:
+    """The metrics of ``pred`` against ``y`` as one line (each column's too, for several)."""
+    import numpy as np
+
+    from numpyro_dgp import metrics
+    from numpyro_dgp._predict.prediction import take_points
+
+    y = np.asarray(y, np.float64)
+    if pred.likelihood in ("bernoulli", "categorical"):
+        labelled = ~np.isnan(y)  # rows without a label (--missing-targets mask) are not scored
+        pred, y = take_points(pred, np.flatnonzero(labelled)), y[labelled].astype(np.int32)
+    scores = metrics(pred, y)
+    text = ", ".join(f"{k} {v:.4g}" for k, v in scores.items())
+    if len(targets) > 1:
+        columns = metrics(pred, y, per_column=True)
+        text += "".join(
+            f"; {name}: " + ", ".join(f"{k} {v[j]:.4g}" for k, v in columns.items())
+            for j, name in enumerate(targets)
+        )
+    return text
+
+
+def check_feature_columns(names: list[str], columns: list[str], data: str) -> None:
+    """Raise unless the table (of ``columns``) has every feature column of the model (``names``).
+
+    :raises ValueError: naming the missing columns.
+    """
+    missing = [n for n in names if n not in columns]
+    if missing:
+        raise ValueError(
+            f"{data}: the model needs the columns {missing}, which the table lacks "
+            f"(it has {columns})"
+        )
+
+
+def prediction_columns(pred, quantiles: list[float], targets: list[str]) -> tuple[list[str], list]:
+    """The CSV's header and columns: class probabilities and the most probable class, the
+    probability of ``y = 1``, or (regression, counts) the mean, standard deviation and
+    quantiles of every target column."""
+    import numpy as np
+
+    from numpyro_dgp import predictive_quantiles
+
+    mean, std = np.asarray(pred.mean), np.sqrt(np.asarray(pred.variance))
+    if pred.likelihood == "categorical":
+        header = [f"p{c}" for c in range(mean.shape[-1])] + ["class"]
+        return header, list(mean.T) + [np.argmax(mean, axis=-1)]
+    if pred.likelihood == "bernoulli":
+        return ["probability", "std"], [mean, std]
+    qs = np.asarray(
+        predictive_quantiles(pred, np.asarray(quantiles, np.float64))
+    )  # (Q, N) or (Q, N, T)
+    if mean.ndim == 1:
+        return ["mean", "std"] + [f"q{q:g}" for q in quantiles], [mean, std] + list(qs)
+    header, columns = [], []
+    for j, name in enumerate(targets or [f"y{j}" for j in range(mean.shape[1])]):
+        header += [f"mean_{name}", f"std_{name}"] + [f"q{q:g}_{name}" for q in quantiles]
+        columns += [mean[:, j], std[:, j]] + list(qs[..., j])
+    return header, columns

@@ -1,0 +1,370 @@
+"""Ready-made DGP models (plain NumPyro programs built from :func:`~numpyro_dgp.gp_layer`).
+
+* :func:`deep_gp_regression` -- the doubly stochastic regression DGP of Salimbeni &
+  Deisenroth (2017);
+* :func:`diffgp` -- the differential GP (SDE flow of the inputs, then a GP) of Hegde et al.
+  (2019);
+* :func:`amortized_dgp` -- the amortized DGP of Meng & Zhang (2024).
+
+The factories check their arguments when the model is built; every model checks its data
+when it runs eagerly (the first run of ``svi.init`` / :func:`~numpyro_dgp.fit`): ``X`` must be a
+finite ``(N, D)`` array (integers are cast to the default float, so the noise parameter, created
+in ``X``'s dtype, is a float), ``y`` ``(N,)`` or ``(N, 1)`` (squeezed; ``(N, T)`` for
+``num_outputs = T``) with finite values (NaN allowed where ``missing_targets="mask"``), and
+features far from standardized give an :class:`~numpyro_dgp.InputScaleWarning`.
+
+**References:**
+
+* Salimbeni, Deisenroth (2017). Doubly stochastic variational inference for deep Gaussian
+  processes. NeurIPS.
+* Hegde, Heinonen, Lähdesmäki, Kaski (2019). Deep learning with differential Gaussian
+  process flows. AISTATS.
+* Meng, Zhang (2024). Amortized variational inference for deep Gaussian processes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from numpyro_dgp._protocol import attach_model_config
+from numpyro_dgp._validation import as_float_array, check_finite
+from numpyro_dgp.handlers import sde_flow
+from numpyro_dgp.kernels import RBF, Kernel, Matern52
+from numpyro_dgp.layers import gp_layer
+from numpyro_dgp.models._checks import (
+    check_common,
+    check_diffgp_args,
+    check_layer_sizes,
+    check_regression_args,
+)
+from numpyro_dgp.models._minibatch import subsample
+from numpyro_dgp.models._observation import LIKELIHOODS, MISSING_TARGETS, Observation
+
+__all__ = [
+    "LIKELIHOODS",
+    "MISSING_TARGETS",
+    "Observation",
+    "WITH_REPLACEMENT_ABOVE",
+    "amortized_dgp",
+    "deep_gp_regression",
+    "diffgp",
+]
+
+#: above this many points, minibatch indices are drawn with replacement (``O(B)`` per step)
+#: instead of NumPyro's draw without replacement (``O(N)`` per step: a partial shuffle of
+#: ``arange(N)`` on CPU, a permutation of ``N`` on accelerators)
+WITH_REPLACEMENT_ABOVE = 100_000
+
+
+def deep_gp_regression(
+    num_layers: int = 2,
+    *,
+    num_inducing: int = 100,
+    hidden_width: int | None = None,
+    kernel: Kernel | None = None,
+    noise_init: float = 0.01,
+    inner_mean: str = "identity",
+    whiten: bool = True,
+    jitter: float | None = None,
+    inner_noise: float | None = None,
+    likelihood: str = "gaussian",
+    num_outputs: int = 1,
+    num_classes: int | None = None,
+    missing_targets: str = "raise",
+) -> Callable:
+    """The DSVI regression DGP (Salimbeni & Deisenroth, 2017) as a NumPyro model.
+
+    Layers ``h1 .. h{L}``: inner layers of width ``hidden_width`` (default: the input
+    dimension) with an ``inner_mean`` mean function, a last layer with zero mean as wide as the
+    likelihood needs (one output per target column; ``C`` for classes; two per column for the
+    heteroscedastic Gaussian), then ``y ~ N(f, noise)`` or another likelihood (see
+    ``likelihood``).
+
+    The returned ``model(X, y=None, batch_size=None, num_data=None)`` subsamples
+    ``batch_size`` points per call when given (minibatch SVI; the likelihood is rescaled by the
+    plate; above :data:`WITH_REPLACEMENT_ABOVE` points the indices are drawn with replacement,
+    so a step costs the same at any ``N``). With ``num_data``, ``X`` and ``y`` are themselves a
+    minibatch of a data set of ``num_data`` points, drawn outside the model (from host memory
+    or a memory-mapped file: :func:`numpyro_dgp.infer.fit_minibatches`), and the likelihood is
+    scaled by ``num_data / len(X)``.
+
+    :param num_layers: ``L >= 1`` (``L = 1`` is an SVGP).
+    :param num_inducing: ``M`` per layer (k-means initialized).
+    :param hidden_width: inner-layer width.
+    :param kernel: kernel of every layer (initial values; default ARD RBF).
+    :param noise_init: initial Gaussian noise variance.
+    :param inner_mean: mean function of inner layers (see :func:`~numpyro_dgp.gp_layer`).
+    :param whiten: whitened inducing values.
+    :param jitter: Cholesky jitter (default by dtype).
+    :param inner_noise: initial output-noise variance of every inner layer (``gp_layer(...,
+        noise=...)``: a learned ``"h<l>.noise"``); ``None`` (default): noiseless inner layers, as
+        in DSVI. :class:`~numpyro_dgp.objectives.NestedCompressionElbo` needs it.
+    :param likelihood: one of :data:`LIKELIHOODS` (:mod:`numpyro_dgp.likelihoods`): ``"gaussian"``
+        (learned noise ``"noise"``), ``"probit"`` (``y`` in {0, 1}), ``"softmax"`` or
+        ``"robust_max"`` (``y`` in ``0..C-1``), ``"student_t"`` (learned ``"df"`` and
+        ``"scale"``), ``"poisson"`` (counts), ``"negative_binomial"`` (counts, learned
+        ``"concentration"``) or ``"heteroscedastic"`` (a Gaussian whose log-variance is a second
+        output of the last layer).
+    :param num_outputs: ``T``, target columns: ``y`` is ``(N, T)`` (one noise, df, scale or
+        concentration per column).
+    :param num_classes: ``C`` for ``"softmax"`` and ``"robust_max"``.
+    :param missing_targets: ``"raise"`` (NaN targets are refused, naming ``y``) or ``"mask"``
+        (NaN entries of ``y`` are left out of the likelihood; :func:`~numpyro_dgp.fit` then takes
+        NaN in ``y``).
+    :return: the model ``model(X, y=None, batch_size=None)``: ``X`` ``(N, D)``, ``y`` ``(N,)``
+        (``(N, T)``).
+    :raises ValueError: for an invalid argument (naming it).
+    :raises NotImplementedError: for an unknown ``likelihood``.
+    :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
+    """
+    caller = "deep_gp_regression"
+    config = _arguments(locals())
+    observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
+    observation.check(caller)
+    check_regression_args(
+        num_layers, num_inducing, hidden_width, kernel, noise_init, jitter, inner_mean
+    )
+    kernel = RBF() if kernel is None else kernel
+
+    def model(X, y=None, batch_size=None, num_data=None):
+        X, y = _data(X, y, "deep_gp_regression model", observation)
+        D = X.shape[1]
+        data, X_batch, y_batch = subsample(
+            X, y, batch_size, "deep_gp_regression model", num_data, WITH_REPLACEMENT_ABOVE
+        )
+        h = X_batch
+        width = D if hidden_width is None else hidden_width
+        for layer in range(1, num_layers + 1):
+            last = layer == num_layers
+            h = gp_layer(
+                f"h{layer}",
+                h,
+                kernel,
+                num_inducing=num_inducing,
+                out_dim=observation.width if last else width,
+                mean="zero" if last else inner_mean,
+                whiten=whiten,
+                jitter=jitter,
+                noise=None if last else inner_noise,
+            )
+        observation.observe(h, y_batch, data, X.dtype)
+
+    return _remember(model, caller, config)
+
+
+def _arguments(arguments: dict) -> dict:
+    """A factory's arguments as given (``locals()`` at its top), for :func:`_remember`."""
+    return {k: v for k, v in arguments.items() if k not in ("caller", "model")}
+
+
+def _remember(model, factory, arguments):
+    """Attach ``{"factory", "arguments"}`` to a factory's model, so that
+    :func:`numpyro_dgp.save_model` can write it and :func:`numpyro_dgp.load_model` rebuild it."""
+    attach_model_config(model, factory, arguments)
+    return model
+
+
+def _data(X, y, caller, observation):
+    """The model's data at the door: ``X`` a finite float ``(N, D)`` array (integers cast to the
+    default float, never left integer: the noise is created in ``X``'s dtype), ``y`` as
+    :meth:`Observation.targets` takes it."""
+    X = as_float_array(X, "X", caller, ndim=2)
+    check_finite(X, "X", caller)
+    return X, observation.targets(y, X.shape[0], X.dtype, caller)
+
+
+def diffgp(
+    T: float = 1.0,
+    *,
+    num_steps: int = 20,
+    num_inducing: int = 100,
+    flow_kernel: Kernel | None = None,
+    kernel: Kernel | None = None,
+    likelihood: str = "gaussian",
+    noise_init: float = 0.01,
+    estimator: str = "marginal",
+    diffusion: bool = True,
+    flow_inducing_inputs: ArrayLike | None = None,
+    time_input: bool = False,
+    jitter: float | None = None,
+    num_outputs: int = 1,
+    num_classes: int | None = None,
+    missing_targets: str = "raise",
+) -> sde_flow:
+    """The differential GP of Hegde et al. (2019), DiffGP: an SDE flow of the inputs, then a GP.
+
+    A ``gp_layer`` ``"flow"`` (``D -> D``, zero mean, a weak field: ``flow_kernel`` defaults
+    to an ARD RBF with variance 0.01 as in Hegde et al.) turned by
+    :class:`numpyro_dgp.handlers.sde_flow` into the drift and diffusion of an Euler–Maruyama
+    flow of the inputs to time ``T``; the end states go into the predictor ``gp_layer`` ``"g"``
+    (``D -> 1``), then the likelihood. ``T = 0`` is an SVGP.
+
+    The returned (``sde_flow``-wrapped) ``model(X, y=None, batch_size=None, num_data=None)``
+    subsamples ``batch_size`` points per call when given (``num_data``: ``X`` is a minibatch,
+    as for :func:`deep_gp_regression`).
+
+    :param T: flow time.
+    :param num_steps: Euler–Maruyama steps.
+    :param num_inducing: ``M`` of the flow and of the predictor (k-means initialized).
+    :param flow_kernel: kernel of the vector field (initial values).
+    :param kernel: kernel of the predictor (default ARD RBF).
+    :param likelihood: one of :data:`LIKELIHOODS` (see :func:`deep_gp_regression`).
+    :param noise_init: initial Gaussian noise variance.
+    :param estimator: ``"marginal"`` (Hegde et al.'s) or ``"ancestral"`` (see ``sde_flow``).
+    :param diffusion: ``False`` gives the ODE flow.
+    :param flow_inducing_inputs: ``(M, D)`` (``(M, D + 1)`` with ``time_input``) initial
+        inducing inputs of the flow (instead of k-means); needed with ``time_input``
+        (:func:`numpyro_dgp.sde.temporal_inducing_inputs`).
+    :param time_input: time-dependent vector field ("temporal DiffGP"): the flow layer sees
+        ``[x, t]``; give ``flow_kernel`` over ``D + 1`` inputs (the default ARD RBF adapts).
+    :param jitter: Cholesky jitter (default by dtype).
+    :param num_outputs: target columns (see :func:`deep_gp_regression`).
+    :param num_classes: ``C`` for ``"softmax"`` and ``"robust_max"``.
+    :param missing_targets: ``"raise"`` or ``"mask"`` (see :func:`deep_gp_regression`).
+    :return: the :class:`~numpyro_dgp.handlers.sde_flow`-wrapped model
+        ``model(X, y=None, batch_size=None)``.
+    :raises ValueError: for an invalid argument (naming it).
+    :raises NotImplementedError: for an unknown ``likelihood``.
+    :raises TypeError: if a kernel is not a :class:`~numpyro_dgp.kernels.Kernel`.
+    """
+    config = _arguments(locals())
+    observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
+    observation.check("diffgp")
+    check_diffgp_args(
+        T,
+        num_steps,
+        num_inducing,
+        kernel,
+        noise_init,
+        jitter,
+        flow_kernel,
+        time_input,
+        flow_inducing_inputs,
+    )
+    flow_kernel = RBF(variance=0.01) if flow_kernel is None else flow_kernel
+    kernel = RBF() if kernel is None else kernel
+
+    def model(X, y=None, batch_size=None, num_data=None):
+        X, y = _data(X, y, "diffgp model", observation)
+        data, X_batch, y_batch = subsample(
+            X, y, batch_size, "diffgp model", num_data, WITH_REPLACEMENT_ABOVE
+        )
+        D = X.shape[-1]
+        flow_in = X_batch
+        if time_input:
+            flow_in = jnp.concatenate(
+                [X_batch, jnp.zeros((X_batch.shape[0], 1), X_batch.dtype)], axis=-1
+            )
+        h = gp_layer(
+            "flow",
+            flow_in,
+            flow_kernel,
+            num_inducing=None if flow_inducing_inputs is not None else num_inducing,
+            inducing_inputs=flow_inducing_inputs,
+            out_dim=D,
+            mean="zero",
+            jitter=jitter,
+        )
+        f = gp_layer(
+            "g",
+            h,
+            kernel,
+            num_inducing=num_inducing,
+            out_dim=observation.width,
+            mean="zero",
+            jitter=jitter,
+        )
+        observation.observe(f, y_batch, data, X.dtype)
+
+    return _remember(
+        sde_flow(
+            model,
+            "flow",
+            T=T,
+            num_steps=num_steps,
+            estimator=estimator,
+            diffusion=diffusion,
+            time_input=time_input,
+        ),
+        "diffgp",
+        config,
+    )
+
+
+def amortized_dgp(
+    widths: Sequence[int] = (16, 4, 1),
+    num_inducing: Sequence[int] = (8, 4, 4),
+    *,
+    kernel: Kernel | None = None,
+    likelihood: str = "gaussian",
+    noise_init: float = 0.01,
+    mean: str = "zero",
+    average_kl: bool = True,
+    jitter: float | None = None,
+    num_outputs: int = 1,
+    num_classes: int | None = None,
+    missing_targets: str = "raise",
+) -> Callable:
+    """The amortized DGP of Meng & Zhang (2024) (AVDGP): every layer has per-point inducing
+    sets (``gp_layer(..., inducing="amortized")``), fitted with
+    :class:`numpyro_dgp.guides.AutoAmortizedDGP`.
+
+    Layers ``h1 .. h{L}`` of widths ``widths`` (the last is the output, as wide as the
+    likelihood needs: 1 for one Gaussian target, ``C`` for classes, ...) with
+    ``num_inducing[l]`` inducing inputs per point, isotropic Matérn-5/2 kernels and zero mean
+    functions (the settings of Meng & Zhang, App. C.1), then the likelihood.
+
+    The returned ``model(X, y=None, batch_size=None, num_data=None)`` subsamples
+    ``batch_size`` points per call when given (``num_data``: ``X`` is a minibatch, as for
+    :func:`deep_gp_regression`).
+
+    :param widths: output width per layer; the last is the likelihood's (1 for one Gaussian
+        target, ``num_classes`` for classes, ``2 num_outputs`` for the heteroscedastic Gaussian).
+    :param num_inducing: ``M`` per layer.
+    :param kernel: kernel of every layer (initial values; default isotropic Matérn-5/2).
+    :param likelihood: one of :data:`LIKELIHOODS` (see :func:`deep_gp_regression`).
+    :param noise_init: initial Gaussian noise variance.
+    :param mean: mean function of every layer (see :func:`~numpyro_dgp.gp_layer`).
+    :param average_kl: the KL weighting of Meng & Zhang (averaged over points, ``1/N``);
+        ``False`` gives the summed KL of a proper ELBO.
+    :param jitter: Cholesky jitter (default by dtype).
+    :param num_outputs: target columns (see :func:`deep_gp_regression`).
+    :param num_classes: ``C`` for ``"softmax"`` and ``"robust_max"``.
+    :param missing_targets: ``"raise"`` or ``"mask"`` (see :func:`deep_gp_regression`).
+    :return: the model ``model(X, y=None, batch_size=None, num_data=None)``: ``X`` ``(N, D)``,
+        ``y`` ``(N,)`` (``(N, T)`` for ``num_outputs = T > 1``).
+    :raises ValueError: for an invalid argument (naming it).
+    :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
+    """
+    config = _arguments(locals())
+    observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
+    observation.check("amortized_dgp")
+    widths, num_inducing = check_layer_sizes(widths, num_inducing, observation.width)
+    check_common("amortized_dgp", kernel, noise_init, jitter)
+    kernel = Matern52(ard=False) if kernel is None else kernel
+
+    def model(X, y=None, batch_size=None, num_data=None):
+        X, y = _data(X, y, "amortized_dgp model", observation)
+        data, X_batch, y_batch = subsample(
+            X, y, batch_size, "amortized_dgp model", num_data, WITH_REPLACEMENT_ABOVE
+        )
+        with data:
+            h = X_batch
+            for layer, (width, M) in enumerate(zip(widths, num_inducing), start=1):
+                h = gp_layer(
+                    f"h{layer}",
+                    h,
+                    kernel,
+                    num_inducing=M,
+                    out_dim=width,
+                    mean=mean,
+                    inducing="amortized",
+                    average_kl=average_kl,
+                    jitter=jitter,
+                )
+        observation.observe(h, y_batch, data, X.dtype)
+
+    return _remember(model, "amortized_dgp", config)
