@@ -19,7 +19,9 @@ from numpyro_dgp.core._triangular import (  # noqa: E402
     LOWER_TIMES_BLOCK,
     QUADRATIC_FORM_BLOCK,
     lower_from_vector,
+    lower_of_times_transpose,
     lower_times,
+    lower_times_lower,
     quadratic_form_diagonals,
     triangular_blocks,
 )
@@ -90,6 +92,38 @@ def test_lower_times_matches_the_dense_product(M):
         np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(r))))
 
 
+@pytest.mark.parametrize("M", SIZES)
+def test_triangle_times_triangle_products_match_the_dense_products(M):
+    # the factorization's derivative rules are built from these two: each reads only the lower
+    # triangles it should (the inputs' upper triangles hold noise here) and has exact zeros
+    # above the diagonal
+    rs = np.random.RandomState(M + 5)
+    T, U, X = (jnp.asarray(rs.randn(2, M, M)) for _ in range(3))
+    for ours, reference in [
+        (lower_times_lower(T, U), jnp.tril(T) @ jnp.tril(U)),
+        (lower_of_times_transpose(X, T), jnp.tril(X @ jnp.swapaxes(jnp.tril(T), -1, -2))),
+    ]:
+        np.testing.assert_allclose(ours, reference, rtol=1e-11, atol=1e-11 * M)
+        assert np.all(np.triu(np.asarray(ours), 1) == 0.0)
+
+
+def test_block_products_pass_finite_difference_checks_with_several_small_blocks(monkeypatch):
+    # blocks of 3 at M = 8 (3 blocks, the last one short): the block boundaries' derivatives
+    # in both modes, at a size where finite differences are cheap
+    import numpyro_dgp.core._triangular as triangular
+
+    monkeypatch.setattr(triangular, "LOWER_TIMES_BLOCK", 3)
+    assert len(triangular_blocks(8, triangular.LOWER_TIMES_BLOCK, 4)) == 3
+    rs = np.random.RandomState(8)
+    T, U, B = jnp.asarray(rs.randn(8, 8)), jnp.asarray(rs.randn(8, 8)), jnp.asarray(rs.randn(8, 2))
+    # order 1: the products are bilinear; compiled, as the checks' many evaluations are slow
+    # op by op
+    for product, args in [(lower_times, (T, B)), (lower_times_lower, (T, U)), (lower_of_times_transpose, (U, T))]:
+        check_grads(jax.jit(product), args, order=1, modes=["fwd", "rev"])
+    K = jnp.asarray(_spd(rs, 8))
+    check_grads(jax.jit(lambda K: jnp.sum(U * triangular_inverse(cholesky(K)))), (K,), order=1, modes=["rev", "fwd"])
+
+
 def test_lower_times_takes_a_batch_of_factors():
     rs = np.random.RandomState(3)
     T, X = jnp.asarray(rs.randn(2, 3, 130, 130)), jnp.asarray(rs.randn(2, 3, 130, 5))
@@ -103,6 +137,9 @@ def test_triangular_products_pass_finite_difference_checks_in_both_modes(M):
     q_sqrt, B, T = jnp.asarray(rs.randn(2, M, M)), jnp.asarray(rs.randn(M, 4)), jnp.asarray(rs.randn(M, M))
     check_grads(quadratic_form_diagonals, (q_sqrt, B), order=2, modes=["fwd", "rev"])
     check_grads(lower_times, (T, B), order=2, modes=["fwd", "rev"])
+    U = jnp.asarray(rs.randn(M, M))
+    check_grads(lower_times_lower, (T, U), order=2, modes=["fwd", "rev"])
+    check_grads(lower_of_times_transpose, (U, T), order=2, modes=["fwd", "rev"])
     check_grads(lower_from_vector, (jnp.asarray(rs.randn(3, M * (M + 1) // 2)),), order=1, modes=["fwd", "rev"])
 
 

@@ -19,7 +19,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["lower_from_vector", "lower_times", "quadratic_form_diagonals", "triangular_blocks"]
+__all__ = [
+    "lower_from_vector",
+    "lower_of_times_transpose",
+    "lower_times",
+    "lower_times_lower",
+    "quadratic_form_diagonals",
+    "triangular_blocks",
+]
 
 #: Block edge of :func:`quadratic_form_diagonals` (one product per block and all outputs), and
 #: the most blocks it uses (larger blocks at large M keep the compiled program's size, and its
@@ -79,6 +86,52 @@ def lower_times(T: jax.Array, X: jax.Array) -> jax.Array:
     blocks = triangular_blocks(T.shape[-1], LOWER_TIMES_BLOCK, LOWER_TIMES_MOST_BLOCKS)
     rows = [jnp.tril(T[..., start:stop, :stop], start) @ X[..., :stop, :] for start, stop in blocks]
     return jnp.concatenate(rows, axis=-2)
+
+
+def lower_times_lower(T: jax.Array, U: jax.Array) -> jax.Array:
+    """``tril(T) @ tril(U)``, a lower-triangular matrix, reading only the lower triangles.
+
+    Row block ``[start, stop)`` of the product needs columns ``< stop`` of ``T`` and the leading
+    ``stop x stop`` block of ``U``: with 4 blocks, 30/64 of the full product's FLOPs (the
+    triangular minimum is 1/6); the zeros above the diagonal are exact.
+
+    :param T: ``(..., M, M)``.
+    :param U: ``(..., M, M)``.
+    :return: ``(..., M, M)``, zero above the diagonal.
+    """
+    n, U = T.shape[-1], jnp.tril(U)
+    rows = [
+        _pad_columns(jnp.tril(T[..., start:stop, :stop], start) @ U[..., :stop, :stop], n)
+        for start, stop in triangular_blocks(n, LOWER_TIMES_BLOCK, LOWER_TIMES_MOST_BLOCKS)
+    ]
+    return jnp.concatenate(rows, axis=-2)
+
+
+def lower_of_times_transpose(X: jax.Array, T: jax.Array) -> jax.Array:
+    """``tril(X @ tril(T)^T)``: the lower triangle of a product with a transposed lower factor.
+
+    Entry ``(i, j)``, ``j <= i``, sums over columns ``<= j`` of both, so row block
+    ``[start, stop)`` needs columns ``< stop`` only: 30/64 of the full product with 4 blocks.
+
+    :param X: ``(..., M, M)``.
+    :param T: ``(..., M, M)``; its upper triangle is ignored.
+    :return: ``(..., M, M)``, zero above the diagonal.
+    """
+    n, T = T.shape[-1], jnp.tril(T)
+    rows = [
+        _pad_columns(
+            jnp.tril(X[..., start:stop, :stop] @ jnp.swapaxes(T[..., :stop, :stop], -1, -2), start),
+            n,
+        )
+        for start, stop in triangular_blocks(n, LOWER_TIMES_BLOCK, LOWER_TIMES_MOST_BLOCKS)
+    ]
+    return jnp.concatenate(rows, axis=-2)
+
+
+def _pad_columns(block: jax.Array, n: int) -> jax.Array:
+    """``block`` with zero columns appended up to ``n``."""
+    pad = [(0, 0)] * (block.ndim - 1) + [(0, n - block.shape[-1])]
+    return jnp.pad(block, pad)
 
 
 def lower_from_vector(vector: jax.Array) -> jax.Array:
