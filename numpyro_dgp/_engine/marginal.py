@@ -55,6 +55,7 @@ from numpyro_dgp.core import (
     block_diag_covariance,
     chain_transition,
     condition_on_output,
+    joint_covariance,
     local_kl,
     output_at_nodes,
     output_moments,
@@ -483,7 +484,7 @@ class marginalize_inducing(Messenger):
             )
         k = post.sites.index(name)
         if k == 0:
-            return Belief(post.loc, post.scale_tril @ post.scale_tril.T)
+            return Belief(post.loc, joint_covariance(post.scale_tril))
         state = self._joint_states.get(post.sites)
         if state is None or state[0] != k:
             raise ValueError(

@@ -40,6 +40,7 @@ from jax.scipy.linalg import block_diag, solve_triangular
 from jax.typing import ArrayLike
 
 from numpyro_dgp.core._conditionals import project
+from numpyro_dgp.core._triangular import lower_gram
 
 __all__ = [
     "Belief",
@@ -50,6 +51,7 @@ __all__ = [
     "condition_on_output",
     "chain_transition",
     "block_diag_covariance",
+    "joint_covariance",
     "chain_gauss_kl_term",
 ]
 
@@ -221,6 +223,20 @@ def block_diag_covariance(scale_tril: ArrayLike) -> jax.Array:
     """
     blocks = jnp.einsum("pij,pkj->pik", scale_tril, scale_tril)
     return block_diag(*[blocks[p] for p in range(blocks.shape[0])])
+
+
+def joint_covariance(scale_tril: ArrayLike) -> jax.Array:
+    """The covariance ``L L^T`` of a joint Gaussian over several layers' inducing values.
+
+    Computed from the blocks of the lower factor that are not zero, each block of the product
+    summing only over the columns where both factors' rows can be non-zero: over two layers of
+    width 8 and 1 at ``M = 500`` (``K = 4500``, 9 blocks) 23% of the dense product's FLOPs, the
+    largest product of an ``AutoJointDGP`` step.
+
+    :param scale_tril: ``(K, K)`` lower factor; its upper triangle is ignored.
+    :return: ``(K, K)`` covariance.
+    """
+    return lower_gram(jnp.asarray(scale_tril))
 
 
 def chain_transition(
