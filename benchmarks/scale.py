@@ -328,10 +328,12 @@ def plot_grid(grid, path):
                ylabel="ms per training step")
         ax.grid(True, which="both", alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
-    fig.suptitle("DSVI training step (2 layers, batch 1000, N = 10,000) on a 2-core CPU")
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.savefig(path, dpi=110)
+    narrow = len(dims) == 1  # one column: the legend in two columns, the title on two lines
+    fig.legend(handles, labels, loc="lower center", ncol=2 if narrow else 4, fontsize=8)
+    fig.suptitle("DSVI training step (2 layers, batch 1000, N = 10,000)" + ("\n" if narrow else " ")
+                 + "on a 2-core CPU")
+    fig.tight_layout(rect=(0, 0.14 if narrow else 0.1, 1, 1))
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
