@@ -383,7 +383,7 @@ def _spd(rs, batch, M):
     return A @ np.swapaxes(A, -1, -2) + M * np.eye(M)
 
 
-@pytest.mark.parametrize("M", [5, 40, 100, 500])
+@pytest.mark.parametrize("M", [5, 40, 100, 500])  # 500 (4 blocks) runs with --runslow
 def test_cholesky_and_inverse_derivatives_match_jax(M):
     # The matmul-only derivative rules against JAX's own (triangular-solve) rules, in reverse
     # mode through a function of both the factor and its inverse, for a non-symmetric

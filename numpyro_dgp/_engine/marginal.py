@@ -52,7 +52,7 @@ from numpyro_dgp._protocol import (
 )
 from numpyro_dgp.core import (
     Belief,
-    block_diag_covariance,
+    block_covariances,
     chain_transition,
     condition_on_output,
     joint_covariance,
@@ -464,7 +464,8 @@ class marginalize_inducing(Messenger):
         name = layer.u_site
         if isinstance(post, ChainLink):
             if post.parent is None:
-                return Belief(post.mean.reshape(-1), block_diag_covariance(post.scale_tril))
+                # the first link's covariance is block-diagonal: kept as its blocks
+                return Belief(post.mean.reshape(-1), block_covariances(post.scale_tril))
             if post.parent not in self._beliefs:
                 raise ValueError(
                     f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, "

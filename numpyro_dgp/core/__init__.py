@@ -13,10 +13,12 @@ expectations) in float64.
 from numpyro_dgp.core._amortized import affine_inducing_inputs, local_conditional, local_kl
 from numpyro_dgp.core._chain import (
     Belief,
+    block_covariances,
     block_diag_covariance,
     chain_gauss_kl_term,
     chain_transition,
     condition_on_output,
+    congruence,
     joint_covariance,
     output_at_nodes,
     output_moments,
@@ -45,6 +47,7 @@ __all__ = [
     "COLLAPSED_METHODS",
     "UncertainInputMoments",
     "affine_inducing_inputs",
+    "block_covariances",
     "block_diag_covariance",
     "chain_gauss_kl_term",
     "chain_transition",
@@ -54,6 +57,7 @@ __all__ = [
     "collapsed_posterior",
     "condition_on_output",
     "conditional",
+    "congruence",
     "default_jitter",
     "euler_maruyama",
     "expected_input_kernel",

@@ -51,6 +51,7 @@ __all__ = [
     "condition_on_output",
     "chain_transition",
     "block_diag_covariance",
+    "block_covariances",
     "joint_covariance",
     "chain_gauss_kl_term",
 ]
@@ -77,7 +78,9 @@ class Belief(NamedTuple):
     ``N(loc_n, shared_cov - downdate_n^T downdate_n)``.
 
     :ivar loc: ``(K,)`` (the same for every point) or ``(N, K)``.
-    :ivar shared_cov: ``(K, K)`` the covariance before any conditioning.
+    :ivar shared_cov: ``(K, K)`` the covariance before any conditioning, or ``(P, M, M)`` the
+        diagonal blocks of a block-diagonal one (``K = P M``: a chain's first layer, whose
+        products then skip the zero blocks).
     :ivar downdate: ``(N, r, K)`` each point's correction, or ``None`` (none yet).
     """
 
@@ -88,14 +91,20 @@ class Belief(NamedTuple):
     def covariance(self) -> jax.Array:
         """The dense covariance, ``(K, K)`` or ``(N, K, K)`` (for checks; the recursion never
         forms it)."""
+        shared = _dense(self.shared_cov)
         if self.downdate is None:
-            return self.shared_cov
-        return self.shared_cov - jnp.einsum("njk,njl->nkl", self.downdate, self.downdate)
+            return shared
+        return shared - jnp.einsum("njk,njl->nkl", self.downdate, self.downdate)
 
     def tail(self, start: int) -> Belief:
         """The belief over the values from index ``start`` on."""
         downdate = None if self.downdate is None else self.downdate[..., start:]
-        return Belief(self.loc[..., start:], self.shared_cov[start:, start:], downdate)
+        return Belief(self.loc[..., start:], _dense(self.shared_cov)[start:, start:], downdate)
+
+
+def _dense(cov: jax.Array) -> jax.Array:
+    """A shared covariance as a ``(K, K)`` matrix (from its diagonal blocks if it has them)."""
+    return cov if cov.ndim == 2 else block_diag(*[cov[p] for p in range(cov.shape[0])])
 
 
 def _per_point(x: jax.Array, N: int, ndim: int) -> jax.Array:
@@ -114,13 +123,13 @@ def output_moments(
     :return: ``(mean (N, P), cov (N, P, P), HB (N, P, K))``: the mean (add the mean function),
         the covariance, and the output's cross-covariance with the belief (needed by
         :func:`condition_on_output`).
+    :raises ValueError: if the belief's covariance blocks are not ``(P, M, M)``.
     """
     N, M = alpha.shape
     P = int(out_dim)
-    K = belief.loc.shape[-1]
     loc = _per_point(belief.loc, N, 1)
     mean = jnp.einsum("npm,nm->np", loc[:, : P * M].reshape(N, P, M), alpha)
-    HB = jnp.einsum("nm,pmk->npk", alpha, belief.shared_cov[: P * M].reshape(P, M, K))
+    HB = _projected_rows(alpha, belief.shared_cov, P)
     if belief.downdate is not None:
         V = belief.downdate  # (N, r, K)
         HV = jnp.einsum("nm,njpm->npj", alpha, V[:, :, : P * M].reshape(N, V.shape[1], P, M))
@@ -128,6 +137,19 @@ def output_moments(
     HBH = jnp.einsum("npqm,nm->npq", HB[:, :, : P * M].reshape(N, P, P, M), alpha)
     out_cov = HBH + base_var[:, None, None] * jnp.eye(P, dtype=alpha.dtype)
     return mean, out_cov, HB
+
+
+def _projected_rows(alpha: jax.Array, shared_cov: jax.Array, P: int) -> jax.Array:
+    """``(N, P, K)``: row ``p`` of ``H_n`` times the shared covariance, for each point; from the
+    diagonal blocks alone when the covariance is block-diagonal (``(P, M, M)``)."""
+    N, M = alpha.shape
+    if shared_cov.ndim == 2:
+        K = shared_cov.shape[-1]
+        return jnp.einsum("nm,pmk->npk", alpha, shared_cov[: P * M].reshape(P, M, K))
+    _check_blocks(shared_cov, (P, M, M), "the belief's shared_cov")
+    rows = jnp.einsum("nm,pmk->npk", alpha, shared_cov)  # output p's block, (N, P, M)
+    eye = jnp.eye(P, dtype=rows.dtype)
+    return (rows[:, :, None, :] * eye[None, :, :, None]).reshape(N, P, P * M)
 
 
 def _stabilized(out_cov: jax.Array) -> jax.Array:
@@ -221,8 +243,49 @@ def block_diag_covariance(scale_tril: ArrayLike) -> jax.Array:
     :param scale_tril: ``(P, M, M)`` lower factors, one per output.
     :return: ``(P * M, P * M)`` covariance.
     """
-    blocks = jnp.einsum("pij,pkj->pik", scale_tril, scale_tril)
-    return block_diag(*[blocks[p] for p in range(blocks.shape[0])])
+    return _dense(block_covariances(scale_tril))
+
+
+def block_covariances(scale_tril: ArrayLike) -> jax.Array:
+    """The diagonal blocks ``L_p L_p^T`` of :func:`block_diag_covariance`, without its zeros.
+
+    :param scale_tril: ``(P, M, M)`` lower factors, one per output.
+    :return: ``(P, M, M)``.
+    """
+    scale_tril = jnp.asarray(scale_tril)
+    return jnp.einsum("pij,pkj->pik", scale_tril, scale_tril)
+
+
+def congruence(coupling: ArrayLike, cov: ArrayLike) -> jax.Array:
+    """``C S C^T``, with ``S`` ``(K, K)`` or the ``(P, M, M)`` diagonal blocks of a
+    block-diagonal ``S`` (then ``C_p S_p`` per block: ``P`` times fewer FLOPs in the first
+    product than with the zeros).
+
+    :param coupling: ``(J, K)`` ``C``.
+    :param cov: ``(K, K)``, or ``(P, M, M)`` with ``K = P M``.
+    :return: ``(J, J)``.
+    :raises ValueError: if ``(P, M, M)`` blocks do not cover ``coupling``'s ``K`` columns.
+    """
+    coupling, cov = jnp.asarray(coupling), jnp.asarray(cov)
+    if cov.ndim == 2:
+        return coupling @ cov @ coupling.T
+    P, M = cov.shape[0], coupling.shape[-1] // max(cov.shape[0], 1)
+    _check_blocks(cov, (P, M, M), f"cov (for a coupling with {coupling.shape[-1]} columns)")
+    per_block = jnp.einsum("jpm,pmn->jpn", coupling.reshape(-1, P, M), cov)
+    return per_block.reshape(coupling.shape[0], P * M) @ coupling.T
+
+
+def _check_blocks(blocks: jax.Array, expected: tuple[int, int, int], name: str) -> None:
+    """Diagonal blocks of a block-diagonal covariance must be ``expected``: a wrong number of
+    outputs would otherwise broadcast silently.
+
+    :raises ValueError: for another shape.
+    """
+    if blocks.shape != expected:
+        raise ValueError(
+            f"{name}: block-diagonal covariance blocks must have shape {expected}, got "
+            f"{blocks.shape}"
+        )
 
 
 def joint_covariance(scale_tril: ArrayLike) -> jax.Array:
@@ -260,7 +323,7 @@ def chain_transition(
     :return: the belief over ``vec(u_{l+1})`` (``P M`` values).
     """
     new_loc = mean.reshape(-1) + (belief.loc - parent_mean) @ coupling.T
-    shared = coupling @ belief.shared_cov @ coupling.T + block_diag_covariance(scale_tril)
+    shared = congruence(coupling, belief.shared_cov) + block_diag_covariance(scale_tril)
     downdate = (
         None if belief.downdate is None else jnp.einsum("njk,ik->nji", belief.downdate, coupling)
     )
@@ -281,13 +344,17 @@ def chain_gauss_kl_term(
 
     :param mean: ``(P, M)`` marginal mean ``m_l`` (about the prior mean).
     :param scale_tril: ``(P, M, M)`` ``D_l``.
-    :param marginal_cov: ``(P M, P M)`` ``S_l``.
+    :param marginal_cov: ``(P M, P M)`` ``S_l``, or its ``(P, M, M)`` diagonal blocks (all this
+        term reads).
     :param prior_chol: ``(M, M)`` Cholesky factor of ``K_l`` shared by the outputs; ``None``
         for the whitened prior ``N(0, I)``.
     :return: scalar, this layer's term (nats).
     """
     P, M = mean.shape
-    blocks = marginal_cov.reshape(P, M, P, M)[jnp.arange(P), :, jnp.arange(P), :]  # (P, M, M)
+    if marginal_cov.ndim == 3:
+        blocks = marginal_cov
+    else:
+        blocks = marginal_cov.reshape(P, M, P, M)[jnp.arange(P), :, jnp.arange(P), :]  # (P, M, M)
     if prior_chol is None:
         trace = jnp.sum(jnp.trace(blocks, axis1=-2, axis2=-1))
         mahalanobis = jnp.sum(mean**2)

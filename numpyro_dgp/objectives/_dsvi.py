@@ -28,7 +28,13 @@ from numpyro_dgp._engine.run import MarginalRun, marginal_trace
 from numpyro_dgp._engine.traces import layers_by_u_site, site_posterior, uses_inducing_locations
 from numpyro_dgp._protocol import AMORTIZED_KL, IMPORTANCE_LOG_WEIGHTS, QUADRATURE_AXIS, get_tag
 from numpyro_dgp._validation import check_positive_int
-from numpyro_dgp.core import block_diag_covariance, chain_gauss_kl_term, gauss_kl
+from numpyro_dgp.core import (
+    block_covariances,
+    block_diag_covariance,
+    chain_gauss_kl_term,
+    congruence,
+    gauss_kl,
+)
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import (
     AmortizedPosterior,
@@ -124,7 +130,7 @@ def inducing_kl(
     :param layers: ``{u-site name: Layer}`` of the model run.
     :param locations: whether the model uses inducing locations.
     :param marginal_covs: ``{u-site name: (P M, P M)}`` marginal covariances of the chain links
-        seen so far; updated in place.
+        seen so far (a first link's as its ``(P, M, M)`` diagonal blocks); updated in place.
     :param posterior: the site's Gaussian as the run read it (global inducing points; e.g.
         from a NumPyro autoguide's latent Gaussian), instead of reading it off ``guide_site``.
     :param objective: the objective's name (in error messages).
@@ -178,9 +184,11 @@ def _chain_link_kl(
     objective: str,
 ) -> jax.Array:
     """One link's term of the chain decomposition of the KL (:func:`inducing_kl`); its marginal
-    covariance is recorded in ``marginal_covs`` for its child."""
-    cov = block_diag_covariance(q.scale_tril)
-    if q.parent is not None:
+    covariance is recorded in ``marginal_covs`` for its child (a first link's as its diagonal
+    blocks, ``(P, M, M)``)."""
+    if q.parent is None:
+        cov = block_covariances(q.scale_tril)  # block-diagonal: its blocks, not its zeros
+    else:
         if q.parent not in marginal_covs:
             raise ValueError(
                 f"{objective}: the guide chains {name!r} to {q.parent!r}, which the model did not "
@@ -188,7 +196,7 @@ def _chain_link_kl(
             )
         coupling = q.coupling
         assert coupling is not None  # a chain factor with a parent has its coupling
-        cov = cov + coupling @ marginal_covs[q.parent] @ coupling.T
+        cov = block_diag_covariance(q.scale_tril) + congruence(coupling, marginal_covs[q.parent])
     marginal_covs[name] = cov
     return chain_gauss_kl_term(q.mean - prior_mean, q.scale_tril, cov, prior_chol)
 

@@ -447,3 +447,59 @@ def test_near_deterministic_layer_with_large_cross_terms_samples_stably(data, gu
     assert np.all(np.isfinite(theirs))
     diff, se = paired_difference_and_se(ours, theirs)  # the same keys: paired draws
     assert abs(diff) < z_threshold() * se
+
+
+def test_a_block_diagonal_shared_covariance_gives_what_the_dense_one_gives():
+    # A chain's first layer keeps its block-diagonal covariance as (P, M, M) blocks, so that the
+    # per-point projection, the transition to the next layer and the chain KL skip the zero
+    # blocks; each must equal its dense computation (float64), the KL with a whitened and a
+    # non-whitened prior, a belief after conditioning on an output included.
+    from numpyro_dgp.core import (
+        Belief,
+        block_covariances,
+        block_diag_covariance,
+        chain_transition,
+        condition_on_output,
+        congruence,
+        output_moments,
+    )
+
+    rs = np.random.RandomState(7)
+    N, P, M, J = 5, 3, 4, 6
+    scale_tril = jnp.asarray(np.tril(rs.randn(P, M, M)) + 2 * np.eye(M))
+    loc, alpha = jnp.asarray(rs.randn(P * M)), jnp.asarray(rs.randn(N, M))
+    base_var, coupling = jnp.asarray(rs.uniform(0.1, 0.5, N)), jnp.asarray(rs.randn(J, P * M))
+    blocks, dense = block_covariances(scale_tril), block_diag_covariance(scale_tril)
+    assert blocks.shape == (P, M, M)
+    np.testing.assert_allclose(congruence(coupling, blocks), coupling @ dense @ coupling.T, rtol=1e-12)
+    by_blocks, by_dense = Belief(loc, blocks), Belief(loc, dense)
+    np.testing.assert_allclose(by_blocks.covariance(), dense, rtol=0, atol=0)
+    np.testing.assert_allclose(by_blocks.tail(M).shared_cov, dense[M:, M:], rtol=0, atol=0)
+    residual = jnp.asarray(rs.randn(N, P))
+    for _ in range(2):  # as built, then after conditioning on an output
+        ours, reference = output_moments(alpha, base_var, by_blocks, P), output_moments(alpha, base_var, by_dense, P)
+        for a, b in zip(ours, reference):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+        next_factor = jnp.asarray(np.tril(rs.randn(2, 3, 3)) + np.eye(3))
+        moved = [chain_transition(b, loc, jnp.zeros((2, 3)), coupling[:6], next_factor) for b in (by_blocks, by_dense)]
+        np.testing.assert_allclose(moved[0].covariance(), moved[1].covariance(), rtol=1e-12, atol=1e-12)
+        by_blocks = condition_on_output(by_blocks, ours[2], ours[1], residual)
+        by_dense = condition_on_output(by_dense, reference[2], reference[1], residual)
+    prior_chol = jnp.asarray(np.linalg.cholesky(np.eye(M) + 0.3 * np.ones((M, M))))
+    mean = jnp.asarray(rs.randn(P, M))
+    for chol in (None, prior_chol):
+        np.testing.assert_allclose(
+            chain_gauss_kl_term(mean, scale_tril, blocks, chol), chain_gauss_kl_term(mean, scale_tril, dense, chol), rtol=1e-12
+        )
+
+
+def test_block_diagonal_covariances_of_the_wrong_shape_are_refused():
+    # (1, M, M) blocks against 3 outputs would broadcast silently in the per-point projection
+    from numpyro_dgp.core import Belief, congruence, output_moments
+
+    M = 4
+    blocks = jnp.broadcast_to(jnp.eye(M), (1, M, M))
+    with pytest.raises(ValueError, match="shared_cov.*must have shape \\(3, 4, 4\\)"):
+        output_moments(jnp.ones((2, M)), jnp.ones(2), Belief(jnp.zeros(3 * M), blocks), 3)
+    with pytest.raises(ValueError, match="cov .*must have shape \\(1, 12, 12\\)"):
+        congruence(jnp.ones((5, 3 * M)), blocks)
