@@ -54,11 +54,16 @@ def _check_positive_float(value: float, text: str) -> None:
         raise argparse.ArgumentTypeError(f"must be a finite positive number, got {text!r}")
 
 
-def _positive_float(text: str) -> float:
+def _float_or_nan(text: str) -> float:
+    """``float(text)``, or NaN for text that is no number (the checks then refuse it by name)."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        value = math.nan
+        return math.nan
+
+
+def _positive_float(text: str) -> float:
+    value = _float_or_nan(text)
     _check_positive_float(value, text)
     return value
 
@@ -73,10 +78,7 @@ def _check_fraction(value: float, text: str) -> None:
 
 
 def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _float_or_nan(text)
     _check_fraction(value, text)
     return value
 
