@@ -88,8 +88,10 @@ from numpyro_dgp._protocol import (
 )
 from numpyro_dgp.core import (
     affine_inducing_inputs,
+    cholesky,
     conditional,
     default_jitter,
+    inverse_cholesky,
     jittered_cholesky,
     kmeans,
     local_conditional,
@@ -129,6 +131,11 @@ class Layer(NamedTuple):
     :ivar mean_affine: ``(W (D, P), b (P,))`` of a named mean function (``"identity"``,
         ``"linear"``: ``mean_fn(X) = X @ W + b``), ``(None, None)`` for ``"zero"``, ``None`` for
         a callable.
+    :ivar Kmm_chol_inv: ``(M, M)`` ``Kmm_chol^{-1}`` from
+        :func:`~numpyro_dgp.core.inverse_cholesky` of the jittered ``k(Z, Z)`` (its derivative
+        costs 3 products of the factors where inverting ``Kmm_chol`` costs 5) for a whitened
+        layer with shared inducing inputs, whose step needs no other use of ``Kmm_chol``;
+        else ``None`` (then the conditional inverts ``Kmm_chol``).
     """
 
     name: str
@@ -144,6 +151,7 @@ class Layer(NamedTuple):
     inducing: str = "global"
     noise: jax.Array | None = None
     mean_affine: tuple[jax.Array, jax.Array] | tuple[None, None] | None = None
+    Kmm_chol_inv: jax.Array | None = None
 
 
 def layer_moments(
@@ -210,7 +218,14 @@ def _noiseless_moments(
     if layer.prior_mean is not None:
         q_mean = q_mean - layer.prior_mean
     mean, var = conditional(
-        Kmn, layer.Kmm_chol, Knn, q_mean, q_sqrt, whiten=layer.whiten, full_cov=full_cov
+        Kmn,
+        layer.Kmm_chol,
+        Knn,
+        q_mean,
+        q_sqrt,
+        whiten=layer.whiten,
+        full_cov=full_cov,
+        Kmm_chol_inv=layer.Kmm_chol_inv,
     )
     return mean + layer.mean_fn(X), var
 
@@ -389,7 +404,12 @@ def gp_layer(
     Z = _inducing_inputs(name, args, num_inducing, learn_inducing)
     mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
     noise_var = noise_variance(name, noise, X.dtype)
-    Kmm_chol, layer_jitter = _inducing_factor(kernel, Z, float(args.jitter))
+    # Only a whitened layer's step reads L^{-1} alone; elsewhere the prior reads L as well,
+    # and two derivative rules (L's and L^{-1}'s) would cost more than the chain of one
+    with_inverse = args.whiten and not args.locations
+    Kmm_chol, Kmm_chol_inv, layer_jitter = _inducing_factor(
+        kernel, Z, float(args.jitter), with_inverse
+    )
     # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
     prior_mean = mean_fn(Z).T if args.locations else jnp.zeros((out_dim, Z.shape[0]), X.dtype)
     u_site = f"{name}.u"
@@ -416,6 +436,7 @@ def gp_layer(
         inducing,
         noise_var,
         mean_affine,
+        Kmm_chol_inv,
     )
     out = _emit_layer(layer, X, u)
     return (out, u.T) if args.locations else out
@@ -442,18 +463,23 @@ def _inducing_inputs(
     return Z if learn_inducing else jax.lax.stop_gradient(Z)
 
 
-def _inducing_factor(kernel: Kernel, Z: jax.Array, jitter: float) -> tuple[jax.Array, jax.Array]:
-    """The jittered Cholesky factor of ``K(Z, Z)`` and the jitter it used: one compiled program
-    per kernel type and shapes when the model runs eagerly (``svi.init``), where each operation
-    would otherwise compile on its own. Traced (a training step), the operations are inlined
-    as they are: differentiating through a nested ``jit`` would regroup the step's backward
-    pass and change its round-off."""
+def _inducing_factor(
+    kernel: Kernel, Z: jax.Array, jitter: float, with_inverse: bool = False
+) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+    """The jittered Cholesky factor of ``K(Z, Z)``, with ``with_inverse`` its inverse (from
+    :func:`~numpyro_dgp.core.inverse_cholesky`, else ``None``), and the jitter it used: one
+    compiled program per kernel type and shapes when the model runs eagerly (``svi.init``),
+    where each operation would otherwise compile on its own. Traced (a training step), the
+    operations are inlined as they are: differentiating through a nested ``jit`` would regroup
+    the step's backward pass and change its round-off."""
     if any(is_tracer(leaf) for leaf in jax.tree_util.tree_leaves((kernel, Z))):
-        return _jittered_factor(kernel, Z, jitter)
-    return _jittered_factor_program(kernel, Z, jitter)
+        return _jittered_factor(kernel, Z, jitter, with_inverse)
+    return _jittered_factor_program(kernel, Z, jitter, with_inverse)
 
 
-def _jittered_factor(kernel: Kernel, Z: jax.Array, jitter: float) -> tuple[jax.Array, jax.Array]:
+def _jittered_factor(
+    kernel: Kernel, Z: jax.Array, jitter: float, with_inverse: bool
+) -> tuple[jax.Array, jax.Array | None, jax.Array]:
     """:func:`_inducing_factor`'s operations."""
     # A failed factorization gives NaN, which fit() detects (skips and counts the step);
     # a lax.cond retry here would triple the compile time of every layer.
@@ -461,10 +487,12 @@ def _jittered_factor(kernel: Kernel, Z: jax.Array, jitter: float) -> tuple[jax.A
     # Relative to the prior variance, as for per-point sets: a classifier's output layer grows
     # its kernel variance to ~100, and a fixed 1e-4 then falls below float32 round-off.
     absolute = jitter * _mean_diagonal(Kmm)
-    return jittered_cholesky(Kmm, absolute), absolute
+    jittered = Kmm + absolute * jnp.eye(Kmm.shape[-1], dtype=Kmm.dtype)
+    inverse = inverse_cholesky(jittered) if with_inverse else None
+    return cholesky(jittered), inverse, absolute
 
 
-_jittered_factor_program = partial(jax.jit, static_argnums=2)(_jittered_factor)
+_jittered_factor_program = partial(jax.jit, static_argnums=(2, 3))(_jittered_factor)
 
 
 def _inducing_prior(

@@ -19,6 +19,7 @@ from numpyro_dgp.core import (  # noqa: E402
     gauss_hermite,
     gauss_hermite_product,
     gauss_kl,
+    inverse_cholesky,
     jittered_cholesky,
     kmeans,
     project,
@@ -193,6 +194,33 @@ def test_conditional_shape_errors():
         conditional(Kmn, L, np.diag(Knn), q_mean, None, full_cov=True)
     with pytest.raises(ValueError):
         conditional(Kmn, L, Knn, q_mean, None, full_cov=False)
+
+    with pytest.raises(ValueError, match="Kmm_chol_inv"):
+        conditional(Kmn, L, np.diag(Knn), q_mean, None, Kmm_chol_inv=jnp.eye(6))
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_conditional_with_the_inverse_factor_given_matches_inverting_the_factor(whiten):
+    # the same moments, and the same derivatives with respect to K(Z, Z) and K(Z, X), whether
+    # the conditional inverts L or is handed inverse_cholesky's L^{-1} (whose rule differs)
+    rs = np.random.RandomState(12)
+    M, N, P = 9, 5, 2
+    A = rs.randn(M, M)
+    Kmm = jnp.asarray(A @ A.T + M * np.eye(M))
+    Kmn, Knn = jnp.asarray(rs.randn(M, N)), jnp.asarray(10.0 + rs.rand(N))
+    q_mean, q_sqrt = jnp.asarray(rs.randn(P, M)), jnp.asarray(np.tril(rs.randn(P, M, M)))
+    W = jnp.asarray(rs.randn(2, N, P))
+
+    def loss(Kmm, Kmn, given):
+        inverse = inverse_cholesky(Kmm) if given else None
+        mean, var = conditional(Kmn, cholesky(Kmm), Knn, q_mean, q_sqrt, whiten=whiten, Kmm_chol_inv=inverse)
+        return jnp.sum(W[0] * mean) + jnp.sum(W[1] * jnp.sqrt(var))
+
+    value, grads = jax.value_and_grad(loss, argnums=(0, 1))(Kmm, Kmn, True)
+    value_ref, grads_ref = jax.value_and_grad(loss, argnums=(0, 1))(Kmm, Kmn, False)
+    assert float(value) == pytest.approx(float(value_ref), rel=1e-13)
+    for g, g_ref in zip(grads, grads_ref):
+        np.testing.assert_allclose(g, g_ref, rtol=1e-10, atol=1e-12)
 
 
 # ======================================================================== KL
@@ -408,6 +436,48 @@ def test_cholesky_and_inverse_derivatives_match_jax(M):
     dK = jnp.asarray(rs.randn(2, M, M))
     t, t_ref = jax.jvp(ours, (K,), (dK,))[1], jax.jvp(reference, (K,), (dK,))[1]
     np.testing.assert_allclose(float(t), float(t_ref), rtol=1e-9)
+
+
+@pytest.mark.parametrize("M", [1, 7, 64, 65, 200, 500])  # 500 runs with --runslow
+def test_inverse_cholesky_and_its_derivative_match_jax(M):
+    # the one-rule derivative of L^{-1} against JAX's rules for the Cholesky factor and a
+    # triangular solve, in both modes, for a batch of 2 and a non-symmetric direction (the
+    # forward pass symmetrizes its input); above 128 the products skip zero blocks
+    rs = _rs(M + 2)
+    K = jnp.asarray(_spd(rs, 2, M))
+    W = jnp.asarray(rs.randn(2, M, M))
+    eye = jnp.broadcast_to(jnp.eye(M), K.shape)
+
+    def reference(K):
+        return scipy_solve_lower(jnp.linalg.cholesky(K), eye)
+
+    value = np.asarray(inverse_cholesky(K))
+    np.testing.assert_allclose(value, np.linalg.inv(np.linalg.cholesky(np.asarray(K))), rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(value, np.asarray(triangular_inverse(cholesky(K))))  # the same operations
+    g = jax.grad(lambda K: jnp.sum(W * jnp.tanh(inverse_cholesky(K))))(K)
+    g_ref = jax.grad(lambda K: jnp.sum(W * jnp.tanh(reference(K))))(K)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-9, atol=1e-12)
+    dK = jnp.asarray(rs.randn(2, M, M))
+    t, t_ref = jax.jvp(inverse_cholesky, (K,), (dK,))[1], jax.jvp(reference, (K,), (dK,))[1]
+    np.testing.assert_allclose(np.asarray(t), np.asarray(t_ref), rtol=1e-9, atol=1e-11)
+    assert np.all(np.triu(np.asarray(t), 1) == 0.0)
+
+
+def test_inverse_cholesky_derivatives_finite_differences():
+    # second order too (the rule is itself differentiable), against central differences
+    from jax.test_util import check_grads
+
+    rs = _rs(4)
+    K = jnp.asarray(_spd(rs, 1, 6)[0])
+    W = jnp.asarray(rs.randn(6, 6))
+    check_grads(lambda K: jnp.sum(W * inverse_cholesky(K)), (K,), order=2, modes=["fwd", "rev"])
+
+
+def test_inverse_cholesky_failure_is_nan_not_an_error():
+    K = jnp.asarray(np.diag([1.0, -1.0, 2.0]))
+    assert not np.all(np.isfinite(np.asarray(inverse_cholesky(K))))
+    g = jax.grad(lambda K: jnp.sum(inverse_cholesky(K)))(K)
+    assert g.shape == K.shape
 
 
 def scipy_solve_lower(L, B):

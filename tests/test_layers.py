@@ -238,6 +238,52 @@ def test_noisy_layer_propagates_the_conditional_variance_plus_its_noise():
                                (np.asarray(k(X)) - A.T @ A) - np.diag(np.diag(np.asarray(k(X)) - A.T @ A)), atol=1e-12)
 
 
+@pytest.mark.parametrize("M", [7, 65])
+def test_whitened_layers_carry_the_inverse_factor_and_the_loss_and_gradient_are_unchanged(M, monkeypatch):
+    """A whitened layer with shared inducing inputs carries L^{-1} from inverse_cholesky (a
+    non-whitened one or inducing locations, whose priors read L, carries None), and the DSVI
+    loss and its gradient at fixed parameters are those of the route that inverts L."""
+    rs = np.random.RandomState(M)
+    X, y = jnp.asarray(rs.randn(80, 2)), jnp.asarray(rs.randn(80))
+    model = dgp.models.deep_gp_regression(2, num_inducing=M, hidden_width=2)
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, y))
+
+    def moved(name, value):  # away from the initial q(u) = prior, where K's gradients vanish
+        noise = jnp.asarray(rs.randn(*value.shape))
+        if name.endswith("u_auto_scale_tril"):
+            return jnp.tril(0.3 * noise) + 0.5 * jnp.eye(value.shape[-1])
+        return value + 0.3 * noise if name.endswith(("u_auto_loc", "inducing_inputs")) else value
+
+    params = {name: moved(name, value) for name, value in params.items()}
+    tr = handlers.trace(handlers.seed(handlers.substitute(model, params), 0)).get_trace(X, y)
+    layer = tr["h1.layer"]["args"][0]
+    np.testing.assert_allclose(layer.Kmm_chol_inv, np.linalg.inv(layer.Kmm_chol), rtol=1e-9, atol=1e-10)
+
+    def loss_and_grad():
+        return jax.jit(jax.value_and_grad(lambda p: dgp.DGPElbo().loss(jax.random.PRNGKey(1), p, model, guide, X, y)))(params)
+
+    value, grad = loss_and_grad()
+    from numpyro_dgp import layers
+
+    factor = layers._jittered_factor
+    monkeypatch.setattr(layers, "_jittered_factor", lambda k, Z, j, with_inverse: factor(k, Z, j, False))
+    value_ref, grad_ref = loss_and_grad()
+    assert float(value) == pytest.approx(float(value_ref), rel=1e-12)
+    for name in grad:
+        assert np.max(np.abs(grad[name])) > 1.0, name  # a gradient that can tell the rules apart
+        scale = np.max(np.abs(grad_ref[name]))  # round-off of a sum is relative to its largest terms
+        np.testing.assert_allclose(grad[name], grad_ref[name], rtol=1e-9, atol=1e-11 * scale, err_msg=name)
+
+    for kwargs in ({"whiten": False}, {"inducing": "locations"}):
+        def other(X):
+            return dgp.gp_layer("f", X, dgp.kernels.RBF(), num_inducing=4, **kwargs)
+
+        tr = handlers.trace(handlers.seed(other, 0)).get_trace(X)
+        assert tr["f.layer"]["args"][0].Kmm_chol_inv is None, kwargs
+
+
 def test_dgpelbo_with_a_noisy_last_layer_is_the_closed_form():
     """One noisy layer under a Gaussian likelihood: E over h = f + eps of log N(y | h, s^2) is
     -1/2 log 2 pi s^2 - ((y - m)^2 + v + noise) / (2 s^2) per point, minus the KL."""
@@ -272,10 +318,15 @@ def test_inducing_factor_is_one_program_eagerly_and_inlined_when_traced():
     rs = np.random.RandomState(0)
     Z = jnp.asarray(rs.randn(7, 3))
     kernel = dgp.kernels.RBF(lengthscale=jnp.full(3, 0.7), variance=jnp.asarray(1.3))
-    L, jitter = _inducing_factor(kernel, Z, 1e-6)
+    L, no_inverse, jitter = _inducing_factor(kernel, Z, 1e-6)
+    assert no_inverse is None
     K = np.asarray(kernel(Z))
     assert float(jitter) == pytest.approx(1e-6 * np.mean(np.diag(K)), rel=1e-14)
-    np.testing.assert_allclose(L, np.linalg.cholesky(K + float(jitter) * np.eye(7)), rtol=1e-12, atol=1e-14)
+    dense = np.linalg.cholesky(K + float(jitter) * np.eye(7))
+    np.testing.assert_allclose(L, dense, rtol=1e-12, atol=1e-14)
+    L_again, Linv, _ = _inducing_factor(kernel, Z, 1e-6, True)
+    np.testing.assert_array_equal(L_again, L)
+    np.testing.assert_allclose(Linv, np.linalg.inv(dense), rtol=1e-10, atol=1e-12)
 
     from numpyro_dgp.layers import _jittered_factor_program
 

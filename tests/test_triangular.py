@@ -13,7 +13,7 @@ from numpyro.distributions.transforms import SoftplusLowerCholeskyTransform, bij
 from numpyro.distributions.util import vec_to_tril_matrix  # noqa: E402
 
 from numpyro_dgp._compat import softplus_lower_cholesky  # noqa: E402
-from numpyro_dgp.core import cholesky, conditional, triangular_inverse  # noqa: E402
+from numpyro_dgp.core import cholesky, conditional, inverse_cholesky, triangular_inverse  # noqa: E402
 from numpyro_dgp.core._linalg import _leaf_size  # noqa: E402
 from numpyro_dgp.core._triangular import (  # noqa: E402
     LOWER_TIMES_BLOCK,
@@ -123,6 +123,7 @@ def test_block_products_pass_finite_difference_checks_with_several_small_blocks(
         check_grads(jax.jit(product), args, order=1, modes=["fwd", "rev"])
     K = jnp.asarray(_spd(rs, 8))
     check_grads(jax.jit(lambda K: jnp.sum(U * triangular_inverse(cholesky(K)))), (K,), order=1, modes=["rev", "fwd"])
+    check_grads(jax.jit(lambda K: jnp.sum(U * inverse_cholesky(K))), (K,), order=1, modes=["rev", "fwd"])
 
 
 @pytest.mark.parametrize("K", [1, 7, 513, 1100])

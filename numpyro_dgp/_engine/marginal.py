@@ -509,7 +509,11 @@ class marginalize_inducing(Messenger):
             )
         Z = layer.inducing_inputs
         alpha, base_var = point_projection(
-            layer.kernel(Z, X), layer.Kmm_chol, layer.kernel.diag(X), layer.whiten
+            layer.kernel(Z, X),
+            layer.Kmm_chol,
+            layer.kernel.diag(X),
+            layer.whiten,
+            layer.Kmm_chol_inv,
         )
         res_mean, out_cov, HB = output_moments(alpha, base_var, belief, P)
         # the belief is over the inducing values themselves; the conditional needs their

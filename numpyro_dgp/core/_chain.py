@@ -58,7 +58,11 @@ __all__ = [
 
 
 def point_projection(
-    Kmn: ArrayLike, Kmm_chol: ArrayLike, Knn_diag: ArrayLike, whiten: bool = True
+    Kmn: ArrayLike,
+    Kmm_chol: ArrayLike,
+    Knn_diag: ArrayLike,
+    whiten: bool = True,
+    Kmm_chol_inv: ArrayLike | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Per-point weights and residual prior variance of a sparse GP layer.
 
@@ -66,10 +70,12 @@ def point_projection(
     :param Kmm_chol: ``(M, M)`` Cholesky factor of ``k(Z, Z) (+ jitter)``.
     :param Knn_diag: ``(N,)`` prior variances ``k(x, x)``.
     :param whiten: whether ``u`` is whitened (``u = L v``).
+    :param Kmm_chol_inv: ``L^{-1}`` when the caller has it (see :func:`project`).
     :return: ``(alpha (N, M), s (N,))`` with ``E[f(x) | u] = alpha(x) . u`` (``u`` whitened
         or not) and ``s = k(x, x) - k(x, Z) K^{-1} k(Z, x)``.
+    :raises ValueError: if ``Kmm_chol_inv``'s shape is not ``Kmm_chol``'s.
     """
-    A, B = project(Kmn, Kmm_chol, whiten)
+    A, B = project(Kmn, Kmm_chol, whiten, Kmm_chol_inv)
     return B.T, jnp.asarray(Knn_diag) - jnp.sum(A**2, axis=0)
 
 

@@ -35,21 +35,43 @@ def factors_transpose_times(q_sqrt: ArrayLike, B: ArrayLike) -> jax.Array:
 
 
 def project(
-    Kmn: ArrayLike, Kmm_chol: ArrayLike, whiten: bool = True
+    Kmn: ArrayLike,
+    Kmm_chol: ArrayLike,
+    whiten: bool = True,
+    Kmm_chol_inv: ArrayLike | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The two projections the conditional needs.
 
     :param Kmn: ``(M, N)`` cross-covariance ``k(Z, X)``.
     :param Kmm_chol: ``(M, M)`` lower Cholesky factor of ``k(Z, Z) (+ jitter)``.
     :param whiten: whitened parameterization (``u = L v``).
+    :param Kmm_chol_inv: ``L^{-1}`` when the caller has it (:func:`inverse_cholesky` of
+        ``k(Z, Z) (+ jitter)``, whose derivative is cheaper than inverting ``Kmm_chol``);
+        ``None``: ``Kmm_chol`` is inverted here.
     :return: ``(A, B)``: ``A = L^{-1} Kmn`` (for the prior variance reduction) and ``B`` the
         map from the variational parameters to the mean: ``A`` when whitened, else
         ``K^{-1} Kmn = L^{-T} A``.
+    :raises ValueError: if ``Kmm_chol_inv``'s shape is not ``Kmm_chol``'s.
     """
-    Linv = triangular_inverse(Kmm_chol)
+    Linv = _inverse_factor(jnp.asarray(Kmm_chol), Kmm_chol_inv)
     A = lower_times(Linv, jnp.asarray(Kmn))
     B = A if whiten else Linv.T @ A
     return A, B
+
+
+def _inverse_factor(Kmm_chol: jax.Array, Kmm_chol_inv: ArrayLike | None) -> jax.Array:
+    """The given ``L^{-1}`` (checked against ``L``'s shape), else ``L`` inverted.
+
+    :raises ValueError: if ``Kmm_chol_inv``'s shape is not ``Kmm_chol``'s.
+    """
+    if Kmm_chol_inv is None:
+        return triangular_inverse(Kmm_chol)
+    if jnp.shape(Kmm_chol_inv) != Kmm_chol.shape:
+        raise ValueError(
+            f"Kmm_chol_inv must have Kmm_chol's shape {Kmm_chol.shape}; "
+            f"got {jnp.shape(Kmm_chol_inv)}"
+        )
+    return jnp.asarray(Kmm_chol_inv)
 
 
 def conditional(
@@ -61,6 +83,7 @@ def conditional(
     *,
     whiten: bool = True,
     full_cov: bool = False,
+    Kmm_chol_inv: ArrayLike | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Mean and (co)variance of ``q(f(X)) = int p(f(X) | u) q(u) du`` for a zero-mean GP.
 
@@ -76,14 +99,17 @@ def conditional(
         diagonal std devs, or ``None``.
     :param whiten: whitened parameterization.
     :param full_cov: return ``(P, N, N)`` covariances instead of ``(N, P)`` variances.
+    :param Kmm_chol_inv: ``L^{-1}`` when the caller has it (see :func:`project`).
     :return: ``(mean (N, P), var (N, P))`` or ``(mean (N, P), cov (P, N, N))``; the marginal
         variances are clipped at 0 (round-off).
-    :raises ValueError: if ``q_sqrt`` or ``Knn`` has the wrong number of dimensions.
+    :raises ValueError: if ``q_sqrt`` or ``Knn`` has the wrong number of dimensions, or
+        ``Kmm_chol_inv`` another shape than ``Kmm_chol``.
     """
     Kmn, Kmm_chol, Knn, q_mean = (jnp.asarray(a) for a in (Kmn, Kmm_chol, Knn, q_mean))
     q_sqrt = None if q_sqrt is None else jnp.asarray(q_sqrt)
+    Linv = None if Kmm_chol_inv is None else jnp.asarray(Kmm_chol_inv)
     return _conditional(
-        Kmn, Kmm_chol, Knn, q_mean, q_sqrt, whiten=bool(whiten), full_cov=bool(full_cov)
+        Kmn, Kmm_chol, Knn, q_mean, q_sqrt, Linv, whiten=bool(whiten), full_cov=bool(full_cov)
     )
 
 
@@ -96,12 +122,13 @@ def _conditional(
     Knn: jax.Array,
     q_mean: jax.Array,
     q_sqrt: jax.Array | None,
+    Kmm_chol_inv: jax.Array | None,
     *,
     whiten: bool,
     full_cov: bool,
 ) -> tuple[jax.Array, jax.Array]:
     _check_conditional_shapes(Knn, q_sqrt, full_cov)
-    A, B = project(Kmn, Kmm_chol, whiten)
+    A, B = project(Kmn, Kmm_chol, whiten, Kmm_chol_inv)
     mean = (q_mean @ B).T
     if full_cov:
         return mean, _covariance(A, B, Knn, q_sqrt, q_mean.shape[0])
