@@ -238,7 +238,7 @@ def test_noisy_layer_propagates_the_conditional_variance_plus_its_noise():
                                (np.asarray(k(X)) - A.T @ A) - np.diag(np.diag(np.asarray(k(X)) - A.T @ A)), atol=1e-12)
 
 
-@pytest.mark.parametrize("M", [7, 65])
+@pytest.mark.parametrize("M", [65])  # two LAPACK leaves and the recursion between them
 def test_whitened_layers_carry_the_inverse_factor_and_the_loss_and_gradient_are_unchanged(M, monkeypatch):
     """A whitened layer with shared inducing inputs carries L^{-1} from inverse_cholesky (a
     non-whitened one or inducing locations, whose priors read L, carries None), and the DSVI
