@@ -134,8 +134,11 @@ class Layer(NamedTuple):
     :ivar Kmm_chol_inv: ``(M, M)`` ``Kmm_chol^{-1}`` from
         :func:`~numpyro_dgp.core.inverse_cholesky` of the jittered ``k(Z, Z)`` (its derivative
         costs 3 products of the factors where inverting ``Kmm_chol`` costs 5) for a whitened
-        layer with shared inducing inputs, whose step needs no other use of ``Kmm_chol``;
-        else ``None`` (then the conditional inverts ``Kmm_chol``).
+        layer with shared inducing inputs, whose prior does not read ``Kmm_chol``; else
+        ``None`` (then the conditional inverts ``Kmm_chol``). The conditional and the
+        correlated guides' projection use it; the collapsed bound, the nested bound's moments
+        and deterministic predictions read ``Kmm_chol`` (a step that reads both differentiates
+        through both rules).
     """
 
     name: str

@@ -238,15 +238,18 @@ def test_noisy_layer_propagates_the_conditional_variance_plus_its_noise():
                                (np.asarray(k(X)) - A.T @ A) - np.diag(np.diag(np.asarray(k(X)) - A.T @ A)), atol=1e-12)
 
 
-@pytest.mark.parametrize("M", [65])  # two LAPACK leaves and the recursion between them
-def test_whitened_layers_carry_the_inverse_factor_and_the_loss_and_gradient_are_unchanged(M, monkeypatch):
+@pytest.mark.parametrize("guide_class", ["AutoFactorizedDGP", "AutoChainDGP"])
+def test_whitened_layers_carry_the_inverse_factor_and_the_loss_and_gradient_are_unchanged(guide_class, monkeypatch):
     """A whitened layer with shared inducing inputs carries L^{-1} from inverse_cholesky (a
-    non-whitened one or inducing locations, whose priors read L, carries None), and the DSVI
-    loss and its gradient at fixed parameters are those of the route that inverts L."""
+    non-whitened one or inducing locations, whose priors read L, carries None), and the loss
+    and its gradient at fixed parameters are those of the route that inverts L: through the
+    conditional (factorized guide) and through the correlated guides' projection (chain).
+    M = 65: two LAPACK leaves and the recursion between them."""
+    M = 65
     rs = np.random.RandomState(M)
     X, y = jnp.asarray(rs.randn(80, 2)), jnp.asarray(rs.randn(80))
     model = dgp.models.deep_gp_regression(2, num_inducing=M, hidden_width=2)
-    guide = dgp.guides.AutoFactorizedDGP(model)
+    guide = getattr(dgp.guides, guide_class)(model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
     params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, y))
 
@@ -254,7 +257,8 @@ def test_whitened_layers_carry_the_inverse_factor_and_the_loss_and_gradient_are_
         noise = jnp.asarray(rs.randn(*value.shape))
         if name.endswith("u_auto_scale_tril"):
             return jnp.tril(0.3 * noise) + 0.5 * jnp.eye(value.shape[-1])
-        return value + 0.3 * noise if name.endswith(("u_auto_loc", "inducing_inputs")) else value
+        moved_names = ("u_auto_loc", "u_auto_coupling", "inducing_inputs")
+        return value + 0.3 * noise if name.endswith(moved_names) else value
 
     params = {name: moved(name, value) for name, value in params.items()}
     tr = handlers.trace(handlers.seed(handlers.substitute(model, params), 0)).get_trace(X, y)
