@@ -56,20 +56,22 @@ by default, the KL is averaged over points as in Meng & Zhang (2024) (the site i
 from __future__ import annotations
 
 import zlib
-from functools import partial
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
-from numpyro_dgp._compat import is_tracer
+from numpyro_dgp._layers.inducing import (
+    inducing_factor,
+    inducing_inputs_site,
+    inducing_prior,
+    mean_diagonal,
+)
 from numpyro_dgp._layers.parts import (
     MEAN_FUNCTIONS,
-    LayerArgs,
     check_amortized_args,
     check_layer_args,
     check_layer_kind,
@@ -88,12 +90,9 @@ from numpyro_dgp._protocol import (
 )
 from numpyro_dgp.core import (
     affine_inducing_inputs,
-    cholesky,
     conditional,
     default_jitter,
-    inverse_cholesky,
     jittered_cholesky,
-    kmeans,
     local_conditional,
 )
 from numpyro_dgp.kernels import Kernel
@@ -404,13 +403,13 @@ def gp_layer(
     kernel = hyperparameter_sites(
         name, kernel.with_input_dim(in_dim), X.dtype, args.priors, learn_hyperparameters
     )
-    Z = _inducing_inputs(name, args, num_inducing, learn_inducing)
+    Z = inducing_inputs_site(name, args, num_inducing, learn_inducing)
     mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
     noise_var = noise_variance(name, noise, X.dtype)
     # Only a whitened layer's step reads L^{-1} alone; elsewhere the prior reads L as well,
     # and two derivative rules (L's and L^{-1}'s) would cost more than the chain of one
     with_inverse = args.whiten and not args.locations
-    Kmm_chol, Kmm_chol_inv, layer_jitter = _inducing_factor(
+    Kmm_chol, Kmm_chol_inv, layer_jitter = inducing_factor(
         kernel, Z, float(args.jitter), with_inverse
     )
     # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
@@ -418,7 +417,7 @@ def gp_layer(
     u_site = f"{name}.u"
     u = numpyro.sample(
         u_site,
-        _inducing_prior(
+        inducing_prior(
             Kmm_chol, prior_mean, out_dim, args.whiten, args.locations, X.dtype
         ).to_event(1),
         infer={INDUCING: InducingTag(name, args.whiten, inducing)},
@@ -443,89 +442,6 @@ def gp_layer(
     )
     out = _emit_layer(layer, X, u)
     return (out, u.T) if args.locations else out
-
-
-def _inducing_inputs(
-    name: str, args: LayerArgs, num_inducing: int | None, learn_inducing: bool
-) -> jax.Array:
-    """The layer's inducing inputs: the propagated locations, or a parameter initialized from the
-    given inputs or by k-means on ``X``."""
-    if args.propagated_Z is not None:
-        return args.propagated_Z
-    init: jax.Array | Callable[[jax.Array], jax.Array]
-    if args.inducing_inputs is not None:
-        init = args.inducing_inputs
-    else:
-        assert num_inducing is not None  # check_layer_args: given when inducing_inputs is not
-        in_dim = args.X.shape[-1]
-        points = jax.lax.stop_gradient(args.X.reshape(-1, in_dim))
-        # A fixed key: the same data give the same inducing inputs in every run of the model
-        # (a guide's prototype run and SVI's initial run must agree, e.g. for inducing locations).
-        init = lambda _: kmeans(jax.random.PRNGKey(0), points, int(num_inducing))  # noqa: E731
-    Z = numpyro.param(f"{name}.inducing_inputs", init)
-    return Z if learn_inducing else jax.lax.stop_gradient(Z)
-
-
-def _inducing_factor(
-    kernel: Kernel, Z: jax.Array, jitter: float, with_inverse: bool = False
-) -> tuple[jax.Array, jax.Array | None, jax.Array]:
-    """The jittered Cholesky factor of ``K(Z, Z)``, with ``with_inverse`` its inverse (from
-    :func:`~numpyro_dgp.core.inverse_cholesky`, else ``None``), and the jitter it used: one
-    compiled program per kernel type and shapes when the model runs eagerly (``svi.init``),
-    where each operation would otherwise compile on its own. Traced (a training step), the
-    operations are inlined as they are: differentiating through a nested ``jit`` would regroup
-    the step's backward pass and change its round-off."""
-    if any(is_tracer(leaf) for leaf in jax.tree_util.tree_leaves((kernel, Z))):
-        return _jittered_factor(kernel, Z, jitter, with_inverse)
-    return _jittered_factor_program(kernel, Z, jitter, with_inverse)
-
-
-def _jittered_factor(
-    kernel: Kernel, Z: jax.Array, jitter: float, with_inverse: bool
-) -> tuple[jax.Array, jax.Array | None, jax.Array]:
-    """:func:`_inducing_factor`'s operations."""
-    # A failed factorization gives NaN, which fit() detects (skips and counts the step);
-    # a lax.cond retry here would triple the compile time of every layer.
-    Kmm = kernel(Z)
-    # Relative to the prior variance, as for per-point sets: a classifier's output layer grows
-    # its kernel variance to ~100, and a fixed 1e-4 then falls below float32 round-off.
-    absolute = jitter * _mean_diagonal(Kmm)
-    jittered = Kmm + absolute * jnp.eye(Kmm.shape[-1], dtype=Kmm.dtype)
-    inverse = inverse_cholesky(jittered) if with_inverse else None
-    return cholesky(jittered), inverse, absolute
-
-
-_jittered_factor_program = partial(jax.jit, static_argnums=(2, 3))(_jittered_factor)
-
-
-def _inducing_prior(
-    Kmm_chol: jax.Array,
-    prior_mean: jax.Array,
-    out_dim: int,
-    whiten: bool,
-    locations: bool,
-    dtype: np.dtype,
-) -> dist.Distribution:
-    """``p(u)`` per output: N(mean(Z), K) for locations, else N(0, I) whitened or N(0, K)."""
-    M = Kmm_chol.shape[-1]
-    if locations:
-        return dist.MultivariateNormal(prior_mean, scale_tril=Kmm_chol)
-    if whiten:
-        # the standard normal by construction: its arguments are constants, concrete even in an
-        # abstract (eval_shape) run, so validating them would compile ~20 small programs eagerly
-        prior = dist.MultivariateNormal(
-            jnp.zeros(M, dtype), scale_tril=jnp.eye(M, dtype=dtype), validate_args=False
-        )
-    else:
-        prior = dist.MultivariateNormal(jnp.zeros(M, dtype), scale_tril=Kmm_chol)
-    return prior.expand([out_dim])
-
-
-def _mean_diagonal(K: jax.Array) -> jax.Array:
-    """The mean of the diagonal of ``K`` (per matrix of a batch), kept above the smallest
-    normal number so that a relative jitter never becomes zero."""
-    mean = jnp.mean(jnp.diagonal(K, axis1=-2, axis2=-1), axis=-1)
-    return jnp.maximum(mean, jnp.finfo(K.dtype).tiny)
 
 
 def _emit_layer(layer: Layer, X: jax.Array, u: jax.Array) -> jax.Array:
@@ -582,7 +498,7 @@ def _amortized_layer(
     # The jitter is relative to each set's prior variance: float32 round-off in K(Z_n, Z_n)
     # grows with the kernel variance (a probit output layer's reaches ~100 on the letters
     # task), and a fixed 1e-4 then loses to it at one point in thousands, NaN-ing the step.
-    Kzz_chol = jittered_cholesky(Kzz, jitter * _mean_diagonal(Kzz)[..., None, None])
+    Kzz_chol = jittered_cholesky(Kzz, jitter * mean_diagonal(Kzz)[..., None, None])
     prior_mean = jnp.swapaxes(mean_fn(Z), -1, -2)  # (..., B, P, M)
     # valid by construction (a failed factorization is NaN, which fit detects); validating it
     # in the set-up run, where the arguments are concrete, compiled ~30 small programs eagerly

@@ -269,10 +269,10 @@ def test_whitened_layers_carry_the_inverse_factor_and_the_loss_and_gradient_are_
         return jax.jit(jax.value_and_grad(lambda p: dgp.DGPElbo().loss(jax.random.PRNGKey(1), p, model, guide, X, y)))(params)
 
     value, grad = loss_and_grad()
-    from numpyro_dgp import layers
+    from numpyro_dgp._layers import inducing
 
-    factor = layers._jittered_factor
-    monkeypatch.setattr(layers, "_jittered_factor", lambda k, Z, j, with_inverse: factor(k, Z, j, False))
+    factor = inducing.jittered_factor
+    monkeypatch.setattr(inducing, "jittered_factor", lambda k, Z, j, with_inverse: factor(k, Z, j, False))
     value_ref, grad_ref = loss_and_grad()
     assert float(value) == pytest.approx(float(value_ref), rel=1e-12)
     for name in grad:
@@ -317,26 +317,26 @@ def test_inducing_factor_is_one_program_eagerly_and_inlined_when_traced():
     """K(Z, Z)'s jittered factor: run eagerly (svi.init) one compiled program, equal to the
     dense factorization; traced (a training step) the operations themselves, not a nested
     program, so that the step's derivative keeps its grouping (and its round-off)."""
-    from numpyro_dgp.layers import _inducing_factor
+    from numpyro_dgp._layers.inducing import inducing_factor
 
     rs = np.random.RandomState(0)
     Z = jnp.asarray(rs.randn(7, 3))
     kernel = dgp.kernels.RBF(lengthscale=jnp.full(3, 0.7), variance=jnp.asarray(1.3))
-    L, no_inverse, jitter = _inducing_factor(kernel, Z, 1e-6)
+    L, no_inverse, jitter = inducing_factor(kernel, Z, 1e-6)
     assert no_inverse is None
     K = np.asarray(kernel(Z))
     assert float(jitter) == pytest.approx(1e-6 * np.mean(np.diag(K)), rel=1e-14)
     dense = np.linalg.cholesky(K + float(jitter) * np.eye(7))
     np.testing.assert_allclose(L, dense, rtol=1e-12, atol=1e-14)
-    L_again, Linv, _ = _inducing_factor(kernel, Z, 1e-6, True)
+    L_again, Linv, _ = inducing_factor(kernel, Z, 1e-6, True)
     np.testing.assert_array_equal(L_again, L)
     np.testing.assert_allclose(Linv, np.linalg.inv(dense), rtol=1e-10, atol=1e-12)
 
-    from numpyro_dgp.layers import _jittered_factor_program
+    from numpyro_dgp._layers.inducing import jittered_factor_program
 
-    before = _jittered_factor_program._cache_size()
-    _inducing_factor(kernel, Z[:5], 1e-6)  # new shapes, run eagerly: one more program
-    assert _jittered_factor_program._cache_size() == before + 1
+    before = jittered_factor_program._cache_size()
+    inducing_factor(kernel, Z[:5], 1e-6)  # new shapes, run eagerly: one more program
+    assert jittered_factor_program._cache_size() == before + 1
 
     def names(jaxpr):
         for eqn in jaxpr.eqns:
@@ -347,7 +347,7 @@ def test_inducing_factor_is_one_program_eagerly_and_inlined_when_traced():
                     if hasattr(sub, "eqns"):
                         yield from names(sub)
 
-    traced = jax.make_jaxpr(lambda Z: _inducing_factor(kernel, Z, 1e-6))(Z).jaxpr
-    assert "_jittered_factor" not in set(names(traced))
-    eager = jax.make_jaxpr(jax.jit(lambda Z: _inducing_factor(kernel, Z, 1e-6)))(Z).jaxpr
-    assert "_jittered_factor" not in set(names(eager))  # traced inside jit too
+    traced = jax.make_jaxpr(lambda Z: inducing_factor(kernel, Z, 1e-6))(Z).jaxpr
+    assert "jittered_factor" not in set(names(traced))
+    eager = jax.make_jaxpr(jax.jit(lambda Z: inducing_factor(kernel, Z, 1e-6)))(Z).jaxpr
+    assert "jittered_factor" not in set(names(eager))  # traced inside jit too
