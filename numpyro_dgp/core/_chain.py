@@ -355,9 +355,11 @@ def chain_gauss_kl_term(
     :param prior_chol: ``(M, M)`` Cholesky factor of ``K_l`` shared by the outputs; ``None``
         for the whitened prior ``N(0, I)``.
     :return: scalar, this layer's term (nats).
+    :raises ValueError: if ``(P, M, M)`` blocks are of another shape.
     """
     P, M = mean.shape
     if marginal_cov.ndim == 3:
+        _check_blocks(marginal_cov, (P, M, M), "marginal_cov")
         blocks = marginal_cov
     else:
         blocks = marginal_cov.reshape(P, M, P, M)[jnp.arange(P), :, jnp.arange(P), :]  # (P, M, M)

@@ -503,3 +503,5 @@ def test_block_diagonal_covariances_of_the_wrong_shape_are_refused():
         output_moments(jnp.ones((2, M)), jnp.ones(2), Belief(jnp.zeros(3 * M), blocks), 3)
     with pytest.raises(ValueError, match="cov .*must have shape \\(1, 12, 12\\)"):
         congruence(jnp.ones((5, 3 * M)), blocks)
+    with pytest.raises(ValueError, match="marginal_cov.*must have shape \\(3, 4, 4\\)"):
+        chain_gauss_kl_term(jnp.zeros((3, M)), jnp.broadcast_to(jnp.eye(M), (3, M, M)), blocks, None)
