@@ -25,13 +25,19 @@ Usage::
         --with-gpflux $NUMPYRO_DGP_PEERS_DIR/gpflux/bin/python --tag scale_grid    # results/scale_grid.md
 
 With ``--with-gpflux PYTHON`` (the GPflux venv of ``benchmarks/peers/setup.sh``), every grid
-point also times GPflux (``peers/gpflux_scale.py``, the same model) right after ours.
+point also times GPflux (``peers/gpflux_scale.py``, the same model) right after ours;
+``--grid-repeats K`` runs each point K times, ours and the peers alternating, and reports the
+medians and the ratios paired by run (a single run's ratio moves 10-20% with this machine's
+drift). Ours runs on JAX's default device; on a machine with a GPU, ``--with-gpytorch python
+--peer-device cuda`` puts GPyTorch there too (GPflux's peer runs on the CPU only). Each point
+records the device it ran on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -194,7 +200,17 @@ def run_grid_point(M, width, precision, dim=D, steps=30, N=10_000, batch=1000):
             "ms_per_step": 1e3 * result.seconds_per_step, "compile_seconds": result.compile_seconds,
             "first_step_seconds": total - (3 * steps - 1) * result.seconds_per_step,
             "floor_gflop": step_flops(M, width, dim, batch) / 1e9, "matmul_gflops": matmul_peak(precision),
-            "all_finite": bool(np.all(np.isfinite(result.losses)))}
+            "device": device_name(), "jax": jax.__version__, "all_finite": bool(np.all(np.isfinite(result.losses)))}
+
+
+def device_name():
+    """What JAX runs on: ``<n>-core CPU``, or the accelerator's kind (e.g. ``NVIDIA H200``)."""
+    import os
+
+    import jax
+
+    device = jax.devices()[0]
+    return f"{os.cpu_count()}-core CPU" if device.platform == "cpu" else device.device_kind
 
 
 def child(argv):
@@ -234,9 +250,44 @@ def markdown(results):
     return "\n".join(lines)
 
 
-def grid_point(M, width, precision, dim, steps, peers):
+def grid_point(M, width, precision, dim, steps, peers, peer_device="cpu", repeats=1):
+    """One grid point, ``repeats`` times (ours, then each peer, then ours again...), combined
+    by :func:`combine_runs`."""
+    return combine_runs([_grid_run(M, width, precision, dim, steps, peers, peer_device) for _ in range(repeats)])
+
+
+def combine_runs(runs):
+    """One grid point from its repeats: the median of each time and of the matrix-product peak,
+    the times themselves (``*_ms_per_step_runs``) and each peer's ratios paired by repeat
+    (``*_ratios``: the machine's drift moves both sides of a pair alike, so the table's ratio is
+    their median, not the ratio of the medians)."""
+    if len(runs) == 1:
+        return runs[0]
+    point = {**runs[0], "repeats": len(runs), "all_finite": all(r["all_finite"] for r in runs)}
+    for key in runs[0]:
+        if key.endswith(("ms_per_step", "compile_seconds", "first_step_seconds")) or key == "matmul_gflops":
+            values = [r[key] for r in runs]
+            point[key] = statistics.median(values)
+            if key.endswith("ms_per_step"):
+                point[f"{key}_runs"] = values
+    for library in ("gpflux", "gpytorch"):
+        if f"{library}_ms_per_step" in runs[0]:
+            point[f"{library}_ratios"] = [r[f"{library}_ms_per_step"] / r["ms_per_step"] for r in runs]
+    return point
+
+
+def peer_ratio(r, library):
+    """A peer's time over ours at a grid point: the median of the paired ratios where it was
+    repeated."""
+    if f"{library}_ratios" in r:
+        return statistics.median(r[f"{library}_ratios"])
+    return r[f"{library}_ms_per_step"] / r["ms_per_step"]
+
+
+def _grid_run(M, width, precision, dim, steps, peers, peer_device):
     """Ours at one grid point in a fresh process, then each peer's same model right after
-    (``peers``: library name -> its venv's python, for the Ms it runs at)."""
+    (``peers``: library name -> its venv's python, for the Ms it runs at; GPyTorch on
+    ``peer_device``)."""
     r = in_fresh_process("grid", M, width, precision, dim, steps)
     print(json.dumps(r), flush=True)
     for library, (python, ms) in peers.items():
@@ -244,13 +295,15 @@ def grid_point(M, width, precision, dim, steps, peers):
             continue
         peer = subprocess.run([python, str(Path(__file__).parent / "peers" / f"{library}_scale.py"),
                                "--num-inducing", str(M), "--width", str(width), "--precision", precision,
-                               "--dim", str(dim), "--steps", str(steps)], capture_output=True, text=True)
+                               "--dim", str(dim), "--steps", str(steps),
+                               *(["--device", peer_device] if library == "gpytorch" else [])],
+                              capture_output=True, text=True)
         if peer.returncode != 0:
             raise RuntimeError(f"{library} M={M} width={width} D={dim} failed:\n{peer.stderr[-3000:]}")
         g = json.loads(peer.stdout.strip().splitlines()[-1])
         print(json.dumps(g), flush=True)
         r[f"{library}_ms_per_step"], r[f"{library}_compile_seconds"] = g["ms_per_step"], g["compile_seconds"]
-        r[f"{library}_version"] = g["version"]
+        r[f"{library}_version"] = g["version"] + (f" on {g['device']}" if g.get("device", "cpu") != "cpu" else "")
     return r
 
 
@@ -259,7 +312,9 @@ def _grid_lines(grid):
     gpytorch = any("gpytorch_ms_per_step" in r for r in grid)
     columns = ["precision", "D", "M", "width", "ms/step", "compile s", "first step s", "peak GFLOP/s", "floor ms",
                "achieved GFLOP/s", "roofline %"]
-    columns += ["GPflux ms/step", "GPflux first step s", "GPflux / ours", "meets"] if peers else []
+    repeated = any(r.get("repeats", 1) > 1 for r in grid)
+    columns += ["GPflux ms/step", "GPflux first step s", "GPflux / ours",
+                *(["range (runs)"] if repeated else []), "meets"] if peers else []
     columns += ["GPyTorch ms/step", "GPyTorch / ours"] if gpytorch else []
     rows = []
     for r in grid:
@@ -269,18 +324,25 @@ def _grid_lines(grid):
                f"{floor_ms:.1f}", f"{r['floor_gflop'] / r['ms_per_step'] * 1e3:.1f}",
                f"{100 * floor_ms / r['ms_per_step']:.0f}"]
         if peers:
-            ratio = r["gpflux_ms_per_step"] / r["ms_per_step"]
+            ratio = peer_ratio(r, "gpflux")
             twice_below_floor = r["gpflux_ms_per_step"] / 2 < floor_ms
             meets = "2x" if ratio >= 2 else ("65%" if twice_below_floor and floor_ms / r["ms_per_step"] >= 0.65 else "-")
             row += [f"{r['gpflux_ms_per_step']:.1f}", f"{r['gpflux_compile_seconds']:.1f}", f"{ratio:.2f}", meets]
+            if repeated:
+                ratios = r.get("gpflux_ratios", [ratio])
+                row.insert(-1, f"{min(ratios):.2f}-{max(ratios):.2f} ({len(ratios)})")
         if gpytorch:
-            row += ([f"{r['gpytorch_ms_per_step']:.1f}", f"{r['gpytorch_ms_per_step'] / r['ms_per_step']:.2f}"]
+            row += ([f"{r['gpytorch_ms_per_step']:.1f}", f"{peer_ratio(r, 'gpytorch'):.2f}"]
                     if "gpytorch_ms_per_step" in r else ["-", "-"])
         rows.append(row)
     return ["Time per step, N = 10,000 synthetic points, batch 1000, 2 layers" + (
             f" (GPflux: {grid[0].get('gpflux_version')}, run right after ours at each point)" if peers else "")
             + (" (GPyTorch: " + next(r["gpytorch_version"] for r in grid if "gpytorch_version" in r)
                + ", after GPflux where given)" if gpytorch else "")
+            + (f". Ours on {grid[0]['device']} (jax {grid[0]['jax']})" if "device" in grid[0] else "")
+            + (". Where a point was repeated (`--grid-repeats`, ours and the peers alternating), each time "
+               "is the median of the runs and each ratio the median of the ratios paired by run, with "
+               "their range" if repeated else "")
             + ". Peak: the matrix-product speed measured in our process at that point (2000^3, best of three "
             "medians of five); floor: the FLOPs the math needs (`step_flops` in the script) at that speed; "
             "achieved: those FLOPs over our time; roofline: achieved / peak. "
@@ -331,7 +393,7 @@ def plot_grid(grid, path):
     narrow = len(dims) == 1  # one column: the legend in two columns, the title on two lines
     fig.legend(handles, labels, loc="lower center", ncol=2 if narrow else 4, fontsize=8)
     fig.suptitle("DSVI training step (2 layers, batch 1000, N = 10,000)" + ("\n" if narrow else " ")
-                 + "on a 2-core CPU")
+                 + f"on {grid[0].get('device', 'a 2-core CPU')}")
     fig.tight_layout(rect=(0, 0.14 if narrow else 0.1, 1, 1))
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -365,6 +427,10 @@ def main(argv=None):
     parser.add_argument("--with-gpytorch", metavar="PYTHON", default=None,
                         help="the GPyTorch venv's python: time GPyTorch at the grid points with M in --gpytorch-m")
     parser.add_argument("--gpytorch-m", type=int, nargs="+", default=[100, 500])
+    parser.add_argument("--grid-repeats", type=int, default=1,
+                        help="--grid: runs of each point, ours and the peers alternating (medians; paired ratios)")
+    parser.add_argument("--peer-device", default="cpu",
+                        help="the PyTorch device GPyTorch runs on (cpu, cuda); ours runs on JAX's default device")
     parser.add_argument("--resume", action="store_true",
                         help="--grid: keep every point already in results/TAG.json and run this grid's missing ones")
     parser.add_argument("--plot-only", action="store_true",
@@ -398,7 +464,8 @@ def main(argv=None):
                             continue
                         steps = args.grid_steps or _grid_steps(M, width, dim)
                         peers = {"gpflux": (args.with_gpflux, None), "gpytorch": (args.with_gpytorch, args.gpytorch_m)}
-                        results["grid"].append(grid_point(M, width, precision, dim, steps, peers))
+                        results["grid"].append(grid_point(M, width, precision, dim, steps, peers, args.peer_device,
+                                                          args.grid_repeats))
                         # written after every point: a long grid's finished points survive an interruption
                         write_results(args.tag, results, None)
     write_results(args.tag, results, markdown(results))

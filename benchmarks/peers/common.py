@@ -388,6 +388,7 @@ def parse_scale_args(description, argv=None):
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--precision", choices=("float32", "float64"), default="float32")
     parser.add_argument("--steps", type=int, default=30, help="steps per timed block (3 blocks, median)")
+    parser.add_argument("--device", default="cpu", help="PyTorch device of the GPyTorch peer (cpu, cuda)")
     return parser.parse_args(argv)
 
 

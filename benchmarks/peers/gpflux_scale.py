@@ -31,6 +31,8 @@ import numpy as np  # noqa: E402
 
 def main(argv=None):
     args = common.parse_scale_args(__doc__.splitlines()[0], argv)
+    if args.device != "cpu":
+        raise SystemExit(f"gpflux_scale.py: --device {args.device}: this peer runs on the CPU only")
     import tensorflow as tf
     import gpflow
     import gpflux

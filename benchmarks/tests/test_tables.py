@@ -135,6 +135,21 @@ def test_scale_grid_shows_gpytorch_where_it_ran():
     assert table[0].endswith("| 2x | 40.0 | 4.00 |") and table[1].endswith("| 2x | - | - |")
 
 
+def test_scale_grid_repeats_give_medians_and_ratios_paired_by_run():
+    scale = _load("scale")
+    runs = [{**_grid_row(500, ms, gpflux_ms, 7.0), "all_finite": True}
+            for ms, gpflux_ms in ((100.0, 100.0), (300.0, 900.0), (200.0, 700.0))]
+    point = scale.combine_runs(runs)
+    assert point["ms_per_step"] == 200.0 and point["gpflux_ms_per_step"] == 700.0 and point["repeats"] == 3
+    assert point["ms_per_step_runs"] == [100.0, 300.0, 200.0] and point["all_finite"]
+    # the ratios paired by run are 1, 3 and 3.5: their median is 3, the medians' ratio 3.5
+    assert scale.peer_ratio(point, "gpflux") == 3.0
+    table = [line for line in scale._grid_lines([point]) if line.startswith("| float64")]
+    assert table[0].endswith("| 3.00 | 1.00-3.50 (3) | 2x |")
+    assert scale.combine_runs(runs[:1]) == runs[0]  # one run: the record as it was
+    assert not scale.combine_runs([*runs[:2], {**runs[2], "all_finite": False}])["all_finite"]
+
+
 def test_scale_step_flops_grow_as_the_math_says():
     scale = _load("scale")
     # the variance term P M^2 B dominates at large M: doubling M nearly quadruples the count
