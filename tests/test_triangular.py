@@ -114,7 +114,8 @@ def test_block_products_pass_finite_difference_checks_with_several_small_blocks(
     import numpyro_dgp.core._triangular as triangular
 
     monkeypatch.setattr(triangular, "LOWER_TIMES_BLOCK", 3)
-    assert len(triangular_blocks(8, triangular.LOWER_TIMES_BLOCK, 4)) == 3
+    monkeypatch.setattr(triangular, "LOWER_TIMES_MOST_BLOCKS", 4)  # above the default cap of 2
+    assert len(triangular_blocks(8, triangular.LOWER_TIMES_BLOCK, triangular.LOWER_TIMES_MOST_BLOCKS)) == 3
     rs = np.random.RandomState(8)
     T, U, B = jnp.asarray(rs.randn(8, 8)), jnp.asarray(rs.randn(8, 8)), jnp.asarray(rs.randn(8, 2))
     # order 1: the products are bilinear; compiled, as the checks' many evaluations are slow

@@ -30,13 +30,16 @@ __all__ = [
 ]
 
 #: Block edge of :func:`quadratic_form_diagonals` (one product per block and all outputs), and
-#: the most blocks it uses (larger blocks at large M keep the compiled program's size, and its
-#: compile time, bounded in M; 8 blocks cost 9/16 of the full product instead of 1/2).
+#: the most blocks it uses: larger blocks above M = 256 instead of more of them. 4 blocks cost
+#: 5/8 of the full product against 9/16 for 8, yet the step ran 5-12% faster (fewer, larger
+#: products near the machine's matrix-product speed, and less slicing and padding around them;
+#: measured with ``LOWER_TIMES_MOST_BLOCKS`` below, see benchmarks/topics/scale.md, item 10).
 QUADRATIC_FORM_BLOCK = 64
-QUADRATIC_FORM_MOST_BLOCKS = 8
-#: Block edge of :func:`lower_times`, and the most blocks it uses.
+QUADRATIC_FORM_MOST_BLOCKS = 4
+#: Block edge of :func:`lower_times` and the two products beside it, and the most blocks they
+#: use (2: 3/4 of the full product's FLOPs, faster at M >= 500 than 4 blocks' 5/8, as above).
 LOWER_TIMES_BLOCK = 128
-LOWER_TIMES_MOST_BLOCKS = 4
+LOWER_TIMES_MOST_BLOCKS = 2
 #: Block edge of :func:`lower_gram`, and the most blocks it uses (a joint guide's factor over
 #: two layers of width 8 at M = 500 is 4500 square: 9 blocks, 45 products, 23% of the dense FLOPs).
 GRAM_BLOCK = 512
@@ -97,7 +100,7 @@ def lower_times_lower(T: jax.Array, U: jax.Array) -> jax.Array:
     """``tril(T) @ tril(U)``, a lower-triangular matrix, reading only the lower triangles.
 
     Row block ``[start, stop)`` of the product needs columns ``< stop`` of ``T`` and the leading
-    ``stop x stop`` block of ``U``: with 4 blocks, 30/64 of the full product's FLOPs (the
+    ``stop x stop`` block of ``U``: with 2 blocks, 5/8 of the full product's FLOPs (the
     triangular minimum is 1/6); the zeros above the diagonal are exact.
 
     :param T: ``(..., M, M)``.
@@ -116,7 +119,7 @@ def lower_of_times_transpose(X: jax.Array, T: jax.Array) -> jax.Array:
     """``tril(X @ tril(T)^T)``: the lower triangle of a product with a transposed lower factor.
 
     Entry ``(i, j)``, ``j <= i``, sums over columns ``<= j`` of both, so row block
-    ``[start, stop)`` needs columns ``< stop`` only: 30/64 of the full product with 4 blocks.
+    ``[start, stop)`` needs columns ``< stop`` only: 5/8 of the full product with 2 blocks.
 
     :param X: ``(..., M, M)``.
     :param T: ``(..., M, M)``; its upper triangle is ignored.
