@@ -108,13 +108,17 @@ def test_triangle_times_triangle_products_match_the_dense_products(M):
         assert np.all(np.triu(np.asarray(ours), 1) == 0.0)
 
 
-def test_block_products_pass_finite_difference_checks_with_several_small_blocks(monkeypatch):
+def test_block_products_pass_finite_difference_checks_with_several_small_blocks(monkeypatch, request):
     # blocks of 3 at M = 8 (3 blocks, the last one short): the block boundaries' derivatives
     # in both modes, at a size where finite differences are cheap
     import numpyro_dgp.core._triangular as triangular
 
     monkeypatch.setattr(triangular, "LOWER_TIMES_BLOCK", 3)
     monkeypatch.setattr(triangular, "LOWER_TIMES_MOST_BLOCKS", 4)  # above the default cap of 2
+    # the factorization and the inverse are jitted: an 8 x 8 program traced earlier in this
+    # process would keep the default blocks (its derivative had 11 products instead of 15)
+    jax.clear_caches()
+    request.addfinalizer(jax.clear_caches)  # and later tests do not get the patched programs
     assert len(triangular_blocks(8, triangular.LOWER_TIMES_BLOCK, triangular.LOWER_TIMES_MOST_BLOCKS)) == 3
     rs = np.random.RandomState(8)
     T, U, B = jnp.asarray(rs.randn(8, 8)), jnp.asarray(rs.randn(8, 8)), jnp.asarray(rs.randn(8, 2))
