@@ -2,16 +2,19 @@
 
 NumPyro has no public API for a few things a GP-layer primitive needs: the handler stack
 (to tell whether a model runs under a ``seed`` handler and inside which plates, and which
-sites the innermost ``trace`` handler has recorded so far in this run), the
-function a ``numpyro.plate`` draws subsample indices with (replaced by a faster one), and
-the lazy initial value of a ``numpyro.param`` message, the constraint class behind
-``softplus_lower_cholesky`` (to register a faster transform for it), and the class of the
-optimizers ``optax_to_numpyro`` returns (for annotations only). Each access is wrapped
-here, and ``tests/test_compat.py`` fails loudly if a NumPyro release changes any of them.
+sites the innermost ``trace`` handler has recorded so far in this run), the function a
+``numpyro.plate`` draws subsample indices with (replaced by a faster one), the lazy initial
+value of a ``numpyro.param`` message, the constraint class behind ``softplus_lower_cholesky``
+(to register a faster transform for it), and the class of the optimizers ``optax_to_numpyro``
+returns (for annotations only). JAX has none for whether a transformation is tracing the
+caller even where its arguments are concrete (:func:`one_shot_program`: a program compiled
+with its own XLA options cannot be nested in another). Each access is wrapped here, and
+``tests/test_compat.py`` fails loudly if a NumPyro or JAX release changes any of them.
 """
 
 from __future__ import annotations
 
+from functools import update_wrapper
 from typing import TYPE_CHECKING, Any, Callable
 
 import jax
@@ -19,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.primitives as _primitives
+from jax._src import core as _jax_core
 from numpyro.distributions import constraints as _constraints
 from numpyro.distributions import transforms as _transforms
 
@@ -35,8 +39,10 @@ __all__ = [
     "innermost_guide",
     "innermost_trace",
     "is_tracer",
+    "jax_is_tracing",
     "lazy_param_initializer",
     "numpyro_subsample_fn",
+    "one_shot_program",
     "softplus_lower_cholesky",
 ]
 
@@ -87,6 +93,13 @@ def lazy_param_initializer(msg: dict) -> Callable | None:
 def is_tracer(x: Any) -> bool:
     """Whether ``x`` is a JAX tracer (an abstract value inside ``jit``/``vmap``/``grad``)."""
     return isinstance(x, jax.core.Tracer)
+
+
+def jax_is_tracing() -> bool:
+    """Whether a JAX transformation (``jit``, ``grad``, ``vmap``, ``eval_shape``) is tracing the
+    caller, even where every argument it holds is concrete (a constant closed over by a jitted
+    function)."""
+    return not _jax_core.trace_state_clean()
 
 
 def autocontinuous_layout(guide: Any) -> dict[str, tuple[int, int, tuple[int, ...]]]:
@@ -153,3 +166,38 @@ def innermost_guide(guide: Callable) -> Callable:
     while isinstance(guide, _primitives.Messenger) and guide.fn is not None:
         guide = guide.fn
     return guide
+
+
+#: XLA options of a program that runs once per shape.
+ONE_SHOT_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
+class _OneShot:
+    """``fun`` itself under a JAX transformation, else its program compiled with
+    :data:`ONE_SHOT_OPTIONS` (one per shapes and static arguments)."""
+
+    def __init__(self, fun: Callable, static_argnums: int | tuple[int, ...]) -> None:
+        self._fun = fun
+        self._compiled = jax.jit(
+            fun, static_argnums=static_argnums, compiler_options=ONE_SHOT_OPTIONS
+        )
+        update_wrapper(self, fun)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if jax_is_tracing():
+            return self._fun(*args, **kwargs)
+        return self._compiled(*args, **kwargs)
+
+    def _cache_size(self) -> int:
+        """Programs compiled so far (as a jitted function's ``_cache_size``)."""
+        return self._compiled._cache_size()  # type: ignore[attr-defined]
+
+
+def one_shot_program(fun: Callable, static_argnums: int | tuple[int, ...] = ()) -> Any:
+    """``fun`` for eager runs (``svi.init``, a trace of the model for its sites), which compile
+    it once per shape and run it once: compiled without XLA's optimization passes
+    (``xla_backend_optimization_level`` 0; about half the compile time, the same operations
+    rounded alike up to fused arithmetic). Under a JAX transformation (a training step's
+    ``jit``) ``fun`` runs as it is, part of the caller's program and compiled with the caller's
+    options: JAX refuses compiler options on a nested ``jit``, and steps keep XLA's defaults."""
+    return _OneShot(fun, static_argnums)

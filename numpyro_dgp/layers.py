@@ -64,6 +64,7 @@ import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
+from numpyro_dgp._compat import one_shot_program
 from numpyro_dgp._layers.inducing import (
     inducing_factor,
     inducing_inputs_site,
@@ -291,12 +292,14 @@ def sample_moments(
     return _diagonal_draw(rng_key, jnp.asarray(mean), jnp.asarray(var))
 
 
-# One program per shape: called outside jit (a model run eagerly), the draw's operations would
-# otherwise each compile on their own; inside jit it is inlined.
-@jax.jit
 def _diagonal_draw(rng_key: jax.Array, mean: jax.Array, var: jax.Array) -> jax.Array:
     eps = jax.random.normal(rng_key, mean.shape, mean.dtype)
     return mean + jnp.sqrt(jnp.maximum(var, 0.0)) * eps
+
+
+# One program per shape: called outside jit (a model run eagerly), the draw's operations would
+# otherwise each compile on their own; inside jit it is inlined.
+_diagonal_draw = one_shot_program(_diagonal_draw)
 
 
 def _propagate(

@@ -27,7 +27,6 @@ Write a custom guide by emitting these on its sites' ``infer`` dicts (see
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Callable, NamedTuple
 
 import jax
@@ -35,6 +34,8 @@ import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
+
+from numpyro_dgp._compat import one_shot_program
 
 __all__ = [
     "AMORTIZATION_RULES",
@@ -196,7 +197,6 @@ class CholeskyNormal(dist.TransformedDistribution):
         return jnp.sum(self.scale_tril**2, axis=-1)
 
 
-@partial(jax.jit, static_argnums=3)
 def _cholesky_normal_draw(
     key: jax.Array, loc: jax.Array, scale_tril: jax.Array, sample_shape: tuple[int, ...]
 ) -> tuple[jax.Array, jax.Array]:
@@ -205,6 +205,9 @@ def _cholesky_normal_draw(
     shape = sample_shape + loc.shape
     z = jnp.zeros(loc.shape, loc.dtype) + jax.random.normal(key, shape) * 1.0
     return z, loc + jnp.squeeze(jnp.matmul(scale_tril, z[..., jnp.newaxis]), axis=-1)
+
+
+_cholesky_normal_draw = one_shot_program(_cholesky_normal_draw, static_argnums=3)
 
 
 def gaussian_parameters(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from numpyro.handlers import seed, trace
@@ -117,3 +118,34 @@ def test_softplus_lower_cholesky_is_numpyros_constraint_with_our_transform():
     # NumPyro's own constraint keeps NumPyro's transform
     assert type(biject_to(constraints.softplus_lower_cholesky)) is SoftplusLowerCholeskyTransform
     assert bool(constraint(jnp.array([[1.0, 0.0], [0.5, 2.0]])))
+
+
+def test_jax_is_tracing_under_every_transformation_and_not_eagerly():
+    seen = []
+
+    def probe(x):
+        seen.append(_compat.jax_is_tracing())
+        return x
+
+    probe(1.0)
+    jax.jit(lambda x: probe(x))(1.0)  # fresh functions: JAX reuses the traces of one
+    jax.jit(lambda: probe(jnp.ones(2)))()  # concrete argument, traced all the same
+    jax.grad(lambda x: probe(x))(1.0)
+    jax.vmap(lambda x: probe(x))(jnp.ones(2))
+    jax.eval_shape(lambda x: probe(x), 1.0)
+    assert seen == [False, True, True, True, True, True]
+
+
+def test_one_shot_program_compiles_eagerly_and_is_inlined_when_traced():
+    """JAX refuses compiler options on a nested jit: traced, the function runs as it is (and
+    differentiates); eagerly, one program per shape and static argument."""
+    f = _compat.one_shot_program(lambda x, n: jnp.sin(x) * n, static_argnums=1)
+    x = jnp.linspace(0.0, 1.0, 5)
+    np.testing.assert_allclose(f(x, 2), 2 * np.sin(np.asarray(x)), rtol=1e-15)
+    f(x + 1, 2)  # same shapes: no new program
+    assert f._cache_size() == 1
+    grad = jax.jit(jax.grad(lambda x: f(x, 2).sum()))(x)
+    np.testing.assert_allclose(grad, 2 * np.cos(np.asarray(x)), rtol=1e-14)
+    # a constant closed over by a jitted function: concrete, but traced all the same
+    np.testing.assert_allclose(jax.jit(lambda: f(x, 3))(), 3 * np.sin(np.asarray(x)), rtol=1e-15)
+    assert f._cache_size() == 1

@@ -313,10 +313,30 @@ def test_dgpelbo_with_a_noisy_last_layer_is_the_closed_form():
     assert abs(elbo - expected) < 1e-9 * abs(expected)
 
 
+def test_eager_kmeans_initialization_is_one_unoptimized_program_only_for_small_problems(monkeypatch):
+    """Inducing inputs by k-means, run eagerly: one program without XLA's optimization passes up
+    to ONE_SHOT_KMEANS_SIZE point-center pairs (where compiling dominates), XLA's defaults above
+    (where the unoptimized loop runs twice as long); the same centers either way, and those of
+    the library's kmeans with key 0."""
+    from numpyro_dgp._layers import inducing
+
+    X = jnp.asarray(np.random.RandomState(3).randn(2, 23, 2))  # shapes no other test compiles
+    one_shot = inducing._kmeans_one_shot._cache_size()
+    small = inducing.kmeans_inducing_inputs(X, 4)
+    assert inducing._kmeans_one_shot._cache_size() == one_shot + 1
+    monkeypatch.setattr(inducing, "ONE_SHOT_KMEANS_SIZE", 4 * 46 - 1)
+    large = inducing.kmeans_inducing_inputs(X, 4)
+    assert inducing._kmeans_one_shot._cache_size() == one_shot + 1
+    reference = dgp.core.kmeans(jax.random.PRNGKey(0), X.reshape(46, 2), 4)
+    np.testing.assert_allclose(large, reference, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(small, reference, rtol=0, atol=1e-12)
+
+
 def test_inducing_factor_is_one_program_eagerly_and_inlined_when_traced():
     """K(Z, Z)'s jittered factor: run eagerly (svi.init) one compiled program, equal to the
-    dense factorization; traced (a training step) the operations themselves, not a nested
-    program, so that the step's derivative keeps its grouping (and its round-off)."""
+    dense factorization; traced (a training step) the library's factorization itself, not a
+    nested program, so that the step's derivative keeps its grouping (and its round-off); the
+    two routes agree to round-off where they differ (M = 100)."""
     from numpyro_dgp._layers.inducing import inducing_factor
 
     rs = np.random.RandomState(0)
@@ -332,11 +352,11 @@ def test_inducing_factor_is_one_program_eagerly_and_inlined_when_traced():
     np.testing.assert_array_equal(L_again, L)
     np.testing.assert_allclose(Linv, np.linalg.inv(dense), rtol=1e-10, atol=1e-12)
 
-    from numpyro_dgp._layers.inducing import jittered_factor_program
+    from numpyro_dgp._layers.inducing import eager_factor_program
 
-    before = jittered_factor_program._cache_size()
+    before = eager_factor_program._cache_size()
     inducing_factor(kernel, Z[:5], 1e-6)  # new shapes, run eagerly: one more program
-    assert jittered_factor_program._cache_size() == before + 1
+    assert eager_factor_program._cache_size() == before + 1
 
     def names(jaxpr):
         for eqn in jaxpr.eqns:
@@ -347,7 +367,18 @@ def test_inducing_factor_is_one_program_eagerly_and_inlined_when_traced():
                     if hasattr(sub, "eqns"):
                         yield from names(sub)
 
-    traced = jax.make_jaxpr(lambda Z: inducing_factor(kernel, Z, 1e-6))(Z).jaxpr
-    assert "jittered_factor" not in set(names(traced))
-    eager = jax.make_jaxpr(jax.jit(lambda Z: inducing_factor(kernel, Z, 1e-6)))(Z).jaxpr
-    assert "jittered_factor" not in set(names(eager))  # traced inside jit too
+    traced = set(names(jax.make_jaxpr(lambda Z: inducing_factor(kernel, Z, 1e-6, True))(Z).jaxpr))
+    # the library's factorization (its derivative rules), no nested program of the eager route
+    assert "_blocked_cholesky" in traced and "_triangular_inverse" in traced
+    assert "eager_factor" not in traced and "jittered_factor" not in traced
+    in_jit = jax.make_jaxpr(jax.jit(lambda Z: inducing_factor(kernel, Z, 1e-6)))(Z).jaxpr
+    assert "eager_factor" not in set(names(in_jit))  # traced inside jit too
+
+    # Above M = 64 the eager route (one LAPACK call, one triangular solve) and the step's
+    # (blocked factorization, recursive inverse) differ by round-off only
+    Z = jnp.asarray(rs.randn(100, 3))
+    eager = inducing_factor(kernel, Z, 1e-6, True)
+    step = jax.jit(lambda Z: inducing_factor(kernel, Z, 1e-6, True))(Z)
+    for a, b in zip(eager, step):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * float(np.max(np.abs(b))))
+    np.testing.assert_allclose(eager[1] @ eager[0], np.eye(100), atol=1e-8)

@@ -11,7 +11,6 @@ initial values (to 1e-15).
 from __future__ import annotations
 
 import weakref
-from functools import partial
 from typing import Any
 
 import jax
@@ -19,7 +18,7 @@ from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._cache import OwnerCache
-from numpyro_dgp._compat import innermost_guide
+from numpyro_dgp._compat import innermost_guide, one_shot_program
 from numpyro_dgp._validation import split_traced
 from numpyro_dgp.guides import DGPGuide
 
@@ -75,9 +74,8 @@ def init(
     if compiled is None:
         svi_ref = weakref.ref(svi)  # the cache must not keep svi alive
 
-        # The program runs once, so XLA's optimization passes, which would take half of its
-        # compile time, are turned off (its results agree with svi.init's to 1e-15).
-        @partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+        # runs once: without XLA's optimization passes (its results agree with svi.init's)
+        @one_shot_program
         def compiled(rng_key, dyn_args, dyn_kwargs, init_params):
             call_args = tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
             return svi_ref().init(
