@@ -12,19 +12,19 @@ import numpyro
 import numpyro.distributions as dist
 from jax.scipy.linalg import solve_triangular
 
-from numpyro_dgp._compat import is_tracer, one_shot_program
+from numpyro_dgp._compat import jax_is_tracing, one_shot_program
 from numpyro_dgp._layers.parts import LayerArgs
 from numpyro_dgp.core import cholesky, inverse_cholesky, kmeans
 from numpyro_dgp.kernels import Kernel
 
 __all__ = [
-    "inducing_factor",
-    "kmeans_inducing_inputs",
-    "inducing_inputs_site",
-    "inducing_prior",
     "eager_factor",
     "eager_factor_program",
+    "inducing_factor",
+    "inducing_inputs_site",
+    "inducing_prior",
     "jittered_factor",
+    "kmeans_inducing_inputs",
     "mean_diagonal",
 ]
 
@@ -82,7 +82,7 @@ def inducing_factor(
     ``jit`` would also regroup the step's backward pass and change its round-off). Run eagerly
     (``svi.init``, a model traced for its sites), :func:`eager_factor_program`: one program per
     kernel type and shapes, where each operation would otherwise compile on its own."""
-    if any(is_tracer(leaf) for leaf in jax.tree_util.tree_leaves((kernel, Z))):
+    if jax_is_tracing():  # constants closed over by a jitted step included
         return jittered_factor(kernel, Z, jitter, with_inverse)
     return eager_factor_program(kernel, Z, jitter, with_inverse)
 
@@ -105,8 +105,9 @@ def eager_factor(
     triangular solve. A run outside ``jit`` is not differentiated, so the blocked
     factorization and the derivative rules that a training step needs
     (:func:`~numpyro_dgp.core.cholesky`) are not compiled for it: at M = 100 their program
-    took 1.5 s to compile, this one 0.4 s. The same factor up to round-off (identical up to
-    M = 64, where the library's factorization is this LAPACK call too)."""
+    took 1.5 s to compile, this one 0.25 s (without XLA's optimization passes). The same
+    factor up to round-off (identical up to M = 64, where the library's factorization is this
+    LAPACK call too)."""
     jittered, absolute = _jittered_gram(kernel, Z, jitter)
     L = jnp.linalg.cholesky(jittered)
     if not with_inverse:
@@ -138,7 +139,7 @@ def inducing_prior(
     """``p(u)`` per output: N(mean(Z), K) for locations, else N(0, I) whitened or N(0, K)."""
     if locations:
         return dist.MultivariateNormal(prior_mean, scale_tril=Kmm_chol)
-    zeros, eye = _zeros_and_identity(Kmm_chol.shape[-1], dtype, traced=is_tracer(Kmm_chol))
+    zeros, eye = _zeros_and_identity(Kmm_chol.shape[-1], dtype, traced=jax_is_tracing())
     if whiten:
         # the standard normal by construction: its arguments are constants, concrete even in an
         # abstract (eval_shape) run, so validating them would compile ~20 small programs eagerly
