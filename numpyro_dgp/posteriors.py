@@ -176,9 +176,7 @@ class CholeskyNormal(dist.TransformedDistribution):
         """A draw ``loc + L z`` and ``[[z, None]]``, the intermediates its log-density reads.
 
         Run eagerly (``svi.init`` draws the guide's sites so), one compiled program per shape
-        instead of an operation each; traced, NumPyro's own operations."""
-        if any(isinstance(a, jax.core.Tracer) for a in (key, self.loc, self.scale_tril)):
-            return super().sample_with_intermediates(key, sample_shape)
+        instead of an operation each; traced, NumPyro's operations inline."""
         z, x = _cholesky_normal_draw(key, self.loc, self.scale_tril, tuple(sample_shape))
         return x, [[z, None]]
 
