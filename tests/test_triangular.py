@@ -178,7 +178,12 @@ def _spd(rs, M):
 def test_blocked_cholesky_and_its_derivative_at_every_size(M):
     rs = np.random.RandomState(M + 2)
     K = jnp.asarray(_spd(rs, M))
-    np.testing.assert_allclose(cholesky(K), np.linalg.cholesky(np.asarray(K)), rtol=1e-11, atol=1e-11)
+    L = np.linalg.cholesky(np.asarray(K))
+    np.testing.assert_allclose(cholesky(K), L, rtol=1e-11, atol=1e-11)
+    # the inverse the recursion builds beside the factor (1000: 8 leaves of 125, odd splits)
+    np.testing.assert_allclose(inverse_cholesky(K), np.linalg.inv(L), rtol=1e-10, atol=1e-13)
+    batch = jnp.stack([K, 2.0 * K])  # a batch: each matrix its own factor and inverse
+    np.testing.assert_allclose(inverse_cholesky(batch)[1], np.linalg.inv(np.sqrt(2.0) * L), rtol=1e-10, atol=1e-13)
     if M <= 130:  # finite differences need a few evaluations per direction
         W = jnp.asarray(rs.randn(M, M))
         check_grads(lambda K: jnp.sum(W * triangular_inverse(cholesky(K))), (K,), order=1, modes=["rev", "fwd"])
@@ -188,6 +193,7 @@ def test_blocked_cholesky_is_nan_where_the_matrix_is_not_positive_definite():
     K = np.eye(200)
     K[150, 150] = -1.0  # only the second half's trailing block fails
     assert not np.all(np.isfinite(np.asarray(cholesky(jnp.asarray(K)))))
+    assert not np.all(np.isfinite(np.asarray(inverse_cholesky(jnp.asarray(K)))))
 
 
 def _dense_whitened_variances(Kmn, Kmm, Knn, q_sqrt):

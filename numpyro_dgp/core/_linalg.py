@@ -71,23 +71,27 @@ def cholesky(K: jax.Array) -> jax.Array:
 
     The factor of ``jnp.linalg.cholesky`` (which reads ``(K + K^T) / 2``): one LAPACK call up
     to ``M = 64``, above it the blocked recursion ``L21 = K21 L11^{-T}``,
-    ``L22 = chol(K22 - L21 L21^T)`` with matrix products and :func:`triangular_inverse`, down to
-    LAPACK leaves of at most 64 (at most 8 leaves above ``M = 512``: a program that stops
-    growing with M compiles faster) (inside a
-    training step a large multithreaded LAPACK call competed with XLA's threads for the cores;
-    ``benchmarks/results/profile_step_float64_M500_W8.md``). Its derivative
+    ``L22 = chol(K22 - L21 L21^T)`` with matrix products, down to LAPACK leaves of at most 64
+    (at most 8 leaves above ``M = 512``: a program that stops growing with M compiles faster)
+    (inside a training step a large multithreaded LAPACK call competed with XLA's threads for
+    the cores; ``benchmarks/results/profile_step_float64_M500_W8.md``). The recursion builds
+    ``L^{-1}`` beside ``L``, ``[[L11, 0], [L21, L22]]^{-1} =
+    [[L11^{-1}, 0], [-L22^{-1} L21 L11^{-1}, L22^{-1}]]``, from the inverses its halves return
+    (each leaf's by :func:`triangular_inverse`): every inverse is computed once, and no
+    program slices the assembled factor (at ``M = 500`` the slices of a separate inverse of the
+    concatenated factor took most of the step's compile time). Its derivative
     ``dL = L Phi(L^{-1} dK L^{-T})`` (``Phi``: lower triangle, half diagonal) is computed with
-    the explicit inverse of :func:`triangular_inverse` and matrix products only, which skip the
-    zero blocks of the triangular factors above ``M = 128`` (about ``3 M^3`` FLOPs where dense
-    products take ``6 M^3``; ``lower_times_lower`` and ``lower_of_times_transpose``). JAX's own
-    rule uses two triangular solves, which on CPU cost 100x a product of the same size
-    (measured with the project's benchmarks); a DGP training step differentiates one factor per
-    layer. NaN where the factorization fails, like ``jnp.linalg.cholesky``.
+    that inverse and matrix products only, which skip the zero blocks of the triangular factors
+    above ``M = 128`` (about ``3 M^3`` FLOPs where dense products take ``6 M^3``;
+    ``lower_times_lower`` and ``lower_of_times_transpose``). JAX's own rule uses two triangular
+    solves, which on CPU cost 100x a product of the same size (measured with the project's
+    benchmarks); a DGP training step differentiates one factor per layer. NaN where the
+    factorization fails, like ``jnp.linalg.cholesky``.
 
     :param K: ``(..., M, M)`` symmetric positive-definite matrix.
     :return: ``(..., M, M)`` lower-triangular factor.
     """
-    return _blocked_cholesky_compiled(0.5 * (K + jnp.swapaxes(K, -1, -2)))  # as jnp.linalg.cholesky
+    return _factor(K)
 
 
 #: Matrices at most this large are factored by LAPACK in one call; larger ones by recursion.
@@ -104,31 +108,48 @@ def _leaf_size(n: int, smallest: int, most_leaves: int) -> int:
     return max(smallest, -(-n // most_leaves))
 
 
-def _blocked_cholesky(K: jax.Array) -> jax.Array:
-    return _cholesky_recursion(K, _leaf_size(K.shape[-1], _CHOLESKY_LEAF, _CHOLESKY_MOST_LEAVES))
+def _factor_pair(K: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(L, L^{-1})`` of the symmetrized ``K`` by the recursion of :func:`cholesky`."""
+    K = 0.5 * (K + jnp.swapaxes(K, -1, -2))  # as jnp.linalg.cholesky
+    return _pair_recursion(K, _leaf_size(K.shape[-1], _CHOLESKY_LEAF, _CHOLESKY_MOST_LEAVES))
 
 
-def _cholesky_recursion(K: jax.Array, leaf: int) -> jax.Array:
+def _factor_alone(K: jax.Array) -> jax.Array:
+    """``L`` of :func:`_factor_pair` (compiled alone, XLA drops the inverse's operations)."""
+    return _factor_pair(K)[0]
+
+
+def _pair_recursion(K: jax.Array, leaf: int) -> tuple[jax.Array, jax.Array]:
     # at M = 500 the step ran 20% faster with OpenBLAS held to one thread: its threads and
     # XLA's competed for the cores during the one large LAPACK call
     n = K.shape[-1]
     if n <= leaf:
-        return jnp.linalg.cholesky(K)
+        L = jnp.linalg.cholesky(K)
+        return L, _triangular_inverse(L)
     h = n // 2
-    L11 = _cholesky_recursion(K[..., :h, :h], leaf)
-    L21 = K[..., h:, :h] @ jnp.swapaxes(_triangular_inverse(L11), -1, -2)
-    L22 = _cholesky_recursion(K[..., h:, h:] - L21 @ jnp.swapaxes(L21, -1, -2), leaf)
-    top = jnp.concatenate([L11, jnp.zeros(K.shape[:-2] + (h, n - h), K.dtype)], axis=-1)
-    return jnp.concatenate([top, jnp.concatenate([L21, L22], axis=-1)], axis=-2)
+    L11, L11_inv = _pair_recursion(K[..., :h, :h], leaf)
+    L21 = K[..., h:, :h] @ jnp.swapaxes(L11_inv, -1, -2)
+    L22, L22_inv = _pair_recursion(K[..., h:, h:] - L21 @ jnp.swapaxes(L21, -1, -2), leaf)
+    zeros = jnp.zeros(K.shape[:-2] + (h, n - h), K.dtype)
+    L = _join_lower(L11, zeros, L21, L22)
+    return L, _join_lower(L11_inv, zeros, -(L22_inv @ L21) @ L11_inv, L22_inv)
+
+
+def _join_lower(
+    top_left: jax.Array, zeros: jax.Array, bottom_left: jax.Array, bottom_right: jax.Array
+) -> jax.Array:
+    """``[[top_left, zeros], [bottom_left, bottom_right]]``."""
+    top = jnp.concatenate([top_left, zeros], axis=-1)
+    return jnp.concatenate([top, jnp.concatenate([bottom_left, bottom_right], axis=-1)], axis=-2)
 
 
 @cholesky.defjvp
 def _cholesky_jvp(primals: tuple, tangents: tuple) -> tuple[jax.Array, jax.Array]:
     (K,), (dK,) = primals, tangents
-    L = cholesky(K)
+    L, Linv = _factor_and_inverse(K)
     # every factor is triangular: the three products skip their zero blocks (about 3 M^3 FLOPs
     # where dense products took 6 M^3)
-    return L, lower_times_lower(L, _whitened_tangent(triangular_inverse(L), dK))
+    return L, lower_times_lower(L, _whitened_tangent(Linv, dK))
 
 
 def _whitened_tangent(Linv: jax.Array, dK: jax.Array) -> jax.Array:
@@ -144,8 +165,8 @@ def inverse_cholesky(K: jax.Array) -> jax.Array:
     """``L^{-1}`` of the lower Cholesky factor ``L`` of ``K`` (``(..., M, M)``), differentiated
     with respect to ``K`` directly.
 
-    The value is ``triangular_inverse(cholesky(K))``, computed by the same operations (inside a
-    compiled program XLA computes the two once when a step needs both ``L`` and ``L^{-1}``).
+    The value is the inverse :func:`cholesky`'s recursion builds beside ``L`` (inside a
+    compiled program XLA computes the recursion once when a step needs both).
     The derivative is one rule where the chain of :func:`cholesky`'s and
     :func:`triangular_inverse`'s takes two: with ``Y = L^{-1}``,
     ``dY = -Y dL Y = -Phi(Y dK Y^T) Y`` (``Phi``: lower triangle, half diagonal; ``Y L = I``
@@ -157,7 +178,7 @@ def inverse_cholesky(K: jax.Array) -> jax.Array:
     :param K: ``(..., M, M)`` symmetric positive-definite matrix (read as ``(K + K^T) / 2``).
     :return: ``(..., M, M)`` lower-triangular ``L^{-1}``.
     """
-    return triangular_inverse(cholesky(K))
+    return _factor_and_inverse(K)[1]
 
 
 @inverse_cholesky.defjvp
@@ -274,4 +295,5 @@ def _triangular_inverse_jvp(primals: tuple, tangents: tuple) -> tuple[jax.Array,
 # One program per shape: outside jit (interactive use, tests) the recursions' few dozen
 # operations would otherwise each compile on their own; inside jit they are inlined.
 _triangular_inverse_compiled = jax.jit(_triangular_inverse)
-_blocked_cholesky_compiled = jax.jit(_blocked_cholesky)
+_factor_and_inverse = jax.jit(_factor_pair)
+_factor = jax.jit(_factor_alone)
