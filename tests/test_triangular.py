@@ -228,6 +228,12 @@ def test_lower_from_vector_is_numpyros_layout_with_its_derivative(n):
         jax.grad(lambda x: jnp.sum(W * ours(x)))(x), jax.grad(lambda x: jnp.sum(W * theirs(x)))(x), rtol=1e-13
     )
     np.testing.assert_allclose(ours.inv(ours(x)), x, rtol=1e-10, atol=1e-12)
+    # float32 with diagonals of 1e-13: the softplus exactly, not lost to cancellation
+    small = jnp.asarray(x, jnp.float32).at[..., -n:].set(-30.0)
+    diagonal = np.diagonal(ours(small), axis1=-2, axis2=-1)
+    assert ours(small).dtype == jnp.float32
+    np.testing.assert_array_equal(diagonal, np.broadcast_to(jax.nn.softplus(jnp.float32(-30.0)), diagonal.shape))
+    assert np.all(diagonal > 0)
     tail = x[..., : n * (n - 1) // 2]
     if n > 1:
         np.testing.assert_array_equal(
