@@ -485,13 +485,14 @@ def scipy_solve_lower(L, B):
     return jax.scipy.linalg.solve_triangular(L, B, lower=True)
 
 
-def test_cholesky_derivatives_finite_differences():
+@pytest.mark.parametrize("M", [6, 65])  # 65: the recursion of two leaves, its inverse in the rules
+def test_cholesky_derivatives_finite_differences(M):
     # second order too (the rules are themselves differentiable), against central differences
     from jax.test_util import check_grads
 
     rs = _rs(3)
-    K = jnp.asarray(_spd(rs, 1, 6)[0])
-    W = jnp.asarray(rs.randn(6, 6))
+    K = jnp.asarray(_spd(rs, 1, M)[0])
+    W = jnp.asarray(rs.randn(M, M))
     check_grads(lambda K: jnp.sum(W * triangular_inverse(cholesky(K))), (K,), order=2, modes=["fwd", "rev"])
 
 

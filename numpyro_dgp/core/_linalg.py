@@ -115,7 +115,8 @@ def _factor_pair(K: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _factor_alone(K: jax.Array) -> jax.Array:
-    """``L`` of :func:`_factor_pair` (compiled alone, XLA drops the inverse's operations)."""
+    """``L`` of :func:`_factor_pair` (compiled alone, XLA drops the inverse's operations that
+    ``L`` does not need: the second halves' inverses and the joined lower-left blocks)."""
     return _factor_pair(K)[0]
 
 
