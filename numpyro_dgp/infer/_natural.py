@@ -30,7 +30,7 @@ from numpyro.optim import optax_to_numpyro
 
 from numpyro_dgp._compat import softplus_lower_cholesky
 from numpyro_dgp._validation import check_positive_int
-from numpyro_dgp.core import cholesky, triangular_inverse
+from numpyro_dgp.core import cholesky, inverse_cholesky, triangular_inverse
 
 if TYPE_CHECKING:
     from numpyro_dgp._compat import NumPyroOptimizer
@@ -183,9 +183,9 @@ def _natural_step(
     precision = jnp.swapaxes(L_inv, -1, -2) @ L_inv  # S^-1
     theta1 = precision @ loc[..., None] - step * grad_eta1[..., None]
     new_precision = precision + 2 * step * grad_eta2  # -2 theta2
-    # the library's factorization and inverse: built from matrix products, they do not
-    # compete with XLA's threads as LAPACK's calls do inside a step
-    precision_inv = triangular_inverse(cholesky(new_precision))
+    # the library's factorization, which builds the inverse beside the factor: matrix products
+    # that do not compete with XLA's threads as LAPACK's calls do inside a step
+    precision_inv = inverse_cholesky(new_precision)
     covariance = jnp.swapaxes(precision_inv, -1, -2) @ precision_inv
     new_loc = (covariance @ theta1)[..., 0]
     return new_loc, transform.inv(cholesky(covariance))
