@@ -26,9 +26,10 @@ import time
 from _harness import base_record, header, table, write_results
 from profile_step import operation_counts
 
-CONFIGS = ("dsvi", "joint", "chain", "locations", "nested", "amortized", "sghmc")
+CONFIGS = ("dsvi", "unwhitened", "joint", "chain", "locations", "nested", "amortized", "sghmc")
 _WHAT = {
     "dsvi": "AutoFactorizedDGP + DGPElbo (DSVI)",
+    "unwhitened": "whiten=False layers + AutoFactorizedDGP + DGPElbo",
     "joint": "AutoJointDGP + DGPElbo (one Gaussian over both layers' inducing values)",
     "chain": "AutoChainDGP + DGPElbo (each layer's q(u) conditioned on the previous layer's)",
     "locations": "inducing='locations' layers + AutoFactorizedDGP + DGPElbo",
@@ -57,7 +58,8 @@ def _model(config, M, width, amortized_inducing):
                 numpyro.sample("y", numpyro.distributions.Normal(f[:, 0], noise**0.5), obs=y)
         return model
     inner_noise = 0.01 if config == "nested" else None
-    return dgp.models.deep_gp_regression(2, num_inducing=M, hidden_width=width, inner_noise=inner_noise)
+    return dgp.models.deep_gp_regression(2, num_inducing=M, hidden_width=width, inner_noise=inner_noise,
+                                         whiten=config != "unwhitened")
 
 
 def _step(config, model, X, y):

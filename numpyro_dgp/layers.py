@@ -131,14 +131,16 @@ class Layer(NamedTuple):
     :ivar mean_affine: ``(W (D, P), b (P,))`` of a named mean function (``"identity"``,
         ``"linear"``: ``mean_fn(X) = X @ W + b``), ``(None, None)`` for ``"zero"``, ``None`` for
         a callable.
-    :ivar Kmm_chol_inv: ``(M, M)`` ``Kmm_chol^{-1}`` from
-        :func:`~numpyro_dgp.core.inverse_cholesky` of the jittered ``k(Z, Z)`` (its derivative
-        costs 3 products of the factors where inverting ``Kmm_chol`` costs 5) for a whitened
-        layer with shared inducing inputs, whose prior does not read ``Kmm_chol``; else
-        ``None`` (then the conditional inverts ``Kmm_chol``). The conditional and the
-        correlated guides' projection use it; the collapsed bound, the nested bound's moments
-        and deterministic predictions read ``Kmm_chol`` (a step that reads both differentiates
-        through both rules).
+    :ivar Kmm_chol_inv: ``(M, M)`` ``Kmm_chol^{-1}``, built beside ``Kmm_chol`` by the
+        factorization (never by inverting ``Kmm_chol``) for a layer with shared inducing
+        inputs: differentiated by :func:`~numpyro_dgp.core.inverse_cholesky`'s rule for a
+        whitened layer, whose step reads it alone (3 products of the factors where inverting
+        ``Kmm_chol`` costs 5), else together with ``Kmm_chol``
+        (:func:`~numpyro_dgp.core.cholesky_and_inverse`: 4 products where the two rules take
+        6). ``None`` for a layer built without it (then the conditional inverts
+        ``Kmm_chol``). The conditional, the correlated guides' projection, the collapsed
+        bound and the nested bound's moments use it; deterministic predictions read
+        ``Kmm_chol``.
     """
 
     name: str
@@ -409,11 +411,10 @@ def gp_layer(
     Z = inducing_inputs_site(name, args, num_inducing, learn_inducing)
     mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
     noise_var = noise_variance(name, noise, X.dtype)
-    # Only a whitened layer's step reads L^{-1} alone; elsewhere the prior reads L as well,
-    # and two derivative rules (L's and L^{-1}'s) would cost more than the chain of one
-    with_inverse = args.whiten and not args.locations
+    # a whitened layer's step reads L^{-1} alone; elsewhere the prior reads L as well
+    reads_factor = args.locations or not args.whiten
     Kmm_chol, Kmm_chol_inv, layer_jitter = inducing_factor(
-        kernel, Z, float(args.jitter), with_inverse
+        kernel, Z, float(args.jitter), reads_factor
     )
     # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
     prior_mean = mean_fn(Z).T if args.locations else jnp.zeros((out_dim, Z.shape[0]), X.dtype)

@@ -19,6 +19,7 @@ from numpyro_dgp.core import (  # noqa: E402
     gauss_hermite,
     gauss_hermite_product,
     gauss_kl,
+    cholesky_and_inverse,
     inverse_cholesky,
     jittered_cholesky,
     kmeans,
@@ -263,6 +264,38 @@ def test_gauss_kl_matches_dense_formula(whiten, sqrt_kind):
     np.testing.assert_allclose(float(kl), ref_kl(q_mean, S, K), rtol=1e-8, atol=1e-8)
 
 
+@pytest.mark.parametrize("sqrt_kind", ["full", "diag"])
+@pytest.mark.parametrize("M", [6, 130])  # 130: the products' two row blocks
+def test_gauss_kl_whitens_with_the_given_inverse_factor(M, sqrt_kind):
+    # with L^{-1} given (a non-whitened layer's factorization builds it) the KL takes products
+    # instead of solves: the dense formula's value, and the solves' gradient in q
+    rs = _rs(40 + M)
+    P = 3
+    q_mean = jnp.asarray(rs.randn(P, M))
+    q_sqrt = jnp.asarray(random_lower(rs, P, M) if sqrt_kind == "full" else 0.2 + np.abs(rs.randn(P, M)))
+    Z = rs.randn(M, 2) * 3.0
+    K = rbf(Z, Z) + 1e-2 * np.eye(M)
+    L = np.linalg.cholesky(K)
+    Linv = jnp.asarray(np.linalg.inv(L))
+    S = np.einsum("pij,pkj->pik", q_sqrt, q_sqrt) if sqrt_kind == "full" else np.stack([np.diag(s**2) for s in q_sqrt])
+    products = jax.value_and_grad(lambda m, s: gauss_kl(m, s, L, Linv), argnums=(0, 1))(q_mean, q_sqrt)
+    solves = jax.value_and_grad(lambda m, s: gauss_kl(m, s, L), argnums=(0, 1))(q_mean, q_sqrt)
+    # the dense formula, log det S_p from the factor's diagonal (slogdet of a random factor's
+    # product loses digits at M = 130)
+    Kinv, m = np.linalg.inv(K), np.asarray(q_mean)
+    diagonals = np.asarray(q_sqrt) if sqrt_kind == "diag" else np.diagonal(np.asarray(q_sqrt), axis1=1, axis2=2)
+    dense = 0.5 * sum(np.trace(Kinv @ S[p]) + m[p] @ Kinv @ m[p] - M + np.linalg.slogdet(K)[1]
+                      - 2 * np.sum(np.log(diagonals[p])) for p in range(P))
+    np.testing.assert_allclose(float(products[0]), dense, rtol=1e-9)
+    np.testing.assert_allclose(float(products[0]), float(solves[0]), rtol=1e-11)
+    for got, expected in zip(products[1], solves[1]):
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9 * float(np.max(np.abs(expected))))
+    with pytest.raises(ValueError, match="prior_chol_inv must have prior_chol's shape"):
+        gauss_kl(q_mean, q_sqrt, L, Linv[:-1, :-1])
+    with pytest.raises(ValueError, match="prior_chol_inv needs prior_chol"):
+        gauss_kl(q_mean, q_sqrt, None, Linv)
+
+
 def test_gauss_kl_zero_when_q_equals_p():
     rs = _rs(30)
     M, P = 6, 2
@@ -481,6 +514,64 @@ def test_inverse_cholesky_failure_is_nan_not_an_error():
     assert g.shape == K.shape
 
 
+@pytest.mark.parametrize("M", [1, 7, 64, 65, 200, 500])  # 500 runs with --runslow
+def test_cholesky_and_inverse_pair_and_its_joint_derivative_match_jax(M):
+    # (L, L^{-1}) with the joint rule (dL = L Phi, dL^{-1} = -Phi L^{-1}) against JAX's rules
+    # for the factor and a triangular solve: values, a gradient through both outputs, and both
+    # tangents, for a batch of 2 and a non-symmetric direction
+    rs = _rs(M + 3)
+    K = jnp.asarray(_spd(rs, 2, M))
+    W1, W2 = jnp.asarray(rs.randn(2, M, M)), jnp.asarray(rs.randn(2, M, M))
+    eye = jnp.broadcast_to(jnp.eye(M), K.shape)
+
+    def reference(K):
+        L = jnp.linalg.cholesky(K)
+        return L, scipy_solve_lower(L, eye)
+
+    def objective(pair):
+        L, Linv = pair
+        return jnp.sum(W1 * jnp.tanh(L)) + jnp.sum(W2 * jnp.tanh(Linv))
+
+    L, Linv = map(np.asarray, cholesky_and_inverse(K))
+    dense = np.linalg.cholesky(np.asarray(K))
+    np.testing.assert_allclose(L, dense, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(Linv, np.linalg.inv(dense), rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(L, np.asarray(cholesky(K)))  # the same recursion's values
+    np.testing.assert_array_equal(Linv, np.asarray(inverse_cholesky(K)))
+    g = jax.grad(lambda K: objective(cholesky_and_inverse(K)))(K)
+    g_ref = jax.grad(lambda K: objective(reference(K)))(K)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-9, atol=1e-11)
+    dK = jnp.asarray(rs.randn(2, M, M))
+    tangents = jax.jvp(cholesky_and_inverse, (K,), (dK,))[1]
+    for t, t_ref in zip(tangents, jax.jvp(reference, (K,), (dK,))[1]):
+        np.testing.assert_allclose(np.asarray(t), np.asarray(t_ref), rtol=1e-9, atol=1e-11)
+        assert np.all(np.triu(np.asarray(t), 1) == 0.0)
+
+
+@pytest.mark.parametrize("M", [6, 65])
+def test_cholesky_and_inverse_pair_finite_differences(M):
+    # against central differences; second order at M = 6 (the rule is itself differentiable),
+    # first order at M = 65 (two leaves and the recursion between them), compiled
+    from jax.test_util import check_grads
+
+    rs = _rs(M)
+    K = jnp.asarray(_spd(rs, 1, M)[0])
+    W1, W2 = jnp.asarray(rs.randn(M, M)), jnp.asarray(rs.randn(M, M))
+
+    def objective(K):
+        L, Linv = cholesky_and_inverse(K)
+        return jnp.sum(W1 * L) + jnp.sum(W2 * Linv)
+
+    check_grads(jax.jit(objective), (K,), order=2 if M == 6 else 1, modes=["fwd", "rev"])
+
+
+def test_cholesky_and_inverse_pair_failure_is_nan_not_an_error():
+    K = jnp.asarray(np.diag([1.0, -1.0, 2.0]))
+    assert all(not np.all(np.isfinite(np.asarray(part))) for part in cholesky_and_inverse(K))
+    g = jax.grad(lambda K: sum(jnp.sum(part) for part in cholesky_and_inverse(K)))(K)
+    assert g.shape == K.shape
+
+
 def scipy_solve_lower(L, B):
     return jax.scipy.linalg.solve_triangular(L, B, lower=True)
 
@@ -690,6 +781,19 @@ def test_collapsed_posterior_gives_the_dense_predictive(method, whiten):
     mean, var = core.conditional(K_su.T, L, np.diag(rbf(X_star, X_star)), q_mean, q_sqrt, whiten=whiten)
     np.testing.assert_allclose(mean, mean_expected, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(var, np.broadcast_to(var_expected[:, None], var.shape), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["fitc", "vfe"])
+def test_collapsed_log_marginal_takes_the_callers_inverse_factor(method):
+    # a layer hands the L^{-1} its factorization built: the same bound, and one of another
+    # shape is refused by name
+    Kmm, Kmn, Knn, L, y, noise = _collapsed_problem()
+    inverting = core.collapsed_log_marginal(L, Kmn, np.diag(Knn), y, noise, method=method)
+    given = core.collapsed_log_marginal(L, Kmn, np.diag(Knn), y, noise, method=method,
+                                        Kmm_chol_inv=np.linalg.inv(L))
+    np.testing.assert_allclose(given, inverting, rtol=1e-11)
+    with pytest.raises(ValueError, match="Kmm_chol_inv must have Kmm_chol's shape"):
+        core.collapsed_log_marginal(L, Kmn, np.diag(Knn), y, noise, method=method, Kmm_chol_inv=np.eye(4))
 
 
 def test_collapsed_refuses_an_unknown_method():

@@ -232,6 +232,25 @@ def test_uncertain_input_moments_match_monte_carlo(inputs, whiten, diag):
 
 
 @pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_uncertain_input_moments_take_the_callers_inverse_factor(inputs, whiten, deterministic):
+    """A layer hands the L^{-1} its factorization built: the same moments as inverting L, and
+    one of another shape is refused by name."""
+    mean, var, _, _ = inputs
+    var = None if deterministic else var
+    kernel, Z, L, q_mean, q_sqrt, W, b = _layer(8, whiten, diag=False)
+    inverting = core.uncertain_input_moments(kernel, Z, L, q_mean, q_sqrt, mean, var, whiten=whiten,
+                                             mean_weight=W, mean_bias=b)
+    given = core.uncertain_input_moments(kernel, Z, L, q_mean, q_sqrt, mean, var, whiten=whiten,
+                                         mean_weight=W, mean_bias=b, Kmm_chol_inv=np.linalg.inv(L))
+    for got, expected in zip(given, inverting):
+        scale = np.max(np.abs(np.asarray(expected)))
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9 * scale)
+    with pytest.raises(ValueError, match="Kmm_chol_inv must have Kmm_chol's shape"):
+        core.uncertain_input_moments(kernel, Z, L, q_mean, q_sqrt, mean, var, Kmm_chol_inv=np.eye(M + 1))
+
+
+@pytest.mark.parametrize("whiten", [True, False])
 def test_deterministic_inputs_give_the_sparse_conditional(inputs, whiten):
     mean, _, _, _ = inputs
     kernel, Z, L, q_mean, q_sqrt, _, _ = _layer(7, whiten, diag=False)

@@ -188,6 +188,7 @@ class propagate_moments(Messenger):
             mean_bias=bias,
             per_point=per_point,
             per_point_inducing=per_point or self.propagate_inducing_variance,
+            Kmm_chol_inv=layer.Kmm_chol_inv,
         )
         mean = parts.mean if var_in is not None else parts.mean + layer.mean_fn(X)
         var = self._forwarded_variance(layer, parts, last)

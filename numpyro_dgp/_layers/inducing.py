@@ -1,5 +1,5 @@
-"""A layer's inducing part: the inducing inputs' parameter, the factor of ``K(Z, Z)`` (and its
-inverse for whitened layers) and the prior of the inducing values."""
+"""A layer's inducing part: the inducing inputs' parameter, the factor of ``K(Z, Z)`` and its
+inverse, and the prior of the inducing values."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from jax.scipy.linalg import solve_triangular
 
 from numpyro_dgp._compat import jax_is_tracing, one_shot_program
 from numpyro_dgp._layers.parts import LayerArgs
-from numpyro_dgp.core import cholesky, inverse_cholesky, kmeans
+from numpyro_dgp.core import cholesky, cholesky_and_inverse, inverse_cholesky, kmeans
 from numpyro_dgp.kernels import Kernel
 
 __all__ = [
@@ -72,10 +72,14 @@ _kmeans_one_shot = one_shot_program(_kmeans_from_key_zero, static_argnums=1)
 
 
 def inducing_factor(
-    kernel: Kernel, Z: jax.Array, jitter: float, with_inverse: bool = False
-) -> tuple[jax.Array, jax.Array | None, jax.Array]:
-    """The jittered Cholesky factor of ``K(Z, Z)``, with ``with_inverse`` its inverse (else
-    ``None``), and the jitter it used.
+    kernel: Kernel, Z: jax.Array, jitter: float, reads_factor: bool = True
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The jittered Cholesky factor ``L`` of ``K(Z, Z)``, its inverse and the jitter it used.
+
+    ``reads_factor``: the caller's step reads ``L`` as well as ``L^{-1}`` (a non-whitened
+    layer's prior, inducing locations), and the two are differentiated together
+    (:func:`~numpyro_dgp.core.cholesky_and_inverse`); ``False``: a whitened layer's step reads
+    ``L^{-1}`` alone, whose own rule (:func:`~numpyro_dgp.core.inverse_cholesky`) is cheaper.
 
     Traced (a training step), :func:`jittered_factor`'s operations are inlined as they are:
     the library's factorization and its derivative rules (differentiating through a nested
@@ -83,24 +87,26 @@ def inducing_factor(
     (``svi.init``, a model traced for its sites), :func:`eager_factor_program`: one program per
     kernel type and shapes, where each operation would otherwise compile on its own."""
     if jax_is_tracing():  # constants closed over by a jitted step included
-        return jittered_factor(kernel, Z, jitter, with_inverse)
-    return eager_factor_program(kernel, Z, jitter, with_inverse)
+        return jittered_factor(kernel, Z, jitter, reads_factor)
+    return eager_factor_program(kernel, Z, jitter)
 
 
 def jittered_factor(
-    kernel: Kernel, Z: jax.Array, jitter: float, with_inverse: bool
-) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+    kernel: Kernel, Z: jax.Array, jitter: float, reads_factor: bool
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """:func:`inducing_factor`'s operations in a traced run."""
     # A failed factorization gives NaN, which fit() detects (skips and counts the step);
     # a lax.cond retry here would triple the compile time of every layer.
     jittered, absolute = _jittered_gram(kernel, Z, jitter)
-    inverse = inverse_cholesky(jittered) if with_inverse else None
-    return cholesky(jittered), inverse, absolute
+    if reads_factor:
+        return *cholesky_and_inverse(jittered), absolute
+    # L's own rule applies only where a step reads L after all (XLA drops it otherwise)
+    return cholesky(jittered), inverse_cholesky(jittered), absolute
 
 
 def eager_factor(
-    kernel: Kernel, Z: jax.Array, jitter: float, with_inverse: bool
-) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+    kernel: Kernel, Z: jax.Array, jitter: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """:func:`inducing_factor`'s values in an eager run: one LAPACK factorization and one
     triangular solve. A run outside ``jit`` is not differentiated, so the blocked
     factorization and the derivative rules that a training step needs
@@ -110,8 +116,6 @@ def eager_factor(
     LAPACK call too)."""
     jittered, absolute = _jittered_gram(kernel, Z, jitter)
     L = jnp.linalg.cholesky(jittered)
-    if not with_inverse:
-        return L, None, absolute
     identity = jnp.broadcast_to(jnp.eye(L.shape[-1], dtype=L.dtype), L.shape)
     return L, solve_triangular(L, identity, lower=True), absolute
 
@@ -125,7 +129,7 @@ def _jittered_gram(kernel: Kernel, Z: jax.Array, jitter: float) -> tuple[jax.Arr
     return Kmm + absolute * jnp.eye(Kmm.shape[-1], dtype=Kmm.dtype), absolute
 
 
-eager_factor_program = one_shot_program(eager_factor, static_argnums=(2, 3))
+eager_factor_program = one_shot_program(eager_factor, static_argnums=2)
 
 
 def inducing_prior(

@@ -31,6 +31,7 @@ from numpyro_dgp.core._kmeans import kmeans
 from numpyro_dgp.core._linalg import (
     check_jitter,
     cholesky,
+    cholesky_and_inverse,
     default_jitter,
     inverse_cholesky,
     jittered_cholesky,
@@ -54,6 +55,7 @@ __all__ = [
     "chain_transition",
     "check_jitter",
     "cholesky",
+    "cholesky_and_inverse",
     "collapsed_log_marginal",
     "collapsed_posterior",
     "condition_on_output",

@@ -16,7 +16,7 @@ from jax.typing import ArrayLike
 from numpyro_dgp.core._linalg import triangular_inverse
 from numpyro_dgp.core._triangular import lower_times, quadratic_form_diagonals
 
-__all__ = ["conditional", "factors_transpose_times", "project"]
+__all__ = ["conditional", "factors_transpose_times", "inverse_factor", "project"]
 
 
 def factors_transpose_times(q_sqrt: ArrayLike, B: ArrayLike) -> jax.Array:
@@ -53,13 +53,13 @@ def project(
         ``K^{-1} Kmn = L^{-T} A``.
     :raises ValueError: if ``Kmm_chol_inv``'s shape is not ``Kmm_chol``'s.
     """
-    Linv = _inverse_factor(jnp.asarray(Kmm_chol), Kmm_chol_inv)
+    Linv = inverse_factor(jnp.asarray(Kmm_chol), Kmm_chol_inv)
     A = lower_times(Linv, jnp.asarray(Kmn))
     B = A if whiten else Linv.T @ A
     return A, B
 
 
-def _inverse_factor(Kmm_chol: jax.Array, Kmm_chol_inv: ArrayLike | None) -> jax.Array:
+def inverse_factor(Kmm_chol: jax.Array, Kmm_chol_inv: ArrayLike | None) -> jax.Array:
     """The given ``L^{-1}`` (checked against ``L``'s shape), else ``L`` inverted.
 
     :raises ValueError: if ``Kmm_chol_inv``'s shape is not ``Kmm_chol``'s.

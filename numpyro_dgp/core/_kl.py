@@ -7,11 +7,16 @@ import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 from jax.typing import ArrayLike
 
+from numpyro_dgp.core._triangular import lower_times
+
 __all__ = ["gauss_kl"]
 
 
 def gauss_kl(
-    q_mean: ArrayLike, q_sqrt: ArrayLike, prior_chol: ArrayLike | None = None
+    q_mean: ArrayLike,
+    q_sqrt: ArrayLike,
+    prior_chol: ArrayLike | None = None,
+    prior_chol_inv: ArrayLike | None = None,
 ) -> jax.Array:
     """``sum_p KL[N(m_p, S_p) || N(0, K)]`` with ``S_p = L_p L_p^T``.
 
@@ -19,16 +24,43 @@ def gauss_kl(
     :param q_sqrt: ``(P, M, M)`` lower-triangular factors or ``(P, M)`` diagonal std devs.
     :param prior_chol: ``(M, M)`` lower Cholesky factor of ``K``; ``None`` means ``K = I``
         (the whitened case).
+    :param prior_chol_inv: ``prior_chol^{-1}`` when the caller has it (a non-whitened layer's
+        factorization builds it): the whitening ``L^{-1} m_p``, ``L^{-1} L_p`` is then matrix
+        products with triangular factors, where triangular solves (and the two more of their
+        derivative) cost far more on CPU; ``None``: solves.
     :return: scalar KL (nats).
+    :raises ValueError: if ``prior_chol_inv`` is given without ``prior_chol`` or with another
+        shape.
     """
     q_mean, q_sqrt = jnp.asarray(q_mean), jnp.asarray(q_sqrt)
-    return _gauss_kl(q_mean, q_sqrt, None if prior_chol is None else jnp.asarray(prior_chol))
+    if prior_chol_inv is not None:
+        _check_prior_inverse(prior_chol, prior_chol_inv)
+        prior_chol_inv = jnp.asarray(prior_chol_inv)
+    return _gauss_kl(
+        q_mean, q_sqrt, None if prior_chol is None else jnp.asarray(prior_chol), prior_chol_inv
+    )
+
+
+def _check_prior_inverse(prior_chol: ArrayLike | None, prior_chol_inv: ArrayLike) -> None:
+    """:raises ValueError: for ``prior_chol_inv`` without ``prior_chol`` or of another shape."""
+    if prior_chol is None:
+        raise ValueError("gauss_kl: prior_chol_inv needs prior_chol (None means K = I)")
+    if jnp.shape(prior_chol_inv) != jnp.shape(prior_chol):
+        raise ValueError(
+            f"gauss_kl: prior_chol_inv must have prior_chol's shape {jnp.shape(prior_chol)}; "
+            f"got {jnp.shape(prior_chol_inv)}"
+        )
 
 
 # One program per shape: outside jit (interactive use, tests) the KL's operations would
 # otherwise each compile on their own; inside jit it is inlined.
 @jax.jit
-def _gauss_kl(q_mean: jax.Array, q_sqrt: jax.Array, prior_chol: jax.Array | None) -> jax.Array:
+def _gauss_kl(
+    q_mean: jax.Array,
+    q_sqrt: jax.Array,
+    prior_chol: jax.Array | None,
+    prior_chol_inv: jax.Array | None,
+) -> jax.Array:
     P, M = q_mean.shape
     diag = q_sqrt.ndim == 2
     q_diag = q_sqrt if diag else jnp.diagonal(q_sqrt, axis1=-2, axis2=-1)
@@ -38,13 +70,31 @@ def _gauss_kl(q_mean: jax.Array, q_sqrt: jax.Array, prior_chol: jax.Array | None
         mahalanobis = jnp.sum(q_mean**2)
         logdet_p: float | jax.Array = 0.0
     else:
-        Linv_m = solve_triangular(prior_chol, q_mean.T, lower=True)  # (M, P)
-        mahalanobis = jnp.sum(Linv_m**2)
-        if diag:
-            Linv = solve_triangular(prior_chol, jnp.eye(M, dtype=q_mean.dtype), lower=True)
-            trace = jnp.sum((Linv[None] * q_sqrt[:, None, :]) ** 2)
-        else:
-            Linv_S = solve_triangular(prior_chol[None], q_sqrt, lower=True)
-            trace = jnp.sum(Linv_S**2)
+        mahalanobis, trace = _whitened_sums(q_mean, q_sqrt, prior_chol, prior_chol_inv)
         logdet_p = P * 2.0 * jnp.sum(jnp.log(jnp.diagonal(prior_chol)))
     return 0.5 * (trace + mahalanobis - P * M + logdet_p - logdet_q)
+
+
+def _whitened_sums(
+    q_mean: jax.Array, q_sqrt: jax.Array, L: jax.Array, Linv: jax.Array | None
+) -> tuple[jax.Array, jax.Array]:
+    """``sum_p |L^{-1} m_p|^2`` and ``sum_p |L^{-1} L_p|_F^2``: with ``L^{-1}`` products that
+    skip its zero blocks (its upper triangle is read as zero), else triangular solves."""
+    M = q_mean.shape[-1]
+    if Linv is None:
+        Linv_m = solve_triangular(L, q_mean.T, lower=True)  # (M, P)
+    else:
+        Linv_m = lower_times(Linv, q_mean.T)
+    if q_sqrt.ndim == 2:  # diagonal factors: |L^{-1} diag(s_p)|_F^2
+        Linv = (
+            solve_triangular(L, jnp.eye(M, dtype=q_mean.dtype), lower=True)
+            if Linv is None
+            else Linv
+        )
+        return jnp.sum(Linv_m**2), jnp.sum((jnp.tril(Linv)[None] * q_sqrt[:, None, :]) ** 2)
+    if Linv is None:
+        Linv_S = solve_triangular(L[None], q_sqrt, lower=True)
+    else:
+        # all of q_sqrt, as the solves read it
+        Linv_S = lower_times(jnp.broadcast_to(Linv, q_sqrt.shape), q_sqrt)
+    return jnp.sum(Linv_m**2), jnp.sum(Linv_S**2)

@@ -15,6 +15,7 @@ __all__ = [
     "default_jitter",
     "check_jitter",
     "cholesky",
+    "cholesky_and_inverse",
     "inverse_cholesky",
     "jittered_cholesky",
     "robust_cholesky",
@@ -187,6 +188,33 @@ def _inverse_cholesky_jvp(primals: tuple, tangents: tuple) -> tuple[jax.Array, j
     (K,), (dK,) = primals, tangents
     Linv = inverse_cholesky(K)
     return Linv, -lower_times_lower(_whitened_tangent(Linv, dK), Linv)
+
+
+@jax.custom_jvp
+def cholesky_and_inverse(K: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(L, L^{-1})``: the lower Cholesky factor of ``K`` (``(..., M, M)``) and its inverse,
+    differentiated together.
+
+    The values are :func:`cholesky`'s and :func:`inverse_cholesky`'s (the recursion builds
+    both). For a caller that reads both (a non-whitened conditional: its prior reads ``L``, its
+    projection ``L^{-1}``) the derivative shares its costly part: with
+    ``Phi = Phi(L^{-1} dK L^{-T})``, ``dL = L Phi`` and ``dL^{-1} = -Phi L^{-1}``, four
+    products with triangular factors where the two rules (or ``L``'s and
+    :func:`triangular_inverse`'s chained) take six or five, and no second inverse of ``L``.
+    NaN where the factorization fails.
+
+    :param K: ``(..., M, M)`` symmetric positive-definite matrix (read as ``(K + K^T) / 2``).
+    :return: ``(L, L^{-1})``, both ``(..., M, M)`` lower triangular.
+    """
+    return _factor_and_inverse(K)
+
+
+@cholesky_and_inverse.defjvp
+def _cholesky_and_inverse_jvp(primals: tuple, tangents: tuple) -> tuple[tuple, tuple]:
+    (K,), (dK,) = primals, tangents
+    L, Linv = cholesky_and_inverse(K)
+    Phi = _whitened_tangent(Linv, dK)
+    return (L, Linv), (lower_times_lower(L, Phi), -lower_times_lower(Phi, Linv))
 
 
 def robust_cholesky(

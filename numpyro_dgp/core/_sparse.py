@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from numpyro_dgp.core._conditionals import inverse_factor
 from numpyro_dgp.core._linalg import cholesky, triangular_inverse
 
 __all__ = ["COLLAPSED_METHODS", "collapsed_log_marginal", "collapsed_posterior"]
@@ -92,9 +93,10 @@ def _one_output(V: jax.Array, Knn_diag: jax.Array, y: jax.Array, noise: jax.Arra
     return log_marginal, whitened_mean, L_B, trace
 
 
-def _per_output(Kmm_chol, Kmn, Knn_diag, y, noise_var, method, caller):
+def _per_output(Kmm_chol, Kmn, Knn_diag, y, noise_var, method, caller, Kmm_chol_inv=None):
     Y, noise = _check(method, y, noise_var, caller)
-    V = triangular_inverse(jnp.asarray(Kmm_chol, Y.dtype)) @ jnp.asarray(Kmn, Y.dtype)
+    Linv = inverse_factor(jnp.asarray(Kmm_chol, Y.dtype), Kmm_chol_inv)
+    V = jnp.asarray(Linv, Y.dtype) @ jnp.asarray(Kmn, Y.dtype)
     Knn_diag = jnp.asarray(Knn_diag, Y.dtype)
     return jax.vmap(lambda yp, sp: _one_output(V, Knn_diag, yp, sp, method), in_axes=(1, 1))(
         Y, noise
@@ -109,6 +111,7 @@ def collapsed_log_marginal(
     noise_var: ArrayLike,
     *,
     method: str = "vfe",
+    Kmm_chol_inv: ArrayLike | None = None,
 ) -> jax.Array:
     """Titsias' collapsed bound (``"vfe"``) or the FITC log marginal likelihood (``"fitc"``,
     **not a bound**), summed over outputs, in ``O(N M^2)``.
@@ -119,11 +122,13 @@ def collapsed_log_marginal(
     :param y: ``(N,)`` or ``(N, P)`` targets minus the prior mean.
     :param noise_var: Gaussian noise variances, broadcast to ``y``.
     :param method: ``"vfe"`` or ``"fitc"``.
+    :param Kmm_chol_inv: ``L^{-1}`` when the caller has it (see
+        :func:`~numpyro_dgp.core.project`); ``None``: ``Kmm_chol`` is inverted here.
     :return: scalar.
     :raises ValueError: for an unknown ``method`` or mismatched shapes.
     """
     log_marginal, _, _, trace = _per_output(
-        Kmm_chol, Kmn, Knn_diag, y, noise_var, method, "collapsed_log_marginal"
+        Kmm_chol, Kmn, Knn_diag, y, noise_var, method, "collapsed_log_marginal", Kmm_chol_inv
     )
     return jnp.sum(log_marginal - trace)
 

@@ -31,8 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from numpyro_dgp.core._conditionals import factors_transpose_times
-from numpyro_dgp.core._linalg import triangular_inverse
+from numpyro_dgp.core._conditionals import factors_transpose_times, inverse_factor
 from numpyro_dgp.core._psi import expected_input_kernel, psi0, psi1, psi2, psi2_traces
 from numpyro_dgp.kernels import Kernel
 
@@ -57,10 +56,9 @@ class UncertainInputMoments(NamedTuple):
     conditional_var: jax.Array
 
 
-def _alpha_map(Kmm_chol: jax.Array, whiten: bool) -> jax.Array:
+def _alpha_map(Linv: jax.Array, whiten: bool) -> jax.Array:
     """``T (M, M)`` with ``alpha = K^-1 u = T v`` for the variational coordinates ``v``
     (``u = L v`` whitened, ``u`` itself otherwise); also ``K^-1 = T T^T`` when whitened."""
-    Linv = triangular_inverse(Kmm_chol)
     return Linv.T if whiten else Linv.T @ Linv
 
 
@@ -243,6 +241,7 @@ def uncertain_input_moments(
     per_point: bool = True,
     per_point_inducing: bool = True,
     num_points: int = 10,
+    Kmm_chol_inv: ArrayLike | None = None,
 ) -> UncertainInputMoments:
     """Mean and the three variance parts of a sparse GP layer's output at Gaussian inputs.
 
@@ -266,16 +265,19 @@ def uncertain_input_moments(
         points as ``tr(Psi1^T Psi1 C_p)`` (``O(N M^2 + P M^3)`` instead of ``O(P N M^2)``).
     :param num_points: Gauss-Hermite nodes per input dimension for kernels without closed-form
         psi statistics (see :mod:`numpyro_dgp.core` ``psi1``).
+    :param Kmm_chol_inv: ``L^{-1}`` when the caller has it (see
+        :func:`~numpyro_dgp.core.project`); ``None``: ``Kmm_chol`` is inverted here.
     :return: :class:`UncertainInputMoments`.
-    :raises ValueError: if ``q_sqrt`` has the wrong number of dimensions, or ``per_point`` is asked
-        without ``per_point_inducing``.
+    :raises ValueError: if ``q_sqrt`` has the wrong number of dimensions, ``per_point`` is asked
+        without ``per_point_inducing``, or ``Kmm_chol_inv``'s shape is not ``Kmm_chol``'s.
     """
     _check_moment_options(q_sqrt, per_point, per_point_inducing)
     mean = jnp.asarray(mean)
     Z = jnp.asarray(Z, mean.dtype)
     q_mean = jnp.asarray(q_mean, mean.dtype)
     P, M = q_mean.shape
-    T = _alpha_map(jnp.asarray(Kmm_chol, mean.dtype), whiten)
+    Linv = inverse_factor(jnp.asarray(Kmm_chol, mean.dtype), Kmm_chol_inv)
+    T = _alpha_map(jnp.asarray(Linv, mean.dtype), whiten)
     a = q_mean @ T.T  # (P, M): E alpha_p
     R = _alpha_factors(T, q_sqrt)
     K_inv = T @ T.T if whiten else T  # (M, M)

@@ -169,6 +169,7 @@ class collapse_sparse_layer(PerRunMessenger):
             residual,
             noise_var,
             method=self.method,
+            Kmm_chol_inv=layer.Kmm_chol_inv,
         )
         fn = _SpreadTotal(total, tuple(base.batch_shape) if base.batch_shape else y.shape)
         event_dim = msg["fn"].event_dim

@@ -150,7 +150,8 @@ def inducing_kl(
         if isinstance(q, JointBlock):
             return _dense_kl(q.loc - p_loc.reshape(-1), q.scale_tril, [(p_scale[0], M)] * P)
         assert not isinstance(q, ChainLink)  # structured=False: (loc, scale) or a JointBlock
-        return gauss_kl(q[0] - p_loc, q[1], p_scale[0])
+        # the model site's factor is the layer's: whitened with the layer's L^{-1} (products)
+        return gauss_kl(q[0] - p_loc, q[1], layer.Kmm_chol, layer.Kmm_chol_inv)
     q = posterior if posterior is not None else site_posterior(guide_site, shape)
     if q is None:
         return None
@@ -172,7 +173,9 @@ def inducing_kl(
         for s, (Ps, Ms) in zip(q.sites, q.shapes):
             blocks += [(_prior_chol(layers[s]), Ms)] * Ps
         return _dense_kl(q.loc, q.scale_tril, blocks)
-    return gauss_kl(q[0] - prior_mean, q[1], prior_chol)
+    # a non-whitened prior is whitened with the layer's L^{-1} (products, not solves)
+    prior_chol_inv = None if prior_chol is None else layer.Kmm_chol_inv
+    return gauss_kl(q[0] - prior_mean, q[1], prior_chol, prior_chol_inv)
 
 
 def _chain_link_kl(
