@@ -138,9 +138,9 @@ class Layer(NamedTuple):
         ``Kmm_chol`` costs 5), else together with ``Kmm_chol``
         (:func:`~numpyro_dgp.core.cholesky_and_inverse`: 4 products where the two rules take
         6). ``None`` for a layer built without it (then the conditional inverts
-        ``Kmm_chol``). The conditional, the correlated guides' projection, the collapsed
-        bound and the nested bound's moments use it; deterministic predictions read
-        ``Kmm_chol``.
+        ``Kmm_chol``). The conditional, the correlated guides' projection, the KL of a
+        non-whitened prior, the collapsed bound and the nested bound's moments use it;
+        deterministic predictions and the collapsed posterior invert ``Kmm_chol``.
     """
 
     name: str

@@ -290,6 +290,9 @@ def test_gauss_kl_whitens_with_the_given_inverse_factor(M, sqrt_kind):
     np.testing.assert_allclose(float(products[0]), float(solves[0]), rtol=1e-11)
     for got, expected in zip(products[1], solves[1]):
         np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9 * float(np.max(np.abs(expected))))
+    # the given inverse's upper triangle is not read (as the solves' is not there)
+    noisy = Linv + jnp.triu(jnp.asarray(rs.randn(M, M)), 1)
+    np.testing.assert_allclose(float(gauss_kl(q_mean, q_sqrt, L, noisy)), float(products[0]), rtol=1e-13)
     with pytest.raises(ValueError, match="prior_chol_inv must have prior_chol's shape"):
         gauss_kl(q_mean, q_sqrt, L, Linv[:-1, :-1])
     with pytest.raises(ValueError, match="prior_chol_inv needs prior_chol"):

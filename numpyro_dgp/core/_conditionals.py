@@ -45,9 +45,9 @@ def project(
     :param Kmn: ``(M, N)`` cross-covariance ``k(Z, X)``.
     :param Kmm_chol: ``(M, M)`` lower Cholesky factor of ``k(Z, Z) (+ jitter)``.
     :param whiten: whitened parameterization (``u = L v``).
-    :param Kmm_chol_inv: ``L^{-1}`` when the caller has it (:func:`inverse_cholesky` of
-        ``k(Z, Z) (+ jitter)``, whose derivative is cheaper than inverting ``Kmm_chol``);
-        ``None``: ``Kmm_chol`` is inverted here.
+    :param Kmm_chol_inv: ``L^{-1}`` when the caller has it (:func:`inverse_cholesky` or
+        :func:`cholesky_and_inverse` of ``k(Z, Z) (+ jitter)``, whose derivatives are cheaper
+        than inverting ``Kmm_chol``); ``None``: ``Kmm_chol`` is inverted here.
     :return: ``(A, B)``: ``A = L^{-1} Kmn`` (for the prior variance reduction) and ``B`` the
         map from the variational parameters to the mean: ``A`` when whitened, else
         ``K^{-1} Kmn = L^{-T} A``.

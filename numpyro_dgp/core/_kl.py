@@ -96,5 +96,5 @@ def _whitened_sums(
         Linv_S = solve_triangular(L[None], q_sqrt, lower=True)
     else:
         # all of q_sqrt, as the solves read it
-        Linv_S = lower_times(jnp.broadcast_to(Linv, q_sqrt.shape), q_sqrt)
+        Linv_S = lower_times(Linv, q_sqrt)  # (M, M) times (P, M, M)
     return jnp.sum(Linv_m**2), jnp.sum(Linv_S**2)

@@ -150,8 +150,11 @@ def inducing_kl(
         if isinstance(q, JointBlock):
             return _dense_kl(q.loc - p_loc.reshape(-1), q.scale_tril, [(p_scale[0], M)] * P)
         assert not isinstance(q, ChainLink)  # structured=False: (loc, scale) or a JointBlock
-        # the model site's factor is the layer's: whitened with the layer's L^{-1} (products)
-        return gauss_kl(q[0] - p_loc, q[1], layer.Kmm_chol, layer.Kmm_chol_inv)
+        # The site's prior factor is the layer's own L (a locations layer, or a non-whitened
+        # global layer beside them; I for a whitened one): whitened with its L^{-1} (products)
+        prior_chol = _prior_chol(layer)
+        prior_chol_inv = None if prior_chol is None else layer.Kmm_chol_inv
+        return gauss_kl(q[0] - p_loc, q[1], prior_chol, prior_chol_inv)
     q = posterior if posterior is not None else site_posterior(guide_site, shape)
     if q is None:
         return None

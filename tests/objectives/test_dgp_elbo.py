@@ -392,3 +392,43 @@ def test_dgp_elbo_with_a_bernoulli_likelihood_uses_quadrature(data):
     kl = float(dgp.core.gauss_kl(params["f.u_auto_loc"], params["f.u_auto_scale_tril"]))
     mc = np.asarray(tr) + kl  # Trace_ELBO = E log p(y|f) - KL (KL estimated by sampling: add the exact one back in expectation)
     assert abs(mc.mean() - ours) < z_threshold() * mc.std() / np.sqrt(len(mc))
+
+
+@pytest.mark.parametrize("first_whiten", [True, False])
+def test_each_inducing_site_in_a_model_with_locations_has_the_kl_against_its_own_prior(first_whiten):
+    """A global layer (whitened or not) before an inducing-locations layer: every site's KL is
+    against the prior its model site states (N(0, I) whitened, N(0, K) not; N(mean(Z), K) for
+    the locations layer), here read off the sites and solved with their factors; the objective
+    whitens with each layer's own L^{-1} instead."""
+    from numpyro import handlers
+
+    from numpyro_dgp._engine.traces import layers_by_u_site, site_posterior
+    from numpyro_dgp.objectives._dsvi import inducing_kl
+    from numpyro_dgp.posteriors import gaussian_parameters
+
+    def model(X, y=None):
+        h = dgp.gp_layer("h1", X, dgp.kernels.RBF(), num_inducing=6, out_dim=2, whiten=first_whiten)
+        f, _ = dgp.gp_layer("h2", h, dgp.kernels.RBF(), num_inducing=5, inducing="locations")
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(f[..., 0], 0.3), obs=y)
+
+    rs = np.random.RandomState(11)
+    X, y = jnp.asarray(rs.randn(30, 2)), jnp.asarray(rs.randn(30))
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), X, y))
+    # away from q(u) = p(u), where every KL is zero
+    params = {k: v + 0.2 * jnp.asarray(rs.randn(*v.shape)) if k.endswith("u_auto_loc") else v for k, v in params.items()}
+    guide_tr = handlers.trace(handlers.seed(handlers.substitute(guide, params), 1)).get_trace(X, y)
+    model_tr = handlers.trace(handlers.replay(handlers.seed(handlers.substitute(model, params), 2), guide_tr)).get_trace(X, y)
+    layers = layers_by_u_site(model_tr)
+    for name in ("h1.u", "h2.u"):
+        layer = layers[name]
+        shape = (layer.out_dim, layer.inducing_inputs.shape[0])
+        p_loc, p_scale = gaussian_parameters(model_tr[name]["fn"], shape)
+        q_loc, q_scale = site_posterior(guide_tr[name], shape, structured=False)
+        expected = dgp.core.gauss_kl(q_loc - p_loc, q_scale, p_scale[0])  # triangular solves
+        got = inducing_kl(name, model_tr[name], guide_tr[name], layers, True, {})
+        assert float(got) == pytest.approx(float(expected), rel=1e-9), name
+    whitened_prior = gaussian_parameters(model_tr["h1.u"]["fn"], (2, 6))[1][0]
+    assert np.allclose(whitened_prior, np.eye(6)) == first_whiten  # the case this test is about
