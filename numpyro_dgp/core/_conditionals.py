@@ -60,7 +60,8 @@ def project(
 
 
 def inverse_factor(Kmm_chol: jax.Array, Kmm_chol_inv: ArrayLike | None) -> jax.Array:
-    """The given ``L^{-1}`` (checked against ``L``'s shape), else ``L`` inverted.
+    """The given ``L^{-1}`` (checked against ``L``'s shape; its upper triangle read as zero, as
+    every caller's products assume), else ``L`` inverted.
 
     :raises ValueError: if ``Kmm_chol_inv``'s shape is not ``Kmm_chol``'s.
     """
@@ -71,7 +72,7 @@ def inverse_factor(Kmm_chol: jax.Array, Kmm_chol_inv: ArrayLike | None) -> jax.A
             f"Kmm_chol_inv must have Kmm_chol's shape {Kmm_chol.shape}; "
             f"got {jnp.shape(Kmm_chol_inv)}"
         )
-    return jnp.asarray(Kmm_chol_inv)
+    return jnp.tril(jnp.asarray(Kmm_chol_inv))
 
 
 def conditional(
