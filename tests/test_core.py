@@ -447,6 +447,12 @@ def _spd(rs, batch, M):
     return A @ np.swapaxes(A, -1, -2) + M * np.eye(M)
 
 
+def _jax_factor_and_inverse(K):
+    """``(L, L^{-1})`` by JAX's own Cholesky and triangular solve (and their derivative rules)."""
+    L = jnp.linalg.cholesky(K)
+    return L, scipy_solve_lower(L, jnp.broadcast_to(jnp.eye(K.shape[-1]), K.shape))
+
+
 @pytest.mark.parametrize("M", [5, 40, 100, 500])  # 500 (2 blocks) runs with --runslow
 def test_cholesky_and_inverse_derivatives_match_jax(M):
     # The matmul-only derivative rules against JAX's own (triangular-solve) rules, in reverse
@@ -482,10 +488,9 @@ def test_inverse_cholesky_and_its_derivative_match_jax(M):
     rs = _rs(M + 2)
     K = jnp.asarray(_spd(rs, 2, M))
     W = jnp.asarray(rs.randn(2, M, M))
-    eye = jnp.broadcast_to(jnp.eye(M), K.shape)
 
     def reference(K):
-        return scipy_solve_lower(jnp.linalg.cholesky(K), eye)
+        return _jax_factor_and_inverse(K)[1]
 
     value = np.asarray(inverse_cholesky(K))
     np.testing.assert_allclose(value, np.linalg.inv(np.linalg.cholesky(np.asarray(K))), rtol=1e-10, atol=1e-12)
@@ -525,11 +530,7 @@ def test_cholesky_and_inverse_pair_and_its_joint_derivative_match_jax(M):
     rs = _rs(M + 3)
     K = jnp.asarray(_spd(rs, 2, M))
     W1, W2 = jnp.asarray(rs.randn(2, M, M)), jnp.asarray(rs.randn(2, M, M))
-    eye = jnp.broadcast_to(jnp.eye(M), K.shape)
-
-    def reference(K):
-        L = jnp.linalg.cholesky(K)
-        return L, scipy_solve_lower(L, eye)
+    reference = _jax_factor_and_inverse
 
     def objective(pair):
         L, Linv = pair

@@ -94,6 +94,14 @@ def _prior_chol(layer: Layer) -> jax.Array | None:
     return None if layer.whiten else layer.Kmm_chol
 
 
+def _layer_prior_kl(layer: Layer, residual: jax.Array, scale: jax.Array) -> jax.Array:
+    """``KL[N(residual, scale scale^T) || N(0, K)]`` against the layer's prior factor (``I``
+    whitened, else its ``L``, whitened with its ``L^{-1}``: products, not triangular solves)."""
+    if layer.whiten:
+        return gauss_kl(residual, scale)
+    return gauss_kl(residual, scale, layer.Kmm_chol, layer.Kmm_chol_inv)
+
+
 def _dense_kl(loc: jax.Array, scale_tril: jax.Array, prior_blocks: list) -> jax.Array:
     """``KL[N(loc, L L^T) || N(0, blockdiag(prior_blocks))]``; ``prior_blocks`` of ``None``
     stand for identity blocks (whitened)."""
@@ -150,11 +158,9 @@ def inducing_kl(
         if isinstance(q, JointBlock):
             return _dense_kl(q.loc - p_loc.reshape(-1), q.scale_tril, [(p_scale[0], M)] * P)
         assert not isinstance(q, ChainLink)  # structured=False: (loc, scale) or a JointBlock
-        # The site's prior factor is the layer's own L (a locations layer, or a non-whitened
-        # global layer beside them; I for a whitened one): whitened with its L^{-1} (products)
-        prior_chol = _prior_chol(layer)
-        prior_chol_inv = None if prior_chol is None else layer.Kmm_chol_inv
-        return gauss_kl(q[0] - p_loc, q[1], prior_chol, prior_chol_inv)
+        # the site's prior factor is its layer's (a locations layer, or a global layer beside
+        # them, whitened or not)
+        return _layer_prior_kl(layer, q[0] - p_loc, q[1])
     q = posterior if posterior is not None else site_posterior(guide_site, shape)
     if q is None:
         return None
@@ -176,9 +182,7 @@ def inducing_kl(
         for s, (Ps, Ms) in zip(q.sites, q.shapes):
             blocks += [(_prior_chol(layers[s]), Ms)] * Ps
         return _dense_kl(q.loc, q.scale_tril, blocks)
-    # a non-whitened prior is whitened with the layer's L^{-1} (products, not solves)
-    prior_chol_inv = None if prior_chol is None else layer.Kmm_chol_inv
-    return gauss_kl(q[0] - prior_mean, q[1], prior_chol, prior_chol_inv)
+    return _layer_prior_kl(layer, q[0] - prior_mean, q[1])
 
 
 def _chain_link_kl(
