@@ -13,6 +13,11 @@ launch:
 * ``chain``: the DSVI model with ``AutoChainDGP`` (float64);
 * ``svi-init``: the DSVI model (float64) initialized with NumPyro's own ``svi.init`` (each
   operation run eagerly, as ``SVI.run`` does), not ``numpyro_dgp.infer.init``;
+* ``dsvi-f64-warm``, ``dsvi-f32-warm``, ``svi-init-warm``: the same three with a warm persistent
+  compilation cache (a second and later launch): the children share a fresh cache directory
+  (``JAX_COMPILATION_CACHE_DIR``, with ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0`` so that
+  the small eager programs are cached too), filled by the discarded warm-up runs and removed at
+  the end;
 * with ``--with-peers``: GPflux and GPyTorch (``benchmarks/peers``, ``--startup``) on the
   DSVI configuration in both precisions, in the same rounds.
 
@@ -40,9 +45,9 @@ Process start: the parent writes its ``time.time()`` into ``$NUMPYRO_DGP_STARTUP
 before it launches a child, so fork, exec and the interpreter's start are counted; a child run
 by hand uses the kernel's start time from ``/proc/self/stat`` instead (10 ms ticks). Each
 child also reports the difference of the two (a check on the origin). Cold cache: each child's
-environment has no ``JAX_COMPILATION_CACHE_DIR`` and nothing here sets
-``jax_compilation_cache_dir``; each child reports the cache directory in effect at its end and
-the persistent-cache hits it saw (both shown in the table).
+environment has no ``JAX_COMPILATION_CACHE_DIR`` (the ``-warm`` configurations': the shared
+directory) and nothing here sets ``jax_compilation_cache_dir``; each child reports the cache
+directory in effect at its end and the persistent-cache hits it saw (both shown in the table).
 
 Usage::
 
@@ -62,8 +67,10 @@ _ENTRY = (time.time(), time.perf_counter())  # the script's first statement: the
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from _harness import add_data_dir, command, header, machine, now, table, write_results  # noqa: E402
@@ -86,6 +93,10 @@ CONFIGS = {
     "chain": ("numpyro_dgp", "chain", "float64"),
     # the DSVI configuration initialized with NumPyro's own svi.init (what SVI.run does)
     "svi-init": ("numpyro_dgp", "dsvi", "float64"),
+    # the same three launched again with a warm persistent compilation cache
+    "dsvi-f64-warm": ("numpyro_dgp", "dsvi", "float64"),
+    "dsvi-f32-warm": ("numpyro_dgp", "dsvi", "float32"),
+    "svi-init-warm": ("numpyro_dgp", "dsvi", "float64"),
     "gpflux-f64": ("gpflux", "dsvi", "float64"),
     "gpflux-f32": ("gpflux", "dsvi", "float32"),
     "gpytorch-f64": ("gpytorch", "dsvi", "float64"),
@@ -100,6 +111,11 @@ ACCURACY_CONFIGS = {
 }
 ALL_CONFIGS = {**CONFIGS, **ACCURACY_CONFIGS}
 PRECISION_SHORT = {"float64": "f64", "float32": "f32"}
+WARM = "-warm"  # suffix of the configurations run with a warm persistent compilation cache
+
+
+def is_warm(config):
+    return config.endswith(WARM)
 
 
 # ----------------------------------------------------------------------------------------
@@ -302,7 +318,7 @@ def child(config, data_dir, until_ll=None, check_every=250, max_steps=20000):
         svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
         fit_args, fit_kwargs = (X, y), {"batch_size": BATCH}
     rng_key = jax.random.PRNGKey(0)
-    if config == "svi-init":
+    if config.removesuffix(WARM) == "svi-init":
         state, init_how = svi.init(rng_key, *fit_args, **fit_kwargs), "svi.init"
     else:
         state, init_how = _initialize(dgp, svi, rng_key, fit_args, fit_kwargs)
@@ -381,18 +397,22 @@ def child_command(config, args):
             + (until if accuracy else ["--startup"]) + data)
 
 
-def child_env():
-    """The parent's environment without a persistent compilation cache; the launch time is added per run."""
+def child_env(cache_dir=None):
+    """The parent's environment without a persistent compilation cache, or with ``cache_dir`` as
+    one that keeps every program (however short its compile); the launch time is added per run."""
     env = dict(os.environ)
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    env.pop(STARTUP_T0_ENV_VAR, None)
+    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", STARTUP_T0_ENV_VAR):
+        env.pop(name, None)
+    if cache_dir is not None:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     return env
 
 
 def run_child(config, args):
     """Run ``config`` in a fresh process: its JSON record, or ``{"error": ...}``."""
     cmd = child_command(config, args)
-    env = child_env()
+    env = child_env(args.cache_dir if is_warm(config) else None)
     env[STARTUP_T0_ENV_VAR] = repr(time.time())  # just before the launch: the child's origin
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -486,11 +506,12 @@ def _ratio(a, b):
     return a / b
 
 
-def first_step_ratios(record, precision):
-    """Ours' (DSVI) launch-to-first-step over GPflux's in the same round, per round."""
+def first_step_ratios(record, precision, warm=False):
+    """Ours' (DSVI, ``warm``: with a warm compilation cache) launch-to-first-step over GPflux's in the
+    same round, per round."""
     short = PRECISION_SHORT[precision]
-    return [a / b for _, a, b in _same_round_pairs(record, f"dsvi-{short}", f"gpflux-{short}",
-                                                    lambda run: phases(run)["total"])]
+    return [a / b for _, a, b in _same_round_pairs(record, f"dsvi-{short}" + (WARM if warm else ""),
+                                                    f"gpflux-{short}", lambda run: phases(run)["total"])]
 
 
 def accuracy_ratios(record, precision):
@@ -592,11 +613,12 @@ def render(record):
         "`JAX_COMPILATION_CACHE_DIR` and nothing sets `jax_compilation_cache_dir`"
         + _cache_note(record) + ". Python's bytecode and the OS file cache are as any second run leaves them"
         + (f" ({record['settings']['warmup_runs']} discarded run(s) of each start-up configuration before the rounds)."
-           if record.get("settings", {}).get("warmup_runs") else "."),
+           if record.get("settings", {}).get("warmup_runs") else ".") + _warm_note(record),
         "",
         "Ours: `dsvi-*` the kin8nm DSVI model of `speed.py` (2 layers, width 8, M = 100, batch 1000, Adam 0.01, "
         "`AutoFactorizedDGP` + `DGPElbo`), `chain` the same with `AutoChainDGP` (float64), `svi-init` the "
-        "`dsvi-f64` model initialized by NumPyro's `svi.init` (what `SVI.run` runs), `amortized` "
+        "`dsvi-f64` model initialized by NumPyro's `svi.init` (what `SVI.run` runs), `*-warm` the same launched "
+        "again with a warm persistent compilation cache, `amortized` "
         "`amortized.py`'s kin8nm AR2P (widths (16, 4, 1), per-point M = (8, 4, 4), 32 branches, batch 100, "
         "Adam 0.005, float64). Phases: interpreter = launch to the script's first statement; import = to "
         "`numpyro_dgp` (peers: TensorFlow + GPflow + GPflux / torch + GPyTorch) imported; data = "
@@ -628,13 +650,17 @@ def render(record):
                    rows)
 
     rows = []
-    for precision in ("float64", "float32"):
+    for precision, warm in (("float64", False), ("float32", False), ("float64", True), ("float32", True)):
         short = PRECISION_SHORT[precision]
-        ratios = first_step_ratios(record, precision)
+        ours = f"dsvi-{short}" + (WARM if warm else "")
+        if warm and ours not in record["configs"]:
+            continue
+        ratios = first_step_ratios(record, precision, warm)
         totals = {c: _cell([phases(r)["total"] for r in runs_of(record, c)])
-                  for c in (f"dsvi-{short}", f"gpflux-{short}", f"gpytorch-{short}")}
-        rows.append([precision, totals[f"dsvi-{short}"], totals[f"gpflux-{short}"], totals[f"gpytorch-{short}"],
-                     _cell(ratios, ".2f"), f"<= {TARGETS['first_step_ratio']:g}"])
+                  for c in (ours, f"gpflux-{short}", f"gpytorch-{short}")}
+        rows.append([precision + (", ours with a warm cache" if warm else ""), totals[ours], totals[f"gpflux-{short}"],
+                     totals[f"gpytorch-{short}"], _cell(ratios, ".2f"),
+                     "–" if warm else f"<= {TARGETS['first_step_ratio']:g}"])
     lines += ["", "## Ours against GPflux in the same round: launch to the first finished step", "",
               *table(["precision", "ours (DSVI)", "GPflux", "GPyTorch", "ours / GPflux, same round", "target"], rows)]
 
@@ -721,7 +747,7 @@ def _failed(record, config):
 
 
 def _cache_note(record):
-    ours = [run for run in record["runs"] if _ok(run) and run.get("cache")]
+    ours = [run for run in record["runs"] if _ok(run) and run.get("cache") and not is_warm(run["config"])]
     if not ours:
         return ""
     dirs = {run["cache"].get("dir_at_end") for run in ours} | {run["cache"].get("dir_at_import") for run in ours}
@@ -730,6 +756,17 @@ def _cache_note(record):
         return " (every run of ours reported no cache directory in effect and 0 persistent-cache hits)"
     return (f" — BUT runs of ours reported cache directories {sorted(str(d) for d in dirs)} and {hits} persistent-cache "
             "hits: these runs are not cold")
+
+
+def _warm_note(record):
+    """How warm the ``-warm`` runs' cache was (their persistent-cache hits), or ``""``."""
+    warm = [run for run in record["runs"] if _ok(run) and is_warm(run["config"]) and run.get("cache")]
+    if not warm:
+        return ""
+    hits = [run["cache"].get("hits", 0) for run in warm]
+    return (f" The `-warm` configurations ran with a persistent compilation cache (`JAX_COMPILATION_CACHE_DIR`, "
+            "`JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0`) that the discarded runs filled: a second and later "
+            f"launch; {min(hits)}–{max(hits)} persistent-cache hits per run.")
 
 
 def _init_fn_note(record):
@@ -763,6 +800,7 @@ def main(argv=None):
     parser.add_argument("--child", choices=list(ALL_CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--until-ll", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.cache_dir = None
     if args.child:
         if args.until_ll is None and args.child in ACCURACY_CONFIGS:
             args.until_ll = args.target_ll
@@ -778,6 +816,10 @@ def main(argv=None):
         configs = [c for c, (lib, _, _) in CONFIGS.items() if lib == "numpyro_dgp" or args.with_peers]
         if args.accuracy:
             configs += [c for c, (lib, _, _) in ACCURACY_CONFIGS.items() if lib == "numpyro_dgp" or args.with_peers]
+    if any(is_warm(c) for c in configs):
+        if args.warmup_runs < 1:
+            parser.error("the -warm configurations need --warmup-runs >= 1 (the discarded runs fill their cache)")
+        args.cache_dir = tempfile.mkdtemp(prefix="startup_jax_cache_")
     peers = sorted({ALL_CONFIGS[c][0] for c in configs} - {"numpyro_dgp"})
     if peers:
         from speed import peers_python
@@ -820,6 +862,8 @@ def main(argv=None):
                 p = phases(result)
                 print(f"round {r} {config}: " + ", ".join(f"{k} {v:.2f}" for k, v in p.items() if v is not None), flush=True)
             write_results(stem, record, render(record))
+    if args.cache_dir:
+        shutil.rmtree(args.cache_dir, ignore_errors=True)
     print(render(record))
 
 

@@ -159,7 +159,32 @@ def test_round_order_rotates(startup):
 
 def test_children_get_no_compilation_cache(startup, monkeypatch):
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/tmp/somewhere")
-    assert "JAX_COMPILATION_CACHE_DIR" not in startup.child_env()
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    env = startup.child_env()
+    assert "JAX_COMPILATION_CACHE_DIR" not in env and "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in env
+
+
+def test_warm_children_share_a_cache_that_keeps_every_program(startup, monkeypatch):
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "5")
+    env = startup.child_env("/tmp/shared")
+    assert env["JAX_COMPILATION_CACHE_DIR"] == "/tmp/shared"
+    assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+    assert [c for c in startup.CONFIGS if startup.is_warm(c)] == ["dsvi-f64-warm", "dsvi-f32-warm", "svi-init-warm"]
+
+
+def test_warm_runs_get_their_own_rows_and_leave_the_cold_targets_alone(startup):
+    record = _record()
+    for r in range(3):
+        warm = _ours("dsvi-f64-warm", r, 0.5, 1.0, 4.4, hits=40)
+        warm["cache"].update(dir_at_import="/tmp/shared", dir_at_end="/tmp/shared")
+        record["runs"].append(warm)
+    record["configs"].append("dsvi-f64-warm")
+    assert startup.first_step_ratios(record, "float64", warm=True) == pytest.approx([0.2] * 3)
+    assert startup.verdicts(record) == startup.verdicts(_record())  # the targets stay cold-cache ones
+    text = startup.render(record)
+    assert "| float64, ours with a warm cache | 4.40 (4.40–4.40) | 22.00 (22.00–22.00) | – | 0.20 (0.20–0.20) | – |" in text
+    assert "every run of ours reported no cache directory in effect" in text  # the cold runs
+    assert "40–40 persistent-cache hits per run" in text
 
 
 @pytest.mark.parametrize("n", [10, 7373, 9830])
