@@ -205,3 +205,77 @@ def test_clock_origin_from_the_parent(startup, common, monkeypatch):
         assert clock.marks["script_entry"] == pytest.approx(2.5)
         assert clock.mark("x") == pytest.approx(2.5, abs=0.5)
         assert "parent" in clock.info()["source"]
+
+
+class _Done:
+    def __init__(self, stdout):
+        self.stdout, self.stderr, self.returncode = stdout, "", 0
+
+
+def test_run_child_gives_the_cache_to_warm_configurations_only(startup, monkeypatch):
+    seen = {}
+    def run(cmd, env, **kwargs):
+        seen[cmd[cmd.index("--child") + 1]] = env
+        return _Done('{"a": 1}')
+
+    monkeypatch.setattr(startup.subprocess, "run", run)
+    args = startup.argparse.Namespace(data_dir=None, cache_dir="/tmp/shared", target_ll=1.25, check_every=250,
+                                      max_steps=10)
+    for config in ("dsvi-f64", "dsvi-f64-warm", "svi-init", "svi-init-warm"):
+        assert startup.run_child(config, args)["config"] == config
+    assert "JAX_COMPILATION_CACHE_DIR" not in seen["dsvi-f64"] and "JAX_COMPILATION_CACHE_DIR" not in seen["svi-init"]
+    assert seen["dsvi-f64-warm"]["JAX_COMPILATION_CACHE_DIR"] == seen["svi-init-warm"]["JAX_COMPILATION_CACHE_DIR"] \
+        == "/tmp/shared"
+
+
+def _fake_children(startup, monkeypatch):
+    """``main`` with children that fill the shared cache in the warm-up and report a fixed run; the
+    records it would write are kept in the returned list (nothing is written to results/)."""
+    written, folders = [], []
+
+    def run_child(config, args):
+        if args.cache_dir:
+            folders.append(Path(args.cache_dir))
+            (Path(args.cache_dir) / f"{config}.entry").write_bytes(b"x" * 10)
+        return _ours(config, 0, 1.0, 2.0, 5.0, hits=9 if startup.is_warm(config) else 0)
+
+    monkeypatch.setattr(startup, "run_child", run_child)
+    monkeypatch.setattr(startup, "write_results", lambda stem, record, text: written.append(record))
+    return written, folders
+
+
+def test_main_fills_measures_and_removes_the_warm_cache(startup, monkeypatch):
+    written, folders = _fake_children(startup, monkeypatch)
+    startup.main(["--rounds", "1", "--configs", "dsvi-f64,dsvi-f64-warm,svi-init-warm", "--tag", "t"])
+    record = written[-1]
+    assert record["warm_cache"] == {"files": 3, "bytes": 30}  # after the warm-up run of each
+    assert folders and not any(folder.exists() for folder in folders)
+    assert "the cache held 3 files" in startup.render(record)
+
+
+def test_main_removes_the_cache_when_a_run_fails_and_refuses_warm_runs_without_warm_up(startup, monkeypatch):
+    _, folders = _fake_children(startup, monkeypatch)
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(startup, "write_results", boom)  # the first round's report
+    with pytest.raises(KeyboardInterrupt):
+        startup.main(["--rounds", "1", "--configs", "dsvi-f64-warm", "--tag", "t"])
+    assert folders and not any(folder.exists() for folder in folders)
+    with pytest.raises(SystemExit):
+        startup.main(["--rounds", "1", "--warmup-runs", "0", "--configs", "dsvi-f64-warm", "--tag", "t"])
+
+
+def test_a_warm_run_without_hits_and_a_failed_warm_up_are_reported(startup):
+    record = _record()
+    for config, hits in (("dsvi-f64-warm", 5), ("svi-init-warm", 0)):
+        run = _ours(config, 0, 0.5, 1.0, 4.4, hits=hits)
+        run["cache"].update(dir_at_end="/tmp/shared")
+        record["runs"].append(run)
+        record["configs"].append(config)
+    record["warmup_failures"] = ["svi-init-warm: exit 1: boom"]
+    text = startup.render(record)
+    assert "BUT 1 of them reported no cache directory or no hits: not warm" in text
+    assert "Failed warm-up runs: svi-init-warm: exit 1: boom" in text
+    assert startup.verdicts(record) == startup.verdicts(_record())
