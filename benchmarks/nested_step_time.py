@@ -140,6 +140,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--inner-noise", type=float, default=0.01)
+    parser.add_argument("--tag", default="nested_step_time", help="result name")
     add_data_dir(parser)
     args = parser.parse_args(argv)
 
@@ -160,7 +161,7 @@ def main(argv=None):
     }
     for name in names:
         record["results"][name] = measure(name, args)
-        write_results("nested_step_time", record, markdown(record))
+        write_results(args.tag, record, markdown(record))
     return record
 
 

@@ -108,6 +108,18 @@ def test_zero_input_variance_gives_the_kernel(inputs, name):
                                rtol=1e-12, atol=1e-12)
 
 
+#: ``(_BLOCK_ENTRIES, _MOST_CENTERS)`` of the blocked sums: with ``M = 5`` (15 centre pairs) and
+#: ``N = 4`` points, blocks of 1 and 3 points, each over all centres, over 4 chunks of 4 centres
+#: (the last padded with a copy of the first centre) or 3 chunks of 5.
+_BLOCKINGS = ((15, 1024), (45, 1024), (4, 4), (12, 4), (15, 5))
+
+
+def test_centre_chunks_are_nearly_equal_and_bounded(monkeypatch):
+    for most, size in ((1024, 15), (4, 4), (5, 5), (14, 8)):
+        monkeypatch.setattr(_gauss_sums, "_MOST_CENTERS", most)
+        assert _gauss_sums._chunk_size(15) == size
+
+
 def test_shared_variance_and_blocked_paths_equal_the_plain_ones(inputs, monkeypatch):
     mean, var, Z, _ = inputs
     kernel = _kernels()["rbf"]
@@ -122,9 +134,11 @@ def test_shared_variance_and_blocked_paths_equal_the_plain_ones(inputs, monkeypa
     per_point = core.psi2(kernel, mean, var, Z, per_point=True)
     np.testing.assert_allclose(plain[0], per_point.sum(0), rtol=1e-12)
     np.testing.assert_allclose(plain[1], np.einsum("nmk,jkm->nj", per_point, A), rtol=1e-12)
-    # blocks of 1 and 3 points (the last one padded)
-    for entries in (15, 45):
+    # blocks of 1 and 3 points (the last one padded), over all 15 centres or chunks of 4 (the
+    # last one padded) and 5
+    for entries, most_centers in _BLOCKINGS:
         monkeypatch.setattr(_gauss_sums, "_BLOCK_ENTRIES", entries)
+        monkeypatch.setattr(_gauss_sums, "_MOST_CENTERS", most_centers)
         np.testing.assert_allclose(core.psi2(kernel, mean, var, Z), plain[0], rtol=1e-12)
         np.testing.assert_allclose(core.psi2_traces(kernel, mean, var, Z, A), plain[1], rtol=1e-12)
     monkeypatch.setattr(_psi, "_BLOCK_ENTRIES", 150)  # the Gauss-Hermite sum in blocks
@@ -155,9 +169,11 @@ def test_gradients_of_the_psi_statistics(inputs, case, monkeypatch):
     mean, var, Z, _ = inputs
     A = np.random.RandomState(3).randn(2, M, M)
     opts = {"order": 1, "modes": ["rev"], "atol": 1e-6, "rtol": 1e-6}
-    blockings = (10**6, 15) if case in ("psi2", "psi2 traces") else (10**6,)
-    for entries in blockings:  # one block, and blocks of one point (the hand-written gradient)
+    # one block, and the hand-written gradient over blocks of points and chunks of centres
+    blockings = ((10**6, 1024),) + (_BLOCKINGS if case in ("psi2", "psi2 traces") else ())
+    for entries, most_centers in blockings:
         monkeypatch.setattr(_gauss_sums, "_BLOCK_ENTRIES", entries)
+        monkeypatch.setattr(_gauss_sums, "_MOST_CENTERS", most_centers)
         check_grads(_GRAD_CASES[case], (mean, var, Z, _LS, A), **opts)
 
 

@@ -4,11 +4,13 @@
 per-point factor of the squared exponential ``Psi2`` (the centres are the midpoints of the
 inducing-input pairs). Its ``(N, Q)`` matrix is only ever needed contracted: over the centres
 (per-point traces) or over the points (the summed ``Psi2``). Both contractions here run over
-blocks of points small enough for the CPU cache (``_BLOCK_ENTRIES`` entries), and their
-gradients are written out (``jax.custom_vjp``) so that the backward pass recomputes each
-block's ``E`` once and reduces it with a few thin products, instead of the many full passes
-over ``(N, Q)`` arrays that automatic differentiation of the expanded exponent makes (measured
-about twice as fast for ``N = 1000``, ``M = 100`` on a 2-core CPU).
+tiles small enough for the CPU cache (``_BLOCK_ENTRIES`` entries: blocks of points, each over
+chunks of at most ``_MOST_CENTERS`` centres, so that a tile keeps enough points for its products
+to be efficient however many centres there are), and their gradients are written out
+(``jax.custom_vjp``) so that the backward pass recomputes each tile's ``E`` once and reduces it
+with a few thin products, instead of the many full passes over ``(N, Q)`` arrays that automatic
+differentiation of the expanded exponent makes (measured about twice as fast for ``N = 1000``,
+``M = 100`` on a 2-core CPU).
 
 With ``G = dL/dE * E``: ``dL/dlog_weight[n] = sum_q G[n, q]``,
 ``dL/dmean[n] = -2 (mean[n] sum_q G[n, q] - G[n] @ centers) / scale[n]``,
@@ -24,12 +26,20 @@ import jax.numpy as jnp
 
 __all__ = ["gauss_sums_over_points", "gauss_sums_per_point"]
 
-#: Point-centre entries per block (2 MiB of float64): the block's matrices stay in cache.
+#: Point-centre entries per tile (2 MiB of float64): the tile's matrices stay in cache.
 _BLOCK_ENTRIES = 2**18
+#: Centres per chunk at most, so that a tile keeps ``_BLOCK_ENTRIES / _MOST_CENTERS`` points or
+#: more: blocks of all the centres and few points (2 at M = 500, where ``Q = 125,250``) spend
+#: their time in thin ``(points, 2 D) x (2 D, Q)`` products; the sums ran 7x slower so (B = 1000,
+#: D = 8, float64, 2-core CPU: ``benchmarks/topics/nested.md``).
+_MOST_CENTERS = 2**10
 
 
 def _sqdist(mean: jax.Array, inv: jax.Array, centers: jax.Array) -> jax.Array:
-    sq = jnp.sum(mean**2 * inv, -1)[:, None] - 2.0 * (mean * inv) @ centers.T + inv @ (centers**2).T
+    # the cross and centre terms as one product of inner size 2 D (one pass over the tile)
+    left = jnp.concatenate([mean * inv, inv], -1)
+    right = jnp.concatenate([-2.0 * centers, centers**2], -1)
+    sq = jnp.sum(mean**2 * inv, -1)[:, None] + left @ right.T
     return jnp.maximum(sq, 0.0)
 
 
@@ -41,22 +51,32 @@ def _bumps(
 
 def _grads(mean, scale, centers, G):
     """``(dmean, dscale, dlog_weight, dcenters)`` of one block from ``G = dL/dE * E``."""
-    inv = 1.0 / scale
-    total = jnp.sum(G, axis=1)[:, None]
-    Gz, Gz2 = G @ centers, G @ centers**2
+    D, inv = mean.shape[1], 1.0 / scale
+    # G's products with the centres, their squares and ones, and G^T's with the points' two
+    # factors, as one product each: two passes over the tile instead of five
+    moments = G @ jnp.concatenate([centers, centers**2, jnp.ones_like(centers[:, :1])], -1)
+    Gz, Gz2, total = moments[:, :D], moments[:, D : 2 * D], moments[:, 2 * D :]
     dmean = -2.0 * inv * (mean * total - Gz)
     dscale = inv**2 * (mean**2 * total - 2.0 * mean * Gz + Gz2)
-    dcenters = 2.0 * (G.T @ (mean * inv) - centers * (G.T @ inv))
+    by_center = G.T @ jnp.concatenate([mean * inv, inv], -1)
+    dcenters = 2.0 * (by_center[:, :D] - centers * by_center[:, D:])
     return dmean, dscale, total[:, 0], dcenters
+
+
+def _chunk_size(num_centers: int) -> int:
+    """Centres per chunk: at most ``_MOST_CENTERS``, the chunks nearly equal."""
+    count = -(-num_centers // _MOST_CENTERS)
+    return -(-num_centers // count)
 
 
 def _blocked(fn, arrays: tuple, zero_padded: tuple, num_centers: int):
     """``fn`` over blocks of rows of ``arrays``: ``lax.map`` over the blocks, or one call when all
-    rows fit in one block. The last block is padded with copies of the first row, or with zeros
-    for the arrays flagged in ``zero_padded`` (cotangents and point weights, so the padding adds
-    nothing). Returns the outputs with a leading block axis (a single block: an axis of one)."""
+    rows fit in one block (``_BLOCK_ENTRIES`` point-centre entries with a chunk of the centres).
+    The last block is padded with copies of the first row, or with zeros for the arrays flagged
+    in ``zero_padded`` (cotangents and point weights, so the padding adds nothing). Returns the
+    outputs with a leading block axis (a single block: an axis of one)."""
     N = arrays[0].shape[0]
-    block = max(1, _BLOCK_ENTRIES // max(num_centers, 1))
+    block = max(1, _BLOCK_ENTRIES // _chunk_size(num_centers))
     if N <= block:
         return jax.tree_util.tree_map(lambda a: a[None], fn(*arrays))
     num_blocks = -(-N // block)
@@ -70,8 +90,35 @@ def _blocked(fn, arrays: tuple, zero_padded: tuple, num_centers: int):
     return jax.lax.map(lambda xs: fn(*xs), tuple(split(a, z) for a, z in zip(arrays, zero_padded)))
 
 
+def _chunked(fn, centers: jax.Array, *per_center: jax.Array):
+    """``fn(centers_chunk, *per_center_chunks)`` over chunks of at most ``_MOST_CENTERS`` centres
+    (rows of ``centers`` and of ``per_center``): ``lax.map`` over the chunks, or one call. The
+    last chunk is padded with copies of the first centre and with zero rows of ``per_center``
+    (cotangents and weights of the centres, so the padding adds nothing). Returns the outputs
+    with a leading chunk axis."""
+    Q = centers.shape[0]
+    size = _chunk_size(Q)
+    if size == Q:
+        return jax.tree_util.tree_map(lambda a: a[None], fn(centers, *per_center))
+    count = -(-Q // size)
+    pad = count * size - Q
+
+    def split(a, filler):
+        a = jnp.concatenate([a, jnp.broadcast_to(filler, (pad,) + a.shape[1:])])
+        return a.reshape((count, size) + a.shape[1:])
+
+    chunks = (split(centers, centers[:1]),) + tuple(
+        split(a, jnp.zeros_like(a[:1])) for a in per_center
+    )
+    return jax.lax.map(lambda xs: fn(*xs), chunks)
+
+
 def _rows(stacked: jax.Array, N: int) -> jax.Array:
     return stacked.reshape((-1,) + stacked.shape[2:])[:N]
+
+
+def _summed(stacked: tuple) -> tuple:
+    return tuple(jnp.sum(a, 0) for a in stacked)
 
 
 def _centred(mean: jax.Array, centers: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -97,26 +144,31 @@ def gauss_sums_per_point(
 
 def _per_point_fwd(mean, scale, log_weight, centers, W):
     m, z = _centred(mean, centers)
-    out = _blocked(
-        lambda a, s, w: _bumps(a, s, w, z) @ W.T, (m, scale, log_weight), (False,) * 3, z.shape[0]
-    )
+
+    def block(a, s, w):
+        return jnp.sum(_chunked(lambda zc, Wc: _bumps(a, s, w, zc) @ Wc, z, W.T), 0)
+
+    out = _blocked(block, (m, scale, log_weight), (False,) * 3, z.shape[0])
     return _rows(out, mean.shape[0]), (mean, scale, log_weight, centers, W)
 
 
 def _per_point_bwd(res, g):
     mean, scale, log_weight, centers, W = res
     m, z = _centred(mean, centers)
+    Q = z.shape[0]
 
     def block(a, s, w, gb):
-        E = _bumps(a, s, w, z)
-        return _grads(a, s, z, E * (gb @ W)) + (gb.T @ E,)
+        def chunk(zc, Wc):
+            E = _bumps(a, s, w, zc)
+            return _grads(a, s, zc, E * (gb @ Wc.T)) + (E.T @ gb,)
+
+        dm, ds, dw, dz, dWt = _chunked(chunk, z, W.T)
+        return _summed((dm, ds, dw)) + (_rows(dz, Q), _rows(dWt, Q))
 
     # padded rows get a zero cotangent: they add nothing to the summed dz and dW
-    dm, ds, dw, dz, dW = _blocked(
-        block, (m, scale, log_weight, g), (False, False, False, True), z.shape[0]
-    )
+    dm, ds, dw, dz, dWt = _blocked(block, (m, scale, log_weight, g), (False, False, False, True), Q)
     N = mean.shape[0]
-    return _rows(dm, N), _rows(ds, N), _rows(dw, N), jnp.sum(dz, 0), jnp.sum(dW, 0)
+    return _rows(dm, N), _rows(ds, N), _rows(dw, N), jnp.sum(dz, 0), jnp.sum(dWt, 0).T
 
 
 gauss_sums_per_point.defvjp(_per_point_fwd, _per_point_bwd)
@@ -147,25 +199,30 @@ _OVER_POINTS_PADDING = (False, False, False, True)  # padded points get weight z
 
 def _over_points_fwd(mean, scale, log_weight, centers, point_weight):
     m, z = _centred(mean, centers)
-    out = _blocked(
-        lambda a, s, w, p: p @ _bumps(a, s, w, z),
-        (m, scale, log_weight, point_weight),
-        _OVER_POINTS_PADDING,
-        z.shape[0],
-    )
+    Q = z.shape[0]
+
+    def block(a, s, w, p):
+        return _rows(_chunked(lambda zc: p @ _bumps(a, s, w, zc), z), Q)
+
+    out = _blocked(block, (m, scale, log_weight, point_weight), _OVER_POINTS_PADDING, Q)
     return jnp.sum(out, 0), (mean, scale, log_weight, centers, point_weight)
 
 
 def _over_points_bwd(res, g):
     mean, scale, log_weight, centers, point_weight = res
     m, z = _centred(mean, centers)
+    Q = z.shape[0]
 
     def block(a, s, w, p):
-        Eg = _bumps(a, s, w, z) * g[None, :]
-        return _grads(a, s, z, Eg * p[:, None]) + (jnp.sum(Eg, axis=1),)
+        def chunk(zc, gc):
+            Eg = _bumps(a, s, w, zc) * gc[None, :]
+            return _grads(a, s, zc, Eg * p[:, None]) + (jnp.sum(Eg, axis=1),)
+
+        dm, ds, dw, dz, dp = _chunked(chunk, z, g)
+        return _summed((dm, ds, dw)) + (_rows(dz, Q), jnp.sum(dp, 0))
 
     dm, ds, dw, dz, dp = _blocked(
-        block, (m, scale, log_weight, point_weight), _OVER_POINTS_PADDING, z.shape[0]
+        block, (m, scale, log_weight, point_weight), _OVER_POINTS_PADDING, Q
     )
     N = mean.shape[0]
     return _rows(dm, N), _rows(ds, N), _rows(dw, N), jnp.sum(dz, 0), _rows(dp, N)
