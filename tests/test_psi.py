@@ -177,6 +177,30 @@ def test_gradients_of_the_psi_statistics(inputs, case, monkeypatch):
         check_grads(_GRAD_CASES[case], (mean, var, Z, _LS, A), **opts)
 
 
+def test_gauss_sums_gradients_in_every_blocking(monkeypatch):
+    """Both sums' hand-written gradients, the point weights' included (``psi2`` passes ones and
+    never differentiates them), over blocks of points and chunks of centres with padding."""
+    rs = np.random.RandomState(5)
+    mean, scale = rs.randn(4, 2), 0.5 + rs.rand(4, 2)
+    log_weight, centers = 0.1 * rs.randn(4), rs.randn(15, 2)
+    point_weight, W = rs.rand(4), rs.randn(3, 15)
+    opts = {"order": 1, "modes": ["rev"], "atol": 1e-6, "rtol": 1e-6}
+    for entries, most_centers in ((10**6, 1024),) + _BLOCKINGS:
+        monkeypatch.setattr(_gauss_sums, "_BLOCK_ENTRIES", entries)
+        monkeypatch.setattr(_gauss_sums, "_MOST_CENTERS", most_centers)
+        check_grads(_gauss_sums.gauss_sums_over_points, (mean, scale, log_weight, centers, point_weight), **opts)
+        check_grads(_gauss_sums.gauss_sums_per_point, (mean, scale, log_weight, centers, W), **opts)
+
+
+def test_gauss_sums_without_centers():
+    rs = np.random.RandomState(6)
+    mean, scale, log_weight = rs.randn(4, 2), 0.5 + rs.rand(4, 2), rs.randn(4)
+    no_centers = np.zeros((0, 2))
+    assert _gauss_sums.gauss_sums_over_points(mean, scale, log_weight, no_centers, np.ones(4)).shape == (0,)
+    np.testing.assert_array_equal(
+        _gauss_sums.gauss_sums_per_point(mean, scale, log_weight, no_centers, np.zeros((3, 0))), np.zeros((4, 3)))
+
+
 def test_psi_statistics_refuse_bad_inputs(inputs):
     mean, var, Z, _ = inputs
     kernel = _kernels()["rbf"]

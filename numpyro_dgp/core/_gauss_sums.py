@@ -30,8 +30,9 @@ __all__ = ["gauss_sums_over_points", "gauss_sums_per_point"]
 _BLOCK_ENTRIES = 2**18
 #: Centres per chunk at most, so that a tile keeps ``_BLOCK_ENTRIES / _MOST_CENTERS`` points or
 #: more: blocks of all the centres and few points (2 at M = 500, where ``Q = 125,250``) spend
-#: their time in thin ``(points, 2 D) x (2 D, Q)`` products; the sums ran 7x slower so (B = 1000,
-#: D = 8, float64, 2-core CPU: ``benchmarks/topics/nested.md``).
+#: their time in thin ``(points, 2 D) x (2 D, Q)`` products; the sums alone, forward and
+#: gradient, ran 6-7x slower so (B = 1000, D = 8, float64, 2-core CPU;
+#: ``benchmarks/topics/nested.md``).
 _MOST_CENTERS = 2**10
 
 
@@ -53,7 +54,8 @@ def _grads(mean, scale, centers, G):
     """``(dmean, dscale, dlog_weight, dcenters)`` of one block from ``G = dL/dE * E``."""
     D, inv = mean.shape[1], 1.0 / scale
     # G's products with the centres, their squares and ones, and G^T's with the points' two
-    # factors, as one product each: two passes over the tile instead of five
+    # factors, as one product each: two passes over the tile where four products and a sum
+    # made five
     moments = G @ jnp.concatenate([centers, centers**2, jnp.ones_like(centers[:, :1])], -1)
     Gz, Gz2, total = moments[:, :D], moments[:, D : 2 * D], moments[:, 2 * D :]
     dmean = -2.0 * inv * (mean * total - Gz)
@@ -64,9 +66,9 @@ def _grads(mean, scale, centers, G):
 
 
 def _chunk_size(num_centers: int) -> int:
-    """Centres per chunk: at most ``_MOST_CENTERS``, the chunks nearly equal."""
-    count = -(-num_centers // _MOST_CENTERS)
-    return -(-num_centers // count)
+    """Centres per chunk: at most ``_MOST_CENTERS``, the chunks nearly equal (1 for none)."""
+    count = max(1, -(-num_centers // _MOST_CENTERS))
+    return max(1, -(-num_centers // count))
 
 
 def _blocked(fn, arrays: tuple, zero_padded: tuple, num_centers: int):
@@ -98,7 +100,7 @@ def _chunked(fn, centers: jax.Array, *per_center: jax.Array):
     with a leading chunk axis."""
     Q = centers.shape[0]
     size = _chunk_size(Q)
-    if size == Q:
+    if size >= Q:
         return jax.tree_util.tree_map(lambda a: a[None], fn(centers, *per_center))
     count = -(-Q // size)
     pad = count * size - Q
