@@ -296,10 +296,6 @@ class SGHMC(MCMCKernel):
     ) -> SGHMCState:
         """Validate the model, find ``num_data`` and the param sites, and build the initial state.
 
-        The initial potential must be finite (NumPyro's search for a valid starting point); the
-        initial gradient is not checked here but by every step, which rejects a non-finite one
-        and counts it (``num_skipped``, ``skipped=`` in the progress bar).
-
         :param rng_key: PRNG key; with ``chain_method="vectorized"`` one key per chain,
             ``(num_chains, ...)``.
         :param num_warmup: number of warmup (burn-in) steps, during which the preconditioner
@@ -339,9 +335,6 @@ class SGHMC(MCMCKernel):
         plates_seeded = seed(
             self._model, rng_seed=0, hide_types=["sample", "prng_key", "control_flow"]
         )
-        # validate_grad=False: NumPyro differentiates the potential op by op to check the initial
-        # gradient (each operation compiled on its own: 8 of 15 s at M = 500); the step rejects and
-        # counts a non-finite gradient at every step anyway, each at its own minibatch
         info = initialize_model(
             key_init,
             plates_seeded,
@@ -349,7 +342,6 @@ class SGHMC(MCMCKernel):
             dynamic_args=True,
             model_args=model_args,
             model_kwargs=model_kwargs,
-            validate_grad=False,
         )
         self._postprocess_fn = info.postprocess_fn
         param_sites = {k: s for k, s in info.model_trace.items() if s["type"] == "param"}

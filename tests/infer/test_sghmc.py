@@ -275,27 +275,6 @@ def test_non_finite_gradient_is_skipped(linreg):
     assert post["mu"].shape == (100,) and post["sigma"] == jnp.exp(good.params["sigma"])
 
 
-def _gradient_model(y, mean_of):
-    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
-    with numpyro.plate("data", y.shape[0]):
-        numpyro.sample("obs", dist.Normal(mean_of(w), 1.0), obs=y)
-
-
-def test_initial_point_checks():
-    """init checks the initial potential (NumPyro's search for a finite one); the initial gradient
-    is checked by every step, which rejects and counts a non-finite one, the first included."""
-    y = jnp.zeros(3)
-    # a finite value with a non-finite gradient: d sqrt(0 w) / dw = 0 / 0
-    kernel = SGHMC(lambda y: _gradient_model(y, lambda w: jnp.sqrt(0.0 * w)))
-    state = kernel.init(jax.random.key(0), 10, None, (y,), {})
-    first = jax.jit(lambda state: kernel.sample(state, (y,), {}))(state)
-    assert int(first.num_skipped) == 1 and jnp.array_equal(first.z["w"], state.z["w"])
-    # valid arguments, an infinite potential wherever w is: (1e300 - w)^2 overflows
-    nowhere_finite = SGHMC(lambda y: _gradient_model(y, lambda w: w))
-    with pytest.raises(RuntimeError, match="Cannot find valid initial parameters"):
-        nowhere_finite.init(jax.random.key(0), 10, None, (jnp.full(3, 1e300),), {})
-
-
 @pytest.mark.slow  # ~35 s of compilation (SGHMC step + prediction)
 def test_sghmc_samples_end_to_end():
     X, y = _sine_data()
