@@ -121,11 +121,12 @@ def markdown(record):
               "from the compiled step (every function inlined): LAPACK Cholesky calls are the blocked "
               "factorization's leaves (8 per layer at M = 500), LAPACK triangular-solve calls one per triangular "
               "inverse (each solves all its 16 x 16 leaves in one batched call). Time: median "
-              "of {n} steps after one warm-up, each configuration alone.".format(M=rows[0]["M"], p=rows[0]["precision"],
+              "of {n} steps after one warm-up, each configuration alone. Init + compile: the initial state "
+              "(`svi.init`, SGHMC's `init`) and the step's lowering and compile.".format(M=rows[0]["M"], p=rows[0]["precision"],
                                                                                n=record["repeats"]), "",
               ]
     lines += table(["configuration", "Cholesky calls", "triangular solves", "products", "product GFLOP", "XLA GFLOP",
-                    "ms/step", "/ DSVI", "compile s"],
+                    "ms/step", "/ DSVI", "init + compile s"],
                    [[_WHAT[r["config"]], r["cholesky_calls"], r["triangular_solves"], r["products"],
                      f"{r['product_gflop']:.2f}", f"{r['xla_gflop']:.2f}", f"{r['ms_per_step']:.1f}",
                      f"{r['ms_per_step'] / base['ms_per_step']:.2f}" if base else "-", f"{r['compile_seconds']:.1f}"]
