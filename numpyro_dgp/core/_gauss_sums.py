@@ -71,6 +71,13 @@ def _chunk_size(num_centers: int) -> int:
     return max(1, -(-num_centers // count))
 
 
+def _split_rows(a: jax.Array, count: int, size: int, filler: jax.Array) -> jax.Array:
+    """``a``'s rows padded with ``filler`` rows to ``count * size``, as ``(count, size, ...)``."""
+    pad = count * size - a.shape[0]
+    a = jnp.concatenate([a, jnp.broadcast_to(filler, (pad,) + a.shape[1:])])
+    return a.reshape((count, size) + a.shape[1:])
+
+
 def _blocked(fn, arrays: tuple, zero_padded: tuple, num_centers: int):
     """``fn`` over blocks of rows of ``arrays``: ``lax.map`` over the blocks, or one call when all
     rows fit in one block (``_BLOCK_ENTRIES`` point-centre entries with a chunk of the centres).
@@ -82,36 +89,34 @@ def _blocked(fn, arrays: tuple, zero_padded: tuple, num_centers: int):
     if N <= block:
         return jax.tree_util.tree_map(lambda a: a[None], fn(*arrays))
     num_blocks = -(-N // block)
-    pad = num_blocks * block - N
-
-    def split(a, zero):
-        filler = jnp.zeros_like(a[:1]) if zero else a[:1]
-        a = jnp.concatenate([a, jnp.broadcast_to(filler, (pad,) + a.shape[1:])])
-        return a.reshape((num_blocks, block) + a.shape[1:])
-
-    return jax.lax.map(lambda xs: fn(*xs), tuple(split(a, z) for a, z in zip(arrays, zero_padded)))
+    blocks = tuple(
+        _split_rows(a, num_blocks, block, jnp.zeros_like(a[:1]) if zero else a[:1])
+        for a, zero in zip(arrays, zero_padded)
+    )
+    return jax.lax.map(lambda xs: fn(*xs), blocks)
 
 
-def _chunked(fn, centers: jax.Array, *per_center: jax.Array):
-    """``fn(centers_chunk, *per_center_chunks)`` over chunks of at most ``_MOST_CENTERS`` centres
-    (rows of ``centers`` and of ``per_center``): ``lax.map`` over the chunks, or one call. The
-    last chunk is padded with copies of the first centre and with zero rows of ``per_center``
-    (cotangents and weights of the centres, so the padding adds nothing). Returns the outputs
-    with a leading chunk axis."""
+def _center_chunks(centers: jax.Array, *per_center: jax.Array) -> tuple:
+    """``centers`` and the arrays of ``per_center`` (rows: centres) as ``(count, size, ...)``
+    chunks of at most ``_MOST_CENTERS`` rows, split once for every block of points. The last
+    chunk is padded with copies of the first centre and with zero rows of ``per_center``
+    (cotangents and weights of the centres, so the padding adds nothing); a single chunk is not
+    padded."""
     Q = centers.shape[0]
     size = _chunk_size(Q)
     if size >= Q:
-        return jax.tree_util.tree_map(lambda a: a[None], fn(centers, *per_center))
+        return (centers[None],) + tuple(a[None] for a in per_center)
     count = -(-Q // size)
-    pad = count * size - Q
-
-    def split(a, filler):
-        a = jnp.concatenate([a, jnp.broadcast_to(filler, (pad,) + a.shape[1:])])
-        return a.reshape((count, size) + a.shape[1:])
-
-    chunks = (split(centers, centers[:1]),) + tuple(
-        split(a, jnp.zeros_like(a[:1])) for a in per_center
+    return (_split_rows(centers, count, size, centers[:1]),) + tuple(
+        _split_rows(a, count, size, jnp.zeros_like(a[:1])) for a in per_center
     )
+
+
+def _over_chunks(fn, chunks: tuple):
+    """``fn(centers_chunk, *per_center_chunks)`` over the chunks of :func:`_center_chunks`:
+    ``lax.map``, or one call for a single chunk. Returns the outputs with a leading chunk axis."""
+    if chunks[0].shape[0] == 1:
+        return jax.tree_util.tree_map(lambda a: a[None], fn(*(c[0] for c in chunks)))
     return jax.lax.map(lambda xs: fn(*xs), chunks)
 
 
@@ -146,9 +151,10 @@ def gauss_sums_per_point(
 
 def _per_point_fwd(mean, scale, log_weight, centers, W):
     m, z = _centred(mean, centers)
+    chunks = _center_chunks(z, W.T)
 
     def block(a, s, w):
-        return jnp.sum(_chunked(lambda zc, Wc: _bumps(a, s, w, zc) @ Wc, z, W.T), 0)
+        return jnp.sum(_over_chunks(lambda zc, Wc: _bumps(a, s, w, zc) @ Wc, chunks), 0)
 
     out = _blocked(block, (m, scale, log_weight), (False,) * 3, z.shape[0])
     return _rows(out, mean.shape[0]), (mean, scale, log_weight, centers, W)
@@ -157,14 +163,14 @@ def _per_point_fwd(mean, scale, log_weight, centers, W):
 def _per_point_bwd(res, g):
     mean, scale, log_weight, centers, W = res
     m, z = _centred(mean, centers)
-    Q = z.shape[0]
+    Q, chunks = z.shape[0], _center_chunks(z, W.T)
 
     def block(a, s, w, gb):
         def chunk(zc, Wc):
             E = _bumps(a, s, w, zc)
             return _grads(a, s, zc, E * (gb @ Wc.T)) + (E.T @ gb,)
 
-        dm, ds, dw, dz, dWt = _chunked(chunk, z, W.T)
+        dm, ds, dw, dz, dWt = _over_chunks(chunk, chunks)
         return _summed((dm, ds, dw)) + (_rows(dz, Q), _rows(dWt, Q))
 
     # padded rows get a zero cotangent: they add nothing to the summed dz and dW
@@ -201,10 +207,10 @@ _OVER_POINTS_PADDING = (False, False, False, True)  # padded points get weight z
 
 def _over_points_fwd(mean, scale, log_weight, centers, point_weight):
     m, z = _centred(mean, centers)
-    Q = z.shape[0]
+    Q, chunks = z.shape[0], _center_chunks(z)
 
     def block(a, s, w, p):
-        return _rows(_chunked(lambda zc: p @ _bumps(a, s, w, zc), z), Q)
+        return _rows(_over_chunks(lambda zc: p @ _bumps(a, s, w, zc), chunks), Q)
 
     out = _blocked(block, (m, scale, log_weight, point_weight), _OVER_POINTS_PADDING, Q)
     return jnp.sum(out, 0), (mean, scale, log_weight, centers, point_weight)
@@ -213,14 +219,14 @@ def _over_points_fwd(mean, scale, log_weight, centers, point_weight):
 def _over_points_bwd(res, g):
     mean, scale, log_weight, centers, point_weight = res
     m, z = _centred(mean, centers)
-    Q = z.shape[0]
+    Q, chunks = z.shape[0], _center_chunks(z, g)
 
     def block(a, s, w, p):
         def chunk(zc, gc):
             Eg = _bumps(a, s, w, zc) * gc[None, :]
             return _grads(a, s, zc, Eg * p[:, None]) + (jnp.sum(Eg, axis=1),)
 
-        dm, ds, dw, dz, dp = _chunked(chunk, z, g)
+        dm, ds, dw, dz, dp = _over_chunks(chunk, chunks)
         return _summed((dm, ds, dw)) + (_rows(dz, Q), jnp.sum(dp, 0))
 
     dm, ds, dw, dz, dp = _blocked(
