@@ -335,8 +335,12 @@ class SGHMC(MCMCKernel):
         plates_seeded = seed(
             self._model, rng_seed=0, hide_types=["sample", "prng_key", "control_flow"]
         )
+        # One chain searches as chains do (a batch of one key): NumPyro's search for a start with
+        # a finite potential and gradient then runs compiled, where for a single key it checks
+        # the first start op by op (190 small compilations at M = 500, 15 -> 10 s; the same
+        # start and the same error where none is found).
         info = initialize_model(
-            key_init,
+            key_init if self._vectorized else key_init[None],
             plates_seeded,
             init_strategy=self._init_strategy,
             dynamic_args=True,
@@ -352,7 +356,10 @@ class SGHMC(MCMCKernel):
         params = transform_fn(
             self._param_transforms, {k: s["value"] for k, s in param_sites.items()}, invert=True
         )
-        z = info.param_info.z if init_params is None else init_params
+        z = info.param_info.z
+        if not self._vectorized:
+            z = jax.tree.map(lambda v: v[0], z)
+        z = z if init_params is None else init_params
 
         init_state = jax.jit(self._init_state)  # one compilation instead of many eager ops
         if self._vectorized:

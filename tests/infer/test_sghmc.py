@@ -10,6 +10,7 @@ import optax
 import pytest
 from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC, Predictive
+from numpyro.infer.util import initialize_model
 from scipy.optimize import minimize_scalar
 
 from numpyro_dgp import predict_from_samples
@@ -248,6 +249,46 @@ def test_bad_models():
         mcmc = MCMC(SGHMC(model), num_warmup=1, num_samples=1, progress_bar=False)
         with pytest.raises(ValueError, match=match):
             mcmc.run(jax.random.key(0), jnp.ones(()))
+
+
+def _kinked(y):
+    """A finite potential everywhere whose gradient is NaN for ``w < 0`` (``0 * inf`` in the
+    derivative of ``sqrt(max(w, 0))``)."""
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+    numpyro.factor("kink", jnp.sqrt(jnp.maximum(w, 0.0)))
+    numpyro.sample("y", dist.Normal(w, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("num_chains", [1, 3])
+def test_init_searches_for_a_start_with_a_finite_gradient(num_chains):
+    # One chain takes NumPyro's compiled search (a batch of one key), as several do: a first
+    # start with a finite potential but a NaN gradient must be passed over, not kept (a chain
+    # started there never moves: every step is rejected).
+    seeds = range(8)
+    keys = [jax.random.split(jax.random.key(s), num_chains) for s in seeds]
+    keys = [k[0] if num_chains == 1 else k for k in keys]
+    y = jnp.ones(())
+    # the keys SGHMC.init starts its search from (the second of each key's split)
+    init_key = lambda k: jax.vmap(jax.random.split)(jnp.atleast_1d(k))[:, 1].reshape(k.shape)  # noqa: E731
+    first = [
+        initialize_model(init_key(k), _kinked, model_args=(y,), validate_grad=False) for k in keys
+    ]
+    # the test sees the search: some keys' first starts are on the bad side
+    assert any(bool(jnp.any(info.param_info.z["w"] < 0)) for info in first)
+    for key in keys:
+        state = SGHMC(_kinked).init(key, 10, None, (y,), {})
+        assert state.z["w"].shape == (() if num_chains == 1 else (num_chains,))
+        assert bool(jnp.all(state.z["w"] > 0))
+
+
+def test_init_without_a_finite_gradient_raises():
+    def flat_nan_gradient(y):  # potential finite everywhere, gradient NaN everywhere
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+        numpyro.factor("nan_gradient", jnp.sqrt(jnp.abs(w) - jnp.abs(w)))
+        numpyro.sample("y", dist.Normal(w, 1.0), obs=y)
+
+    with pytest.raises(RuntimeError, match="Cannot find valid initial parameters"):
+        SGHMC(flat_nan_gradient).init(jax.random.key(0), 10, None, (jnp.ones(()),), {})
 
 
 @pytest.mark.filterwarnings("ignore:Out-of-support values")
