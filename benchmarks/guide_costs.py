@@ -135,7 +135,7 @@ def markdown(record):
                     "ms/step", "/ DSVI", "init s", "compile s"],
                    [[_WHAT[r["config"]], r["cholesky_calls"], r["triangular_solves"], r["products"],
                      f"{r['product_gflop']:.2f}", f"{r['xla_gflop']:.2f}", f"{r['ms_per_step']:.1f}",
-                     f"{r['ms_per_step'] / base['ms_per_step']:.2f}" if base else "-", f"{r['init_seconds']:.1f}",
+                     f"{r['ms_per_step'] / base['ms_per_step']:.2f}" if base else "-", f"{r['init_seconds']:.1f}" if "init_seconds" in r else "-",
                      f"{r['compile_seconds']:.1f}"]
                     for r in rows])
     return "\n".join(lines + [""])
