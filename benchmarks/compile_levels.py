@@ -3,9 +3,9 @@
 The launch-to-first-step target of ``startup.py`` is dominated by XLA compiling two programs
 (model initialization and the training step). The step is compiled at XLA's default backend
 optimization level; a lower level compiles faster. This script measures what each level costs
-and buys for the kin8nm DSVI step of ``startup.py`` / ``speed.py`` (2 layers, width 8, M = 100,
-batch 1000 drawn inside the step, ``AutoFactorizedDGP`` + ``DGPElbo``, Adam 0.01, split 0,
-float64):
+and buys for the kin8nm DSVI step of ``startup.py`` / ``speed.py`` (2 layers, width 8, M = 100
+or ``--num-inducing``, batch 1000 drawn inside the step, ``AutoFactorizedDGP`` + ``DGPElbo``,
+Adam 0.01, split 0, float64 or ``--precision float32``):
 
 * ``compile_s``: ``lowered.compile(compiler_options={"xla_backend_optimization_level": L})`` of
   a ``lax.scan`` over ``--steps`` SVI updates (the program ``fit`` compiles, less its finite
@@ -18,11 +18,13 @@ float64):
 Each (level, round) runs in a fresh process (no persistent compilation cache); the levels'
 order rotates each round. Medians over rounds.
 
-Writes ``benchmarks/results/compile_levels.json`` and ``.md`` with the command line.
+Writes ``benchmarks/results/compile_levels[_<tag>].json`` and ``.md`` with the command line.
 
-Example (the committed results)::
+Examples (the committed results)::
 
     python benchmarks/compile_levels.py --rounds 3 --data-dir /path/to/uci
+    python benchmarks/compile_levels.py --rounds 3 --levels 1,2 --num-inducing 500 --steps 10 \
+        --precision float32 --tag M500_float32 --data-dir /path/to/uci
 """
 
 from __future__ import annotations
@@ -40,16 +42,17 @@ DEFAULT_LEVEL = 2  # XLA's default backend optimization level
 _CHILD = r"""
 import json, sys, time
 import jax
-jax.config.update("jax_enable_x64", True)
+level, steps, repeats, data_dir, num_inducing, precision = (int(sys.argv[1]), int(sys.argv[2]),
+    int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6])
+jax.config.update("jax_enable_x64", precision == "float64")
 import jax.numpy as jnp
 import numpyro
 from numpyro.infer import SVI
 import numpyro_dgp as dgp
 
-level, steps, repeats, data_dir = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 data = dgp.datasets.load_uci("kin8nm", 0, data_dir=data_dir)
-X, y = jnp.asarray(data.X_train), jnp.asarray(data.y_train)
-model = dgp.models.deep_gp_regression(2, num_inducing=100, hidden_width=8)
+X, y = jnp.asarray(data.X_train, precision), jnp.asarray(data.y_train, precision)
+model = dgp.models.deep_gp_regression(2, num_inducing=num_inducing, hidden_width=8)
 guide = dgp.guides.AutoFactorizedDGP(model)
 svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
 state = dgp.infer.init(svi, jax.random.PRNGKey(0), X, y, batch_size=1000)
@@ -75,9 +78,11 @@ print(json.dumps({"compile_s": compile_s, "step_ms": 1e3 * min(runs) / steps, "l
 """
 
 
-def run_child(level: int, steps: int, repeats: int, data_dir: str) -> dict:
+def run_child(level: int, steps: int, repeats: int, data_dir: str, num_inducing: int = 100,
+              precision: str = "float64") -> dict:
     """One fresh process at ``level``."""
-    return run_fresh(_CHILD, str(level), str(steps), str(repeats), data_dir, what=f"level {level}")
+    return run_fresh(_CHILD, str(level), str(steps), str(repeats), data_dir, str(num_inducing), precision,
+                     what=f"level {level}")
 
 
 def summarize(record: dict) -> list[dict]:
@@ -115,7 +120,8 @@ def markdown(record: dict) -> str:
                      "yes" if row["bit_identical_to_default"] else "no"])
     lines = [
         *header("XLA backend optimization level of the kin8nm DSVI step: compile time against step time",
-                record["command"], record["machine"], "float64", record["date"], record["settings"], compact=True),
+                record["command"], record["machine"], record.get("precision", "float64"), record["date"],
+                record["settings"], compact=True),
         "",
         "Each run a fresh process (no persistent compilation cache). Compile: the scan over the "
         "steps compiled at the level (lowering excluded); step: the fastest of the timed runs divided by the "
@@ -138,6 +144,9 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=50, help="SVI steps in the compiled scan")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of the scan")
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="comma-separated levels, 0 to 3")
+    parser.add_argument("--num-inducing", type=int, default=100)
+    parser.add_argument("--precision", choices=["float32", "float64"], default="float64")
+    parser.add_argument("--tag", default=None, help="results file suffix: compile_levels_<tag>")
     add_data_dir(parser)
     args = parser.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",") if x]
@@ -148,19 +157,21 @@ def main(argv=None):
 
     record = {
         **base_record("compile_levels.py", argv),
-        "settings": (f"kin8nm split 0, 2 layers, width 8, M = 100, batch 1000; {args.steps} steps per scan, "
+        "precision": args.precision,
+        "settings": (f"kin8nm split 0, 2 layers, width 8, M = {args.num_inducing}, batch 1000; "
+                     f"{args.steps} steps per scan, "
                      f"{args.repeats} timed runs; {args.rounds} rounds, the levels' order rotating"),
         "runs": {str(level): [] for level in levels},
     }
     for r in range(args.rounds):
         order = levels[r % len(levels):] + levels[:r % len(levels)]
         for level in order:
-            result = run_child(level, args.steps, args.repeats, args.data_dir)
+            result = run_child(level, args.steps, args.repeats, args.data_dir, args.num_inducing, args.precision)
             record["runs"][str(level)].append(result)
             print(f"round {r} level {level}: compile {result['compile_s']:.2f} s, step {result['step_ms']:.2f} ms",
                   file=sys.stderr, flush=True)
     record["summary"] = summarize(record)
-    write_results("compile_levels", record, markdown(record))
+    write_results("compile_levels" + (f"_{args.tag}" if args.tag else ""), record, markdown(record))
     return record
 
 

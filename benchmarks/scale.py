@@ -384,8 +384,9 @@ def plot_grid(grid, path):
             if torch_rows:
                 ax.plot([r["M"] for r in torch_rows], [r["gpytorch_ms_per_step"] for r in torch_rows], "x",
                         color=colour, markersize=9, label=f"GPyTorch, width {width}")
-            ax.plot(Ms, [r["floor_gflop"] / r["matmul_gflops"] * 1e3 for r in rows], ":", color=colour,
-                    label=f"FLOP floor, width {width}")
+            # a marker too: a grid of one M draws no line
+            ax.plot(Ms, [r["floor_gflop"] / r["matmul_gflops"] * 1e3 for r in rows], ":_", color=colour,
+                    markersize=12, label=f"FLOP floor, width {width}")
         ax.set(xscale="log", yscale="log", title=f"{precision}, D = {dim}", xlabel="inducing points M",
                ylabel="ms per training step")
         ax.grid(True, which="both", alpha=0.3)
