@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))  # the scripts import their sibling _harness module
@@ -41,15 +42,17 @@ def test_sde_flow_table_gives_mean_and_standard_error_and_marks_single_runs(tmp_
     assert "nan" not in path.read_text()
 
 
-def _render_committed(script, tmp_path):
-    """Render ``results/<script>.json`` with the script's ``write_markdown``, check that it is
-    exactly the committed ``results/<script>.md``; ``(module, record, rendered path)``."""
+def _render_committed(script, tmp_path, name=None):
+    """Render ``results/<name>.json`` (default: the script's name) with the script's
+    ``write_markdown``, check that it is exactly the committed ``results/<name>.md``;
+    ``(module, record, rendered path)``."""
     module = _load(script)
     results = REPO / "benchmarks" / "results"
-    record = json.loads((results / f"{script}.json").read_text())
+    name = name or script
+    record = json.loads((results / f"{name}.json").read_text())
     path = tmp_path / "table.md"
     module.write_markdown(path, record)
-    assert path.read_text() == (results / f"{script}.md").read_text()
+    assert path.read_text() == (results / f"{name}.md").read_text()
     return module, record, path
 
 
@@ -77,10 +80,13 @@ def test_eager_calls_table_is_rendered_from_its_record(tmp_path):
         assert row["first_call_ratio"] == row["op-by-op:first_s"] / row["jitted:first_s"]
 
 
-def test_compile_levels_table_is_rendered_from_its_record(tmp_path):
-    """The committed ``compile_levels.md`` is exactly what its JSON renders to; each row's ratios
+@pytest.mark.parametrize(
+    "name", ["compile_levels", "compile_levels_M500_float32", "compile_levels_M500_float64"]
+)
+def test_compile_levels_table_is_rendered_from_its_record(tmp_path, name):
+    """Each committed ``compile_levels*.md`` is exactly what its JSON renders to; each row's ratios
     are against the default level's medians, and "bit-identical" compares the runs' last losses."""
-    compile_levels, record, _ = _render_committed("compile_levels", tmp_path)
+    compile_levels, record, _ = _render_committed("compile_levels", tmp_path, name)
     rows = {row["level"]: row for row in compile_levels.summarize(record)}
     default = rows[compile_levels.DEFAULT_LEVEL]
     assert default["bit_identical_to_default"] and default["compile_vs_default"] == 1.0
