@@ -339,7 +339,9 @@ def gp_layer(
         One kernel is shared by the ``out_dim`` outputs.
     :param num_inducing: ``M``; inducing inputs are initialized by k-means (seeded with a fixed
         key, so deterministic given the data) on ``X`` (for inner
-        layers: on the propagated values at initialization).
+        layers: on the propagated values at initialization). With fewer points than ``M``
+        (a minibatch smaller than ``M``), by the points and ``M - n`` draws (fixed key) from
+        the Gaussian with their mean and covariance.
     :param out_dim: output width ``P``.
     :param mean: ``"zero"``, ``"identity"`` (fixed ``X @ W``: identity, zero-padding or PCA
         projection when widths differ, as in DSVI), ``"linear"`` (learnable ``X @ W + b``,

@@ -98,6 +98,15 @@ def test_fit_probit_on_npz_and_predict(tmp_path, capsys):
     assert np.all((p >= 0) & (p <= 1))
 
 
+def test_fit_takes_more_inducing_points_than_a_minibatch_but_not_than_the_training_rows():
+    from numpyro_dgp.cli._table import check_fit_inducing
+
+    check_fit_inducing(500, 2000)  # --batch-size 256: the layers start from the batch and draws
+    check_fit_inducing(30, 30)
+    with pytest.raises(ValueError, match="--num-inducing 31 exceeds the 30 points"):
+        check_fit_inducing(31, 30)
+
+
 def test_read_table_formats(tmp_path):
     (tmp_path / "a.csv").write_text("a;b\n1;2\n3;4.5\n")
     t = read_table(tmp_path / "a.csv")

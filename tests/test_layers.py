@@ -70,6 +70,64 @@ def test_kmeans_initialization_finds_clusters():
     np.testing.assert_allclose(found, centers, atol=z_threshold(6) * sd / np.sqrt(n))
 
 
+def test_fewer_points_than_inducing_points_start_from_the_points_and_draws_around_them():
+    """A layer that sees fewer points than M at initialization (a minibatch smaller than M):
+    the points themselves, then distinct draws (k-means would refuse: it has no M centers)."""
+    X = jnp.linspace(0, 1, 8)[:, None]
+    tr = run_layer(X, num_inducing=50)
+    Z = np.asarray(tr["h.inducing_inputs"]["value"])
+    assert Z.shape == (50, 1) and np.all(np.isfinite(Z))
+    np.testing.assert_array_equal(Z[:8], np.asarray(X))
+    assert np.min(np.diff(np.sort(Z[:, 0]))) > 0  # no two coincide: K(Z, Z) invertible
+    layer = tr["h.layer"]["args"][0]
+    assert np.all(np.isfinite(np.asarray(layer.Kmm_chol)))
+    assert tr["h.u"]["value"].shape == (1, 50) and np.all(np.isfinite(np.asarray(tr["h"]["value"])))
+
+
+@pytest.mark.stochastic
+def test_gaussian_draws_have_the_points_mean_and_covariance():
+    from numpyro_dgp._layers.inducing import points_and_gaussian_draws
+
+    rng = np.random.RandomState(4)
+    points = rng.randn(30, 3) @ np.array([[2.0, 0.0, 0.0], [1.0, 0.5, 0.0], [0.0, -0.3, 0.2]]) + 5.0
+    K = 40_000
+    Z = np.asarray(points_and_gaussian_draws(jnp.asarray(points), 30 + K))
+    np.testing.assert_array_equal(Z[:30], points)
+    draws = Z[30:]
+    mean, cov = points.mean(0), np.cov(points.T)
+    cov = cov + dgp.core.default_jitter(np.float64) * np.trace(cov) / 3 * np.eye(3)
+    sd = np.sqrt(np.diag(cov))
+    # 3 means and 6 covariance entries, each against its Monte Carlo standard error
+    z = z_threshold(9)
+    np.testing.assert_array_less(np.abs(draws.mean(0) - mean), z * sd / np.sqrt(K))
+    rows, cols = np.triu_indices(3)
+    se = np.sqrt((cov[rows, rows] * cov[cols, cols] + cov[rows, cols] ** 2) / K)
+    np.testing.assert_array_less(np.abs(np.cov(draws.T)[rows, cols] - cov[rows, cols]), z * se)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gaussian_draws_from_degenerate_points_stay_distinct(dtype):
+    from numpyro_dgp._layers.inducing import points_and_gaussian_draws
+
+    ridge = dgp.core.default_jitter(dtype)
+    # identical points: a unit covariance around them
+    same = np.asarray(points_and_gaussian_draws(jnp.full((3, 2), 7.0, dtype), 2003))[3:]
+    np.testing.assert_allclose(same.var(0), 1.0, atol=z_threshold(2) * np.sqrt(2 / 2000))
+    # two points in 4-D: the draws lie along their line, off it only by the ridge's spread
+    ends = np.array([[0.0, 1.0, 2.0, 3.0], [1.0, 1.0, 0.0, 3.0]])
+    Z = np.asarray(points_and_gaussian_draws(jnp.asarray(ends, dtype), 200), np.float64)
+    direction = (ends[1] - ends[0]) / np.linalg.norm(ends[1] - ends[0])
+    offset = Z - ends[0]
+    across = offset - np.outer(offset @ direction, direction)
+    scale = np.trace(np.cov(ends.T)) / 4
+    assert 0 < np.max(np.linalg.norm(across, axis=1)) < 10 * np.sqrt(ridge * scale)
+    gaps = np.linalg.norm(Z[:, None] - Z[None], axis=-1)[np.triu_indices(200, 1)]
+    assert np.all(np.isfinite(Z)) and gaps.min() > 0
+    # 5 points in 90 dimensions: a covariance of rank 4, whose round-off the ridge outweighs
+    few = np.random.RandomState(5).randn(5, 90).astype(dtype)
+    assert np.all(np.isfinite(np.asarray(points_and_gaussian_draws(jnp.asarray(few), 50))))
+
+
 def test_mean_functions():
     rng = np.random.RandomState(2)
     X = jnp.asarray(rng.randn(40, 5) * np.array([5.0, 2.0, 1.0, 0.5, 0.1]))
@@ -145,7 +203,6 @@ def _unchecked(kernel, *values):
         (dict(num_inducing=2, jitter=0.0), ValueError, "jitter must be a finite positive"),
         (dict(num_inducing=2, jitter=float("nan")), ValueError, "jitter"),
         (dict(), ValueError, "give num_inducing"),
-        (dict(num_inducing=50), ValueError, "num_inducing=50 exceeds"),
         (dict(num_inducing=2, out_dim=0), ValueError, "out_dim must be a positive integer"),
         (dict(num_inducing=2, mean="quadratic"), ValueError, "mean must be one of"),
         (dict(num_inducing=2, priors={"period": dist.LogNormal()}), ValueError, "not a hyperparameter"),

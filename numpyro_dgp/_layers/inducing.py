@@ -14,7 +14,13 @@ from jax.scipy.linalg import solve_triangular
 
 from numpyro_dgp._compat import jax_is_tracing, one_shot_program
 from numpyro_dgp._layers.parts import LayerArgs
-from numpyro_dgp.core import cholesky, cholesky_and_inverse, inverse_cholesky, kmeans
+from numpyro_dgp.core import (
+    cholesky,
+    cholesky_and_inverse,
+    default_jitter,
+    inverse_cholesky,
+    kmeans,
+)
 from numpyro_dgp.kernels import Kernel
 
 __all__ = [
@@ -26,6 +32,7 @@ __all__ = [
     "jittered_factor",
     "kmeans_inducing_inputs",
     "mean_diagonal",
+    "points_and_gaussian_draws",
 ]
 
 
@@ -53,8 +60,12 @@ def kmeans_inducing_inputs(X: jax.Array, num_inducing: int) -> jax.Array:
     A fixed key: the same data give the same inducing inputs in every run of the model (a
     guide's prototype run and SVI's initial run must agree, e.g. for inducing locations). Run
     eagerly on at most :data:`ONE_SHOT_KMEANS_SIZE` point-center pairs, one program compiled
-    without XLA's optimization passes."""
+    without XLA's optimization passes. With fewer rows than ``num_inducing`` (a minibatch
+    smaller than ``M``, which is all a layer sees at initialization) k-means cannot give
+    ``M`` distinct centers: :func:`points_and_gaussian_draws` instead."""
     points = jax.lax.stop_gradient(X.reshape(-1, X.shape[-1]))
+    if points.shape[0] < num_inducing:
+        return _points_and_draws_one_shot(points, num_inducing)
     if points.shape[0] * num_inducing > ONE_SHOT_KMEANS_SIZE:
         return _kmeans_from_key_zero(points, num_inducing)
     return _kmeans_one_shot(points, num_inducing)
@@ -69,6 +80,35 @@ def _kmeans_from_key_zero(points: jax.Array, num_inducing: int) -> jax.Array:
 #: compile and 0.08 s to run, against 1.31 and 0.02 s; at 100,000 and 500, 24 s to run against 11.
 ONE_SHOT_KMEANS_SIZE = 1_000_000
 _kmeans_one_shot = one_shot_program(_kmeans_from_key_zero, static_argnums=1)
+
+
+def points_and_gaussian_draws(points: jax.Array, num_inducing: int) -> jax.Array:
+    """``(M, D)`` inducing inputs from ``n < M`` points: the ``n`` points, then ``M - n`` draws
+    (fixed key) from the Gaussian with their mean and covariance.
+
+    The draws cover the region the points span, and with probability one no two inducing
+    inputs coincide (``K(Z, Z)`` stays invertible). The covariance gets a ridge of
+    :func:`~numpyro_dgp.core.default_jitter` times its mean variance (fewer points than
+    dimensions leave it singular, and its round-off in float32 can make it indefinite);
+    identical points (or one) give a unit covariance.
+
+    :param points: ``(n, D)``.
+    :param num_inducing: ``M > n``.
+    :return: ``(M, D)``, the points first.
+    """
+    n, D = points.shape
+    mean = points.mean(0)
+    centered = points - mean
+    cov = centered.T @ centered / max(n - 1, 1)
+    scale = jnp.trace(cov) / D
+    identity = jnp.eye(D, dtype=points.dtype)
+    ridge = default_jitter(points.dtype) * scale
+    cov = jnp.where(scale > 0, cov + ridge * identity, identity)
+    eps = jax.random.normal(jax.random.PRNGKey(0), (num_inducing - n, D), points.dtype)
+    return jnp.concatenate([points, mean + eps @ jnp.linalg.cholesky(cov).T])
+
+
+_points_and_draws_one_shot = one_shot_program(points_and_gaussian_draws, static_argnums=1)
 
 
 def inducing_factor(

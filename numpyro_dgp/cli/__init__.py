@@ -206,7 +206,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     dtype = jnp.float32 if args.float32 else jnp.float64
     X_train, y_train = training_arrays(s, X, y, train, dtype, continuous, masked)
     batch = args.batch_size if args.batch_size < train.size else None
-    check_fit_inducing(args.num_inducing, batch, train.size)
+    check_fit_inducing(args.num_inducing, train.size)
     print_fit_plan(args, N, names, num_classes, train.size, test.size, batch, dtype)
     model = deep_gp_regression(
         args.layers,

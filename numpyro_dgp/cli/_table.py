@@ -85,19 +85,17 @@ def _check_training_rows(num_train: int, test_fraction: float, N: int) -> None:
         raise ValueError(f"--test-fraction {test_fraction} leaves {num_train} training rows of {N}")
 
 
-def check_fit_inducing(num_inducing: int, batch: int | None, num_train: int) -> None:
-    """Raise if ``--num-inducing`` exceeds the points its k-means initialization sees (the first
-    minibatch of ``batch`` rows, else the ``num_train`` training rows).
+def check_fit_inducing(num_inducing: int, num_train: int) -> None:
+    """Raise if ``--num-inducing`` exceeds the ``num_train`` training rows (a sparse GP with more
+    inducing points than data; a minibatch smaller than ``M`` is fine: the layers then start
+    from the batch's points and draws around them, see :func:`numpyro_dgp.gp_layer`).
 
     :raises ValueError: otherwise.
     """
-    init_points = batch or num_train
-    if num_inducing > init_points:
+    if num_inducing > num_train:
         raise ValueError(
-            f"--num-inducing {num_inducing} exceeds the {init_points} points its k-means "
-            f"initialization sees ({'the first minibatch' if batch else 'the training rows'}); "
-            f"pass --num-inducing {init_points} or fewer"
-            f"{' or a larger --batch-size' if batch else ''}"
+            f"--num-inducing {num_inducing} exceeds the {num_train} points of the training "
+            f"rows; pass --num-inducing {num_train} or fewer"
         )
 
 

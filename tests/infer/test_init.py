@@ -60,3 +60,26 @@ def test_compiled_init_is_kept_per_svi_and_reused():
     assert _init._INITS.get(svi, ((None, None), (), True)) is compiled
     for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         np.testing.assert_array_equal(u, v)
+
+
+def test_a_minibatch_smaller_than_num_inducing_initializes_alike():
+    """M = 40 inducing points from minibatches of 16 (an SVGP: the first layer is the one that
+    sees the data's rows): svi.init and the compiled init agree, and the layer starts from the
+    batch's own rows (then distinct draws around them)."""
+    import numpyro
+    from numpyro.infer import SVI
+
+    import numpyro_dgp as dgp
+    from tests.init_reference_models import _data
+
+    X, y = _data()
+    model = dgp.models.deep_gp_regression(1, num_inducing=40)
+    svi = SVI(model, dgp.guides.AutoFactorizedDGP(model), numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    eager = svi.get_params(svi.init(jax.random.PRNGKey(0), X, y, batch_size=16))
+    compiled = svi.get_params(init(svi, jax.random.PRNGKey(0), X, y, batch_size=16))
+    assert set(eager) == set(compiled)
+    for name in eager:
+        np.testing.assert_allclose(compiled[name], eager[name], rtol=1e-9, atol=1e-9, err_msg=name)
+    Z = np.asarray(eager["h1.inducing_inputs"])
+    assert Z.shape == (40, X.shape[1]) and len(np.unique(Z, axis=0)) == 40
+    assert all(np.any(np.all(row == np.asarray(X), axis=1)) for row in Z[:16])
