@@ -46,6 +46,14 @@ def test_plate_subsample_messages_use_the_replaced_function():
     assert fns and all(fn is _compat.numpyro_subsample_fn for fn in fns)
 
 
+def test_compiled_subsample_fn_draws_numpyro_s_indices():
+    compiled = jax.jit(_compat.compiled_numpyro_subsample_fn, static_argnums=(0, 1))
+    for key in jax.random.split(jax.random.PRNGKey(3), 4):
+        expected = np.asarray(_compat.numpyro_subsample_fn(50, 7, rng_key=key))
+        np.testing.assert_array_equal(np.asarray(_compat.compiled_numpyro_subsample_fn(50, 7, rng_key=key)), expected)
+        np.testing.assert_array_equal(np.asarray(compiled(50, 7, rng_key=key)), expected)  # traced: NumPyro's own
+
+
 def test_lazy_param_initializer_is_the_callable_init_value():
     init = lambda key: jnp.ones(3)  # noqa: E731
     found = []

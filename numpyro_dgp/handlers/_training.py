@@ -10,7 +10,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._compat import numpyro_subsample_fn
+from numpyro_dgp._compat import compiled_numpyro_subsample_fn, numpyro_subsample_fn
 
 __all__ = ["data_parallel", "fast_subsample"]
 
@@ -28,6 +28,11 @@ def _top_k_subsample(size: int, subsample_size: int, rng_key: jax.Array | None =
     return idx.astype(jnp.arange(0).dtype)
 
 
+def _draws_numpyro_s_way(msg: dict) -> bool:
+    """A plate message drawn with NumPyro's function, or its compiled twin (the factories)."""
+    return msg["fn"] is numpyro_subsample_fn or msg["fn"] is compiled_numpyro_subsample_fn
+
+
 class fast_subsample(Messenger):
     """Draw ``numpyro.plate(..., subsample_size=B)`` indices with one ``lax.top_k``.
 
@@ -42,7 +47,7 @@ class fast_subsample(Messenger):
 
     def process_message(self, msg: dict) -> None:
         """Swap NumPyro's subsample function of a plate message for the ``top_k`` one."""
-        if msg["type"] == "plate" and msg["value"] is None and msg["fn"] is numpyro_subsample_fn:
+        if msg["type"] == "plate" and msg["value"] is None and _draws_numpyro_s_way(msg):
             msg["fn"] = _top_k_subsample
 
 

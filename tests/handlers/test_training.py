@@ -95,6 +95,37 @@ def test_fast_subsample_leaves_given_subsamples_alone():
     np.testing.assert_array_equal(np.asarray(seed(fast_subsample(full), 0)()), np.arange(4))
 
 
+def test_factory_plate_draws_numpyro_s_indices_compiled_and_fast_subsample_replaces_them():
+    from numpyro.primitives import Messenger
+
+    from numpyro_dgp import _compat
+    from numpyro_dgp.handlers._training import _top_k_subsample
+    from numpyro_dgp.models._minibatch import subsample
+
+    X, y = jnp.zeros((40, 2)), jnp.zeros(40)
+    seen = {}
+
+    class spy(Messenger):  # the function and key the plate was drawn with
+        def postprocess_message(self, msg):
+            if msg["type"] == "plate":
+                seen["fn"], seen["key"] = msg["fn"], msg["kwargs"]["rng_key"]
+
+    def draw():
+        return subsample(X, y, 8, "test", None, 10**9)[0].subsample_size
+
+    def indices(fn):
+        with numpyro.handlers.trace() as tr:
+            seed(fn, 0)()
+        return np.asarray(tr["data"]["value"])
+
+    plain = indices(spy(draw))
+    assert seen["fn"] is _compat.compiled_numpyro_subsample_fn
+    np.testing.assert_array_equal(plain, np.asarray(_compat.numpyro_subsample_fn(40, 8, rng_key=seen["key"])))
+    fast = indices(spy(fast_subsample(draw)))
+    assert seen["fn"] is _top_k_subsample
+    np.testing.assert_array_equal(fast, np.asarray(_top_k_subsample(40, 8, rng_key=seen["key"])))
+
+
 def test_data_parallel_loss_equals_single_device_on_two_cpu_devices():
     out = run_on_two_devices(_DATA_PARALLEL_SCRIPT)
     # same minibatches and Monte Carlo draws: equal up to the order of the reductions
