@@ -189,6 +189,15 @@ class _OneShot:
             return self._fun(*args, **kwargs)
         return self._compiled(*args, **kwargs)
 
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """The program's lowering (``jax.stages.Lowered``); compiling it fills the cache the
+        call reads."""
+        return self._compiled.lower(*args, **kwargs)
+
+    def shapes(self, *args: Any, **kwargs: Any) -> Any:
+        """``jax.eval_shape`` of ``fun``: its result's shapes and types, nothing compiled."""
+        return jax.eval_shape(self._compiled, *args, **kwargs)
+
     def _cache_size(self) -> int:
         """Programs compiled so far (as a jitted function's ``_cache_size``)."""
         return self._compiled._cache_size()  # type: ignore[attr-defined]

@@ -187,6 +187,18 @@ def test_warm_runs_get_their_own_rows_and_leave_the_cold_targets_alone(startup):
     assert "40–40 persistent-cache hits per run" in text
 
 
+def test_fit_straight_away_runs_get_their_own_rows(startup):
+    record = _record()
+    for r in range(3):
+        record["runs"].append(_ours("fit-f64", r, 0.1, 7.0, 8.8))
+    record["configs"].append("fit-f64")
+    assert startup.first_step_ratios(record, "float64", variant="fit") == pytest.approx([0.4] * 3)
+    assert startup.verdicts(record) == startup.verdicts(_record())  # the targets stay the dsvi ones
+    text = startup.render(record)
+    assert "| float64, ours `fit` straight away | 8.80 (8.80–8.80) | 22.00 (22.00–22.00) | – | 0.40 (0.40–0.40) | <= 0.5 |" in text
+    assert "float32, ours `fit` straight away" not in text  # not run
+
+
 @pytest.mark.parametrize("n", [10, 7373, 9830])
 def test_validation_rows_match_the_peers(startup, common, n):
     ours, theirs = startup.validation_indices(n), common.validation_indices(n)

@@ -61,7 +61,8 @@ class FitResult(NamedTuple):
         excluded).
     :ivar chunk_size: steps per chunk.
     :ivar compile_seconds: time to trace, lower and compile the chunk function before the
-        first chunk (near 0 when ``svi`` already has it compiled for these shapes).
+        first chunk (near 0 when ``svi`` already has it compiled for these shapes); when the
+        fit initializes, the initialization compiles at the same time, in a second thread.
     :ivar averaged_params: with ``fit(..., average_from=k)``, the averaged parameters
         (constrained); ``None`` otherwise.
     """
@@ -214,7 +215,10 @@ def fit(
     """Run ``num_steps`` SVI updates compiled as a ``lax.scan`` over chunks of ``chunk_size``.
 
     The chunk function is compiled once per ``svi`` (and chunk size and static arguments) and
-    reused by later calls, e.g. ``fit(..., init_state=result.state)``; between chunks the host
+    reused by later calls, e.g. ``fit(..., init_state=result.state)``; a fit that initializes
+    (no ``init_state``, no checkpoint to resume) compiles it while the initialization's program
+    compiles in a second thread (one device, the library's guides), so a fresh process reaches
+    its first step sooner on a machine with two or more cores; between chunks the host
     updates a progress bar (the only host synchronization). An update whose loss or new
     parameters are not finite is not applied (the random key still advances) and is counted
     in ``num_skipped``; when steps were skipped, an eager run at the final parameters checks
@@ -303,6 +307,29 @@ def fit(
         )
         else None
     )
+    # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
+    dyn_args, static_args, dyn_kwargs, sorted_static = split_traced(args, kwargs)
+    static_kwargs = dict(sorted_static)
+    chunk = min(int(chunk_size), int(num_steps), int(checkpoint_every or num_steps))
+    run_chunk = _chunk_runner(svi, chunk, static_args, static_kwargs, average_from is not None)
+    compile_times: list[float] = []
+
+    def compile_chunk(state):
+        """The chunk function lowered for a new state's shapes, and its compilation (timed)."""
+        start = time.perf_counter()
+        mean = (
+            {} if average_from is None else jax.eval_shape(svi.optim.get_params, state.optim_state)
+        )
+        lowered = _lower_chunk(
+            run_chunk, state, num_steps, dyn_args, dyn_kwargs, mean, _FRESH_COUNT
+        )
+
+        def compile_lowered():
+            lowered.compile()
+            compile_times.append(time.perf_counter() - start)
+
+        return compile_lowered
+
     progress, param_names = _starting_point(
         svi,
         rng_key,
@@ -314,19 +341,12 @@ def fit(
         average_from,
         resume_from,
         num_steps,
+        compile_chunk,
     )
-    # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
-    dyn_args, static_args, dyn_kwargs, sorted_static = split_traced(args, kwargs)
-    static_kwargs = dict(sorted_static)
-    chunk = min(int(chunk_size), int(num_steps), int(checkpoint_every or num_steps))
-    scan = _Scan(
-        _chunk_runner(svi, chunk, static_args, static_kwargs, average_from is not None),
-        progress,
-        dyn_args,
-        dyn_kwargs,
-        average_from,
-    )
-    compile_seconds = scan.compile(num_steps) if progress.step < num_steps else 0.0
+    scan = _Scan(run_chunk, progress, dyn_args, dyn_kwargs, average_from)
+    # after compile_chunk (beside the initialization) the chunk's compile reads JAX's cache
+    compile_seconds = sum(compile_times)
+    compile_seconds += scan.compile(num_steps) if progress.step < num_steps else 0.0
 
     def chunk_length(done):
         # a chunk ends at the next checkpoint, so checkpoints fall on exact step counts
@@ -368,6 +388,17 @@ def fit(
     )
 
 
+#: the averaged iterates' count: its shape and type (a fresh start's ``jnp.zeros((), jnp.int32)``)
+_FRESH_COUNT = jax.ShapeDtypeStruct((), jnp.int32)
+
+
+def _lower_chunk(run_chunk, state, num_steps, dyn_args, dyn_kwargs, mean, count):
+    """``run_chunk`` lowered for the first chunk (``state`` and ``mean`` concrete or shapes)."""
+    return run_chunk.lower(
+        state, jnp.asarray(num_steps), dyn_args, dyn_kwargs, mean, count, jnp.asarray(0)
+    )
+
+
 class _Scan:
     """The compiled chunk function (:func:`_chunk_runner`) and what it carries between chunks."""
 
@@ -381,14 +412,14 @@ class _Scan:
         """Compile ahead of the first chunk, so that compilation is timed on its own (the jitted
         call reuses this executable; cheap when ``svi`` already has it for these shapes)."""
         start = time.perf_counter()
-        self.run_chunk.lower(
+        _lower_chunk(
+            self.run_chunk,
             self.state,
-            jnp.asarray(num_steps),
+            num_steps,
             self.dyn_args,
             self.dyn_kwargs,
             self.mean,
             self.count,
-            jnp.asarray(0),
         ).compile()
         return time.perf_counter() - start
 
@@ -421,16 +452,25 @@ def _starting_point(
     average_from,
     resume_from,
     num_steps,
+    compile_chunk,
 ):
-    """``(progress, parameter names)`` where the fit starts: a new state (``svi.init``),
-    ``init_state``, or the checkpoint ``resume_from``; refuses non-finite parameters."""
+    """``(progress, parameter names)`` where the fit starts: a new state (``svi.init``, the chunk
+    function compiled beside it by ``compile_chunk``), ``init_state``, or the checkpoint
+    ``resume_from``; refuses non-finite parameters."""
     if init_state is None:
         if rng_key is None:
             raise ValueError(
                 "fit: rng_key is None; pass a PRNG key (or init_state= to continue a fit)"
             )
         init_state = initial_state(
-            svi, rng_key, args, kwargs, {**kwargs, **svi.static_kwargs}, init_params, strict
+            svi,
+            rng_key,
+            args,
+            kwargs,
+            {**kwargs, **svi.static_kwargs},
+            init_params,
+            strict,
+            compile_chunk if resume_from is None else None,
         )
     # without averaging the mean is an empty placeholder carried through the scan
     mean = svi.optim.get_params(init_state.optim_state) if average_from is not None else {}
@@ -476,10 +516,12 @@ def _check_fit_arguments(
         )
 
 
-def initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict):
+def initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict, alongside=None):
     """``svi.init`` (compiled: :func:`numpyro_dgp.infer.init`) after setting up the guide (see
     :func:`numpyro_dgp._persist.params.set_up_guide`) and checking ``init_params``; when the model
-    cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails."""
+    cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails.
+    ``alongside``: a compilation run beside the initialization's (see
+    :func:`numpyro_dgp.infer._init.initialize`)."""
     try:
         set_up_guide(svi.guide, jax.random.fold_in(rng_key, _SETUP_STREAM), args, model_kwargs)
         if init_params is not None:
@@ -492,9 +534,9 @@ def initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict)
                 require_finite=True,
                 hint=STRICT_HINT,
             )
-        from numpyro_dgp.infer._init import init  # a sibling that imports the guides
+        from numpyro_dgp.infer._init import initialize  # a sibling that imports the guides
 
-        return init(svi, rng_key, *args, init_params=init_params, **kwargs)
+        return initialize(svi, rng_key, args, kwargs, init_params, alongside)
     except (ValueError, RuntimeError) as err:
         if isinstance(err, ParameterMismatchError):
             raise

@@ -12,8 +12,9 @@ takes the library's blocked factorization, 1e-13 apart at M = 300).
 
 from __future__ import annotations
 
+import threading
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import jax
 from numpyro.infer import SVI
@@ -49,7 +50,8 @@ def init(
     is. Array arguments are inputs of the compiled program; other arguments (a batch size)
     are static. The program is kept per ``svi`` and argument shapes: a second initialization
     (another key, other data of the same shapes) does not compile again. :func:`numpyro_dgp.fit`
-    initializes with it.
+    initializes with it, compiling its training steps at the same time (in a second thread,
+    on a single device).
 
     Checks that NumPyro's distributions make on concrete values are skipped in the compiled
     run; :func:`numpyro_dgp.fit` checks its data for NaN and inf first.
@@ -61,6 +63,22 @@ def init(
     :param kwargs: the model's keyword arguments.
     :return: the initial ``SVIState``.
     """
+    return initialize(svi, rng_key, args, kwargs, init_params)
+
+
+def initialize(
+    svi: SVI,
+    rng_key: jax.Array,
+    args: tuple,
+    kwargs: dict,
+    init_params: dict | None = None,
+    alongside: Callable[[Any], Callable[[], Any]] | None = None,
+) -> SVIState:
+    """:func:`init`; with ``alongside``, a function of the state's shapes (a pytree of
+    ``jax.ShapeDtypeStruct``) that traces another program and returns its compilation, run
+    while the initialization compiles in a second thread (see :func:`_compile_beside`).
+    ``alongside`` is not called when ``svi.init`` runs eagerly (a guide that cannot be
+    compiled)."""
     guide = innermost_guide(svi.guide)
     if isinstance(guide, DGPGuide) and guide.prototype_trace is None:
         guide._setup_prototype(*args, **kwargs)
@@ -85,4 +103,41 @@ def init(
             )
 
         _INITS.put(svi, key, compiled)
+    # on several devices the state may come out placed on them: the program lowered for its
+    # shapes alone would then be compiled a second time
+    if alongside is not None and jax.device_count() == 1:
+        call = (rng_key, dyn_args, dyn_kwargs, init_params)
+        _compile_beside(compiled.lower(*call), lambda: compiled.shapes(*call), alongside)
     return compiled(rng_key, dyn_args, dyn_kwargs, init_params)
+
+
+def _compile_beside(
+    lowered: Any,
+    shapes: Callable[[], Any],
+    alongside: Callable[[Any], Callable[[], Any]],
+) -> None:
+    """Compile ``lowered`` in a second thread while this one traces and compiles
+    ``alongside(shapes())``'s program: XLA compiles without holding Python's lock, so with two
+    cores the two compilations overlap (the kin8nm DSVI model's initialization and training
+    step: about 1 s of a fresh process's first fit; ``benchmarks/topics/startup.md``). Only
+    compilation runs in the second thread; tracing stays in this one (NumPyro's handler stack
+    is one list shared by all threads). Both compilations fill JAX's cache, which the calls
+    that follow read. ``shapes`` gives the program's result as ``jax.ShapeDtypeStruct`` leaves
+    with their weak types (``lowered.out_info`` drops them, and a program lowered for a
+    strongly typed step count would be compiled again for the weakly typed one)."""
+    failure: list[BaseException] = []
+
+    def compile_lowered() -> None:
+        try:
+            lowered.compile()
+        except BaseException as err:  # re-raised in this thread
+            failure.append(err)
+
+    worker = threading.Thread(target=compile_lowered, name="numpyro_dgp-init-compile")
+    worker.start()
+    try:
+        alongside(shapes())()
+    finally:
+        worker.join()
+    if failure:
+        raise failure[0]

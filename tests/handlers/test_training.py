@@ -49,6 +49,17 @@ out["all_reduce"] = "all-reduce" in hlo
 r1 = dgp.fit(one, None, X, y, batch_size=32, num_steps=30, chunk_size=10, init_state=state, progress_bar=False)
 r2 = dgp.fit(two, None, X, y, batch_size=32, num_steps=30, chunk_size=10, init_state=state, progress_bar=False)
 out["fit_loss_max_rel_diff"] = float(np.max(np.abs(r1.losses - r2.losses) / np.abs(r1.losses)))
+# a fit that initializes on two devices: its chunk is compiled once, after the initialization
+# (beside it only on one device, where the state's placement is known beforehand)
+compiled = []
+def listener(event, duration, fun_name=None, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+        compiled.append(fun_name)
+jax.monitoring.register_event_duration_secs_listener(listener)
+r3 = dgp.fit(two, jax.random.PRNGKey(0), X, y, batch_size=32, num_steps=15, chunk_size=15, progress_bar=False)
+jax.monitoring.unregister_event_duration_listener(listener)
+out["fit_from_key_chunk_compiles"] = compiled.count("jit(run_chunk)")
+out["fit_from_key_finite"] = bool(np.all(np.isfinite(r3.losses)))
 
 def lin(x, y=None):
     w = numpyro.sample("w", numpyro.distributions.Normal(0, 1))
@@ -132,6 +143,7 @@ def test_data_parallel_loss_equals_single_device_on_two_cpu_devices():
     assert max(out["loss_rel_diff"]) < 1e-6, out
     assert max(out["grad_rel_diff"]) < 1e-6, out
     assert out["fit_loss_max_rel_diff"] < 1e-6, out
+    assert out["fit_from_key_chunk_compiles"] == 1 and out["fit_from_key_finite"], out
     assert out["all_reduce"], "the sharded loss must reduce across devices"
     assert out["mcmc_shape"] == [2, 50] and out["mcmc_chains_differ"]
 

@@ -109,3 +109,60 @@ def test_eager_kernel_conditional_and_inverse_are_one_program_per_shape():
     q_sqrt = jax.numpy.asarray(np.tril(rng.normal(size=(P, M, M))))
     Knn = kernel.diag(X)
     assert _count_lowerings(core.conditional, kernel(Z, X), L, Knn, q_mean, q_sqrt, whiten=False) == 1
+
+
+def test_first_fit_compiles_its_chunk_beside_the_initialization_each_once(problem):
+    # fit lowers the initialization, then compiles it in a second thread while it traces and
+    # compiles the chunk function here; the calls that follow must reuse both compilations
+    import threading
+
+    _, X, y = problem
+    model = models.deep_gp_regression(num_layers=1, num_inducing=7)  # fresh: nothing cached
+    svi = SVI(model, guides.AutoFactorizedDGP(model), optax.adam(0.01), nd.DGPElbo())
+    compiled = []
+
+    def listener(event, duration, fun_name=None, **kwargs):
+        if event == _COMPILE:
+            compiled.append((fun_name, threading.current_thread().name))
+
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        result = nd.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=20, chunk_size=10, progress_bar=False)
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+    names = [name for name, _ in compiled]
+    assert names.count("jit(run_chunk)") == 1 and names.count("jit(compiled)") == 1, compiled
+    threads = dict(compiled)
+    assert threads["jit(compiled)"] == "numpyro_dgp-init-compile", compiled
+    assert threads["jit(run_chunk)"] == threading.main_thread().name, compiled
+    assert result.compile_seconds > 0
+    # the same losses as a fit from a state initialized on its own
+    state = nd.infer.init(svi, jax.random.PRNGKey(0), X, y)
+    again = nd.fit(svi, None, X, y, num_steps=20, chunk_size=10, progress_bar=False, init_state=state)
+    np.testing.assert_array_equal(again.losses, result.losses)
+
+
+def test_compile_beside_raises_either_side_s_failure():
+    from numpyro_dgp.infer._init import _compile_beside
+
+    class Lowered:
+        def __init__(self, fails):
+            self.fails = fails
+
+        def compile(self):
+            if self.fails:
+                raise RuntimeError("the initialization's compile failed")
+
+    def alongside(fails):
+        def trace(shapes):
+            if fails:
+                raise ValueError("the chunk's trace failed")
+            return lambda: None
+
+        return trace
+
+    with pytest.raises(RuntimeError, match="initialization's compile failed"):
+        _compile_beside(Lowered(True), lambda: None, alongside(False))
+    with pytest.raises(ValueError, match="chunk's trace failed"):
+        _compile_beside(Lowered(False), lambda: None, alongside(True))
+    _compile_beside(Lowered(False), lambda: None, alongside(False))
