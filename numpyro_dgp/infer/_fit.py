@@ -217,8 +217,9 @@ def fit(
     The chunk function is compiled once per ``svi`` (and chunk size and static arguments) and
     reused by later calls, e.g. ``fit(..., init_state=result.state)``; a fit that initializes
     (no ``init_state``, no checkpoint to resume) compiles it while the initialization's program
-    compiles in a second thread (one device, the library's guides), so a fresh process reaches
-    its first step sooner on a machine with two or more cores; between chunks the host
+    compiles in a second thread (the library's guides; one device, inputs not committed to it),
+    so a fresh process reaches its first step sooner on a machine with two or more cores;
+    between chunks the host
     updates a progress bar (the only host synchronization). An update whose loss or new
     parameters are not finite is not applied (the random key still advances) and is counted
     in ``num_skipped``; when steps were skipped, an eager run at the final parameters checks
@@ -315,17 +316,25 @@ def fit(
     compile_times: list[float] = []
 
     def compile_chunk(state):
-        """The chunk function lowered for a new state's shapes, and its compilation (timed)."""
+        """The chunk function lowered for a new state's shapes, and its compilation (timed).
+        Best effort: a failure (tracing the update, compiling) is left to the chunk's own
+        compile after the initialization, which raises it as a fit without this would."""
         start = time.perf_counter()
-        mean = (
-            {} if average_from is None else jax.eval_shape(svi.optim.get_params, state.optim_state)
-        )
-        lowered = _lower_chunk(
-            run_chunk, state, num_steps, dyn_args, dyn_kwargs, mean, _FRESH_COUNT
-        )
+        try:
+            mean = {}
+            if average_from is not None:
+                mean = jax.eval_shape(svi.optim.get_params, state.optim_state)
+            lowered = _lower_chunk(
+                run_chunk, state, num_steps, dyn_args, dyn_kwargs, mean, _FRESH_COUNT
+            )
+        except Exception:
+            return lambda: None
 
         def compile_lowered():
-            lowered.compile()
+            try:
+                lowered.compile()
+            except Exception:
+                return
             compile_times.append(time.perf_counter() - start)
 
         return compile_lowered

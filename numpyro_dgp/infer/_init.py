@@ -19,11 +19,13 @@ from typing import Any, Callable
 import jax
 from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
+from numpyro.primitives import Messenger
 
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._compat import innermost_guide, one_shot_program
 from numpyro_dgp._validation import split_traced
 from numpyro_dgp.guides import DGPGuide
+from numpyro_dgp.handlers import data_parallel
 
 __all__ = ["init"]
 
@@ -50,8 +52,8 @@ def init(
     is. Array arguments are inputs of the compiled program; other arguments (a batch size)
     are static. The program is kept per ``svi`` and argument shapes: a second initialization
     (another key, other data of the same shapes) does not compile again. :func:`numpyro_dgp.fit`
-    initializes with it, compiling its training steps at the same time (in a second thread,
-    on a single device).
+    initializes with it, compiling its training steps at the same time (in a second thread;
+    on a single device, with inputs not committed to it).
 
     Checks that NumPyro's distributions make on concrete values are skipped in the compiled
     run; :func:`numpyro_dgp.fit` checks its data for NaN and inf first.
@@ -78,7 +80,8 @@ def initialize(
     ``jax.ShapeDtypeStruct``) that traces another program and returns its compilation, run
     while the initialization compiles in a second thread (see :func:`_compile_beside`).
     ``alongside`` is not called when ``svi.init`` runs eagerly (a guide that cannot be
-    compiled)."""
+    compiled) or when the state will come out placed on a device (see
+    :func:`_state_comes_unplaced`)."""
     guide = innermost_guide(svi.guide)
     if isinstance(guide, DGPGuide) and guide.prototype_trace is None:
         guide._setup_prototype(*args, **kwargs)
@@ -103,12 +106,28 @@ def initialize(
             )
 
         _INITS.put(svi, key, compiled)
-    # on several devices the state may come out placed on them: the program lowered for its
-    # shapes alone would then be compiled a second time
-    if alongside is not None and jax.device_count() == 1:
-        call = (rng_key, dyn_args, dyn_kwargs, init_params)
+    call = (rng_key, dyn_args, dyn_kwargs, init_params)
+    if alongside is not None and _state_comes_unplaced(svi, call):
         _compile_beside(compiled.lower(*call), lambda: compiled.shapes(*call), alongside)
-    return compiled(rng_key, dyn_args, dyn_kwargs, init_params)
+    return compiled(*call)
+
+
+def _state_comes_unplaced(svi: SVI, call: tuple) -> bool:
+    """Whether the initialization's state comes out on the default device without a placement
+    (uncommitted): one device, no input committed to a device (``jax.device_put(X, device)``),
+    no :class:`~numpyro_dgp.handlers.data_parallel` around the model. Only then is a program
+    lowered for the state's shapes alone the one its call compiles; otherwise it would be
+    compiled a second time for the placed state."""
+    if jax.device_count() != 1:
+        return False
+    if any(getattr(leaf, "committed", False) for leaf in jax.tree.leaves(call)):
+        return False
+    model = svi.model
+    while isinstance(model, Messenger):
+        if isinstance(model, data_parallel):
+            return False
+        model = model.fn
+    return True
 
 
 def _compile_beside(

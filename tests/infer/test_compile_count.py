@@ -142,6 +142,75 @@ def test_first_fit_compiles_its_chunk_beside_the_initialization_each_once(proble
     np.testing.assert_array_equal(again.losses, result.losses)
 
 
+@pytest.mark.parametrize("placed", ["committed X", "data_parallel"])
+def test_a_fit_whose_state_comes_out_placed_compiles_its_chunk_once_after_the_initialization(
+    problem, placed
+):
+    # inputs committed to a device, or a model with a placement, give a state committed to
+    # the device: the chunk lowered for the shapes alone would be compiled a second time
+    import threading
+
+    _, X, y = problem
+    model = models.deep_gp_regression(num_layers=1, num_inducing=6)  # fresh: nothing cached
+    if placed == "committed X":
+        X, y = jax.device_put(X, jax.devices()[0]), jax.device_put(y, jax.devices()[0])
+        fit_model = model
+    else:
+        fit_model = nd.handlers.data_parallel(model)
+    svi = SVI(fit_model, guides.AutoFactorizedDGP(model), optax.adam(0.01), nd.DGPElbo())
+    compiled = []
+
+    def listener(event, duration, fun_name=None, **kwargs):
+        if event == _COMPILE:
+            compiled.append((fun_name, threading.current_thread().name))
+
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        result = nd.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=10, chunk_size=10, progress_bar=False)
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+    assert [name for name, _ in compiled].count("jit(run_chunk)") == 1, compiled
+    assert {thread for _, thread in compiled} == {threading.main_thread().name}, compiled
+    assert np.all(np.isfinite(result.losses))
+
+
+def test_a_step_that_cannot_be_traced_fails_at_the_chunk_s_compile_not_at_initialization(
+    problem, monkeypatch
+):
+    # the chunk compiled beside the initialization is best effort: its failure is raised by
+    # the chunk's own compile afterwards, never by the initialization (which would look for a
+    # layer to blame)
+    from numpyro_dgp.infer import _fit
+
+    class Untraceable(nd.DGPElbo):
+        def loss(self, *args, **kwargs):
+            raise ValueError("the step cannot be traced")
+
+    _, X, y = problem
+    model = models.deep_gp_regression(num_layers=1, num_inducing=5)
+    svi = SVI(model, guides.AutoFactorizedDGP(model), optax.adam(0.01), Untraceable())
+    blamed = []
+    monkeypatch.setattr(_fit, "failed_layer", lambda *args, **kwargs: blamed.append(1) or (None, None))
+    with pytest.raises(ValueError, match="the step cannot be traced"):
+        nd.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=2, progress_bar=False)
+    assert blamed == []
+    # a compile that fails beside the initialization is done again after it
+    lower_chunk, lowered = _fit._lower_chunk, []
+
+    class FailsToCompile:
+        def compile(self):
+            raise RuntimeError("out of memory while compiling")
+
+    def first_fails(*args):
+        lowered.append(1)
+        return FailsToCompile() if len(lowered) == 1 else lower_chunk(*args)
+
+    monkeypatch.setattr(_fit, "_lower_chunk", first_fails)
+    svi = SVI(model, guides.AutoFactorizedDGP(model), optax.adam(0.01), nd.DGPElbo())
+    result = nd.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=2, progress_bar=False)
+    assert len(lowered) == 2 and blamed == [] and np.all(np.isfinite(result.losses))
+
+
 def test_compile_beside_raises_either_side_s_failure():
     from numpyro_dgp.infer._init import _compile_beside
 
