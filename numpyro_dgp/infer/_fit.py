@@ -218,13 +218,12 @@ def fit(
     reused by later calls, e.g. ``fit(..., init_state=result.state)``; a fit that initializes
     (no ``init_state``, no checkpoint to resume) compiles it while the initialization's program
     compiles in a second thread (the library's guides; one device, inputs not committed to it),
-    so a fresh process reaches its first step sooner on a machine with two or more cores;
-    between chunks the host
-    updates a progress bar (the only host synchronization). An update whose loss or new
-    parameters are not finite is not applied (the random key still advances) and is counted
-    in ``num_skipped``; when steps were skipped, an eager run at the final parameters checks
-    every layer's ``K(Z, Z)`` factorization and the warning (or error, if every step was
-    skipped) names the layer that fails, if one does.
+    so a fresh process reaches its first step sooner on a machine with two or more cores.
+    Between chunks the host updates a progress bar (the only host synchronization). An update
+    whose loss or new parameters are not finite is not applied (the random key still advances)
+    and is counted in ``num_skipped``; when steps were skipped, an eager run at the final
+    parameters checks every layer's ``K(Z, Z)`` factorization and the warning (or error, if
+    every step was skipped) names the layer that fails, if one does.
     Minibatching comes from the model's ``numpyro.plate(..., subsample_size=...)``.
 
     **Reproducible and resumable.** The run does not depend on how its steps are cut: the
@@ -314,31 +313,9 @@ def fit(
     chunk = min(int(chunk_size), int(num_steps), int(checkpoint_every or num_steps))
     run_chunk = _chunk_runner(svi, chunk, static_args, static_kwargs, average_from is not None)
     compile_times: list[float] = []
-
-    def compile_chunk(state):
-        """The chunk function lowered for a new state's shapes, and its compilation (timed).
-        Best effort: a failure (tracing the update, compiling) is left to the chunk's own
-        compile after the initialization, which raises it as a fit without this would."""
-        start = time.perf_counter()
-        try:
-            mean = {}
-            if average_from is not None:
-                mean = jax.eval_shape(svi.optim.get_params, state.optim_state)
-            lowered = _lower_chunk(
-                run_chunk, state, num_steps, dyn_args, dyn_kwargs, mean, _FRESH_COUNT
-            )
-        except Exception:
-            return lambda: None
-
-        def compile_lowered():
-            try:
-                lowered.compile()
-            except Exception:
-                return
-            compile_times.append(time.perf_counter() - start)
-
-        return compile_lowered
-
+    compile_chunk = _early_chunk_compile(
+        svi, run_chunk, num_steps, dyn_args, dyn_kwargs, average_from, compile_times
+    )
     progress, param_names = _starting_point(
         svi,
         rng_key,
@@ -395,6 +372,37 @@ def fit(
         compile_seconds,
         averaged,
     )
+
+
+def _early_chunk_compile(svi, run_chunk, num_steps, dyn_args, dyn_kwargs, average_from, times):
+    """For a new state's shapes: ``run_chunk`` lowered, and its compilation (its seconds, from
+    the lowering's start, appended to ``times``), run beside the initialization's (see
+    :func:`numpyro_dgp.infer._init.initialize`). Best effort: a failure (tracing the update,
+    compiling) is left to the chunk's own compile after the initialization, which raises it as
+    a fit without this would."""
+
+    def compile_chunk(state):
+        start = time.perf_counter()
+        try:
+            mean = {}
+            if average_from is not None:
+                mean = jax.eval_shape(svi.optim.get_params, state.optim_state)
+            lowered = _lower_chunk(
+                run_chunk, state, num_steps, dyn_args, dyn_kwargs, mean, _FRESH_COUNT
+            )
+        except Exception:
+            return lambda: None
+
+        def compile_lowered():
+            try:
+                lowered.compile()
+            except Exception:
+                return
+            times.append(time.perf_counter() - start)
+
+        return compile_lowered
+
+    return compile_chunk
 
 
 #: the averaged iterates' count: its shape and type (a fresh start's ``jnp.zeros((), jnp.int32)``)
