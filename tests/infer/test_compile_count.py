@@ -9,6 +9,7 @@ object or a second ``predict`` must compile nothing.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import jax
 import numpy as np
@@ -44,6 +45,22 @@ def count_events(*events):
     monitoring.register_event_duration_secs_listener(listener)
     try:
         yield counts
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+
+
+@contextlib.contextmanager
+def compiled_programs():
+    """``[(program name, thread name)]`` of the XLA compilations inside the block."""
+    compiled = []
+
+    def listener(event, duration, fun_name=None, **kwargs):
+        if event == _COMPILE:
+            compiled.append((fun_name, threading.current_thread().name))
+
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield compiled
     finally:
         monitoring.unregister_event_duration_listener(listener)
 
@@ -114,22 +131,11 @@ def test_eager_kernel_conditional_and_inverse_are_one_program_per_shape():
 def test_first_fit_compiles_its_chunk_beside_the_initialization_each_once(problem):
     # fit lowers the initialization, then compiles it in a second thread while it traces and
     # compiles the chunk function here; the calls that follow must reuse both compilations
-    import threading
-
     _, X, y = problem
     model = models.deep_gp_regression(num_layers=1, num_inducing=7)  # fresh: nothing cached
     svi = SVI(model, guides.AutoFactorizedDGP(model), optax.adam(0.01), nd.DGPElbo())
-    compiled = []
-
-    def listener(event, duration, fun_name=None, **kwargs):
-        if event == _COMPILE:
-            compiled.append((fun_name, threading.current_thread().name))
-
-    monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with compiled_programs() as compiled:
         result = nd.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=20, chunk_size=10, progress_bar=False)
-    finally:
-        monitoring.unregister_event_duration_listener(listener)
     names = [name for name, _ in compiled]
     assert names.count("jit(run_chunk)") == 1 and names.count("jit(compiled)") == 1, compiled
     threads = dict(compiled)
@@ -148,8 +154,6 @@ def test_a_fit_whose_state_comes_out_placed_compiles_its_chunk_once_after_the_in
 ):
     # inputs committed to a device, or a model with a placement, give a state committed to
     # the device: the chunk lowered for the shapes alone would be compiled a second time
-    import threading
-
     _, X, y = problem
     model = models.deep_gp_regression(num_layers=1, num_inducing=6)  # fresh: nothing cached
     if placed == "committed X":
@@ -158,17 +162,8 @@ def test_a_fit_whose_state_comes_out_placed_compiles_its_chunk_once_after_the_in
     else:
         fit_model = nd.handlers.data_parallel(model)
     svi = SVI(fit_model, guides.AutoFactorizedDGP(model), optax.adam(0.01), nd.DGPElbo())
-    compiled = []
-
-    def listener(event, duration, fun_name=None, **kwargs):
-        if event == _COMPILE:
-            compiled.append((fun_name, threading.current_thread().name))
-
-    monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with compiled_programs() as compiled:
         result = nd.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=10, chunk_size=10, progress_bar=False)
-    finally:
-        monitoring.unregister_event_duration_listener(listener)
     assert [name for name, _ in compiled].count("jit(run_chunk)") == 1, compiled
     assert {thread for _, thread in compiled} == {threading.main_thread().name}, compiled
     assert np.all(np.isfinite(result.losses))
