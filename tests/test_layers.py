@@ -471,3 +471,35 @@ def test_inducing_factor_is_one_program_eagerly_and_inlined_when_traced():
     for a, b in zip(eager, step):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * float(np.max(np.abs(b))))
     np.testing.assert_allclose(eager[1] @ eager[0], np.eye(100), atol=1e-8)
+
+
+def test_inducing_factor_traces_values_only_inside_the_context():
+    """Inside ``values_only_factors`` (the compiled initialization) a traced factor is the eager
+    route's operations inline: no blocked factorization and no derivative rule, the eager
+    program's values; after it the library's again; a derivative taken inside anyway (JAX's
+    rules for LAPACK's factor and the triangular solve) equals the library's."""
+    from numpyro_dgp._layers.inducing import inducing_factor, values_only_factors
+
+    rs = np.random.RandomState(1)
+    Z = jnp.asarray(rs.randn(100, 3))
+    kernel = dgp.kernels.RBF(lengthscale=jnp.full(3, 0.7), variance=jnp.asarray(1.3))
+    primitives = lambda jaxpr: {str(e.params.get("name", e.primitive.name)) for e in jaxpr.eqns}  # noqa: E731
+    with values_only_factors():
+        inside = jax.make_jaxpr(lambda Z: inducing_factor(kernel, Z, 1e-6))(Z).jaxpr
+        values = jax.jit(lambda Z: inducing_factor(kernel, Z, 1e-6))(Z)
+    assert "custom_jvp_call" not in primitives(inside) and "cholesky" in primitives(inside)
+    for a, b in zip(values, inducing_factor(kernel, Z, 1e-6)):  # the eager program
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12 * float(np.max(np.abs(b))))
+    after = jax.make_jaxpr(lambda Z: inducing_factor(kernel, Z, 1e-6))(Z).jaxpr
+    assert "custom_jvp_call" in primitives(after)
+
+    weights = jnp.asarray(np.tril(rs.randn(100, 100)))
+
+    def loss(Z):
+        L, Linv, _ = inducing_factor(kernel, Z, 1e-6)
+        return jnp.sum(weights * Linv) + jnp.sum(weights * L)
+
+    with values_only_factors():
+        grad_inside = jax.jit(jax.grad(loss))(Z)
+    grad_library = jax.jit(jax.grad(loss))(Z)
+    np.testing.assert_allclose(grad_inside, grad_library, rtol=1e-7, atol=1e-7 * float(np.max(np.abs(grad_library))))

@@ -26,6 +26,7 @@ from numpyro_dgp._engine.traces import (
     model_u_sites,
     uses_inducing_locations,
 )
+from numpyro_dgp._layers.inducing import values_only_factors
 from numpyro_dgp._protocol import (
     amortized_layer_names,
     latent_specs,
@@ -137,7 +138,8 @@ def marginal_trace(
             return 0
 
         # closing over args keeps static ones (subsample sizes) concrete
-        jax.eval_shape(probe)
+        with values_only_factors():  # never differentiated
+            jax.eval_shape(probe)
         last = found["last"]
         kinds = None
         if found["out_dim"] > 1 and num_quadrature is None and not joint_draws:

@@ -62,6 +62,29 @@ def test_compiled_init_is_kept_per_svi_and_reused():
         np.testing.assert_array_equal(u, v)
 
 
+def test_compiled_init_traces_the_factors_values_only(monkeypatch):
+    """The compiled initialization is never differentiated: it traces K(Z, Z)'s factor as an
+    eager svi.init runs it, not the blocked factorization with its derivative rules, which the
+    training step traced afterwards does take."""
+    import numpyro
+    from numpyro.infer import SVI
+
+    import numpyro_dgp as dgp
+    from numpyro_dgp._layers import inducing
+    from tests.init_reference_models import _data
+
+    calls = []
+    library_route = inducing.jittered_factor
+    monkeypatch.setattr(inducing, "jittered_factor", lambda *a: calls.append(a[1].shape) or library_route(*a))
+    X, y = _data()
+    model = dgp.models.deep_gp_regression(2, num_inducing=9, hidden_width=2)
+    svi = SVI(model, dgp.guides.AutoFactorizedDGP(model), numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    state = init(svi, jax.random.PRNGKey(0), X, y)
+    assert calls == []
+    jax.make_jaxpr(lambda s: svi.update(s, X, y))(state)
+    assert calls == [(9, 3), (9, 2)]
+
+
 def test_a_minibatch_smaller_than_num_inducing_initializes_alike():
     """M = 40 inducing points from minibatches of 16 (an SVGP: the first layer is the one that
     sees the data's rows): svi.init and the compiled init agree, and the layer starts from the
