@@ -8,14 +8,15 @@ value of a ``numpyro.param`` message, the constraint class behind ``softplus_low
 (to register a faster transform for it), and the class of the optimizers ``optax_to_numpyro``
 returns (for annotations only). JAX has none for whether a transformation is tracing the caller
 even where its arguments are concrete (:func:`one_shot_program`: a program compiled with its
-own XLA options cannot be nested in another). Each access is wrapped here, and
+own XLA options cannot be nested in another); and the tracing mode :func:`values_only`, a JAX
+user context beside them. Each access is wrapped here, and
 ``tests/test_compat.py`` fails loudly if a NumPyro or JAX release changes any of them.
 """
 
 from __future__ import annotations
 
 from functools import update_wrapper
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +46,8 @@ __all__ = [
     "numpyro_subsample_fn",
     "one_shot_program",
     "softplus_lower_cholesky",
+    "tracing_values_only",
+    "values_only",
 ]
 
 #: NumPyro's function that draws plate subsample indices (sequential Fisher-Yates on CPU).
@@ -101,6 +104,25 @@ def jax_is_tracing() -> bool:
     caller, even where every argument it holds is concrete (a constant closed over by a jitted
     function)."""
     return not _jax_core.trace_state_clean()
+
+
+#: Whether the program being traced computes values only (see :func:`values_only`). A JAX user
+#: context: JAX keys its tracing, lowering and compilation caches on its value, so a jitted
+#: function traced inside is traced again outside, never reused.
+_VALUES_ONLY = jax.make_user_context(False)
+
+
+def values_only() -> ContextManager[None]:
+    """Within it, the programs traced compute values that no one differentiates (a compiled
+    initialization, an abstract run for a model's structure): functions that pick a cheaper
+    route for values alone read :func:`tracing_values_only`. A derivative taken inside anyway
+    follows the route taken, JAX's own rules for its operations: right, and slower."""
+    return _VALUES_ONLY(True)
+
+
+def tracing_values_only() -> bool:
+    """Whether the caller runs inside :func:`values_only`."""
+    return bool(_VALUES_ONLY.value)
 
 
 def autocontinuous_layout(guide: Any) -> dict[str, tuple[int, int, tuple[int, ...]]]:

@@ -47,7 +47,7 @@ def test_summary_and_report(floor):
     text = floor.render(record)
     assert "| `numpyro-minimal` |" in text and "2.20 (2.00-2.40)" in text
     assert "failed: exit 1: boom" in text
-    assert "measured 4.50 s" in text and "takes 2.20 s (110% of the target)" in text
+    assert "measured 4.50 s" in text and "takes 2.20 s (2.00-2.40; 110% of the target)" in text
 
 
 def _shapes(model, guide, X, y, **kwargs):

@@ -16,7 +16,7 @@ import numpyro.distributions as dist
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoContinuous
 
-from numpyro_dgp._compat import innermost_guide, is_tracer
+from numpyro_dgp._compat import innermost_guide, is_tracer, values_only
 from numpyro_dgp._engine.autoguides import autocontinuous_posteriors
 from numpyro_dgp._engine.marginal import marginalize_inducing
 from numpyro_dgp._engine.observation import likelihood_rule, observation_kind
@@ -26,7 +26,6 @@ from numpyro_dgp._engine.traces import (
     model_u_sites,
     uses_inducing_locations,
 )
-from numpyro_dgp._layers.inducing import values_only_factors
 from numpyro_dgp._protocol import (
     amortized_layer_names,
     latent_specs,
@@ -138,7 +137,7 @@ def marginal_trace(
             return 0
 
         # closing over args keeps static ones (subsample sizes) concrete
-        with values_only_factors():  # never differentiated
+        with values_only():  # an abstract run: it computes nothing
             jax.eval_shape(probe)
         last = found["last"]
         kinds = None

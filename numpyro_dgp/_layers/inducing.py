@@ -3,9 +3,7 @@ inverse, and the prior of the inducing values."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from typing import Callable, Iterator
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +12,7 @@ import numpyro
 import numpyro.distributions as dist
 from jax.scipy.linalg import solve_triangular
 
-from numpyro_dgp._compat import jax_is_tracing, one_shot_program
+from numpyro_dgp._compat import jax_is_tracing, one_shot_program, tracing_values_only
 from numpyro_dgp._layers.parts import LayerArgs
 from numpyro_dgp.core import (
     cholesky,
@@ -35,7 +33,6 @@ __all__ = [
     "kmeans_inducing_inputs",
     "mean_diagonal",
     "points_and_gaussian_draws",
-    "values_only_factors",
 ]
 
 
@@ -128,32 +125,16 @@ def inducing_factor(
     the library's factorization and its derivative rules (differentiating through a nested
     ``jit`` would also regroup the step's backward pass and change its round-off). Run eagerly
     (``svi.init``, a model traced for its sites), :func:`eager_factor_program`: one program per
-    kernel type and shapes, where each operation would otherwise compile on its own; traced
-    inside :func:`values_only_factors` (the compiled initialization), the same operations
-    inlined."""
-    if jax_is_tracing() and not _VALUES_ONLY.get():  # constants closed over by a step included
+    kernel type and shapes, where each operation would otherwise compile on its own. Traced
+    for values only (:func:`numpyro_dgp._compat.values_only`: the compiled initialization of
+    ``numpyro_dgp.infer.init``, a DGP guide's abstract run for the model's structure, the
+    objectives' abstract first pass), the eager route's operations inlined: one LAPACK
+    factorization and one triangular solve, where the blocked factorization and its derivative
+    rules serve a differentiated step only (the initialization's compile at M = 100 about
+    0.3 s shorter, and the route of an eager ``svi.init``)."""
+    if jax_is_tracing() and not tracing_values_only():  # constants closed over by a step too
         return jittered_factor(kernel, Z, jitter, reads_factor)
     return eager_factor_program(kernel, Z, jitter)
-
-
-#: Set while a program that no one differentiates is traced (see :func:`values_only_factors`).
-_VALUES_ONLY = contextvars.ContextVar("numpyro_dgp_values_only_factors", default=False)
-
-
-@contextlib.contextmanager
-def values_only_factors() -> Iterator[None]:
-    """Within it, :func:`inducing_factor` traces :func:`eager_factor`'s operations (one LAPACK
-    factorization and one triangular solve) in place of the library's blocked factorization
-    and its derivative rules, which only a differentiated program needs: for tracing a program
-    that computes values only (the compiled initialization of ``numpyro_dgp.infer.init``, at
-    M = 100 its compile about 0.3 s shorter, with the eager ``svi.init``'s route; the abstract
-    runs of a guide and an objective that read the model's structure). A derivative taken
-    inside anyway is JAX's own rules' for those operations: right, slower."""
-    token = _VALUES_ONLY.set(True)
-    try:
-        yield
-    finally:
-        _VALUES_ONLY.reset(token)
 
 
 def jittered_factor(
