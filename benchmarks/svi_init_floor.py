@@ -29,9 +29,16 @@ initialization with another key in the same process (everything compiled by then
 imports ``numpyro_dgp`` (for the data), untimed. The 2 s target of issue 38 is for a first ``svi.init``
 of the DGP; the first configuration shows the part of it that no model can avoid.
 
+With ``--baseline PATH`` (a checkout of another commit), each ``ours-*`` configuration also
+runs with that checkout's package (``<config>@baseline``), alternated with this one's in every
+round, and the report gives the per-round differences: a before/after of a change measured in
+the same rounds.
+
 Usage::
 
     python benchmarks/svi_init_floor.py --rounds 3 --data-dir /work/shared/data/uci
+    python benchmarks/svi_init_floor.py --rounds 5 --configs ours-svi-init,ours-infer-init \
+        --baseline ../checkout-of-an-older-commit --data-dir /work/shared/data/uci --tag ab
 
 writes ``benchmarks/results/svi_init_floor[_<tag>].{json,md}``.
 """
@@ -157,18 +164,34 @@ def child(config, data_dir):
             "versions": f"numpyro {numpyro.__version__}, jax {jax.__version__}"}
 
 
-def run_child(config, data_dir):
-    """``config`` in a fresh process without a compilation cache: its record or ``{"error": ...}``."""
+BASELINE = "@baseline"  # suffix of a configuration run with the --baseline checkout's package
+
+
+def run_child(label, data_dir, baseline=None):
+    """The configuration ``label`` (``<config>`` or ``<config>@baseline``: with the package of
+    the checkout ``baseline``) in a fresh process without a compilation cache: its record or
+    ``{"error": ...}``."""
+    config = label.removesuffix(BASELINE)
+    package = Path(baseline) if label.endswith(BASELINE) else REPO
     env = {k: v for k, v in os.environ.items()
            if k not in DROPPED_ENV and not k.startswith("JAX_PERSISTENT_CACHE")}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(package) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", config]
     cmd += ["--data-dir", data_dir] if data_dir else []
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or not lines:
-        return {"config": config, "error": (out.stderr.strip().splitlines() or ["(no stderr)"])[-1]}
-    return json.loads(lines[-1])
+        return {"config": label, "error": (out.stderr.strip().splitlines() or ["(no stderr)"])[-1]}
+    return {**json.loads(lines[-1]), "config": label}
+
+
+def paired_differences(record, label):
+    """Per round, the baseline's first initialization minus this package's (seconds; pure)."""
+    def first(which):
+        return {r["round"]: r["first"]["seconds"] for r in record["runs"] if r["config"] == which and "error" not in r}
+
+    this, base = first(label), first(label + BASELINE)
+    return [base[r] - this[r] for r in sorted(set(this) & set(base))]
 
 
 def summary(record):
@@ -210,13 +233,20 @@ def render(record):
         row = rows[config]
         if row is None:
             errors = [r["error"] for r in record["runs"] if r["config"] == config and "error" in r]
-            body.append([f"`{config}`", DESCRIPTIONS[config], "failed: " + (errors[0] if errors else "no run"),
+            body.append([f"`{config}`", _description(config, record), "failed: " + (errors[0] if errors else "no run"),
                          "", "", ""])
             continue
         low, high = row["first_range"]
-        body.append([f"`{config}`", DESCRIPTIONS[config], f"{row['first_seconds']:.2f} ({low:.2f}-{high:.2f})",
+        body.append([f"`{config}`", _description(config, record),
+                     f"{row['first_seconds']:.2f} ({low:.2f}-{high:.2f})",
                      f"{row['compiles']:.0f}", f"{row['compile_seconds']:.2f}", f"{row['second_seconds']:.2f}"])
     lines += table(["configuration", "what", "first init s", "XLA compilations", "compiling s", "second init s"], body)
+    for config in record["configs"]:
+        differences = paired_differences(record, config) if not config.endswith(BASELINE) else []
+        if differences:
+            lines += ["", f"`{config}`: the baseline's first initialization minus this package's, per round: "
+                      + ", ".join(f"{d:+.2f}" for d in differences)
+                      + f" s (median {statistics.median(differences):+.2f} s)."]
     minimal, ours = rows.get("numpyro-minimal"), rows.get("ours-svi-init")
     if minimal and ours:
         low, high = minimal["first_range"]
@@ -227,11 +257,28 @@ def render(record):
     return "\n".join(lines) + "\n"
 
 
+def _description(label, record):
+    """The table's words for ``label``."""
+    text = DESCRIPTIONS[label.removesuffix(BASELINE)]
+    if label.endswith(BASELINE):
+        text += f", baseline package ({record['baseline']['commit']})"
+    return text
+
+
+def _commit(path):
+    """``git describe --always --dirty`` of the checkout at ``path``."""
+    out = subprocess.run(["git", "-C", str(path), "describe", "--always", "--dirty"], capture_output=True, text=True,
+                         check=False)
+    return out.stdout.strip() or "unknown commit"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from " + ", ".join(CONFIGS))
     parser.add_argument("--tag", default=None, help="result stem suffix")
+    parser.add_argument("--baseline", default=None,
+                        help="a checkout of another commit: its package runs each ours-* configuration too, alternated")
     parser.add_argument("--child", choices=CONFIGS, help=argparse.SUPPRESS)
     add_data_dir(parser)
     args = parser.parse_args(argv)
@@ -246,9 +293,15 @@ def main(argv=None):
         parser.error(f"--configs: unknown {unknown}; choose from {list(CONFIGS)}")
     record = {"command": command("svi_init_floor.py", argv), "machine": machine(with_jax=False), "date": now(),
               "rounds": args.rounds, "configs": configs, "runs": []}
+    if args.baseline is not None:
+        if not (Path(args.baseline) / "numpyro_dgp" / "__init__.py").is_file():
+            parser.error(f"--baseline: no numpyro_dgp package in {args.baseline!r}")
+        record["baseline"] = {"path": str(args.baseline), "commit": _commit(args.baseline)}
+        configs = [label for c in configs for label in ((c, c + BASELINE) if c.startswith("ours-") else (c,))]
+        record["configs"] = configs
     for r in range(args.rounds):
         for config in configs[r % len(configs):] + configs[:r % len(configs)]:
-            run = run_child(config, args.data_dir)
+            run = run_child(config, args.data_dir, args.baseline)
             run["round"] = r
             record["runs"].append(run)
             shown = run.get("error") or f"{run['first']['seconds']:.2f} s, {run['first']['compiles']} compilations"

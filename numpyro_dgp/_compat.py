@@ -8,15 +8,17 @@ value of a ``numpyro.param`` message, the constraint class behind ``softplus_low
 (to register a faster transform for it), and the class of the optimizers ``optax_to_numpyro``
 returns (for annotations only). JAX has none for whether a transformation is tracing the caller
 even where its arguments are concrete (:func:`one_shot_program`: a program compiled with its
-own XLA options cannot be nested in another); and the tracing mode :func:`values_only`, a JAX
-user context beside them. Each access is wrapped here, and
+own XLA options cannot be nested in another); the tracing mode :func:`values_only` sits beside
+them. Each access is wrapped here, and
 ``tests/test_compat.py`` fails loudly if a NumPyro or JAX release changes any of them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from functools import update_wrapper
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -106,23 +108,37 @@ def jax_is_tracing() -> bool:
     return not _jax_core.trace_state_clean()
 
 
-#: Whether the program being traced computes values only (see :func:`values_only`). A JAX user
-#: context: JAX keys its tracing, lowering and compilation caches on its value, so a jitted
-#: function traced inside is traced again outside, never reused.
-_VALUES_ONLY = jax.make_user_context(False)
+#: Whether the program being traced computes values only (see :func:`values_only`).
+_VALUES_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "numpyro_dgp_values_only", default=False
+)
 
 
-def values_only() -> ContextManager[None]:
+@contextlib.contextmanager
+def values_only() -> Iterator[None]:
     """Within it, the programs traced compute values that no one differentiates (a compiled
     initialization, an abstract run for a model's structure): functions that pick a cheaper
-    route for values alone read :func:`tracing_values_only`. A derivative taken inside anyway
-    follows the route taken, JAX's own rules for its operations: right, and slower."""
-    return _VALUES_ONLY(True)
+    route for values alone read :func:`tracing_values_only` when they are traced. A derivative
+    taken inside anyway follows the route taken, JAX's own rules for its operations: right,
+    and slower.
+
+    A plain context variable, not a JAX user context (``jax.make_user_context``, which JAX's
+    caches key on): with that, every jitted function the initialization traced (kernels,
+    conditionals) was traced again for the training step, and a first ``fit`` traced for 2.5 s
+    where it had taken 1.2 s. So the mode is read when a function is traced, and a jitted
+    function wrapped around a reader would keep the route of its first trace: the readers
+    (``numpyro_dgp._layers.inducing.inducing_factor``) are traced in the model's own run,
+    never inside a cached ``jit`` (``tests/infer/test_init.py`` counts their traces)."""
+    token = _VALUES_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _VALUES_ONLY.reset(token)
 
 
 def tracing_values_only() -> bool:
     """Whether the caller runs inside :func:`values_only`."""
-    return bool(_VALUES_ONLY.value)
+    return _VALUES_ONLY.get()
 
 
 def autocontinuous_layout(guide: Any) -> dict[str, tuple[int, int, tuple[int, ...]]]:

@@ -68,3 +68,17 @@ def test_stand_in_has_the_dgp_models_sites(floor):
     ours = _shapes(model, dgp.guides.AutoFactorizedDGP(model), X, y, batch_size=floor.BATCH)
     plain = _shapes(*floor._plain_model("numpyro-dgp-sites", X.shape[0], X.shape[1]), X, y)
     assert plain == ours
+
+
+def test_baseline_rows_and_paired_differences(floor):
+    record = {"command": "python benchmarks/svi_init_floor.py --baseline ../old", "machine": "x86_64, 2 cores",
+              "date": "2026-11-29", "rounds": 3, "configs": ["ours-infer-init", "ours-infer-init@baseline"],
+              "baseline": {"path": "../old", "commit": "8dede58"},
+              "runs": [_run("ours-infer-init", r, s) for r, s in enumerate((2.0, 2.2, 2.1))]
+              + [_run("ours-infer-init@baseline", r, s) for r, s in enumerate((2.5, 2.4, 2.9))]}
+    assert floor.paired_differences(record, "ours-infer-init") == pytest.approx([0.5, 0.2, 0.8])
+    text = floor.render(record)
+    assert "baseline package (8dede58)" in text
+    assert "+0.50, +0.20, +0.80 s (median +0.50 s)" in text
+    record["runs"] = record["runs"][:3] + [{"config": "ours-infer-init@baseline", "round": 1, "error": "exit 1"}]
+    assert floor.paired_differences(record, "ours-infer-init") == []  # no pair without both runs
