@@ -71,9 +71,8 @@ def test_compiled_init_traces_the_factors_values_only(monkeypatch):
 
     import numpyro_dgp as dgp
     from numpyro_dgp._layers import inducing
-    from tests.init_reference_models import _data
-
     from numpyro_dgp.infer import _init
+    from tests.init_reference_models import _data
 
     calls = []
     library_route = inducing.jittered_factor
