@@ -54,6 +54,7 @@ import sys
 from pathlib import Path
 
 from _harness import DROPPED_ENV, REPO, add_data_dir, command, header, machine, now, table, write_results
+from startup import XlaLog, round_order
 
 CONFIGS = ("numpyro-minimal", "numpyro-dgp-sites", "ours-svi-init", "ours-infer-init")
 DESCRIPTIONS = {
@@ -123,19 +124,11 @@ def child(config, data_dir):
     jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
     import numpyro
-    from jax import monitoring
     from numpyro.infer import SVI, Trace_ELBO
 
     import numpyro_dgp as dgp
 
-    compiles = {"count": 0, "seconds": 0.0}
-
-    def on_duration(event, duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles["count"] += 1
-            compiles["seconds"] += duration
-
-    monitoring.register_event_duration_secs_listener(on_duration)
+    xla = XlaLog()  # counts the backend compilations and their seconds
     data = dgp.datasets.load_uci("kin8nm", 0, data_dir=data_dir)
     X, y = jnp.asarray(data.X_train), jnp.asarray(data.y_train)
     start = time.perf_counter()
@@ -153,12 +146,12 @@ def child(config, data_dir):
                   else (lambda key: svi.init(key, *args, **kwargs)))
     times = []
     for seed in (0, 1):
-        before = dict(compiles)
+        count, seconds = xla.count, xla.seconds
         start = time.perf_counter()
         state = initialize(jax.random.PRNGKey(seed))
         jax.block_until_ready(state)
-        times.append({"seconds": time.perf_counter() - start, "compiles": compiles["count"] - before["count"],
-                      "compile_seconds": compiles["seconds"] - before["seconds"]})
+        times.append({"seconds": time.perf_counter() - start, "compiles": xla.count - count,
+                      "compile_seconds": xla.seconds - seconds})
     finite = all(bool(jnp.all(jnp.isfinite(v))) for v in jax.tree.leaves(svi.get_params(state)))
     return {"config": config, "warm_up": warm_up, "first": times[0], "second": times[1], "params_finite": finite,
             "versions": f"numpyro {numpyro.__version__}, jax {jax.__version__}"}
@@ -300,7 +293,7 @@ def main(argv=None):
         configs = [label for c in configs for label in ((c, c + BASELINE) if c.startswith("ours-") else (c,))]
         record["configs"] = configs
     for r in range(args.rounds):
-        for config in configs[r % len(configs):] + configs[:r % len(configs)]:
+        for config in round_order(configs, r):
             run = run_child(config, args.data_dir, args.baseline)
             run["round"] = r
             record["runs"].append(run)

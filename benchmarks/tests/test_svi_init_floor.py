@@ -82,3 +82,17 @@ def test_baseline_rows_and_paired_differences(floor):
     assert "+0.50, +0.20, +0.80 s (median +0.50 s)" in text
     record["runs"] = record["runs"][:3] + [{"config": "ours-infer-init@baseline", "round": 1, "error": "exit 1"}]
     assert floor.paired_differences(record, "ours-infer-init") == []  # no pair without both runs
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--data-dir", "{missing}"], "--data-dir: no UCI data folder"),
+    (["--configs", "ours-svi-init,nope"], "--configs: unknown ['nope']"),
+    (["--baseline", "{tmp}"], "--baseline: no numpyro_dgp package"),
+])
+def test_bad_arguments_are_refused_before_any_run(floor, tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.setattr(floor, "run_child", lambda *a: pytest.fail("a child ran"))
+    argv = [a.format(missing=tmp_path / "missing", tmp=tmp_path) for a in argv]
+    data = [] if "--data-dir" in argv else ["--data-dir", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        floor.main(argv + data)
+    assert message in capsys.readouterr().err
