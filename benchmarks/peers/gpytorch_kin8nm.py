@@ -46,8 +46,7 @@ def main(argv=None):
     clock.mark("import")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads or os.cpu_count())
-    # denormal floats flushed to zero, as XLA and TensorFlow do on the CPU: in float32 at D = 90 the
-    # SE kernel's underflowing exponentials made GPyTorch's step 9x slower without it (2026-11-29)
+    # denormal floats flushed to zero, as XLA and TensorFlow do on the CPU (why: gpytorch_scale.py)
     torch.set_flush_denormal(True)
     dtype = torch.float64 if args.precision == "float64" else torch.float32
     torch.set_default_dtype(dtype)

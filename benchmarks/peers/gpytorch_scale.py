@@ -39,7 +39,8 @@ def main(argv=None):
     warnings.filterwarnings("ignore")
     torch.set_num_threads(os.cpu_count())
     # denormal floats flushed to zero, as XLA and TensorFlow do on the CPU: in float32 at D = 90 the
-    # SE kernel's underflowing exponentials made GPyTorch's step 9x slower without it (2026-11-29)
+    # SE kernel's underflowing exponentials made the step 9x slower without it (M = 100, width 8:
+    # 336 against 38 ms, 2026-11-29)
     torch.set_flush_denormal(True)
     dtype = torch.float64 if args.precision == "float64" else torch.float32
     np_dtype = np.float64 if args.precision == "float64" else np.float32
