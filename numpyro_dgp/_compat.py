@@ -5,12 +5,13 @@ tell whether a model runs under a ``seed`` handler and inside which plates, and 
 innermost ``trace`` handler has recorded so far in this run), the function a ``numpyro.plate``
 draws subsample indices with (replaced by a faster one, or compiled once), the lazy initial
 value of a ``numpyro.param`` message, the constraint class behind ``softplus_lower_cholesky``
-(to register a faster transform for it), and the class of the optimizers ``optax_to_numpyro``
-returns (for annotations only). JAX has none for whether a transformation is tracing the caller
-even where its arguments are concrete (:func:`one_shot_program`: a program compiled with its
-own XLA options cannot be nested in another); the tracing mode :func:`values_only` sits beside
-them. Each access is wrapped here, and
-``tests/test_compat.py`` fails loudly if a NumPyro or JAX release changes any of them.
+(to register a faster transform for it), whether NumPyro validates distribution arguments by
+default (``numpyro.enable_validation``; read to run the checks on the host), and the class of
+the optimizers ``optax_to_numpyro`` returns (for annotations only). JAX has none for whether a
+transformation is tracing the caller even where its arguments are concrete
+(:func:`one_shot_program`: a program compiled with its own XLA options cannot be nested in
+another); the tracing mode :func:`values_only` sits beside them. Each access is wrapped here,
+and ``tests/test_compat.py`` fails loudly if a NumPyro or JAX release changes any of them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ __all__ = [
     "apply_stack",
     "autocontinuous_layout",
     "compiled_numpyro_subsample_fn",
+    "distribution_validation_enabled",
+    "filled",
     "handler_stack_is_empty",
     "innermost_guide",
     "innermost_trace",
@@ -94,6 +97,12 @@ def lazy_param_initializer(msg: dict) -> Callable | None:
     defaults = getattr(msg.get("fn"), "__kwdefaults__", None) or {}
     init = defaults.get("init_value")
     return init if callable(init) else None
+
+
+def distribution_validation_enabled() -> bool:
+    """Whether NumPyro's distributions validate their arguments by default (NumPyro's default,
+    or ``numpyro.enable_validation``)."""
+    return bool(numpyro.distributions.Distribution._validate_args)
 
 
 def is_tracer(x: Any) -> bool:
@@ -179,12 +188,11 @@ class _SoftplusLowerCholeskyTransform(_transforms.SoftplusLowerCholeskyTransform
         return _lower_cholesky_to_vector(jnp.asarray(y))
 
 
-@jax.jit
 def _lower_cholesky_to_vector(y: jax.Array) -> jax.Array:
     """NumPyro's inverse (``matrix_to_tril_vec`` of the strict lower triangle, the inverse
-    softplus of the diagonal) with the triangle's indices built on the host: as one program,
-    the inverse ``svi.init`` applies to every factor compiles once per shape instead of ~35
-    small programs (``jnp.tril_indices`` run eagerly)."""
+    softplus of the diagonal) with the triangle's indices built on the host: as one program
+    (:func:`one_shot_program`, below), the inverse ``svi.init`` applies to every factor
+    compiles once per shape instead of ~35 small programs (``jnp.tril_indices`` run eagerly)."""
     rows, cols = np.tril_indices(y.shape[-1], -1)
     strict = y[..., rows, cols]
     diagonal = _transforms._softplus_inv(jnp.diagonal(y, axis1=-2, axis2=-1))
@@ -205,6 +213,15 @@ def innermost_guide(guide: Callable) -> Callable:
     while isinstance(guide, _primitives.Messenger) and guide.fn is not None:
         guide = guide.fn
     return guide
+
+
+def filled(shape: tuple[int, ...], value: float, dtype: Any) -> jax.Array:
+    """``jnp.full(shape, value, dtype)``, built on the host and put on the device when run
+    eagerly (``svi.init``; ``jnp.full`` would compile a program per shape), an operation of the
+    caller's program when traced (not a constant of its size)."""
+    if jax_is_tracing():
+        return jnp.full(shape, value, dtype)
+    return jax.device_put(np.full(shape, value, dtype))
 
 
 #: XLA options of a program that runs once per shape.
@@ -250,6 +267,8 @@ def one_shot_program(fun: Callable, static_argnums: int | tuple[int, ...] = ()) 
     options: JAX refuses compiler options on a nested ``jit``, and steps keep XLA's defaults."""
     return _OneShot(fun, static_argnums)
 
+
+_lower_cholesky_to_vector = one_shot_program(_lower_cholesky_to_vector)
 
 #: :data:`numpyro_subsample_fn` as one compiled program per ``(size, subsample_size)``: the
 #: same indices from the same key. Run eagerly (a plate in ``svi.init``) NumPyro's

@@ -35,7 +35,7 @@ import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
-from numpyro_dgp._compat import one_shot_program
+from numpyro_dgp._compat import filled, one_shot_program
 
 __all__ = [
     "AMORTIZATION_RULES",
@@ -162,8 +162,9 @@ class CholeskyNormal(dist.TransformedDistribution):
         self.loc = jnp.broadcast_to(loc, shape)
         self.scale_tril = scale_tril
         # the standard normal by construction: validating its constant arguments would compile
-        # ~10 small programs in an eager run (svi.init)
-        base = dist.Normal(jnp.zeros(shape, loc.dtype), 1.0, validate_args=False).to_event(1)
+        # ~10 small programs in an eager run (svi.init), and so would building them on the device
+        standard = filled(shape, 0.0, loc.dtype), filled(shape, 1.0, loc.dtype)
+        base = dist.Normal(*standard, validate_args=False).to_event(1)
         super().__init__(
             base,
             dist.transforms.LowerCholeskyAffine(self.loc, scale_tril),

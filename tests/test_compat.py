@@ -88,6 +88,29 @@ def test_apply_stack_carries_messages_of_any_type():
     assert tr["x"]["type"] == "custom"
 
 
+def test_distribution_validation_enabled_follows_numpyro_s_switch():
+    validating = _compat.distribution_validation_enabled()
+    try:
+        for value in (False, True):
+            numpyro.enable_validation(value)
+            assert _compat.distribution_validation_enabled() is value
+            assert dist.Normal(0.0, 1.0)._validate_args is value  # what the switch governs
+    finally:
+        numpyro.enable_validation(validating)
+
+
+def test_filled_is_built_on_the_host_eagerly_and_an_operation_when_traced():
+    from tests._compiles import compile_messages, xla_compilations
+
+    with compile_messages() as messages:
+        eager = _compat.filled((3, 17), 0.25, jnp.float32)  # a shape no other test fills
+    assert xla_compilations(messages) == [] and isinstance(eager, jax.Array)
+    np.testing.assert_array_equal(eager, np.full((3, 17), 0.25, np.float32))
+    assert eager.dtype == jnp.float32
+    jaxpr = jax.make_jaxpr(lambda: _compat.filled((3, 17), 0.25, jnp.float32))()
+    assert [e.primitive.name for e in jaxpr.eqns] == ["broadcast_in_dim"] and not jaxpr.consts
+
+
 def test_is_tracer():
     assert not _compat.is_tracer(jnp.ones(2))
     assert jax.jit(lambda x: jnp.asarray(_compat.is_tracer(x)))(jnp.ones(2))

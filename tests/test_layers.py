@@ -58,6 +58,47 @@ def test_default_propagation_is_the_conditional_given_u():
     np.testing.assert_array_less(np.abs(np.asarray(draws).var(0) - var), z * var * np.sqrt(2 / S) + 1e-6)
 
 
+@pytest.mark.parametrize("num_points, options", [
+    (9, {}),
+    (10, {"whiten": False}),
+    (11, {"inducing": "locations", "mean": "linear"}),
+    (12, {"noise": 0.05, "mean": "linear", "out_dim": 2}),
+    (13, {"mean": "identity", "out_dim": 3}),
+    (14, {"mean": "identity", "out_dim": 2}),
+    (1, {}),
+])
+def test_eager_layer_draw_is_one_program_and_the_traced_layer_s_draw(num_points, options):
+    """Run eagerly (svi.init), a layer's draw of f(X) | u is one compiled program; traced (a
+    training step), layer_moments' and sample_moments' operations as they are. The same key
+    gives the same draw, for every named mean, whitened or not, inducing locations, a noisy
+    layer, one point."""
+    from numpyro_dgp import layers
+
+    X = jnp.asarray(np.random.RandomState(4).randn(num_points, 3))  # a shape per case
+
+    def model():
+        out = dgp.gp_layer("h", X, dgp.kernels.RBF(), num_inducing=5, **options)
+        return out[0] if isinstance(out, tuple) else out
+
+    before = layers._marginal_draw_one_shot._cache_size()
+    eager = handlers.seed(model, 3)()
+    assert layers._marginal_draw_one_shot._cache_size() == before + 1
+    traced = jax.jit(lambda: handlers.seed(model, 3)())()
+    assert layers._marginal_draw_one_shot._cache_size() == before + 1  # inlined, not called
+    np.testing.assert_allclose(eager, traced, rtol=1e-10, atol=1e-12)
+
+
+def test_eager_draw_of_a_layer_with_a_callable_mean_takes_the_general_route():
+    from numpyro_dgp import layers
+
+    X = jnp.asarray(np.random.RandomState(5).randn(15, 2))
+    before = layers._marginal_draw_one_shot._cache_size()
+    out = handlers.seed(lambda: dgp.gp_layer("h", X, dgp.kernels.RBF(), num_inducing=5,
+                                             mean=lambda A: 2 * A[:, :1]), 3)()
+    assert out.shape == (15, 1) and np.all(np.isfinite(out))
+    assert layers._marginal_draw_one_shot._cache_size() == before
+
+
 @pytest.mark.stochastic
 def test_kmeans_initialization_finds_clusters():
     rng = np.random.RandomState(1)

@@ -1,7 +1,5 @@
 """predict, predict_from_samples, sample_layers and the metrics against dense references."""
 
-import contextlib
-import logging
 import warnings
 
 import jax
@@ -17,6 +15,7 @@ from scipy.stats import norm
 import numpyro_dgp as dgp
 from numpyro_dgp import predict_from_samples
 from numpyro_dgp.models import deep_gp_regression
+from tests._compiles import compile_messages
 from tests._mc import z_threshold
 
 NOISE = 0.05
@@ -40,24 +39,6 @@ def data():
 def make_svi(model, lr=0.01, elbo=None, **guide_kw):
     guide = dgp.guides.AutoFactorizedDGP(model, **guide_kw)
     return guide, SVI(model, guide, numpyro.optim.Adam(lr), elbo or dgp.DGPElbo())
-
-
-@contextlib.contextmanager
-def compile_messages():
-    """Collect JAX's compile-log messages (``jax.log_compiles``) issued inside the block."""
-    messages = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
-
-    handler = Collect()
-    logging.getLogger("jax").addHandler(handler)
-    try:
-        with jax.log_compiles(True):
-            yield messages
-    finally:
-        logging.getLogger("jax").removeHandler(handler)
 
 
 def fitted_kernel(params):

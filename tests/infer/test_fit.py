@@ -1,8 +1,5 @@
 """fit: the compiled SVI loop against a plain update loop; compilation reuse; skipped updates."""
 
-import contextlib
-import logging
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +10,7 @@ from numpyro.infer import SVI
 
 import numpyro_dgp as dgp
 from numpyro_dgp.models import deep_gp_regression
+from tests._compiles import compile_messages
 
 NOISE = 0.05
 
@@ -40,24 +38,6 @@ def make_svi(model, lr=0.01, elbo=None, **guide_kw):
 class _Counter:
     def __init__(self):
         self.n = 0
-
-
-@contextlib.contextmanager
-def compile_messages():
-    """Collect JAX's compile-log messages (``jax.log_compiles``) issued inside the block."""
-    messages = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
-
-    handler = Collect()
-    logging.getLogger("jax").addHandler(handler)
-    try:
-        with jax.log_compiles(True):
-            yield messages
-    finally:
-        logging.getLogger("jax").removeHandler(handler)
 
 
 class NaNSometimes(dgp.DGPElbo):
