@@ -158,6 +158,19 @@ def _flatten_kernel(kernel: Kernel) -> tuple[tuple, tuple]:
     return tuple(getattr(kernel, n) for n in names), static
 
 
+def is_jit_argument(kernel: Kernel) -> bool:
+    """Whether ``kernel`` can be an argument of a jitted function: its static settings (every
+    field but the hyperparameters, of every part) hash. A subclass with an array setting does
+    not: JAX would fail comparing it with the settings of a compiled program's kernel."""
+    if isinstance(kernel, _Combination):
+        return all(is_jit_argument(part) for part in kernel.kernels)
+    try:
+        hash(_flatten_kernel(kernel)[1])
+    except TypeError:
+        return False
+    return True
+
+
 def _unflatten_kernel(cls: type[Kernel], static: tuple, leaves: tuple) -> Kernel:
     out: Kernel
     if issubclass(cls, _Combination):
@@ -241,9 +254,7 @@ class Stationary(Kernel):
         """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default
         ``X1``)."""
         X1, X2 = _check_inputs(X1, X2)
-        try:
-            hash(_flatten_kernel(self)[1])
-        except TypeError:  # a subclass with an unhashable setting (an array): not a jit argument
+        if not is_jit_argument(self):
             return _gram(self, X1, X2)
         return _stationary_gram(self, X1, X2)
 

@@ -88,6 +88,40 @@ def test_eager_layer_draw_is_one_program_and_the_traced_layer_s_draw(num_points,
     np.testing.assert_allclose(eager, traced, rtol=1e-10, atol=1e-12)
 
 
+def test_a_kernel_with_an_array_setting_runs_eagerly_again_and_trains():
+    """Eager runs pass the layer's kernel to compiled programs (the factor of K(Z, Z), the
+    draw); a user's kernel whose static setting is an array cannot be such an argument (JAX
+    fails comparing it with a compiled program's, the second time), so those runs evaluate it
+    operation by operation: the values of the traced route (a training step's)."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class ScaledRBF(dgp.kernels.RBF):
+        scales: np.ndarray = dataclasses.field(default_factory=lambda: np.array([1.0, 2.0]))
+
+        def _scaled_sqdist(self, X1, X2):
+            return super()._scaled_sqdist(X1 * self.scales, X2 * self.scales)
+
+    assert not dgp.kernels.is_jit_argument(ScaledRBF())
+    assert dgp.kernels.is_jit_argument(dgp.kernels.RBF() + dgp.kernels.Linear())
+    X = jnp.asarray(np.random.RandomState(6).randn(16, 2))
+    y = jnp.sin(X[:, 0])
+
+    def model(X, y=None):
+        # a new kernel (a new array) in every run, as a model builds it
+        f = dgp.gp_layer("h", X, ScaledRBF(), num_inducing=4)
+        numpyro.sample("y", dist.Normal(f[:, 0], 0.1), obs=y)
+
+    runs = [handlers.trace(handlers.seed(model, 0)).get_trace(X, y)["h"]["value"] for _ in range(2)]
+    np.testing.assert_array_equal(runs[0], runs[1])
+    traced = jax.jit(lambda: handlers.trace(handlers.seed(model, 0)).get_trace(X, y)["h"]["value"])()
+    np.testing.assert_allclose(runs[0], traced, rtol=1e-9, atol=1e-12)  # the step's route
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    result = dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=3, progress_bar=False)
+    assert np.all(np.isfinite(result.losses))
+
+
 def test_eager_draw_of_a_layer_with_a_callable_mean_takes_the_general_route():
     from numpyro_dgp import layers
 
