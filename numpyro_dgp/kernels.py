@@ -10,8 +10,10 @@ Shapes: inputs ``X1 (N1, D)``, ``X2 (N2, D)``; ``kernel(X1, X2)`` is ``(N1, N2)`
 
 Kernels are JAX pytrees: the hyperparameter values are the leaves (other settings, such as
 ``ard``, are static), so a kernel passes through ``jax.jit``, ``jax.vmap`` and ``jax.grad`` as
-an argument. ``k1 + k2`` and ``k1 * k2`` build :class:`Sum` and :class:`Product`, and
-``sum([k1, k2, k3])`` works too.
+an argument. A subclass may hold an array as a static setting; it cannot then be a jit
+argument (:func:`is_jit_argument`), and the library evaluates it operation by operation where
+it would otherwise pass it to a compiled program (a model run eagerly). ``k1 + k2`` and
+``k1 * k2`` build :class:`Sum` and :class:`Product`, and ``sum([k1, k2, k3])`` works too.
 
 Hyperparameters are checked at construction: concrete values (Python numbers, NumPy or JAX
 arrays) must be finite and positive, or the constructor raises ``ValueError`` naming the
