@@ -78,6 +78,7 @@ from numpyro_dgp._layers.parts import (
     check_layer_kind,
     default_encoder_input,
     hyperparameter_sites,
+    identity_mean,
     mean_function,
     mean_projection,
     noise_variance,
@@ -309,7 +310,8 @@ def _propagate(
 ) -> jax.Array:
     """Default handling of a layer message: draw ``f(X) ~ p(f | u)``."""
     if _one_program_draws(layer, X, full_cov):
-        W, b = layer.mean_affine  # type: ignore[misc]  # not None: checked there
+        adds_inputs = layer.mean_fn is identity_mean  # X itself, not X @ I (as the step)
+        W, b = (None, None) if adds_inputs else layer.mean_affine  # type: ignore[misc]
         return _marginal_draw_one_shot(
             layer.kernel,
             layer.inducing_inputs,
@@ -323,6 +325,7 @@ def _propagate(
             u,
             rng_key,
             layer.whiten,
+            adds_inputs,
         )
     mean, var = layer_moments(layer, X, u, None, full_cov)
     return sample_moments(rng_key, mean, var, full_cov, layer.jitter)
@@ -358,21 +361,24 @@ def _marginal_draw(
     u: jax.Array,
     rng_key: jax.Array,
     whiten: bool,
+    adds_inputs: bool,
 ) -> jax.Array:
     """One draw of ``f(X) | u`` from its marginals: :func:`layer_moments` (the mean function
-    ``X W + b``, or none) and :func:`sample_moments`."""
+    ``X`` itself where ``adds_inputs``, else ``X W + b`` or none) and :func:`sample_moments`."""
     q_mean = u if prior_mean is None else u - prior_mean
     mean, var = conditional(
         kernel(Z, X), Kmm_chol, kernel.diag(X), q_mean, whiten=whiten, Kmm_chol_inv=Kmm_chol_inv
     )
-    if mean_weight is not None and mean_bias is not None:  # both or neither (Layer.mean_affine)
+    if adds_inputs:
+        mean = mean + X
+    elif mean_weight is not None and mean_bias is not None:  # both or neither (mean_affine)
         mean = mean + (X @ mean_weight + mean_bias)
     if noise is not None:
         var = var + noise
     return _diagonal_draw(rng_key, mean, var)
 
 
-_marginal_draw_one_shot = one_shot_program(_marginal_draw, static_argnums=11)
+_marginal_draw_one_shot = one_shot_program(_marginal_draw, static_argnums=(11, 12))
 
 
 def gp_layer(

@@ -122,6 +122,38 @@ def test_a_kernel_with_an_array_setting_runs_eagerly_again_and_trains():
     assert np.all(np.isfinite(result.losses))
 
 
+def test_eager_draw_adds_a_width_keeping_identity_mean_without_a_product(monkeypatch):
+    """The "identity" mean of a layer that keeps its width adds X itself, as the traced route
+    does: a product with the identity would be rounded on a GPU (TF32), so the one-program draw
+    holds as many products as with no mean at all, and one fewer than an affine mean."""
+    from numpyro_dgp import layers
+
+    rs = np.random.RandomState(7)
+    X, Z = jnp.asarray(rs.randn(9, 3)), jnp.asarray(rs.randn(4, 3))
+    kernel = dgp.kernels.RBF()
+    L = jnp.linalg.cholesky(kernel(Z) + 1e-6 * jnp.eye(4))
+    u, key, W, b = jnp.asarray(rs.randn(3, 4)), jax.random.PRNGKey(0), jnp.eye(3), jnp.zeros(3)
+
+    def products(W, b, adds_inputs):
+        jaxpr = jax.make_jaxpr(lambda X: layers._marginal_draw(
+            kernel, Z, L, None, None, W, b, None, X, u, key, True, adds_inputs))(X)
+        return str(jaxpr).count("dot_general")
+
+    none, affine, identity = products(None, None, False), products(W, b, False), products(None, None, True)
+    assert identity == none and affine == none + 1
+    draw = lambda adds: layers._marginal_draw(kernel, Z, L, None, None, None, None, None, X, u, key, True, adds)
+    np.testing.assert_allclose(draw(True) - draw(False), X, rtol=1e-12, atol=1e-12)
+    from numpyro_dgp._layers.parts import identity_mean, mean_function
+
+    assert mean_function("h", "identity", X, 3, 3)[0] is identity_mean  # what _propagate tells
+    calls = []
+    one_shot = layers._marginal_draw_one_shot
+    monkeypatch.setattr(layers, "_marginal_draw_one_shot", lambda *a: calls.append(a) or one_shot(*a))
+    for mean, out_dim in (("identity", 3), ("identity", 2), ("linear", 3)):
+        handlers.seed(lambda: dgp.gp_layer("h", X, kernel, num_inducing=4, mean=mean, out_dim=out_dim), 0)()
+    assert [(a[5] is None, a[-1]) for a in calls] == [(True, True), (False, False), (False, False)]
+
+
 def test_eager_draw_of_a_layer_with_a_callable_mean_takes_the_general_route():
     from numpyro_dgp import layers
 

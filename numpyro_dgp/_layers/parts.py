@@ -150,6 +150,12 @@ def _check_mean(name: str, mean: str | Callable) -> None:
         )
 
 
+def identity_mean(A: jax.Array) -> jax.Array:
+    """The ``"identity"`` mean function of a layer that keeps its width: its inputs as they
+    are (no product with the identity, which a GPU's TF32 products would round)."""
+    return A
+
+
 def mean_function(
     name: str, mean: str | Callable, X: jax.Array, in_dim: int, out_dim: int
 ) -> tuple[Callable, tuple[jax.Array, jax.Array] | tuple[None, None] | None]:
@@ -165,7 +171,7 @@ def mean_function(
         return (lambda A: jnp.zeros(A.shape[:-1] + (out_dim,), A.dtype)), (None, None)
     if mean == "identity":
         if in_dim == out_dim:
-            return (lambda A: A), (jax.device_put(np.eye(in_dim, dtype=X.dtype)), zero_bias)
+            return identity_mean, (jax.device_put(np.eye(in_dim, dtype=X.dtype)), zero_bias)
         W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
         W = jax.lax.stop_gradient(W)  # fixed, as in DSVI; stored so predictions reuse it
         return (lambda A: A @ W), (W, zero_bias)

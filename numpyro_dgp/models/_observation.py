@@ -16,7 +16,7 @@ from numpyro.distributions import constraints
 from numpyro_dgp._compat import distribution_validation_enabled, filled
 from numpyro_dgp._validation import check_choice, check_positive_int, concrete, targets
 
-__all__ = ["LIKELIHOODS", "MISSING_TARGETS", "Observation", "validated_on_host"]
+__all__ = ["LIKELIHOODS", "MISSING_TARGETS", "Observation", "validated_normal"]
 
 #: The factories' likelihoods: the last layer's width per target column and what ``y`` holds
 #: (:mod:`numpyro_dgp.likelihoods`).
@@ -125,7 +125,7 @@ class Observation(NamedTuple):
                 constraint=constraints.positive,
             )
             loc = f[..., 0] if self.num_outputs == 1 else f
-            return validated_on_host(dist.Normal, loc=loc, scale=jnp.sqrt(noise))
+            return validated_normal(loc, jnp.sqrt(noise))
         if name == "probit":
             return likelihoods.bernoulli_probit(f[..., 0] if self.num_outputs == 1 else f)
         if name == "softmax":
@@ -209,19 +209,23 @@ def _check_discrete_targets(y: jax.Array, observation: Observation, caller: str)
         )
 
 
-def validated_on_host(cls: type[dist.Distribution], **args: jax.Array) -> dist.Distribution:
-    """``cls(**args)``, validated as NumPyro validates it (its ``arg_constraints``, the same
-    error) but on host copies of concrete arguments: NumPyro checks with JAX operations, which
-    run eagerly (``svi.init``) compile a program each, about 0.15 s for a ``Normal`` on a 2-core
-    CPU; its constraints evaluate NumPy arrays with NumPy. Traced arguments, or validation
-    switched off (``numpyro.enable_validation(False)``), go to NumPyro as they are.
+def validated_normal(loc: jax.Array, scale: jax.Array) -> dist.Normal:
+    """``Normal(loc, scale)``, its arguments checked as NumPyro checks them (``arg_constraints``
+    in their order, NumPyro's message) but on host copies of concrete arguments: NumPyro's own
+    check runs JAX operations, which run eagerly (``svi.init``) compile a program each, about
+    0.15 s on a 2-core CPU; its constraints evaluate NumPy arrays with NumPy. Traced arguments,
+    or validation switched off (``numpyro.enable_validation(False)``), go to NumPyro as they
+    are. An instance checked here has NumPyro's validation off, so its ``log_prob`` does not
+    also check the value against the support (NumPyro would give ``-inf`` and warn for a
+    non-finite target): the factories' targets are refused non-finite at the door, or masked.
 
     :raises ValueError: for an argument outside its constraint (NumPyro's message).
     """
+    args = {"loc": loc, "scale": scale}
     on_host = {name: concrete(value) for name, value in args.items()}
     if not distribution_validation_enabled() or any(v is None for v in on_host.values()):
-        return cls(**args)
+        return dist.Normal(loc, scale)
     for name, value in on_host.items():
-        if not np.all(cls.arg_constraints[name](value)):
-            raise ValueError(f"{cls.__name__} distribution got invalid {name} parameter.")
-    return cls(**args, validate_args=False)
+        if not np.all(dist.Normal.arg_constraints[name](value)):
+            raise ValueError(f"Normal distribution got invalid {name} parameter.")
+    return dist.Normal(loc, scale, validate_args=False)
