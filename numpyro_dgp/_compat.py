@@ -31,6 +31,7 @@ from numpyro.distributions import constraints as _constraints
 from numpyro.distributions import transforms as _transforms
 
 from numpyro_dgp.core._triangular import lower_from_vector
+from numpyro_dgp.kernels import is_jit_argument
 
 if TYPE_CHECKING:
     from numpyro.optim import _NumPyroOptim as NumPyroOptimizer  # noqa: F401
@@ -229,7 +230,8 @@ ONE_SHOT_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
 class _OneShot:
-    """``fun`` itself under a JAX transformation, else its program compiled with
+    """``fun`` itself under a JAX transformation or for arguments that cannot be a jitted
+    function's (:func:`numpyro_dgp.kernels.is_jit_argument`), else its program compiled with
     :data:`ONE_SHOT_OPTIONS` (one per shapes and static arguments)."""
 
     def __init__(self, fun: Callable, static_argnums: int | tuple[int, ...]) -> None:
@@ -240,7 +242,9 @@ class _OneShot:
         update_wrapper(self, fun)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if jax_is_tracing():
+        # an argument JAX cannot compare with a compiled program's (a kernel with an array
+        # setting) would fail on the second call: its operations one by one instead
+        if jax_is_tracing() or not is_jit_argument((args, kwargs)):
             return self._fun(*args, **kwargs)
         return self._compiled(*args, **kwargs)
 

@@ -160,17 +160,23 @@ def _flatten_kernel(kernel: Kernel) -> tuple[tuple, tuple]:
     return tuple(getattr(kernel, n) for n in names), static
 
 
-def is_jit_argument(kernel: Kernel) -> bool:
-    """Whether ``kernel`` can be an argument of a jitted function: its static settings (every
-    field but the hyperparameters, of every part) hash. A subclass with an array setting does
-    not: JAX would fail comparing it with the settings of a compiled program's kernel."""
-    if isinstance(kernel, _Combination):
-        return all(is_jit_argument(part) for part in kernel.kernels)
-    try:
-        hash(_flatten_kernel(kernel)[1])
-    except TypeError:
-        return False
-    return True
+def is_jit_argument(value: Any) -> bool:
+    """Whether ``value`` (a kernel, or any pytree holding kernels) can be an argument of a
+    jitted function: the static data of every node of its structure hash (a kernel's settings,
+    every field but the hyperparameters, of every part). A kernel subclass with an array
+    setting does not: JAX would fail comparing it with the settings of a compiled program's
+    kernel."""
+
+    def hashes(node: Any) -> bool:
+        kind_and_data = node.node_data()  # None for a leaf
+        data = None if kind_and_data is None else kind_and_data[1]
+        try:
+            hash(tuple(data) if isinstance(data, list) else data)  # a dict's keys: a list
+        except TypeError:
+            return False
+        return all(hashes(child) for child in node.children())
+
+    return hashes(jax.tree_util.tree_structure(value))
 
 
 def _unflatten_kernel(cls: type[Kernel], static: tuple, leaves: tuple) -> Kernel:

@@ -97,7 +97,7 @@ from numpyro_dgp.core import (
     jittered_cholesky,
     local_conditional,
 )
-from numpyro_dgp.kernels import Kernel, is_jit_argument
+from numpyro_dgp.kernels import Kernel
 
 __all__ = [
     "gp_layer",
@@ -344,7 +344,6 @@ def _one_program_draws(layer: Layer, X: jax.Array, full_cov: bool) -> bool:
         and layer.inducing != "amortized"
         and layer.mean_affine is not None
         and jnp.ndim(X) == 2
-        and is_jit_argument(layer.kernel)
     )
 
 

@@ -21,7 +21,7 @@ from numpyro_dgp.core import (
     inverse_cholesky,
     kmeans,
 )
-from numpyro_dgp.kernels import Kernel, is_jit_argument
+from numpyro_dgp.kernels import Kernel
 
 __all__ = [
     "eager_factor",
@@ -134,8 +134,6 @@ def inducing_factor(
     0.3 s shorter, and the route of an eager ``svi.init``)."""
     if jax_is_tracing() and not tracing_values_only():  # constants closed over by a step too
         return jittered_factor(kernel, Z, jitter, reads_factor)
-    if not is_jit_argument(kernel):  # an array setting: the operations one by one
-        return eager_factor(kernel, Z, jitter)
     return eager_factor_program(kernel, Z, jitter)
 
 
