@@ -66,21 +66,25 @@ def quadratic_form_diagonals(q_sqrt: jax.Array, B: jax.Array) -> jax.Array:
     :return: ``(P, N)``.
     """
     P, M = q_sqrt.shape[0], B.shape[0]
+    blocks = triangular_blocks(M, QUADRATIC_FORM_BLOCK, QUADRATIC_FORM_MOST_BLOCKS)
+    # the column blocks by one split, whose derivative is one concatenation: cutting each
+    # block's diagonal square and the rows below it apart made the derivative a sum of eight
+    # padded (P, M, M) arrays, one pass of XLA's slowest kind (benchmarks/topics/scale.md, item 18)
+    columns = jnp.split(q_sqrt, [start for start, _ in blocks[1:]], axis=2)
     total = jnp.zeros((P, B.shape[1]), B.dtype)
-    for start, stop in triangular_blocks(M, QUADRATIC_FORM_BLOCK, QUADRATIC_FORM_MOST_BLOCKS):
-        products = _block_factors(q_sqrt, start, stop).T @ B[start:]  # rows of L_p^T B in the block
+    for (start, stop), column in zip(blocks, columns):
+        products = _block_factors(column[:, start:]).T @ B[start:]  # rows of L_p^T B in the block
         total = total + jnp.sum(products.reshape(P, stop - start, -1) ** 2, axis=1)
     return total
 
 
-def _block_factors(q_sqrt: jax.Array, start: int, stop: int) -> jax.Array:
-    """Columns ``start:stop`` of every ``tril(L_p)`` from row ``start`` on, as one
-    ``(M - start, P * width)`` matrix (outputs side by side: one product serves them all)."""
-    P, M, _ = q_sqrt.shape
-    block = jnp.concatenate(
-        [jnp.tril(q_sqrt[:, start:stop, start:stop]), q_sqrt[:, stop:, start:stop]], axis=1
-    )
-    return jnp.transpose(block, (1, 0, 2)).reshape(M - start, P * (stop - start))
+def _block_factors(rows: jax.Array) -> jax.Array:
+    """A column block of every ``L_p`` from its diagonal down (``(P, rows, width)``, its top
+    ``width x width`` square on the diagonal), zero above the diagonal, as one
+    ``(rows, P * width)`` matrix (outputs side by side: one product serves them all)."""
+    P, count, width = rows.shape
+    below = np.arange(count)[:, None] >= np.arange(width)[None, :]
+    return jnp.transpose(jnp.where(below, rows, 0), (1, 0, 2)).reshape(count, P * width)
 
 
 def lower_times(T: jax.Array, X: jax.Array) -> jax.Array:
@@ -216,4 +220,8 @@ def _lower_from_vector(vector: jax.Array, n: int) -> jax.Array:
     # gathering whole rows of the transposed array lays the result out as XLA's CPU gather
     # likes it (measured: 2-5x faster than gathering along the last axis)
     rows = jnp.take(jnp.moveaxis(padded, -1, 0), _lower_layout(n), axis=0, mode="clip")
-    return jnp.moveaxis(rows, 0, -1).reshape(vector.shape[:-1] + (n, n))
+    # the (..., n, n) layout written once: without the barrier XLA fuses the transposing read of
+    # the gather's (n^2, ...) output into each consumer, which then reads one entry per cache
+    # line (the KL's derivative at M = 1000, width 32: a fifth of the step; scale.md, item 18)
+    matrices = jnp.moveaxis(rows, 0, -1).reshape(vector.shape[:-1] + (n, n))
+    return jax.lax.optimization_barrier(matrices)
