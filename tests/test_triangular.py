@@ -18,6 +18,7 @@ from numpyro_dgp.core._linalg import _leaf_size  # noqa: E402
 from numpyro_dgp.core._triangular import (  # noqa: E402
     LOWER_TIMES_BLOCK,
     QUADRATIC_FORM_BLOCK,
+    QUADRATIC_FORM_MOST_BLOCKS,
     lower_from_vector,
     lower_gram,
     lower_of_times_transpose,
@@ -260,3 +261,41 @@ def test_lower_from_vector_keeps_the_dtype_and_names_a_bad_length():
     assert lower_from_vector(jnp.ones(6, jnp.float32)).dtype == jnp.float32
     with pytest.raises(ValueError, match="n \\(n \\+ 1\\) / 2"):
         lower_from_vector(jnp.ones(5))
+
+
+def _primitives(jaxpr) -> list:
+    """Every equation of a jaxpr, nested jaxprs included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        found.append(eqn)
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += _primitives(inner)
+    return found
+
+
+def test_the_quadratic_forms_derivative_assembles_column_blocks_without_summing_full_size_pieces():
+    # the derivative used to be a sum of 8 zero-padded (P, M, M) arrays, XLA's slowest pass at
+    # large width (benchmarks/topics/scale.md, item 18); now one concatenation of column blocks
+    P, M = 3, QUADRATIC_FORM_BLOCK * QUADRATIC_FORM_MOST_BLOCKS + 44  # blocks at their most
+    q_sqrt, B = jnp.ones((P, M, M)), jnp.ones((M, 5))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda q: quadratic_form_diagonals(q, B).sum()))(q_sqrt).jaxpr
+    eqns = _primitives(jaxpr)
+    full = [e.primitive.name for e in eqns if e.primitive.name in ("pad", "add_any")
+            and e.outvars[0].aval.shape == (P, M, M)]
+    assert full == []
+    assert sum(e.primitive.name == "concatenate" and e.outvars[0].aval.shape == (P, M, M) for e in eqns) == 1
+
+
+def test_the_factor_layout_is_written_once_and_differentiates_in_both_modes():
+    # the barrier keeps XLA from fusing the gather's transposing read into every consumer
+    vector = jnp.asarray(np.random.RandomState(0).randn(2, 10))
+    eqns = _primitives(jax.make_jaxpr(lower_from_vector)(vector).jaxpr)
+    assert [e.primitive.name for e in eqns].count("optimization_barrier") == 1
+    hessian = jax.hessian(lambda v: jnp.sum(lower_from_vector(v) ** 3))(vector)
+    dense = jax.hessian(lambda v: jnp.sum(vec_to_tril_matrix(v[..., :6], diagonal=-1) ** 3)
+                        + jnp.sum(v[..., 6:] ** 3))(vector)
+    np.testing.assert_allclose(hessian, dense, rtol=1e-12)
+    np.testing.assert_allclose(jax.vmap(lower_from_vector)(vector[:, None]), lower_from_vector(vector)[:, None])
