@@ -10,8 +10,9 @@ layers, ``AutoFactorizedDGP`` + ``DGPElbo``, Adam), in a fresh process per point
   independent ones side by side, as in the step), and each distinct one compiled alone and
   repeated on the same operands (warm in the cache, as a fusion's fresh output can be in the
   step), summed with its count. The smaller of the two, with its GFLOP and GFLOP/s, is the time
-  the step's products take at the speed XLA runs them: the step runs them and more, so it
-  cannot take less (a lower bound on the step *with these products*);
+  the step's products take at the speed XLA runs them: the step runs them and more, so it takes
+  at least about that long (a lower bound on the step *with these products*, up to how XLA
+  schedules them beside the rest);
 * **floor at the products' speed**: the math's minimum of FLOPs (``scale.step_flops``, the grid's
   floor) at the speed those products ran: what a step would take that did no more products than
   the math needs, at the speed XLA reaches on products of these shapes, with nothing else;

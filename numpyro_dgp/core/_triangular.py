@@ -69,7 +69,7 @@ def quadratic_form_diagonals(q_sqrt: jax.Array, B: jax.Array) -> jax.Array:
     blocks = triangular_blocks(M, QUADRATIC_FORM_BLOCK, QUADRATIC_FORM_MOST_BLOCKS)
     # the column blocks by one split, whose derivative is one concatenation: cutting each
     # block's diagonal square and the rows below it apart made the derivative a sum of eight
-    # padded (P, M, M) arrays, one pass of XLA's slowest kind (benchmarks/topics/scale.md, item 18)
+    # zero-padded (P, M, M) arrays (benchmarks/topics/scale.md, item 18)
     columns = jnp.split(q_sqrt, [start for start, _ in blocks[1:]], axis=2)
     total = jnp.zeros((P, B.shape[1]), B.dtype)
     for (start, stop), column in zip(blocks, columns):
