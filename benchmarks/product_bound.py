@@ -62,19 +62,26 @@ _DOT = re.compile(r"= \w+\[[\d,]*\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)")
 
 
 def hlo_products(hlo: str) -> list[Product]:
-    """Every ``dot`` instruction of an optimized HLO module's text (instruction names are unique
-    in a module, so an operand's shape is that of the instruction of its name)."""
-    shapes = {name: (dtype, tuple(int(d) for d in dims.split(",") if d)) for name, dtype, dims in _SHAPE.findall(hlo)}
-    products = []
-    for line in hlo.splitlines():
-        m = _DOT.search(line)
-        if m is None:
-            continue
-        (dtype, lhs), (_, rhs) = shapes[m.group(1)], shapes[m.group(2)]
-        dims = {key: _dims(line, key) for key in ("lhs_contracting", "rhs_contracting", "lhs_batch", "rhs_batch")}
-        products.append(Product(dtype, lhs, rhs, (dims["lhs_contracting"], dims["rhs_contracting"]),
-                                (dims["lhs_batch"], dims["rhs_batch"])))
-    return products
+    """Every ``dot`` instruction of an optimized HLO module's text."""
+    shapes = hlo_shapes(hlo)
+    return [p for p in (line_product(line, shapes) for line in hlo.splitlines()) if p is not None]
+
+
+def hlo_shapes(hlo: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each instruction's dtype and shape by name (names are unique in an HLO module)."""
+    return {name: (dtype, tuple(int(d) for d in dims.split(",") if d)) for name, dtype, dims in _SHAPE.findall(hlo)}
+
+
+def line_product(line: str, shapes: dict) -> Product | None:
+    """The ``dot`` of one line of HLO text (its operands' shapes from :func:`hlo_shapes`), or
+    None for any other instruction."""
+    m = _DOT.search(line)
+    if m is None:
+        return None
+    (dtype, lhs), (_, rhs) = shapes[m.group(1)], shapes[m.group(2)]
+    dims = {key: _dims(line, key) for key in ("lhs_contracting", "rhs_contracting", "lhs_batch", "rhs_batch")}
+    return Product(dtype, lhs, rhs, (dims["lhs_contracting"], dims["rhs_contracting"]),
+                   (dims["lhs_batch"], dims["rhs_batch"]))
 
 
 def _dims(line: str, key: str) -> tuple[int, ...]:

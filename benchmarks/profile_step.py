@@ -25,12 +25,12 @@ import collections
 import glob
 import gzip
 import json
-import math
 import re
 import tempfile
 import time
 from pathlib import Path
 
+import product_bound
 from _harness import add_data_dir, base_record, header, table, write_results
 
 #: StableHLO operations counted, by the kind the tables report
@@ -118,26 +118,16 @@ def _time_steps(update, state, data, n):
 def operation_counts(hlo: str) -> dict:
     """Counts of each kind in ``_KINDS`` and matrix-product FLOPs by source function, from the
     compiled HLO (every function inlined, so a count is how often the step runs it)."""
-    shapes = {name: [int(d) for d in dims.split(",") if d] for name, dims in
-              re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = \w+\[([\d,]*)\]", hlo, flags=re.M)}
+    shapes = product_bound.hlo_shapes(hlo)
     counts, flops = collections.Counter(), collections.Counter()
     for line in hlo.splitlines():
         if 'custom_call_target="lapack_' in line:
             counts["cholesky" if "potrf" in line else "triangular_solve"] += 1
-        elif re.search(r"= \w+\[[\d,]*\]\S* dot\(", line):
+        elif (product := product_bound.line_product(line, shapes)) is not None:
             counts["dot_general"] += 1
             op_name = re.search(r'op_name="([^"]*)"', line)
-            flops[_source(op_name.group(1) if op_name else "")] += _dot_flops(line, shapes)
+            flops[_source(op_name.group(1) if op_name else "")] += product_bound.product_flops(product)
     return {"counts": counts, "flops": flops}
-
-
-def _dot_flops(line: str, shapes: dict) -> float:
-    """``2 * prod(output) * prod(contracted dims of the left operand)`` of one ``dot``."""
-    out = re.search(r"= \w+\[([\d,]*)\]", line).group(1)
-    lhs = re.search(r"dot\(%([\w.\-]+)", line).group(1)
-    contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line).group(1)
-    contracted = [shapes[lhs][int(i)] for i in contracting.split(",") if i]
-    return 2.0 * math.prod(int(d) for d in out.split(",") if d) * math.prod(contracted)
 
 
 def _source(name: str) -> str:
