@@ -111,15 +111,16 @@ def write_results(stem: str, record: dict | None, markdown: str | None) -> tuple
     return json_path, md_path
 
 
-def run_fresh(code: str, *args: str, what: str, timeout: float = 600) -> dict:
+def run_fresh(code: str, *args: str, what: str, timeout: float = 600, env: dict | None = None) -> dict:
     """Run ``python -c code args...`` with the repository on ``PYTHONPATH`` and without
-    :data:`DROPPED_ENV` (which the test suite sets); the JSON object it prints as its last line.
+    :data:`DROPPED_ENV` (which the test suite sets), in ``env`` (default: this process's
+    environment); the JSON object it prints as its last line.
 
     :raises RuntimeError: the process failed (``what`` names it, with the end of its stderr).
     """
     import subprocess
 
-    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k not in DROPPED_ENV}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
