@@ -1,28 +1,31 @@
-"""Page faults of a per-call step loop on CPU, and the allocator settings that remove them.
+"""Page faults of a per-call step loop on CPU, and allocator settings that reduce them.
 
-A hand-written NumPyro loop (``svi.update`` called once per step, or ``SVI.run`` with its
-progress bar, which calls its compiled step once per step) runs the compiled program once per
-call. XLA's CPU runtime allocates the program's temporary buffers afresh for every call (the
-step's ``memory_analysis().temp_size_in_bytes``: about 65 MB at M = 500, width 8, float32), and
-glibc's ``malloc`` serves a block above its mmap threshold (at most 32 MB) with a fresh mapping
-that ``free`` returns to the kernel: every call touches each page of it anew, a minor page fault
-each (the kernel zeroes the page). ``dgp.fit`` runs chunks of steps in one program
-(``lax.scan``), whose buffers are allocated once per chunk.
+A hand-written NumPyro loop (``svi.update`` called once per step; ``SVI.run`` with its progress
+bar calls its compiled step the same way) runs the compiled program once per call. XLA's CPU
+runtime allocates the program's temporary buffers for every call (the step's
+``memory_analysis().temp_size_in_bytes``: 62 MiB at M = 500, width 8, float32), and glibc's
+``malloc`` serves a block above its mmap threshold (at most 32 MiB) with a fresh mapping that
+``free`` returns to the kernel; the page faults counted here are consistent with every call
+touching such memory anew (the kernel zeroes each page at its first touch). ``dgp.fit`` runs
+chunks of steps in one program (``lax.scan``), whose buffers are allocated once per chunk.
 
 Per point (precision, M, width; ``scale.py``'s synthetic data with D inputs, N = 10,000, batch
 1000, two layers, ``AutoFactorizedDGP`` + ``DGPElbo``, Adam), in fresh processes alternated over
 ``--rounds`` rounds, two drivers under two allocator settings:
 
-* driver ``loop``: ``jit(svi.update)`` compiled once and called once per step;
+* driver ``loop``: ``jit(svi.update)`` compiled once (closing over the data, as
+  ``product_bound.py``'s step does) and called once per step;
 * driver ``fit``: ``dgp.fit`` with one chunk of ``--steps`` steps per call;
-* settings ``default`` (the environment as it is) and ``tuned``: ``GLIBC_TUNABLES`` set to
+* settings ``default`` (``GLIBC_TUNABLES`` removed from the environment) and ``tuned``: set to
   ``--tunables`` (default: transparent huge pages for ``malloc``'s memory, no mmap for large
   blocks, freed memory kept in the heap; glibc >= 2.35 for ``hugetlb``).
 
 Each child warms up with one block of ``--steps`` steps, then times three blocks: ms per step,
 minor page faults per step and system CPU ms per step (``getrusage``), medians of the blocks.
-With ``--with-gpflux``, GPflux's step (``peers/gpflux_scale.py``, its own per-call loop) under
-both settings too.
+With ``--with-gpflux``, GPflux's step (``peers/gpflux_scale.py``, its own per-call loop, 30
+steps a block as in ``product_bound.py``) under both settings too. The record keeps the glibc
+version and the kernel's transparent-huge-page mode (glibc ignores ``hugetlb`` before 2.35, and
+the kernel's ``never`` mode ignores it too).
 
 Usage::
 
@@ -49,7 +52,7 @@ DRIVERS = ("loop", "fit")
 SETTINGS = ("default", "tuned")
 
 _CHILD = r"""
-import json, resource, statistics, sys, time
+import json, os, resource, statistics, sys, time
 sys.path.insert(0, sys.argv[7])
 M, width, precision, dim, driver, steps = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
                                            sys.argv[5], int(sys.argv[6]))
@@ -66,7 +69,7 @@ model = dgp.models.deep_gp_regression(2, num_inducing=M, hidden_width=width)
 svi = SVI(model, dgp.guides.AutoFactorizedDGP(model), numpyro.optim.Adam(0.01), dgp.DGPElbo())
 state = svi.init(jax.random.PRNGKey(0), X, y, batch_size=1000)
 step = jax.jit(lambda s: svi.update(s, X, y, batch_size=1000)).lower(state).compile()
-temp_mb = step.memory_analysis().temp_size_in_bytes / 2**20
+temp_mib = step.memory_analysis().temp_size_in_bytes / 2**20
 
 def loop(state):
     for _ in range(steps):
@@ -88,9 +91,29 @@ for _ in range(3):
     blocks.append((seconds / steps * 1e3, (after.ru_minflt - before.ru_minflt) / steps,
                    (after.ru_stime - before.ru_stime) / steps * 1e3))
 ms, faults, sys_ms = (statistics.median(column) for column in zip(*blocks))
-print(json.dumps({"ms": ms, "faults": faults, "sys_ms": sys_ms, "temp_mb": temp_mb,
+print(json.dumps({"ms": ms, "faults": faults, "sys_ms": sys_ms, "temp_mb": temp_mib,
+                  "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
                   "finite": bool(all(np.isfinite(v).all() for v in jax.tree.leaves(svi.get_params(state))))}))
 """
+
+
+def system_info() -> dict:
+    """The glibc version and the kernel's transparent-huge-page mode (``None`` where unknown)."""
+    try:
+        glibc = os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError):
+        glibc = None
+    try:
+        thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
+    except OSError:
+        thp = None
+    return {"glibc": glibc, "transparent_hugepages": thp}
+
+
+def _system_line(record: dict) -> str:
+    if "glibc" not in record:
+        return ""
+    return f" {record['glibc'] or 'glibc unknown'}; transparent huge pages: `{record['transparent_hugepages']}`."
 
 
 def parse_point(text: str) -> tuple[str, int, int]:
@@ -159,15 +182,15 @@ def markdown(record: dict) -> str:
                          cell(default, "ms", 1), cell(tuned, "ms", 1), f"{tuned['ms'] / default['ms']:.3f}",
                          cell(default, "faults", 0), cell(tuned, "faults", 0),
                          cell(default, "sys_ms", 1), cell(tuned, "sys_ms", 1)])
-    lines = header("Page faults of a per-call step loop, and the allocator settings that remove them",
+    lines = header("Page faults of a per-call step loop, and allocator settings that reduce them",
                    record["command"], record["machine"], record["date"],
                    f"{record['rounds']} rounds, fresh processes alternated")
     lines += ["", f"`tuned`: `GLIBC_TUNABLES={record['tunables']}`. D = {record['dim']}, N = 10,000, batch 1000; "
               f"{record['steps']} steps a block, medians of three blocks, then of the rounds. `loop`: the compiled "
               "`svi.update` called once per step; `fit`: `dgp.fit`, one chunk of the block's steps per call; "
-              "`gpflux`: GPflux's own step loop (`peers/gpflux_scale.py`). Temp MB: the compiled step's "
-              "temporary buffers (`memory_analysis`).", "",
-              *table(["precision", "M", "width", "driver", "step temp MB", "ms/step default", "ms/step tuned",
+              "`gpflux`: GPflux's own step loop (`peers/gpflux_scale.py`). Temp MiB: the compiled step's "
+              "temporary buffers (`memory_analysis`)." + _system_line(record), "",
+              *table(["precision", "M", "width", "driver", "step temp MiB", "ms/step default", "ms/step tuned",
                       "tuned / default", "page faults/step default", "tuned", "system CPU ms/step default", "tuned"],
                      rows)]
     versus = []
@@ -199,7 +222,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     record = {"command": command("host_memory.py", argv), "machine": machine(with_jax=False), "date": now(),
               "points": args.points, "dim": args.dim, "steps": args.steps, "rounds": args.rounds,
-              "tunables": args.tunables, "runs": []}
+              "tunables": args.tunables, **system_info(), "runs": []}
     configs = [(driver, setting) for driver in DRIVERS for setting in SETTINGS]
     for point in args.points:
         precision, M, width = point
