@@ -2,7 +2,6 @@
 synthetic record, and one tiny child per driver end to end."""
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -11,23 +10,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))  # the scripts import their sibling modules
 
-
-@pytest.fixture(scope="module")
-def host_memory():
-    spec = importlib.util.spec_from_file_location("bench_host_memory", REPO / "benchmarks" / "host_memory.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+import host_memory  # noqa: E402
 
 
-def test_points_are_parsed_and_a_bad_one_is_named(host_memory):
+def test_points_are_parsed_and_a_bad_one_is_named():
     assert host_memory.parse_point("float64:500:32") == ("float64", 500, 32)
     for bad in ("float16:500:8", "float32:500", "float32:M:8"):
         with pytest.raises(argparse.ArgumentTypeError, match="--points.*" + bad):
             host_memory.parse_point(bad)
 
 
-def test_the_default_setting_drops_the_tunables_and_the_tuned_one_sets_them(host_memory, monkeypatch):
+def test_the_default_setting_drops_the_tunables_and_the_tuned_one_sets_them(monkeypatch):
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")
     assert "GLIBC_TUNABLES" not in host_memory.setting_env("default", "x")
     assert host_memory.setting_env("tuned", "glibc.malloc.mmap_max=0")["GLIBC_TUNABLES"] == "glibc.malloc.mmap_max=0"
@@ -40,7 +33,7 @@ def _run(driver, setting, rnd, ms, faults=None):
     return run
 
 
-def test_summary_and_report(host_memory):
+def test_summary_and_report():
     runs = [_run("loop", "default", 0, 110.0, 18000), _run("loop", "default", 1, 114.0, 17000),
             _run("loop", "tuned", 0, 88.0, 1), _run("loop", "tuned", 1, 90.0, 3),
             _run("gpflux", "default", 0, 139.0), _run("gpflux", "tuned", 0, 132.0)]
@@ -66,14 +59,14 @@ def test_summary_and_report(host_memory):
 
 
 @pytest.mark.parametrize("driver, setting", [("loop", "tuned"), ("fit", "default")])
-def test_a_child_runs_each_driver_in_its_setting(host_memory, driver, setting, monkeypatch):
+def test_a_child_runs_each_driver_in_its_setting(driver, setting, monkeypatch):
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.check=0")  # a default run drops it
     result = host_memory.run_ours(("float32", 10, 1), 3, driver, setting, 2, "glibc.malloc.mmap_max=0")
     assert result["glibc_tunables"] == ("glibc.malloc.mmap_max=0" if setting == "tuned" else None)
     assert result["finite"] and result["ms"] > 0 and result["temp_mb"] > 0
 
 
-def test_the_report_names_the_allocator_it_ran_on(host_memory):
+def test_the_report_names_the_allocator_it_ran_on():
     info = host_memory.system_info()
     assert set(info) == {"glibc", "transparent_hugepages"}
     record = {"command": "c", "machine": "m", "date": "d", "points": [], "dim": 8, "steps": 20, "rounds": 1,
