@@ -57,7 +57,7 @@ def main(argv=None):
     counts = operation_counts(update.as_text())
     cost = update.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    unprofiled_ms, state = _time_steps(update, state, data, 50)
+    unprofiled_ms, state, host = _time_steps(update, state, data, 50)
     per_op, per_thread, thunks, profiled_ms = _profile(update, state, data, args.steps)
     sources = _thunk_sources(update.as_text())
 
@@ -65,7 +65,11 @@ def main(argv=None):
     settings = f"M = {args.num_inducing}, hidden width {args.hidden_width}, batch 1000, kin8nm split 0"
     lines = header(f"Profile of one DSVI training step, {args.precision}", record["command"], record["machine"],
                    args.precision, record["date"], settings, compact=True)
-    lines += ["", f"Wall time per step: {unprofiled_ms:.2f} ms unprofiled (median of 5 x 10), "
+    lines += ["", f"Wall time per step: {unprofiled_ms:.2f} ms unprofiled (median of 5 x 10; "
+              f"{host['faults']:.0f} minor page faults and {host['sys_ms']:.1f} ms of system CPU per step, "
+              "`getrusage`; a step called once per call can get fresh memory for its temporaries at every "
+              "call, and the kernel that first writes a fresh page pays its fault, so the times of small "
+              "kernels below may include them: `host_memory.py`), "
               f"{profiled_ms:.2f} ms under the profiler. Thunks per step: {thunks:.0f}. Busy time per executor "
               "thread (ms/step): " + ", ".join(f"{b:.2f}" for b in sorted(per_thread.values(), reverse=True)[:4])
               + f"; total op time {sum(per_op.values()):.2f} ms/step.",
@@ -103,16 +107,25 @@ def _compiled_step(args):
 
 
 def _time_steps(update, state, data, n):
+    """Median ms per step over 5 blocks of ``n // 5`` calls, the state after them, and the
+    minor page faults and system CPU ms per step over all of them (``getrusage``)."""
+    import resource
+
     import jax
 
     times = []
+    before = resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(n // 5):
             state, loss = update(state, *data)
         jax.block_until_ready(loss)
         times.append((time.perf_counter() - t0) / (n // 5) * 1e3)
-    return sorted(times)[2], state
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    steps = 5 * (n // 5)
+    host = {"faults": (after.ru_minflt - before.ru_minflt) / steps,
+            "sys_ms": (after.ru_stime - before.ru_stime) / steps * 1e3}
+    return sorted(times)[2], state, host
 
 
 def operation_counts(hlo: str) -> dict:
