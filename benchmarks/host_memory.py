@@ -41,10 +41,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
+import product_bound
 from _harness import command, header, machine, now, run_fresh, table, write_results
 
 TUNABLES = "glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967295"
@@ -144,14 +144,9 @@ def run_ours(point, dim, driver, setting, steps, tunables) -> dict:
 
 
 def run_gpflux(python, point, dim, setting, tunables) -> float:
-    """GPflux's ms per step at ``point`` under ``setting`` (``peers/gpflux_scale.py``)."""
+    """GPflux's ms per step at ``point`` under ``setting`` (``product_bound.gpflux_ms``)."""
     precision, M, width = point
-    proc = subprocess.run([python, str(Path(__file__).parent / "peers" / "gpflux_scale.py"), "--num-inducing", str(M),
-                           "--width", str(width), "--precision", precision, "--dim", str(dim), "--steps", "30"],
-                          capture_output=True, text=True, timeout=1800, env=setting_env(setting, tunables))
-    if proc.returncode != 0:
-        raise RuntimeError(f"GPflux {setting} M={M} width={width} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])["ms_per_step"]
+    return product_bound.gpflux_ms(python, M, width, precision, dim, env=setting_env(setting, tunables))
 
 
 def summary(runs: list[dict]) -> dict:

@@ -205,11 +205,12 @@ def measure(M: int, width: int, precision: str, dim: int, rounds: int) -> dict:
     return r
 
 
-def gpflux_ms(python: str, M: int, width: int, precision: str, dim: int) -> float:
-    """GPflux's ms per step at the point (``peers/gpflux_scale.py``, 30 steps a block)."""
+def gpflux_ms(python: str, M: int, width: int, precision: str, dim: int, env: dict | None = None) -> float:
+    """GPflux's ms per step at the point (``peers/gpflux_scale.py``, 30 steps a block), in ``env``
+    (default: this process's environment)."""
     proc = subprocess.run([python, str(Path(__file__).parent / "peers" / "gpflux_scale.py"), "--num-inducing", str(M),
                            "--width", str(width), "--precision", precision, "--dim", str(dim), "--steps", "30"],
-                          capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=1800, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"GPflux M={M} width={width} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["ms_per_step"]
