@@ -96,6 +96,7 @@ from numpyro_dgp.core import (
     default_jitter,
     jittered_cholesky,
     local_conditional,
+    standard_normal,
 )
 from numpyro_dgp.kernels import Kernel
 
@@ -290,13 +291,13 @@ def sample_moments(
         jitter = default_jitter(jnp.result_type(var)) if jitter is None else jitter
         L = jittered_cholesky(var, jitter)  # (P, N, N)
         mean = jnp.asarray(mean)
-        eps = jax.random.normal(rng_key, mean.shape[::-1], mean.dtype)  # (P, N)
+        eps = standard_normal(rng_key, mean.shape[::-1], mean.dtype)  # (P, N)
         return mean + jnp.einsum("pnm,pm->np", L, eps)
     return _diagonal_draw(rng_key, jnp.asarray(mean), jnp.asarray(var))
 
 
 def _diagonal_draw(rng_key: jax.Array, mean: jax.Array, var: jax.Array) -> jax.Array:
-    eps = jax.random.normal(rng_key, mean.shape, mean.dtype)
+    eps = standard_normal(rng_key, mean.shape, mean.dtype)
     return mean + jnp.sqrt(jnp.maximum(var, 0.0)) * eps
 
 

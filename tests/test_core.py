@@ -817,3 +817,19 @@ def test_kmeans_on_a_bounded_subsample():
     # below the bound nothing changes
     np.testing.assert_array_equal(np.asarray(kmeans(jax.random.PRNGKey(3), jnp.asarray(X), 3, max_points=300)),
                                   np.asarray(kmeans(jax.random.PRNGKey(3), jnp.asarray(X), 3, max_points=None)))
+
+
+@pytest.mark.parametrize("shape", [(1000, 8), (3, 4, 5), (1, 7), (6,), (2, 3, 1000)])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_standard_normal_is_jax_s_draw_from_the_same_bits(shape, dtype):
+    from numpyro_dgp.core import standard_normal
+
+    for key in (jax.random.PRNGKey(4), jax.random.key(5)):
+        ours = jax.jit(lambda k: standard_normal(k, shape, dtype))(key)
+        theirs = jax.jit(lambda k: jax.random.normal(k, shape, dtype))(key)
+        assert ours.shape == shape and ours.dtype == dtype
+        # the same uniforms at every position (the counters are the flattened positions) ...
+        flat = jax.random.uniform(key, (int(np.prod(shape)),), dtype).reshape(shape)
+        np.testing.assert_array_equal(np.asarray(flat), np.asarray(jax.random.uniform(key, shape, dtype)))
+        # ... so the normals agree up to the transform's last-bit rounding
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=4 * jnp.finfo(dtype).eps, atol=0)

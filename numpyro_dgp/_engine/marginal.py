@@ -61,6 +61,7 @@ from numpyro_dgp.core import (
     output_moments,
     point_projection,
     sample_output,
+    standard_normal,
 )
 from numpyro_dgp.handlers import FlowSpec
 from numpyro_dgp.handlers._sde_flow import (
@@ -294,7 +295,7 @@ class marginalize_inducing(Messenger):
         if self.quadrature_nodes is None:
             weights = self.quadrature_weights
             assert weights is not None  # a quadrature layer without weights is refused by __init__
-            return jax.random.normal(rng_key, (jnp.shape(weights)[0],) + mean.shape, mean.dtype)
+            return standard_normal(rng_key, (jnp.shape(weights)[0],) + mean.shape, mean.dtype)
         nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)  # (K, P)
         return nodes.reshape((nodes.shape[0],) + (1,) * (mean.ndim - 1) + nodes.shape[-1:])
 
@@ -337,7 +338,7 @@ class marginalize_inducing(Messenger):
         K = self.num_importance
         shape = ((K,) if K else ()) + (spec.encoder_input.shape[0], spec.latent_dim)
         dtype = spec.encoder_input.dtype
-        eps = jax.random.normal(rng_key, shape, dtype)
+        eps = standard_normal(rng_key, shape, dtype)
         if self.latent_mode == "prior":
             msg["value"] = eps
             return
@@ -413,7 +414,7 @@ class marginalize_inducing(Messenger):
         S = log_weights.shape[0]
         shape = (S,) + mean.shape[-2:]
         if points is None:
-            eps = jax.random.normal(rng_key, shape, mean.dtype)
+            eps = standard_normal(rng_key, shape, mean.dtype)
         else:
             eps = jnp.broadcast_to(jnp.asarray(points, mean.dtype)[:, None, :], shape)
         std = jnp.sqrt(jnp.maximum(var, 0.0))
@@ -537,7 +538,7 @@ class marginalize_inducing(Messenger):
             )
             self.last_output = output_at_nodes(mean, out_cov, nodes)
             return self.last_output
-        eps = jax.random.normal(rng_key, mean.shape, mean.dtype)
+        eps = standard_normal(rng_key, mean.shape, mean.dtype)
         value = sample_output(mean, out_cov, eps)
         if isinstance(post, ChainLink):
             if layer.u_site in self._chain_parents:

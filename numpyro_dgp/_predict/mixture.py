@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpyro.distributions as dist
 
 from numpyro_dgp._engine.observation import Rule, likelihood_rule, unwrap
+from numpyro_dgp.core import standard_normal
 
 __all__ = [
     "Component",
@@ -166,7 +167,7 @@ def component_of(
     mean, variance, atoms = summarize(trace[name]["fn"], kind, weights)
     layers = {n: trace[n]["value"] for n in layer_names if n != last}
     mean_L, var_L = moments[last]
-    layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * jax.random.normal(
+    layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * standard_normal(
         draw_key, mean_L.shape, mean_L.dtype
     )
     means = {n: moments[n][0] for n in layer_names}

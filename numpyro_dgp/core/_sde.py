@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from numpyro_dgp.core._random import standard_normal
+
 __all__ = ["euler_maruyama"]
 
 
@@ -69,7 +71,7 @@ def euler_maruyama(
         mu, var = drift_diffusion(x, t)
         x_new = x + mu * dt
         if diffusion:
-            eps = jax.random.normal(key, x.shape, x.dtype)
+            eps = standard_normal(key, x.shape, x.dtype)
             # sqrt(var) sqrt(dt), not sqrt(var dt): at T = 0 the gradient stays 0, not 0 * inf;
             # clip round-off negatives of the variance
             x_new = x_new + jnp.sqrt(jnp.maximum(var, 0.0)) * jnp.sqrt(dt) * eps
