@@ -60,8 +60,12 @@ def _top_k_positions(uniforms: jax.Array, k: int, margin: float = _CANDIDATE_MAR
     """
     size = uniforms.shape[-1]
     t, capacity = _candidate_window(size, k, margin)
-    if 2 * capacity > size:  # the buffer would not be much smaller than the values
+
+    def from_all(uniforms: jax.Array) -> jax.Array:
         return jax.lax.top_k(uniforms, k)[1]
+
+    if 2 * capacity > size:  # the buffer would not be much smaller than the values
+        return from_all(uniforms)
     candidate = uniforms >= jnp.asarray(1.0 - t, uniforms.dtype)
     running = jnp.cumsum(candidate, dtype=jnp.int32)
     count = running[-1]
@@ -72,9 +76,6 @@ def _top_k_positions(uniforms: jax.Array, k: int, margin: float = _CANDIDATE_MAR
         positions = jnp.minimum(jnp.searchsorted(running, ranks), size - 1).astype(jnp.int32)
         values = jnp.where(ranks <= count, uniforms[positions], -jnp.inf)
         return positions[jax.lax.top_k(values, k)[1]]
-
-    def from_all(uniforms: jax.Array) -> jax.Array:
-        return jax.lax.top_k(uniforms, k)[1].astype(jnp.int32)
 
     short = (count >= k) & (count <= capacity)
     return jax.lax.cond(short, from_candidates, from_all, uniforms)
