@@ -72,6 +72,7 @@ _ATTRIBUTES = {
     "predictive_quantiles": "_predict.quantiles",
     "save_model": "_saved_model",
     "InputScaleWarning": "_validation",
+    "TargetScaleWarning": "_validation",
     "FitResult": "infer",
     "fit": "infer",
     "load_params": "io",
@@ -125,7 +126,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
         load_model,
         save_model,
     )
-    from numpyro_dgp._validation import InputScaleWarning
+    from numpyro_dgp._validation import InputScaleWarning, TargetScaleWarning
     from numpyro_dgp.infer import FitResult, fit
     from numpyro_dgp.io import load_params, save_params
     from numpyro_dgp.layers import gp_layer
@@ -152,6 +153,7 @@ __all__ = [
     "PredictiveObjective",
     "SavedModel",
     "Standardization",
+    "TargetScaleWarning",
     "bernoulli_probit",
     "check_params",
     "cli",

@@ -18,6 +18,8 @@ import numpy as np
 __all__ = [
     "InputScaleWarning",
     "SCALE_LIMITS",
+    "TARGET_LIMITS",
+    "TargetScaleWarning",
     "as_float_array",
     "check_choice",
     "check_directory",
@@ -26,6 +28,8 @@ __all__ = [
     "check_interval",
     "check_mapping",
     "check_name",
+    "check_observed",
+    "check_rows",
     "check_present",
     "non_finite_entries",
     "check_positive_int",
@@ -55,6 +59,25 @@ class InputScaleWarning(UserWarning):
     (inputs spread above the upper limit relative to the layer's lengthscales) and
     :func:`numpyro_dgp.predict` (test inputs above the upper limit); silence it with
     ``warnings.filterwarnings("ignore", category=InputScaleWarning)``.
+    """
+
+
+#: Largest ``|mean|`` and the range of the standard deviation of a Gaussian (or Student-t)
+#: target outside which :class:`TargetScaleWarning` is issued.
+TARGET_LIMITS = (10.0, (0.1, 10.0))
+
+
+class TargetScaleWarning(UserWarning):
+    """A Gaussian (or Student-t) target far from standardized: its mean is beyond +-10 or its
+    standard deviation outside [0.1, 10], while the last layer starts as a zero-mean GP of unit
+    variance and the noise at 0.01, so the fit may end at a constant predictor (a target of
+    standard deviation 77 fitted to an RMSE of 77).
+
+    Standardize the targets with the training part's statistics and map the predictions back:
+    ``s = Standardization.fit(X_train, y_train)``, fit on ``s.targets(y_train)``, then
+    ``s.to_data_units(prediction)`` (:class:`~numpyro_dgp.Standardization`). Issued once per
+    distinct problem by :func:`numpyro_dgp.fit`; silence it with
+    ``warnings.filterwarnings("ignore", category=TargetScaleWarning)``.
     """
 
 
@@ -494,3 +517,111 @@ def warn_if_not_standardized(
         InputScaleWarning,
         stacklevel=stacklevel,
     )
+
+
+def check_rows(args: tuple, kwargs: dict, caller: str) -> None:
+    """Refuse array arguments with no rows (a zero-length first axis), naming the argument.
+
+    :raises ValueError: for one.
+    """
+    for where, value in [(f"args[{i}]", a) for i, a in enumerate(args)] + [
+        (f"{k}=", v) for k, v in kwargs.items()
+    ]:
+        if is_array(value) and value.ndim >= 1 and value.shape[0] == 0:
+            raise ValueError(f"{caller}: {where} has no rows (shape {tuple(value.shape)})")
+
+
+def _base_distribution(fn: Any) -> Any:
+    while hasattr(fn, "base_dist"):  # Independent, Expanded, Masked wrappers
+        fn = fn.base_dist
+    return fn
+
+
+def _argument_name(value: Any, args: tuple, kwargs: dict) -> str:
+    """`` (args[i])`` or `` (name=)`` when ``value`` is that argument itself, else ``""``."""
+    for i, a in enumerate(args):
+        if a is value:
+            return f" (args[{i}])"
+    return next((f" ({k}=)" for k, v in kwargs.items() if v is value), "")
+
+
+def _check_support(name: str, where: str, fn: Any, value: np.ndarray, caller: str) -> None:
+    """Refuse observed values outside ``fn``'s support (NaN entries, missing targets, aside).
+
+    :raises ValueError: naming the site, the argument and a value.
+    """
+    try:
+        support = fn.support
+        event_dim = support.event_dim
+        if np.issubdtype(value.dtype, np.floating) and np.isnan(value).any():
+            if event_dim:
+                return  # rows with gaps are the model's to mask
+            value = value[~np.isnan(value)]
+        inside = np.asarray(support(value))
+    except Exception:  # noqa: BLE001 - a support with traced bounds: left to the model
+        return
+    if inside.all():
+        return
+    example = f", e.g. {value[~inside].ravel()[0].item()!r}" if not event_dim else ""
+    raise ValueError(
+        f"{caller}: observed site {name!r}{where} holds {int(np.sum(~inside))} value(s) outside "
+        f"the support of its {type(_base_distribution(fn)).__name__} ({support}){example}"
+    )
+
+
+def _warn_if_target_not_standardized(name: str, where: str, value: np.ndarray, caller: str) -> None:
+    """Issue :class:`TargetScaleWarning` (once per distinct problem) for a Gaussian target whose
+    mean or spread is outside :data:`TARGET_LIMITS`."""
+    present = value[np.isfinite(value)].astype(np.float64)
+    if present.size < 2:
+        return
+    mean, std = float(present.mean()), float(present.std())
+    largest_mean, (low, high) = TARGET_LIMITS
+    if abs(mean) <= largest_mean and (std == 0 or low <= std <= high):
+        return
+    fingerprint = ("target", name, round(np.log10(abs(mean) + 1e-300)), round(np.log10(std + 1e-300)))
+    if fingerprint in _WARNED:
+        return
+    _WARNED.add(fingerprint)
+    warnings.warn(
+        f"{caller}: the Gaussian target {name!r}{where} is far from standardized: mean {mean:.4g}, "
+        f"standard deviation {std:.4g} (expected |mean| <= {largest_mean:g} and a standard "
+        f"deviation within [{low:g}, {high:g}]). The last layer starts as a zero-mean GP of unit "
+        "variance, so the fit may end at a constant predictor: standardize the target with the "
+        "training part's statistics (numpyro_dgp.Standardization.fit(X, y), fit on "
+        "s.targets(y), map predictions back with s.to_data_units).",
+        TargetScaleWarning,
+        stacklevel=4,
+    )
+
+
+def check_observed(model: Any, args: tuple, kwargs: dict, caller: str) -> None:
+    """Check the observed values of one abstract run of ``model`` (``jax.eval_shape``: nothing is
+    computed; about 20 ms): values outside their distribution's support are refused, and a
+    Gaussian or Student-t target far from standardized gets a :class:`TargetScaleWarning`.
+    Only values the model observes as they were passed (``obs=y``) are concrete here; an
+    observation computed from the arguments inside the model is left to the model's own checks.
+
+    :raises ValueError: an observed value outside its distribution's support, naming the site
+        and the argument.
+    """
+    from numpyro import handlers
+    from numpyro.distributions import Normal, StudentT
+
+    found = []
+
+    def probe():
+        with handlers.block():
+            tr = handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)
+        for name, site in tr.items():
+            if site["type"] == "sample" and site["is_observed"]:
+                value = concrete(site["value"])
+                if value is not None and value.size:
+                    found.append((name, site["fn"], value, _argument_name(site["value"], args, kwargs)))
+        return 0
+
+    jax.eval_shape(probe)
+    for name, fn, value, where in found:
+        _check_support(name, where, fn, value, caller)
+        if isinstance(_base_distribution(fn), (Normal, StudentT)):
+            _warn_if_target_not_standardized(name, where, value, caller)

@@ -28,6 +28,7 @@ __all__ = [
     "check_params_against",
     "param_specs",
     "set_up_guide",
+    "training_arguments",
 ]
 
 #: entries of each kind listed in an error message before "... and N more"
@@ -144,7 +145,7 @@ def _signature(args: tuple, kwargs: dict) -> tuple | None:
     return key
 
 
-def _training_arguments(model: Callable, guide: Callable | None) -> tuple[tuple, dict] | None:
+def training_arguments(model: Callable, guide: Callable | None) -> tuple[tuple, dict] | None:
     """The (abstract) arguments a library guide's structure was built from, when it was built
     on ``model``: the guide's parameters are those it creates on them, whatever the inputs of
     a later call (initial values computed from the data, such as k-means inducing inputs, must
@@ -200,7 +201,7 @@ def param_specs(
     prototype = (
         getattr(guide, "prototype_trace", None) if getattr(guide, "model", None) is model else None
     )
-    training = _training_arguments(model, guide)
+    training = training_arguments(model, guide)
     signature = _signature(*(training if training is not None else (args, kwargs)))
     key = None if signature is None else (model, signature)
     entry = None if key is None else _SPECS.get(owner, key)

@@ -29,6 +29,7 @@ from numpyro_dgp._predict.mixture import PREDICTION_NODES, Component, component_
 from numpyro_dgp._predict.prediction import (
     Prediction,
     check_guide_is_set_up,
+    checked_test_inputs,
     observation_site,
     warn_if_not_finite,
 )
@@ -36,15 +37,6 @@ from numpyro_dgp.core import collapsed_posterior
 from numpyro_dgp.objectives._collapsed import CollapsedData, collapse_sparse_layer
 
 __all__ = ["predict_collapsed", "predict_moment_matched"]
-
-
-def _check_inputs(X_new: ArrayLike, caller: str) -> jax.Array:
-    X_new = jnp.asarray(X_new)
-    if X_new.ndim != 2:
-        raise ValueError(f"{caller}: X_new must have shape (num_points, dim), got {X_new.shape}")
-    if not bool(jnp.all(jnp.isfinite(X_new))):
-        raise ValueError(f"{caller}: X_new contains NaN or inf values")
-    return X_new
 
 
 def _one_component(likelihood: str, component: Component, node_weights: ArrayLike) -> Prediction:
@@ -90,8 +82,8 @@ def predict_moment_matched(
         :class:`~numpyro_dgp.objectives.NestedCompressionElbo`).
     """
     caller = "predict_moment_matched"
-    X_new = _check_inputs(X_new, caller)
     check_guide_is_set_up(guide, caller)
+    X_new = checked_test_inputs(X_new, caller, params, model, guide)
     key = jax.random.PRNGKey(0)  # the guide's draws are not used: the moments are deterministic
     found = {}
 
@@ -174,7 +166,7 @@ def predict_collapsed(
     :raises NotImplementedError: for models the collapsed objective does not take.
     """
     caller = "predict_collapsed"
-    X_new = _check_inputs(X_new, caller)
+    X_new = checked_test_inputs(X_new, caller, params)
     key = jax.random.PRNGKey(0)  # nothing is sampled: the u site's draw is replaced
     fitted = substitute(seed(model, key), data=params)
     handler = collapse_sparse_layer(fitted, method, caller)

@@ -41,7 +41,12 @@ from numpyro.handlers import replay, seed, substitute, trace
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._engine.observation import observation_kind
 from numpyro_dgp._engine.run import marginal_trace
-from numpyro_dgp._persist.params import PREDICT_HINT, check_params_against, param_specs
+from numpyro_dgp._persist.params import (
+    PREDICT_HINT,
+    check_params_against,
+    param_specs,
+    training_arguments,
+)
 from numpyro_dgp._predict.mixture import (
     component_of,
     flatten_branches,
@@ -137,11 +142,42 @@ class Prediction(NamedTuple):
     atom_weights: jax.Array | None = None
 
 
-def checked_test_inputs(X_new: ArrayLike, caller: str) -> jax.Array:
-    """``X_new`` at the door: a finite float ``(N, D)`` array (integers cast), a warning when its
-    features are spread far beyond the unit scale kernels start at."""
+def checked_test_inputs(
+    X_new: ArrayLike,
+    caller: str,
+    values: Any = None,
+    model: Callable | None = None,
+    guide: Callable | None = None,
+) -> jax.Array:
+    """``X_new`` at the door: a finite float ``(N, D)`` array with at least one row (integers
+    cast), in the floating dtype of the fitted ``values`` (parameters or samples: a model predicts
+    in the dtype it was fitted in, whatever the inputs' dtype, since default jitters follow the
+    inputs' dtype), with the number of columns of the training inputs where ``guide`` recorded
+    them for ``model``; a warning when its features are spread far beyond the unit scale kernels
+    start at.
+
+    :raises ValueError: no rows, NaN or inf, or another number of columns than the training
+        inputs had.
+    """
     X_new = as_float_array(X_new, "X_new", caller, ndim=2)
+    if X_new.shape[0] == 0:
+        raise ValueError(f"{caller}: X_new has no rows (shape {tuple(X_new.shape)})")
     check_finite(X_new, "X_new", caller)
+    training = None if guide is None else training_arguments(model, guide)
+    X_train = training[0][0] if training is not None and training[0] else None
+    if getattr(X_train, "ndim", 0) == 2 and X_train.shape[-1] != X_new.shape[-1]:
+        D = X_train.shape[-1]
+        raise ValueError(
+            f"{caller}: X_new has {X_new.shape[-1]} columns; the model was fitted on inputs with "
+            f"{D} (X_new must be (N, {D}), its columns in the training order)"
+        )
+    floating = [
+        leaf.dtype
+        for leaf in jax.tree_util.tree_leaves(values)
+        if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating)
+    ]
+    if floating:
+        X_new = X_new.astype(jnp.result_type(*floating))
     warn_if_not_standardized(X_new, "X_new", caller, upper_only=True, stacklevel=4)
     return X_new
 
@@ -250,8 +286,8 @@ def predict(
     """
     check_positive_int(num_samples, "num_samples", "predict")
     check_positive_int(batch_size, "batch_size", "predict", allow_none=True)
-    X_new = checked_test_inputs(X_new, "predict")
     check_guide_is_set_up(guide, "predict")
+    X_new = checked_test_inputs(X_new, "predict", params, model, guide)
     N = X_new.shape[0]
     if batch_size is not None and batch_size < N:
         return _predict_in_batches(

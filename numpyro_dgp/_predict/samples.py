@@ -78,7 +78,7 @@ def predict_from_samples(
     :raises ~numpyro_dgp.ParameterMismatchError: samples or ``params`` that do not match the model.
     :raises ValueError: for invalid arguments (empty samples, a missing ``"<layer>.u"`` site, ...).
     """
-    X_new = checked_test_inputs(X_new, "predict_from_samples")
+    X_new = checked_test_inputs(X_new, "predict_from_samples", (samples, params))
     samples, S = _check_sample_arrays(samples)
     fixed = _check_samples(model, samples, params, X_new, args, kwargs, strict)
 

@@ -30,16 +30,31 @@ from numpyro_dgp._persist.params import (
 )
 from numpyro_dgp._protocol import model_config
 from numpyro_dgp._validation import (
+    check_observed,
     check_positive_int,
+    check_rows,
     concrete,
     is_array,
     non_finite_entries,
     split_traced,
     warn_if_not_standardized,
 )
-from numpyro_dgp.infer._checkpoint import Progress, read_checkpoint, write_checkpoint
+from numpyro_dgp.infer._checkpoint import (
+    Progress,
+    check_same_fit,
+    fit_identity,
+    read_checkpoint,
+    with_parameters,
+    write_checkpoint,
+)
 from numpyro_dgp.infer._faults import failed_layer
-from numpyro_dgp.infer._loop import TrainingLog, guarded_update, report_skipped, run_chunks
+from numpyro_dgp.infer._loop import (
+    TrainingLog,
+    guarded_update,
+    non_finite_params,
+    report_skipped,
+    run_chunks,
+)
 
 __all__ = ["FitResult", "fit"]
 
@@ -127,15 +142,6 @@ def _get_params(svi, state):
         compiled = jax.jit(lambda state: svi_ref().get_params(state))
         _GET_PARAMS.put(svi, "get_params", compiled)
     return compiled(state)
-
-
-def _non_finite_entries(params):
-    """Names of the entries of ``params`` holding NaN or inf (checked on the host)."""
-    return [
-        k
-        for k, v in params.items()
-        if np.issubdtype(np.asarray(v).dtype, np.inexact) and not np.all(np.isfinite(np.asarray(v)))
-    ]
 
 
 def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
@@ -264,7 +270,10 @@ def fit(
     :param checkpoint_every: steps between checkpoints (needs ``checkpoint_path``).
     :param resume: continue from ``checkpoint_path`` if that file exists (else start afresh,
         so the same call serves the first run and every restart); ``rng_key``,
-        ``init_state`` or ``init_params`` only rebuild the state's structure then.
+        ``init_state`` or ``init_params`` only rebuild the state's structure then. A checkpoint
+        records what identifies its fit (the data's shapes, dtypes and SHA-256, the parameters,
+        the guide, the objective and the optimizer with its settings): another fit's is refused
+        before any work, naming what differs.
     :param allow_missing: pass NaN entries of the model's arguments after the first (the
         targets) on to the model, which masks them out of its likelihood (its own
         ``numpyro.handlers.mask``); models of :mod:`numpyro_dgp.models` built with
@@ -291,6 +300,8 @@ def fit(
         init_params,
     )
     _check_finite_args(args, kwargs, allow_missing or _masks_missing_targets(svi.model))
+    check_rows(args, kwargs, "fit")
+    check_observed(svi.model, args, {**kwargs, **svi.static_kwargs}, "fit")
     if (
         args
         and is_array(args[0])
@@ -307,6 +318,10 @@ def fit(
         )
         else None
     )
+    # what identifies this fit in its checkpoints; another fit's checkpoint is refused up front
+    identity = None if checkpoint_path is None else fit_identity(svi, args, kwargs)
+    if resume_from is not None:
+        check_same_fit(resume_from, identity)
     # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
     dyn_args, static_args, dyn_kwargs, sorted_static = split_traced(args, kwargs)
     static_kwargs = dict(sorted_static)
@@ -316,7 +331,7 @@ def fit(
     compile_chunk = _early_chunk_compile(
         svi, run_chunk, num_steps, dyn_args, dyn_kwargs, average_from, compile_times
     )
-    progress, param_names = _starting_point(
+    progress, identity = _starting_point(
         svi,
         rng_key,
         args,
@@ -328,6 +343,7 @@ def fit(
         resume_from,
         num_steps,
         compile_chunk,
+        identity,
     )
     scan = _Scan(run_chunk, progress, dyn_args, dyn_kwargs, average_from)
     # after compile_chunk (beside the initialization) the chunk's compile reads JAX's cache
@@ -347,7 +363,7 @@ def fit(
             done == num_steps or (checkpoint_every and done % checkpoint_every == 0)
         ):
             write_checkpoint(
-                checkpoint_path, scan.progress(done, log), num_steps, average_from, param_names
+                checkpoint_path, scan.progress(done, log), num_steps, average_from, identity
             )
 
     log = TrainingLog(
@@ -358,10 +374,10 @@ def fit(
         progress_bar=progress_bar,
     )
     run_chunks(scan, log, chunk_length, checkpoint)
-    report_skipped(log, svi, scan.state, args, kwargs)
-    averaged = svi.constrain_fn(scan.mean) if average_from is not None else None
     # no chunk ran when resuming from a checkpoint of the finished run
     params = _get_params(svi, scan.state) if scan.params is None else scan.params
+    report_skipped(log, svi, scan.state, args, kwargs, params)
+    averaged = svi.constrain_fn(scan.mean) if average_from is not None else None
     return FitResult(
         params,
         log.losses,
@@ -470,10 +486,12 @@ def _starting_point(
     resume_from,
     num_steps,
     compile_chunk,
+    identity,
 ):
-    """``(progress, parameter names)`` where the fit starts: a new state (``svi.init``, the chunk
+    """``(progress, identity)`` where the fit starts: a new state (``svi.init``, the chunk
     function compiled beside it by ``compile_chunk``), ``init_state``, or the checkpoint
-    ``resume_from``; refuses non-finite parameters."""
+    ``resume_from``; refuses non-finite parameters. ``identity`` (``None`` without checkpoints)
+    comes back with the parameters added (:func:`~numpyro_dgp.infer._checkpoint.with_parameters`)."""
     if init_state is None:
         if rng_key is None:
             raise ValueError(
@@ -494,13 +512,14 @@ def _starting_point(
     progress = Progress(0, init_state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
     # the optimizer's (unconstrained) values: the same names as the constrained parameters,
     # finite where they are, and read without compiling anything
-    names = sorted(svi.optim.get_params(init_state.optim_state))
+    if identity is not None:
+        identity = with_parameters(identity, svi.optim.get_params(init_state.optim_state))
     if resume_from is not None:
-        progress = read_checkpoint(resume_from, progress, num_steps, average_from, names)
-    bad = _non_finite_entries(svi.optim.get_params(progress.state.optim_state))
+        progress = read_checkpoint(resume_from, progress, num_steps, average_from, identity)
+    bad = non_finite_params(svi.optim.get_params(progress.state.optim_state))
     if bad:
         raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
-    return progress, names
+    return progress, identity
 
 
 def _check_fit_arguments(

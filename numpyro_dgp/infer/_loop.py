@@ -23,7 +23,14 @@ from numpyro.infer.svi import SVIState
 from numpyro_dgp._validation import tree_all_finite
 from numpyro_dgp.infer._faults import diagnose_layers
 
-__all__ = ["TrainingLog", "guarded_update", "report_skipped", "run_chunks", "select"]
+__all__ = [
+    "TrainingLog",
+    "guarded_update",
+    "non_finite_params",
+    "report_skipped",
+    "run_chunks",
+    "select",
+]
 
 
 def select(flag: jax.Array | bool, new: Any, old: Any) -> Any:
@@ -149,18 +156,49 @@ def run_chunks(
     return log
 
 
+def non_finite_params(params: dict) -> list[str]:
+    """Names of the entries of ``params`` holding NaN or inf (checked on the host)."""
+    return [
+        k
+        for k, v in params.items()
+        if np.issubdtype(np.asarray(v).dtype, np.inexact) and not np.all(np.isfinite(np.asarray(v)))
+    ]
+
+
 def report_skipped(
-    log: TrainingLog, svi: SVI, state: SVIState, args: tuple, kwargs: dict, diagnose: bool = True
+    log: TrainingLog,
+    svi: SVI,
+    state: SVIState,
+    args: tuple,
+    kwargs: dict,
+    params: dict,
+    diagnose: bool = True,
 ) -> None:
-    """Warn about skipped updates, or raise when every update of the run was skipped; with
-    ``diagnose``, an eager run at the final parameters names the layer whose ``K(Z, Z)`` fails."""
-    if not log.num_skipped:
+    """Warn about skipped updates; raise when the run diverged: every update skipped, or final
+    (constrained) parameters ``params`` that are not finite, which no model can be loaded or
+    predict with. With ``diagnose``, an eager run at the final parameters names the layer whose
+    ``K(Z, Z)`` fails."""
+    bad = non_finite_params(params)
+    if not (log.num_skipped or bad):
         return
     why = diagnose_layers(svi, state, args, kwargs) if diagnose else ""
     if log.num_skipped == log.num_steps:
         raise FloatingPointError(
             f"{log.caller}: every update produced a non-finite loss or parameters; check the data "
             "scale, the jitter (numpyro_dgp.core.default_jitter) and the learning rate." + why
+        )
+    if bad:
+        first = np.flatnonzero(~np.isfinite(log.losses))
+        at = (
+            f" at step {first[0] + 1} (the first whose loss was not finite; "
+            f"{log.num_skipped} of {log.num_steps} updates skipped)"
+            if first.size
+            else " at its last step"
+        )
+        raise FloatingPointError(
+            f"{log.caller}: the fit diverged{at}: the final parameters {bad} are not finite. "
+            "Lower the learning rate or clip the updates (optax.clip_by_global_norm), and check "
+            "the data scale." + why
         )
     warnings.warn(
         f"{log.caller}: skipped {log.num_skipped} of {log.num_steps} updates with non-finite loss "

@@ -213,9 +213,10 @@ def fit_minibatches(
     run_chunks(run, log, lambda done: min(sync_every, num_steps - done))
     state = carry["state"]
     # the diagnostic's eager run would need every process of a distributed fit: only without a mesh
-    report_skipped(log, svi, state, carry["batch"], kwargs, diagnose=mesh is None)
+    params = svi.get_params(state)
+    report_skipped(log, svi, state, carry["batch"], kwargs, params, diagnose=mesh is None)
     return FitResult(
-        svi.get_params(state),
+        params,
         log.losses,
         state,
         log.num_skipped,
