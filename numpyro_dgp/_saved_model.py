@@ -46,12 +46,13 @@ from numpyro_dgp._persist.model_files import (
     ModelFileError,
     check_model_directory,
     check_model_dtype,
+    check_model_output,
     check_params_file,
     newer_library_hint,
     read_config,
     sha256,
 )
-from numpyro_dgp._persist.standardization import Standardization
+from numpyro_dgp._persist.standardization import Standardization, check_standardization
 from numpyro_dgp._protocol import model_config
 from numpyro_dgp._validation import check_positive_int
 
@@ -210,30 +211,13 @@ def _check_save_model_arguments(
             "amortized_dgp (a model of your own: save its parameters with save_params)"
         )
     check_positive_int(input_dim, "input_dim", "save_model")
-    if standardization is not None and np.shape(standardization.x_mean) != (int(input_dim),):
-        raise ValueError(
-            f"save_model: standardization has {np.shape(standardization.x_mean)} feature means, "
-            f"input_dim is {input_dim}"
-        )
+    if standardization is not None:
+        check_standardization(standardization, input_dim, "save_model")
     if feature_names is not None and len(feature_names) != int(input_dim):
         raise ValueError(
             f"save_model: {len(feature_names)} feature_names for input_dim={input_dim}"
         )
     return config
-
-
-def _check_model_target(path: Path, overwrite: bool) -> None:
-    """Raise unless the model directory can be written at ``path``.
-
-    :raises FileExistsError: ``path`` exists and ``overwrite`` is false.
-    :raises FileNotFoundError: its parent directory does not exist.
-    """
-    if path.exists() and not overwrite:
-        raise FileExistsError(
-            f"save_model: {str(path)!r} exists; pass overwrite=True to replace it"
-        )
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"save_model: the directory {str(path.parent)!r} does not exist")
 
 
 def _check_document_json(document: dict[str, Any]) -> str:
@@ -274,16 +258,26 @@ def save_model(
     :param feature_names: ``D`` names of the input columns (written to ``model.json``).
     :param target_name: name of the target column (a list of names for several).
     :param metadata: further JSON-serializable information (e.g. training metrics).
-    :param overwrite: replace an existing model directory at ``path``.
+    :param overwrite: replace an existing model directory at ``path``: one this library wrote
+        (``model.json`` and ``params.npz``, nothing else), or an empty folder. Anything else (a
+        file, a folder of your own) is refused, never deleted.
     :return: the directory written.
     :raises TypeError: a model not built by a factory, a guide not of this library, or
         arguments that cannot be written.
-    :raises FileExistsError: ``path`` exists and ``overwrite`` is false.
-    :raises ValueError: an inconsistent ``input_dim``, ``standardization`` or ``feature_names``.
+    :raises FileExistsError: ``path`` exists and ``overwrite`` is false, or it is not a model
+        directory this library wrote.
+    :raises FileNotFoundError: the parent directory does not exist.
+    :raises ValueError: an ``input_dim`` the parameters contradict, a ``standardization`` that is
+        not finite, not positive in its scales or of another size, ``feature_names`` of another
+        size.
+    :raises ~numpyro_dgp.ParameterMismatchError: parameters :func:`load_model` would refuse
+        (another model's, or not finite): the model is rebuilt from what is written and
+        checked as loading checks it, so that a saved model always loads.
     """
     from numpyro_dgp.io import save_params
 
     path = Path(os.fspath(path)).expanduser()
+    check_model_output(path, overwrite, "save_model: path", "overwrite=True")
     config = _check_save_model_arguments(model, input_dim, standardization, feature_names)
     arguments = {k: encode_value(v, k) for k, v in config["arguments"].items()}
     document: dict[str, Any] = {
@@ -302,7 +296,7 @@ def save_model(
         "metadata": dict(metadata or {}),
         "files": {},
     }
-    _check_model_target(path, overwrite)
+    _rebuilt(document, params, f"save_model (input_dim={int(input_dim)})")
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         save_params(tmp / PARAMS_FILE, dict(params))
@@ -430,45 +424,7 @@ class SavedModel:
             batch_size=batch_size,
             keep_layers=keep_layers,
         )
-        if (
-            s is None
-            or prediction.likelihood in ("bernoulli", "categorical")
-            or (np.all(np.asarray(s.y_mean) == 0.0) and np.all(np.asarray(s.y_scale) == 1.0))
-        ):
-            return prediction
-        return _in_data_units(prediction, s.y_mean, s.y_scale)
-
-
-def _check_location_scale(atoms: Any) -> None:
-    """Raise unless the prediction's atoms (``None``: none) are of a location-scale family.
-
-    :raises ValueError: otherwise.
-    """
-    if atoms is not None and not {"loc", "scale"} <= set(atoms.arg_constraints):
-        raise ValueError(
-            f"SavedModel.predict: a {type(atoms).__name__} prediction has no location and scale to "
-            "map to the data's units; pass standardized=True"
-        )
-
-
-def _in_data_units(prediction: Any, shift: Any, scale: Any) -> Any:
-    """``prediction`` of standardized targets mapped by ``y = shift + scale y_std`` (each column by
-    its own where ``shift`` and ``scale`` are ``(T,)``): means, variances and, for a ``"general"``
-    prediction of a location-scale family, its atoms."""
-    m, sc = jnp.asarray(shift, prediction.mean.dtype), jnp.asarray(scale, prediction.mean.dtype)
-    atoms = prediction.atoms
-    _check_location_scale(atoms)
-    if atoms is not None:
-        params = {name: getattr(atoms, name) for name in atoms.arg_constraints}
-        params["loc"], params["scale"] = params["loc"] * sc + m, params["scale"] * sc
-        atoms = type(atoms)(**params, validate_args=False)
-    return prediction._replace(
-        mean=prediction.mean * sc + m,
-        variance=prediction.variance * sc**2,
-        component_means=prediction.component_means * sc + m,
-        component_variances=prediction.component_variances * sc**2,
-        atoms=atoms,
-    )
+        return prediction if s is None else s.to_data_units(prediction)
 
 
 def _placeholder_targets(arguments: Mapping[str, Any], rows: int, dtype: Any) -> jax.Array:
@@ -501,41 +457,60 @@ def load_model(path: os.PathLike | str) -> SavedModel:
         (with the same upgrade hint).
     :raises ValueError: float64 parameters while JAX's 64-bit mode is off.
     """
-    from numpyro_dgp._persist.params import (
-        STRICT_HINT,
-        check_params_against,
-        param_specs,
-        set_up_guide,
-    )
     from numpyro_dgp.io import load_params
 
     path = check_model_directory(path)
     config = read_config(path)
     params_path = path / PARAMS_FILE
     check_params_file(params_path, path, config)
-    dtype = check_model_dtype(config, path)
+    check_model_dtype(config, path)
+    params = load_params(params_path)
+    standardization = config.get("standardization")
+    if standardization is not None:
+        standardization = Standardization.from_json(standardization)
+        try:
+            check_standardization(standardization, int(config["input_dim"]), "load_model")
+        except ValueError as err:
+            raise ModelFileError(f"{str(path / CONFIG_FILE)!r} is corrupted: {err}") from err
+    model, guide = _rebuilt(config, params, f"load_model({str(path)!r})", path)
+    return SavedModel(model, guide, params, config, standardization)
+
+
+def _rebuilt(
+    config: Mapping[str, Any], params: Mapping[str, Any], where: str, path: Path | None = None
+) -> tuple[Callable, Any]:
+    """``(model, guide)`` rebuilt from a ``model.json`` document by the library's factories, the
+    guide set up abstractly on placeholder data of ``input_dim`` columns, and ``params`` checked
+    against them (names, shapes, dtypes, finiteness): what :func:`load_model` does, and what
+    :func:`save_model` does before writing, so that a saved model loads.
+
+    :raises ModelFileError: (``path`` given: loading) a model this library cannot build.
+    :raises ~numpyro_dgp.ParameterMismatchError: parameters that do not fit the described model.
+    """
+    from numpyro_dgp._persist.params import (
+        STRICT_HINT,
+        check_params_against,
+        param_specs,
+        set_up_guide,
+    )
+
     try:
         model = _make_model(config["model"])
         guide = _make_guide(model, config["guide"])
     except (TypeError, ValueError, KeyError) as err:
+        if path is None:
+            raise
         raise ModelFileError(
             f"load_model: {str(path / CONFIG_FILE)!r} describes a model this library cannot "
             f"build: {err}{newer_library_hint(config)}"
         ) from err
-    params = load_params(params_path)
-    standardization = config.get("standardization")
-    standardization = (
-        None if standardization is None else Standardization.from_json(standardization)
-    )
+    dtype = np.dtype(config["dtype"])
     D, rows = int(config["input_dim"]), _setup_rows(config["model"])
     X0 = jnp.zeros((rows, D), dtype)
     y0 = _placeholder_targets(config["model"].get("arguments") or {}, rows, dtype)
     set_up_guide(guide, jax.random.PRNGKey(0), (X0, y0), {})
+    hint = STRICT_HINT + (newer_library_hint(config) if path is not None else "")
     check_params_against(
-        param_specs(model, guide, (X0, y0), {}),
-        params,
-        f"load_model({str(path)!r})",
-        require_finite=True,
-        hint=STRICT_HINT + newer_library_hint(config),
+        param_specs(model, guide, (X0, y0), {}), params, where, require_finite=True, hint=hint
     )
-    return SavedModel(model, guide, params, config, standardization)
+    return model, guide

@@ -579,7 +579,12 @@ def _warn_if_target_not_standardized(name: str, where: str, value: np.ndarray, c
     largest_mean, (low, high) = TARGET_LIMITS
     if abs(mean) <= largest_mean and (std == 0 or low <= std <= high):
         return
-    fingerprint = ("target", name, round(np.log10(abs(mean) + 1e-300)), round(np.log10(std + 1e-300)))
+    fingerprint = (
+        "target",
+        name,
+        round(np.log10(abs(mean) + 1e-300)),
+        round(np.log10(std + 1e-300)),
+    )
     if fingerprint in _WARNED:
         return
     _WARNED.add(fingerprint)
@@ -617,7 +622,9 @@ def check_observed(model: Any, args: tuple, kwargs: dict, caller: str) -> None:
             if site["type"] == "sample" and site["is_observed"]:
                 value = concrete(site["value"])
                 if value is not None and value.size:
-                    found.append((name, site["fn"], value, _argument_name(site["value"], args, kwargs)))
+                    found.append(
+                        (name, site["fn"], value, _argument_name(site["value"], args, kwargs))
+                    )
         return 0
 
     jax.eval_shape(probe)

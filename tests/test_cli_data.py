@@ -46,8 +46,9 @@ def test_fit_then_predict_in_fresh_processes(tmp_path):
     assert "against the table's 'speed'" in predicted.stdout
     with open(out) as f:
         rows = list(csv.reader(f))
-    assert rows[0] == ["mean", "std", "q0.05", "q0.5", "q0.95"] and len(rows) == 26
-    values = np.array(rows[1:], float)
+    assert rows[0] == ["row", "mean", "std", "q0.05", "q0.5", "q0.95"] and len(rows) == 26
+    assert [r[0] for r in rows[1:]] == [str(i) for i in range(25)]  # the input table's rows, in order
+    values = np.array(rows[1:], float)[:, 1:]
     assert np.all(np.isfinite(values)) and np.all(values[:, 1] > 0)
     assert np.all(values[:, 2] < values[:, 3]) and np.all(values[:, 3] < values[:, 4])
     # original units: the targets are about 20 +- 5, the standardized ones near 0
@@ -93,8 +94,8 @@ def test_fit_probit_on_npz_and_predict(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "error_rate" in out
     rows = list(csv.reader(open(tmp_path / "p.csv")))
-    assert rows[0] == ["probability", "std"] and len(rows) == 81
-    p = np.array(rows[1:], float)[:, 0]
+    assert rows[0] == ["row", "probability", "std"] and len(rows) == 81
+    p = np.array(rows[1:], float)[:, 1]
     assert np.all((p >= 0) & (p <= 1))
 
 
@@ -156,8 +157,8 @@ def test_fit_softmax_poisson_and_student_t_then_predict(tmp_path, capsys):
         assert cli.main(["predict", str(tmp_path / target), str(tmp_path / "new.csv"), "--output",
                          str(tmp_path / f"{target}_p.csv")]) == 0
         rows = list(csv.reader(open(tmp_path / f"{target}_p.csv")))
-        assert rows[0] == header and len(rows) == 5, (likelihood, rows[0])
-        values = np.array(rows[1:], float)
+        assert rows[0] == ["row"] + header and len(rows) == 5, (likelihood, rows[0])
+        values = np.array(rows[1:], float)[:, 1:]
         assert np.all(np.isfinite(values))
         if likelihood == "softmax":
             np.testing.assert_allclose(values[:, :3].sum(1), 1.0, rtol=1e-9)
@@ -183,7 +184,7 @@ def test_fit_several_targets_with_missing_cells(tmp_path, capsys):
     assert cli.main(["predict", str(tmp_path / "m"), str(tmp_path / "new.csv"), "--output", str(tmp_path / "p.csv"),
                      "--quantiles", "0.5"]) == 0
     rows = list(csv.reader(open(tmp_path / "p.csv")))
-    assert rows[0] == ["mean_a", "std_a", "q0.5_a", "mean_b", "std_b", "q0.5_b"] and len(rows) == 4
+    assert rows[0] == ["row", "mean_a", "std_a", "q0.5_a", "mean_b", "std_b", "q0.5_b"] and len(rows) == 4
 
 
 def test_held_out_rows_without_a_label_are_not_scored(tmp_path, capsys):

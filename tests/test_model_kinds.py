@@ -230,11 +230,11 @@ def test_command_line_predicts_one_row_and_fewer_rows_than_inducing_points(tmp_p
         with open(tmp_path / "new.csv", "w", newline="") as f:
             csv.writer(f).writerows([["x"], *X_new[:rows]])
         assert cli.main(["predict", str(tmp_path / "m"), str(tmp_path / "new.csv"), "--output",
-                         str(tmp_path / "p.csv")]) == 0, capsys.readouterr().err
+                         str(tmp_path / "p.csv"), "--overwrite"]) == 0, capsys.readouterr().err
         with open(tmp_path / "p.csv") as f:
             table = list(csv.reader(f))
-        assert table[0][:2] == ["mean", "std"] and len(table) == rows + 1
-        values = np.array(table[1:], float)
+        assert table[0][:3] == ["row", "mean", "std"] and len(table) == rows + 1
+        values = np.array(table[1:], float)[:, 1:]
         assert np.all(np.isfinite(values)) and np.all(values[:, 1] > 0)
 
 

@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-import jax
 import numpy as np
 
 from numpyro_dgp import __version__
@@ -27,6 +26,7 @@ __all__ = [
     "ModelFileError",
     "check_model_directory",
     "check_model_dtype",
+    "check_model_output",
     "check_params_file",
     "newer_library_hint",
     "read_config",
@@ -148,6 +148,71 @@ def check_model_directory(path: os.PathLike | str) -> Path:
     return path
 
 
+def _written_by_us(path: Path) -> list[str]:
+    """The entries of the directory ``path`` that a model directory of this library does not
+    hold (empty when it holds only ``model.json`` of this format and ``params.npz``, or nothing)."""
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in (CONFIG_FILE, PARAMS_FILE))
+    config = path / CONFIG_FILE
+    if not foreign and config.exists():
+        try:
+            ours = json.loads(config.read_text(encoding="utf-8")).get("format") == MODEL_FORMAT
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            ours = False
+        if not ours:
+            foreign = [f"{CONFIG_FILE} (not written by numpyro_dgp)"]
+    elif not foreign and (path / PARAMS_FILE).exists():
+        foreign = [f"{PARAMS_FILE} without {CONFIG_FILE}"]
+    return foreign
+
+
+def check_model_output(
+    path: Path, overwrite: bool, name: str, flag: str, inputs: tuple = ()
+) -> None:
+    """Raise unless a model directory can be written at ``path``, before any work: its parent
+    exists and is writable, it is no input of the same command, and it is new, or (with
+    ``overwrite``) empty or a model directory this library wrote (``model.json`` of this format
+    and ``params.npz``, nothing else). A user's folder, a file, or a model directory with a file
+    of the user's added are never replaced.
+
+    :param path: the directory to write.
+    :param overwrite: replace an existing model directory.
+    :param name: how the caller names the path in messages (``"--output"``, ``"save_model: path"``).
+    :param flag: how the caller names ``overwrite`` (``"--overwrite"``, ``"overwrite=True"``).
+    :param inputs: files or folders the same command reads (a training table).
+    :raises FileExistsError: an input, a file, an existing directory without ``overwrite``, or one
+        this library did not write.
+    :raises FileNotFoundError: the parent directory does not exist.
+    :raises PermissionError: the parent directory is not writable.
+    """
+    shown = f"{name} {str(path)!r}"
+    target = path.resolve()
+    for source in inputs:
+        if Path(source).resolve() in (target, *target.parents):
+            raise FileExistsError(
+                f"{shown} is an input of this command ({str(source)!r}); nothing was written: "
+                "choose another path"
+            )
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(
+            f"{shown} is a file, not a model directory; nothing was written: choose another path"
+        )
+    if path.is_dir():
+        if not overwrite:
+            raise FileExistsError(f"{shown} exists; pass {flag} to replace the model directory")
+        foreign = _written_by_us(path)
+        if foreign:
+            raise FileExistsError(
+                f"{shown} is not a model directory written by numpyro_dgp (it holds "
+                f"{foreign[:5]}{' ...' if len(foreign) > 5 else ''}); {flag} replaces only such "
+                "a directory, so nothing was touched: choose another path"
+            )
+    parent = path.parent
+    if not parent.is_dir():
+        raise FileNotFoundError(f"{shown}: the directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"{shown}: the directory {str(parent)!r} is not writable")
+
+
 def check_params_file(params_path: Path, path: Path, config: Mapping[str, Any]) -> None:
     """Raise unless ``params.npz`` is there with the checksum ``model.json`` records.
 
@@ -171,6 +236,8 @@ def check_model_dtype(config: Mapping[str, Any], path: Path) -> np.dtype:
 
     :raises ValueError: a float64 model while 64-bit mode is off.
     """
+    import jax  # here: the command line checks its output paths with this module before JAX loads
+
     dtype = np.dtype(config["dtype"])
     if dtype == np.float64 and not jax.config.jax_enable_x64:
         raise ValueError(

@@ -8,7 +8,7 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 from jax.typing import ArrayLike
 
-__all__ = ["Standardization"]
+__all__ = ["Standardization", "check_standardization"]
 
 
 def _check_standardization_inputs(X: ArrayLike) -> np.ndarray:
@@ -81,6 +81,46 @@ class Standardization(NamedTuple):
         """
         return (np.asarray(y, dtype=np.float64) - self.y_mean) / self.y_scale
 
+    def to_data_units(self, prediction: Any) -> Any:
+        """A prediction of standardized targets in the data's units: ``y = y_mean + y_scale y_std``
+        (each column by its own mean and scale) for the means, variances, components and, for a
+        location-scale likelihood kept as atoms (Student-t, heteroscedastic Gaussian), the atoms.
+        Classification predictions, and any prediction when the targets were not standardized
+        (``y_mean = 0``, ``y_scale = 1``), are returned as they are.
+
+        :param prediction: a :class:`~numpyro_dgp.Prediction` at standardized inputs.
+        :return: the :class:`~numpyro_dgp.Prediction` in the data's units.
+        :raises ValueError: a prediction kept as atoms of a family without location and scale
+            (counts) whose targets were standardized.
+        """
+        import jax.numpy as jnp
+
+        identity = np.all(np.asarray(self.y_mean) == 0.0) and np.all(
+            np.asarray(self.y_scale) == 1.0
+        )
+        if identity or prediction.likelihood in ("bernoulli", "categorical"):
+            return prediction
+        m = jnp.asarray(self.y_mean, prediction.mean.dtype)
+        sc = jnp.asarray(self.y_scale, prediction.mean.dtype)
+        atoms = prediction.atoms
+        if atoms is not None:
+            if not {"loc", "scale"} <= set(atoms.arg_constraints):
+                raise ValueError(
+                    f"Standardization.to_data_units: a {type(atoms).__name__} prediction has no "
+                    "location and scale to map to the data's units (its targets should not have "
+                    "been standardized)"
+                )
+            params = {name: getattr(atoms, name) for name in atoms.arg_constraints}
+            params["loc"], params["scale"] = params["loc"] * sc + m, params["scale"] * sc
+            atoms = type(atoms)(**params, validate_args=False)
+        return prediction._replace(
+            mean=prediction.mean * sc + m,
+            variance=prediction.variance * sc**2,
+            component_means=prediction.component_means * sc + m,
+            component_variances=prediction.component_variances * sc**2,
+            atoms=atoms,
+        )
+
     def to_json(self) -> dict:
         """A JSON-serializable dict (lists of floats; Python's float repr round-trips exactly).
 
@@ -111,4 +151,42 @@ class Standardization(NamedTuple):
             np.asarray(data["x_scale"], np.float64),
             number(data["y_mean"]),
             number(data["y_scale"]),
+        )
+
+
+def _check_entries(value: Any, name: str, caller: str, shape: tuple | None, positive: bool) -> None:
+    """Raise unless ``value`` is finite (and positive) and, when ``shape`` is given, of that shape.
+
+    :raises ValueError: naming the field and the first bad entry.
+    """
+    array = np.asarray(value, dtype=np.float64)
+    if shape is not None and array.shape != shape:
+        raise ValueError(
+            f"{caller}: standardization.{name} has shape {array.shape}, expected {shape}"
+        )
+    bad = ~np.isfinite(array) | ((array <= 0) if positive else False)
+    if np.any(bad):
+        where = np.argwhere(np.atleast_1d(bad))[0].tolist()
+        kind = "finite and positive" if positive else "finite"
+        raise ValueError(
+            f"{caller}: standardization.{name} must be {kind}; "
+            f"entry {where} is {np.atleast_1d(array)[tuple(where)]!r}"
+        )
+
+
+def check_standardization(s: Standardization, input_dim: int, caller: str) -> None:
+    """Raise unless ``s`` maps ``input_dim`` features and its targets by finite means and finite,
+    positive scales, ``y_mean`` and ``y_scale`` of one shape (a number, or one per column).
+
+    :raises ValueError: naming the field.
+    """
+    _check_entries(s.x_mean, "x_mean", caller, (int(input_dim),), False)
+    _check_entries(s.x_scale, "x_scale", caller, (int(input_dim),), True)
+    _check_entries(s.y_mean, "y_mean", caller, None, False)
+    _check_entries(s.y_scale, "y_scale", caller, None, True)
+    y_shapes = np.shape(s.y_mean), np.shape(s.y_scale)
+    if y_shapes[0] != y_shapes[1] or len(y_shapes[0]) > 1:
+        raise ValueError(
+            f"{caller}: standardization.y_mean and y_scale must be numbers or one per target "
+            f"column, of one shape; got shapes {y_shapes[0]} and {y_shapes[1]}"
         )

@@ -300,12 +300,21 @@ _REGRESSION_SCORES = ("log_likelihood", "rmse", "crps")
 
 
 def _check_y_scale(prediction: Prediction, y_scale: ArrayLike) -> None:
-    """Refuse a ``y_scale`` other than 1 for a classification or count prediction (:func:`metrics`).
+    """Refuse a ``y_scale`` that is not finite and positive, of another shape than a number or
+    one per target column, or other than 1 for a classification or count prediction
+    (:func:`metrics`).
 
-    :raises ValueError: naming the prediction's kind.
+    :raises ValueError: naming ``y_scale`` (and the prediction's kind).
     """
     kind = prediction.likelihood
-    scaled = not np.all(np.asarray(y_scale) == 1.0)
+    scale = np.asarray(y_scale, dtype=np.float64)
+    columns = _target_shape(prediction)[1:]
+    if scale.shape not in ((), columns) or not np.all(np.isfinite(scale) & (scale > 0)):
+        raise ValueError(
+            f"metrics: y_scale must be a finite positive number, or one per target column "
+            f"(shape {columns}); got {y_scale!r}"
+        )
+    scaled = not np.all(scale == 1.0)
     if kind in ("bernoulli", "categorical") and scaled:
         raise ValueError(
             f"metrics: y_scale applies to regression predictions; a {kind} prediction takes "
@@ -350,11 +359,12 @@ def metrics(
         (each column's marginal log-likelihood, RMSE, CRPS) instead of one.
     :param rng_key: key of the CRPS draws (default ``PRNGKey(0)``: the same scores every call).
     :return: ``{name: float}`` (lists of floats with ``per_column``).
-    :raises ValueError: targets of another shape, labels the prediction does not have, or a
-        ``y_scale`` for a classification or count prediction.
+    :raises ValueError: targets of another shape, labels the prediction does not have, a
+        ``y_scale`` that is not finite and positive or of another shape, or one other than 1
+        for a classification or count prediction.
     """
-    y = _check_targets(prediction, y, "metrics")
     _check_y_scale(prediction, y_scale)
+    y = _check_targets(prediction, y, "metrics")
     kind = prediction.likelihood
     if kind in ("bernoulli", "categorical"):
         scores = _classification_scores(kind, y, _arrays(prediction))

@@ -10,10 +10,16 @@
   standardized with the training part's statistics, and save it
   (:func:`numpyro_dgp.save_model`); with ``--test-fraction`` print held-out metrics.
 * ``numpyro-dgp predict MODEL_DIR DATA --output predictions.csv`` -- predict with a saved
-  model (:func:`numpyro_dgp.load_model`): the predictive mean, standard deviation and
-  quantiles of every target column (regression, counts), the probability of ``y = 1``
-  (probit) or the class probabilities and the most probable class (softmax, robust max) per
-  row, in the data's units.
+  model (:func:`numpyro_dgp.load_model`): per row of ``DATA`` (its 0-based index in the
+  ``row`` column), the predictive mean, standard deviation and quantiles of every target
+  column (regression, counts), the probability of ``y = 1`` (probit) or the class
+  probabilities and the most probable class (softmax, robust max), in the data's units.
+
+Outputs are checked before any work and never written over what the command did not write:
+``fit --output`` must be new, or (with ``--overwrite``) a model directory this library wrote;
+``predict --output`` must be a new file, or an existing file with ``--overwrite``; neither
+may be one of the command's inputs or a folder of the user's. A fit that diverges (parameters
+or, at its last steps, losses that are not finite) exits with status 1 and saves nothing.
 
 Every numeric argument is checked before anything runs: counts must be positive integers,
 ``--lr`` a finite positive number, ``--seed`` a non-negative integer and ``--splits``
@@ -40,6 +46,7 @@ from numpyro_dgp.cli._table import (
     CONTINUOUS,
     check_feature_columns,
     check_fit_inducing,
+    check_output_file,
     fit_summary,
     fit_table,
     prediction_columns,
@@ -48,6 +55,7 @@ from numpyro_dgp.cli._table import (
     scores_text,
     train_test_rows,
     training_arrays,
+    write_atomically,
 )
 
 __all__ = ["build_parser", "main"]
@@ -184,6 +192,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     import numpy as np
 
+    from numpyro_dgp._persist.model_files import check_model_output
+
+    # NumPy only: the output path and the table are checked before JAX loads or anything runs
+    check_model_output(Path(args.output), args.overwrite, "--output", "--overwrite", (args.data,))
     targets = args.target
     masked = args.missing_targets == "mask"
     likelihood = LIKELIHOODS[args.likelihood]
@@ -232,7 +244,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
         **kwargs,
     )
     seconds = time.perf_counter() - start
-    final = float(np.nanmean(result.losses[-min(100, args.steps) :]))
+    last = result.losses[-min(100, args.steps) :]
+    if not np.isfinite(last).any():  # finite parameters, but a model no step can evaluate
+        raise FloatingPointError(
+            f"fit: the loss was not finite at any of the last {last.size} steps "
+            f"({result.num_skipped} of {args.steps} updates skipped)"
+        )
+    final = float(np.mean(last[np.isfinite(last)]))
     summary = fit_summary(args, N, train.size, test.size, batch, final, seconds, result)
     out = save_model(
         args.output,
@@ -265,10 +283,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """
     import json
 
-    from numpyro_dgp._persist.tables import (
-        read_table,
-    )  # NumPy only: a bad table is reported before JAX loads
+    # NumPy only: a bad output path or table is reported before JAX loads
+    from numpyro_dgp._persist.tables import read_table
 
+    check_output_file(Path(args.output), args.overwrite, (args.data, args.model_dir))
     table = read_table(args.data)
     config_path = Path(args.model_dir) / "model.json"
     try:
@@ -295,11 +313,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     header, columns = prediction_columns(pred, args.quantiles, targets)
-    with open(args.output, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(np.stack(columns, axis=1).tolist())
-    print(f"wrote {X.shape[0]} predictions to {args.output} ({', '.join(header)})")
+    rows = np.stack(columns, axis=1).tolist()
+    write_atomically(
+        Path(args.output),
+        lambda f: csv.writer(f).writerows(
+            [["row"] + header] + [[i] + r for i, r in enumerate(rows)]
+        ),
+    )
+    print(f"wrote {X.shape[0]} predictions to {args.output} (row, {', '.join(header)})")
     if targets and all(name in table.columns for name in targets):
         y = table.data[:, [table.columns.index(name) for name in targets]]
         y = y[:, 0] if len(targets) == 1 else y
@@ -330,12 +351,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``numpyro-dgp`` command.
 
     :param argv: the arguments after the program name (default: ``sys.argv[1:]``).
-    :return: the exit status: 0 on success, 2 on a ``ValueError``, ``FileNotFoundError`` or
-        ``FileExistsError`` (reported on standard error).
+    :return: the exit status: 0 on success; 1 when a fit diverged (nothing saved); 2 on a bad
+        argument, table or path (``ValueError``, ``OSError``: reported on standard error before
+        any work where it can be known then).
     """
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
+    except FloatingPointError as err:
+        lr = f" with --lr {args.lr:g}" if hasattr(args, "lr") else ""
+        print(
+            f"numpyro-dgp: error: the fit diverged{lr}; nothing was saved. {err}", file=sys.stderr
+        )
+        return 1
+    except (ValueError, OSError) as err:
         print(f"numpyro-dgp: error: {err}", file=sys.stderr)
         return 2

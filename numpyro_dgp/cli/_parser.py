@@ -134,21 +134,35 @@ def _target_list(text: str) -> list[str]:
     return names
 
 
+#: appended to an option's help: argparse fills in its default
+_DEFAULT = " (default: %(default)s)"
+
+
 def add_demo_parser(sub, func: Callable[[argparse.Namespace], int]) -> None:
     """Add the ``demo`` subcommand and its arguments to ``sub``; ``func`` runs it."""
     demo = sub.add_parser(
-        "demo", help="fit a DGP to the built-in step function and plot each layer"
+        "demo",
+        help="fit a DGP to the built-in step function and plot each layer",
     )
-    demo.add_argument("--steps", type=_positive_int, default=3000)
-    demo.add_argument("--seed", type=_non_negative_int, default=0)
-    demo.add_argument("--output-dir", default="demo_output")
-    demo.add_argument("--float32", action="store_true", help="single precision (default float64)")
+    demo.add_argument(
+        "--steps", type=_positive_int, default=3000, help="training steps per model" + _DEFAULT
+    )
+    demo.add_argument("--seed", type=_non_negative_int, default=0, help="random seed" + _DEFAULT)
+    demo.add_argument(
+        "--output-dir",
+        default="demo_output",
+        help="folder of the PNG (created if missing)" + _DEFAULT,
+    )
+    demo.add_argument("--float32", action="store_true", help="single precision (else float64)")
     demo.set_defaults(func=func)
 
 
 def add_uci_parser(sub, func: Callable[[argparse.Namespace], int]) -> None:
     """Add the ``uci`` subcommand and its arguments to ``sub``; ``func`` runs it."""
-    uci = sub.add_parser("uci", help="DSVI on UCI regression splits")
+    uci = sub.add_parser(
+        "uci",
+        help="DSVI on UCI regression splits",
+    )
     uci.add_argument(
         "--dataset",
         required=True,
@@ -156,28 +170,35 @@ def add_uci_parser(sub, func: Callable[[argparse.Namespace], int]) -> None:
         "wine, yacht, or any other folder in the standard split layout), or the path of such a "
         "folder",
     )
-    uci.add_argument("--splits", type=_parse_splits, default=[0], help="e.g. 0-4 or 0,3,7")
-    uci.add_argument("--layers", type=_positive_int, default=2)
+    uci.add_argument(
+        "--splits", type=_parse_splits, default=[0], help="e.g. 0-4 or 0,3,7 (default: 0)"
+    )
+    uci.add_argument("--layers", type=_positive_int, default=2, help="GP layers" + _DEFAULT)
     uci.add_argument(
         "--num-inducing",
         type=_positive_int,
         default=100,
-        help="M per layer (at most the number of training points)",
+        help="M per layer (at most the number of training points)" + _DEFAULT,
     )
-    uci.add_argument("--steps", type=_positive_int, default=5000)
-    uci.add_argument("--batch-size", type=_positive_int, default=1000)
-    uci.add_argument("--lr", type=_positive_float, default=0.01, help="Adam's learning rate (> 0)")
+    uci.add_argument("--steps", type=_positive_int, default=5000, help="training steps" + _DEFAULT)
+    uci.add_argument(
+        "--batch-size", type=_positive_int, default=1000, help="minibatch size" + _DEFAULT
+    )
+    uci.add_argument(
+        "--lr", type=_positive_float, default=0.01, help="Adam's learning rate (> 0)" + _DEFAULT
+    )
     uci.add_argument(
         "--data-dir", default=None, help="folder holding the data sets (default: $NUMPYRO_DGP_DATA)"
     )
-    uci.add_argument("--float32", action="store_true")
+    uci.add_argument("--float32", action="store_true", help="single precision (else float64)")
     uci.set_defaults(func=func)
 
 
 def add_fit_parser(sub, func: Callable[[argparse.Namespace], int]) -> None:
     """Add the ``fit`` subcommand and its arguments to ``sub``; ``func`` runs it."""
     fit = sub.add_parser(
-        "fit", help="fit a DGP to your own table (CSV with a header row, or .npz) and save it"
+        "fit",
+        help="fit a DGP to your own table (CSV with a header row, or .npz) and save it",
     )
     fit.add_argument("data", help="a CSV file with a header row, or an .npz of named columns")
     fit.add_argument(
@@ -187,61 +208,93 @@ def add_fit_parser(sub, func: Callable[[argparse.Namespace], int]) -> None:
         help="the column to predict, or several separated by commas (one model for all); every "
         "other column is a feature",
     )
-    fit.add_argument("--output", required=True, help="the model directory to write")
-    fit.add_argument("--layers", type=_positive_int, default=2)
-    fit.add_argument("--num-inducing", type=_positive_int, default=100, help="M per layer")
+    fit.add_argument(
+        "--output",
+        required=True,
+        help="the model directory to write (new, or see --overwrite); checked before the fit",
+    )
+    fit.add_argument("--layers", type=_positive_int, default=2, help="GP layers" + _DEFAULT)
+    fit.add_argument(
+        "--num-inducing", type=_positive_int, default=100, help="M per layer" + _DEFAULT
+    )
     fit.add_argument(
         "--hidden-width", type=_positive_int, default=None, help="inner-layer width (default: D)"
     )
-    fit.add_argument("--steps", type=_positive_int, default=5000)
-    fit.add_argument("--batch-size", type=_positive_int, default=1000)
-    fit.add_argument("--lr", type=_positive_float, default=0.01, help="Adam's learning rate (> 0)")
+    fit.add_argument("--steps", type=_positive_int, default=5000, help="training steps" + _DEFAULT)
+    fit.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=1000,
+        help="minibatch size (full batch below)" + _DEFAULT,
+    )
+    fit.add_argument(
+        "--lr", type=_positive_float, default=0.01, help="Adam's learning rate (> 0)" + _DEFAULT
+    )
     fit.add_argument(
         "--likelihood",
         choices=tuple(LIKELIHOODS),
         default="normal",
         help="normal or heteroscedastic (regression), student-t (robust regression), probit "
         "(target 0/1), softmax or robust-max (target 0..C-1), poisson or negative-binomial "
-        "(counts)",
+        "(counts)" + _DEFAULT,
     )
     fit.add_argument(
         "--missing-targets",
         choices=("raise", "mask"),
         default="raise",
-        help="mask: empty or NaN target cells are left out of the likelihood (default: refused)",
+        help="mask: empty or NaN target cells are left out of the likelihood (default: raise, "
+        "refused by name)",
     )
     fit.add_argument(
         "--test-fraction",
         type=_fraction,
         default=0.0,
-        help="hold out this fraction of rows (at random) and print metrics on them",
+        help="hold out this fraction of rows (at random) and print metrics on them" + _DEFAULT,
     )
-    fit.add_argument("--seed", type=_non_negative_int, default=0)
-    fit.add_argument("--float32", action="store_true", help="single precision (default float64)")
-    fit.add_argument("--overwrite", action="store_true", help="replace an existing model directory")
+    fit.add_argument("--seed", type=_non_negative_int, default=0, help="random seed" + _DEFAULT)
+    fit.add_argument("--float32", action="store_true", help="single precision (else float64)")
+    fit.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing model directory written by numpyro-dgp (never a file, a "
+        "folder of your own or an input)",
+    )
     fit.add_argument("--no-progress", action="store_true", help="no progress bar")
     fit.set_defaults(func=func)
 
 
 def add_predict_parser(sub, func: Callable[[argparse.Namespace], int]) -> None:
     """Add the ``predict`` subcommand and its arguments to ``sub``; ``func`` runs it."""
-    predict = sub.add_parser("predict", help="predict with a saved model; writes a CSV")
+    predict = sub.add_parser(
+        "predict",
+        help="predict with a saved model; writes a CSV",
+    )
     predict.add_argument(
         "model_dir", help="a model directory written by 'numpyro-dgp fit' or save_model"
     )
     predict.add_argument("data", help="a CSV or .npz table with the model's feature columns")
-    predict.add_argument("--output", required=True, help="the CSV file to write")
     predict.add_argument(
-        "--num-samples", type=_positive_int, default=100, help="mixture components"
+        "--output",
+        required=True,
+        help="the CSV file to write, one row per input row (its 0-based index in 'row')",
     )
     predict.add_argument(
-        "--batch-size", type=_positive_int, default=10_000, help="rows predicted at a time"
+        "--num-samples", type=_positive_int, default=100, help="mixture components" + _DEFAULT
+    )
+    predict.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=10_000,
+        help="rows predicted at a time" + _DEFAULT,
     )
     predict.add_argument(
         "--quantiles",
         type=_quantile_list,
         default=[0.025, 0.975],
-        help="comma-separated levels (regression), default 0.025,0.975",
+        help="comma-separated levels (regression; default: 0.025,0.975)",
     )
-    predict.add_argument("--seed", type=_non_negative_int, default=0)
+    predict.add_argument("--seed", type=_non_negative_int, default=0, help="random seed" + _DEFAULT)
+    predict.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --output file"
+    )
     predict.set_defaults(func=func)

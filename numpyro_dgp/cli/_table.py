@@ -5,12 +5,68 @@ the prediction columns (NumPy, and JAX only inside the functions that need it)."
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # NumPy is imported where it is used: the command's start stays light
     import numpy as np
 
 CONTINUOUS = ("gaussian", "student_t", "heteroscedastic")
+
+
+def check_output_file(path: Path, overwrite: bool, inputs: tuple) -> None:
+    """Raise unless ``predict --output`` can be written at ``path`` (before any work): no input of
+    the command (the table, the model directory or a file in it), no folder, its parent a
+    writable directory, and new unless ``overwrite``.
+
+    :raises FileExistsError: an input, a folder, or an existing file without ``--overwrite``.
+    :raises FileNotFoundError: the parent directory does not exist.
+    :raises PermissionError: it is not writable.
+    """
+    import os
+
+    shown = f"--output {str(path)!r}"
+    target = path.resolve()
+    for source in inputs:
+        if Path(source).resolve() in (target, *target.parents):
+            raise FileExistsError(
+                f"{shown} is an input of this command ({str(source)!r}); choose another path"
+            )
+    if path.is_dir():
+        raise FileExistsError(f"{shown} is a folder; give the path of a CSV file to write")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{shown} exists; pass --overwrite to replace that file")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{shown}: the directory {str(path.parent)!r} does not exist")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"{shown}: the directory {str(path.parent)!r} is not writable")
+
+
+def write_atomically(path: Path, write: Callable[[IO[str]], object]) -> None:
+    """Write a text file by ``write(file)`` into a temporary file beside ``path``, then rename it
+    onto ``path``: an interrupted write leaves any previous file whole."""
+    import os
+    import tempfile
+
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", newline="", encoding="utf-8") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _check_target_values(y: np.ndarray, likelihood: str, targets: list[str]) -> int | None:

@@ -155,7 +155,7 @@ def write_checkpoint(
 
 
 def _data_difference(stored: dict, current: dict) -> str | None:
-    """How the model arguments of this fit (``current``) differ from the checkpoint's, or ``None``."""
+    """How this fit's model arguments (``current``) differ from the checkpoint's, or ``None``."""
     for where in sorted(set(stored) | set(current)):
         was, now = stored.get(where), current.get(where)
         if was == now:
@@ -163,7 +163,8 @@ def _data_difference(stored: dict, current: dict) -> str | None:
         if was is None or now is None:
             return f"{where} is {'new' if was is None else 'missing'} in this fit"
         if "value" in was or "value" in now:
-            return f"{where} is {now.get('value')!r} here, {was.get('value')!r} in the checkpoint's fit"
+            here, there = now.get("value"), was.get("value")
+            return f"{where} is {here!r} here, {there!r} in the checkpoint's fit"
         if (was["shape"], was["dtype"]) != (now["shape"], now["dtype"]):
             return (
                 f"{where} has shape {tuple(now['shape'])} {now['dtype']} here, "

@@ -491,7 +491,7 @@ def _starting_point(
     """``(progress, identity)`` where the fit starts: a new state (``svi.init``, the chunk
     function compiled beside it by ``compile_chunk``), ``init_state``, or the checkpoint
     ``resume_from``; refuses non-finite parameters. ``identity`` (``None`` without checkpoints)
-    comes back with the parameters added (:func:`~numpyro_dgp.infer._checkpoint.with_parameters`)."""
+    comes back with the parameters added (``_checkpoint.with_parameters``)."""
     if init_state is None:
         if rng_key is None:
             raise ValueError(
