@@ -60,6 +60,33 @@ def uci_data_dir() -> Path:
     return UCI_DATA_DIR
 
 
+#: the dependency versions the suite last passed with (the README's test command installs them)
+CONSTRAINTS = Path(__file__).resolve().parent / "constraints.txt"
+
+
+def pytest_report_header(config):
+    """The versions the suite runs against, and those that differ from ``constraints.txt``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    pinned = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        name, _, pin = line.split("#")[0].strip().partition("==")
+        if pin:
+            pinned[name] = pin
+    installed = {}
+    for name in pinned:
+        try:
+            installed[name] = version(name)
+        except PackageNotFoundError:
+            installed[name] = None
+    shown = ", ".join(f"{n} {installed[n]}" for n in ("jax", "jaxlib", "numpyro", "numpy", "arviz")
+                      if n in installed)
+    other = [f"{n} {installed[n]} (tested {pinned[n]})" for n in pinned
+             if installed[n] is not None and installed[n] != pinned[n]]
+    return [f"numpyro-dgp dependencies: {shown}",
+            "versions other than tests/constraints.txt: " + (", ".join(other) if other else "none")]
+
+
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow")
     parser.addoption("--seed-offset", type=int, default=0, metavar="K",

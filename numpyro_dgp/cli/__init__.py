@@ -290,10 +290,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
     table = read_table(args.data)
     config_path = Path(args.model_dir) / "model.json"
     try:
-        dtype = json.loads(config_path.read_text(encoding="utf-8")).get("dtype")
-    except (OSError, ValueError, AttributeError):
-        dtype = None  # load_model reports what is wrong
-    _setup_precision(dtype == "float32")
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = None
+    if not isinstance(config, dict):
+        config = {}  # load_model reports what is wrong
+    target = config.get("target_name")
+    targets = [] if target is None else [target] if isinstance(target, str) else list(target)
+    names = config.get("feature_names") or [c for c in table.columns if c not in targets]
+    check_feature_columns(names, table.columns, args.data, config.get("input_dim"))
+    _setup_precision(config.get("dtype") == "float32")
     import csv
 
     import jax
@@ -302,9 +308,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from numpyro_dgp import load_model
 
     model = load_model(args.model_dir)
-    targets = model.target_names
-    names = model.feature_names or [c for c in table.columns if c not in targets]
-    check_feature_columns(names, table.columns, args.data)
     X = table.data[:, [table.columns.index(n) for n in names]]
     pred = model.predict(
         X,

@@ -281,16 +281,25 @@ def scores_text(pred, y, targets: list[str]) -> str:
     return text
 
 
-def check_feature_columns(names: list[str], columns: list[str], data: str) -> None:
-    """Raise unless the table (of ``columns``) has every feature column of the model (``names``).
+def check_feature_columns(
+    names: list[str], columns: list[str], data: str, input_dim: int | None = None
+) -> None:
+    """Raise unless the table (of ``columns``) has every feature column of the model (``names``)
+    and, for a model saved without feature names (then every column but the targets is one),
+    ``input_dim`` of them.
 
-    :raises ValueError: naming the missing columns.
+    :raises ValueError: naming the missing columns, or the count.
     """
     missing = [n for n in names if n not in columns]
     if missing:
         raise ValueError(
             f"{data}: the model needs the columns {missing}, which the table lacks "
             f"(it has {columns})"
+        )
+    if isinstance(input_dim, int) and len(names) != input_dim:
+        raise ValueError(
+            f"{data}: the model takes {input_dim} feature columns; the table has {len(names)} "
+            f"besides its targets ({names})"
         )
 
 

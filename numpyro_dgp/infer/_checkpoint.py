@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -33,6 +34,7 @@ from numpyro_dgp.io import load_params, save_params
 __all__ = [
     "CHECKPOINT_FORMAT",
     "Progress",
+    "check_checkpoint_path",
     "check_same_fit",
     "fit_identity",
     "read_checkpoint",
@@ -208,6 +210,31 @@ def _check_same_fit(meta: dict[str, Any], where: str, identity: dict) -> None:
             "same fit (the same data, model, guide, objective and optimizer); pass another "
             "checkpoint_path to start this one afresh"
         )
+
+
+def check_checkpoint_path(path: Path) -> None:
+    """Raise unless a checkpoint can be written at ``path`` (before any work): a new file in an
+    existing folder, or a fit checkpoint (which the fit then replaces); never a folder or a file
+    the library did not write.
+
+    :raises FileNotFoundError: the folder does not exist.
+    :raises FileExistsError: ``path`` is a folder, or a file that is not a fit checkpoint.
+    """
+    shown = f"fit: checkpoint_path {str(path)!r}"
+    if path.is_dir():
+        raise FileExistsError(f"{shown} is a folder; give the path of a checkpoint file")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{shown}: the folder {str(path.parent)!r} does not exist")
+    if path.exists():
+        try:
+            _, meta = load_params(path, return_metadata=True, as_numpy=True)
+        except ValueError:
+            meta = {}
+        if meta.get("format") != CHECKPOINT_FORMAT:
+            raise FileExistsError(
+                f"{shown} exists and is not a fit checkpoint; a fit writes over only its own "
+                "checkpoints, so nothing was touched: choose another path"
+            )
 
 
 def check_same_fit(path: os.PathLike | str, identity: dict) -> None:

@@ -41,6 +41,7 @@ from numpyro_dgp._validation import (
 )
 from numpyro_dgp.infer._checkpoint import (
     Progress,
+    check_checkpoint_path,
     check_same_fit,
     fit_identity,
     read_checkpoint,
@@ -266,7 +267,9 @@ def fit(
         partial initialization; the entries given are still checked).
     :param checkpoint_path: file of the checkpoint (written at the end, and every
         ``checkpoint_every`` steps); it holds the optimizer state, the step count, the key,
-        the averaging state and the losses so far (:mod:`numpyro_dgp.io` format).
+        the averaging state and the losses so far (:mod:`numpyro_dgp.io` format). It must be
+        new or a checkpoint a fit wrote (a file of yours is never written over), in an existing
+        folder: checked before any work.
     :param checkpoint_every: steps between checkpoints (needs ``checkpoint_path``).
     :param resume: continue from ``checkpoint_path`` if that file exists (else start afresh,
         so the same call serves the first run and every restart); ``rng_key``,
@@ -550,6 +553,8 @@ def _check_fit_arguments(
         raise ValueError(
             "fit: give init_state (continue a fit) or init_params (start from values), not both"
         )
+    if checkpoint_path is not None:
+        check_checkpoint_path(Path(os.fspath(checkpoint_path)).expanduser())
 
 
 def initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict, alongside=None):

@@ -113,7 +113,7 @@ def test_a_checkpoint_of_another_fit_is_refused(tmp_path):
         dgp.fit(other_svi, jax.random.PRNGKey(0), X, y, num_steps=8, progress_bar=False, checkpoint_path=path,
                 resume=True)
     dgp.save_params(tmp_path / "params.npz", {"a": jnp.ones(2)})
-    with pytest.raises(ValueError, match="not a fit checkpoint"):
+    with pytest.raises(FileExistsError, match="not a fit checkpoint"):
         dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=8, progress_bar=False,
                 checkpoint_path=tmp_path / "params.npz", resume=True)
     with pytest.raises(ValueError, match="need checkpoint_path"):
