@@ -324,13 +324,19 @@ def save_model(
 
 
 def _check_predict_inputs(X: ArrayLike, input_dim: int) -> np.ndarray:
-    """``X`` as a NumPy array, checked to have ``input_dim`` columns.
+    """``X`` as a NumPy array, checked to have rows, ``input_dim`` columns and finite values.
 
     :raises ValueError: otherwise.
     """
     X = np.asarray(X)
-    if X.ndim != 2 or X.shape[1] != input_dim:
-        raise ValueError(f"SavedModel.predict: X must have shape (N, {input_dim}), got {X.shape}")
+    if X.ndim != 2 or X.shape[1] != input_dim or X.shape[0] == 0:
+        raise ValueError(
+            f"SavedModel.predict: X must have shape (N, {input_dim}) with N >= 1, got {X.shape}"
+        )
+    if np.issubdtype(X.dtype, np.number) and not np.all(np.isfinite(X)):
+        raise ValueError(
+            f"SavedModel.predict: X contains {int(np.sum(~np.isfinite(X)))} NaN or inf values"
+        )
     return X
 
 
@@ -404,7 +410,7 @@ class SavedModel:
         :return: a :class:`~numpyro_dgp.Prediction` (regression: means, variances and, for other
             likelihoods than the Gaussian, the atoms mapped back to the target's units;
             classification: class probabilities; counts: as predicted).
-        :raises ValueError: ``X`` without ``D`` columns.
+        :raises ValueError: ``X`` without rows or ``D`` columns, or with NaN or inf.
         """
         from numpyro_dgp._predict.prediction import predict
 

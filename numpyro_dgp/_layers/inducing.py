@@ -51,6 +51,12 @@ def inducing_inputs_site(
         X, M = args.X, int(num_inducing)
         init = lambda _: kmeans_inducing_inputs(X, M)  # noqa: E731
     Z = numpyro.param(f"{name}.inducing_inputs", init)
+    if jnp.ndim(Z) != 2 or jnp.shape(Z)[-1] != args.X.shape[-1]:  # fitted values given to a run
+        raise ValueError(
+            f"gp_layer {name!r}: its inputs have {args.X.shape[-1]} columns, its inducing_inputs "
+            f"have shape {jnp.shape(Z)}: inputs with another number of columns than the layer "
+            "was fitted on (for the first layer, X_new must have the training inputs' columns)"
+        )
     return Z if learn_inducing else jax.lax.stop_gradient(Z)
 
 

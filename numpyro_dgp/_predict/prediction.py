@@ -163,10 +163,10 @@ def checked_test_inputs(
     if X_new.shape[0] == 0:
         raise ValueError(f"{caller}: X_new has no rows (shape {tuple(X_new.shape)})")
     check_finite(X_new, "X_new", caller)
-    training = None if guide is None else training_arguments(model, guide)
-    X_train = training[0][0] if training is not None and training[0] else None
-    if getattr(X_train, "ndim", 0) == 2 and X_train.shape[-1] != X_new.shape[-1]:
-        D = X_train.shape[-1]
+    training = None if guide is None or model is None else training_arguments(model, guide)
+    X_train: Any = training[0][0] if training is not None and training[0] else None
+    D = X_train.shape[-1] if getattr(X_train, "ndim", 0) == 2 else X_new.shape[-1]
+    if D != X_new.shape[-1]:
         raise ValueError(
             f"{caller}: X_new has {X_new.shape[-1]} columns; the model was fitted on inputs with "
             f"{D} (X_new must be (N, {D}), its columns in the training order)"

@@ -47,6 +47,7 @@ from numpyro_dgp.cli._table import (
     check_feature_columns,
     check_fit_inducing,
     check_output_file,
+    final_loss,
     fit_summary,
     fit_table,
     prediction_columns,
@@ -190,8 +191,6 @@ def cmd_fit(args: argparse.Namespace) -> int:
     """
     import time
 
-    import numpy as np
-
     from numpyro_dgp._persist.model_files import check_model_output
 
     # NumPy only: the output path and the table are checked before JAX loads or anything runs
@@ -244,13 +243,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         **kwargs,
     )
     seconds = time.perf_counter() - start
-    last = result.losses[-min(100, args.steps) :]
-    if not np.isfinite(last).any():  # finite parameters, but a model no step can evaluate
-        raise FloatingPointError(
-            f"fit: the loss was not finite at any of the last {last.size} steps "
-            f"({result.num_skipped} of {args.steps} updates skipped)"
-        )
-    final = float(np.mean(last[np.isfinite(last)]))
+    final = final_loss(result.losses, result.num_skipped)
     summary = fit_summary(args, N, train.size, test.size, batch, final, seconds, result)
     out = save_model(
         args.output,

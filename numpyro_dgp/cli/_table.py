@@ -225,6 +225,24 @@ def print_fit_plan(
     )
 
 
+def final_loss(losses: np.ndarray, num_skipped: int) -> float:
+    """The mean loss of the last 100 steps (those that were finite).
+
+    :raises FloatingPointError: no step among them had a finite loss: the parameters are finite
+        but no step can evaluate the model at them (a kernel variance of 0, say).
+    """
+    import numpy as np
+
+    last = losses[-100:]
+    finite = last[np.isfinite(last)]
+    if not finite.size:
+        raise FloatingPointError(
+            f"fit: the loss was not finite at any of the last {last.size} steps "
+            f"({num_skipped} of {losses.size} updates skipped)"
+        )
+    return float(finite.mean())
+
+
 def fit_summary(
     args: argparse.Namespace,
     N: int,

@@ -323,7 +323,7 @@ def fit(
     )
     # what identifies this fit in its checkpoints; another fit's checkpoint is refused up front
     identity = None if checkpoint_path is None else fit_identity(svi, args, kwargs)
-    if resume_from is not None:
+    if resume_from is not None and identity is not None:
         check_same_fit(resume_from, identity)
     # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
     dyn_args, static_args, dyn_kwargs, sorted_static = split_traced(args, kwargs)
