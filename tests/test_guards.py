@@ -300,14 +300,14 @@ def test_predict_from_samples_refuses_a_model_without_gp_layer():
 
 
 def test_moment_matched_prediction_refuses_x_new_of_another_shape():
-    """_predict/deterministic.py _check_inputs: X_new that is not (num_points, dim)."""
-    with pytest.raises(ValueError, match=r"predict_moment_matched: X_new must have shape \(num_points, dim\), got \(6,\)"):
+    """_predict/prediction.py checked_test_inputs, for predict_moment_matched: X_new that is not (num_points, dim)."""
+    with pytest.raises(ValueError, match=r"predict_moment_matched: X_new must have shape \(num_points, dim\), got shape \(6,\)"):
         dgp.predict_moment_matched(one_layer, None, {}, X[:, 0])
 
 
 def test_collapsed_prediction_refuses_non_finite_x_new():
-    """_predict/deterministic.py _check_inputs: X_new with NaN (a NaN prediction otherwise)."""
-    with pytest.raises(ValueError, match="predict_collapsed: X_new contains NaN or inf values"):
+    """_predict/prediction.py checked_test_inputs, for predict_collapsed: X_new with NaN (a NaN prediction otherwise)."""
+    with pytest.raises(ValueError, match="predict_collapsed: X_new contains 1 NaN or inf"):
         dgp.predict_collapsed(one_layer, {}, X, Y, X.at[2, 0].set(jnp.nan))
 
 
@@ -440,19 +440,36 @@ def checkpoint(tmp_path_factory):
 
 
 def test_resume_refuses_a_checkpoint_of_another_optimizer(checkpoint):
-    """infer/_checkpoint.py read_checkpoint: resuming an SGD fit from an Adam checkpoint (other state arrays)."""
+    """infer/_checkpoint.py check_same_fit: resuming an SGD fit from an Adam checkpoint (before any work)."""
     model = deep_gp_regression(1, num_inducing=2)
     svi = SVI(model, AutoFactorizedDGP(model), numpyro.optim.SGD(0.01), dgp.DGPElbo())
-    with pytest.raises(ValueError, match=r"holds \d+ state arrays, this fit's state has \d+ \(another optimizer\?\)"):
+    with pytest.raises(ValueError, match=r"written by another fit: the optimizer is SGD\(.*\) here, Adam\(.*\) in the"):
         dgp.fit(svi, KEY, X, Y, num_steps=2, progress_bar=False, checkpoint_path=checkpoint, resume=True)
 
 
+def test_resume_refuses_a_checkpoint_of_an_optimizer_with_another_state(tmp_path):
+    """infer/_checkpoint.py _identity_difference: two optax optimizers (one wrapper class, the same
+    settings NumPyro sees) whose states differ: Adam's against AdaBelief's (same leaves, other types)."""
+    import optax
+
+    model = deep_gp_regression(1, num_inducing=2)
+
+    def svi(transform):
+        return SVI(model, AutoFactorizedDGP(model), numpyro.optim.optax_to_numpyro(transform), dgp.DGPElbo())
+
+    path = tmp_path / "fit.ckpt"
+    dgp.fit(svi(optax.adam(0.01)), KEY, X, Y, num_steps=1, progress_bar=False, checkpoint_path=path)
+    with pytest.raises(ValueError, match="written by another fit: the optimizer's state has another structure"):
+        dgp.fit(svi(optax.adabelief(0.01)), KEY, X, Y, num_steps=2, progress_bar=False, checkpoint_path=path,
+                resume=True)
+
+
 def test_resume_refuses_a_checkpoint_of_another_precision(checkpoint):
-    """infer/_checkpoint.py read_checkpoint: resuming a float32 fit from a float64 checkpoint."""
+    """infer/_checkpoint.py check_same_fit: resuming a float32 fit from a float64 checkpoint (before any work)."""
     with _x64_disabled():
         model = deep_gp_regression(1, num_inducing=2)
         X32, Y32 = jnp.asarray(X, jnp.float32), jnp.asarray(Y, jnp.float32)
-        with pytest.raises(ValueError, match=r"state array \d+ has shape .*64, this fit's has .*32 \(another optimizer or precision\?\)"):
+        with pytest.raises(ValueError, match=r"written by another fit: args\[0\] has shape \(\d+, \d+\) float32 here, \(\d+, \d+\) float64"):
             dgp.fit(_svi(model), KEY, X32, Y32, num_steps=2, progress_bar=False, checkpoint_path=checkpoint,
                     resume=True)
 

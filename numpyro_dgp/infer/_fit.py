@@ -45,7 +45,7 @@ from numpyro_dgp.infer._checkpoint import (
     check_same_fit,
     fit_identity,
     read_checkpoint,
-    with_parameters,
+    with_state,
     write_checkpoint,
 )
 from numpyro_dgp.infer._faults import failed_layer
@@ -322,7 +322,7 @@ def fit(
         else None
     )
     # what identifies this fit in its checkpoints; another fit's checkpoint is refused up front
-    identity = None if checkpoint_path is None else fit_identity(svi, args, kwargs)
+    identity = None if checkpoint_path is None else fit_identity(svi, args, kwargs, average_from)
     if resume_from is not None and identity is not None:
         check_same_fit(resume_from, identity)
     # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
@@ -365,9 +365,7 @@ def fit(
         if checkpoint_path is not None and (
             done == num_steps or (checkpoint_every and done % checkpoint_every == 0)
         ):
-            write_checkpoint(
-                checkpoint_path, scan.progress(done, log), num_steps, average_from, identity
-            )
+            write_checkpoint(checkpoint_path, scan.progress(done, log), num_steps, identity)
 
     log = TrainingLog(
         "fit",
@@ -494,7 +492,7 @@ def _starting_point(
     """``(progress, identity)`` where the fit starts: a new state (``svi.init``, the chunk
     function compiled beside it by ``compile_chunk``), ``init_state``, or the checkpoint
     ``resume_from``; refuses non-finite parameters. ``identity`` (``None`` without checkpoints)
-    comes back with the parameters added (``_checkpoint.with_parameters``)."""
+    comes back with the parameters and state added (``_checkpoint.with_state``)."""
     if init_state is None:
         if rng_key is None:
             raise ValueError(
@@ -516,9 +514,9 @@ def _starting_point(
     # the optimizer's (unconstrained) values: the same names as the constrained parameters,
     # finite where they are, and read without compiling anything
     if identity is not None:
-        identity = with_parameters(identity, svi.optim.get_params(init_state.optim_state))
+        identity = with_state(identity, svi.optim.get_params(init_state.optim_state), progress)
     if resume_from is not None:
-        progress = read_checkpoint(resume_from, progress, num_steps, average_from, identity)
+        progress = read_checkpoint(resume_from, progress, num_steps, identity)
     bad = non_finite_params(svi.optim.get_params(progress.state.optim_state))
     if bad:
         raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
