@@ -258,14 +258,14 @@ def save_model(
     :param feature_names: ``D`` names of the input columns (written to ``model.json``).
     :param target_name: name of the target column (a list of names for several).
     :param metadata: further JSON-serializable information (e.g. training metrics).
-    :param overwrite: replace an existing model directory at ``path``: one this library wrote
-        (``model.json`` and ``params.npz``, nothing else), or an empty folder. Anything else (a
-        file, a folder of your own) is refused, never deleted.
+    :param overwrite: replace an existing model directory at ``path``, one this library wrote
+        (``model.json`` and ``params.npz``, nothing else); an empty folder is written into
+        without it. Anything else (a file, a folder of your own) is refused, never deleted.
     :return: the directory written.
     :raises TypeError: a model not built by a factory, a guide not of this library, or
         arguments that cannot be written.
-    :raises FileExistsError: ``path`` exists and ``overwrite`` is false, or it is not a model
-        directory this library wrote.
+    :raises FileExistsError: ``path`` is a model directory and ``overwrite`` is false, or it is
+        not empty and not a model directory this library wrote (a file, a folder of yours).
     :raises FileNotFoundError: the parent directory does not exist.
     :raises ValueError: an ``input_dim`` the parameters contradict, a ``standardization`` that is
         not finite, not positive in its scales or of another size, ``feature_names`` of another

@@ -38,6 +38,7 @@ __all__ = [
     "is_array",
     "targets",
     "warn_if_not_standardized",
+    "warn_if_target_not_standardized",
 ]
 
 #: Spread of a feature (standard deviation over the points, relative to the kernel's initial
@@ -545,33 +546,61 @@ def _argument_name(value: Any, args: tuple, kwargs: dict) -> str:
     return next((f" ({k}=)" for k, v in kwargs.items() if v is value), "")
 
 
+def _observed_entries(fn: Any, value: np.ndarray, mask: Any) -> np.ndarray | None:
+    """The entries of ``value`` the likelihood reads: those its masks keep (the site's
+    ``handlers.mask``, a masked distribution's, ``obs_mask``'s) that are not NaN (missing
+    targets); flattened for a scalar event, the whole value for a vector one; ``None`` when that
+    cannot be told here (a traced mask, or a vector event with entries left out)."""
+    masks = [mask]
+    while fn is not None:  # a masked distribution's mask, inside its wrappers
+        masks.append(getattr(fn, "_mask", None))
+        fn = getattr(fn, "base_dist", None)
+    keep = np.ones(value.shape, bool)
+    for m in masks:
+        if m is None or m is True:
+            continue
+        if m is False:  # the site is left out of the density: nothing is read
+            keep[...] = False
+            continue
+        m = concrete(m)
+        if m is None:
+            return None
+        keep &= np.broadcast_to(m.reshape(m.shape + (1,) * (value.ndim - m.ndim)), value.shape)
+    if np.issubdtype(value.dtype, np.floating):
+        keep &= ~np.isnan(value)
+    return value if keep.all() else value[keep]
+
+
 def _check_support(name: str, where: str, fn: Any, value: np.ndarray, caller: str) -> None:
-    """Refuse observed values outside ``fn``'s support (NaN entries, missing targets, aside).
+    """Refuse observed values (the entries the likelihood reads) outside ``fn``'s support.
 
     :raises ValueError: naming the site, the argument and a value.
     """
     try:
         support = fn.support
-        event_dim = support.event_dim
-        if np.issubdtype(value.dtype, np.floating) and np.isnan(value).any():
-            if event_dim:
-                return  # rows with gaps are the model's to mask
-            value = value[~np.isnan(value)]
         inside = np.asarray(support(value))
     except Exception:  # noqa: BLE001 - a support with traced bounds: left to the model
         return
     if inside.all():
         return
-    example = f", e.g. {value[~inside].ravel()[0].item()!r}" if not event_dim else ""
+    example = f", e.g. {value[~inside].ravel()[0].item()!r}" if inside.shape == value.shape else ""
     raise ValueError(
         f"{caller}: observed site {name!r}{where} holds {int(np.sum(~inside))} value(s) outside "
         f"the support of its {type(_base_distribution(fn)).__name__} ({support}){example}"
     )
 
 
-def _warn_if_target_not_standardized(name: str, where: str, value: np.ndarray, caller: str) -> None:
+def warn_if_target_not_standardized(
+    value: np.ndarray, name: str, caller: str, stacklevel: int = 4
+) -> None:
     """Issue :class:`TargetScaleWarning` (once per distinct problem) for a Gaussian target whose
-    mean or spread is outside :data:`TARGET_LIMITS`."""
+    finite entries have a mean or spread outside :data:`TARGET_LIMITS`.
+
+    :param value: the target's values (NumPy).
+    :param name: how the message names it (e.g. ``"'y' (args[1])"``).
+    :param caller: the function in messages.
+    :param stacklevel: of the warning.
+    """
     present = value[np.isfinite(value)].astype(np.float64)
     if present.size < 2:
         return
@@ -579,33 +608,30 @@ def _warn_if_target_not_standardized(name: str, where: str, value: np.ndarray, c
     largest_mean, (low, high) = TARGET_LIMITS
     if abs(mean) <= largest_mean and (std == 0 or low <= std <= high):
         return
-    fingerprint = (
-        "target",
-        name,
-        round(np.log10(abs(mean) + 1e-300)),
-        round(np.log10(std + 1e-300)),
-    )
+    fingerprint = ("target", round(np.log10(abs(mean) + 1e-300)), round(np.log10(std + 1e-300)))
     if fingerprint in _WARNED:
         return
     _WARNED.add(fingerprint)
     warnings.warn(
-        f"{caller}: the Gaussian target {name!r}{where} is far from standardized: mean {mean:.4g}, "
+        f"{caller}: the Gaussian target {name} is far from standardized: mean {mean:.4g}, "
         f"standard deviation {std:.4g} (expected |mean| <= {largest_mean:g} and a standard "
         f"deviation within [{low:g}, {high:g}]). The last layer starts as a zero-mean GP of unit "
         "variance, so the fit may end at a constant predictor: standardize the target with the "
         "training part's statistics (numpyro_dgp.Standardization.fit(X, y), fit on "
         "s.targets(y), map predictions back with s.to_data_units).",
         TargetScaleWarning,
-        stacklevel=4,
+        stacklevel=stacklevel,
     )
 
 
 def check_observed(model: Any, args: tuple, kwargs: dict, caller: str) -> None:
     """Check the observed values of one abstract run of ``model`` (``jax.eval_shape``: nothing is
-    computed; about 20 ms): values outside their distribution's support are refused, and a
-    Gaussian or Student-t target far from standardized gets a :class:`TargetScaleWarning`.
-    Only values the model observes as they were passed (``obs=y``) are concrete here; an
-    observation computed from the arguments inside the model is left to the model's own checks.
+    computed; about 20 ms): values the likelihood reads (its mask's, not NaN) outside their
+    distribution's support are refused, and a Gaussian or Student-t target far from standardized
+    gets a :class:`TargetScaleWarning`. Only values the model observes as they were passed
+    (``obs=y``) are concrete here; an observation computed from the arguments inside the model
+    (a minibatch, a cast) is left to the model's own checks (the factories of
+    :mod:`numpyro_dgp.models` check theirs).
 
     :raises ValueError: an observed value outside its distribution's support, naming the site
         and the argument.
@@ -622,13 +648,15 @@ def check_observed(model: Any, args: tuple, kwargs: dict, caller: str) -> None:
             if site["type"] == "sample" and site["is_observed"]:
                 value = concrete(site["value"])
                 if value is not None and value.size:
-                    found.append(
-                        (name, site["fn"], value, _argument_name(site["value"], args, kwargs))
-                    )
+                    where = _argument_name(site["value"], args, kwargs)
+                    found.append((name, site["fn"], value, site.get("mask"), where))
         return 0
 
     jax.eval_shape(probe)
-    for name, fn, value, where in found:
-        _check_support(name, where, fn, value, caller)
+    for name, fn, value, mask, where in found:
+        read = _observed_entries(fn, value, mask)
+        if read is None or (fn.event_dim and read.shape != value.shape):
+            continue  # what the likelihood reads of a vector event: the model's to check
+        _check_support(name, where, fn, read, caller)
         if isinstance(_base_distribution(fn), (Normal, StudentT)):
-            _warn_if_target_not_standardized(name, where, value, caller)
+            warn_if_target_not_standardized(read, f"{name!r}{where}", caller, stacklevel=4)

@@ -236,20 +236,37 @@ def save_params(
     }
     members[_HEADER_KEY] = np.array(_check_header_json(header), dtype=np.str_)
     _check_target_path(path)
-    directory = path.parent
+    # Writing through a file object stops np.savez from appending ".npz" to the name.
+    write_atomically(path, lambda f: np.savez(f, allow_pickle=False, **members), binary=True)
+    return path
 
+
+def write_atomically(path: Path, write: Callable[[Any], object], binary: bool = False) -> None:
+    """Write the file ``path`` by ``write(file)`` into a temporary file in its directory, flushed
+    to disk and renamed onto ``path`` (the rename made durable where POSIX allows): a failed
+    write leaves any previous file whole. A replaced file keeps its permissions; a new one gets
+    those ``open`` would give it.
+
+    :param path: the file to write (its directory exists).
+    :param write: writes the contents to the open file.
+    :param binary: open the file in binary mode (else text, UTF-8, no newline translation).
+    """
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
         mode = _default_file_mode()
-
     tmp = tempfile.NamedTemporaryFile(
-        mode="wb", delete=False, dir=directory, prefix=f".{path.name}.", suffix=".tmp"
+        mode="wb" if binary else "w",
+        encoding=None if binary else "utf-8",
+        newline=None if binary else "",
+        delete=False,
+        dir=path.parent,
+        prefix=f".{path.name}.",
+        suffix=".tmp",
     )
     try:
         with tmp:
-            # Writing through a file object stops np.savez from appending ".npz" to the name.
-            np.savez(tmp, allow_pickle=False, **members)
+            write(tmp)
             tmp.flush()
             os.fsync(tmp.fileno())
         os.chmod(tmp.name, mode)
@@ -260,8 +277,7 @@ def save_params(
         except FileNotFoundError:
             pass
         raise
-    _fsync_directory(directory)
-    return path
+    _fsync_directory(path.parent)
 
 
 def _check_node(node: Any, key_path: tuple[str, ...]) -> None:

@@ -399,3 +399,84 @@ def test_an_extra_installs_every_module_the_tutorials_import():
                 if top in sys.stdlib_module_names or distribution.get(top, top) is None:
                     continue
                 assert distribution.get(top, top).lower() in names, f"{script.name} imports {module}"
+
+
+# ---- found in review: legitimate uses that must not be refused, and checks that must reach every path ----
+
+
+def _masked_probit(X, y=None, observed=None):
+    f = dgp.gp_layer("f", X, dgp.kernels.RBF(), num_inducing=3)
+    with numpyro.plate("data", X.shape[0]), numpyro.handlers.mask(mask=observed):
+        numpyro.sample("y", dgp.likelihoods.bernoulli_probit(f[..., 0]), obs=y)
+
+
+def test_masked_out_placeholders_are_not_refused_but_read_labels_are():
+    rs = np.random.RandomState(8)
+    X = jnp.asarray(rs.randn(20, 1))
+    observed = jnp.asarray(np.arange(20) % 4 != 0)
+    y = jnp.where(observed, jnp.asarray(rs.randint(0, 2, 20)), -1)  # -1 where no label
+    svi = SVI(_masked_probit, dgp.guides.AutoFactorizedDGP(_masked_probit), numpyro.optim.Adam(0.01),
+              dgp.DGPElbo())
+    assert dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=2, progress_bar=False,
+                   observed=observed).num_skipped == 0
+    with pytest.raises(ValueError, match=r"observed site 'y' \(args\[1\]\) holds 1 value\(s\) outside"):
+        dgp.fit(svi, jax.random.PRNGKey(0), X, y.at[1].set(-1), num_steps=2, progress_bar=False,
+                observed=observed)
+
+
+@pytest.mark.parametrize("as_numpy", [True, False])
+def test_a_factory_model_warns_about_its_unstandardized_target_given_as_numpy_or_jax(as_numpy):
+    rs = np.random.RandomState(9)
+    X, y = rs.randn(30, 1), 100 + 50 * rs.randn(30)
+    model = deep_gp_regression(1, num_inducing=3)
+    svi = SVI(model, dgp.guides.AutoFactorizedDGP(model), numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    with pytest.warns(dgp.TargetScaleWarning, match=r"target y is far from standardized: mean 9\d\.\d"):
+        dgp.fit(svi, jax.random.PRNGKey(0), jnp.asarray(X), y if as_numpy else jnp.asarray(y), num_steps=1,
+                progress_bar=False)
+
+
+def test_metrics_takes_the_y_scale_a_standardization_of_one_column_gives(fitted_two_inputs):
+    model, guide, params = fitted_two_inputs
+    pred = dgp.predict(model, guide, params, jax.random.PRNGKey(0), jnp.zeros((3, 2)))
+    s = dgp.Standardization.fit(np.zeros((3, 2)), np.arange(3.0)[:, None])
+    assert np.shape(s.y_scale) == (1,)
+    assert dgp.metrics(pred, jnp.zeros(3), y_scale=s.y_scale)["rmse"] == pytest.approx(
+        dgp.metrics(pred, jnp.zeros(3), y_scale=float(s.y_scale[0]))["rmse"], rel=1e-12)
+
+
+def test_an_empty_folder_takes_a_model_and_a_users_folder_is_named_without_overwrite(tmp_path, capsys):
+    data = tmp_path / "train.csv"
+    _write_table(data)
+    (tmp_path / "empty").mkdir()
+    assert cli.main(_fit_args(data, tmp_path / "empty")) == 0
+    assert dgp.load_model(tmp_path / "empty").input_dim == 2
+    folder = _users_folder(tmp_path)
+    capsys.readouterr()
+    assert cli.main(_fit_args(data, folder)) != 0
+    assert "not a model directory written by numpyro_dgp" in capsys.readouterr().err
+
+
+def test_predict_refuses_a_corrupt_model_json_by_name(tmp_path, capsys):
+    data = tmp_path / "train.csv"
+    _write_table(data)
+    assert cli.main(_fit_args(data, tmp_path / "m")) == 0
+    config = __import__("json").loads((tmp_path / "m" / "model.json").read_text())
+    config["target_name"] = 7
+    (tmp_path / "m" / "model.json").write_text(__import__("json").dumps(config))
+    capsys.readouterr()
+    assert cli.main(["predict", str(tmp_path / "m"), str(data), "--output", str(tmp_path / "p.csv")]) == 2
+    assert "is corrupted (target_name 7 is not a name" in capsys.readouterr().err
+
+
+def test_a_numpy_integer_average_from_checkpoints(tmp_path):
+    rs = np.random.RandomState(10)
+    X, y = jnp.asarray(rs.randn(20, 1)), jnp.asarray(rs.randn(20))
+    model = deep_gp_regression(1, num_inducing=3)
+    svi = SVI(model, dgp.guides.AutoFactorizedDGP(model), numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    path = tmp_path / "ck.npz"
+    first = dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=6, average_from=np.int64(2),
+                    checkpoint_path=path, progress_bar=False)
+    again = dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=6, average_from=2, checkpoint_path=path,
+                    resume=True, progress_bar=False)
+    for name in first.params:
+        assert np.array_equal(first.averaged_params[name], again.averaged_params[name])

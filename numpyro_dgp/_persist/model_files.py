@@ -104,6 +104,22 @@ def _check_config(config: Any, path: Path, config_path: Path) -> None:
             raise ModelFileError(
                 f"load_model: {str(config_path)!r} is corrupted (no {key!r} entry)"
             )
+    names = config.get("feature_names")
+    target = config.get("target_name")
+    if not (names is None or (isinstance(names, list) and all(isinstance(n, str) for n in names))):
+        raise ModelFileError(
+            f"load_model: {str(config_path)!r} is corrupted (feature_names {names!r} is not a "
+            "list of names)"
+        )
+    if not (
+        target is None
+        or isinstance(target, str)
+        or (isinstance(target, list) and all(isinstance(n, str) for n in target))
+    ):
+        raise ModelFileError(
+            f"load_model: {str(config_path)!r} is corrupted (target_name {target!r} is not a name "
+            "or a list of names)"
+        )
     if _version_tuple(config["library_version"]) is None:
         raise ModelFileError(
             f"load_model: {str(config_path)!r} is corrupted (library_version "
@@ -148,7 +164,7 @@ def check_model_directory(path: os.PathLike | str) -> Path:
     return path
 
 
-def _written_by_us(path: Path) -> list[str]:
+def _foreign_entries(path: Path) -> list[str]:
     """The entries of the directory ``path`` that a model directory of this library does not
     hold (empty when it holds only ``model.json`` of this format and ``params.npz``, or nothing)."""
     foreign = sorted(p.name for p in path.iterdir() if p.name not in (CONFIG_FILE, PARAMS_FILE))
@@ -169,8 +185,8 @@ def check_model_output(
     path: Path, overwrite: bool, name: str, flag: str, inputs: tuple = ()
 ) -> None:
     """Raise unless a model directory can be written at ``path``, before any work: its parent
-    exists and is writable, it is no input of the same command, and it is new, or (with
-    ``overwrite``) empty or a model directory this library wrote (``model.json`` of this format
+    exists and is writable, it is no input of the same command, and it is new, an empty folder,
+    or (with ``overwrite``) a model directory this library wrote (``model.json`` of this format
     and ``params.npz``, nothing else). A user's folder, a file, or a model directory with a file
     of the user's added are never replaced.
 
@@ -179,8 +195,8 @@ def check_model_output(
     :param name: how the caller names the path in messages (``"--output"``, ``"save_model: path"``).
     :param flag: how the caller names ``overwrite`` (``"--overwrite"``, ``"overwrite=True"``).
     :param inputs: files or folders the same command reads (a training table).
-    :raises FileExistsError: an input, a file, an existing directory without ``overwrite``, or one
-        this library did not write.
+    :raises FileExistsError: an input, a file, a folder this library did not write, or a model
+        directory without ``overwrite``.
     :raises FileNotFoundError: the parent directory does not exist.
     :raises PermissionError: the parent directory is not writable.
     """
@@ -197,15 +213,15 @@ def check_model_output(
             f"{shown} is a file, not a model directory; nothing was written: choose another path"
         )
     if path.is_dir():
-        if not overwrite:
-            raise FileExistsError(f"{shown} exists; pass {flag} to replace the model directory")
-        foreign = _written_by_us(path)
+        foreign = _foreign_entries(path)
         if foreign:
             raise FileExistsError(
                 f"{shown} is not a model directory written by numpyro_dgp (it holds "
                 f"{foreign[:5]}{' ...' if len(foreign) > 5 else ''}); {flag} replaces only such "
                 "a directory, so nothing was touched: choose another path"
             )
+        if not overwrite and any(path.iterdir()):
+            raise FileExistsError(f"{shown} exists; pass {flag} to replace the model directory")
     parent = path.parent
     if not parent.is_dir():
         raise FileNotFoundError(f"{shown}: the directory {str(parent)!r} does not exist")

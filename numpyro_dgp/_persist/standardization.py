@@ -88,7 +88,7 @@ class Standardization(NamedTuple):
         Classification predictions, and any prediction when the targets were not standardized
         (``y_mean = 0``, ``y_scale = 1``), are returned as they are.
 
-        :param prediction: a :class:`~numpyro_dgp.Prediction` at standardized inputs.
+        :param prediction: a :class:`~numpyro_dgp.Prediction` of standardized targets.
         :return: the :class:`~numpyro_dgp.Prediction` in the data's units.
         :raises ValueError: a prediction kept as atoms of a family without location and scale
             (counts) whose targets were standardized.
@@ -108,7 +108,8 @@ class Standardization(NamedTuple):
                 raise ValueError(
                     f"Standardization.to_data_units: a {type(atoms).__name__} prediction has no "
                     "location and scale to map to the data's units (its targets should not have "
-                    "been standardized)"
+                    "been standardized; SavedModel.predict(..., standardized=True) returns the "
+                    "prediction as it is)"
                 )
             params = {name: getattr(atoms, name) for name in atoms.arg_constraints}
             params["loc"], params["scale"] = params["loc"] * sc + m, params["scale"] * sc

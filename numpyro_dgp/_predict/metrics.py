@@ -309,7 +309,9 @@ def _check_y_scale(prediction: Prediction, y_scale: ArrayLike) -> None:
     kind = prediction.likelihood
     scale = np.asarray(y_scale, dtype=np.float64)
     columns = _target_shape(prediction)[1:]
-    if scale.shape not in ((), columns) or not np.all(np.isfinite(scale) & (scale > 0)):
+    # a number (also as a Standardization's (1,) for a (N, 1) target), or one per column
+    fits = scale.size == 1 or scale.shape == columns
+    if not fits or not np.all(np.isfinite(scale) & (scale > 0)):
         raise ValueError(
             f"metrics: y_scale must be a finite positive number, or one per target column "
             f"(shape {columns}); got {y_scale!r}"

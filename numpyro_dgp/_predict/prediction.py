@@ -150,11 +150,11 @@ def checked_test_inputs(
     guide: Callable | None = None,
 ) -> jax.Array:
     """``X_new`` at the door: a finite float ``(N, D)`` array with at least one row (integers
-    cast), in the floating dtype of the fitted ``values`` (parameters or samples: a model predicts
-    in the dtype it was fitted in, whatever the inputs' dtype, since default jitters follow the
-    inputs' dtype), with the number of columns of the training inputs where ``guide`` recorded
-    them for ``model``; a warning when its features are spread far beyond the unit scale kernels
-    start at.
+    cast), in the dtype the model was fitted in (a model predicts so whatever the inputs' dtype,
+    since default jitters follow the inputs' dtype): the training inputs' where ``guide`` recorded
+    them for ``model``, else that of the fitted ``values`` (parameters or samples); with the
+    training inputs' number of columns; a warning when its features are spread far beyond the
+    unit scale kernels start at.
 
     :raises ValueError: no rows, NaN or inf, or another number of columns than the training
         inputs had.
@@ -176,7 +176,9 @@ def checked_test_inputs(
         for leaf in jax.tree_util.tree_leaves(values)
         if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating)
     ]
-    if floating:
+    if getattr(X_train, "ndim", 0) == 2 and jnp.issubdtype(X_train.dtype, jnp.floating):
+        X_new = X_new.astype(X_train.dtype)  # the inputs it was fitted on, where the guide knows
+    elif floating:
         X_new = X_new.astype(jnp.result_type(*floating))
     warn_if_not_standardized(X_new, "X_new", caller, upper_only=True, stacklevel=4)
     return X_new

@@ -16,7 +16,8 @@
   probabilities and the most probable class (softmax, robust max), in the data's units.
 
 Outputs are checked before any work and never written over what the command did not write:
-``fit --output`` must be new, or (with ``--overwrite``) a model directory this library wrote;
+``fit --output`` must be new, an empty folder, or (with ``--overwrite``) a model directory
+this library wrote;
 ``predict --output`` must be a new file, or an existing file with ``--overwrite``; neither
 may be one of the command's inputs or a folder of the user's. A fit that diverges (parameters
 or, at its last steps, losses that are not finite) exits with status 1 and saves nothing.
@@ -56,7 +57,6 @@ from numpyro_dgp.cli._table import (
     scores_text,
     train_test_rows,
     training_arrays,
-    write_atomically,
 )
 
 __all__ = ["build_parser", "main"]
@@ -274,20 +274,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     :return: the exit status, 0.
     :raises ValueError: a table without the model's feature columns, or a bad model directory.
     """
-    import json
-
-    # NumPy only: a bad output path or table is reported before JAX loads
+    # NumPy only: a bad output path, table or model.json is reported before JAX loads
+    from numpyro_dgp._persist.model_files import check_model_directory, read_config
     from numpyro_dgp._persist.tables import read_table
 
     check_output_file(Path(args.output), args.overwrite, (args.data, args.model_dir))
     table = read_table(args.data)
-    config_path = Path(args.model_dir) / "model.json"
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        config = None
-    if not isinstance(config, dict):
-        config = {}  # load_model reports what is wrong
+    config = read_config(check_model_directory(args.model_dir))
     target = config.get("target_name")
     targets = [] if target is None else [target] if isinstance(target, str) else list(target)
     names = config.get("feature_names") or [c for c in table.columns if c not in targets]
@@ -299,6 +292,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     import numpy as np
 
     from numpyro_dgp import load_model
+    from numpyro_dgp.io import write_atomically
 
     model = load_model(args.model_dir)
     X = table.data[:, [table.columns.index(n) for n in names]]

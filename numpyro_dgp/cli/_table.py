@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # NumPy is imported where it is used: the command's start stays light
     import numpy as np
@@ -40,33 +40,6 @@ def check_output_file(path: Path, overwrite: bool, inputs: tuple) -> None:
         raise FileNotFoundError(f"{shown}: the directory {str(path.parent)!r} does not exist")
     if not os.access(path.parent, os.W_OK | os.X_OK):
         raise PermissionError(f"{shown}: the directory {str(path.parent)!r} is not writable")
-
-
-def write_atomically(path: Path, write: Callable[[IO[str]], object]) -> None:
-    """Write a text file by ``write(file)`` into a temporary file beside ``path``, then rename it
-    onto ``path``: an interrupted write leaves any previous file whole."""
-    import os
-    import tempfile
-
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", newline="", encoding="utf-8") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    import os
-
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _check_target_values(y: np.ndarray, likelihood: str, targets: list[str]) -> int | None:
@@ -236,8 +209,10 @@ def final_loss(losses: np.ndarray, num_skipped: int) -> float:
     last = losses[-100:]
     finite = last[np.isfinite(last)]
     if not finite.size:
+        since = np.flatnonzero(np.isfinite(losses))
+        start = since[-1] + 2 if since.size else 1
         raise FloatingPointError(
-            f"fit: the loss was not finite at any of the last {last.size} steps "
+            f"fit: the fit diverged at step {start}: its loss was not finite from there on "
             f"({num_skipped} of {losses.size} updates skipped)"
         )
     return float(finite.mean())

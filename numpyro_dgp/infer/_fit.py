@@ -275,8 +275,9 @@ def fit(
         so the same call serves the first run and every restart); ``rng_key``,
         ``init_state`` or ``init_params`` only rebuild the state's structure then. A checkpoint
         records what identifies its fit (the data's shapes, dtypes and SHA-256, the parameters,
-        the guide, the objective and the optimizer with its settings): another fit's is refused
-        before any work, naming what differs.
+        the guide, the objective, the optimizer's class and the structure of its state; not its
+        learning rate, which NumPyro's optimizers do not expose): another fit's is refused before
+        any work, naming what differs.
     :param allow_missing: pass NaN entries of the model's arguments after the first (the
         targets) on to the model, which masks them out of its likelihood (its own
         ``numpyro.handlers.mask``); models of :mod:`numpyro_dgp.models` built with
@@ -285,10 +286,14 @@ def fit(
     :param kwargs: model keyword arguments, split into traced arrays and static values as
         ``args`` are.
     :return: :class:`FitResult` (with ``resume``, its losses cover the whole run).
-    :raises ValueError: for invalid arguments, non-finite data, or a checkpoint from another fit.
+    :raises ValueError: for invalid arguments, empty or non-finite data, observed values outside
+        their distribution's support, or a checkpoint from another fit.
+    :raises FileExistsError: a ``checkpoint_path`` that is a folder or a file no fit wrote.
+    :raises FileNotFoundError: a ``checkpoint_path`` in a folder that does not exist.
     :raises ~numpyro_dgp.ParameterMismatchError: ``init_params`` that do not match the model.
-    :raises FloatingPointError: non-finite initial parameters, or every update skipped (the
-        message names the layer whose ``K(Z, Z)`` fails, if one does).
+    :raises FloatingPointError: non-finite initial parameters, every update skipped, or final
+        parameters that are not finite (the fit diverged: the message gives the first step whose
+        loss was not finite, and names the layer whose ``K(Z, Z)`` fails, if one does).
     :raises RuntimeError: the model cannot be initialized (the message names the layer whose
         ``K(Z, Z)`` fails, if one does).
     """
@@ -312,19 +317,14 @@ def fit(
         and jnp.issubdtype(args[0].dtype, jnp.floating)
     ):
         warn_if_not_standardized(args[0], "X (its first argument)", "fit")
-    resume_from = (
-        checkpoint_path
-        if (
-            resume
-            and checkpoint_path is not None  # checked: resume needs the path
-            and Path(os.fspath(checkpoint_path)).expanduser().exists()
-        )
-        else None
-    )
     # what identifies this fit in its checkpoints; another fit's checkpoint is refused up front
-    identity = None if checkpoint_path is None else fit_identity(svi, args, kwargs, average_from)
-    if resume_from is not None and identity is not None:
-        check_same_fit(resume_from, identity)
+    identity, resume_from = None, None
+    if checkpoint_path is not None:
+        stored = check_checkpoint_path(Path(os.fspath(checkpoint_path)).expanduser())
+        identity = fit_identity(svi, args, kwargs, average_from)
+        if resume and stored is not None:
+            resume_from = checkpoint_path
+            check_same_fit(stored, resume_from, identity, num_steps)
     # Arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static.
     dyn_args, static_args, dyn_kwargs, sorted_static = split_traced(args, kwargs)
     static_kwargs = dict(sorted_static)
@@ -551,8 +551,6 @@ def _check_fit_arguments(
         raise ValueError(
             "fit: give init_state (continue a fit) or init_params (start from values), not both"
         )
-    if checkpoint_path is not None:
-        check_checkpoint_path(Path(os.fspath(checkpoint_path)).expanduser())
 
 
 def initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict, alongside=None):

@@ -14,7 +14,13 @@ from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
 from numpyro_dgp._compat import distribution_validation_enabled, filled
-from numpyro_dgp._validation import check_choice, check_positive_int, concrete, targets
+from numpyro_dgp._validation import (
+    check_choice,
+    check_positive_int,
+    concrete,
+    targets,
+    warn_if_target_not_standardized,
+)
 
 __all__ = ["LIKELIHOODS", "MISSING_TARGETS", "Observation", "validated_normal"]
 
@@ -81,10 +87,14 @@ class Observation(NamedTuple):
         self, y: ArrayLike | None, num_points: int, dtype: Any, caller: str
     ) -> jax.Array | None:
         """``y`` at the door: ``(N,)`` (``(N, 1)`` squeezed) or ``(N, T)``; continuous targets cast
-        to ``dtype``; NaN refused (naming ``y``) unless masked; concrete labels and counts
+        to ``dtype`` (and, when concrete, a :class:`~numpyro_dgp.TargetScaleWarning` if far from
+        standardized); NaN refused (naming ``y``) unless masked; concrete labels and counts
         checked."""
         if y is None:
             return None
+        value = concrete(y) if self.continuous else None  # before the cast: NumPy targets too
+        if value is not None:
+            warn_if_target_not_standardized(np.asarray(value, np.float64), "y", caller, 5)
         masked = self.missing_targets == "mask"
         y = targets(
             y,
