@@ -309,7 +309,6 @@ def fit(
     )
     _check_finite_args(args, kwargs, allow_missing or _masks_missing_targets(svi.model))
     check_rows(args, kwargs, "fit")
-    check_observed(svi.model, args, {**kwargs, **svi.static_kwargs}, "fit")
     if (
         args
         and is_array(args[0])
@@ -317,6 +316,8 @@ def fit(
         and jnp.issubdtype(args[0].dtype, jnp.floating)
     ):
         warn_if_not_standardized(args[0], "X (its first argument)", "fit")
+    # after fit's own warning about X: the layers' warning about the same problem is then quiet
+    check_observed(svi.model, args, {**kwargs, **svi.static_kwargs}, "fit")
     # what identifies this fit in its checkpoints; another fit's checkpoint is refused up front
     identity, resume_from = None, None
     if checkpoint_path is not None:
