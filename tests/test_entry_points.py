@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-import numpyro.distributions as dist
 import pytest
 from numpyro.infer import SVI
 

@@ -10,7 +10,9 @@ are warned about, and bad input is refused up front, naming the argument.
 from __future__ import annotations
 
 import csv
+import json
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -353,7 +355,7 @@ def test_a_fit_whose_final_parameters_are_not_finite_raises_naming_them():
 
 # ---- the suite says what it ran against; one dtype story; an extra for the tutorials ----------------
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_test_command_installs_the_versions_the_suite_last_passed_with():
@@ -460,9 +462,9 @@ def test_predict_refuses_a_corrupt_model_json_by_name(tmp_path, capsys):
     data = tmp_path / "train.csv"
     _write_table(data)
     assert cli.main(_fit_args(data, tmp_path / "m")) == 0
-    config = __import__("json").loads((tmp_path / "m" / "model.json").read_text())
+    config = json.loads((tmp_path / "m" / "model.json").read_text())
     config["target_name"] = 7
-    (tmp_path / "m" / "model.json").write_text(__import__("json").dumps(config))
+    (tmp_path / "m" / "model.json").write_text(json.dumps(config))
     capsys.readouterr()
     assert cli.main(["predict", str(tmp_path / "m"), str(data), "--output", str(tmp_path / "p.csv")]) == 2
     assert "is corrupted (target_name 7 is not a name" in capsys.readouterr().err
