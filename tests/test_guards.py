@@ -300,13 +300,13 @@ def test_predict_from_samples_refuses_a_model_without_gp_layer():
 
 
 def test_moment_matched_prediction_refuses_x_new_of_another_shape():
-    """_predict/prediction.py checked_test_inputs, for predict_moment_matched: X_new that is not (num_points, dim)."""
+    """_predict/inputs.py checked_test_inputs, for predict_moment_matched: X_new that is not (num_points, dim)."""
     with pytest.raises(ValueError, match=r"predict_moment_matched: X_new must have shape \(num_points, dim\), got shape \(6,\)"):
         dgp.predict_moment_matched(one_layer, None, {}, X[:, 0])
 
 
 def test_collapsed_prediction_refuses_non_finite_x_new():
-    """_predict/prediction.py checked_test_inputs, for predict_collapsed: X_new with NaN (a NaN prediction otherwise)."""
+    """_predict/inputs.py checked_test_inputs, for predict_collapsed: X_new with NaN (a NaN prediction otherwise)."""
     with pytest.raises(ValueError, match="predict_collapsed: X_new contains 1 NaN or inf"):
         dgp.predict_collapsed(one_layer, {}, X, Y, X.at[2, 0].set(jnp.nan))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -359,7 +360,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_test_command_installs_the_versions_the_suite_last_passed_with():
-    import re
 
     pins = {}
     for line in (ROOT / "tests" / "constraints.txt").read_text().splitlines():
@@ -375,8 +375,6 @@ def test_the_test_command_installs_the_versions_the_suite_last_passed_with():
 
 
 def test_the_readme_quickstart_runs_in_float64_on_standardized_data():
-    import re
-
     code = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
     assert 'jax.config.update("jax_enable_x64", True)' in code
     assert "Standardization.fit(" in code and "to_data_units(" in code
@@ -482,3 +480,94 @@ def test_a_numpy_integer_average_from_checkpoints(tmp_path):
                     resume=True, progress_bar=False)
     for name in first.params:
         assert np.array_equal(first.averaged_params[name], again.averaged_params[name])
+
+
+# ---- every new guard fires ------------------------------------------------------------------------
+
+
+def test_an_output_folder_that_is_not_writable_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """model_files.check_output_place (as root os.access always allows: the refusal is simulated)."""
+    import os
+
+    data = tmp_path / "train.csv"
+    _write_table(data)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    assert cli.main(_fit_args(data, tmp_path / "m")) == 2
+    assert "is not writable" in capsys.readouterr().err and not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("files, named", [({"model.json": '{"format": "mine"}', "params.npz": ""},
+                                           "model.json (not written by numpyro_dgp)"),
+                                          ({"params.npz": ""}, "params.npz without model.json")])
+def test_a_folder_that_only_looks_like_a_model_directory_is_not_replaced(tmp_path, fitted_two_inputs, files, named):
+    model, guide, params = fitted_two_inputs
+    folder = tmp_path / "look_alike"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    with pytest.raises(FileExistsError, match=re.escape(named)):
+        dgp.save_model(folder, model, guide, params, input_dim=2, overwrite=True)
+    assert {p.name: p.read_text() for p in folder.iterdir()} == files
+
+
+def test_a_checkpoint_path_in_a_missing_folder_is_refused(tmp_path):
+    model = deep_gp_regression(1, num_inducing=2)
+    svi = SVI(model, dgp.guides.AutoFactorizedDGP(model), numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    with pytest.raises(FileNotFoundError, match="checkpoint_path .* the folder .* does not exist"):
+        dgp.fit(svi, jax.random.PRNGKey(0), jnp.zeros((4, 1)), jnp.zeros(4), num_steps=1, progress_bar=False,
+                checkpoint_path=tmp_path / "missing" / "ck.npz")
+
+
+def test_resume_refuses_a_checkpoint_without_its_fit_and_names_new_or_changed_arguments(tmp_path):
+    from numpyro_dgp.infer._checkpoint import CHECKPOINT_FORMAT
+
+    rs = np.random.RandomState(11)
+    X, y = jnp.asarray(rs.randn(12, 1)), jnp.asarray(rs.randn(12))
+    model = deep_gp_regression(1, num_inducing=2)
+    svi = SVI(model, dgp.guides.AutoFactorizedDGP(model), numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    old = tmp_path / "old.npz"
+    dgp.save_params(old, {"leaves": {}}, metadata={"format": CHECKPOINT_FORMAT, "step": 1})
+    with pytest.raises(ValueError, match=r"does not record its fit \(written by an older numpyro_dgp\)"):
+        dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=2, checkpoint_path=old, resume=True,
+                progress_bar=False)
+    path = tmp_path / "ck.npz"
+    dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=2, checkpoint_path=path, progress_bar=False)
+    with pytest.raises(ValueError, match=r"batch_size= is new in this fit"):
+        dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=2, checkpoint_path=path, resume=True,
+                progress_bar=False, batch_size=6)
+    other = deep_gp_regression(1, num_inducing=2)
+    joint = SVI(other, dgp.guides.AutoJointDGP(other), numpyro.optim.Adam(0.01), dgp.DGPElbo())
+    with pytest.raises(ValueError, match="the guide is AutoJointDGP here, AutoFactorizedDGP in the"):
+        dgp.fit(joint, jax.random.PRNGKey(0), X, y, num_steps=2, checkpoint_path=path, resume=True,
+                progress_bar=False)
+
+
+def test_standardization_targets_of_two_shapes_and_malformed_feature_names_are_refused(tmp_path, fitted_two_inputs,
+                                                                                      capsys):
+    model, guide, params = fitted_two_inputs
+    s = dgp.Standardization(np.zeros(2), np.ones(2), np.zeros(2), np.ones(3))
+    with pytest.raises(ValueError, match=r"y_mean and y_scale must be numbers or one per target column"):
+        dgp.save_model(tmp_path / "m", model, guide, params, input_dim=2, standardization=s)
+    dgp.save_model(tmp_path / "m", model, guide, params, input_dim=2)
+    config = json.loads((tmp_path / "m" / "model.json").read_text())
+    config["feature_names"] = 5
+    (tmp_path / "m" / "model.json").write_text(json.dumps(config))
+    with pytest.raises(dgp.ModelFileError, match="feature_names 5 is not a list of names"):
+        dgp.load_model(tmp_path / "m")
+
+
+def test_no_finite_loss_in_the_last_steps_is_a_divergence_at_the_step_it_began():
+    from numpyro_dgp.cli._table import final_loss
+
+    losses = np.concatenate([[3.0, 2.0, 1.0], np.full(100, np.nan)])
+    with pytest.raises(FloatingPointError, match=r"diverged at step 4: its loss was not finite from there on"):
+        final_loss(losses, 100)
+    assert final_loss(np.array([3.0, np.nan, 1.0]), 1) == 2.0
+
+
+def test_a_site_masked_out_whole_is_not_checked():
+    rs = np.random.RandomState(12)
+    X = jnp.asarray(rs.randn(12, 1))
+    svi = SVI(_masked_probit, dgp.guides.AutoFactorizedDGP(_masked_probit), numpyro.optim.Adam(0.01),
+              dgp.DGPElbo())
+    dgp.fit(svi, jax.random.PRNGKey(0), X, jnp.full(12, -1), num_steps=1, progress_bar=False, observed=False)

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -526,6 +526,17 @@ print((model_dir.parent / "predictions.csv").read_text().splitlines()[:4])
 wrong = subprocess.run(cli + ["fit", "step.csv", "--target", "z", "--output", "no_model"],
                        capture_output=True, text=True, cwd=model_dir.parent)
 print(f"exit status {wrong.returncode}: {wrong.stderr.strip()}")
+
+# %% [markdown]
+# Your files are safe at every edge: `--output` must be new, an empty folder, or (with
+# `--overwrite`) a model directory this library wrote; a folder of yours, a file or the training
+# table itself is refused before any work and left as it was (`predict --output` replaces a file
+# only with `--overwrite`). A fit that diverges exits with status 1 and saves nothing. Each row of
+# `predictions.csv` carries its input row's index (`row`). In Python, standardize as the command
+# does: `s = dgp.Standardization.fit(X_train, y_train)`, fit on `s.inputs(X_train)` and
+# `s.targets(y_train)`, and map predictions back with `s.to_data_units(prediction)`; `fit` warns
+# (`TargetScaleWarning`) when a Gaussian target is far from standardized. `docs/bad_input.md`
+# lists what every entry point does with every kind of bad input.
 
 # %% [markdown]
 # **Large data.** `predict(..., batch_size=B)` predicts `B` points at a time and writes them

@@ -27,6 +27,7 @@ __all__ = [
     "check_model_directory",
     "check_model_dtype",
     "check_model_output",
+    "check_output_place",
     "check_params_file",
     "newer_library_hint",
     "read_config",
@@ -201,13 +202,7 @@ def check_model_output(
     :raises PermissionError: the parent directory is not writable.
     """
     shown = f"{name} {str(path)!r}"
-    target = path.resolve()
-    for source in inputs:
-        if Path(source).resolve() in (target, *target.parents):
-            raise FileExistsError(
-                f"{shown} is an input of this command ({str(source)!r}); nothing was written: "
-                "choose another path"
-            )
+    check_output_place(path, shown, inputs)
     if path.exists() and not path.is_dir():
         raise FileExistsError(
             f"{shown} is a file, not a model directory; nothing was written: choose another path"
@@ -222,11 +217,28 @@ def check_model_output(
             )
         if not overwrite and any(path.iterdir()):
             raise FileExistsError(f"{shown} exists; pass {flag} to replace the model directory")
-    parent = path.parent
-    if not parent.is_dir():
-        raise FileNotFoundError(f"{shown}: the directory {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(f"{shown}: the directory {str(parent)!r} is not writable")
+
+
+def check_output_place(path: Path, shown: str, inputs: tuple = ()) -> None:
+    """Raise unless an output at ``path`` (named ``shown`` in messages) is no input of the same
+    command (``inputs``: files or folders it reads; nor inside one of them) and its folder exists
+    and is writable.
+
+    :raises FileExistsError: ``path`` is an input, or inside one.
+    :raises FileNotFoundError: the folder does not exist.
+    :raises PermissionError: the folder is not writable.
+    """
+    target = path.resolve()
+    for source in inputs:
+        if Path(source).resolve() in (target, *target.parents):
+            raise FileExistsError(
+                f"{shown} is an input of this command ({str(source)!r}); nothing was written: "
+                "choose another path"
+            )
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{shown}: the directory {str(path.parent)!r} does not exist")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"{shown}: the directory {str(path.parent)!r} is not writable")
 
 
 def check_params_file(params_path: Path, path: Path, config: Mapping[str, Any]) -> None:

@@ -25,11 +25,10 @@ from numpyro.handlers import seed, substitute, trace
 from numpyro_dgp._engine.marginal import marginalize_inducing
 from numpyro_dgp._engine.moments import moment_trace
 from numpyro_dgp._engine.observation import observation_kind, shared_rule
+from numpyro_dgp._predict.inputs import check_guide_is_set_up, checked_test_inputs
 from numpyro_dgp._predict.mixture import PREDICTION_NODES, Component, component_of, mixture_fields
 from numpyro_dgp._predict.prediction import (
     Prediction,
-    check_guide_is_set_up,
-    checked_test_inputs,
     observation_site,
     warn_if_not_finite,
 )

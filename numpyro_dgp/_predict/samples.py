@@ -19,6 +19,7 @@ from numpyro_dgp._engine.marginal import marginalize_inducing
 from numpyro_dgp._engine.observation import observation_kind, spherical_rule
 from numpyro_dgp._engine.traces import layers_by_u_site
 from numpyro_dgp._persist.params import PREDICT_HINT, check_params_against
+from numpyro_dgp._predict.inputs import checked_test_inputs
 from numpyro_dgp._predict.mixture import (
     component_of,
     flatten_branches,
@@ -27,7 +28,6 @@ from numpyro_dgp._predict.mixture import (
 )
 from numpyro_dgp._predict.prediction import (
     Prediction,
-    checked_test_inputs,
     observation_site,
     warn_if_not_finite,
 )

@@ -23,23 +23,14 @@ def check_output_file(path: Path, overwrite: bool, inputs: tuple) -> None:
     :raises FileNotFoundError: the parent directory does not exist.
     :raises PermissionError: it is not writable.
     """
-    import os
+    from numpyro_dgp._persist.model_files import check_output_place
 
     shown = f"--output {str(path)!r}"
-    target = path.resolve()
-    for source in inputs:
-        if Path(source).resolve() in (target, *target.parents):
-            raise FileExistsError(
-                f"{shown} is an input of this command ({str(source)!r}); choose another path"
-            )
+    check_output_place(path, shown, inputs)
     if path.is_dir():
         raise FileExistsError(f"{shown} is a folder; give the path of a CSV file to write")
     if path.exists() and not overwrite:
         raise FileExistsError(f"{shown} exists; pass --overwrite to replace that file")
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"{shown}: the directory {str(path.parent)!r} does not exist")
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise PermissionError(f"{shown}: the directory {str(path.parent)!r} is not writable")
 
 
 def _check_target_values(y: np.ndarray, likelihood: str, targets: list[str]) -> int | None:

@@ -30,7 +30,6 @@ from numpyro_dgp._persist.params import (
 )
 from numpyro_dgp._protocol import model_config
 from numpyro_dgp._validation import (
-    check_observed,
     check_positive_int,
     check_rows,
     concrete,
@@ -56,6 +55,7 @@ from numpyro_dgp.infer._loop import (
     report_skipped,
     run_chunks,
 )
+from numpyro_dgp.infer._observed import check_observed
 
 __all__ = ["FitResult", "fit"]
 
