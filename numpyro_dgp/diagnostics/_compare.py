@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
+from jax.typing import ArrayLike
 
 from numpyro_dgp.diagnostics._health import Health, mcmc_health
 from numpyro_dgp.diagnostics._metrics import layer_draws, layer_metrics
@@ -44,6 +45,7 @@ def compare(
     plot: bool = True,
     rhat_threshold: float = 1.01,
     ess_threshold: float = 400.0,
+    x: int | ArrayLike | None = None,
 ) -> Comparison:
     """Compare variational results with an MCMC reference, layer by layer.
 
@@ -57,17 +59,24 @@ def compare(
         ``points``).
     :param rhat_threshold: R-hat limit of the health report (see :func:`mcmc_health`).
     :param ess_threshold: bulk-ESS limit of the health report.
+    :param x: the horizontal axis of the layer figure (see :func:`plot_layers`): an input
+        coordinate index, or one value per grid point; default: the grid's one coordinate, or
+        the first principal component of grid inputs of more than one dimension.
     :return: :class:`Comparison`.
+    :raises ValueError: for an empty ``vi``, ``points`` outside the grid, or (when ``plot``)
+        a bad ``x``, before anything is computed.
     """
     import pandas as pd
 
     _check_methods(vi)
+    points = _check_points(points, mcmc["posterior"].sizes["grid"])
+    if plot:
+        _horizontal(np.asarray(mcmc["constant_data"]["grid_x"].values), x)
     health = mcmc_health(mcmc, rhat_threshold=rhat_threshold, ess_threshold=ess_threshold)
     table = pd.concat(
         [layer_metrics(tree, mcmc, interval=interval, label=name) for name, tree in vi.items()],
         ignore_index=True,
     )
-    points = _check_points(points, mcmc["posterior"].sizes["grid"])
     chosen = table[table["grid"].isin(points)]
     summary = (
         chosen.groupby(["method", "layer"], sort=False)
@@ -81,7 +90,7 @@ def compare(
     )
     figures = {}
     if plot:
-        figures["layers"] = plot_layers({**vi, "MCMC": mcmc})
+        figures["layers"] = plot_layers({**vi, "MCMC": mcmc}, x=x)
         figures["marginals"] = plot_marginals(
             {**vi, "MCMC": mcmc}, points=points[:: max(1, len(points) // 3)][:3]
         )
@@ -108,51 +117,154 @@ def _check_points(points: Sequence[int] | None, G: int) -> list[int]:
     return chosen
 
 
+def _check_x(x: int | ArrayLike, G: int, D: int) -> np.ndarray | int:
+    """``x`` of :func:`plot_layers` checked against a grid of ``G`` points in ``D`` dimensions:
+    an input coordinate index in ``[0, D)``, or ``G`` finite values.
+
+    :raises ValueError: for a scalar that is not an integer in ``[0, D)`` (a bool included), or
+        values of another shape, not numbers, or not finite.
+    """
+    values = np.asarray(x)
+    if values.ndim == 0:  # an index: an integer (NumPy and JAX ones too), not a bool
+        if values.dtype.kind not in "iu" or not 0 <= int(values) < D:
+            raise ValueError(
+                f"plot_layers: x as an index must be an integer input coordinate in [0, {D}), "
+                f"got {x!r}"
+            )
+        return int(values)
+    if values.shape != (G,) or values.dtype.kind not in "iuf":
+        raise ValueError(
+            f"plot_layers: x as a projection must hold one number per grid point, shape ({G},), "
+            f"got shape {values.shape} of {values.dtype}"
+        )
+    bad = int(np.sum(~np.isfinite(values)))
+    if bad:
+        raise ValueError(
+            f"plot_layers: x as a projection must be finite, got {bad} non-finite values"
+        )
+    return values.astype(float)
+
+
+def _horizontal(grid: np.ndarray, x: int | ArrayLike | None) -> tuple[np.ndarray, str, bool]:
+    """The horizontal values of the first layer and composition panels of :func:`plot_layers`,
+    their axis label, and whether they determine the grid point (then lines join the points).
+
+    :param grid: ``(G, D)`` grid inputs.
+    :param x: see :func:`plot_layers`.
+    :return: ``(values (G,), label, joined)``.
+    """
+    G, D = grid.shape
+    chosen = None if x is None else _check_x(x, G, D)
+    if isinstance(chosen, np.ndarray):
+        return chosen, "x projected (values given)", False
+    if chosen is not None or D == 1:
+        k = chosen or 0
+        return grid[:, k], ("x" if D == 1 else f"x[{k}] (coordinate {k} of {D})"), D == 1
+    centred = grid - grid.mean(axis=0)
+    _, s, vt = np.linalg.svd(centred, full_matrices=False)
+    pc = vt[0] if vt[0][np.argmax(np.abs(vt[0]))] >= 0 else -vt[0]
+    share = s[0] ** 2 / max(float(np.sum(s**2)), np.finfo(float).tiny)
+    return centred @ pc, f"x: 1st principal component\n({share:.0%} of variance, D = {D})", False
+
+
+def _draw(ax, h: np.ndarray, v: np.ndarray, joined: bool, color: str) -> None:
+    """One sample on ``ax``: ``v`` against ``h``, sorted by ``h``; a line if ``joined``, else
+    small translucent markers (the horizontal value does not determine the point)."""
+    order = np.argsort(h, kind="stable")
+    if joined:
+        ax.plot(h[order], v[order], lw=0.7, alpha=0.6, color=color)
+    else:
+        ax.scatter(h[order], v[order], s=4, alpha=0.35, color=color, linewidths=0)
+
+
+def _output_label(name: str, P: int) -> str:
+    """Axis label of a layer's first output (of ``P``)."""
+    return name if P == 1 else f"{name}[0] (output 0 of {P})"
+
+
 def plot_layers(
-    trees: dict[str, xarray.DataTree], num_samples: int = 25, seed: int = 0
+    trees: dict[str, xarray.DataTree],
+    num_samples: int = 25,
+    seed: int = 0,
+    *,
+    x: int | ArrayLike | None = None,
 ) -> matplotlib.figure.Figure:
     """Per method (rows): each layer's samples against its own input, and the composition.
+
+    Columns: the first layer against the grid inputs, every later layer against the previous
+    layer's values, the last layer against the grid inputs again. Every panel shows a layer's
+    first output only. Points are sorted by their horizontal value; they are joined by lines
+    only where that value determines the point (one-dimensional grid inputs shown as they
+    are, or a previous layer with one output), and drawn as small translucent markers
+    otherwise. A previous layer with several outputs is shown by its output 0 (the label says
+    so): a cut through its values, not the layer's whole input.
 
     :param trees: ``{method: DataTree}`` in this module's layout (the first one's layers
         and grid are used for all).
     :param num_samples: samples drawn per method (at most the number of draws).
     :param seed: NumPy seed choosing the samples.
+    :param x: the horizontal axis of the first and last columns: an input coordinate index
+        in ``[0, D)``, or one value per grid point (a projection such as ``X_grid @ w``,
+        drawn with markers). Default: the grid's one coordinate for ``D = 1``; for ``D > 1``
+        the first principal component of the grid inputs (centred), as the axis label says.
     :return: the matplotlib figure.
+    :raises ValueError: for an ``x`` that is neither an index in ``[0, D)`` nor ``G`` finite
+        values (before anything is drawn).
     """
     import matplotlib.pyplot as plt
 
     methods = list(trees)
     names = layer_names(trees[methods[0]])
+    grid = np.asarray(trees[methods[0]]["constant_data"]["grid_x"].values)
+    h0, h0_label, h0_joined = _horizontal(grid, x)
     ncols = len(names) + 1
     fig, axes = plt.subplots(
         len(methods), ncols, figsize=(3.1 * ncols, 2.4 * len(methods)), squeeze=False
     )
     rng = np.random.default_rng(seed)
-    x = np.asarray(trees[methods[0]]["constant_data"]["grid_x"].values)[:, 0]
     for r, method in enumerate(methods):
-        tree = trees[method]
-        draws = {n: layer_draws(tree, n)[..., 0] for n in names}
-        S = next(iter(draws.values())).shape[0]
+        draws = {n: layer_draws(trees[method], n) for n in names}
+        S = draws[names[0]].shape[0]
         idx = rng.choice(S, size=min(num_samples, S), replace=False)
-        inputs = np.broadcast_to(x, (len(idx), x.size))
+        inputs, label, joined = np.broadcast_to(h0, (len(idx), h0.size)), h0_label, h0_joined
         for c, name in enumerate(names):
-            out = draws[name][idx]
+            out, P = draws[name][idx, :, 0], draws[name].shape[-1]
             for s in range(len(idx)):
-                axes[r, c].plot(inputs[s], out[s], lw=0.7, alpha=0.6, color=f"C{r}")
-            axes[r, c].set_title(f"{name} vs its input", fontsize=9)
-            inputs = out
+                _draw(axes[r, c], inputs[s], out[s], joined, f"C{r}")
+            axes[r, c].set(
+                title=f"{name} vs its input", xlabel=label, ylabel=_output_label(name, P)
+            )
+            inputs, label, joined = out, _output_label(name, P), P == 1
         for s in range(len(idx)):
-            axes[r, -1].plot(x, draws[names[-1]][idx[s]], lw=0.7, alpha=0.6, color=f"C{r}")
-        axes[r, -1].set_title("composition vs x", fontsize=9)
-        axes[r, 0].set_ylabel(method, fontsize=9)
+            _draw(axes[r, -1], h0, inputs[s], h0_joined, f"C{r}")
+        axes[r, -1].set(title="composition vs x", xlabel=h0_label, ylabel=label)
+        axes[r, 0].set_ylabel(f"{method}\n{axes[r, 0].get_ylabel()}")
+    for ax in axes.flat:
+        ax.title.set_fontsize(9)
+        ax.xaxis.label.set_fontsize(8)
+        ax.yaxis.label.set_fontsize(8)
+        ax.tick_params(labelsize=7)
     fig.tight_layout()
     return fig
+
+
+def _point(grid: np.ndarray, g: int) -> str:
+    """Grid point ``g`` for a title: ``x = 0.12``, ``x = (0.12, -0.30)``, or by index for
+    inputs of more than three dimensions."""
+    if grid.shape[1] == 1:
+        return f"x = {grid[g, 0]:.2f}"
+    if grid.shape[1] <= 3:
+        return "x = (" + ", ".join(f"{v:.2f}" for v in grid[g]) + ")"
+    return f"grid point {g}"
 
 
 def plot_marginals(
     trees: dict[str, xarray.DataTree], points: Sequence[int], bins: int = 40
 ) -> matplotlib.figure.Figure:
     """Histograms of each layer's marginal at chosen grid points, one color per method.
+
+    Each panel's title names the grid point by its inputs (all of them up to three
+    dimensions, else its index); only each layer's first output is shown.
 
     :param trees: ``{method: DataTree}`` in this module's layout (the last one's layers and
         grid are used for all).
@@ -168,16 +280,17 @@ def plot_marginals(
     fig, axes = plt.subplots(
         len(names), len(points), figsize=(3.2 * len(points), 2.4 * len(names)), squeeze=False
     )
-    x = np.asarray(trees[methods[-1]]["constant_data"]["grid_x"].values)[:, 0]
+    grid = np.asarray(trees[methods[-1]]["constant_data"]["grid_x"].values)
     for r, name in enumerate(names):
         for c, g in enumerate(points):
             ax = axes[r, c]
             for k, method in enumerate(methods):
-                v = layer_draws(trees[method], name)[:, g, 0]
+                draws = layer_draws(trees[method], name)
+                v = draws[:, g, 0]
                 ax.hist(
                     v, bins=bins, density=True, histtype="step", lw=1.2, color=f"C{k}", label=method
                 )
-            ax.set_title(f"{name} at x = {x[g]:.2f}", fontsize=9)
+            ax.set_title(f"{_output_label(name, draws.shape[-1])} at {_point(grid, g)}", fontsize=9)
             ax.tick_params(labelsize=7)
     axes[0, 0].legend(fontsize=7)
     fig.tight_layout()
