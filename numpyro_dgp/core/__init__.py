@@ -44,11 +44,19 @@ from numpyro_dgp.core._random import standard_normal
 from numpyro_dgp.core._sde import euler_maruyama
 from numpyro_dgp.core._sparse import COLLAPSED_METHODS, collapsed_log_marginal, collapsed_posterior
 from numpyro_dgp.core._uncertain import UncertainInputMoments, uncertain_input_moments
+from numpyro_dgp.core._vecchia import (
+    VecchiaFactors,
+    nearest_previous_neighbors,
+    vecchia_factors,
+    vecchia_log_density,
+    vecchia_sample,
+)
 
 __all__ = [
     "Belief",
     "COLLAPSED_METHODS",
     "UncertainInputMoments",
+    "VecchiaFactors",
     "affine_inducing_inputs",
     "block_covariances",
     "block_diag_covariance",
@@ -76,6 +84,7 @@ __all__ = [
     "kmeans",
     "local_conditional",
     "local_kl",
+    "nearest_previous_neighbors",
     "output_at_nodes",
     "output_moments",
     "point_projection",
@@ -89,4 +98,7 @@ __all__ = [
     "standard_normal",
     "triangular_inverse",
     "uncertain_input_moments",
+    "vecchia_factors",
+    "vecchia_log_density",
+    "vecchia_sample",
 ]

@@ -23,6 +23,8 @@ MCMC on the same model:
   full GP prior (NUTS samples the exact DGP);
 * :class:`latent_conditionals` -- the sparse model: inducing values and layer outputs given
   them latent;
+* :class:`vecchia_layers` -- the exact DGP with each layer's prior in its Vecchia
+  approximation (``O(n m^3)``): MCMC ground truth at thousands of points;
 * :class:`collapse_last_layer` -- the last layer integrated out given its inducing values
   (the likelihood of Havasi et al. 2018).
 
@@ -43,11 +45,13 @@ from numpyro_dgp.handlers._mcmc import (
 from numpyro_dgp.handlers._quadrature import quadrature
 from numpyro_dgp.handlers._sde_flow import FLOW_ESTIMATORS, FlowSpec, sde_flow
 from numpyro_dgp.handlers._training import data_parallel, fast_subsample
+from numpyro_dgp.handlers._vecchia import ORDERINGS, vecchia_layers
 
 __all__ = [
     "FLOW_ESTIMATORS",
     "PARAMETERIZATIONS",
     "FlowSpec",
+    "ORDERINGS",
     "coherent_layers",
     "collapse_last_layer",
     "data_parallel",
@@ -57,4 +61,5 @@ __all__ = [
     "layer_inputs",
     "quadrature",
     "sde_flow",
+    "vecchia_layers",
 ]

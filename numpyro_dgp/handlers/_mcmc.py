@@ -73,7 +73,7 @@ def _layer_output_site(
     dense = scale.ndim == 3
     if parameterization == "noncentered":
         site = f"{name}.f_white"
-        eps = _check_points(
+        eps = check_points(
             site,
             numpyro.sample(
                 site, dist.Normal(jnp.zeros(mean.shape[::-1], mean.dtype), 1.0).to_event(2)
@@ -87,10 +87,10 @@ def _layer_output_site(
         fn = dist.MultivariateNormal(mean.T, scale_tril=scale).to_event(1)
     else:
         fn = dist.Normal(mean.T, scale.T).to_event(2)
-    return _check_points(f"{name}.f", numpyro.sample(f"{name}.f", fn), mean.shape[::-1]).T
+    return check_points(f"{name}.f", numpyro.sample(f"{name}.f", fn), mean.shape[::-1]).T
 
 
-def _check_points(site: str, value: jax.Array, shape: tuple) -> jax.Array:
+def check_points(site: str, value: jax.Array, shape: tuple) -> jax.Array:
     """A substituted latent layer output (e.g. MCMC samples given to ``Predictive``) must have
     the layer's number of points: it exists only at the inputs it was sampled at."""
     if tuple(jnp.shape(value))[-2:] != tuple(shape):
@@ -191,7 +191,7 @@ class exact_layers(PerRunMessenger):
     def _reset(self) -> None:
         self._grid_inputs = self.grid if hasattr(self, "grid") else None
         self.layer_order: list[str] = []
-        self._collapsed: _CollapsedLayer | None = (
+        self._collapsed: CollapsedLayer | None = (
             None  # the collapsed layer's prior, until its observation site
         )
 
@@ -260,14 +260,18 @@ class exact_layers(PerRunMessenger):
         jitter = layer.jitter if self.jitter is None else self.jitter
         if self.collapse_last and layer.name == self._last_layer:
             return self._defer_collapsed(layer, X, A, jitter)
-        L = jittered_cholesky(_output_covariance(layer, A), jitter)
-        L = jnp.broadcast_to(L, (layer.out_dim,) + L.shape)
-        f = _layer_output_site(layer.name, layer.mean_fn(A), L, self.parameterization)
+        f = self._output_site(layer, A, jitter)
         N = X.shape[0]
         if grid is not None:
             self._grid_inputs = f[N:]
             numpyro.deterministic(f"{layer.name}.grid", f[N:])
         return f[:N]
+
+    def _output_site(self, layer: Layer, A: jax.Array, jitter: float | jax.Array) -> jax.Array:
+        """The layer's output ``(n, P)`` at its inputs ``A (n, D)``: a site with the exact prior."""
+        L = jittered_cholesky(_output_covariance(layer, A), jitter)
+        L = jnp.broadcast_to(L, (layer.out_dim,) + L.shape)
+        return _layer_output_site(layer.name, layer.mean_fn(A), L, self.parameterization)
 
     def _defer_collapsed(
         self, layer: Layer, X: jax.Array, A: jax.Array, jitter: float | jax.Array
@@ -283,9 +287,7 @@ class exact_layers(PerRunMessenger):
             grid_white = numpyro.sample(
                 f"{layer.name}.grid_white", dist.Normal(jnp.zeros(shape, A.dtype), 1.0).to_event(2)
             )
-        self._collapsed = _CollapsedLayer(
-            layer, N, _output_covariance(layer, A), mean, jitter, grid_white
-        )
+        self._collapsed = CollapsedLayer(layer, N, A, mean, jitter, grid_white)
         return mean[:N]
 
     def _score_collapsed(self, msg: dict) -> None:
@@ -309,26 +311,37 @@ class exact_layers(PerRunMessenger):
                 f"({N}, {P})" + (f" or ({N},)" if P == 1 else "")
             )
         noise_var = jnp.broadcast_to(base.scale**2, y.shape).reshape(N, P)
-        K_data = state.kernel[:N, :N] + state.jitter * jnp.eye(N, dtype=y.dtype)
+        fn, grid = self._collapsed_parts(state, y, noise_var)
+        msg["fn"] = dist.Independent(fn, msg["fn"].event_dim) if msg["fn"].event_dim else fn
+        if grid is not None:
+            numpyro.deterministic(f"{layer.name}.grid", grid)
+
+    def _collapsed_parts(
+        self, state: CollapsedLayer, y: jax.Array, noise_var: jax.Array
+    ) -> tuple[dist.Distribution, jax.Array | None]:
+        """The observations' distribution (``y (N, P)`` or ``(N,)``) with the last layer
+        integrated out, and its grid values ``(G, P)`` drawn from their conditional given ``y``
+        (``None`` without a grid). ``noise_var (N, P)``: the likelihood's variances.
+        """
+        N, P = noise_var.shape
+        kernel = _output_covariance(state.layer, state.inputs)
+        K_data = kernel[:N, :N] + state.jitter * jnp.eye(N, dtype=y.dtype)
         # one factor of C = K_dd + jitter I + diag(s^2) per output, shared by the score and
         # the grid conditional
         L = cholesky(K_data + jax.vmap(jnp.diag)(noise_var.T))  # (P, N, N)
-        fn = _CollapsedNormal(state.mean[:N].reshape(y.shape), L)
-        msg["fn"] = dist.Independent(fn, msg["fn"].event_dim) if msg["fn"].event_dim else fn
+        fn = CollapsedNormal(state.mean[:N].reshape(y.shape), L)
         if state.grid_white is None:
-            return
+            return fn, None
         # exact conditional of the grid values given y: per output p,
         # m_g + K_gd C^-1 (y - m_d),  K_gg - K_gd C^-1 K_dg
         residual = (y.reshape(N, P) - state.mean[:N]).T  # (P, N)
-        K_dg = state.kernel[:N, N:]
+        K_dg = kernel[:N, N:]
         V = solve_triangular(L, jnp.broadcast_to(K_dg, (P,) + K_dg.shape), lower=True)  # (P, N, G)
         alpha = solve_triangular(L, residual[..., None], lower=True)[..., 0]  # (P, N)
-        G = K_dg.shape[1]
         cond_mean = state.mean[N:].T + jnp.einsum("png,pn->pg", V, alpha)
-        cond_cov = state.kernel[N:, N:] - jnp.einsum("png,pnh->pgh", V, V)
+        cond_cov = kernel[N:, N:] - jnp.einsum("png,pnh->pgh", V, V)
         L_grid = jittered_cholesky(cond_cov, state.jitter)
-        grid = cond_mean + jnp.einsum("pgh,ph->pg", L_grid, state.grid_white)
-        numpyro.deterministic(f"{layer.name}.grid", grid.T.reshape(G, P))
+        return fn, (cond_mean + jnp.einsum("pgh,ph->pg", L_grid, state.grid_white)).T
 
 
 def _output_covariance(layer: Layer, A: jax.Array) -> jax.Array:
@@ -338,16 +351,16 @@ def _output_covariance(layer: Layer, A: jax.Array) -> jax.Array:
     return K if layer.noise is None else K + layer.noise * jnp.eye(K.shape[0], dtype=K.dtype)
 
 
-class _CollapsedLayer(NamedTuple):
+class CollapsedLayer(NamedTuple):
     layer: Layer
     num_data: int
-    kernel: jax.Array  # (N + G, N + G), data rows first
+    inputs: jax.Array  # (N + G, D), data rows first
     mean: jax.Array  # (N + G, P)
     jitter: float | jax.Array
     grid_white: jax.Array | None  # (P, G)
 
 
-class _CollapsedNormal(dist.Distribution):
+class CollapsedNormal(dist.Distribution):
     """Observations of a collapsed GP layer: ``y[:, p] ~ N(loc[:, p], L_p L_p^T)`` with
     ``L_p`` the Cholesky factor of ``K + diag(noise_var[:, p])`` (``scale_tril (P, N, N)``).
 
@@ -372,10 +385,14 @@ class _CollapsedNormal(dist.Distribution):
 
     def log_prob(self, value: jax.Array) -> jax.Array:
         residual = (value - self.loc).reshape(value.shape[0], -1).T  # (P, N)
+        total = self._total_log_prob(residual)
+        return jnp.full(self.batch_shape, total / np.prod(self.batch_shape), dtype=total.dtype)
+
+    def _total_log_prob(self, residual: jax.Array) -> jax.Array:
+        """The joint log density of the residuals ``(P, N)``."""
         alpha = solve_triangular(self.scale_tril, residual[..., None], lower=True)[..., 0]
         log_det = jnp.log(jnp.diagonal(self.scale_tril, axis1=-2, axis2=-1)).sum()
-        total = -0.5 * jnp.sum(alpha**2) - log_det - 0.5 * alpha.size * jnp.log(2 * jnp.pi)
-        return jnp.full(self.batch_shape, total / np.prod(self.batch_shape), dtype=total.dtype)
+        return -0.5 * jnp.sum(alpha**2) - log_det - 0.5 * alpha.size * jnp.log(2 * jnp.pi)
 
 
 class latent_conditionals(PerRunMessenger):
