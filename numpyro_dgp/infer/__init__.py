@@ -1,10 +1,11 @@
 """Inference drivers: :func:`fit` (compiled SVI), :func:`fit_minibatches` (SVI on minibatches
 from the host, memory-mapped files or several processes), :func:`init` (compiled
 ``svi.init``), :func:`natural_gradients` (an optimizer taking natural-gradient steps on the
-layers' ``q(u)``) and :class:`SGHMC` (an MCMC kernel)."""
+layers' ``q(u)``), and the MCMC kernels :class:`SGHMC` and :class:`EllipticalSlice`."""
 
 from __future__ import annotations
 
+from numpyro_dgp.infer._elliptical import EllipticalSlice, EllipticalSliceState
 from numpyro_dgp.infer._fit import FitResult, fit
 from numpyro_dgp.infer._init import init
 from numpyro_dgp.infer._natural import (
@@ -16,6 +17,8 @@ from numpyro_dgp.infer._sghmc import SGHMC, SGHMCState
 from numpyro_dgp.infer._stream import HostMinibatches, fit_minibatches
 
 __all__ = [
+    "EllipticalSlice",
+    "EllipticalSliceState",
     "FitResult",
     "HostMinibatches",
     "NaturalGradientState",

@@ -1,0 +1,245 @@
+"""Elliptical slice sampling of a DGP's whitened layer outputs (an MCMC kernel).
+
+Elliptical slice sampling (Murray, Adams & MacKay 2010) samples ``p(z | data)`` for a
+standard-normal prior ``z ~ N(0, I)`` with no tuning and no gradients: each step draws
+``nu ~ N(0, I)``, a level under the current likelihood, and shrinks a bracket of angles on the
+ellipse ``z cos(t) + nu sin(t)`` until a point is above the level. Under
+:class:`~numpyro_dgp.handlers.exact_layers` or :class:`~numpyro_dgp.handlers.vecchia_layers`
+(``parameterization="noncentered"``), a DGP's latent sites are exactly such: the layers' white
+noise ``"<name>.f_white"`` (and a collapsed layer's ``"<name>.grid_white"``). Sauer, Gramacy &
+Higdon (2023) sample a DGP's latent layers so (their deepgp package), one layer at a time in
+the centered parameterization; here all layers move together in the whitened one.
+
+Note: NumPyro's ``numpyro.infer.ESS`` is *ensemble* slice sampling, a different method.
+
+**References:**
+
+* Murray, Adams, MacKay (2010). Elliptical slice sampling. AISTATS.
+* Sauer, Gramacy, Higdon (2023). Active learning for deep Gaussian process surrogates.
+  Technometrics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpyro.distributions as dist
+from numpyro.infer.initialization import init_to_sample
+from numpyro.infer.mcmc import MCMCKernel
+from numpyro.infer.util import initialize_model
+from numpyro.util import identity, is_prng_key
+
+from numpyro_dgp.posteriors import unwrap_distribution
+
+__all__ = ["EllipticalSlice", "EllipticalSliceState"]
+
+
+class EllipticalSliceState(NamedTuple):
+    """The state of an :class:`EllipticalSlice` chain.
+
+    :ivar z: the latent values (every one standard normal a priori), keyed by site name.
+    :ivar log_likelihood: ``log p(data, z) - log N(z | 0, I)`` at ``z``: what the prior does
+        not hold.
+    :ivar num_evaluations: likelihood evaluations the last step took (1 + the bracket's
+        shrinks).
+    :ivar rng_key: the chain's key.
+    """
+
+    z: dict[str, jax.Array]
+    log_likelihood: jax.Array
+    num_evaluations: jax.Array
+    rng_key: jax.Array
+
+
+class EllipticalSlice(MCMCKernel):
+    """Elliptical slice sampling (Murray et al. 2010) of every latent site of a model whose
+    latent sites all have a standard-normal prior.
+
+    Use it on a DGP under :class:`~numpyro_dgp.handlers.exact_layers` or
+    :class:`~numpyro_dgp.handlers.vecchia_layers` (non-centered, the default) with the kernel
+    hyperparameters, noise and mean weights fixed (``numpyro.param`` values, or fitted ones
+    given with ``numpyro.handlers.substitute``: the comparison of Ustyuzhaninov et al. 2020).
+    With ``numpyro.infer.MCMC`` as any kernel: ``chain_method="vectorized"`` runs the chains
+    as one program. No step size, mass matrix or gradient: warm-up only discards draws.
+
+    Cost per step: one model log density per bracket shrink (``1 + num_evaluations - 1``; a
+    few on average), no gradients. It mixes slowly where the data pin the latent values far
+    from the prior (many points, small noise): check the chains with
+    :func:`numpyro_dgp.diagnostics.mcmc_health` and prefer NUTS where a gradient is
+    affordable.
+
+    :param model: the model (e.g. ``vecchia_layers(model)``).
+    :param init_strategy: where chains start (default: a draw from the prior, so chains start
+        dispersed).
+    :raises ValueError: at ``init``, for a latent site whose prior is not a standard normal
+        (named, with its distribution), or a model with no latent site.
+    """
+
+    def __init__(self, model: Callable, init_strategy: Callable = init_to_sample) -> None:
+        self._model = model
+        self._init_strategy = init_strategy
+        self._log_likelihood_gen: Callable | None = None
+        self._postprocess_fn: Callable | None = None
+        self._vectorized = False
+
+    @property
+    def model(self) -> Callable:
+        """The NumPyro model being sampled."""
+        return self._model
+
+    @property
+    def sample_field(self) -> str:
+        """The field of :class:`EllipticalSliceState` collected as the sample: ``"z"``."""
+        return "z"
+
+    @property
+    def default_fields(self) -> tuple[str, ...]:
+        """The fields collected by default: the latent values and the evaluations per step."""
+        return ("z", "num_evaluations")
+
+    def get_diagnostics_str(self, state: EllipticalSliceState) -> str:
+        """The progress-bar text, e.g. ``"loglik=-123.4, evals=3"``.
+
+        :param state: the current state (one chain).
+        :return: the text.
+        """
+        return "loglik={:.4g}, evals={}".format(
+            float(state.log_likelihood), int(state.num_evaluations)
+        )
+
+    def postprocess_fn(self, model_args: tuple, model_kwargs: dict | None) -> Callable:
+        """The function mapping a collected ``z`` to the model's values (its deterministic
+        sites, e.g. ``"<layer>.grid"``, recomputed by replaying the model).
+
+        :param model_args: the model's positional arguments.
+        :param model_kwargs: the model's keyword arguments.
+        :return: the function (the identity before ``init``).
+        """
+        if self._postprocess_fn is None:
+            return identity
+        return self._postprocess_fn(*model_args, **(model_kwargs or {}))
+
+    def init(
+        self,
+        rng_key: jax.Array,
+        num_warmup: int,
+        init_params: dict | None = None,
+        model_args: tuple = (),
+        model_kwargs: dict | None = None,
+    ) -> EllipticalSliceState:
+        """Check the model's latent sites and build the initial state.
+
+        :param rng_key: PRNG key; with ``chain_method="vectorized"`` one per chain.
+        :param num_warmup: unused (nothing adapts).
+        :param init_params: initial latent values keyed by site name (default: from
+            ``init_strategy``).
+        :param model_args: the model's positional arguments.
+        :param model_kwargs: the model's keyword arguments.
+        :return: the initial state (a leading chain axis when vectorized).
+        """
+        del num_warmup
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        self._vectorized = vectorized = not is_prng_key(rng_key)
+        keys = rng_key if vectorized else rng_key[None]
+        split = jax.vmap(jax.random.split)(keys)
+        info = initialize_model(
+            split[:, 0],
+            self._model,
+            init_strategy=self._init_strategy,
+            dynamic_args=True,
+            model_args=model_args,
+            model_kwargs=model_kwargs,
+        )
+        _check_standard_normal(info.model_trace)
+        potential_gen, self._postprocess_fn = info.potential_fn, info.postprocess_fn
+
+        def log_likelihood_gen(*args: Any, **kwargs: Any) -> Callable:
+            potential = potential_gen(*args, **kwargs)
+            return lambda z: -potential(z) + 0.5 * _squared_norm(z)
+
+        self._log_likelihood_gen = log_likelihood_gen
+        z = info.param_info.z if init_params is None else init_params
+        log_likelihood = jax.vmap(log_likelihood_gen(*model_args, **model_kwargs))(z)
+        state = EllipticalSliceState(
+            z, log_likelihood, jnp.ones(keys.shape[0], jnp.int32), split[:, 1]
+        )
+        return state if vectorized else jax.tree.map(lambda v: v[0], state)
+
+    def sample(
+        self, state: EllipticalSliceState, model_args: tuple, model_kwargs: dict | None
+    ) -> EllipticalSliceState:
+        """One elliptical slice step (Murray et al. 2010, Figure 2) of each chain.
+
+        :param state: the current state (a leading chain axis when vectorized).
+        :param model_args: the model's positional arguments.
+        :param model_kwargs: the model's keyword arguments.
+        :return: the next state.
+        """
+        assert self._log_likelihood_gen is not None, "call init first"
+        log_likelihood = self._log_likelihood_gen(*model_args, **(model_kwargs or {}))
+        if self._vectorized:
+            return jax.vmap(_step, in_axes=(0, None))(state, log_likelihood)
+        return _step(state, log_likelihood)
+
+
+def _step(state: EllipticalSliceState, log_likelihood: Callable) -> EllipticalSliceState:
+    """One elliptical slice step of one chain."""
+    key, key_nu, key_level, key_angle = jax.random.split(state.rng_key, 4)
+    nu = _normal_like(key_nu, state.z)
+    level = state.log_likelihood + jnp.log(jax.random.uniform(key_level))
+    angle = jax.random.uniform(key_angle, maxval=2 * math.pi)
+
+    def on_ellipse(angle: jax.Array) -> dict:
+        return jax.tree.map(lambda z, n: z * jnp.cos(angle) + n * jnp.sin(angle), state.z, nu)
+
+    def rejected(carry: tuple) -> jax.Array:
+        return ~(carry[1] > level)  # a NaN likelihood is rejected too
+
+    def shrink(carry: tuple) -> tuple:
+        angle, _, low, high, count, key = carry
+        low, high = jnp.where(angle < 0, angle, low), jnp.where(angle < 0, high, angle)
+        key, key_angle = jax.random.split(key)
+        angle = jax.random.uniform(key_angle, minval=low, maxval=high)
+        return angle, log_likelihood(on_ellipse(angle)), low, high, count + 1, key
+
+    first = log_likelihood(on_ellipse(angle))
+    carry = (angle, first, angle - 2 * math.pi, angle, jnp.int32(1), key)
+    angle, value, _, _, count, _ = jax.lax.while_loop(rejected, shrink, carry)
+    return EllipticalSliceState(on_ellipse(angle), value, count, key)
+
+
+def _check_standard_normal(model_trace: dict) -> None:
+    """Refuse latent sites whose prior is not ``N(0, 1)`` elementwise."""
+    latent = {
+        name: site
+        for name, site in model_trace.items()
+        if site["type"] == "sample" and not site["is_observed"]
+    }
+    if not latent:
+        raise ValueError("EllipticalSlice: the model has no latent sample sites to sample")
+    for name, site in latent.items():
+        base = unwrap_distribution(site["fn"])
+        standard = isinstance(base, dist.Normal) and bool(
+            jnp.all(base.loc == 0) & jnp.all(base.scale == 1)
+        )
+        if not standard:
+            raise ValueError(
+                f"EllipticalSlice: latent site {name!r} has prior {site['fn']}, not a standard "
+                "normal; it samples only whitened sites (exact_layers or vecchia_layers with "
+                "parameterization='noncentered'). Fix the site's value (numpyro.handlers."
+                "substitute or condition), make it a numpyro.param, or sample it with NUTS"
+            )
+
+
+def _squared_norm(z: dict) -> jax.Array:
+    return jnp.sum(jnp.stack([jnp.sum(v**2) for v in jax.tree.leaves(z)]))
+
+
+def _normal_like(key: jax.Array, z: dict) -> dict:
+    leaves, treedef = jax.tree.flatten(z)
+    keys = jax.random.split(key, len(leaves))
+    draws = [jax.random.normal(k, jnp.shape(v), jnp.result_type(v)) for k, v in zip(keys, leaves)]
+    return jax.tree.unflatten(treedef, draws)
