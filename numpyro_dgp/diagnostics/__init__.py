@@ -22,6 +22,9 @@ sampled hyperparameters; ``constant_data/grid_x`` holds the first layer's grid i
   Meng & Wong 1996; Gronau et al. 2017, between the mode's draws and a Gaussian fitted to
   them), and :func:`mode_mixture` -- the modes pooled with those weights: a ground truth
   across modes from chains that each stay in one.
+* :func:`ground_truth` -- the definition of converged ground truth in one call: chains from
+  dispersed starts, their modes weighed by mass, R-hat and ESS checked within every mode
+  that holds more than a set share of it; the modes pooled by mass as the reference.
 * :func:`compare` -- all of it for several variational results against one MCMC result:
   a tidy table, a summary, the health report and figures.
 
@@ -36,6 +39,7 @@ sampled hyperparameters; ``constant_data/grid_x`` holds the first layer's grid i
 from __future__ import annotations
 
 from numpyro_dgp.diagnostics._compare import Comparison, compare, plot_layers, plot_marginals
+from numpyro_dgp.diagnostics._ground_truth import GroundTruth, ground_truth
 from numpyro_dgp.diagnostics._health import Health, MultimodalityWarning, mcmc_health
 from numpyro_dgp.diagnostics._metrics import layer_metrics, wasserstein_1d
 from numpyro_dgp.diagnostics._modes import ModeEvidence, mode_evidence, mode_mixture
@@ -49,6 +53,7 @@ from numpyro_dgp.diagnostics._trees import (
 
 __all__ = [
     "Comparison",
+    "GroundTruth",
     "Health",
     "ModeEvidence",
     "MultimodalityWarning",
@@ -56,6 +61,7 @@ __all__ = [
     "from_guide",
     "from_layer_samples",
     "from_mcmc",
+    "ground_truth",
     "layer_metrics",
     "layer_names",
     "layer_samples",
