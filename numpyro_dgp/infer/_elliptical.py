@@ -27,14 +27,15 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpyro.distributions as dist
+from numpyro.handlers import seed, trace
 from numpyro.infer.initialization import init_to_sample
 from numpyro.infer.mcmc import MCMCKernel
-from numpyro.infer.util import initialize_model
+from numpyro.infer.util import initialize_model, log_density
 from numpyro.util import identity, is_prng_key
 
 from numpyro_dgp.posteriors import unwrap_distribution
 
-__all__ = ["EllipticalSlice", "EllipticalSliceState"]
+__all__ = ["EllipticalSlice", "EllipticalSliceState", "elliptical_slice_gibbs"]
 
 
 class EllipticalSliceState(NamedTuple):
@@ -211,15 +212,69 @@ def _step(state: EllipticalSliceState, log_likelihood: Callable) -> EllipticalSl
     return EllipticalSliceState(on_ellipse(angle), value, count, key)
 
 
-def _check_standard_normal(model_trace: dict) -> None:
-    """Refuse latent sites whose prior is not ``N(0, 1)`` elementwise."""
+def elliptical_slice_gibbs(
+    model: Callable, site_names: list[str], *args: Any, **kwargs: Any
+) -> Callable:
+    """A ``gibbs_fn`` for ``numpyro.infer.HMCGibbs``: one elliptical slice step of the
+    standard-normal sites ``site_names`` given the others, so that NUTS samples the rest.
+
+    For kernel hyperparameters sampled under priors (deepgp's way: Sauer et al. 2023 update
+    them by Metropolis-Hastings between elliptical slice steps of the layers)::
+
+        sites = ["h1.f_white", "h2.f_white"]
+        kernel = HMCGibbs(NUTS(model), elliptical_slice_gibbs(model, sites, X, y), sites)
+
+    Each step costs one log density more than :class:`EllipticalSlice`'s (the current
+    values' likelihood given the new values of the other sites).
+
+    :param model: the model, as given to ``HMCGibbs``'s inner kernel.
+    :param site_names: the sites to update (``HMCGibbs``'s ``gibbs_sites``), each with a
+        standard-normal prior.
+    :param args: the model's positional arguments (those given to ``MCMC.run``).
+    :param kwargs: the model's keyword arguments.
+    :return: ``gibbs_fn(rng_key, gibbs_sites, hmc_sites) -> gibbs_sites``.
+    :raises ValueError: for a name that is not a latent site of the model, or a site whose
+        prior is not a standard normal (checked by one run of the model, here).
+    """
+    model_trace = trace(seed(model, 0)).get_trace(*args, **kwargs)
+    names = list(site_names)
+    _check_standard_normal(model_trace, names, "elliptical_slice_gibbs")
+
+    def gibbs_fn(rng_key: jax.Array, gibbs_sites: dict, hmc_sites: dict) -> dict:
+        # HMCGibbs passes its arguments by these names. Every latent site is given, so the
+        # seed only serves the layers' request for a key (no value is drawn).
+        seeded = seed(model, rng_key)
+
+        def log_likelihood(z: dict) -> jax.Array:
+            values = {**hmc_sites, **z}
+            return log_density(seeded, args, kwargs, values)[0] + 0.5 * _squared_norm(z)
+
+        state = EllipticalSliceState(
+            gibbs_sites, log_likelihood(gibbs_sites), jnp.int32(1), rng_key
+        )
+        return _step(state, log_likelihood).z
+
+    return gibbs_fn
+
+
+def _check_standard_normal(
+    model_trace: dict, names: list[str] | None = None, caller: str = "EllipticalSlice"
+) -> None:
+    """Refuse latent sites (all, or those ``names``) whose prior is not ``N(0, 1)``
+    elementwise."""
     latent = {
         name: site
         for name, site in model_trace.items()
         if site["type"] == "sample" and not site["is_observed"]
     }
     if not latent:
-        raise ValueError("EllipticalSlice: the model has no latent sample sites to sample")
+        raise ValueError(f"{caller}: the model has no latent sample sites to sample")
+    missing = sorted(set(names or ()) - set(latent))
+    if missing:
+        raise ValueError(
+            f"{caller}: {missing} are not latent sample sites of the model; it has {sorted(latent)}"
+        )
+    latent = latent if names is None else {name: latent[name] for name in names}
     for name, site in latent.items():
         base = unwrap_distribution(site["fn"])
         standard = isinstance(base, dist.Normal) and bool(
@@ -227,7 +282,7 @@ def _check_standard_normal(model_trace: dict) -> None:
         )
         if not standard:
             raise ValueError(
-                f"EllipticalSlice: latent site {name!r} has prior {site['fn']}, not a standard "
+                f"{caller}: latent site {name!r} has prior {site['fn']}, not a standard "
                 "normal; it samples only whitened sites (exact_layers or vecchia_layers with "
                 "parameterization='noncentered'). Fix the site's value (numpyro.handlers."
                 "substitute or condition), make it a numpyro.param, or sample it with NUTS"

@@ -94,3 +94,49 @@ def test_elliptical_slice_refuses_sites_that_are_not_standard_normal():
         MCMC(EllipticalSlice(no_latent), num_warmup=1, num_samples=1, progress_bar=False).run(
             jax.random.PRNGKey(0), X, y
         )
+
+
+def with_lengthscale_prior(X, y=None):
+    kern = kernels.RBF(variance=1.0, lengthscale=0.5)
+    f = dgp.gp_layer("f", X, kern, num_inducing=5, priors={"lengthscale": dist.LogNormal(-0.5, 0.3)})
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(f[:, 0], 0.1), obs=y)
+
+
+@pytest.mark.stochastic
+def test_elliptical_slice_within_gibbs_agrees_with_nuts_when_hyperparameters_are_sampled():
+    """NUTS on the lengthscale with elliptical slice steps on the layer (HMCGibbs) against NUTS
+    on both: the posterior means and variances of the grid values and the lengthscale agree
+    within the two runs' combined Monte Carlo error."""
+    from numpyro.infer import NUTS, HMCGibbs
+
+    from numpyro_dgp.infer import elliptical_slice_gibbs
+
+    X, y, grid = _data()
+    model = exact_layers(with_lengthscale_prior, grid=grid, jitter=1e-6)
+    sites = ["f.f_white"]
+    gibbs = HMCGibbs(NUTS(model), gibbs_fn=elliptical_slice_gibbs(model, sites, X, y), gibbs_sites=sites)
+    runs = []
+    for kernel, draws in ((gibbs, 3000), (NUTS(model), 1000)):
+        mcmc = MCMC(kernel, num_warmup=500, num_samples=draws, num_chains=2, chain_method="sequential",
+                    progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+        samples = mcmc.get_samples(group_by_chain=True)
+        runs.append(np.concatenate([np.asarray(samples["f.grid"][..., 0]),
+                                    np.asarray(samples["f.kernel.lengthscale"]).reshape(2, draws, 1)], axis=-1))
+    (m1, se1), (m2, se2) = (mcmc_mean_and_se(r) for r in runs)
+    (v1, sv1), (v2, sv2) = (mcmc_var_and_se(r) for r in runs)
+    z = z_threshold(10)
+    np.testing.assert_array_less(np.abs(m1 - m2), z * np.hypot(se1, se2))
+    np.testing.assert_array_less(np.abs(v1 - v2), z * np.hypot(sv1, sv2))
+
+
+def test_elliptical_slice_gibbs_refuses_sites_it_cannot_update():
+    from numpyro_dgp.infer import elliptical_slice_gibbs
+
+    X, y, _ = _data()
+    model = exact_layers(with_lengthscale_prior)
+    with pytest.raises(ValueError, match=r"elliptical_slice_gibbs: \['f.u'\] are not latent sample sites"):
+        elliptical_slice_gibbs(model, ["f.u"], X, y)
+    with pytest.raises(ValueError, match="elliptical_slice_gibbs: latent site 'f.kernel.lengthscale' has prior"):
+        elliptical_slice_gibbs(model, ["f.kernel.lengthscale"], X, y)
