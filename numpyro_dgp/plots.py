@@ -44,9 +44,19 @@ def plot_layer_samples(
     :param axes: ``len(layers) + 1`` matplotlib axes to draw on (default: a new figure).
     :param output_dim: the output of each layer to show.
     :return: the matplotlib figure.
+    :raises ValueError: for a ``grid`` of more than one input dimension (lines joined along
+        one coordinate of several would mislead): for those, draw
+        :func:`numpyro_dgp.diagnostics.plot_layers` on trees from
+        :func:`~numpyro_dgp.diagnostics.from_layer_samples`, which puts a chosen coordinate or
+        projection on the horizontal axis.
     """
     import matplotlib.pyplot as plt
 
+    if np.ndim(grid) != 2 or np.shape(grid)[1] != 1:
+        raise ValueError(
+            f"plot_layer_samples: grid must have shape (N, 1), got {np.shape(grid)}; for inputs "
+            "of several dimensions use numpyro_dgp.diagnostics.plot_layers(..., x=...)"
+        )
     names = list(samples) if layer_names is None else list(layer_names)
     values = [np.asarray(samples[n])[..., output_dim] for n in names]
     x = np.asarray(grid)[:, 0]

@@ -190,3 +190,22 @@ def test_plot_marginals_names_points_of_many_dimensions_by_index():
     assert fig.axes[0].get_title() == "f[0] (output 0 of 2) at grid point 4"
     fig = diagnostics.plot_layers({"vi": tree})
     assert "D = 5" in fig.axes[0].get_xlabel()
+
+
+def test_plot_layer_samples_draws_1d_inputs_and_refuses_several_dimensions():
+    """plots.plot_layer_samples: each layer against x or its sorted input, the composition against x;
+    a grid of two input dimensions is refused (joined lines along one coordinate would mislead)."""
+    from numpyro_dgp.plots import plot_layer_samples
+
+    rng = np.random.default_rng(0)
+    grid = np.linspace(-1, 1, 9)[:, None]
+    samples = {"h1": rng.normal(size=(3, 9, 1)), "h2": rng.normal(size=(3, 9, 1))}
+    fig = plot_layer_samples(grid, samples)
+    axes = fig.axes
+    np.testing.assert_array_equal(axes[0].lines[0].get_xdata(), grid[:, 0])
+    hidden = axes[1].lines[0].get_xdata()
+    np.testing.assert_array_equal(hidden, np.sort(samples["h1"][0, :, 0]))
+    np.testing.assert_array_equal(axes[2].lines[0].get_ydata(), samples["h2"][0, :, 0])
+    plt.close(fig)
+    with pytest.raises(ValueError, match=r"grid must have shape \(N, 1\), got \(9, 2\)"):
+        plot_layer_samples(np.ones((9, 2)), samples)
