@@ -62,10 +62,7 @@ class VecchiaFactors(NamedTuple):
 
 
 def nearest_previous_neighbors(
-    points: ArrayLike,
-    num_neighbors: int,
-    limit: ArrayLike | None = None,
-    block_size: int = 512,
+    points: ArrayLike, num_neighbors: int, block_size: int = 512
 ) -> tuple[jax.Array, jax.Array]:
     """Each point's ``num_neighbors`` nearest (Euclidean) among the points before it.
 
@@ -73,32 +70,29 @@ def nearest_previous_neighbors(
 
     :param points: ``(n, D)`` points in their order.
     :param num_neighbors: ``m``, at least 1.
-    :param limit: ``(n,)`` ints: row ``k`` chooses among rows ``j < min(k, limit[k])``
-        (default: all earlier rows). E.g. points that may condition only on the first ``N``.
     :param block_size: rows per block of the distance computation.
     :return: ``(neighbors (n, m) int32, mask (n, m) bool)``, nearest first; row ``k`` has
-        ``min(m, k)`` real entries (fewer under ``limit``).
+        ``min(m, k)`` real entries.
     """
     points = jnp.asarray(points)
+    # centred: |a|^2 + |b|^2 - 2 a.b loses the digits the points share (float32 far from 0)
+    points = points - jnp.mean(points, axis=0)
     n = points.shape[0]
     m = int(num_neighbors)
-    limit = jnp.arange(n) if limit is None else jnp.minimum(jnp.asarray(limit), jnp.arange(n))
     num_blocks = max(1, math.ceil(n / block_size))
     pad = num_blocks * block_size - n
     rows = jnp.pad(jnp.arange(n), (0, pad)).reshape(num_blocks, block_size)
-    limits = jnp.pad(limit, (0, pad)).reshape(num_blocks, block_size)
     sq_norms = jnp.sum(points**2, axis=-1)
     k = min(m, n)
 
-    def block(args: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        idx, lim = args
+    def block(idx: jax.Array) -> tuple[jax.Array, jax.Array]:
         P = points[idx]
         sq = sq_norms[idx][:, None] + sq_norms[None, :] - 2.0 * P @ points.T
-        allowed = jnp.arange(n)[None, :] < lim[:, None]
+        allowed = jnp.arange(n)[None, :] < idx[:, None]  # earlier rows only
         neg, nbr = jax.lax.top_k(jnp.where(allowed, -sq, -jnp.inf), k)
         return nbr.astype(jnp.int32), jnp.isfinite(neg)
 
-    neighbors, mask = jax.lax.map(block, (rows, limits))
+    neighbors, mask = jax.lax.map(block, rows)
     neighbors, mask = neighbors.reshape(-1, k)[:n], mask.reshape(-1, k)[:n]
     neighbors = jnp.where(mask, neighbors, 0)
     if k < m:  # fewer points than neighbours asked for
@@ -156,25 +150,34 @@ def vecchia_log_density(factors: VecchiaFactors, residual: ArrayLike) -> jax.Arr
     return jnp.sum(-0.5 * z**2 - jnp.log(factors.scale) - 0.5 * math.log(2 * math.pi), axis=-1)
 
 
-def vecchia_sample(factors: VecchiaFactors, eps: ArrayLike) -> jax.Array:
+def vecchia_sample(
+    factors: VecchiaFactors, eps: ArrayLike, given: ArrayLike | None = None
+) -> jax.Array:
     """The residual ``f - mean`` whose standardized conditionals are ``eps``: ``f_k - mean_k =
     coef_k^T (f_S - mean_S) + scale_k eps_k``, point after point (a sequential scan, ``O(n m)``).
 
     The map ``eps -> f`` is the non-centered parameterization of the Vecchia prior (its
-    Jacobian is triangular with diagonal ``scale``).
+    Jacobian is triangular with diagonal ``scale``). With ``given``, the first points' residuals
+    are held at those values and the rest drawn from their Vecchia conditional given them.
 
-    :param factors: from :func:`vecchia_factors`, ``coef (P, n, m)``.
-    :param eps: ``(P, n)`` standard normals.
-    :return: ``(P, n)`` residuals.
+    :param factors: from :func:`vecchia_factors`, ``coef (P, n, m)`` (or ``(n, m)``, shared).
+    :param eps: ``(P, n - n0)`` standard normals of the points drawn.
+    :param given: ``(P, n0)`` residuals of the first ``n0`` points (default: none).
+    :return: ``(P, n)`` residuals of all points.
     """
     eps = jnp.asarray(eps)
-    coef = jnp.broadcast_to(factors.coef, eps.shape + factors.coef.shape[-1:])
-    scale = jnp.broadcast_to(factors.scale, eps.shape)
+    P, start = eps.shape[0], 0 if given is None else jnp.shape(given)[-1]
+    n = start + eps.shape[-1]
+    coef = jnp.broadcast_to(factors.coef, (P, n) + factors.coef.shape[-1:])
+    scale = jnp.broadcast_to(factors.scale, (P, n))
+    residual = jnp.zeros((P, n), eps.dtype)
+    if given is not None:
+        residual = residual.at[:, :start].set(jnp.asarray(given, eps.dtype))
 
     def step(residual: jax.Array, k: jax.Array) -> tuple[jax.Array, None]:
         nbr = residual[:, factors.neighbors[k]]  # (P, m)
-        value = jnp.sum(coef[:, k] * nbr, axis=-1) + scale[:, k] * eps[:, k]
+        value = jnp.sum(coef[:, k] * nbr, axis=-1) + scale[:, k] * eps[:, k - start]
         return residual.at[:, k].set(value), None
 
-    residual, _ = jax.lax.scan(step, jnp.zeros_like(eps), jnp.arange(eps.shape[-1]))
+    residual, _ = jax.lax.scan(step, residual, jnp.arange(start, n))
     return residual

@@ -4,14 +4,16 @@ A DGP's posterior has modes (compositions that fit the data equally well up to a
 not at all) that chains seldom leave, so "the chains converged" cannot mean one R-hat over all
 chains. This library's definition, the protocol of ``benchmarks/results/mcmc_ground_truth.md``:
 
-1. **explore** -- chains from dispersed starts (NumPyro's default: uniform in ``(-2, 2)`` on
-   the unconstrained latent sites), grouped into the modes they settled in
+1. **explore** -- chains from dispersed starts (the kernel's own: uniform in ``(-2, 2)`` on
+   the unconstrained latent sites for NUTS, prior draws for
+   :class:`~numpyro_dgp.infer.EllipticalSlice`), grouped into the modes they settled in
    (:func:`~numpyro_dgp.diagnostics.mcmc_health`);
 2. **weigh** -- each mode's posterior mass by bridge sampling
    (:func:`~numpyro_dgp.diagnostics.mode_evidence`), relative to the mass of all modes found;
-3. **check** -- within every mode that holds more than ``min_weight`` of that mass, R-hat at
-   most ``rhat_threshold`` and bulk ESS at least ``ess_threshold`` for every layer output at
-   the grid (split R-hat where a mode has one chain).
+3. **check** -- within every mode that holds more than ``min_weight`` of that mass (and always
+   the heaviest), R-hat at most ``rhat_threshold``, bulk ESS at least ``ess_threshold`` for
+   every layer output at the grid, and no divergent transition (a mode found by one chain is
+   checked on that chain's two halves: split R-hat).
 
 The ground truth is then the modes pooled by their mass
 (:func:`~numpyro_dgp.diagnostics.mode_mixture`). A heavier mode that no chain found is
@@ -157,7 +159,8 @@ def ground_truth(
         )
         for chains in health.modes
     ]
-    checked = [k for k, w in enumerate(evidence.weights) if w > min_weight]
+    heaviest = int(np.argmax(evidence.weights))
+    checked = sorted({heaviest} | {k for k, w in enumerate(evidence.weights) if w > min_weight})
     converged = all(bool(mode_health[k].table.ok.all()) for k in checked)
     reference = mode_mixture(explored, evidence, key_mixture, label="MCMC (modes by mass)")
     return GroundTruth(
@@ -174,6 +177,15 @@ def ground_truth(
 
 
 def _chains(tree: xarray.DataTree, chains: list[int]) -> xarray.DataTree:
-    """The tree of the given chains only."""
+    """The tree of the given chains only, divergences kept; one chain becomes its two halves
+    (so that its R-hat is the split R-hat)."""
     layers = {n: np.asarray(tree["posterior"][n].values)[chains] for n in layer_names(tree)}
-    return from_layer_samples(layers, np.asarray(tree["constant_data"]["grid_x"].values))
+    stats = {}
+    if "sample_stats" in tree.children and "diverging" in tree["sample_stats"]:
+        stats["diverging"] = np.asarray(tree["sample_stats"]["diverging"].values)[chains]
+    if len(chains) == 1:
+        half = next(iter(layers.values())).shape[1] // 2
+        layers = {n: np.stack([v[0, :half], v[0, half : 2 * half]]) for n, v in layers.items()}
+        stats = {k: np.stack([v[0, :half], v[0, half : 2 * half]]) for k, v in stats.items()}
+    grid = np.asarray(tree["constant_data"]["grid_x"].values)
+    return from_layer_samples(layers, grid, sample_stats=stats or None)

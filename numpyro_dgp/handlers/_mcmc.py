@@ -104,7 +104,7 @@ def check_points(site: str, value: jax.Array, shape: tuple) -> jax.Array:
     return value
 
 
-def _check_grid(grid: ArrayLike | None) -> jax.Array | None:
+def _check_grid(grid: ArrayLike | None, handler: str) -> jax.Array | None:
     """``grid`` as an array, checked to be finite and ``(G, D)`` (``None`` passes;
     :class:`exact_layers`).
 
@@ -114,19 +114,19 @@ def _check_grid(grid: ArrayLike | None) -> jax.Array | None:
         return None
     grid = jnp.asarray(grid)
     if grid.ndim != 2:
-        raise ValueError(f"exact_layers: grid must have shape (num_grid, dim), got {grid.shape}")
+        raise ValueError(f"{handler}: grid must have shape (num_grid, dim), got {grid.shape}")
     if not bool(jnp.all(jnp.isfinite(grid))):
-        raise ValueError("exact_layers: grid contains NaN or inf values")
+        raise ValueError(f"{handler}: grid contains NaN or inf values")
     return grid
 
 
-def _check_jitter(jitter: float | None) -> None:
+def _check_jitter(jitter: float | None, handler: str) -> None:
     """Refuse a given ``jitter`` that is not positive (:class:`exact_layers`).
 
     :raises ValueError: for one.
     """
     if jitter is not None and not (jitter > 0):
-        raise ValueError(f"exact_layers: jitter must be positive, got {jitter!r}")
+        raise ValueError(f"{handler}: jitter must be positive, got {jitter!r}")
 
 
 class exact_layers(PerRunMessenger):
@@ -177,9 +177,10 @@ class exact_layers(PerRunMessenger):
         jitter: float | None = None,
         collapse_last: bool = False,
     ) -> None:
-        _check_parameterization("exact_layers", parameterization)
-        checked_grid = _check_grid(grid)
-        _check_jitter(jitter)
+        name = type(self).__name__  # exact_layers, or a subclass (vecchia_layers)
+        _check_parameterization(name, parameterization)
+        checked_grid = _check_grid(grid, name)
+        _check_jitter(jitter, name)
         self.grid = checked_grid
         self.parameterization = parameterization
         self.jitter = jitter
@@ -198,14 +199,14 @@ class exact_layers(PerRunMessenger):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model under the handler (finding its last layer first for ``collapse_last``)."""
         if self.collapse_last and self._last_layer is None:
-            self._last_layer = last_layer_name(self.fn, args, kwargs, "exact_layers")
+            self._last_layer = last_layer_name(self.fn, args, kwargs, type(self).__name__)
         return super().__call__(*args, **kwargs)
 
     def _problem_after_run(self) -> str | None:
         if self._collapsed is not None:
             return (
-                f"exact_layers(collapse_last=True): no observed sample site followed layer "
-                f"{self._collapsed.layer.name!r}; the collapsed layer is scored by the "
+                f"{type(self).__name__}(collapse_last=True): no observed sample site followed "
+                f"layer {self._collapsed.layer.name!r}; the collapsed layer is scored by the "
                 "observations, so they must be given"
             )
         return None
@@ -235,7 +236,7 @@ class exact_layers(PerRunMessenger):
             msg["stop"] = True
             return
         if msg["type"] == LAYER_MESSAGE:
-            check_layer_supported(msg, "exact_layers")
+            check_layer_supported(msg, type(self).__name__)
             msg["fn"] = self._exact
 
     def _exact(
@@ -252,7 +253,8 @@ class exact_layers(PerRunMessenger):
         grid = self._grid_inputs
         if grid is not None and grid.shape[-1] != X.shape[-1]:
             raise ValueError(
-                f"exact_layers: layer {layer.name!r} takes inputs of width {X.shape[-1]} but the "
+                f"{type(self).__name__}: layer {layer.name!r} takes inputs of width {X.shape[-1]} "
+                "but the "
                 f"grid reaching it has width {grid.shape[-1]}; the layers must form a chain "
                 "starting at the grid's input space"
             )
@@ -297,7 +299,7 @@ class exact_layers(PerRunMessenger):
         base = unwrap_distribution(msg["fn"])
         if not isinstance(base, dist.Normal):
             raise NotImplementedError(
-                f"exact_layers(collapse_last=True): observation site {msg['name']!r} has "
+                f"{type(self).__name__}(collapse_last=True): observation site {msg['name']!r} has "
                 f"likelihood {type(base).__name__}; only a Normal likelihood can be integrated "
                 f"against layer {layer.name!r}"
             )
@@ -306,7 +308,8 @@ class exact_layers(PerRunMessenger):
         allowed = [(N, P)] + ([(N,)] if P == 1 else [])
         if y.shape not in allowed:
             raise ValueError(
-                f"exact_layers(collapse_last=True): observation site {msg['name']!r} has shape "
+                f"{type(self).__name__}(collapse_last=True): observation site {msg['name']!r} has "
+                "shape "
                 f"{y.shape}; layer {layer.name!r} puts {P} output(s) at {N} points, so it must be "
                 f"({N}, {P})" + (f" or ({N},)" if P == 1 else "")
             )

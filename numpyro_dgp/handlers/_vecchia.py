@@ -53,7 +53,6 @@ class _Neighbors:
         self.order = order
         self.inverse = jnp.argsort(order)
         self.sets = sets
-        self.data_only: tuple[jax.Array, jax.Array] | None = None
 
 
 class vecchia_layers(exact_layers):
@@ -74,13 +73,14 @@ class vecchia_layers(exact_layers):
     coordinate orders) or kept in theirs (``"given"``); ``grid`` rows follow them in their own
     order, so the data's density does not depend on the grid. Every layer uses the neighbour
     sets of the *first layer's inputs* (the data inputs, Euclidean distance: standardize them),
-    computed once per compilation when the inputs are concrete (``O(n^2 D)``) and held fixed
-    for the whole run, so NUTS sees one smooth density. Sauer et al. (2023) choose a deeper
+    computed once per compilation (``O(n^2 D)``) and held fixed for the whole run, so NUTS
+    sees one smooth density. (Inputs passed as traced arguments, e.g. MCMC's
+    ``jit_model_args=True``, make the search part of every evaluation: correct, but at
+    ``n = 10^4`` as costly as the density itself.) Sauer et al. (2023) choose a deeper
     layer's neighbours among its latent inputs instead, refreshed as the chain moves; here a
     layer's sets can come from any points you give (``neighbor_inputs``, e.g. the posterior
     mean of its inputs from a first run), fixed for the run you start with them: refresh them
-    between runs (e.g. after warm-up), never within one. A collapsed last layer's grid values
-    condition on the nearest data rows only.
+    between runs (e.g. after warm-up), never within one.
 
     :param fn: the model.
     :param num_neighbors: ``m``, the neighbours per point (default 25, deepgp's default).
@@ -93,8 +93,9 @@ class vecchia_layers(exact_layers):
     :param jitter: diagonal jitter of the prior covariances (default: each layer's own).
     :param collapse_last: integrate the last layer out (Gaussian likelihood): ``y`` is scored
         by the Vecchia approximation of ``N(m_L, K_L + jitter I + diag(s^2))``, Sauer et al.'s
-        outer layer; the grid values are drawn from their Vecchia conditional given the
-        ``num_neighbors`` nearest observations (``"<name>.grid_white"``), point by point.
+        outer layer; the grid values are drawn from the same approximation's conditional
+        given ``y`` (``"<name>.grid_white"``), each given its nearest earlier observations
+        and grid values.
     :param ordering: ``"random"`` (default) or ``"given"``.
     :param ordering_seed: seed of the random order.
     :param neighbor_inputs: ``{layer name: (n, D_l) points}``: that layer's neighbour sets
@@ -102,7 +103,8 @@ class vecchia_layers(exact_layers):
     :raises ValueError: for a ``num_neighbors`` that is not a positive integer, an unknown
         ``ordering`` or ``parameterization``, ``neighbor_inputs`` that are not finite 2-D
         arrays, and what :class:`~numpyro_dgp.handlers.exact_layers` refuses; during a run,
-        for ``neighbor_inputs`` whose rows are not the layer's points.
+        for ``neighbor_inputs`` whose rows are not the layer's points; after a run, for
+        ``neighbor_inputs`` naming a layer the model did not run.
     """
 
     def __init__(
@@ -131,6 +133,15 @@ class vecchia_layers(exact_layers):
         super()._reset()
         self._neighbors: _Neighbors | None = None
 
+    def _problem_after_run(self) -> str | None:
+        unknown = sorted(set(self.neighbor_inputs) - set(self.layer_order))
+        if unknown and super()._problem_after_run() is None:
+            return (
+                f"vecchia_layers: neighbor_inputs names {unknown}, which the model did not run "
+                f"as layers (it ran {self.layer_order})"
+            )
+        return super()._problem_after_run()
+
     def _output_site(self, layer: Layer, A: jax.Array, jitter: float | jax.Array) -> jax.Array:
         """The layer's output ``(n, P)`` at ``A (n, D)``: a site with the Vecchia prior."""
         run = self._run_neighbors(A)
@@ -158,10 +169,6 @@ class vecchia_layers(exact_layers):
                 order = self._order(num_data, A.shape[0])
                 points = jax.lax.stop_gradient(A)[order]
                 run = _Neighbors(order, nearest_previous_neighbors(points, self.num_neighbors))
-                if self.collapse_last and num_data < A.shape[0]:
-                    run.data_only = nearest_previous_neighbors(
-                        points, self.num_neighbors, limit=jnp.full(A.shape[0], num_data)
-                    )
             self._neighbors = run
         return self._neighbors
 
@@ -172,31 +179,29 @@ class vecchia_layers(exact_layers):
         return jnp.concatenate([data, jnp.arange(num_data, num_points)])
 
     def _layer_sets(
-        self, layer: Layer, A: jax.Array, run: _Neighbors, data_only: bool = False
+        self, layer: Layer, A: jax.Array, run: _Neighbors
     ) -> tuple[jax.Array, jax.Array]:
         """The layer's neighbour sets: its own ``neighbor_inputs``, or the first layer's."""
         given = self.neighbor_inputs.get(layer.name)
         if given is None:
-            return run.data_only if data_only and run.data_only is not None else run.sets
+            return run.sets
         if given.shape[0] != A.shape[0]:
             raise ValueError(
                 f"vecchia_layers: neighbor_inputs[{layer.name!r}] has {given.shape[0]} rows, but "
                 f"the layer has {A.shape[0]} points (data rows, then grid rows)"
             )
-        num_data = A.shape[0] - (0 if self.grid is None else self.grid.shape[0])
-        limit = jnp.full(A.shape[0], num_data) if data_only else None
         with jax.ensure_compile_time_eval():
-            return nearest_previous_neighbors(given[run.order], self.num_neighbors, limit)
+            return nearest_previous_neighbors(given[run.order], self.num_neighbors)
 
     def _collapsed_parts(
         self, state: CollapsedLayer, y: jax.Array, noise_var: jax.Array
     ) -> tuple[dist.Distribution, jax.Array | None]:
         """The observations' Vecchia density with the last layer integrated out, and the grid
-        values from their Vecchia conditional given the nearest observations."""
+        values from the same approximation's conditional given them."""
         N, P = noise_var.shape
         A, layer = state.inputs, state.layer
         run = self._run_neighbors(A)
-        neighbors, mask = self._layer_sets(layer, A, run, data_only=True)
+        neighbors, mask = self._layer_sets(layer, A, run)
         diag = _diag(layer, state.jitter, A.shape[0], A.dtype)
         diag = jnp.broadcast_to(diag, (P, A.shape[0])).at[:, :N].add(noise_var.T[:, run.order[:N]])
         factors = vecchia_factors(layer.kernel, A[run.order], neighbors, mask, diag)
@@ -206,11 +211,11 @@ class vecchia_layers(exact_layers):
         fn = _CollapsedVecchia(state.mean[:N].reshape(y.shape), data, run.order[:N])
         if state.grid_white is None:
             return fn, None
+        # the joint Vecchia approximation of (y, f_grid), y first: the grid rows drawn in
+        # order, each given its nearest earlier observations and grid values
         residual = (y.reshape(N, P) - state.mean[:N]).T[:, run.order[:N]]  # (P, N), ordered
-        coef, scale = factors.coef[:, N:], factors.scale[:, N:]
-        predicted = jnp.sum(coef * residual[:, neighbors[N:]], axis=-1)  # (P, G)
-        grid = state.mean[N:].T + predicted + scale * state.grid_white
-        return fn, grid.T
+        drawn = vecchia_sample(factors, state.grid_white, given=residual)[:, N:]
+        return fn, (state.mean[N:].T + drawn).T
 
 
 def _diag(layer: Layer, jitter: float | jax.Array, n: int, dtype: Any) -> jax.Array:

@@ -42,10 +42,10 @@ class EllipticalSliceState(NamedTuple):
     """The state of an :class:`EllipticalSlice` chain.
 
     :ivar z: the latent values (every one standard normal a priori), keyed by site name.
-    :ivar log_likelihood: ``log p(data, z) - log N(z | 0, I)`` at ``z``: what the prior does
-        not hold.
+    :ivar log_likelihood: ``log p(data, z) + |z|^2 / 2`` at ``z``: the log density less the
+        standard-normal prior's (up to its constant ``d log(2 pi) / 2``).
     :ivar num_evaluations: likelihood evaluations the last step took (1 + the bracket's
-        shrinks).
+        shrinks; at most ``1 + MAX_SHRINKS``, after which the step keeps the current state).
     :ivar rng_key: the chain's key.
     """
 
@@ -66,9 +66,9 @@ class EllipticalSlice(MCMCKernel):
     With ``numpyro.infer.MCMC`` as any kernel: ``chain_method="vectorized"`` runs the chains
     as one program. No step size, mass matrix or gradient: warm-up only discards draws.
 
-    Cost per step: one model log density per bracket shrink (``1 + num_evaluations - 1``; a
-    few on average), no gradients. It mixes slowly where the data pin the latent values far
-    from the prior (many points, small noise): check the chains with
+    Cost per step: ``num_evaluations`` model log densities (one, plus one per shrink of the
+    angle bracket; a few on average), no gradients. It mixes slowly where the data pin the
+    latent values far from the prior (many points, small noise): check the chains with
     :func:`numpyro_dgp.diagnostics.mcmc_health` and prefer NUTS where a gradient is
     affordable.
 
@@ -76,10 +76,11 @@ class EllipticalSlice(MCMCKernel):
     :param init_strategy: where chains start (default: a draw from the prior, so chains start
         dispersed).
     :raises ValueError: at ``init``, for a latent site whose prior is not a standard normal
-        (named, with its distribution), or a model with no latent site.
+        (named, with its distribution), a model with no latent site, or initial values where
+        the log density is not finite.
     """
 
-    def __init__(self, model: Callable, init_strategy: Callable = init_to_sample) -> None:
+    def __init__(self, model: Callable, *, init_strategy: Callable = init_to_sample) -> None:
         self._model = model
         self._init_strategy = init_strategy
         self._log_likelihood_gen: Callable | None = None
@@ -162,12 +163,18 @@ class EllipticalSlice(MCMCKernel):
             return lambda z: -potential(z) + 0.5 * _squared_norm(z)
 
         self._log_likelihood_gen = log_likelihood_gen
-        z = info.param_info.z if init_params is None else init_params
-        log_likelihood = jax.vmap(log_likelihood_gen(*model_args, **model_kwargs))(z)
-        state = EllipticalSliceState(
-            z, log_likelihood, jnp.ones(keys.shape[0], jnp.int32), split[:, 1]
-        )
-        return state if vectorized else jax.tree.map(lambda v: v[0], state)
+        z = info.param_info.z if vectorized else jax.tree.map(lambda v: v[0], info.param_info.z)
+        z = z if init_params is None else init_params
+        log_likelihood = log_likelihood_gen(*model_args, **model_kwargs)
+        value = jax.vmap(log_likelihood)(z) if vectorized else log_likelihood(z)
+        if not bool(jnp.all(jnp.isfinite(value))):
+            raise ValueError(
+                "EllipticalSlice: the log density is not finite at the initial values; give "
+                "init_params where it is (or another init_strategy)"
+            )
+        rng = split[:, 1] if vectorized else split[0, 1]
+        count = jnp.ones(keys.shape[0] if vectorized else (), jnp.int32)
+        return EllipticalSliceState(z, value, count, rng)
 
     def sample(
         self, state: EllipticalSliceState, model_args: tuple, model_kwargs: dict | None
@@ -186,6 +193,12 @@ class EllipticalSlice(MCMCKernel):
         return _step(state, log_likelihood)
 
 
+#: Bracket shrinks after which a step keeps the current state. Each shrink narrows the bracket
+#: by a uniform factor, so 100 leave about 1e-43 of it; only a level above the current point's
+#: own likelihood (round-off between the value kept and its recomputation) gets that far.
+MAX_SHRINKS = 100
+
+
 def _step(state: EllipticalSliceState, log_likelihood: Callable) -> EllipticalSliceState:
     """One elliptical slice step of one chain."""
     key, key_nu, key_level, key_angle = jax.random.split(state.rng_key, 4)
@@ -197,7 +210,8 @@ def _step(state: EllipticalSliceState, log_likelihood: Callable) -> EllipticalSl
         return jax.tree.map(lambda z, n: z * jnp.cos(angle) + n * jnp.sin(angle), state.z, nu)
 
     def rejected(carry: tuple) -> jax.Array:
-        return ~(carry[1] > level)  # a NaN likelihood is rejected too
+        # a NaN likelihood is rejected too
+        return ~(carry[1] > level) & (carry[4] <= MAX_SHRINKS)
 
     def shrink(carry: tuple) -> tuple:
         angle, _, low, high, count, key = carry
@@ -209,7 +223,9 @@ def _step(state: EllipticalSliceState, log_likelihood: Callable) -> EllipticalSl
     first = log_likelihood(on_ellipse(angle))
     carry = (angle, first, angle - 2 * math.pi, angle, jnp.int32(1), key)
     angle, value, _, _, count, _ = jax.lax.while_loop(rejected, shrink, carry)
-    return EllipticalSliceState(on_ellipse(angle), value, count, key)
+    accepted = value > level
+    z = jax.tree.map(lambda new, old: jnp.where(accepted, new, old), on_ellipse(angle), state.z)
+    return EllipticalSliceState(z, jnp.where(accepted, value, state.log_likelihood), count, key)
 
 
 def elliptical_slice_gibbs(
@@ -225,7 +241,8 @@ def elliptical_slice_gibbs(
         kernel = HMCGibbs(NUTS(model), elliptical_slice_gibbs(model, sites, X, y), sites)
 
     Each step costs one log density more than :class:`EllipticalSlice`'s (the current
-    values' likelihood given the new values of the other sites).
+    values' likelihood given the new values of the other sites); where that is not finite,
+    no point of the ellipse is accepted and the step keeps the current values.
 
     :param model: the model, as given to ``HMCGibbs``'s inner kernel.
     :param site_names: the sites to update (``HMCGibbs``'s ``gibbs_sites``), each with a

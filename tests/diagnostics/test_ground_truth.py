@@ -56,8 +56,8 @@ def test_a_unimodal_posterior_is_converged_ground_truth_and_its_reference_is_the
     assert "converged ground truth: True" in result.report()
 
 
-def test_the_within_mode_check_fires(result):
-    """The same chains against an ESS no run of this length reaches: not converged."""
+def test_the_within_mode_check_fires():
+    """A short run against an ESS no run of its length reaches: not converged."""
     X, y = _data()
     strict = diagnostics.ground_truth(
         exact_layers(one_layer, grid=GRID, jitter=1e-6), jax.random.PRNGKey(0), GRID, X, y,
@@ -76,3 +76,22 @@ def test_ground_truth_refuses_bad_arguments(kwargs, match):
     X, y = _data()
     with pytest.raises(ValueError, match=match):
         diagnostics.ground_truth(exact_layers(one_layer, grid=GRID), jax.random.PRNGKey(0), GRID, X, y, **kwargs)
+
+
+def test_a_mode_of_one_chain_is_checked_on_its_halves_and_divergences_are_kept():
+    """The within-mode tree of one chain holds its two halves (split R-hat); a mode's divergences
+    reach its health check (one divergent transition fails it)."""
+    from numpyro_dgp.diagnostics._ground_truth import _chains
+
+    rng = np.random.default_rng(0)
+    draws = rng.normal(size=(3, 100, 4, 1))
+    diverging = np.zeros((3, 100), bool)
+    diverging[2, 7] = True
+    tree = diagnostics.from_layer_samples({"f": draws}, np.zeros((4, 1)), sample_stats={"diverging": diverging})
+    one = _chains(tree, [1])
+    np.testing.assert_array_equal(one["posterior"]["f"].values, np.stack([draws[1, :50], draws[1, 50:]]))
+    both = _chains(tree, [0, 2])
+    assert int(both["sample_stats"]["diverging"].values.sum()) == 1
+    lenient = dict(rhat_threshold=1.5, ess_threshold=1.0, warn=False)
+    assert not diagnostics.mcmc_health(both, **lenient).table.ok.any()
+    assert diagnostics.mcmc_health(_chains(tree, [0, 1]), **lenient).table.ok.all()

@@ -64,13 +64,12 @@ def test_nearest_previous_neighbors_are_the_brute_force_ones():
     rng = np.random.default_rng(1)
     X = rng.normal(size=(40, 3))
     neighbors, mask = nearest_previous_neighbors(X, 5, block_size=7)  # blocks do not divide n
-    limited, limited_mask = nearest_previous_neighbors(X, 5, limit=np.full(40, 10))
+    # float32 far from the origin: the distance expansion must not lose the digits that differ
+    far, far_mask = nearest_previous_neighbors(np.float32(X + 1000.0), 5)
     for k in range(40):
         order = np.argsort(((X[:k] - X[k]) ** 2).sum(1))
         np.testing.assert_array_equal(np.asarray(neighbors[k])[np.asarray(mask[k])], order[:5])
-        assert set(np.asarray(limited[k])[np.asarray(limited_mask[k])]) == set(
-            np.argsort(((X[: min(k, 10)] - X[k]) ** 2).sum(1))[:5]
-        )
+        assert set(np.asarray(far[k])[np.asarray(far_mask[k])]) == set(order[:5])
     assert np.asarray(mask).sum(1).tolist() == [min(k, 5) for k in range(40)]
     # more neighbours than points: padded, masked
     few, few_mask = nearest_previous_neighbors(X[:3], 5)
@@ -165,8 +164,9 @@ def test_vecchia_with_all_neighbors_is_exact_layers(data, parameterization, orde
 @pytest.mark.parametrize("model", [two_layer, noisy_layers])
 def test_vecchia_collapsed_with_all_neighbors_is_the_exact_collapsed_density(data, model):
     """With every earlier observation a neighbour the collapsed density is the exact handler's
-    (centered inner layer, any order); a grid value conditions on all observations, so it is the
-    exact conditional's mean plus its marginal standard deviation times its own white noise."""
+    (centered inner layer, any order), and the grid values, drawn in order each given all earlier
+    observations and grid values, are the exact handler's draw from the joint conditional (and a
+    dense one: the conditional's mean plus its Cholesky factor times the grid's noise)."""
     X, y, grid = data
     exact = exact_layers(
         model, grid=grid, parameterization="centered", collapse_last=True, jitter=1e-6
@@ -180,16 +180,20 @@ def test_vecchia_collapsed_with_all_neighbors_is_the_exact_collapsed_density(dat
         jitter=1e-6,
     )
     values = _latent_values(exact, X, y, 2)
-    lp_exact, _ = log_density(seed(exact, 0), (X, y), {}, values)
+    lp_exact, tr_exact = log_density(seed(exact, 0), (X, y), {}, values)
     lp, tr = log_density(seed(vecchia, 0), (X, y), {}, values)
     np.testing.assert_allclose(float(lp), float(lp_exact), rtol=1e-10)
+    # the grid rows are drawn jointly, in their order: the exact conditional's Cholesky draw
+    np.testing.assert_allclose(
+        tr["h2.grid"]["value"], tr_exact["h2.grid"]["value"], rtol=1e-7, atol=1e-9
+    )
     noise2 = 0.02 if model is noisy_layers else 0.0
     H = np.asarray(values["h1.f"]).T  # (N + G, 2)
     K = np.asarray(K2(H)) + (1e-6 + noise2) * np.eye(N + G)
     C = K[:N, :N] + 0.01 * np.eye(N)
     mean = K[N:, :N] @ np.linalg.solve(C, np.asarray(y))
-    sd = np.sqrt(np.diag(K[N:, N:] - K[N:, :N] @ np.linalg.solve(C, K[:N, N:])))
-    expected = mean + sd * np.asarray(values["h2.grid_white"][0])
+    cov = K[N:, N:] - K[N:, :N] @ np.linalg.solve(C, K[:N, N:])
+    expected = mean + np.linalg.cholesky(cov) @ np.asarray(values["h2.grid_white"][0])
     np.testing.assert_allclose(np.asarray(tr["h2.grid"]["value"][:, 0]), expected, rtol=1e-8)
 
 
@@ -334,3 +338,104 @@ def test_vecchia_collapse_refuses_a_non_gaussian_likelihood_and_substituted_valu
     model = vecchia_layers(two_layer, num_neighbors=3)
     with pytest.raises(ValueError, match="latent layer output 'h1.f_white' has shape"):
         trace(substitute(seed(model, 0), {"h1.f_white": np.zeros((2, 5))})).get_trace(X, y)
+
+
+def _brute_force_vecchia_log_density(A, residual, kernel, diag, order, m, choose):
+    """Sum over the points in ``order`` of log N(r_k | b^T r_S, d^2), S the m earlier points nearest
+    in ``choose`` (brute force, dense NumPy), covariances K(A) + diag(diag) (points' own order)."""
+    K = np.asarray(kernel(A)) + np.diag(diag)
+    total = 0.0
+    for pos, k in enumerate(order):
+        earlier = order[:pos]
+        S = earlier[np.argsort(((choose[earlier] - choose[k]) ** 2).sum(1))[:m]]
+        b = np.linalg.solve(K[np.ix_(S, S)], K[S, k]) if len(S) else np.zeros(0)
+        var = K[k, k] - K[k, S] @ b
+        total += stats.norm(residual[S] @ b, np.sqrt(var)).logpdf(residual[k])
+    return total
+
+
+def test_vecchia_density_with_few_neighbors_in_a_random_order_is_the_brute_force_one(data):
+    """m = 3 < n, the handler's random order, a noisy two-output layer then a collapsed one with a
+    different noise at every point: the log density against a brute-force construction."""
+    X, y, _ = data
+    rng = np.random.default_rng(7)
+
+    def noisy_model(X, y=None):
+        h = dgp.gp_layer("h1", X, K1, num_inducing=4, out_dim=2, mean="identity", noise=0.05)
+        f = dgp.gp_layer("h2", h, K2, num_inducing=4)
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(f[:, 0], jnp.linspace(0.1, 0.3, X.shape[0])), obs=y)
+
+    order = np.asarray(jax.random.permutation(jax.random.PRNGKey(0), N))
+    A = np.asarray(X)
+    for collapse in (False, True):
+        model = vecchia_layers(
+            noisy_model,
+            num_neighbors=3,
+            parameterization="centered",
+            collapse_last=collapse,
+            jitter=1e-6,
+        )
+        values = {"h1.f": A.T + 0.3 * rng.normal(size=(2, N))}
+        if not collapse:
+            values["h2.f"] = rng.normal(size=(1, N))
+        lp, _ = log_density(seed(model, 0), (X, y), {}, values)
+        expected = sum(
+            _brute_force_vecchia_log_density(
+                A, values["h1.f"][p] - A[:, p], K1, np.full(N, 1e-6 + 0.05), order, 3, A
+            )
+            for p in range(2)
+        )
+        H = values["h1.f"].T
+        noise = np.linspace(0.1, 0.3, N) ** 2
+        if collapse:
+            expected += _brute_force_vecchia_log_density(
+                H,
+                np.asarray(y),
+                K2,
+                1e-6 + noise,
+                order,
+                3,
+                A,  # every layer: the data's sets
+            )
+        else:
+            expected += _brute_force_vecchia_log_density(
+                H, values["h2.f"][0], K2, np.full(N, 1e-6), order, 3, A
+            )
+            expected += stats.norm(values["h2.f"][0], np.sqrt(noise)).logpdf(np.asarray(y)).sum()
+        np.testing.assert_allclose(float(lp), expected, rtol=1e-10)
+
+
+def test_a_one_layer_collapsed_model_with_a_grid_and_given_neighbor_points(data):
+    """The collapsed layer is the first: its sets from the points given for it; with all earlier
+    points as neighbours, the exact handler's density and grid draw; a misspelled layer name in
+    neighbor_inputs is refused after the run."""
+    X, y, grid = data
+
+    def one_layer(X, y=None):
+        f = dgp.gp_layer("f", X, K1, num_inducing=4)
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(f[:, 0], 0.1), obs=y)
+
+    points = np.concatenate([np.asarray(X), np.asarray(grid)])[:, ::-1] ** 3  # other sets
+    exact = exact_layers(one_layer, grid=grid, collapse_last=True, jitter=1e-6)
+    vecchia = vecchia_layers(
+        one_layer,
+        num_neighbors=N + G,
+        grid=grid,
+        collapse_last=True,
+        jitter=1e-6,
+        neighbor_inputs={"f": points},
+    )
+    values = {"f.grid_white": np.random.default_rng(8).normal(size=(1, G))}
+    lp_exact, tr_exact = log_density(seed(exact, 0), (X, y), {}, values)
+    lp, tr = log_density(seed(vecchia, 0), (X, y), {}, values)
+    np.testing.assert_allclose(float(lp), float(lp_exact), rtol=1e-10)
+    np.testing.assert_allclose(
+        tr["f.grid"]["value"], tr_exact["f.grid"]["value"], rtol=1e-7, atol=1e-9
+    )
+    misspelled = vecchia_layers(one_layer, num_neighbors=3, neighbor_inputs={"F": X})
+    with pytest.raises(
+        ValueError, match=r"neighbor_inputs names \['F'\], which the model did not run"
+    ):
+        trace(seed(misspelled, 0)).get_trace(X, y)

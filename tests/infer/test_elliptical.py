@@ -140,3 +140,30 @@ def test_elliptical_slice_gibbs_refuses_sites_it_cannot_update():
         elliptical_slice_gibbs(model, ["f.u"], X, y)
     with pytest.raises(ValueError, match="elliptical_slice_gibbs: latent site 'f.kernel.lengthscale' has prior"):
         elliptical_slice_gibbs(model, ["f.kernel.lengthscale"], X, y)
+
+
+def test_elliptical_slice_takes_initial_values_for_one_chain_and_refuses_non_finite_ones():
+    X, y, _ = _data()
+    model = exact_layers(one_layer, jitter=1e-6)
+    start = {"f.f_white": jnp.full((1, 12), 0.3)}
+    mcmc = MCMC(EllipticalSlice(model), num_warmup=0, num_samples=3, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y, init_params=start)
+    assert mcmc.get_samples()["f.f_white"].shape == (3, 1, 12)
+    kernel = EllipticalSlice(model)
+    state = kernel.init(jax.random.PRNGKey(0), 0, start, (X, y), {})
+    assert state.z["f.f_white"].shape == (1, 12) and state.log_likelihood.shape == ()
+    with pytest.raises(ValueError, match="log density is not finite at the initial values"):
+        EllipticalSlice(model).init(jax.random.PRNGKey(0), 0, {"f.f_white": jnp.full((1, 12), 1e200)},
+                                    (X, y), {})
+
+
+def test_a_step_that_cannot_reach_its_level_keeps_the_current_state():
+    """A level no point of the ellipse reaches (the kept likelihood above every value: round-off
+    between it and its recomputation can do this) ends after MAX_SHRINKS shrinks, state unchanged."""
+    from numpyro_dgp.infer._elliptical import MAX_SHRINKS, EllipticalSliceState, _step
+
+    z = {"a": jnp.arange(3.0)}
+    state = EllipticalSliceState(z, jnp.asarray(jnp.inf), jnp.int32(1), jax.random.PRNGKey(0))
+    new = jax.jit(lambda s: _step(s, lambda v: -jnp.sum(v["a"] ** 2)))(state)
+    np.testing.assert_array_equal(new.z["a"], z["a"])
+    assert int(new.num_evaluations) == MAX_SHRINKS + 1 and new.log_likelihood == jnp.inf
