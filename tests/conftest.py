@@ -142,7 +142,7 @@ def pytest_configure(config):
 # The tutorial notebooks are the longest tests (1.5-4 min each against seconds for the rest):
 # run them first, longest first, then the other tests of 25-40 s (mypy, the docs build, fresh
 # processes), so pytest-xdist's workers do not end on one long test while the other waits.
-_NOTEBOOKS_LONGEST_FIRST = ["04_amortized", "07_likelihoods_and_latents", "03_mcmc_ground_truth", "05_sde_flow", "06_nested_compression", "02_swapping_guides"]
+_NOTEBOOKS_LONGEST_FIRST = ["04_amortized", "07_likelihoods_and_latents", "03_mcmc_ground_truth", "08_vecchia_ground_truth", "05_sde_flow", "06_nested_compression", "02_swapping_guides"]
 _LONG_TESTS = ["tests/test_structure.py::test_mypy_finds_nothing_in_the_package",
                "tests/test_docs.py::test_docs_build_without_warnings_and_document_every_public_name",
                "tests/test_cli_data.py::test_fit_then_predict_in_fresh_processes",
