@@ -226,7 +226,7 @@ print("NUTS (exact):  ", held_out_metrics(f_exact, noise))
 # Each log density and gradient costs `O(n m^3)` per layer (one `(m + 1)`-square Cholesky
 # factor per point) plus a pass over the points in order: at a few hundred points that is
 # slower than the exact DGP's `O(n^3)`, as above. On kin8nm (7,373 training points, 8
-# inputs, 8 hidden dimensions, m = 25) one costs about 0.7 s on a 2-core CPU, and NUTS needs
+# inputs, 8 hidden dimensions, m = 25) one costs 2.6 s on a 2-core CPU, and NUTS needs
 # tens to hundreds of them per draw: converged ground truth on the full set is out of reach
 # there in minutes, and 25 neighbours would not be enough in eight dimensions anyway. `benchmarks/vecchia_ground_truth.py` measures how the time grows with `n`,
 # and checks the Vecchia chains against exact NUTS at 100 points

@@ -219,3 +219,13 @@ def test_guide_costs_table_gives_each_configuration_against_dsvi():
     assert "| 16 | 4 | 250 | 12.40 | 12.60 | 200.0 | 1.00 | 3.0 | 12.0 |" in dsvi
     assert "| 20 | 4 | 250 | 12.40 | 12.60 | 300.0 | 1.50 | 3.0 | 12.0 |" in chain
     assert "| 16 | 4 | 250 | 12.40 | 12.60 | 200.0 | 1.00 | - | 12.0 |" in nested
+
+
+def test_vecchia_ground_truth_report_is_the_rendering_of_its_committed_record():
+    import argparse
+
+    vecchia = _load("vecchia_ground_truth")
+    results = REPO / "benchmarks" / "results"
+    record = json.loads((results / "vecchia_ground_truth_kin8nm.json").read_text())
+    args = argparse.Namespace(**record["settings"])
+    assert vecchia.report(record, args) == (results / "vecchia_ground_truth_kin8nm.md").read_text()
