@@ -54,8 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 from numpyro.handlers import substitute
+from jax.scipy.special import logsumexp
 from numpyro.infer import MCMC, NUTS
-from scipy.special import logsumexp
 from sklearn.datasets import load_diabetes
 
 import numpyro_dgp as dgp
