@@ -159,6 +159,8 @@ def vecchia_sample(
     The map ``eps -> f`` is the non-centered parameterization of the Vecchia prior (its
     Jacobian is triangular with diagonal ``scale``). With ``given``, the first points' residuals
     are held at those values and the rest drawn from their Vecchia conditional given them.
+    Reverse-mode derivatives cost ``O(n m)`` too: one backward pass through the same sparse
+    triangular system (forward-mode derivatives, e.g. ``jax.jvp``, are not defined).
 
     :param factors: from :func:`vecchia_factors`, ``coef (P, n, m)`` (or ``(n, m)``, shared).
     :param eps: ``(P, n - n0)`` standard normals of the points drawn.
@@ -166,18 +168,57 @@ def vecchia_sample(
     :return: ``(P, n)`` residuals of all points.
     """
     eps = jnp.asarray(eps)
-    P, start = eps.shape[0], 0 if given is None else jnp.shape(given)[-1]
-    n = start + eps.shape[-1]
+    P = eps.shape[0]
+    given = jnp.zeros((P, 0), eps.dtype) if given is None else jnp.asarray(given, eps.dtype)
+    n = given.shape[-1] + eps.shape[-1]
     coef = jnp.broadcast_to(factors.coef, (P, n) + factors.coef.shape[-1:])
     scale = jnp.broadcast_to(factors.scale, (P, n))
-    residual = jnp.zeros((P, n), eps.dtype)
-    if given is not None:
-        residual = residual.at[:, :start].set(jnp.asarray(given, eps.dtype))
+    return _solve(factors.neighbors, coef, scale, eps, given)
+
+
+@jax.custom_vjp
+def _solve(
+    neighbors: jax.Array, coef: jax.Array, scale: jax.Array, eps: jax.Array, given: jax.Array
+) -> jax.Array:
+    """The sequential pass of :func:`vecchia_sample` (all arguments broadcast)."""
+    start = given.shape[-1]
+    residual = jnp.concatenate([given, jnp.zeros_like(eps)], axis=-1)
 
     def step(residual: jax.Array, k: jax.Array) -> tuple[jax.Array, None]:
-        nbr = residual[:, factors.neighbors[k]]  # (P, m)
+        nbr = residual[:, neighbors[k]]  # (P, m)
         value = jnp.sum(coef[:, k] * nbr, axis=-1) + scale[:, k] * eps[:, k - start]
         return residual.at[:, k].set(value), None
 
-    residual, _ = jax.lax.scan(step, residual, jnp.arange(start, n))
-    return residual
+    return jax.lax.scan(step, residual, jnp.arange(start, residual.shape[-1]))[0]
+
+
+def _solve_forward(*args: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+    residual = _solve(*args)
+    return residual, args + (residual,)
+
+
+def _solve_backward(
+    saved: tuple[jax.Array, ...], cotangent: jax.Array
+) -> tuple[None, jax.Array, jax.Array, jax.Array, jax.Array]:
+    # r = (I - B)^{-1} (scale eps) with B strictly lower triangular (the coefficients): the
+    # cotangent of (scale eps) is g = (I - B)^{-T} cotangent, solved last point first, each
+    # point's g_k pushed onto its neighbours, O(n m). (Autodiff of the forward scan copies the
+    # n-long state at every step, O(n^2); so would this loop if the value pushed were read from
+    # the state being updated, hence g_{k-1} is read after step k and carried.)
+    neighbors, coef, scale, eps, given, residual = saved
+    start = given.shape[-1]
+
+    def step(carry: tuple[jax.Array, jax.Array], k: jax.Array) -> tuple[tuple, jax.Array]:
+        acc, g = carry
+        acc = acc.at[:, neighbors[k]].add(coef[:, k] * g[:, None])
+        return (acc, acc[:, k - 1]), g
+
+    ks = jnp.arange(start, residual.shape[-1])
+    (acc, _), g = jax.lax.scan(step, (cotangent, cotangent[:, -1]), ks, reverse=True)
+    g = g.T  # (P, n - n0), the drawn points
+    pad = ((0, 0), (start, 0))
+    d_coef = jnp.pad(g[:, :, None] * residual[:, neighbors[start:]], pad + ((0, 0),))
+    return None, d_coef, jnp.pad(g * eps, pad), g * scale[:, start:], acc[:, :start]
+
+
+_solve.defvjp(_solve_forward, _solve_backward)

@@ -258,7 +258,9 @@ class exact_layers(PerRunMessenger):
                 f"grid reaching it has width {grid.shape[-1]}; the layers must form a chain "
                 "starting at the grid's input space"
             )
-        A = X if grid is None else jnp.concatenate([X, jnp.asarray(grid, X.dtype)], axis=0)
+        with jax.ensure_compile_time_eval():  # concrete data and grid stay concrete (vecchia's
+            # neighbour search runs once per compilation only on concrete inputs)
+            A = X if grid is None else jnp.concatenate([X, jnp.asarray(grid, X.dtype)], axis=0)
         jitter = layer.jitter if self.jitter is None else self.jitter
         if self.collapse_last and layer.name == self._last_layer:
             return self._defer_collapsed(layer, X, A, jitter)
