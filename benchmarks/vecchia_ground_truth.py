@@ -10,7 +10,7 @@ steps), the last layer integrated out (``collapse_last=True``), the layer output
    of the two posterior means of ``f`` in units of its Monte Carlo standard error (from each
    run's effective sample size), and the same for the variances;
 2. **cost** at each of ``--sizes`` (training subsets, a fixed random order): neighbour search,
-   seconds per log density and gradient, then short NUTS and elliptical-slice runs: seconds
+   seconds per log density and gradient (and the exact DGP's up to ``--exact-max-n``), then short NUTS and elliptical-slice runs: seconds
    per draw, bulk ESS per second of the held-out outputs (worst point), and the projected
    time to a bulk ESS of 400 at every held-out point in one chain's mode (400 / that rate);
    R-hat across the chains and the modes ``diagnostics.mcmc_health`` finds;
@@ -66,6 +66,7 @@ def parse(argv=None):
     p.add_argument("--max-tree-depth", type=int, default=8)
     p.add_argument("--nuts-max-n", type=int, default=1000, help="short NUTS runs up to this N (above: gradient only)")
     p.add_argument("--ess-max-n", type=int, default=3000, help="short elliptical-slice runs up to this N")
+    p.add_argument("--exact-max-n", type=int, default=3000, help="the exact DGP's gradient timed up to this N")
     p.add_argument("--dsvi-steps", type=int, default=5000)
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
@@ -173,11 +174,8 @@ def draws_tree(grid):
     return from_layer_samples({"h2": grid[..., None]}, np.zeros((grid.shape[2], 1)))
 
 
-def cost(model, split, args, order, n, noise):
-    idx = order[:n]
-    X, y = jnp.asarray(split.X_train[idx]), jnp.asarray(split.y_train[idx])
-    grid = jnp.asarray(split.X_test[:args.num_held_out])
-    handler = vecchia_layers(model, num_neighbors=args.num_neighbors, grid=grid, collapse_last=True)
+def gradient_seconds(handler, X, y):
+    """Seconds of ``initialize_model`` and the median of five jitted log density + gradient calls."""
     start = time.perf_counter()
     info = initialize_model(jax.random.PRNGKey(0), handler, model_args=(X, y))
     init_seconds = time.perf_counter() - start
@@ -188,9 +186,20 @@ def cost(model, split, args, order, n, noise):
         start = time.perf_counter()
         jax.block_until_ready(value_and_grad(info.param_info.z))
         times.append(time.perf_counter() - start)
+    return init_seconds, float(np.median(times))
+
+
+def cost(model, split, args, order, n, noise):
+    idx = order[:n]
+    X, y = jnp.asarray(split.X_train[idx]), jnp.asarray(split.y_train[idx])
+    grid = jnp.asarray(split.X_test[:args.num_held_out])
+    handler = vecchia_layers(model, num_neighbors=args.num_neighbors, grid=grid, collapse_last=True)
+    init_seconds, seconds = gradient_seconds(handler, X, y)
     draws = max(10, int(args.draws * min(args.sizes) / n))
-    record = {"n": n, "init_seconds": init_seconds, "seconds_per_gradient": float(np.median(times)),
-              "draws_per_chain": draws}
+    record = {"n": n, "init_seconds": init_seconds, "seconds_per_gradient": seconds, "draws_per_chain": draws}
+    if n <= args.exact_max_n:  # the exact DGP's O(n^3) gradient at the same points, for the crossover
+        record["exact_seconds_per_gradient"] = gradient_seconds(
+            exact_layers(model, grid=grid, collapse_last=True), X, y)[1]
     y_test = np.asarray(split.y_test[:args.num_held_out])
     samplers = [("nuts", NUTS(handler, max_tree_depth=args.max_tree_depth))] if n <= args.nuts_max_n else []
     samplers += [("elliptical_slice", EllipticalSlice(handler))] if n <= args.ess_max_n else []
@@ -267,18 +276,19 @@ def report(record, args):
         lines += [f"## Cost against N (m = {args.num_neighbors}; training subsets in a fixed random order)", ""]
         rows = []
         for c in record["cost"]:
+            exact = f"{c['exact_seconds_per_gradient'] * 1e3:.0f}" if "exact_seconds_per_gradient" in c else ""
             if not any(name in c for name in ("nuts", "elliptical_slice")):
-                rows.append((c["n"], f"{c['seconds_per_gradient'] * 1e3:.0f}", "(gradient only)", *[""] * 7))
+                rows.append((c["n"], f"{c['seconds_per_gradient'] * 1e3:.0f}", exact, "(gradient only)", *[""] * 7))
             for name in ("nuts", "elliptical_slice"):
                 if name not in c:
                     continue
                 r = c[name]
                 per_draw = r.get("mean_leapfrog_steps", r.get("mean_evaluations", float("nan")))
-                rows.append((c["n"], f"{c['seconds_per_gradient'] * 1e3:.0f}", name, f"{per_draw:.1f}",
+                rows.append((c["n"], f"{c['seconds_per_gradient'] * 1e3:.0f}", exact, name, f"{per_draw:.1f}",
                              f"{r['seconds_per_iteration']:.3f}", f"{r['min_bulk_ess']:.0f}", f"{r['max_rhat']:.2f}",
                              f"{r['projected_seconds_to_ess_400'] / 60:.0f}",
                              f"{r['held_out']['log_likelihood']:.3f}", f"{r['held_out']['rmse']:.4f}"))
-        lines += table(["N", "ms per density + gradient", "sampler", "leapfrogs / log densities per iteration",
+        lines += table(["N", "ms per density + gradient", "exact DGP: ms per density + gradient", "sampler", "leapfrogs / log densities per iteration",
                         "s per iteration (one chain)", "min bulk ESS", "max R-hat",
                         "projected min to ESS 400, warm-up included (one chain)",
                         "held-out LL", "held-out RMSE"], rows)
