@@ -187,7 +187,7 @@ def _solve(
     def step(residual: jax.Array, k: jax.Array) -> tuple[jax.Array, None]:
         nbr = residual[:, neighbors[k]]  # (P, m)
         value = jnp.sum(coef[:, k] * nbr, axis=-1) + scale[:, k] * eps[:, k - start]
-        return residual.at[:, k].set(value), None
+        return residual.at[:, k].set(value.astype(residual.dtype)), None
 
     return jax.lax.scan(step, residual, jnp.arange(start, residual.shape[-1]))[0]
 
@@ -210,15 +210,24 @@ def _solve_backward(
 
     def step(carry: tuple[jax.Array, jax.Array], k: jax.Array) -> tuple[tuple, jax.Array]:
         acc, g = carry
-        acc = acc.at[:, neighbors[k]].add(coef[:, k] * g[:, None])
+        acc = acc.at[:, neighbors[k]].add((coef[:, k] * g[:, None]).astype(acc.dtype))
         return (acc, acc[:, k - 1]), g
 
     ks = jnp.arange(start, residual.shape[-1])
-    (acc, _), g = jax.lax.scan(step, (cotangent, cotangent[:, -1]), ks, reverse=True)
+    last = cotangent[:, -1:].sum(-1)  # the last point's g (zeros when there are no points)
+    (acc, _), g = jax.lax.scan(step, (cotangent, last), ks, reverse=True)
     g = g.T  # (P, n - n0), the drawn points
     pad = ((0, 0), (start, 0))
-    d_coef = jnp.pad(g[:, :, None] * residual[:, neighbors[start:]], pad + ((0, 0),))
-    return None, d_coef, jnp.pad(g * eps, pad), g * scale[:, start:], acc[:, :start]
+    # a padded entry of point 0 names point 0 itself, which the forward pass read as 0
+    earlier = neighbors[start:] < ks[:, None]
+    d_coef = jnp.where(earlier, g[:, :, None] * residual[:, neighbors[start:]], 0.0)
+    return (
+        None,
+        jnp.pad(d_coef, pad + ((0, 0),)).astype(coef.dtype),
+        jnp.pad(g * eps, pad).astype(scale.dtype),
+        (g * scale[:, start:]).astype(eps.dtype),
+        acc[:, :start].astype(given.dtype),
+    )
 
 
 _solve.defvjp(_solve_forward, _solve_backward)

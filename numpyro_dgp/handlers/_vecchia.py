@@ -66,7 +66,9 @@ class vecchia_layers(exact_layers):
     (2023). Cost per log density and gradient: ``O(n m^3)`` per layer (one ``(m + 1)``-square
     Cholesky factor per point) plus, non-centered, a sequential pass over the points
     (``O(n m)``, ``n`` steps); memory ``O(n m^2)``. With ``num_neighbors >= n - 1`` it is the
-    exact model.
+    exact model. Reverse-mode derivatives only (NUTS and SVI take these); forward mode (e.g.
+    ``NUTS(forward_mode_differentiation=True)``, Hessians) is not defined for the
+    non-centered pass: use ``parameterization="centered"`` there.
 
     **Accuracy.** 25 neighbours suit low-dimensional inputs; a layer that is smooth over many
     input dimensions needs far more (on kin8nm's eight inputs a one-layer GP's held-out

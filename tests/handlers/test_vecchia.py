@@ -96,8 +96,9 @@ def _dense_sequential_pass(neighbors, coef, scale, eps, given):
     P, start = given.shape
     n = start + eps.shape[1]
     rows = jnp.broadcast_to(jnp.arange(n)[:, None], neighbors.shape)
-    drawn = (jnp.arange(n) >= start)[None, :, None]
-    B = jnp.zeros((P, n, n)).at[:, rows, neighbors].add(jnp.where(drawn, coef, 0.0))
+    # only earlier points count (a padded entry of point 0 names point 0 itself)
+    used = (jnp.arange(n) >= start)[None, :, None] & (neighbors < rows)
+    B = jnp.zeros((P, n, n)).at[:, rows, neighbors].add(jnp.where(used, coef, 0.0))
     rhs = jnp.concatenate([given, scale[:, start:] * eps], axis=1)
     return jnp.linalg.solve(jnp.eye(n) - B, rhs[..., None])[..., 0]
 
@@ -107,10 +108,12 @@ def test_vecchia_sample_and_its_gradient_are_the_dense_solves(start):
     """The sequential pass and its hand-written reverse pass against a dense solve and its
     autodiff gradient: m < n, masked (padded) sets, a given head, per-output coefficients."""
     rng = np.random.default_rng(7)
-    n, m, P = 15, 3, 2
-    X = rng.normal(size=(n, 2))
-    neighbors, mask = nearest_previous_neighbors(X, m)
-    coef = jnp.where(mask, jnp.asarray(rng.normal(size=(P, n, m)) * 0.5), 0.0)
+    n, m, P = 15, 6, 2
+    # any earlier points, repeats included; padded entries (index 0) on some drawn rows
+    neighbors = jnp.asarray([rng.integers(0, max(k, 1), m) for k in range(n)], jnp.int32)
+    mask = jnp.asarray(rng.uniform(size=(n, m)) < 0.8) & (jnp.arange(n) > 0)[:, None]
+    neighbors = jnp.where(mask, neighbors, 0)
+    coef = jnp.asarray(rng.normal(size=(P, n, m)) * 0.5)  # nonzero on padded entries too
     scale = jnp.asarray(rng.uniform(0.5, 1.5, size=(P, n)))
     eps = jnp.asarray(rng.normal(size=(P, n - start)))
     given = jnp.asarray(rng.normal(size=(P, start)))
@@ -140,6 +143,12 @@ def test_vecchia_sample_and_its_gradient_are_the_dense_solves(start):
     shared = jax.grad(shared_loss)(coef[0])
     shared_dense = jax.grad(lambda c: loss(dense, jnp.broadcast_to(c, coef.shape), *args[1:]))
     np.testing.assert_allclose(shared, shared_dense(coef[0]), rtol=1e-10, atol=1e-12)
+    # float32 values with float64 factors, compiled: cotangents in each argument's dtype
+    grads = jax.jit(jax.grad(lambda *a: loss(ours, *a), argnums=(0, 1, 2, 3)))(
+        coef, scale, eps.astype(jnp.float32), given.astype(jnp.float32)
+    )
+    assert [g.dtype for g in grads] == [jnp.float64, jnp.float64, jnp.float32, jnp.float32]
+    np.testing.assert_allclose(grads[0], got[0], rtol=1e-4, atol=1e-4)
 
 
 def test_vecchia_log_density_approaches_the_exact_one_as_m_grows():
