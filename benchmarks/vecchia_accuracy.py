@@ -4,16 +4,20 @@ At the points of ``vecchia_ground_truth.py``'s agreement check (``--num-train`` 
 in its fixed random order, then the first ``--num-held-out`` test inputs) and with the first
 layer's kernel of the same DSVI fit, for each ``m``:
 
-* the KL divergence from the exact prior ``N(0, K + jitter I)`` to the Vecchia prior
-  (closed form from the sparse inverse factor ``U``: ``(||U L||_F^2 - n) / 2 - log|L| +
-  sum log d``);
+* the KL divergence from the exact prior ``N(0, K + jitter I)`` to the approximate prior
+  ``N(0, S)`` (dense: ``(tr(S^{-1} K) - n + log|S| - log|K|) / 2``, ``S^{-1} = U^T U`` from the
+  sparse inverse factor ``U``);
 * a one-layer GP on the training targets with the fitted noise: the posterior at the held-out
-  points under each prior, dense (Vecchia precision ``U^T U`` plus the likelihood's), the
+  points under each prior, dense (the prior's precision plus the likelihood's), the
   largest difference of the means in exact posterior standard deviations and the range of
   the variance ratio.
 
-Both for the data's neighbour sets (Euclidean in the standardized inputs, the default) and
-for sets chosen in the kernel's metric (inputs divided by the lengthscales).
+For the data's neighbour sets (Euclidean in the standardized inputs, the handler's default)
+and for three remedies the literature proposes for smooth kernels: sets chosen in the kernel's
+metric (inputs divided by the lengthscales; Katzfuss et al. 2022), a maximin ordering
+(Guinness 2018), and a low-rank part for the smooth component plus Vecchia on the residual
+(``K = Q + (K - Q)`` with ``Q`` the Nystrom approximation at the first ``r`` points of the
+random order; a full-scale approximation, Sang & Huang 2012).
 
     python benchmarks/vecchia_accuracy.py --data-dir ../shared/data/uci
 """
@@ -47,6 +51,7 @@ def parse(argv=None):
     p.add_argument("--num-train", type=int, default=100)
     p.add_argument("--num-held-out", type=int, default=100)
     p.add_argument("--neighbors", type=int, nargs="+", default=[10, 25, 50, 100, 150])
+    p.add_argument("--low-rank", type=int, nargs="*", default=[25, 50], help="ranks r of the low-rank + Vecchia rows")
     p.add_argument("--dsvi-steps", type=int, default=5000)
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
@@ -64,6 +69,30 @@ def vecchia_precision(kernel, A, choose, order, m, jitter):
     U = (np.eye(n) - B) / np.asarray(F.scale)[:, None]
     inverse = np.argsort(order)
     return U[np.ix_(inverse, inverse)], np.asarray(F.scale)
+
+
+def maximin_order(points):
+    """Greedy maximin order (Guinness 2018): the point nearest the centre, then each time the point farthest
+    from those already chosen."""
+    chosen = [int(np.argmin(((points - points.mean(0)) ** 2).sum(1)))]
+    distance = ((points - points[chosen[0]]) ** 2).sum(1)
+    for _ in range(len(points) - 1):
+        distance[chosen[-1]] = -1.0
+        chosen.append(int(np.argmax(distance)))
+        distance = np.minimum(distance, ((points - points[chosen[-1]]) ** 2).sum(1))
+    return np.asarray(chosen)
+
+
+def nystrom(kernel, Z, jitter):
+    """``(X, X2) -> K(X, Z) K(Z, Z)^{-1} K(Z, X2)``."""
+    chol = jnp.linalg.cholesky(kernel(jnp.asarray(Z)) + jitter * jnp.eye(len(Z)))
+
+    def Q(X, X2):
+        a = jax.scipy.linalg.solve_triangular(chol, kernel(jnp.asarray(Z), jnp.asarray(X)), lower=True)
+        b = jax.scipy.linalg.solve_triangular(chol, kernel(jnp.asarray(Z), jnp.asarray(X2)), lower=True)
+        return a.T @ b
+
+    return Q
 
 
 def main(argv=None):
@@ -89,12 +118,21 @@ def main(argv=None):
     # the handler's order: the data rows at random (its ordering_seed 0), then the grid rows
     ordering = np.concatenate([np.asarray(jax.random.permutation(jax.random.PRNGKey(0), N)), np.arange(N, n)])
     rows = []
-    for sets, choose in (("inputs", A), ("inputs / lengthscales", A / lengthscale)):
+    maximin = np.concatenate([maximin_order(A[:N]), N + maximin_order(A[N:])])  # data first, as the handler
+    variants = [("inputs", A, ordering, kernel, None), ("inputs / lengthscales", A / lengthscale, ordering, kernel, None),
+                ("inputs, maximin order", A, maximin, kernel, None)]
+    for r in args.low_rank:
+        Q = nystrom(kernel, A[ordering[:r]], jitter)
+        variants.append((f"low rank r = {r} + Vecchia residual", A, ordering, lambda X, Q=Q: kernel(X) - Q(X, X), Q))
+    for sets, choose, order, gram, Q in variants:
         for m in args.neighbors:
-            U, scale = vecchia_precision(kernel, A, choose, ordering, m, jitter)
-            # both factors in the points' own order (the KL does not depend on it)
-            kl = 0.5 * (np.sum((U @ L) ** 2) - n) - np.log(np.diag(L)).sum() + np.log(scale).sum()
-            cov = np.linalg.inv(U.T @ U + likelihood)
+            U, _ = vecchia_precision(gram, A, choose, order, m, jitter)
+            precision = U.T @ U
+            if Q is not None:  # the prior Q + (U^T U)^{-1}
+                precision = np.linalg.inv(np.asarray(Q(A, A)) + np.linalg.inv(precision))
+            # KL(N(0, K) || N(0, S)), S^{-1} = precision
+            kl = 0.5 * (np.sum(precision * K) - n - np.linalg.slogdet(precision)[1]) - np.log(np.diag(L)).sum()
+            cov = np.linalg.inv(precision + likelihood)
             mean = cov @ np.r_[y / noise, np.zeros(n - N)]
             ratio = np.diag(cov)[N:] / np.diag(exact_cov)[N:]
             rows.append({"sets": sets, "m": m, "kl": float(kl),
@@ -110,7 +148,7 @@ def main(argv=None):
               f"{variance:.2f}), jitter {jitter:.1e}, condition number {record['condition_number']:.1e}. "
               "Posterior: a one-layer GP on the training targets with the fitted noise "
               f"({noise:.3f}), at the held-out inputs.", ""]
-    lines += table(["neighbour sets from", "m", "KL from exact to Vecchia (nats)", "max mean difference (posterior sds)",
+    lines += table(["neighbour sets, order, prior", "m", "KL from exact to Vecchia (nats)", "max mean difference (posterior sds)",
                     "variance ratio Vecchia / exact"],
                    [(r["sets"], r["m"], f"{r['kl']:.1f}", f"{r['max_mean_difference_in_sds']:.2f}",
                      f"{r['variance_ratio_range'][0]:.2f} - {r['variance_ratio_range'][1]:.2f}") for r in rows])

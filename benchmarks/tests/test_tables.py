@@ -221,11 +221,14 @@ def test_guide_costs_table_gives_each_configuration_against_dsvi():
     assert "| 16 | 4 | 250 | 12.40 | 12.60 | 200.0 | 1.00 | - | 12.0 |" in nested
 
 
-def test_vecchia_ground_truth_report_is_the_rendering_of_its_committed_record():
+@pytest.mark.parametrize("script, stem", [
+    ("vecchia_ground_truth", "vecchia_ground_truth_kin8nm"), ("vecchia_ground_truth", "vecchia_ground_truth_power"),
+    ("ground_truth_uci", "ground_truth_kin8nm"), ("ground_truth_uci", "ground_truth_power")])
+def test_ground_truth_reports_are_the_rendering_of_their_committed_records(script, stem):
     import argparse
 
-    vecchia = _load("vecchia_ground_truth")
+    module = _load(script)
     results = REPO / "benchmarks" / "results"
-    record = json.loads((results / "vecchia_ground_truth_kin8nm.json").read_text())
+    record = json.loads((results / f"{stem}.json").read_text())
     args = argparse.Namespace(**record["settings"])
-    assert vecchia.report(record, args) == (results / "vecchia_ground_truth_kin8nm.md").read_text()
+    assert module.report(record, args) == (results / f"{stem}.md").read_text()
