@@ -29,12 +29,12 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
-from jax.scipy.special import logsumexp  # noqa: E402
 from numpyro.handlers import substitute  # noqa: E402
 from numpyro.infer import NUTS  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import add_data_dir, base_record, header, table, write_results  # noqa: E402
+from vecchia_ground_truth import held_out_metrics  # noqa: E402
 
 from numpyro_dgp import diagnostics, recipes  # noqa: E402
 from numpyro_dgp.datasets import load_uci  # noqa: E402
@@ -57,13 +57,6 @@ def parse(argv=None):
     p.add_argument("--vi-draws", type=int, default=2000)
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
-
-
-def held_out(f_draws, y, noise, y_std):
-    """Test LL and RMSE (original units) of the mixture of N(f_s, noise) over draws ``(S, G)``."""
-    ll = logsumexp(-0.5 * (y - f_draws) ** 2 / noise - 0.5 * np.log(2 * np.pi * noise), axis=0) - np.log(len(f_draws))
-    return {"log_likelihood": float(np.mean(ll) - np.log(y_std)),
-            "rmse": float(np.sqrt(np.mean((f_draws.mean(0) - y) ** 2)) * y_std)}
 
 
 def layer_rows(metrics):
@@ -104,7 +97,8 @@ def one_size(args, split, order, n):
     record = {"n": n, "dsvi_fit_seconds": fit_seconds, "ground_truth_seconds": seconds,
               "stage_seconds": dict(truth.seconds), "converged": bool(truth.converged), "report": truth.report(),
               "layers": layer_rows(diagnostics.layer_metrics(vi, truth.reference)),
-              "held_out": {"mcmc": held_out(f_mcmc, y_test, noise, y_std), "dsvi": held_out(f_vi, y_test, noise, y_std)}}
+              "held_out": {"mcmc": held_out_metrics(f_mcmc, y_test, noise, y_std),
+                           "dsvi": held_out_metrics(f_vi, y_test, noise, y_std)}}
     print(n, {k: v for k, v in record.items() if k != "report"}, "\n", record["report"], flush=True)
     return record
 
