@@ -7,7 +7,9 @@ Run ``python tests/structure_counts.py`` from the repository root for the table;
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 from typing import NamedTuple
 
@@ -195,12 +197,66 @@ def lines_over(limit: int = 100) -> int:
     return sum(len(line) > limit for path in package_files() for line in path.read_text().splitlines())
 
 
+def code_lines(path: Path) -> int:
+    """Physical lines of code of a Python file: lines holding a token that is not a comment, a
+    blank or a docstring (of the module, a class or a function)."""
+    text = path.read_text()
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(
+                    first.value.value, str):
+                docstrings.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENCODING, tokenize.ENDMARKER}
+    lines: set[int] = set()
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type not in skip:
+            lines.update(range(token.start[0], token.end[0] + 1))
+    return len(lines - docstrings)
+
+
+def files_naming(word: str) -> list[str]:
+    """The package files with ``word`` in a code identifier (a name, attribute, argument or
+    definition; not strings, comments or docstrings), case-insensitive."""
+    found = []
+    for path in package_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = (getattr(node, "id", None) or getattr(node, "attr", None) or getattr(node, "arg", None)
+                    or (node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                        else None))
+            if isinstance(name, str) and word in name.lower():
+                found.append(_rel(path))
+                break
+    return found
+
+
+def imports_of(prefix: str) -> list[str]:
+    """``file:line`` of every import of a module starting with ``prefix`` (``jax._src``,
+    ``threading``)."""
+    found = []
+    for path in package_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(m == prefix or m.startswith(prefix + ".") for m in modules):
+                found.append(f"{_rel(path)}:{node.lineno}")
+    return found
+
+
 def main() -> None:
     inside, total = raises()
     gp_layer = dict(long_functions(0)).get("numpyro_dgp/layers.py:gp_layer")
     benchmark_lines = sum(len(p.read_text().splitlines()) for p in (ROOT / "benchmarks").rglob("*.py"))
     readme = ROOT / "benchmarks" / "README.md"
     rows = [
+        ("package code lines (no blanks, comments, docstrings)", sum(map(code_lines, package_files()))),
+        ("package modules", len(package_files())),
+        *[(f"files with '{word}' in a code identifier", len(files_naming(word)))
+          for word in ("quadrature", "amortized", "branch", "flow")],
+        ("jax._src imports", len(imports_of("jax._src"))),
+        ("threading imports", len(imports_of("threading"))),
         ("gp_layer statements", gp_layer),
         ("functions over 40 statements", len(long_functions())),
         ('"dgp_ literals and msg["args"] reads outside _protocol.py', len(protocol_literals())),

@@ -21,7 +21,6 @@ import numpy as np
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.handlers import replay, seed, substitute, trace
-from numpyro.infer import ELBO
 
 from numpyro_dgp._engine.traces import layers_by_u_site
 from numpyro_dgp._protocol import BRANCHES, LAYER_MESSAGE, get_tag, layer_call
@@ -29,6 +28,7 @@ from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import COLLAPSED_METHODS, collapsed_log_marginal
 from numpyro_dgp.handlers._base import PerRunMessenger, check_layer_supported
 from numpyro_dgp.layers import Layer
+from numpyro_dgp.objectives._base import Objective
 from numpyro_dgp.posteriors import unwrap_distribution
 
 __all__ = ["CollapsedData", "CollapsedSparseGP", "collapse_sparse_layer"]
@@ -183,7 +183,7 @@ def _is_one(scale: Any) -> bool:
         return False
 
 
-class CollapsedSparseGP(ELBO):
+class CollapsedSparseGP(Objective):
     """One sparse GP layer with a Gaussian likelihood, ``q(u)`` optimal and integrated out.
 
     For a model with one :func:`~numpyro_dgp.gp_layer` followed by a Gaussian likelihood
@@ -214,7 +214,7 @@ class CollapsedSparseGP(ELBO):
         self.method = method
         super().__init__(num_particles=1)
 
-    def loss_with_mutable_state(
+    def components(
         self,
         rng_key: jax.Array,
         param_map: dict,
@@ -222,8 +222,8 @@ class CollapsedSparseGP(ELBO):
         guide: Callable,
         *args: Any,
         **kwargs: Any,
-    ) -> dict:
-        """The negative collapsed objective (NumPyro's ``ELBO`` interface).
+    ) -> dict[str, jax.Array | float]:
+        """The collapsed objective's parts.
 
         :param rng_key: PRNG key (for the guide's latent sites, if any).
         :param param_map: parameter values ``{name: value}``.
@@ -231,7 +231,8 @@ class CollapsedSparseGP(ELBO):
         :param guide: the guide of the latent sites other than the inducing values.
         :param args: the model's and guide's positional arguments.
         :param kwargs: their keyword arguments.
-        :return: ``{"loss": -objective, "mutable_state": None}``.
+        :return: ``{"log_marginal", "other"}``: the observed sites' collapsed log density, and
+            ``log p - log q`` of the other latent sites; the objective is their sum.
         :raises ValueError: if the guide samples the inducing values or misses a latent site.
         """
         guide_key, model_key = jax.random.split(rng_key)
@@ -246,24 +247,24 @@ class CollapsedSparseGP(ELBO):
         model_trace = trace(handler).get_trace(*args, **kwargs)
         u_sites = set(layers_by_u_site(model_trace))
         _check_guide_sites(model_trace, guide_trace, u_sites)
-        total: jax.Array | float = 0.0
+        log_marginal: jax.Array | float = 0.0
+        other: jax.Array | float = 0.0
         for name, site in model_trace.items():
-            if site["type"] != "sample":
+            if site["type"] != "sample" or name in u_sites and not site["is_observed"]:
                 continue
             scale = 1.0 if site["scale"] is None else site["scale"]
+            log_p = scale * jnp.sum(site["fn"].log_prob(site["value"]))
             if site["is_observed"]:
-                total = total + scale * jnp.sum(site["fn"].log_prob(site["value"]))
-                continue
-            if name in u_sites:
+                log_marginal = log_marginal + log_p
                 continue
             q_site = guide_trace[name]
             q_scale = 1.0 if q_site["scale"] is None else q_site["scale"]
-            total = (
-                total
-                + scale * jnp.sum(site["fn"].log_prob(site["value"]))
-                - q_scale * jnp.sum(q_site["fn"].log_prob(q_site["value"]))
-            )
-        return {"loss": -total, "mutable_state": None}
+            other = other + log_p - q_scale * jnp.sum(q_site["fn"].log_prob(q_site["value"]))
+        return {"log_marginal": log_marginal, "other": other}
+
+    def combine(self, parts: dict[str, Any]) -> jax.Array:
+        """``log_marginal + other``."""
+        return parts["log_marginal"] + parts["other"]
 
 
 def _check_guide_sites(model_trace: dict, guide_trace: dict, u_sites: set[str]) -> None:

@@ -13,7 +13,6 @@ closed-form KL of the inducing sites, the plate- and quadrature-weighted log den
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable
 
 import jax
@@ -21,7 +20,6 @@ import jax.numpy as jnp
 import numpyro.distributions as dist
 from jax.scipy.linalg import block_diag
 from jax.typing import ArrayLike
-from numpyro.infer import ELBO
 
 from numpyro_dgp._engine.observation import closed_form_log_prob, needs_closed_form, unwrap
 from numpyro_dgp._engine.run import MarginalRun, marginal_trace
@@ -36,6 +34,7 @@ from numpyro_dgp.core import (
     gauss_kl,
 )
 from numpyro_dgp.layers import Layer
+from numpyro_dgp.objectives._base import Objective
 from numpyro_dgp.posteriors import (
     AmortizedPosterior,
     ChainLink,
@@ -375,7 +374,7 @@ def refuse_without_closed_form(site: dict, objective: str) -> None:
         )
 
 
-class DGPElbo(ELBO):
+class DGPElbo(Objective):
     """The DSVI evidence lower bound with the inducing values marginalized analytically.
 
     For every layer whose inducing site the guide covers with a Gaussian (``AutoFactorizedDGP``,
@@ -458,36 +457,15 @@ class DGPElbo(ELBO):
         ell = sum(_expected_log_likelihood(site, run) for site in observed.values())
         return {"expected_log_likelihood": ell, "kl_inducing": kl, "other": other}
 
-    def elbo_components(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array | float]:
-        """Deprecated name of :meth:`components` (the name every objective of numpyro-dgp uses)."""
-        warnings.warn(
-            "DGPElbo.elbo_components is deprecated; use DGPElbo.components",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.components(*args, **kwargs)
+    def combine(self, parts: dict[str, Any]) -> jax.Array:
+        """``expected_log_likelihood - kl_inducing + other``."""
+        return parts["expected_log_likelihood"] - parts["kl_inducing"] + parts["other"]
 
-    def loss_with_mutable_state(
-        self,
-        rng_key: jax.Array,
-        param_map: dict,
-        model: Callable,
-        guide: Callable,
-        *args: Any,
-        **kwargs: Any,
-    ) -> dict:
-        """The negative ELBO averaged over ``num_particles`` (NumPyro's ``ELBO`` interface).
-
-        :return: ``{"loss": -elbo, "mutable_state": None}``.
-        """
-
-        def single_particle_elbo(key):
-            parts = self.components(key, param_map, model, guide, *args, **kwargs)
-            return parts["expected_log_likelihood"] - parts["kl_inducing"] + parts["other"]
-
+    def average_particles(
+        self, one_particle: Callable[[jax.Array], jax.Array], rng_key: jax.Array
+    ) -> jax.Array:
+        """The ELBO averaged over ``num_particles`` independent keys."""
         if self.num_particles == 1:
-            elbo = single_particle_elbo(rng_key)
-        else:
-            keys = jax.random.split(rng_key, self.num_particles)
-            elbo = jnp.mean(self.vectorize_particles_fn(single_particle_elbo, keys))
-        return {"loss": -elbo, "mutable_state": None}
+            return one_particle(rng_key)
+        keys = jax.random.split(rng_key, self.num_particles)
+        return jnp.mean(self.vectorize_particles_fn(one_particle, keys))

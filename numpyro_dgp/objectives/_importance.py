@@ -29,12 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
-from numpyro.infer import ELBO
 
 from numpyro_dgp._compat import is_tracer
 from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp._protocol import IMPORTANCE_LOG_WEIGHTS, get_tag
 from numpyro_dgp._validation import check_positive_int
+from numpyro_dgp.objectives._base import Objective
 from numpyro_dgp.objectives._dsvi import expected_log_prob, objective_terms, plate_ndim
 
 __all__ = ["ImportanceWeightedElbo"]
@@ -56,7 +56,7 @@ def _common_scale(scales: dict) -> Any:
     return first
 
 
-class ImportanceWeightedElbo(ELBO):
+class ImportanceWeightedElbo(Objective):
     """The importance-weighted evidence lower bound for DGPs with latent inputs
     (Salimbeni et al. 2019; see the module docstring).
 
@@ -152,25 +152,12 @@ class ImportanceWeightedElbo(ELBO):
             bound = bound + jnp.sum(_common_scale(scales) * per_point)
         return {"importance_weighted_log_likelihood": bound, "kl_inducing": kl, "other": other}
 
-    def loss_with_mutable_state(
-        self,
-        rng_key: jax.Array,
-        param_map: dict,
-        model: Callable,
-        guide: Callable,
-        *args: Any,
-        **kwargs: Any,
-    ) -> dict:
-        """The negative bound averaged over ``num_particles`` (NumPyro's ``ELBO`` interface).
+    def combine(self, parts: dict[str, Any]) -> jax.Array:
+        """``importance_weighted_log_likelihood - kl_inducing + other``."""
+        return parts["importance_weighted_log_likelihood"] - parts["kl_inducing"] + parts["other"]
 
-        :return: ``{"loss": -bound, "mutable_state": None}``.
-        """
-
-        def one(key):
-            parts = self.components(key, param_map, model, guide, *args, **kwargs)
-            return (
-                parts["importance_weighted_log_likelihood"] - parts["kl_inducing"] + parts["other"]
-            )
-
-        keys = jax.random.split(rng_key, self.num_particles)
-        return {"loss": -jnp.mean(jax.vmap(one)(keys)), "mutable_state": None}
+    def average_particles(
+        self, one_particle: Callable[[jax.Array], jax.Array], rng_key: jax.Array
+    ) -> jax.Array:
+        """The bound averaged over ``num_particles`` independent keys."""
+        return jnp.mean(jax.vmap(one_particle)(jax.random.split(rng_key, self.num_particles)))

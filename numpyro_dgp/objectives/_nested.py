@@ -11,17 +11,16 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpyro.distributions as dist
-from numpyro.infer import ELBO
 
 from numpyro_dgp._engine.moments import moment_trace
 from numpyro_dgp._engine.run import MarginalRun
 from numpyro_dgp._protocol import QUADRATURE_AXIS, get_tag
+from numpyro_dgp.objectives._base import Objective
 from numpyro_dgp.objectives._dsvi import objective_terms, weighted_log_prob
 from numpyro_dgp.posteriors import unwrap_distribution
 
@@ -71,7 +70,7 @@ def _check_num_particles(num_particles: int) -> None:
         )
 
 
-class NestedCompressionElbo(ELBO):
+class NestedCompressionElbo(Objective):
     """The nested variational compression bound of Hensman & Lawrence (2014), for the same
     ``gp_layer`` models and guides with an independent Gaussian ``q(u_l) = N(m_l, S_l)`` per
     layer (:class:`~numpyro_dgp.guides.AutoFactorizedDGP`, NumPyro's ``AutoNormal``).
@@ -190,34 +189,11 @@ class NestedCompressionElbo(ELBO):
             "other": other,
         }
 
-    def bound_components(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array | float]:
-        """Deprecated name of :meth:`components` (the name every objective of numpyro-dgp uses)."""
-        warnings.warn(
-            "NestedCompressionElbo.bound_components is deprecated; use "
-            "NestedCompressionElbo.components",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.components(*args, **kwargs)
-
-    def loss_with_mutable_state(
-        self,
-        rng_key: jax.Array,
-        param_map: dict,
-        model: Callable,
-        guide: Callable,
-        *args: Any,
-        **kwargs: Any,
-    ) -> dict:
-        """The negative bound (NumPyro's ``ELBO`` interface).
-
-        :return: ``{"loss": -bound, "mutable_state": None}``.
-        """
-        parts = self.components(rng_key, param_map, model, guide, *args, **kwargs)
-        bound = (
+    def combine(self, parts: dict[str, Any]) -> jax.Array:
+        """``expected_log_likelihood - inner_penalty - kl_inducing + other``."""
+        return (
             parts["expected_log_likelihood"]
             - parts["inner_penalty"]
             - parts["kl_inducing"]
             + parts["other"]
         )
-        return {"loss": -bound, "mutable_state": None}

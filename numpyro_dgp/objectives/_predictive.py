@@ -18,11 +18,11 @@ import numpy as np
 import numpyro.distributions as dist
 from jax.scipy.special import logsumexp
 from jax.typing import ArrayLike
-from numpyro.infer import ELBO
 
 from numpyro_dgp._engine.observation import masked_value, observation_kind, unwrap
 from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp._validation import check_positive_int
+from numpyro_dgp.objectives._base import Objective
 from numpyro_dgp.objectives._dsvi import (
     has_quadrature_axis,
     objective_terms,
@@ -103,7 +103,7 @@ def _check_predictive_options(
             )
 
 
-class PredictiveObjective(ELBO):
+class PredictiveObjective(Objective):
     """The predictive (DSPP / PPGPR) objective of Jankowiak et al. (2020), AR2PP in
     Meng & Zhang (2024).
 
@@ -160,7 +160,7 @@ class PredictiveObjective(ELBO):
         guide: Callable,
         *args: Any,
         **kwargs: Any,
-    ) -> dict[str, jax.Array]:
+    ) -> dict[str, jax.Array | float]:
         """The objective's parts over ``num_particles`` particles (arguments as for
         :meth:`DGPElbo.components`).
 
@@ -206,19 +206,6 @@ class PredictiveObjective(ELBO):
             kl, other = weights @ kl, weights @ other
         return {"log_predictive": total, "kl_inducing": kl, "other": other}
 
-    def loss_with_mutable_state(
-        self,
-        rng_key: jax.Array,
-        param_map: dict,
-        model: Callable,
-        guide: Callable,
-        *args: Any,
-        **kwargs: Any,
-    ) -> dict:
-        """The negative objective (NumPyro's ``ELBO`` interface).
-
-        :return: ``{"loss": -objective, "mutable_state": None}``.
-        """
-        parts = self.components(rng_key, param_map, model, guide, *args, **kwargs)
-        objective = parts["log_predictive"] - self.beta * (parts["kl_inducing"] - parts["other"])
-        return {"loss": -objective, "mutable_state": None}
+    def combine(self, parts: dict[str, Any]) -> jax.Array:
+        """``log_predictive - beta (kl_inducing - other)``."""
+        return parts["log_predictive"] - self.beta * (parts["kl_inducing"] - parts["other"])

@@ -386,13 +386,26 @@ def test_data_parallel_bound_equals_single_device_on_two_cpu_devices():
         assert loss_diff < 1e-10 and grad_diff < 1e-8 and eager_diff < 1e-8, out
 
 
-@pytest.mark.parametrize("objective, old", [(dgp.NestedCompressionElbo, "bound_components"),
-                                            (dgp.DGPElbo, "elbo_components")])
-def test_every_objective_names_its_parts_components_and_the_old_names_warn(objective, old, monkeypatch):
-    """DGPElbo.elbo_components and NestedCompressionElbo.bound_components are deprecated aliases of
-    ``components``: they warn, naming the new method, and hand every argument on unchanged."""
+_PARTS = {"expected_log_likelihood": 5.0, "importance_weighted_log_likelihood": 4.0, "inner_penalty": 0.5,
+          "kl_inducing": 2.0, "other": 0.25, "log_predictive": 3.0, "log_marginal": 7.0}
+
+
+@pytest.mark.parametrize("objective, value", [
+    (dgp.DGPElbo(), 5.0 - 2.0 + 0.25), (dgp.DGPElbo(num_particles=3), 5.0 - 2.0 + 0.25),
+    (dgp.ImportanceWeightedElbo(num_particles=2), 4.0 - 2.0 + 0.25),
+    (dgp.NestedCompressionElbo(), 5.0 - 0.5 - 2.0 + 0.25),
+    (dgp.PredictiveObjective(beta=0.5), 3.0 - 0.5 * (2.0 - 0.25)), (dgp.CollapsedSparseGP(), 7.0 + 0.25)])
+def test_every_objective_is_the_negative_combination_of_its_components(objective, value, monkeypatch):
+    """The loss NumPyro reads is minus the objective's combination of its named parts, the same on
+    every particle; the model's arguments reach ``components`` unchanged."""
     calls = []
-    monkeypatch.setattr(objective, "components", lambda self, *args, **kwargs: calls.append((args, kwargs)) or "parts")
-    with pytest.warns(DeprecationWarning, match=f"{objective.__name__}.{old} is deprecated; use .*components"):
-        assert getattr(objective(), old)("key", "params", "model", "guide", 1, y=2) == "parts"
-    assert calls == [(("key", "params", "model", "guide", 1), {"y": 2})]
+
+    def components(self, key, *args, **kwargs):
+        calls.append((args, kwargs))
+        return {name: jnp.asarray(part) for name, part in _PARTS.items()}
+
+    monkeypatch.setattr(type(objective), "components", components)
+    loss = objective.loss_with_mutable_state(jax.random.PRNGKey(0), "params", "model", "guide", 1, y=2)
+    assert loss["mutable_state"] is None
+    np.testing.assert_allclose(loss["loss"], -value, rtol=1e-12)
+    assert calls and all(call == (("params", "model", "guide", 1), {"y": 2}) for call in calls)
