@@ -170,9 +170,9 @@ def run_letters(num_layers, seed, args):
     import jax
     import jax.numpy as jnp
     from numpyro.infer import SVI
+    from papers.letters import letters_classification
 
     import numpyro_dgp as dgp
-    from numpyro_dgp.papers.letters import letters_classification
     from numpyro_dgp.guides import AutoAmortizedDGP
 
     data = letters_classification(jax.random.PRNGKey(seed), args.letters_train, args.letters_test)
@@ -283,7 +283,7 @@ def markdown(record):
 def merge(paths, tag, note=None):
     """Combine the records of runs split over processes (same settings, disjoint splits) into
     ``amortized_<tag>``; the merged record keeps every source command and date."""
-    from numpyro_dgp.papers.results import extend_by_split
+    from papers.results import extend_by_split
 
     recs = [json.loads(Path(p).read_text()) for p in paths]
     out = dict(recs[0])

@@ -39,9 +39,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from _harness import RESULTS, command, table, write_results  # noqa: E402
-
-from numpyro_dgp import kernels  # noqa: E402
-from numpyro_dgp.papers.compositional import (  # noqa: E402
+from papers.compositional import (  # noqa: E402
     FAMILIES,
     elbo_estimate,
     family_samples,
@@ -49,6 +47,8 @@ from numpyro_dgp.papers.compositional import (  # noqa: E402
     layer_variances,
     plot_compositions,
 )
+
+from numpyro_dgp import kernels  # noqa: E402
 
 # Ustyuzhaninov et al. (2020), Table 1 (10 trials); no chain-structured row is published
 PUBLISHED = {

@@ -40,10 +40,10 @@ from numpyro.infer import MCMC, NUTS  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import RESULTS, command, table, write_results  # noqa: E402
 from compositional import TABLE1, fit_one, table1_data, table1_kernels  # noqa: E402
+from papers.compositional import composed_gp  # noqa: E402
 
 from numpyro_dgp import diagnostics  # noqa: E402
 from numpyro_dgp.handlers import exact_layers  # noqa: E402
-from numpyro_dgp.papers.compositional import composed_gp  # noqa: E402
 
 FAMILIES = ("factorized", "joint", "chain")
 

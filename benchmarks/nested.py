@@ -134,7 +134,7 @@ def markdown(record):
 
 def combine(paths, tag):
     """One record from runs with the same settings made by separate processes."""
-    from numpyro_dgp.papers.results import merge_by_split
+    from papers.results import merge_by_split
 
     records = [json.loads(Path(p).read_text()) for p in paths]
     out = dict(records[0])

@@ -110,7 +110,7 @@ def write_markdown(path, record):
 def combine(paths, tag):
     """One record from runs of disjoint splits with the same settings: every source command
     and date is kept; a split that appears twice for a data set and model is an error."""
-    from numpyro_dgp.papers.results import merge_by_split
+    from papers.results import merge_by_split
 
     records = [json.loads(Path(p).read_text()) for p in paths]
     out = {k: v for k, v in records[0].items() if k not in ("merged_from", "sweep_plot")}
@@ -201,9 +201,9 @@ def main(argv=None):
 
     if not args.float32:
         jax.config.update("jax_enable_x64", True)
-    from numpyro_dgp.datasets import resolve_uci_name
-    from numpyro_dgp.datasets import parse_splits
-    from numpyro_dgp.papers.diffgp import run_diffgp_uci
+    from papers.diffgp import run_diffgp_uci
+
+    from numpyro_dgp.datasets import parse_splits, resolve_uci_name
     from numpyro_dgp.recipes import run_uci
 
     if args.sweep:

@@ -35,7 +35,7 @@ LAYERS = (
     ("_predict",),
     ("diagnostics", "models", "sde", "plots", "datasets"),
     ("_saved_model", "recipes"),
-    ("cli", "papers", "__init__"),
+    ("cli", "__init__"),
 )
 
 #: Imports of another module's ``_`` names, or of another package's private module, that stay,
@@ -49,8 +49,6 @@ ALLOWED_PRIVATE_IMPORTS = {
         "the collapsed prediction reuses the collapsed objective's handler",
     ("numpyro_dgp/objectives/_collapsed.py", "numpyro_dgp.handlers._base"):
         "the collapsed objective's handler is a handler (the handlers' per-run base class)",
-    ("numpyro_dgp/papers/letters.py", "numpyro_dgp.datasets"):
-        "the paper's synthetic split uses the data sets' key-to-generator rule (reproductions only)",
 }
 
 

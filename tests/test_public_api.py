@@ -1,7 +1,6 @@
 """The public surface: every name in every public ``__all__`` exists, is documented and typed.
 
-Public modules are ``numpyro_dgp`` and its submodules whose names do not start with ``_``
-(``numpyro_dgp.papers`` holds reproductions and is checked too: it is shipped code).
+Public modules are ``numpyro_dgp`` and its submodules whose names do not start with ``_``.
 """
 
 from __future__ import annotations
@@ -99,12 +98,12 @@ def test_every_public_name_exists_is_documented_and_typed(module_name, name):
             assert fn.__doc__, f"{where} has no docstring"
 
 
-def test_import_loads_no_heavy_or_reproduction_module():
+def test_import_loads_no_heavy_module():
     code = (
         "import sys; import numpyro; before = set(sys.modules); import numpyro_dgp; "
         "heavy = ('arviz', 'matplotlib', 'funsor', 'scipy', 'pandas', 'optax'); "
         "print([m for m in sys.modules if m not in before and (m.split('.')[0] in heavy "
-        "or m.startswith(('numpyro_dgp.papers', 'numpyro_dgp.diagnostics', 'numpyro_dgp.plots')))])"
+        "or m.startswith(('numpyro_dgp.diagnostics', 'numpyro_dgp.plots')))])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out

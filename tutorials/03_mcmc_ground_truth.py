@@ -34,9 +34,15 @@
 #
 # `SMOKE` shortens every costly step; the test suite runs the notebook with
 # `NUMPYRO_DGP_SMOKE=1`, and the numbers it then prints are not meaningful.
+#
+# The model of tutorial 02 (`composed_gp`, `fit_family`) and the sign-flip toy of section 4
+# (`signflip`) come from the papers' reproductions in `benchmarks/papers/`, which are not part
+# of the installed package: run this tutorial from a checkout of the repository, whose
+# `benchmarks/` folder the setup cell puts on the import path.
 
 # %%
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -56,8 +62,11 @@ from numpyro.infer import MCMC, NUTS
 
 import numpyro_dgp as dgp
 from numpyro_dgp import diagnostics, kernels
-from numpyro_dgp.papers import signflip
-from numpyro_dgp.papers.compositional import composed_gp, fit_family
+
+# the reproductions (papers/) live in the repository's benchmarks/ folder, not in the package
+sys.path.insert(0, str(Path(dgp.__file__).resolve().parents[1] / "benchmarks"))
+from papers import signflip
+from papers.compositional import composed_gp, fit_family
 
 SMOKE = os.environ.get("NUMPYRO_DGP_SMOKE") == "1"
 NUM_CHAINS = 3 if SMOKE else 12    # exploration chains from dispersed starts

@@ -276,9 +276,11 @@ for S in ([2, 32] if SMOKE else [1, 2, 4, 8, 16, 32, 64]):
 # ## 8. Classification: the "DGP" letters
 #
 # Meng & Zhang's (2024) toy: points uniform on the unit square, label 1 inside the letters "DGP"
-# (`numpyro_dgp.papers.letters.letters_classification`). A 2-layer amortized DGP with a probit likelihood
-# (`models.amortized_dgp(..., likelihood="probit")`; the Bernoulli expectation by
-# Gauss–Hermite) — a short run here; `benchmarks/amortized.py --letters` has the longer ones.
+# (`letters_classification` of the reproduction in `benchmarks/papers/letters.py`: not part of
+# the installed package, so this section needs a checkout of the repository). A 2-layer
+# amortized DGP with a probit likelihood (`models.amortized_dgp(..., likelihood="probit")`; the
+# Bernoulli expectation by Gauss–Hermite) — a short run here; `benchmarks/amortized.py --letters`
+# has the longer ones.
 #
 # Clip the gradients. Without clipping, deeper amortized models on this problem train with
 # sudden jumps in the loss they take epochs to recover from (the 2-layer model stalled near 10%
@@ -286,7 +288,11 @@ for S in ([2, 32] if SMOKE else [1, 2, 4, 8, 16, 32, 64]):
 # removes the jumps (1.7% over three seeds in the benchmark).
 
 # %%
-from numpyro_dgp.papers.letters import letters_classification
+import sys
+
+# the reproductions (papers/) live in the repository's benchmarks/ folder, not in the package
+sys.path.insert(0, str(Path(dgp.__file__).resolve().parents[1] / "benchmarks"))
+from papers.letters import letters_classification
 
 letters = letters_classification(jax.random.PRNGKey(0), 4000 if SMOKE else 20000, 4000)
 standardize = lambda A: jnp.asarray((A - 0.5) * np.sqrt(12.0))  # uniform on [0, 1] -> mean 0, sd 1

@@ -312,15 +312,16 @@ plt.tight_layout(); plt.show()
 # step for concrete on the 2-core CPU this was run on; read each file's settings line for what
 # was actually run.
 #
-# Two other starts are options of `numpyro_dgp.papers.diffgp.fit_diffgp` (and `--init`, `--pretrain-steps`
-# of the benchmark), for checking whether the start explains a gap to the paper:
+# Two other starts are options of `fit_diffgp` in the benchmark's driver,
+# `benchmarks/papers/diffgp.py` (and `--init`, `--pretrain-steps` of `benchmarks/sde_flow.py`),
+# for checking whether the start explains a gap to the paper:
 # `init="released"` starts from the released DiffGP code's values (lengthscales $D$, noise
 # variance 1, whitened inducing means drawn from N(0, 1)) instead of ours (unit lengthscales,
 # noise 0.01, zero means), and `pretrain_steps=n` first fits the predictor alone as an SVGP
 # ($T = 0$) for `n` steps and starts the flow model from it, as the paper describes:
 #
 # ```python
-# from numpyro_dgp.papers.diffgp import fit_diffgp
+# from papers.diffgp import fit_diffgp  # with the repository's benchmarks/ folder on sys.path
 # model, guide, result = fit_diffgp(rng_key, X, y, T=5.0, num_steps=3000, pretrain_steps=2000)
 # ```
 #

@@ -5,10 +5,7 @@ import jax.numpy as jnp
 import matplotlib
 import numpy as np
 import pytest
-
-import numpyro_dgp as dgp
-from numpyro_dgp._engine.run import marginal_trace
-from numpyro_dgp.papers.compositional import (
+from papers.compositional import (
     FAMILIES,
     composed_gp,
     elbo_estimate,
@@ -17,6 +14,9 @@ from numpyro_dgp.papers.compositional import (
     layer_variances,
     plot_compositions,
 )
+
+import numpyro_dgp as dgp
+from numpyro_dgp._engine.run import marginal_trace
 from tests._mc import z_threshold
 
 matplotlib.use("Agg")

@@ -1,7 +1,6 @@
 import jax
 import numpy as np
-
-from numpyro_dgp.papers.letters import letters_classification
+from papers.letters import letters_classification
 
 
 def test_letters_classification_labels_the_glyphs():

@@ -1,8 +1,7 @@
 """Merging benchmark result files written by separate processes."""
 
 import pytest
-
-from numpyro_dgp.papers.results import extend_by_split, merge_by_split
+from papers.results import extend_by_split, merge_by_split
 
 
 def test_merge_by_split_joins_disjoint_splits_in_order_and_refuses_a_repeated_split():

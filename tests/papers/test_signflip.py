@@ -9,9 +9,7 @@ import numpy as np
 import pytest
 from numpyro.contrib.funsor import config_enumerate, enum, log_density
 from numpyro.infer import TraceEnum_ELBO
-from scipy.stats import binom
-
-from numpyro_dgp.papers.signflip import (
+from papers.signflip import (
     SIGN_FAMILIES,
     exact_posterior,
     fit_sign_family,
@@ -21,6 +19,8 @@ from numpyro_dgp.papers.signflip import (
     sign_flip_model,
     summary_table,
 )
+from scipy.stats import binom
+
 from tests._mc import FALSE_ALARM
 
 matplotlib.use("Agg")
