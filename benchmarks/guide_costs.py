@@ -4,7 +4,7 @@ triangular solves, matrix-product FLOPs and time, against the DSVI step on the s
 A 2-layer DGP (width 8, M inducing points per layer, ARD RBF kernels) on 1000 synthetic points
 with 8 inputs (the data of ``scale.py``), the whole batch in every step; each configuration's
 ``SVI.update`` compiled on its own. The counts come from the compiled program (every function
-inlined, so a count is how often one step runs it; ``profile_step.py`` reads them the same way):
+inlined, so a count is how often one step runs it; :func:`operation_counts` reads them):
 LAPACK Cholesky calls (the blocked factorization's leaves), LAPACK triangular-solve calls (one
 batched call per triangular inverse) and matrix-product FLOPs. The math needs one ``K(Z, Z)``
 factorization per layer, shared by the layer's outputs and samples; a guide that correlates
@@ -20,11 +20,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import math
+import re
 import time
 
 from _harness import base_record, header, table, write_results
-from profile_step import operation_counts
 
 CONFIGS = ("dsvi", "unwhitened", "joint", "chain", "locations", "nested", "amortized", "sghmc")
 _WHAT = {
@@ -37,6 +39,55 @@ _WHAT = {
     "amortized": "amortized_dgp + AutoAmortizedDGP + DGPElbo (per-point inducing sets of --amortized-inducing)",
     "sghmc": "SGHMC sampler step (numpyro_dgp.infer.SGHMC) on the DSVI model",
 }
+
+
+_SHAPE = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\w+)\[([\d,]*)\]", flags=re.M)
+_DOT = re.compile(r"= \w+\[[\d,]*\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)")
+
+
+def _dims(line: str, key: str) -> tuple[int, ...]:
+    m = re.search(key + r"_dims=\{([\d,]*)\}", line)
+    return tuple(int(i) for i in m.group(1).split(",") if i) if m else ()
+
+
+def product_flops(line: str, shapes: dict) -> float | None:
+    """FLOPs of the ``dot`` on one line of optimized HLO text (``2 * prod(output) *
+    prod(contracted)``: two per multiply-add), its operands' shapes from ``shapes``; None for
+    any other instruction."""
+    m = _DOT.search(line)
+    if m is None:
+        return None
+    (_, lhs), (_, rhs) = shapes[m.group(1)], shapes[m.group(2)]
+    keys = ("lhs_contracting", "rhs_contracting", "lhs_batch", "rhs_batch")
+    lc, rc, lb, rb = (_dims(line, key) for key in keys)
+    free_lhs = [d for i, d in enumerate(lhs) if i not in lc and i not in lb]
+    free_rhs = [d for i, d in enumerate(rhs) if i not in rc and i not in rb]
+    output = [lhs[i] for i in lb] + free_lhs + free_rhs
+    return 2.0 * math.prod(output) * math.prod(lhs[i] for i in lc)
+
+
+def _source(name: str) -> str:
+    """The innermost named function of an ``op_name``, with whether it is a derivative."""
+    functions = re.findall(r"jit\(([^()]+)\)", name)
+    inner = functions[-1] if functions else "step"
+    return inner + (" (derivative)" if "transpose(" in name else "")
+
+
+def operation_counts(hlo: str) -> dict:
+    """LAPACK Cholesky and triangular-solve calls, matrix products, and the products' FLOPs by
+    source function, from a compiled program's optimized HLO text (every function inlined, so a
+    count is how often one run of the program runs it): ``{"counts": ..., "flops": ...}``."""
+    shapes = {name: (dtype, tuple(int(d) for d in dims.split(",") if d))
+              for name, dtype, dims in _SHAPE.findall(hlo)}  # names are unique in an HLO module
+    counts, flops = collections.Counter(), collections.Counter()
+    for line in hlo.splitlines():
+        if 'custom_call_target="lapack_' in line:
+            counts["cholesky" if "potrf" in line else "triangular_solve"] += 1
+        elif (product := product_flops(line, shapes)) is not None:
+            counts["dot_general"] += 1
+            op_name = re.search(r'op_name="([^"]*)"', line)
+            flops[_source(op_name.group(1) if op_name else "")] += product
+    return {"counts": counts, "flops": flops}
 
 
 def _model(config, M, width, amortized_inducing):

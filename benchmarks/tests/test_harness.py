@@ -14,7 +14,7 @@ def test_command_quotes_its_arguments_and_names_the_peers_folder(monkeypatch):
     monkeypatch.setenv("NUMPYRO_DGP_PEERS_DIR", "/opt/peers")
     line = _harness.command("digits.py", ["--with-gpflux", "/opt/peers/gpflux/bin/python", "--tag", "a b"])
     assert line == "python benchmarks/digits.py --with-gpflux $NUMPYRO_DGP_PEERS_DIR/gpflux/bin/python --tag 'a b'"
-    assert _harness.command("step_parts.py", []) == "python benchmarks/step_parts.py"
+    assert _harness.command("speed.py", []) == "python benchmarks/speed.py"
     monkeypatch.setattr(sys, "argv", ["x.py", "--rounds", "3"])
     assert _harness.command("x.py") == "python benchmarks/x.py --rounds 3"
 
