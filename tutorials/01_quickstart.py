@@ -520,7 +520,7 @@ print((model_dir.parent / "predictions.csv").read_text().splitlines()[:4])
 # %% [markdown]
 # A mistake (a missing file, a target the table lacks, no data directory for `uci`) is
 # reported by name with exit status 2, in about a tenth of a second: the command checks these
-# before it imports JAX (`benchmarks/cli_latency.py` measures it).
+# before it imports JAX.
 
 # %%
 wrong = subprocess.run(cli + ["fit", "step.csv", "--target", "z", "--output", "no_model"],

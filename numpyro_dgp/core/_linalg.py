@@ -73,9 +73,9 @@ def cholesky(K: jax.Array) -> jax.Array:
     The factor of ``jnp.linalg.cholesky`` (which reads ``(K + K^T) / 2``): one LAPACK call up
     to ``M = 64``, above it the blocked recursion ``L21 = K21 L11^{-T}``,
     ``L22 = chol(K22 - L21 L21^T)`` with matrix products, down to LAPACK leaves of at most 64
-    (at most 8 leaves above ``M = 512``: a program that stops growing with M compiles faster)
-    (inside a training step a large multithreaded LAPACK call competed with XLA's threads for
-    the cores; ``benchmarks/results/profile_step_float64_M500_W8.md``). The recursion builds
+    (at most 8 leaves above ``M = 512``: a program that stops growing with M compiles faster;
+    inside a training step a large multithreaded LAPACK call competes with XLA's threads for
+    the cores). The recursion builds
     ``L^{-1}`` beside ``L``, ``[[L11, 0], [L21, L22]]^{-1} =
     [[L11^{-1}, 0], [-L22^{-1} L21 L11^{-1}, L22^{-1}]]``, from the inverses its halves return
     (each leaf's by :func:`triangular_inverse`): every inverse is computed once, and no

@@ -17,9 +17,8 @@ def standard_normal(rng_key: jax.Array, shape: tuple[int, ...], dtype: DTypeLike
     has the same random bits in the same places (the same uniforms; the normals agree to the
     last bit, or within one unit in the last place where XLA vectorizes the transform of
     another shape differently). On CPU the generator's rolled loop over a 2-D counter array
-    with a narrow last axis is several times slower than over a vector: a ``(1000, 8)`` draw
-    0.40-0.42 ms against 0.11-0.13 ms for the same 8,000 values flat (2-core CPU, float32;
-    ``benchmarks/random_draws.py``), once per layer and training step.
+    with a narrow last axis is several times slower than over a vector, and a layer draws once
+    per training step.
 
     :param rng_key: PRNG key.
     :param shape: shape of the draw.

@@ -5,10 +5,8 @@ lower triangular costs ``2 M^2 N`` FLOPs where ``M^2 N`` suffice. Splitting ``L`
 column (or row) blocks and multiplying each block only with the rows it can touch costs the
 fraction ``(k + 1) / (2 k)`` of the full product, in ``k`` ordinary matrix products that run
 at the machine's matrix-product speed. JAX differentiates the blocks, so forward mode (Hessians,
-Laplace approximations) works through them; a hand-written reverse rule was 5-8% faster per
-step at ``M = 500`` and would have given that up. A DSVI step at ``M = 500`` spends
-most of its time in these products (``benchmarks/triangular_products.py`` measures the
-speed-up and the block sizes; ``benchmarks/profile_step.py`` the step).
+Laplace approximations) works through them. A DSVI step at large ``M`` spends most of its time
+in these products.
 """
 
 from __future__ import annotations

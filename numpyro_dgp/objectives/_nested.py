@@ -115,9 +115,8 @@ class NestedCompressionElbo(Objective):
     DSVI step) instead of the ``B M (M + 1) / 2`` exponentials of per-point variances. It is
     looser where the inner layers' ``q(u)`` keep much variance. Both are equal with one layer.
     Forwarding the inducing variance costs what a one-sample DGPElbo step spends on the inner
-    layers' variances, plus those exponentials: on a 2-core CPU with ``M = 100`` and batches of
-    up to 1000 points, the full bound's step took 3.4-4.6 times DGPElbo's and the looser one
-    0.7-1.1 times (``benchmarks/nested_step_time.py``).
+    layers' variances, plus those exponentials: several DGPElbo steps; the looser bound about
+    one.
 
     Refused, with the objective to use instead: guides that correlate layers, guides without a
     Gaussian over some layer's inducing values, inducing locations, amortized layers, SDE
