@@ -64,7 +64,6 @@ import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
-from numpyro_dgp._compat import filled, jax_is_tracing, one_shot_program
 from numpyro_dgp._layers.inducing import (
     inducing_factor,
     inducing_inputs_site,
@@ -78,7 +77,6 @@ from numpyro_dgp._layers.parts import (
     check_layer_kind,
     default_encoder_input,
     hyperparameter_sites,
-    identity_mean,
     mean_function,
     mean_projection,
     noise_variance,
@@ -301,84 +299,12 @@ def _diagonal_draw(rng_key: jax.Array, mean: jax.Array, var: jax.Array) -> jax.A
     return mean + jnp.sqrt(jnp.maximum(var, 0.0)) * eps
 
 
-# One program per shape: called outside jit (a model run eagerly), the draw's operations would
-# otherwise each compile on their own; inside jit it is inlined.
-_diagonal_draw = one_shot_program(_diagonal_draw)
-
-
 def _propagate(
     layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array, full_cov: bool = False
 ) -> jax.Array:
     """Default handling of a layer message: draw ``f(X) ~ p(f | u)``."""
-    if _one_program_draws(layer, X, full_cov):
-        adds_inputs = layer.mean_fn is identity_mean  # X itself, not X @ I (as the step)
-        W, b = (None, None) if adds_inputs else layer.mean_affine  # type: ignore[misc]
-        return _marginal_draw_one_shot(
-            layer.kernel,
-            layer.inducing_inputs,
-            layer.Kmm_chol,
-            layer.Kmm_chol_inv,
-            layer.prior_mean,
-            W,
-            b,
-            layer.noise,
-            jnp.asarray(X),
-            u,
-            rng_key,
-            layer.whiten,
-            adds_inputs,
-        )
     mean, var = layer_moments(layer, X, u, None, full_cov)
     return sample_moments(rng_key, mean, var, full_cov, layer.jitter)
-
-
-def _one_program_draws(layer: Layer, X: jax.Array, full_cov: bool) -> bool:
-    """Whether :func:`_propagate` draws through :func:`_marginal_draw` as one program: run
-    eagerly (``svi.init``, a model traced for its sites), a marginal draw at ``(N, D)`` inputs
-    from shared inducing inputs and a named mean function. The layer's ~6 operations would
-    otherwise each compile on their own (about 0.3 s of a first ``svi.init`` at kin8nm's two
-    layers); traced (a training step) the operations of :func:`layer_moments` are inlined as
-    they are."""
-    return (
-        not full_cov
-        and not jax_is_tracing()
-        and layer.inducing != "amortized"
-        and layer.mean_affine is not None
-        and jnp.ndim(X) == 2
-    )
-
-
-def _marginal_draw(
-    kernel: Kernel,
-    Z: jax.Array,
-    Kmm_chol: jax.Array,
-    Kmm_chol_inv: jax.Array | None,
-    prior_mean: jax.Array | None,
-    mean_weight: jax.Array | None,
-    mean_bias: jax.Array | None,
-    noise: jax.Array | None,
-    X: jax.Array,
-    u: jax.Array,
-    rng_key: jax.Array,
-    whiten: bool,
-    adds_inputs: bool,
-) -> jax.Array:
-    """One draw of ``f(X) | u`` from its marginals: :func:`layer_moments` (the mean function
-    ``X`` itself where ``adds_inputs``, else ``X W + b`` or none) and :func:`sample_moments`."""
-    q_mean = u if prior_mean is None else u - prior_mean
-    mean, var = conditional(
-        kernel(Z, X), Kmm_chol, kernel.diag(X), q_mean, whiten=whiten, Kmm_chol_inv=Kmm_chol_inv
-    )
-    if adds_inputs:
-        mean = mean + X
-    elif mean_weight is not None and mean_bias is not None:  # both or neither (mean_affine)
-        mean = mean + (X @ mean_weight + mean_bias)
-    if noise is not None:
-        var = var + noise
-    return _diagonal_draw(rng_key, mean, var)
-
-
-_marginal_draw_one_shot = one_shot_program(_marginal_draw, static_argnums=(11, 12))
 
 
 def gp_layer(
@@ -488,7 +414,7 @@ def gp_layer(
         kernel, Z, float(args.jitter), reads_factor
     )
     # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
-    prior_mean = mean_fn(Z).T if args.locations else filled((out_dim, Z.shape[0]), 0.0, X.dtype)
+    prior_mean = mean_fn(Z).T if args.locations else jnp.zeros((out_dim, Z.shape[0]), X.dtype)
     u_site = f"{name}.u"
     u = numpyro.sample(
         u_site,

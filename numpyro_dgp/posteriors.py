@@ -35,8 +35,6 @@ import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
-from numpyro_dgp._compat import filled, one_shot_program
-
 __all__ = [
     "AMORTIZATION_RULES",
     "AmortizedPosterior",
@@ -161,29 +159,14 @@ class CholeskyNormal(dist.TransformedDistribution):
         shape = jnp.broadcast_shapes(loc.shape, scale_tril.shape[:-1])
         self.loc = jnp.broadcast_to(loc, shape)
         self.scale_tril = scale_tril
-        # the standard normal by construction: validating its constant arguments would compile
-        # ~10 small programs in an eager run (svi.init), and so would building them on the device
-        standard = filled(shape, 0.0, loc.dtype), filled(shape, 1.0, loc.dtype)
+        # the standard normal by construction: nothing to validate
+        standard = jnp.zeros(shape, loc.dtype), jnp.ones(shape, loc.dtype)
         base = dist.Normal(*standard, validate_args=False).to_event(1)
         super().__init__(
             base,
             dist.transforms.LowerCholeskyAffine(self.loc, scale_tril),
             validate_args=validate_args,
         )
-
-    def sample_with_intermediates(
-        self, key: jax.Array, sample_shape: tuple[int, ...] = ()
-    ) -> tuple[jax.Array, list]:
-        """A draw ``loc + L z`` and ``[[z, None]]``, the intermediates its log-density reads.
-
-        Run eagerly (``svi.init`` draws the guide's sites so), one compiled program per shape
-        instead of an operation each; traced, NumPyro's operations inline."""
-        z, x = _cholesky_normal_draw(key, self.loc, self.scale_tril, tuple(sample_shape))
-        return x, [[z, None]]
-
-    def sample(self, key: jax.Array, sample_shape: tuple[int, ...] = ()) -> jax.Array:
-        """A draw ``loc + L z`` (see :meth:`sample_with_intermediates`)."""
-        return self.sample_with_intermediates(key, sample_shape)[0]
 
     @property
     def mean(self) -> jax.Array:
@@ -194,19 +177,6 @@ class CholeskyNormal(dist.TransformedDistribution):
     def variance(self) -> jax.Array:
         """The marginal variances ``diag(L L^T)``."""
         return jnp.sum(self.scale_tril**2, axis=-1)
-
-
-def _cholesky_normal_draw(
-    key: jax.Array, loc: jax.Array, scale_tril: jax.Array, sample_shape: tuple[int, ...]
-) -> tuple[jax.Array, jax.Array]:
-    """``(z, loc + L z)``: the operations of NumPyro's ``Normal(0, 1)`` draw and
-    ``LowerCholeskyAffine`` as :class:`CholeskyNormal` composes them, in one program."""
-    shape = sample_shape + loc.shape
-    z = jnp.zeros(loc.shape, loc.dtype) + jax.random.normal(key, shape) * 1.0
-    return z, loc + jnp.squeeze(jnp.matmul(scale_tril, z[..., jnp.newaxis]), axis=-1)
-
-
-_cholesky_normal_draw = one_shot_program(_cholesky_normal_draw, static_argnums=3)
 
 
 def gaussian_parameters(

@@ -1,5 +1,9 @@
 """The numpyro-dgp command line."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from numpyro_dgp import cli
@@ -31,3 +35,17 @@ def test_uci_command_reports_bad_arguments(capsys, tmp_path, monkeypatch):
 def test_uci_command_reports_splits_out_of_range(uci_data_dir):
     with pytest.raises(SystemExit, match="splits 0..19"):
         cli.main(["uci", "--dataset", "yacht", "--splits", "25", "--data-dir", str(uci_data_dir)])
+
+
+def test_the_commands_keep_compiled_programs_in_the_user_s_cache_folder(tmp_path):
+    """Without JAX_COMPILATION_CACHE_DIR the commands cache JAX's programs under
+    $XDG_CACHE_HOME/numpyro_dgp/jax (a second run compiles nothing); with it, that folder."""
+    code = ("import jax; from numpyro_dgp import cli; cli._setup_jax(True); "
+            "print(jax.config.jax_compilation_cache_dir)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(tmp_path / "numpyro_dgp" / "jax")
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "mine")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(tmp_path / "mine")

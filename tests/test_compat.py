@@ -46,14 +46,6 @@ def test_plate_subsample_messages_use_the_replaced_function():
     assert fns and all(fn is _compat.numpyro_subsample_fn for fn in fns)
 
 
-def test_compiled_subsample_fn_draws_numpyro_s_indices():
-    compiled = jax.jit(_compat.compiled_numpyro_subsample_fn, static_argnums=(0, 1))
-    for key in jax.random.split(jax.random.PRNGKey(3), 4):
-        expected = np.asarray(_compat.numpyro_subsample_fn(50, 7, rng_key=key))
-        np.testing.assert_array_equal(np.asarray(_compat.compiled_numpyro_subsample_fn(50, 7, rng_key=key)), expected)
-        np.testing.assert_array_equal(np.asarray(compiled(50, 7, rng_key=key)), expected)  # traced: NumPyro's own
-
-
 def test_lazy_param_initializer_is_the_callable_init_value():
     init = lambda key: jnp.ones(3)  # noqa: E731
     found = []
@@ -99,18 +91,6 @@ def test_distribution_validation_enabled_follows_numpyro_s_switch():
         numpyro.enable_validation(validating)
 
 
-def test_filled_is_built_on_the_host_eagerly_and_an_operation_when_traced():
-    from tests._compiles import compile_messages, xla_compilations
-
-    with compile_messages() as messages:
-        eager = _compat.filled((3, 17), 0.25, jnp.float32)  # a shape no other test fills
-    assert xla_compilations(messages) == [] and isinstance(eager, jax.Array)
-    np.testing.assert_array_equal(eager, np.full((3, 17), 0.25, np.float32))
-    assert eager.dtype == jnp.float32
-    jaxpr = jax.make_jaxpr(lambda: _compat.filled((3, 17), 0.25, jnp.float32))()
-    assert [e.primitive.name for e in jaxpr.eqns] == ["broadcast_in_dim"] and not jaxpr.consts
-
-
 def test_is_tracer():
     assert not _compat.is_tracer(jnp.ones(2))
     assert jax.jit(lambda x: jnp.asarray(_compat.is_tracer(x)))(jnp.ones(2))
@@ -151,32 +131,3 @@ def test_softplus_lower_cholesky_is_numpyros_constraint_with_our_transform():
     assert bool(constraint(jnp.array([[1.0, 0.0], [0.5, 2.0]])))
 
 
-def test_jax_is_tracing_under_every_transformation_and_not_eagerly():
-    seen = []
-
-    def probe(x):
-        seen.append(_compat.jax_is_tracing())
-        return x
-
-    probe(1.0)
-    jax.jit(lambda x: probe(x))(1.0)  # fresh functions: JAX reuses the traces of one
-    jax.jit(lambda: probe(jnp.ones(2)))()  # concrete argument, traced all the same
-    jax.grad(lambda x: probe(x))(1.0)
-    jax.vmap(lambda x: probe(x))(jnp.ones(2))
-    jax.eval_shape(lambda x: probe(x), 1.0)
-    assert seen == [False, True, True, True, True, True]
-
-
-def test_one_shot_program_compiles_eagerly_and_is_inlined_when_traced():
-    """JAX refuses compiler options on a nested jit: traced, the function runs as it is (and
-    differentiates); eagerly, one program per shape and static argument."""
-    f = _compat.one_shot_program(lambda x, n: jnp.sin(x) * n, static_argnums=1)
-    x = jnp.linspace(0.0, 1.0, 5)
-    np.testing.assert_allclose(f(x, 2), 2 * np.sin(np.asarray(x)), rtol=1e-15)
-    f(x + 1, 2)  # same shapes: no new program
-    assert f._cache_size() == 1
-    grad = jax.jit(jax.grad(lambda x: f(x, 2).sum()))(x)
-    np.testing.assert_allclose(grad, 2 * np.cos(np.asarray(x)), rtol=1e-14)
-    # a constant closed over by a jitted function: concrete, but traced all the same
-    np.testing.assert_allclose(jax.jit(lambda: f(x, 3))(), 3 * np.sin(np.asarray(x)), rtol=1e-15)
-    assert f._cache_size() == 1

@@ -67,32 +67,26 @@ def test_default_propagation_is_the_conditional_given_u():
     (14, {"mean": "identity", "out_dim": 2}),
     (1, {}),
 ])
-def test_eager_layer_draw_is_one_program_and_the_traced_layer_s_draw(num_points, options):
-    """Run eagerly (svi.init), a layer's draw of f(X) | u is one compiled program; traced (a
-    training step), layer_moments' and sample_moments' operations as they are. The same key
-    gives the same draw, for every named mean, whitened or not, inducing locations, a noisy
-    layer, one point."""
-    from numpyro_dgp import layers
-
+def test_eager_layer_draw_is_the_traced_layer_s_draw(num_points, options):
+    """Run eagerly (svi.init) or traced (a training step), the same key gives the same draw of
+    f(X) | u, for every named mean, whitened or not, inducing locations, a noisy layer, one
+    point."""
     X = jnp.asarray(np.random.RandomState(4).randn(num_points, 3))  # a shape per case
 
     def model():
         out = dgp.gp_layer("h", X, dgp.kernels.RBF(), num_inducing=5, **options)
         return out[0] if isinstance(out, tuple) else out
 
-    before = layers._marginal_draw_one_shot._cache_size()
     eager = handlers.seed(model, 3)()
-    assert layers._marginal_draw_one_shot._cache_size() == before + 1
     traced = jax.jit(lambda: handlers.seed(model, 3)())()
-    assert layers._marginal_draw_one_shot._cache_size() == before + 1  # inlined, not called
     np.testing.assert_allclose(eager, traced, rtol=1e-10, atol=1e-12)
 
 
 def test_a_kernel_with_an_array_setting_runs_eagerly_again_and_trains():
-    """Eager runs pass the layer's kernel to compiled programs (the factor of K(Z, Z), the
-    draw); a user's kernel whose static setting is an array cannot be such an argument (JAX
-    fails comparing it with a compiled program's, the second time), so those runs evaluate it
-    operation by operation: the values of the traced route (a training step's)."""
+    """A user's kernel whose static setting is an array cannot be an argument of the kernels'
+    compiled Gram function (JAX fails comparing it with a compiled program's, the second time),
+    so it is evaluated operation by operation: it runs eagerly twice with the same values, gives
+    the values of a traced run, and trains."""
     import dataclasses
 
     @dataclasses.dataclass(frozen=True)
@@ -120,49 +114,6 @@ def test_a_kernel_with_an_array_setting_runs_eagerly_again_and_trains():
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
     result = dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=3, progress_bar=False)
     assert np.all(np.isfinite(result.losses))
-
-
-def test_eager_draw_adds_a_width_keeping_identity_mean_without_a_product(monkeypatch):
-    """The "identity" mean of a layer that keeps its width adds X itself, as the traced route
-    does: a product with the identity would be rounded on a GPU (TF32), so the one-program draw
-    holds as many products as with no mean at all, and one fewer than an affine mean."""
-    from numpyro_dgp import layers
-
-    rs = np.random.RandomState(7)
-    X, Z = jnp.asarray(rs.randn(9, 3)), jnp.asarray(rs.randn(4, 3))
-    kernel = dgp.kernels.RBF()
-    L = jnp.linalg.cholesky(kernel(Z) + 1e-6 * jnp.eye(4))
-    u, key, W, b = jnp.asarray(rs.randn(3, 4)), jax.random.PRNGKey(0), jnp.eye(3), jnp.zeros(3)
-
-    def products(W, b, adds_inputs):
-        jaxpr = jax.make_jaxpr(lambda X: layers._marginal_draw(
-            kernel, Z, L, None, None, W, b, None, X, u, key, True, adds_inputs))(X)
-        return str(jaxpr).count("dot_general")
-
-    none, affine, identity = products(None, None, False), products(W, b, False), products(None, None, True)
-    assert identity == none and affine == none + 1
-    draw = lambda adds: layers._marginal_draw(kernel, Z, L, None, None, None, None, None, X, u, key, True, adds)
-    np.testing.assert_allclose(draw(True) - draw(False), X, rtol=1e-12, atol=1e-12)
-    from numpyro_dgp._layers.parts import identity_mean, mean_function
-
-    assert mean_function("h", "identity", X, 3, 3)[0] is identity_mean  # what _propagate tells
-    calls = []
-    one_shot = layers._marginal_draw_one_shot
-    monkeypatch.setattr(layers, "_marginal_draw_one_shot", lambda *a: calls.append(a) or one_shot(*a))
-    for mean, out_dim in (("identity", 3), ("identity", 2), ("linear", 3)):
-        handlers.seed(lambda: dgp.gp_layer("h", X, kernel, num_inducing=4, mean=mean, out_dim=out_dim), 0)()
-    assert [(a[5] is None, a[-1]) for a in calls] == [(True, True), (False, False), (False, False)]
-
-
-def test_eager_draw_of_a_layer_with_a_callable_mean_takes_the_general_route():
-    from numpyro_dgp import layers
-
-    X = jnp.asarray(np.random.RandomState(5).randn(15, 2))
-    before = layers._marginal_draw_one_shot._cache_size()
-    out = handlers.seed(lambda: dgp.gp_layer("h", X, dgp.kernels.RBF(), num_inducing=5,
-                                             mean=lambda A: 2 * A[:, :1]), 3)()
-    assert out.shape == (15, 1) and np.all(np.isfinite(out))
-    assert layers._marginal_draw_one_shot._cache_size() == before
 
 
 @pytest.mark.stochastic
@@ -462,11 +413,11 @@ def test_layers_carry_the_inverse_factor_and_the_loss_and_gradient_are_unchanged
     value, grad = loss_and_grad()
     from numpyro_dgp._layers import inducing
 
-    def inverting(kernel, Z, jitter, reads_factor):  # the factor alone: the conditional inverts it
+    def inverting(kernel, Z, jitter, reads_factor=True):  # the factor alone: the conditional inverts it
         jittered, absolute = inducing._jittered_gram(kernel, Z, jitter)
         return dgp.core.cholesky(jittered), None, absolute
 
-    monkeypatch.setattr(inducing, "jittered_factor", inverting)
+    monkeypatch.setattr("numpyro_dgp.layers.inducing_factor", inverting)
     value_ref, grad_ref = loss_and_grad()
     # Tolerances from the round-off the two routes can have, relative to the largest term (10x
     # the first-order bound; not from one JAX release's bits). The loss of a whitened layer reads
@@ -510,125 +461,3 @@ def test_dgpelbo_with_a_noisy_last_layer_is_the_closed_form():
     assert abs(elbo - expected) < 1e-9 * abs(expected)
 
 
-def test_eager_kmeans_initialization_is_one_unoptimized_program_only_for_small_problems(monkeypatch):
-    """Inducing inputs by k-means, run eagerly: one program without XLA's optimization passes up
-    to ONE_SHOT_KMEANS_SIZE point-center pairs (where compiling dominates), XLA's defaults above
-    (where the unoptimized loop runs twice as long); the same centers either way, and those of
-    the library's kmeans with key 0."""
-    from numpyro_dgp._layers import inducing
-
-    X = jnp.asarray(np.random.RandomState(3).randn(2, 23, 2))  # shapes no other test compiles
-    one_shot = inducing._kmeans_one_shot._cache_size()
-    small = inducing.kmeans_inducing_inputs(X, 4)
-    assert inducing._kmeans_one_shot._cache_size() == one_shot + 1
-    monkeypatch.setattr(inducing, "ONE_SHOT_KMEANS_SIZE", 4 * 46 - 1)
-    large = inducing.kmeans_inducing_inputs(X, 4)
-    assert inducing._kmeans_one_shot._cache_size() == one_shot + 1
-    reference = dgp.core.kmeans(jax.random.PRNGKey(0), X.reshape(46, 2), 4)
-    np.testing.assert_allclose(large, reference, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(small, reference, rtol=0, atol=1e-12)
-
-
-def test_inducing_factor_is_one_program_eagerly_and_inlined_when_traced():
-    """K(Z, Z)'s jittered factor: run eagerly (svi.init) one compiled program, equal to the
-    dense factorization; traced (a training step) the library's factorization itself, not a
-    nested program, so that the step's derivative keeps its grouping (and its round-off); the
-    two routes agree to round-off where they differ (M = 100)."""
-    from numpyro_dgp._layers.inducing import inducing_factor
-
-    rs = np.random.RandomState(0)
-    Z = jnp.asarray(rs.randn(7, 3))
-    kernel = dgp.kernels.RBF(lengthscale=jnp.full(3, 0.7), variance=jnp.asarray(1.3))
-    L, Linv, jitter = inducing_factor(kernel, Z, 1e-6)
-    K = np.asarray(kernel(Z))
-    assert float(jitter) == pytest.approx(1e-6 * np.mean(np.diag(K)), rel=1e-14)
-    dense = np.linalg.cholesky(K + float(jitter) * np.eye(7))
-    np.testing.assert_allclose(L, dense, rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(Linv, np.linalg.inv(dense), rtol=1e-10, atol=1e-12)
-    for a, b in zip(inducing_factor(kernel, Z, 1e-6, False), (L, Linv, jitter)):
-        np.testing.assert_array_equal(a, b)  # eagerly the rule is not chosen: one program
-
-    from numpyro_dgp._layers.inducing import eager_factor_program
-
-    before = eager_factor_program._cache_size()
-    inducing_factor(kernel, Z[:5], 1e-6)  # new shapes, run eagerly: one more program
-    assert eager_factor_program._cache_size() == before + 1
-
-    def names(jaxpr):
-        for eqn in jaxpr.eqns:
-            yield str(eqn.params.get("name", eqn.primitive.name))
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (tuple, list)) else (value,):
-                    sub = getattr(sub, "jaxpr", sub)
-                    if hasattr(sub, "eqns"):
-                        yield from names(sub)
-
-    # the pair's joint rule (one custom rule, two outputs) where L is read too; else L's and
-    # L^{-1}'s own rules (two, one output each)
-    for reads_factor, rules in ((True, [2]), (False, [1, 1])):
-        jaxpr = jax.make_jaxpr(lambda Z: inducing_factor(kernel, Z, 1e-6, reads_factor))(Z).jaxpr
-        custom = [len(e.outvars) for e in jaxpr.eqns if e.primitive.name == "custom_jvp_call"]
-        assert custom == rules, reads_factor
-        traced = set(names(jaxpr))
-        # the library's factorization (its derivative rules), no nested program of the eager route
-        assert "_factor_pair" in traced
-        assert "eager_factor" not in traced and "jittered_factor" not in traced
-    in_jit = jax.make_jaxpr(jax.jit(lambda Z: inducing_factor(kernel, Z, 1e-6)))(Z).jaxpr
-    assert "eager_factor" not in set(names(in_jit))  # traced inside jit too
-    closed_over = set(names(jax.make_jaxpr(jax.jit(lambda: inducing_factor(kernel, Z, 1e-6)))().jaxpr))
-    assert "_factor_pair" in closed_over and "eager_factor" not in closed_over  # constants, traced
-
-    # Above M = 64 the eager route (one LAPACK call, one triangular solve) and the step's
-    # (blocked factorization, recursive inverse) differ by round-off only
-    Z = jnp.asarray(rs.randn(100, 3))
-    eager = inducing_factor(kernel, Z, 1e-6, True)
-    step = jax.jit(lambda Z: inducing_factor(kernel, Z, 1e-6, True))(Z)
-    for a, b in zip(eager, step):
-        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * float(np.max(np.abs(b))))
-    np.testing.assert_allclose(eager[1] @ eager[0], np.eye(100), atol=1e-8)
-
-
-def test_inducing_factor_traces_values_only_inside_the_context():
-    """Inside ``values_only`` (the compiled initialization, abstract runs) a traced factor is the
-    eager route's operations inline: no blocked factorization and no derivative rule, the eager
-    program's values; after it, or after an error inside it, the library's again; a derivative
-    taken inside anyway (JAX's rules for LAPACK's factor and the triangular solve) equals the
-    library's."""
-    from numpyro_dgp._compat import tracing_values_only, values_only
-    from numpyro_dgp._layers.inducing import inducing_factor
-
-    rs = np.random.RandomState(1)
-    Z = jnp.asarray(rs.randn(100, 3))
-    kernel = dgp.kernels.RBF(lengthscale=jnp.full(3, 0.7), variance=jnp.asarray(1.3))
-
-    def primitives(fn):
-        return {str(e.params.get("name", e.primitive.name)) for e in jax.make_jaxpr(fn)(Z).jaxpr.eqns}
-
-    with values_only():
-        assert tracing_values_only()
-        inside = primitives(lambda Z: inducing_factor(kernel, Z, 1e-6))
-        values = jax.jit(lambda Z: inducing_factor(kernel, Z, 1e-6))(Z)
-    assert "custom_jvp_call" not in inside and "cholesky" in inside
-    # the eager program; two programs build K with other last bits, which the factor and its
-    # inverse carry to first order at eps cond(K) of their largest entries (cond(K) ~ 8e4 here;
-    # measured up to 9 eps cond(L))
-    cond = np.linalg.cond(np.asarray(values[0])) ** 2
-    for a, b in zip(values, inducing_factor(kernel, Z, 1e-6)):
-        np.testing.assert_allclose(a, b, rtol=0, atol=10 * np.finfo(np.float64).eps * cond * float(np.max(np.abs(b))))
-    assert not tracing_values_only()
-    assert "custom_jvp_call" in primitives(lambda Z: inducing_factor(kernel, Z, 1e-6))
-    with pytest.raises(RuntimeError), values_only():
-        raise RuntimeError("inside")
-    assert not tracing_values_only()
-
-    weights = jnp.asarray(np.tril(rs.randn(100, 100)))
-
-    def loss(Z):
-        L, Linv, _ = inducing_factor(kernel, Z, 1e-6)
-        return jnp.sum(weights * Linv) + jnp.sum(weights * L)
-
-    with values_only():
-        grad_inside = jax.jit(jax.grad(loss))(Z)
-    grad_library = jax.jit(jax.grad(loss))(Z)
-    scale = float(np.max(np.abs(grad_library)))
-    np.testing.assert_allclose(grad_inside, grad_library, rtol=1e-7, atol=1e-7 * scale)

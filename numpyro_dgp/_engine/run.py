@@ -16,7 +16,7 @@ import numpyro.distributions as dist
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoContinuous
 
-from numpyro_dgp._compat import innermost_guide, is_tracer, values_only
+from numpyro_dgp._compat import innermost_guide, is_tracer
 from numpyro_dgp._engine.autoguides import autocontinuous_posteriors
 from numpyro_dgp._engine.marginal import marginalize_inducing
 from numpyro_dgp._engine.observation import likelihood_rule, observation_kind
@@ -137,8 +137,7 @@ def marginal_trace(
             return 0
 
         # closing over args keeps static ones (subsample sizes) concrete
-        with values_only():  # an abstract run: it computes nothing
-            jax.eval_shape(probe)
+        jax.eval_shape(probe)  # an abstract run: it computes nothing
         last = found["last"]
         kinds = None
         if found["out_dim"] > 1 and num_quadrature is None and not joint_draws:

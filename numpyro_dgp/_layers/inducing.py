@@ -10,9 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
-from jax.scipy.linalg import solve_triangular
 
-from numpyro_dgp._compat import jax_is_tracing, one_shot_program, tracing_values_only
 from numpyro_dgp._layers.parts import LayerArgs
 from numpyro_dgp.core import (
     cholesky,
@@ -24,12 +22,9 @@ from numpyro_dgp.core import (
 from numpyro_dgp.kernels import Kernel
 
 __all__ = [
-    "eager_factor",
-    "eager_factor_program",
     "inducing_factor",
     "inducing_inputs_site",
     "inducing_prior",
-    "jittered_factor",
     "kmeans_inducing_inputs",
     "mean_diagonal",
     "points_and_gaussian_draws",
@@ -64,28 +59,14 @@ def kmeans_inducing_inputs(X: jax.Array, num_inducing: int) -> jax.Array:
     """k-means centers of the rows of ``X`` (leading axes flattened) as inducing inputs.
 
     A fixed key: the same data give the same inducing inputs in every run of the model (a
-    guide's prototype run and SVI's initial run must agree, e.g. for inducing locations). Run
-    eagerly on at most :data:`ONE_SHOT_KMEANS_SIZE` point-center pairs, one program compiled
-    without XLA's optimization passes. With fewer rows than ``num_inducing`` (a minibatch
+    guide's prototype run and SVI's initial run must agree, e.g. for inducing locations). With
+    fewer rows than ``num_inducing`` (a minibatch
     smaller than ``M``, which is all a layer sees at initialization) k-means cannot give
     ``M`` distinct centers: :func:`points_and_gaussian_draws` instead."""
     points = jax.lax.stop_gradient(X.reshape(-1, X.shape[-1]))
     if points.shape[0] < num_inducing:
-        return _points_and_draws_one_shot(points, num_inducing)
-    if points.shape[0] * num_inducing > ONE_SHOT_KMEANS_SIZE:
-        return _kmeans_from_key_zero(points, num_inducing)
-    return _kmeans_one_shot(points, num_inducing)
-
-
-def _kmeans_from_key_zero(points: jax.Array, num_inducing: int) -> jax.Array:
+        return points_and_gaussian_draws(points, num_inducing)
     return kmeans(jax.random.PRNGKey(0), points, num_inducing)
-
-
-#: Up to this many point-center pairs, k-means run eagerly is one program compiled without
-#: XLA's optimization passes: at 1,000 points and 100 centers (float64, 25 iterations) 0.64 s to
-#: compile and 0.08 s to run, against 1.31 and 0.02 s; at 100,000 and 500, 24 s to run against 11.
-ONE_SHOT_KMEANS_SIZE = 1_000_000
-_kmeans_one_shot = one_shot_program(_kmeans_from_key_zero, static_argnums=1)
 
 
 def points_and_gaussian_draws(points: jax.Array, num_inducing: int) -> jax.Array:
@@ -114,9 +95,6 @@ def points_and_gaussian_draws(points: jax.Array, num_inducing: int) -> jax.Array
     return jnp.concatenate([points, mean + eps @ jnp.linalg.cholesky(cov).T])
 
 
-_points_and_draws_one_shot = one_shot_program(points_and_gaussian_draws, static_argnums=1)
-
-
 def inducing_factor(
     kernel: Kernel, Z: jax.Array, jitter: float, reads_factor: bool = True
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -125,28 +103,7 @@ def inducing_factor(
     ``reads_factor``: the caller's step reads ``L`` as well as ``L^{-1}`` (a non-whitened
     layer's prior, inducing locations), and the two are differentiated together
     (:func:`~numpyro_dgp.core.cholesky_and_inverse`); ``False``: a whitened layer's step reads
-    ``L^{-1}`` alone, whose own rule (:func:`~numpyro_dgp.core.inverse_cholesky`) is cheaper.
-
-    Traced (a training step), :func:`jittered_factor`'s operations are inlined as they are:
-    the library's factorization and its derivative rules (differentiating through a nested
-    ``jit`` would also regroup the step's backward pass and change its round-off). Run eagerly
-    (``svi.init``, a model traced for its sites), :func:`eager_factor_program`: one program per
-    kernel type and shapes, where each operation would otherwise compile on its own. Traced
-    for values only (:func:`numpyro_dgp._compat.values_only`: the compiled initialization of
-    ``numpyro_dgp.infer.init``, a DGP guide's abstract run for the model's structure, the
-    objectives' abstract first pass), the eager route's operations inlined: one LAPACK
-    factorization and one triangular solve, where the blocked factorization and its derivative
-    rules serve a differentiated step only (the initialization's compile at M = 100 about
-    0.3 s shorter, and the route of an eager ``svi.init``)."""
-    if jax_is_tracing() and not tracing_values_only():  # constants closed over by a step too
-        return jittered_factor(kernel, Z, jitter, reads_factor)
-    return eager_factor_program(kernel, Z, jitter)
-
-
-def jittered_factor(
-    kernel: Kernel, Z: jax.Array, jitter: float, reads_factor: bool
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """:func:`inducing_factor`'s operations in a traced run."""
+    ``L^{-1}`` alone, whose own rule (:func:`~numpyro_dgp.core.inverse_cholesky`) is cheaper."""
     # A failed factorization gives NaN, which fit() detects (skips and counts the step);
     # a lax.cond retry here would triple the compile time of every layer.
     jittered, absolute = _jittered_gram(kernel, Z, jitter)
@@ -156,22 +113,6 @@ def jittered_factor(
     return cholesky(jittered), inverse_cholesky(jittered), absolute
 
 
-def eager_factor(
-    kernel: Kernel, Z: jax.Array, jitter: float
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """:func:`inducing_factor`'s values in an eager run: one LAPACK factorization and one
-    triangular solve. A run outside ``jit`` is not differentiated, so the blocked
-    factorization and the derivative rules that a training step needs
-    (:func:`~numpyro_dgp.core.cholesky`) are not compiled for it: at M = 100 their program
-    took 1.5 s to compile, this one 0.25 s (without XLA's optimization passes). The same
-    factor up to round-off (identical up to M = 64, where the library's factorization is this
-    LAPACK call too)."""
-    jittered, absolute = _jittered_gram(kernel, Z, jitter)
-    L = jnp.linalg.cholesky(jittered)
-    identity = jnp.broadcast_to(jnp.eye(L.shape[-1], dtype=L.dtype), L.shape)
-    return L, solve_triangular(L, identity, lower=True), absolute
-
-
 def _jittered_gram(kernel: Kernel, Z: jax.Array, jitter: float) -> tuple[jax.Array, jax.Array]:
     """``K(Z, Z) + j I`` and ``j``, the jitter relative to the mean prior variance."""
     Kmm = kernel(Z)
@@ -179,9 +120,6 @@ def _jittered_gram(kernel: Kernel, Z: jax.Array, jitter: float) -> tuple[jax.Arr
     # its kernel variance to ~100, and a fixed 1e-4 then falls below float32 round-off.
     absolute = jitter * mean_diagonal(Kmm)
     return Kmm + absolute * jnp.eye(Kmm.shape[-1], dtype=Kmm.dtype), absolute
-
-
-eager_factor_program = one_shot_program(eager_factor, static_argnums=2)
 
 
 def inducing_prior(
@@ -195,22 +133,14 @@ def inducing_prior(
     """``p(u)`` per output: N(mean(Z), K) for locations, else N(0, I) whitened or N(0, K)."""
     if locations:
         return dist.MultivariateNormal(prior_mean, scale_tril=Kmm_chol)
-    zeros, eye = _zeros_and_identity(Kmm_chol.shape[-1], dtype, traced=jax_is_tracing())
+    M = Kmm_chol.shape[-1]
+    zeros, eye = jnp.zeros(M, dtype), jnp.eye(M, dtype=dtype)
     if whiten:
-        # the standard normal by construction: its arguments are constants, concrete even in an
-        # abstract (eval_shape) run, so validating them would compile ~20 small programs eagerly
+        # the standard normal by construction: nothing to validate
         prior = dist.MultivariateNormal(zeros, scale_tril=eye, validate_args=False)
     else:
         prior = dist.MultivariateNormal(zeros, scale_tril=Kmm_chol)
     return prior.expand([out_dim])
-
-
-def _zeros_and_identity(M: int, dtype: np.dtype, traced: bool) -> tuple[jax.Array, jax.Array]:
-    """``(0 (M,), I (M, M))``: operations of the caller's program when traced, else built on the
-    host (an eager run, ``svi.init``, would compile seven small programs for them)."""
-    if traced:
-        return jnp.zeros(M, dtype), jnp.eye(M, dtype=dtype)
-    return jax.device_put(np.zeros(M, dtype)), jax.device_put(np.eye(M, dtype=dtype))
 
 
 def mean_diagonal(K: jax.Array) -> jax.Array:

@@ -27,11 +27,17 @@ Every numeric argument is checked before anything runs: counts must be positive 
 non-negative indices or increasing ranges; ``--num-inducing`` above the number of training
 points is an error (not clipped). A bad value exits with status 2 and a message naming the
 argument.
+
+The commands keep JAX's compiled programs in a persistent compilation cache in the user's cache
+folder (``$XDG_CACHE_HOME/numpyro_dgp/jax``, by default ``~/.cache/numpyro_dgp/jax``; set
+``JAX_COMPILATION_CACHE_DIR`` to use another): a command run again on data of the same shapes
+starts training without compiling.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -62,11 +68,20 @@ from numpyro_dgp.cli._table import (
 __all__ = ["build_parser", "main"]
 
 
-def _setup_precision(float32: bool) -> None:
+def _setup_jax(float32: bool) -> None:
+    """JAX's precision, and its persistent compilation cache in the user's cache folder
+    (``$XDG_CACHE_HOME/numpyro_dgp/jax``, by default ``~/.cache/numpyro_dgp/jax``) unless
+    ``JAX_COMPILATION_CACHE_DIR`` names another: a command run again with data of the same
+    shapes compiles nothing."""
     import jax
 
     if not float32:
         jax.config.update("jax_enable_x64", True)
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        jax.config.update("jax_compilation_cache_dir", os.path.join(base, "numpyro_dgp", "jax"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -76,7 +91,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     :param args: the parsed ``demo`` arguments (see :func:`build_parser`).
     :return: the exit status, 0.
     """
-    _setup_precision(args.float32)
+    _setup_jax(args.float32)
     import jax
     import matplotlib
 
@@ -142,7 +157,7 @@ def cmd_uci(args: argparse.Namespace) -> int:
     """
     # the data directory, the data set and the splits are checked before JAX is imported
     _check_uci_splits(args.dataset, args.data_dir, args.splits)
-    _setup_precision(args.float32)
+    _setup_jax(args.float32)
     from numpyro_dgp.datasets import load_uci
     from numpyro_dgp.recipes import mean_and_standard_error, run_uci
 
@@ -202,7 +217,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     N = X.shape[0]
     train, test = train_test_rows(N, args.seed, args.test_fraction)
 
-    _setup_precision(args.float32)
+    _setup_jax(args.float32)
     import jax
     import jax.numpy as jnp
     import numpyro
@@ -285,7 +300,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     targets = [] if target is None else [target] if isinstance(target, str) else list(target)
     names = config.get("feature_names") or [c for c in table.columns if c not in targets]
     check_feature_columns(names, table.columns, args.data, config.get("input_dim"))
-    _setup_precision(config.get("dtype") == "float32")
+    _setup_jax(config.get("dtype") == "float32")
     import csv
 
     import jax

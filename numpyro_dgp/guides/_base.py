@@ -14,7 +14,6 @@ from numpyro import handlers
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
 from numpyro.infer.initialization import init_to_mean, init_to_uniform
 
-from numpyro_dgp._compat import values_only
 from numpyro_dgp._protocol import InducingTag, inducing_tag, latent_specs
 from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.guides._latent import LATENT_GUIDES, LatentSite, latent_sites, sample_latent
@@ -213,8 +212,7 @@ class DGPGuide(AutoGuide):
             }
             return 0
 
-        with values_only():  # an abstract run: it computes nothing
-            jax.eval_shape(probe)
+        jax.eval_shape(probe)  # an abstract run: it computes nothing
         self.prototype_trace = found["trace"]
         self.prototype_args = jax.tree_util.tree_map(_abstract_value, (args, kwargs))
         self._prototype_frames: dict[str, Any] = {}

@@ -11,7 +11,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._compat import compiled_numpyro_subsample_fn, numpyro_subsample_fn
+from numpyro_dgp._compat import numpyro_subsample_fn
 
 __all__ = ["data_parallel", "fast_subsample"]
 
@@ -82,8 +82,8 @@ def _top_k_positions(uniforms: jax.Array, k: int, margin: float = _CANDIDATE_MAR
 
 
 def _draws_numpyro_s_way(msg: dict) -> bool:
-    """A plate message drawn with NumPyro's function, or its compiled twin (the factories)."""
-    return msg["fn"] is numpyro_subsample_fn or msg["fn"] is compiled_numpyro_subsample_fn
+    """A plate message drawn with NumPyro's function."""
+    return msg["fn"] is numpyro_subsample_fn
 
 
 class fast_subsample(Messenger):

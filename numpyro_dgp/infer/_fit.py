@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -20,7 +20,6 @@ import numpy as np
 from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
-from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._persist.params import (
     STRICT_HINT,
     ParameterMismatchError,
@@ -59,9 +58,6 @@ from numpyro_dgp.infer._observed import check_observed
 
 __all__ = ["FitResult", "fit"]
 
-#: compiled chunk functions per SVI object
-_CHUNK_RUNNERS = OwnerCache(max_entries=16)
-
 #: ``fold_in`` data of the key that sets up the guide (apart from the key ``svi.init`` gets)
 _SETUP_STREAM = 0x5E7
 
@@ -77,8 +73,7 @@ class FitResult(NamedTuple):
         excluded).
     :ivar chunk_size: steps per chunk.
     :ivar compile_seconds: time to trace, lower and compile the chunk function before the
-        first chunk (near 0 when ``svi`` already has it compiled for these shapes); when the
-        fit initializes, the initialization compiles at the same time, in a second thread.
+        first chunk (near 0 when ``svi`` already has it compiled for these shapes).
     :ivar averaged_params: with ``fit(..., average_from=k)``, the averaged parameters
         (constrained); ``None`` otherwise.
     """
@@ -132,47 +127,55 @@ def _masks_missing_targets(model: Any) -> bool:
     return (config.get("arguments") or {}).get("missing_targets") == "mask"
 
 
-#: ``svi.get_params`` compiled, per SVI object (eagerly it compiles one program per parameter)
-_GET_PARAMS = OwnerCache(max_entries=1)
-
-
+@partial(jax.jit, static_argnums=0)
 def _get_params(svi, state):
-    compiled = _GET_PARAMS.get(svi, "get_params")
-    if compiled is None:
-        svi_ref = weakref.ref(svi)
-        compiled = jax.jit(lambda state: svi_ref().get_params(state))
-        _GET_PARAMS.put(svi, "get_params", compiled)
-    return compiled(state)
+    # eagerly, svi.get_params compiles one program per parameter
+    return svi.get_params(state)
 
 
-def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
-    """The jitted ``lax.scan`` over ``chunk`` SVI steps, cached per ``svi`` and static arguments;
-    the steps with index ``>= num_active`` are inactive (they change nothing).
+class _ChunkStatics(NamedTuple):
+    """What a chunk's program is compiled for, besides its arguments' shapes."""
+
+    svi: SVI
+    chunk: int
+    average: bool
+    static_args: tuple
+    static_kwargs: tuple  # sorted (name, value) pairs
+
+
+class _ByIdentity:
+    """Statics whose model arguments cannot be hashed: compiled for this fit alone."""
+
+    def __init__(self, statics: _ChunkStatics) -> None:
+        self.statics = statics
+
+
+def _chunk_statics(svi, chunk, static_args, static_kwargs, average):
+    statics = _ChunkStatics(svi, chunk, average, static_args, tuple(sorted(static_kwargs.items())))
+    try:
+        hash(statics)
+    except TypeError:
+        return _ByIdentity(statics)
+    return statics
+
+
+@partial(jax.jit, static_argnums=0)
+def _run_chunk(statics, state, num_active, dyn_a, dyn_kw, mean, count, average_start):
+    """A ``lax.scan`` over ``chunk`` SVI steps; the steps with index ``>= num_active`` are
+    inactive (they change nothing). JAX keeps its program per ``svi``, chunk size and static
+    arguments: ``fit(..., init_state=result.state)`` and repeated fits reuse it.
 
     With ``average`` the carry also holds a running mean of the unconstrained parameters over
     the steps with index ``>= average_start`` (relative to the chunk's first step).
     """
-    try:
-        key = (chunk, average, static_args, tuple(sorted(static_kwargs.items())))
-        hash(key)
-    except TypeError:  # unhashable static arguments: compile for this call only
-        key = None
-    # Kept per svi (weakly): fit(..., init_state=result.state) and repeated fits reuse the
-    # compilation, and it goes when svi goes. The step holds svi weakly for the same reason.
-    if key is not None:
-        cached = _CHUNK_RUNNERS.get(svi, key)
-        if cached is not None:
-            return cached
-    svi_ref = weakref.ref(svi)
+    if isinstance(statics, _ByIdentity):
+        statics = statics.statics
+    svi, chunk, average, static_args, static_kwargs = statics
+    a = [d if s is None else s for d, s in zip(dyn_a, static_args)]
+    kw = {**dict(static_kwargs), **dyn_kw}
 
-    def merge(dyn_a, dyn_kw):
-        full = [d if s is None else s for d, s in zip(dyn_a, static_args)]
-        return full, {**static_kwargs, **dyn_kw}
-
-    def step(carry, step_index, num_active, dyn_a, dyn_kw, average_start):
+    def step(carry, step_index):
         state, mean, count = carry
-        a, kw = merge(dyn_a, dyn_kw)
-        svi = svi_ref()
         active = step_index < num_active
         state, loss, skipped = guarded_update(svi, state, a, kw, active)
         if average:
@@ -187,19 +190,10 @@ def _chunk_runner(svi, chunk, static_args, static_kwargs, average=False):
             )
         return (state, mean, count), (loss, skipped)
 
-    @jax.jit
-    def run_chunk(state, num_active, dyn_a, dyn_kw, mean, count, average_start):
-        def body(carry, i):
-            return step(carry, i, num_active, dyn_a, dyn_kw, average_start)
-
-        carry, per_step = jax.lax.scan(body, (state, mean, count), jnp.arange(chunk))
-        # the constrained parameters come out of the same program: a separate jitted
-        # get_params would be one more compilation before the first step can finish
-        return carry, per_step, svi_ref().get_params(carry[0])
-
-    if key is not None:
-        _CHUNK_RUNNERS.put(svi, key, run_chunk)
-    return run_chunk
+    carry, per_step = jax.lax.scan(step, (state, mean, count), jnp.arange(chunk))
+    # the constrained parameters come out of the same program: a separate jitted get_params
+    # would be one more compilation before the first step can finish
+    return carry, per_step, svi.get_params(carry[0])
 
 
 def fit(
@@ -222,16 +216,13 @@ def fit(
     """Run ``num_steps`` SVI updates compiled as a ``lax.scan`` over chunks of ``chunk_size``.
 
     The chunk function is compiled once per ``svi`` (and chunk size and static arguments) and
-    reused by later calls, e.g. ``fit(..., init_state=result.state)``; a fit that initializes
-    (no ``init_state``, no checkpoint to resume) compiles it while the initialization's program
-    compiles in a second thread (the library's guides; one device, inputs not committed to it),
-    so a fresh process reaches its first step sooner on a machine with two or more cores.
-    Between chunks the host updates a progress bar (the only host synchronization). An update
-    whose loss or new parameters are not finite is not applied (the random key still advances)
-    and is counted in ``num_skipped``; when steps were skipped, an eager run at the final
-    parameters checks every layer's ``K(Z, Z)`` factorization and the warning (or error, if
-    every step was skipped) names the layer that fails, if one does.
-    Minibatching comes from the model's ``numpyro.plate(..., subsample_size=...)``.
+    reused by later calls, e.g. ``fit(..., init_state=result.state)``. Between chunks the host
+    updates a progress bar (the only host synchronization). An update whose loss or new
+    parameters are not finite is not applied (the random key still advances) and is counted in
+    ``num_skipped``; when steps were skipped, an eager run at the final parameters checks every
+    layer's ``K(Z, Z)`` factorization and the warning (or error, if every step was skipped)
+    names the layer that fails, if one does. Minibatching comes from the model's
+    ``numpyro.plate(..., subsample_size=...)``.
 
     **Reproducible and resumable.** The run does not depend on how its steps are cut: the
     padding steps of a last, partial chunk change nothing (not even the key), so
@@ -330,11 +321,7 @@ def fit(
     dyn_args, static_args, dyn_kwargs, sorted_static = split_traced(args, kwargs)
     static_kwargs = dict(sorted_static)
     chunk = min(int(chunk_size), int(num_steps), int(checkpoint_every or num_steps))
-    run_chunk = _chunk_runner(svi, chunk, static_args, static_kwargs, average_from is not None)
-    compile_times: list[float] = []
-    compile_chunk = _early_chunk_compile(
-        svi, run_chunk, num_steps, dyn_args, dyn_kwargs, average_from, compile_times
-    )
+    statics = _chunk_statics(svi, chunk, static_args, static_kwargs, average_from is not None)
     progress, identity = _starting_point(
         svi,
         rng_key,
@@ -346,13 +333,10 @@ def fit(
         average_from,
         resume_from,
         num_steps,
-        compile_chunk,
         identity,
     )
-    scan = _Scan(run_chunk, progress, dyn_args, dyn_kwargs, average_from)
-    # after compile_chunk (beside the initialization) the chunk's compile reads JAX's cache
-    compile_seconds = sum(compile_times)
-    compile_seconds += scan.compile(num_steps) if progress.step < num_steps else 0.0
+    scan = _Scan(statics, progress, dyn_args, dyn_kwargs, average_from)
+    compile_seconds = scan.compile(num_steps) if progress.step < num_steps else 0.0
 
     def chunk_length(done):
         # a chunk ends at the next checkpoint, so checkpoints fall on exact step counts
@@ -392,53 +376,18 @@ def fit(
     )
 
 
-def _early_chunk_compile(svi, run_chunk, num_steps, dyn_args, dyn_kwargs, average_from, times):
-    """For a new state's shapes: ``run_chunk`` lowered, and its compilation (its seconds, from
-    the lowering's start, appended to ``times``), run beside the initialization's (see
-    :func:`numpyro_dgp.infer._init.initialize`). Best effort: a failure (tracing the update,
-    compiling) is left to the chunk's own compile after the initialization, which raises it as
-    a fit without this would."""
-
-    def compile_chunk(state):
-        start = time.perf_counter()
-        try:
-            mean = {}
-            if average_from is not None:
-                mean = jax.eval_shape(svi.optim.get_params, state.optim_state)
-            lowered = _lower_chunk(
-                run_chunk, state, num_steps, dyn_args, dyn_kwargs, mean, _FRESH_COUNT
-            )
-        except Exception:
-            return lambda: None
-
-        def compile_lowered():
-            try:
-                lowered.compile()
-            except Exception:
-                return
-            times.append(time.perf_counter() - start)
-
-        return compile_lowered
-
-    return compile_chunk
-
-
-#: the averaged iterates' count: its shape and type (a fresh start's ``jnp.zeros((), jnp.int32)``)
-_FRESH_COUNT = jax.ShapeDtypeStruct((), jnp.int32)
-
-
-def _lower_chunk(run_chunk, state, num_steps, dyn_args, dyn_kwargs, mean, count):
-    """``run_chunk`` lowered for the first chunk (``state`` and ``mean`` concrete or shapes)."""
-    return run_chunk.lower(
-        state, jnp.asarray(num_steps), dyn_args, dyn_kwargs, mean, count, jnp.asarray(0)
+def _lower_chunk(statics, state, num_steps, dyn_args, dyn_kwargs, mean, count):
+    """:func:`_run_chunk` lowered for the first chunk."""
+    return _run_chunk.lower(
+        statics, state, jnp.asarray(num_steps), dyn_args, dyn_kwargs, mean, count, jnp.asarray(0)
     )
 
 
 class _Scan:
-    """The compiled chunk function (:func:`_chunk_runner`) and what it carries between chunks."""
+    """The compiled chunk function (:func:`_run_chunk`) and what it carries between chunks."""
 
-    def __init__(self, run_chunk, progress, dyn_args, dyn_kwargs, average_from):
-        self.run_chunk, self.dyn_args, self.dyn_kwargs = run_chunk, dyn_args, dyn_kwargs
+    def __init__(self, statics, progress, dyn_args, dyn_kwargs, average_from):
+        self.statics, self.dyn_args, self.dyn_kwargs = statics, dyn_args, dyn_kwargs
         self.state, self.mean, self.count = progress.state, progress.mean, progress.count
         self.average_from = average_from
         self.params = None  # constrained, from the last chunk
@@ -448,7 +397,7 @@ class _Scan:
         call reuses this executable; cheap when ``svi`` already has it for these shapes)."""
         start = time.perf_counter()
         _lower_chunk(
-            self.run_chunk,
+            self.statics,
             self.state,
             num_steps,
             self.dyn_args,
@@ -460,7 +409,8 @@ class _Scan:
 
     def __call__(self, done, active):
         average_start = jnp.asarray((self.average_from or 0) - done)
-        (self.state, self.mean, self.count), (losses, skipped), self.params = self.run_chunk(
+        (self.state, self.mean, self.count), (losses, skipped), self.params = _run_chunk(
+            self.statics,
             self.state,
             jnp.asarray(active),
             self.dyn_args,
@@ -487,11 +437,10 @@ def _starting_point(
     average_from,
     resume_from,
     num_steps,
-    compile_chunk,
     identity,
 ):
-    """``(progress, identity)`` where the fit starts: a new state (``svi.init``, the chunk
-    function compiled beside it by ``compile_chunk``), ``init_state``, or the checkpoint
+    """``(progress, identity)`` where the fit starts: a new state (``svi.init``),
+    ``init_state``, or the checkpoint
     ``resume_from``; refuses non-finite parameters. ``identity`` (``None`` without checkpoints)
     comes back with the parameters and state added (``_checkpoint.with_state``)."""
     if init_state is None:
@@ -507,7 +456,6 @@ def _starting_point(
             {**kwargs, **svi.static_kwargs},
             init_params,
             strict,
-            compile_chunk if resume_from is None else None,
         )
     # without averaging the mean is an empty placeholder carried through the scan
     mean = svi.optim.get_params(init_state.optim_state) if average_from is not None else {}
@@ -554,12 +502,10 @@ def _check_fit_arguments(
         )
 
 
-def initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict, alongside=None):
+def initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict):
     """``svi.init`` (compiled: :func:`numpyro_dgp.infer.init`) after setting up the guide (see
     :func:`numpyro_dgp._persist.params.set_up_guide`) and checking ``init_params``; when the model
-    cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails.
-    ``alongside``: a compilation run beside the initialization's (see
-    :func:`numpyro_dgp.infer._init.initialize`)."""
+    cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails."""
     try:
         set_up_guide(svi.guide, jax.random.fold_in(rng_key, _SETUP_STREAM), args, model_kwargs)
         if init_params is not None:
@@ -574,7 +520,7 @@ def initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict,
             )
         from numpyro_dgp.infer._init import initialize  # a sibling that imports the guides
 
-        return initialize(svi, rng_key, args, kwargs, init_params, alongside)
+        return initialize(svi, rng_key, args, kwargs, init_params)
     except (ValueError, RuntimeError) as err:
         if isinstance(err, ParameterMismatchError):
             raise

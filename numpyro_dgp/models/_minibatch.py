@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpyro
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._compat import compiled_numpyro_subsample_fn, numpyro_subsample_fn
 from numpyro_dgp._validation import check_positive_int
 
 __all__ = ["subsample"]
@@ -24,23 +23,6 @@ class _plate_indices(Messenger):
     def process_message(self, msg):
         if msg["type"] == "plate" and msg["name"] == self.name and msg["value"] is None:
             msg["value"] = self.indices
-
-
-class _compiled_subsample(Messenger):
-    """Draw the plate ``name``'s indices with NumPyro's own function compiled once per shape
-    (the same indices): run eagerly, as in ``svi.init``, its loop compiles anew on every call."""
-
-    def __init__(self, name):
-        self.name = name
-        super().__init__()
-
-    def process_message(self, msg):
-        if (
-            msg["type"] == "plate"
-            and msg["name"] == self.name
-            and msg["fn"] is numpyro_subsample_fn
-        ):
-            msg["fn"] = compiled_numpyro_subsample_fn
 
 
 def _check_minibatch(batch_size: int | None, num_data: int | None, N: int, caller: str) -> None:
@@ -71,8 +53,7 @@ def subsample(X, y, batch_size, caller, num_data, with_replacement_above):
     the caller, e.g. from host memory; the likelihood is scaled by ``num_data / len(X)``).
     Above ``with_replacement_above`` points (the factories pass
     :data:`numpyro_dgp.models.WITH_REPLACEMENT_ABOVE`) the indices are drawn with
-    replacement; below, by NumPyro's function compiled once per shape (the same indices; run
-    eagerly, in ``svi.init``, NumPyro's loop would compile on every call)."""
+    replacement; below, by NumPyro's function."""
     N = X.shape[0]
     _check_minibatch(batch_size, num_data, N, caller)
     if num_data is not None:
@@ -85,8 +66,7 @@ def subsample(X, y, batch_size, caller, num_data, with_replacement_above):
         with _plate_indices("data", jax.random.randint(key, (subsample_size,), 0, N)):
             data = numpyro.plate("data", N, subsample_size=subsample_size)
     else:
-        with _compiled_subsample("data"):
-            data = numpyro.plate("data", N, subsample_size=subsample_size)
+        data = numpyro.plate("data", N, subsample_size=subsample_size)
     with data:
         X_batch = numpyro.subsample(X, event_dim=1)
         y_batch = (

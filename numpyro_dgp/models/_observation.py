@@ -13,7 +13,7 @@ import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
-from numpyro_dgp._compat import distribution_validation_enabled, filled
+from numpyro_dgp._compat import distribution_validation_enabled
 from numpyro_dgp._validation import (
     check_choice,
     check_positive_int,
@@ -131,7 +131,7 @@ class Observation(NamedTuple):
         if name == "gaussian":
             noise = numpyro.param(
                 "noise",
-                filled(self._noise_shape(), self.noise_init, dtype),
+                jnp.full(self._noise_shape(), self.noise_init, dtype),
                 constraint=constraints.positive,
             )
             loc = f[..., 0] if self.num_outputs == 1 else f

@@ -129,19 +129,17 @@ def test_eager_kernel_conditional_and_inverse_are_one_program_per_shape():
     assert _count_lowerings(core.conditional, kernel(Z, X), L, Knn, q_mean, q_sqrt, whiten=False) == 1
 
 
-def test_first_fit_compiles_its_chunk_beside_the_initialization_each_once(problem):
-    # fit lowers the initialization, then compiles it in a second thread while it traces and
-    # compiles the chunk function here; the calls that follow must reuse both compilations
+def test_first_fit_compiles_its_initialization_and_its_chunk_each_once(problem):
+    # one program for the initialization, one for the chunk function, in this thread; the calls
+    # that follow must reuse both compilations
     _, X, y = problem
     model = models.deep_gp_regression(num_layers=1, num_inducing=7)  # fresh: nothing cached
     svi = SVI(model, guides.AutoFactorizedDGP(model), optax.adam(0.01), nd.DGPElbo())
     with compiled_programs() as compiled:
         result = nd.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=20, chunk_size=10, progress_bar=False)
     names = [name for name, _ in compiled]
-    assert names.count("jit(run_chunk)") == 1 and names.count("jit(compiled)") == 1, compiled
-    threads = dict(compiled)
-    assert threads["jit(compiled)"] == "numpyro_dgp-init-compile", compiled
-    assert threads["jit(run_chunk)"] == threading.main_thread().name, compiled
+    assert names.count("jit(_run_chunk)") == 1 and names.count("jit(_compiled_init)") == 1, compiled
+    assert {thread for _, thread in compiled} == {threading.main_thread().name}, compiled
     assert result.compile_seconds > 0
     # the same losses as a fit from a state initialized on its own
     state = nd.infer.init(svi, jax.random.PRNGKey(0), X, y)
@@ -150,11 +148,9 @@ def test_first_fit_compiles_its_chunk_beside_the_initialization_each_once(proble
 
 
 @pytest.mark.parametrize("placed", ["committed X", "data_parallel"])
-def test_a_fit_whose_state_comes_out_placed_compiles_its_chunk_once_after_the_initialization(
-    problem, placed
-):
+def test_a_fit_whose_state_comes_out_placed_compiles_its_chunk_once(problem, placed):
     # inputs committed to a device, or a model with a placement, give a state committed to
-    # the device: the chunk lowered for the shapes alone would be compiled a second time
+    # the device: the chunk is compiled once, for the placed state
     _, X, y = problem
     model = models.deep_gp_regression(num_layers=1, num_inducing=6)  # fresh: nothing cached
     if placed == "committed X":
@@ -165,7 +161,7 @@ def test_a_fit_whose_state_comes_out_placed_compiles_its_chunk_once_after_the_in
     svi = SVI(fit_model, guides.AutoFactorizedDGP(model), optax.adam(0.01), nd.DGPElbo())
     with compiled_programs() as compiled:
         result = nd.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=10, chunk_size=10, progress_bar=False)
-    assert [name for name, _ in compiled].count("jit(run_chunk)") == 1, compiled
+    assert [name for name, _ in compiled].count("jit(_run_chunk)") == 1, compiled
     assert {thread for _, thread in compiled} == {threading.main_thread().name}, compiled
     assert np.all(np.isfinite(result.losses))
 
@@ -173,9 +169,8 @@ def test_a_fit_whose_state_comes_out_placed_compiles_its_chunk_once_after_the_in
 def test_a_step_that_cannot_be_traced_fails_at_the_chunk_s_compile_not_at_initialization(
     problem, monkeypatch
 ):
-    # the chunk compiled beside the initialization is best effort: its failure is raised by
-    # the chunk's own compile afterwards, never by the initialization (which would look for a
-    # layer to blame)
+    # the step's failure is raised by the chunk's compile, never by the initialization (which
+    # would look for a layer to blame)
     from numpyro_dgp.infer import _fit
 
     class Untraceable(nd.DGPElbo):
@@ -190,44 +185,3 @@ def test_a_step_that_cannot_be_traced_fails_at_the_chunk_s_compile_not_at_initia
     with pytest.raises(ValueError, match="the step cannot be traced"):
         nd.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=2, progress_bar=False)
     assert blamed == []
-    # a compile that fails beside the initialization is done again after it
-    lower_chunk, lowered = _fit._lower_chunk, []
-
-    class FailsToCompile:
-        def compile(self):
-            raise RuntimeError("out of memory while compiling")
-
-    def first_fails(*args):
-        lowered.append(1)
-        return FailsToCompile() if len(lowered) == 1 else lower_chunk(*args)
-
-    monkeypatch.setattr(_fit, "_lower_chunk", first_fails)
-    svi = SVI(model, guides.AutoFactorizedDGP(model), optax.adam(0.01), nd.DGPElbo())
-    result = nd.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=2, progress_bar=False)
-    assert len(lowered) == 2 and blamed == [] and np.all(np.isfinite(result.losses))
-
-
-def test_compile_beside_raises_either_side_s_failure():
-    from numpyro_dgp.infer._init import _compile_beside
-
-    class Lowered:
-        def __init__(self, fails):
-            self.fails = fails
-
-        def compile(self):
-            if self.fails:
-                raise RuntimeError("the initialization's compile failed")
-
-    def alongside(fails):
-        def trace(shapes):
-            if fails:
-                raise ValueError("the chunk's trace failed")
-            return lambda: None
-
-        return trace
-
-    with pytest.raises(RuntimeError, match="initialization's compile failed"):
-        _compile_beside(Lowered(True), lambda: None, alongside(False))
-    with pytest.raises(ValueError, match="chunk's trace failed"):
-        _compile_beside(Lowered(False), lambda: None, alongside(True))
-    _compile_beside(Lowered(False), lambda: None, alongside(False))

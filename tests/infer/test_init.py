@@ -58,42 +58,11 @@ def test_compiled_init_is_kept_per_svi_and_reused():
     model = dgp.models.deep_gp_regression(2, num_inducing=5, hidden_width=2)
     svi = SVI(model, dgp.guides.AutoFactorizedDGP(model), numpyro.optim.Adam(0.01), dgp.DGPElbo())
     a = init(svi, jax.random.PRNGKey(0), X, y)
-    compiled = _init._INITS.get(svi, ((None, None), (), True))
-    assert compiled is not None
+    compiled = _init._compiled_init._cache_size()
     b = init(svi, jax.random.PRNGKey(0), X, y)  # same key: the same state, from the same program
-    assert _init._INITS.get(svi, ((None, None), (), True)) is compiled
+    assert _init._compiled_init._cache_size() == compiled
     for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         np.testing.assert_array_equal(u, v)
-
-
-def test_compiled_init_traces_the_factors_values_only(monkeypatch):
-    """The compiled initialization is never differentiated: it traces K(Z, Z)'s factor as an
-    eager svi.init runs it, not the blocked factorization with its derivative rules, which the
-    training step traced afterwards does take."""
-    import numpyro
-    from numpyro.infer import SVI
-
-    import numpyro_dgp as dgp
-    from numpyro_dgp._layers import inducing
-    from numpyro_dgp.infer import _init
-    from tests.init_reference_models import _data
-
-    calls = []
-    library_route = inducing.jittered_factor
-
-    def counted(*args):
-        calls.append(args[1].shape)
-        return library_route(*args)
-
-    monkeypatch.setattr(inducing, "jittered_factor", counted)
-    X, y = _data()
-    model = dgp.models.deep_gp_regression(2, num_inducing=9, hidden_width=2)
-    svi = SVI(model, dgp.guides.AutoFactorizedDGP(model), numpyro.optim.Adam(0.01), dgp.DGPElbo())
-    state = init(svi, jax.random.PRNGKey(0), X, y)
-    assert _init._INITS.get(svi, ((None, None), (), True)) is not None  # the compiled path ran
-    assert calls == []
-    jax.make_jaxpr(lambda s: svi.update(s, X, y))(state)
-    assert calls == [(9, 3), (9, 2)]
 
 
 def test_a_minibatch_smaller_than_num_inducing_initializes_alike():
