@@ -67,7 +67,7 @@ _ATTRIBUTES = {
     "sample_layers": "_predict.prediction",
     "ModelFileError": "_saved_model",
     "SavedModel": "_saved_model",
-    "Standardization": "_persist.standardization",
+    "Standardization": "_saved_model",
     "load_model": "_saved_model",
     "predictive_quantiles": "_predict.quantiles",
     "save_model": "_saved_model",

@@ -26,27 +26,19 @@ All arrays are returned as NumPy arrays (``float64`` unless asked otherwise); pa
 from __future__ import annotations
 
 import os
-from typing import Callable, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from numpy.typing import DTypeLike
 
-from numpyro_dgp._persist import uci_files as _uci_files
 from numpyro_dgp._persist.tables import Table, read_table
-from numpyro_dgp._persist.uci_files import (
-    check_split,
-    dataset_dir,
-    default_data_dir,
-    num_uci_splits,
-    parse_splits,
-    read_features_and_target,
-    read_indices,
-    resolve_uci_name,
-    standardize_stats,
-)
-from numpyro_dgp._validation import check_choice
+
+if TYPE_CHECKING:
+    import jax
+
+# NumPy only at import: the command line checks its data directory, data set, splits and tables
+# with this module before it imports JAX (the toy problems import it when they run).
 
 __all__ = [
     "Dataset",
@@ -68,11 +60,6 @@ __all__ = [
     "Table",
     "read_table",
 ]
-
-
-# ----------------------------------------------------------------------------------------
-# Containers
-# ----------------------------------------------------------------------------------------
 
 
 class Dataset(NamedTuple):
@@ -146,33 +133,17 @@ class UCISplit(NamedTuple):
 # ----------------------------------------------------------------------------------------
 
 
-def _check_rng_key(rng_key: jax.Array) -> np.ndarray:
-    """Four ``uint32`` words drawn with ``rng_key`` (the seed of a NumPy generator).
+def _toy_problem(
+    rng_key: jax.Array,
+    fn: Callable[[np.ndarray], np.ndarray],
+    name: str,
+    num_train: int,
+    num_test: int,
+    noise_std: float,
+) -> Dataset:
+    import jax
+    import jax.numpy as jnp
 
-    :raises TypeError: ``rng_key`` is not a JAX PRNG key.
-    """
-    # jax.random.bits accepts both raw uint32 keys (PRNGKey) and typed keys (key).
-    try:
-        return np.asarray(jax.random.bits(rng_key, (4,), jnp.uint32))
-    except Exception as err:  # noqa: BLE001 - re-raised with a clearer message
-        raise TypeError(
-            f"rng_key must be a JAX PRNG key (jax.random.key or jax.random.PRNGKey), "
-            f"got {type(rng_key).__name__}: {err}"
-        ) from err
-
-
-def _numpy_rng(rng_key: jax.Array) -> np.random.Generator:
-    # Seed a NumPy generator from the JAX key so the data are float64 and reproducible
-    # whether or not jax_enable_x64 is set (jax.random would give float32 without it).
-    seed = _check_rng_key(rng_key)
-    return np.random.default_rng([int(s) for s in seed])
-
-
-def _check_toy_args(num_train: int, num_test: int, noise_std: float) -> None:
-    """Raise unless the sizes are positive integers and ``noise_std`` a finite number >= 0.
-
-    :raises ValueError: otherwise.
-    """
     for arg_name, value in (("num_train", num_train), ("num_test", num_test)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{arg_name} must be a positive integer, got {value!r}")
@@ -182,18 +153,17 @@ def _check_toy_args(num_train: int, num_test: int, noise_std: float) -> None:
         noise_ok = False
     if not noise_ok:
         raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
-
-
-def _toy_problem(
-    rng_key: jax.Array,
-    fn: Callable[[np.ndarray], np.ndarray],
-    name: str,
-    num_train: int,
-    num_test: int,
-    noise_std: float,
-) -> Dataset:
-    _check_toy_args(num_train, num_test, noise_std)
-    rng = _numpy_rng(rng_key)
+    # Seed a NumPy generator from the JAX key so the data are float64 and reproducible
+    # whether or not jax_enable_x64 is set (jax.random would give float32 without it);
+    # jax.random.bits accepts both raw uint32 keys (PRNGKey) and typed keys (key).
+    try:
+        seed = np.asarray(jax.random.bits(rng_key, (4,), jnp.uint32))
+    except Exception as err:  # noqa: BLE001 - re-raised with a clearer message
+        raise TypeError(
+            f"rng_key must be a JAX PRNG key (jax.random.key or jax.random.PRNGKey), "
+            f"got {type(rng_key).__name__}: {err}"
+        ) from err
+    rng = np.random.default_rng([int(s) for s in seed])
     x_train = rng.uniform(-1.0, 1.0, size=num_train)
     # Evenly spaced test inputs make predictive plots and test metrics easy to read.
     x_test = np.linspace(-1.0, 1.0, num_test)
@@ -208,18 +178,6 @@ def _toy_problem(
         y_test=y_test.astype(np.float64),
         name=name,
     )
-
-
-def _step(x: np.ndarray) -> np.ndarray:
-    return np.where(x >= 0.0, 1.0, -1.0)
-
-
-def _sine(x: np.ndarray) -> np.ndarray:
-    return np.sin(np.pi * x)
-
-
-def _identity(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x, dtype=np.float64).copy()
 
 
 def step_function(
@@ -238,7 +196,9 @@ def step_function(
     :return: :class:`Dataset` with ``X_train (num_train, 1)``, ``y_train (num_train,)``,
         ``X_test (num_test, 1)``, ``y_test (num_test,)``, all ``float64``; name ``"step"``.
     """
-    return _toy_problem(rng_key, _step, "step", num_train, num_test, noise_std)
+    return _toy_problem(
+        rng_key, lambda x: np.where(x >= 0.0, 1.0, -1.0), "step", num_train, num_test, noise_std
+    )
 
 
 def sine(
@@ -254,7 +214,9 @@ def sine(
     :return: :class:`Dataset` with ``X_train (num_train, 1)``, ``y_train (num_train,)``,
         ``X_test (num_test, 1)``, ``y_test (num_test,)``, all ``float64``; name ``"sine"``.
     """
-    return _toy_problem(rng_key, _sine, "sine", num_train, num_test, noise_std)
+    return _toy_problem(
+        rng_key, lambda x: np.sin(np.pi * x), "sine", num_train, num_test, noise_std
+    )
 
 
 def identity(
@@ -270,7 +232,7 @@ def identity(
         ``X_test (num_test, 1)``, ``y_test (num_test,)``, all ``float64``; name
         ``"identity"``.
     """
-    return _toy_problem(rng_key, _identity, "identity", num_train, num_test, noise_std)
+    return _toy_problem(rng_key, np.copy, "identity", num_train, num_test, noise_std)
 
 
 #: Toy problems by name; each is called as ``fn(rng_key, num_train=..., num_test=...,
@@ -287,13 +249,224 @@ TOY_PROBLEMS: dict[str, Callable[..., Dataset]] = {
 # ----------------------------------------------------------------------------------------
 
 #: Canonical names, equal to the folder names under the data directory.
-UCI_DATASETS: tuple[str, ...] = _uci_files.UCI_DATASETS
+UCI_DATASETS: tuple[str, ...] = (
+    "bostonHousing",
+    "concrete",
+    "energy",
+    "kin8nm",
+    "power-plant",
+    "wine-quality-red",
+    "yacht",
+)
 
 #: Accepted short names (matched case-insensitively) -> canonical names.
-UCI_ALIASES: dict[str, str] = _uci_files.UCI_ALIASES
+UCI_ALIASES: dict[str, str] = {
+    "boston": "bostonHousing",
+    "boston-housing": "bostonHousing",
+    "housing": "bostonHousing",
+    "power": "power-plant",
+    "powerplant": "power-plant",
+    "ccpp": "power-plant",
+    "wine": "wine-quality-red",
+    "wine-red": "wine-quality-red",
+    "winered": "wine-quality-red",
+    "red-wine": "wine-quality-red",
+}
 
 #: Environment variable consulted by :func:`default_data_dir`.
-DATA_DIR_ENV_VAR = _uci_files.DATA_DIR_ENV_VAR
+DATA_DIR_ENV_VAR = "NUMPYRO_DGP_DATA"
+
+#: The files of the standard split layout that every data set folder must hold.
+_LAYOUT_FILES = ("data.txt", "index_features.txt", "index_target.txt")
+
+
+def resolve_uci_name(name: str) -> str:
+    """Map a known data set name or alias to its folder name; other names pass unchanged.
+
+    Matching is case-insensitive, so ``"Boston"``, ``"bostonhousing"`` and
+    ``"bostonHousing"`` all give ``"bostonHousing"``. A name that is neither a known set nor
+    an alias (e.g. ``"protein"``) is returned as given: it is looked up as a folder name.
+
+    :param name: a name from :data:`UCI_DATASETS`, an alias from :data:`UCI_ALIASES`, or the
+        name of any folder in the standard layout.
+    :return: the folder name.
+    :raises ValueError: ``name`` is not a non-empty string.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    key = name.strip().lower()
+    for canonical in UCI_DATASETS:
+        if canonical.lower() == key:
+            return canonical
+    return UCI_ALIASES.get(key, name.strip())
+
+
+def default_data_dir(data_dir: os.PathLike | str | None = None) -> Path:
+    """The folder that holds the data sets: ``data_dir``, else ``$NUMPYRO_DGP_DATA``.
+
+    There is no built-in default: the data live wherever you keep them. An explicit argument
+    or a set environment variable that points nowhere is an error rather than being skipped,
+    so a typo never silently loads other data.
+
+    :param data_dir: explicit data directory, or ``None`` to read the environment variable.
+    :return: absolute path of the data directory.
+    :raises FileNotFoundError: the directory does not exist, or neither is given.
+    """
+    env_value = os.environ.get(DATA_DIR_ENV_VAR, "")
+    if data_dir is None and not env_value:
+        raise FileNotFoundError(
+            "no data directory given: pass data_dir= (--data-dir on the command line), set the "
+            f"{DATA_DIR_ENV_VAR} environment variable, or pass the path of a data set folder"
+        )
+    path = Path(env_value if data_dir is None else data_dir).expanduser()
+    if data_dir is not None and not path.is_dir():
+        raise FileNotFoundError(f"data_dir={str(path)!r} is not an existing directory")
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"{DATA_DIR_ENV_VAR}={env_value!r} is not an existing directory; "
+            f"fix it, unset it, or pass --data-dir"
+        )
+    return path.resolve()
+
+
+def _dataset_dir(name: str | os.PathLike, data_dir: os.PathLike | str | None) -> tuple[str, Path]:
+    """``(name, folder)`` of a data set given by path, or by name under the data directory.
+
+    :raises FileNotFoundError: no such folder, or one without the files of the split layout.
+    """
+    if isinstance(name, os.PathLike) or (
+        isinstance(name, str) and (os.sep in name or name.startswith("~"))
+    ):
+        folder = Path(name).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"data set folder {str(folder)!r} does not exist")
+        missing = [f for f in _LAYOUT_FILES if not (folder / f).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{str(folder)!r} is not a folder in the standard split layout: it lacks "
+                f"{missing} (expected data.txt, index_features.txt, index_target.txt, "
+                "index_train_<i>.txt, index_test_<i>.txt)"
+            )
+        return folder.resolve().name, folder.resolve()
+    canonical = resolve_uci_name(name)
+    base = default_data_dir(data_dir)
+    folder = base / canonical
+    if not folder.is_dir():
+        available = sorted(
+            p.name for p in base.iterdir() if all((p / f).is_file() for f in _LAYOUT_FILES)
+        )
+        raise FileNotFoundError(
+            f"data set folder for name={canonical!r} not found: {folder} does not exist "
+            f"(data sets in {str(base)!r}: {', '.join(available) or 'none'})"
+        )
+    return canonical, folder
+
+
+def num_uci_splits(name: os.PathLike | str, data_dir: os.PathLike | str | None = None) -> int:
+    """Number of train/test splits of a data set (20 for the standard sets).
+
+    :param name: data set name or alias under the data directory, or a folder path.
+    :param data_dir: data directory; see :func:`default_data_dir`.
+    :return: number of splits, read from ``n_splits.txt`` where the folder has one, else the
+        number of ``index_train_<i>.txt`` files.
+    :raises ValueError: an ``n_splits.txt`` that does not hold a positive integer.
+    :raises FileNotFoundError: no such data set, or no split files.
+    """
+    _, folder = _dataset_dir(name, data_dir)
+    path = folder / "n_splits.txt"
+    if not path.is_file():
+        count = len(list(folder.glob("index_train_*.txt")))
+        if count == 0:
+            raise FileNotFoundError(f"{folder} holds no index_train_<i>.txt split files")
+        return count
+    text = path.read_text().strip()
+    try:
+        value = float(text.split()[0])
+    except (ValueError, IndexError) as err:
+        raise ValueError(f"split count file {path} does not hold a number: {text!r}") from err
+    if value != int(value) or value < 1:
+        raise ValueError(f"split count file {path} must hold a positive integer, got {text!r}")
+    return int(value)
+
+
+def _read_numbers(path: Path, kind: str, ndmin: int) -> np.ndarray:
+    """The numbers of the text file ``path`` (``kind``: "index" or "data" in messages); a
+    missing file, one that does not parse as numbers or holds none is refused."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{kind} file {path} does not exist")
+    try:
+        numbers = np.loadtxt(path, dtype=np.float64, ndmin=ndmin)
+    except ValueError as err:
+        raise ValueError(f"{kind} file {path} could not be parsed as numbers: {err}") from err
+    if numbers.size == 0:
+        raise ValueError(f"{kind} file {path} is empty")
+    return numbers
+
+
+def _read_indices(path: Path, upper: int | None = None) -> np.ndarray:
+    """The 0-based ``int64`` indices of a whitespace-separated index file (``3.0`` read as 3),
+    checked to be whole, non-negative and below ``upper`` (where given).
+
+    :raises ValueError: otherwise.
+    """
+    raw = _read_numbers(path, "index", 1).reshape(-1)
+    if not np.all(np.isfinite(raw)) or not np.all(raw == np.round(raw)):
+        raise ValueError(f"index file {path} holds non-integer indices")
+    idx = raw.astype(np.int64)
+    if np.any(idx < 0):
+        raise ValueError(f"index file {path} holds negative indices (they must be 0-based)")
+    if upper is not None and np.any(idx >= upper):
+        raise ValueError(
+            f"index file {path} holds index {int(idx.max())} but only {upper} are valid"
+        )
+    return idx
+
+
+def _features_and_target(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(X, y)`` of the data set in ``folder``, by its feature and target indices.
+
+    :raises ValueError: rows with NaN or inf, or a target that is not one column apart from
+        the features.
+    """
+    data = _read_numbers(folder / "data.txt", "data", 2)
+    bad_rows = np.flatnonzero(~np.all(np.isfinite(data), axis=1))
+    if bad_rows.size:
+        shown = ", ".join(str(int(r)) for r in bad_rows[:5])
+        more = "" if bad_rows.size <= 5 else f" and {bad_rows.size - 5} more"
+        raise ValueError(
+            f"data file {folder / 'data.txt'} has {bad_rows.size} row(s) with NaN/inf values "
+            f"(0-based rows {shown}{more})"
+        )
+    features = _read_indices(folder / "index_features.txt", data.shape[1])
+    target = _read_indices(folder / "index_target.txt", data.shape[1])
+    if target.size != 1:
+        raise ValueError(
+            f"index file {folder / 'index_target.txt'} must hold exactly one column, "
+            f"got {target.size}"
+        )
+    if target[0] in features:
+        raise ValueError(
+            f"target column {int(target[0])} is also listed in {folder / 'index_features.txt'}"
+        )
+    return data[:, features], data[:, target[0]]
+
+
+def _split_files(
+    name: os.PathLike | str, split: int, data_dir: os.PathLike | str | None
+) -> tuple[str, Path, int]:
+    """``(name, folder, split)`` of a split the data set has.
+
+    :raises ValueError: ``split`` is not an integer, or out of range.
+    """
+    canonical, folder = _dataset_dir(name, data_dir)
+    n_splits = num_uci_splits(folder)
+    if isinstance(split, bool) or not isinstance(split, (int, np.integer)):
+        raise ValueError(f"split must be an integer, got {type(split).__name__}")
+    if not 0 <= split < n_splits:
+        raise ValueError(
+            f"split={split} is out of range for {canonical!r}: valid splits are 0..{n_splits - 1}"
+        )
+    return canonical, folder, int(split)
 
 
 def uci_split_indices(
@@ -307,37 +480,19 @@ def uci_split_indices(
     :return: ``(train_idx (N,), test_idx (N*,))`` 0-based ``int64`` row indices into
         ``data.txt``.
     """
-    canonical, folder = dataset_dir(name, data_dir)
-    split = check_split(split, num_uci_splits(folder), canonical)
-    train_idx = read_indices(folder / f"index_train_{split}.txt")
-    test_idx = read_indices(folder / f"index_test_{split}.txt")
-    return train_idx, test_idx
+    _, folder, split = _split_files(name, split, data_dir)
+    return (
+        _read_indices(folder / f"index_train_{split}.txt"),
+        _read_indices(folder / f"index_test_{split}.txt"),
+    )
 
 
 def _check_float_dtype(dtype: DTypeLike) -> np.dtype:
-    """``dtype`` as a NumPy dtype, checked to be a floating one.
-
-    :raises ValueError: otherwise.
-    """
+    """``dtype`` as a NumPy dtype, checked to be a floating one (else ``ValueError``)."""
     dtype = np.dtype(dtype)
     if dtype.kind != "f":
         raise ValueError(f"dtype must be a floating dtype, got {dtype}")
     return dtype
-
-
-def _check_disjoint(
-    train_idx: np.ndarray, test_idx: np.ndarray, split: int, canonical: str
-) -> None:
-    """Raise if a row is in both the training and the test indices of ``split``.
-
-    :raises ValueError: naming how many rows are.
-    """
-    overlap = np.intersect1d(train_idx, test_idx)
-    if overlap.size:
-        raise ValueError(
-            f"split={split} of {canonical!r}: {overlap.size} row(s) appear in both "
-            f"index_train_{split}.txt and index_test_{split}.txt"
-        )
 
 
 def load_uci(
@@ -365,13 +520,16 @@ def load_uci(
     :raises FileNotFoundError: missing data directory or files.
     """
     dtype = _check_float_dtype(dtype)
-    canonical, folder = dataset_dir(name, data_dir)
-    split = check_split(split, num_uci_splits(folder), canonical)
-    X, y, num_rows = read_features_and_target(folder)
-
-    train_idx = read_indices(folder / f"index_train_{split}.txt", upper=num_rows)
-    test_idx = read_indices(folder / f"index_test_{split}.txt", upper=num_rows)
-    _check_disjoint(train_idx, test_idx, split, canonical)
+    canonical, folder, split = _split_files(name, split, data_dir)
+    X, y = _features_and_target(folder)
+    train_idx = _read_indices(folder / f"index_train_{split}.txt", X.shape[0])
+    test_idx = _read_indices(folder / f"index_test_{split}.txt", X.shape[0])
+    overlap = np.intersect1d(train_idx, test_idx)
+    if overlap.size:
+        raise ValueError(
+            f"split={split} of {canonical!r}: {overlap.size} row(s) appear in both "
+            f"index_train_{split}.txt and index_test_{split}.txt"
+        )
     return _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split)
 
 
@@ -403,27 +561,6 @@ def random_uci_split(
     :raises ValueError: fractions out of range, an empty held-out part, an unknown ``part``
         or a non-floating ``dtype``.
     """
-    dtype = _check_random_split_args(dtype, train_fraction, test_fraction, part)
-    canonical, folder = dataset_dir(name, data_dir)
-    X, y, num_rows = read_features_and_target(folder)
-    perm = np.random.default_rng(int(seed)).permutation(num_rows)
-    num_train = int(round(train_fraction * num_rows))
-    num_test = min(int(round(test_fraction * num_rows)), num_rows - num_train)
-    train_idx = perm[:num_train]
-    held_out_idx = (
-        perm[num_train : num_train + num_test] if part == "test" else perm[num_train + num_test :]
-    )
-    _check_held_out(held_out_idx, part, train_fraction, test_fraction, num_rows)
-    return _standardized_split(X, y, train_idx, held_out_idx, dtype, canonical, int(seed))
-
-
-def _check_random_split_args(
-    dtype: DTypeLike, train_fraction: float, test_fraction: float, part: str
-) -> np.dtype:
-    """``dtype`` as a floating NumPy dtype, with the fractions and ``part`` checked.
-
-    :raises ValueError: a non-floating dtype, fractions out of range or an unknown ``part``.
-    """
     dtype = _check_float_dtype(dtype)
     # the tolerance lets 0.8 + 0.2 (1.0000000000000002 in floating point) through
     if not (0 < train_fraction < 1 and 0 < test_fraction <= 1 - train_fraction + 1e-12):
@@ -431,30 +568,36 @@ def _check_random_split_args(
             "random_uci_split: need 0 < train_fraction < 1 and 0 < test_fraction <= "
             f"1 - train_fraction, got {train_fraction}, {test_fraction}"
         )
-    check_choice(part, ("test", "validation"), "part", "random_uci_split")
-    return dtype
-
-
-def _check_held_out(
-    held_out_idx: np.ndarray, part: str, train_fraction: float, test_fraction: float, num_rows: int
-) -> None:
-    """Raise if the held-out ``part`` of a random split has no rows.
-
-    :raises ValueError: otherwise.
-    """
+    if part not in ("test", "validation"):
+        raise ValueError(
+            f"random_uci_split: part must be one of ('test', 'validation'), got {part!r}"
+        )
+    canonical, folder = _dataset_dir(name, data_dir)
+    X, y = _features_and_target(folder)
+    num_rows = X.shape[0]
+    perm = np.random.default_rng(int(seed)).permutation(num_rows)
+    num_train = int(round(train_fraction * num_rows))
+    num_test = min(int(round(test_fraction * num_rows)), num_rows - num_train)
+    train_idx = perm[:num_train]
+    held_out_idx = (
+        perm[num_train : num_train + num_test] if part == "test" else perm[num_train + num_test :]
+    )
     if held_out_idx.size == 0:
         raise ValueError(
             f"random_uci_split: the {part} part is empty (train_fraction={train_fraction}, "
             f"test_fraction={test_fraction}, {num_rows} rows)"
         )
+    return _standardized_split(X, y, train_idx, held_out_idx, dtype, canonical, int(seed))
 
 
 def _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split):
     X_train, X_test = X[train_idx], X[test_idx]
     y_train, y_test = y[train_idx], y[test_idx]
 
-    x_mean, x_std = standardize_stats(X_train)
-    y_mean, y_std = standardize_stats(y_train)
+    x_mean, x_std = X_train.mean(axis=0), X_train.std(axis=0)
+    y_mean, y_std = y_train.mean(axis=0), y_train.std(axis=0)
+    # A constant training column would divide by zero; scaling by 1 maps it to zeros.
+    x_std, y_std = np.where(x_std > 0.0, x_std, 1.0), np.where(y_std > 0.0, y_std, 1.0)
 
     return UCISplit(
         X_train=((X_train - x_mean) / x_std).astype(dtype),
@@ -470,9 +613,36 @@ def _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split):
     )
 
 
-# the table reader lives in _tables, the folder lookup and parse_splits in _uci_files (the command
-# line checks its arguments and the data directory without importing JAX); documented and pickled
-# as part of this module
-for _obj in (Table, read_table, parse_splits, resolve_uci_name, default_data_dir, num_uci_splits):
-    _obj.__module__ = __name__
-del _obj
+def parse_splits(text: str) -> list[int]:
+    """Split indices from a command-line string: ``"0-4"`` -> ``[0, 1, 2, 3, 4]``;
+    ``"0,3,7"`` -> ``[0, 3, 7]``; ranges and lists combine (``"0-2,7"``).
+
+    :param text: comma-separated non-negative indices and inclusive ranges ``a-b`` (``a <= b``).
+    :return: the indices in the order given (not sorted, not deduplicated).
+    :raises ValueError: no indices, or a part that is not a non-negative integer or an
+        increasing range (e.g. ``-1``, ``3-1``, ``a``), named in the message.
+    """
+    out: list[int] = []
+    for part in (p.strip() for p in str(text).split(",")):
+        bounds = part.split("-")
+        if not part:
+            continue
+        if not (1 <= len(bounds) <= 2 and all(b.strip().isdigit() for b in bounds)):
+            raise ValueError(
+                f"{part!r} is not a split index or a range: use non-negative integers and "
+                f"inclusive ranges a-b, e.g. '0-4' or '0,3,7' (got {text!r})"
+            )
+        a, b = int(bounds[0]), int(bounds[-1])
+        if b < a:
+            raise ValueError(
+                f"the range {part!r} is empty: write it low-high, e.g. '{b}-{a}' (got {text!r})"
+            )
+        out.extend(range(a, b + 1))
+    if not out:
+        raise ValueError(f"no split indices in {text!r}: use e.g. '0-4' or '0,3,7'")
+    return out
+
+
+# read_table lives in a module of its own (the command line reads tables with it before JAX
+# loads); documented and pickled as part of this module
+Table.__module__ = read_table.__module__ = __name__

@@ -1,7 +1,8 @@
 """Reading and checking a saved model directory (``model.json`` + ``params.npz``, written by
 :func:`numpyro_dgp.save_model`): the file names and format version, the directory, the
 ``model.json`` entries, the parameters' checksum, the model's dtype and the upgrade hint when a
-newer numpyro_dgp wrote it. Raises :class:`ModelFileError`. Below the whole-model save and load
+newer numpyro_dgp wrote it. Raises :class:`ModelFileError`. NumPy only: the command line checks
+its paths and ``model.json`` with these before JAX loads. Below the whole-model save and load
 (``numpyro_dgp._saved_model``), which rebuild the model from what is read here.
 """
 
@@ -14,8 +15,6 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-
 from numpyro_dgp import __version__
 
 __all__ = [
@@ -25,10 +24,8 @@ __all__ = [
     "PARAMS_FILE",
     "ModelFileError",
     "check_model_directory",
-    "check_model_dtype",
     "check_model_output",
     "check_output_place",
-    "check_params_file",
     "newer_library_hint",
     "read_config",
     "sha256",
@@ -56,43 +53,32 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _is_names(value: Any, single: bool = False) -> bool:
+    """``value`` is ``None``, a list of strings or (``single``) one string."""
+    if value is None or (single and isinstance(value, str)):
+        return True
+    return isinstance(value, list) and all(isinstance(n, str) for n in value)
+
+
 def read_config(path: Path) -> dict:
-    """``model.json`` of the model directory ``path``, read and checked."""
-    config_path = path / CONFIG_FILE
-    config = _check_config_json(path, config_path)
-    _check_config(config, path, config_path)
-    return config
+    """``model.json`` of the model directory ``path``, read and checked to describe a model of a
+    format version this library reads, with every entry loading needs.
 
-
-def _check_config_json(path: Path, config_path: Path) -> Any:
-    """The JSON value ``config_path`` (``model.json`` of ``path``) holds.
-
-    :raises ModelFileError: a missing file, or one that is not valid JSON.
+    :raises ModelFileError: a missing file, one that is not valid JSON, or not such a model.
     """
+    config_path = path / CONFIG_FILE
+    shown = repr(str(config_path))
     if not config_path.is_file():
         raise ModelFileError(
             f"load_model: {str(path)!r} has no {CONFIG_FILE} (not a model directory written by "
             "save_model, or an incomplete copy)"
         )
     try:
-        return json.loads(config_path.read_text(encoding="utf-8"))
+        config = json.loads(config_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelFileError(
-            f"load_model: {str(config_path)!r} is corrupted (not valid JSON: {err})"
-        ) from err
-
-
-def _check_config(config: Any, path: Path, config_path: Path) -> None:
-    """Raise unless ``config`` describes a model of a format version this library reads, with
-    every entry loading needs.
-
-    :raises ModelFileError: otherwise.
-    """
+        raise ModelFileError(f"load_model: {shown} is corrupted (not valid JSON: {err})") from err
     if not isinstance(config, dict) or config.get("format") != MODEL_FORMAT:
-        raise ModelFileError(
-            f"load_model: {str(config_path)!r} does not describe a numpyro_dgp model "
-            f"(format {config.get('format') if isinstance(config, dict) else None!r})"
-        )
+        raise ModelFileError(f"load_model: {shown} does not describe a numpyro_dgp model")
     version = config.get("format_version")
     if not isinstance(version, int) or not 1 <= version <= MODEL_FORMAT_VERSION:
         raise ModelFileError(
@@ -102,30 +88,17 @@ def _check_config(config: Any, path: Path, config_path: Path) -> None:
         )
     for key in ("model", "guide", "input_dim", "dtype", "files", "library_version"):
         if key not in config:
-            raise ModelFileError(
-                f"load_model: {str(config_path)!r} is corrupted (no {key!r} entry)"
-            )
-    names = config.get("feature_names")
-    target = config.get("target_name")
-    if not (names is None or (isinstance(names, list) and all(isinstance(n, str) for n in names))):
-        raise ModelFileError(
-            f"load_model: {str(config_path)!r} is corrupted (feature_names {names!r} is not a "
-            "list of names)"
-        )
-    if not (
-        target is None
-        or isinstance(target, str)
-        or (isinstance(target, list) and all(isinstance(n, str) for n in target))
-    ):
-        raise ModelFileError(
-            f"load_model: {str(config_path)!r} is corrupted (target_name {target!r} is not a name "
-            "or a list of names)"
-        )
-    if _version_tuple(config["library_version"]) is None:
-        raise ModelFileError(
-            f"load_model: {str(config_path)!r} is corrupted (library_version "
-            f"{config['library_version']!r} is not a version number)"
-        )
+            raise ModelFileError(f"load_model: {shown} is corrupted (no {key!r} entry)")
+    problem = None
+    if not _is_names(config.get("feature_names")):
+        problem = f"feature_names {config['feature_names']!r} is not a list of names"
+    elif not _is_names(config.get("target_name"), single=True):
+        problem = f"target_name {config['target_name']!r} is not a name or a list of names"
+    elif _version_tuple(config["library_version"]) is None:
+        problem = f"library_version {config['library_version']!r} is not a version number"
+    if problem is not None:
+        raise ModelFileError(f"load_model: {shown} is corrupted ({problem})")
+    return config
 
 
 def _version_tuple(version: Any) -> tuple[int, ...] | None:
@@ -239,37 +212,3 @@ def check_output_place(path: Path, shown: str, inputs: tuple = ()) -> None:
         raise FileNotFoundError(f"{shown}: the directory {str(path.parent)!r} does not exist")
     if not os.access(path.parent, os.W_OK | os.X_OK):
         raise PermissionError(f"{shown}: the directory {str(path.parent)!r} is not writable")
-
-
-def check_params_file(params_path: Path, path: Path, config: Mapping[str, Any]) -> None:
-    """Raise unless ``params.npz`` is there with the checksum ``model.json`` records.
-
-    :raises ModelFileError: a missing file, or another checksum.
-    """
-    if not params_path.is_file():
-        raise ModelFileError(
-            f"load_model: {str(path)!r} has no {PARAMS_FILE} (an incomplete copy?)"
-        )
-    recorded = (config.get("files") or {}).get(PARAMS_FILE) or {}
-    digest = sha256(params_path)
-    if recorded.get("sha256") != digest:
-        raise ModelFileError(
-            f"load_model: {str(params_path)!r} is corrupted or was replaced: its sha256 is "
-            f"{digest}, {CONFIG_FILE} records {recorded.get('sha256')!r}"
-        )
-
-
-def check_model_dtype(config: Mapping[str, Any], path: Path) -> np.dtype:
-    """The model's dtype, checked to be one JAX gives as it is (float64 needs 64-bit mode).
-
-    :raises ValueError: a float64 model while 64-bit mode is off.
-    """
-    import jax  # here: the command line checks its output paths with this module before JAX loads
-
-    dtype = np.dtype(config["dtype"])
-    if dtype == np.float64 and not jax.config.jax_enable_x64:
-        raise ValueError(
-            f"load_model: {str(path)!r} holds a float64 model; call "
-            'jax.config.update("jax_enable_x64", True) before loading it'
-        )
-    return dtype

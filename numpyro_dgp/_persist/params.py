@@ -25,6 +25,7 @@ from numpyro_dgp._validation import concrete
 __all__ = [
     "ParameterMismatchError",
     "check_params",
+    "check_against_model",
     "check_params_against",
     "param_specs",
     "set_up_guide",
@@ -194,7 +195,8 @@ def param_specs(
     :param guide: the guide, or ``None`` (the model's own parameters only).
     :param args: the model's positional arguments.
     :param kwargs: the model's keyword arguments.
-    :return: ``{name: ShapeDtypeStruct}`` (weak types kept, see :func:`_compatible`).
+    :return: ``{name: ShapeDtypeStruct}`` (weak types kept: a Python-number initial value takes any
+        dtype of its kind).
     """
     owner = model if guide is None else guide
     # the prototype records this model only if the guide was built on it
@@ -254,16 +256,6 @@ def param_specs(
     return specs
 
 
-def _compatible(given_dtype: np.dtype, spec: jax.ShapeDtypeStruct) -> bool:
-    if given_dtype == spec.dtype:
-        return True
-    # a Python-number initial value (weakly typed) takes any dtype of its kind
-    return (
-        bool(getattr(spec, "weak_type", False))
-        and np.dtype(given_dtype).kind == np.dtype(spec.dtype).kind
-    )
-
-
 def check_params_against(
     specs: Mapping[str, jax.ShapeDtypeStruct],
     params: Mapping[str, Any],
@@ -300,23 +292,44 @@ def check_params_against(
         if name not in specs:
             continue
         spec = specs[name]
-        shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-        if shape is None or dtype is None:
-            if isinstance(value, Mapping):
-                mismatched[name] = ("a nested dict", _describe(spec.shape, spec.dtype))
-                continue
-            value = np.asarray(value)
-            shape, dtype = value.shape, value.dtype
-        shape = tuple(shape)[leading:]
-        if shape != tuple(spec.shape) or not _compatible(np.dtype(dtype), spec):
-            mismatched[name] = (_describe(shape, dtype), _describe(spec.shape, spec.dtype))
+        if isinstance(value, Mapping):
+            mismatched[name] = ("a nested dict", _describe(spec.shape, spec.dtype))
             continue
-        if require_finite and np.issubdtype(np.dtype(dtype), np.inexact):
+        if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            value = np.asarray(value)
+        shape, dtype = tuple(value.shape)[leading:], np.dtype(value.dtype)
+        # a Python-number initial value (weakly typed) takes any dtype of its kind
+        same_kind = getattr(spec, "weak_type", False) and dtype.kind == np.dtype(spec.dtype).kind
+        if shape != tuple(spec.shape) or not (dtype == spec.dtype or same_kind):
+            mismatched[name] = (_describe(shape, dtype), _describe(spec.shape, spec.dtype))
+        elif require_finite and np.issubdtype(dtype, np.inexact):
             array = concrete(value)
             if array is not None and not np.all(np.isfinite(array)):
                 non_finite.append(name)
     if missing or unexpected or mismatched or non_finite:
         raise ParameterMismatchError(caller, missing, unexpected, mismatched, non_finite, hint)
+
+
+def check_against_model(
+    model: Callable,
+    guide: Callable | None,
+    params: Mapping[str, Any],
+    args: tuple,
+    kwargs: dict,
+    strict: bool,
+    caller: str,
+) -> None:
+    """:func:`check_params` with the caller named in the message (``load_params`` runs it)."""
+    if guide is not None:
+        set_up_guide(guide, jax.random.PRNGKey(0), args, kwargs)
+    check_params_against(
+        param_specs(model, guide, args, kwargs),
+        params,
+        caller,
+        allow_missing=not strict,
+        allow_unexpected=not strict,
+        hint=STRICT_HINT,
+    )
 
 
 def check_params(
@@ -345,17 +358,7 @@ def check_params(
     :param kwargs: the model's keyword arguments.
     :raises ParameterMismatchError: listing missing, unexpected and mis-shaped entries.
     """
-    if guide is not None:
-        set_up_guide(guide, jax.random.PRNGKey(0), args, kwargs)
-    specs = param_specs(model, guide, args, kwargs)
-    check_params_against(
-        specs,
-        params,
-        "check_params",
-        allow_missing=not strict,
-        allow_unexpected=not strict,
-        hint=STRICT_HINT,
-    )
+    check_against_model(model, guide, params, args, kwargs, strict, "check_params")
 
 
 #: the closing sentence of errors that ``strict=False`` would relax

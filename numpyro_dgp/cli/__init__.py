@@ -126,7 +126,7 @@ def _check_uci_splits(dataset: str, data_dir: str | None, splits: list[int]) -> 
     :raises FileNotFoundError: no such data set (see :func:`~numpyro_dgp.datasets.num_uci_splits`).
     :raises SystemExit: a split index the data set does not have.
     """
-    from numpyro_dgp._persist.uci_files import num_uci_splits
+    from numpyro_dgp.datasets import num_uci_splits
 
     available = num_uci_splits(dataset, data_dir)
     bad = [s for s in splits if not 0 <= s < available]

@@ -10,7 +10,7 @@ from typing import Callable
 
 
 def _parse_splits(text: str) -> list[int]:
-    from numpyro_dgp._persist.uci_files import parse_splits  # not datasets: that imports JAX
+    from numpyro_dgp.datasets import parse_splits  # NumPy only: before JAX loads
 
     try:
         return parse_splits(text)
