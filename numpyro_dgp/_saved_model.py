@@ -55,13 +55,7 @@ from numpyro_dgp._protocol import model_config
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.io import load_params
 
-__all__ = [
-    "ModelFileError",
-    "SavedModel",
-    "Standardization",
-    "load_model",
-    "save_model",
-]
+__all__ = ["ModelFileError", "SavedModel", "Standardization", "load_model", "save_model"]
 
 #: the factories a saved model can name
 _FACTORIES = ("deep_gp_regression", "diffgp", "amortized_dgp")
@@ -73,17 +67,8 @@ _GUIDE_OPTIONS = {
     "AutoFactorizedDGP": _OPTIONS,
     "AutoJointDGP": _OPTIONS,
     "AutoChainDGP": _OPTIONS,
-    "AutoAmortizedDGP": (
-        "rule",
-        "num_branches",
-        "covariance",
-        "hidden_width",
-        "num_hidden",
-        "init_scale",
-        "learn_points",
-        "inner_init",
-        "prefix",
-    ),
+    "AutoAmortizedDGP": ("rule", "num_branches", "covariance", "hidden_width", "num_hidden")
+    + ("init_scale", "learn_points", "inner_init", "prefix"),
 }
 
 
@@ -540,16 +525,10 @@ class SavedModel:
         s = None if standardized else self.standardization
         if s is not None:
             X = s.inputs(X)
-        prediction = predict(
-            self.model,
-            self.guide,
-            self.params,
-            jax.random.PRNGKey(0) if rng_key is None else rng_key,
-            jnp.asarray(X, dtype=self.config["dtype"]),
-            num_samples=num_samples,
-            batch_size=batch_size,
-            keep_layers=keep_layers,
-        )
+        key = jax.random.PRNGKey(0) if rng_key is None else rng_key
+        X = jnp.asarray(X, dtype=self.config["dtype"])
+        options = {"num_samples": num_samples, "batch_size": batch_size, "keep_layers": keep_layers}
+        prediction = predict(self.model, self.guide, self.params, key, X, **options)
         return prediction if s is None else s.to_data_units(prediction)
 
 

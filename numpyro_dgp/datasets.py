@@ -147,11 +147,7 @@ def _toy_problem(
     for arg_name, value in (("num_train", num_train), ("num_test", num_test)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{arg_name} must be a positive integer, got {value!r}")
-    try:
-        noise_ok = bool(np.isfinite(noise_std)) and noise_std >= 0
-    except TypeError:
-        noise_ok = False
-    if not noise_ok:
+    if not (isinstance(noise_std, (int, float, np.number)) and 0 <= noise_std < np.inf):
         raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
     # Seed a NumPy generator from the JAX key so the data are float64 and reproducible
     # whether or not jax_enable_x64 is set (jax.random would give float32 without it);
@@ -171,13 +167,7 @@ def _toy_problem(
     # log-likelihoods measure calibration against the generating process.
     y_train = fn(x_train) + noise_std * rng.standard_normal(num_train)
     y_test = fn(x_test) + noise_std * rng.standard_normal(num_test)
-    return Dataset(
-        X_train=x_train[:, None].astype(np.float64),
-        y_train=y_train.astype(np.float64),
-        X_test=x_test[:, None].astype(np.float64),
-        y_test=y_test.astype(np.float64),
-        name=name,
-    )
+    return Dataset(x_train[:, None], y_train, x_test[:, None], y_test, name)
 
 
 def step_function(

@@ -161,28 +161,21 @@ def write_atomically(path: Path, write: Callable[[Any], object], binary: bool = 
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
-        umask = os.umask(0o022)  # NamedTemporaryFile creates 0600 files; open() would not
+        umask = os.umask(0o022)  # mkstemp creates 0600 files; open() would not
         os.umask(umask)
         mode = 0o666 & ~umask
-    tmp = tempfile.NamedTemporaryFile(
-        mode="wb" if binary else "w",
-        encoding=None if binary else "utf-8",
-        newline=None if binary else "",
-        delete=False,
-        dir=path.parent,
-        prefix=f".{path.name}.",
-        suffix=".tmp",
-    )
+    text = {} if binary else {"encoding": "utf-8", "newline": ""}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with tmp:
-            write(tmp)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.chmod(tmp.name, mode)
-        os.replace(tmp.name, path)
+        with open(fd, "wb" if binary else "w", **text) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp.name)
+            os.unlink(tmp)
         raise
     if os.name == "posix":  # makes the rename itself durable
         with contextlib.suppress(OSError):

@@ -17,20 +17,6 @@ from typing import Any, Mapping
 
 from numpyro_dgp import __version__
 
-__all__ = [
-    "CONFIG_FILE",
-    "MODEL_FORMAT",
-    "MODEL_FORMAT_VERSION",
-    "PARAMS_FILE",
-    "ModelFileError",
-    "check_model_directory",
-    "check_model_output",
-    "check_output_place",
-    "newer_library_hint",
-    "read_config",
-    "sha256",
-]
-
 #: the format name and version written into ``model.json``
 MODEL_FORMAT = "numpyro_dgp.model"
 MODEL_FORMAT_VERSION = 1

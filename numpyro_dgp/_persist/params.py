@@ -22,16 +22,6 @@ from numpyro import handlers
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._validation import concrete
 
-__all__ = [
-    "ParameterMismatchError",
-    "check_params",
-    "check_against_model",
-    "check_params_against",
-    "param_specs",
-    "set_up_guide",
-    "training_arguments",
-]
-
 #: entries of each kind listed in an error message before "... and N more"
 _MAX_LISTED = 12
 
