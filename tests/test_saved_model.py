@@ -150,6 +150,45 @@ def test_library_versions_are_checked(saved, tmp_path):
         dgp.load_model(target)
 
 
+def test_a_model_json_this_library_cannot_build_is_refused(saved, tmp_path):
+    target = _copy(saved[0], tmp_path)
+    config = json.loads((target / "model.json").read_text())
+    kernel = config["model"]["arguments"]["kernel"]
+    for changed, match in [
+        (dict(config, format="other.model"), "does not describe a numpyro_dgp model"),
+        (dict(config, model=dict(config["model"], factory="my_factory")), "unknown model factory 'my_factory'"),
+        (dict(config, guide=dict(config["guide"], **{"class": "MyGuide"})), "guide class 'MyGuide'"),
+        (dict(config, model=dict(config["model"], arguments=dict(
+            config["model"]["arguments"], kernel={"__kernel__": dict(kernel["__kernel__"], type="Nope")}))),
+         "cannot build: unknown kernel type 'Nope'"),
+        (dict(config, model=dict(config["model"], arguments=dict(config["model"]["arguments"], kernel={"x": 1}))),
+         "cannot build: unknown encoded value"),
+    ]:
+        (target / "model.json").write_text(json.dumps(changed))
+        with pytest.raises(dgp.ModelFileError, match=match):
+            dgp.load_model(target)
+    with pytest.raises(dgp.ModelFileError, match="is a file; a model is a directory"):
+        dgp.load_model(target / "model.json")
+
+
+def test_save_model_refuses_what_it_cannot_record(tmp_path):
+    model = dgp.models.deep_gp_regression(1, num_inducing=2)
+    guide = dgp.guides.AutoFactorizedDGP(model)
+    with pytest.raises(ValueError, match="save_model: 1 feature_names for input_dim=3"):
+        dgp.save_model(tmp_path / "m", model, guide, {}, input_dim=3, feature_names=["a"])
+    from numpyro.infer.autoguide import AutoNormal
+
+    with pytest.raises(TypeError, match="one of the library's guides"):
+        dgp.save_model(tmp_path / "m", model, AutoNormal(model), {}, input_dim=3)
+    amortized = dgp.models.amortized_dgp()
+    with_points = dgp.guides.AutoAmortizedDGP(amortized, points={"h1": np.zeros((32, 16))})
+    with pytest.raises(TypeError, match="built with points= cannot be saved"):
+        dgp.save_model(tmp_path / "m", amortized, with_points, {}, input_dim=3)
+    with pytest.raises(ValueError, match=r"X must be a non-empty \(N, D\) array, got shape \(3,\)"):
+        dgp.Standardization.fit(np.zeros(3))
+    assert not (tmp_path / "m").exists()
+
+
 def test_mismatched_shapes_are_refused(saved, tmp_path):
     target = _copy(saved[0], tmp_path)
     config = json.loads((target / "model.json").read_text())
