@@ -187,8 +187,8 @@ class Standardization(NamedTuple):
         :return: the :class:`Standardization`.
         """
         values = [data[name] for name in cls._fields]
-        return cls(
-            *[np.asarray(v, np.float64) if isinstance(v, list) else float(v) for v in values]
+        return cls._make(
+            np.asarray(v, np.float64) if isinstance(v, list) else float(v) for v in values
         )
 
 
@@ -293,7 +293,7 @@ def _guide_config(guide: Any) -> dict:
     """
     from numpyro_dgp._compat import innermost_guide
 
-    inner = innermost_guide(guide)
+    inner: Any = innermost_guide(guide)
     name = type(inner).__name__
     if inner is not guide or name not in _GUIDE_OPTIONS:
         raise TypeError(
@@ -527,7 +527,9 @@ class SavedModel:
             X = s.inputs(X)
         key = jax.random.PRNGKey(0) if rng_key is None else rng_key
         X = jnp.asarray(X, dtype=self.config["dtype"])
-        options = {"num_samples": num_samples, "batch_size": batch_size, "keep_layers": keep_layers}
+        options: dict[str, Any] = dict(
+            num_samples=num_samples, batch_size=batch_size, keep_layers=keep_layers
+        )
         prediction = predict(self.model, self.guide, self.params, key, X, **options)
         return prediction if s is None else s.to_data_units(prediction)
 

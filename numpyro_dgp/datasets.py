@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -379,7 +379,7 @@ def num_uci_splits(name: os.PathLike | str, data_dir: os.PathLike | str | None =
     return int(value)
 
 
-def _read_numbers(path: Path, kind: str, ndmin: int) -> np.ndarray:
+def _read_numbers(path: Path, kind: str, ndmin: Literal[1, 2]) -> np.ndarray:
     """The numbers of the text file ``path`` (``kind``: "index" or "data" in messages); a
     missing file, one that does not parse as numbers or holds none is refused."""
     if not path.is_file():

@@ -164,7 +164,7 @@ def write_atomically(path: Path, write: Callable[[Any], object], binary: bool = 
         umask = os.umask(0o022)  # mkstemp creates 0600 files; open() would not
         os.umask(umask)
         mode = 0o666 & ~umask
-    text = {} if binary else {"encoding": "utf-8", "newline": ""}
+    text: dict[str, Any] = {} if binary else {"encoding": "utf-8", "newline": ""}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with open(fd, "wb" if binary else "w", **text) as f:
@@ -197,7 +197,7 @@ def _decode(node: Any, key_path: tuple[str, ...], members: Mapping[str, np.ndarr
                 raise ValueError(f"malformed tree entry inside {where}")
             out[item[0]] = _decode(item[1], key_path + (item[0],), members)
         return out
-    name, shape = node.get("name"), tuple(node.get("shape", ()))
+    name, shape = str(node.get("name")), tuple(node.get("shape", ()))
     if name not in members:
         raise ValueError(f"array for {where} (member {name!r}) is missing")
     arr = members[name]
