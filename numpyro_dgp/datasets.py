@@ -147,7 +147,11 @@ def _toy_problem(
     for arg_name, value in (("num_train", num_train), ("num_test", num_test)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{arg_name} must be a positive integer, got {value!r}")
-    if not (isinstance(noise_std, (int, float, np.number)) and 0 <= noise_std < np.inf):
+    try:
+        noise_ok = bool(0 <= noise_std < np.inf)  # NaN fails both comparisons
+    except (TypeError, ValueError):
+        noise_ok = False
+    if not noise_ok:
         raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
     # Seed a NumPy generator from the JAX key so the data are float64 and reproducible
     # whether or not jax_enable_x64 is set (jax.random would give float32 without it);

@@ -258,7 +258,7 @@ def _read(path: Path) -> tuple[dict, dict]:
         params = _decode(header.get("tree"), (), members)
         if not isinstance(params, dict):
             raise ValueError("top level is not a dict")
-    except (ValueError, TypeError, AttributeError) as err:  # ml_dtypes names included
+    except (ValueError, TypeError, AttributeError, KeyError) as err:  # ml_dtypes names too
         raise ValueError(f"parameter file {str(path)!r} is corrupt: {err}") from err
     return header, params
 
