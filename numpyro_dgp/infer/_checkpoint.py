@@ -31,16 +31,7 @@ from numpyro.infer.svi import SVIState
 
 from numpyro_dgp.io import load_params, save_params
 
-__all__ = [
-    "CHECKPOINT_FORMAT",
-    "Progress",
-    "check_checkpoint_path",
-    "check_same_fit",
-    "fit_identity",
-    "read_checkpoint",
-    "with_state",
-    "write_checkpoint",
-]
+__all__ = ["CHECKPOINT_FORMAT", "Checkpoints", "Progress"]
 
 #: the ``metadata["format"]`` of a fit checkpoint
 CHECKPOINT_FORMAT = "numpyro_dgp.fit_checkpoint"
@@ -144,32 +135,6 @@ def with_state(identity: dict, params: dict, template: Progress) -> dict:
     }
 
 
-def write_checkpoint(
-    path: os.PathLike | str,
-    progress: Progress,
-    num_steps: int,
-    identity: dict,
-) -> None:
-    """Write ``progress`` to ``path`` atomically (see the module docstring); ``identity`` is
-    :func:`with_state` of the fit's :func:`fit_identity`."""
-    leaves = {
-        str(i): np.asarray(jax.random.key_data(leaf) if _is_key(leaf) else leaf)
-        for i, leaf in enumerate(jax.tree_util.tree_leaves(_carried(progress)))
-    }
-    metadata = {
-        "format": CHECKPOINT_FORMAT,
-        "step": int(progress.step),
-        "num_steps": int(num_steps),
-        "num_skipped": int(progress.num_skipped),
-        "fit": identity,
-    }
-    save_params(
-        path,
-        {"leaves": leaves, "losses": np.asarray(progress.losses, np.float64)},
-        metadata=metadata,
-    )
-
-
 def _data_difference(stored: dict, current: dict) -> str | None:
     """How this fit's model arguments (``current``) differ from the checkpoint's, or ``None``."""
     for where in sorted(set(stored) | set(current)):
@@ -270,30 +235,56 @@ def check_same_fit(
     return step
 
 
-def read_checkpoint(
-    path: os.PathLike | str,
-    template: Progress,
-    num_steps: int,
-    identity: dict,
-) -> Progress:
-    """The :class:`Progress` stored at ``path``, rebuilt on the structure of ``template`` (a fresh
-    start of the same fit).
+class Checkpoints:
+    """The checkpoints of one :func:`~numpyro_dgp.fit` at ``path``: made before any work (the
+    path is checked, and with ``resume`` a checkpoint of another fit is refused, naming what
+    differs), :meth:`start` once the initial state exists, :meth:`write` after chunks."""
 
-    :raises ValueError: a file that is not a fit checkpoint, or one written by another fit
-        (:func:`fit_identity`, :func:`with_state`), or one further on than ``num_steps``.
-    """
-    stored, meta = load_params(path, return_metadata=True, as_numpy=True)
-    step = check_same_fit(meta, path, identity, num_steps)
-    # the same fit: the stored arrays are those of this structure (its identity says so)
-    template_leaves, treedef = jax.tree_util.tree_flatten(_carried(template))
-    given = stored["leaves"]
-    leaves = [
-        jax.random.wrap_key_data(given[str(i)], impl=jax.random.key_impl(like))
-        if _is_key(like)
-        else jnp.asarray(given[str(i)])
-        for i, like in enumerate(template_leaves)
-    ]
-    state, mean, count = jax.tree_util.tree_unflatten(treedef, leaves)
-    return Progress(
-        step, state, mean, count, np.asarray(stored["losses"]), int(meta["num_skipped"])
-    )
+    def __init__(self, path, svi, args, kwargs, average_from, resume, num_steps) -> None:
+        stored = check_checkpoint_path(Path(os.fspath(path)).expanduser())
+        self.path, self.num_steps = path, num_steps
+        self.identity = fit_identity(svi, args, kwargs, average_from)
+        self.resume = resume and stored is not None
+        if self.resume:
+            check_same_fit(stored, path, self.identity, num_steps)
+
+    def start(self, svi: Any, fresh: Progress) -> Progress:
+        """Where the fit starts: ``fresh`` (a new start, whose structure the identity records),
+        or the checkpoint's progress, rebuilt on that structure, when resuming.
+
+        :raises ValueError: a checkpoint written by another fit (other parameters or state).
+        """
+        params = svi.optim.get_params(fresh.state.optim_state)
+        self.identity = with_state(self.identity, params, fresh)
+        if not self.resume:
+            return fresh
+        stored, meta = load_params(self.path, return_metadata=True, as_numpy=True)
+        step = check_same_fit(meta, self.path, self.identity, self.num_steps)
+        # the same fit: the stored arrays are those of this structure (its identity says so)
+        template_leaves, treedef = jax.tree_util.tree_flatten(_carried(fresh))
+        given = stored["leaves"]
+        leaves = [
+            jax.random.wrap_key_data(given[str(i)], impl=jax.random.key_impl(like))
+            if _is_key(like)
+            else jnp.asarray(given[str(i)])
+            for i, like in enumerate(template_leaves)
+        ]
+        state, mean, count = jax.tree_util.tree_unflatten(treedef, leaves)
+        losses = np.asarray(stored["losses"])
+        return Progress(step, state, mean, count, losses, int(meta["num_skipped"]))
+
+    def write(self, progress: Progress) -> None:
+        """Write ``progress`` atomically (see the module docstring)."""
+        leaves = {
+            str(i): np.asarray(jax.random.key_data(leaf) if _is_key(leaf) else leaf)
+            for i, leaf in enumerate(jax.tree_util.tree_leaves(_carried(progress)))
+        }
+        metadata = {
+            "format": CHECKPOINT_FORMAT,
+            "step": int(progress.step),
+            "num_steps": int(self.num_steps),
+            "num_skipped": int(progress.num_skipped),
+            "fit": self.identity,
+        }
+        arrays = {"leaves": leaves, "losses": np.asarray(progress.losses, np.float64)}
+        save_params(self.path, arrays, metadata=metadata)

@@ -28,14 +28,6 @@ __all__ = ["init"]
 ONE_SHOT_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
-def _compilable(svi: SVI) -> bool:
-    """Whether ``svi.init`` can run inside ``jit``: the guide is one of this library's, whose
-    structure is read abstractly, and owns no NumPyro sub-guide (an ``AutoNormal`` for latent
-    hyperparameters builds its structure from concrete values on its first call)."""
-    guide = innermost_guide(svi.guide)
-    return isinstance(guide, DGPGuide) and guide._other_guide is None
-
-
 def init(
     svi: SVI, rng_key: jax.Array, *args: Any, init_params: dict | None = None, **kwargs: Any
 ) -> SVIState:
@@ -69,12 +61,15 @@ def initialize(
     guide = innermost_guide(svi.guide)
     if isinstance(guide, DGPGuide) and guide.prototype_trace is None:
         guide._setup_prototype(*args, **kwargs)
-    if not _compilable(svi):
-        return svi.init(rng_key, *args, init_params=init_params, **kwargs)
     dyn_args, static_args, dyn_kwargs, static_kwargs = split_traced(args, kwargs)
     try:
         hash((static_args, static_kwargs))
     except TypeError:  # unhashable static arguments: as svi.init does
+        guide = None
+    # svi.init runs inside jit for the library's guides, whose structure is read abstractly, and
+    # that own no NumPyro sub-guide (an AutoNormal for latent hyperparameters builds its
+    # structure from concrete values on its first call)
+    if not isinstance(guide, DGPGuide) or guide._other_guide is not None:
         return svi.init(rng_key, *args, init_params=init_params, **kwargs)
     return _compiled_init(
         svi, static_args, static_kwargs, rng_key, dyn_args, dyn_kwargs, init_params
