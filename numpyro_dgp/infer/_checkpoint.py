@@ -182,71 +182,43 @@ def _identity_difference(stored: Any, current: dict) -> str | None:
     return None
 
 
-def check_checkpoint_path(path: Path) -> dict | None:
-    """Raise unless a checkpoint can be written at ``path`` (before any work): a new file in an
-    existing folder, or a fit checkpoint (which the fit then replaces); never a folder or a file
-    the library did not write.
-
-    :return: the metadata of the fit checkpoint at ``path``, ``None`` where there is none.
-    :raises FileNotFoundError: the folder does not exist.
-    :raises FileExistsError: ``path`` is a folder, or a file that is not a fit checkpoint.
-    """
-    shown = f"fit: checkpoint_path {str(path)!r}"
-    if path.is_dir():
-        raise FileExistsError(f"{shown} is a folder; give the path of a checkpoint file")
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"{shown}: the folder {str(path.parent)!r} does not exist")
-    if not path.exists():
-        return None
-    try:
-        _, meta = load_params(path, return_metadata=True, as_numpy=True)
-    except ValueError:
-        meta = {}
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise FileExistsError(
-            f"{shown} exists and is not a fit checkpoint; a fit writes over only its own "
-            "checkpoints, so nothing was touched: choose another path"
-        )
-    return meta
-
-
-def check_same_fit(
-    meta: dict[str, Any], path: os.PathLike | str, identity: dict, num_steps: int
-) -> int:
-    """The step the checkpoint at ``path`` (its metadata ``meta``) stands at, checked to record
-    this fit (``identity``: :func:`fit_identity`, and :func:`with_state` once the state exists)
-    and to be no further on than ``num_steps``.
-
-    :raises ValueError: a checkpoint of another fit (other data, ``average_from``, guide,
-        objective, optimizer, parameters or state), naming what differs, or one beyond
-        ``num_steps``.
-    """
-    where = f"fit: checkpoint {os.fspath(path)!r}"
-    difference = _identity_difference(meta.get("fit"), identity)
-    if difference is not None:
-        raise ValueError(
-            f"{where} was written by another fit: {difference}. resume=True continues only the "
-            "same fit (the same data, model, guide, objective and optimizer); pass another "
-            "checkpoint_path to start this one afresh"
-        )
-    step = int(meta["step"])
-    if step > num_steps:
-        raise ValueError(f"{where} is at step {step}, beyond this fit's num_steps={num_steps}")
-    return step
-
-
 class Checkpoints:
     """The checkpoints of one :func:`~numpyro_dgp.fit` at ``path``: made before any work (the
     path is checked, and with ``resume`` a checkpoint of another fit is refused, naming what
     differs), :meth:`start` once the initial state exists, :meth:`write` after chunks."""
 
     def __init__(self, path, svi, args, kwargs, average_from, resume, num_steps) -> None:
-        stored = check_checkpoint_path(Path(os.fspath(path)).expanduser())
+        """Raise unless a checkpoint can be written at ``path``: a new file in an existing
+        folder, or a fit checkpoint (which the fit then replaces); never a folder or a file the
+        library did not write. With ``resume``, refuse a checkpoint of another fit.
+
+        :raises FileNotFoundError: the folder does not exist.
+        :raises FileExistsError: ``path`` is a folder, or a file that is not a fit checkpoint.
+        :raises ValueError: a checkpoint of another fit, or one beyond ``num_steps``.
+        """
         self.path, self.num_steps = path, num_steps
         self.identity = fit_identity(svi, args, kwargs, average_from)
-        self.resume = resume and stored is not None
-        if self.resume:
-            check_same_fit(stored, path, self.identity, num_steps)
+        self.resume = False
+        path = Path(os.fspath(path)).expanduser()
+        shown = f"fit: checkpoint_path {str(path)!r}"
+        if path.is_dir():
+            raise FileExistsError(f"{shown} is a folder; give the path of a checkpoint file")
+        if not path.parent.is_dir():
+            raise FileNotFoundError(f"{shown}: the folder {str(path.parent)!r} does not exist")
+        if not path.exists():
+            return
+        try:
+            _, meta = load_params(path, return_metadata=True, as_numpy=True)
+        except ValueError:
+            meta = {}
+        if meta.get("format") != CHECKPOINT_FORMAT:
+            raise FileExistsError(
+                f"{shown} exists and is not a fit checkpoint; a fit writes over only its own "
+                "checkpoints, so nothing was touched: choose another path"
+            )
+        self.resume = resume
+        if resume:
+            self._step(meta)
 
     def start(self, svi: Any, fresh: Progress) -> Progress:
         """Where the fit starts: ``fresh`` (a new start, whose structure the identity records),
@@ -259,7 +231,7 @@ class Checkpoints:
         if not self.resume:
             return fresh
         stored, meta = load_params(self.path, return_metadata=True, as_numpy=True)
-        step = check_same_fit(meta, self.path, self.identity, self.num_steps)
+        step = self._step(meta)
         # the same fit: the stored arrays are those of this structure (its identity says so)
         template_leaves, treedef = jax.tree_util.tree_flatten(_carried(fresh))
         given = stored["leaves"]
@@ -272,6 +244,30 @@ class Checkpoints:
         state, mean, count = jax.tree_util.tree_unflatten(treedef, leaves)
         losses = np.asarray(stored["losses"])
         return Progress(step, state, mean, count, losses, int(meta["num_skipped"]))
+
+    def _step(self, meta: dict) -> int:
+        """The step the checkpoint (its metadata ``meta``) stands at, checked to record this fit
+        (its identity: :func:`fit_identity`, and :func:`with_state` once the state exists) and to
+        be no further on than ``num_steps``.
+
+        :raises ValueError: a checkpoint of another fit (other data, ``average_from``, guide,
+            objective, optimizer, parameters or state), naming what differs, or one beyond
+            ``num_steps``.
+        """
+        where = f"fit: checkpoint {os.fspath(self.path)!r}"
+        difference = _identity_difference(meta.get("fit"), self.identity)
+        if difference is not None:
+            raise ValueError(
+                f"{where} was written by another fit: {difference}. resume=True continues only "
+                "the same fit (the same data, model, guide, objective and optimizer); pass another "
+                "checkpoint_path to start this one afresh"
+            )
+        step = int(meta["step"])
+        if step > self.num_steps:
+            raise ValueError(
+                f"{where} is at step {step}, beyond this fit's num_steps={self.num_steps}"
+            )
+        return step
 
     def write(self, progress: Progress) -> None:
         """Write ``progress`` atomically (see the module docstring)."""

@@ -19,37 +19,13 @@ import numpy as np
 from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
-from numpyro_dgp._persist.params import (
-    STRICT_HINT,
-    ParameterMismatchError,
-    check_params_against,
-    param_specs,
-    set_up_guide,
-)
-from numpyro_dgp._protocol import model_config
-from numpyro_dgp._validation import (
-    check_positive_int,
-    check_rows,
-    concrete,
-    is_array,
-    non_finite_entries,
-    split_traced,
-    warn_if_not_standardized,
-)
+from numpyro_dgp._validation import check_positive_int, split_traced
 from numpyro_dgp.infer._checkpoint import Checkpoints, Progress
-from numpyro_dgp.infer._loop import (
-    TrainingLog,
-    failed_layer,
-    guarded_update,
-    non_finite_params,
-    report_skipped,
-)
-from numpyro_dgp.infer._observed import check_observed
+from numpyro_dgp.infer._checks import check_data, check_observed
+from numpyro_dgp.infer._init import initial_state
+from numpyro_dgp.infer._loop import TrainingLog, guarded_update, non_finite_params, report_skipped
 
 __all__ = ["FitResult", "fit"]
-
-#: ``fold_in`` data of the key that sets up the guide (apart from the key ``svi.init`` gets)
-_SETUP_STREAM = 0x5E7
 
 
 class FitResult(NamedTuple):
@@ -237,7 +213,7 @@ def fit(
         raise ValueError(
             "fit: give init_state (continue a fit) or init_params (start from values), not both"
         )
-    _check_data(svi.model, args, kwargs, allow_missing)
+    check_data(svi.model, args, kwargs, allow_missing)
     # after fit's own warning about X: the layers' warning about the same problem is then quiet
     check_observed(svi.model, args, {**kwargs, **svi.static_kwargs}, "fit")
     checkpoints = None
@@ -319,73 +295,3 @@ def _check_options(num_steps, chunk_size, average_from, checkpoint_path, every, 
         raise ValueError(
             "fit: checkpoint_every and resume need checkpoint_path (the checkpoint file)"
         )
-
-
-def _check_data(model, args, kwargs, allow_missing):
-    """Refuse empty arguments and NaN or inf in the model's array arguments; with
-    ``allow_missing`` (or a model of :mod:`numpyro_dgp.models` built with
-    ``missing_targets="mask"``), NaN (but not inf) in those after the first (the inputs), which
-    the model masks as missing targets. Warn about inputs ``X`` far from standardized."""
-    config = model_config(model) or {}
-    allow_missing |= (config.get("arguments") or {}).get("missing_targets") == "mask"
-    named = [(f"args[{i}]", a) for i, a in enumerate(args)] + [
-        (f"{k}=", v) for k, v in kwargs.items()
-    ]
-    for where, value in named:
-        if not (is_array(value) and jnp.issubdtype(value.dtype, jnp.floating)):
-            continue
-        # on the host (NumPy): an eager jnp check would compile a program per argument shape
-        value = concrete(value)  # None: another process's shard (that process checks it)
-        if value is None:
-            continue
-        if allow_missing and where != "args[0]":
-            if np.isinf(value).any():
-                raise ValueError(f"fit: model argument {where} contains inf values")
-        elif non_finite_entries(value, max_first=0)[0]:
-            hint = "" if where == "args[0]" else _MISSING_HINT
-            raise ValueError(f"fit: model argument {where} contains NaN or inf values{hint}")
-    check_rows(args, kwargs, "fit")
-    X = args[0] if args else None
-    if is_array(X) and X.ndim == 2 and jnp.issubdtype(X.dtype, jnp.floating):
-        warn_if_not_standardized(X, "X (its first argument)", "fit", stacklevel=4)
-
-
-_MISSING_HINT = (
-    "; if they are missing targets, mask them in the model (numpyro_dgp.models' "
-    "missing_targets='mask', or numpyro.handlers.mask in your own) and pass "
-    "fit(..., allow_missing=True)"
-)
-
-
-def initial_state(svi, rng_key, args, kwargs, init_params=None, strict=True):
-    """``svi.init`` (compiled: :func:`numpyro_dgp.infer.init`) after setting up the guide (see
-    :func:`numpyro_dgp._persist.params.set_up_guide`) and checking ``init_params``; when the model
-    cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails."""
-    model_kwargs = {**kwargs, **svi.static_kwargs}
-    try:
-        set_up_guide(svi.guide, jax.random.fold_in(rng_key, _SETUP_STREAM), args, model_kwargs)
-        if init_params is not None:
-            check_params_against(
-                param_specs(svi.model, svi.guide, args, model_kwargs),
-                init_params,
-                "fit (init_params)",
-                allow_missing=not strict,
-                allow_unexpected=not strict,
-                require_finite=True,
-                hint=STRICT_HINT,
-            )
-        from numpyro_dgp.infer._init import initialize  # a sibling that imports the guides
-
-        return initialize(svi, rng_key, args, kwargs, init_params)
-    except (ValueError, RuntimeError) as err:
-        if isinstance(err, ParameterMismatchError):
-            raise
-        layer, _ = failed_layer(svi.model, None, dict(init_params or {}), args, model_kwargs)
-        if layer is None:
-            raise
-        raise type(err)(
-            "fit: the model cannot be initialized: the Cholesky factorization of K(Z, Z) fails in "
-            f"layer {layer!r} at its initial values; raise that layer's jitter "
-            f"(gp_layer({layer!r}, ..., jitter=...)), use float64 "
-            f"(jax.config.update('jax_enable_x64', True)) or spread its inducing inputs. ({err})"
-        ) from err

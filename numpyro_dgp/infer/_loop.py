@@ -7,10 +7,6 @@ steps (the data stay on the device); ``fit_minibatches`` dispatches one compiled
 minibatch taken from an iterator. Both hand :meth:`TrainingLog.run` a function that runs the
 next ``n`` steps and returns their losses and skip flags on the host.
 
-A failed Cholesky factorization inside the compiled step gives NaN, which the guarded update
-skips; on its own that says nothing about where. After a fit that skipped steps, one eager run
-of the guide and the model at the final (last accepted) parameters checks every layer's
-``Kmm_chol`` and names the first that is not finite (:func:`failed_layer`).
 """
 
 from __future__ import annotations
@@ -22,16 +18,13 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
-from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
-from numpyro.primitives import Messenger
 
-from numpyro_dgp._protocol import LAYER_MESSAGE, message_layer
 from numpyro_dgp._validation import tree_all_finite
+from numpyro_dgp.infer._checks import diagnosis
 
-__all__ = ["TrainingLog", "failed_layer", "guarded_update", "non_finite_params", "report_skipped"]
+__all__ = ["TrainingLog", "guarded_update", "non_finite_params", "report_skipped"]
 
 
 def select(flag: jax.Array | bool, new: Any, old: Any) -> Any:
@@ -161,7 +154,7 @@ def report_skipped(
     bad = non_finite_params(params)
     if not (log.num_skipped or bad):
         return
-    why = _diagnosis(svi, params, args, kwargs) if diagnose else ""
+    why = diagnosis(svi, params, args, kwargs) if diagnose else ""
     if log.num_skipped == log.num_steps:
         raise FloatingPointError(
             f"{log.caller}: every update produced a non-finite loss or parameters; check the data "
@@ -185,71 +178,4 @@ def report_skipped(
         "or parameters (not applied)." + why,
         RuntimeWarning,
         stacklevel=3,
-    )
-
-
-class _Stop(Exception):
-    """Ends the diagnostic run at the first failed layer."""
-
-
-class _check_factors(Messenger):
-    """Records the first layer whose ``Kmm_chol`` holds NaN or inf, and stops the run there."""
-
-    failed: str | None = None
-
-    def process_message(self, msg: dict) -> None:
-        if msg["type"] != LAYER_MESSAGE:
-            return
-        layer = message_layer(msg)
-        if not np.all(np.isfinite(np.asarray(layer.Kmm_chol))):
-            self.failed = layer.name
-            raise _Stop
-
-
-def failed_layer(
-    model: Callable, guide: Callable | None, params: dict, args: tuple, kwargs: dict
-) -> tuple[str | None, str | None]:
-    """``(layer, error)``: the first layer whose ``K(Z, Z)`` factor is not finite at ``params``
-    (``None`` if every layer's is), and the error that stopped the check early, if any."""
-    rng_key = jax.random.PRNGKey(0)
-    model_run = substitute(seed(model, rng_key), data=params)
-    with numpyro.validation_enabled(False):
-        if guide is not None:
-            try:
-                guide_trace = trace(
-                    substitute(seed(guide, jax.random.fold_in(rng_key, 1)), data=params)
-                ).get_trace(*args, **kwargs)
-                model_run = replay(model_run, guide_trace)
-            except Exception:  # noqa: BLE001
-                # the guide itself may fail at these values: check the model alone
-                pass
-        checker = _check_factors(model_run)
-        try:
-            checker(*args, **kwargs)
-        except _Stop:
-            pass
-        except Exception as err:  # noqa: BLE001 - report, do not mask the fit's own message
-            return checker.failed, f"{type(err).__name__}: {err}"
-    return checker.failed, None
-
-
-def _diagnosis(svi: Any, params: dict, args: tuple, kwargs: dict) -> str:
-    """A sentence for the warning or error about skipped steps: the layer whose ``K(Z, Z)``
-    cannot be factorized at the final parameters, with what to do, or that every layer's can."""
-    model_kwargs = {**kwargs, **svi.static_kwargs}
-    layer, error = failed_layer(svi.model, svi.guide, params, args, model_kwargs)
-    if layer is not None:
-        return (
-            f" The Cholesky factorization of K(Z, Z) fails in layer {layer!r} at the final "
-            "parameters (a near-singular K(Z, Z): inducing inputs too close for the kernel's "
-            "lengthscale, or too small a jitter): raise that layer's jitter "
-            f"(gp_layer({layer!r}, ..., jitter=...)) or use float64 "
-            "(jax.config.update('jax_enable_x64', True))."
-        )
-    if error is not None:
-        return f" (Checking each layer's K(Z, Z) at the final parameters failed: {error}.)"
-    return (
-        " Every layer's K(Z, Z) factorizes at the final parameters, so the non-finite values came "
-        "from elsewhere: a NaN or inf in a minibatch, the likelihood or the objective, or too "
-        "large a learning rate."
     )

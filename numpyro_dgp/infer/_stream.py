@@ -31,7 +31,8 @@ from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._validation import check_positive_int
-from numpyro_dgp.infer._fit import FitResult, initial_state
+from numpyro_dgp.infer._fit import FitResult
+from numpyro_dgp.infer._init import initial_state
 from numpyro_dgp.infer._loop import TrainingLog, guarded_update, report_skipped
 
 __all__ = ["HostMinibatches", "fit_minibatches"]
