@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.svi import SVIState
 
+from numpyro_dgp.infer._checks import named_arguments
 from numpyro_dgp.io import load_params, save_params
 
 __all__ = ["CHECKPOINT_FORMAT", "Checkpoints", "Progress"]
@@ -66,13 +67,6 @@ def _carried(progress: Progress) -> tuple:
     return progress.state, progress.mean, progress.count
 
 
-def _setting(value: Any) -> Any:
-    """A plain setting as it is (JSON), anything else by its type: stable across processes."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return type(value).__name__
-
-
 def _described(obj: Any) -> str:
     """``Name(setting=value, ...)``: the class and its plain settings (e.g. ``num_particles``)."""
     settings = {
@@ -94,9 +88,7 @@ def fit_identity(svi: Any, args: tuple, kwargs: dict, average_from: int | None) 
     from numpyro_dgp._validation import concrete, is_array
 
     data = {}
-    for where, value in [(f"args[{i}]", a) for i, a in enumerate(args)] + [
-        (f"{k}=", v) for k, v in sorted(kwargs.items())
-    ]:
+    for where, value in named_arguments(args, dict(sorted(kwargs.items()))):
         if is_array(value):
             host = concrete(value)  # None: another process's shard, known by its shape
             data[where] = {
@@ -107,7 +99,9 @@ def fit_identity(svi: Any, args: tuple, kwargs: dict, average_from: int | None) 
                 else hashlib.sha256(np.ascontiguousarray(host).tobytes()).hexdigest(),
             }
         else:
-            data[where] = {"value": _setting(value)}
+            # a plain setting as it is (JSON), anything else by its type: stable across processes
+            plain = value is None or isinstance(value, (bool, int, float, str))
+            data[where] = {"value": value if plain else type(value).__name__}
     return {
         "data": data,
         "average_from": None if average_from is None else int(average_from),

@@ -33,7 +33,7 @@ from numpyro_dgp._validation import (
     warn_if_target_not_standardized,
 )
 
-__all__ = ["check_data", "check_observed", "diagnosis", "failed_layer"]
+__all__ = ["check_data", "check_observed", "diagnosis", "failed_layer", "named_arguments"]
 
 
 def _base_distribution(fn: Any) -> Any:
@@ -42,12 +42,11 @@ def _base_distribution(fn: Any) -> Any:
     return fn
 
 
-def _argument_name(value: Any, args: tuple, kwargs: dict) -> str:
-    """`` (args[i])`` or `` (name=)`` when ``value`` is that argument itself, else ``""``."""
-    for i, a in enumerate(args):
-        if a is value:
-            return f" (args[{i}])"
-    return next((f" ({k}=)" for k, v in kwargs.items() if v is value), "")
+def named_arguments(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    """``[(name, value)]`` of the model's arguments as messages name them: ``args[i]``, ``k=``."""
+    return [(f"args[{i}]", a) for i, a in enumerate(args)] + [
+        (f"{k}=", v) for k, v in kwargs.items()
+    ]
 
 
 def _observed_entries(fn: Any, value: np.ndarray, mask: Any) -> np.ndarray | None:
@@ -118,7 +117,8 @@ def check_observed(model: Any, args: tuple, kwargs: dict, caller: str) -> None:
             if site["type"] == "sample" and site["is_observed"]:
                 value = concrete(site["value"])
                 if value is not None and value.size:
-                    where = _argument_name(site["value"], args, kwargs)
+                    named = named_arguments(args, kwargs)
+                    where = next((f" ({w})" for w, v in named if v is site["value"]), "")
                     found.append((name, site["fn"], value, site.get("mask"), where))
         return 0
 
@@ -139,10 +139,7 @@ def check_data(model, args, kwargs, allow_missing):
     the model masks as missing targets. Warn about inputs ``X`` far from standardized."""
     config = model_config(model) or {}
     allow_missing |= (config.get("arguments") or {}).get("missing_targets") == "mask"
-    named = [(f"args[{i}]", a) for i, a in enumerate(args)] + [
-        (f"{k}=", v) for k, v in kwargs.items()
-    ]
-    for where, value in named:
+    for where, value in named_arguments(args, kwargs):
         if not (is_array(value) and jnp.issubdtype(value.dtype, jnp.floating)):
             continue
         # on the host (NumPy): an eager jnp check would compile a program per argument shape

@@ -207,12 +207,7 @@ def fit(
     """
     every = checkpoint_every
     _check_options(num_steps, chunk_size, average_from, checkpoint_path, every, resume)
-    if init_state is None and rng_key is None:
-        raise ValueError("fit: rng_key is None; pass a PRNG key (or init_state= to continue a fit)")
-    if init_state is not None and init_params is not None:
-        raise ValueError(
-            "fit: give init_state (continue a fit) or init_params (start from values), not both"
-        )
+    _check_start(rng_key, init_state, init_params)
     check_data(svi.model, args, kwargs, allow_missing)
     # after fit's own warning about X: the layers' warning about the same problem is then quiet
     check_observed(svi.model, args, {**kwargs, **svi.static_kwargs}, "fit")
@@ -224,23 +219,10 @@ def fit(
     # arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static
     dyn_args, static_args, dyn_kwargs, static_kwargs = split_traced(args, kwargs)
     chunk = min(int(chunk_size), int(num_steps), int(every or num_steps))
-    statics = (svi, chunk, average_from is not None, static_args, static_kwargs)
-    try:
-        hash(statics)
-    except TypeError:
-        statics = _Unhashable(statics)
+    statics = _statics(svi, chunk, average_from is not None, static_args, static_kwargs)
     if init_state is None:
         init_state = initial_state(svi, rng_key, args, kwargs, init_params, strict)
-    # without averaging the mean is an empty placeholder carried through the scan
-    mean = svi.optim.get_params(init_state.optim_state) if average_from is not None else {}
-    progress = Progress(0, init_state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
-    if checkpoints is not None:
-        progress = checkpoints.start(svi, progress)
-    # the optimizer's (unconstrained) values: finite where the constrained ones are, and read
-    # without compiling anything
-    bad = non_finite_params(svi.optim.get_params(progress.state.optim_state))
-    if bad:
-        raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
+    progress = _start(svi, init_state, average_from, checkpoints)
     carry, params = (progress.state, progress.mean, progress.count), None
     compile_seconds = 0.0
     if progress.step < num_steps:
@@ -278,6 +260,41 @@ def fit(
     return FitResult(
         params, log.losses, state, log.num_skipped, seconds, chunk, compile_seconds, averaged
     )
+
+
+def _statics(svi, chunk, average, static_args, static_kwargs):
+    """What a chunk's program is compiled for besides its arguments' shapes (a cache key)."""
+    statics = (svi, chunk, average, static_args, static_kwargs)
+    try:
+        hash(statics)
+    except TypeError:
+        return _Unhashable(statics)
+    return statics
+
+
+def _start(svi, init_state, average_from, checkpoints):
+    """The :class:`Progress` the fit starts from: ``init_state``, or the checkpoint's when
+    resuming; refuses non-finite parameters."""
+    # without averaging the mean is an empty placeholder carried through the scan
+    mean = svi.optim.get_params(init_state.optim_state) if average_from is not None else {}
+    progress = Progress(0, init_state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
+    if checkpoints is not None:
+        progress = checkpoints.start(svi, progress)
+    # the optimizer's (unconstrained) values: finite where the constrained ones are, and read
+    # without compiling anything
+    bad = non_finite_params(svi.optim.get_params(progress.state.optim_state))
+    if bad:
+        raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
+    return progress
+
+
+def _check_start(rng_key, init_state, init_params):
+    if init_state is None and rng_key is None:
+        raise ValueError("fit: rng_key is None; pass a PRNG key (or init_state= to continue a fit)")
+    if init_state is not None and init_params is not None:
+        raise ValueError(
+            "fit: give init_state (continue a fit) or init_params (start from values), not both"
+        )
 
 
 def _check_options(num_steps, chunk_size, average_from, checkpoint_path, every, resume):
