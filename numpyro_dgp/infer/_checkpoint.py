@@ -29,18 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.svi import SVIState
 
+from numpyro_dgp.infer._checks import named_arguments
 from numpyro_dgp.io import load_params, save_params
 
-__all__ = [
-    "CHECKPOINT_FORMAT",
-    "Progress",
-    "check_checkpoint_path",
-    "check_same_fit",
-    "fit_identity",
-    "read_checkpoint",
-    "with_state",
-    "write_checkpoint",
-]
+__all__ = ["CHECKPOINT_FORMAT", "Checkpoints", "Progress"]
 
 #: the ``metadata["format"]`` of a fit checkpoint
 CHECKPOINT_FORMAT = "numpyro_dgp.fit_checkpoint"
@@ -75,13 +67,6 @@ def _carried(progress: Progress) -> tuple:
     return progress.state, progress.mean, progress.count
 
 
-def _setting(value: Any) -> Any:
-    """A plain setting as it is (JSON), anything else by its type: stable across processes."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return type(value).__name__
-
-
 def _described(obj: Any) -> str:
     """``Name(setting=value, ...)``: the class and its plain settings (e.g. ``num_particles``)."""
     settings = {
@@ -103,9 +88,7 @@ def fit_identity(svi: Any, args: tuple, kwargs: dict, average_from: int | None) 
     from numpyro_dgp._validation import concrete, is_array
 
     data = {}
-    for where, value in [(f"args[{i}]", a) for i, a in enumerate(args)] + [
-        (f"{k}=", v) for k, v in sorted(kwargs.items())
-    ]:
+    for where, value in named_arguments(args, dict(sorted(kwargs.items()))):
         if is_array(value):
             host = concrete(value)  # None: another process's shard, known by its shape
             data[where] = {
@@ -116,7 +99,9 @@ def fit_identity(svi: Any, args: tuple, kwargs: dict, average_from: int | None) 
                 else hashlib.sha256(np.ascontiguousarray(host).tobytes()).hexdigest(),
             }
         else:
-            data[where] = {"value": _setting(value)}
+            # a plain setting as it is (JSON), anything else by its type: stable across processes
+            plain = value is None or isinstance(value, (bool, int, float, str))
+            data[where] = {"value": value if plain else type(value).__name__}
     return {
         "data": data,
         "average_from": None if average_from is None else int(average_from),
@@ -142,32 +127,6 @@ def with_state(identity: dict, params: dict, template: Progress) -> dict:
             "arrays": [[list(np.shape(a)), str(jnp.result_type(a))] for a in arrays],
         },
     }
-
-
-def write_checkpoint(
-    path: os.PathLike | str,
-    progress: Progress,
-    num_steps: int,
-    identity: dict,
-) -> None:
-    """Write ``progress`` to ``path`` atomically (see the module docstring); ``identity`` is
-    :func:`with_state` of the fit's :func:`fit_identity`."""
-    leaves = {
-        str(i): np.asarray(jax.random.key_data(leaf) if _is_key(leaf) else leaf)
-        for i, leaf in enumerate(jax.tree_util.tree_leaves(_carried(progress)))
-    }
-    metadata = {
-        "format": CHECKPOINT_FORMAT,
-        "step": int(progress.step),
-        "num_steps": int(num_steps),
-        "num_skipped": int(progress.num_skipped),
-        "fit": identity,
-    }
-    save_params(
-        path,
-        {"leaves": leaves, "losses": np.asarray(progress.losses, np.float64)},
-        metadata=metadata,
-    )
 
 
 def _data_difference(stored: dict, current: dict) -> str | None:
@@ -217,83 +176,105 @@ def _identity_difference(stored: Any, current: dict) -> str | None:
     return None
 
 
-def check_checkpoint_path(path: Path) -> dict | None:
-    """Raise unless a checkpoint can be written at ``path`` (before any work): a new file in an
-    existing folder, or a fit checkpoint (which the fit then replaces); never a folder or a file
-    the library did not write.
+class Checkpoints:
+    """The checkpoints of one :func:`~numpyro_dgp.fit` at ``path``: made before any work (the
+    path is checked, and with ``resume`` a checkpoint of another fit is refused, naming what
+    differs), :meth:`start` once the initial state exists, :meth:`write` after chunks."""
 
-    :return: the metadata of the fit checkpoint at ``path``, ``None`` where there is none.
-    :raises FileNotFoundError: the folder does not exist.
-    :raises FileExistsError: ``path`` is a folder, or a file that is not a fit checkpoint.
-    """
-    shown = f"fit: checkpoint_path {str(path)!r}"
-    if path.is_dir():
-        raise FileExistsError(f"{shown} is a folder; give the path of a checkpoint file")
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"{shown}: the folder {str(path.parent)!r} does not exist")
-    if not path.exists():
-        return None
-    try:
-        _, meta = load_params(path, return_metadata=True, as_numpy=True)
-    except ValueError:
-        meta = {}
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise FileExistsError(
-            f"{shown} exists and is not a fit checkpoint; a fit writes over only its own "
-            "checkpoints, so nothing was touched: choose another path"
-        )
-    return meta
+    def __init__(self, path, svi, args, kwargs, average_from, resume, num_steps) -> None:
+        """Raise unless a checkpoint can be written at ``path``: a new file in an existing
+        folder, or a fit checkpoint (which the fit then replaces); never a folder or a file the
+        library did not write. With ``resume``, refuse a checkpoint of another fit.
 
+        :raises FileNotFoundError: the folder does not exist.
+        :raises FileExistsError: ``path`` is a folder, or a file that is not a fit checkpoint.
+        :raises ValueError: a checkpoint of another fit, or one beyond ``num_steps``.
+        """
+        self.path, self.num_steps = path, num_steps
+        self.identity = fit_identity(svi, args, kwargs, average_from)
+        self.resume = False
+        path = Path(os.fspath(path)).expanduser()
+        shown = f"fit: checkpoint_path {str(path)!r}"
+        if path.is_dir():
+            raise FileExistsError(f"{shown} is a folder; give the path of a checkpoint file")
+        if not path.parent.is_dir():
+            raise FileNotFoundError(f"{shown}: the folder {str(path.parent)!r} does not exist")
+        if not path.exists():
+            return
+        try:
+            _, meta = load_params(path, return_metadata=True, as_numpy=True)
+        except ValueError:
+            meta = {}
+        if meta.get("format") != CHECKPOINT_FORMAT:
+            raise FileExistsError(
+                f"{shown} exists and is not a fit checkpoint; a fit writes over only its own "
+                "checkpoints, so nothing was touched: choose another path"
+            )
+        self.resume = resume
+        if resume:
+            self._step(meta)
 
-def check_same_fit(
-    meta: dict[str, Any], path: os.PathLike | str, identity: dict, num_steps: int
-) -> int:
-    """The step the checkpoint at ``path`` (its metadata ``meta``) stands at, checked to record
-    this fit (``identity``: :func:`fit_identity`, and :func:`with_state` once the state exists)
-    and to be no further on than ``num_steps``.
+    def start(self, svi: Any, fresh: Progress) -> Progress:
+        """Where the fit starts: ``fresh`` (a new start, whose structure the identity records),
+        or the checkpoint's progress, rebuilt on that structure, when resuming.
 
-    :raises ValueError: a checkpoint of another fit (other data, ``average_from``, guide,
-        objective, optimizer, parameters or state), naming what differs, or one beyond
-        ``num_steps``.
-    """
-    where = f"fit: checkpoint {os.fspath(path)!r}"
-    difference = _identity_difference(meta.get("fit"), identity)
-    if difference is not None:
-        raise ValueError(
-            f"{where} was written by another fit: {difference}. resume=True continues only the "
-            "same fit (the same data, model, guide, objective and optimizer); pass another "
-            "checkpoint_path to start this one afresh"
-        )
-    step = int(meta["step"])
-    if step > num_steps:
-        raise ValueError(f"{where} is at step {step}, beyond this fit's num_steps={num_steps}")
-    return step
+        :raises ValueError: a checkpoint written by another fit (other parameters or state).
+        """
+        params = svi.optim.get_params(fresh.state.optim_state)
+        self.identity = with_state(self.identity, params, fresh)
+        if not self.resume:
+            return fresh
+        stored, meta = load_params(self.path, return_metadata=True, as_numpy=True)
+        step = self._step(meta)
+        # the same fit: the stored arrays are those of this structure (its identity says so)
+        template_leaves, treedef = jax.tree_util.tree_flatten(_carried(fresh))
+        given = stored["leaves"]
+        leaves = [
+            jax.random.wrap_key_data(given[str(i)], impl=jax.random.key_impl(like))
+            if _is_key(like)
+            else jnp.asarray(given[str(i)])
+            for i, like in enumerate(template_leaves)
+        ]
+        state, mean, count = jax.tree_util.tree_unflatten(treedef, leaves)
+        losses = np.asarray(stored["losses"])
+        return Progress(step, state, mean, count, losses, int(meta["num_skipped"]))
 
+    def _step(self, meta: dict) -> int:
+        """The step the checkpoint (its metadata ``meta``) stands at, checked to record this fit
+        (its identity: :func:`fit_identity`, and :func:`with_state` once the state exists) and to
+        be no further on than ``num_steps``.
 
-def read_checkpoint(
-    path: os.PathLike | str,
-    template: Progress,
-    num_steps: int,
-    identity: dict,
-) -> Progress:
-    """The :class:`Progress` stored at ``path``, rebuilt on the structure of ``template`` (a fresh
-    start of the same fit).
+        :raises ValueError: a checkpoint of another fit (other data, ``average_from``, guide,
+            objective, optimizer, parameters or state), naming what differs, or one beyond
+            ``num_steps``.
+        """
+        where = f"fit: checkpoint {os.fspath(self.path)!r}"
+        difference = _identity_difference(meta.get("fit"), self.identity)
+        if difference is not None:
+            raise ValueError(
+                f"{where} was written by another fit: {difference}. resume=True continues only "
+                "the same fit (the same data, model, guide, objective and optimizer); pass another "
+                "checkpoint_path to start this one afresh"
+            )
+        step = int(meta["step"])
+        if step > self.num_steps:
+            raise ValueError(
+                f"{where} is at step {step}, beyond this fit's num_steps={self.num_steps}"
+            )
+        return step
 
-    :raises ValueError: a file that is not a fit checkpoint, or one written by another fit
-        (:func:`fit_identity`, :func:`with_state`), or one further on than ``num_steps``.
-    """
-    stored, meta = load_params(path, return_metadata=True, as_numpy=True)
-    step = check_same_fit(meta, path, identity, num_steps)
-    # the same fit: the stored arrays are those of this structure (its identity says so)
-    template_leaves, treedef = jax.tree_util.tree_flatten(_carried(template))
-    given = stored["leaves"]
-    leaves = [
-        jax.random.wrap_key_data(given[str(i)], impl=jax.random.key_impl(like))
-        if _is_key(like)
-        else jnp.asarray(given[str(i)])
-        for i, like in enumerate(template_leaves)
-    ]
-    state, mean, count = jax.tree_util.tree_unflatten(treedef, leaves)
-    return Progress(
-        step, state, mean, count, np.asarray(stored["losses"]), int(meta["num_skipped"])
-    )
+    def write(self, progress: Progress) -> None:
+        """Write ``progress`` atomically (see the module docstring)."""
+        leaves = {
+            str(i): np.asarray(jax.random.key_data(leaf) if _is_key(leaf) else leaf)
+            for i, leaf in enumerate(jax.tree_util.tree_leaves(_carried(progress)))
+        }
+        metadata = {
+            "format": CHECKPOINT_FORMAT,
+            "step": int(progress.step),
+            "num_steps": int(self.num_steps),
+            "num_skipped": int(progress.num_skipped),
+            "fit": self.identity,
+        }
+        arrays = {"leaves": leaves, "losses": np.asarray(progress.losses, np.float64)}
+        save_params(self.path, arrays, metadata=metadata)

@@ -22,6 +22,7 @@ Note: NumPyro's ``numpyro.infer.ESS`` is *ensemble* slice sampling, a different 
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -35,7 +36,7 @@ from numpyro.util import identity, is_prng_key
 
 from numpyro_dgp.posteriors import unwrap_distribution
 
-__all__ = ["EllipticalSlice", "EllipticalSliceState", "elliptical_slice_gibbs"]
+__all__ = ["ChainKernel", "EllipticalSlice", "EllipticalSliceState", "elliptical_slice_gibbs"]
 
 
 class EllipticalSliceState(NamedTuple):
@@ -55,7 +56,97 @@ class EllipticalSliceState(NamedTuple):
     rng_key: jax.Array
 
 
-class EllipticalSlice(MCMCKernel):
+class ChainKernel(MCMCKernel):
+    """What the library's MCMC kernels share: the model and its initialization strategy,
+    NumPyro's initialization (``initialize_model``: the starting values and the postprocessing
+    of samples) and one chain, or a batch of chains stepped as one program (a batch of keys at
+    ``init``: ``chain_method="vectorized"``). A kernel defines ``_start`` and ``_chain_step``."""
+
+    def __init__(self, model: Callable, init_strategy: Callable) -> None:
+        self._model, self._init_strategy = model, init_strategy
+        self._postprocess_fn: Callable | None = None
+        self._vectorized = False
+
+    @property
+    def model(self) -> Callable:
+        """The NumPyro model being sampled."""
+        return self._model
+
+    def postprocess_fn(self, model_args: tuple, model_kwargs: dict | None) -> Callable:
+        """The function mapping a collected sample to constrained values (latent sites by their
+        supports, ``numpyro.param`` sites by their constraints, and ``numpyro.deterministic``
+        sites recomputed by replaying the model).
+
+        :param model_args: the model's positional arguments.
+        :param model_kwargs: the model's keyword arguments.
+        :return: the function (the identity before ``init``).
+        """
+        if self._postprocess_fn is None:
+            return identity
+        return self._postprocess_fn(*model_args, **(model_kwargs or {}))
+
+    def init(
+        self,
+        rng_key: jax.Array,
+        num_warmup: int,
+        init_params: dict | None = None,
+        model_args: tuple = (),
+        model_kwargs: dict | None = None,
+    ) -> Any:
+        """Check the model and build the initial state.
+
+        :param rng_key: PRNG key; with ``chain_method="vectorized"`` one per chain.
+        :param num_warmup: warmup (burn-in) steps.
+        :param init_params: initial unconstrained latent values keyed by site name (default:
+            from ``init_strategy``).
+        :param model_args: the model's positional arguments.
+        :param model_kwargs: the model's keyword arguments.
+        :return: the initial state (a leading chain axis when vectorized).
+        """
+        self._vectorized = not is_prng_key(rng_key)
+        keys = jax.vmap(jax.random.split)(rng_key if self._vectorized else rng_key[None])
+        args = (num_warmup, init_params, model_args, model_kwargs or {})
+        return self._start(keys[:, 0], keys[:, 1], *args)
+
+    def sample(self, state: Any, model_args: tuple, model_kwargs: dict | None) -> Any:
+        """One step of each chain.
+
+        :param state: the current state (a leading chain axis when vectorized).
+        :param model_args: the model's positional arguments.
+        :param model_kwargs: the model's keyword arguments.
+        :return: the next state.
+        """
+        step = partial(self._chain_step, model_args=model_args, model_kwargs=model_kwargs or {})
+        return jax.vmap(step)(state) if self._vectorized else step(state)
+
+    def _initialize(self, keys: jax.Array, model: Callable, model_args: tuple, kwargs: dict):
+        """NumPyro's ``initialize_model`` of ``model`` from a batch of ``keys`` (one chain too:
+        NumPyro's search for a start with a finite potential then runs compiled, where for a
+        single key it checks the first start op by op); its ``(info, z)``, ``z`` of one chain
+        without the batch axis."""
+        info = initialize_model(
+            keys,
+            model,
+            init_strategy=self._init_strategy,
+            dynamic_args=True,
+            model_args=model_args,
+            model_kwargs=kwargs,
+        )
+        self._postprocess_fn = info.postprocess_fn
+        return info, self._chains(info.param_info.z)
+
+    def _chains(self, batch: Any) -> Any:
+        """``batch`` (a leading chain axis), less that axis for one chain."""
+        return batch if self._vectorized else jax.tree.map(lambda v: v[0], batch)
+
+    def _start(self, first, second, num_warmup, init_params, model_args, model_kwargs) -> Any:
+        raise NotImplementedError
+
+    def _chain_step(self, state: Any, model_args: tuple, model_kwargs: dict) -> Any:
+        raise NotImplementedError
+
+
+class EllipticalSlice(ChainKernel):
     """Elliptical slice sampling (Murray et al. 2010) of every latent site of a model whose
     latent sites all have a standard-normal prior.
 
@@ -80,27 +171,14 @@ class EllipticalSlice(MCMCKernel):
         the log density is not finite.
     """
 
+    #: the field collected as the sample
+    sample_field = "z"
+    #: the fields collected by default: the latent values and the evaluations per step
+    default_fields = ("z", "num_evaluations")
+
     def __init__(self, model: Callable, *, init_strategy: Callable = init_to_sample) -> None:
-        self._model = model
-        self._init_strategy = init_strategy
+        super().__init__(model, init_strategy)
         self._log_likelihood_gen: Callable | None = None
-        self._postprocess_fn: Callable | None = None
-        self._vectorized = False
-
-    @property
-    def model(self) -> Callable:
-        """The NumPyro model being sampled."""
-        return self._model
-
-    @property
-    def sample_field(self) -> str:
-        """The field of :class:`EllipticalSliceState` collected as the sample: ``"z"``."""
-        return "z"
-
-    @property
-    def default_fields(self) -> tuple[str, ...]:
-        """The fields collected by default: the latent values and the evaluations per step."""
-        return ("z", "num_evaluations")
 
     def get_diagnostics_str(self, state: EllipticalSliceState) -> str:
         """The progress-bar text, e.g. ``"loglik=-123.4, evals=3"``.
@@ -112,85 +190,32 @@ class EllipticalSlice(MCMCKernel):
             float(state.log_likelihood), int(state.num_evaluations)
         )
 
-    def postprocess_fn(self, model_args: tuple, model_kwargs: dict | None) -> Callable:
-        """The function mapping a collected ``z`` to the model's values (its deterministic
-        sites, e.g. ``"<layer>.grid"``, recomputed by replaying the model).
-
-        :param model_args: the model's positional arguments.
-        :param model_kwargs: the model's keyword arguments.
-        :return: the function (the identity before ``init``).
-        """
-        if self._postprocess_fn is None:
-            return identity
-        return self._postprocess_fn(*model_args, **(model_kwargs or {}))
-
-    def init(
-        self,
-        rng_key: jax.Array,
-        num_warmup: int,
-        init_params: dict | None = None,
-        model_args: tuple = (),
-        model_kwargs: dict | None = None,
-    ) -> EllipticalSliceState:
-        """Check the model's latent sites and build the initial state.
-
-        :param rng_key: PRNG key; with ``chain_method="vectorized"`` one per chain.
-        :param num_warmup: unused (nothing adapts).
-        :param init_params: initial latent values keyed by site name (default: from
-            ``init_strategy``).
-        :param model_args: the model's positional arguments.
-        :param model_kwargs: the model's keyword arguments.
-        :return: the initial state (a leading chain axis when vectorized).
-        """
-        del num_warmup
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        self._vectorized = vectorized = not is_prng_key(rng_key)
-        keys = rng_key if vectorized else rng_key[None]
-        split = jax.vmap(jax.random.split)(keys)
-        info = initialize_model(
-            split[:, 0],
-            self._model,
-            init_strategy=self._init_strategy,
-            dynamic_args=True,
-            model_args=model_args,
-            model_kwargs=model_kwargs,
-        )
+    def _start(self, first, second, num_warmup, init_params, model_args, model_kwargs):
+        """The initial state, after checking that every latent site is standard normal."""
+        info, z = self._initialize(first, self._model, model_args, model_kwargs)
         _check_standard_normal(info.model_trace)
-        potential_gen, self._postprocess_fn = info.potential_fn, info.postprocess_fn
+        potential_gen = info.potential_fn
 
         def log_likelihood_gen(*args: Any, **kwargs: Any) -> Callable:
             potential = potential_gen(*args, **kwargs)
             return lambda z: -potential(z) + 0.5 * _squared_norm(z)
 
         self._log_likelihood_gen = log_likelihood_gen
-        z = info.param_info.z if vectorized else jax.tree.map(lambda v: v[0], info.param_info.z)
         z = z if init_params is None else init_params
         log_likelihood = log_likelihood_gen(*model_args, **model_kwargs)
-        value = jax.vmap(log_likelihood)(z) if vectorized else log_likelihood(z)
+        value = jax.vmap(log_likelihood)(z) if self._vectorized else log_likelihood(z)
         if not bool(jnp.all(jnp.isfinite(value))):
             raise ValueError(
                 "EllipticalSlice: the log density is not finite at the initial values; give "
                 "init_params where it is (or another init_strategy)"
             )
-        rng = split[:, 1] if vectorized else split[0, 1]
-        count = jnp.ones(keys.shape[0] if vectorized else (), jnp.int32)
-        return EllipticalSliceState(z, value, count, rng)
+        count = jnp.ones(second.shape[:1] if self._vectorized else (), jnp.int32)
+        return EllipticalSliceState(z, value, count, self._chains(second))
 
-    def sample(
-        self, state: EllipticalSliceState, model_args: tuple, model_kwargs: dict | None
-    ) -> EllipticalSliceState:
-        """One elliptical slice step (Murray et al. 2010, Figure 2) of each chain.
-
-        :param state: the current state (a leading chain axis when vectorized).
-        :param model_args: the model's positional arguments.
-        :param model_kwargs: the model's keyword arguments.
-        :return: the next state.
-        """
+    def _chain_step(self, state, model_args, model_kwargs):
+        """One elliptical slice step (Murray et al. 2010, Figure 2) of one chain."""
         assert self._log_likelihood_gen is not None, "call init first"
-        log_likelihood = self._log_likelihood_gen(*model_args, **(model_kwargs or {}))
-        if self._vectorized:
-            return jax.vmap(_step, in_axes=(0, None))(state, log_likelihood)
-        return _step(state, log_likelihood)
+        return _step(state, self._log_likelihood_gen(*model_args, **model_kwargs))
 
 
 #: Bracket shrinks after which a step keeps the current state. Each shrink narrows the bracket

@@ -4,8 +4,9 @@ and the report of skipped updates.
 
 The two drivers differ only in what a chunk is: ``fit`` runs a compiled ``lax.scan`` over its
 steps (the data stay on the device); ``fit_minibatches`` dispatches one compiled update per
-minibatch taken from an iterator. Both hand :func:`run_chunks` a function that runs the next
-``n`` steps and returns their losses and skip flags on the host.
+minibatch taken from an iterator. Both hand :meth:`TrainingLog.run` a function that runs the
+next ``n`` steps and returns their losses and skip flags on the host.
+
 """
 
 from __future__ import annotations
@@ -21,16 +22,9 @@ from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._validation import tree_all_finite
-from numpyro_dgp.infer._faults import diagnose_layers
+from numpyro_dgp.infer._checks import diagnosis
 
-__all__ = [
-    "TrainingLog",
-    "guarded_update",
-    "non_finite_params",
-    "report_skipped",
-    "run_chunks",
-    "select",
-]
+__all__ = ["TrainingLog", "guarded_update", "non_finite_params", "report_skipped"]
 
 
 def select(flag: jax.Array | bool, new: Any, old: Any) -> Any:
@@ -54,9 +48,9 @@ def guarded_update(
 
     ``barrier`` materializes the finiteness check and the new state before selecting with them:
     otherwise XLA fuses every select with the reduction over all parameters, and a scan over
-    the steps of a large model (the amortized kin8nm model) compiles 3-4x longer (66 s against
-    18 s). The fusion it prevents changes round-off, so a run with and without it differs in
-    the last digits (and a chaotic optimization then further).
+    the steps of a large model compiles 3-4x longer. The fusion it prevents changes round-off,
+    so a run with and without it differs in the last digits (and a chaotic optimization then
+    further).
 
     :return: ``(state, loss, skipped)``; ``skipped`` is ``active & ~finite``.
     """
@@ -66,11 +60,9 @@ def guarded_update(
     if barrier:
         finite, new_optim_state = jax.lax.optimization_barrier((finite, new_optim_state))
     accept = finite & active
-    mutable = (
-        None
-        if new_state.mutable_state is None
-        else select(accept, new_state.mutable_state, state.mutable_state)
-    )
+    mutable = new_state.mutable_state
+    if mutable is not None:
+        mutable = select(accept, mutable, state.mutable_state)
     rng_key = (
         new_state.rng_key if active is True else select(active, new_state.rng_key, state.rng_key)
     )
@@ -85,7 +77,7 @@ def guarded_update(
 class TrainingLog:
     """The host's record of a run: losses, skipped updates, chunk times, progress bar.
 
-    :param caller: the driver's name (progress bar, messages).
+    :param caller: the driver's name (messages).
     :param num_steps: steps of the whole run.
     :param losses: losses of the steps already done (a resumed run).
     :param num_skipped: skipped updates among them.
@@ -96,7 +88,6 @@ class TrainingLog:
         self,
         caller: str,
         num_steps: int,
-        *,
         losses: np.ndarray | None = None,
         num_skipped: int = 0,
         progress_bar: bool = True,
@@ -107,53 +98,41 @@ class TrainingLog:
         self.losses = np.empty(num_steps)
         self.losses[: self.done] = [] if losses is None else losses
         self.chunk_seconds: list[float] = []
-        self._bar = None
-        if progress_bar:
-            from tqdm import tqdm
+        self.progress_bar = progress_bar
 
-            self._bar = tqdm(total=num_steps, initial=self.done, desc="fit", unit="step")
+    def run(
+        self,
+        run_chunk: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
+        chunk_length: Callable[[int], int],
+        after_chunk: Callable[[int], None] = lambda done: None,
+    ) -> None:
+        """Run chunks until every step is done: ``run_chunk(done, n)`` runs the
+        ``n = chunk_length(done)`` steps after the ``done`` steps so far and returns their losses
+        and skip flags on the host (the synchronization that ends the chunk);
+        ``after_chunk(steps done)`` follows each chunk."""
+        from tqdm import tqdm
 
-    def record(self, chunk_losses: np.ndarray, skipped: np.ndarray, seconds: float) -> None:
-        """Add a finished chunk: its steps' losses and skip flags, and its wall time."""
-        n = len(chunk_losses)
-        self.losses[self.done : self.done + n] = chunk_losses
-        self.num_skipped += int(np.sum(skipped))
-        self.done += n
-        self.chunk_seconds.append(seconds)
-        if self._bar is not None:
-            finite = chunk_losses[np.isfinite(chunk_losses)]
-            self._bar.set_postfix(
-                loss=f"{finite.mean():.4g}" if finite.size else "nan", skipped=self.num_skipped
-            )
-            self._bar.update(n)
-
-    def close(self) -> None:
-        """Close the progress bar."""
-        if self._bar is not None:
-            self._bar.close()
-
-
-def run_chunks(
-    run_chunk: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
-    log: TrainingLog,
-    chunk_length: Callable[[int], int],
-    after_chunk: Callable[[int], None] | None = None,
-) -> TrainingLog:
-    """Run chunks until ``log`` holds every step: ``run_chunk(done, n)`` runs the
-    ``n = chunk_length(done)`` steps after the ``done`` steps so far and returns their losses and
-    skip flags on the host (the synchronization that ends the chunk); ``after_chunk(steps done)``
-    follows each chunk."""
-    try:
-        while log.done < log.num_steps:
-            n = chunk_length(log.done)
-            start = time.perf_counter()
-            chunk_losses, skipped = run_chunk(log.done, n)
-            log.record(np.asarray(chunk_losses), np.asarray(skipped), time.perf_counter() - start)
-            if after_chunk is not None:
-                after_chunk(log.done)
-    finally:
-        log.close()
-    return log
+        bar = tqdm(
+            total=self.num_steps,
+            initial=self.done,
+            desc="fit",
+            unit="step",
+            disable=not self.progress_bar,
+        )
+        with bar:
+            while self.done < self.num_steps:
+                n = chunk_length(self.done)
+                start = time.perf_counter()
+                losses, skipped = map(np.asarray, run_chunk(self.done, n))
+                self.chunk_seconds.append(time.perf_counter() - start)
+                self.losses[self.done : self.done + n] = losses
+                self.num_skipped += int(np.sum(skipped))
+                self.done += n
+                finite = losses[np.isfinite(losses)]
+                loss = f"{finite.mean():.4g}" if finite.size else "nan"
+                bar.set_postfix(loss=loss, skipped=self.num_skipped)
+                bar.update(n)
+                after_chunk(self.done)
 
 
 def non_finite_params(params: dict) -> list[str]:
@@ -166,13 +145,7 @@ def non_finite_params(params: dict) -> list[str]:
 
 
 def report_skipped(
-    log: TrainingLog,
-    svi: SVI,
-    state: SVIState,
-    args: tuple,
-    kwargs: dict,
-    params: dict,
-    diagnose: bool = True,
+    log: TrainingLog, svi: SVI, params: dict, args: tuple, kwargs: dict, diagnose: bool = True
 ) -> None:
     """Warn about skipped updates; raise when the run diverged: every update skipped, or final
     (constrained) parameters ``params`` that are not finite, which no model can be loaded or
@@ -181,7 +154,7 @@ def report_skipped(
     bad = non_finite_params(params)
     if not (log.num_skipped or bad):
         return
-    why = diagnose_layers(svi, state, args, kwargs) if diagnose else ""
+    why = diagnosis(svi, params, args, kwargs) if diagnose else ""
     if log.num_skipped == log.num_steps:
         raise FloatingPointError(
             f"{log.caller}: every update produced a non-finite loss or parameters; check the data "
@@ -189,12 +162,12 @@ def report_skipped(
         )
     if bad:
         first = np.flatnonzero(~np.isfinite(log.losses))
-        at = (
-            f" at step {first[0] + 1} (the first whose loss was not finite; "
-            f"{log.num_skipped} of {log.num_steps} updates skipped)"
-            if first.size
-            else " at its last step"
-        )
+        at = " at its last step"
+        if first.size:
+            at = (
+                f" at step {first[0] + 1} (the first whose loss was not finite; "
+                f"{log.num_skipped} of {log.num_steps} updates skipped)"
+            )
         raise FloatingPointError(
             f"{log.caller}: the fit diverged{at}: the final parameters {bad} are not finite. "
             "Lower the learning rate or clip the updates (optax.clip_by_global_norm), and check "

@@ -34,7 +34,6 @@ from numpyro_dgp.core import cholesky, inverse_cholesky, triangular_inverse
 
 if TYPE_CHECKING:
     from numpyro_dgp._compat import NumPyroOptimizer
-    from numpyro_dgp.guides import InducingSite
 
 __all__ = ["NaturalGradientState", "natural_gradient_ramp", "natural_gradients"]
 
@@ -51,18 +50,6 @@ class NaturalGradientState(NamedTuple):
     others: Any
 
 
-def _check_ramp(initial: float, final: float, num_steps: int) -> None:
-    """:func:`natural_gradient_ramp`'s sizes (positive) and number of steps (a positive integer).
-
-    :raises ValueError: otherwise.
-    """
-    if not (float(initial) > 0 and float(final) > 0):
-        raise ValueError(
-            f"natural_gradient_ramp: initial and final must be positive, got {initial!r}, {final!r}"
-        )
-    check_positive_int(num_steps, "num_steps", "natural_gradient_ramp")
-
-
 def natural_gradient_ramp(
     initial: float = 1e-4, final: float = 0.1, num_steps: int = 5
 ) -> optax.Schedule:
@@ -76,7 +63,11 @@ def natural_gradient_ramp(
     :return: an optax schedule (step count -> step size).
     :raises ValueError: for non-positive sizes or ``num_steps < 1``.
     """
-    _check_ramp(initial, final, num_steps)
+    if not (float(initial) > 0 and float(final) > 0):
+        raise ValueError(
+            f"natural_gradient_ramp: initial and final must be positive, got {initial!r}, {final!r}"
+        )
+    check_positive_int(num_steps, "num_steps", "natural_gradient_ramp")
     log_initial, log_final = np.log(float(initial)), np.log(float(final))
 
     def schedule(count: jax.Array) -> jax.Array:
@@ -89,34 +80,14 @@ def natural_gradient_ramp(
 def _site_pairs(
     guide: Any, names: Sequence[str], layers: str | Sequence[str]
 ) -> list[tuple[str, str]]:
-    """``(loc, scale_tril)`` parameter names of the inducing sites the natural gradient takes."""
-    chosen = _check_chosen_sites(_check_natural_guide(guide), layers)
-    pairs = [
-        (f"{site.name}_{guide.prefix}_loc", f"{site.name}_{guide.prefix}_scale_tril")
-        for site in chosen
-    ]
-    _check_params_present(pairs, names)
-    return pairs
-
-
-def _check_params_present(pairs: list[tuple[str, str]], names: Sequence[str]) -> None:
-    """The parameters (or gradients) updated hold every ``(loc, scale_tril)`` of the chosen layers.
-
-    :raises ValueError: naming the missing ones.
-    """
-    missing = [name for pair in pairs for name in pair if name not in names]
-    if missing:
-        raise ValueError(
-            f"natural_gradients: the parameters have no {missing} (another guide's parameters?)"
-        )
-
-
-def _check_natural_guide(guide: Any) -> list[InducingSite]:
-    """The inducing sites of ``guide``, an :class:`~numpyro_dgp.guides.AutoFactorizedDGP`
-    already set up.
+    """``(loc, scale_tril)`` parameter names of the inducing sites the natural gradient takes:
+    those of ``layers`` (``"last"``, ``"all"`` or the model's layer names) of ``guide``, an
+    :class:`~numpyro_dgp.guides.AutoFactorizedDGP` already set up, each present in ``names``
+    (the parameters or gradients updated).
 
     :raises TypeError: for another guide.
-    :raises ValueError: for a guide not set up.
+    :raises ValueError: for a guide not set up, names that are not the model's layers, a layer
+        with per-point inducing sets, or parameters without the chosen layers'.
     """
     from numpyro_dgp.guides import AutoFactorizedDGP  # a sibling package that imports the engine
 
@@ -125,29 +96,15 @@ def _check_natural_guide(guide: Any) -> list[InducingSite]:
             "natural_gradients: the guide must be numpyro_dgp.guides.AutoFactorizedDGP (an "
             f"independent Gaussian per layer), got {type(guide).__name__}"
         )
-    if not guide.inducing_sites:
+    sites = guide.inducing_sites
+    if not sites:
         raise ValueError(
             "natural_gradients: the guide has not been set up (svi.init or fit builds it before "
             "the optimizer)"
         )
-    return guide.inducing_sites
-
-
-def _check_chosen_sites(
-    sites: list[InducingSite], layers: str | Sequence[str]
-) -> list[InducingSite]:
-    """The sites of ``layers`` (``"last"``, ``"all"`` or the model's layer names), each with a
-    global ``q(u)``.
-
-    :raises ValueError: for names that are not the model's layers, or a layer with per-point
-        inducing sets.
-    """
     by_layer = {site.layer: site for site in sites}
-    if layers == "last":
-        chosen = [sites[-1]]
-    elif layers == "all":
-        chosen = list(sites)
-    else:
+    chosen = sites[-1:] if layers == "last" else list(sites)
+    if layers not in ("last", "all"):
         unknown = [name for name in layers if name not in by_layer]
         if isinstance(layers, str) or unknown:
             raise ValueError(
@@ -159,7 +116,16 @@ def _check_chosen_sites(
         raise ValueError(
             "natural_gradients: layers with per-point inducing sets have no global q(u)"
         )
-    return chosen
+    pairs = [
+        (f"{site.name}_{guide.prefix}_loc", f"{site.name}_{guide.prefix}_scale_tril")
+        for site in chosen
+    ]
+    missing = [name for pair in pairs for name in pair if name not in names]
+    if missing:
+        raise ValueError(
+            f"natural_gradients: the parameters have no {missing} (another guide's parameters?)"
+        )
+    return pairs
 
 
 def _natural_step(
@@ -189,21 +155,6 @@ def _natural_step(
     covariance = jnp.swapaxes(precision_inv, -1, -2) @ precision_inv
     new_loc = (covariance @ theta1)[..., 0]
     return new_loc, transform.inv(cholesky(covariance))
-
-
-def _check_natural_options(step_size: float | optax.Schedule, layers: str | Sequence[str]) -> None:
-    """:func:`natural_gradients`' step size (a schedule or a positive number) and ``layers``
-    (``"last"``, ``"all"`` or a non-empty list of names; the names are checked at initialization).
-
-    :raises ValueError: otherwise.
-    """
-    if not callable(step_size) and not float(step_size) > 0:
-        raise ValueError(f"natural_gradients: step_size must be positive, got {step_size!r}")
-    if not (layers in ("last", "all") or (not isinstance(layers, str) and len(layers) > 0)):
-        raise ValueError(
-            "natural_gradients: layers must be 'last', 'all' or a list of layer names, "
-            f"got {layers!r}"
-        )
 
 
 def natural_gradients(
@@ -238,7 +189,13 @@ def natural_gradients(
     :raises TypeError: another guide (at initialization).
     :raises ValueError: unknown layers, or layers with per-point inducing sets.
     """
-    _check_natural_options(step_size, layers)
+    if not callable(step_size) and not float(step_size) > 0:
+        raise ValueError(f"natural_gradients: step_size must be positive, got {step_size!r}")
+    if not (layers in ("last", "all") or (not isinstance(layers, str) and len(layers) > 0)):
+        raise ValueError(
+            "natural_gradients: layers must be 'last', 'all' or a list of layer names, "
+            f"got {layers!r}"
+        )
     others = optax.adam(0.01) if others is None else others
     schedule: Callable = step_size if callable(step_size) else (lambda count: step_size)
 

@@ -43,12 +43,12 @@ from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 from numpyro.handlers import seed, substitute, trace
 from numpyro.infer.initialization import init_to_uniform
-from numpyro.infer.mcmc import MCMCKernel
-from numpyro.infer.util import initialize_model, potential_energy, transform_fn
-from numpyro.util import identity, is_prng_key
+from numpyro.infer.util import potential_energy, transform_fn
 
 from numpyro_dgp._protocol import amortized_layer_names
 from numpyro_dgp._validation import check_positive_int, tree_all_finite
+from numpyro_dgp.infer._elliptical import ChainKernel
+from numpyro_dgp.infer._loop import select
 
 if TYPE_CHECKING:
     import optax
@@ -57,11 +57,6 @@ __all__ = ["SGHMC", "SGHMCState"]
 
 # Regularizer of the moment estimates, as in the reference implementations.
 _EPS = 1e-16
-
-
-def _apply_update(param: jax.Array, update: jax.Array) -> jax.Array:
-    # what optax.apply_updates does per leaf (keeps the parameter's dtype)
-    return jnp.asarray(param + update).astype(jnp.asarray(param).dtype)
 
 
 class SGHMCState(NamedTuple):
@@ -111,10 +106,6 @@ class SGHMCState(NamedTuple):
         return {**self.z, **self.params}
 
 
-def _tree_where(pred, new, old):
-    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
-
-
 def _inspect_model(model, init_strategy, rng_key, model_args, model_kwargs):
     """Latent site names, discrete latent site names and plate sizes of ``model``.
 
@@ -143,7 +134,7 @@ def _inspect_model(model, init_strategy, rng_key, model_args, model_kwargs):
     return found["latent"], found["discrete"], found["plates"]
 
 
-class SGHMC(MCMCKernel):
+class SGHMC(ChainKernel):
     """Adaptive SGHMC (Springenberg et al. 2016) with MW-MCEM parameter learning
     (Havasi et al. 2018).
 
@@ -214,7 +205,7 @@ class SGHMC(MCMCKernel):
         check_positive_int(window_size, "window_size", "SGHMC")
         if num_data is not None and not num_data > 0:
             raise ValueError(f"SGHMC: num_data must be positive, got {num_data!r}")
-        self._model = model
+        super().__init__(model, init_strategy)
         self._step_size = float(step_size)
         self._mdecay = float(mdecay)
         self._num_data_arg = num_data
@@ -231,30 +222,16 @@ class SGHMC(MCMCKernel):
         self._optimizer = param_optimizer
         self._window_size = window_size
         self._optimize_after_warmup = bool(optimize_after_warmup)
-        self._init_strategy = init_strategy
-        # Set by ``init``.
+        # set by init
         self._num_warmup = 0
         self._num_data: int | None = None
         self._param_transforms: dict[str, Any] = {}
-        self._postprocess_fn = None
-        self._vectorized = False
 
-    # ------------------------------------------------------------------ MCMCKernel interface
-    @property
-    def model(self) -> Callable:
-        """The NumPyro model being sampled."""
-        return self._model
-
-    @property
-    def sample_field(self) -> str:
-        """The field of :class:`SGHMCState` collected as the sample: ``"position"``."""
-        return "position"
-
-    @property
-    def default_fields(self) -> tuple[str, ...]:
-        """The fields of :class:`SGHMCState` collected by default: the position, the
-        potential energy and the number of skipped steps."""
-        return ("position", "potential_energy", "num_skipped")
+    #: the field of :class:`SGHMCState` collected as the sample
+    sample_field = "position"
+    #: the fields collected by default: the position, the potential energy and the number of
+    #: skipped steps
+    default_fields = ("position", "potential_energy", "num_skipped")
 
     @property
     def num_data(self) -> int | None:
@@ -269,138 +246,51 @@ class SGHMC(MCMCKernel):
         """
         return "pe={:.4g}, skipped={}".format(float(state.potential_energy), int(state.num_skipped))
 
-    def postprocess_fn(self, model_args: tuple, model_kwargs: dict | None) -> Callable:
-        """The function mapping a collected position to constrained values.
-
-        Latent sites are mapped by their supports, ``numpyro.param`` sites by their
-        constraints, and ``numpyro.deterministic`` sites are recomputed by replaying the model.
-
-        :param model_args: the model's positional arguments.
-        :param model_kwargs: the model's keyword arguments.
-        :return: a function of an unconstrained position (the identity before ``init``).
-        """
-        if self._postprocess_fn is None:
-            return identity
-        # NumPyro's postprocess maps both latent and param sites (each by its support or
-        # ``constraint``) and replays the model for deterministic sites; the replay overrides
-        # the init param values it holds with those in the sample.
-        return self._postprocess_fn(*model_args, **(model_kwargs or {}))
-
-    def init(
-        self,
-        rng_key: jax.Array,
-        num_warmup: int,
-        init_params: dict | None = None,
-        model_args: tuple = (),
-        model_kwargs: dict | None = None,
-    ) -> SGHMCState:
-        """Validate the model, find ``num_data`` and the param sites, and build the initial state.
-
-        :param rng_key: PRNG key; with ``chain_method="vectorized"`` one key per chain,
-            ``(num_chains, ...)``.
-        :param num_warmup: number of warmup (burn-in) steps, during which the preconditioner
-            adapts.
-        :param init_params: unconstrained initial latent values keyed by site name (default:
-            from ``init_strategy``).
-        :param model_args: the model's positional arguments.
-        :param model_kwargs: the model's keyword arguments.
-        :return: the initial :class:`SGHMCState` (a leading chain axis when vectorized).
-        """
-        model_kwargs = {} if model_kwargs is None else model_kwargs
+    def _start(self, chain_keys, init_keys, num_warmup, init_params, model_args, model_kwargs):
+        """Validate the model, find ``num_data`` and the param sites, and build the initial
+        state."""
         self._num_warmup = int(num_warmup)
-        self._vectorized = not is_prng_key(rng_key)
-        if self._vectorized:  # one key per chain (chain_method="vectorized")
-            rng_key, key_init = jnp.swapaxes(jax.vmap(random.split)(rng_key), 0, 1)
-            key_trace = key_init[0]
-        else:
-            rng_key, key_init = random.split(rng_key)
-            key_trace = key_init
-
         # Validate the model before initialize_model (which would try to enumerate discrete
         # sites); an abstract trace suffices and compiles nothing.
         latent, discrete, plate_sizes = _inspect_model(
-            self._model, self._init_strategy, key_trace, model_args, model_kwargs
+            self._model, self._init_strategy, init_keys[0], model_args, model_kwargs
         )
         if discrete:
             raise ValueError(f"SGHMC: discrete latent sites are not supported: {discrete}")
         if not latent:
             raise ValueError("SGHMC: the model has no latent sample sites to sample")
-        if self._num_data_arg is not None:
-            self._num_data = self._num_data_arg
-        else:
-            self._num_data = max(plate_sizes) if plate_sizes else 1
-
+        self._num_data = self._num_data_arg or max(plate_sizes, default=1)
         # The postprocess replay (deterministic sites) runs the model without a seed; give its
         # plate subsampling a fixed key (only plates: latents still get distinct init values).
-        plates_seeded = seed(
-            self._model, rng_seed=0, hide_types=["sample", "prng_key", "control_flow"]
-        )
-        # One chain searches as chains do (a batch of one key): NumPyro's search for a start with
-        # a finite potential and gradient then runs compiled, where for a single key it checks
-        # the first start op by op (190 small compilations at M = 500, 15 -> 10 s; the same
-        # start and the same error where none is found).
-        info = initialize_model(
-            key_init if self._vectorized else key_init[None],
-            plates_seeded,
-            init_strategy=self._init_strategy,
-            dynamic_args=True,
-            model_args=model_args,
-            model_kwargs=model_kwargs,
-        )
-        self._postprocess_fn = info.postprocess_fn
+        hide = ["sample", "prng_key", "control_flow"]
+        plates_seeded = seed(self._model, rng_seed=0, hide_types=hide)
+        info, z = self._initialize(init_keys, plates_seeded, model_args, model_kwargs)
         param_sites = {k: s for k, s in info.model_trace.items() if s["type"] == "param"}
         self._param_transforms = {
             k: biject_to(s["kwargs"].get("constraint", constraints.real))
             for k, s in param_sites.items()
         }
-        params = transform_fn(
-            self._param_transforms, {k: s["value"] for k, s in param_sites.items()}, invert=True
-        )
-        z = info.param_info.z
-        if not self._vectorized:
-            z = jax.tree.map(lambda v: v[0], z)
+        values = {k: s["value"] for k, s in param_sites.items()}
+        params = transform_fn(self._param_transforms, values, invert=True)
         z = z if init_params is None else init_params
-
         init_state = jax.jit(self._init_state)  # one compilation instead of many eager ops
         if self._vectorized:
-            return jax.vmap(init_state, in_axes=(0, None, 0))(z, params, rng_key)
-        return init_state(z, params, rng_key)
-
-    def sample(self, state: SGHMCState, model_args: tuple, model_kwargs: dict | None) -> SGHMCState:
-        """One SGHMC step of the latents and one MW-MCEM step of the params.
-
-        :param state: the current state.
-        :param model_args: the model's positional arguments.
-        :param model_kwargs: the model's keyword arguments.
-        :return: the next state (unchanged but for the step count, the key and
-            ``num_skipped`` when the step was rejected).
-        """
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        if self._vectorized:
-            return jax.vmap(self._step, in_axes=(0, None, None))(state, model_args, model_kwargs)
-        return self._step(state, model_args, model_kwargs)
+            return jax.vmap(init_state, in_axes=(0, None, 0))(z, params, chain_keys)
+        return init_state(z, params, chain_keys[0])
 
     # ------------------------------------------------------------------ internals
     def _init_state(self, z, params, rng_key):
         z_flat, _ = ravel_pytree(z)
         ones = jnp.ones_like(z_flat)
         opt_state = self._optimizer.init(params) if self._optimizes(params) else ()
+        window = jnp.zeros((self._window_size,) + z_flat.shape, z_flat.dtype)
+        # counters: int32, not a weakly typed int, so a step returns the state's own types
+        # (an ahead-of-time compiled step refused its second call otherwise)
+        zero = jnp.zeros((), jnp.int32)
+        # zero initial momentum, as sghmc_dgp
+        momentum, pe = jnp.zeros_like(z_flat), jnp.zeros((), z_flat.dtype)
         return SGHMCState(
-            i=jnp.zeros((), jnp.int32),
-            z=z,
-            momentum=jnp.zeros_like(z_flat),  # zero initial momentum, as sghmc_dgp
-            xi=ones,
-            g=ones,
-            g2=ones,
-            params=params,
-            opt_state=opt_state,
-            window=jnp.zeros((self._window_size,) + z_flat.shape, z_flat.dtype),
-            # counters: int32, not a weakly typed int, so a step returns the state's own types
-            # (an ahead-of-time compiled step refused its second call otherwise)
-            window_count=jnp.zeros((), jnp.int32),
-            potential_energy=jnp.zeros((), z_flat.dtype),
-            num_skipped=jnp.zeros((), jnp.int32),
-            rng_key=rng_key,
+            zero, z, momentum, ones, ones, ones, params, opt_state, window, zero, pe, zero, rng_key
         )
 
     def _optimizes(self, params):
@@ -413,7 +303,7 @@ class SGHMC(MCMCKernel):
         # potential_energy adds the log-Jacobians of constrained latents.
         return potential_energy(model, model_args, model_kwargs, z)
 
-    def _step(self, state: SGHMCState, model_args, model_kwargs) -> SGHMCState:
+    def _chain_step(self, state: SGHMCState, model_args, model_kwargs) -> SGHMCState:
         rng_key, key_u, key_noise, key_win, key_opt = random.split(state.rng_key, 5)
         z_flat, unravel = ravel_pytree(state.z)
         dtype = z_flat.dtype
@@ -439,7 +329,7 @@ class SGHMC(MCMCKernel):
             (1.0 - r) * state.g2 + r * grad_scaled**2,
         )
         warmup = state.i < self._num_warmup
-        xi, g, g2 = _tree_where(warmup, adapted, (state.xi, state.g, state.g2))
+        xi, g, g2 = select(warmup, adapted, (state.xi, state.g, state.g2))
 
         noise_std = jnp.sqrt(jnp.maximum(2.0 * eta * mdecay * minv, _EPS))
         noise = noise_std * random.normal(key_noise, z_flat.shape, dtype)
@@ -464,8 +354,12 @@ class SGHMC(MCMCKernel):
                 updates, new_opt_state = self._optimizer.update(
                     p_grad, state.opt_state, state.params
                 )
-                new_params = jax.tree_util.tree_map(_apply_update, state.params, updates)
-                new_params = jax.tree.map(lambda a, b: a.astype(b.dtype), new_params, state.params)
+                # what optax.apply_updates does per leaf (keeps the parameter's dtype)
+                new_params = jax.tree.map(
+                    lambda p, u: jnp.asarray(p + u).astype(jnp.asarray(p).dtype),
+                    state.params,
+                    updates,
+                )
                 return new_params, new_opt_state, tree_all_finite(p_grad)
 
             # cond, not where: skips the gradient when params are frozen after warmup.
@@ -476,21 +370,25 @@ class SGHMC(MCMCKernel):
                 None,
             )
 
-        proposed = state._replace(
-            z=unravel(z_new_flat),
-            momentum=momentum,
-            xi=xi,
-            g=g,
-            g2=g2,
-            params=params,
-            opt_state=opt_state,
-            window=window,
-            window_count=window_count,
-            potential_energy=pe.astype(dtype),
+        z_new, pe = unravel(z_new_flat), pe.astype(dtype)
+        proposed = SGHMCState(
+            state.i,
+            z_new,
+            momentum,
+            xi,
+            g,
+            g2,
+            params,
+            opt_state,
+            window,
+            window_count,
+            pe,
+            state.num_skipped,
+            state.rng_key,
         )
         # Reject the whole step on a non-finite potential or gradient rather than poison the chain.
         ok = jnp.isfinite(pe) & tree_all_finite(grad) & ok_params
-        new = _tree_where(ok, proposed, state)
+        new = select(ok, proposed, state)
         return new._replace(
             i=state.i + 1, num_skipped=state.num_skipped + (~ok).astype(jnp.int32), rng_key=rng_key
         )

@@ -31,27 +31,11 @@ from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._validation import check_positive_int
-from numpyro_dgp.infer._fit import FitResult, initial_state
-from numpyro_dgp.infer._loop import TrainingLog, guarded_update, report_skipped, run_chunks
+from numpyro_dgp.infer._fit import FitResult
+from numpyro_dgp.infer._init import initial_state
+from numpyro_dgp.infer._loop import TrainingLog, guarded_update, report_skipped
 
 __all__ = ["HostMinibatches", "fit_minibatches"]
-
-
-def _check_host_arrays(X: ArrayLike, y: ArrayLike | None, batch_size: int) -> None:
-    """:class:`HostMinibatches`' arrays: ``X`` ``(N, D)``, ``y`` with ``N`` rows, ``batch_size``
-    at most ``N``.
-
-    :raises ValueError: otherwise.
-    """
-    check_positive_int(batch_size, "batch_size", "HostMinibatches")
-    if np.ndim(X) != 2:
-        raise ValueError(f"HostMinibatches: X must be (N, D), got shape {np.shape(X)}")
-    if y is not None and np.shape(y)[0] != np.shape(X)[0]:
-        raise ValueError(f"HostMinibatches: y has {np.shape(y)[0]} rows, X has {np.shape(X)[0]}")
-    if batch_size > np.shape(X)[0]:
-        raise ValueError(
-            f"HostMinibatches: batch_size={batch_size} exceeds the {np.shape(X)[0]} rows"
-        )
 
 
 class HostMinibatches:
@@ -79,7 +63,14 @@ class HostMinibatches:
         seed: int = 0,
         dtype: Any = None,
     ) -> None:
-        _check_host_arrays(X, y, batch_size)
+        check_positive_int(batch_size, "batch_size", "HostMinibatches")
+        if np.ndim(X) != 2:
+            raise ValueError(f"HostMinibatches: X must be (N, D), got shape {np.shape(X)}")
+        N = np.shape(X)[0]
+        if y is not None and np.shape(y)[0] != N:
+            raise ValueError(f"HostMinibatches: y has {np.shape(y)[0]} rows, X has {N}")
+        if batch_size > N:
+            raise ValueError(f"HostMinibatches: batch_size={batch_size} exceeds the {N} rows")
         self.X, self.y, self.batch_size, self.dtype = X, y, int(batch_size), dtype
         self.num_data = int(np.shape(X)[0])
         self._rng = np.random.default_rng(seed)
@@ -173,16 +164,11 @@ def fit_minibatches(
             raise ValueError("fit_minibatches: batches ran out before num_steps updates") from None
         return _to_device(batch, mesh)
 
+    if init_state is None and rng_key is None:
+        raise ValueError("fit_minibatches: rng_key is None; pass a PRNG key (or init_state=)")
     batch = next_batch()
     kwargs = {"num_data": int(num_data)}
-    if init_state is None:
-        if rng_key is None:
-            raise ValueError("fit_minibatches: rng_key is None; pass a PRNG key (or init_state=)")
-        state = initial_state(
-            svi, rng_key, batch, kwargs, {**kwargs, **svi.static_kwargs}, None, True
-        )
-    else:
-        state = init_state
+    state = initial_state(svi, rng_key, batch, kwargs) if init_state is None else init_state
 
     @jax.jit
     def update(state, batch):
@@ -193,34 +179,27 @@ def fit_minibatches(
     start = time.perf_counter()
     compiled = update.lower(state, batch).compile()
     compile_seconds = time.perf_counter() - start
-    carry = {"state": state, "batch": batch}
 
     def run(done, n):
         # dispatch is asynchronous: the host gathers the next batch while the device runs a step
-        pending = []
+        nonlocal state, batch
+        losses, skipped = [], []
         for step in range(done, done + n):
             if step:
-                carry["batch"] = next_batch()
-            carry["state"], loss, skipped = compiled(carry["state"], carry["batch"])
-            pending.append((loss, skipped))
-        return np.asarray([float(loss) for loss, _ in pending]), np.asarray(
-            [bool(s) for _, s in pending]
-        )
+                batch = next_batch()
+            state, loss, skip = compiled(state, batch)
+            losses.append(loss)
+            skipped.append(skip)
+        return np.asarray([float(x) for x in losses]), np.asarray([bool(x) for x in skipped])
 
     log = TrainingLog(
         "fit_minibatches", num_steps, progress_bar=progress_bar and jax.process_index() == 0
     )
-    run_chunks(run, log, lambda done: min(sync_every, num_steps - done))
-    state = carry["state"]
+    log.run(run, lambda done: min(sync_every, num_steps - done))
     # the diagnostic's eager run would need every process of a distributed fit: only without a mesh
     params = svi.get_params(state)
-    report_skipped(log, svi, state, carry["batch"], kwargs, params, diagnose=mesh is None)
+    report_skipped(log, svi, params, batch, kwargs, diagnose=mesh is None)
+    seconds = np.asarray(log.chunk_seconds)
     return FitResult(
-        params,
-        log.losses,
-        state,
-        log.num_skipped,
-        np.asarray(log.chunk_seconds),
-        int(sync_every),
-        compile_seconds,
+        params, log.losses, state, log.num_skipped, seconds, int(sync_every), compile_seconds
     )
