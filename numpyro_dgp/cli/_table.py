@@ -105,17 +105,18 @@ def _check_training_rows(num_train: int, test_fraction: float, N: int) -> None:
         raise ValueError(f"--test-fraction {test_fraction} leaves {num_train} training rows of {N}")
 
 
-def check_fit_inducing(num_inducing: int, num_train: int) -> None:
-    """Raise if ``--num-inducing`` exceeds the ``num_train`` training rows (a sparse GP with more
-    inducing points than data; a minibatch smaller than ``M`` is fine: the layers then start
-    from the batch's points and draws around them, see :func:`numpyro_dgp.gp_layer`).
+def check_inducing(num_inducing: int, num_train: int, where: str) -> None:
+    """Raise if ``--num-inducing`` exceeds the ``num_train`` training points (``where`` names
+    them): a sparse GP with more inducing points than data. A minibatch smaller than ``M`` is
+    fine: the layers then start from the batch's points and draws around them, see
+    :func:`numpyro_dgp.gp_layer`.
 
     :raises ValueError: otherwise.
     """
     if num_inducing > num_train:
         raise ValueError(
-            f"--num-inducing {num_inducing} exceeds the {num_train} points of the training "
-            f"rows; pass --num-inducing {num_train} or fewer"
+            f"--num-inducing {num_inducing} exceeds the {num_train} {where}; pass "
+            f"--num-inducing {num_train} or fewer"
         )
 
 
@@ -207,40 +208,6 @@ def final_loss(losses: np.ndarray, num_skipped: int) -> float:
             f"({num_skipped} of {losses.size} updates skipped)"
         )
     return float(finite.mean())
-
-
-def fit_summary(
-    args: argparse.Namespace,
-    N: int,
-    train_rows: int,
-    test_rows: int,
-    batch: int | None,
-    final: float,
-    seconds: float,
-    result,
-) -> dict:
-    """The fit's record saved with the model (``metadata``)."""
-    return {
-        "rows": int(N),
-        "train_rows": int(train_rows),
-        "test_rows": int(test_rows),
-        "steps": args.steps,
-        "batch_size": batch,
-        "seed": args.seed,
-        "final_loss": final,
-        "fit_seconds": seconds,
-        "skipped_steps": int(result.num_skipped),
-    }
-
-
-def print_held_out(
-    loaded, X: np.ndarray, y: np.ndarray, test: np.ndarray, targets: list[str], seed: int
-) -> None:
-    """Print the metrics of the saved model (``loaded`` again) on the held-out rows."""
-    import jax
-
-    pred = loaded.predict(X[test], rng_key=jax.random.PRNGKey(seed + 1), batch_size=10_000)
-    print("held-out: " + scores_text(pred, y[test], targets))
 
 
 def scores_text(pred, y, targets: list[str]) -> str:
