@@ -201,12 +201,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
     _setup_jax(args.float32)
     import jax
     import jax.numpy as jnp
-    import numpyro
-    from numpyro.infer import SVI
 
-    from numpyro_dgp import DGPElbo, Standardization, fit, load_model, save_model
-    from numpyro_dgp.guides import AutoFactorizedDGP
+    from numpyro_dgp import Standardization, load_model, save_model
     from numpyro_dgp.models import deep_gp_regression
+    from numpyro_dgp.recipes import fit_factorized
 
     continuous = likelihood in CONTINUOUS
     s = Standardization.fit(X[train], y[train] if continuous else None)
@@ -224,19 +222,17 @@ def cmd_fit(args: argparse.Namespace) -> int:
         num_classes=num_classes,
         missing_targets=args.missing_targets,
     )
-    guide = AutoFactorizedDGP(model)
-    svi = SVI(model, guide, numpyro.optim.Adam(args.lr), DGPElbo())
-    kwargs = {"batch_size": batch} if batch else {}
     start = time.perf_counter()
-    result = fit(
-        svi,
+    _, guide, result = fit_factorized(
+        model,
         jax.random.PRNGKey(args.seed),
         X_train,
         y_train,
         num_steps=args.steps,
-        chunk_size=min(100, args.steps),
+        batch_size=batch,
+        learning_rate=args.lr,
         progress_bar=not args.no_progress,
-        **kwargs,
+        chunk_size=100,
     )
     seconds = time.perf_counter() - start
     final = final_loss(result.losses, result.num_skipped)
@@ -333,7 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     :return: the parser.
     """
     parser = argparse.ArgumentParser(
-        prog="numpyro-dgp", description="Deep Gaussian processes on NumPyro."
+        prog="numpyro-dgp",
+        description="Deep Gaussian processes on NumPyro.",
+        epilog="'numpyro-dgp COMMAND --help' lists a command's options.",
     )
     commands = {"demo": cmd_demo, "uci": cmd_uci, "fit": cmd_fit, "predict": cmd_predict}
     add_subcommands(parser, commands)

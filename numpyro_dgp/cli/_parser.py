@@ -130,6 +130,7 @@ def _add_fit(fit: argparse.ArgumentParser) -> None:
         fit,
         "--target",
         required=True,
+        metavar="COLUMN[,COLUMN...]",
         type=_target_list,
         help="the column to predict, or several separated by commas (one model for all); every "
         "other column is a feature",
@@ -138,6 +139,7 @@ def _add_fit(fit: argparse.ArgumentParser) -> None:
         fit,
         "--output",
         required=True,
+        metavar="MODEL_DIR",
         help="the model directory to write (new, or see --overwrite); checked before the fit",
     )
     _add(fit, "--layers")
@@ -150,6 +152,7 @@ def _add_fit(fit: argparse.ArgumentParser) -> None:
         fit,
         "--likelihood",
         choices=tuple(LIKELIHOODS),
+        metavar="NAME",
         default="normal",
         help="normal or heteroscedastic (regression), student-t (robust regression), probit "
         "(target 0/1), softmax or robust-max (target 0..C-1), poisson or negative-binomial "
@@ -190,6 +193,7 @@ def _add_predict(predict: argparse.ArgumentParser) -> None:
         predict,
         "--output",
         required=True,
+        metavar="CSV",
         help="the CSV file to write, one row per input row (its 0-based index in 'row')",
     )
     _add(predict, "--num-samples", type=_positive_int, default=100, help="mixture components")

@@ -39,34 +39,21 @@ def _check_target_values(y: np.ndarray, likelihood: str, targets: list[str]) -> 
     import numpy as np
 
     values = y[~np.isnan(y)]
-    shown = (  # noqa: E731
-        lambda v: f"{np.unique(v)[:6].tolist()}{' ...' if np.unique(v).size > 6 else ''}"
-    )
-    if likelihood == "probit" and not set(np.unique(values).tolist()) <= {0.0, 1.0}:
-        raise ValueError(
-            f"--likelihood probit needs a target of 0s and 1s; {targets[0]!r} holds {shown(values)}"
-        )
-    if likelihood in ("softmax", "robust_max"):
-        if values.size == 0 or np.any(values < 0) or np.any(values != np.round(values)):
-            raise ValueError(
-                f"--likelihood {likelihood.replace('_', '-')} needs class labels 0, 1, ..., C-1; "
-                f"{targets[0]!r} holds {shown(values)}"
-            )
-        num_classes = int(values.max()) + 1
-        if num_classes < 2:
-            raise ValueError(
-                f"--likelihood {likelihood.replace('_', '-')} needs at least two classes; "
-                f"{targets[0]!r} holds only {shown(values)}"
-            )
-        return num_classes
-    if likelihood in ("poisson", "negative_binomial") and (
-        np.any(values < 0) or np.any(values != np.round(values))
-    ):
-        raise ValueError(
-            f"--likelihood {likelihood.replace('_', '-')} needs non-negative integer counts; "
-            f"{targets} hold {shown(values)}"
-        )
-    return None
+    distinct = np.unique(values).tolist()
+    held = f"{distinct[:6]}{' ...' if len(distinct) > 6 else ''}"
+    option = f"--likelihood {likelihood.replace('_', '-')}"
+    integers = not np.any(values < 0) and bool(np.all(values == np.round(values)))
+    if likelihood == "probit" and not set(distinct) <= {0.0, 1.0}:
+        raise ValueError(f"{option} needs a target of 0s and 1s; {targets[0]!r} holds {held}")
+    if likelihood in ("poisson", "negative_binomial") and not integers:
+        raise ValueError(f"{option} needs non-negative integer counts; {targets} hold {held}")
+    if likelihood not in ("softmax", "robust_max"):
+        return None
+    if values.size == 0 or not integers:
+        raise ValueError(f"{option} needs class labels 0, 1, ..., C-1; {targets[0]!r} holds {held}")
+    if values.max() < 1:
+        raise ValueError(f"{option} needs at least two classes; {targets[0]!r} holds only {held}")
+    return int(values.max()) + 1
 
 
 def _check_label_targets(option: str, likelihood: str, targets: list[str]) -> None:
