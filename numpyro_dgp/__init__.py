@@ -22,6 +22,7 @@ Importing the package imports nothing else: each submodule and name is loaded on
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +86,7 @@ if TYPE_CHECKING:
     from numpyro_dgp.objectives import PredictiveObjective as PredictiveObjective
 
 
+@functools.cache  # read once, on the first public name used
 def _public_names() -> dict[str, str]:
     """``{public name: the module to import}``, read from the imports under ``TYPE_CHECKING``
     above (a submodule ``numpyro_dgp.<name>`` maps to itself)."""
