@@ -16,192 +16,107 @@ or :class:`~numpyro_dgp.infer.SGHMC`) and compare layer by layer with
 
 Importing the package imports nothing else: each submodule and name is loaded on first use
 (``numpyro_dgp.fit`` imports JAX and NumPyro; :mod:`~numpyro_dgp.diagnostics` ArviZ;
-:mod:`~numpyro_dgp.plots` matplotlib).
+:mod:`~numpyro_dgp.plots` matplotlib), so ``import numpyro_dgp`` and the command line's
+``--help`` answer at once.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# Nothing heavy is imported here: the public names below load their module (and JAX, NumPyro,
-# ArviZ or matplotlib with it) on first access, so ``import numpyro_dgp`` and the
-# ``numpyro-dgp`` command's ``--help`` and argument errors answer at once.
-
-#: public submodules, imported on first attribute access
-_SUBMODULES = (
-    "cli",
-    "core",
-    "datasets",
-    "diagnostics",
-    "guides",
-    "handlers",
-    "infer",
-    "io",
-    "kernels",
-    "layers",
-    "likelihoods",
-    "models",
-    "objectives",
-    "plots",
-    "posteriors",
-    "recipes",
-    "sde",
-)
-
-#: public names defined in submodules: name -> the module that defines it
-_ATTRIBUTES = {
-    "predict_collapsed": "_predict.deterministic",
-    "predict_moment_matched": "_predict.deterministic",
-    "gaussian_mixture_crps": "_predict.metrics",
-    "log_likelihood": "_predict.metrics",
-    "metrics": "_predict.metrics",
-    "ParameterMismatchError": "_persist.params",
-    "check_params": "_persist.params",
-    "NonFinitePredictionWarning": "_predict.prediction",
-    "Prediction": "_predict.prediction",
-    "predict": "_predict.prediction",
-    "predict_from_samples": "_predict.samples",
-    "sample_layers": "_predict.prediction",
-    "ModelFileError": "_saved_model",
-    "SavedModel": "_saved_model",
-    "Standardization": "_saved_model",
-    "load_model": "_saved_model",
-    "predictive_quantiles": "_predict.quantiles",
-    "save_model": "_saved_model",
-    "InputScaleWarning": "_validation",
-    "TargetScaleWarning": "_validation",
-    "FitResult": "infer",
-    "fit": "infer",
-    "load_params": "io",
-    "save_params": "io",
-    "gp_layer": "layers",
-    "latent_input": "_layers.latent",
-    "bernoulli_probit": "likelihoods",
-    "CollapsedSparseGP": "objectives",
-    "DGPElbo": "objectives",
-    "ImportanceWeightedElbo": "objectives",
-    "NestedCompressionElbo": "objectives",
-    "PredictiveObjective": "objectives",
-}
-
-if TYPE_CHECKING:  # what the names are, for type checkers and editors
-    from numpyro_dgp import (
-        cli,
-        core,
-        datasets,
-        diagnostics,
-        guides,
-        handlers,
-        infer,
-        io,
-        kernels,
-        layers,
-        likelihoods,
-        models,
-        objectives,
-        plots,
-        posteriors,
-        recipes,
-        sde,
-    )
-    from numpyro_dgp._layers.latent import latent_input
-    from numpyro_dgp._persist.params import ParameterMismatchError, check_params
-    from numpyro_dgp._predict.deterministic import predict_collapsed, predict_moment_matched
-    from numpyro_dgp._predict.metrics import gaussian_mixture_crps, log_likelihood, metrics
+# The one list of public names: the imports below are what type checkers and editors see; at
+# run time nothing here is imported (``import numpyro_dgp`` loads neither JAX nor NumPyro), and
+# each name loads its module on first access (see ``_public_names``). A new public name is one
+# more import here.
+if TYPE_CHECKING:
+    from numpyro_dgp import cli as cli
+    from numpyro_dgp import core as core
+    from numpyro_dgp import datasets as datasets
+    from numpyro_dgp import diagnostics as diagnostics
+    from numpyro_dgp import guides as guides
+    from numpyro_dgp import handlers as handlers
+    from numpyro_dgp import infer as infer
+    from numpyro_dgp import io as io
+    from numpyro_dgp import kernels as kernels
+    from numpyro_dgp import layers as layers
+    from numpyro_dgp import likelihoods as likelihoods
+    from numpyro_dgp import models as models
+    from numpyro_dgp import objectives as objectives
+    from numpyro_dgp import plots as plots
+    from numpyro_dgp import posteriors as posteriors
+    from numpyro_dgp import recipes as recipes
+    from numpyro_dgp import sde as sde
+    from numpyro_dgp._layers.latent import latent_input as latent_input
+    from numpyro_dgp._persist.params import ParameterMismatchError as ParameterMismatchError
+    from numpyro_dgp._persist.params import check_params as check_params
+    from numpyro_dgp._predict.deterministic import predict_collapsed as predict_collapsed
+    from numpyro_dgp._predict.deterministic import predict_moment_matched as predict_moment_matched
+    from numpyro_dgp._predict.metrics import gaussian_mixture_crps as gaussian_mixture_crps
+    from numpyro_dgp._predict.metrics import log_likelihood as log_likelihood
+    from numpyro_dgp._predict.metrics import metrics as metrics
     from numpyro_dgp._predict.prediction import (
-        NonFinitePredictionWarning,
-        Prediction,
-        predict,
-        sample_layers,
+        NonFinitePredictionWarning as NonFinitePredictionWarning,
     )
-    from numpyro_dgp._predict.quantiles import predictive_quantiles
-    from numpyro_dgp._predict.samples import predict_from_samples
-    from numpyro_dgp._saved_model import (
-        ModelFileError,
-        SavedModel,
-        Standardization,
-        load_model,
-        save_model,
-    )
-    from numpyro_dgp._validation import InputScaleWarning, TargetScaleWarning
-    from numpyro_dgp.infer import FitResult, fit
-    from numpyro_dgp.io import load_params, save_params
-    from numpyro_dgp.layers import gp_layer
-    from numpyro_dgp.likelihoods import bernoulli_probit
-    from numpyro_dgp.objectives import (
-        CollapsedSparseGP,
-        DGPElbo,
-        ImportanceWeightedElbo,
-        NestedCompressionElbo,
-        PredictiveObjective,
-    )
+    from numpyro_dgp._predict.prediction import Prediction as Prediction
+    from numpyro_dgp._predict.prediction import predict as predict
+    from numpyro_dgp._predict.prediction import sample_layers as sample_layers
+    from numpyro_dgp._predict.quantiles import predictive_quantiles as predictive_quantiles
+    from numpyro_dgp._predict.samples import predict_from_samples as predict_from_samples
+    from numpyro_dgp._saved_model import ModelFileError as ModelFileError
+    from numpyro_dgp._saved_model import SavedModel as SavedModel
+    from numpyro_dgp._saved_model import Standardization as Standardization
+    from numpyro_dgp._saved_model import load_model as load_model
+    from numpyro_dgp._saved_model import save_model as save_model
+    from numpyro_dgp._validation import InputScaleWarning as InputScaleWarning
+    from numpyro_dgp._validation import TargetScaleWarning as TargetScaleWarning
+    from numpyro_dgp.infer import FitResult as FitResult
+    from numpyro_dgp.infer import fit as fit
+    from numpyro_dgp.io import load_params as load_params
+    from numpyro_dgp.io import save_params as save_params
+    from numpyro_dgp.layers import gp_layer as gp_layer
+    from numpyro_dgp.likelihoods import bernoulli_probit as bernoulli_probit
+    from numpyro_dgp.objectives import CollapsedSparseGP as CollapsedSparseGP
+    from numpyro_dgp.objectives import DGPElbo as DGPElbo
+    from numpyro_dgp.objectives import ImportanceWeightedElbo as ImportanceWeightedElbo
+    from numpyro_dgp.objectives import NestedCompressionElbo as NestedCompressionElbo
+    from numpyro_dgp.objectives import PredictiveObjective as PredictiveObjective
 
-__all__ = [
-    "CollapsedSparseGP",
-    "DGPElbo",
-    "FitResult",
-    "ImportanceWeightedElbo",
-    "InputScaleWarning",
-    "ModelFileError",
-    "NestedCompressionElbo",
-    "NonFinitePredictionWarning",
-    "ParameterMismatchError",
-    "Prediction",
-    "PredictiveObjective",
-    "SavedModel",
-    "Standardization",
-    "TargetScaleWarning",
-    "bernoulli_probit",
-    "check_params",
-    "cli",
-    "core",
-    "datasets",
-    "diagnostics",
-    "fit",
-    "gaussian_mixture_crps",
-    "gp_layer",
-    "guides",
-    "handlers",
-    "infer",
-    "io",
-    "kernels",
-    "latent_input",
-    "layers",
-    "likelihoods",
-    "load_model",
-    "load_params",
-    "log_likelihood",
-    "metrics",
-    "models",
-    "objectives",
-    "plots",
-    "posteriors",
-    "predict",
-    "predict_collapsed",
-    "predict_from_samples",
-    "predict_moment_matched",
-    "predictive_quantiles",
-    "recipes",
-    "sample_layers",
-    "save_model",
-    "save_params",
-    "sde",
-]
+
+@functools.cache  # read once, on the first public name used
+def _public_names() -> dict[str, str]:
+    """``{public name: the module to import}``, read from the imports under ``TYPE_CHECKING``
+    above (a submodule ``numpyro_dgp.<name>`` maps to itself)."""
+    import ast
+
+    with open(__file__, encoding="utf-8") as source:
+        tree = ast.parse(source.read())
+    block = next(node for node in tree.body if isinstance(node, ast.If))
+    names = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom) and node.module is not None
+        for alias in node.names:
+            module = node.module
+            names[alias.name] = f"{module}.{alias.name}" if module == __name__ else module
+    return names
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        value = importlib.import_module(f"{__name__}.{name}")
-    elif name in _ATTRIBUTES:
-        value = getattr(importlib.import_module(f"{__name__}.{_ATTRIBUTES[name]}"), name)
-    else:
+    public = _public_names()
+    if name == "__all__":
+        value: Any = sorted(public)
+    elif name not in public:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    elif public[name] == f"{__name__}.{name}":
+        value = importlib.import_module(public[name])
+    else:
+        value = getattr(importlib.import_module(public[name]), name)
     globals()[name] = value  # later accesses are plain attribute lookups
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(_public_names()))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -161,26 +162,33 @@ def run_on_uci(
     data = load_uci(name, split, data_dir=data_dir)
     dtype = jnp.result_type(float)
     X, y = jnp.asarray(data.X_train, dtype), jnp.asarray(data.y_train, dtype)
-    t0 = time.perf_counter()
+    X_test, y_test = jnp.asarray(data.X_test, dtype), jnp.asarray(data.y_test, dtype)
+    return _fit_and_score(fit_fn, rng_key, X, y, X_test, y_test, num_test_samples, data.y_std)
+
+
+def _fit_and_score(
+    fit_fn: Callable[[jax.Array, jax.Array, jax.Array], Fitted],
+    rng_key: jax.Array,
+    X: jax.Array,
+    y: jax.Array,
+    X_test: jax.Array,
+    y_test: jax.Array,
+    num_test_samples: int,
+    y_scale: ArrayLike = 1.0,
+) -> RunResult:
+    """Fit with ``fit_fn(fit_key, X, y)``, predict ``X_test`` and score it against ``y_test``
+    (in units of ``y_scale``); the fit and the prediction timed together."""
+    start = time.perf_counter()
     fit_key, pred_key = jax.random.split(rng_key)
     model, guide, result = fit_fn(fit_key, X, y)
-    pred = predict(
-        model,
-        guide,
-        result.params,
-        pred_key,
-        jnp.asarray(data.X_test, dtype),
-        num_samples=num_test_samples,
-    )
-    m = metrics(pred, jnp.asarray(data.y_test, dtype), y_scale=data.y_std)
-    total = time.perf_counter() - t0
-    final_elbo = float(-np.nanmean(result.losses[-100:]))
+    pred = predict(model, guide, result.params, pred_key, X_test, num_samples=num_test_samples)
+    scores = metrics(pred, y_test, y_scale=y_scale)
     return RunResult(
-        m,
-        final_elbo,
+        scores,
+        float(-np.nanmean(result.losses[-100:])),
         result.seconds_per_step,
         result.compile_seconds,
-        total,
+        time.perf_counter() - start,
         result.num_skipped,
         model,
         guide,
@@ -317,31 +325,10 @@ def run_demo(
     Xt, yt = jnp.asarray(data.X_test, dtype), jnp.asarray(data.y_test, dtype)
     out = {}
     for label, layers, key in (("dgp", 2, dgp_key), ("svgp", 1, gp_key)):
-        t0 = time.perf_counter()
-        fit_key, pred_key = jax.random.split(key)
-        model, guide, result = fit_dsvi(
-            fit_key,
-            X,
-            y,
-            num_layers=layers,
-            num_inducing=num_inducing,
-            num_steps=num_steps,
-            learning_rate=0.01,
-            noise_init=0.01,
+        fit_fn = partial(
+            fit_dsvi, num_layers=layers, num_inducing=num_inducing, num_steps=num_steps
         )
-        pred = predict(model, guide, result.params, pred_key, Xt, num_samples=num_test_samples)
-        m = metrics(pred, yt)
-        out[label] = RunResult(
-            m,
-            float(-np.nanmean(result.losses[-100:])),
-            result.seconds_per_step,
-            result.compile_seconds,
-            time.perf_counter() - t0,
-            result.num_skipped,
-            model,
-            guide,
-            result.params,
-        )
+        out[label] = _fit_and_score(fit_fn, key, X, y, Xt, yt, num_test_samples)
     if output is not None:
         plot_demo(out["dgp"], data, plot_key, output)
     return out

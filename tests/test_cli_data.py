@@ -100,12 +100,13 @@ def test_fit_probit_on_npz_and_predict(tmp_path, capsys):
 
 
 def test_fit_takes_more_inducing_points_than_a_minibatch_but_not_than_the_training_rows():
-    from numpyro_dgp.cli._table import check_fit_inducing
+    from numpyro_dgp.cli._table import check_inducing
 
-    check_fit_inducing(500, 2000)  # --batch-size 256: the layers start from the batch and draws
-    check_fit_inducing(30, 30)
+    rows = "points of the training rows"
+    check_inducing(500, 2000, rows)  # --batch-size 256: the layers start from the batch and draws
+    check_inducing(30, 30, rows)
     with pytest.raises(ValueError, match="--num-inducing 31 exceeds the 30 points"):
-        check_fit_inducing(31, 30)
+        check_inducing(31, 30, rows)
 
 
 def test_read_table_formats(tmp_path):

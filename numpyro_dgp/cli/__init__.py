@@ -42,24 +42,16 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from numpyro_dgp.cli._parser import (
-    LIKELIHOODS,
-    add_demo_parser,
-    add_fit_parser,
-    add_predict_parser,
-    add_uci_parser,
-)
+from numpyro_dgp.cli._parser import LIKELIHOODS, add_subcommands
 from numpyro_dgp.cli._table import (
     CONTINUOUS,
     check_feature_columns,
-    check_fit_inducing,
+    check_inducing,
     check_output_file,
     final_loss,
-    fit_summary,
     fit_table,
     prediction_columns,
     print_fit_plan,
-    print_held_out,
     scores_text,
     train_test_rows,
     training_arrays,
@@ -134,18 +126,6 @@ def _check_uci_splits(dataset: str, data_dir: str | None, splits: list[int]) -> 
         raise SystemExit(f"--splits: {dataset} has splits 0..{available - 1}; got {bad}")
 
 
-def _check_uci_inducing(num_inducing: int, num_train: int, name: str, split: int) -> None:
-    """Raise if ``--num-inducing`` exceeds the ``num_train`` training points of the first split.
-
-    :raises ValueError: otherwise.
-    """
-    if num_inducing > num_train:
-        raise ValueError(
-            f"--num-inducing {num_inducing} exceeds the {num_train} training points of {name} "
-            f"(split {split}); pass --num-inducing {num_train} or fewer"
-        )
-
-
 def cmd_uci(args: argparse.Namespace) -> int:
     """``numpyro-dgp uci``: DSVI on the chosen UCI splits; prints per-split test
     log-likelihood, RMSE and CRPS, then their mean and standard error.
@@ -165,7 +145,8 @@ def cmd_uci(args: argparse.Namespace) -> int:
         args.dataset, args.splits[0], data_dir=args.data_dir
     )  # fails early on bad files
     name = data.name
-    _check_uci_inducing(args.num_inducing, data.X_train.shape[0], name, args.splits[0])
+    where = f"training points of {name} (split {args.splits[0]})"
+    check_inducing(args.num_inducing, data.X_train.shape[0], where)
     print(
         f"{name}: {args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, "
         f"batch {args.batch_size}"
@@ -220,19 +201,17 @@ def cmd_fit(args: argparse.Namespace) -> int:
     _setup_jax(args.float32)
     import jax
     import jax.numpy as jnp
-    import numpyro
-    from numpyro.infer import SVI
 
-    from numpyro_dgp import DGPElbo, Standardization, fit, load_model, save_model
-    from numpyro_dgp.guides import AutoFactorizedDGP
+    from numpyro_dgp import Standardization, load_model, save_model
     from numpyro_dgp.models import deep_gp_regression
+    from numpyro_dgp.recipes import fit_factorized
 
     continuous = likelihood in CONTINUOUS
     s = Standardization.fit(X[train], y[train] if continuous else None)
     dtype = jnp.float32 if args.float32 else jnp.float64
     X_train, y_train = training_arrays(s, X, y, train, dtype, continuous, masked)
     batch = args.batch_size if args.batch_size < train.size else None
-    check_fit_inducing(args.num_inducing, train.size)
+    check_inducing(args.num_inducing, train.size, "points of the training rows")
     print_fit_plan(args, N, names, num_classes, train.size, test.size, batch, dtype)
     model = deep_gp_regression(
         args.layers,
@@ -243,23 +222,31 @@ def cmd_fit(args: argparse.Namespace) -> int:
         num_classes=num_classes,
         missing_targets=args.missing_targets,
     )
-    guide = AutoFactorizedDGP(model)
-    svi = SVI(model, guide, numpyro.optim.Adam(args.lr), DGPElbo())
-    kwargs = {"batch_size": batch} if batch else {}
     start = time.perf_counter()
-    result = fit(
-        svi,
+    _, guide, result = fit_factorized(
+        model,
         jax.random.PRNGKey(args.seed),
         X_train,
         y_train,
         num_steps=args.steps,
-        chunk_size=min(100, args.steps),
+        batch_size=batch,
+        learning_rate=args.lr,
         progress_bar=not args.no_progress,
-        **kwargs,
+        chunk_size=100,
     )
     seconds = time.perf_counter() - start
     final = final_loss(result.losses, result.num_skipped)
-    summary = fit_summary(args, N, train.size, test.size, batch, final, seconds, result)
+    summary = {
+        "rows": int(N),
+        "train_rows": int(train.size),
+        "test_rows": int(test.size),
+        "steps": args.steps,
+        "batch_size": batch,
+        "seed": args.seed,
+        "final_loss": final,
+        "fit_seconds": seconds,
+        "skipped_steps": int(result.num_skipped),
+    }
     out = save_model(
         args.output,
         model,
@@ -276,9 +263,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
         f"fitted in {seconds:.1f} s ({result.seconds_per_step * 1e3:.2f} ms/step), "
         f"final loss {final:.4g}; saved {out}"
     )
-    if test.size:
-        loaded = load_model(out)
-        print_held_out(loaded, X, y, test, targets, args.seed)
+    if test.size:  # the saved model, loaded again, on the held-out rows
+        key = jax.random.PRNGKey(args.seed + 1)
+        pred = load_model(out).predict(X[test], rng_key=key, batch_size=10_000)
+        print("held-out: " + scores_text(pred, y[test], targets))
     return 0
 
 
@@ -341,14 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
     :return: the parser.
     """
     parser = argparse.ArgumentParser(
-        prog="numpyro-dgp", description="Deep Gaussian processes on NumPyro."
+        prog="numpyro-dgp",
+        description="Deep Gaussian processes on NumPyro.",
+        epilog="'numpyro-dgp COMMAND --help' lists a command's options.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    add_demo_parser(sub, cmd_demo)
-    add_uci_parser(sub, cmd_uci)
-    add_fit_parser(sub, cmd_fit)
-    add_predict_parser(sub, cmd_predict)
+    commands = {"demo": cmd_demo, "uci": cmd_uci, "fit": cmd_fit, "predict": cmd_predict}
+    add_subcommands(parser, commands)
     return parser
 
 

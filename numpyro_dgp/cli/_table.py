@@ -39,34 +39,21 @@ def _check_target_values(y: np.ndarray, likelihood: str, targets: list[str]) -> 
     import numpy as np
 
     values = y[~np.isnan(y)]
-    shown = (  # noqa: E731
-        lambda v: f"{np.unique(v)[:6].tolist()}{' ...' if np.unique(v).size > 6 else ''}"
-    )
-    if likelihood == "probit" and not set(np.unique(values).tolist()) <= {0.0, 1.0}:
-        raise ValueError(
-            f"--likelihood probit needs a target of 0s and 1s; {targets[0]!r} holds {shown(values)}"
-        )
-    if likelihood in ("softmax", "robust_max"):
-        if values.size == 0 or np.any(values < 0) or np.any(values != np.round(values)):
-            raise ValueError(
-                f"--likelihood {likelihood.replace('_', '-')} needs class labels 0, 1, ..., C-1; "
-                f"{targets[0]!r} holds {shown(values)}"
-            )
-        num_classes = int(values.max()) + 1
-        if num_classes < 2:
-            raise ValueError(
-                f"--likelihood {likelihood.replace('_', '-')} needs at least two classes; "
-                f"{targets[0]!r} holds only {shown(values)}"
-            )
-        return num_classes
-    if likelihood in ("poisson", "negative_binomial") and (
-        np.any(values < 0) or np.any(values != np.round(values))
-    ):
-        raise ValueError(
-            f"--likelihood {likelihood.replace('_', '-')} needs non-negative integer counts; "
-            f"{targets} hold {shown(values)}"
-        )
-    return None
+    distinct = np.unique(values).tolist()
+    held = f"{distinct[:6]}{' ...' if len(distinct) > 6 else ''}"
+    option = f"--likelihood {likelihood.replace('_', '-')}"
+    integers = not np.any(values < 0) and bool(np.all(values == np.round(values)))
+    if likelihood == "probit" and not set(distinct) <= {0.0, 1.0}:
+        raise ValueError(f"{option} needs a target of 0s and 1s; {targets[0]!r} holds {held}")
+    if likelihood in ("poisson", "negative_binomial") and not integers:
+        raise ValueError(f"{option} needs non-negative integer counts; {targets} hold {held}")
+    if likelihood not in ("softmax", "robust_max"):
+        return None
+    if values.size == 0 or not integers:
+        raise ValueError(f"{option} needs class labels 0, 1, ..., C-1; {targets[0]!r} holds {held}")
+    if values.max() < 1:
+        raise ValueError(f"{option} needs at least two classes; {targets[0]!r} holds only {held}")
+    return int(values.max()) + 1
 
 
 def _check_label_targets(option: str, likelihood: str, targets: list[str]) -> None:
@@ -105,17 +92,18 @@ def _check_training_rows(num_train: int, test_fraction: float, N: int) -> None:
         raise ValueError(f"--test-fraction {test_fraction} leaves {num_train} training rows of {N}")
 
 
-def check_fit_inducing(num_inducing: int, num_train: int) -> None:
-    """Raise if ``--num-inducing`` exceeds the ``num_train`` training rows (a sparse GP with more
-    inducing points than data; a minibatch smaller than ``M`` is fine: the layers then start
-    from the batch's points and draws around them, see :func:`numpyro_dgp.gp_layer`).
+def check_inducing(num_inducing: int, num_train: int, where: str) -> None:
+    """Raise if ``--num-inducing`` exceeds the ``num_train`` training points (``where`` names
+    them): a sparse GP with more inducing points than data. A minibatch smaller than ``M`` is
+    fine: the layers then start from the batch's points and draws around them, see
+    :func:`numpyro_dgp.gp_layer`.
 
     :raises ValueError: otherwise.
     """
     if num_inducing > num_train:
         raise ValueError(
-            f"--num-inducing {num_inducing} exceeds the {num_train} points of the training "
-            f"rows; pass --num-inducing {num_train} or fewer"
+            f"--num-inducing {num_inducing} exceeds the {num_train} {where}; pass "
+            f"--num-inducing {num_train} or fewer"
         )
 
 
@@ -207,40 +195,6 @@ def final_loss(losses: np.ndarray, num_skipped: int) -> float:
             f"({num_skipped} of {losses.size} updates skipped)"
         )
     return float(finite.mean())
-
-
-def fit_summary(
-    args: argparse.Namespace,
-    N: int,
-    train_rows: int,
-    test_rows: int,
-    batch: int | None,
-    final: float,
-    seconds: float,
-    result,
-) -> dict:
-    """The fit's record saved with the model (``metadata``)."""
-    return {
-        "rows": int(N),
-        "train_rows": int(train_rows),
-        "test_rows": int(test_rows),
-        "steps": args.steps,
-        "batch_size": batch,
-        "seed": args.seed,
-        "final_loss": final,
-        "fit_seconds": seconds,
-        "skipped_steps": int(result.num_skipped),
-    }
-
-
-def print_held_out(
-    loaded, X: np.ndarray, y: np.ndarray, test: np.ndarray, targets: list[str], seed: int
-) -> None:
-    """Print the metrics of the saved model (``loaded`` again) on the held-out rows."""
-    import jax
-
-    pred = loaded.predict(X[test], rng_key=jax.random.PRNGKey(seed + 1), batch_size=10_000)
-    print("held-out: " + scores_text(pred, y[test], targets))
 
 
 def scores_text(pred, y, targets: list[str]) -> str:

@@ -38,11 +38,23 @@ sampled hyperparameters; ``constant_data/grid_x`` holds the first layer's grid i
 
 from __future__ import annotations
 
-from numpyro_dgp.diagnostics._compare import Comparison, compare, plot_layers, plot_marginals
+from numpyro_dgp.diagnostics._compare import (
+    Comparison,
+    compare,
+    layer_metrics,
+    plot_layers,
+    plot_marginals,
+    wasserstein_1d,
+)
 from numpyro_dgp.diagnostics._ground_truth import GroundTruth, ground_truth
-from numpyro_dgp.diagnostics._health import Health, MultimodalityWarning, mcmc_health
-from numpyro_dgp.diagnostics._metrics import layer_metrics, wasserstein_1d
-from numpyro_dgp.diagnostics._modes import ModeEvidence, mode_evidence, mode_mixture
+from numpyro_dgp.diagnostics._modes import (
+    Health,
+    ModeEvidence,
+    MultimodalityWarning,
+    mcmc_health,
+    mode_evidence,
+    mode_mixture,
+)
 from numpyro_dgp.diagnostics._trees import (
     from_guide,
     from_layer_samples,

@@ -1,4 +1,5 @@
-"""Several variational answers against one MCMC answer: a table, a summary, figures."""
+"""Variational answers against one MCMC answer: per-layer distances, a table, a summary,
+figures."""
 
 from __future__ import annotations
 
@@ -7,16 +8,110 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 import numpy as np
 from jax.typing import ArrayLike
 
-from numpyro_dgp.diagnostics._health import Health, mcmc_health
-from numpyro_dgp.diagnostics._metrics import layer_draws, layer_metrics
-from numpyro_dgp.diagnostics._trees import layer_names
+from numpyro_dgp.diagnostics._modes import Health, mcmc_health
+from numpyro_dgp.diagnostics._trees import grid_inputs, layer_names, layer_values
 
 if TYPE_CHECKING:
     import matplotlib.figure
     import pandas
     import xarray
 
-__all__ = ["Comparison", "compare", "plot_layers", "plot_marginals"]
+
+def wasserstein_1d(a: ArrayLike, b: ArrayLike) -> float:
+    """Wasserstein-1 distance between the empirical distributions of samples ``a`` and ``b``
+    (exact: the integral of ``|F_a - F_b|`` over the merged sample points).
+
+    :param a: samples of the first distribution, any shape (flattened).
+    :param b: samples of the second distribution, any shape (flattened).
+    :return: ``W1(a, b)``.
+    """
+    a = np.sort(np.asarray(a, float).ravel())
+    b = np.sort(np.asarray(b, float).ravel())
+    both = np.sort(np.concatenate([a, b]))
+    widths = np.diff(both)
+    Fa = np.searchsorted(a, both[:-1], side="right") / a.size
+    Fb = np.searchsorted(b, both[:-1], side="right") / b.size
+    return float(np.sum(np.abs(Fa - Fb) * widths))
+
+
+def _gaussian_kl(m0, v0, m1, v1):
+    """KL(N(m0, v0) || N(m1, v1)), elementwise."""
+    return 0.5 * (np.log(v1 / v0) + (v0 + (m0 - m1) ** 2) / v1 - 1.0)
+
+
+def layer_draws(tree, name):
+    """``(C * D, G, P)`` draws of a layer variable."""
+    v = layer_values(tree, name)
+    return v.reshape((-1,) + v.shape[2:])
+
+
+def _check_comparable(
+    vi: xarray.DataTree, mcmc: xarray.DataTree, interval: float
+) -> tuple[list[str], np.ndarray]:
+    """The reference's layer names and grid, checked against the VI result's
+    (:func:`layer_metrics`).
+
+    :raises ValueError: ``interval`` outside ``(0, 1)``, a layer the VI result lacks, or another
+        grid.
+    """
+    if not 0 < interval < 1:
+        raise ValueError(f"layer_metrics: interval must be in (0, 1), got {interval!r}")
+    names = layer_names(mcmc)
+    missing = [n for n in names if n not in layer_names(vi)]
+    if missing:
+        raise ValueError(
+            f"layer_metrics: the VI result lacks layers {missing} (it has {layer_names(vi)})"
+        )
+    x, vi_x = grid_inputs(mcmc), grid_inputs(vi)
+    if x.shape != vi_x.shape or not np.allclose(x, vi_x):
+        raise ValueError("layer_metrics: the VI and MCMC results are on different grids")
+    return names, x
+
+
+def layer_metrics(
+    vi: xarray.DataTree, mcmc: xarray.DataTree, *, interval: float = 0.9, label: str | None = None
+) -> pandas.DataFrame:
+    """Per layer, output and grid point: how the VI marginal compares with MCMC's.
+
+    :param vi: a ``DataTree`` from :func:`from_guide` (or any tree in this layout).
+    :param mcmc: the reference, from :func:`from_mcmc`.
+    :param interval: probability of the VI central interval used for ``coverage``.
+    :param label: the ``method`` column (default: the VI tree's ``label`` attribute, else
+        ``"vi"``).
+    :return: a ``pandas.DataFrame`` with columns ``method, layer, output, grid, x, mean_vi,
+        mean_mcmc, var_vi, var_mcmc, variance_ratio`` (VI / MCMC), ``wasserstein``
+        (W1 between the sample marginals), ``kl_gaussian`` (KL(VI || MCMC) of moment-matched
+        Gaussians) and ``coverage`` (fraction of MCMC draws inside the VI interval;
+        ``interval`` when they agree).
+    """
+    import pandas as pd
+
+    names, x = _check_comparable(vi, mcmc, interval)
+    label = label or vi.attrs.get("label", "vi")
+    lo, hi = 0.5 - interval / 2, 0.5 + interval / 2
+    frames = []
+    for name in names:
+        a, b = layer_draws(vi, name), layer_draws(mcmc, name)
+        q_lo, q_hi = np.quantile(a, lo, axis=0), np.quantile(a, hi, axis=0)
+        ma, va, mb, vb = a.mean(0), a.var(0), b.mean(0), b.var(0)
+        grid, output = np.indices(ma.shape).reshape(2, -1)  # rows: grid points, then outputs
+        columns = dict(
+            method=label,
+            layer=name,
+            output=output,
+            grid=grid,
+            x=x[grid, 0].astype(float),
+            mean_vi=ma.ravel(),
+            mean_mcmc=mb.ravel(),
+            var_vi=va.ravel(),
+            var_mcmc=vb.ravel(),
+            variance_ratio=(va / vb).ravel(),
+            wasserstein=[wasserstein_1d(a[:, g, p], b[:, g, p]) for g, p in zip(grid, output)],
+            kl_gaussian=_gaussian_kl(ma, va, mb, vb).ravel(),
+            coverage=((b >= q_lo) & (b <= q_hi)).mean(0).ravel(),
+        )
+        frames.append(pd.DataFrame(columns))
+    return pd.concat(frames, ignore_index=True)
 
 
 class Comparison(NamedTuple):
@@ -71,7 +166,7 @@ def compare(
     _check_methods(vi)
     points = _check_points(points, mcmc["posterior"].sizes["grid"])
     if plot:
-        _horizontal(np.asarray(mcmc["constant_data"]["grid_x"].values), x)
+        _horizontal(grid_inputs(mcmc), x)
     health = mcmc_health(mcmc, rhat_threshold=rhat_threshold, ess_threshold=ess_threshold)
     table = pd.concat(
         [layer_metrics(tree, mcmc, interval=interval, label=name) for name, tree in vi.items()],
@@ -215,7 +310,7 @@ def plot_layers(
 
     methods = list(trees)
     names = layer_names(trees[methods[0]])
-    grid = np.asarray(trees[methods[0]]["constant_data"]["grid_x"].values)
+    grid = grid_inputs(trees[methods[0]])
     h0, h0_label, h0_joined = _horizontal(grid, x)
     ncols = len(names) + 1
     fig, axes = plt.subplots(
@@ -280,7 +375,7 @@ def plot_marginals(
     fig, axes = plt.subplots(
         len(names), len(points), figsize=(3.2 * len(points), 2.4 * len(names)), squeeze=False
     )
-    grid = np.asarray(trees[methods[-1]]["constant_data"]["grid_x"].values)
+    grid = grid_inputs(trees[methods[-1]])
     for r, name in enumerate(names):
         for c, g in enumerate(points):
             ax = axes[r, c]

@@ -23,6 +23,7 @@ missed, whatever the numbers say: only more chains guard against that.
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -31,11 +32,21 @@ import xarray
 from jax.typing import ArrayLike
 from numpyro.infer import MCMC, NUTS
 
-from numpyro_dgp.diagnostics._health import Health, mcmc_health
-from numpyro_dgp.diagnostics._modes import ModeEvidence, mode_evidence, mode_mixture
-from numpyro_dgp.diagnostics._trees import from_layer_samples, from_mcmc, layer_names
-
-__all__ = ["GroundTruth", "ground_truth"]
+from numpyro_dgp.diagnostics._modes import (
+    Health,
+    ModeEvidence,
+    mcmc_health,
+    mode_evidence,
+    mode_mixture,
+)
+from numpyro_dgp.diagnostics._trees import (
+    divergences,
+    from_layer_samples,
+    from_mcmc,
+    grid_inputs,
+    layer_names,
+    layer_values,
+)
 
 
 class GroundTruth(NamedTuple):
@@ -141,24 +152,17 @@ def ground_truth(
     mcmc.run(key_run, *args, **kwargs)
     sampled = time.perf_counter() - start
     explored = from_mcmc(mcmc, grid, label="MCMC (explore)")
-    health = mcmc_health(
-        explored, rhat_threshold=rhat_threshold, ess_threshold=ess_threshold, warn=False
+    health_of = partial(
+        mcmc_health, rhat_threshold=rhat_threshold, ess_threshold=ess_threshold, warn=False
     )
+    health = health_of(explored)
     start = time.perf_counter()
     samples = mcmc.get_samples(group_by_chain=True)
     evidence = mode_evidence(
         model, samples, health.modes, key_evidence, *args, num_draws=evidence_draws, **kwargs
     )
     weighed = time.perf_counter() - start
-    mode_health = [
-        mcmc_health(
-            _chains(explored, chains),
-            rhat_threshold=rhat_threshold,
-            ess_threshold=ess_threshold,
-            warn=False,
-        )
-        for chains in health.modes
-    ]
+    mode_health = [health_of(_chains(explored, chains)) for chains in health.modes]
     heaviest = int(np.argmax(evidence.weights))
     checked = sorted({heaviest} | {k for k, w in enumerate(evidence.weights) if w > min_weight})
     converged = all(bool(mode_health[k].table.ok.all()) for k in checked)
@@ -179,13 +183,11 @@ def ground_truth(
 def _chains(tree: xarray.DataTree, chains: list[int]) -> xarray.DataTree:
     """The tree of the given chains only, divergences kept; one chain becomes its two halves
     (so that its R-hat is the split R-hat)."""
-    layers = {n: np.asarray(tree["posterior"][n].values)[chains] for n in layer_names(tree)}
-    stats = {}
-    if "sample_stats" in tree.children and "diverging" in tree["sample_stats"]:
-        stats["diverging"] = np.asarray(tree["sample_stats"]["diverging"].values)[chains]
+    layers = {n: layer_values(tree, n)[chains] for n in layer_names(tree)}
+    diverging = divergences(tree)
+    stats = {} if diverging is None else {"diverging": diverging[chains]}
     if len(chains) == 1:
         half = next(iter(layers.values())).shape[1] // 2
         layers = {n: np.stack([v[0, :half], v[0, half : 2 * half]]) for n, v in layers.items()}
         stats = {k: np.stack([v[0, :half], v[0, half : 2 * half]]) for k, v in stats.items()}
-    grid = np.asarray(tree["constant_data"]["grid_x"].values)
-    return from_layer_samples(layers, grid, sample_stats=stats or None)
+    return from_layer_samples(layers, grid_inputs(tree), sample_stats=stats or None)

@@ -1,4 +1,5 @@
-"""The posterior mass of each mode the chains found (bridge sampling), and the modes pooled.
+"""MCMC health per layer (R-hat, ESS, divergences), the chains grouped into modes, the
+posterior mass of each mode (bridge sampling), and the modes pooled.
 
 **References:**
 
@@ -19,12 +20,142 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.handlers import seed, trace
 
-from numpyro_dgp.diagnostics._trees import from_layer_samples, layer_names
+from numpyro_dgp.diagnostics._trees import (
+    divergences,
+    from_layer_samples,
+    grid_inputs,
+    layer_names,
+    layer_values,
+)
 
 if TYPE_CHECKING:
+    import pandas
     import xarray
 
-__all__ = ["ModeEvidence", "mode_evidence", "mode_mixture"]
+
+class MultimodalityWarning(UserWarning):
+    """MCMC chains settled in different modes (compositions); pooled summaries mislead.
+
+    Issued by :func:`mcmc_health`.
+    """
+
+
+class Health(NamedTuple):
+    """MCMC health of a result in this module's layout.
+
+    :ivar table: ``pandas.DataFrame``, one row per layer: ``layer``, ``chains``, ``draws``,
+        ``max_rhat``, ``min_ess_bulk``, ``min_ess_tail``, ``divergences``, ``ok`` (all within
+        the thresholds).
+    :ivar chain_means: ``pandas.DataFrame`` of each chain's mean per layer, output and grid point.
+    :ivar modes: chains grouped by the composition they settled in (lists of chain indices);
+        one group when all chains agree.
+    :ivar multimodal: whether the chains split into more than one mode.
+    """
+
+    table: pandas.DataFrame
+    chain_means: pandas.DataFrame
+    modes: list[list[int]]
+    multimodal: bool
+
+
+def _chain_modes(tree, names, tolerance):
+    """Group chains whose per-chain means agree within ``tolerance`` within-chain sds, measured
+    in the coordinates that whiten the pooled within-chain covariance of all layers' grid values:
+    a direction of large spread shared by every chain (a shift of an inner layer that the next
+    layer's stationary kernel ignores) must not hide a difference along a tight one."""
+    C, D = tree["posterior"].sizes["chain"], tree["posterior"].sizes["draw"]
+    draws = np.concatenate([layer_values(tree, n).reshape(C, D, -1) for n in names], axis=2)
+    means = draws.mean(1)
+    centered = (draws - means[:, None]).reshape(-1, draws.shape[2])
+    within = centered.T @ centered / max(centered.shape[0] - C, 1)
+    evals, evecs = np.linalg.eigh(within)
+    # directions without spread (fewer draws than features, constant values) count at the
+    # floor's scale instead of dividing by zero
+    evals = np.maximum(evals, max(evals.max(), 1e-300) * 1e-8)
+    whitened = means @ (evecs / np.sqrt(evals))
+    modes = []
+    for c in range(C):
+        for group in modes:
+            if np.max(np.abs(whitened[c] - whitened[group[0]])) < tolerance:
+                group.append(c)
+                break
+        else:
+            modes.append([c])
+    return modes
+
+
+def mcmc_health(
+    tree: xarray.DataTree,
+    *,
+    rhat_threshold: float = 1.01,
+    ess_threshold: float = 400.0,
+    mode_tolerance: float = 3.0,
+    warn: bool = True,
+) -> Health:
+    """R-hat, ESS, divergences per layer, per-chain means, and modes.
+
+    Chains are one mode when their per-chain means (every layer at every grid point) lie
+    within ``mode_tolerance`` within-chain standard deviations of the group's first chain in
+    every direction -- measured after whitening by the pooled within-chain covariance, so a
+    tight direction is not drowned by a wide one. With several modes (chains settled in
+    different compositions), a :class:`MultimodalityWarning` names them: pooled summaries
+    average modes away. Weigh the modes by their mass (:func:`mode_evidence`,
+    :func:`mode_mixture`; more chains from dispersed starts find more of them) or use a
+    sampler that moves between them before calling MCMC ground truth.
+
+    :param tree: an MCMC result in this module's layout (from :func:`from_mcmc`).
+    :param rhat_threshold: a layer is ``ok`` when its largest R-hat is below this (not
+        checked with one chain).
+    :param ess_threshold: a layer is ``ok`` only when its smallest bulk ESS is above this
+        (and there are no divergences).
+    :param mode_tolerance: within-chain standard deviations (whitened) within which chains
+        count as one mode.
+    :param warn: issue a :class:`MultimodalityWarning` when the chains split into modes.
+    :return: :class:`Health`.
+    """
+    import arviz as az
+    import pandas as pd
+
+    names = layer_names(tree)
+    posterior = tree["posterior"]
+    C = posterior.sizes["chain"]
+    diverging = divergences(tree)
+    div = None if diverging is None else int(diverging.sum())
+    rows, chain_means = [], []
+    for name in names:
+        rhat = float(np.nanmax(az.rhat(posterior[name]).values)) if C > 1 else float("nan")
+        bulk = float(np.nanmin(az.ess(posterior[name], method="bulk").values))
+        ok = (C == 1 or rhat < rhat_threshold) and bulk > ess_threshold and not div
+        rows.append(
+            dict(
+                layer=name,
+                chains=C,
+                draws=posterior.sizes["draw"],
+                max_rhat=rhat,
+                min_ess_bulk=bulk,
+                min_ess_tail=float(np.nanmin(az.ess(posterior[name], method="tail").values)),
+                divergences=div,
+                ok=bool(ok),
+            )
+        )
+        means = layer_values(tree, name).mean(1)  # (C, G, P)
+        chain, grid, output = np.indices(means.shape).reshape(3, -1)
+        columns = dict(layer=name, chain=chain, grid=grid, output=output, mean=means.ravel())
+        chain_means.append(pd.DataFrame(columns))
+    table = pd.DataFrame(rows)
+    modes = _chain_modes(tree, names, mode_tolerance) if C > 1 else [[0]]
+    multimodal = len(modes) > 1
+    if multimodal and warn:
+        warnings.warn(
+            f"MCMC chains settled in {len(modes)} different modes {modes} (per-chain means of the "
+            f"layers differ by more than {mode_tolerance} within-chain sds; max R-hat "
+            f"{table['max_rhat'].max():.3g}). Pooled summaries average these compositions away; "
+            "see Health.chain_means; weigh the modes by their mass (mode_evidence, mode_mixture) "
+            "or use a sampler that moves between them.",
+            MultimodalityWarning,
+            stacklevel=2,
+        )
+    return Health(table, pd.concat(chain_means, ignore_index=True), modes, multimodal)
 
 
 class ModeEvidence(NamedTuple):
@@ -129,21 +260,23 @@ def _bridge_log_evidence(log_ratio_posterior, log_ratio_proposal, num_iterations
 
     n1, n2 = log_ratio_posterior.size, log_ratio_proposal.size
     s1, s2 = n1 / (n1 + n2), n2 / (n1 + n2)
+
+    def terms(log_r):
+        # numerator: over q draws, p/q / (s1 p/q + s2 r); denominator: over posterior draws,
+        # 1 / (s1 p/q + s2 r); both as logs
+        num = log_ratio_proposal - np.logaddexp(np.log(s1) + log_ratio_proposal, np.log(s2) + log_r)
+        return num, -np.logaddexp(np.log(s1) + log_ratio_posterior, np.log(s2) + log_r)
+
     log_r = lse(log_ratio_proposal) - np.log(n2)  # start from the importance-sampling estimate
     for _ in range(num_iterations):
-        # numerator: mean over q draws of p/q / (s1 p/q + s2 r); denominator: mean over posterior
-        # draws of 1 / (s1 p/q + s2 r)
-        num = log_ratio_proposal - np.logaddexp(np.log(s1) + log_ratio_proposal, np.log(s2) + log_r)
-        den = -np.logaddexp(np.log(s1) + log_ratio_posterior, np.log(s2) + log_r)
+        num, den = terms(log_r)
         new = (lse(num) - np.log(n2)) - (lse(den) - np.log(n1))
-        if abs(new - log_r) < 1e-10:
-            log_r = new
-            break
+        converged = abs(new - log_r) < 1e-10
         log_r = new
-    num = np.exp(
-        log_ratio_proposal - np.logaddexp(np.log(s1) + log_ratio_proposal, np.log(s2) + log_r)
-    )
-    den = np.exp(-np.logaddexp(np.log(s1) + log_ratio_posterior, np.log(s2) + log_r) + log_r)
+        if converged:
+            break
+    num, den = terms(log_r)
+    num, den = np.exp(num), np.exp(den + log_r)
     rel_var = num.var() / (n2 * num.mean() ** 2) + den.var() / (n1 * den.mean() ** 2)
     return float(log_r), float(np.sqrt(rel_var))
 
@@ -256,8 +389,7 @@ def mode_mixture(
     :return: a ``DataTree`` in this module's layout with one chain of ``num_draws`` draws.
     """
     names = layer_names(tree)
-    post = tree["posterior"]
-    values = {n: np.asarray(post[n].values) for n in names}
+    values = {n: layer_values(tree, n) for n in names}
     C, D = values[names[0]].shape[:2]
     total = num_draws or C * D
     rng = np.random.default_rng(int(jax.random.randint(rng_key, (), 0, 2**31 - 1)))
@@ -270,6 +402,6 @@ def mode_mixture(
     layers = {n: np.stack([values[n][c, d] for c, d in picks]) for n in names}
     return from_layer_samples(
         layers,
-        np.asarray(tree["constant_data"]["grid_x"].values),
+        grid_inputs(tree),
         label=label or f"{tree.attrs.get('label', 'MCMC')} (modes by mass)",
     )

@@ -18,8 +18,6 @@ if TYPE_CHECKING:
     import numpyro.infer
     import xarray
 
-__all__ = ["layer_samples", "layer_names", "from_layer_samples", "from_guide", "from_mcmc"]
-
 
 def layer_samples(
     model: Callable,
@@ -83,6 +81,23 @@ def _check_chosen_samples(chosen: dict, samples: dict, inducing_sites: Any) -> N
             f"layer_samples: none of the samples' sites {sorted(samples)} is a latent site of the "
             "model"
         )
+
+
+def grid_inputs(tree: xarray.DataTree) -> np.ndarray:
+    """The ``(G, D)`` grid inputs of a tree in this module's layout."""
+    return np.asarray(tree["constant_data"]["grid_x"].values)
+
+
+def layer_values(tree: xarray.DataTree, name: str) -> np.ndarray:
+    """The ``(C, D, G, P)`` draws of layer ``name`` of a tree in this module's layout."""
+    return np.asarray(tree["posterior"][name].values)
+
+
+def divergences(tree: xarray.DataTree) -> np.ndarray | None:
+    """The ``(C, D)`` divergences of a tree in this module's layout (``None``: not recorded)."""
+    if "sample_stats" in tree.children and "diverging" in tree["sample_stats"]:
+        return np.asarray(tree["sample_stats"]["diverging"].values)
+    return None
 
 
 def layer_names(tree: xarray.DataTree) -> list[str]:
