@@ -33,24 +33,20 @@ __all__ = ["MEAN_FUNCTIONS", "mean_projection"]
 INDUCING_MODES = ("global", "locations", "amortized")
 
 
-def _holds(check: Callable[..., Any], *values: ArrayLike) -> bool | None:
-    """``bool(check(xp, *values))`` for concrete values, ``None`` when one is traced (checks run
+def _holds(check: Callable[..., Any], value: ArrayLike) -> bool | None:
+    """``bool(check(xp, value))`` for a concrete value, ``None`` for a traced one (checks run
     only eagerly). Values in host memory are checked with NumPy (``xp = numpy``), so that an eager
     check compiles nothing; arrays on an accelerator where they are (``xp = jax.numpy``) rather
     than copied to the host."""
-    if any(isinstance(v, jax.core.Tracer) for v in values):
+    if isinstance(value, jax.core.Tracer):
         return None
-    if any(
-        isinstance(v, jax.Array) and any(d.platform != "cpu" for d in v.devices()) for v in values
-    ):
+    if isinstance(value, jax.Array) and any(d.platform != "cpu" for d in value.devices()):
         try:
-            return bool(check(jnp, *values))
+            return bool(check(jnp, value))
         except jax.errors.ConcretizationTypeError:
             return None
-    arrays = [concrete(v) for v in values]
-    if any(a is None for a in arrays):
-        return None
-    return bool(check(np, *arrays))
+    array = concrete(value)
+    return None if array is None else bool(check(np, array))
 
 
 def _all_finite(xp: Any, x: Any) -> Any:
