@@ -277,14 +277,18 @@ def sample_moments(
         :func:`~numpyro_dgp.core.default_jitter` of the dtype.
     :return: ``(N, P)`` draw.
     """
-    mean = jnp.asarray(mean)
     if full_cov:
         jitter = default_jitter(jnp.result_type(var)) if jitter is None else jitter
         L = jittered_cholesky(var, jitter)  # (P, N, N)
+        mean = jnp.asarray(mean)
         eps = standard_normal(rng_key, mean.shape[::-1], mean.dtype)  # (P, N)
         return mean + jnp.einsum("pnm,pm->np", L, eps)
+    return _diagonal_draw(rng_key, jnp.asarray(mean), jnp.asarray(var))
+
+
+def _diagonal_draw(rng_key: jax.Array, mean: jax.Array, var: jax.Array) -> jax.Array:
     eps = standard_normal(rng_key, mean.shape, mean.dtype)
-    return mean + jnp.sqrt(jnp.maximum(jnp.asarray(var), 0.0)) * eps
+    return mean + jnp.sqrt(jnp.maximum(var, 0.0)) * eps
 
 
 def _propagate(
