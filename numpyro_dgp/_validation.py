@@ -15,30 +15,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_dgp.kernels import Kernel
+
 __all__ = [
     "InputScaleWarning",
+    "MEAN_FUNCTIONS",
     "SCALE_LIMITS",
     "TARGET_LIMITS",
     "TargetScaleWarning",
     "as_float_array",
     "check_choice",
-    "check_directory",
-    "check_file",
     "check_finite",
-    "check_interval",
+    "check_kernel",
+    "check_mean",
+    "check_model_args",
     "check_mapping",
-    "check_name",
     "check_rows",
-    "check_present",
     "non_finite_entries",
     "check_positive_int",
     "check_positive_number",
     "concrete",
     "is_array",
-    "targets",
     "warn_if_not_standardized",
     "warn_if_target_not_standardized",
 ]
+
+#: The named mean functions ``gp_layer(..., mean=...)`` accepts (besides a callable).
+MEAN_FUNCTIONS = ("zero", "identity", "linear")
 
 #: Spread of a feature (standard deviation over the points, relative to the kernel's initial
 #: lengthscale where a layer checks) outside which :class:`InputScaleWarning` is issued.
@@ -205,53 +208,6 @@ def non_finite_entries(value: np.ndarray, max_first: int = 3) -> tuple[int, list
     return count, first
 
 
-def targets(
-    y: Any,
-    num_points: int,
-    caller: str,
-    dtype: Any | None = None,
-    num_outputs: int = 1,
-    allow_nan: bool = False,
-) -> jax.Array | None:
-    """Observed targets ``y`` of shape ``(N,)`` (``(N, 1)`` is accepted and squeezed), or
-    ``(N, T)`` for ``T = num_outputs`` columns.
-
-    :param y: targets, or ``None`` (prediction).
-    :param num_points: ``N``, the number of input points.
-    :param caller: the function in messages.
-    :param dtype: cast ``y`` to this floating dtype (``None``: keep integers, e.g. class labels).
-    :param num_outputs: ``T``, the number of target columns.
-    :param allow_nan: accept NaN entries (missing targets the model masks); infinities are
-        still refused.
-    :return: the targets, or ``None``.
-    :raises ValueError: for any other shape, or non-finite values.
-    """
-    if y is None:
-        return None
-    y = jnp.asarray(y)
-    expected = (num_points,) if num_outputs == 1 else (num_points, num_outputs)
-    if num_outputs == 1 and y.ndim == 2 and y.shape == (num_points, 1):
-        y = y[:, 0]
-    if y.shape != expected:
-        also = f" (or ({num_points}, 1))" if num_outputs == 1 else ""
-        raise ValueError(
-            f"{caller}: y must have shape {expected}{also} to match the {num_points} input points "
-            f"of X{'' if num_outputs == 1 else f' and its {num_outputs} target columns'}, got "
-            f"shape {tuple(y.shape)}"
-        )
-    if dtype is not None:
-        y = as_float_array(y, "y", caller).astype(dtype)
-    if allow_nan:
-        value = concrete(y)
-        if value is not None and np.issubdtype(value.dtype, np.inexact) and np.isinf(value).any():
-            raise ValueError(
-                f"{caller}: y contains infinite values (NaN entries are masked, infinities are not)"
-            )
-    else:
-        check_finite(y, "y", caller)
-    return y
-
-
 def tree_all_finite(*trees: Any) -> jax.Array:
     """Whether every floating-point entry of ``trees`` is finite, as a traceable boolean
     (integer leaves, e.g. step counters, are skipped): the guard of the training loops.
@@ -325,48 +281,6 @@ def check_choice(
         raise error(f"{caller}: {name} must be one of {tuple(choices)}, got {value!r}")
 
 
-def check_interval(
-    value: Any,
-    name: str,
-    caller: str,
-    low: float = -math.inf,
-    high: float = math.inf,
-    closed: str = "neither",
-) -> None:
-    """Raise unless ``value`` is a finite number between ``low`` and ``high``.
-
-    :param value: the value.
-    :param name: the argument's name in messages.
-    :param caller: the function in messages.
-    :param low: the lower end.
-    :param high: the upper end.
-    :param closed: which ends belong to the interval: ``"neither"``, ``"low"``, ``"high"`` or
-        ``"both"``.
-    :raises ValueError: otherwise, with the interval in the usual notation.
-    """
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    low_ok = number >= low if closed in ("low", "both") else number > low
-    high_ok = number <= high if closed in ("high", "both") else number < high
-    if isinstance(value, bool) or not (math.isfinite(number) and low_ok and high_ok):
-        left = "[" if closed in ("low", "both") else "("
-        right = "]" if closed in ("high", "both") else ")"
-        raise ValueError(
-            f"{caller}: {name} must be a number in {left}{low}, {high}{right}, got {value!r}"
-        )
-
-
-def check_name(value: Any, name: str, caller: str) -> None:
-    """Raise unless ``value`` is a non-empty string (a site or layer name).
-
-    :raises ValueError: otherwise.
-    """
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{caller}: {name} must be a non-empty string, got {value!r}")
-
-
 def check_mapping(value: Any, name: str, caller: str, allow_empty: bool = False) -> None:
     """Raise unless ``value`` is a dict (non-empty unless ``allow_empty``).
 
@@ -379,46 +293,40 @@ def check_mapping(value: Any, name: str, caller: str, allow_empty: bool = False)
         )
 
 
-def check_present(required: Any, present: Any, what: str, caller: str) -> None:
-    """Raise if some of ``required`` is not in ``present`` (names the missing ones, sorted).
+def check_kernel(kernel: Any, name: str, caller: str) -> None:
+    """Raise unless ``kernel`` is a :class:`~numpyro_dgp.kernels.Kernel`.
 
-    :param required: the names that must be there.
-    :param present: what holds them (a dict, a set, a trace...).
-    :param what: the holder in messages (``"samples"``, ``"the VI result"``).
-    :param caller: the function in messages.
-    :raises ValueError: naming the missing entries.
+    :raises TypeError: otherwise.
     """
-    missing = sorted(str(name) for name in required if name not in present)
-    if missing:
-        raise ValueError(f"{caller}: {what} lack {missing}")
+    if not isinstance(kernel, Kernel):
+        raise TypeError(
+            f"{caller}: {name} must be a numpyro_dgp.kernels.Kernel, got {type(kernel).__name__}"
+        )
 
 
-def check_file(
-    path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError
-) -> None:
-    """Raise unless ``path`` is an existing file.
+def check_mean(mean: Any, name: str, caller: str) -> None:
+    """Raise unless ``mean`` is a callable or one of :data:`MEAN_FUNCTIONS`.
 
-    :param path: the path (``pathlib.Path``).
-    :param what: the file in messages (``"data file"``).
-    :param caller: the function in messages.
-    :param error: the exception type.
-    :raises FileNotFoundError: (or ``error``) naming the path.
+    :raises ValueError: otherwise.
     """
-    if not path.is_file():
-        state = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise error(f"{caller}: {what} {str(path)!r} {state}")
+    if not (callable(mean) or mean in MEAN_FUNCTIONS):
+        raise ValueError(
+            f"{caller}: {name} must be one of {MEAN_FUNCTIONS} or a callable, got {mean!r}"
+        )
 
 
-def check_directory(
-    path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError
-) -> None:
-    """Raise unless ``path`` is an existing directory.
+def check_model_args(caller: str, kernel: Any, noise_init: Any, jitter: Any) -> None:
+    """The model factories' shared arguments, checked when the model is built: ``kernel``
+    (``None``: the factory's default), ``noise_init`` and ``jitter`` (``None``: by dtype).
 
-    :raises FileNotFoundError: (or ``error``) naming the path.
+    :raises TypeError: for a ``kernel`` that is not a :class:`~numpyro_dgp.kernels.Kernel`.
+    :raises ValueError: for a ``noise_init`` or ``jitter`` that is not a finite positive number.
     """
-    if not path.is_dir():
-        state = "is a file, not a directory" if path.exists() else "does not exist"
-        raise error(f"{caller}: {what} {str(path)!r} {state}")
+    if kernel is not None:
+        check_kernel(kernel, "kernel", caller)
+    check_positive_number(noise_init, "noise_init", caller)
+    if jitter is not None:
+        check_positive_number(jitter, "jitter", caller)
 
 
 def _feature_spread(X: np.ndarray) -> np.ndarray:

@@ -193,23 +193,15 @@ def layer_moments(
     return mean, var + layer.noise
 
 
-def _check_covariance_request(layer: Layer, full_cov: bool) -> None:
-    """Covariances over the points exist only for layers with global inducing points.
-
-    :raises NotImplementedError: for ``full_cov`` on a layer with per-point inducing sets.
-    """
+def _noiseless_moments(
+    layer: Layer, X: jax.Array, q_mean: jax.Array, q_sqrt: jax.Array | None, full_cov: bool
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`layer_moments` of the GP ``f`` itself (the layer's noise not added)."""
     if layer.inducing == "amortized" and full_cov:
         raise NotImplementedError(
             f"layer {layer.name!r} has per-point inducing sets (inducing='amortized'): its "
             "outputs are independent across points given the sets, so only marginals exist"
         )
-
-
-def _noiseless_moments(
-    layer: Layer, X: jax.Array, q_mean: jax.Array, q_sqrt: jax.Array | None, full_cov: bool
-) -> tuple[jax.Array, jax.Array]:
-    """:func:`layer_moments` of the GP ``f`` itself (the layer's noise not added)."""
-    _check_covariance_request(layer, full_cov)
     if layer.inducing == "amortized":
         return amortized_moments(layer, X, q_mean, q_sqrt)
     if X.ndim == 3 and not full_cov:  # a leading branch axis: every branch's points alike
@@ -554,20 +546,6 @@ def _amortized_inducing_inputs(
     )
     if not learn_inducing:
         weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
-    p = _check_encoder_input(name, send_encoder_input(name, X, default_encoder_input), X)
+    # the encoder input of a handler's amortization rule: (..., B, D) by construction
+    p = jnp.asarray(send_encoder_input(name, X, default_encoder_input), X.dtype)
     return affine_inducing_inputs(weight, bias, p), p
-
-
-def _check_encoder_input(name: str, p: ArrayLike, X: jax.Array) -> jax.Array:
-    """An amortized layer's encoder input (a handler's rule gives it) as ``(..., B, D)`` in
-    ``X``'s dtype.
-
-    :raises ValueError: for another shape.
-    """
-    B, D = X.shape[-2], X.shape[-1]
-    p = jnp.asarray(p, X.dtype)
-    if p.shape[-2] != B or p.shape[-1] != D or p.ndim not in (2, 3):
-        raise ValueError(
-            f"gp_layer {name!r}: the encoder input must have shape (..., {B}, {D}), got {p.shape}"
-        )
-    return p

@@ -268,6 +268,15 @@ def _unchecked(kernel, *values):
         (dict(num_inducing=2, inducing="amortized"), ValueError, "inside the data plate"),
         (dict(num_inducing=2, inducing="locations", whiten=True), ValueError, "whiten"),
         (dict(num_inducing=2, kernel="rbf"), TypeError, "kernel must be"),
+        (dict(num_inducing=2, priors={"variance": 1.0}), TypeError, r"priors\['variance'\] must be a Distribution"),
+        (dict(X=(jnp.ones((4, 1)), jnp.ones((2, 1)))), ValueError, "only inducing='locations' takes"),
+        (dict(X=(jnp.ones((4, 1)),) * 3, inducing="locations"), ValueError, "or the pair \\(X, Z\\); got 3 items"),
+        (dict(X=(jnp.ones((4, 1)), jnp.ones((2, 1))), inducing="locations", inducing_inputs=jnp.ones((2, 1))),
+         ValueError, "do not also pass inducing_inputs"),
+        (dict(num_inducing=2, inducing="amortized", inducing_inputs=jnp.ones((2, 1))), ValueError,
+         "inducing_inputs cannot be given"),
+        (dict(num_inducing=2, inducing="amortized", priors={"variance": dist.LogNormal()}), ValueError,
+         "priors are not available"),
     ],
 )
 def test_bad_input_names_the_argument(kwargs, error, match):

@@ -14,41 +14,39 @@ from numpyro.distributions import constraints
 
 from numpyro_dgp._compat import active_plates, handler_stack_is_empty, innermost_trace
 from numpyro_dgp._validation import (
+    MEAN_FUNCTIONS,
     as_float_array,
+    check_kernel,
+    check_mean,
     check_positive_int,
+    check_positive_number,
     concrete,
     non_finite_entries,
     warn_if_not_standardized,
 )
-from numpyro_dgp.core import check_jitter, default_jitter
+from numpyro_dgp.core import default_jitter
 from numpyro_dgp.kernels import Kernel
 
 __all__ = ["MEAN_FUNCTIONS", "mean_projection"]
 
-#: The named mean functions ``gp_layer(..., mean=...)`` accepts (besides a callable).
-MEAN_FUNCTIONS = ("zero", "identity", "linear")
 #: The values of ``gp_layer(..., inducing=...)``.
 INDUCING_MODES = ("global", "locations", "amortized")
 
 
-def _holds(check: Callable[..., Any], *values: ArrayLike) -> bool | None:
-    """``bool(check(xp, *values))`` for concrete values, ``None`` when one is traced (checks run
+def _holds(check: Callable[..., Any], value: ArrayLike) -> bool | None:
+    """``bool(check(xp, value))`` for a concrete value, ``None`` for a traced one (checks run
     only eagerly). Values in host memory are checked with NumPy (``xp = numpy``), so that an eager
     check compiles nothing; arrays on an accelerator where they are (``xp = jax.numpy``) rather
     than copied to the host."""
-    if any(isinstance(v, jax.core.Tracer) for v in values):
+    if isinstance(value, jax.core.Tracer):
         return None
-    if any(
-        isinstance(v, jax.Array) and any(d.platform != "cpu" for d in v.devices()) for v in values
-    ):
+    if isinstance(value, jax.Array) and any(d.platform != "cpu" for d in value.devices()):
         try:
-            return bool(check(jnp, *values))
+            return bool(check(jnp, value))
         except jax.errors.ConcretizationTypeError:
             return None
-    arrays = [concrete(v) for v in values]
-    if any(a is None for a in arrays):
-        return None
-    return bool(check(np, *arrays))
+    array = concrete(value)
+    return None if array is None else bool(check(np, array))
 
 
 def _all_finite(xp: Any, x: Any) -> Any:
@@ -63,13 +61,9 @@ def _check_layer_jitter(name: str, jitter: float | None, dtype: Any) -> float:
 
     :raises ValueError: for a given jitter that is not a finite positive number.
     """
-    jitter = default_jitter(dtype) if jitter is None else jitter
-    try:
-        check_jitter(jitter)
-    except ValueError:
-        raise ValueError(
-            f"gp_layer {name!r}: jitter must be a finite positive number, got {jitter!r}"
-        ) from None
+    if jitter is None:
+        return default_jitter(dtype)
+    check_positive_number(jitter, "jitter", f"gp_layer {name!r}")
     return jitter
 
 
@@ -139,17 +133,6 @@ def mean_projection(X: ArrayLike, in_dim: int, out_dim: int) -> jax.Array:
     return Vt[:out_dim].T
 
 
-def _check_mean(name: str, mean: str | Callable) -> None:
-    """A layer's mean function: a callable or one of :data:`MEAN_FUNCTIONS`.
-
-    :raises ValueError: otherwise.
-    """
-    if not (callable(mean) or mean in MEAN_FUNCTIONS):
-        raise ValueError(
-            f"gp_layer {name!r}: mean must be one of {MEAN_FUNCTIONS} or a callable, got {mean!r}"
-        )
-
-
 def identity_mean(A: jax.Array) -> jax.Array:
     """The ``"identity"`` mean function of a layer that keeps its width: its inputs as they
     are (no product with the identity, which a GPU's TF32 products would round)."""
@@ -162,7 +145,7 @@ def mean_function(
     """The layer's mean function and, for the named (affine) ones, its ``(W (D, P), b (P,))``
     (``(None, None)`` for ``"zero"``): moment propagation through a layer (nested variational
     compression) needs them."""
-    _check_mean(name, mean)
+    check_mean(mean, "mean", f"gp_layer {name!r}")
     if callable(mean):
         return mean, None
     # constants built on the host: an eager run of the model compiles nothing for them
@@ -223,10 +206,7 @@ def hyperparameter_sites(
         # initial values were checked positive by check_layer_kind (_check_kernel_values)
         value = numpyro.param(site, init, constraint=constraints.positive)
         values[hp] = value if learn else jax.lax.stop_gradient(value)
-    try:
-        return kernel.replace(**values)
-    except ValueError as err:  # a given (substituted) value that is not positive
-        raise ValueError(f"gp_layer {name!r}: {err} (site '{name}.kernel.*')") from None
+    return kernel.replace(**values)
 
 
 def default_encoder_input(X: jax.Array) -> jax.Array:
@@ -242,10 +222,7 @@ def check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
     """The checks every layer kind makes first: its name, kernel and inducing mode."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
-    if not isinstance(kernel, Kernel):
-        raise TypeError(
-            f"gp_layer {name!r}: kernel must be a numpyro_dgp.kernels.Kernel, got {type(kernel)}"
-        )
+    check_kernel(kernel, "kernel", f"gp_layer {name!r}")
     _check_unique_name(name)
     _check_kernel_values(name, kernel)
     if inducing not in INDUCING_MODES:

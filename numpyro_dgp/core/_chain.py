@@ -185,21 +185,8 @@ def sample_output(mean: jax.Array, out_cov: jax.Array, eps: jax.Array) -> jax.Ar
     :param out_cov: ``(N, P, P)`` output covariances (see :func:`output_moments`).
     :param eps: ``(N, P)`` standard-normal draws, one per point.
     :return: ``(N, P)``.
-    :raises ValueError: if ``eps`` is not shaped like ``mean``.
     """
-    _check_eps_shape(mean, eps)
     return mean + jnp.einsum("npq,nq->np", _output_factor(out_cov), eps)
-
-
-def _check_eps_shape(mean: jax.Array, eps: jax.Array) -> None:
-    """:func:`sample_output`'s draws must be shaped like its means.
-
-    :raises ValueError: otherwise.
-    """
-    if eps.shape != mean.shape:
-        raise ValueError(
-            f"sample_output: eps must have the shape of mean {mean.shape}, got {eps.shape}"
-        )
 
 
 def output_at_nodes(mean: jax.Array, out_cov: jax.Array, nodes: jax.Array) -> jax.Array:

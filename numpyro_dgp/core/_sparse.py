@@ -55,20 +55,11 @@ def _check(
     if method not in COLLAPSED_METHODS:
         raise ValueError(f"{caller}: method must be one of {COLLAPSED_METHODS}, got {method!r}")
     y = jnp.asarray(y)
-    if y.ndim not in (1, 2):
-        raise ValueError(f"{caller}: y must have shape (N,) or (N, P), got {y.shape}")
     Y = y[:, None] if y.ndim == 1 else y
     noise = jnp.asarray(noise_var, Y.dtype)
     if noise.ndim == 1 and noise.shape[0] == Y.shape[0]:
         noise = noise[:, None]  # one variance per point, shared by the outputs
-    try:
-        noise = jnp.broadcast_to(noise, Y.shape)
-    except ValueError:
-        raise ValueError(
-            f"{caller}: noise_var of shape {jnp.shape(noise_var)} does not broadcast to "
-            f"y's {y.shape}"
-        ) from None
-    return Y, noise
+    return Y, jnp.broadcast_to(noise, Y.shape)
 
 
 def _one_output(V: jax.Array, Knn_diag: jax.Array, y: jax.Array, noise: jax.Array, method: str):
@@ -125,7 +116,7 @@ def collapsed_log_marginal(
     :param Kmm_chol_inv: ``L^{-1}`` when the caller has it (see
         :func:`~numpyro_dgp.core.project`); ``None``: ``Kmm_chol`` is inverted here.
     :return: scalar.
-    :raises ValueError: for an unknown ``method`` or mismatched shapes.
+    :raises ValueError: for an unknown ``method``.
     """
     log_marginal, _, _, trace = _per_output(
         Kmm_chol, Kmn, Knn_diag, y, noise_var, method, "collapsed_log_marginal", Kmm_chol_inv
@@ -155,7 +146,7 @@ def collapsed_posterior(
     :param whiten: return the Gaussian over ``v = L^-1 u`` (``True``) or over ``u``.
     :return: ``(q_mean (P, M), q_sqrt (P, M, M))``, ``q_sqrt`` lower triangular; pass them to
         :func:`~numpyro_dgp.core.conditional` for the predictive.
-    :raises ValueError: for an unknown ``method`` or mismatched shapes.
+    :raises ValueError: for an unknown ``method``.
     """
     _, whitened_mean, L_B, _ = _per_output(
         Kmm_chol, Kmn, Knn_diag, y, noise_var, method, "collapsed_posterior"

@@ -30,16 +30,18 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from numpyro_dgp._protocol import attach_model_config
-from numpyro_dgp._validation import as_float_array, check_finite
+from numpyro_dgp._validation import (
+    as_float_array,
+    check_finite,
+    check_kernel,
+    check_mean,
+    check_model_args,
+    check_positive_int,
+    check_positive_number,
+)
 from numpyro_dgp.handlers import sde_flow
 from numpyro_dgp.kernels import RBF, Kernel, Matern52
 from numpyro_dgp.layers import gp_layer
-from numpyro_dgp.models._checks import (
-    check_common,
-    check_diffgp_args,
-    check_layer_sizes,
-    check_regression_args,
-)
 from numpyro_dgp.models._minibatch import subsample
 from numpyro_dgp.models._observation import LIKELIHOODS, MISSING_TARGETS, Observation
 
@@ -124,9 +126,11 @@ def deep_gp_regression(
     config = _arguments(locals())
     observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
     observation.check(caller)
-    check_regression_args(
-        num_layers, num_inducing, hidden_width, kernel, noise_init, jitter, inner_mean
-    )
+    check_positive_int(num_layers, "num_layers", caller)
+    check_positive_int(num_inducing, "num_inducing", caller)
+    check_positive_int(hidden_width, "hidden_width", caller, allow_none=True)
+    check_model_args(caller, kernel, noise_init, jitter)
+    check_mean(inner_mean, "inner_mean", caller)
     kernel = RBF() if kernel is None else kernel
 
     def model(X, y=None, batch_size=None, num_data=None):
@@ -233,17 +237,17 @@ def diffgp(
     config = _arguments(locals())
     observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
     observation.check("diffgp")
-    check_diffgp_args(
-        T,
-        num_steps,
-        num_inducing,
-        kernel,
-        noise_init,
-        jitter,
-        flow_kernel,
-        time_input,
-        flow_inducing_inputs,
-    )
+    check_positive_number(T, "T", "diffgp", allow_zero=True)
+    check_positive_int(num_steps, "num_steps", "diffgp")
+    check_positive_int(num_inducing, "num_inducing", "diffgp")
+    check_model_args("diffgp", kernel, noise_init, jitter)
+    if flow_kernel is not None:
+        check_kernel(flow_kernel, "flow_kernel", "diffgp")
+    if time_input and flow_inducing_inputs is None:
+        raise ValueError(
+            "diffgp: time_input=True needs flow_inducing_inputs over (x, t), e.g. "
+            "numpyro_dgp.sde.temporal_inducing_inputs(X, num_inducing, jnp.linspace(0, T, 3))"
+        )
     flow_kernel = RBF(variance=0.01) if flow_kernel is None else flow_kernel
     kernel = RBF() if kernel is None else kernel
 
@@ -342,8 +346,17 @@ def amortized_dgp(
     config = _arguments(locals())
     observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
     observation.check("amortized_dgp")
-    widths, num_inducing = check_layer_sizes(widths, num_inducing, observation.width)
-    check_common("amortized_dgp", kernel, noise_init, jitter)
+    widths, num_inducing = tuple(widths), tuple(num_inducing)
+    if not widths or widths[-1] != observation.width or len(num_inducing) != len(widths):
+        raise ValueError(
+            "amortized_dgp: widths and num_inducing need one entry per layer, the last width "
+            f"the likelihood's {observation.width} output(s); got widths={widths!r}, "
+            f"num_inducing={num_inducing!r}"
+        )
+    for i, (width, M) in enumerate(zip(widths, num_inducing)):
+        check_positive_int(width, f"widths[{i}]", "amortized_dgp")
+        check_positive_int(M, f"num_inducing[{i}]", "amortized_dgp")
+    check_model_args("amortized_dgp", kernel, noise_init, jitter)
     kernel = Matern52(ard=False) if kernel is None else kernel
 
     def model(X, y=None, batch_size=None, num_data=None):

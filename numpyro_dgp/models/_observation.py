@@ -15,10 +15,11 @@ from numpyro.distributions import constraints
 
 from numpyro_dgp._compat import distribution_validation_enabled
 from numpyro_dgp._validation import (
+    as_float_array,
     check_choice,
+    check_finite,
     check_positive_int,
     concrete,
-    targets,
     warn_if_target_not_standardized,
 )
 
@@ -88,23 +89,37 @@ class Observation(NamedTuple):
     ) -> jax.Array | None:
         """``y`` at the door: ``(N,)`` (``(N, 1)`` squeezed) or ``(N, T)``; continuous targets cast
         to ``dtype`` (and, when concrete, a :class:`~numpyro_dgp.TargetScaleWarning` if far from
-        standardized); NaN refused (naming ``y``) unless masked; concrete labels and counts
-        checked."""
+        standardized); NaN or infinities refused (naming ``y``; NaN entries pass when masked);
+        concrete labels and counts checked.
+
+        :raises ValueError: for another shape, non-finite values or invalid labels or counts.
+        """
         if y is None:
             return None
         value = concrete(y) if self.continuous else None  # before the cast: NumPy targets too
         if value is not None:
             warn_if_target_not_standardized(np.asarray(value, np.float64), "y", caller, 5)
+        y = jnp.asarray(y)
+        T = self.num_outputs
+        expected = (num_points,) if T == 1 else (num_points, T)
+        if T == 1 and y.shape == (num_points, 1):
+            y = y[:, 0]
+        if y.shape != expected:
+            also = f" (or ({num_points}, 1))" if T == 1 else ""
+            raise ValueError(
+                f"{caller}: y must have shape {expected}{also} to match the {num_points} input "
+                f"points of X{'' if T == 1 else f' and its {T} target columns'}, got shape "
+                f"{tuple(y.shape)}"
+            )
         masked = self.missing_targets == "mask"
-        y = targets(
-            y,
-            num_points,
-            caller,
-            dtype if self.continuous or masked else None,
-            self.num_outputs,
-            allow_nan=masked,
-        )
-        assert y is not None  # targets() returns None only for None
+        if self.continuous or masked:
+            y = as_float_array(y, "y", caller).astype(dtype)
+        if not masked:
+            check_finite(y, "y", caller)
+        elif (value := concrete(y)) is not None and np.isinf(value).any():
+            raise ValueError(
+                f"{caller}: y contains infinite values (NaN entries are masked, infinities are not)"
+            )
         if not self.continuous:
             _check_discrete_targets(y, self, caller)
         return y
