@@ -25,6 +25,8 @@ __all__ = [
     "TargetScaleWarning",
     "as_float_array",
     "check_choice",
+    "check_directory",
+    "check_file",
     "check_finite",
     "check_kernel",
     "check_mean",
@@ -327,6 +329,34 @@ def check_model_args(caller: str, kernel: Any, noise_init: Any, jitter: Any) -> 
     check_positive_number(noise_init, "noise_init", caller)
     if jitter is not None:
         check_positive_number(jitter, "jitter", caller)
+
+
+def check_file(
+    path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError
+) -> None:
+    """Raise unless ``path`` is an existing file.
+
+    :param path: the path (``pathlib.Path``).
+    :param what: the file in messages (``"data file"``).
+    :param caller: the function in messages.
+    :param error: the exception type.
+    :raises FileNotFoundError: (or ``error``) naming the path.
+    """
+    if not path.is_file():
+        state = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise error(f"{caller}: {what} {str(path)!r} {state}")
+
+
+def check_directory(
+    path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError
+) -> None:
+    """Raise unless ``path`` is an existing directory.
+
+    :raises FileNotFoundError: (or ``error``) naming the path.
+    """
+    if not path.is_dir():
+        state = "is a file, not a directory" if path.exists() else "does not exist"
+        raise error(f"{caller}: {what} {str(path)!r} {state}")
 
 
 def _feature_spread(X: np.ndarray) -> np.ndarray:
