@@ -331,6 +331,19 @@ def test_noise_is_a_positive_learned_param_and_checked():
             run_layer(X, num_inducing=4, noise=bad)
 
 
+def test_a_substituted_hyperparameter_that_is_not_positive_names_its_layer():
+    """A value given for a hyperparameter site (e.g. loaded parameters) is checked by the kernel;
+    the error names the layer and its sites."""
+    X = jnp.asarray(np.random.RandomState(0).randn(10, 2))
+
+    def model():
+        return dgp.gp_layer("h", X, dgp.kernels.RBF(), num_inducing=4)
+
+    bad = handlers.substitute(model, data={"h.kernel.lengthscale": jnp.asarray(-1.0)})
+    with pytest.raises(ValueError, match=r"gp_layer 'h': .*lengthscale.*site 'h.kernel.\*'"):
+        handlers.seed(bad, 0)()
+
+
 @pytest.mark.stochastic
 def test_noisy_layer_propagates_the_conditional_variance_plus_its_noise():
     """Draws of a noisy layer's output given u have the conditional mean and variance of

@@ -206,7 +206,10 @@ def hyperparameter_sites(
         # initial values were checked positive by check_layer_kind (_check_kernel_values)
         value = numpyro.param(site, init, constraint=constraints.positive)
         values[hp] = value if learn else jax.lax.stop_gradient(value)
-    return kernel.replace(**values)
+    try:
+        return kernel.replace(**values)
+    except ValueError as err:  # a given (substituted) value that is not positive: name the layer
+        raise ValueError(f"gp_layer {name!r}: {err} (site '{name}.kernel.*')") from None
 
 
 def default_encoder_input(X: jax.Array) -> jax.Array:
