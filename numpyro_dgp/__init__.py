@@ -58,8 +58,8 @@ _ATTRIBUTES = {
     "gaussian_mixture_crps": "_predict.metrics",
     "log_likelihood": "_predict.metrics",
     "metrics": "_predict.metrics",
-    "ParameterMismatchError": "_persist.params",
-    "check_params": "_persist.params",
+    "ParameterMismatchError": "io",
+    "check_params": "io",
     "NonFinitePredictionWarning": "_predict.prediction",
     "Prediction": "_predict.prediction",
     "predict": "_predict.prediction",
@@ -108,7 +108,6 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
         sde,
     )
     from numpyro_dgp._layers.latent import latent_input
-    from numpyro_dgp._persist.params import ParameterMismatchError, check_params
     from numpyro_dgp._predict.deterministic import predict_collapsed, predict_moment_matched
     from numpyro_dgp._predict.metrics import gaussian_mixture_crps, log_likelihood, metrics
     from numpyro_dgp._predict.prediction import (
@@ -128,7 +127,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     )
     from numpyro_dgp._validation import InputScaleWarning, TargetScaleWarning
     from numpyro_dgp.infer import FitResult, fit
-    from numpyro_dgp.io import load_params, save_params
+    from numpyro_dgp.io import ParameterMismatchError, check_params, load_params, save_params
     from numpyro_dgp.layers import gp_layer
     from numpyro_dgp.likelihoods import bernoulli_probit
     from numpyro_dgp.objectives import (

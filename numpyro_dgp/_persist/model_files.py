@@ -8,12 +8,15 @@ its paths and ``model.json`` with these before JAX loads. Below the whole-model 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import stat
+import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from numpyro_dgp import __version__
 
@@ -198,3 +201,41 @@ def check_output_place(path: Path, shown: str, inputs: tuple = ()) -> None:
         raise FileNotFoundError(f"{shown}: the directory {str(path.parent)!r} does not exist")
     if not os.access(path.parent, os.W_OK | os.X_OK):
         raise PermissionError(f"{shown}: the directory {str(path.parent)!r} is not writable")
+
+
+def write_atomically(path: Path, write: Callable[[Any], object], binary: bool = False) -> None:
+    """Write the file ``path`` by ``write(file)`` into a temporary file in its directory, flushed
+    to disk and renamed onto ``path`` (the rename made durable where POSIX allows): a failed
+    write leaves any previous file whole. A replaced file keeps its permissions; a new one gets
+    those ``open`` would give it.
+
+    :param path: the file to write (its directory exists).
+    :param write: writes the contents to the open file.
+    :param binary: open the file in binary mode (else text, UTF-8, no newline translation).
+    """
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0o022)  # mkstemp creates 0600 files; open() would not
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    text: dict[str, Any] = {} if binary else {"encoding": "utf-8", "newline": ""}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with open(fd, "wb" if binary else "w", **text) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if os.name == "posix":  # makes the rename itself durable
+        with contextlib.suppress(OSError):
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)

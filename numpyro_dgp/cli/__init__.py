@@ -307,7 +307,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     import numpy as np
 
     from numpyro_dgp import load_model
-    from numpyro_dgp.io import write_atomically
+    from numpyro_dgp._persist.model_files import write_atomically
 
     model = load_model(args.model_dir)
     X = table.data[:, [table.columns.index(n) for n in names]]

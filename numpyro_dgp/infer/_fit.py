@@ -20,13 +20,6 @@ import numpy as np
 from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
-from numpyro_dgp._persist.params import (
-    STRICT_HINT,
-    ParameterMismatchError,
-    check_params_against,
-    param_specs,
-    set_up_guide,
-)
 from numpyro_dgp._protocol import model_config
 from numpyro_dgp._validation import (
     check_positive_int,
@@ -55,6 +48,13 @@ from numpyro_dgp.infer._loop import (
     run_chunks,
 )
 from numpyro_dgp.infer._observed import check_observed
+from numpyro_dgp.io import (
+    STRICT_HINT,
+    ParameterMismatchError,
+    check_params_against,
+    param_specs,
+    set_up_guide,
+)
 
 __all__ = ["FitResult", "fit"]
 
@@ -504,7 +504,7 @@ def _check_fit_arguments(
 
 def initial_state(svi, rng_key, args, kwargs, model_kwargs, init_params, strict):
     """``svi.init`` (compiled: :func:`numpyro_dgp.infer.init`) after setting up the guide (see
-    :func:`numpyro_dgp._persist.params.set_up_guide`) and checking ``init_params``; when the model
+    :func:`numpyro_dgp.io.set_up_guide`) and checking ``init_params``; when the model
     cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails."""
     try:
         set_up_guide(svi.guide, jax.random.fold_in(rng_key, _SETUP_STREAM), args, model_kwargs)
