@@ -38,7 +38,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from numpyro_dgp import __version__
-from numpyro_dgp._persist.model_files import (
+from numpyro_dgp._persist import (
     CONFIG_FILE,
     MODEL_FORMAT,
     MODEL_FORMAT_VERSION,

@@ -45,7 +45,7 @@ from numpyro import handlers
 
 from numpyro_dgp import __version__
 from numpyro_dgp._cache import OwnerCache
-from numpyro_dgp._persist.model_files import write_atomically
+from numpyro_dgp._persist import write_atomically
 from numpyro_dgp._validation import check_directory, check_file, concrete
 
 __all__ = ["FORMAT_VERSION", "save_params", "load_params"]
