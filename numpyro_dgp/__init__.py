@@ -51,8 +51,6 @@ if TYPE_CHECKING:
     from numpyro_dgp import recipes as recipes
     from numpyro_dgp import sde as sde
     from numpyro_dgp._layers.latent import latent_input as latent_input
-    from numpyro_dgp._persist.params import ParameterMismatchError as ParameterMismatchError
-    from numpyro_dgp._persist.params import check_params as check_params
     from numpyro_dgp._predict.deterministic import predict_collapsed as predict_collapsed
     from numpyro_dgp._predict.deterministic import predict_moment_matched as predict_moment_matched
     from numpyro_dgp._predict.metrics import gaussian_mixture_crps as gaussian_mixture_crps
@@ -75,6 +73,8 @@ if TYPE_CHECKING:
     from numpyro_dgp._validation import TargetScaleWarning as TargetScaleWarning
     from numpyro_dgp.infer import FitResult as FitResult
     from numpyro_dgp.infer import fit as fit
+    from numpyro_dgp.io import ParameterMismatchError as ParameterMismatchError
+    from numpyro_dgp.io import check_params as check_params
     from numpyro_dgp.io import load_params as load_params
     from numpyro_dgp.io import save_params as save_params
     from numpyro_dgp.layers import gp_layer as gp_layer

@@ -38,7 +38,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from numpyro_dgp import __version__
-from numpyro_dgp._persist.model_files import (
+from numpyro_dgp._persist import (
     CONFIG_FILE,
     MODEL_FORMAT,
     MODEL_FORMAT_VERSION,
@@ -50,10 +50,15 @@ from numpyro_dgp._persist.model_files import (
     read_config,
     sha256,
 )
-from numpyro_dgp._persist.params import STRICT_HINT, check_params_against, param_specs, set_up_guide
 from numpyro_dgp._protocol import model_config
 from numpyro_dgp._validation import check_positive_int
-from numpyro_dgp.io import load_params
+from numpyro_dgp.io import (
+    STRICT_HINT,
+    check_params_against,
+    load_params,
+    param_specs,
+    set_up_guide,
+)
 
 __all__ = ["ModelFileError", "SavedModel", "Standardization", "load_model", "save_model"]
 

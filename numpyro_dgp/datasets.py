@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Callable, Literal, NamedTuple
 import numpy as np
 from numpy.typing import DTypeLike
 
-from numpyro_dgp._persist.tables import Table, read_table
+from numpyro_dgp._persist import Table, read_table
 
 if TYPE_CHECKING:
     import jax

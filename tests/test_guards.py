@@ -311,11 +311,11 @@ def test_collapsed_prediction_refuses_non_finite_x_new():
         dgp.predict_collapsed(one_layer, {}, X, Y, X.at[2, 0].set(jnp.nan))
 
 
-# --- _persist/params.py ------------------------------------------------------------------------------
+# --- io.py ------------------------------------------------------------------------------
 
 
 def test_check_params_refuses_a_guide_built_on_another_model():
-    """_persist/params.py param_specs: a guide built on another model (its u shapes do not fit this model)."""
+    """io.py param_specs: a guide built on another model (its u shapes do not fit this model)."""
     other = deep_gp_regression(1, num_inducing=3)
     guide = AutoFactorizedDGP(other)
     params = _init_params(other, guide, X, Y)
@@ -324,7 +324,7 @@ def test_check_params_refuses_a_guide_built_on_another_model():
 
 
 def test_check_params_refuses_params_that_are_not_a_dict():
-    """_persist/params.py check_params_against: params given as a list instead of {site: array}."""
+    """io.py check_params_against: params given as a list instead of {site: array}."""
     with pytest.raises(TypeError, match=r"check_params: params must be a dict \{site name: array\}, got list"):
         dgp.check_params(one_layer, None, [jnp.zeros(2)], X, Y)
 

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from numpyro_dgp._persist.params import training_arguments
 from numpyro_dgp._validation import as_float_array, check_finite, warn_if_not_standardized
+from numpyro_dgp.io import training_arguments
 
 __all__ = ["check_guide_is_set_up", "checked_test_inputs"]
 

@@ -41,7 +41,6 @@ from numpyro.handlers import replay, seed, substitute, trace
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._engine.observation import observation_kind
 from numpyro_dgp._engine.run import marginal_trace
-from numpyro_dgp._persist.params import PREDICT_HINT, check_params_against, param_specs
 from numpyro_dgp._predict.inputs import check_guide_is_set_up, checked_test_inputs
 from numpyro_dgp._predict.mixture import (
     component_of,
@@ -56,6 +55,7 @@ from numpyro_dgp._validation import (
     split_traced,
 )
 from numpyro_dgp.handlers import coherent_layers
+from numpyro_dgp.io import PREDICT_HINT, check_params_against, param_specs
 
 __all__ = [
     "NonFinitePredictionWarning",

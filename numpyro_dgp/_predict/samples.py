@@ -18,7 +18,6 @@ from numpyro.primitives import Messenger
 from numpyro_dgp._engine.marginal import marginalize_inducing
 from numpyro_dgp._engine.observation import observation_kind, spherical_rule
 from numpyro_dgp._engine.traces import layers_by_u_site
-from numpyro_dgp._persist.params import PREDICT_HINT, check_params_against
 from numpyro_dgp._predict.inputs import checked_test_inputs
 from numpyro_dgp._predict.mixture import (
     component_of,
@@ -32,6 +31,7 @@ from numpyro_dgp._predict.prediction import (
     warn_if_not_finite,
 )
 from numpyro_dgp._protocol import trace_layers
+from numpyro_dgp.io import PREDICT_HINT, check_params_against
 
 __all__ = ["predict_from_samples"]
 

@@ -187,7 +187,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     """
     import time
 
-    from numpyro_dgp._persist.model_files import check_model_output
+    from numpyro_dgp._persist import check_model_output
 
     # NumPy only: the output path and the table are checked before JAX loads or anything runs
     check_model_output(Path(args.output), args.overwrite, "--output", "--overwrite", (args.data,))
@@ -278,8 +278,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     :raises ValueError: a table without the model's feature columns, or a bad model directory.
     """
     # NumPy only: a bad output path, table or model.json is reported before JAX loads
-    from numpyro_dgp._persist.model_files import check_model_directory, read_config
-    from numpyro_dgp._persist.tables import read_table
+    from numpyro_dgp._persist import check_model_directory, read_config, read_table
 
     check_output_file(Path(args.output), args.overwrite, (args.data, args.model_dir))
     table = read_table(args.data)
@@ -295,7 +294,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     import numpy as np
 
     from numpyro_dgp import load_model
-    from numpyro_dgp.io import write_atomically
+    from numpyro_dgp._persist import write_atomically
 
     model = load_model(args.model_dir)
     X = table.data[:, [table.columns.index(n) for n in names]]

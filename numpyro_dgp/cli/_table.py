@@ -23,7 +23,7 @@ def check_output_file(path: Path, overwrite: bool, inputs: tuple) -> None:
     :raises FileNotFoundError: the parent directory does not exist.
     :raises PermissionError: it is not writable.
     """
-    from numpyro_dgp._persist.model_files import check_output_place
+    from numpyro_dgp._persist import check_output_place
 
     shown = f"--output {str(path)!r}"
     check_output_place(path, shown, inputs)
@@ -112,7 +112,7 @@ def fit_table(
 ) -> tuple[np.ndarray, np.ndarray, list[str], int | None]:
     """``(X, y, feature names, number of classes)`` of ``fit``'s table, its targets checked
     against the likelihood (NumPy only: a bad table is reported before JAX loads)."""
-    from numpyro_dgp._persist.tables import read_table  # NumPy only: before JAX loads
+    from numpyro_dgp._persist import read_table  # NumPy only: before JAX loads
 
     _check_label_targets(args.likelihood, likelihood, targets)
     table = read_table(args.data, allow_missing=targets)

@@ -19,16 +19,16 @@ from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._compat import innermost_guide
-from numpyro_dgp._persist.params import (
+from numpyro_dgp._validation import split_traced
+from numpyro_dgp.guides import DGPGuide
+from numpyro_dgp.infer._checks import failed_layer
+from numpyro_dgp.io import (
     STRICT_HINT,
     ParameterMismatchError,
     check_params_against,
     param_specs,
     set_up_guide,
 )
-from numpyro_dgp._validation import split_traced
-from numpyro_dgp.guides import DGPGuide
-from numpyro_dgp.infer._checks import failed_layer
 
 __all__ = ["init", "initial_state"]
 
@@ -99,7 +99,7 @@ def _compiled_init(
 
 def initial_state(svi, rng_key, args, kwargs, init_params=None, strict=True):
     """``svi.init`` (compiled: :func:`numpyro_dgp.infer.init`) after setting up the guide (see
-    :func:`numpyro_dgp._persist.params.set_up_guide`) and checking ``init_params``; when the model
+    :func:`numpyro_dgp.io.set_up_guide`) and checking ``init_params``; when the model
     cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails."""
     model_kwargs = {**kwargs, **svi.static_kwargs}
     try:
