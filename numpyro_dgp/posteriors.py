@@ -74,6 +74,16 @@ class AmortizedPosterior(NamedTuple):
     points: jax.Array | None
     log_weights: jax.Array
 
+    @property
+    def mixture(self) -> tuple:
+        """``(points, log_weights)``: this layer's outputs branch into a weighted mixture."""
+        return self.points, self.log_weights
+
+    @property
+    def sees_mixture_mean(self) -> bool:
+        """Whether the encoder sees the weighted mean of the previous layer's branch means."""
+        return self.rule != "AR1"
+
 
 class LatentPosterior(NamedTuple):
     """A guide's ``q(w_n) = N(loc_n, diag(scale_n^2))`` of a latent input

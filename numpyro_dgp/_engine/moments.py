@@ -40,10 +40,9 @@ from numpyro_dgp._engine.observation import shared_rule
 from numpyro_dgp._engine.run import guide_then_model, validation_off_when_traced
 from numpyro_dgp._engine.traces import final_layer_name, guide_posteriors, model_u_sites
 from numpyro_dgp._protocol import (
-    BRANCHES,
-    FLOW,
     LAYER_MESSAGE,
-    QUADRATURE_AXIS,
+    LAYER_RULE,
+    NODE_AXIS,
     get_tag,
     layer_call,
     message_layer,
@@ -71,7 +70,7 @@ class propagate_moments(Messenger):
         independent Gaussian over each layer's inducing values.
     :param mode: ``"bound"`` or ``"predict"``.
     :param last_layer: name of the model's last ``gp_layer``.
-    :param quadrature_nodes: ``(K, P)`` standard-normal nodes for the last layer.
+    :param nodes: ``(K, P)`` standard-normal nodes for the last layer.
     :param caller: the name errors are reported under.
     :param propagate_inducing_variance: ``"bound"`` mode: forward each inner layer's inducing
         variance to the next layer (``True``) or pay for it in the penalty (``False``).
@@ -89,7 +88,7 @@ class propagate_moments(Messenger):
         posteriors: dict[str, Any] | None = None,
         mode: str = "bound",
         last_layer: str | None = None,
-        quadrature_nodes: np.ndarray | None = None,
+        nodes: np.ndarray | None = None,
         caller: str = "propagate_moments",
         propagate_inducing_variance: bool = True,
         guide_name: str | None = None,
@@ -98,7 +97,7 @@ class propagate_moments(Messenger):
         self.posteriors = dict(posteriors or {})
         self.mode = mode
         self.last_layer = last_layer
-        self.quadrature_nodes = quadrature_nodes
+        self.nodes = nodes
         self.caller = caller
         self.guide_name = guide_name
         self.propagate_inducing_variance = bool(propagate_inducing_variance)
@@ -122,7 +121,7 @@ class propagate_moments(Messenger):
         """Tag the sample sites after the last layer; give each layer message its value."""
         if msg["type"] == "sample":
             if self._in_tail:
-                with_tag(msg, QUADRATURE_AXIS, True)
+                with_tag(msg, NODE_AXIS, True)
             return
         if msg["type"] == LAYER_MESSAGE:
             msg["value"] = self._layer(msg)
@@ -194,7 +193,7 @@ class propagate_moments(Messenger):
         var = self._forwarded_variance(layer, parts, last)
         self.moments[layer.name] = (mean, var)
         if last:
-            nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)
+            nodes = jnp.asarray(self.nodes, mean.dtype)
             self._in_tail = True
             return mean[None] + jnp.sqrt(jnp.maximum(var, 0.0))[None] * nodes[:, None, :]
         self._last_output = mean + 0.0  # a new array: its identity marks the next layer's input
@@ -210,7 +209,7 @@ class propagate_moments(Messenger):
                 f"has inducing={layer.inducing!r}; only global inducing points propagate "
                 "Gaussian moments",
             )
-        if get_tag(msg, FLOW) is not None or get_tag(msg, BRANCHES) is not None:
+        if get_tag(msg, LAYER_RULE) is not None:
             self._refuse(layer, "is an sde_flow layer or branches at quadrature points")
         if X.ndim != 2:
             self._refuse(layer, f"takes branched inputs of shape {X.shape}")
@@ -281,7 +280,7 @@ class MomentRun(NamedTuple):
     :ivar moments: ``{layer name: (mean, var)}`` as forwarded.
     :ivar penalties: the inner layers' penalties (``"bound"`` mode).
     :ivar layer_order: layer names in execution order.
-    :ivar quadrature_weights: ``(K,)`` weights of the last layer's nodes.
+    :ivar node_weights: ``(K,)`` weights of the last layer's nodes.
     """
 
     guide_trace: dict
@@ -290,7 +289,7 @@ class MomentRun(NamedTuple):
     moments: dict
     penalties: list
     layer_order: list
-    quadrature_weights: np.ndarray
+    node_weights: np.ndarray
 
 
 def moment_trace(
@@ -301,7 +300,7 @@ def moment_trace(
     args: tuple,
     kwargs: dict,
     mode: str,
-    num_quadrature: int,
+    nodes_per_output: int,
     caller: str,
     propagate_inducing_variance: bool = True,
     kind: str = "normal",
@@ -316,7 +315,7 @@ def moment_trace(
     :param args: positional arguments of the model and guide.
     :param kwargs: keyword arguments of the model and guide.
     :param mode: ``"bound"`` or ``"predict"``.
-    :param num_quadrature: Gauss-Hermite nodes per output of the last layer.
+    :param nodes_per_output: Gauss-Hermite nodes per output of the last layer.
     :param caller: the name errors are reported under.
     :param propagate_inducing_variance: see :class:`propagate_moments`.
     :param kind: the observation's kind, which picks the rule over several outputs
@@ -336,14 +335,14 @@ def moment_trace(
             return 0
 
         jax.eval_shape(probe)
-        nodes, weights = shared_rule(found["out_dim"], kind, num_quadrature, caller)
+        nodes, weights = shared_rule(found["out_dim"], kind, nodes_per_output, caller)
         posteriors = guide_posteriors(guide_trace, found["u_sites"])
         handler = propagate_moments(
             seeded_model,
             posteriors=posteriors,
             mode=mode,
             last_layer=found["last"],
-            quadrature_nodes=nodes,
+            nodes=nodes,
             caller=caller,
             propagate_inducing_variance=propagate_inducing_variance,
             guide_name=type(innermost_guide(guide)).__name__,

@@ -119,11 +119,11 @@ def predict_moment_matched(
             run.moments,
             name,
             likelihood,
-            run.quadrature_weights,
+            run.node_weights,
             found["layers"],
             key,
         )
-        return component, run.quadrature_weights
+        return component, run.node_weights
 
     component, node_weights = run_once(params, X_new)
     return warn_if_not_finite(_one_component(likelihood, component, node_weights), caller)
@@ -189,9 +189,9 @@ def predict_collapsed(
         m = marginalize_inducing(
             fitted,
             posteriors={layer.u_site: q},
-            quadrature_layer=layer.name,
-            quadrature_nodes=nodes,
-            quadrature_weights=weights,
+            last_layer=layer.name,
+            nodes=nodes,
+            node_weights=weights,
         )
         return trace(m).get_trace(X_new, *args, **kwargs), m.moments, weights
 

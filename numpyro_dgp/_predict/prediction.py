@@ -45,12 +45,12 @@ from numpyro_dgp._persist.params import PREDICT_HINT, check_params_against, para
 from numpyro_dgp._predict.inputs import check_guide_is_set_up, checked_test_inputs
 from numpyro_dgp._predict.mixture import (
     component_of,
-    flatten_branches,
+    flatten_mixture,
     mixture_fields,
     rebuild,
     rule_arguments,
 )
-from numpyro_dgp._protocol import quadrature_tail, trace_layer_names
+from numpyro_dgp._protocol import node_tail, trace_layer_names
 from numpyro_dgp._validation import (
     check_positive_int,
     split_traced,
@@ -137,7 +137,7 @@ class Prediction(NamedTuple):
 
 def observation_site(model_trace: dict, obs_site: str | None) -> str:
     """The observation site of a run: ``obs_site``, or the one sample site after the last layer."""
-    return _check_observation_site(quadrature_tail(model_trace), obs_site)
+    return _check_observation_site(node_tail(model_trace), obs_site)
 
 
 def _check_observation_site(tail: list[str], obs_site: str | None) -> str:
@@ -505,7 +505,7 @@ def _probe_prediction(model, guide, params, rng_key, X_new, args, kwargs, obs_si
         found["layers"] = list(run.layer_order)
         found["out_dim"] = run.moments[run.layer_order[-1]][0].shape[-1]
         found["branches"] = (
-            None if run.branch_log_weights is None else run.branch_log_weights.shape[0]
+            None if run.mixture_log_weights is None else run.mixture_log_weights.shape[0]
         )
         found["correlated"] = run.correlated_outputs
         return 0
@@ -544,11 +544,11 @@ def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_
             joint_draws=joint_draws,
         )
         component = component_of(
-            run.model_trace, run.moments, name, kind, run.quadrature_weights, layer_names, draw_key
+            run.model_trace, run.moments, name, kind, run.node_weights, layer_names, draw_key
         )
         if not keep_layers:  # nothing computed for them in the compiled function
             component = component._replace(layers={}, layer_means={}, layer_variances={})
-        return component, run.branch_log_weights, run.quadrature_weights
+        return component, run.mixture_log_weights, run.node_weights
 
     def predictive_mixture(rng_key, params, X_new, dyn_args, dyn_kwargs, num_samples):
         # the keys, the samples and their mixture in one program (eagerly, each small operation
@@ -559,7 +559,7 @@ def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_
         )
         weights = None
         if found["branches"]:
-            components, weights = flatten_branches(found["branches"], components, log_weights)
+            components, weights = flatten_mixture(found["branches"], components, log_weights)
         return mixture_fields(kind, components, weights, node_weights[0])
 
     return predictive_mixture

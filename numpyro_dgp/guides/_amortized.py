@@ -160,7 +160,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         self.amortized_sites: dict[str, int] = {}  # u-site -> encoder input width D
         super().__init__(model, prefix=prefix, **kwargs)
 
-    _accepts_amortized = True
+    encodes_inducing_sets = True
 
     def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
         super()._setup_prototype(*args, **kwargs)

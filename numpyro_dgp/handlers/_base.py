@@ -9,7 +9,7 @@ import jax
 from numpyro.handlers import block, seed, trace
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._protocol import FLOW, get_tag, message_layer, trace_layer_names
+from numpyro_dgp._protocol import LAYER_RULE, get_tag, message_layer, trace_layer_names
 
 __all__ = ["PerRunMessenger", "check_layer_supported", "last_layer_name"]
 
@@ -45,8 +45,9 @@ class PerRunMessenger(Messenger):
 
 
 def check_layer_supported(msg: dict, handler: str) -> None:
-    """Refuse a layer message ``handler`` cannot take: per-point inducing sets and SDE flows
-    (the same refusal for every handler that replaces a layer's computation).
+    """Refuse a layer message ``handler`` cannot take: per-point inducing sets and a layer
+    another handler's rule computes (the same refusal for every handler that replaces a
+    layer's computation).
 
     :raises NotImplementedError: for either.
     """
@@ -56,10 +57,10 @@ def check_layer_supported(msg: dict, handler: str) -> None:
             f"{handler}: layer {layer.name!r} has per-point inducing sets "
             f"(inducing='amortized'), which {handler} does not support"
         )
-    if get_tag(msg, FLOW) is not None:
+    rule = get_tag(msg, LAYER_RULE)
+    if rule is not None and rule.computes_layer:
         raise NotImplementedError(
-            f"{handler}: layer {layer.name!r} is an sde_flow layer, which {handler} does not "
-            "support"
+            f"{handler}: layer {layer.name!r} is {rule.what}, which {handler} does not support"
         )
 
 

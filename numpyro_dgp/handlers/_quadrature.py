@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import zlib
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -16,15 +16,7 @@ import numpy as np
 from jax.typing import ArrayLike
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._protocol import (
-    BRANCHES,
-    FLOW,
-    LAYER_MESSAGE,
-    BranchTag,
-    get_tag,
-    message_layer,
-    with_tag,
-)
+from numpyro_dgp._protocol import LAYER_MESSAGE, LAYER_RULE, get_tag, message_layer, with_tag
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.posteriors import quadrature_log_weights, quadrature_points
 
@@ -45,6 +37,15 @@ def _check_weights(weights: ArrayLike | None, num_points: int) -> np.ndarray:
             f"quadrature: weights must be {num_points} positive numbers, got {weights!r}"
         )
     return weights
+
+
+class _WeightedPoints(NamedTuple):
+    """The :class:`~numpyro_dgp._protocol.LayerRule` of a :class:`quadrature` layer: its
+    outputs become a weighted mixture at ``mixture = (points (S, P), log_weights (S,))``."""
+
+    mixture: tuple
+    what = "a quadrature layer"
+    computes_layer = False
 
 
 class quadrature(Messenger):
@@ -116,15 +117,15 @@ class quadrature(Messenger):
         return points
 
     def process_message(self, msg: dict) -> None:
-        """Tag every layer message with its branch points and weights
-        (:class:`~numpyro_dgp._protocol.BranchTag`)."""
+        """Tag every layer message with its points and weights (its
+        :class:`~numpyro_dgp._protocol.LayerRule`)."""
         if msg["type"] != LAYER_MESSAGE:
             return
         layer = message_layer(msg)
-        if get_tag(msg, FLOW) is not None:
+        rule = get_tag(msg, LAYER_RULE)
+        if rule is not None and rule.computes_layer:
             raise NotImplementedError(
-                f"quadrature: layer {layer.name!r} is an sde_flow layer, which quadrature does not "
-                "branch"
+                f"quadrature: layer {layer.name!r} is {rule.what}, which quadrature does not branch"
             )
         # registered on every run (SVI's initial run is a plain model run); the last layer's
         # points go unused: marginalize_inducing integrates that layer by Gauss-Hermite
@@ -134,4 +135,4 @@ class quadrature(Messenger):
             self.learnable,
         )
         log_weights = quadrature_log_weights("quadrature.logits", self.weights, self.learnable)
-        with_tag(msg, BRANCHES, BranchTag(points, log_weights))
+        with_tag(msg, LAYER_RULE, _WeightedPoints((points, log_weights)))

@@ -23,7 +23,7 @@ from jax.typing import ArrayLike
 from numpyro.handlers import replay, seed, substitute, trace
 
 from numpyro_dgp._engine.traces import layers_by_u_site
-from numpyro_dgp._protocol import BRANCHES, LAYER_MESSAGE, get_tag, layer_call
+from numpyro_dgp._protocol import LAYER_MESSAGE, LAYER_RULE, get_tag, layer_call
 from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import COLLAPSED_METHODS, collapsed_log_marginal
 from numpyro_dgp.handlers._base import PerRunMessenger, check_layer_supported
@@ -118,7 +118,7 @@ class collapse_sparse_layer(PerRunMessenger):
                     "DGPElbo or NestedCompressionElbo"
                 )
             check_layer_supported(msg, self.caller)
-            if layer.inducing != "global" or get_tag(msg, BRANCHES) is not None or X.ndim != 2:
+            if layer.inducing != "global" or get_tag(msg, LAYER_RULE) is not None or X.ndim != 2:
                 raise NotImplementedError(
                     f"{self.caller}: layer {layer.name!r} has inducing={layer.inducing!r}, "
                     "branches or branched inputs; the collapsed objective needs global inducing "
