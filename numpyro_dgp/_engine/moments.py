@@ -27,7 +27,7 @@ previous layer's output, whose per-point mean and variance were recorded when it
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, NoReturn
+from typing import Any, Callable, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +37,7 @@ from numpyro.primitives import Messenger
 
 from numpyro_dgp._compat import innermost_guide, is_tracer
 from numpyro_dgp._engine.observation import shared_rule
-from numpyro_dgp._engine.run import guide_then_model, validation_off_when_traced
+from numpyro_dgp._engine.run import MarginalRun, guide_then_model, validation_off_when_traced
 from numpyro_dgp._engine.traces import final_layer_name, guide_posteriors, model_u_sites
 from numpyro_dgp._protocol import (
     LAYER_MESSAGE,
@@ -53,7 +53,7 @@ from numpyro_dgp.core import uncertain_input_moments
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import ChainLink, JointBlock
 
-__all__ = ["MOMENT_MODES", "MomentRun", "moment_trace", "propagate_moments"]
+__all__ = ["MOMENT_MODES", "moment_trace", "propagate_moments"]
 
 #: The modes of :class:`propagate_moments`.
 MOMENT_MODES = ("bound", "predict")
@@ -271,27 +271,6 @@ def _same_values(X: jax.Array, output: jax.Array) -> bool:
     return bool(jnp.array_equal(X, output))
 
 
-class MomentRun(NamedTuple):
-    """A guide trace and the model trace run under :class:`propagate_moments`.
-
-    :ivar guide_trace: the guide's trace.
-    :ivar model_trace: the model's trace, replayed against the guide's.
-    :ivar posteriors: ``{u-site name: (loc, scale)}`` of the guide.
-    :ivar moments: ``{layer name: (mean, var)}`` as forwarded.
-    :ivar penalties: the inner layers' penalties (``"bound"`` mode).
-    :ivar layer_order: layer names in execution order.
-    :ivar node_weights: ``(K,)`` weights of the last layer's nodes.
-    """
-
-    guide_trace: dict
-    model_trace: dict
-    posteriors: dict
-    moments: dict
-    penalties: list
-    layer_order: list
-    node_weights: np.ndarray
-
-
 def moment_trace(
     model: Callable,
     guide: Callable,
@@ -304,7 +283,7 @@ def moment_trace(
     caller: str,
     propagate_inducing_variance: bool = True,
     kind: str = "normal",
-) -> MomentRun:
+) -> MarginalRun:
     """Run ``guide``, then ``model`` under :class:`propagate_moments`.
 
     :param model: the model.
@@ -320,7 +299,8 @@ def moment_trace(
     :param propagate_inducing_variance: see :class:`propagate_moments`.
     :param kind: the observation's kind, which picks the rule over several outputs
         (:func:`~numpyro_dgp._engine.observation.shared_rule`).
-    :return: :class:`MomentRun`.
+    :return: :class:`~numpyro_dgp._engine.run.MarginalRun` with the inner layers' penalties
+        (``"bound"`` mode).
     """
     with validation_off_when_traced(params):
         guide_trace, seeded_model = guide_then_model(model, guide, params, rng_key, args, kwargs)
@@ -337,23 +317,16 @@ def moment_trace(
         jax.eval_shape(probe)
         nodes, weights = shared_rule(found["out_dim"], kind, nodes_per_output, caller)
         posteriors = guide_posteriors(guide_trace, found["u_sites"])
-        handler = propagate_moments(
-            seeded_model,
-            posteriors=posteriors,
-            mode=mode,
-            last_layer=found["last"],
-            nodes=nodes,
-            caller=caller,
-            propagate_inducing_variance=propagate_inducing_variance,
-            guide_name=type(innermost_guide(guide)).__name__,
-        )
+        guide_name = type(innermost_guide(guide)).__name__
+        options = (caller, propagate_inducing_variance, guide_name)
+        handler = propagate_moments(seeded_model, posteriors, mode, found["last"], nodes, *options)
         model_trace = trace(handler).get_trace(*args, **kwargs)
-        return MomentRun(
+        return MarginalRun(
             guide_trace,
             model_trace,
             posteriors,
             handler.moments,
-            handler.penalties,
             handler.layer_order,
             weights,
+            penalties=handler.penalties,
         )

@@ -52,6 +52,8 @@ class MarginalRun(NamedTuple):
     :ivar guide_name: the guide's class name (for error messages).
     :ivar last_output: the last layer's value at its nodes, ``(K, ..., N, P)``.
     :ivar correlated_outputs: whether the last layer's outputs are correlated at a point.
+    :ivar penalties: the inner layers' penalties of a moment-propagation run
+        (:func:`~numpyro_dgp._engine.moments.moment_trace`, ``"bound"`` mode).
     """
 
     guide_trace: dict
@@ -64,6 +66,7 @@ class MarginalRun(NamedTuple):
     guide_name: str = "the guide"
     last_output: Any = None
     correlated_outputs: bool = False
+    penalties: list | tuple = ()
 
 
 def marginal_trace(
@@ -160,13 +163,7 @@ def marginal_trace(
         posteriors.update(encoder_posteriors(guide_trace))
         posteriors.update(latent_posteriors(guide_trace, found["latents"]))
         handler = marginalize_inducing(
-            seeded_model,
-            posteriors=posteriors,
-            last_layer=last,
-            nodes=nodes,
-            node_weights=weights,
-            latent_mode=latent_mode,
-            num_importance=num_importance,
+            seeded_model, posteriors, last, nodes, weights, latent_mode, num_importance
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         return MarginalRun(
@@ -232,11 +229,7 @@ def _tail_kinds(
 
     def probe():
         handler = marginalize_inducing(
-            seeded_model,
-            last_layer=last,
-            nodes=nodes,
-            node_weights=np.full(2, 0.5),
-            latent_mode=latent_mode,
+            seeded_model, None, last, nodes, np.full(2, 0.5), latent_mode
         )
         tr = trace(handler).get_trace(*args, **kwargs)
         found["kinds"] = [_training_kind(tr[name]["fn"], name, objective) for name in node_tail(tr)]

@@ -126,16 +126,9 @@ def _marginalized_run(
     """``(trace, moments, branch log weights)`` of one run of the model at ``X_new`` with
     ``data`` substituted, under :class:`marginalize_inducing` (with the quadrature
     ``(layer, nodes, weights)``, or none)."""
-    m = substitute(seed(model, key), data=data)
-    if node_rule is not None:
-        handler = marginalize_inducing(
-            m,
-            last_layer=node_rule[0],
-            nodes=node_rule[1],
-            node_weights=node_rule[2],
-        )
-    else:
-        handler = marginalize_inducing(m)
+    handler = marginalize_inducing(
+        substitute(seed(model, key), data=data), None, *(node_rule or ())
+    )
     tr = trace(handler).get_trace(X_new, *args, **kwargs)
     return tr, handler.moments, handler.mixture_log_weights
 

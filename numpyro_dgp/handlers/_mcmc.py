@@ -239,16 +239,9 @@ class exact_layers(PerRunMessenger):
             check_layer_supported(msg, type(self).__name__)
             msg["fn"] = self._exact
 
-    def _exact(
-        self,
-        layer: Layer,
-        X: jax.Array,
-        u: jax.Array,
-        *,
-        rng_key: jax.Array | None = None,
-        full_cov: bool = False,
-    ) -> jax.Array:
-        del u, rng_key, full_cov
+    def _exact(self, layer: Layer, X: jax.Array, u: jax.Array, **_: Any) -> jax.Array:
+        """The layer's value (its message's ``fn``): its exact output site, given nothing of
+        ``u`` or the message's key."""
         self.layer_order.append(layer.name)
         grid = self._grid_inputs
         if grid is not None and grid.shape[-1] != X.shape[-1]:
@@ -447,16 +440,8 @@ class latent_conditionals(PerRunMessenger):
             check_layer_supported(msg, "latent_conditionals")
             msg["fn"] = self._conditional
 
-    def _conditional(
-        self,
-        layer: Layer,
-        X: jax.Array,
-        u: jax.Array,
-        *,
-        rng_key: jax.Array | None = None,
-        full_cov: bool = False,
-    ) -> jax.Array:
-        del rng_key, full_cov
+    def _conditional(self, layer: Layer, X: jax.Array, u: jax.Array, **_: Any) -> jax.Array:
+        """The layer's value (its message's ``fn``): its output site given ``u``."""
         self.layer_order.append(layer.name)
         mean, var = layer_moments(layer, X, u, None, self.full_cov)
         if self.full_cov:

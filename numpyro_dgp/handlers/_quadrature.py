@@ -7,36 +7,22 @@
 
 from __future__ import annotations
 
-import zlib
 from typing import Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike
 from numpyro.primitives import Messenger
 
 from numpyro_dgp._protocol import LAYER_MESSAGE, LAYER_RULE, get_tag, message_layer, with_tag
 from numpyro_dgp._validation import check_positive_int
-from numpyro_dgp.posteriors import quadrature_log_weights, quadrature_points
+from numpyro_dgp.posteriors import (
+    quadrature_log_weights,
+    quadrature_points,
+    starting_points,
+    starting_weights,
+)
 
 __all__ = ["quadrature"]
-
-
-def _check_weights(weights: ArrayLike | None, num_points: int) -> np.ndarray:
-    """``weights`` as floats (default uniform), checked to be ``num_points`` positive numbers
-    (:class:`quadrature`).
-
-    :raises ValueError: otherwise.
-    """
-    if weights is None:
-        weights = np.full(num_points, 1.0 / num_points)
-    weights = np.asarray(weights, float)
-    if weights.shape != (num_points,) or np.any(weights <= 0):
-        raise ValueError(
-            f"quadrature: weights must be {num_points} positive numbers, got {weights!r}"
-        )
-    return weights
 
 
 class _WeightedPoints(NamedTuple):
@@ -85,10 +71,9 @@ class quadrature(Messenger):
         learnable: bool = True,
     ) -> None:
         check_positive_int(num_points, "num_points", "quadrature")
-        checked = _check_weights(weights, num_points)
+        self.weights = starting_weights(weights, num_points, "quadrature")
         self.num_points = num_points
         self.points = points
-        self.weights = checked / checked.sum()
         self.learnable = bool(learnable)
         super().__init__(fn)
 
@@ -100,21 +85,7 @@ class quadrature(Messenger):
         :return: ``(S, P)`` points.
         :raises ValueError: if the given points do not have that shape.
         """
-        S = self.num_points
-        points = self.points
-        if isinstance(points, dict):
-            points = points.get(layer)
-        if points is None:
-            return jax.random.normal(jax.random.PRNGKey(zlib.crc32(layer.encode())), (S, out_dim))
-        points = jnp.asarray(points)
-        if points.ndim == 1:
-            points = jnp.broadcast_to(points[:, None], (S, out_dim))
-        if points.shape != (S, out_dim):
-            raise ValueError(
-                f"quadrature: points for layer {layer!r} must have shape ({S}, {out_dim}), "
-                f"got {points.shape}"
-            )
-        return points
+        return starting_points(self.points, layer, self.num_points, out_dim, "quadrature")
 
     def process_message(self, msg: dict) -> None:
         """Tag every layer message with its points and weights (its

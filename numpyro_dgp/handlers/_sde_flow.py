@@ -103,13 +103,7 @@ class _FlowRule(NamedTuple):
     mixture = None
 
     def __call__(
-        self,
-        layer: Layer,
-        X: jax.Array,
-        u: jax.Array,
-        *,
-        rng_key: jax.Array,
-        full_cov: bool = False,
+        self, layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array, **_: Any
     ) -> jax.Array:
         """A plain run's value of the layer: drift and diffusion given the sampled ``u``
         (``full_cov`` is moot: the flow moves each point on its own)."""

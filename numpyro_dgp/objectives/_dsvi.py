@@ -442,16 +442,8 @@ class DGPElbo(Objective):
         :return: ``{"expected_log_likelihood", "kl_inducing", "other"}``; the ELBO is
             ``expected_log_likelihood - kl_inducing + other``.
         """
-        run = marginal_trace(
-            model,
-            guide,
-            param_map,
-            rng_key,
-            args,
-            kwargs,
-            self.num_quadrature,
-            num_samples=self.num_likelihood_samples,
-        )
+        rule = (self.num_quadrature, "DGPElbo", self.num_likelihood_samples)
+        run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, *rule)
         observed, kl, other = objective_terms(run)
         ell = sum(_expected_log_likelihood(site, run) for site in observed.values())
         return {"expected_log_likelihood": ell, "kl_inducing": kl, "other": other}

@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpyro.distributions as dist
 
 from numpyro_dgp._engine.moments import moment_trace
-from numpyro_dgp._engine.run import MarginalRun
 from numpyro_dgp._protocol import NODE_AXIS, get_tag
 from numpyro_dgp.objectives._base import Objective
 from numpyro_dgp.objectives._dsvi import objective_terms, weighted_log_prob
@@ -155,27 +154,9 @@ class NestedCompressionElbo(Objective):
         :return: ``{"expected_log_likelihood", "inner_penalty", "kl_inducing", "other"}``; the
             bound is ``expected_log_likelihood - inner_penalty - kl_inducing + other``.
         """
-        run = moment_trace(
-            model,
-            guide,
-            param_map,
-            rng_key,
-            args,
-            kwargs,
-            "bound",
-            2,
-            _NAME,
-            self.propagate_inducing_variance,
-        )
-        as_marginal = MarginalRun(
-            run.guide_trace,
-            run.model_trace,
-            run.posteriors,
-            run.moments,
-            run.layer_order,
-            run.node_weights,
-        )
-        observed, kl, other = objective_terms(as_marginal, _NAME)
+        options = ("bound", 2, _NAME, self.propagate_inducing_variance)
+        run = moment_trace(model, guide, param_map, rng_key, args, kwargs, *options)
+        observed, kl, other = objective_terms(run, _NAME)
         scale = _tail_scale(observed)
         ell = sum(weighted_log_prob(site, run.node_weights) for site in observed.values())
         penalty = (

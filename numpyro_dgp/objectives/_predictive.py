@@ -169,17 +169,8 @@ class PredictiveObjective(Objective):
         """
 
         def one(key):
-            run = marginal_trace(
-                model,
-                guide,
-                param_map,
-                key,
-                args,
-                kwargs,
-                self.num_quadrature,
-                objective="PredictiveObjective",
-                num_samples=self.num_likelihood_samples,
-            )
+            rule = (self.num_quadrature, "PredictiveObjective", self.num_likelihood_samples)
+            run = marginal_trace(model, guide, param_map, key, args, kwargs, *rule)
             observed, kl, other = objective_terms(run, "PredictiveObjective")
             per_point = {}
             for name, site in observed.items():
