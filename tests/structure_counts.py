@@ -45,8 +45,6 @@ ALLOWED_PRIVATE_IMPORTS = {
         "NumPyro's lower-Cholesky layout read with the core's gather (not public core API)",
     ("numpyro_dgp/_predict/deterministic.py", "numpyro_dgp.objectives._collapsed"):
         "the collapsed prediction reuses the collapsed objective's handler",
-    ("numpyro_dgp/objectives/_collapsed.py", "numpyro_dgp.handlers._base"):
-        "the collapsed objective's handler is a handler (the handlers' per-run base class)",
 }
 
 

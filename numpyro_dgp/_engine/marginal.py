@@ -26,7 +26,6 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
-from numpyro.primitives import Messenger
 
 from numpyro_dgp._protocol import (
     ENCODER_INPUT_MESSAGE,
@@ -57,13 +56,14 @@ from numpyro_dgp.core import (
     sample_output,
     standard_normal,
 )
+from numpyro_dgp.handlers import PerRunMessenger
 from numpyro_dgp.layers import Layer, layer_moments, sample_moments
 from numpyro_dgp.posteriors import ChainLink, JointBlock, LatentPosterior, unwrap_distribution
 
 __all__ = ["marginalize_inducing"]
 
 
-class marginalize_inducing(Messenger):
+class marginalize_inducing(PerRunMessenger):
     """Propagate each layer through its marginal ``q(f_l | f_{l-1})`` instead of a sampled ``u_l``.
 
     :param fn: the model.
@@ -143,7 +143,6 @@ class marginalize_inducing(Messenger):
         self.node_weights = node_weights
         self.latent_mode = latent_mode
         self.num_importance = num_importance
-        self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -165,12 +164,6 @@ class marginalize_inducing(Messenger):
         self.mixture_log_weights: jax.Array | None = None
         self.last_output: jax.Array | None = None
         self.correlated_outputs = False
-
-    def __enter__(self) -> marginalize_inducing:
-        """Reset the per-run state and push the handler on the stack."""
-        self._reset()
-        super().__enter__()
-        return self
 
     def process_message(self, msg: dict) -> None:
         """Record per-point ``q(u_n | p_n)``, tag the sites after the last layer, and give each
@@ -224,7 +217,7 @@ class marginalize_inducing(Messenger):
             self.moments[layer.name] = (value, jnp.zeros_like(value))
             msg["value"] = value
             return
-        if correlated:
+        if isinstance(post, (ChainLink, JointBlock)):
             if full_cov:
                 raise NotImplementedError(
                     f"marginalize_inducing: layer {layer.name!r} has a guide that correlates "
@@ -237,7 +230,8 @@ class marginalize_inducing(Messenger):
         if layer.inducing == "amortized":
             mean, var = layer_moments(layer, X, *self._local_q.get(layer.u_site, (u, None)))
         else:
-            mean, var = layer_moments(layer, X, *(post or (u, None)), full_cov)
+            q_mean, q_sqrt = (u, None) if post is None else post
+            mean, var = layer_moments(layer, X, q_mean, q_sqrt, full_cov)
         self.moments[layer.name] = (mean, var)
         if last:
             if full_cov:
@@ -259,6 +253,7 @@ class marginalize_inducing(Messenger):
         """The standard-normal nodes for the last layer, broadcastable against
         ``(K,) + mean.shape``: the shared rule's, or fresh draws per point (Monte Carlo)."""
         if self.nodes is None:
+            assert self.node_weights is not None  # refused by __init__
             K = jnp.shape(self.node_weights)[0]
             return standard_normal(rng_key, (K,) + mean.shape, mean.dtype)
         nodes = jnp.asarray(self.nodes, mean.dtype)  # (K, P)
@@ -276,7 +271,7 @@ class marginalize_inducing(Messenger):
         """The ``u`` site of a layer with per-point inducing sets: evaluate the guide's encoder
         at the model's encoder input and record ``q(u_n | p_n)`` and its per-point KL."""
         post = self.posteriors.get(msg["name"])
-        if not hasattr(post, "encode"):
+        if post is None or not hasattr(post, "encode"):
             shape = msg["fn"].shape()
             if msg["value"] is not None and jnp.shape(msg["value"]) != shape:
                 # the guide's placeholder, replayed into an abstract first pass that knows no

@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro.handlers import trace
-from numpyro.primitives import Messenger
 
 from numpyro_dgp._compat import innermost_guide, is_tracer
 from numpyro_dgp._engine.observation import shared_rule
@@ -50,6 +49,7 @@ from numpyro_dgp._protocol import (
 )
 from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import uncertain_input_moments
+from numpyro_dgp.handlers import PerRunMessenger
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import ChainLink, JointBlock
 
@@ -61,7 +61,7 @@ MOMENT_MODES = ("bound", "predict")
 _INSTEAD = "use DGPElbo (sampling propagation), which supports it"
 
 
-class propagate_moments(Messenger):
+class propagate_moments(PerRunMessenger):
     """Give each layer message its value from Gaussian moment propagation (see the module
     docstring).
 
@@ -101,7 +101,6 @@ class propagate_moments(Messenger):
         self.caller = caller
         self.guide_name = guide_name
         self.propagate_inducing_variance = bool(propagate_inducing_variance)
-        self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -110,12 +109,6 @@ class propagate_moments(Messenger):
         self.layer_order: list[str] = []
         self._in_tail = False
         self._last_output: jax.Array | None = None
-
-    def __enter__(self) -> propagate_moments:
-        """Reset the per-run state and push the handler on the stack."""
-        self._reset()
-        super().__enter__()
-        return self
 
     def process_message(self, msg: dict) -> None:
         """Tag the sample sites after the last layer; give each layer message its value."""

@@ -40,7 +40,12 @@ from jax.typing import ArrayLike
 from numpyro_dgp._compat import lazy_param_initializer
 from numpyro_dgp._protocol import INDUCING, LAYER_MESSAGE, layer_call
 from numpyro_dgp.core import cholesky, jittered_cholesky
-from numpyro_dgp.handlers._base import PerRunMessenger, check_layer_supported, last_layer_name
+from numpyro_dgp.handlers._base import (
+    PerRunMessenger,
+    check_layer_supported,
+    last_layer_name,
+    observed_rows,
+)
 from numpyro_dgp.layers import Layer, layer_moments
 from numpyro_dgp.posteriors import unwrap_distribution
 
@@ -186,7 +191,6 @@ class exact_layers(PerRunMessenger):
         self.jitter = jitter
         self.collapse_last = bool(collapse_last)
         self._last_layer: str | None = None
-        self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -298,16 +302,8 @@ class exact_layers(PerRunMessenger):
                 f"likelihood {type(base).__name__}; only a Normal likelihood can be integrated "
                 f"against layer {layer.name!r}"
             )
-        y = jnp.asarray(msg["value"])
+        y = observed_rows(msg, layer, N, f"{type(self).__name__}(collapse_last=True)")
         P = layer.out_dim
-        allowed = [(N, P)] + ([(N,)] if P == 1 else [])
-        if y.shape not in allowed:
-            raise ValueError(
-                f"{type(self).__name__}(collapse_last=True): observation site {msg['name']!r} has "
-                "shape "
-                f"{y.shape}; layer {layer.name!r} puts {P} output(s) at {N} points, so it must be "
-                f"({N}, {P})" + (f" or ({N},)" if P == 1 else "")
-            )
         noise_var = jnp.broadcast_to(base.scale**2, y.shape).reshape(N, P)
         fn, grid = self._collapsed_parts(state, y, noise_var)
         msg["fn"] = dist.Independent(fn, msg["fn"].event_dim) if msg["fn"].event_dim else fn
@@ -428,7 +424,6 @@ class latent_conditionals(PerRunMessenger):
         _check_parameterization("latent_conditionals", parameterization)
         self.parameterization = parameterization
         self.full_cov = bool(full_cov)
-        self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -482,7 +477,6 @@ class collapse_last_layer(PerRunMessenger):
         self.layer = layer
         self.obs_site = obs_site
         self._found_last: str | None = None
-        self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:

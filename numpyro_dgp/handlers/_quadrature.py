@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import jax
 from jax.typing import ArrayLike
@@ -25,13 +25,15 @@ from numpyro_dgp.posteriors import (
 __all__ = ["quadrature"]
 
 
-class _WeightedPoints(NamedTuple):
+class _WeightedPoints:
     """The :class:`~numpyro_dgp._protocol.LayerRule` of a :class:`quadrature` layer: its
     outputs become a weighted mixture at ``mixture = (points (S, P), log_weights (S,))``."""
 
-    mixture: tuple
     what = "a quadrature layer"
     computes_layer = False
+
+    def __init__(self, mixture: tuple) -> None:
+        self.mixture = mixture
 
 
 class quadrature(Messenger):

@@ -92,15 +92,17 @@ def integrate_flow(
     return cast(jax.Array, out)  # record=False: euler_maruyama returns the end state alone
 
 
-class _FlowRule(NamedTuple):
+class _FlowRule:
     """The :class:`~numpyro_dgp._protocol.LayerRule` of an :class:`sde_flow` layer: the flow
     computes the layer, and writes its recorded path into ``record`` (key ``"path"``)."""
 
-    spec: FlowSpec
-    record: dict
     what = "an sde_flow layer"
     computes_layer = True
     mixture = None
+
+    def __init__(self, spec: FlowSpec, record: dict) -> None:
+        self.spec = spec
+        self.record = record
 
     def __call__(
         self, layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array, **_: Any
@@ -218,7 +220,6 @@ class sde_flow(PerRunMessenger):
         self.spec = FlowSpec(
             layer, T_value, num_steps, estimator, bool(diffusion), bool(time_input), bool(record)
         )
-        self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
