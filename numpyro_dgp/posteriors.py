@@ -245,7 +245,7 @@ def site_gaussian(
     return None
 
 
-def starting_weights(weights: ArrayLike | None, num_points: int, caller: str) -> np.ndarray:
+def check_weights(weights: ArrayLike | None, num_points: int, caller: str) -> np.ndarray:
     """``num_points`` starting weights summing to one: ``weights`` normalized (default uniform).
 
     :raises ValueError: unless ``weights`` are ``num_points`` positive numbers.
@@ -260,7 +260,7 @@ def starting_weights(weights: ArrayLike | None, num_points: int, caller: str) ->
     return weights / weights.sum()
 
 
-def starting_points(
+def check_points(
     points: dict | ArrayLike | None,
     layer: str,
     num_points: int,

@@ -116,16 +116,7 @@ class marginalize_inducing(PerRunMessenger):
         latent_mode: str = "posterior",
         num_importance: int | None = None,
     ) -> None:
-        if last_layer is not None and node_weights is None:
-            raise ValueError(
-                "marginalize_inducing: last_layer needs node_weights (with nodes, or without "
-                "them for as many Monte Carlo draws per point)"
-            )
-        if latent_mode not in ("posterior", "prior"):
-            raise ValueError(
-                f"marginalize_inducing: latent_mode must be 'posterior' or 'prior', got "
-                f"{latent_mode!r}"
-            )
+        _check_options(last_layer, node_weights, latent_mode)
         posteriors = dict(posteriors or {})
         parents = {
             p.parent
@@ -204,13 +195,7 @@ class marginalize_inducing(PerRunMessenger):
         self.layer_order.append(layer.name)
         rule = get_tag(msg, LAYER_RULE)
         last = layer.name == self.last_layer
-        correlated = isinstance(post, (ChainLink, JointBlock))
-        if self.num_importance and (rule is not None or correlated):
-            raise ValueError(
-                f"ImportanceWeightedElbo: layer {layer.name!r} is an SDE flow, has branches or a "
-                "guide that correlates the layers; the importance-weighted bound takes "
-                "independent Gaussian layers (AutoFactorizedDGP, AutoNormal) without handlers"
-            )
+        _check_layer(layer, rule, post, full_cov, self.num_importance)
         if rule is not None and rule.computes_layer:
             value = rule.marginal_value(layer, X, u, post, rng_key, last)
             # the end state is one path per sample, not a Gaussian: its own value, no variance
@@ -218,13 +203,6 @@ class marginalize_inducing(PerRunMessenger):
             msg["value"] = value
             return
         if isinstance(post, (ChainLink, JointBlock)):
-            if full_cov:
-                raise NotImplementedError(
-                    f"marginalize_inducing: layer {layer.name!r} has a guide that correlates "
-                    "layers; its marginals are per point (full_cov=False). For coherent "
-                    "function samples use numpyro_dgp.sample_layers, which samples the inducing "
-                    "values."
-                )
             msg["value"] = self._correlated(layer, X, post, rng_key)
             return
         if layer.inducing == "amortized":
@@ -472,3 +450,47 @@ class marginalize_inducing(PerRunMessenger):
                 given = condition_on_output(belief, HB, out_cov, value - mean)
                 self._joint_states[post.sites] = (k + 1, given.tail(P * M))
         return value
+
+
+def _check_options(
+    last_layer: str | None, node_weights: ArrayLike | None, latent_mode: str
+) -> None:
+    """Refuse a last layer without node weights and an unknown ``latent_mode``
+    (:class:`marginalize_inducing`).
+
+    :raises ValueError: for either.
+    """
+    if last_layer is not None and node_weights is None:
+        raise ValueError(
+            "marginalize_inducing: last_layer needs node_weights (with nodes, or without "
+            "them for as many Monte Carlo draws per point)"
+        )
+    if latent_mode not in ("posterior", "prior"):
+        raise ValueError(
+            f"marginalize_inducing: latent_mode must be 'posterior' or 'prior', got {latent_mode!r}"
+        )
+
+
+def _check_layer(
+    layer: Layer, rule: Any, post: Any, full_cov: bool, num_importance: int | None
+) -> None:
+    """Refuse, under the importance-weighted bound, a layer with a rule (a flow, a mixture) or
+    a guide that correlates the layers; and ``full_cov`` for such a guide's layer.
+
+    :raises ValueError: for the first.
+    :raises NotImplementedError: for the second.
+    """
+    correlated = isinstance(post, (ChainLink, JointBlock))
+    if num_importance and (rule is not None or correlated):
+        raise ValueError(
+            f"ImportanceWeightedElbo: layer {layer.name!r} is an SDE flow, has branches or a "
+            "guide that correlates the layers; the importance-weighted bound takes "
+            "independent Gaussian layers (AutoFactorizedDGP, AutoNormal) without handlers"
+        )
+    if correlated and full_cov and not (rule is not None and rule.computes_layer):
+        raise NotImplementedError(
+            f"marginalize_inducing: layer {layer.name!r} has a guide that correlates "
+            "layers; its marginals are per point (full_cov=False). For coherent "
+            "function samples use numpyro_dgp.sample_layers, which samples the inducing "
+            "values."
+        )

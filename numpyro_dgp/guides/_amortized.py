@@ -28,10 +28,10 @@ from numpyro_dgp.posteriors import (
     AMORTIZATION_RULES,
     AmortizedPosterior,
     CholeskyNormal,
+    check_points,
+    check_weights,
     quadrature_log_weights,
     quadrature_points,
-    starting_points,
-    starting_weights,
 )
 
 __all__ = ["AutoAmortizedDGP", "AmortizedQ", "mlp"]
@@ -203,7 +203,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         S = self.num_branches
         if self.rule != "AR2P":
             return None, jnp.full((S,), -np.log(S), dtype)
-        init = starting_points(
+        init = check_points(
             self.initial_points, site.layer, S, site.out_dim, "AutoAmortizedDGP", dtype
         )
         points = quadrature_points(f"{self.prefix}.{site.layer}.points", init, self.learn_points)
@@ -280,7 +280,7 @@ def _check_amortized_options(
     if not float(init_scale) > 0:
         raise ValueError(f"AutoAmortizedDGP: init_scale must be positive, got {init_scale!r}")
     check_positive_int(hidden_width, "hidden_width", "AutoAmortizedDGP", allow_none=True)
-    return starting_weights(weights, int(num_branches), "AutoAmortizedDGP")
+    return check_weights(weights, int(num_branches), "AutoAmortizedDGP")
 
 
 def _encoder_width(site: dict) -> int:

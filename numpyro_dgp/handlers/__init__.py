@@ -37,7 +37,7 @@ Other inference schemes:
 
 from numpyro_dgp.handlers._base import PerRunMessenger as PerRunMessenger
 from numpyro_dgp.handlers._base import check_layer_supported as check_layer_supported
-from numpyro_dgp.handlers._base import observed_rows as observed_rows
+from numpyro_dgp.handlers._base import check_observed_rows as check_observed_rows
 from numpyro_dgp.handlers._evaluation import coherent_layers, layer_inputs
 from numpyro_dgp.handlers._mcmc import (
     PARAMETERIZATIONS,

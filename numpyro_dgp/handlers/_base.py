@@ -13,7 +13,7 @@ from numpyro.primitives import Messenger
 from numpyro_dgp._protocol import LAYER_RULE, get_tag, message_layer, trace_layer_names
 from numpyro_dgp.layers import Layer
 
-__all__ = ["PerRunMessenger", "check_layer_supported", "last_layer_name", "observed_rows"]
+__all__ = ["PerRunMessenger", "check_layer_supported", "last_layer_name", "check_observed_rows"]
 
 
 class PerRunMessenger(Messenger):
@@ -71,7 +71,7 @@ def check_layer_supported(msg: dict, handler: str) -> None:
         )
 
 
-def observed_rows(msg: dict, layer: Layer, N: int, caller: str) -> jax.Array:
+def check_observed_rows(msg: dict, layer: Layer, N: int, caller: str) -> jax.Array:
     """The value of an observation site scored against ``layer``'s ``P`` outputs at ``N``
     points, checked to be ``(N, P)`` (or ``(N,)`` for one output).
 

@@ -43,8 +43,8 @@ from numpyro_dgp.core import cholesky, jittered_cholesky
 from numpyro_dgp.handlers._base import (
     PerRunMessenger,
     check_layer_supported,
+    check_observed_rows,
     last_layer_name,
-    observed_rows,
 )
 from numpyro_dgp.layers import Layer, layer_moments
 from numpyro_dgp.posteriors import unwrap_distribution
@@ -302,7 +302,7 @@ class exact_layers(PerRunMessenger):
                 f"likelihood {type(base).__name__}; only a Normal likelihood can be integrated "
                 f"against layer {layer.name!r}"
             )
-        y = observed_rows(msg, layer, N, f"{type(self).__name__}(collapse_last=True)")
+        y = check_observed_rows(msg, layer, N, f"{type(self).__name__}(collapse_last=True)")
         P = layer.out_dim
         noise_var = jnp.broadcast_to(base.scale**2, y.shape).reshape(N, P)
         fn, grid = self._collapsed_parts(state, y, noise_var)

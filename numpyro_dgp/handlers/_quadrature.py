@@ -16,10 +16,10 @@ from numpyro.primitives import Messenger
 from numpyro_dgp._protocol import LAYER_MESSAGE, LAYER_RULE, get_tag, message_layer, with_tag
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.posteriors import (
+    check_points,
+    check_weights,
     quadrature_log_weights,
     quadrature_points,
-    starting_points,
-    starting_weights,
 )
 
 __all__ = ["quadrature"]
@@ -73,7 +73,7 @@ class quadrature(Messenger):
         learnable: bool = True,
     ) -> None:
         check_positive_int(num_points, "num_points", "quadrature")
-        self.weights = starting_weights(weights, num_points, "quadrature")
+        self.weights = check_weights(weights, num_points, "quadrature")
         self.num_points = num_points
         self.points = points
         self.learnable = bool(learnable)
@@ -87,7 +87,7 @@ class quadrature(Messenger):
         :return: ``(S, P)`` points.
         :raises ValueError: if the given points do not have that shape.
         """
-        return starting_points(self.points, layer, self.num_points, out_dim, "quadrature")
+        return check_points(self.points, layer, self.num_points, out_dim, "quadrature")
 
     def process_message(self, msg: dict) -> None:
         """Tag every layer message with its points and weights (its

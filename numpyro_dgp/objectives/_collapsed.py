@@ -27,7 +27,7 @@ from numpyro_dgp._engine.traces import layers_by_u_site
 from numpyro_dgp._protocol import LAYER_MESSAGE, LAYER_RULE, get_tag, layer_call
 from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import COLLAPSED_METHODS, collapsed_log_marginal
-from numpyro_dgp.handlers import PerRunMessenger, check_layer_supported, observed_rows
+from numpyro_dgp.handlers import PerRunMessenger, check_layer_supported, check_observed_rows
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.objectives._base import Objective
 from numpyro_dgp.posteriors import unwrap_distribution
@@ -148,7 +148,7 @@ class collapse_sparse_layer(PerRunMessenger):
                 "data in every step; use DGPElbo for minibatches"
             )
         N, P = X.shape[0], layer.out_dim
-        y = observed_rows(msg, layer, N, self.caller)
+        y = check_observed_rows(msg, layer, N, self.caller)
         loc = jnp.broadcast_to(base.loc, y.shape).reshape(N, P)
         noise_var = jnp.broadcast_to(base.scale**2, y.shape).reshape(N, P)
         if layer.noise is not None:
