@@ -188,12 +188,13 @@ def _check_guide_fits_model(
     (``found``: what :func:`marginal_trace`'s probe found).
 
     Per-point inducing sets are encoded by :class:`~numpyro_dgp.guides.AutoAmortizedDGP` only
-    (a guide says so by ``encodes_inducing_sets``); another guide (NumPyro's autoguides draw
-    them as free local latents, whose Gaussian the engine cannot read) is refused by name.
+    (a guide says so by ``encodes_inducing_sets``); another autoguide (NumPyro's draw them as
+    free local latents, whose Gaussian the engine cannot read) is refused by name.
 
     :raises ValueError: for any of them.
     """
-    if found["encoded"] and not getattr(base_guide, "encodes_inducing_sets", False):
+    set_up = getattr(base_guide, "prototype_trace", None) is not None  # an autoguide
+    if found["encoded"] and set_up and not getattr(base_guide, "encodes_inducing_sets", False):
         raise ValueError(
             f"{objective} with {type(base_guide).__name__}: layer(s) {found['encoded']} have "
             "per-point inducing sets (inducing='amortized'), which only an encoder describes; "
