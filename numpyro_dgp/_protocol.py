@@ -15,8 +15,8 @@ type and ``infer`` key of that protocol is defined here, once, with the type of 
 * ``infer`` keys: :data:`INDUCING` on a layer's ``"<layer>.u"`` sample site
   (:class:`InducingTag`), :data:`GAUSSIAN` and :data:`CONDITIONAL` on a guide's inducing
   sites (the Gaussian structure it declares, see :mod:`numpyro_dgp.posteriors`),
-  :data:`FLOW` and :data:`BRANCHES` on layer messages (set by the ``sde_flow`` and
-  ``quadrature`` handlers), :data:`QUADRATURE_AXIS`, :data:`AMORTIZED_KL` and
+  :data:`LAYER_RULE` on layer messages (a :class:`LayerRule` set by a handler such as
+  ``sde_flow`` or ``quadrature``), :data:`NODE_AXIS`, :data:`LOCAL_KL` and
   :data:`IMPORTANCE_LOG_WEIGHTS` on sample sites (set by the inducing-marginalization engine).
 
 The messages are sent (:func:`send_layer`, :func:`send_encoder_input`, :func:`send_latent`) and
@@ -26,29 +26,27 @@ that the layout of a message (its ``args`` and ``kwargs``) is written down in th
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 import jax
 
 from numpyro_dgp._compat import apply_stack
 
 __all__ = [
-    "AMORTIZED_KL",
-    "BRANCHES",
     "CONDITIONAL",
     "ENCODER_INPUT_MESSAGE",
-    "FLOW",
     "GAUSSIAN",
     "IMPORTANCE_LOG_WEIGHTS",
     "INDUCING",
     "LATENT_MESSAGE",
     "LAYER_MESSAGE",
+    "LAYER_RULE",
+    "LOCAL_KL",
     "MODEL_CONFIG",
-    "QUADRATURE_AXIS",
-    "BranchTag",
-    "FlowTag",
+    "NODE_AXIS",
     "InducingTag",
     "LayerCall",
+    "LayerRule",
     "amortized_layer_names",
     "attach_model_config",
     "encoder_input_layer",
@@ -63,7 +61,7 @@ __all__ = [
     "message_layer",
     "message_rng_key",
     "model_config",
-    "quadrature_tail",
+    "node_tail",
     "replace_layer_inputs",
     "request_full_cov",
     "send_encoder_input",
@@ -94,15 +92,13 @@ GAUSSIAN = "dgp_gaussian"
 #: On a guide's inducing site: its Gaussian given the guide's earlier samples
 #: (``(loc, scale)`` or a one-site :class:`~numpyro_dgp.posteriors.JointBlock`).
 CONDITIONAL = "dgp_conditional"
-#: On a layer message: :class:`FlowTag` (the layer is an SDE flow).
-FLOW = "dgp_flow"
-#: On a layer message: :class:`BranchTag` (the layer's outputs branch at quadrature points).
-BRANCHES = "dgp_branches"
-#: On a sample site after the last layer: its value has the last layer's quadrature axis.
-QUADRATURE_AXIS = "dgp_quadrature"
-#: On a local site (an amortized ``"<layer>.u"``, a latent input): the per-point KL of its
+#: On a layer message: the :class:`LayerRule` a handler gave the layer.
+LAYER_RULE = "dgp_layer_rule"
+#: On a sample site after the last layer: its value has the last layer's node axis.
+NODE_AXIS = "dgp_quadrature"
+#: On a local site (a per-point ``"<layer>.u"``, a latent input): the per-point KL of its
 #: ``q(. | p_n)`` against its prior, taken in closed form by the objectives.
-AMORTIZED_KL = "dgp_amortized_kl"
+LOCAL_KL = "dgp_amortized_kl"
 #: On a latent input drawn ``K`` times per point: ``(K, B)`` ``log p(w) - log q(w)`` of the draws.
 IMPORTANCE_LOG_WEIGHTS = "dgp_importance"
 
@@ -123,26 +119,25 @@ class InducingTag(NamedTuple):
     encoder_input: jax.Array | None = None
 
 
-class FlowTag(NamedTuple):
-    """An ``sde_flow`` layer (``infer[FLOW]`` of its layer message).
+class LayerRule(Protocol):
+    """What a handler's rule for one layer (``infer[LAYER_RULE]`` of its layer message) tells
+    the engine and the other handlers, so that none of them needs to know the handler.
 
-    :ivar spec: the flow's settings (:class:`~numpyro_dgp.handlers.FlowSpec`).
-    :ivar record: a dict the flow writes its recorded path into (key ``"path"``).
+    :ivar what: the rule in words, for refusals (``"an sde_flow layer"``).
+    :ivar computes_layer: whether the rule replaces the layer's own computation (a handler
+        that computes the layer itself must refuse it).
+    :ivar mixture: ``(points (S, P) or None, log_weights (S,))`` where the layer's outputs
+        branch into a weighted mixture (the engine draws them), else ``None``.
+
+    A rule that computes the layer has ``marginal_value(layer, X, u, posterior, rng_key,
+    last)``: the layer's value where the engine marginalizes the inducing values
+    (``posterior``: the guide's Gaussian over them, or ``None``; ``last``: whether the layer
+    is the model's last).
     """
 
-    spec: Any
-    record: dict
-
-
-class BranchTag(NamedTuple):
-    """A layer whose outputs branch (``infer[BRANCHES]`` of its layer message).
-
-    :ivar points: ``(S, P)`` standard-normal points of the branches.
-    :ivar log_weights: ``(S,)`` log branch weights.
-    """
-
-    points: jax.Array
-    log_weights: jax.Array
+    what: str
+    computes_layer: bool
+    mixture: tuple | None
 
 
 class LayerCall(NamedTuple):
@@ -300,13 +295,12 @@ def inducing_site_names(trace: dict) -> list[str]:
     return [name for name, site in trace.items() if inducing_tag(site) is not None]
 
 
-def quadrature_tail(trace: dict) -> list[str]:
-    """The sample sites after the last layer of a marginalized run (tagged
-    :data:`QUADRATURE_AXIS`)."""
+def node_tail(trace: dict) -> list[str]:
+    """The sample sites after the last layer of a marginalized run (tagged :data:`NODE_AXIS`)."""
     return [
         name
         for name, site in trace.items()
-        if site.get("type") == "sample" and get_tag(site, QUADRATURE_AXIS)
+        if site.get("type") == "sample" and get_tag(site, NODE_AXIS)
     ]
 
 

@@ -27,13 +27,15 @@ Write a custom guide by emitting these on its sites' ``infer`` dicts (see
 
 from __future__ import annotations
 
+import zlib
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro
 import numpyro.distributions as dist
-from jax.typing import ArrayLike
+from jax.typing import ArrayLike, DTypeLike
 
 __all__ = [
     "AMORTIZATION_RULES",
@@ -73,6 +75,16 @@ class AmortizedPosterior(NamedTuple):
     num_branches: int
     points: jax.Array | None
     log_weights: jax.Array
+
+    @property
+    def mixture(self) -> tuple:
+        """``(points, log_weights)``: this layer's outputs branch into a weighted mixture."""
+        return self.points, self.log_weights
+
+    @property
+    def sees_mixture_mean(self) -> bool:
+        """Whether the encoder sees the weighted mean of the previous layer's branch means."""
+        return self.rule != "AR1"
 
 
 class LatentPosterior(NamedTuple):
@@ -231,6 +243,52 @@ def site_gaussian(
     ):
         return JointBlock((name,), (tuple(shape),), base.base_dist.loc, base.base_dist.scale_tril)
     return None
+
+
+def check_weights(weights: ArrayLike | None, num_points: int, caller: str) -> np.ndarray:
+    """``num_points`` starting weights summing to one: ``weights`` normalized (default uniform).
+
+    :raises ValueError: unless ``weights`` are ``num_points`` positive numbers.
+    """
+    if weights is None:
+        weights = np.full(num_points, 1.0 / num_points)
+    weights = np.asarray(weights, float)
+    if weights.shape != (num_points,) or np.any(weights <= 0):
+        raise ValueError(
+            f"{caller}: weights must be {num_points} positive numbers, got {weights!r}"
+        )
+    return weights / weights.sum()
+
+
+def check_points(
+    points: dict | ArrayLike | None,
+    layer: str,
+    num_points: int,
+    out_dim: int,
+    caller: str,
+    dtype: DTypeLike | None = None,
+) -> jax.Array:
+    """A layer's ``(S, P)`` starting points: ``points[layer]`` of a dict, else ``points`` for
+    every layer (``(S,)``: each output the same), or standard-normal draws keyed by the layer's
+    name where none are given.
+
+    :raises ValueError: for points of another shape.
+    """
+    S = num_points
+    if isinstance(points, dict):
+        points = points.get(layer)
+    if points is None:
+        key = jax.random.PRNGKey(zlib.crc32(layer.encode()))
+        return jax.random.normal(key, (S, out_dim), dtype or float)
+    points = jnp.asarray(points, dtype)
+    if points.ndim == 1:
+        points = jnp.broadcast_to(points[:, None], (S, out_dim))
+    if points.shape != (S, out_dim):
+        raise ValueError(
+            f"{caller}: points for layer {layer!r} must have shape ({S}, {out_dim}), "
+            f"got {points.shape}"
+        )
+    return points
 
 
 #: learned points live in (-POINT_BOUND, POINT_BOUND) (a scaled sigmoid, as in Meng & Zhang 2024)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from numpyro_dgp._engine.run import marginal_trace
-from numpyro_dgp._protocol import FLOW, get_tag
+from numpyro_dgp._protocol import LAYER_RULE, get_tag
 from numpyro_dgp.core import kmeans
 from numpyro_dgp.handlers import sde_flow
 
@@ -83,7 +83,7 @@ def flow_trajectories(
 
     def one(key, params, X):
         run = marginal_trace(recording, guide, params, key, (X,) + args, kwargs, 3)
-        return get_tag(run.model_trace[name], FLOW).record["path"]
+        return get_tag(run.model_trace[name], LAYER_RULE).record["path"]
 
     keys = jax.random.split(rng_key, int(num_samples))
     return jax.jit(jax.vmap(one, in_axes=(0, None, None)))(keys, params, X)

@@ -43,12 +43,8 @@ LAYERS = (
 ALLOWED_PRIVATE_IMPORTS = {
     ("numpyro_dgp/_compat.py", "numpyro_dgp.core._triangular"):
         "NumPyro's lower-Cholesky layout read with the core's gather (not public core API)",
-    ("numpyro_dgp/_engine/marginal.py", "numpyro_dgp.handlers._sde_flow"):
-        "the sde_flow handler's own integrator, run by the engine under marginalization",
     ("numpyro_dgp/_predict/deterministic.py", "numpyro_dgp.objectives._collapsed"):
         "the collapsed prediction reuses the collapsed objective's handler",
-    ("numpyro_dgp/objectives/_collapsed.py", "numpyro_dgp.handlers._base"):
-        "the collapsed objective's handler is a handler (the handlers' per-run base class)",
 }
 
 

@@ -1,7 +1,7 @@
 """The inducing-marginalization and moment engine (private).
 
 ``marginal`` integrates each layer's inducing values out point by point under a guide's Gaussian
-(the handler ``marginalize_inducing``; its option checks in ``marginal_checks``); ``traces``
+(the handler ``marginalize_inducing``); ``traces``
 reads layers and guide Gaussians off model and guide traces; ``run`` runs a guide and then the
 model under it; ``moments`` propagates Gaussian moments through the layers; ``observation``
 reads the likelihood sites after the last layer; ``autoguides`` reads the Gaussian of NumPyro's

@@ -26,22 +26,15 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
-from numpyro.primitives import Messenger
 
-from numpyro_dgp._engine.marginal_checks import (
-    check_correlated_full_cov,
-    check_importance_layer,
-    check_marginalize_options,
-)
 from numpyro_dgp._protocol import (
-    AMORTIZED_KL,
-    BRANCHES,
     ENCODER_INPUT_MESSAGE,
-    FLOW,
     IMPORTANCE_LOG_WEIGHTS,
     LATENT_MESSAGE,
     LAYER_MESSAGE,
-    QUADRATURE_AXIS,
+    LAYER_RULE,
+    LOCAL_KL,
+    NODE_AXIS,
     encoder_input_layer,
     get_tag,
     layer_call,
@@ -63,89 +56,67 @@ from numpyro_dgp.core import (
     sample_output,
     standard_normal,
 )
-from numpyro_dgp.handlers import FlowSpec
-from numpyro_dgp.handlers._sde_flow import (
-    integrate_flow,
-)  # the handler's own integrator, run under marginalization
+from numpyro_dgp.handlers import PerRunMessenger
 from numpyro_dgp.layers import Layer, layer_moments, sample_moments
-from numpyro_dgp.posteriors import (
-    AmortizedPosterior,
-    ChainLink,
-    JointBlock,
-    LatentPosterior,
-    unwrap_distribution,
-)
+from numpyro_dgp.posteriors import ChainLink, JointBlock, LatentPosterior, unwrap_distribution
 
 __all__ = ["marginalize_inducing"]
 
 
-def _marginal_moments(
-    layer: Layer,
-    X: jax.Array,
-    u: jax.Array,
-    post: Any,
-    full_cov: bool,
-    amortized_q: dict[str, tuple[jax.Array, jax.Array]],
-) -> tuple[jax.Array, jax.Array]:
-    """The layer's marginal ``(mean, var)``: under the amortized ``q(u_n | p_n)``, the guide's
-    Gaussian, or ``p(f | u)`` with the ``u`` value at hand."""
-    if layer.inducing == "amortized":
-        if layer.u_site in amortized_q:
-            mean, var = layer_moments(layer, X, *amortized_q[layer.u_site])
-        else:
-            mean, var = layer_moments(layer, X, u, None)
-    elif post is not None:
-        mean, var = layer_moments(layer, X, post[0], post[1], full_cov)
-    else:
-        mean, var = layer_moments(layer, X, u, None, full_cov)
-    return mean, var
-
-
-class marginalize_inducing(Messenger):
+class marginalize_inducing(PerRunMessenger):
     """Propagate each layer through its marginal ``q(f_l | f_{l-1})`` instead of a sampled ``u_l``.
 
     :param fn: the model.
     :param posteriors: ``{u-site name: posterior}`` where a posterior is the guide's Gaussian
         over that layer's inducing values: ``(loc (P, M), scale (P, M, M) or (P, M))`` for
-        independent layers (DSVI marginals, point by point), or a :class:`ChainLink` /
+        independent layers (DSVI marginals, point by point), a :class:`ChainLink` /
         :class:`JointBlock` for guides that correlate layers (the exact per-point recursion
         of :mod:`numpyro_dgp.core`'s chain functions: each point's outputs condition the
-        belief over the inducing values of the layers still to come). Layers whose ``u`` site
-        is not listed fall back to ``p(f | u)`` with the ``u`` value at hand.
-    :param quadrature_layer: name of the layer whose output is replaced by quadrature nodes
-        of its (Gaussian) marginal: value ``(K, N, P)``; every sample site after it is tagged
-        ``infer[QUADRATURE_AXIS] = True`` so an objective can weight the leading axis with
-        :attr:`quadrature_weights`.
-    :param quadrature_nodes: ``(K, P)`` standard-normal nodes, or ``None`` for ``K`` Monte Carlo
-        draws per point (``K`` the length of ``quadrature_weights``; drawn with the layer's key).
-    :param quadrature_weights: ``(K,)`` weights summing to one.
+        belief over the inducing values of the layers still to come), or an encoder of
+        per-point inducing sets (anything with ``encode(encoder_input) -> (loc, scale)``, a
+        ``mixture`` and ``sees_mixture_mean``, as
+        :class:`~numpyro_dgp.posteriors.AmortizedPosterior`). Layers whose ``u`` site is not
+        listed fall back to ``p(f | u)`` with the ``u`` value at hand.
+    :param last_layer: name of the layer whose output is replaced by nodes of its (Gaussian)
+        marginal: value ``(K, N, P)``; every sample site after it is tagged
+        ``infer[NODE_AXIS] = True`` so an objective can weight the leading axis with
+        ``node_weights``.
+    :param nodes: ``(K, P)`` standard-normal nodes, or ``None`` for ``K`` Monte Carlo draws per
+        point (``K`` the length of ``node_weights``; drawn with the layer's key).
+    :param node_weights: ``(K,)`` weights summing to one.
     :param latent_mode: how latent inputs (:func:`~numpyro_dgp.latent_input`) are drawn:
         ``"posterior"`` (from the guide's ``q(w_n)`` in ``posteriors`` when it is there: one draw
-        per point, its KL to the prior tagged :data:`AMORTIZED_KL`; or ``num_importance`` draws,
+        per point, its KL to the prior tagged :data:`LOCAL_KL`; or ``num_importance`` draws,
         their log weights tagged :data:`IMPORTANCE_LOG_WEIGHTS`) or ``"prior"`` (new points:
         ``N(0, I)``).
     :param num_importance: ``K`` draws of every latent input per point (a leading axis), or
         ``None`` for one.
 
+    A layer whose message carries a :class:`~numpyro_dgp._protocol.LayerRule` is handled as
+    the rule says: a rule that computes the layer gives its value (``marginal_value``), a
+    rule with a ``mixture`` makes the layer's outputs a weighted mixture at its points.
+
     After a run, :attr:`moments` maps layer names to ``(mean (N, P), var (N, P))``,
     :attr:`layer_order` lists the layers in execution order, :attr:`last_output` is the
-    quadrature layer's value (its nodes) and :attr:`correlated_outputs` says whether that
-    layer's outputs are correlated at a point (a guide that correlates the layers).
+    last layer's value (its nodes), :attr:`mixture_log_weights` the ``(S,)`` log weights of
+    the mixture a layer made (or ``None``) and :attr:`correlated_outputs` says whether the
+    last layer's outputs are correlated at a point (a guide that correlates the layers).
 
-    :raises ValueError: if ``quadrature_layer`` is given without nodes or weights.
+    :raises ValueError: if ``last_layer`` is given without ``node_weights``, or for an unknown
+        ``latent_mode``.
     """
 
     def __init__(
         self,
         fn: Callable | None = None,
         posteriors: dict[str, Any] | None = None,
-        quadrature_layer: str | None = None,
-        quadrature_nodes: ArrayLike | None = None,
-        quadrature_weights: ArrayLike | None = None,
+        last_layer: str | None = None,
+        nodes: ArrayLike | None = None,
+        node_weights: ArrayLike | None = None,
         latent_mode: str = "posterior",
         num_importance: int | None = None,
     ) -> None:
-        check_marginalize_options(quadrature_layer, quadrature_weights, latent_mode)
+        _check_options(last_layer, node_weights, latent_mode)
         posteriors = dict(posteriors or {})
         parents = {
             p.parent
@@ -158,12 +129,11 @@ class marginalize_inducing(Messenger):
                 posteriors[name] = (post.mean, post.scale_tril)
         self.posteriors = posteriors
         self._chain_parents = parents
-        self.quadrature_layer = quadrature_layer
-        self.quadrature_nodes = quadrature_nodes
-        self.quadrature_weights = quadrature_weights
+        self.last_layer = last_layer
+        self.nodes = nodes
+        self.node_weights = node_weights
         self.latent_mode = latent_mode
         self.num_importance = num_importance
-        self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -174,149 +144,118 @@ class marginalize_inducing(Messenger):
         self._beliefs: dict[str, Belief] = {}
         # joint group -> (next block index, per-point belief over the rest)
         self._joint_states: dict[tuple, tuple[int, Belief]] = {}
-        # u-site -> (loc, scale) of q(u_n | p_n) at the model's p
-        self._amortized_q: dict[str, tuple[jax.Array, jax.Array]] = {}
-        self._encoder_inputs: dict[
-            str, jax.Array
-        ] = {}  # u-site -> the encoder input p of its amortized layer
+        # u-site -> (loc, scale) of an encoder's q(u_n | p_n) at the model's p
+        self._local_q: dict[str, tuple[jax.Array, jax.Array]] = {}
+        # u-site -> the encoder input p of its layer
+        self._encoder_inputs: dict[str, jax.Array] = {}
         # latent-input site -> (LatentSpec, key) from its announcing message
         self._latents: dict[str, tuple[Any, jax.Array]] = {}
-        # weighted mean of the last layer's branch means (AR2 / AR2P)
-        self._branch_mean: jax.Array | None = None
-        self.branch_log_weights: jax.Array | None = (
-            None  # (S,) once a layer has branched the points
-        )
-        self.last_output: jax.Array | None = None  # the quadrature layer's value (its nodes)
+        # weighted mean of the last mixture's component means (AR2 / AR2P)
+        self._mixture_mean: jax.Array | None = None
+        self.mixture_log_weights: jax.Array | None = None
+        self.last_output: jax.Array | None = None
         self.correlated_outputs = False
 
-    def __enter__(self) -> marginalize_inducing:
-        """Reset the per-run state and push the handler on the stack."""
-        self._reset()
-        super().__enter__()
-        return self
-
     def process_message(self, msg: dict) -> None:
-        """Record amortized ``q(u_n | p_n)``, tag the sites after the last layer, and give each
-        layer message its value from the layer's marginal (or quadrature nodes, branches, a
-        flow)."""
+        """Record per-point ``q(u_n | p_n)``, tag the sites after the last layer, and give each
+        layer message its value from the layer's marginal (or nodes, a mixture, a rule)."""
         if msg["type"] == "sample":
             self._sample_site(msg)
-            return
-        if msg["type"] == LATENT_MESSAGE:
+        elif msg["type"] == LATENT_MESSAGE:
             spec = message_latent_spec(msg)
             self._latents[spec.name] = (spec, message_rng_key(msg))
-            return
-        if msg["type"] == ENCODER_INPUT_MESSAGE:
-            self._encoder_input(msg)
-            return
-        if msg["type"] != LAYER_MESSAGE:
-            return
-        self._layer_message(msg)
+        elif msg["type"] == ENCODER_INPUT_MESSAGE:
+            post = self.posteriors.get(f"{encoder_input_layer(msg)}.u")
+            # after a mixture, an AR2 / AR2P encoder sees the weighted mean of its components
+            if getattr(post, "sees_mixture_mean", False) and self._mixture_mean is not None:
+                msg["value"] = self._mixture_mean
+        elif msg["type"] == LAYER_MESSAGE:
+            self._layer_message(msg)
 
     def _sample_site(self, msg: dict) -> None:
-        """A sample site: an amortized layer's ``u`` site, a latent input's site, or a site
-        after the quadrature layer (tagged with :data:`QUADRATURE_AXIS`)."""
-        # an amortized layer's u site follows its encoder-input message (found by name: the
+        """A sample site: the ``u`` site of a layer with per-point inducing sets, a latent
+        input's site, or a site after the last layer (tagged with :data:`NODE_AXIS`)."""
+        # such a layer's u site follows its encoder-input message (found by name: the
         # guide's placeholder site of the same name replaces the site's infer tags)
         if msg["name"] in self._encoder_inputs and not msg["is_observed"]:
-            self._amortized_site(msg, self._encoder_inputs[msg["name"]])
+            self._local_site(msg, self._encoder_inputs[msg["name"]])
         if msg["name"] in self._latents and not msg["is_observed"]:
             self._latent_site(msg, *self._latents[msg["name"]])
         if self._in_tail:
-            with_tag(msg, QUADRATURE_AXIS, True)
-
-    def _encoder_input(self, msg: dict) -> None:
-        """An encoder-input message: after a layer branched the points, an AR2 / AR2P encoder
-        sees the weighted mean of the branch means."""
-        layer_name = encoder_input_layer(msg)
-        post = self.posteriors.get(f"{layer_name}.u")
-        if (
-            isinstance(post, AmortizedPosterior)
-            and post.rule != "AR1"
-            and self._branch_mean is not None
-        ):
-            msg["value"] = self._branch_mean
+            with_tag(msg, NODE_AXIS, True)
 
     def _layer_message(self, msg: dict) -> None:
-        """A layer message: its value from the layer's marginal (or quadrature nodes, branches,
-        a flow, the per-point recursion of a guide that correlates the layers)."""
+        """A layer message: its value from the layer's marginal (or nodes, a mixture, a rule
+        that computes the layer, the per-point recursion of a guide that correlates the
+        layers)."""
         layer, X, u = layer_call(msg)
         full_cov = wants_full_cov(msg)
         rng_key = message_rng_key(msg)
         post = self.posteriors.get(layer.u_site)
         self.layer_order.append(layer.name)
-        flow = get_tag(msg, FLOW)
-        check_importance_layer(self.num_importance, layer, post, flow, msg)
-        if flow is not None:
-            msg["value"] = self._flow(layer, X, u, post, flow, rng_key)
+        rule = get_tag(msg, LAYER_RULE)
+        last = layer.name == self.last_layer
+        _check_layer(layer, rule, post, full_cov, self.num_importance)
+        if rule is not None and rule.computes_layer:
+            value = rule.marginal_value(layer, X, u, post, rng_key, last)
+            # the end state is one path per sample, not a Gaussian: its own value, no variance
+            self.moments[layer.name] = (value, jnp.zeros_like(value))
+            msg["value"] = value
             return
         if isinstance(post, (ChainLink, JointBlock)):
-            check_correlated_full_cov(layer, full_cov)
             msg["value"] = self._correlated(layer, X, post, rng_key)
             return
-        branch = (
-            None if layer.name == self.quadrature_layer else self._branch_spec(layer, msg, post)
-        )
-        mean, var = _marginal_moments(layer, X, u, post, full_cov, self._amortized_q)
+        if layer.inducing == "amortized":
+            mean, var = layer_moments(layer, X, *self._local_q.get(layer.u_site, (u, None)))
+        else:
+            q_mean, q_sqrt = (u, None) if post is None else post
+            mean, var = layer_moments(layer, X, q_mean, q_sqrt, full_cov)
         self.moments[layer.name] = (mean, var)
-        msg["value"] = self._marginal_value(layer, X, u, post, mean, var, branch, full_cov, rng_key)
-
-    def _marginal_value(
-        self,
-        layer: Layer,
-        X: jax.Array,
-        u: jax.Array,
-        post: Any,
-        mean: jax.Array,
-        var: jax.Array,
-        branch: tuple | None,
-        full_cov: bool,
-        rng_key: jax.Array,
-    ) -> jax.Array:
-        """The layer's value from its marginal ``(mean, var)``: quadrature nodes (the
-        quadrature layer, which also records :attr:`last_output` and enters the tail of the
-        model), branches, ``K`` importance draws, or one sample."""
-        if layer.name == self.quadrature_layer:
+        if last:
             if full_cov:
                 raise ValueError("marginalize_inducing: quadrature needs full_cov=False")
             std = jnp.sqrt(jnp.maximum(var, 0.0))
             self.last_output = mean[None] + std[None] * self._nodes(mean, rng_key)
             self._in_tail = True
-            return self.last_output
-        if branch is not None:
-            return self._branch(mean, var, branch, rng_key)
-        if self.num_importance and X.ndim == 3 and not full_cov:
-            return self._importance_draw(layer, X, u, post, rng_key)
-        return sample_moments(rng_key, mean, var, full_cov, layer.jitter)
+            msg["value"] = self.last_output
+            return
+        mixture = self._mixture(layer, X, post, rule)
+        if mixture is not None:
+            msg["value"] = self._mix(mean, var, mixture, rng_key)
+        elif self.num_importance and X.ndim == 3 and not full_cov:
+            msg["value"] = self._importance_draw(layer, X, u, post, rng_key)
+        else:
+            msg["value"] = sample_moments(rng_key, mean, var, full_cov, layer.jitter)
 
     def _nodes(self, mean: jax.Array, rng_key: jax.Array) -> jax.Array:
-        """The standard-normal nodes for the quadrature layer, broadcastable against
+        """The standard-normal nodes for the last layer, broadcastable against
         ``(K,) + mean.shape``: the shared rule's, or fresh draws per point (Monte Carlo)."""
-        if self.quadrature_nodes is None:
-            weights = self.quadrature_weights
-            assert weights is not None  # a quadrature layer without weights is refused by __init__
-            return standard_normal(rng_key, (jnp.shape(weights)[0],) + mean.shape, mean.dtype)
-        nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)  # (K, P)
+        if self.nodes is None:
+            assert self.node_weights is not None  # refused by __init__
+            K = jnp.shape(self.node_weights)[0]
+            return standard_normal(rng_key, (K,) + mean.shape, mean.dtype)
+        nodes = jnp.asarray(self.nodes, mean.dtype)  # (K, P)
         return nodes.reshape((nodes.shape[0],) + (1,) * (mean.ndim - 1) + nodes.shape[-1:])
 
     def postprocess_message(self, msg: dict) -> None:
-        """Record the encoder input of an amortized layer (its message's final value)."""
+        """Record the encoder input of a layer with per-point inducing sets (its message's
+        final value)."""
         if msg["type"] == ENCODER_INPUT_MESSAGE:
-            self._encoder_inputs[f"{msg['name'][: -len('.encoder_input')]}.u"] = msg["value"]
+            self._encoder_inputs[f"{encoder_input_layer(msg)}.u"] = msg["value"]
 
-    # --- per-point inducing sets and branches (Meng & Zhang 2024) ---
+    # --- per-point inducing sets and mixtures (Meng & Zhang 2024) ---
 
-    def _amortized_site(self, msg: dict, encoder_input: jax.Array) -> None:
+    def _local_site(self, msg: dict, encoder_input: jax.Array) -> None:
         """The ``u`` site of a layer with per-point inducing sets: evaluate the guide's encoder
         at the model's encoder input and record ``q(u_n | p_n)`` and its per-point KL."""
         post = self.posteriors.get(msg["name"])
-        if not isinstance(post, AmortizedPosterior):
+        if post is None or not hasattr(post, "encode"):
             shape = msg["fn"].shape()
             if msg["value"] is not None and jnp.shape(msg["value"]) != shape:
                 # the guide's placeholder, replayed into an abstract first pass that knows no
                 # posteriors yet (marginal_trace's probe): any value of the right shape serves
                 msg["value"] = jnp.zeros(shape, jnp.result_type(msg["value"]))
-            return  # no amortized guide for this layer: the sampled value is used
+            return  # no encoder for this layer: the sampled value is used
         loc, scale = post.encode(encoder_input)
         base = unwrap_distribution(msg["fn"])
         prior_mean, prior_chol = base.loc, base.scale_tril[..., 0, :, :]
@@ -327,9 +266,9 @@ class marginalize_inducing(Messenger):
             flat(scale, scale.ndim - len(batch)),
             flat(jnp.broadcast_to(prior_chol, batch + prior_chol.shape[-2:]), 2),
         ).reshape(batch)
-        self._amortized_q[msg["name"]] = (loc, scale)
+        self._local_q[msg["name"]] = (loc, scale)
         msg["value"] = loc  # never used as a draw: the layer marginalizes it
-        with_tag(msg, AMORTIZED_KL, kl)
+        with_tag(msg, LOCAL_KL, kl)
 
     def _latent_site(self, msg: dict, spec: Any, rng_key: jax.Array) -> None:
         """A latent input's site: draw ``w`` from the prior (new points), or from the guide's
@@ -361,7 +300,7 @@ class marginalize_inducing(Messenger):
             with_tag(msg, IMPORTANCE_LOG_WEIGHTS, jnp.sum(log_ratio, axis=-1))
         else:
             kl = -jnp.log(scale) + 0.5 * (scale**2 + loc**2 - 1.0)
-            with_tag(msg, AMORTIZED_KL, jnp.sum(kl, axis=-1))
+            with_tag(msg, LOCAL_KL, jnp.sum(kl, axis=-1))
         msg["value"] = w
 
     def _importance_draw(
@@ -379,38 +318,33 @@ class marginalize_inducing(Messenger):
         keys = jax.random.split(rng_key, X.shape[1])
         return jnp.swapaxes(jax.vmap(at_point, in_axes=(1, 0))(X, keys), 0, 1)
 
-    def _branch_spec(
-        self, layer: Layer, msg: dict, post: Any
-    ) -> tuple[jax.Array | None, jax.Array] | None:
-        """``(points (S, P) or None, log_weights (S,))`` if this layer branches its outputs:
-        from an :class:`AmortizedPosterior`, or from a :class:`quadrature` handler's tag."""
-        if isinstance(post, AmortizedPosterior):
-            spec = (post.points, post.log_weights)
-        else:
-            spec = get_tag(msg, BRANCHES)
-        if spec is None:
-            if self.branch_log_weights is not None and layer_call(msg).inputs.ndim != 3:
+    def _mixture(self, layer: Layer, X: jax.Array, post: Any, rule: Any) -> tuple | None:
+        """``(points (S, P) or None, log_weights (S,))`` if this layer's outputs become a
+        weighted mixture: asked of the guide's encoder, else of the layer's rule."""
+        mixture = getattr(post, "mixture", None) or getattr(rule, "mixture", None)
+        earlier = self.mixture_log_weights
+        if mixture is None:
+            if earlier is not None and X.ndim != 3:
                 raise ValueError(
                     f"marginalize_inducing: layer {layer.name!r} runs on unbranched inputs after "
                     "another layer branched them"
                 )
             return None
-        if self.branch_log_weights is not None and spec[1].shape != self.branch_log_weights.shape:
+        if earlier is not None and mixture[1].shape != earlier.shape:
             raise ValueError(
-                f"marginalize_inducing: layer {layer.name!r} has {spec[1].shape[0]} branches, an "
-                f"earlier layer {self.branch_log_weights.shape[0]}; every layer needs the same "
-                "number"
+                f"marginalize_inducing: layer {layer.name!r} has {mixture[1].shape[0]} branches, "
+                f"an earlier layer {earlier.shape[0]}; every layer needs the same number"
             )
-        return spec
+        return mixture
 
-    def _branch(
-        self, mean: jax.Array, var: jax.Array, branch: tuple, rng_key: jax.Array
+    def _mix(
+        self, mean: jax.Array, var: jax.Array, mixture: tuple, rng_key: jax.Array
     ) -> jax.Array:
-        """``S`` branches of the layer's outputs, ``(S, B, P)``: ``mean + point * std`` per
-        branch (learned points or fresh standard-normal draws)."""
-        points, log_weights = branch
-        if self.branch_log_weights is None:
-            self.branch_log_weights = log_weights
+        """The ``S`` components of the layer's outputs, ``(S, B, P)``: ``mean + point * std`` per
+        component (learned points or fresh standard-normal draws)."""
+        points, log_weights = mixture
+        if self.mixture_log_weights is None:
+            self.mixture_log_weights = log_weights
         S = log_weights.shape[0]
         shape = (S,) + mean.shape[-2:]
         if points is None:
@@ -421,41 +355,9 @@ class marginalize_inducing(Messenger):
         if mean.ndim == 2:
             mean, std = mean[None], std[None]
         weights = jax.nn.softmax(log_weights).astype(mean.dtype)
-        # AR2 / AR2P: the next layer's encoder sees the weighted mean of these branch means
-        self._branch_mean = jnp.tensordot(weights, jnp.broadcast_to(mean, shape), axes=(0, 0))
+        # AR2 / AR2P: the next layer's encoder sees the weighted mean of these component means
+        self._mixture_mean = jnp.tensordot(weights, jnp.broadcast_to(mean, shape), axes=(0, 0))
         return mean + std * eps
-
-    def _flow(
-        self,
-        layer: Layer,
-        X: jax.Array,
-        u: jax.Array,
-        post: Any,
-        flow: tuple[FlowSpec, dict],
-        rng_key: jax.Array,
-    ) -> jax.Array:
-        """An :class:`sde_flow` layer: integrate with the guide's marginal moments (the
-        ``"marginal"`` estimator) or with the sampled inducing values (``"ancestral"``)."""
-        spec, box = flow
-        if layer.name == self.quadrature_layer:
-            raise ValueError(
-                f"sde_flow: layer {layer.name!r} is the model's last gp_layer; a flow moves the "
-                "inputs of a predictor layer, so a gp_layer must follow it"
-            )
-        if isinstance(post, (ChainLink, JointBlock)):
-            raise NotImplementedError(
-                f"sde_flow: layer {layer.name!r} has a guide that correlates layers; the flow "
-                "supports guides with an independent Gaussian per layer "
-                "(AutoFactorizedDGP, AutoNormal)"
-            )
-        if post is not None and spec.estimator == "marginal":
-            q_mean, q_sqrt = post
-        else:
-            q_mean, q_sqrt = u, None
-        value = integrate_flow(spec, box, layer, X, q_mean, q_sqrt, rng_key)
-        # the end state is one path per sample, not a Gaussian: its own value, zero variance
-        self.moments[layer.name] = (value, jnp.zeros_like(value))
-        return value
 
     # --- guides that correlate layers: per-point beliefs over the inducing values ---
 
@@ -527,15 +429,13 @@ class marginalize_inducing(Messenger):
             out_cov = out_cov + layer.noise * jnp.eye(P, dtype=out_cov.dtype)
         var = jnp.diagonal(out_cov, axis1=-2, axis2=-1)
         self.moments[layer.name] = (mean, var)
-        if layer.name == self.quadrature_layer:
+        if layer.name == self.last_layer:
             self._in_tail = True
             self.correlated_outputs = P > 1
-            shared = self.quadrature_nodes is not None
-            nodes = (
-                jnp.asarray(self.quadrature_nodes, mean.dtype)
-                if shared
-                else self._nodes(mean, rng_key)
-            )
+            if self.nodes is None:
+                nodes = self._nodes(mean, rng_key)
+            else:
+                nodes = jnp.asarray(self.nodes, mean.dtype)
             self.last_output = output_at_nodes(mean, out_cov, nodes)
             return self.last_output
         eps = standard_normal(rng_key, mean.shape, mean.dtype)
@@ -550,3 +450,47 @@ class marginalize_inducing(Messenger):
                 given = condition_on_output(belief, HB, out_cov, value - mean)
                 self._joint_states[post.sites] = (k + 1, given.tail(P * M))
         return value
+
+
+def _check_options(
+    last_layer: str | None, node_weights: ArrayLike | None, latent_mode: str
+) -> None:
+    """Refuse a last layer without node weights and an unknown ``latent_mode``
+    (:class:`marginalize_inducing`).
+
+    :raises ValueError: for either.
+    """
+    if last_layer is not None and node_weights is None:
+        raise ValueError(
+            "marginalize_inducing: last_layer needs node_weights (with nodes, or without "
+            "them for as many Monte Carlo draws per point)"
+        )
+    if latent_mode not in ("posterior", "prior"):
+        raise ValueError(
+            f"marginalize_inducing: latent_mode must be 'posterior' or 'prior', got {latent_mode!r}"
+        )
+
+
+def _check_layer(
+    layer: Layer, rule: Any, post: Any, full_cov: bool, num_importance: int | None
+) -> None:
+    """Refuse, under the importance-weighted bound, a layer with a rule (a flow, a mixture) or
+    a guide that correlates the layers; and ``full_cov`` for such a guide's layer.
+
+    :raises ValueError: for the first.
+    :raises NotImplementedError: for the second.
+    """
+    correlated = isinstance(post, (ChainLink, JointBlock))
+    if num_importance and (rule is not None or correlated):
+        raise ValueError(
+            f"ImportanceWeightedElbo: layer {layer.name!r} is an SDE flow, has branches or a "
+            "guide that correlates the layers; the importance-weighted bound takes "
+            "independent Gaussian layers (AutoFactorizedDGP, AutoNormal) without handlers"
+        )
+    if correlated and full_cov and not (rule is not None and rule.computes_layer):
+        raise NotImplementedError(
+            f"marginalize_inducing: layer {layer.name!r} has a guide that correlates "
+            "layers; its marginals are per point (full_cov=False). For coherent "
+            "function samples use numpyro_dgp.sample_layers, which samples the inducing "
+            "values."
+        )

@@ -27,23 +27,21 @@ previous layer's output, whose per-point mean and variance were recorded when it
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, NoReturn
+from typing import Any, Callable, NoReturn
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro.handlers import trace
-from numpyro.primitives import Messenger
 
 from numpyro_dgp._compat import innermost_guide, is_tracer
 from numpyro_dgp._engine.observation import shared_rule
-from numpyro_dgp._engine.run import guide_then_model, validation_off_when_traced
+from numpyro_dgp._engine.run import MarginalRun, guide_then_model, validation_off_when_traced
 from numpyro_dgp._engine.traces import final_layer_name, guide_posteriors, model_u_sites
 from numpyro_dgp._protocol import (
-    BRANCHES,
-    FLOW,
     LAYER_MESSAGE,
-    QUADRATURE_AXIS,
+    LAYER_RULE,
+    NODE_AXIS,
     get_tag,
     layer_call,
     message_layer,
@@ -51,10 +49,11 @@ from numpyro_dgp._protocol import (
 )
 from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import uncertain_input_moments
+from numpyro_dgp.handlers import PerRunMessenger
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import ChainLink, JointBlock
 
-__all__ = ["MOMENT_MODES", "MomentRun", "moment_trace", "propagate_moments"]
+__all__ = ["MOMENT_MODES", "moment_trace", "propagate_moments"]
 
 #: The modes of :class:`propagate_moments`.
 MOMENT_MODES = ("bound", "predict")
@@ -62,7 +61,7 @@ MOMENT_MODES = ("bound", "predict")
 _INSTEAD = "use DGPElbo (sampling propagation), which supports it"
 
 
-class propagate_moments(Messenger):
+class propagate_moments(PerRunMessenger):
     """Give each layer message its value from Gaussian moment propagation (see the module
     docstring).
 
@@ -71,7 +70,7 @@ class propagate_moments(Messenger):
         independent Gaussian over each layer's inducing values.
     :param mode: ``"bound"`` or ``"predict"``.
     :param last_layer: name of the model's last ``gp_layer``.
-    :param quadrature_nodes: ``(K, P)`` standard-normal nodes for the last layer.
+    :param nodes: ``(K, P)`` standard-normal nodes for the last layer.
     :param caller: the name errors are reported under.
     :param propagate_inducing_variance: ``"bound"`` mode: forward each inner layer's inducing
         variance to the next layer (``True``) or pay for it in the penalty (``False``).
@@ -89,7 +88,7 @@ class propagate_moments(Messenger):
         posteriors: dict[str, Any] | None = None,
         mode: str = "bound",
         last_layer: str | None = None,
-        quadrature_nodes: np.ndarray | None = None,
+        nodes: np.ndarray | None = None,
         caller: str = "propagate_moments",
         propagate_inducing_variance: bool = True,
         guide_name: str | None = None,
@@ -98,11 +97,10 @@ class propagate_moments(Messenger):
         self.posteriors = dict(posteriors or {})
         self.mode = mode
         self.last_layer = last_layer
-        self.quadrature_nodes = quadrature_nodes
+        self.nodes = nodes
         self.caller = caller
         self.guide_name = guide_name
         self.propagate_inducing_variance = bool(propagate_inducing_variance)
-        self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -112,17 +110,11 @@ class propagate_moments(Messenger):
         self._in_tail = False
         self._last_output: jax.Array | None = None
 
-    def __enter__(self) -> propagate_moments:
-        """Reset the per-run state and push the handler on the stack."""
-        self._reset()
-        super().__enter__()
-        return self
-
     def process_message(self, msg: dict) -> None:
         """Tag the sample sites after the last layer; give each layer message its value."""
         if msg["type"] == "sample":
             if self._in_tail:
-                with_tag(msg, QUADRATURE_AXIS, True)
+                with_tag(msg, NODE_AXIS, True)
             return
         if msg["type"] == LAYER_MESSAGE:
             msg["value"] = self._layer(msg)
@@ -194,7 +186,7 @@ class propagate_moments(Messenger):
         var = self._forwarded_variance(layer, parts, last)
         self.moments[layer.name] = (mean, var)
         if last:
-            nodes = jnp.asarray(self.quadrature_nodes, mean.dtype)
+            nodes = jnp.asarray(self.nodes, mean.dtype)
             self._in_tail = True
             return mean[None] + jnp.sqrt(jnp.maximum(var, 0.0))[None] * nodes[:, None, :]
         self._last_output = mean + 0.0  # a new array: its identity marks the next layer's input
@@ -210,7 +202,7 @@ class propagate_moments(Messenger):
                 f"has inducing={layer.inducing!r}; only global inducing points propagate "
                 "Gaussian moments",
             )
-        if get_tag(msg, FLOW) is not None or get_tag(msg, BRANCHES) is not None:
+        if get_tag(msg, LAYER_RULE) is not None:
             self._refuse(layer, "is an sde_flow layer or branches at quadrature points")
         if X.ndim != 2:
             self._refuse(layer, f"takes branched inputs of shape {X.shape}")
@@ -272,27 +264,6 @@ def _same_values(X: jax.Array, output: jax.Array) -> bool:
     return bool(jnp.array_equal(X, output))
 
 
-class MomentRun(NamedTuple):
-    """A guide trace and the model trace run under :class:`propagate_moments`.
-
-    :ivar guide_trace: the guide's trace.
-    :ivar model_trace: the model's trace, replayed against the guide's.
-    :ivar posteriors: ``{u-site name: (loc, scale)}`` of the guide.
-    :ivar moments: ``{layer name: (mean, var)}`` as forwarded.
-    :ivar penalties: the inner layers' penalties (``"bound"`` mode).
-    :ivar layer_order: layer names in execution order.
-    :ivar quadrature_weights: ``(K,)`` weights of the last layer's nodes.
-    """
-
-    guide_trace: dict
-    model_trace: dict
-    posteriors: dict
-    moments: dict
-    penalties: list
-    layer_order: list
-    quadrature_weights: np.ndarray
-
-
 def moment_trace(
     model: Callable,
     guide: Callable,
@@ -301,11 +272,11 @@ def moment_trace(
     args: tuple,
     kwargs: dict,
     mode: str,
-    num_quadrature: int,
+    nodes_per_output: int,
     caller: str,
     propagate_inducing_variance: bool = True,
     kind: str = "normal",
-) -> MomentRun:
+) -> MarginalRun:
     """Run ``guide``, then ``model`` under :class:`propagate_moments`.
 
     :param model: the model.
@@ -316,12 +287,13 @@ def moment_trace(
     :param args: positional arguments of the model and guide.
     :param kwargs: keyword arguments of the model and guide.
     :param mode: ``"bound"`` or ``"predict"``.
-    :param num_quadrature: Gauss-Hermite nodes per output of the last layer.
+    :param nodes_per_output: Gauss-Hermite nodes per output of the last layer.
     :param caller: the name errors are reported under.
     :param propagate_inducing_variance: see :class:`propagate_moments`.
     :param kind: the observation's kind, which picks the rule over several outputs
         (:func:`~numpyro_dgp._engine.observation.shared_rule`).
-    :return: :class:`MomentRun`.
+    :return: :class:`~numpyro_dgp._engine.run.MarginalRun` with the inner layers' penalties
+        (``"bound"`` mode).
     """
     with validation_off_when_traced(params):
         guide_trace, seeded_model = guide_then_model(model, guide, params, rng_key, args, kwargs)
@@ -336,25 +308,18 @@ def moment_trace(
             return 0
 
         jax.eval_shape(probe)
-        nodes, weights = shared_rule(found["out_dim"], kind, num_quadrature, caller)
+        nodes, weights = shared_rule(found["out_dim"], kind, nodes_per_output, caller)
         posteriors = guide_posteriors(guide_trace, found["u_sites"])
-        handler = propagate_moments(
-            seeded_model,
-            posteriors=posteriors,
-            mode=mode,
-            last_layer=found["last"],
-            quadrature_nodes=nodes,
-            caller=caller,
-            propagate_inducing_variance=propagate_inducing_variance,
-            guide_name=type(innermost_guide(guide)).__name__,
-        )
+        guide_name = type(innermost_guide(guide)).__name__
+        options = (caller, propagate_inducing_variance, guide_name)
+        handler = propagate_moments(seeded_model, posteriors, mode, found["last"], nodes, *options)
         model_trace = trace(handler).get_trace(*args, **kwargs)
-        return MomentRun(
+        return MarginalRun(
             guide_trace,
             model_trace,
             posteriors,
             handler.moments,
-            handler.penalties,
             handler.layer_order,
             weights,
+            penalties=handler.penalties,
         )

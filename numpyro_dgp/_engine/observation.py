@@ -165,37 +165,37 @@ def spherical_rule(dim: int) -> tuple[np.ndarray, np.ndarray]:
 def likelihood_rule(
     out_dim: int,
     kinds: list[str] | None = None,
-    num_quadrature: int | None = None,
+    nodes_per_output: int | None = None,
     num_samples: int | None = None,
     caller: str = "DGPElbo",
 ) -> Rule:
     """The rule for ``E_f[...]`` over the last layer's ``P = out_dim`` outputs.
 
-    * one output: ``num_quadrature`` (default 20) Gauss-Hermite nodes;
-    * several, with ``num_quadrature`` given: the tensor-product Gauss-Hermite rule;
+    * one output: ``nodes_per_output`` (default 20) Gauss-Hermite nodes;
+    * several, with ``nodes_per_output`` given: the tensor-product Gauss-Hermite rule;
     * several, every observation site a Normal (``kinds`` all ``"normal"``): the ``2 P``-node
       rule of :func:`spherical_rule`, exact for a location affine in the outputs;
     * otherwise: ``num_samples`` (default 32) Monte Carlo draws per point.
 
     :param out_dim: ``P``.
     :param kinds: the observation sites' kinds (:func:`observation_kind`); ``None``: unknown.
-    :param num_quadrature: nodes per output.
+    :param nodes_per_output: nodes per output.
     :param num_samples: Monte Carlo draws per point.
     :param caller: who asks (in error messages).
     :return: the :class:`Rule`.
     :raises ValueError: a tensor-product rule with more than 20,000 nodes.
     """
     if out_dim == 1:
-        nodes, weights = gauss_hermite(20 if num_quadrature is None else num_quadrature)
+        nodes, weights = gauss_hermite(20 if nodes_per_output is None else nodes_per_output)
         return Rule(nodes[:, None], weights)
-    if num_quadrature is not None:
-        if num_quadrature**out_dim > MAX_NODES:
+    if nodes_per_output is not None:
+        if nodes_per_output**out_dim > MAX_NODES:
             raise ValueError(
-                f"{caller}: a tensor-product rule with num_quadrature={num_quadrature} over "
-                f"{out_dim} outputs has {num_quadrature**out_dim} nodes; lower num_quadrature, "
+                f"{caller}: a tensor-product rule with num_quadrature={nodes_per_output} over "
+                f"{out_dim} outputs has {nodes_per_output**out_dim} nodes; lower num_quadrature, "
                 "or leave it None for Monte Carlo draws"
             )
-        return Rule(*gauss_hermite_product(num_quadrature, out_dim))
+        return Rule(*gauss_hermite_product(nodes_per_output, out_dim))
     if kinds and all(kind == "normal" for kind in kinds):
         return Rule(*spherical_rule(out_dim))
     num = 32 if num_samples is None else int(num_samples)
@@ -203,29 +203,29 @@ def likelihood_rule(
 
 
 def shared_rule(
-    out_dim: int, kind: str, num_quadrature: int, caller: str
+    out_dim: int, kind: str, nodes_per_output: int, caller: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """Nodes every point shares (no draws), for the deterministic predictions and bounds.
 
-    * one output: ``num_quadrature`` Gauss-Hermite nodes;
+    * one output: ``nodes_per_output`` Gauss-Hermite nodes;
     * several, a Normal: the ``2 P`` nodes of :func:`spherical_rule` (exact for a location
       affine in the outputs);
-    * several, another likelihood: the tensor-product rule with ``num_quadrature`` nodes per
+    * several, another likelihood: the tensor-product rule with ``nodes_per_output`` nodes per
       output, fewer (at least 2) where that would pass 20,000 nodes.
 
     :param out_dim: ``P``.
     :param kind: the observation's kind (:func:`observation_kind`).
-    :param num_quadrature: nodes per output.
+    :param nodes_per_output: nodes per output.
     :param caller: who asks (in error messages).
     :return: ``(nodes (K, P), weights (K,))``, standard-normal nodes.
     :raises ValueError: more outputs than a tensor-product rule of 2 nodes each can take.
     """
     if out_dim == 1:
-        nodes, weights = gauss_hermite(num_quadrature)
+        nodes, weights = gauss_hermite(nodes_per_output)
         return nodes[:, None], weights
     if kind == "normal":
         return spherical_rule(out_dim)
-    per_output = min(num_quadrature, int(MAX_NODES ** (1.0 / out_dim) + 1e-9))
+    per_output = min(nodes_per_output, int(MAX_NODES ** (1.0 / out_dim) + 1e-9))
     if per_output < 2:
         raise ValueError(
             f"{caller}: a deterministic rule over {out_dim} outputs of a {kind} likelihood "

@@ -26,19 +26,13 @@ from numpyro_dgp._engine.traces import (
     model_u_sites,
     uses_inducing_locations,
 )
-from numpyro_dgp._protocol import (
-    amortized_layer_names,
-    latent_specs,
-    message_layer,
-    quadrature_tail,
-    trace_layers,
-)
+from numpyro_dgp._protocol import latent_specs, message_layer, node_tail, trace_layers
 from numpyro_dgp.handlers import fast_subsample
-from numpyro_dgp.posteriors import AmortizedPosterior, LatentPosterior, unwrap_distribution
+from numpyro_dgp.posteriors import LatentPosterior, unwrap_distribution
 
 __all__ = [
     "MarginalRun",
-    "amortized_posteriors",
+    "encoder_posteriors",
     "guide_then_model",
     "latent_posteriors",
     "marginal_trace",
@@ -53,11 +47,13 @@ class MarginalRun(NamedTuple):
     :ivar posteriors: ``{u-site name: posterior}`` the handler marginalized.
     :ivar moments: ``{layer name: (mean, var)}`` of the layers' outputs.
     :ivar layer_order: layer names in execution order.
-    :ivar quadrature_weights: ``(K,)`` weights of the last layer's quadrature nodes.
-    :ivar branch_log_weights: ``(S,)`` log weights of the branches, if a layer branched.
+    :ivar node_weights: ``(K,)`` weights of the last layer's quadrature nodes.
+    :ivar mixture_log_weights: ``(S,)`` log weights of the branches, if a layer branched.
     :ivar guide_name: the guide's class name (for error messages).
     :ivar last_output: the last layer's value at its nodes, ``(K, ..., N, P)``.
     :ivar correlated_outputs: whether the last layer's outputs are correlated at a point.
+    :ivar penalties: the inner layers' penalties of a moment-propagation run
+        (:func:`~numpyro_dgp._engine.moments.moment_trace`, ``"bound"`` mode).
     """
 
     guide_trace: dict
@@ -65,11 +61,12 @@ class MarginalRun(NamedTuple):
     posteriors: dict
     moments: dict
     layer_order: list
-    quadrature_weights: np.ndarray
-    branch_log_weights: jax.Array | None = None
+    node_weights: np.ndarray
+    mixture_log_weights: jax.Array | None = None
     guide_name: str = "the guide"
     last_output: Any = None
     correlated_outputs: bool = False
+    penalties: list | tuple = ()
 
 
 def marginal_trace(
@@ -79,7 +76,7 @@ def marginal_trace(
     rng_key: jax.Array,
     args: tuple,
     kwargs: dict,
-    num_quadrature: int | None = None,
+    nodes_per_output: int | None = None,
     objective: str = "DGPElbo",
     num_samples: int | None = None,
     num_importance: int | None = None,
@@ -94,7 +91,7 @@ def marginal_trace(
     :param rng_key: PRNG key.
     :param args: positional arguments of the model and guide.
     :param kwargs: keyword arguments of the model and guide.
-    :param num_quadrature: nodes per output of the last layer (see
+    :param nodes_per_output: nodes per output of the last layer (see
         :func:`~numpyro_dgp._engine.observation.likelihood_rule`).
     :param objective: who asks (named in error messages).
     :param num_samples: Monte Carlo draws per point where the rule draws (several outputs and
@@ -107,7 +104,6 @@ def marginal_trace(
     :return: :class:`MarginalRun`. With ``objective="predict"``, latent inputs are drawn from
         their prior and the guide's plates are not replayed (new points).
     """
-    _check_amortized_layers_have_encoder(innermost_guide(guide), objective)
     predicting = objective == "predict"
     with validation_off_when_traced(params):
         guide_trace, seeded_model = guide_then_model(
@@ -131,7 +127,7 @@ def marginal_trace(
             found["locations"] = uses_inducing_locations(tr)
             found["last_u_site"] = message_layer(tr[f"{last}.layer"]).u_site
             found["latents"] = list(latent_specs(tr))
-            found["amortized"] = [
+            found["encoded"] = [
                 layer.name for layer in trace_layers(tr) if layer.inducing == "amortized"
             ]
             return 0
@@ -140,12 +136,12 @@ def marginal_trace(
         jax.eval_shape(probe)  # an abstract run: it computes nothing
         last = found["last"]
         kinds = None
-        if found["out_dim"] > 1 and num_quadrature is None and not joint_draws:
+        if found["out_dim"] > 1 and nodes_per_output is None and not joint_draws:
             kinds = _tail_kinds(
                 seeded_model, last, found["out_dim"], args, kwargs, objective, latent_mode
             )
         nodes, weights = likelihood_rule(
-            found["out_dim"], kinds, num_quadrature, num_samples, objective
+            found["out_dim"], kinds, nodes_per_output, num_samples, objective
         )
 
         base_guide = innermost_guide(guide)
@@ -164,16 +160,10 @@ def marginal_trace(
             )
         else:
             posteriors = guide_posteriors(guide_trace, found["u_sites"])
-        posteriors.update(amortized_posteriors(guide_trace))
+        posteriors.update(encoder_posteriors(guide_trace))
         posteriors.update(latent_posteriors(guide_trace, found["latents"]))
         handler = marginalize_inducing(
-            seeded_model,
-            posteriors=posteriors,
-            quadrature_layer=last,
-            quadrature_nodes=nodes,
-            quadrature_weights=weights,
-            latent_mode=latent_mode,
-            num_importance=num_importance,
+            seeded_model, posteriors, last, nodes, weights, latent_mode, num_importance
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         return MarginalRun(
@@ -183,7 +173,7 @@ def marginal_trace(
             handler.moments,
             handler.layer_order,
             weights,
-            handler.branch_log_weights,
+            handler.mixture_log_weights,
             type(base_guide).__name__,
             handler.last_output,
             handler.correlated_outputs,
@@ -193,14 +183,26 @@ def marginal_trace(
 def _check_guide_fits_model(
     base_guide: Callable, found: dict, num_importance: int | None, objective: str
 ) -> None:
-    """Refuse per-point inducing sets under importance weighting, and an ``AutoContinuous`` guide
-    on a model with ``inducing="locations"`` (``found``: what :func:`marginal_trace`'s probe found).
+    """Refuse per-point inducing sets without a guide that encodes them or under importance
+    weighting, and an ``AutoContinuous`` guide on a model with ``inducing="locations"``
+    (``found``: what :func:`marginal_trace`'s probe found).
 
-    :raises ValueError: for either.
+    Per-point inducing sets are encoded by :class:`~numpyro_dgp.guides.AutoAmortizedDGP` only
+    (a guide says so by ``encodes_inducing_sets``); another autoguide (NumPyro's draw them as
+    free local latents, whose Gaussian the engine cannot read) is refused by name.
+
+    :raises ValueError: for any of them.
     """
-    if num_importance and found["amortized"]:
+    set_up = getattr(base_guide, "prototype_trace", None) is not None  # an autoguide
+    if found["encoded"] and set_up and not getattr(base_guide, "encodes_inducing_sets", False):
         raise ValueError(
-            f"{objective}: layers {found['amortized']} have per-point inducing sets, which the "
+            f"{objective} with {type(base_guide).__name__}: layer(s) {found['encoded']} have "
+            "per-point inducing sets (inducing='amortized'), which only an encoder describes; "
+            "use numpyro_dgp.guides.AutoAmortizedDGP"
+        )
+    if num_importance and found["encoded"]:
+        raise ValueError(
+            f"{objective}: layers {found['encoded']} have per-point inducing sets, which the "
             "importance-weighted bound does not take; use DGPElbo"
         )
     if isinstance(base_guide, AutoContinuous) and found["locations"]:
@@ -228,16 +230,10 @@ def _tail_kinds(
 
     def probe():
         handler = marginalize_inducing(
-            seeded_model,
-            quadrature_layer=last,
-            quadrature_nodes=nodes,
-            quadrature_weights=np.full(2, 0.5),
-            latent_mode=latent_mode,
+            seeded_model, None, last, nodes, np.full(2, 0.5), latent_mode
         )
         tr = trace(handler).get_trace(*args, **kwargs)
-        found["kinds"] = [
-            _training_kind(tr[name]["fn"], name, objective) for name in quadrature_tail(tr)
-        ]
+        found["kinds"] = [_training_kind(tr[name]["fn"], name, objective) for name in node_tail(tr)]
         return 0
 
     jax.eval_shape(probe)
@@ -251,21 +247,6 @@ def _training_kind(fn: Any, name: str, objective: str) -> str:
         return observation_kind(fn, name, objective)
     except NotImplementedError:
         return "general"
-
-
-def _check_amortized_layers_have_encoder(guide: Callable, objective: str) -> None:
-    """Per-point inducing sets (``inducing="amortized"``) are encoded by
-    :class:`~numpyro_dgp.guides.AutoAmortizedDGP` only; another guide (NumPyro's autoguides
-    draw them as free local latents, whose Gaussian the engine cannot read) is refused by name."""
-    if getattr(guide, "_accepts_amortized", False):
-        return
-    layers = amortized_layer_names(getattr(guide, "prototype_trace", None) or {})
-    if layers:
-        raise ValueError(
-            f"{objective} with {type(guide).__name__}: layer(s) {layers} have per-point inducing "
-            "sets (inducing='amortized'), which only an encoder describes; use "
-            "numpyro_dgp.guides.AutoAmortizedDGP"
-        )
 
 
 def guide_then_model(
@@ -326,15 +307,15 @@ def latent_posteriors(guide_trace: dict, names: list[str]) -> dict[str, Any]:
     return out
 
 
-def amortized_posteriors(guide_trace: dict) -> dict[str, AmortizedPosterior]:
-    """``{u-site: AmortizedPosterior}`` from the placeholder sites of an amortized guide
-    (:class:`~numpyro_dgp.guides.AutoAmortizedDGP`).
+def encoder_posteriors(guide_trace: dict) -> dict[str, Any]:
+    """``{u-site: encoder}`` from the placeholder sites of a guide that encodes per-point
+    inducing sets (:class:`~numpyro_dgp.guides.AutoAmortizedDGP`: the site's distribution
+    carries a ``posterior`` with ``encode`` and a ``mixture``).
 
     :param guide_trace: a trace of the guide.
     """
     return {
         site["fn"].site: site["fn"].posterior
         for site in guide_trace.values()
-        if site["type"] == "sample"
-        and isinstance(getattr(site["fn"], "posterior", None), AmortizedPosterior)
+        if site["type"] == "sample" and hasattr(getattr(site["fn"], "posterior", None), "mixture")
     }

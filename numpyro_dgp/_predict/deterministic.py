@@ -102,28 +102,20 @@ def predict_moment_matched(
 
     @jax.jit
     def run_once(params, X_new):
+        inputs, num_nodes = (X_new,) + tuple(args), PREDICTION_NODES[likelihood]
         run = moment_trace(
-            model,
-            guide,
-            params,
-            key,
-            (X_new,) + tuple(args),
-            kwargs,
-            "predict",
-            PREDICTION_NODES[likelihood],
-            caller,
-            kind=likelihood,
+            model, guide, params, key, inputs, kwargs, "predict", num_nodes, caller, kind=likelihood
         )
         component = component_of(
             run.model_trace,
             run.moments,
             name,
             likelihood,
-            run.quadrature_weights,
+            run.node_weights,
             found["layers"],
             key,
         )
-        return component, run.quadrature_weights
+        return component, run.node_weights
 
     component, node_weights = run_once(params, X_new)
     return warn_if_not_finite(_one_component(likelihood, component, node_weights), caller)
@@ -186,13 +178,7 @@ def predict_collapsed(
 
     def run(num_nodes, kind):
         nodes, weights = shared_rule(layer.out_dim, kind, num_nodes, caller)
-        m = marginalize_inducing(
-            fitted,
-            posteriors={layer.u_site: q},
-            quadrature_layer=layer.name,
-            quadrature_nodes=nodes,
-            quadrature_weights=weights,
-        )
+        m = marginalize_inducing(fitted, {layer.u_site: q}, layer.name, nodes, weights)
         return trace(m).get_trace(X_new, *args, **kwargs), m.moments, weights
 
     def probe():

@@ -30,7 +30,7 @@ __all__ = [
     "PREDICTION_DRAWS",
     "PREDICTION_NODES",
     "component_of",
-    "flatten_branches",
+    "flatten_mixture",
     "mixture_fields",
     "prediction_rule",
     "rebuild",
@@ -175,8 +175,8 @@ def component_of(
     return Component(mean, variance, layers, means, variances, atoms)
 
 
-def flatten_branches(
-    num_branches: int, components: Component, log_weights: jax.Array
+def flatten_mixture(
+    num_components: int, components: Component, log_weights: jax.Array
 ) -> tuple[Component, jax.Array]:
     """Components ``(num_samples, S, ...)`` with branch log weights ``(num_samples, S)`` as one
     mixture of ``num_samples * S`` components (weights ``w_s / num_samples``); layer arrays
@@ -188,7 +188,7 @@ def flatten_branches(
 
     def flat_layer(a: jax.Array) -> jax.Array:
         if a.ndim == 3:  # (num_samples, N, P) before the first branching layer
-            a = jnp.broadcast_to(a[:, None], (num_samples, num_branches) + a.shape[1:])
+            a = jnp.broadcast_to(a[:, None], (num_samples, num_components) + a.shape[1:])
         return flat(a)
 
     tree = jax.tree_util.tree_map

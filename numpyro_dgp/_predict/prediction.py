@@ -44,12 +44,12 @@ from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp._predict.inputs import check_guide_is_set_up, checked_test_inputs
 from numpyro_dgp._predict.mixture import (
     component_of,
-    flatten_branches,
+    flatten_mixture,
     mixture_fields,
     rebuild,
     rule_arguments,
 )
-from numpyro_dgp._protocol import quadrature_tail, trace_layer_names
+from numpyro_dgp._protocol import node_tail, trace_layer_names
 from numpyro_dgp._validation import (
     check_positive_int,
     split_traced,
@@ -137,7 +137,7 @@ class Prediction(NamedTuple):
 
 def observation_site(model_trace: dict, obs_site: str | None) -> str:
     """The observation site of a run: ``obs_site``, or the one sample site after the last layer."""
-    return _check_observation_site(quadrature_tail(model_trace), obs_site)
+    return _check_observation_site(node_tail(model_trace), obs_site)
 
 
 def _check_observation_site(tail: list[str], obs_site: str | None) -> str:
@@ -230,36 +230,28 @@ def predict(
     check_positive_int(batch_size, "batch_size", "predict", allow_none=True)
     check_guide_is_set_up(guide, "predict")
     X_new = checked_test_inputs(X_new, "predict", params, model, guide)
-    N = X_new.shape[0]
-    if batch_size is not None and batch_size < N:
-        return _predict_in_batches(
-            model,
-            guide,
-            params,
-            rng_key,
-            X_new,
-            args,
-            kwargs,
-            num_samples,
-            obs_site,
-            strict,
-            int(batch_size),
-            keep_layers,
-        )
-    found, fields = _predict_mixture(
-        model,
-        guide,
-        params,
-        rng_key,
-        X_new,
-        args,
-        kwargs,
-        num_samples,
-        obs_site,
-        strict,
-        keep_layers,
+    request = _Request(
+        model, guide, params, rng_key, args, kwargs, num_samples, obs_site, strict, keep_layers
     )
+    if batch_size is not None and batch_size < X_new.shape[0]:
+        return _predict_in_batches(request, X_new, int(batch_size))
+    found, fields = _predict_mixture(request, X_new)
     return warn_if_not_finite(_as_prediction(found, fields), "predict")
+
+
+class _Request(NamedTuple):
+    """What :func:`predict` was asked, but the test inputs."""
+
+    model: Callable
+    guide: Callable
+    params: dict
+    rng_key: jax.Array
+    args: tuple
+    kwargs: dict
+    num_samples: int
+    obs_site: str | None
+    strict: bool
+    keep_layers: bool
 
 
 def _as_prediction(found, fields):
@@ -270,20 +262,7 @@ def _as_prediction(found, fields):
     return Prediction(**fields, likelihood=found["likelihood"])
 
 
-def _predict_in_batches(
-    model,
-    guide,
-    params,
-    rng_key,
-    X_new,
-    args,
-    kwargs,
-    num_samples,
-    obs_site,
-    strict,
-    batch_size,
-    keep_layers,
-):
+def _predict_in_batches(request, X_new, batch_size):
     """:func:`predict` over windows of ``batch_size`` points, written into preallocated outputs.
 
     Every window has the same shape (one compiled predictor): the last one is shifted back to
@@ -296,19 +275,7 @@ def _predict_in_batches(
     starts = sorted({min(start, N - batch_size) for start in range(0, N, batch_size)})
     out = None
     for start in starts:
-        found, fields = _predict_mixture(
-            model,
-            guide,
-            params,
-            rng_key,
-            X_new[start : start + batch_size],
-            args,
-            kwargs,
-            num_samples,
-            obs_site,
-            strict,
-            keep_layers,
-        )
+        found, fields = _predict_mixture(request, X_new[start : start + batch_size])
         along_points = {k: v for k, v in fields.items() if k in _POINT_AXIS}
         if out is None:
             out = _allocate_outputs(along_points, N)
@@ -388,22 +355,11 @@ def _write_window(out, window, start):
     return {field: write(field, out[field], window[field]) for field in out}
 
 
-def _predict_mixture(
-    model,
-    guide,
-    params,
-    rng_key,
-    X_new,
-    args,
-    kwargs,
-    num_samples,
-    obs_site,
-    strict,
-    keep_layers=True,
-):
+def _predict_mixture(request, X_new):
     """``(found, fields)`` of :func:`predict` at one block of test inputs: the parameters checked,
     the compiled predictor run; ``fields`` are the arrays of the :class:`Prediction` (mean,
     variance, components ``(S, N)``, layers ``(S, N, P)``, weights)."""
+    model, guide, params, rng_key, args, kwargs, num_samples, _, strict, _ = request
     specs = param_specs(model, guide, (X_new,) + tuple(args), kwargs)
     check_params_against(
         specs,
@@ -414,19 +370,7 @@ def _predict_mixture(
         hint=PREDICT_HINT,
     )
     dyn_args, static_args, dyn_kwargs, static_kwargs = split_traced(args, kwargs)
-    found, predictor = _predictor(
-        model,
-        guide,
-        params,
-        rng_key,
-        X_new,
-        args,
-        kwargs,
-        obs_site,
-        static_args,
-        static_kwargs,
-        keep_layers,
-    )
+    found, predictor = _predictor(request, X_new, static_args, static_kwargs)
     return found, predictor(rng_key, params, X_new, dyn_args, dyn_kwargs, int(num_samples))
 
 
@@ -434,19 +378,7 @@ def _predict_mixture(
 _PREDICTORS = OwnerCache(max_entries=8)
 
 
-def _predictor(
-    model,
-    guide,
-    params,
-    rng_key,
-    X_new,
-    args,
-    kwargs,
-    obs_site,
-    static_args,
-    static_kwargs,
-    keep_layers=True,
-):
+def _predictor(request, X_new, static_args, static_kwargs):
     """``(found, batched)``: what the model's trace says (observation site, likelihood, layers,
     branches) and the jitted, vmapped mixture-component function.
 
@@ -454,6 +386,7 @@ def _predictor(
     arguments, and valid for the guide's prototype trace (its structure, built once), so
     repeated predictions (validation during training, plots) reuse one compiled executable
     per input shape instead of retracing; array arguments are traced, never baked in."""
+    model, guide, params, rng_key, args, kwargs, _, obs_site, _, keep_layers = request
     prototype = getattr(guide, "prototype_trace", None)
     key = _predictor_key(model, obs_site, static_args, static_kwargs, keep_layers)
     entry = None if key is None else _PREDICTORS.get(guide, key)
@@ -489,23 +422,14 @@ def _probe_prediction(model, guide, params, rng_key, X_new, args, kwargs, obs_si
 
     def probe():
         # abstract run (jax.eval_shape): finds the observation site and the layers, computes nothing
-        run = marginal_trace(
-            model,
-            guide,
-            params,
-            rng_key,
-            (X_new,) + tuple(args),
-            kwargs,
-            None,
-            objective="predict",
-            num_samples=2,
-        )
+        inputs = (X_new,) + tuple(args)
+        run = marginal_trace(model, guide, params, rng_key, inputs, kwargs, None, "predict", 2)
         found["name"] = observation_site(run.model_trace, obs_site)
         found["likelihood"] = observation_kind(run.model_trace[found["name"]]["fn"], found["name"])
         found["layers"] = list(run.layer_order)
         found["out_dim"] = run.moments[run.layer_order[-1]][0].shape[-1]
         found["branches"] = (
-            None if run.branch_log_weights is None else run.branch_log_weights.shape[0]
+            None if run.mixture_log_weights is None else run.mixture_log_weights.shape[0]
         )
         found["correlated"] = run.correlated_outputs
         return 0
@@ -531,12 +455,13 @@ def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_
         call_args = tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
         call_kwargs = {**dict(static_kwargs), **dyn_kwargs}
         run_key, draw_key = jax.random.split(key)
+        inputs = (X_new,) + call_args
         run = marginal_trace(
             model,
             guide_ref(),
             params,
             run_key,
-            (X_new,) + call_args,
+            inputs,
             call_kwargs,
             num_nodes,
             objective="predict",
@@ -544,11 +469,11 @@ def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_
             joint_draws=joint_draws,
         )
         component = component_of(
-            run.model_trace, run.moments, name, kind, run.quadrature_weights, layer_names, draw_key
+            run.model_trace, run.moments, name, kind, run.node_weights, layer_names, draw_key
         )
         if not keep_layers:  # nothing computed for them in the compiled function
             component = component._replace(layers={}, layer_means={}, layer_variances={})
-        return component, run.branch_log_weights, run.quadrature_weights
+        return component, run.mixture_log_weights, run.node_weights
 
     def predictive_mixture(rng_key, params, X_new, dyn_args, dyn_kwargs, num_samples):
         # the keys, the samples and their mixture in one program (eagerly, each small operation
@@ -559,7 +484,7 @@ def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_
         )
         weights = None
         if found["branches"]:
-            components, weights = flatten_branches(found["branches"], components, log_weights)
+            components, weights = flatten_mixture(found["branches"], components, log_weights)
         return mixture_fields(kind, components, weights, node_weights[0])
 
     return predictive_mixture

@@ -21,7 +21,7 @@ from numpyro_dgp._engine.traces import layers_by_u_site
 from numpyro_dgp._predict.inputs import checked_test_inputs
 from numpyro_dgp._predict.mixture import (
     component_of,
-    flatten_branches,
+    flatten_mixture,
     mixture_fields,
     prediction_rule,
 )
@@ -82,14 +82,14 @@ def predict_from_samples(
     samples, S = _check_sample_arrays(samples)
     fixed = _check_samples(model, samples, params, X_new, args, kwargs, strict)
 
-    def run(sample, key, quadrature):
+    def run(sample, key, node_rule):
         data = {**fixed, **sample}
-        return _marginalized_run(model, data, key, quadrature, X_new, args, kwargs)
+        return _marginalized_run(model, data, key, node_rule, X_new, args, kwargs)
 
     one_sample = {k: v[0] for k, v in samples.items()}
     layers, out_dim, sites = _model_layers(run, one_sample, samples)
     last = layers[-1]
-    name, likelihood, branches = _model_observation(run, one_sample, last, out_dim, obs_site)
+    name, likelihood, mixed = _model_observation(run, one_sample, last, out_dim, obs_site)
     nodes, weights = prediction_rule(likelihood, out_dim)
     quad = (last, nodes, weights)
     # substitute the model's latent and param sites only (not deterministic layer outputs
@@ -105,8 +105,8 @@ def predict_from_samples(
     def mixture(samples, keys):
         components, log_weights = jax.vmap(one)(samples, keys)
         mixing = None
-        if branches:  # a quadrature handler's weighted branches: sample x branch components
-            components, mixing = flatten_branches(branches, components, log_weights)
+        if mixed:  # a weighted mixture (quadrature handler): sample x mixture components
+            components, mixing = flatten_mixture(mixed, components, log_weights)
         return mixture_fields(likelihood, components, mixing, weights)
 
     keys = jax.random.split(rng_key, S)
@@ -118,7 +118,7 @@ def _marginalized_run(
     model: Callable,
     data: dict,
     key: jax.Array,
-    quadrature: tuple | None,
+    node_rule: tuple | None,
     X_new: jax.Array,
     args: tuple,
     kwargs: dict,
@@ -126,18 +126,11 @@ def _marginalized_run(
     """``(trace, moments, branch log weights)`` of one run of the model at ``X_new`` with
     ``data`` substituted, under :class:`marginalize_inducing` (with the quadrature
     ``(layer, nodes, weights)``, or none)."""
-    m = substitute(seed(model, key), data=data)
-    if quadrature is not None:
-        handler = marginalize_inducing(
-            m,
-            quadrature_layer=quadrature[0],
-            quadrature_nodes=quadrature[1],
-            quadrature_weights=quadrature[2],
-        )
-    else:
-        handler = marginalize_inducing(m)
+    handler = marginalize_inducing(
+        substitute(seed(model, key), data=data), None, *(node_rule or ())
+    )
     tr = trace(handler).get_trace(X_new, *args, **kwargs)
-    return tr, handler.moments, handler.branch_log_weights
+    return tr, handler.moments, handler.mixture_log_weights
 
 
 def _model_layers(
@@ -176,11 +169,11 @@ def _model_observation(
         found["likelihood"] = observation_kind(
             tr[found["name"]]["fn"], found["name"], "predict_from_samples"
         )
-        found["branches"] = None if log_weights is None else log_weights.shape[0]
+        found["components"] = None if log_weights is None else log_weights.shape[0]
         return 0
 
     jax.eval_shape(probe_tail)
-    return found["name"], found["likelihood"], found["branches"]
+    return found["name"], found["likelihood"], found["components"]
 
 
 def _check_sample_arrays(samples: Any) -> tuple[dict[str, jax.Array], int]:

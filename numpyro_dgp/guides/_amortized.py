@@ -8,7 +8,6 @@ Meng & Zhang 2024).
 
 from __future__ import annotations
 
-import zlib
 from typing import Any, Callable, NoReturn
 
 import jax
@@ -29,6 +28,8 @@ from numpyro_dgp.posteriors import (
     AMORTIZATION_RULES,
     AmortizedPosterior,
     CholeskyNormal,
+    check_points,
+    check_weights,
     quadrature_log_weights,
     quadrature_points,
 )
@@ -160,7 +161,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         self.amortized_sites: dict[str, int] = {}  # u-site -> encoder input width D
         super().__init__(model, prefix=prefix, **kwargs)
 
-    _accepts_amortized = True
+    encodes_inducing_sets = True
 
     def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
         super()._setup_prototype(*args, **kwargs)
@@ -202,14 +203,9 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         S = self.num_branches
         if self.rule != "AR2P":
             return None, jnp.full((S,), -np.log(S), dtype)
-        init = None
-        if isinstance(self.initial_points, dict):
-            init = self.initial_points.get(site.layer)
-        if init is None:
-            init = jax.random.normal(
-                jax.random.PRNGKey(zlib.crc32(site.layer.encode())), (S, site.out_dim), dtype
-            )
-        init = _check_points(site, jnp.asarray(init, dtype), S)
+        init = check_points(
+            self.initial_points, site.layer, S, site.out_dim, "AutoAmortizedDGP", dtype
+        )
         points = quadrature_points(f"{self.prefix}.{site.layer}.points", init, self.learn_points)
         log_weights = quadrature_log_weights(
             f"{self.prefix}.branch_logits", self.initial_weights, self.learn_points
@@ -284,14 +280,7 @@ def _check_amortized_options(
     if not float(init_scale) > 0:
         raise ValueError(f"AutoAmortizedDGP: init_scale must be positive, got {init_scale!r}")
     check_positive_int(hidden_width, "hidden_width", "AutoAmortizedDGP", allow_none=True)
-    if weights is None:
-        weights = np.full(int(num_branches), 1.0 / int(num_branches))
-    weights = np.asarray(weights, float)
-    if weights.shape != (int(num_branches),) or np.any(weights <= 0):
-        raise ValueError(
-            f"AutoAmortizedDGP: weights must be {num_branches} positive numbers, got {weights!r}"
-        )
-    return weights / weights.sum()
+    return check_weights(weights, int(num_branches), "AutoAmortizedDGP")
 
 
 def _encoder_width(site: dict) -> int:
@@ -311,16 +300,3 @@ def _check_has_amortized_layers(amortized_sites: dict[str, int]) -> None:
             "AutoAmortizedDGP: the model has no gp_layer with inducing='amortized'; use "
             "AutoFactorizedDGP (or build the layers with inducing='amortized')"
         )
-
-
-def _check_points(site: InducingSite, init: jax.Array, S: int) -> jax.Array:
-    """A layer's AR2P starting points: ``(S, P)``.
-
-    :raises ValueError: for another shape.
-    """
-    if init.shape != (S, site.out_dim):
-        raise ValueError(
-            f"AutoAmortizedDGP: points for layer {site.layer!r} must have shape "
-            f"({S}, {site.out_dim}), got {init.shape}"
-        )
-    return init

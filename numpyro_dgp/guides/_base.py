@@ -83,15 +83,15 @@ def _check_guide_options(
 
 
 def _check_inducing_site(
-    guide: str, name: str, site: dict, tag: InducingTag, accepts_amortized: bool
+    guide: str, name: str, site: dict, tag: InducingTag, encodes_inducing_sets: bool
 ) -> None:
     """A model's inducing site as a guide takes it: global ones outside data plates, per-point
-    ones (``inducing='amortized'``) only for a guide that ``accepts_amortized``.
+    ones (``inducing='amortized'``) only for a guide that ``encodes_inducing_sets``.
 
     :raises ValueError: otherwise.
     """
     if tag.inducing == "amortized":
-        if not accepts_amortized:
+        if not encodes_inducing_sets:
             raise ValueError(
                 f"{guide}: layer {tag.layer!r} has per-point "
                 "inducing sets (inducing='amortized'); use numpyro_dgp.guides.AutoAmortizedDGP"
@@ -151,7 +151,7 @@ class DGPGuide(AutoGuide):
     """
 
     #: whether the guide handles layers with per-point inducing sets (``inducing="amortized"``)
-    _accepts_amortized = False
+    encodes_inducing_sets = False
 
     def __init__(
         self,
@@ -249,7 +249,7 @@ class DGPGuide(AutoGuide):
             if tag is None:
                 continue
             P, M = site["value"].shape[-2:]
-            _check_inducing_site(type(self).__name__, name, site, tag, self._accepts_amortized)
+            _check_inducing_site(type(self).__name__, name, site, tag, self.encodes_inducing_sets)
             whiten = False if tag.inducing == "amortized" else tag.whiten
             sites.append((name, tag.layer, P, M, whiten, tag.inducing, site["value"].dtype))
         _check_has_inducing_sites(type(self).__name__, sites)

@@ -35,6 +35,9 @@ Other inference schemes:
   layers (AR2P for any guide).
 """
 
+from numpyro_dgp.handlers._base import PerRunMessenger as PerRunMessenger
+from numpyro_dgp.handlers._base import check_layer_supported as check_layer_supported
+from numpyro_dgp.handlers._base import check_observed_rows as check_observed_rows
 from numpyro_dgp.handlers._evaluation import coherent_layers, layer_inputs
 from numpyro_dgp.handlers._mcmc import (
     PARAMETERIZATIONS,

@@ -6,16 +6,23 @@ from types import TracebackType
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 from numpyro.handlers import block, seed, trace
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._protocol import FLOW, get_tag, message_layer, trace_layer_names
+from numpyro_dgp._protocol import LAYER_RULE, get_tag, message_layer, trace_layer_names
+from numpyro_dgp.layers import Layer
 
-__all__ = ["PerRunMessenger", "check_layer_supported", "last_layer_name"]
+__all__ = ["PerRunMessenger", "check_layer_supported", "last_layer_name", "check_observed_rows"]
 
 
 class PerRunMessenger(Messenger):
-    """A handler whose per-run state (layer order, grid outputs) is reset on every model run."""
+    """A handler whose per-run state (layer order, grid outputs) is reset on every model run
+    (and when it is built)."""
+
+    def __init__(self, fn: Callable | None = None) -> None:
+        self._reset()
+        super().__init__(fn)
 
     def __enter__(self) -> PerRunMessenger:
         """Reset the per-run state and push the handler on the stack."""
@@ -45,8 +52,9 @@ class PerRunMessenger(Messenger):
 
 
 def check_layer_supported(msg: dict, handler: str) -> None:
-    """Refuse a layer message ``handler`` cannot take: per-point inducing sets and SDE flows
-    (the same refusal for every handler that replaces a layer's computation).
+    """Refuse a layer message ``handler`` cannot take: per-point inducing sets and a layer
+    another handler's rule computes (the same refusal for every handler that replaces a
+    layer's computation).
 
     :raises NotImplementedError: for either.
     """
@@ -56,11 +64,28 @@ def check_layer_supported(msg: dict, handler: str) -> None:
             f"{handler}: layer {layer.name!r} has per-point inducing sets "
             f"(inducing='amortized'), which {handler} does not support"
         )
-    if get_tag(msg, FLOW) is not None:
+    rule = get_tag(msg, LAYER_RULE)
+    if rule is not None and rule.computes_layer:
         raise NotImplementedError(
-            f"{handler}: layer {layer.name!r} is an sde_flow layer, which {handler} does not "
-            "support"
+            f"{handler}: layer {layer.name!r} is {rule.what}, which {handler} does not support"
         )
+
+
+def check_observed_rows(msg: dict, layer: Layer, N: int, caller: str) -> jax.Array:
+    """The value of an observation site scored against ``layer``'s ``P`` outputs at ``N``
+    points, checked to be ``(N, P)`` (or ``(N,)`` for one output).
+
+    :raises ValueError: for another shape.
+    """
+    y = jnp.asarray(msg["value"])
+    P = layer.out_dim
+    if y.shape not in [(N, P)] + ([(N,)] if P == 1 else []):
+        raise ValueError(
+            f"{caller}: observation site {msg['name']!r} has shape {y.shape}; layer "
+            f"{layer.name!r} puts {P} output(s) at {N} points, so it must be ({N}, {P})"
+            + (f" or ({N},)" if P == 1 else "")
+        )
+    return y
 
 
 def last_layer_name(fn: Callable, args: tuple, kwargs: dict, handler: str) -> str:

@@ -40,7 +40,12 @@ from jax.typing import ArrayLike
 from numpyro_dgp._compat import lazy_param_initializer
 from numpyro_dgp._protocol import INDUCING, LAYER_MESSAGE, layer_call
 from numpyro_dgp.core import cholesky, jittered_cholesky
-from numpyro_dgp.handlers._base import PerRunMessenger, check_layer_supported, last_layer_name
+from numpyro_dgp.handlers._base import (
+    PerRunMessenger,
+    check_layer_supported,
+    check_observed_rows,
+    last_layer_name,
+)
 from numpyro_dgp.layers import Layer, layer_moments
 from numpyro_dgp.posteriors import unwrap_distribution
 
@@ -186,7 +191,6 @@ class exact_layers(PerRunMessenger):
         self.jitter = jitter
         self.collapse_last = bool(collapse_last)
         self._last_layer: str | None = None
-        self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -239,16 +243,9 @@ class exact_layers(PerRunMessenger):
             check_layer_supported(msg, type(self).__name__)
             msg["fn"] = self._exact
 
-    def _exact(
-        self,
-        layer: Layer,
-        X: jax.Array,
-        u: jax.Array,
-        *,
-        rng_key: jax.Array | None = None,
-        full_cov: bool = False,
-    ) -> jax.Array:
-        del u, rng_key, full_cov
+    def _exact(self, layer: Layer, X: jax.Array, u: jax.Array, **_: Any) -> jax.Array:
+        """The layer's value (its message's ``fn``): its exact output site, given nothing of
+        ``u`` or the message's key."""
         self.layer_order.append(layer.name)
         grid = self._grid_inputs
         if grid is not None and grid.shape[-1] != X.shape[-1]:
@@ -305,16 +302,8 @@ class exact_layers(PerRunMessenger):
                 f"likelihood {type(base).__name__}; only a Normal likelihood can be integrated "
                 f"against layer {layer.name!r}"
             )
-        y = jnp.asarray(msg["value"])
+        y = check_observed_rows(msg, layer, N, f"{type(self).__name__}(collapse_last=True)")
         P = layer.out_dim
-        allowed = [(N, P)] + ([(N,)] if P == 1 else [])
-        if y.shape not in allowed:
-            raise ValueError(
-                f"{type(self).__name__}(collapse_last=True): observation site {msg['name']!r} has "
-                "shape "
-                f"{y.shape}; layer {layer.name!r} puts {P} output(s) at {N} points, so it must be "
-                f"({N}, {P})" + (f" or ({N},)" if P == 1 else "")
-            )
         noise_var = jnp.broadcast_to(base.scale**2, y.shape).reshape(N, P)
         fn, grid = self._collapsed_parts(state, y, noise_var)
         msg["fn"] = dist.Independent(fn, msg["fn"].event_dim) if msg["fn"].event_dim else fn
@@ -435,7 +424,6 @@ class latent_conditionals(PerRunMessenger):
         _check_parameterization("latent_conditionals", parameterization)
         self.parameterization = parameterization
         self.full_cov = bool(full_cov)
-        self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -447,16 +435,8 @@ class latent_conditionals(PerRunMessenger):
             check_layer_supported(msg, "latent_conditionals")
             msg["fn"] = self._conditional
 
-    def _conditional(
-        self,
-        layer: Layer,
-        X: jax.Array,
-        u: jax.Array,
-        *,
-        rng_key: jax.Array | None = None,
-        full_cov: bool = False,
-    ) -> jax.Array:
-        del rng_key, full_cov
+    def _conditional(self, layer: Layer, X: jax.Array, u: jax.Array, **_: Any) -> jax.Array:
+        """The layer's value (its message's ``fn``): its output site given ``u``."""
         self.layer_order.append(layer.name)
         mean, var = layer_moments(layer, X, u, None, self.full_cov)
         if self.full_cov:
@@ -497,7 +477,6 @@ class collapse_last_layer(PerRunMessenger):
         self.layer = layer
         self.obs_site = obs_site
         self._found_last: str | None = None
-        self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:

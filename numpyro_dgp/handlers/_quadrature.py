@@ -7,44 +7,33 @@
 
 from __future__ import annotations
 
-import zlib
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike
 from numpyro.primitives import Messenger
 
-from numpyro_dgp._protocol import (
-    BRANCHES,
-    FLOW,
-    LAYER_MESSAGE,
-    BranchTag,
-    get_tag,
-    message_layer,
-    with_tag,
-)
+from numpyro_dgp._protocol import LAYER_MESSAGE, LAYER_RULE, get_tag, message_layer, with_tag
 from numpyro_dgp._validation import check_positive_int
-from numpyro_dgp.posteriors import quadrature_log_weights, quadrature_points
+from numpyro_dgp.posteriors import (
+    check_points,
+    check_weights,
+    quadrature_log_weights,
+    quadrature_points,
+)
 
 __all__ = ["quadrature"]
 
 
-def _check_weights(weights: ArrayLike | None, num_points: int) -> np.ndarray:
-    """``weights`` as floats (default uniform), checked to be ``num_points`` positive numbers
-    (:class:`quadrature`).
+class _WeightedPoints:
+    """The :class:`~numpyro_dgp._protocol.LayerRule` of a :class:`quadrature` layer: its
+    outputs become a weighted mixture at ``mixture = (points (S, P), log_weights (S,))``."""
 
-    :raises ValueError: otherwise.
-    """
-    if weights is None:
-        weights = np.full(num_points, 1.0 / num_points)
-    weights = np.asarray(weights, float)
-    if weights.shape != (num_points,) or np.any(weights <= 0):
-        raise ValueError(
-            f"quadrature: weights must be {num_points} positive numbers, got {weights!r}"
-        )
-    return weights
+    what = "a quadrature layer"
+    computes_layer = False
+
+    def __init__(self, mixture: tuple) -> None:
+        self.mixture = mixture
 
 
 class quadrature(Messenger):
@@ -84,10 +73,9 @@ class quadrature(Messenger):
         learnable: bool = True,
     ) -> None:
         check_positive_int(num_points, "num_points", "quadrature")
-        checked = _check_weights(weights, num_points)
+        self.weights = check_weights(weights, num_points, "quadrature")
         self.num_points = num_points
         self.points = points
-        self.weights = checked / checked.sum()
         self.learnable = bool(learnable)
         super().__init__(fn)
 
@@ -99,32 +87,18 @@ class quadrature(Messenger):
         :return: ``(S, P)`` points.
         :raises ValueError: if the given points do not have that shape.
         """
-        S = self.num_points
-        points = self.points
-        if isinstance(points, dict):
-            points = points.get(layer)
-        if points is None:
-            return jax.random.normal(jax.random.PRNGKey(zlib.crc32(layer.encode())), (S, out_dim))
-        points = jnp.asarray(points)
-        if points.ndim == 1:
-            points = jnp.broadcast_to(points[:, None], (S, out_dim))
-        if points.shape != (S, out_dim):
-            raise ValueError(
-                f"quadrature: points for layer {layer!r} must have shape ({S}, {out_dim}), "
-                f"got {points.shape}"
-            )
-        return points
+        return check_points(self.points, layer, self.num_points, out_dim, "quadrature")
 
     def process_message(self, msg: dict) -> None:
-        """Tag every layer message with its branch points and weights
-        (:class:`~numpyro_dgp._protocol.BranchTag`)."""
+        """Tag every layer message with its points and weights (its
+        :class:`~numpyro_dgp._protocol.LayerRule`)."""
         if msg["type"] != LAYER_MESSAGE:
             return
         layer = message_layer(msg)
-        if get_tag(msg, FLOW) is not None:
+        rule = get_tag(msg, LAYER_RULE)
+        if rule is not None and rule.computes_layer:
             raise NotImplementedError(
-                f"quadrature: layer {layer.name!r} is an sde_flow layer, which quadrature does not "
-                "branch"
+                f"quadrature: layer {layer.name!r} is {rule.what}, which quadrature does not branch"
             )
         # registered on every run (SVI's initial run is a plain model run); the last layer's
         # points go unused: marginalize_inducing integrates that layer by Gauss-Hermite
@@ -134,4 +108,4 @@ class quadrature(Messenger):
             self.learnable,
         )
         log_weights = quadrature_log_weights("quadrature.logits", self.weights, self.learnable)
-        with_tag(msg, BRANCHES, BranchTag(points, log_weights))
+        with_tag(msg, LAYER_RULE, _WeightedPoints((points, log_weights)))

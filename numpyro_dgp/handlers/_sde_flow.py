@@ -8,18 +8,18 @@
 
 from __future__ import annotations
 
-from functools import partial
-from typing import Callable, NamedTuple, cast
+from typing import Any, Callable, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from numpyro_dgp._protocol import FLOW, LAYER_MESSAGE, FlowTag, layer_call, with_tag
+from numpyro_dgp._protocol import LAYER_MESSAGE, LAYER_RULE, layer_call, with_tag
 from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.core import euler_maruyama
 from numpyro_dgp.handlers._base import PerRunMessenger
 from numpyro_dgp.layers import Layer, layer_moments
+from numpyro_dgp.posteriors import ChainLink, JointBlock
 
 __all__ = ["FLOW_ESTIMATORS", "FlowSpec", "sde_flow"]
 
@@ -29,8 +29,7 @@ FLOW_ESTIMATORS = ("marginal", "ancestral")
 
 
 class FlowSpec(NamedTuple):
-    """Settings of an :class:`sde_flow` layer (carried by its layer message's
-    :class:`~numpyro_dgp._protocol.FlowTag`).
+    """Settings of an :class:`sde_flow` layer (carried by its layer message's rule).
 
     :ivar layer: the flow layer's name.
     :ivar T: flow time.
@@ -93,19 +92,54 @@ def integrate_flow(
     return cast(jax.Array, out)  # record=False: euler_maruyama returns the end state alone
 
 
-def _flow_given_u(
-    spec: FlowSpec,
-    box: dict,
-    layer: Layer,
-    X: jax.Array,
-    u: jax.Array,
-    *,
-    rng_key: jax.Array,
-    full_cov: bool = False,
-) -> jax.Array:
-    """Default handling of a flow layer's message: drift and diffusion given the sampled ``u``."""
-    del full_cov  # the flow moves each point on its own
-    return integrate_flow(spec, box, layer, X, u, None, rng_key)
+class _FlowRule:
+    """The :class:`~numpyro_dgp._protocol.LayerRule` of an :class:`sde_flow` layer: the flow
+    computes the layer, and writes its recorded path into ``record`` (key ``"path"``)."""
+
+    what = "an sde_flow layer"
+    computes_layer = True
+    mixture = None
+
+    def __init__(self, spec: FlowSpec, record: dict) -> None:
+        self.spec = spec
+        self.record = record
+
+    def __call__(
+        self, layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array, **_: Any
+    ) -> jax.Array:
+        """A plain run's value of the layer: drift and diffusion given the sampled ``u``
+        (``full_cov`` is moot: the flow moves each point on its own)."""
+        return integrate_flow(self.spec, self.record, layer, X, u, None, rng_key)
+
+    def marginal_value(
+        self,
+        layer: Layer,
+        X: jax.Array,
+        u: jax.Array,
+        post: Any,
+        rng_key: jax.Array,
+        last: bool,
+    ) -> jax.Array:
+        """The layer's value under marginalized inducing values: the flow with the guide's
+        marginal moments (the ``"marginal"`` estimator) or the sampled inducing values
+        (``"ancestral"``, or no Gaussian guide over them).
+
+        :raises ValueError: for the model's last layer.
+        :raises NotImplementedError: for a guide that correlates the layers.
+        """
+        if last:
+            raise ValueError(
+                f"sde_flow: layer {layer.name!r} is the model's last gp_layer; a flow moves the "
+                "inputs of a predictor layer, so a gp_layer must follow it"
+            )
+        if isinstance(post, (ChainLink, JointBlock)):
+            raise NotImplementedError(
+                f"sde_flow: layer {layer.name!r} has a guide that correlates layers; the flow "
+                "supports guides with an independent Gaussian per layer "
+                "(AutoFactorizedDGP, AutoNormal)"
+            )
+        q_mean, q_sqrt = (u, None) if post is None or self.spec.estimator != "marginal" else post
+        return integrate_flow(self.spec, self.record, layer, X, q_mean, q_sqrt, rng_key)
 
 
 def _check_flow_settings(
@@ -186,15 +220,14 @@ class sde_flow(PerRunMessenger):
         self.spec = FlowSpec(
             layer, T_value, num_steps, estimator, bool(diffusion), bool(time_input), bool(record)
         )
-        self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
         self.layers_seen: list[str] = []
 
     def process_message(self, msg: dict) -> None:
-        """Tag the flow layer's message (:class:`~numpyro_dgp._protocol.FlowTag`) and make its
-        default handling the flow given the sampled ``u``."""
+        """Tag the flow layer's message with the flow's rule and make its default handling the
+        flow given the sampled ``u``."""
         if msg["type"] != LAYER_MESSAGE:
             return
         layer, X, _ = layer_call(msg)
@@ -225,10 +258,11 @@ class sde_flow(PerRunMessenger):
                 f"{layer.out_dim} outputs; a flow's vector field needs out_dim equal to the state "
                 f"width {state_dim}"
             )
-        box: dict[str, jax.Array] = {}
-        with_tag(msg, FLOW, FlowTag(self.spec, box))
-        # the recorded path lands in the box, which the trace keeps in the site's infer dict
-        msg["fn"] = partial(_flow_given_u, self.spec, box)
+        # the recorded path lands in the rule's record, which the trace keeps in the site's
+        # infer dict
+        rule = _FlowRule(self.spec, {})
+        with_tag(msg, LAYER_RULE, rule)
+        msg["fn"] = rule
 
     def _problem_after_run(self) -> str | None:
         if self.spec.layer not in self.layers_seen:

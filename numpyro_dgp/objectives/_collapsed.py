@@ -20,13 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
-from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.handlers import trace
 
+from numpyro_dgp._engine.run import guide_then_model
 from numpyro_dgp._engine.traces import layers_by_u_site
-from numpyro_dgp._protocol import BRANCHES, LAYER_MESSAGE, get_tag, layer_call
+from numpyro_dgp._protocol import LAYER_MESSAGE, LAYER_RULE, get_tag, layer_call
 from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import COLLAPSED_METHODS, collapsed_log_marginal
-from numpyro_dgp.handlers._base import PerRunMessenger, check_layer_supported
+from numpyro_dgp.handlers import PerRunMessenger, check_layer_supported, check_observed_rows
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.objectives._base import Objective
 from numpyro_dgp.posteriors import unwrap_distribution
@@ -89,7 +90,6 @@ class collapse_sparse_layer(PerRunMessenger):
         check_choice(method, COLLAPSED_METHODS, "method", caller)
         self.method = method
         self.caller = caller
-        self._reset()
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -118,7 +118,7 @@ class collapse_sparse_layer(PerRunMessenger):
                     "DGPElbo or NestedCompressionElbo"
                 )
             check_layer_supported(msg, self.caller)
-            if layer.inducing != "global" or get_tag(msg, BRANCHES) is not None or X.ndim != 2:
+            if layer.inducing != "global" or get_tag(msg, LAYER_RULE) is not None or X.ndim != 2:
                 raise NotImplementedError(
                     f"{self.caller}: layer {layer.name!r} has inducing={layer.inducing!r}, "
                     "branches or branched inputs; the collapsed objective needs global inducing "
@@ -147,15 +147,8 @@ class collapse_sparse_layer(PerRunMessenger):
                 "subsampled plate?); the collapsed objective couples all points and needs the full "
                 "data in every step; use DGPElbo for minibatches"
             )
-        y = jnp.asarray(msg["value"])
         N, P = X.shape[0], layer.out_dim
-        allowed = [(N, P)] + ([(N,)] if P == 1 else [])
-        if y.shape not in allowed:
-            raise ValueError(
-                f"{self.caller}: observation site {msg['name']!r} has shape {y.shape}; layer "
-                f"{layer.name!r} puts {P} output(s) at {N} points, so it must be ({N}, {P})"
-                + (f" or ({N},)" if P == 1 else "")
-            )
+        y = check_observed_rows(msg, layer, N, self.caller)
         loc = jnp.broadcast_to(base.loc, y.shape).reshape(N, P)
         noise_var = jnp.broadcast_to(base.scale**2, y.shape).reshape(N, P)
         if layer.noise is not None:
@@ -235,15 +228,8 @@ class CollapsedSparseGP(Objective):
             ``log p - log q`` of the other latent sites; the objective is their sum.
         :raises ValueError: if the guide samples the inducing values or misses a latent site.
         """
-        guide_key, model_key = jax.random.split(rng_key)
-        guide_trace = trace(substitute(seed(guide, guide_key), data=param_map)).get_trace(
-            *args, **kwargs
-        )
-        handler = collapse_sparse_layer(
-            substitute(replay(seed(model, model_key), guide_trace), data=param_map),
-            self.method,
-            "CollapsedSparseGP",
-        )
+        guide_trace, seeded = guide_then_model(model, guide, param_map, rng_key, args, kwargs)
+        handler = collapse_sparse_layer(seeded, self.method, "CollapsedSparseGP")
         model_trace = trace(handler).get_trace(*args, **kwargs)
         u_sites = set(layers_by_u_site(model_trace))
         _check_guide_sites(model_trace, guide_trace, u_sites)

@@ -24,7 +24,7 @@ from jax.typing import ArrayLike
 from numpyro_dgp._engine.observation import closed_form_log_prob, needs_closed_form, unwrap
 from numpyro_dgp._engine.run import MarginalRun, marginal_trace
 from numpyro_dgp._engine.traces import layers_by_u_site, site_posterior, uses_inducing_locations
-from numpyro_dgp._protocol import AMORTIZED_KL, IMPORTANCE_LOG_WEIGHTS, QUADRATURE_AXIS, get_tag
+from numpyro_dgp._protocol import IMPORTANCE_LOG_WEIGHTS, LOCAL_KL, NODE_AXIS, get_tag
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.core import (
     block_covariances,
@@ -36,7 +36,6 @@ from numpyro_dgp.core import (
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.objectives._base import Objective
 from numpyro_dgp.posteriors import (
-    AmortizedPosterior,
     ChainLink,
     JointBlock,
     gaussian_parameters,
@@ -46,28 +45,28 @@ from numpyro_dgp.posteriors import (
 __all__ = ["DGPElbo"]
 
 
-def _reduce_branches(
-    x: jax.Array, plate_ndim: int, branch_log_weights: jax.Array | None
+def _reduce_mixture(
+    x: jax.Array, plate_ndim: int, mixture_log_weights: jax.Array | None
 ) -> jax.Array:
     """Average a leading branch axis of ``x`` with the branch weights, if it is there."""
     if (
-        branch_log_weights is None
+        mixture_log_weights is None
         or jnp.ndim(x) <= plate_ndim
-        or jnp.shape(x)[0] != branch_log_weights.shape[0]
+        or jnp.shape(x)[0] != mixture_log_weights.shape[0]
     ):
         return x
-    return jnp.tensordot(jax.nn.softmax(branch_log_weights).astype(x.dtype), x, axes=(0, 0))
+    return jnp.tensordot(jax.nn.softmax(mixture_log_weights).astype(x.dtype), x, axes=(0, 0))
 
 
 def plate_ndim(site: dict) -> int:
     return max([-f.dim for f in site["cond_indep_stack"]] + [0])
 
 
-def has_quadrature_axis(site: dict, lp: jax.Array, weights: ArrayLike) -> bool:
+def has_node_axis(site: dict, lp: jax.Array, weights: ArrayLike) -> bool:
     """Whether ``lp`` (a site's log-density) carries the last layer's quadrature axis in front:
     sites after the last layer do when they depend on its output; one that does not has no
     such axis."""
-    if not get_tag(site, QUADRATURE_AXIS):
+    if not get_tag(site, NODE_AXIS):
         return False
     batch_ndim = max(
         [-f.dim for f in site["cond_indep_stack"]] + [len(site["fn"].batch_shape) - 1, 0]
@@ -76,14 +75,14 @@ def has_quadrature_axis(site: dict, lp: jax.Array, weights: ArrayLike) -> bool:
 
 
 def weighted_log_prob(
-    site: dict, weights: ArrayLike, branch_log_weights: jax.Array | None = None
+    site: dict, weights: ArrayLike, mixture_log_weights: jax.Array | None = None
 ) -> jax.Array:
     """Site log-density summed over its plates, averaging the quadrature axis and then the
     branch axis (:class:`numpyro_dgp.handlers.quadrature`, amortized guides) if present."""
     lp = site["fn"].log_prob(site["value"])
-    if has_quadrature_axis(site, lp, weights):
+    if has_node_axis(site, lp, weights):
         lp = jnp.tensordot(jnp.asarray(weights, lp.dtype), lp, axes=(0, 0))
-        lp = _reduce_branches(lp, plate_ndim(site), branch_log_weights)
+        lp = _reduce_mixture(lp, plate_ndim(site), mixture_log_weights)
     if site["scale"] is not None:
         lp = site["scale"] * lp
     return jnp.sum(lp)
@@ -225,7 +224,7 @@ def objective_terms(
         layer; for a site the guide draws through an auxiliary site whose density this
         objective does not score; for a point-mass ``q(u)`` under ``PredictiveObjective``.
     """
-    guide_trace, model_trace, weights = run.guide_trace, run.model_trace, run.quadrature_weights
+    guide_trace, model_trace, weights = run.guide_trace, run.model_trace, run.node_weights
     layers = layers_by_u_site(model_trace)
     locations = uses_inducing_locations(model_trace)
     observed = {}
@@ -241,10 +240,10 @@ def objective_terms(
         site_kl = None
         if get_tag(site, IMPORTANCE_LOG_WEIGHTS) is not None:
             continue  # a latent input drawn K times: weighted inside the importance-weighted bound
-        amortized_kl = get_tag(site, AMORTIZED_KL)
-        if amortized_kl is not None:
-            # per-point KLs of an amortized layer (branch axis first under rule AR1)
-            per_point = _reduce_branches(amortized_kl, plate_ndim(site), run.branch_log_weights)
+        local_kl = get_tag(site, LOCAL_KL)
+        if local_kl is not None:
+            # per-point KLs of per-point inducing sets (mixture axis first under rule AR1)
+            per_point = _reduce_mixture(local_kl, plate_ndim(site), run.mixture_log_weights)
             scale = site["scale"] if site["scale"] is not None else 1.0
             kl = kl + jnp.sum(scale * per_point)
             continue
@@ -263,11 +262,11 @@ def objective_terms(
             kl = kl + (site["scale"] if site["scale"] is not None else 1.0) * site_kl
         else:
             _check_other_site(name, site, guide_trace, name in layers, objective, run.guide_name)
-            branch = run.branch_log_weights
+            mixture = run.mixture_log_weights
             other = (
                 other
-                + weighted_log_prob(site, weights, branch)
-                - weighted_log_prob(guide_trace[name], weights, branch)
+                + weighted_log_prob(site, weights, mixture)
+                - weighted_log_prob(guide_trace[name], weights, mixture)
             )
     return observed, kl, other
 
@@ -281,7 +280,7 @@ def _check_other_site(
 
     :raises ValueError: naming the site.
     """
-    if get_tag(site, QUADRATURE_AXIS):
+    if get_tag(site, NODE_AXIS):
         raise ValueError(
             f"{objective}: latent site {name!r} comes after the last GP layer; "
             "only observed sites may depend on the last layer's output. Use Trace_ELBO."
@@ -309,7 +308,7 @@ def _check_sampled_site(
         for n, s in guide_trace.items()
         if s["type"] == "sample"
         and (s.get("infer") or {}).get("is_auxiliary")
-        and not isinstance(getattr(s["fn"], "posterior", None), AmortizedPosterior)
+        and not hasattr(getattr(s["fn"], "posterior", None), "mixture")  # an encoder's site
     ]
     if auxiliary:
         raise ValueError(
@@ -337,8 +336,8 @@ def _expected_log_likelihood(site: dict, run: MarginalRun, objective: str = "DGP
     lp = closed_form_log_prob(site, run.last_output, run.moments.get(last), run.correlated_outputs)
     if lp is None:
         refuse_without_closed_form(site, objective)
-        return weighted_log_prob(site, run.quadrature_weights, run.branch_log_weights)
-    lp = _reduce_branches(lp, plate_ndim(site), run.branch_log_weights)
+        return weighted_log_prob(site, run.node_weights, run.mixture_log_weights)
+    lp = _reduce_mixture(lp, plate_ndim(site), run.mixture_log_weights)
     if site["scale"] is not None:
         lp = site["scale"] * lp
     return jnp.sum(lp)
@@ -355,15 +354,15 @@ def expected_log_prob(
         return lp
     refuse_without_closed_form(site, objective)
     lp = site["fn"].log_prob(site["value"])
-    if has_quadrature_axis(site, lp, run.quadrature_weights):
-        lp = jnp.tensordot(jnp.asarray(run.quadrature_weights, lp.dtype), lp, axes=(0, 0))
+    if has_node_axis(site, lp, run.node_weights):
+        lp = jnp.tensordot(jnp.asarray(run.node_weights, lp.dtype), lp, axes=(0, 0))
     return lp
 
 
 def refuse_without_closed_form(site: dict, objective: str) -> None:
     """A likelihood that is piecewise constant in ``f`` (the robust max) has no gradient at
     nodes: without its closed form the objective would silently stop training the layers."""
-    if get_tag(site, QUADRATURE_AXIS) and needs_closed_form(site):
+    if get_tag(site, NODE_AXIS) and needs_closed_form(site):
         raise ValueError(
             f"{objective}: observation site {site['name']!r} "
             f"({type(unwrap(site['fn']).base).__name__}) is piecewise constant in the last layer, "
@@ -443,16 +442,8 @@ class DGPElbo(Objective):
         :return: ``{"expected_log_likelihood", "kl_inducing", "other"}``; the ELBO is
             ``expected_log_likelihood - kl_inducing + other``.
         """
-        run = marginal_trace(
-            model,
-            guide,
-            param_map,
-            rng_key,
-            args,
-            kwargs,
-            self.num_quadrature,
-            num_samples=self.num_likelihood_samples,
-        )
+        rule = (self.num_quadrature, "DGPElbo", self.num_likelihood_samples)
+        run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, *rule)
         observed, kl, other = objective_terms(run)
         ell = sum(_expected_log_likelihood(site, run) for site in observed.values())
         return {"expected_log_likelihood": ell, "kl_inducing": kl, "other": other}

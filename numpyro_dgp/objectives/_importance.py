@@ -39,6 +39,8 @@ from numpyro_dgp.objectives._dsvi import expected_log_prob, objective_terms, pla
 
 __all__ = ["ImportanceWeightedElbo"]
 
+_NAME = "ImportanceWeightedElbo"
+
 
 def _common_scale(scales: dict) -> Any:
     """The one plate scale of the sites inside the importance average (their sum per draw is
@@ -116,18 +118,8 @@ class ImportanceWeightedElbo(Objective):
             ``importance_weighted_log_likelihood - kl_inducing + other``.
         """
         K = self.num_importance
-        run = marginal_trace(
-            model,
-            guide,
-            param_map,
-            rng_key,
-            args,
-            kwargs,
-            self.num_quadrature,
-            objective="ImportanceWeightedElbo",
-            num_samples=self.num_likelihood_samples,
-            num_importance=K,
-        )
+        rule = (self.num_quadrature, _NAME, self.num_likelihood_samples, K)
+        run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, *rule)
         observed, kl, other = objective_terms(run, "ImportanceWeightedElbo")
         log_weights = sum(
             get_tag(site, IMPORTANCE_LOG_WEIGHTS)

@@ -18,8 +18,7 @@ import jax.numpy as jnp
 import numpyro.distributions as dist
 
 from numpyro_dgp._engine.moments import moment_trace
-from numpyro_dgp._engine.run import MarginalRun
-from numpyro_dgp._protocol import QUADRATURE_AXIS, get_tag
+from numpyro_dgp._protocol import NODE_AXIS, get_tag
 from numpyro_dgp.objectives._base import Objective
 from numpyro_dgp.objectives._dsvi import objective_terms, weighted_log_prob
 from numpyro_dgp.posteriors import unwrap_distribution
@@ -32,7 +31,7 @@ _NAME = "NestedCompressionElbo"
 def _tail_scale(observed: dict) -> Any:
     """The plate scale shared by the observation sites after the last layer (``N / B`` when the
     data plate subsamples): the inner layers' penalties are sums over the same points."""
-    tail = {name: site for name, site in observed.items() if get_tag(site, QUADRATURE_AXIS)}
+    tail = {name: site for name, site in observed.items() if get_tag(site, NODE_AXIS)}
     if not tail:
         raise ValueError(
             f"{_NAME}: no observed sample site follows the last gp_layer; the bound needs the "
@@ -155,29 +154,11 @@ class NestedCompressionElbo(Objective):
         :return: ``{"expected_log_likelihood", "inner_penalty", "kl_inducing", "other"}``; the
             bound is ``expected_log_likelihood - inner_penalty - kl_inducing + other``.
         """
-        run = moment_trace(
-            model,
-            guide,
-            param_map,
-            rng_key,
-            args,
-            kwargs,
-            "bound",
-            2,
-            _NAME,
-            self.propagate_inducing_variance,
-        )
-        as_marginal = MarginalRun(
-            run.guide_trace,
-            run.model_trace,
-            run.posteriors,
-            run.moments,
-            run.layer_order,
-            run.quadrature_weights,
-        )
-        observed, kl, other = objective_terms(as_marginal, _NAME)
+        options = ("bound", 2, _NAME, self.propagate_inducing_variance)
+        run = moment_trace(model, guide, param_map, rng_key, args, kwargs, *options)
+        observed, kl, other = objective_terms(run, _NAME)
         scale = _tail_scale(observed)
-        ell = sum(weighted_log_prob(site, run.quadrature_weights) for site in observed.values())
+        ell = sum(weighted_log_prob(site, run.node_weights) for site in observed.values())
         penalty = (
             scale * sum(run.penalties) if run.penalties else jnp.zeros((), jnp.result_type(ell))
         )

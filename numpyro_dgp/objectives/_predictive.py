@@ -24,7 +24,7 @@ from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.objectives._base import Objective
 from numpyro_dgp.objectives._dsvi import (
-    has_quadrature_axis,
+    has_node_axis,
     objective_terms,
     plate_ndim,
     refuse_without_closed_form,
@@ -34,7 +34,7 @@ __all__ = ["PredictiveObjective"]
 
 
 def _log_predictive(
-    site: dict, weights: ArrayLike, branch_log_weights: jax.Array | None = None
+    site: dict, weights: ArrayLike, mixture_log_weights: jax.Array | None = None
 ) -> tuple[jax.Array, ArrayLike]:
     """Per-point ``log E[p(y | f)]`` of an observed site over the last layer's marginal, with
     the site's plate scale; shape: the site's batch shape. With branches (a leading branch
@@ -47,7 +47,7 @@ def _log_predictive(
     scale = site["scale"] if site["scale"] is not None else 1.0
     fn, value = site["fn"], site["value"]
     lp = fn.log_prob(value)
-    if not has_quadrature_axis(site, lp, weights):
+    if not has_node_axis(site, lp, weights):
         return lp, scale
     refuse_without_closed_form(site, "PredictiveObjective")
     parts = unwrap(fn)
@@ -68,11 +68,11 @@ def _log_predictive(
         w = jnp.reshape(jnp.asarray(weights, lp.dtype), (-1,) + (1,) * (lp.ndim - 1))
         lp = logsumexp(lp, axis=0, b=w)
     if (
-        branch_log_weights is not None
+        mixture_log_weights is not None
         and lp.ndim > plate_ndim(site)
-        and lp.shape[0] == branch_log_weights.shape[0]
+        and lp.shape[0] == mixture_log_weights.shape[0]
     ):
-        log_w = jax.nn.log_softmax(branch_log_weights).astype(lp.dtype)
+        log_w = jax.nn.log_softmax(mixture_log_weights).astype(lp.dtype)
         lp = logsumexp(lp + log_w.reshape((-1,) + (1,) * (lp.ndim - 1)), axis=0)
     return lp, scale
 
@@ -169,21 +169,12 @@ class PredictiveObjective(Objective):
         """
 
         def one(key):
-            run = marginal_trace(
-                model,
-                guide,
-                param_map,
-                key,
-                args,
-                kwargs,
-                self.num_quadrature,
-                objective="PredictiveObjective",
-                num_samples=self.num_likelihood_samples,
-            )
+            rule = (self.num_quadrature, "PredictiveObjective", self.num_likelihood_samples)
+            run = marginal_trace(model, guide, param_map, key, args, kwargs, *rule)
             observed, kl, other = objective_terms(run, "PredictiveObjective")
             per_point = {}
             for name, site in observed.items():
-                lp, scale = _log_predictive(site, run.quadrature_weights, run.branch_log_weights)
+                lp, scale = _log_predictive(site, run.node_weights, run.mixture_log_weights)
                 per_point[name] = (lp, jnp.asarray(scale, lp.dtype))
             return per_point, kl, other
 

@@ -19,7 +19,7 @@ from scipy.stats import norm
 
 import numpyro_dgp as dgp
 from numpyro_dgp._engine.run import marginal_trace
-from numpyro_dgp._protocol import AMORTIZED_KL, get_tag
+from numpyro_dgp._protocol import LOCAL_KL, get_tag
 from numpyro_dgp.core import gauss_hermite
 from numpyro_dgp.guides import AutoAmortizedDGP, AutoFactorizedDGP
 from numpyro_dgp.handlers import quadrature
@@ -202,7 +202,7 @@ def test_quadrature_handler_gives_gauss_hermite_for_a_factorized_guide():
     parts = dgp.DGPElbo().components(jax.random.PRNGKey(0), params, model, guide, X, y)
 
     run = marginal_trace(model, guide, params, jax.random.PRNGKey(0), (X, y), {})
-    assert run.branch_log_weights.shape == (40,)
+    assert run.mixture_log_weights.shape == (40,)
     layers = {s["args"][0].name: s["args"][0] for s in run.model_trace.values() if s["type"] == "dgp_layer"}
     m1, v1 = [np.asarray(a)[:, 0] for a in run.moments["h1"]]
     post2 = run.posteriors["h2.u"]
@@ -242,7 +242,7 @@ def test_predictive_objective_and_predict_are_the_weighted_branch_mixture():
     run = marginal_trace(model, guide, params, key, (X, y), {})
     m, v = [np.asarray(a)[..., 0] for a in run.moments["h2"]]  # (S, N)
     assert m.shape == (4, 6)
-    w = np.asarray(jax.nn.softmax(run.branch_log_weights))
+    w = np.asarray(jax.nn.softmax(run.mixture_log_weights))
     log_pred = np.log(np.sum(w[:, None] * norm.pdf(np.asarray(y), m, np.sqrt(v + 0.1)), axis=0)).sum()
     parts = dgp.PredictiveObjective(num_particles=1).components(key, params, model, guide, X, y)
     np.testing.assert_allclose(parts["log_predictive"], log_pred, rtol=1e-10)
@@ -276,10 +276,10 @@ def test_monte_carlo_rules_shapes_and_encoder_inputs(rule):
     assert h1.shape == (3, 6, 1)
     if rule == "AR1":  # the encoder sees every branch; one inducing set per branch
         np.testing.assert_allclose(p2, h1)
-        assert get_tag(run.model_trace["h2.u"], AMORTIZED_KL).shape == (3, 6)
+        assert get_tag(run.model_trace["h2.u"], LOCAL_KL).shape == (3, 6)
     else:  # the mean of the branch means
         np.testing.assert_allclose(p2, run.moments["h1"][0], rtol=1e-12)
-        assert get_tag(run.model_trace["h2.u"], AMORTIZED_KL).shape == (6,)
+        assert get_tag(run.model_trace["h2.u"], LOCAL_KL).shape == (6,)
     loss = dgp.DGPElbo().loss(jax.random.PRNGKey(1), params, model, guide, X, y)
     assert np.isfinite(loss)
 
