@@ -9,9 +9,10 @@ inside the rendered word "DGP".
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from numpyro_dgp.datasets import Dataset, _numpy_rng
+from numpyro_dgp.datasets import Dataset
 
 __all__ = ["letters_classification"]
 
@@ -64,7 +65,10 @@ def letters_classification(
         crossings = sum(poly.contains_points(X).astype(int) for poly in outlines)
         return (crossings % 2).astype(np.float64)
 
-    rng = _numpy_rng(rng_key)
+    # a NumPy generator seeded from the key: float64 data whether or not jax_enable_x64 is set
+    rng = np.random.default_rng(
+        [int(s) for s in np.asarray(jax.random.bits(rng_key, (4,), jnp.uint32))]
+    )
     X_train = rng.uniform(0, 1, (int(num_train), 2))
     X_test = rng.uniform(0, 1, (int(num_test), 2))
     return Dataset(X_train, label(X_train), X_test, label(X_test), "letters")
