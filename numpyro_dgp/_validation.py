@@ -17,31 +17,6 @@ import numpy as np
 
 from numpyro_dgp.kernels import Kernel
 
-__all__ = [
-    "InputScaleWarning",
-    "MEAN_FUNCTIONS",
-    "SCALE_LIMITS",
-    "TARGET_LIMITS",
-    "TargetScaleWarning",
-    "as_float_array",
-    "check_choice",
-    "check_directory",
-    "check_file",
-    "check_finite",
-    "check_kernel",
-    "check_mean",
-    "check_model_args",
-    "check_mapping",
-    "check_rows",
-    "non_finite_entries",
-    "check_positive_int",
-    "check_positive_number",
-    "concrete",
-    "is_array",
-    "warn_if_not_standardized",
-    "warn_if_target_not_standardized",
-]
-
 #: The named mean functions ``gp_layer(..., mean=...)`` accepts (besides a callable).
 MEAN_FUNCTIONS = ("zero", "identity", "linear")
 

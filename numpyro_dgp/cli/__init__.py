@@ -37,12 +37,12 @@ starts training without compiling.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
-from numpyro_dgp.cli._parser import LIKELIHOODS, add_subcommands
 from numpyro_dgp.cli._table import (
     CONTINUOUS,
     check_feature_columns,
@@ -58,6 +58,194 @@ from numpyro_dgp.cli._table import (
 )
 
 __all__ = ["build_parser", "main"]
+
+
+def _argument(convert: Callable[[str], Any], ok: Callable[[Any], bool], must: str) -> Callable:
+    """An argparse ``type``: ``convert(text)``, refused as an argument error when it fails or
+    ``ok`` of its value is false."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {must}, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive_int = _argument(int, lambda v: v >= 1, "a positive integer")
+_non_negative_int = _argument(int, lambda v: v >= 0, "an integer >= 0")
+_positive_float = _argument(float, lambda v: math.isfinite(v) and v > 0, "a finite positive number")
+_fraction = _argument(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+_quantile_list = _argument(
+    lambda text: [float(v) for v in text.split(",") if v.strip()],
+    lambda values: values and all(0 < v < 1 for v in values),
+    "comma-separated numbers in (0, 1) such as 0.025,0.975",
+)
+_target_list = _argument(
+    lambda text: [name.strip() for name in text.split(",")],
+    all,
+    "a column name or comma-separated names",
+)
+
+
+def _parse_splits(text: str) -> list[int]:
+    from numpyro_dgp.datasets import parse_splits  # NumPy only: before JAX loads
+
+    try:
+        return parse_splits(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+#: ``--likelihood`` -> the factories' name (:data:`numpyro_dgp.models.LIKELIHOODS`)
+LIKELIHOODS = {
+    "normal": "gaussian",
+    "probit": "probit",
+    "softmax": "softmax",
+    "robust-max": "robust_max",
+    "student-t": "student_t",
+    "poisson": "poisson",
+    "negative-binomial": "negative_binomial",
+    "heteroscedastic": "heteroscedastic",
+}
+
+#: the options several subcommands share: flag -> ``add_argument``'s keywords
+_SHARED: dict[str, dict[str, Any]] = {
+    "--layers": dict(type=_positive_int, default=2, help="GP layers"),
+    "--num-inducing": dict(type=_positive_int, default=100, help="M per layer"),
+    "--steps": dict(type=_positive_int, default=5000, help="training steps"),
+    "--batch-size": dict(type=_positive_int, default=1000, help="minibatch size"),
+    "--lr": dict(type=_positive_float, default=0.01, help="Adam's learning rate (> 0)"),
+    "--seed": dict(type=_non_negative_int, default=0, help="random seed"),
+    "--float32": dict(action="store_true", help="single precision (else float64)"),
+}
+
+
+def _add(parser: argparse.ArgumentParser, *flags: str, **options: Any) -> None:
+    """Add an argument: a shared one of :data:`_SHARED` (``options`` override its keywords) or
+    a new one; a default its help does not state is appended to it."""
+    options = {**_SHARED.get(flags[0], {}), **options}
+    stated = "default" in options["help"] or options.get("action") == "store_true"
+    if options.get("default") is not None and not stated:
+        options["help"] += " (default: %(default)s)"
+    parser.add_argument(*flags, **options)
+
+
+def _add_demo(demo: argparse.ArgumentParser) -> None:
+    """The arguments of ``demo``."""
+    _add(demo, "--steps", default=3000, help="training steps per model")
+    _add(demo, "--seed")
+    _add(demo, "--output-dir", default="demo_output", help="folder of the PNG (created if missing)")
+    _add(demo, "--float32")
+
+
+def _add_uci(uci: argparse.ArgumentParser) -> None:
+    """The arguments of ``uci``."""
+    _add(
+        uci,
+        "--dataset",
+        required=True,
+        help="a data set folder under --data-dir (e.g. kin8nm, boston, concrete, energy, power, "
+        "wine, yacht, or any other folder in the standard split layout), or the path of such a "
+        "folder",
+    )
+    _add(uci, "--splits", type=_parse_splits, default=[0], help="e.g. 0-4 or 0,3,7 (default: 0)")
+    _add(uci, "--layers")
+    _add(uci, "--num-inducing", help="M per layer (at most the number of training points)")
+    for flag in ("--steps", "--batch-size", "--lr"):
+        _add(uci, flag)
+    _add(uci, "--data-dir", help="folder holding the data sets (default: $NUMPYRO_DGP_DATA)")
+    _add(uci, "--float32")
+
+
+def _add_fit(fit: argparse.ArgumentParser) -> None:
+    """The arguments of ``fit``."""
+    _add(fit, "data", help="a CSV file with a header row, or an .npz of named columns")
+    _add(
+        fit,
+        "--target",
+        required=True,
+        metavar="COLUMN[,COLUMN...]",
+        type=_target_list,
+        help="the column to predict, or several separated by commas (one model for all); every "
+        "other column is a feature",
+    )
+    _add(
+        fit,
+        "--output",
+        required=True,
+        metavar="MODEL_DIR",
+        help="the model directory to write (new, or see --overwrite); checked before the fit",
+    )
+    _add(fit, "--layers")
+    _add(fit, "--num-inducing")
+    _add(fit, "--hidden-width", type=_positive_int, help="inner-layer width (default: D)")
+    _add(fit, "--steps")
+    _add(fit, "--batch-size", help="minibatch size (full batch below)")
+    _add(fit, "--lr")
+    _add(
+        fit,
+        "--likelihood",
+        choices=tuple(LIKELIHOODS),
+        metavar="NAME",
+        default="normal",
+        help="normal or heteroscedastic (regression), student-t (robust regression), probit "
+        "(target 0/1), softmax or robust-max (target 0..C-1), poisson or negative-binomial "
+        "(counts)",
+    )
+    _add(
+        fit,
+        "--missing-targets",
+        choices=("raise", "mask"),
+        default="raise",
+        help="mask: empty or NaN target cells are left out of the likelihood (default: raise, "
+        "refused by name)",
+    )
+    _add(
+        fit,
+        "--test-fraction",
+        type=_fraction,
+        default=0.0,
+        help="hold out this fraction of rows (at random) and print metrics on them",
+    )
+    _add(fit, "--seed")
+    _add(fit, "--float32")
+    _add(
+        fit,
+        "--overwrite",
+        action="store_true",
+        help="replace an existing model directory written by numpyro-dgp (never a file, a "
+        "folder of your own or an input)",
+    )
+    _add(fit, "--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_predict(predict: argparse.ArgumentParser) -> None:
+    """The arguments of ``predict``."""
+    _add(predict, "model_dir", help="a model directory written by 'numpyro-dgp fit' or save_model")
+    _add(predict, "data", help="a CSV or .npz table with the model's feature columns")
+    _add(
+        predict,
+        "--output",
+        required=True,
+        metavar="CSV",
+        help="the CSV file to write, one row per input row (its 0-based index in 'row')",
+    )
+    _add(predict, "--num-samples", type=_positive_int, default=100, help="mixture components")
+    _add(predict, "--batch-size", default=10_000, help="rows predicted at a time")
+    _add(
+        predict,
+        "--quantiles",
+        type=_quantile_list,
+        default=[0.025, 0.975],
+        help="comma-separated levels (regression; default: 0.025,0.975)",
+    )
+    _add(predict, "--seed")
+    _add(predict, "--overwrite", action="store_true", help="replace an existing --output file")
 
 
 def _setup_jax(float32: bool) -> None:
@@ -321,6 +509,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+#: subcommand -> its help, the function adding its arguments and the function running it
+_SUBCOMMANDS = {
+    "demo": ("fit a DGP to the built-in step function and plot each layer", _add_demo, cmd_demo),
+    "uci": ("DSVI on UCI regression splits", _add_uci, cmd_uci),
+    "fit": (
+        "fit a DGP to your own table (CSV with a header row, or .npz) and save it",
+        _add_fit,
+        cmd_fit,
+    ),
+    "predict": ("predict with a saved model; writes a CSV", _add_predict, cmd_predict),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``numpyro-dgp`` command, with the subcommands ``demo``,
     ``uci``, ``fit`` and ``predict``; each sets ``func`` to the function that runs it.
@@ -332,8 +533,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Deep Gaussian processes on NumPyro.",
         epilog="'numpyro-dgp COMMAND --help' lists a command's options.",
     )
-    commands = {"demo": cmd_demo, "uci": cmd_uci, "fit": cmd_fit, "predict": cmd_predict}
-    add_subcommands(parser, commands)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, add_arguments, run) in _SUBCOMMANDS.items():
+        command = sub.add_parser(name, help=help_text)
+        add_arguments(command)
+        command.set_defaults(func=run)
     return parser
 
 

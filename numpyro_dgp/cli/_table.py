@@ -56,42 +56,6 @@ def _check_target_values(y: np.ndarray, likelihood: str, targets: list[str]) -> 
     return int(values.max()) + 1
 
 
-def _check_label_targets(option: str, likelihood: str, targets: list[str]) -> None:
-    """Raise if a likelihood of labels (``--likelihood option``) is given several target columns.
-
-    :raises ValueError: otherwise.
-    """
-    if len(targets) > 1 and likelihood in ("probit", "softmax", "robust_max"):
-        raise ValueError(
-            f"--likelihood {option} takes one --target column of labels, got {targets}"
-        )
-
-
-def _check_missing_targets(data: str, y: np.ndarray, targets: list[str], masked: bool) -> None:
-    """Raise if a target column has missing values (NaN) and they are not to be masked.
-
-    :raises ValueError: naming the columns.
-    """
-    import numpy as np
-
-    N = y.shape[0]
-    gaps = [name for j, name in enumerate(targets) if np.isnan(y.reshape(N, -1)[:, j]).any()]
-    if gaps and not masked:
-        raise ValueError(
-            f"{data}: target column(s) {gaps} have missing values; pass --missing-targets mask to "
-            "leave them out of the likelihood"
-        )
-
-
-def _check_training_rows(num_train: int, test_fraction: float, N: int) -> None:
-    """Raise if ``--test-fraction`` leaves fewer than two of the ``N`` rows for training.
-
-    :raises ValueError: otherwise.
-    """
-    if num_train < 2:
-        raise ValueError(f"--test-fraction {test_fraction} leaves {num_train} training rows of {N}")
-
-
 def check_inducing(num_inducing: int, num_train: int, where: str) -> None:
     """Raise if ``--num-inducing`` exceeds the ``num_train`` training points (``where`` names
     them): a sparse GP with more inducing points than data. A minibatch smaller than ``M`` is
@@ -112,13 +76,23 @@ def fit_table(
 ) -> tuple[np.ndarray, np.ndarray, list[str], int | None]:
     """``(X, y, feature names, number of classes)`` of ``fit``'s table, its targets checked
     against the likelihood (NumPy only: a bad table is reported before JAX loads)."""
+    import numpy as np
+
     from numpyro_dgp._persist import read_table  # NumPy only: before JAX loads
 
-    _check_label_targets(args.likelihood, likelihood, targets)
+    if len(targets) > 1 and likelihood in ("probit", "softmax", "robust_max"):
+        raise ValueError(
+            f"--likelihood {args.likelihood} takes one --target column of labels, got {targets}"
+        )
     table = read_table(args.data, allow_missing=targets)
     X, y, names = table.split(targets[0] if len(targets) == 1 else targets)
     assert y is not None  # a target was named
-    _check_missing_targets(args.data, y, targets, masked)
+    gaps = [name for j, name in enumerate(targets) if np.isnan(y.reshape(len(y), -1)[:, j]).any()]
+    if gaps and not masked:
+        raise ValueError(
+            f"{args.data}: target column(s) {gaps} have missing values; pass --missing-targets "
+            "mask to leave them out of the likelihood"
+        )
     num_classes = _check_target_values(y, likelihood, targets)
     return X, y, names, num_classes
 
@@ -130,7 +104,10 @@ def train_test_rows(N: int, seed: int, test_fraction: float) -> tuple[np.ndarray
     order = np.random.default_rng(seed).permutation(N)
     num_test = int(round(test_fraction * N))
     test, train = order[:num_test], order[num_test:]
-    _check_training_rows(train.size, test_fraction, N)
+    if train.size < 2:
+        raise ValueError(
+            f"--test-fraction {test_fraction} leaves {train.size} training rows of {N}"
+        )
     return train, test
 
 
