@@ -231,14 +231,11 @@ def run_uci(
     *,
     rng_key: jax.Array | None = None,
     data_dir: os.PathLike | str | None = None,
-    num_layers: int = 2,
     num_inducing: int = 100,
-    num_steps: int = 5000,
     batch_size: int = 1000,
-    learning_rate: float = 0.01,
-    num_test_samples: int = 100,
     hidden_width: int | None = None,
-    progress_bar: bool = False,
+    num_test_samples: int = 100,
+    **options: Any,
 ) -> RunResult:
     """DSVI on one UCI split (the recipe of Salimbeni & Deisenroth, 2017); metrics in the
     original units.
@@ -248,30 +245,24 @@ def run_uci(
     :param split: split index.
     :param rng_key: PRNG key (default ``PRNGKey(split)``).
     :param data_dir: folder holding the data sets.
-    :param num_layers: GP layers.
     :param num_inducing: ``M`` per layer (at most the number of training points).
-    :param num_steps: optimization steps.
     :param batch_size: minibatch size (full batch when the training set is smaller).
-    :param learning_rate: Adam's step size.
-    :param num_test_samples: mixture components of the prediction.
     :param hidden_width: inner-layer width (default ``min(D, 30)`` as in DSVI's experiments).
-    :param progress_bar: show a progress bar.
+    :param num_test_samples: mixture components of the prediction.
+    :param options: the other options of :func:`fit_dsvi`: ``num_layers`` (default 2),
+        ``num_steps`` (5000), ``learning_rate`` (Adam's step size, 0.01), ``progress_bar``, ...
     :return: :class:`RunResult`.
     """
 
     def fit_fn(fit_key, X, y):
-        width = hidden_width if hidden_width is not None else min(X.shape[1], 30)
         return fit_dsvi(
             fit_key,
             X,
             y,
-            num_layers=num_layers,
             num_inducing=min(num_inducing, X.shape[0]),
-            hidden_width=width,
-            num_steps=num_steps,
+            hidden_width=min(X.shape[1], 30) if hidden_width is None else hidden_width,
             batch_size=batch_size if batch_size < X.shape[0] else None,
-            learning_rate=learning_rate,
-            progress_bar=progress_bar,
+            **options,
         )
 
     return run_on_uci(name, split, rng_key, data_dir, num_test_samples, fit_fn)

@@ -274,9 +274,8 @@ def prediction_columns(pred, quantiles: list[float], targets: list[str]) -> tupl
         return header, list(mean.T) + [np.argmax(mean, axis=-1)]
     if pred.likelihood == "bernoulli":
         return ["probability", "std"], [mean, std]
-    qs = np.asarray(
-        predictive_quantiles(pred, np.asarray(quantiles, np.float64))
-    )  # (Q, N) or (Q, N, T)
+    # (Q, N) or (Q, N, T)
+    qs = np.asarray(predictive_quantiles(pred, np.asarray(quantiles, np.float64)))
     if mean.ndim == 1:
         return ["mean", "std"] + [f"q{q:g}" for q in quantiles], [mean, std] + list(qs)
     header, columns = [], []
@@ -457,13 +456,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     header, columns = prediction_columns(pred, args.quantiles, targets)
-    rows = np.stack(columns, axis=1).tolist()
-    write_atomically(
-        Path(args.output),
-        lambda f: csv.writer(f).writerows(
-            [["row"] + header] + [[i] + r for i, r in enumerate(rows)]
-        ),
-    )
+    values = np.stack(columns, axis=1).tolist()
+    rows = [["row"] + header] + [[i] + r for i, r in enumerate(values)]
+    write_atomically(Path(args.output), lambda f: csv.writer(f).writerows(rows))
     print(f"wrote {X.shape[0]} predictions to {args.output} (row, {', '.join(header)})")
     if targets and all(name in table.columns for name in targets):
         y = table.data[:, [table.columns.index(name) for name in targets]]
