@@ -94,9 +94,7 @@ def concrete(x: Any) -> np.ndarray | None:
         return None
 
 
-def as_float_array(
-    x: Any, name: str, caller: str, ndim: int | tuple[int, ...] | None = None
-) -> jax.Array:
+def as_float_array(x: Any, name: str, caller: str, ndim: int | None = None) -> jax.Array:
     """``x`` as a JAX array of a floating dtype: booleans and integers are cast to the default
     float (``jnp.result_type(float)``: float64 with 64-bit mode on, else float32), complex and
     non-numeric inputs are refused.
@@ -104,10 +102,10 @@ def as_float_array(
     :param x: the input.
     :param name: the argument's name in messages (e.g. ``"X"``).
     :param caller: the function in messages.
-    :param ndim: allowed numbers of dimensions (``None``: any).
+    :param ndim: the number of dimensions required (``None``: any).
     :return: the floating array.
     :raises TypeError: for complex or non-numeric inputs.
-    :raises ValueError: for a number of dimensions not in ``ndim``.
+    :raises ValueError: for a number of dimensions other than ``ndim``.
     """
     try:
         # a JAX array is kept as it is: jnp.asarray would copy a tracer under jax.grad, and
@@ -126,12 +124,9 @@ def as_float_array(
         )
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.result_type(float))
-    allowed = (ndim,) if isinstance(ndim, int) else ndim
-    if allowed is not None and x.ndim not in allowed:
-        shapes = " or ".join(
-            {1: "(num_points,)", 2: "(num_points, dim)"}.get(n, f"{n}-D") for n in allowed
-        )
-        raise ValueError(f"{caller}: {name} must have shape {shapes}, got shape {tuple(x.shape)}")
+    if ndim is not None and x.ndim != ndim:
+        shape = {1: "(num_points,)", 2: "(num_points, dim)"}.get(ndim, f"{ndim}-D")
+        raise ValueError(f"{caller}: {name} must have shape {shape}, got shape {tuple(x.shape)}")
     return x
 
 
@@ -306,32 +301,27 @@ def check_model_args(caller: str, kernel: Any, noise_init: Any, jitter: Any) -> 
         check_positive_number(jitter, "jitter", caller)
 
 
-def check_file(
-    path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError
-) -> None:
+def check_file(path: Any, what: str, caller: str) -> None:
     """Raise unless ``path`` is an existing file.
 
     :param path: the path (``pathlib.Path``).
     :param what: the file in messages (``"data file"``).
     :param caller: the function in messages.
-    :param error: the exception type.
-    :raises FileNotFoundError: (or ``error``) naming the path.
+    :raises FileNotFoundError: naming the path.
     """
     if not path.is_file():
         state = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise error(f"{caller}: {what} {str(path)!r} {state}")
+        raise FileNotFoundError(f"{caller}: {what} {str(path)!r} {state}")
 
 
-def check_directory(
-    path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError
-) -> None:
+def check_directory(path: Any, what: str, caller: str) -> None:
     """Raise unless ``path`` is an existing directory.
 
-    :raises FileNotFoundError: (or ``error``) naming the path.
+    :raises FileNotFoundError: naming the path.
     """
     if not path.is_dir():
         state = "is a file, not a directory" if path.exists() else "does not exist"
-        raise error(f"{caller}: {what} {str(path)!r} {state}")
+        raise FileNotFoundError(f"{caller}: {what} {str(path)!r} {state}")
 
 
 def _feature_spread(X: np.ndarray) -> np.ndarray:
