@@ -223,12 +223,8 @@ def check_positive_number(value: Any, name: str, caller: str, allow_zero: bool =
         number = float(value)
     except (TypeError, ValueError):
         number = math.nan
-    if (
-        isinstance(value, bool)
-        or not math.isfinite(number)
-        or number < 0
-        or (number == 0 and not allow_zero)
-    ):
+    ok = math.isfinite(number) and (number > 0 or (allow_zero and number == 0))
+    if isinstance(value, bool) or not ok:
         kind = "non-negative" if allow_zero else "positive"
         raise ValueError(f"{caller}: {name} must be a finite {kind} number, got {value!r}")
 

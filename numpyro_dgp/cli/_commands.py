@@ -76,8 +76,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         r = runs[label]
         print(
             f"{name:<14} {r.final_elbo:>11.2f} {r.metrics['log_likelihood']:>9.3f} "
-            f"{r.metrics['rmse']:>8.4f} "
-            f"{r.metrics['crps']:>8.4f} {r.seconds_per_step * 1e3:>8.2f}"
+            f"{r.metrics['rmse']:>8.4f} {r.metrics['crps']:>8.4f} {r.seconds_per_step * 1e3:>8.2f}"
         )
     print(f"\nwrote {png}")
     return 0
