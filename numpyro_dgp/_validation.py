@@ -17,31 +17,6 @@ import numpy as np
 
 from numpyro_dgp.kernels import Kernel
 
-__all__ = [
-    "InputScaleWarning",
-    "MEAN_FUNCTIONS",
-    "SCALE_LIMITS",
-    "TARGET_LIMITS",
-    "TargetScaleWarning",
-    "as_float_array",
-    "check_choice",
-    "check_directory",
-    "check_file",
-    "check_finite",
-    "check_kernel",
-    "check_mean",
-    "check_model_args",
-    "check_mapping",
-    "check_rows",
-    "non_finite_entries",
-    "check_positive_int",
-    "check_positive_number",
-    "concrete",
-    "is_array",
-    "warn_if_not_standardized",
-    "warn_if_target_not_standardized",
-]
-
 #: The named mean functions ``gp_layer(..., mean=...)`` accepts (besides a callable).
 MEAN_FUNCTIONS = ("zero", "identity", "linear")
 
@@ -119,9 +94,7 @@ def concrete(x: Any) -> np.ndarray | None:
         return None
 
 
-def as_float_array(
-    x: Any, name: str, caller: str, ndim: int | tuple[int, ...] | None = None
-) -> jax.Array:
+def as_float_array(x: Any, name: str, caller: str, ndim: int | None = None) -> jax.Array:
     """``x`` as a JAX array of a floating dtype: booleans and integers are cast to the default
     float (``jnp.result_type(float)``: float64 with 64-bit mode on, else float32), complex and
     non-numeric inputs are refused.
@@ -129,10 +102,10 @@ def as_float_array(
     :param x: the input.
     :param name: the argument's name in messages (e.g. ``"X"``).
     :param caller: the function in messages.
-    :param ndim: allowed numbers of dimensions (``None``: any).
+    :param ndim: the number of dimensions required (``None``: any).
     :return: the floating array.
     :raises TypeError: for complex or non-numeric inputs.
-    :raises ValueError: for a number of dimensions not in ``ndim``.
+    :raises ValueError: for a number of dimensions other than ``ndim``.
     """
     try:
         # a JAX array is kept as it is: jnp.asarray would copy a tracer under jax.grad, and
@@ -151,12 +124,9 @@ def as_float_array(
         )
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.result_type(float))
-    allowed = (ndim,) if isinstance(ndim, int) else ndim
-    if allowed is not None and x.ndim not in allowed:
-        shapes = " or ".join(
-            {1: "(num_points,)", 2: "(num_points, dim)"}.get(n, f"{n}-D") for n in allowed
-        )
-        raise ValueError(f"{caller}: {name} must have shape {shapes}, got shape {tuple(x.shape)}")
+    if ndim is not None and x.ndim != ndim:
+        shape = {1: "(num_points,)", 2: "(num_points, dim)"}.get(ndim, f"{ndim}-D")
+        raise ValueError(f"{caller}: {name} must have shape {shape}, got shape {tuple(x.shape)}")
     return x
 
 
@@ -253,12 +223,8 @@ def check_positive_number(value: Any, name: str, caller: str, allow_zero: bool =
         number = float(value)
     except (TypeError, ValueError):
         number = math.nan
-    if (
-        isinstance(value, bool)
-        or not math.isfinite(number)
-        or number < 0
-        or (number == 0 and not allow_zero)
-    ):
+    ok = math.isfinite(number) and (number > 0 or (allow_zero and number == 0))
+    if isinstance(value, bool) or not ok:
         kind = "non-negative" if allow_zero else "positive"
         raise ValueError(f"{caller}: {name} must be a finite {kind} number, got {value!r}")
 
@@ -331,32 +297,27 @@ def check_model_args(caller: str, kernel: Any, noise_init: Any, jitter: Any) -> 
         check_positive_number(jitter, "jitter", caller)
 
 
-def check_file(
-    path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError
-) -> None:
+def check_file(path: Any, what: str, caller: str) -> None:
     """Raise unless ``path`` is an existing file.
 
     :param path: the path (``pathlib.Path``).
     :param what: the file in messages (``"data file"``).
     :param caller: the function in messages.
-    :param error: the exception type.
-    :raises FileNotFoundError: (or ``error``) naming the path.
+    :raises FileNotFoundError: naming the path.
     """
     if not path.is_file():
         state = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise error(f"{caller}: {what} {str(path)!r} {state}")
+        raise FileNotFoundError(f"{caller}: {what} {str(path)!r} {state}")
 
 
-def check_directory(
-    path: Any, what: str, caller: str, error: type[Exception] = FileNotFoundError
-) -> None:
+def check_directory(path: Any, what: str, caller: str) -> None:
     """Raise unless ``path`` is an existing directory.
 
-    :raises FileNotFoundError: (or ``error``) naming the path.
+    :raises FileNotFoundError: naming the path.
     """
     if not path.is_dir():
         state = "is a file, not a directory" if path.exists() else "does not exist"
-        raise error(f"{caller}: {what} {str(path)!r} {state}")
+        raise FileNotFoundError(f"{caller}: {what} {str(path)!r} {state}")
 
 
 def _feature_spread(X: np.ndarray) -> np.ndarray:

@@ -31,7 +31,7 @@ from numpyro.infer import SVI
 
 from numpyro_dgp._predict.metrics import metrics
 from numpyro_dgp._predict.prediction import predict, sample_layers
-from numpyro_dgp.datasets import Dataset, load_uci, step_function
+from numpyro_dgp.datasets import Dataset, UCISplit, load_uci, step_function
 from numpyro_dgp.guides import AutoFactorizedDGP
 from numpyro_dgp.infer import FitResult, fit
 from numpyro_dgp.models import deep_gp_regression
@@ -160,24 +160,22 @@ def run_on_uci(
     """
     rng_key = jax.random.PRNGKey(split) if rng_key is None else rng_key
     data = load_uci(name, split, data_dir=data_dir)
-    dtype = jnp.result_type(float)
-    X, y = jnp.asarray(data.X_train, dtype), jnp.asarray(data.y_train, dtype)
-    X_test, y_test = jnp.asarray(data.X_test, dtype), jnp.asarray(data.y_test, dtype)
-    return _fit_and_score(fit_fn, rng_key, X, y, X_test, y_test, num_test_samples, data.y_std)
+    return _fit_and_score(fit_fn, rng_key, data, num_test_samples, data.y_std)
 
 
 def _fit_and_score(
     fit_fn: Callable[[jax.Array, jax.Array, jax.Array], Fitted],
     rng_key: jax.Array,
-    X: jax.Array,
-    y: jax.Array,
-    X_test: jax.Array,
-    y_test: jax.Array,
+    data: Dataset | UCISplit,
     num_test_samples: int,
     y_scale: ArrayLike = 1.0,
 ) -> RunResult:
-    """Fit with ``fit_fn(fit_key, X, y)``, predict ``X_test`` and score it against ``y_test``
-    (in units of ``y_scale``); the fit and the prediction timed together."""
+    """Fit with ``fit_fn(fit_key, X, y)`` to ``data``'s training part, predict its test inputs
+    and score them against its test targets (in units of ``y_scale``); the fit and the
+    prediction timed together."""
+    dtype = jnp.result_type(float)
+    X, y = jnp.asarray(data.X_train, dtype), jnp.asarray(data.y_train, dtype)
+    X_test, y_test = jnp.asarray(data.X_test, dtype), jnp.asarray(data.y_test, dtype)
     start = time.perf_counter()
     fit_key, pred_key = jax.random.split(rng_key)
     model, guide, result = fit_fn(fit_key, X, y)
@@ -205,12 +203,7 @@ def fit_dsvi(
     num_inducing: int = 100,
     hidden_width: int | None = None,
     num_steps: int = 5000,
-    batch_size: int | None = None,
-    learning_rate: float = 0.01,
-    num_particles: int = 1,
-    progress_bar: bool = False,
-    chunk_size: int = 500,
-    noise_init: float = 0.01,
+    **options: Any,
 ) -> Fitted:
     """Fit a DSVI DGP (:func:`~numpyro_dgp.models.deep_gp_regression` with
     ``AutoFactorizedDGP``, ``DGPElbo`` and Adam) and time it.
@@ -222,30 +215,14 @@ def fit_dsvi(
     :param num_inducing: ``M`` per layer.
     :param hidden_width: inner-layer width (default ``D``).
     :param num_steps: optimization steps.
-    :param batch_size: minibatch size (``None``: full batch).
-    :param learning_rate: Adam's step size.
-    :param num_particles: Monte Carlo samples of the inner layers per step.
-    :param progress_bar: show a progress bar.
-    :param chunk_size: steps per compiled chunk.
-    :param noise_init: initial noise variance.
+    :param options: the other options of :func:`fit_factorized` (``batch_size``,
+        ``learning_rate``, ``num_particles``, ``progress_bar``, ``chunk_size``,
+        ``init_params``).
     :return: ``(model, guide, FitResult)``; timings are ``FitResult.seconds_per_step`` and
         ``FitResult.compile_seconds``.
     """
-    model = deep_gp_regression(
-        num_layers, num_inducing=num_inducing, hidden_width=hidden_width, noise_init=noise_init
-    )
-    return fit_factorized(
-        model,
-        rng_key,
-        X,
-        y,
-        num_steps=num_steps,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        num_particles=num_particles,
-        progress_bar=progress_bar,
-        chunk_size=chunk_size,
-    )
+    model = deep_gp_regression(num_layers, num_inducing=num_inducing, hidden_width=hidden_width)
+    return fit_factorized(model, rng_key, X, y, num_steps=num_steps, **options)
 
 
 def run_uci(
@@ -254,14 +231,11 @@ def run_uci(
     *,
     rng_key: jax.Array | None = None,
     data_dir: os.PathLike | str | None = None,
-    num_layers: int = 2,
     num_inducing: int = 100,
-    num_steps: int = 5000,
     batch_size: int = 1000,
-    learning_rate: float = 0.01,
-    num_test_samples: int = 100,
     hidden_width: int | None = None,
-    progress_bar: bool = False,
+    num_test_samples: int = 100,
+    **options: Any,
 ) -> RunResult:
     """DSVI on one UCI split (the recipe of Salimbeni & Deisenroth, 2017); metrics in the
     original units.
@@ -271,30 +245,24 @@ def run_uci(
     :param split: split index.
     :param rng_key: PRNG key (default ``PRNGKey(split)``).
     :param data_dir: folder holding the data sets.
-    :param num_layers: GP layers.
     :param num_inducing: ``M`` per layer (at most the number of training points).
-    :param num_steps: optimization steps.
     :param batch_size: minibatch size (full batch when the training set is smaller).
-    :param learning_rate: Adam's step size.
-    :param num_test_samples: mixture components of the prediction.
     :param hidden_width: inner-layer width (default ``min(D, 30)`` as in DSVI's experiments).
-    :param progress_bar: show a progress bar.
+    :param num_test_samples: mixture components of the prediction.
+    :param options: the other options of :func:`fit_dsvi`: ``num_layers`` (default 2),
+        ``num_steps`` (5000), ``learning_rate`` (Adam's step size, 0.01), ``progress_bar``, ...
     :return: :class:`RunResult`.
     """
 
     def fit_fn(fit_key, X, y):
-        width = hidden_width if hidden_width is not None else min(X.shape[1], 30)
         return fit_dsvi(
             fit_key,
             X,
             y,
-            num_layers=num_layers,
             num_inducing=min(num_inducing, X.shape[0]),
-            hidden_width=width,
-            num_steps=num_steps,
+            hidden_width=min(X.shape[1], 30) if hidden_width is None else hidden_width,
             batch_size=batch_size if batch_size < X.shape[0] else None,
-            learning_rate=learning_rate,
-            progress_bar=progress_bar,
+            **options,
         )
 
     return run_on_uci(name, split, rng_key, data_dir, num_test_samples, fit_fn)
@@ -320,15 +288,12 @@ def run_demo(
     rng_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
     data_key, dgp_key, gp_key, plot_key = jax.random.split(rng_key, 4)
     data = step_function(data_key, num_train=100, num_test=200, noise_std=0.01)
-    dtype = jnp.result_type(float)
-    X, y = jnp.asarray(data.X_train, dtype), jnp.asarray(data.y_train, dtype)
-    Xt, yt = jnp.asarray(data.X_test, dtype), jnp.asarray(data.y_test, dtype)
     out = {}
     for label, layers, key in (("dgp", 2, dgp_key), ("svgp", 1, gp_key)):
         fit_fn = partial(
             fit_dsvi, num_layers=layers, num_inducing=num_inducing, num_steps=num_steps
         )
-        out[label] = _fit_and_score(fit_fn, key, X, y, Xt, yt, num_test_samples)
+        out[label] = _fit_and_score(fit_fn, key, data, num_test_samples)
     if output is not None:
         plot_demo(out["dgp"], data, plot_key, output)
     return out
@@ -348,8 +313,7 @@ def plot_demo(run: RunResult, data: Dataset, rng_key: jax.Array, path: os.PathLi
 
     from numpyro_dgp.plots import plot_layer_samples
 
-    dtype = jnp.result_type(float)
-    grid = jnp.linspace(-1.2, 1.2, 200, dtype=dtype)[:, None]
+    grid = jnp.linspace(-1.2, 1.2, 200, dtype=jnp.result_type(float))[:, None]
     samples = sample_layers(run.model, run.guide, run.params, rng_key, grid, num_samples=25)
     fig = plot_layer_samples(grid, samples, data.X_train, data.y_train)
     fig.suptitle(

@@ -40,7 +40,7 @@ def test_uci_command_reports_splits_out_of_range(uci_data_dir):
 def test_the_commands_keep_compiled_programs_in_the_user_s_cache_folder(tmp_path):
     """Without JAX_COMPILATION_CACHE_DIR the commands cache JAX's programs under
     $XDG_CACHE_HOME/numpyro_dgp/jax (a second run compiles nothing); with it, that folder."""
-    code = ("import jax; from numpyro_dgp import cli; cli._setup_jax(True); "
+    code = ("import jax; from numpyro_dgp.cli import _commands; _commands.setup_jax(True); "
             "print(jax.config.jax_compilation_cache_dir)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
     env["XDG_CACHE_HOME"] = str(tmp_path)

@@ -100,7 +100,7 @@ def test_fit_probit_on_npz_and_predict(tmp_path, capsys):
 
 
 def test_fit_takes_more_inducing_points_than_a_minibatch_but_not_than_the_training_rows():
-    from numpyro_dgp.cli._table import check_inducing
+    from numpyro_dgp.cli._commands import check_inducing
 
     rows = "points of the training rows"
     check_inducing(500, 2000, rows)  # --batch-size 256: the layers start from the batch and draws

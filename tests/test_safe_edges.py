@@ -558,7 +558,7 @@ def test_standardization_targets_of_two_shapes_and_malformed_feature_names_are_r
 
 
 def test_no_finite_loss_in_the_last_steps_is_a_divergence_at_the_step_it_began():
-    from numpyro_dgp.cli._table import final_loss
+    from numpyro_dgp.cli._commands import final_loss
 
     losses = np.concatenate([[3.0, 2.0, 1.0], np.full(100, np.nan)])
     with pytest.raises(FloatingPointError, match=r"diverged at step 4: its loss was not finite from there on"):
