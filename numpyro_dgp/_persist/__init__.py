@@ -57,6 +57,23 @@ def _is_names(value: Any, single: bool = False) -> bool:
     return isinstance(value, list) and all(isinstance(n, str) for n in value)
 
 
+def check_format(
+    document: Any, name: str, version: int, shown: str, what: str, error: type = ValueError
+) -> None:
+    """Raise ``error`` unless ``document`` (a parsed JSON header, of the file named ``shown`` in
+    messages) describes numpyro_dgp ``what`` in the format ``name``, of a version from 1 to
+    ``version`` (the message says to upgrade the library when it is newer)."""
+    if not isinstance(document, dict) or document.get("format") != name:
+        raise error(f"{shown} does not describe a numpyro_dgp {what}")
+    found = document.get("format_version")
+    if not isinstance(found, int) or not 1 <= found <= version:
+        raise error(
+            f"{shown} has format_version={found!r}, written by numpyro_dgp "
+            f"{document.get('library_version')!r}; this library ({__version__}) reads versions "
+            f"1..{version} (upgrade numpyro_dgp to load it)"
+        )
+
+
 def read_config(path: Path) -> dict:
     """``model.json`` of the model directory ``path``, read and checked to describe a model of a
     format version this library reads, with every entry loading needs.
@@ -74,27 +91,19 @@ def read_config(path: Path) -> dict:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ModelFileError(f"load_model: {shown} is corrupted (not valid JSON: {err})") from err
-    if not isinstance(config, dict) or config.get("format") != MODEL_FORMAT:
-        raise ModelFileError(f"load_model: {shown} does not describe a numpyro_dgp model")
-    version = config.get("format_version")
-    if not isinstance(version, int) or not 1 <= version <= MODEL_FORMAT_VERSION:
-        raise ModelFileError(
-            f"load_model: {str(path)!r} has format_version={version!r}, written by numpyro_dgp "
-            f"{config.get('library_version')!r}; this library ({__version__}) reads versions "
-            f"1..{MODEL_FORMAT_VERSION} (upgrade numpyro_dgp to load it)"
-        )
-    for key in ("model", "guide", "input_dim", "dtype", "files", "library_version"):
-        if key not in config:
-            raise ModelFileError(f"load_model: {shown} is corrupted (no {key!r} entry)")
-    problem = None
+    check_format(
+        config, MODEL_FORMAT, MODEL_FORMAT_VERSION, f"load_model: {shown}", "model", ModelFileError
+    )
+    required = ("model", "guide", "input_dim", "dtype", "files", "library_version")
+    problems = [f"no {key!r} entry" for key in required if key not in config]
     if not _is_names(config.get("feature_names")):
-        problem = f"feature_names {config['feature_names']!r} is not a list of names"
-    elif not _is_names(config.get("target_name"), single=True):
-        problem = f"target_name {config['target_name']!r} is not a name or a list of names"
-    elif _version_tuple(config["library_version"]) is None:
-        problem = f"library_version {config['library_version']!r} is not a version number"
-    if problem is not None:
-        raise ModelFileError(f"load_model: {shown} is corrupted ({problem})")
+        problems.append(f"feature_names {config['feature_names']!r} is not a list of names")
+    if not _is_names(config.get("target_name"), single=True):
+        problems.append(f"target_name {config['target_name']!r} is not a name or a list of names")
+    if "library_version" in config and _version_tuple(config["library_version"]) is None:
+        problems.append(f"library_version {config['library_version']!r} is not a version number")
+    if problems:
+        raise ModelFileError(f"load_model: {shown} is corrupted ({'; '.join(problems)})")
     return config
 
 
