@@ -378,9 +378,8 @@ def num_uci_splits(name: os.PathLike | str, data_dir: os.PathLike | str | None =
 
 def _read_numbers(path: Path, kind: str, ndmin: Literal[1, 2]) -> np.ndarray:
     """The numbers of the text file ``path`` (``kind``: "index" or "data" in messages); a
-    missing file, one that does not parse as numbers or holds none is refused."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{kind} file {path} does not exist")
+    missing file (NumPy's FileNotFoundError), one that does not parse as numbers or holds none
+    is refused."""
     try:
         numbers = np.loadtxt(path, dtype=np.float64, ndmin=ndmin)
     except ValueError as err:
