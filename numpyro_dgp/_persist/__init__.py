@@ -331,9 +331,9 @@ def _read_npz(path: Path) -> Table:
     if "X" in arrays and arrays["X"].ndim == 2:
         X = arrays.pop("X")
         columns = [f"x{i}" for i in range(X.shape[1])] + list(arrays)
-        parts = [X[:, i] for i in range(X.shape[1])]
-        for value in arrays.values():
-            parts.append(value.reshape(-1) if value.ndim == 2 and value.shape[1] == 1 else value)
+        parts = list(X.T) + [
+            v.reshape(-1) if v.ndim == 2 and v.shape[1] == 1 else v for v in arrays.values()
+        ]
     bad_shape = [
         c for c, p in zip(columns, parts) if p.ndim != 1 or p.shape[0] != parts[0].shape[0]
     ]
@@ -368,11 +368,9 @@ def _read_csv(path: Path, allow_missing: tuple[str, ...] | list[str]) -> Table:
                 f"{str(path)!r}: line {r} has {len(row)} fields, the header has {len(columns)}"
             )
         for c, cell in enumerate(row):
-            if columns[c] in allow_missing and not cell.strip():
-                values[r - 2, c] = np.nan
-                continue
+            missing = columns[c] in allow_missing and not cell.strip()
             try:
-                values[r - 2, c] = float(cell)
+                values[r - 2, c] = np.nan if missing else float(cell)
             except ValueError:
                 bad.setdefault(columns[c], (r, cell))
     if bad:
