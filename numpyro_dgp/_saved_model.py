@@ -49,6 +49,7 @@ from numpyro_dgp._persist import (
     newer_library_hint,
     read_config,
     sha256,
+    write_atomically,
 )
 from numpyro_dgp._protocol import model_config
 from numpyro_dgp._validation import check_positive_int
@@ -234,12 +235,10 @@ def _encode(value: Any, where: str) -> Any:
     """
     from numpyro_dgp.kernels import Kernel
 
-    if value is None or isinstance(value, (bool, str)):
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        value = value.item()
+    if value is None or isinstance(value, (bool, str, int, float)):
         return value
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value)
     if isinstance(value, Kernel):
         return {"__kernel__": _encode_kernel(value, where)}
     if isinstance(value, (jax.Array, np.ndarray)):
@@ -426,10 +425,9 @@ def _write_directory(path: Path, document: dict[str, Any], params: Mapping[str, 
             "sha256": sha256(tmp / PARAMS_FILE),
             "bytes": (tmp / PARAMS_FILE).stat().st_size,
         }
-        with open(tmp / CONFIG_FILE, "w", encoding="utf-8") as f:
-            f.write(json.dumps(document, indent=2) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        write_atomically(
+            tmp / CONFIG_FILE, lambda f: f.write(json.dumps(document, indent=2) + "\n")
+        )
         os.chmod(tmp, 0o755)
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))

@@ -144,15 +144,11 @@ def _toy_problem(
     import jax
     import jax.numpy as jnp
 
-    for arg_name, value in (("num_train", num_train), ("num_test", num_test)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{arg_name} must be a positive integer, got {value!r}")
-    try:
-        noise_ok = bool(0 <= noise_std < np.inf)  # NaN fails both comparisons
-    except (TypeError, ValueError):
-        noise_ok = False
-    if not noise_ok:
-        raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
+    from numpyro_dgp._validation import check_positive_int, check_positive_number
+
+    check_positive_int(num_train, "num_train", name)
+    check_positive_int(num_test, "num_test", name)
+    check_positive_number(noise_std, "noise_std", name, allow_zero=True)
     # Seed a NumPy generator from the JAX key so the data are float64 and reproducible
     # whether or not jax_enable_x64 is set (jax.random would give float32 without it);
     # jax.random.bits accepts both raw uint32 keys (PRNGKey) and typed keys (key).
@@ -313,13 +309,13 @@ def default_data_dir(data_dir: os.PathLike | str | None = None) -> Path:
             f"{DATA_DIR_ENV_VAR} environment variable, or pass the path of a data set folder"
         )
     path = Path(env_value if data_dir is None else data_dir).expanduser()
-    if data_dir is not None and not path.is_dir():
-        raise FileNotFoundError(f"data_dir={str(path)!r} is not an existing directory")
     if not path.is_dir():
-        raise FileNotFoundError(
-            f"{DATA_DIR_ENV_VAR}={env_value!r} is not an existing directory; "
-            f"fix it, unset it, or pass --data-dir"
+        given = (
+            f"data_dir={str(path)!r}"
+            if data_dir is not None
+            else f"{DATA_DIR_ENV_VAR}={env_value!r}"
         )
+        raise FileNotFoundError(f"{given} is not an existing directory")
     return path.resolve()
 
 
@@ -331,27 +327,28 @@ def _dataset_dir(name: str | os.PathLike, data_dir: os.PathLike | str | None) ->
     if isinstance(name, os.PathLike) or (
         isinstance(name, str) and (os.sep in name or name.startswith("~"))
     ):
-        folder = Path(name).expanduser()
+        folder = Path(name).expanduser().resolve()
+        canonical = folder.name
         if not folder.is_dir():
             raise FileNotFoundError(f"data set folder {str(folder)!r} does not exist")
-        missing = [f for f in _LAYOUT_FILES if not (folder / f).is_file()]
-        if missing:
-            raise FileNotFoundError(
-                f"{str(folder)!r} is not a folder in the standard split layout: it lacks "
-                f"{missing} (expected data.txt, index_features.txt, index_target.txt, "
-                "index_train_<i>.txt, index_test_<i>.txt)"
+    else:
+        canonical = resolve_uci_name(name)
+        base = default_data_dir(data_dir)
+        folder = base / canonical
+        if not folder.is_dir():
+            available = sorted(
+                p.name for p in base.iterdir() if all((p / f).is_file() for f in _LAYOUT_FILES)
             )
-        return folder.resolve().name, folder.resolve()
-    canonical = resolve_uci_name(name)
-    base = default_data_dir(data_dir)
-    folder = base / canonical
-    if not folder.is_dir():
-        available = sorted(
-            p.name for p in base.iterdir() if all((p / f).is_file() for f in _LAYOUT_FILES)
-        )
+            raise FileNotFoundError(
+                f"data set folder for name={canonical!r} not found: {folder} does not exist "
+                f"(data sets in {str(base)!r}: {', '.join(available) or 'none'})"
+            )
+    missing = [f for f in _LAYOUT_FILES if not (folder / f).is_file()]
+    if missing:
         raise FileNotFoundError(
-            f"data set folder for name={canonical!r} not found: {folder} does not exist "
-            f"(data sets in {str(base)!r}: {', '.join(available) or 'none'})"
+            f"{str(folder)!r} is not a folder in the standard split layout: it lacks "
+            f"{missing} (expected data.txt, index_features.txt, index_target.txt, "
+            "index_train_<i>.txt, index_test_<i>.txt)"
         )
     return canonical, folder
 
@@ -368,26 +365,21 @@ def num_uci_splits(name: os.PathLike | str, data_dir: os.PathLike | str | None =
     """
     _, folder = _dataset_dir(name, data_dir)
     path = folder / "n_splits.txt"
-    if not path.is_file():
-        count = len(list(folder.glob("index_train_*.txt")))
-        if count == 0:
-            raise FileNotFoundError(f"{folder} holds no index_train_<i>.txt split files")
-        return count
-    text = path.read_text().strip()
-    try:
-        value = float(text.split()[0])
-    except (ValueError, IndexError) as err:
-        raise ValueError(f"split count file {path} does not hold a number: {text!r}") from err
-    if value != int(value) or value < 1:
-        raise ValueError(f"split count file {path} must hold a positive integer, got {text!r}")
-    return int(value)
+    if path.is_file():
+        value = _read_numbers(path, "split count", 1)[0]
+        if not (np.isfinite(value) and value >= 1 and value == int(value)):
+            raise ValueError(f"split count file {path} must hold a positive integer, got {value}")
+        return int(value)
+    count = len(list(folder.glob("index_train_*.txt")))
+    if count == 0:
+        raise FileNotFoundError(f"{folder} holds no index_train_<i>.txt split files")
+    return count
 
 
 def _read_numbers(path: Path, kind: str, ndmin: Literal[1, 2]) -> np.ndarray:
     """The numbers of the text file ``path`` (``kind``: "index" or "data" in messages); a
-    missing file, one that does not parse as numbers or holds none is refused."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{kind} file {path} does not exist")
+    missing file (NumPy's FileNotFoundError), one that does not parse as numbers or holds none
+    is refused."""
     try:
         numbers = np.loadtxt(path, dtype=np.float64, ndmin=ndmin)
     except ValueError as err:
@@ -454,11 +446,11 @@ def _split_files(
     """
     canonical, folder = _dataset_dir(name, data_dir)
     n_splits = num_uci_splits(folder)
-    if isinstance(split, bool) or not isinstance(split, (int, np.integer)):
-        raise ValueError(f"split must be an integer, got {type(split).__name__}")
-    if not 0 <= split < n_splits:
+    whole = not isinstance(split, bool) and isinstance(split, (int, np.integer))
+    if not whole or not 0 <= split < n_splits:
         raise ValueError(
-            f"split={split} is out of range for {canonical!r}: valid splits are 0..{n_splits - 1}"
+            f"split={split!r} is out of range for {canonical!r}: valid splits are the integers "
+            f"0..{n_splits - 1}"
         )
     return canonical, folder, int(split)
 
@@ -516,8 +508,10 @@ def load_uci(
     dtype = _check_float_dtype(dtype)
     canonical, folder, split = _split_files(name, split, data_dir)
     X, y = _features_and_target(folder)
-    train_idx = _read_indices(folder / f"index_train_{split}.txt", X.shape[0])
-    test_idx = _read_indices(folder / f"index_test_{split}.txt", X.shape[0])
+    train_idx, test_idx = (
+        _read_indices(folder / f"index_{part}_{split}.txt", X.shape[0])
+        for part in ("train", "test")
+    )
     overlap = np.intersect1d(train_idx, test_idx)
     if overlap.size:
         raise ValueError(
@@ -572,10 +566,8 @@ def random_uci_split(
     perm = np.random.default_rng(int(seed)).permutation(num_rows)
     num_train = int(round(train_fraction * num_rows))
     num_test = min(int(round(test_fraction * num_rows)), num_rows - num_train)
-    train_idx = perm[:num_train]
-    held_out_idx = (
-        perm[num_train : num_train + num_test] if part == "test" else perm[num_train + num_test :]
-    )
+    train_idx, test_idx, validation_idx = np.split(perm, [num_train, num_train + num_test])
+    held_out_idx = test_idx if part == "test" else validation_idx
     if held_out_idx.size == 0:
         raise ValueError(
             f"random_uci_split: the {part} part is empty (train_fraction={train_fraction}, "

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,7 +45,7 @@ from numpyro import handlers
 
 from numpyro_dgp import __version__
 from numpyro_dgp._cache import OwnerCache
-from numpyro_dgp._persist import write_atomically
+from numpyro_dgp._persist import check_format, write_atomically
 from numpyro_dgp._validation import check_directory, check_file, concrete
 
 __all__ = ["FORMAT_VERSION", "save_params", "load_params"]
@@ -263,19 +263,11 @@ def param_specs(
             f"(do they belong together?): {err}"
         ) from err
     if prototype is not None:
-        # the library's guides keep abstract values (ShapeDtypeStruct) in their prototype
-        for name, site in prototype.items():
-            if site["type"] == "param" and name not in specs:
-                value = site["value"]
-                specs[name] = (
-                    value
-                    if isinstance(value, jax.ShapeDtypeStruct)
-                    else jax.ShapeDtypeStruct(
-                        np.shape(value),
-                        jnp.result_type(value),
-                        weak_type=isinstance(value, (int, float)),
-                    )
-                )
+        # abstract values (the library's guides keep ShapeDtypeStructs in their prototype)
+        model_params = {
+            n: s["value"] for n, s in prototype.items() if s["type"] == "param" and n not in specs
+        }
+        specs.update(jax.eval_shape(lambda values: values, model_params))
     if key is not None:
         _SPECS.put(owner, key, (prototype, specs))
     return specs
@@ -410,26 +402,12 @@ def _is_ml_dtype(dtype: np.dtype) -> bool:
     return dtype.kind == "V" and getattr(dtype.type, "__module__", "").startswith("ml_dtypes")
 
 
-def _leaf_array(value: Any, where: str) -> np.ndarray:
-    """``value`` as a NumPy array that :func:`save_params` can store.
-
-    :raises TypeError: a value that is not a numeric or boolean array.
-    """
-    try:
-        arr = np.asarray(value)
-    except Exception as err:  # noqa: BLE001 - tracers, PRNG key arrays, arbitrary objects
-        raise TypeError(
-            f"{where} must be a numeric or boolean array, got {type(value).__name__}: {err}"
-        ) from err
-    if arr.dtype.kind not in "biufc" and not _is_ml_dtype(arr.dtype):
-        raise TypeError(
-            f"{where} must be a numeric or boolean array, got {type(value).__name__} "
-            f"with dtype {arr.dtype}"
-        )
-    return arr
-
-
 def _encode(tree: Mapping, key_path: tuple[str, ...], members: dict[str, np.ndarray]) -> dict:
+    """The header's tree of ``tree``, its arrays put in ``members`` (named ``a0``, ``a1``, ...).
+
+    :raises TypeError: a key that is not a string, or a value that is not a numeric or boolean
+        array.
+    """
     items: list[list[Any]] = []
     for key, value in tree.items():
         if not isinstance(key, str):
@@ -439,7 +417,13 @@ def _encode(tree: Mapping, key_path: tuple[str, ...], members: dict[str, np.ndar
         if isinstance(value, Mapping):
             items.append([key, _encode(value, key_path + (key,), members)])
             continue
-        arr = _leaf_array(value, _where(key_path + (key,)))
+        where = _where(key_path + (key,))
+        try:
+            arr = np.asarray(value)
+        except Exception as err:  # noqa: BLE001 - tracers, PRNG key arrays, arbitrary objects
+            raise TypeError(
+                f"{where} must be a numeric or boolean array, got {type(value).__name__}: {err}"
+            ) from err
         name = f"a{len(members)}"
         node = {"type": "array", "name": name, "dtype": arr.dtype.str, "shape": list(arr.shape)}
         node["encoding"] = "npy"
@@ -447,6 +431,11 @@ def _encode(tree: Mapping, key_path: tuple[str, ...], members: dict[str, np.ndar
             node["dtype"], node["encoding"] = arr.dtype.name, "raw"
             # Bytes as uint8 keep the exact bits; reshape(-1) first so 0-d arrays can be viewed.
             arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        elif arr.dtype.kind not in "biufc":
+            raise TypeError(
+                f"{where} must be a numeric or boolean array, got {type(value).__name__} "
+                f"with dtype {arr.dtype}"
+            )
         members[name] = arr
         items.append([key, node])
     return {"type": "dict", "items": items}
@@ -496,30 +485,24 @@ def save_params(
     return path
 
 
-def _decode(node: Any, key_path: tuple[str, ...], members: Mapping[str, np.ndarray]) -> Any:
-    where = _where(key_path)
-    if not isinstance(node, dict) or node.get("type") not in ("dict", "array"):
-        raise ValueError(f"malformed tree entry at {where}")
+def _decode(node: dict, key_path: tuple[str, ...], members: Mapping[str, np.ndarray]) -> Any:
+    """The tree the header's ``node`` describes, its arrays taken from ``members``.
+
+    :raises ValueError: an array that is missing or differs from what the header records.
+    """
     if node["type"] == "dict":
-        out = {}
-        for item in node.get("items", []):
-            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
-                raise ValueError(f"malformed tree entry inside {where}")
-            out[item[0]] = _decode(item[1], key_path + (item[0],), members)
-        return out
-    name, shape = str(node.get("name")), tuple(node.get("shape", ()))
+        return {key: _decode(item, key_path + (key,), members) for key, item in node["items"]}
+    where, name, shape = _where(key_path), node["name"], tuple(node["shape"])
     if name not in members:
         raise ValueError(f"array for {where} (member {name!r}) is missing")
     arr = members[name]
-    if node.get("encoding") == "raw":
+    if node["encoding"] == "raw":
         import ml_dtypes
 
         dtype = np.dtype(getattr(ml_dtypes, node["dtype"]))
         if arr.dtype != np.uint8 or arr.size != int(np.prod(shape)) * dtype.itemsize:
             raise ValueError(f"array for {where} does not match its recorded dtype/shape")
         return arr.view(dtype).reshape(shape)
-    if node.get("encoding") != "npy":
-        raise ValueError(f"unknown encoding {node.get('encoding')!r} for {where}")
     if arr.dtype != np.dtype(node["dtype"]) or arr.shape != shape:
         raise ValueError(
             f"array for {where} has dtype {arr.dtype} and shape {arr.shape}, but the "
@@ -538,39 +521,22 @@ def _read(path: Path) -> tuple[dict, dict]:
         with np.load(path, allow_pickle=False) as npz:
             # Read every member now: truncation/CRC errors surface here, not later.
             members = {name: npz[name] for name in npz.files}
-        if _HEADER_KEY not in members:
-            raise ValueError("no numpyro_dgp header found (not written by save_params?)")
         header = json.loads(str(members.pop(_HEADER_KEY)[()]))
-        if not isinstance(header, dict) or header.get("format") != _FORMAT_NAME:
-            raise ValueError("header does not describe a numpyro_dgp parameter file")
     except (PermissionError, MemoryError):
         raise
-    except Exception as err:  # noqa: BLE001 - zipfile, zlib, EOF, JSON and format errors
+    except Exception as err:  # noqa: BLE001 - zipfile, zlib, EOF, JSON errors, no header
         raise ValueError(
             f"could not read parameter file {str(path)!r} (truncated, corrupt or not an "
             f"npz written by save_params): {type(err).__name__}: {err}"
         ) from err
-    version = header.get("format_version")
-    if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
-        raise ValueError(
-            f"parameter file {str(path)!r} has format_version={version!r}; this library "
-            f"reads versions 1..{FORMAT_VERSION} (upgrade numpyro_dgp to read it)"
-        )
+    check_format(
+        header, _FORMAT_NAME, FORMAT_VERSION, f"load_params: {str(path)!r}", "parameter file"
+    )
     try:
-        params = _decode(header.get("tree"), (), members)
-        if not isinstance(params, dict):
-            raise ValueError("top level is not a dict")
+        params = _decode(header["tree"], (), members)
     except (ValueError, TypeError, AttributeError, KeyError) as err:  # ml_dtypes names too
         raise ValueError(f"parameter file {str(path)!r} is corrupt: {err}") from err
     return header, params
-
-
-def _leaves(tree: dict, key_path: tuple[str, ...] = ()) -> Iterator[tuple[str, np.ndarray]]:
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _leaves(value, key_path + (key,))
-        else:
-            yield _where(key_path + (key,)), value
 
 
 def _to_jax(tree: dict) -> dict:
@@ -628,9 +594,10 @@ def load_params(
     header, params = _read(path)
     if not as_numpy:
         # Check every leaf first so nothing is transferred when one of them would fail.
-        for where, arr in _leaves(params):
+        for key_path, arr in jax.tree_util.tree_flatten_with_path(params)[0]:
             canonical = np.dtype(jax.dtypes.canonicalize_dtype(arr.dtype))
             if canonical != arr.dtype.newbyteorder("="):
+                where = "params" + jax.tree_util.keystr(key_path)
                 raise ValueError(
                     f"{str(path)!r}: {where} has dtype {arr.dtype.name}, which JAX would silently "
                     f"turn into {canonical.name} because 64-bit mode is off. Call "

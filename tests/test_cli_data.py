@@ -238,3 +238,18 @@ def test_read_table_reads_missing_cells_where_allowed(tmp_path):
         read_table(tmp_path / "m.csv", allow_missing=["a"])
     X, Y, names = t.split(["b", "a"])
     assert Y.shape == (3, 2) and names == [] and X.shape == (3, 0)
+
+
+def test_read_table_refuses_ragged_or_ambiguous_tables(tmp_path):
+    (tmp_path / "r.csv").write_text("a,b\n1,2\n3\n")
+    with pytest.raises(ValueError, match="line 3 has 1 fields, the header has 2"):
+        read_table(tmp_path / "r.csv")
+    (tmp_path / "h.csv").write_text("a,a\n1,2\n")
+    with pytest.raises(ValueError, match="repeats column names"):
+        read_table(tmp_path / "h.csv")
+    np.savez(tmp_path / "e.npz")
+    with pytest.raises(ValueError, match="holds no arrays"):
+        read_table(tmp_path / "e.npz")
+    np.savez(tmp_path / "s.npz", u=np.ones(3), v=np.ones(4))
+    with pytest.raises(ValueError, match=r"every array must be one column.*\['v'\]"):
+        read_table(tmp_path / "s.npz")

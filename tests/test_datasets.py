@@ -439,3 +439,23 @@ def test_random_split_validation_part_is_the_rest_with_training_statistics(tmp_p
                                   part="validation")
     with pytest.raises(ValueError, match="part must be"):
         datasets.random_uci_split("yacht", seed=3, data_dir=tmp_path, part="valid")
+
+
+def test_malformed_split_files_and_dtypes_are_refused(tmp_path):
+    folder, _ = _write_fake(tmp_path)
+    (folder / "n_splits.txt").write_text("2.5\n")
+    with pytest.raises(ValueError, match="must hold a positive integer"):
+        num_uci_splits(folder)
+    (folder / "n_splits.txt").write_text("two\n")
+    with pytest.raises(ValueError, match="could not be parsed as numbers"):
+        num_uci_splits(folder)
+    (folder / "n_splits.txt").write_text("\n")
+    with pytest.raises(ValueError, match="is empty"):
+        num_uci_splits(folder)
+    (folder / "n_splits.txt").unlink()
+    for index_file in folder.glob("index_train_*.txt"):
+        index_file.unlink()
+    with pytest.raises(FileNotFoundError, match="holds no index_train"):
+        num_uci_splits(folder)
+    with pytest.raises(ValueError, match="floating dtype"):
+        load_uci(folder, dtype=np.int32)

@@ -313,3 +313,19 @@ def test_saved_models_of_other_likelihoods_predict_in_the_data_s_units(likelihoo
     quantiles = np.asarray(dgp.predictive_quantiles(ours, [0.5]))[0]
     np.testing.assert_allclose(quantiles, np.asarray(dgp.predictive_quantiles(plain, [0.5]))[0] * scale + shift,
                                rtol=1e-8, atol=1e-8)
+
+
+def test_a_corrupted_standardization_and_what_cannot_be_written_are_refused(saved, tmp_path):
+    target = _copy(saved[0], tmp_path)
+    config = json.loads((target / "model.json").read_text())
+    config["standardization"]["x_scale"] = [0.0, 1.0, 1.0]
+    (target / "model.json").write_text(json.dumps(config))
+    with pytest.raises(dgp.ModelFileError, match=r"is corrupted: load_model: standardization.x_scale must"):
+        dgp.load_model(target)
+    path, model, guide, params, *_ = saved
+    with pytest.raises(TypeError, match="save_model: metadata must be JSON-serializable"):
+        dgp.save_model(tmp_path / "m", model, guide, params, input_dim=3, metadata={"f": object()})
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(FileExistsError, match="is a file, not a model directory"):
+        dgp.save_model(tmp_path / "file", model, guide, params, input_dim=3, overwrite=True)
+    assert (tmp_path / "file").read_text() == "mine" and not (tmp_path / "m").exists()

@@ -43,11 +43,8 @@ class ModelFileError(ValueError):
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _is_names(value: Any, single: bool = False) -> bool:
@@ -55,6 +52,23 @@ def _is_names(value: Any, single: bool = False) -> bool:
     if value is None or (single and isinstance(value, str)):
         return True
     return isinstance(value, list) and all(isinstance(n, str) for n in value)
+
+
+def check_format(
+    document: Any, name: str, version: int, shown: str, what: str, error: type = ValueError
+) -> None:
+    """Raise ``error`` unless ``document`` (a parsed JSON header, of the file named ``shown`` in
+    messages) describes numpyro_dgp ``what`` in the format ``name``, of a version from 1 to
+    ``version`` (the message says to upgrade the library when it is newer)."""
+    if not isinstance(document, dict) or document.get("format") != name:
+        raise error(f"{shown} does not describe a numpyro_dgp {what}")
+    found = document.get("format_version")
+    if not isinstance(found, int) or not 1 <= found <= version:
+        raise error(
+            f"{shown} has format_version={found!r}, written by numpyro_dgp "
+            f"{document.get('library_version')!r}; this library ({__version__}) reads versions "
+            f"1..{version} (upgrade numpyro_dgp to load it)"
+        )
 
 
 def read_config(path: Path) -> dict:
@@ -74,27 +88,19 @@ def read_config(path: Path) -> dict:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ModelFileError(f"load_model: {shown} is corrupted (not valid JSON: {err})") from err
-    if not isinstance(config, dict) or config.get("format") != MODEL_FORMAT:
-        raise ModelFileError(f"load_model: {shown} does not describe a numpyro_dgp model")
-    version = config.get("format_version")
-    if not isinstance(version, int) or not 1 <= version <= MODEL_FORMAT_VERSION:
-        raise ModelFileError(
-            f"load_model: {str(path)!r} has format_version={version!r}, written by numpyro_dgp "
-            f"{config.get('library_version')!r}; this library ({__version__}) reads versions "
-            f"1..{MODEL_FORMAT_VERSION} (upgrade numpyro_dgp to load it)"
-        )
-    for key in ("model", "guide", "input_dim", "dtype", "files", "library_version"):
-        if key not in config:
-            raise ModelFileError(f"load_model: {shown} is corrupted (no {key!r} entry)")
-    problem = None
+    check_format(
+        config, MODEL_FORMAT, MODEL_FORMAT_VERSION, f"load_model: {shown}", "model", ModelFileError
+    )
+    required = ("model", "guide", "input_dim", "dtype", "files", "library_version")
+    problems = [f"no {key!r} entry" for key in required if key not in config]
     if not _is_names(config.get("feature_names")):
-        problem = f"feature_names {config['feature_names']!r} is not a list of names"
-    elif not _is_names(config.get("target_name"), single=True):
-        problem = f"target_name {config['target_name']!r} is not a name or a list of names"
-    elif _version_tuple(config["library_version"]) is None:
-        problem = f"library_version {config['library_version']!r} is not a version number"
-    if problem is not None:
-        raise ModelFileError(f"load_model: {shown} is corrupted ({problem})")
+        problems.append(f"feature_names {config['feature_names']!r} is not a list of names")
+    if not _is_names(config.get("target_name"), single=True):
+        problems.append(f"target_name {config['target_name']!r} is not a name or a list of names")
+    if "library_version" in config and _version_tuple(config["library_version"]) is None:
+        problems.append(f"library_version {config['library_version']!r} is not a version number")
+    if problems:
+        raise ModelFileError(f"load_model: {shown} is corrupted ({'; '.join(problems)})")
     return config
 
 
@@ -322,9 +328,9 @@ def _read_npz(path: Path) -> Table:
     if "X" in arrays and arrays["X"].ndim == 2:
         X = arrays.pop("X")
         columns = [f"x{i}" for i in range(X.shape[1])] + list(arrays)
-        parts = [X[:, i] for i in range(X.shape[1])]
-        for value in arrays.values():
-            parts.append(value.reshape(-1) if value.ndim == 2 and value.shape[1] == 1 else value)
+        parts = list(X.T) + [
+            v.reshape(-1) if v.ndim == 2 and v.shape[1] == 1 else v for v in arrays.values()
+        ]
     bad_shape = [
         c for c, p in zip(columns, parts) if p.ndim != 1 or p.shape[0] != parts[0].shape[0]
     ]
@@ -359,11 +365,9 @@ def _read_csv(path: Path, allow_missing: tuple[str, ...] | list[str]) -> Table:
                 f"{str(path)!r}: line {r} has {len(row)} fields, the header has {len(columns)}"
             )
         for c, cell in enumerate(row):
-            if columns[c] in allow_missing and not cell.strip():
-                values[r - 2, c] = np.nan
-                continue
+            missing = columns[c] in allow_missing and not cell.strip()
             try:
-                values[r - 2, c] = float(cell)
+                values[r - 2, c] = np.nan if missing else float(cell)
             except ValueError:
                 bad.setdefault(columns[c], (r, cell))
     if bad:
