@@ -72,11 +72,10 @@ from numpyro_dgp._layers.inducing import (
 )
 from numpyro_dgp._layers.parts import (
     MEAN_FUNCTIONS,
-    check_amortized_args,
+    LayerArgs,
     check_layer_args,
-    check_layer_kind,
-    default_encoder_input,
     hyperparameter_sites,
+    identity,
     mean_function,
     mean_projection,
     noise_variance,
@@ -277,18 +276,14 @@ def sample_moments(
         :func:`~numpyro_dgp.core.default_jitter` of the dtype.
     :return: ``(N, P)`` draw.
     """
+    mean = jnp.asarray(mean)
     if full_cov:
         jitter = default_jitter(jnp.result_type(var)) if jitter is None else jitter
         L = jittered_cholesky(var, jitter)  # (P, N, N)
-        mean = jnp.asarray(mean)
         eps = standard_normal(rng_key, mean.shape[::-1], mean.dtype)  # (P, N)
         return mean + jnp.einsum("pnm,pm->np", L, eps)
-    return _diagonal_draw(rng_key, jnp.asarray(mean), jnp.asarray(var))
-
-
-def _diagonal_draw(rng_key: jax.Array, mean: jax.Array, var: jax.Array) -> jax.Array:
     eps = standard_normal(rng_key, mean.shape, mean.dtype)
-    return mean + jnp.sqrt(jnp.maximum(var, 0.0)) * eps
+    return mean + jnp.sqrt(jnp.maximum(jnp.asarray(var), 0.0)) * eps
 
 
 def _propagate(
@@ -363,40 +358,18 @@ def gp_layer(
         is not a ``Distribution``.
     :raises RuntimeError: if the model does not run under a ``seed`` handler.
     """
-    check_layer_kind(name, kernel, inducing)
-    if inducing == "amortized":
-        return _amortized_layer(
-            name,
-            X,
-            kernel,
-            num_inducing=num_inducing,
-            out_dim=out_dim,
-            mean=mean,
-            inducing_inputs=inducing_inputs,
-            learn_inducing=learn_inducing,
-            learn_hyperparameters=learn_hyperparameters,
-            priors=priors,
-            whiten=whiten,
-            jitter=jitter,
-            average_kl=average_kl,
-            noise=noise,
-        )
     args = check_layer_args(
-        name,
-        X,
-        kernel,
-        num_inducing=num_inducing,
-        out_dim=out_dim,
-        priors=priors,
-        whiten=whiten,
-        jitter=jitter,
-        inducing=inducing,
-        inducing_inputs=inducing_inputs,
+        name, X, kernel, num_inducing, out_dim, priors, whiten, jitter, inducing, inducing_inputs
     )
     X, in_dim = args.X, args.X.shape[-1]
     kernel = hyperparameter_sites(
         name, kernel.with_input_dim(in_dim), X.dtype, args.priors, learn_hyperparameters
     )
+    if inducing == "amortized":
+        assert num_inducing is not None  # check_layer_args: a positive integer
+        return _amortized_layer(
+            name, args, kernel, int(num_inducing), out_dim, mean, learn_inducing, average_kl, noise
+        )
     Z = inducing_inputs_site(name, args, num_inducing, learn_inducing)
     mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
     noise_var = noise_variance(name, noise, X.dtype)
@@ -452,38 +425,18 @@ def _emit_layer(layer: Layer, X: jax.Array, u: jax.Array) -> jax.Array:
 
 def _amortized_layer(
     name: str,
-    X: ArrayLike | tuple[ArrayLike, ArrayLike],
+    args: LayerArgs,
     kernel: Kernel,
-    *,
-    num_inducing: int | None,
+    M: int,
     out_dim: int,
     mean: str | Callable,
-    inducing_inputs: ArrayLike | None,
     learn_inducing: bool,
-    learn_hyperparameters: bool,
-    priors: dict | None,
-    whiten: bool | None,
-    jitter: float | None,
     average_kl: bool,
     noise: float | None,
 ) -> jax.Array:
-    """``gp_layer(..., inducing="amortized")``: per-point inducing sets (Meng & Zhang 2024)."""
-    X, data_plate, jitter = check_amortized_args(
-        name,
-        X,
-        kernel,
-        num_inducing=num_inducing,
-        out_dim=out_dim,
-        inducing_inputs=inducing_inputs,
-        priors=priors,
-        whiten=whiten,
-        jitter=jitter,
-    )
-    assert num_inducing is not None  # check_amortized_args: a positive integer
-    D, M = X.shape[-1], int(num_inducing)
-    kernel = hyperparameter_sites(
-        name, kernel.with_input_dim(D), X.dtype, {}, learn_hyperparameters
-    )
+    """``gp_layer(..., inducing="amortized")``: per-point inducing sets (Meng & Zhang 2024), with
+    the kernel's sites made."""
+    X, D, jitter = args.X, args.X.shape[-1], args.jitter
     mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, D), D, out_dim)
     noise_var = noise_variance(name, noise, X.dtype)
     Z, p = _amortized_inducing_inputs(name, X, M, learn_inducing)
@@ -500,7 +453,7 @@ def _amortized_layer(
     ).to_event(1)
     u_site = f"{name}.u"
     infer = {INDUCING: InducingTag(name, False, "amortized", p)}
-    with numpyro.handlers.scale(scale=1.0 / data_plate.size if average_kl else 1.0):
+    with numpyro.handlers.scale(scale=1.0 / args.data_plate.size if average_kl else 1.0):
         u = numpyro.sample(u_site, prior, infer=infer)
     if jnp.shape(u) != prior.shape():
         # the placeholder of AutoAmortizedDGP (shaped as at its set-up), replayed at another
@@ -547,5 +500,5 @@ def _amortized_inducing_inputs(
     if not learn_inducing:
         weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
     # the encoder input of a handler's amortization rule: (..., B, D) by construction
-    p = jnp.asarray(send_encoder_input(name, X, default_encoder_input), X.dtype)
+    p = jnp.asarray(send_encoder_input(name, X, identity), X.dtype)
     return affine_inducing_inputs(weight, bias, p), p

@@ -133,9 +133,10 @@ def mean_projection(X: ArrayLike, in_dim: int, out_dim: int) -> jax.Array:
     return Vt[:out_dim].T
 
 
-def identity_mean(A: jax.Array) -> jax.Array:
-    """The ``"identity"`` mean function of a layer that keeps its width: its inputs as they
-    are (no product with the identity, which a GPU's TF32 products would round)."""
+def identity(A: jax.Array) -> jax.Array:
+    """Its argument as it is: the ``"identity"`` mean function of a layer that keeps its width
+    (no product with the identity, which a GPU's TF32 products would round), and the encoder
+    input of a layer without an amortization rule (rule AR1 of Meng & Zhang 2024)."""
     return A
 
 
@@ -152,38 +153,33 @@ def mean_function(
     zero_bias = jax.device_put(np.zeros(out_dim, X.dtype))
     if mean == "zero":
         return (lambda A: jnp.zeros(A.shape[:-1] + (out_dim,), A.dtype)), (None, None)
+    if mean == "identity" and in_dim == out_dim:
+        return identity, (jax.device_put(np.eye(in_dim, dtype=X.dtype)), zero_bias)
+    W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
     if mean == "identity":
-        if in_dim == out_dim:
-            return identity_mean, (jax.device_put(np.eye(in_dim, dtype=X.dtype)), zero_bias)
-        W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
         W = jax.lax.stop_gradient(W)  # fixed, as in DSVI; stored so predictions reuse it
         return (lambda A: A @ W), (W, zero_bias)
     # "linear"
-    W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
     b = numpyro.param(f"{name}.mean.bias", jnp.zeros(out_dim, X.dtype))
     return (lambda A: A @ W + b), (W, b)
 
 
 def noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax.Array | None:
     """The layer's learned output noise variance (``numpyro.param`` ``"<name>.noise"``), or
-    ``None``."""
+    ``None``.
+
+    :raises ValueError: for a noise that is not a finite positive scalar (checked where
+        concrete).
+    """
     if noise is None:
         return None
-    _check_noise(name, noise)
-    return numpyro.param(
-        f"{name}.noise", jnp.asarray(noise, dtype), constraint=constraints.positive
-    )
-
-
-def _check_noise(name: str, noise: ArrayLike) -> None:
-    """A layer's noise variance: a finite positive scalar (checked where concrete).
-
-    :raises ValueError: otherwise.
-    """
     if np.ndim(noise) != 0 or _holds(lambda xp, v: xp.isfinite(v) & (v > 0), noise) is False:
         raise ValueError(
             f"gp_layer {name!r}: noise must be a finite positive scalar (a variance), got {noise!r}"
         )
+    return numpyro.param(
+        f"{name}.noise", jnp.asarray(noise, dtype), constraint=constraints.positive
+    )
 
 
 def hyperparameter_sites(
@@ -212,16 +208,10 @@ def hyperparameter_sites(
         raise ValueError(f"gp_layer {name!r}: {err} (site '{name}.kernel.*')") from None
 
 
-def default_encoder_input(X: jax.Array) -> jax.Array:
-    """Without an amortization rule a layer's encoder sees its own input (rule AR1 of
-    Meng & Zhang 2024)."""
-    return X
-
-
 # ---- gp_layer's argument checks: all of them run before any site is sent ----
 
 
-def check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
+def _check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
     """The checks every layer kind makes first: its name, kernel and inducing mode."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
@@ -236,7 +226,7 @@ def check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
 
 
 class LayerArgs(NamedTuple):
-    """A global or locations layer's arguments after :func:`check_layer_args`."""
+    """A layer's arguments after :func:`check_layer_args`."""
 
     X: jax.Array  #: float inputs, ``(N, D)`` or ``(S, N, D)``
     propagated_Z: jax.Array | None  #: the locations of an ``(X, Z)`` pair, ``(M, D)``
@@ -245,13 +235,13 @@ class LayerArgs(NamedTuple):
     whiten: bool
     priors: dict
     jitter: float  #: relative jitter (scaled by the mean prior variance later)
+    data_plate: Any = None  #: the data plate of a per-point (amortized) layer
 
 
 def check_layer_args(
     name: str,
     X: ArrayLike | tuple,
     kernel: Kernel,
-    *,
     num_inducing: int | None,
     out_dim: int,
     priors: dict | None,
@@ -260,7 +250,12 @@ def check_layer_args(
     inducing: str,
     inducing_inputs: ArrayLike | None,
 ) -> LayerArgs:
-    """Every check of a global or locations layer, before any site is sent or JAX work done."""
+    """Every check of ``gp_layer``'s arguments, before any site is sent or JAX work done."""
+    _check_layer_kind(name, kernel, inducing)
+    if inducing == "amortized":
+        return _check_amortized_args(
+            name, X, kernel, num_inducing, out_dim, inducing_inputs, priors, whiten, jitter
+        )
     locations = inducing == "locations"
     whiten = _check_whiten(name, whiten, locations)
     X, propagated_Z = _check_locations_pair(name, X, locations)
@@ -396,20 +391,18 @@ def _check_inducing_array(
     return Z
 
 
-def check_amortized_args(
+def _check_amortized_args(
     name: str,
     X: ArrayLike | tuple,
     kernel: Kernel,
-    *,
     num_inducing: int | None,
     out_dim: int,
     inducing_inputs: ArrayLike | None,
     priors: dict | None,
     whiten: bool | None,
     jitter: float | None,
-) -> tuple[jax.Array, Any, float]:
-    """Every check of a per-point (amortized) layer:
-    ``(X, the data plate, the relative jitter)``."""
+) -> LayerArgs:
+    """Every check of a per-point (amortized) layer."""
     if whiten:
         raise ValueError(
             f"gp_layer {name!r}: inducing='amortized' is unwhitened (the prior "
@@ -443,4 +436,5 @@ def check_amortized_args(
         )
     _check_finite(X, f"gp_layer {name!r}: X")
     _check_input_scale(name, X, kernel)
-    return X, data_plate[0], _check_layer_jitter(name, jitter, X.dtype)
+    jitter = _check_layer_jitter(name, jitter, X.dtype)
+    return LayerArgs(X, None, None, False, False, {}, jitter, data_plate[0])
