@@ -24,7 +24,6 @@ LAYERS = (
     ("_compat", "_cache"),
     ("_protocol", "_validation"),
     ("likelihoods", "posteriors"),
-    ("_layers",),
     ("layers",),
     ("handlers", "guides"),
     ("_engine",),

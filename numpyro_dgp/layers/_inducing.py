@@ -11,7 +11,6 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 
-from numpyro_dgp._layers.parts import LayerArgs
 from numpyro_dgp.core import (
     cholesky,
     cholesky_and_inverse,
@@ -20,6 +19,7 @@ from numpyro_dgp.core import (
     kmeans,
 )
 from numpyro_dgp.kernels import Kernel
+from numpyro_dgp.layers._parts import LayerArgs
 
 __all__ = [
     "inducing_factor",

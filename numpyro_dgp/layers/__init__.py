@@ -64,22 +64,6 @@ import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
-from numpyro_dgp._layers.inducing import (
-    inducing_factor,
-    inducing_inputs_site,
-    inducing_prior,
-    mean_diagonal,
-)
-from numpyro_dgp._layers.parts import (
-    MEAN_FUNCTIONS,
-    LayerArgs,
-    check_layer_args,
-    hyperparameter_sites,
-    identity,
-    mean_function,
-    mean_projection,
-    noise_variance,
-)
 from numpyro_dgp._protocol import (
     INDUCING,
     InducingTag,
@@ -96,6 +80,23 @@ from numpyro_dgp.core import (
     standard_normal,
 )
 from numpyro_dgp.kernels import Kernel
+from numpyro_dgp.layers._inducing import (
+    inducing_factor,
+    inducing_inputs_site,
+    inducing_prior,
+    mean_diagonal,
+)
+from numpyro_dgp.layers._latent import latent_input as latent_input
+from numpyro_dgp.layers._parts import (
+    MEAN_FUNCTIONS,
+    LayerArgs,
+    check_layer_args,
+    hyperparameter_sites,
+    identity,
+    mean_function,
+    mean_projection,
+    noise_variance,
+)
 
 __all__ = [
     "gp_layer",
