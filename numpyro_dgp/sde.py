@@ -46,11 +46,6 @@ def _check_trajectory_request(model: sde_flow, X: ArrayLike, num_samples: int) -
     return X
 
 
-def _with_record(model: sde_flow) -> sde_flow:
-    """The same flow, recording its path."""
-    return sde_flow(model.fn, **{**model.spec._asdict(), "record": True})
-
-
 def flow_trajectories(
     model: sde_flow,
     guide: Callable,
@@ -78,7 +73,7 @@ def flow_trajectories(
     :return: ``(S, num_steps + 1, N, D)`` states of the flow at every Euler–Maruyama step.
     """
     X = _check_trajectory_request(model, X, num_samples)
-    recording = _with_record(model)
+    recording = sde_flow(model.fn, **{**model.spec._asdict(), "record": True})  # its path too
     name = f"{recording.spec.layer}.layer"
 
     def one(key, params, X):
