@@ -125,9 +125,7 @@ def deep_gp_regression(
     :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
     caller = "deep_gp_regression"
-    config = _arguments(locals())
-    observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
-    observation.check(caller)
+    config, observation = _observation(locals(), caller)
     check_positive_int(num_layers, "num_layers", caller)
     check_positive_int(num_inducing, "num_inducing", caller)
     check_positive_int(hidden_width, "hidden_width", caller, allow_none=True)
@@ -159,9 +157,13 @@ def deep_gp_regression(
     return _remember(model, caller, config)
 
 
-def _arguments(arguments: dict) -> dict:
-    """A factory's arguments as given (``locals()`` at its top), for :func:`_remember`."""
-    return {k: v for k, v in arguments.items() if k not in ("caller", "model")}
+def _observation(arguments: dict, caller: str) -> tuple[dict, Observation]:
+    """A factory's arguments as given (``locals()`` at its top), for :func:`_remember`, and its
+    observation site built from them and checked."""
+    config = {k: v for k, v in arguments.items() if k != "caller"}
+    observation = Observation(*(config[field] for field in Observation._fields))
+    observation.check(caller)
+    return config, observation
 
 
 def _remember(model, factory, arguments):
@@ -236,9 +238,7 @@ def diffgp(
     :raises NotImplementedError: for an unknown ``likelihood``.
     :raises TypeError: if a kernel is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
-    config = _arguments(locals())
-    observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
-    observation.check("diffgp")
+    config, observation = _observation(locals(), "diffgp")
     check_positive_number(T, "T", "diffgp", allow_zero=True)
     check_positive_int(num_steps, "num_steps", "diffgp")
     check_positive_int(num_inducing, "num_inducing", "diffgp")
@@ -342,9 +342,7 @@ def amortized_dgp(
     :raises ValueError: for an invalid argument (naming it).
     :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
-    config = _arguments(locals())
-    observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
-    observation.check("amortized_dgp")
+    config, observation = _observation(locals(), "amortized_dgp")
     widths, num_inducing = tuple(widths), tuple(num_inducing)
     if not widths or widths[-1] != observation.width or len(num_inducing) != len(widths):
         raise ValueError(
@@ -392,37 +390,29 @@ class _plate_indices(Messenger):
             msg["value"] = self.indices
 
 
-def _check_minibatch(batch_size: int | None, num_data: int | None, N: int, caller: str) -> None:
-    """A model's ``batch_size`` (points drawn per call) or ``num_data`` (``X`` is a minibatch of
-    that many).
-
-    :raises ValueError: for a value that is not a positive integer, both given, or ``num_data``
-        below ``N``.
-    """
-    check_positive_int(batch_size, "batch_size", caller, allow_none=True)
-    if num_data is None:
-        return
-    check_positive_int(num_data, "num_data", caller)
-    if batch_size is not None:
-        raise ValueError(
-            f"{caller}: give batch_size (draw minibatches of X) or num_data (X is a minibatch), "
-            "not both"
-        )
-    if num_data < N:
-        raise ValueError(
-            f"{caller}: num_data={num_data} is below the {N} points of the minibatch X"
-        )
-
-
 def _subsample(X, y, batch_size, caller, num_data):
     """The data plate and the minibatch: ``batch_size`` points of ``X`` (drawn here), or, with
     ``num_data``, ``X`` itself as a minibatch of a data set of ``num_data`` points (drawn by
     the caller, e.g. from host memory; the likelihood is scaled by ``num_data / len(X)``).
     Above :data:`WITH_REPLACEMENT_ABOVE` points the indices are drawn with replacement; below,
-    by NumPyro's function."""
+    by NumPyro's function.
+
+    :raises ValueError: for a ``batch_size`` or ``num_data`` that is not a positive integer,
+        both given, or ``num_data`` below ``N``.
+    """
     N = X.shape[0]
-    _check_minibatch(batch_size, num_data, N, caller)
+    check_positive_int(batch_size, "batch_size", caller, allow_none=True)
     if num_data is not None:
+        check_positive_int(num_data, "num_data", caller)
+        if batch_size is not None:
+            raise ValueError(
+                f"{caller}: give batch_size (draw minibatches of X) or num_data (X is a "
+                "minibatch), not both"
+            )
+        if num_data < N:
+            raise ValueError(
+                f"{caller}: num_data={num_data} is below the {N} points of the minibatch X"
+            )
         with _plate_indices("data", jnp.arange(N)):
             data = numpyro.plate("data", int(num_data), subsample_size=N)
         return data, X, y

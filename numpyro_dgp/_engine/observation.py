@@ -356,7 +356,28 @@ class Observation(NamedTuple):
         """
         check_choice(self.likelihood, LIKELIHOODS, "likelihood", caller, error=NotImplementedError)
         check_positive_int(self.num_outputs, "num_outputs", caller)
-        _check_classes(self, caller)
+        # num_classes: an integer >= 2 for the class likelihoods (one column of labels), else absent
+        likelihood, num_classes = self.likelihood, self.num_classes
+        classes = likelihood in ("softmax", "robust_max")
+        if classes and not (
+            isinstance(num_classes, (int, np.integer))
+            and not isinstance(num_classes, bool)
+            and num_classes >= 2
+        ):
+            raise ValueError(
+                f"{caller}: likelihood={likelihood!r} needs num_classes, an integer >= 2, got "
+                f"{num_classes!r}"
+            )
+        if classes and self.num_outputs != 1:
+            raise ValueError(
+                f"{caller}: likelihood={likelihood!r} takes one column of labels; got "
+                f"num_outputs={self.num_outputs}"
+            )
+        if not classes and num_classes is not None:
+            raise ValueError(
+                f"{caller}: num_classes is for likelihood='softmax' or 'robust_max', not "
+                f"{likelihood!r}"
+            )
         check_choice(self.missing_targets, MISSING_TARGETS, "missing_targets", caller)
 
     def targets(
@@ -441,34 +462,6 @@ class Observation(NamedTuple):
         """A learned parameter of the likelihood: one per target column."""
         shape = () if self.num_outputs == 1 else (self.num_outputs,)
         return numpyro.param(name, jnp.full(shape, init, dtype), constraint=constraint)
-
-
-def _check_classes(observation: Observation, caller: str) -> None:
-    """``num_classes``: an integer >= 2 for the class likelihoods (with one column of labels),
-    absent for the others.
-
-    :raises ValueError: otherwise.
-    """
-    likelihood, num_classes = observation.likelihood, observation.num_classes
-    classes = likelihood in ("softmax", "robust_max")
-    if classes and not (
-        isinstance(num_classes, (int, np.integer))
-        and not isinstance(num_classes, bool)
-        and num_classes >= 2
-    ):
-        raise ValueError(
-            f"{caller}: likelihood={likelihood!r} needs num_classes, an integer >= 2, got "
-            f"{num_classes!r}"
-        )
-    if classes and observation.num_outputs != 1:
-        raise ValueError(
-            f"{caller}: likelihood={likelihood!r} takes one column of labels; got "
-            f"num_outputs={observation.num_outputs}"
-        )
-    if not classes and num_classes is not None:
-        raise ValueError(
-            f"{caller}: num_classes is for likelihood='softmax' or 'robust_max', not {likelihood!r}"
-        )
 
 
 def _check_discrete_targets(y: jax.Array, observation: Observation, caller: str) -> None:

@@ -199,7 +199,7 @@ def hyperparameter_sites(
                 prior = prior.expand(init.shape).to_event(init.ndim)
             values[hp] = numpyro.sample(site, prior)
             continue
-        # initial values were checked positive by check_layer_kind (_check_kernel_values)
+        # initial values were checked positive by check_layer_args (_check_kernel_values)
         value = numpyro.param(site, init, constraint=constraints.positive)
         values[hp] = value if learn else jax.lax.stop_gradient(value)
     try:
@@ -209,20 +209,6 @@ def hyperparameter_sites(
 
 
 # ---- gp_layer's argument checks: all of them run before any site is sent ----
-
-
-def _check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
-    """The checks every layer kind makes first: its name, kernel and inducing mode."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
-    check_kernel(kernel, "kernel", f"gp_layer {name!r}")
-    _check_unique_name(name)
-    _check_kernel_values(name, kernel)
-    if inducing not in INDUCING_MODES:
-        raise NotImplementedError(
-            f"gp_layer {name!r}: inducing={inducing!r} is not available; "
-            f"supported: {INDUCING_MODES}"
-        )
 
 
 class LayerArgs(NamedTuple):
@@ -251,7 +237,16 @@ def check_layer_args(
     inducing_inputs: ArrayLike | None,
 ) -> LayerArgs:
     """Every check of ``gp_layer``'s arguments, before any site is sent or JAX work done."""
-    _check_layer_kind(name, kernel, inducing)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
+    check_kernel(kernel, "kernel", f"gp_layer {name!r}")
+    _check_unique_name(name)
+    _check_kernel_values(name, kernel)
+    if inducing not in INDUCING_MODES:
+        raise NotImplementedError(
+            f"gp_layer {name!r}: inducing={inducing!r} is not available; "
+            f"supported: {INDUCING_MODES}"
+        )
     if inducing == "amortized":
         return _check_amortized_args(
             name, X, kernel, num_inducing, out_dim, inducing_inputs, priors, whiten, jitter
