@@ -64,13 +64,7 @@ import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
-from numpyro_dgp._protocol import (
-    INDUCING,
-    InducingTag,
-    LayerCall,
-    send_encoder_input,
-    send_layer,
-)
+from numpyro_dgp._protocol import INDUCING, InducingTag, LayerCall, send_encoder_input, send_layer
 from numpyro_dgp.core import (
     affine_inducing_inputs,
     conditional,
@@ -367,28 +361,32 @@ def gp_layer(
         name, kernel.with_input_dim(in_dim), X.dtype, args.priors, learn_hyperparameters
     )
     if inducing == "amortized":
+        mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
+        noise_var = noise_variance(name, noise, X.dtype)
         assert num_inducing is not None  # check_layer_args: a positive integer
-        return _amortized_layer(
-            name, args, kernel, int(num_inducing), out_dim, mean, learn_inducing, average_kl, noise
+        M = int(num_inducing)
+        Z, Kmm_chol, prior_mean, u = _amortized_sets(
+            name, args, kernel, M, mean_fn, learn_inducing, average_kl
         )
-    Z = inducing_inputs_site(name, args, num_inducing, learn_inducing)
-    mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
-    noise_var = noise_variance(name, noise, X.dtype)
-    # a whitened layer's step reads L^{-1} alone; elsewhere the prior reads L as well
-    reads_factor = args.locations or not args.whiten
-    Kmm_chol, Kmm_chol_inv, layer_jitter = inducing_factor(
-        kernel, Z, float(args.jitter), reads_factor
-    )
-    # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
-    prior_mean = mean_fn(Z).T if args.locations else jnp.zeros((out_dim, Z.shape[0]), X.dtype)
-    u_site = f"{name}.u"
-    u = numpyro.sample(
-        u_site,
-        inducing_prior(
-            Kmm_chol, prior_mean, out_dim, args.whiten, args.locations, X.dtype
-        ).to_event(1),
-        infer={INDUCING: InducingTag(name, args.whiten, inducing)},
-    )
+        Kmm_chol_inv, layer_jitter = None, args.jitter
+    else:
+        Z = inducing_inputs_site(name, args, num_inducing, learn_inducing)
+        mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
+        noise_var = noise_variance(name, noise, X.dtype)
+        # a whitened layer's step reads L^{-1} alone; elsewhere the prior reads L as well
+        reads_factor = args.locations or not args.whiten
+        Kmm_chol, Kmm_chol_inv, layer_jitter = inducing_factor(
+            kernel, Z, float(args.jitter), reads_factor
+        )
+        # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
+        prior_mean = mean_fn(Z).T if args.locations else jnp.zeros((out_dim, Z.shape[0]), X.dtype)
+        u = numpyro.sample(
+            f"{name}.u",
+            inducing_prior(
+                Kmm_chol, prior_mean, out_dim, args.whiten, args.locations, X.dtype
+            ).to_event(1),
+            infer={INDUCING: InducingTag(name, args.whiten, inducing)},
+        )
     # NumPyro draws in the default float type; keep the layer in its inputs' precision
     u = jnp.asarray(u, X.dtype)
     layer = Layer(
@@ -400,46 +398,37 @@ def gp_layer(
         args.whiten,
         layer_jitter,
         out_dim,
-        u_site,
+        f"{name}.u",
         prior_mean,
         inducing,
         noise_var,
         mean_affine,
         Kmm_chol_inv,
     )
-    out = _emit_layer(layer, X, u)
-    return (out, u.T) if args.locations else out
-
-
-def _emit_layer(layer: Layer, X: jax.Array, u: jax.Array) -> jax.Array:
-    """Send the layer's message (default: draw ``f(X) | u``) and record the output."""
     rng_key = numpyro.prng_key()
     if rng_key is None:
         raise RuntimeError(
-            f"gp_layer {layer.name!r} needs a random key: run the model under "
+            f"gp_layer {name!r} needs a random key: run the model under "
             "numpyro.handlers.seed (SVI, MCMC and Predictive do this)"
         )
+    # the layer's message (default: draw f(X) | u), then its output recorded
     out = send_layer(LayerCall(layer, X, u), rng_key, _propagate)
-    numpyro.deterministic(layer.name, out)
-    return out
+    numpyro.deterministic(name, out)
+    return (out, u.T) if args.locations else out
 
 
-def _amortized_layer(
+def _amortized_sets(
     name: str,
     args: LayerArgs,
     kernel: Kernel,
     M: int,
-    out_dim: int,
-    mean: str | Callable,
+    mean_fn: Callable,
     learn_inducing: bool,
     average_kl: bool,
-    noise: float | None,
-) -> jax.Array:
-    """``gp_layer(..., inducing="amortized")``: per-point inducing sets (Meng & Zhang 2024), with
-    the kernel's sites made."""
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``gp_layer(..., inducing="amortized")``'s per-point inducing sets (Meng & Zhang 2024):
+    ``(Z, the factors of K(Z_n, Z_n), the prior means, u)``."""
     X, D, jitter = args.X, args.X.shape[-1], args.jitter
-    mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, D), D, out_dim)
-    noise_var = noise_variance(name, noise, X.dtype)
     Z, p = _amortized_inducing_inputs(name, X, M, learn_inducing)
     Kzz = jax.vmap(kernel)(Z.reshape(-1, M, D)).reshape(Z.shape[:-1] + (M,))
     # The jitter is relative to each set's prior variance: float32 round-off in K(Z_n, Z_n)
@@ -452,10 +441,9 @@ def _amortized_layer(
     prior = dist.MultivariateNormal(
         prior_mean, scale_tril=Kzz_chol[..., None, :, :], validate_args=False
     ).to_event(1)
-    u_site = f"{name}.u"
     infer = {INDUCING: InducingTag(name, False, "amortized", p)}
     with numpyro.handlers.scale(scale=1.0 / args.data_plate.size if average_kl else 1.0):
-        u = numpyro.sample(u_site, prior, infer=infer)
+        u = numpyro.sample(f"{name}.u", prior, infer=infer)
     if jnp.shape(u) != prior.shape():
         # the placeholder of AutoAmortizedDGP (shaped as at its set-up), replayed at another
         # batch size by an objective that samples the guide on its own (Trace_ELBO, ...)
@@ -465,22 +453,7 @@ def _amortized_layer(
             "Predictive cannot sample the guide on its own; use numpyro_dgp.DGPElbo or "
             "numpyro_dgp.PredictiveObjective to train and numpyro_dgp.predict to predict"
         )
-    layer = Layer(
-        name,
-        kernel,
-        Z,
-        Kzz_chol,
-        mean_fn,
-        False,
-        jitter,
-        out_dim,
-        u_site,
-        prior_mean,
-        "amortized",
-        noise_var,
-        mean_affine,
-    )
-    return _emit_layer(layer, X, jnp.asarray(u, X.dtype))
+    return Z, Kzz_chol, prior_mean, u
 
 
 def _amortized_inducing_inputs(
