@@ -43,7 +43,6 @@ from numpyro_dgp._validation import (
 from numpyro_dgp.core import gauss_hermite, gauss_hermite_product
 
 __all__ = [
-    "KINDS",
     "LIKELIHOODS",
     "MISSING_TARGETS",
     "Observation",
@@ -62,8 +61,6 @@ __all__ = [
     "validated_normal",
 ]
 
-#: the kinds of observation site (see the module docstring)
-KINDS = ("normal", "bernoulli", "categorical", "general")
 
 #: the most nodes a tensor-product Gauss-Hermite rule may have
 MAX_NODES = 20_000
@@ -127,7 +124,7 @@ def point_mask(parts: Unwrapped, value: jax.Array) -> jax.Array:
 
 
 def observation_kind(fn: dist.Distribution, name: str, caller: str = "predict") -> str:
-    """The kind of an observation site's distribution (one of :data:`KINDS`).
+    """The kind of an observation site's distribution (see the module docstring).
 
     :param fn: the site's distribution, evaluated at two or more of the last layer's nodes (a
         leading axis: a Normal scale that varies along it depends on the layer).
