@@ -368,7 +368,8 @@ def gp_layer(
         Z, Kmm_chol, prior_mean, u = _amortized_sets(
             name, args, kernel, M, mean_fn, learn_inducing, average_kl
         )
-        Kmm_chol_inv, layer_jitter = None, args.jitter
+        Kmm_chol_inv = None
+        layer_jitter: float | jax.Array = args.jitter  # relative: each set's own variance
     else:
         Z = inducing_inputs_site(name, args, num_inducing, learn_inducing)
         mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
