@@ -247,16 +247,16 @@ def check_layer_args(
             f"gp_layer {name!r}: inducing={inducing!r} is not available; "
             f"supported: {INDUCING_MODES}"
         )
+    check_positive_int(out_dim, "out_dim", f"gp_layer {name!r}")
     if inducing == "amortized":
         return _check_amortized_args(
-            name, X, kernel, num_inducing, out_dim, inducing_inputs, priors, whiten, jitter
+            name, X, kernel, num_inducing, inducing_inputs, priors, whiten, jitter
         )
     locations = inducing == "locations"
     whiten = _check_whiten(name, whiten, locations)
     X, propagated_Z = _check_locations_pair(name, X, locations)
     _check_run_context(name)
     X = _check_layer_inputs(name, X, kernel, locations)
-    check_positive_int(out_dim, "out_dim", f"gp_layer {name!r}")
     priors = _check_priors(name, priors, kernel)
     jitter = _check_layer_jitter(name, jitter, X.dtype)
     if propagated_Z is not None:
@@ -391,7 +391,6 @@ def _check_amortized_args(
     X: ArrayLike | tuple,
     kernel: Kernel,
     num_inducing: int | None,
-    out_dim: int,
     inducing_inputs: ArrayLike | None,
     priors: dict | None,
     whiten: bool | None,
@@ -414,7 +413,6 @@ def _check_amortized_args(
             "hyperparameter prior would become one sample per point; priors are not available"
         )
     check_positive_int(num_inducing, "num_inducing", f"gp_layer {name!r}")
-    check_positive_int(out_dim, "out_dim", f"gp_layer {name!r}")
     data_plate = [p for p in active_plates() if p.dim == -1]
     if not data_plate:
         raise ValueError(
