@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     from numpyro_dgp import posteriors as posteriors
     from numpyro_dgp import recipes as recipes
     from numpyro_dgp import sde as sde
-    from numpyro_dgp._layers.latent import latent_input as latent_input
     from numpyro_dgp._predict.deterministic import predict_collapsed as predict_collapsed
     from numpyro_dgp._predict.deterministic import predict_moment_matched as predict_moment_matched
     from numpyro_dgp._predict.metrics import gaussian_mixture_crps as gaussian_mixture_crps
@@ -78,6 +77,7 @@ if TYPE_CHECKING:
     from numpyro_dgp.io import load_params as load_params
     from numpyro_dgp.io import save_params as save_params
     from numpyro_dgp.layers import gp_layer as gp_layer
+    from numpyro_dgp.layers import latent_input as latent_input
     from numpyro_dgp.likelihoods import bernoulli_probit as bernoulli_probit
     from numpyro_dgp.objectives import CollapsedSparseGP as CollapsedSparseGP
     from numpyro_dgp.objectives import DGPElbo as DGPElbo

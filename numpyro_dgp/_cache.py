@@ -38,7 +38,3 @@ class OwnerCache:
         if len(table) >= self.max_entries:
             table.clear()
         table[key] = value
-
-    def clear(self, owner: Any) -> None:
-        """Forget every entry of ``owner``."""
-        self._tables.pop(owner, None)

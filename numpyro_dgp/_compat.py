@@ -132,16 +132,13 @@ class _SoftplusLowerCholeskyTransform(_transforms.SoftplusLowerCholeskyTransform
         return lower_from_vector(jnp.concatenate([x[..., :-n], diagonal], axis=-1))
 
     def _inverse(self, y: jax.Array) -> jax.Array:
-        return _lower_cholesky_to_vector(jnp.asarray(y))
-
-
-def _lower_cholesky_to_vector(y: jax.Array) -> jax.Array:
-    """NumPyro's inverse (``matrix_to_tril_vec`` of the strict lower triangle, the inverse
-    softplus of the diagonal) with the triangle's indices built on the host."""
-    rows, cols = np.tril_indices(y.shape[-1], -1)
-    strict = y[..., rows, cols]
-    diagonal = _transforms._softplus_inv(jnp.diagonal(y, axis1=-2, axis2=-1))
-    return jnp.concatenate([strict, diagonal], axis=-1)
+        """NumPyro's inverse (``matrix_to_tril_vec`` of the strict lower triangle, the inverse
+        softplus of the diagonal) with the triangle's indices built on the host."""
+        y = jnp.asarray(y)
+        rows, cols = np.tril_indices(y.shape[-1], -1)
+        strict = y[..., rows, cols]
+        diagonal = _transforms._softplus_inv(jnp.diagonal(y, axis1=-2, axis2=-1))
+        return jnp.concatenate([strict, diagonal], axis=-1)
 
 
 #: ``numpyro.distributions.constraints.softplus_lower_cholesky`` with :func:`biject_to` giving a

@@ -64,6 +64,12 @@ def _check_diag_input(X: ArrayLike) -> jax.Array:
     return X
 
 
+def _constant_diag(variance: ArrayLike, X: ArrayLike) -> jax.Array:
+    """``variance`` at every point of ``X``: the diagonal of a stationary kernel's matrix."""
+    X = _check_diag_input(X)
+    return jnp.broadcast_to(jnp.asarray(variance, X.dtype), X.shape[:-1])
+
+
 def _check_hyperparameter(kernel: str, name: str, value: Any) -> None:
     """Raise unless the concrete ``value`` is numeric, finite and positive (tracers pass)."""
     try:
@@ -180,29 +186,15 @@ def is_jit_argument(value: Any) -> bool:
 
 
 def _unflatten_kernel(cls: type[Kernel], static: tuple, leaves: tuple) -> Kernel:
-    out: Kernel
+    out = object.__new__(cls)
     if issubclass(cls, _Combination):
-        out = object.__new__(cls)
         object.__setattr__(out, "kernels", tuple(leaves))
         return out
-    out = object.__new__(cls)
     for name, value in zip(cls._hyperparameter_names, leaves):
         object.__setattr__(out, name, value)
     for name, value in static:
         object.__setattr__(out, name, value)
     return out
-
-
-def _check_lengthscale_length(kernel: str, ls: jax.Array, input_dim: int) -> None:
-    """A vector of lengthscales has one entry, or one per input dimension.
-
-    :raises ValueError: for another length.
-    """
-    if ls.ndim == 1 and ls.shape[0] not in (1, input_dim):
-        raise ValueError(
-            f"{kernel}.lengthscale has shape {ls.shape}, "
-            f"but the layer input has {input_dim} dimensions"
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +219,11 @@ class Stationary(Kernel):
         :raises ValueError: if the lengthscales are a vector of another length than ``input_dim``.
         """
         ls = jnp.asarray(self.lengthscale)
-        _check_lengthscale_length(type(self).__name__, ls, input_dim)
+        if ls.ndim == 1 and ls.shape[0] not in (1, input_dim):
+            raise ValueError(
+                f"{type(self).__name__}.lengthscale has shape {ls.shape}, "
+                f"but the layer input has {input_dim} dimensions"
+            )
         if self.ard and ls.ndim == 0:
             return dataclasses.replace(self, lengthscale=jnp.full((input_dim,), ls))
         return self
@@ -268,8 +264,7 @@ class Stationary(Kernel):
 
     def diag(self, X: ArrayLike) -> jax.Array:
         """Diagonal of ``self(X, X)``: ``variance`` at every point, shape ``(N,)``."""
-        X = _check_diag_input(X)
-        return jnp.broadcast_to(jnp.asarray(self.variance, X.dtype), X.shape[:-1])
+        return _constant_diag(self.variance, X)
 
 
 # One program per kernel type and input shapes. Called outside jit (interactive use, tests),
@@ -356,8 +351,7 @@ class Periodic(Kernel):
 
     def diag(self, X: ArrayLike) -> jax.Array:
         """Diagonal of ``self(X, X)``: ``variance`` at every point, shape ``(N,)``."""
-        X = _check_diag_input(X)
-        return jnp.broadcast_to(jnp.asarray(self.variance, X.dtype), X.shape[:-1])
+        return _constant_diag(self.variance, X)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,16 +376,6 @@ class Linear(Kernel):
         return jnp.asarray(self.variance) * jnp.sum(X**2, -1)
 
 
-def _check_parts(combination: str, kernels: tuple) -> None:
-    """The parts of a sum or product must be kernels.
-
-    :raises TypeError: naming the first part that is not.
-    """
-    for k in kernels:
-        if not isinstance(k, Kernel):
-            raise TypeError(f"{combination} takes Kernel objects, got {type(k)}")
-
-
 @dataclasses.dataclass(frozen=True)
 class _Combination(Kernel):
     """Hyperparameters of the parts are namespaced ``k0.<name>``, ``k1.<name>``, ...
@@ -403,9 +387,10 @@ class _Combination(Kernel):
     kernels: tuple
 
     def __init__(self, *kernels: Kernel) -> None:
-        _check_parts(type(self).__name__, kernels)
         flat: list[Kernel] = []
         for k in kernels:
+            if not isinstance(k, Kernel):
+                raise TypeError(f"{type(self).__name__} takes Kernel objects, got {type(k)}")
             # flatten nested combinations of the same kind so names stay short
             flat.extend(k.kernels if type(k) is type(self) else [k])
         object.__setattr__(self, "kernels", tuple(flat))

@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 from jax.scipy.special import gammaln, ndtr
-from jax.typing import ArrayLike, DTypeLike
+from jax.typing import ArrayLike
 
 from numpyro_dgp._compat import is_tracer
 from numpyro_dgp.core import gauss_hermite
@@ -123,21 +123,11 @@ def bernoulli_probit(f: ArrayLike, squash: float = 1e-3) -> dist.BernoulliProbs:
     :return: ``dist.Bernoulli(probs=...)`` (a ``BernoulliProbs``) with the batch shape of
         ``f``.
     """
-    value = _check_squash(squash)
-    f = jnp.asarray(f)
-    return dist.Bernoulli(probs=value + (1.0 - 2.0 * value) * ndtr(f))
-
-
-def _check_squash(squash: float) -> float:
-    """:func:`bernoulli_probit`'s squash as a float in ``[0, 0.5)``.
-
-    :raises TypeError: if it is not a number.
-    :raises ValueError: outside ``[0, 0.5)``.
-    """
     value = _check_number(squash, "squash", "bernoulli_probit")
     if not 0.0 <= value < 0.5:
         raise ValueError(f"bernoulli_probit: squash must satisfy 0 <= squash < 0.5, got {squash!r}")
-    return value
+    f = jnp.asarray(f)
+    return dist.Bernoulli(probs=value + (1.0 - 2.0 * value) * ndtr(f))
 
 
 def softmax(f: ArrayLike) -> dist.CategoricalLogits:
@@ -170,7 +160,10 @@ class RobustMax(dist.CategoricalProbs):
     def __init__(
         self, f: ArrayLike, epsilon: float = 1e-3, *, validate_args: bool | None = None
     ) -> None:
-        f, self.epsilon = _check_robust_max_args(f, epsilon)
+        f = _check_outputs(f, "robust_max", minimum=2)
+        self.epsilon = _check_number(epsilon, "epsilon", "RobustMax")
+        if not 0.0 < self.epsilon < 1.0:
+            raise ValueError(f"RobustMax: epsilon must lie in (0, 1), got {epsilon!r}")
         self.latent = f
         C = f.shape[-1]
         largest = jax.nn.one_hot(jnp.argmax(f, axis=-1), C, dtype=f.dtype)
@@ -211,20 +204,6 @@ class RobustMax(dist.CategoricalProbs):
         return p * np.log1p(-self.epsilon) + (1 - p) * np.log(self.epsilon / (C - 1))
 
 
-def _check_robust_max_args(f: ArrayLike, epsilon: float) -> tuple[jax.Array, float]:
-    """:class:`RobustMax`'s ``(f, epsilon)``: at least two outputs, ``epsilon`` a float in
-    ``(0, 1)``.
-
-    :raises ValueError: for fewer outputs, or ``epsilon`` outside ``(0, 1)``.
-    :raises TypeError: if ``epsilon`` is not a number.
-    """
-    f = _check_outputs(f, "robust_max", minimum=2)
-    value = _check_number(epsilon, "epsilon", "RobustMax")
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"RobustMax: epsilon must lie in (0, 1), got {epsilon!r}")
-    return f, value
-
-
 def robust_max(f: ArrayLike, epsilon: float = 1e-3) -> RobustMax:
     """Multi-class classification with the robust max (see :class:`RobustMax`).
 
@@ -233,20 +212,6 @@ def robust_max(f: ArrayLike, epsilon: float = 1e-3) -> RobustMax:
     :return: a :class:`RobustMax`, batch shape ``(..., N)``.
     """
     return RobustMax(f, epsilon)
-
-
-def _check_paired_outputs(f: ArrayLike) -> jax.Array:
-    """:class:`HeteroscedasticNormal`'s ``f``: an even number (at least two) of outputs.
-
-    :raises ValueError: otherwise.
-    """
-    f = _check_outputs(f, "heteroscedastic_normal", minimum=2)
-    if f.shape[-1] % 2:
-        raise ValueError(
-            "heteroscedastic_normal: f needs an even number of outputs (means, then "
-            f"log-variances), got {f.shape[-1]}"
-        )
-    return f
 
 
 class HeteroscedasticNormal(dist.Normal):
@@ -259,7 +224,12 @@ class HeteroscedasticNormal(dist.Normal):
     pytree_data_fields = ("latent",)
 
     def __init__(self, f: ArrayLike, *, validate_args: bool | None = None) -> None:
-        f = _check_paired_outputs(f)
+        f = _check_outputs(f, "heteroscedastic_normal", minimum=2)
+        if f.shape[-1] % 2:
+            raise ValueError(
+                "heteroscedastic_normal: f needs an even number of outputs (means, then "
+                f"log-variances), got {f.shape[-1]}"
+            )
         self.latent = f
         loc, log_var = self._split(f)
         super().__init__(loc, jnp.exp(0.5 * log_var), validate_args=validate_args)
@@ -312,19 +282,6 @@ def student_t(f: ArrayLike, df: ArrayLike, scale: ArrayLike) -> dist.StudentT:
     return dist.StudentT(df, _squeeze_output(_check_outputs(f, "student_t")), scale)
 
 
-def _check_exposure(exposure: ArrayLike, dtype: DTypeLike) -> jax.Array:
-    """:class:`PoissonLogLink`'s exposure as an array of ``dtype``, positive where concrete.
-
-    :raises ValueError: for a concrete exposure that is not positive.
-    """
-    value = jnp.asarray(exposure, dtype)
-    if not is_tracer(value) and not bool(jnp.all(value > 0)):
-        raise ValueError(
-            f"poisson: exposure must be positive (the rate is exposure * exp(f)), got {exposure!r}"
-        )
-    return value
-
-
 class PoissonLogLink(dist.Poisson):
     """``Poisson(exposure * exp(f))`` for counts, with ``E_f[log p]`` in closed form.
 
@@ -339,7 +296,12 @@ class PoissonLogLink(dist.Poisson):
     ) -> None:
         f = _check_outputs(f, "poisson")
         self.latent = f
-        self.exposure = _check_exposure(exposure, f.dtype)
+        self.exposure = jnp.asarray(exposure, f.dtype)
+        if not is_tracer(self.exposure) and not bool(jnp.all(self.exposure > 0)):
+            raise ValueError(
+                "poisson: exposure must be positive (the rate is exposure * exp(f)), got "
+                f"{exposure!r}"
+            )
         super().__init__(self.exposure * jnp.exp(_squeeze_output(f)), validate_args=validate_args)
 
     def expected_log_prob(self, value: ArrayLike, mean: jax.Array, var: jax.Array) -> jax.Array:

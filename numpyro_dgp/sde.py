@@ -26,31 +26,6 @@ from numpyro_dgp.handlers import sde_flow
 __all__ = ["flow_trajectories", "temporal_inducing_inputs"]
 
 
-def _check_trajectory_request(model: sde_flow, X: ArrayLike, num_samples: int) -> jax.Array:
-    """``X`` as an array, checked with the rest of :func:`flow_trajectories`'s request: an
-    ``sde_flow``-wrapped model, ``(N, D)`` inputs and at least one sample.
-
-    :raises TypeError: for a model that is not wrapped by ``sde_flow``.
-    :raises ValueError: for the shape of ``X`` or ``num_samples``.
-    """
-    if not isinstance(model, sde_flow):
-        raise TypeError(
-            "flow_trajectories: model must be the sde_flow-wrapped model itself "
-            f"(sde_flow(model, layer=..., T=...)), got {type(model).__name__}"
-        )
-    X = jnp.asarray(X)
-    if X.ndim != 2:
-        raise ValueError(f"flow_trajectories: X must have shape (num_points, dim), got {X.shape}")
-    if int(num_samples) < 1:
-        raise ValueError(f"flow_trajectories: num_samples must be >= 1, got {num_samples}")
-    return X
-
-
-def _with_record(model: sde_flow) -> sde_flow:
-    """The same flow, recording its path."""
-    return sde_flow(model.fn, **{**model.spec._asdict(), "record": True})
-
-
 def flow_trajectories(
     model: sde_flow,
     guide: Callable,
@@ -76,9 +51,20 @@ def flow_trajectories(
     :param num_samples: ``S`` paths per point.
     :param kwargs: keyword arguments of the model.
     :return: ``(S, num_steps + 1, N, D)`` states of the flow at every Euler–Maruyama step.
+    :raises TypeError: for a model that is not wrapped by ``sde_flow``.
+    :raises ValueError: for the shape of ``X`` or ``num_samples``.
     """
-    X = _check_trajectory_request(model, X, num_samples)
-    recording = _with_record(model)
+    if not isinstance(model, sde_flow):
+        raise TypeError(
+            "flow_trajectories: model must be the sde_flow-wrapped model itself "
+            f"(sde_flow(model, layer=..., T=...)), got {type(model).__name__}"
+        )
+    X = jnp.asarray(X)
+    if X.ndim != 2:
+        raise ValueError(f"flow_trajectories: X must have shape (num_points, dim), got {X.shape}")
+    if int(num_samples) < 1:
+        raise ValueError(f"flow_trajectories: num_samples must be >= 1, got {num_samples}")
+    recording = sde_flow(model.fn, **{**model.spec._asdict(), "record": True})  # its path too
     name = f"{recording.spec.layer}.layer"
 
     def one(key, params, X):
@@ -98,20 +84,7 @@ def temporal_inducing_inputs(X: ArrayLike, num_inducing: int, times: ArrayLike) 
     :param times: ``(K,)`` inducing times (e.g. ``jnp.linspace(0, T, 3)``).
     :return: ``(num_inducing * K, D + 1)``: the centers at the first time, then at the
         second, ... (the time in the last column).
-    """
-    X, times = _check_temporal_inputs(X, times)
-    centers = kmeans(jax.random.PRNGKey(0), X, int(num_inducing))
-    M = centers.shape[0]
-    grid_x = jnp.tile(centers, (times.shape[0], 1))
-    grid_t = jnp.repeat(times, M)[:, None]
-    return jnp.concatenate([grid_x, grid_t], axis=-1)
-
-
-def _check_temporal_inputs(X: ArrayLike, times: ArrayLike) -> tuple[jax.Array, jax.Array]:
-    """``(X, times)`` as arrays (``times`` in ``X``'s dtype), checked to be ``(N, D)`` and a
-    non-empty ``(K,)`` (:func:`temporal_inducing_inputs`).
-
-    :raises ValueError: for either shape.
+    :raises ValueError: for the shape of ``X`` or ``times``.
     """
     X = jnp.asarray(X)
     times = jnp.atleast_1d(jnp.asarray(times, X.dtype))
@@ -124,4 +97,8 @@ def _check_temporal_inputs(X: ArrayLike, times: ArrayLike) -> tuple[jax.Array, j
             "temporal_inducing_inputs: times must be a non-empty 1-D array, got shape "
             f"{times.shape}"
         )
-    return X, times
+    centers = kmeans(jax.random.PRNGKey(0), X, int(num_inducing))
+    M = centers.shape[0]
+    grid_x = jnp.tile(centers, (times.shape[0], 1))
+    grid_t = jnp.repeat(times, M)[:, None]
+    return jnp.concatenate([grid_x, grid_t], axis=-1)

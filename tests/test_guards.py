@@ -699,7 +699,7 @@ def test_the_gaussian_observation_refuses_non_finite_outputs_and_a_bad_noise_as_
 
 
 def test_host_validation_compiles_nothing_where_numpyro_s_compiles_its_checks():
-    from numpyro_dgp.models._observation import validated_normal
+    from numpyro_dgp._engine.observation import validated_normal
 
     loc, scale = jnp.ones((7, 13)), jnp.full((7, 13), 0.5)  # shapes no other test validates
     dist.Normal(loc, scale, validate_args=False)  # its construction's own programs

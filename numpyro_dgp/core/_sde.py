@@ -23,15 +23,6 @@ from numpyro_dgp.core._random import standard_normal
 __all__ = ["euler_maruyama"]
 
 
-def _check_num_steps(num_steps: int) -> None:
-    """:func:`euler_maruyama` takes a positive integer number of steps.
-
-    :raises ValueError: otherwise.
-    """
-    if not (isinstance(num_steps, int) and num_steps >= 1):
-        raise ValueError(f"euler_maruyama: num_steps must be a positive integer, got {num_steps!r}")
-
-
 def euler_maruyama(
     drift_diffusion: Callable,
     x0: ArrayLike,
@@ -60,7 +51,8 @@ def euler_maruyama(
     :return: ``x_T (N, D)``, or ``(x_T, path)`` with ``record=True``.
     :raises ValueError: if ``num_steps`` is not a positive integer.
     """
-    _check_num_steps(num_steps)
+    if not (isinstance(num_steps, int) and num_steps >= 1):
+        raise ValueError(f"euler_maruyama: num_steps must be a positive integer, got {num_steps!r}")
     x0 = jnp.asarray(x0)
     dt = jnp.asarray(T, x0.dtype) / num_steps
     keys = jax.random.split(rng_key, num_steps)

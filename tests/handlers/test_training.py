@@ -153,7 +153,7 @@ def test_factory_plate_draws_numpyro_s_indices_compiled_and_fast_subsample_repla
 
     from numpyro_dgp import _compat
     from numpyro_dgp.handlers._training import _top_k_subsample
-    from numpyro_dgp.models._minibatch import subsample
+    from numpyro_dgp.models import _subsample
 
     X, y = jnp.zeros((40, 2)), jnp.zeros(40)
     seen = {}
@@ -164,7 +164,7 @@ def test_factory_plate_draws_numpyro_s_indices_compiled_and_fast_subsample_repla
                 seen["fn"], seen["key"] = msg["fn"], msg["kwargs"]["rng_key"]
 
     def draw():
-        return subsample(X, y, 8, "test", None, 10**9)[0].subsample_size
+        return _subsample(X, y, 8, "test", None)[0].subsample_size  # 40 points: NumPyro draws them
 
     def indices(fn):
         with numpyro.handlers.trace() as tr:

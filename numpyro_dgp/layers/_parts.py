@@ -133,9 +133,10 @@ def mean_projection(X: ArrayLike, in_dim: int, out_dim: int) -> jax.Array:
     return Vt[:out_dim].T
 
 
-def identity_mean(A: jax.Array) -> jax.Array:
-    """The ``"identity"`` mean function of a layer that keeps its width: its inputs as they
-    are (no product with the identity, which a GPU's TF32 products would round)."""
+def identity(A: jax.Array) -> jax.Array:
+    """Its argument as it is: the ``"identity"`` mean function of a layer that keeps its width
+    (no product with the identity, which a GPU's TF32 products would round), and the encoder
+    input of a layer without an amortization rule (rule AR1 of Meng & Zhang 2024)."""
     return A
 
 
@@ -152,38 +153,33 @@ def mean_function(
     zero_bias = jax.device_put(np.zeros(out_dim, X.dtype))
     if mean == "zero":
         return (lambda A: jnp.zeros(A.shape[:-1] + (out_dim,), A.dtype)), (None, None)
+    if mean == "identity" and in_dim == out_dim:
+        return identity, (jax.device_put(np.eye(in_dim, dtype=X.dtype)), zero_bias)
+    W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
     if mean == "identity":
-        if in_dim == out_dim:
-            return identity_mean, (jax.device_put(np.eye(in_dim, dtype=X.dtype)), zero_bias)
-        W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
         W = jax.lax.stop_gradient(W)  # fixed, as in DSVI; stored so predictions reuse it
         return (lambda A: A @ W), (W, zero_bias)
     # "linear"
-    W = numpyro.param(f"{name}.mean.weight", lambda _: mean_projection(X, in_dim, out_dim))
     b = numpyro.param(f"{name}.mean.bias", jnp.zeros(out_dim, X.dtype))
     return (lambda A: A @ W + b), (W, b)
 
 
 def noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax.Array | None:
     """The layer's learned output noise variance (``numpyro.param`` ``"<name>.noise"``), or
-    ``None``."""
+    ``None``.
+
+    :raises ValueError: for a noise that is not a finite positive scalar (checked where
+        concrete).
+    """
     if noise is None:
         return None
-    _check_noise(name, noise)
-    return numpyro.param(
-        f"{name}.noise", jnp.asarray(noise, dtype), constraint=constraints.positive
-    )
-
-
-def _check_noise(name: str, noise: ArrayLike) -> None:
-    """A layer's noise variance: a finite positive scalar (checked where concrete).
-
-    :raises ValueError: otherwise.
-    """
     if np.ndim(noise) != 0 or _holds(lambda xp, v: xp.isfinite(v) & (v > 0), noise) is False:
         raise ValueError(
             f"gp_layer {name!r}: noise must be a finite positive scalar (a variance), got {noise!r}"
         )
+    return numpyro.param(
+        f"{name}.noise", jnp.asarray(noise, dtype), constraint=constraints.positive
+    )
 
 
 def hyperparameter_sites(
@@ -203,7 +199,7 @@ def hyperparameter_sites(
                 prior = prior.expand(init.shape).to_event(init.ndim)
             values[hp] = numpyro.sample(site, prior)
             continue
-        # initial values were checked positive by check_layer_kind (_check_kernel_values)
+        # initial values were checked positive by check_layer_args (_check_kernel_values)
         value = numpyro.param(site, init, constraint=constraints.positive)
         values[hp] = value if learn else jax.lax.stop_gradient(value)
     try:
@@ -212,17 +208,35 @@ def hyperparameter_sites(
         raise ValueError(f"gp_layer {name!r}: {err} (site '{name}.kernel.*')") from None
 
 
-def default_encoder_input(X: jax.Array) -> jax.Array:
-    """Without an amortization rule a layer's encoder sees its own input (rule AR1 of
-    Meng & Zhang 2024)."""
-    return X
-
-
 # ---- gp_layer's argument checks: all of them run before any site is sent ----
 
 
-def check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
-    """The checks every layer kind makes first: its name, kernel and inducing mode."""
+class LayerArgs(NamedTuple):
+    """A layer's arguments after :func:`check_layer_args`."""
+
+    X: jax.Array  #: float inputs, ``(N, D)`` or ``(S, N, D)``
+    propagated_Z: jax.Array | None  #: the locations of an ``(X, Z)`` pair, ``(M, D)``
+    inducing_inputs: jax.Array | None  #: given initial inducing inputs, ``(M, D)``
+    locations: bool
+    whiten: bool
+    priors: dict
+    jitter: float  #: relative jitter (scaled by the mean prior variance later)
+    data_plate: Any = None  #: the data plate of a per-point (amortized) layer
+
+
+def check_layer_args(
+    name: str,
+    X: ArrayLike | tuple,
+    kernel: Kernel,
+    num_inducing: int | None,
+    out_dim: int,
+    priors: dict | None,
+    whiten: bool | None,
+    jitter: float | None,
+    inducing: str,
+    inducing_inputs: ArrayLike | None,
+) -> LayerArgs:
+    """Every check of ``gp_layer``'s arguments, before any site is sent or JAX work done."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
     check_kernel(kernel, "kernel", f"gp_layer {name!r}")
@@ -233,40 +247,16 @@ def check_layer_kind(name: str, kernel: Kernel, inducing: str) -> None:
             f"gp_layer {name!r}: inducing={inducing!r} is not available; "
             f"supported: {INDUCING_MODES}"
         )
-
-
-class LayerArgs(NamedTuple):
-    """A global or locations layer's arguments after :func:`check_layer_args`."""
-
-    X: jax.Array  #: float inputs, ``(N, D)`` or ``(S, N, D)``
-    propagated_Z: jax.Array | None  #: the locations of an ``(X, Z)`` pair, ``(M, D)``
-    inducing_inputs: jax.Array | None  #: given initial inducing inputs, ``(M, D)``
-    locations: bool
-    whiten: bool
-    priors: dict
-    jitter: float  #: relative jitter (scaled by the mean prior variance later)
-
-
-def check_layer_args(
-    name: str,
-    X: ArrayLike | tuple,
-    kernel: Kernel,
-    *,
-    num_inducing: int | None,
-    out_dim: int,
-    priors: dict | None,
-    whiten: bool | None,
-    jitter: float | None,
-    inducing: str,
-    inducing_inputs: ArrayLike | None,
-) -> LayerArgs:
-    """Every check of a global or locations layer, before any site is sent or JAX work done."""
+    check_positive_int(out_dim, "out_dim", f"gp_layer {name!r}")
+    if inducing == "amortized":
+        return _check_amortized_args(
+            name, X, kernel, num_inducing, inducing_inputs, priors, whiten, jitter
+        )
     locations = inducing == "locations"
     whiten = _check_whiten(name, whiten, locations)
     X, propagated_Z = _check_locations_pair(name, X, locations)
     _check_run_context(name)
     X = _check_layer_inputs(name, X, kernel, locations)
-    check_positive_int(out_dim, "out_dim", f"gp_layer {name!r}")
     priors = _check_priors(name, priors, kernel)
     jitter = _check_layer_jitter(name, jitter, X.dtype)
     if propagated_Z is not None:
@@ -396,20 +386,17 @@ def _check_inducing_array(
     return Z
 
 
-def check_amortized_args(
+def _check_amortized_args(
     name: str,
     X: ArrayLike | tuple,
     kernel: Kernel,
-    *,
     num_inducing: int | None,
-    out_dim: int,
     inducing_inputs: ArrayLike | None,
     priors: dict | None,
     whiten: bool | None,
     jitter: float | None,
-) -> tuple[jax.Array, Any, float]:
-    """Every check of a per-point (amortized) layer:
-    ``(X, the data plate, the relative jitter)``."""
+) -> LayerArgs:
+    """Every check of a per-point (amortized) layer."""
     if whiten:
         raise ValueError(
             f"gp_layer {name!r}: inducing='amortized' is unwhitened (the prior "
@@ -426,7 +413,6 @@ def check_amortized_args(
             "hyperparameter prior would become one sample per point; priors are not available"
         )
     check_positive_int(num_inducing, "num_inducing", f"gp_layer {name!r}")
-    check_positive_int(out_dim, "out_dim", f"gp_layer {name!r}")
     data_plate = [p for p in active_plates() if p.dim == -1]
     if not data_plate:
         raise ValueError(
@@ -443,4 +429,5 @@ def check_amortized_args(
         )
     _check_finite(X, f"gp_layer {name!r}: X")
     _check_input_scale(name, X, kernel)
-    return X, data_plate[0], _check_layer_jitter(name, jitter, X.dtype)
+    jitter = _check_layer_jitter(name, jitter, X.dtype)
+    return LayerArgs(X, None, None, False, False, {}, jitter, data_plate[0])

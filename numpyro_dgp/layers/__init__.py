@@ -64,30 +64,7 @@ import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
-from numpyro_dgp._layers.inducing import (
-    inducing_factor,
-    inducing_inputs_site,
-    inducing_prior,
-    mean_diagonal,
-)
-from numpyro_dgp._layers.parts import (
-    MEAN_FUNCTIONS,
-    check_amortized_args,
-    check_layer_args,
-    check_layer_kind,
-    default_encoder_input,
-    hyperparameter_sites,
-    mean_function,
-    mean_projection,
-    noise_variance,
-)
-from numpyro_dgp._protocol import (
-    INDUCING,
-    InducingTag,
-    LayerCall,
-    send_encoder_input,
-    send_layer,
-)
+from numpyro_dgp._protocol import INDUCING, InducingTag, LayerCall, send_encoder_input, send_layer
 from numpyro_dgp.core import (
     affine_inducing_inputs,
     conditional,
@@ -97,6 +74,23 @@ from numpyro_dgp.core import (
     standard_normal,
 )
 from numpyro_dgp.kernels import Kernel
+from numpyro_dgp.layers._inducing import (
+    inducing_factor,
+    inducing_inputs_site,
+    inducing_prior,
+    mean_diagonal,
+)
+from numpyro_dgp.layers._latent import latent_input as latent_input
+from numpyro_dgp.layers._parts import (
+    MEAN_FUNCTIONS,
+    LayerArgs,
+    check_layer_args,
+    hyperparameter_sites,
+    identity,
+    mean_function,
+    mean_projection,
+    noise_variance,
+)
 
 __all__ = [
     "gp_layer",
@@ -277,18 +271,14 @@ def sample_moments(
         :func:`~numpyro_dgp.core.default_jitter` of the dtype.
     :return: ``(N, P)`` draw.
     """
+    mean = jnp.asarray(mean)
     if full_cov:
         jitter = default_jitter(jnp.result_type(var)) if jitter is None else jitter
         L = jittered_cholesky(var, jitter)  # (P, N, N)
-        mean = jnp.asarray(mean)
         eps = standard_normal(rng_key, mean.shape[::-1], mean.dtype)  # (P, N)
         return mean + jnp.einsum("pnm,pm->np", L, eps)
-    return _diagonal_draw(rng_key, jnp.asarray(mean), jnp.asarray(var))
-
-
-def _diagonal_draw(rng_key: jax.Array, mean: jax.Array, var: jax.Array) -> jax.Array:
     eps = standard_normal(rng_key, mean.shape, mean.dtype)
-    return mean + jnp.sqrt(jnp.maximum(var, 0.0)) * eps
+    return mean + jnp.sqrt(jnp.maximum(jnp.asarray(var), 0.0)) * eps
 
 
 def _propagate(
@@ -363,58 +353,41 @@ def gp_layer(
         is not a ``Distribution``.
     :raises RuntimeError: if the model does not run under a ``seed`` handler.
     """
-    check_layer_kind(name, kernel, inducing)
-    if inducing == "amortized":
-        return _amortized_layer(
-            name,
-            X,
-            kernel,
-            num_inducing=num_inducing,
-            out_dim=out_dim,
-            mean=mean,
-            inducing_inputs=inducing_inputs,
-            learn_inducing=learn_inducing,
-            learn_hyperparameters=learn_hyperparameters,
-            priors=priors,
-            whiten=whiten,
-            jitter=jitter,
-            average_kl=average_kl,
-            noise=noise,
-        )
     args = check_layer_args(
-        name,
-        X,
-        kernel,
-        num_inducing=num_inducing,
-        out_dim=out_dim,
-        priors=priors,
-        whiten=whiten,
-        jitter=jitter,
-        inducing=inducing,
-        inducing_inputs=inducing_inputs,
+        name, X, kernel, num_inducing, out_dim, priors, whiten, jitter, inducing, inducing_inputs
     )
     X, in_dim = args.X, args.X.shape[-1]
     kernel = hyperparameter_sites(
         name, kernel.with_input_dim(in_dim), X.dtype, args.priors, learn_hyperparameters
     )
-    Z = inducing_inputs_site(name, args, num_inducing, learn_inducing)
-    mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
-    noise_var = noise_variance(name, noise, X.dtype)
-    # a whitened layer's step reads L^{-1} alone; elsewhere the prior reads L as well
-    reads_factor = args.locations or not args.whiten
-    Kmm_chol, Kmm_chol_inv, layer_jitter = inducing_factor(
-        kernel, Z, float(args.jitter), reads_factor
-    )
-    # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
-    prior_mean = mean_fn(Z).T if args.locations else jnp.zeros((out_dim, Z.shape[0]), X.dtype)
-    u_site = f"{name}.u"
-    u = numpyro.sample(
-        u_site,
-        inducing_prior(
-            Kmm_chol, prior_mean, out_dim, args.whiten, args.locations, X.dtype
-        ).to_event(1),
-        infer={INDUCING: InducingTag(name, args.whiten, inducing)},
-    )
+    if inducing == "amortized":
+        mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
+        noise_var = noise_variance(name, noise, X.dtype)
+        assert num_inducing is not None  # check_layer_args: a positive integer
+        M = int(num_inducing)
+        Z, Kmm_chol, prior_mean, u = _amortized_sets(
+            name, args, kernel, M, mean_fn, learn_inducing, average_kl
+        )
+        Kmm_chol_inv = None
+        layer_jitter: float | jax.Array = args.jitter  # relative: each set's own variance
+    else:
+        Z = inducing_inputs_site(name, args, num_inducing, learn_inducing)
+        mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
+        noise_var = noise_variance(name, noise, X.dtype)
+        # a whitened layer's step reads L^{-1} alone; elsewhere the prior reads L as well
+        reads_factor = args.locations or not args.whiten
+        Kmm_chol, Kmm_chol_inv, layer_jitter = inducing_factor(
+            kernel, Z, float(args.jitter), reads_factor
+        )
+        # "locations": the site holds f_l^z itself, prior N(mean(Z_l), K); "global": the residual
+        prior_mean = mean_fn(Z).T if args.locations else jnp.zeros((out_dim, Z.shape[0]), X.dtype)
+        u = numpyro.sample(
+            f"{name}.u",
+            inducing_prior(
+                Kmm_chol, prior_mean, out_dim, args.whiten, args.locations, X.dtype
+            ).to_event(1),
+            infer={INDUCING: InducingTag(name, args.whiten, inducing)},
+        )
     # NumPyro draws in the default float type; keep the layer in its inputs' precision
     u = jnp.asarray(u, X.dtype)
     layer = Layer(
@@ -426,66 +399,37 @@ def gp_layer(
         args.whiten,
         layer_jitter,
         out_dim,
-        u_site,
+        f"{name}.u",
         prior_mean,
         inducing,
         noise_var,
         mean_affine,
         Kmm_chol_inv,
     )
-    out = _emit_layer(layer, X, u)
-    return (out, u.T) if args.locations else out
-
-
-def _emit_layer(layer: Layer, X: jax.Array, u: jax.Array) -> jax.Array:
-    """Send the layer's message (default: draw ``f(X) | u``) and record the output."""
     rng_key = numpyro.prng_key()
     if rng_key is None:
         raise RuntimeError(
-            f"gp_layer {layer.name!r} needs a random key: run the model under "
+            f"gp_layer {name!r} needs a random key: run the model under "
             "numpyro.handlers.seed (SVI, MCMC and Predictive do this)"
         )
+    # the layer's message (default: draw f(X) | u), then its output recorded
     out = send_layer(LayerCall(layer, X, u), rng_key, _propagate)
-    numpyro.deterministic(layer.name, out)
-    return out
+    numpyro.deterministic(name, out)
+    return (out, u.T) if args.locations else out
 
 
-def _amortized_layer(
+def _amortized_sets(
     name: str,
-    X: ArrayLike | tuple[ArrayLike, ArrayLike],
+    args: LayerArgs,
     kernel: Kernel,
-    *,
-    num_inducing: int | None,
-    out_dim: int,
-    mean: str | Callable,
-    inducing_inputs: ArrayLike | None,
+    M: int,
+    mean_fn: Callable,
     learn_inducing: bool,
-    learn_hyperparameters: bool,
-    priors: dict | None,
-    whiten: bool | None,
-    jitter: float | None,
     average_kl: bool,
-    noise: float | None,
-) -> jax.Array:
-    """``gp_layer(..., inducing="amortized")``: per-point inducing sets (Meng & Zhang 2024)."""
-    X, data_plate, jitter = check_amortized_args(
-        name,
-        X,
-        kernel,
-        num_inducing=num_inducing,
-        out_dim=out_dim,
-        inducing_inputs=inducing_inputs,
-        priors=priors,
-        whiten=whiten,
-        jitter=jitter,
-    )
-    assert num_inducing is not None  # check_amortized_args: a positive integer
-    D, M = X.shape[-1], int(num_inducing)
-    kernel = hyperparameter_sites(
-        name, kernel.with_input_dim(D), X.dtype, {}, learn_hyperparameters
-    )
-    mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, D), D, out_dim)
-    noise_var = noise_variance(name, noise, X.dtype)
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``gp_layer(..., inducing="amortized")``'s per-point inducing sets (Meng & Zhang 2024):
+    ``(Z, the factors of K(Z_n, Z_n), the prior means, u)``."""
+    X, D, jitter = args.X, args.X.shape[-1], args.jitter
     Z, p = _amortized_inducing_inputs(name, X, M, learn_inducing)
     Kzz = jax.vmap(kernel)(Z.reshape(-1, M, D)).reshape(Z.shape[:-1] + (M,))
     # The jitter is relative to each set's prior variance: float32 round-off in K(Z_n, Z_n)
@@ -498,10 +442,9 @@ def _amortized_layer(
     prior = dist.MultivariateNormal(
         prior_mean, scale_tril=Kzz_chol[..., None, :, :], validate_args=False
     ).to_event(1)
-    u_site = f"{name}.u"
     infer = {INDUCING: InducingTag(name, False, "amortized", p)}
-    with numpyro.handlers.scale(scale=1.0 / data_plate.size if average_kl else 1.0):
-        u = numpyro.sample(u_site, prior, infer=infer)
+    with numpyro.handlers.scale(scale=1.0 / args.data_plate.size if average_kl else 1.0):
+        u = numpyro.sample(f"{name}.u", prior, infer=infer)
     if jnp.shape(u) != prior.shape():
         # the placeholder of AutoAmortizedDGP (shaped as at its set-up), replayed at another
         # batch size by an objective that samples the guide on its own (Trace_ELBO, ...)
@@ -511,22 +454,7 @@ def _amortized_layer(
             "Predictive cannot sample the guide on its own; use numpyro_dgp.DGPElbo or "
             "numpyro_dgp.PredictiveObjective to train and numpyro_dgp.predict to predict"
         )
-    layer = Layer(
-        name,
-        kernel,
-        Z,
-        Kzz_chol,
-        mean_fn,
-        False,
-        jitter,
-        out_dim,
-        u_site,
-        prior_mean,
-        "amortized",
-        noise_var,
-        mean_affine,
-    )
-    return _emit_layer(layer, X, jnp.asarray(u, X.dtype))
+    return Z, Kzz_chol, prior_mean, u
 
 
 def _amortized_inducing_inputs(
@@ -547,5 +475,5 @@ def _amortized_inducing_inputs(
     if not learn_inducing:
         weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
     # the encoder input of a handler's amortization rule: (..., B, D) by construction
-    p = jnp.asarray(send_encoder_input(name, X, default_encoder_input), X.dtype)
+    p = jnp.asarray(send_encoder_input(name, X, identity), X.dtype)
     return affine_inducing_inputs(weight, bias, p), p

@@ -51,14 +51,23 @@ class LatentSpec(NamedTuple):
     encoder_input: jax.Array
 
 
-def _check_latent_args(
-    name: str, X: ArrayLike, latent_dim: int, encoder_input: ArrayLike | None
-) -> tuple[jax.Array, jax.Array]:
-    """:func:`latent_input`'s ``(X, encoder_input)`` as float arrays of the data plate's ``B``
-    points.
+def latent_input(
+    name: str, X: ArrayLike, latent_dim: int = 1, *, encoder_input: ArrayLike | None = None
+) -> jax.Array:
+    """Concatenate a latent ``w_n ~ N(0, I_Q)`` to every point's input: ``[x_n, w_n]``.
 
-    :raises ValueError: for a bad name or ``latent_dim``, outside a data plate, or inputs of another
-        shape than the plate's.
+    Call it inside the data plate (``w`` is local: one per point, subsampled with the points);
+    the sample site ``name`` holds ``w`` (``(B, Q)``).
+
+    :param name: the latent site's name.
+    :param X: ``(B, D)`` the points' inputs (the plate's ``B`` points).
+    :param latent_dim: ``Q``.
+    :param encoder_input: ``(B, E)`` what an amortized guide's encoder maps to ``q(w_n)``
+        (default ``X``; e.g. ``jnp.concatenate([X, y[:, None]], -1)`` when ``y`` is given).
+    :return: ``(B, D + Q)``; with ``K`` importance draws of ``w`` (an objective's),
+        ``(K, B, D + Q)``.
+    :raises ValueError: outside a data plate, or inputs of another shape than the plate's.
+    :raises RuntimeError: without a random key (the model must run under ``seed``).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"latent_input: name must be a non-empty string, got {name!r}")
@@ -86,29 +95,6 @@ def _check_latent_args(
             f"latent_input {name!r}: encoder_input must have shape ({B}, features), got "
             f"{encoder_input.shape}"
         )
-    return X, encoder_input
-
-
-def latent_input(
-    name: str, X: ArrayLike, latent_dim: int = 1, *, encoder_input: ArrayLike | None = None
-) -> jax.Array:
-    """Concatenate a latent ``w_n ~ N(0, I_Q)`` to every point's input: ``[x_n, w_n]``.
-
-    Call it inside the data plate (``w`` is local: one per point, subsampled with the points);
-    the sample site ``name`` holds ``w`` (``(B, Q)``).
-
-    :param name: the latent site's name.
-    :param X: ``(B, D)`` the points' inputs (the plate's ``B`` points).
-    :param latent_dim: ``Q``.
-    :param encoder_input: ``(B, E)`` what an amortized guide's encoder maps to ``q(w_n)``
-        (default ``X``; e.g. ``jnp.concatenate([X, y[:, None]], -1)`` when ``y`` is given).
-    :return: ``(B, D + Q)``; with ``K`` importance draws of ``w`` (an objective's),
-        ``(K, B, D + Q)``.
-    :raises ValueError: outside a data plate, or inputs of another shape than the plate's.
-    :raises RuntimeError: without a random key (the model must run under ``seed``).
-    """
-    X, encoder_input = _check_latent_args(name, X, latent_dim, encoder_input)
-    B = X.shape[0]
     rng_key = numpyro.prng_key()
     if rng_key is None:
         raise RuntimeError(

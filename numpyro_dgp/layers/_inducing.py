@@ -11,7 +11,6 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 
-from numpyro_dgp._layers.parts import LayerArgs
 from numpyro_dgp.core import (
     cholesky,
     cholesky_and_inverse,
@@ -20,6 +19,7 @@ from numpyro_dgp.core import (
     kmeans,
 )
 from numpyro_dgp.kernels import Kernel
+from numpyro_dgp.layers._parts import LayerArgs
 
 __all__ = [
     "inducing_factor",
@@ -106,20 +106,15 @@ def inducing_factor(
     ``L^{-1}`` alone, whose own rule (:func:`~numpyro_dgp.core.inverse_cholesky`) is cheaper."""
     # A failed factorization gives NaN, which fit() detects (skips and counts the step);
     # a lax.cond retry here would triple the compile time of every layer.
-    jittered, absolute = _jittered_gram(kernel, Z, jitter)
-    if reads_factor:
-        return *cholesky_and_inverse(jittered), absolute
-    # L's own rule applies only where a step reads L after all (XLA drops it otherwise)
-    return cholesky(jittered), inverse_cholesky(jittered), absolute
-
-
-def _jittered_gram(kernel: Kernel, Z: jax.Array, jitter: float) -> tuple[jax.Array, jax.Array]:
-    """``K(Z, Z) + j I`` and ``j``, the jitter relative to the mean prior variance."""
     Kmm = kernel(Z)
     # Relative to the prior variance, as for per-point sets: a classifier's output layer grows
     # its kernel variance to ~100, and a fixed 1e-4 then falls below float32 round-off.
     absolute = jitter * mean_diagonal(Kmm)
-    return Kmm + absolute * jnp.eye(Kmm.shape[-1], dtype=Kmm.dtype), absolute
+    jittered = Kmm + absolute * jnp.eye(Kmm.shape[-1], dtype=Kmm.dtype)
+    if reads_factor:
+        return *cholesky_and_inverse(jittered), absolute
+    # L's own rule applies only where a step reads L after all (XLA drops it otherwise)
+    return cholesky(jittered), inverse_cholesky(jittered), absolute
 
 
 def inducing_prior(

@@ -26,9 +26,13 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import jax
 import jax.numpy as jnp
+import numpyro
 from jax.typing import ArrayLike
+from numpyro.primitives import Messenger
 
+from numpyro_dgp._engine.observation import LIKELIHOODS, MISSING_TARGETS, Observation
 from numpyro_dgp._protocol import attach_model_config
 from numpyro_dgp._validation import (
     as_float_array,
@@ -42,8 +46,6 @@ from numpyro_dgp._validation import (
 from numpyro_dgp.handlers import sde_flow
 from numpyro_dgp.kernels import RBF, Kernel, Matern52
 from numpyro_dgp.layers import gp_layer
-from numpyro_dgp.models._minibatch import subsample
-from numpyro_dgp.models._observation import LIKELIHOODS, MISSING_TARGETS, Observation
 
 __all__ = [
     "LIKELIHOODS",
@@ -123,9 +125,7 @@ def deep_gp_regression(
     :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
     caller = "deep_gp_regression"
-    config = _arguments(locals())
-    observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
-    observation.check(caller)
+    config, observation = _observation(locals(), caller)
     check_positive_int(num_layers, "num_layers", caller)
     check_positive_int(num_inducing, "num_inducing", caller)
     check_positive_int(hidden_width, "hidden_width", caller, allow_none=True)
@@ -134,11 +134,9 @@ def deep_gp_regression(
     kernel = RBF() if kernel is None else kernel
 
     def model(X, y=None, batch_size=None, num_data=None):
-        X, y = _data(X, y, "deep_gp_regression model", observation)
+        where = f"{caller} model"
+        X, data, X_batch, y_batch = _data(X, y, batch_size, num_data, where, observation)
         D = X.shape[1]
-        data, X_batch, y_batch = subsample(
-            X, y, batch_size, "deep_gp_regression model", num_data, WITH_REPLACEMENT_ABOVE
-        )
         h = X_batch
         width = D if hidden_width is None else hidden_width
         for layer in range(1, num_layers + 1):
@@ -159,9 +157,13 @@ def deep_gp_regression(
     return _remember(model, caller, config)
 
 
-def _arguments(arguments: dict) -> dict:
-    """A factory's arguments as given (``locals()`` at its top), for :func:`_remember`."""
-    return {k: v for k, v in arguments.items() if k not in ("caller", "model")}
+def _observation(arguments: dict, caller: str) -> tuple[dict, Observation]:
+    """A factory's arguments as given (``locals()`` at its top), for :func:`_remember`, and its
+    observation site built from them and checked."""
+    config = {k: v for k, v in arguments.items() if k != "caller"}
+    observation = Observation(*(config[field] for field in Observation._fields))
+    observation.check(caller)
+    return config, observation
 
 
 def _remember(model, factory, arguments):
@@ -171,13 +173,15 @@ def _remember(model, factory, arguments):
     return model
 
 
-def _data(X, y, caller, observation):
-    """The model's data at the door: ``X`` a finite float ``(N, D)`` array (integers cast to the
-    default float, never left integer: the noise is created in ``X``'s dtype), ``y`` as
-    :meth:`Observation.targets` takes it."""
+def _data(X, y, batch_size, num_data, caller, observation):
+    """The model's data at the door and its data plate: ``X`` a finite float ``(N, D)`` array
+    (integers cast to the default float, never left integer: the noise is created in ``X``'s
+    dtype), ``y`` as :meth:`Observation.targets` takes it; then ``(X, plate, X_batch, y_batch)``
+    (:func:`_subsample`)."""
     X = as_float_array(X, "X", caller, ndim=2)
     check_finite(X, "X", caller)
-    return X, observation.targets(y, X.shape[0], X.dtype, caller)
+    y = observation.targets(y, X.shape[0], X.dtype, caller)
+    return X, *_subsample(X, y, batch_size, caller, num_data)
 
 
 def diffgp(
@@ -234,9 +238,7 @@ def diffgp(
     :raises NotImplementedError: for an unknown ``likelihood``.
     :raises TypeError: if a kernel is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
-    config = _arguments(locals())
-    observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
-    observation.check("diffgp")
+    config, observation = _observation(locals(), "diffgp")
     check_positive_number(T, "T", "diffgp", allow_zero=True)
     check_positive_int(num_steps, "num_steps", "diffgp")
     check_positive_int(num_inducing, "num_inducing", "diffgp")
@@ -252,10 +254,7 @@ def diffgp(
     kernel = RBF() if kernel is None else kernel
 
     def model(X, y=None, batch_size=None, num_data=None):
-        X, y = _data(X, y, "diffgp model", observation)
-        data, X_batch, y_batch = subsample(
-            X, y, batch_size, "diffgp model", num_data, WITH_REPLACEMENT_ABOVE
-        )
+        X, data, X_batch, y_batch = _data(X, y, batch_size, num_data, "diffgp model", observation)
         D = X.shape[-1]
         flow_in = X_batch
         if time_input:
@@ -343,9 +342,7 @@ def amortized_dgp(
     :raises ValueError: for an invalid argument (naming it).
     :raises TypeError: if ``kernel`` is not a :class:`~numpyro_dgp.kernels.Kernel`.
     """
-    config = _arguments(locals())
-    observation = Observation(likelihood, num_outputs, num_classes, noise_init, missing_targets)
-    observation.check("amortized_dgp")
+    config, observation = _observation(locals(), "amortized_dgp")
     widths, num_inducing = tuple(widths), tuple(num_inducing)
     if not widths or widths[-1] != observation.width or len(num_inducing) != len(widths):
         raise ValueError(
@@ -360,10 +357,8 @@ def amortized_dgp(
     kernel = Matern52(ard=False) if kernel is None else kernel
 
     def model(X, y=None, batch_size=None, num_data=None):
-        X, y = _data(X, y, "amortized_dgp model", observation)
-        data, X_batch, y_batch = subsample(
-            X, y, batch_size, "amortized_dgp model", num_data, WITH_REPLACEMENT_ABOVE
-        )
+        where = "amortized_dgp model"
+        X, data, X_batch, y_batch = _data(X, y, batch_size, num_data, where, observation)
         with data:
             h = X_batch
             for layer, (width, M) in enumerate(zip(widths, num_inducing), start=1):
@@ -381,3 +376,56 @@ def amortized_dgp(
         observation.observe(h, y_batch, data, X.dtype)
 
     return _remember(model, "amortized_dgp", config)
+
+
+class _plate_indices(Messenger):
+    """Serve the subsample indices of the plate ``name`` (NumPyro would draw them)."""
+
+    def __init__(self, name, indices):
+        self.name, self.indices = name, indices
+        super().__init__()
+
+    def process_message(self, msg):
+        if msg["type"] == "plate" and msg["name"] == self.name and msg["value"] is None:
+            msg["value"] = self.indices
+
+
+def _subsample(X, y, batch_size, caller, num_data):
+    """The data plate and the minibatch: ``batch_size`` points of ``X`` (drawn here), or, with
+    ``num_data``, ``X`` itself as a minibatch of a data set of ``num_data`` points (drawn by
+    the caller, e.g. from host memory; the likelihood is scaled by ``num_data / len(X)``).
+    Above :data:`WITH_REPLACEMENT_ABOVE` points the indices are drawn with replacement; below,
+    by NumPyro's function.
+
+    :raises ValueError: for a ``batch_size`` or ``num_data`` that is not a positive integer,
+        both given, or ``num_data`` below ``N``.
+    """
+    N = X.shape[0]
+    check_positive_int(batch_size, "batch_size", caller, allow_none=True)
+    if num_data is not None:
+        check_positive_int(num_data, "num_data", caller)
+        if batch_size is not None:
+            raise ValueError(
+                f"{caller}: give batch_size (draw minibatches of X) or num_data (X is a "
+                "minibatch), not both"
+            )
+        if num_data < N:
+            raise ValueError(
+                f"{caller}: num_data={num_data} is below the {N} points of the minibatch X"
+            )
+        with _plate_indices("data", jnp.arange(N)):
+            data = numpyro.plate("data", int(num_data), subsample_size=N)
+        return data, X, y
+    subsample_size = batch_size if batch_size and batch_size < N else None
+    key = numpyro.prng_key() if subsample_size and N > WITH_REPLACEMENT_ABOVE else None
+    if key is not None:
+        with _plate_indices("data", jax.random.randint(key, (subsample_size,), 0, N)):
+            data = numpyro.plate("data", N, subsample_size=subsample_size)
+    else:
+        data = numpyro.plate("data", N, subsample_size=subsample_size)
+    with data:
+        X_batch = numpyro.subsample(X, event_dim=1)
+        y_batch = (
+            None if y is None else numpyro.subsample(y, event_dim=y.ndim - 1)
+        )  # (N,) or (N, T)
+    return data, X_batch, y_batch
