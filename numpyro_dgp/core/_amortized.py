@@ -65,10 +65,7 @@ def local_conditional(
         )
         return mean[0], var[0]
 
-    if q_sqrt is None:
-        return jax.vmap(lambda Z_n, L_n, x_n, m_n: one(Z_n, L_n, x_n, m_n, None))(
-            Z, Kzz_chol, X, q_mean
-        )
+    # a q_sqrt of None is an empty tree: vmap passes it on unmapped
     return jax.vmap(one)(Z, Kzz_chol, X, q_mean, q_sqrt)
 
 

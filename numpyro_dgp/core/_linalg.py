@@ -237,20 +237,17 @@ def robust_cholesky(
     K = jnp.asarray(K)
     jitter = jnp.asarray(jitter, K.dtype)
 
-    def attempt(k, carry):
-        L, used = carry
-        ok = jnp.all(jnp.isfinite(L))
-        new_jitter = jitter * factor**k
-
-        def retry(_):
-            return jittered_cholesky(K, new_jitter), new_jitter
-
-        return jax.lax.cond(ok, lambda _: (L, used), retry, None)
-
-    carry = (jittered_cholesky(K, jitter), jitter)
+    L, used = jittered_cholesky(K, jitter), jitter
     for k in range(1, max_tries):
-        carry = attempt(k, carry)
-    return carry
+        new_jitter = jitter * factor**k
+        # lax.cond traces both branches here, with this iteration's values
+        L, used = jax.lax.cond(
+            jnp.all(jnp.isfinite(L)),
+            lambda _: (L, used),
+            lambda _: (jittered_cholesky(K, new_jitter), new_jitter),
+            None,
+        )
+    return L, used
 
 
 #: Blocks at most this large are inverted by a triangular solve; larger ones by recursion.
