@@ -22,8 +22,6 @@ from numpyro_dgp.core._conditionals import conditional
 from numpyro_dgp.core._kl import gauss_kl
 from numpyro_dgp.kernels import Kernel
 
-__all__ = ["affine_inducing_inputs", "local_conditional", "local_kl"]
-
 
 def affine_inducing_inputs(
     weight: ArrayLike, bias: ArrayLike, encoder_input: ArrayLike

@@ -42,20 +42,6 @@ from jax.typing import ArrayLike
 from numpyro_dgp.core._conditionals import project
 from numpyro_dgp.core._triangular import lower_gram
 
-__all__ = [
-    "Belief",
-    "point_projection",
-    "output_moments",
-    "output_at_nodes",
-    "sample_output",
-    "condition_on_output",
-    "chain_transition",
-    "block_diag_covariance",
-    "block_covariances",
-    "joint_covariance",
-    "chain_gauss_kl_term",
-]
-
 
 def point_projection(
     Kmn: ArrayLike,

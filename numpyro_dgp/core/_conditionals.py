@@ -16,8 +16,6 @@ from jax.typing import ArrayLike
 from numpyro_dgp.core._linalg import triangular_inverse
 from numpyro_dgp.core._triangular import lower_times, quadratic_form_diagonals
 
-__all__ = ["conditional", "factors_transpose_times", "inverse_factor", "project"]
-
 
 def factors_transpose_times(q_sqrt: ArrayLike, B: ArrayLike) -> jax.Array:
     """``L_p^T B`` for every output ``p``.

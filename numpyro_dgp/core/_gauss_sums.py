@@ -24,8 +24,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["gauss_sums_over_points", "gauss_sums_per_point", "split_rows"]
-
 #: Point-centre entries per tile (2 MiB of float64): the tile's matrices stay in cache.
 _BLOCK_ENTRIES = 2**18
 #: Centres per chunk at most, so that a tile keeps ``_BLOCK_ENTRIES / _MOST_CENTERS`` points or

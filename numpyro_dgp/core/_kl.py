@@ -9,8 +9,6 @@ from jax.typing import ArrayLike
 
 from numpyro_dgp.core._triangular import lower_times
 
-__all__ = ["gauss_kl"]
-
 
 def gauss_kl(
     q_mean: ArrayLike,

@@ -11,17 +11,6 @@ from jax.typing import ArrayLike, DTypeLike
 
 from numpyro_dgp.core._triangular import lower_of_times_transpose, lower_times, lower_times_lower
 
-__all__ = [
-    "default_jitter",
-    "check_jitter",
-    "cholesky",
-    "cholesky_and_inverse",
-    "inverse_cholesky",
-    "jittered_cholesky",
-    "robust_cholesky",
-    "triangular_inverse",
-]
-
 
 def default_jitter(dtype: DTypeLike) -> float:
     """Diagonal jitter that keeps kernel Cholesky factors finite in ``dtype``.

@@ -47,8 +47,6 @@ from numpyro_dgp.core._gauss_sums import gauss_sums_over_points, gauss_sums_per_
 from numpyro_dgp.core._quadrature import gauss_hermite_product
 from numpyro_dgp.kernels import RBF, Kernel, Linear
 
-__all__ = ["expected_input_kernel", "psi0", "psi1", "psi2", "psi2_traces"]
-
 #: Point-pair entries per block of the summed ``Psi2`` (bounds its working memory).
 _BLOCK_ENTRIES = 2**23
 #: Gauss-Hermite nodes per point at most (the fallback's rule has ``num_points ** D``).

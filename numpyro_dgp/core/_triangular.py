@@ -17,16 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = [
-    "lower_from_vector",
-    "lower_gram",
-    "lower_of_times_transpose",
-    "lower_times",
-    "lower_times_lower",
-    "quadratic_form_diagonals",
-    "triangular_blocks",
-]
-
 #: Block edge of :func:`quadratic_form_diagonals` (one product per block and all outputs), and
 #: the most blocks it uses: larger blocks above M = 256 instead of more of them. 4 blocks cost
 #: 5/8 of the full product against 9/16 for 8, yet the step ran 5-12% faster (fewer, larger

@@ -35,8 +35,6 @@ from numpyro_dgp.core._conditionals import factors_transpose_times, inverse_fact
 from numpyro_dgp.core._psi import expected_input_kernel, psi0, psi1, psi2, psi2_traces
 from numpyro_dgp.kernels import Kernel
 
-__all__ = ["UncertainInputMoments", "uncertain_input_moments"]
-
 
 class UncertainInputMoments(NamedTuple):
     """What :func:`uncertain_input_moments` returns (see the module docstring for the parts).
