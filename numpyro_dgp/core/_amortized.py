@@ -22,8 +22,6 @@ from numpyro_dgp.core._conditionals import conditional
 from numpyro_dgp.core._kl import gauss_kl
 from numpyro_dgp.kernels import Kernel
 
-__all__ = ["affine_inducing_inputs", "local_conditional", "local_kl"]
-
 
 def affine_inducing_inputs(
     weight: ArrayLike, bias: ArrayLike, encoder_input: ArrayLike
@@ -65,10 +63,7 @@ def local_conditional(
         )
         return mean[0], var[0]
 
-    if q_sqrt is None:
-        return jax.vmap(lambda Z_n, L_n, x_n, m_n: one(Z_n, L_n, x_n, m_n, None))(
-            Z, Kzz_chol, X, q_mean
-        )
+    # a q_sqrt of None is an empty tree: vmap passes it on unmapped
     return jax.vmap(one)(Z, Kzz_chol, X, q_mean, q_sqrt)
 
 

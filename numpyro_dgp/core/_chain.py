@@ -42,20 +42,6 @@ from jax.typing import ArrayLike
 from numpyro_dgp.core._conditionals import project
 from numpyro_dgp.core._triangular import lower_gram
 
-__all__ = [
-    "Belief",
-    "point_projection",
-    "output_moments",
-    "output_at_nodes",
-    "sample_output",
-    "condition_on_output",
-    "chain_transition",
-    "block_diag_covariance",
-    "block_covariances",
-    "joint_covariance",
-    "chain_gauss_kl_term",
-]
-
 
 def point_projection(
     Kmn: ArrayLike,
@@ -113,10 +99,6 @@ def _dense(cov: jax.Array) -> jax.Array:
     return cov if cov.ndim == 2 else block_diag(*[cov[p] for p in range(cov.shape[0])])
 
 
-def _per_point(x: jax.Array, N: int, ndim: int) -> jax.Array:
-    return jnp.broadcast_to(x, (N,) + x.shape[-ndim:])
-
-
 def output_moments(
     alpha: jax.Array, base_var: jax.Array, belief: Belief, out_dim: int
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -133,7 +115,7 @@ def output_moments(
     """
     N, M = alpha.shape
     P = int(out_dim)
-    loc = _per_point(belief.loc, N, 1)
+    loc = jnp.broadcast_to(belief.loc, (N,) + belief.loc.shape[-1:])
     mean = jnp.einsum("npm,nm->np", loc[:, : P * M].reshape(N, P, M), alpha)
     HB = _projected_rows(alpha, belief.shared_cov, P)
     if belief.downdate is not None:
@@ -221,7 +203,7 @@ def condition_on_output(
         so the covariance ``B - W^T W`` stays exactly symmetric.
     """
     N, P, K = HB.shape
-    loc = _per_point(belief.loc, N, 1)
+    loc = jnp.broadcast_to(belief.loc, (N,) + belief.loc.shape[-1:])
     chol = jnp.linalg.cholesky(_stabilized(out_cov))
     W = solve_triangular(chol, HB, lower=True)  # (N, P, K)
     r = solve_triangular(chol, residual[..., None], lower=True)[..., 0]  # (N, P)

@@ -16,8 +16,6 @@ from jax.typing import ArrayLike
 from numpyro_dgp.core._linalg import triangular_inverse
 from numpyro_dgp.core._triangular import lower_times, quadratic_form_diagonals
 
-__all__ = ["conditional", "factors_transpose_times", "inverse_factor", "project"]
-
 
 def factors_transpose_times(q_sqrt: ArrayLike, B: ArrayLike) -> jax.Array:
     """``L_p^T B`` for every output ``p``.
@@ -106,16 +104,13 @@ def conditional(
     :raises ValueError: if ``q_sqrt`` or ``Knn`` has the wrong number of dimensions, or
         ``Kmm_chol_inv`` another shape than ``Kmm_chol``.
     """
-    Kmn, Kmm_chol, Knn, q_mean = (jnp.asarray(a) for a in (Kmn, Kmm_chol, Knn, q_mean))
-    q_sqrt = None if q_sqrt is None else jnp.asarray(q_sqrt)
-    Linv = None if Kmm_chol_inv is None else jnp.asarray(Kmm_chol_inv)
-    return _conditional(
-        Kmn, Kmm_chol, Knn, q_mean, q_sqrt, Linv, whiten=bool(whiten), full_cov=bool(full_cov)
-    )
+    flags = {"whiten": bool(whiten), "full_cov": bool(full_cov)}
+    return _conditional(Kmn, Kmm_chol, Knn, q_mean, q_sqrt, Kmm_chol_inv, **flags)
 
 
 # One program per shape and flags: outside jit (interactive use, tests) the conditional's
-# operations would otherwise each compile on their own; inside jit it is inlined.
+# operations would otherwise each compile on their own; inside jit it is inlined. Its
+# arguments arrive as arrays (jit converts them).
 @partial(jax.jit, static_argnames=("whiten", "full_cov"))
 def _conditional(
     Kmn: jax.Array,

@@ -24,8 +24,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["gauss_sums_over_points", "gauss_sums_per_point"]
-
 #: Point-centre entries per tile (2 MiB of float64): the tile's matrices stay in cache.
 _BLOCK_ENTRIES = 2**18
 #: Centres per chunk at most, so that a tile keeps ``_BLOCK_ENTRIES / _MOST_CENTERS`` points or
@@ -71,7 +69,7 @@ def _chunk_size(num_centers: int) -> int:
     return max(1, -(-num_centers // count))
 
 
-def _split_rows(a: jax.Array, count: int, size: int, filler: jax.Array) -> jax.Array:
+def split_rows(a: jax.Array, count: int, size: int, filler: jax.Array) -> jax.Array:
     """``a``'s rows padded with ``filler`` rows to ``count * size``, as ``(count, size, ...)``."""
     pad = count * size - a.shape[0]
     a = jnp.concatenate([a, jnp.broadcast_to(filler, (pad,) + a.shape[1:])])
@@ -90,7 +88,7 @@ def _blocked(fn, arrays: tuple, zero_padded: tuple, num_centers: int):
         return jax.tree_util.tree_map(lambda a: a[None], fn(*arrays))
     num_blocks = -(-N // block)
     blocks = tuple(
-        _split_rows(a, num_blocks, block, jnp.zeros_like(a[:1]) if zero else a[:1])
+        split_rows(a, num_blocks, block, jnp.zeros_like(a[:1]) if zero else a[:1])
         for a, zero in zip(arrays, zero_padded)
     )
     return jax.lax.map(lambda xs: fn(*xs), blocks)
@@ -107,8 +105,8 @@ def _center_chunks(centers: jax.Array, *per_center: jax.Array) -> tuple:
     if size >= Q:
         return (centers[None],) + tuple(a[None] for a in per_center)
     count = -(-Q // size)
-    return (_split_rows(centers, count, size, centers[:1]),) + tuple(
-        _split_rows(a, count, size, jnp.zeros_like(a[:1])) for a in per_center
+    return (split_rows(centers, count, size, centers[:1]),) + tuple(
+        split_rows(a, count, size, jnp.zeros_like(a[:1])) for a in per_center
     )
 
 

@@ -9,8 +9,6 @@ from jax.typing import ArrayLike
 
 from numpyro_dgp.core._triangular import lower_times
 
-__all__ = ["gauss_kl"]
-
 
 def gauss_kl(
     q_mean: ArrayLike,
@@ -32,13 +30,9 @@ def gauss_kl(
     :raises ValueError: if ``prior_chol_inv`` is given without ``prior_chol`` or with another
         shape.
     """
-    q_mean, q_sqrt = jnp.asarray(q_mean), jnp.asarray(q_sqrt)
     if prior_chol_inv is not None:
         _check_prior_inverse(prior_chol, prior_chol_inv)
-        prior_chol_inv = jnp.asarray(prior_chol_inv)
-    return _gauss_kl(
-        q_mean, q_sqrt, None if prior_chol is None else jnp.asarray(prior_chol), prior_chol_inv
-    )
+    return _gauss_kl(q_mean, q_sqrt, prior_chol, prior_chol_inv)
 
 
 def _check_prior_inverse(prior_chol: ArrayLike | None, prior_chol_inv: ArrayLike) -> None:
@@ -53,7 +47,8 @@ def _check_prior_inverse(prior_chol: ArrayLike | None, prior_chol_inv: ArrayLike
 
 
 # One program per shape: outside jit (interactive use, tests) the KL's operations would
-# otherwise each compile on their own; inside jit it is inlined.
+# otherwise each compile on their own; inside jit it is inlined. Its arguments arrive as arrays
+# (jit converts them).
 @jax.jit
 def _gauss_kl(
     q_mean: jax.Array,
@@ -86,11 +81,8 @@ def _whitened_sums(
     else:
         Linv_m = lower_times(Linv, q_mean.T)
     if q_sqrt.ndim == 2:  # diagonal factors: |L^{-1} diag(s_p)|_F^2
-        Linv = (
-            solve_triangular(L, jnp.eye(M, dtype=q_mean.dtype), lower=True)
-            if Linv is None
-            else Linv
-        )
+        if Linv is None:
+            Linv = solve_triangular(L, jnp.eye(M, dtype=q_mean.dtype), lower=True)
         return jnp.sum(Linv_m**2), jnp.sum((jnp.tril(Linv)[None] * q_sqrt[:, None, :]) ** 2)
     if Linv is None:
         Linv_S = solve_triangular(L[None], q_sqrt, lower=True)

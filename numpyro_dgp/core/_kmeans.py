@@ -8,8 +8,6 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-__all__ = ["kmeans"]
-
 
 def _sqdist_to(X: jax.Array, c: jax.Array) -> jax.Array:
     return jnp.sum((X - c) ** 2, -1)

@@ -11,17 +11,6 @@ from jax.typing import ArrayLike, DTypeLike
 
 from numpyro_dgp.core._triangular import lower_of_times_transpose, lower_times, lower_times_lower
 
-__all__ = [
-    "default_jitter",
-    "check_jitter",
-    "cholesky",
-    "cholesky_and_inverse",
-    "inverse_cholesky",
-    "jittered_cholesky",
-    "robust_cholesky",
-    "triangular_inverse",
-]
-
 
 def default_jitter(dtype: DTypeLike) -> float:
     """Diagonal jitter that keeps kernel Cholesky factors finite in ``dtype``.
@@ -237,20 +226,17 @@ def robust_cholesky(
     K = jnp.asarray(K)
     jitter = jnp.asarray(jitter, K.dtype)
 
-    def attempt(k, carry):
-        L, used = carry
-        ok = jnp.all(jnp.isfinite(L))
-        new_jitter = jitter * factor**k
-
-        def retry(_):
-            return jittered_cholesky(K, new_jitter), new_jitter
-
-        return jax.lax.cond(ok, lambda _: (L, used), retry, None)
-
-    carry = (jittered_cholesky(K, jitter), jitter)
+    L, used = jittered_cholesky(K, jitter), jitter
     for k in range(1, max_tries):
-        carry = attempt(k, carry)
-    return carry
+        new_jitter = jitter * factor**k
+        # lax.cond traces both branches here, with this iteration's values
+        L, used = jax.lax.cond(
+            jnp.all(jnp.isfinite(L)),
+            lambda _: (L, used),
+            lambda _: (jittered_cholesky(K, new_jitter), new_jitter),
+            None,
+        )
+    return L, used
 
 
 #: Blocks at most this large are inverted by a triangular solve; larger ones by recursion.

@@ -43,11 +43,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike, DTypeLike
 
-from numpyro_dgp.core._gauss_sums import gauss_sums_over_points, gauss_sums_per_point
+from numpyro_dgp.core._gauss_sums import gauss_sums_over_points, gauss_sums_per_point, split_rows
 from numpyro_dgp.core._quadrature import gauss_hermite_product
 from numpyro_dgp.kernels import RBF, Kernel, Linear
-
-__all__ = ["expected_input_kernel", "psi0", "psi1", "psi2", "psi2_traces"]
 
 #: Point-pair entries per block of the summed ``Psi2`` (bounds its working memory).
 _BLOCK_ENTRIES = 2**23
@@ -226,16 +224,12 @@ def expected_input_kernel(
     return jnp.einsum("nkm,nkd,k->nmd", Kx, x, w)
 
 
-def _pairs(M: int) -> tuple[np.ndarray, np.ndarray]:
-    return np.triu_indices(M)
-
-
 def _rbf_psi2_pairs(kernel: RBF, mean: jax.Array, var: jax.Array, Z: jax.Array):
     """The squared exponential ``Psi2`` over the pairs ``m <= m'``: ``Psi2_n[pair] =
     pair_factor[pair] E[n, pair]`` with ``E`` the Gaussian bumps of
     :mod:`numpyro_dgp.core._gauss_sums`; returns ``(pair_factor (Q,), bump arguments)``."""
     sf2, ls = _rbf_parts(kernel, mean)
-    i, j = _pairs(Z.shape[0])
+    i, j = np.triu_indices(Z.shape[0])
     zbar = 0.5 * (Z[i] + Z[j])  # (Q, D)
     pair_factor = sf2**2 * jnp.exp(-0.25 * jnp.sum(((Z[i] - Z[j]) / ls) ** 2, -1))
     scale = ls**2 + 2.0 * var
@@ -262,7 +256,7 @@ def _rbf_shared_psi2(kernel: RBF, mean: jax.Array, var: jax.Array, Z: jax.Array)
 
 def _fill_symmetric(values: jax.Array, M: int) -> jax.Array:
     """``(..., M, M)`` symmetric matrices from their upper-triangle entries ``(..., Q)``."""
-    i, j = _pairs(M)
+    i, j = np.triu_indices(M)
     upper = jnp.zeros(values.shape[:-1] + (M, M), values.dtype).at[..., i, j].set(values)
     return upper + jnp.swapaxes(upper, -1, -2) - upper * jnp.eye(M, dtype=values.dtype)
 
@@ -270,7 +264,7 @@ def _fill_symmetric(values: jax.Array, M: int) -> jax.Array:
 def _pair_entries(A: jax.Array) -> jax.Array:
     """``(..., Q)``: the weights of the pairs ``m <= m'`` in ``sum_{m, m'} Psi2[m, m'] A[m, m']``
     for symmetric ``Psi2`` (``A[m, m'] + A[m', m]`` off the diagonal)."""
-    i, j = _pairs(A.shape[-1])
+    i, j = np.triu_indices(A.shape[-1])
     sym = A + jnp.swapaxes(A, -1, -2)
     return jnp.where(i == j, A[..., i, j], sym[..., i, j])
 
@@ -284,14 +278,9 @@ def _sum_over_point_blocks(fn: Callable, mean: jax.Array, var: jax.Array, width:
     if N <= block:
         return jnp.sum(fn(mean, var), 0)
     num_blocks = -(-N // block)
-    pad = num_blocks * block - N
     # padded points are the first point again, masked out of the sum
-    mean_b = jnp.concatenate([mean, jnp.broadcast_to(mean[:1], (pad,) + mean.shape[1:])]).reshape(
-        num_blocks, block, -1
-    )
-    var_b = jnp.concatenate([var, jnp.broadcast_to(var[:1], (pad,) + var.shape[1:])]).reshape(
-        num_blocks, block, -1
-    )
+    mean_b = split_rows(mean, num_blocks, block, mean[:1])
+    var_b = split_rows(var, num_blocks, block, var[:1])
     keep = (jnp.arange(num_blocks * block) < N).reshape(num_blocks, block)
     step = jax.checkpoint(fn)
 

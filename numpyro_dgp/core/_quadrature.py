@@ -9,8 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-__all__ = ["gauss_hermite", "gauss_hermite_product", "expected_log_normal"]
-
 
 def gauss_hermite(num_points: int) -> tuple[np.ndarray, np.ndarray]:
     """Nodes and weights for ``E[g(xi)]``, ``xi ~ N(0, 1)``.

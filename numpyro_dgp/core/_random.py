@@ -7,8 +7,6 @@ import math
 import jax
 from jax.typing import DTypeLike
 
-__all__ = ["standard_normal"]
-
 
 def standard_normal(rng_key: jax.Array, shape: tuple[int, ...], dtype: DTypeLike) -> jax.Array:
     """``jax.random.normal(rng_key, shape, dtype)``, drawn as one flat vector and reshaped.

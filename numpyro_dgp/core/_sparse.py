@@ -43,8 +43,6 @@ from jax.typing import ArrayLike
 from numpyro_dgp.core._conditionals import inverse_factor
 from numpyro_dgp.core._linalg import cholesky, triangular_inverse
 
-__all__ = ["COLLAPSED_METHODS", "collapsed_log_marginal", "collapsed_posterior"]
-
 #: The values of ``method``: ``"vfe"`` (Titsias' bound) and ``"fitc"`` (not a bound).
 COLLAPSED_METHODS = ("vfe", "fitc")
 

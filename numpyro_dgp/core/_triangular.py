@@ -17,16 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = [
-    "lower_from_vector",
-    "lower_gram",
-    "lower_of_times_transpose",
-    "lower_times",
-    "lower_times_lower",
-    "quadratic_form_diagonals",
-    "triangular_blocks",
-]
-
 #: Block edge of :func:`quadratic_form_diagonals` (one product per block and all outputs), and
 #: the most blocks it uses: larger blocks above M = 256 instead of more of them. 4 blocks cost
 #: 5/8 of the full product against 9/16 for 8, yet the step ran 5-12% faster (fewer, larger
@@ -44,14 +34,10 @@ GRAM_BLOCK = 512
 GRAM_MOST_BLOCKS = 16
 
 
-def triangular_blocks(
-    size: int, block: int, most: int | None = None
-) -> tuple[tuple[int, int], ...]:
+def triangular_blocks(size: int, block: int, most: int) -> tuple[tuple[int, int], ...]:
     """``(start, stop)`` of ``ceil(size / block)`` (at most ``most``) nearly equal blocks covering
     ``range(size)``."""
-    count = max(1, -(-size // block))
-    if most is not None:
-        count = min(count, most)
+    count = min(max(1, -(-size // block)), most)
     edges = [round(i * size / count) for i in range(count + 1)]
     return tuple(zip(edges[:-1], edges[1:]))
 
@@ -205,14 +191,12 @@ def _lower_layout(n: int) -> np.ndarray:
     positions = np.concatenate([rows * n + cols, np.arange(n) * (n + 1)])
     source = np.full(n * n, positions.size)
     source[positions] = np.arange(positions.size)
-    return source.astype(
-        np.int32
-    )  # whatever jax_enable_x64 says: one program stays valid if it changes
+    # int32 whatever jax_enable_x64 says: one program stays valid if it changes
+    return source.astype(np.int32)
 
 
-@partial(
-    jax.jit, static_argnums=1
-)  # one program per shape outside jit (a guide's set-up runs eagerly)
+# one program per shape outside jit (a guide's set-up runs eagerly)
+@partial(jax.jit, static_argnums=1)
 def _lower_from_vector(vector: jax.Array, n: int) -> jax.Array:
     padded = jnp.concatenate([vector, jnp.zeros(vector.shape[:-1] + (1,), vector.dtype)], axis=-1)
     # gathering whole rows of the transposed array lays the result out as XLA's CPU gather

@@ -35,8 +35,6 @@ from numpyro_dgp.core._conditionals import factors_transpose_times, inverse_fact
 from numpyro_dgp.core._psi import expected_input_kernel, psi0, psi1, psi2, psi2_traces
 from numpyro_dgp.kernels import Kernel
 
-__all__ = ["UncertainInputMoments", "uncertain_input_moments"]
-
 
 class UncertainInputMoments(NamedTuple):
     """What :func:`uncertain_input_moments` returns (see the module docstring for the parts).
@@ -56,108 +54,24 @@ class UncertainInputMoments(NamedTuple):
     conditional_var: jax.Array
 
 
-def _alpha_map(Linv: jax.Array, whiten: bool) -> jax.Array:
-    """``T (M, M)`` with ``alpha = K^-1 u = T v`` for the variational coordinates ``v``
-    (``u = L v`` whitened, ``u`` itself otherwise); also ``K^-1 = T T^T`` when whitened."""
-    return Linv.T if whiten else Linv.T @ Linv
-
-
-def _check_moment_options(
-    q_sqrt: ArrayLike | None, per_point: bool, per_point_inducing: bool
-) -> None:
-    """:func:`uncertain_input_moments`' ``q_sqrt`` (``(P, M, M)``, ``(P, M)`` or ``None``) and its
-    per-point options (per-point variances need the per-point inducing part).
-
-    :raises ValueError: for another ``q_sqrt``, or ``per_point`` without ``per_point_inducing``.
-    """
-    if q_sqrt is not None and jnp.ndim(q_sqrt) not in (2, 3):
-        raise ValueError(
-            "uncertain_input_moments: q_sqrt must be (P, M, M) or (P, M); "
-            f"got shape {jnp.shape(q_sqrt)}"
-        )
-    if per_point and not per_point_inducing:
-        raise ValueError("uncertain_input_moments: per_point=True needs per_point_inducing=True")
-
-
 def _alpha_factors(T: jax.Array, q_sqrt: ArrayLike | None) -> jax.Array | None:
     """``R (P, M, M)`` with ``C_p = Cov alpha_p = R_p R_p^T``, or ``None`` when ``q_sqrt`` is."""
     if q_sqrt is None:
-        R = None
-    elif jnp.ndim(q_sqrt) == 3:
-        R = jnp.einsum("mk,pkl->pml", T, q_sqrt)  # C_p = R_p R_p^T
-    else:
-        R = T[None] * jnp.asarray(q_sqrt)[:, None, :]
-    return R
-
-
-def _expected_kernel_row(
-    kernel: Kernel, mean: jax.Array, var: ArrayLike | None, Z: jax.Array, num_points: int
-) -> tuple[jax.Array, jax.Array | None]:
-    """``(Psi1 (N, M), var)``: ``E_x k(x_n, Z)`` (the kernel itself for deterministic inputs)
-    and the input variances as an array of the means' dtype."""
-    if var is None:  # deterministic inputs
-        P1 = kernel(mean, Z)
-    else:
-        var = jnp.asarray(var, mean.dtype)
-        if var.ndim > 1:
-            var = jnp.broadcast_to(var, mean.shape)
-        P1 = psi1(kernel, mean, var, Z, num_points=num_points)
-    return P1, var
-
-
-def _output_mean(
-    P1: jax.Array,
-    a: jax.Array,
-    mean: jax.Array,
-    mean_weight: ArrayLike | None,
-    mean_bias: ArrayLike | None,
-) -> jax.Array:
-    """``(N, P)`` ``E f_p(x_n)``: the GP's part plus the linear mean function's."""
-    f_mean = P1 @ a.T
-    if mean_weight is not None:
-        f_mean = f_mean + mean @ jnp.asarray(mean_weight, mean.dtype)
-    if mean_bias is not None:
-        f_mean = f_mean + jnp.asarray(mean_bias, mean.dtype)
-    return f_mean
+        return None
+    if jnp.ndim(q_sqrt) == 3:
+        return jnp.einsum("mk,pkl->pml", T, q_sqrt)  # C_p = R_p R_p^T
+    return T[None] * jnp.asarray(q_sqrt)[:, None, :]
 
 
 def _inducing_variance(
-    R: jax.Array | None,
-    P1: jax.Array,
-    f_mean: jax.Array,
-    P: int,
-    dtype: jnp.dtype,
-    per_point_inducing: bool,
+    R: jax.Array | None, P1: jax.Array, f_mean: jax.Array, dtype: jnp.dtype, per_point: bool
 ) -> jax.Array:
     """``Var_u E_x[f | u]``: ``(N, P)`` per point, or ``(P,)`` summed over the points."""
     if R is None:
-        inducing_var = jnp.zeros_like(f_mean) if per_point_inducing else jnp.zeros((P,), dtype)
-    elif per_point_inducing:
-        inducing_var = jnp.sum(factors_transpose_times(R, P1.T) ** 2, axis=1).T
-    else:
-        inducing_var = jnp.einsum("mk,pml,pkl->p", P1.T @ P1, R, R)  # sum_n Psi1_n C_p Psi1_n^T
-    return inducing_var
-
-
-def _deterministic_moments(
-    kernel: Kernel,
-    mean: jax.Array,
-    P1: jax.Array,
-    T: jax.Array,
-    K_inv: jax.Array,
-    f_mean: jax.Array,
-    inducing_var: jax.Array,
-    P: int,
-    whiten: bool,
-    per_point: bool,
-) -> UncertainInputMoments:
-    """The moments at deterministic inputs: the conditional variance, no ``input_var``."""
-    explained = jnp.sum((P1 @ T) ** 2, -1) if whiten else jnp.sum((P1 @ K_inv) * P1, -1)
-    conditional_var = kernel.diag(mean) - explained
-    input_var = jnp.zeros_like(f_mean)
-    if not per_point:
-        conditional_var, input_var = jnp.sum(conditional_var), jnp.zeros((P,), mean.dtype)
-    return UncertainInputMoments(f_mean, inducing_var, input_var, conditional_var)
+        return jnp.zeros_like(f_mean) if per_point else jnp.zeros(f_mean.shape[1:], dtype)
+    if per_point:
+        return jnp.sum(factors_transpose_times(R, P1.T) ** 2, axis=1).T
+    return jnp.einsum("mk,pml,pkl->p", P1.T @ P1, R, R)  # sum_n Psi1_n C_p Psi1_n^T
 
 
 def _psi_variances(
@@ -170,12 +84,12 @@ def _psi_variances(
     R: jax.Array | None,
     K_inv: jax.Array,
     inducing_var: jax.Array,
+    mean_weight: ArrayLike | None,
     per_point: bool,
-    per_point_inducing: bool,
     num_points: int,
 ) -> tuple[jax.Array, jax.Array]:
-    """``(conditional_var, input_var)`` at Gaussian inputs from the psi statistics, the mean
-    function's part of ``input_var`` aside."""
+    """``(conditional_var, input_var)`` at Gaussian inputs from the psi statistics; with a linear
+    mean function ``input_var`` gains ``w^T diag(var_n) w + 2 w^T Cov_x(x, k(x, Z)) a``."""
     P = a.shape[0]
     # second moments of alpha_p: G_p = a_p a_p^T + C_p
     G = a[:, :, None] * a[:, None, :]
@@ -197,33 +111,23 @@ def _psi_variances(
         input_var = (
             jnp.einsum("mk,pmk->p", Psi2, G)
             - jnp.sum(gp_mean**2, 0)
-            - (jnp.sum(inducing_var, 0) if per_point_inducing else inducing_var)
+            - (jnp.sum(inducing_var, 0) if inducing_var.ndim == 2 else inducing_var)
         )
+    if mean_weight is not None:
+        W = jnp.asarray(mean_weight, mean.dtype)
+        # Cov_x(x_d, k(x, z_m)) = E[x_d k(x, z_m)] - mean_d Psi1[n, m]
+        cross = (
+            expected_input_kernel(kernel, mean, var, Z, num_points=num_points)
+            - mean[:, None, :] * P1[..., None]
+        )
+        mean_path = jnp.broadcast_to(var, mean.shape) @ W**2 + 2.0 * jnp.einsum(
+            "nmd,dp,pm->np", cross, W, a
+        )
+        input_var = input_var + (mean_path if per_point else jnp.sum(mean_path, 0))
+    if per_point:
+        # round-off can leave a tiny negative difference where the input is nearly certain
+        input_var = jnp.maximum(input_var, 0.0)
     return conditional_var, input_var
-
-
-def _mean_function_variance(
-    kernel: Kernel,
-    mean: jax.Array,
-    var: jax.Array,
-    Z: jax.Array,
-    P1: jax.Array,
-    a: jax.Array,
-    mean_weight: ArrayLike,
-    num_points: int,
-) -> jax.Array:
-    """``(N, P)`` ``w^T diag(var_n) w + 2 w^T Cov_x(x, k(x, Z)) a``: what the input's
-    uncertainty adds through the linear mean function."""
-    W = jnp.asarray(mean_weight, mean.dtype)
-    # Cov_x(x_d, k(x, z_m)) = E[x_d k(x, z_m)] - mean_d Psi1[n, m]
-    cross = (
-        expected_input_kernel(kernel, mean, var, Z, num_points=num_points)
-        - mean[:, None, :] * P1[..., None]
-    )
-    mean_path = jnp.broadcast_to(var, mean.shape) @ W**2 + 2.0 * jnp.einsum(
-        "nmd,dp,pm->np", cross, W, a
-    )
-    return mean_path
 
 
 def uncertain_input_moments(
@@ -263,52 +167,46 @@ def uncertain_input_moments(
         them over the points, using the summed ``Psi2`` (no per-point ``M x M`` statistic).
     :param per_point_inducing: return ``inducing_var`` per point; ``False`` sums it over the
         points as ``tr(Psi1^T Psi1 C_p)`` (``O(N M^2 + P M^3)`` instead of ``O(P N M^2)``).
+        ``per_point=True`` returns it per point in any case (its per-point variances need it).
     :param num_points: Gauss-Hermite nodes per input dimension for kernels without closed-form
         psi statistics (see :mod:`numpyro_dgp.core` ``psi1``).
     :param Kmm_chol_inv: ``L^{-1}`` when the caller has it (see
         :func:`~numpyro_dgp.core.project`); ``None``: ``Kmm_chol`` is inverted here.
     :return: :class:`UncertainInputMoments`.
-    :raises ValueError: if ``q_sqrt`` has the wrong number of dimensions, ``per_point`` is asked
-        without ``per_point_inducing``, or ``Kmm_chol_inv``'s shape is not ``Kmm_chol``'s.
+    :raises ValueError: if ``Kmm_chol_inv``'s shape is not ``Kmm_chol``'s.
     """
-    _check_moment_options(q_sqrt, per_point, per_point_inducing)
     mean = jnp.asarray(mean)
     Z = jnp.asarray(Z, mean.dtype)
     q_mean = jnp.asarray(q_mean, mean.dtype)
-    P, M = q_mean.shape
-    Linv = inverse_factor(jnp.asarray(Kmm_chol, mean.dtype), Kmm_chol_inv)
-    T = _alpha_map(jnp.asarray(Linv, mean.dtype), whiten)
+    Linv = jnp.asarray(inverse_factor(jnp.asarray(Kmm_chol, mean.dtype), Kmm_chol_inv), mean.dtype)
+    # alpha = K^-1 u = T v for the variational coordinates v (u = L v whitened, u itself
+    # otherwise); K^-1 = T T^T when whitened
+    T = Linv.T if whiten else Linv.T @ Linv
     a = q_mean @ T.T  # (P, M): E alpha_p
     R = _alpha_factors(T, q_sqrt)
     K_inv = T @ T.T if whiten else T  # (M, M)
-
-    P1, var = _expected_kernel_row(kernel, mean, var, Z, num_points)
-    f_mean = _output_mean(P1, a, mean, mean_weight, mean_bias)
-    inducing_var = _inducing_variance(R, P1, f_mean, P, mean.dtype, per_point_inducing)
-
-    if var is None:
-        return _deterministic_moments(
-            kernel, mean, P1, T, K_inv, f_mean, inducing_var, P, whiten, per_point
-        )
-
-    conditional_var, input_var = _psi_variances(
-        kernel,
-        mean,
-        var,
-        Z,
-        P1,
-        a,
-        R,
-        K_inv,
-        inducing_var,
-        per_point,
-        per_point_inducing,
-        num_points,
-    )
+    if var is None:  # deterministic inputs
+        P1 = kernel(mean, Z)
+    else:
+        var = jnp.asarray(var, mean.dtype)
+        if var.ndim > 1:
+            var = jnp.broadcast_to(var, mean.shape)
+        P1 = psi1(kernel, mean, var, Z, num_points=num_points)
+    f_mean = P1 @ a.T  # E f_p(x_n): the GP's part plus the linear mean function's
     if mean_weight is not None:
-        mean_path = _mean_function_variance(kernel, mean, var, Z, P1, a, mean_weight, num_points)
-        input_var = input_var + (mean_path if per_point else jnp.sum(mean_path, 0))
-    if per_point:
-        # round-off can leave a tiny negative difference where the input is nearly certain
-        input_var = jnp.maximum(input_var, 0.0)
+        f_mean = f_mean + mean @ jnp.asarray(mean_weight, mean.dtype)
+    if mean_bias is not None:
+        f_mean = f_mean + jnp.asarray(mean_bias, mean.dtype)
+    inducing_var = _inducing_variance(R, P1, f_mean, mean.dtype, per_point or per_point_inducing)
+    if var is None:  # the conditional variance alone, no input_var
+        explained = jnp.sum((P1 @ T) ** 2, -1) if whiten else jnp.sum((P1 @ K_inv) * P1, -1)
+        conditional_var = kernel.diag(mean) - explained
+        if per_point:
+            zero = jnp.zeros_like(f_mean)
+            return UncertainInputMoments(f_mean, inducing_var, zero, conditional_var)
+        zero = jnp.zeros(f_mean.shape[1:], mean.dtype)
+        return UncertainInputMoments(f_mean, inducing_var, zero, jnp.sum(conditional_var))
+    conditional_var, input_var = _psi_variances(
+        kernel, mean, var, Z, P1, a, R, K_inv, inducing_var, mean_weight, per_point, num_points
+    )
     return UncertainInputMoments(f_mean, inducing_var, input_var, conditional_var)

@@ -36,14 +36,6 @@ from jax.typing import ArrayLike
 
 from numpyro_dgp.core._linalg import cholesky
 
-__all__ = [
-    "VecchiaFactors",
-    "nearest_previous_neighbors",
-    "vecchia_factors",
-    "vecchia_log_density",
-    "vecchia_sample",
-]
-
 
 class VecchiaFactors(NamedTuple):
     """The conditionals ``f_k = mean_k + coef_k^T (f_S(k) - mean_S(k)) + scale_k eps_k``.
