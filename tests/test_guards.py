@@ -30,7 +30,7 @@ from numpyro.infer.autoguide import AutoNormal
 import numpyro_dgp as dgp
 from numpyro_dgp import _compat, diagnostics
 from numpyro_dgp._engine.marginal import marginalize_inducing
-from numpyro_dgp._engine.traces import layers_by_u_site
+from numpyro_dgp._engine.run import layers_by_u_site
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP
 from numpyro_dgp.handlers import collapse_last_layer, exact_layers, quadrature, sde_flow
 from numpyro_dgp.infer import fit_minibatches
@@ -79,7 +79,7 @@ def _x64_disabled():
 
 
 def test_dgp_elbo_refuses_a_model_without_gp_layer():
-    """_engine/marginal.py final_layer_name: DGPElbo on a model with no gp_layer (nothing to marginalize)."""
+    """_engine/run.py model_facts: DGPElbo on a model with no gp_layer (nothing to marginalize)."""
 
     def plain(X, y=None):
         m = numpyro.sample("m", dist.Normal(0.0, 1.0))
