@@ -52,16 +52,10 @@ from numpyro_dgp._protocol import (
     layer_call,
     with_tag,
 )
-from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import uncertain_input_moments
 from numpyro_dgp.handlers import PerRunMessenger
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import ChainLink, JointBlock
-
-__all__ = ["MOMENT_MODES", "moment_trace", "propagate_moments"]
-
-#: The modes of :class:`propagate_moments`.
-MOMENT_MODES = ("bound", "predict")
 
 _INSTEAD = "use DGPElbo (sampling propagation), which supports it"
 
@@ -98,7 +92,6 @@ class propagate_moments(PerRunMessenger):
         propagate_inducing_variance: bool = True,
         guide_name: str | None = None,
     ) -> None:
-        check_choice(mode, MOMENT_MODES, "mode", "propagate_moments")
         self.posteriors = dict(posteriors or {})
         self.mode = mode
         self.last_layer = last_layer

@@ -132,7 +132,7 @@ def marginal_trace(
     nodes_per_output: int | None = None,
     objective: str = "DGPElbo",
     num_samples: int | None = None,
-    num_importance: int | None = None,
+    importance: Any = None,
     joint_draws: bool = False,
 ) -> MarginalRun:
     """Run ``guide`` then ``model`` with inducing values marginalized and quadrature nodes on
@@ -149,8 +149,8 @@ def marginal_trace(
     :param objective: who asks (named in error messages).
     :param num_samples: Monte Carlo draws per point where the rule draws (several outputs and
         an observation that is not Gaussian).
-    :param num_importance: ``K`` draws of every latent input per point (importance weighting;
-        see :class:`marginalize_inducing`).
+    :param importance: the importance-weighted bound's plug-in (``K`` draws of every latent
+        input per point; see :class:`marginalize_inducing`), or ``None``.
     :param joint_draws: with several outputs, Monte Carlo draws whatever the observation (the
         ``2 P`` nodes a Normal takes are exact for its expected log-density, not for the density
         of a row under outputs correlated at a point).
@@ -175,7 +175,7 @@ def marginal_trace(
             found["out_dim"], kinds, nodes_per_output, num_samples, objective
         )
         base_guide = innermost_guide(guide)
-        _check_guide_fits_model(base_guide, found, num_importance, objective)
+        _check_guide_fits_model(base_guide, found, importance, objective)
         if isinstance(base_guide, AutoContinuous):
             posteriors = autocontinuous_posteriors(
                 base_guide, guide_trace, found["u_sites"], objective
@@ -193,7 +193,7 @@ def marginal_trace(
         posteriors.update(encoder_posteriors(guide_trace))
         posteriors.update(latent_posteriors(guide_trace, found["latents"]))
         handler = marginalize_inducing(
-            seeded_model, posteriors, last, nodes, weights, latent_mode, num_importance
+            seeded_model, posteriors, last, nodes, weights, latent_mode, importance
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         return MarginalRun(
@@ -211,10 +211,10 @@ def marginal_trace(
 
 
 def _check_guide_fits_model(
-    base_guide: Callable, found: dict, num_importance: int | None, objective: str
+    base_guide: Callable, found: dict, importance: Any, objective: str
 ) -> None:
-    """Refuse per-point inducing sets without a guide that encodes them or under importance
-    weighting, and an ``AutoContinuous`` guide on a model with ``inducing="locations"``
+    """Refuse per-point inducing sets without a guide that encodes them, what the importance
+    plug-in refuses, and an ``AutoContinuous`` guide on a model with ``inducing="locations"``
     (``found``: what :func:`marginal_trace`'s probe found).
 
     Per-point inducing sets are encoded by :class:`~numpyro_dgp.guides.AutoAmortizedDGP` only
@@ -230,11 +230,8 @@ def _check_guide_fits_model(
             "per-point inducing sets (inducing='amortized'), which only an encoder describes; "
             "use numpyro_dgp.guides.AutoAmortizedDGP"
         )
-    if num_importance and found["encoded"]:
-        raise ValueError(
-            f"{objective}: layers {found['encoded']} have per-point inducing sets, which the "
-            "importance-weighted bound does not take; use DGPElbo"
-        )
+    if importance is not None:
+        importance.check_model(found["encoded"], objective)
     if isinstance(base_guide, AutoContinuous) and found["locations"]:
         raise ValueError(
             f"{objective} with {type(base_guide).__name__}: a model with inducing='locations' "

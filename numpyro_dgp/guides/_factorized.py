@@ -20,8 +20,6 @@ from numpyro_dgp._compat import softplus_lower_cholesky
 from numpyro_dgp.guides._base import DGPGuide, InducingSite
 from numpyro_dgp.posteriors import CholeskyNormal
 
-__all__ = ["AutoFactorizedDGP"]
-
 
 class AutoFactorizedDGP(DGPGuide):
     """Doubly stochastic variational inference's guide (Salimbeni & Deisenroth 2017).
