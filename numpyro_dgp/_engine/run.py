@@ -256,18 +256,17 @@ def _tail_kinds(
     handler = marginalize_inducing(seeded_model, None, last, nodes, np.full(2, 0.5), latent_mode)
 
     def read(tr):
-        return [_training_kind(tr[name]["fn"], name, objective) for name in node_tail(tr)]
+        kinds = []
+        for name in node_tail(tr):
+            try:
+                kinds.append(observation_kind(tr[name]["fn"], name, objective))
+            except NotImplementedError:
+                # a likelihood over vectors (which predictive mixtures refuse) counts as
+                # general: Monte Carlo draws train any likelihood
+                kinds.append("general")
+        return kinds
 
     return abstract_read(handler, args, kwargs, read)
-
-
-def _training_kind(fn: Any, name: str, objective: str) -> str:
-    """:func:`~numpyro_dgp._engine.observation.observation_kind`, a likelihood over vectors (which
-    predictive mixtures refuse) counting as general: Monte Carlo draws train any likelihood."""
-    try:
-        return observation_kind(fn, name, objective)
-    except NotImplementedError:
-        return "general"
 
 
 def guide_then_model(

@@ -21,6 +21,7 @@ marginalizes the inducing values exactly, point by point, with closed-form KLs.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import jax
@@ -80,12 +81,10 @@ class AutoJointDGP(DGPGuide):
     ) -> tuple[jax.Array, jax.Array]:
         loc_name, tril_name = self._names
         sites = self.inducing_sites
-        priors: list[tuple[jax.Array, jax.Array]] = []
 
+        @cache  # computed once, when the first parameter is created
         def prior_moments():
-            if not priors:
-                priors.extend(self._prior_moments(s, rng_key, args, kwargs) for s in sites)
-            return priors
+            return [self._prior_moments(s, rng_key, args, kwargs) for s in sites]
 
         def init_loc():
             return jnp.concatenate([loc.reshape(-1) for loc, _ in prior_moments()])

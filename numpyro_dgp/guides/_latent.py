@@ -66,10 +66,9 @@ class LatentSite(NamedTuple):
     :ivar name: the sample site.
     :ivar latent_dim: ``Q``.
     :ivar encoder_dim: ``E``, the encoder input's width.
-    :ivar plate: the data plate's name.
+    :ivar plate: the data plate's name (its dimension is ``-1``).
     :ivar plate_size: its full size ``N``.
     :ivar batch_size: its subsample size ``B`` in the run the guide was set up on.
-    :ivar plate_dim: its dimension.
     :ivar dtype: the site's dtype.
     """
 
@@ -79,7 +78,6 @@ class LatentSite(NamedTuple):
     plate: str
     plate_size: int
     batch_size: int
-    plate_dim: int
     dtype: Any
 
 
@@ -102,7 +100,6 @@ def latent_sites(trace: dict, specs: dict, full_sizes: dict) -> list[LatentSite]
                 frame.name,
                 int(full_sizes.get(frame.name, frame.size)),
                 int(frame.size),
-                frame.dim,
                 trace[name]["value"].dtype,
             )
         )
@@ -195,7 +192,7 @@ def sample_latent(site: LatentSite, mode: str, prefix: str, hidden_width: int) -
         f"{base}_scale", jnp.ones((site.plate_size, Q), site.dtype), constraint=constraints.positive
     )
     with numpyro.plate(
-        site.plate, site.plate_size, subsample_size=site.batch_size, dim=site.plate_dim
+        site.plate, site.plate_size, subsample_size=site.batch_size, dim=-1
     ) as index:
         batch = (loc[index], scale[index])
         return numpyro.sample(
