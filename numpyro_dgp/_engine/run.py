@@ -299,8 +299,8 @@ def guide_then_model(
 
 def validation_off_when_traced(params: Any) -> contextlib.AbstractContextManager:
     """NumPyro's argument checks cannot act on traced values (a traced check is skipped, and
-    the compiler drops it), yet tracing them costs about 0.2 s of every
-    compilation of a DGP step; they stay on in eager runs (``svi.init`` runs the model so)."""
+    the compiler drops it), yet tracing them adds to every compilation of a DGP step; they
+    stay on in eager runs (``svi.init`` runs the model so)."""
     traced = any(is_tracer(x) for x in jax.tree_util.tree_leaves(params))
     return numpyro.validation_enabled(False) if traced else contextlib.nullcontext()
 
