@@ -126,13 +126,13 @@ def _ordered(X, y=None, order=("h1", "h2", "f")):
 
 
 def test_marginalize_refuses_a_chain_whose_parent_has_not_run():
-    """_engine/marginal.py _belief: a chain guide's child layer run before its parent (layers reordered)."""
+    """guides/_correlated.py CorrelatedRecursion._belief: a chain guide's child layer run before its parent (layers reordered)."""
     with pytest.raises(ValueError, match="the guide chains 'h2.u' to 'h1.u', but layer 'h1.u' has not run before it"):
         _dgp_elbo(_ordered, AutoChainDGP(_ordered), order=("h2", "h1", "f"))
 
 
 def test_marginalize_refuses_layers_out_of_the_joint_guides_order():
-    """_engine/marginal.py _belief: a joint guide's layers run in another order than the guide's Gaussian."""
+    """guides/_correlated.py CorrelatedRecursion._belief: a joint guide's layers run in another order than the guide's Gaussian."""
     with pytest.raises(ValueError, match=r"joint Gaussian orders the layers \('h1.u', 'h2.u', 'f.u'\); 'h2.u' ran out"):
         _dgp_elbo(_ordered, AutoJointDGP(_ordered), order=("h2", "h1", "f"))
 
