@@ -32,47 +32,6 @@ import jax
 
 from numpyro_dgp._compat import apply_stack
 
-__all__ = [
-    "CONDITIONAL",
-    "ENCODER_INPUT_MESSAGE",
-    "GAUSSIAN",
-    "IMPORTANCE_LOG_WEIGHTS",
-    "INDUCING",
-    "LATENT_MESSAGE",
-    "LAYER_MESSAGE",
-    "LAYER_RULE",
-    "LOCAL_KL",
-    "MODEL_CONFIG",
-    "NODE_AXIS",
-    "InducingTag",
-    "LayerCall",
-    "LayerRule",
-    "amortized_layer_names",
-    "attach_model_config",
-    "encoder_input_layer",
-    "get_tag",
-    "inducing_site_names",
-    "inducing_tag",
-    "is_layer_message",
-    "layer_call",
-    "layer_site",
-    "latent_specs",
-    "message_latent_spec",
-    "message_layer",
-    "message_rng_key",
-    "model_config",
-    "node_tail",
-    "replace_layer_inputs",
-    "request_full_cov",
-    "send_encoder_input",
-    "send_latent",
-    "send_layer",
-    "wants_full_cov",
-    "trace_layer_names",
-    "trace_layers",
-    "with_tag",
-]
-
 #: Message type sent by every ``gp_layer`` call (value: the layer's output).
 LAYER_MESSAGE = "dgp_layer"
 #: Message type giving an amortized layer's encoder input.
@@ -172,17 +131,12 @@ def _send(msg_type: str, name: str, fn: Callable, args: tuple, **kwargs: Any) ->
     return apply_stack(msg)["value"]
 
 
-def layer_site(layer_name: str) -> str:
-    """The name of a layer's :data:`LAYER_MESSAGE` (``"<layer>.layer"``)."""
-    return f"{layer_name}.layer"
-
-
 def send_layer(call: LayerCall, rng_key: jax.Array, propagate: Callable) -> Any:
     """Send a layer's :data:`LAYER_MESSAGE`; its value (default ``propagate(*call, rng_key=,
     full_cov=False)``) is the layer's output."""
     return _send(
         LAYER_MESSAGE,
-        layer_site(call.layer.name),
+        f"{call.layer.name}.layer",
         propagate,
         tuple(call),
         rng_key=rng_key,
@@ -268,11 +222,6 @@ def inducing_tag(site: dict) -> InducingTag | None:
     return get_tag(site, INDUCING) if site.get("type") == "sample" else None
 
 
-def is_layer_message(msg: dict) -> bool:
-    """Whether ``msg`` (a message or a trace site) is a ``gp_layer``'s :data:`LAYER_MESSAGE`."""
-    return msg.get("type") == LAYER_MESSAGE
-
-
 def message_layer(msg: dict) -> Any:
     """The :class:`~numpyro_dgp.layers.Layer` a :data:`LAYER_MESSAGE` carries (its first
     argument)."""
@@ -281,7 +230,7 @@ def message_layer(msg: dict) -> Any:
 
 def trace_layers(trace: dict) -> list:
     """The layers of a model trace, in execution order (from their :data:`LAYER_MESSAGE` sites)."""
-    return [message_layer(site) for site in trace.values() if is_layer_message(site)]
+    return [message_layer(site) for site in trace.values() if site.get("type") == LAYER_MESSAGE]
 
 
 def trace_layer_names(trace: dict) -> list[str]:

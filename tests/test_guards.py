@@ -30,7 +30,7 @@ from numpyro.infer.autoguide import AutoNormal
 import numpyro_dgp as dgp
 from numpyro_dgp import _compat, diagnostics
 from numpyro_dgp._engine.marginal import marginalize_inducing
-from numpyro_dgp._engine.traces import layers_by_u_site
+from numpyro_dgp._engine.run import layers_by_u_site
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP
 from numpyro_dgp.handlers import collapse_last_layer, exact_layers, quadrature, sde_flow
 from numpyro_dgp.infer import fit_minibatches
@@ -79,7 +79,7 @@ def _x64_disabled():
 
 
 def test_dgp_elbo_refuses_a_model_without_gp_layer():
-    """_engine/marginal.py final_layer_name: DGPElbo on a model with no gp_layer (nothing to marginalize)."""
+    """_engine/run.py model_facts: DGPElbo on a model with no gp_layer (nothing to marginalize)."""
 
     def plain(X, y=None):
         m = numpyro.sample("m", dist.Normal(0.0, 1.0))
@@ -126,13 +126,13 @@ def _ordered(X, y=None, order=("h1", "h2", "f")):
 
 
 def test_marginalize_refuses_a_chain_whose_parent_has_not_run():
-    """_engine/marginal.py _belief: a chain guide's child layer run before its parent (layers reordered)."""
+    """guides/_correlated.py CorrelatedRecursion._belief: a chain guide's child layer run before its parent (layers reordered)."""
     with pytest.raises(ValueError, match="the guide chains 'h2.u' to 'h1.u', but layer 'h1.u' has not run before it"):
         _dgp_elbo(_ordered, AutoChainDGP(_ordered), order=("h2", "h1", "f"))
 
 
 def test_marginalize_refuses_layers_out_of_the_joint_guides_order():
-    """_engine/marginal.py _belief: a joint guide's layers run in another order than the guide's Gaussian."""
+    """guides/_correlated.py CorrelatedRecursion._belief: a joint guide's layers run in another order than the guide's Gaussian."""
     with pytest.raises(ValueError, match=r"joint Gaussian orders the layers \('h1.u', 'h2.u', 'f.u'\); 'h2.u' ran out"):
         _dgp_elbo(_ordered, AutoJointDGP(_ordered), order=("h2", "h1", "f"))
 

@@ -17,6 +17,7 @@ from scipy.stats import multivariate_normal, norm
 
 import numpyro_dgp as dgp
 from numpyro_dgp._engine.run import marginal_trace
+from numpyro_dgp.objectives._importance import ImportanceDraws
 from tests._mc import z_threshold
 
 jax.config.update("jax_enable_x64", True)
@@ -140,7 +141,7 @@ def test_a_point_s_draws_through_an_inner_layer_are_joint():
 
     def draw(key):
         run = marginal_trace(model, guide, params, key, (X, y), {}, objective="ImportanceWeightedElbo",
-                             num_importance=2)
+                             importance=ImportanceDraws(2))
         return run.model_trace["g"]["value"][:, 0, 0]  # (K,): the inner layer at the same input twice
 
     draws = np.asarray(jax.vmap(draw)(jax.random.split(jax.random.PRNGKey(1), 4000)))

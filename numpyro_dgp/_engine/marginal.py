@@ -2,12 +2,25 @@
 
 :class:`marginalize_inducing` propagates each layer through its marginal
 ``q(f_l | f_{l-1}) = int p(f_l | f_{l-1}, u_l) q(u_l) du_l`` (DSVI) instead of through a sampled
-``u_l``; for guides that correlate the layers (:class:`~numpyro_dgp.posteriors.ChainLink`,
-:class:`~numpyro_dgp.posteriors.JointBlock`) it runs the exact per-point recursion (each
-point's sampled outputs condition the belief over the later layers' inducing values); it
-evaluates amortized encoders inside the model's run, branches layers at quadrature points,
-integrates SDE-flow layers, and optionally puts Gauss-Hermite nodes of the last layer's
-marginal on a leading axis (exact Gaussian expectations).
+``u_l`` (the base case: a layer's Gaussian marginals under a Gaussian ``q(u_l)``), and
+optionally puts Gauss-Hermite nodes of the last layer's marginal on a leading axis (exact
+Gaussian expectations). The features beyond the base case plug in through small interfaces
+and live in the modules that own them:
+
+* a handler's :class:`~numpyro_dgp._protocol.LayerRule` on a layer message (SDE flows,
+  quadrature branches): a rule computes the layer (``marginal_value``) or makes its outputs a
+  weighted mixture (``mixture``);
+* guides that correlate the layers (:class:`~numpyro_dgp.posteriors.ChainLink`,
+  :class:`~numpyro_dgp.posteriors.JointBlock`): the per-point recursion of
+  :class:`~numpyro_dgp.guides._correlated.CorrelatedRecursion` (``output`` per layer, then
+  ``condition`` on the drawn outputs);
+* latent inputs: the draw from the guide's ``q(w_n)`` (``latent_draw`` and ``latent_kl`` in
+  :mod:`numpyro_dgp.guides._latent`);
+* the importance-weighted bound: the ``importance`` plug-in
+  (:class:`~numpyro_dgp.objectives._importance.ImportanceDraws`: ``num`` draws per point,
+  their log weights, a layer's joint draws, its refusals);
+* per-point inducing sets: an encoder posterior (``encode``, ``mixture``,
+  ``sees_mixture_mean``), evaluated inside the model's run.
 
 :func:`~numpyro_dgp._engine.run.marginal_trace` runs a guide and then the model under that
 handler and returns both traces with what the objectives need.
@@ -43,24 +56,12 @@ from numpyro_dgp._protocol import (
     wants_full_cov,
     with_tag,
 )
-from numpyro_dgp.core import (
-    Belief,
-    block_covariances,
-    chain_transition,
-    condition_on_output,
-    joint_covariance,
-    local_kl,
-    output_at_nodes,
-    output_moments,
-    point_projection,
-    sample_output,
-    standard_normal,
-)
+from numpyro_dgp.core import local_kl, output_at_nodes, sample_output, standard_normal
+from numpyro_dgp.guides._correlated import CorrelatedRecursion
+from numpyro_dgp.guides._latent import latent_draw, latent_kl
 from numpyro_dgp.handlers import PerRunMessenger
 from numpyro_dgp.layers import Layer, layer_moments, sample_moments
-from numpyro_dgp.posteriors import ChainLink, JointBlock, LatentPosterior, unwrap_distribution
-
-__all__ = ["marginalize_inducing"]
+from numpyro_dgp.posteriors import unwrap_distribution
 
 
 class marginalize_inducing(PerRunMessenger):
@@ -69,10 +70,10 @@ class marginalize_inducing(PerRunMessenger):
     :param fn: the model.
     :param posteriors: ``{u-site name: posterior}`` where a posterior is the guide's Gaussian
         over that layer's inducing values: ``(loc (P, M), scale (P, M, M) or (P, M))`` for
-        independent layers (DSVI marginals, point by point), a :class:`ChainLink` /
-        :class:`JointBlock` for guides that correlate layers (the exact per-point recursion
-        of :mod:`numpyro_dgp.core`'s chain functions: each point's outputs condition the
-        belief over the inducing values of the layers still to come), or an encoder of
+        independent layers (DSVI marginals, point by point), a ``ChainLink`` / ``JointBlock``
+        for guides that correlate layers (:class:`CorrelatedRecursion`: each point's outputs
+        condition the belief over the inducing values of the layers still to come), or an
+        encoder of
         per-point inducing sets (anything with ``encode(encoder_input) -> (loc, scale)``, a
         ``mixture`` and ``sees_mixture_mean``, as
         :class:`~numpyro_dgp.posteriors.AmortizedPosterior`). Layers whose ``u`` site is not
@@ -86,11 +87,12 @@ class marginalize_inducing(PerRunMessenger):
     :param node_weights: ``(K,)`` weights summing to one.
     :param latent_mode: how latent inputs (:func:`~numpyro_dgp.latent_input`) are drawn:
         ``"posterior"`` (from the guide's ``q(w_n)`` in ``posteriors`` when it is there: one draw
-        per point, its KL to the prior tagged :data:`LOCAL_KL`; or ``num_importance`` draws,
+        per point, its KL to the prior tagged :data:`LOCAL_KL`; or ``importance.num`` draws,
         their log weights tagged :data:`IMPORTANCE_LOG_WEIGHTS`) or ``"prior"`` (new points:
         ``N(0, I)``).
-    :param num_importance: ``K`` draws of every latent input per point (a leading axis), or
-        ``None`` for one.
+    :param importance: the importance-weighted bound's plug-in (``num``: ``K`` draws of every
+        latent input per point, a leading axis; ``latent_log_weights``, ``layer_value``,
+        ``check_layer``, ``missing_latent``), or ``None`` for one draw.
 
     A layer whose message carries a :class:`~numpyro_dgp._protocol.LayerRule` is handled as
     the rule says: a rule that computes the layer gives its value (``marginal_value``), a
@@ -114,36 +116,31 @@ class marginalize_inducing(PerRunMessenger):
         nodes: ArrayLike | None = None,
         node_weights: ArrayLike | None = None,
         latent_mode: str = "posterior",
-        num_importance: int | None = None,
+        importance: Any = None,
     ) -> None:
-        _check_options(last_layer, node_weights, latent_mode)
-        posteriors = dict(posteriors or {})
-        parents = {
-            p.parent
-            for p in posteriors.values()
-            if isinstance(p, ChainLink) and p.parent is not None
-        }
-        # a chain factor with neither parent nor child is an independent Gaussian: DSVI path
-        for name, post in list(posteriors.items()):
-            if isinstance(post, ChainLink) and post.parent is None and name not in parents:
-                posteriors[name] = (post.mean, post.scale_tril)
-        self.posteriors = posteriors
-        self._chain_parents = parents
+        if last_layer is not None and node_weights is None:
+            raise ValueError(
+                "marginalize_inducing: last_layer needs node_weights (with nodes, or without "
+                "them for as many Monte Carlo draws per point)"
+            )
+        if latent_mode not in ("posterior", "prior"):
+            raise ValueError(
+                "marginalize_inducing: latent_mode must be 'posterior' or 'prior', got "
+                f"{latent_mode!r}"
+            )
+        self.posteriors = CorrelatedRecursion.independent(posteriors or {})
         self.last_layer = last_layer
         self.nodes = nodes
         self.node_weights = node_weights
         self.latent_mode = latent_mode
-        self.num_importance = num_importance
+        self.importance = importance
         super().__init__(fn)
 
     def _reset(self) -> None:
         self.moments: dict[str, tuple[jax.Array, jax.Array]] = {}
         self.layer_order: list[str] = []
         self._in_tail = False
-        # chain: u-site -> per-point belief over its values given its output
-        self._beliefs: dict[str, Belief] = {}
-        # joint group -> (next block index, per-point belief over the rest)
-        self._joint_states: dict[tuple, tuple[int, Belief]] = {}
+        self._correlated = CorrelatedRecursion(self.posteriors)
         # u-site -> (loc, scale) of an encoder's q(u_n | p_n) at the model's p
         self._local_q: dict[str, tuple[jax.Array, jax.Array]] = {}
         # u-site -> the encoder input p of its layer
@@ -195,15 +192,15 @@ class marginalize_inducing(PerRunMessenger):
         self.layer_order.append(layer.name)
         rule = get_tag(msg, LAYER_RULE)
         last = layer.name == self.last_layer
-        _check_layer(layer, rule, post, full_cov, self.num_importance)
+        self._check_layer(layer, rule, post, full_cov)
         if rule is not None and rule.computes_layer:
             value = rule.marginal_value(layer, X, u, post, rng_key, last)
             # the end state is one path per sample, not a Gaussian: its own value, no variance
             self.moments[layer.name] = (value, jnp.zeros_like(value))
             msg["value"] = value
             return
-        if isinstance(post, (ChainLink, JointBlock)):
-            msg["value"] = self._correlated(layer, X, post, rng_key)
+        if CorrelatedRecursion.claims(post):
+            msg["value"] = self._correlated_value(layer, X, post, rng_key)
             return
         if layer.inducing == "amortized":
             mean, var = layer_moments(layer, X, *self._local_q.get(layer.u_site, (u, None)))
@@ -222,8 +219,9 @@ class marginalize_inducing(PerRunMessenger):
         mixture = self._mixture(layer, X, post, rule)
         if mixture is not None:
             msg["value"] = self._mix(mean, var, mixture, rng_key)
-        elif self.num_importance and X.ndim == 3 and not full_cov:
-            msg["value"] = self._importance_draw(layer, X, u, post, rng_key)
+        elif self.importance is not None and X.ndim == 3 and not full_cov:
+            q_mean, q_sqrt = post if post is not None else (u, None)
+            msg["value"] = self.importance.layer_value(layer, X, q_mean, q_sqrt, rng_key)
         else:
             msg["value"] = sample_moments(rng_key, mean, var, full_cov, layer.jitter)
 
@@ -272,9 +270,9 @@ class marginalize_inducing(PerRunMessenger):
 
     def _latent_site(self, msg: dict, spec: Any, rng_key: jax.Array) -> None:
         """A latent input's site: draw ``w`` from the prior (new points), or from the guide's
-        ``q(w_n)`` (once, its KL to the prior tagged; or ``num_importance`` times, the draws'
+        ``q(w_n)`` (once, its KL to the prior tagged; or ``importance.num`` times, the draws'
         log weights ``log p(w) - log q(w)`` tagged)."""
-        K = self.num_importance
+        K = None if self.importance is None else self.importance.num
         shape = ((K,) if K else ()) + (spec.encoder_input.shape[0], spec.latent_dim)
         dtype = spec.encoder_input.dtype
         eps = standard_normal(rng_key, shape, dtype)
@@ -283,40 +281,15 @@ class marginalize_inducing(PerRunMessenger):
             return
         post = self.posteriors.get(msg["name"])
         if post is None:
-            if K:
-                raise ValueError(
-                    f"ImportanceWeightedElbo: the guide gives no Gaussian q({msg['name']}) "
-                    "to draw the "
-                    "latent input from; use a numpyro_dgp.guides guide (or NumPyro's AutoNormal)"
-                )
+            if self.importance is not None:
+                self.importance.missing_latent(msg["name"])
             return  # the guide's (or the prior's) draw is used
-        loc, scale = post.encode(spec.encoder_input) if isinstance(post, LatentPosterior) else post
-        loc, scale = jnp.asarray(loc, dtype), jnp.asarray(scale, dtype)
-        w = loc + scale * eps
-        if K:
-            log_ratio = (
-                -0.5 * w**2 + 0.5 * eps**2 + jnp.log(scale)
-            )  # log N(w | 0, I) - log N(w | loc, scale)
-            with_tag(msg, IMPORTANCE_LOG_WEIGHTS, jnp.sum(log_ratio, axis=-1))
+        w, loc, scale = latent_draw(post, spec.encoder_input, eps)
+        if self.importance is not None:
+            with_tag(msg, IMPORTANCE_LOG_WEIGHTS, self.importance.latent_log_weights(w, eps, scale))
         else:
-            kl = -jnp.log(scale) + 0.5 * (scale**2 + loc**2 - 1.0)
-            with_tag(msg, LOCAL_KL, jnp.sum(kl, axis=-1))
+            with_tag(msg, LOCAL_KL, latent_kl(loc, scale))
         msg["value"] = w
-
-    def _importance_draw(
-        self, layer: Layer, X: jax.Array, u: jax.Array, post: Any, rng_key: jax.Array
-    ) -> jax.Array:
-        """The layer's outputs at a point's ``K`` importance draws ``X (K, B, D)``, drawn jointly
-        (their ``K x K`` covariance under the layer's marginal): the draws share the inducing
-        values, as the importance-weighted bound needs."""
-        q_mean, q_sqrt = post if post is not None else (u, None)
-
-        def at_point(X_n, key):  # (K, D) -> (K, P)
-            mean, cov = layer_moments(layer, X_n, q_mean, q_sqrt, full_cov=True)
-            return sample_moments(key, mean, cov, True, layer.jitter)
-
-        keys = jax.random.split(rng_key, X.shape[1])
-        return jnp.swapaxes(jax.vmap(at_point, in_axes=(1, 0))(X, keys), 0, 1)
 
     def _mixture(self, layer: Layer, X: jax.Array, post: Any, rule: Any) -> tuple | None:
         """``(points (S, P) or None, log_weights (S,))`` if this layer's outputs become a
@@ -359,79 +332,18 @@ class marginalize_inducing(PerRunMessenger):
         self._mixture_mean = jnp.tensordot(weights, jnp.broadcast_to(mean, shape), axes=(0, 0))
         return mean + std * eps
 
-    # --- guides that correlate layers: per-point beliefs over the inducing values ---
-
-    def _belief(self, layer: Layer, post: ChainLink | JointBlock) -> Belief:
-        """The belief over this layer's inducing values (first) and those of later layers in
-        its joint group, given the outputs of the layers before."""
-        name = layer.u_site
-        if isinstance(post, ChainLink):
-            if post.parent is None:
-                # the first link's covariance is block-diagonal: kept as its blocks
-                return Belief(post.mean.reshape(-1), block_covariances(post.scale_tril))
-            if post.parent not in self._beliefs:
-                raise ValueError(
-                    f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, "
-                    "but layer "
-                    f"{post.parent!r} has not run before it at these points"
-                )
-            parent_mean, coupling = post.parent_mean, post.coupling
-            assert (
-                parent_mean is not None and coupling is not None
-            )  # a chain factor with a parent has both
-            return chain_transition(
-                self._beliefs.pop(post.parent),
-                parent_mean.reshape(-1),
-                post.mean,
-                coupling,
-                post.scale_tril,
-            )
-        k = post.sites.index(name)
-        if k == 0:
-            return Belief(post.loc, joint_covariance(post.scale_tril))
-        state = self._joint_states.get(post.sites)
-        if state is None or state[0] != k:
-            raise ValueError(
-                f"marginalize_inducing: the guide's joint Gaussian orders the layers {post.sites}; "
-                f"{name!r} ran out of that order"
-            )
-        return state[1]
-
-    def _correlated(
-        self, layer: Layer, X: jax.Array, post: ChainLink | JointBlock, rng_key: jax.Array
+    def _correlated_value(
+        self, layer: Layer, X: jax.Array, post: Any, rng_key: jax.Array
     ) -> jax.Array:
-        N = X.shape[0]
-        P, M = layer.out_dim, layer.inducing_inputs.shape[0]
-        belief = self._belief(layer, post)
-        if belief.loc.ndim == 2 and belief.loc.shape[0] != N:
-            raise ValueError(
-                f"marginalize_inducing: layer {layer.name!r} runs at {N} points but the layer "
-                f"before it in the guide's chain ran at {belief.loc.shape[0]}; a correlated guide "
-                "needs each "
-                "point's chain of layer outputs"
-            )
-        Z = layer.inducing_inputs
-        alpha, base_var = point_projection(
-            layer.kernel(Z, X),
-            layer.Kmm_chol,
-            layer.kernel.diag(X),
-            layer.whiten,
-            layer.Kmm_chol_inv,
-        )
-        res_mean, out_cov, HB = output_moments(alpha, base_var, belief, P)
-        # the belief is over the inducing values themselves; the conditional needs their
-        # residual about the prior mean (zero except for inducing="locations")
-        assert layer.prior_mean is not None  # gp_layer gives every layer its prior mean
-        res_mean = res_mean - alpha @ layer.prior_mean.T
-        mean = res_mean + layer.mean_fn(X)
-        if layer.noise is not None:
-            # the output is f + eps: eps adds to its variance, not to its covariance with u
-            out_cov = out_cov + layer.noise * jnp.eye(P, dtype=out_cov.dtype)
+        """A layer under a guide that correlates the layers: its outputs drawn from their
+        Gaussian given each point's earlier outputs (:class:`CorrelatedRecursion`), or the last
+        layer's nodes."""
+        mean, out_cov = self._correlated.output(layer, X, post)
         var = jnp.diagonal(out_cov, axis1=-2, axis2=-1)
         self.moments[layer.name] = (mean, var)
         if layer.name == self.last_layer:
             self._in_tail = True
-            self.correlated_outputs = P > 1
+            self.correlated_outputs = layer.out_dim > 1
             if self.nodes is None:
                 nodes = self._nodes(mean, rng_key)
             else:
@@ -440,57 +352,22 @@ class marginalize_inducing(PerRunMessenger):
             return self.last_output
         eps = standard_normal(rng_key, mean.shape, mean.dtype)
         value = sample_output(mean, out_cov, eps)
-        if isinstance(post, ChainLink):
-            if layer.u_site in self._chain_parents:
-                self._beliefs[layer.u_site] = condition_on_output(belief, HB, out_cov, value - mean)
-        else:
-            k = post.sites.index(layer.u_site)
-            if k + 1 < len(post.sites):
-                # this layer's block is used: keep the belief over the later blocks only
-                given = condition_on_output(belief, HB, out_cov, value - mean)
-                self._joint_states[post.sites] = (k + 1, given.tail(P * M))
+        self._correlated.condition(layer, post, value)
         return value
 
+    def _check_layer(self, layer: Layer, rule: Any, post: Any, full_cov: bool) -> None:
+        """Refuse what the importance plug-in refuses (a layer with a rule, a guide that
+        correlates the layers), and ``full_cov`` for a layer of a guide that correlates them.
 
-def _check_options(
-    last_layer: str | None, node_weights: ArrayLike | None, latent_mode: str
-) -> None:
-    """Refuse a last layer without node weights and an unknown ``latent_mode``
-    (:class:`marginalize_inducing`).
-
-    :raises ValueError: for either.
-    """
-    if last_layer is not None and node_weights is None:
-        raise ValueError(
-            "marginalize_inducing: last_layer needs node_weights (with nodes, or without "
-            "them for as many Monte Carlo draws per point)"
-        )
-    if latent_mode not in ("posterior", "prior"):
-        raise ValueError(
-            f"marginalize_inducing: latent_mode must be 'posterior' or 'prior', got {latent_mode!r}"
-        )
-
-
-def _check_layer(
-    layer: Layer, rule: Any, post: Any, full_cov: bool, num_importance: int | None
-) -> None:
-    """Refuse, under the importance-weighted bound, a layer with a rule (a flow, a mixture) or
-    a guide that correlates the layers; and ``full_cov`` for such a guide's layer.
-
-    :raises ValueError: for the first.
-    :raises NotImplementedError: for the second.
-    """
-    correlated = isinstance(post, (ChainLink, JointBlock))
-    if num_importance and (rule is not None or correlated):
-        raise ValueError(
-            f"ImportanceWeightedElbo: layer {layer.name!r} is an SDE flow, has branches or a "
-            "guide that correlates the layers; the importance-weighted bound takes "
-            "independent Gaussian layers (AutoFactorizedDGP, AutoNormal) without handlers"
-        )
-    if correlated and full_cov and not (rule is not None and rule.computes_layer):
-        raise NotImplementedError(
-            f"marginalize_inducing: layer {layer.name!r} has a guide that correlates "
-            "layers; its marginals are per point (full_cov=False). For coherent "
-            "function samples use numpyro_dgp.sample_layers, which samples the inducing "
-            "values."
-        )
+        :raises NotImplementedError: for the second.
+        """
+        correlated = CorrelatedRecursion.claims(post)
+        if self.importance is not None:
+            self.importance.check_layer(layer, rule, correlated)
+        if correlated and full_cov and not (rule is not None and rule.computes_layer):
+            raise NotImplementedError(
+                f"marginalize_inducing: layer {layer.name!r} has a guide that correlates "
+                "layers; its marginals are per point (full_cov=False). For coherent "
+                "function samples use numpyro_dgp.sample_layers, which samples the inducing "
+                "values."
+            )

@@ -36,27 +36,26 @@ from numpyro.handlers import trace
 
 from numpyro_dgp._compat import innermost_guide, is_tracer
 from numpyro_dgp._engine.observation import shared_rule
-from numpyro_dgp._engine.run import MarginalRun, guide_then_model, validation_off_when_traced
-from numpyro_dgp._engine.traces import final_layer_name, guide_posteriors, model_u_sites
+from numpyro_dgp._engine.run import (
+    MarginalRun,
+    abstract_read,
+    guide_posteriors,
+    guide_then_model,
+    model_facts,
+    validation_off_when_traced,
+)
 from numpyro_dgp._protocol import (
     LAYER_MESSAGE,
     LAYER_RULE,
     NODE_AXIS,
     get_tag,
     layer_call,
-    message_layer,
     with_tag,
 )
-from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import uncertain_input_moments
 from numpyro_dgp.handlers import PerRunMessenger
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import ChainLink, JointBlock
-
-__all__ = ["MOMENT_MODES", "moment_trace", "propagate_moments"]
-
-#: The modes of :class:`propagate_moments`.
-MOMENT_MODES = ("bound", "predict")
 
 _INSTEAD = "use DGPElbo (sampling propagation), which supports it"
 
@@ -93,7 +92,6 @@ class propagate_moments(PerRunMessenger):
         propagate_inducing_variance: bool = True,
         guide_name: str | None = None,
     ) -> None:
-        check_choice(mode, MOMENT_MODES, "mode", "propagate_moments")
         self.posteriors = dict(posteriors or {})
         self.mode = mode
         self.last_layer = last_layer
@@ -297,17 +295,8 @@ def moment_trace(
     """
     with validation_off_when_traced(params):
         guide_trace, seeded_model = guide_then_model(model, guide, params, rng_key, args, kwargs)
-        found = {}
-
-        def probe():
-            # abstract run (jax.eval_shape): the layers and which one is last; computes nothing
-            tr = trace(seeded_model).get_trace(*args, **kwargs)
-            found["last"] = final_layer_name(tr)
-            found["u_sites"] = model_u_sites(tr)
-            found["out_dim"] = message_layer(tr[f"{found['last']}.layer"]).out_dim
-            return 0
-
-        jax.eval_shape(probe)
+        # the layers and which one is last, from an abstract run
+        found = abstract_read(seeded_model, args, kwargs, model_facts)
         nodes, weights = shared_rule(found["out_dim"], kind, nodes_per_output, caller)
         posteriors = guide_posteriors(guide_trace, found["u_sites"])
         guide_name = type(innermost_guide(guide)).__name__

@@ -1,7 +1,10 @@
 """One run of a guide and then the model under
-:class:`~numpyro_dgp._engine.marginal.marginalize_inducing`: :func:`marginal_trace` finds the layers
-and the observation rule (an abstract first pass), reads the guide's posteriors and returns both
-traces with what the objectives and ``predict`` need (:class:`MarginalRun`).
+:class:`~numpyro_dgp._engine.marginal.marginalize_inducing`, and the reading of both traces.
+
+:func:`marginal_trace` finds the layers and the observation rule (an abstract first pass),
+reads the guide's Gaussian over each inducing site (:func:`guide_posteriors`; for NumPyro's
+``AutoContinuous`` guides, :func:`autocontinuous_posteriors`) and returns both traces with
+what the objectives and ``predict`` need (:class:`MarginalRun`).
 """
 
 from __future__ import annotations
@@ -10,33 +13,33 @@ import contextlib
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoContinuous
 
-from numpyro_dgp._compat import innermost_guide, is_tracer
-from numpyro_dgp._engine.autoguides import autocontinuous_posteriors
+from numpyro_dgp._compat import autocontinuous_layout, innermost_guide, is_tracer
 from numpyro_dgp._engine.marginal import marginalize_inducing
 from numpyro_dgp._engine.observation import likelihood_rule, observation_kind
-from numpyro_dgp._engine.traces import (
-    final_layer_name,
-    guide_posteriors,
-    model_u_sites,
-    uses_inducing_locations,
+from numpyro_dgp._protocol import (
+    CONDITIONAL,
+    GAUSSIAN,
+    get_tag,
+    latent_specs,
+    node_tail,
+    trace_layers,
 )
-from numpyro_dgp._protocol import latent_specs, message_layer, node_tail, trace_layers
 from numpyro_dgp.handlers import fast_subsample
-from numpyro_dgp.posteriors import LatentPosterior, unwrap_distribution
-
-__all__ = [
-    "MarginalRun",
-    "encoder_posteriors",
-    "guide_then_model",
-    "latent_posteriors",
-    "marginal_trace",
-]
+from numpyro_dgp.layers import Layer
+from numpyro_dgp.posteriors import (
+    ChainLink,
+    JointBlock,
+    LatentPosterior,
+    site_gaussian,
+    unwrap_distribution,
+)
 
 
 class MarginalRun(NamedTuple):
@@ -69,6 +72,56 @@ class MarginalRun(NamedTuple):
     penalties: list | tuple = ()
 
 
+def abstract_read(model: Callable, args: tuple, kwargs: dict, read: Callable) -> Any:
+    """``read(trace)`` of one abstract run of ``model`` (``jax.eval_shape``: it computes
+    nothing, so it adds nothing to the compiled computation). Closing over ``args`` keeps
+    static ones (subsample sizes) concrete."""
+    found = []
+
+    def probe():
+        found.append(read(trace(model).get_trace(*args, **kwargs)))
+        return 0
+
+    jax.eval_shape(probe)
+    return found[0]
+
+
+def model_facts(model_trace: dict) -> dict:
+    """What the engine needs to know of a model's trace: its last layer (``"last"``, its
+    ``"out_dim"`` and ``"last_u_site"``), ``"u_sites"`` (``{u-site: (P, M)}`` in execution
+    order), whether a layer uses inducing ``"locations"``, the ``"latents"`` (latent-input
+    sites) and the ``"encoded"`` layers (per-point inducing sets).
+
+    :raises ValueError: if the model ran no ``gp_layer``.
+    """
+    layers = trace_layers(model_trace)
+    if not layers:
+        raise ValueError(
+            "the model has no gp_layer: DGPElbo and predict need a model built with "
+            "numpyro_dgp.gp_layer"
+        )
+    return {
+        "last": layers[-1].name,
+        "out_dim": layers[-1].out_dim,
+        "last_u_site": layers[-1].u_site,
+        "u_sites": {lay.u_site: (lay.out_dim, lay.inducing_inputs.shape[0]) for lay in layers},
+        "locations": any(lay.inducing == "locations" for lay in layers),
+        "latents": list(latent_specs(model_trace)),
+        "encoded": [lay.name for lay in layers if lay.inducing == "amortized"],
+    }
+
+
+def layers_by_u_site(model_trace: dict) -> dict[str, Layer]:
+    """``{u-site name: Layer}`` from the layer messages of a model trace (the ``infer`` tags of
+    the ``u`` sites cannot be used: ``replay`` overwrites them with the guide's)."""
+    return {layer.u_site: layer for layer in trace_layers(model_trace)}
+
+
+def uses_inducing_locations(model_trace: dict) -> bool:
+    """Whether any ``gp_layer`` of the trace has ``inducing="locations"``."""
+    return any(layer.inducing == "locations" for layer in trace_layers(model_trace))
+
+
 def marginal_trace(
     model: Callable,
     guide: Callable,
@@ -79,7 +132,7 @@ def marginal_trace(
     nodes_per_output: int | None = None,
     objective: str = "DGPElbo",
     num_samples: int | None = None,
-    num_importance: int | None = None,
+    importance: Any = None,
     joint_draws: bool = False,
 ) -> MarginalRun:
     """Run ``guide`` then ``model`` with inducing values marginalized and quadrature nodes on
@@ -96,8 +149,8 @@ def marginal_trace(
     :param objective: who asks (named in error messages).
     :param num_samples: Monte Carlo draws per point where the rule draws (several outputs and
         an observation that is not Gaussian).
-    :param num_importance: ``K`` draws of every latent input per point (importance weighting;
-        see :class:`marginalize_inducing`).
+    :param importance: the importance-weighted bound's plug-in (``K`` draws of every latent
+        input per point; see :class:`marginalize_inducing`), or ``None``.
     :param joint_draws: with several outputs, Monte Carlo draws whatever the observation (the
         ``2 P`` nodes a Normal takes are exact for its expected log-density, not for the density
         of a row under outputs correlated at a point).
@@ -105,35 +158,13 @@ def marginal_trace(
         their prior and the guide's plates are not replayed (new points).
     """
     predicting = objective == "predict"
+    latent_mode = "prior" if predicting else "posterior"
     with validation_off_when_traced(params):
         guide_trace, seeded_model = guide_then_model(
             model, guide, params, rng_key, args, kwargs, replay_plates=not predicting
         )
-
-        # Which sites are inducing values and which layer is last: an abstract first pass
-        # (jax.eval_shape), so it adds nothing to the compiled computation.
-        found = {}
-
-        latent_mode = "prior" if predicting else "posterior"
-
-        def probe():
-            tr = trace(marginalize_inducing(seeded_model, latent_mode=latent_mode)).get_trace(
-                *args, **kwargs
-            )
-            last = final_layer_name(tr)
-            found["u_sites"] = model_u_sites(tr)
-            found["last"] = last
-            found["out_dim"] = message_layer(tr[f"{last}.layer"]).out_dim
-            found["locations"] = uses_inducing_locations(tr)
-            found["last_u_site"] = message_layer(tr[f"{last}.layer"]).u_site
-            found["latents"] = list(latent_specs(tr))
-            found["encoded"] = [
-                layer.name for layer in trace_layers(tr) if layer.inducing == "amortized"
-            ]
-            return 0
-
-        # closing over args keeps static ones (subsample sizes) concrete
-        jax.eval_shape(probe)  # an abstract run: it computes nothing
+        probed = marginalize_inducing(seeded_model, latent_mode=latent_mode)
+        found = abstract_read(probed, args, kwargs, model_facts)
         last = found["last"]
         kinds = None
         if found["out_dim"] > 1 and nodes_per_output is None and not joint_draws:
@@ -143,9 +174,8 @@ def marginal_trace(
         nodes, weights = likelihood_rule(
             found["out_dim"], kinds, nodes_per_output, num_samples, objective
         )
-
         base_guide = innermost_guide(guide)
-        _check_guide_fits_model(base_guide, found, num_importance, objective)
+        _check_guide_fits_model(base_guide, found, importance, objective)
         if isinstance(base_guide, AutoContinuous):
             posteriors = autocontinuous_posteriors(
                 base_guide, guide_trace, found["u_sites"], objective
@@ -163,7 +193,7 @@ def marginal_trace(
         posteriors.update(encoder_posteriors(guide_trace))
         posteriors.update(latent_posteriors(guide_trace, found["latents"]))
         handler = marginalize_inducing(
-            seeded_model, posteriors, last, nodes, weights, latent_mode, num_importance
+            seeded_model, posteriors, last, nodes, weights, latent_mode, importance
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         return MarginalRun(
@@ -181,10 +211,10 @@ def marginal_trace(
 
 
 def _check_guide_fits_model(
-    base_guide: Callable, found: dict, num_importance: int | None, objective: str
+    base_guide: Callable, found: dict, importance: Any, objective: str
 ) -> None:
-    """Refuse per-point inducing sets without a guide that encodes them or under importance
-    weighting, and an ``AutoContinuous`` guide on a model with ``inducing="locations"``
+    """Refuse per-point inducing sets without a guide that encodes them, what the importance
+    plug-in refuses, and an ``AutoContinuous`` guide on a model with ``inducing="locations"``
     (``found``: what :func:`marginal_trace`'s probe found).
 
     Per-point inducing sets are encoded by :class:`~numpyro_dgp.guides.AutoAmortizedDGP` only
@@ -200,11 +230,8 @@ def _check_guide_fits_model(
             "per-point inducing sets (inducing='amortized'), which only an encoder describes; "
             "use numpyro_dgp.guides.AutoAmortizedDGP"
         )
-    if num_importance and found["encoded"]:
-        raise ValueError(
-            f"{objective}: layers {found['encoded']} have per-point inducing sets, which the "
-            "importance-weighted bound does not take; use DGPElbo"
-        )
+    if importance is not None:
+        importance.check_model(found["encoded"], objective)
     if isinstance(base_guide, AutoContinuous) and found["locations"]:
         raise ValueError(
             f"{objective} with {type(base_guide).__name__}: a model with inducing='locations' "
@@ -225,28 +252,21 @@ def _tail_kinds(
     """The kinds (:func:`~numpyro_dgp._engine.observation.observation_kind`) of the sample sites
     after the last layer (observed in training, not yet at prediction), from an abstract run with
     two nodes on it (so that a parameter that depends on the layer carries the node axis)."""
-    found = {}
     nodes = np.stack([np.ones(out_dim), -np.ones(out_dim)])
+    handler = marginalize_inducing(seeded_model, None, last, nodes, np.full(2, 0.5), latent_mode)
 
-    def probe():
-        handler = marginalize_inducing(
-            seeded_model, None, last, nodes, np.full(2, 0.5), latent_mode
-        )
-        tr = trace(handler).get_trace(*args, **kwargs)
-        found["kinds"] = [_training_kind(tr[name]["fn"], name, objective) for name in node_tail(tr)]
-        return 0
+    def read(tr):
+        kinds = []
+        for name in node_tail(tr):
+            try:
+                kinds.append(observation_kind(tr[name]["fn"], name, objective))
+            except NotImplementedError:
+                # a likelihood over vectors (which predictive mixtures refuse) counts as
+                # general: Monte Carlo draws train any likelihood
+                kinds.append("general")
+        return kinds
 
-    jax.eval_shape(probe)
-    return found["kinds"]
-
-
-def _training_kind(fn: Any, name: str, objective: str) -> str:
-    """:func:`~numpyro_dgp._engine.observation.observation_kind`, a likelihood over vectors (which
-    predictive mixtures refuse) counting as general: Monte Carlo draws train any likelihood."""
-    try:
-        return observation_kind(fn, name, objective)
-    except NotImplementedError:
-        return "general"
+    return abstract_read(handler, args, kwargs, read)
 
 
 def guide_then_model(
@@ -279,43 +299,138 @@ def guide_then_model(
 
 def validation_off_when_traced(params: Any) -> contextlib.AbstractContextManager:
     """NumPyro's argument checks cannot act on traced values (a traced check is skipped, and
-    the compiler drops it), yet tracing them costs about 0.2 s of every
-    compilation of a DGP step; they stay on in eager runs (``svi.init`` runs the model so)."""
+    the compiler drops it), yet tracing them adds to every compilation of a DGP step; they
+    stay on in eager runs (``svi.init`` runs the model so)."""
     traced = any(is_tracer(x) for x in jax.tree_util.tree_leaves(params))
     return numpyro.validation_enabled(False) if traced else contextlib.nullcontext()
+
+
+def _guide_samples(guide_trace: dict, names: Any) -> list[dict]:
+    """The sample sites of a guide trace among ``names`` (in their order)."""
+    sites = [guide_trace.get(name) for name in names]
+    return [site for site in sites if site is not None and site["type"] == "sample"]
 
 
 def latent_posteriors(guide_trace: dict, names: list[str]) -> dict[str, Any]:
     """``{site: q(w_n)}`` of the latent inputs ``names``: a library guide's
     :class:`~numpyro_dgp.posteriors.LatentPosterior`, or ``(loc, scale)`` of a guide site that is
-    a Normal (NumPyro's ``AutoNormal``); sites with neither are left out.
-
-    :param guide_trace: a trace of the guide.
-    :param names: the latent inputs' site names.
-    """
+    a Normal (NumPyro's ``AutoNormal``); sites with neither are left out."""
     out: dict[str, Any] = {}
-    for name in names:
-        site = guide_trace.get(name)
-        if site is None or site["type"] != "sample":
-            continue
+    for site in _guide_samples(guide_trace, names):
         posterior = getattr(site["fn"], "posterior", None)
         base = unwrap_distribution(site["fn"])
         if isinstance(posterior, LatentPosterior):
-            out[name] = posterior
+            out[site["name"]] = posterior
         elif isinstance(base, dist.Normal):
-            out[name] = (base.loc, base.scale)
+            out[site["name"]] = (base.loc, base.scale)
     return out
 
 
 def encoder_posteriors(guide_trace: dict) -> dict[str, Any]:
     """``{u-site: encoder}`` from the placeholder sites of a guide that encodes per-point
     inducing sets (:class:`~numpyro_dgp.guides.AutoAmortizedDGP`: the site's distribution
-    carries a ``posterior`` with ``encode`` and a ``mixture``).
-
-    :param guide_trace: a trace of the guide.
-    """
+    carries a ``posterior`` with ``encode`` and a ``mixture``)."""
     return {
         site["fn"].site: site["fn"].posterior
         for site in guide_trace.values()
         if site["type"] == "sample" and hasattr(getattr(site["fn"], "posterior", None), "mixture")
     }
+
+
+def guide_posteriors(
+    guide_trace: dict, u_sites: dict[str, tuple[int, int]], structured: bool = True
+) -> dict[str, Any]:
+    """The guide's Gaussian over every inducing site it samples (:func:`site_posterior` of
+    each site of ``u_sites``, ``{u-site name: value shape (P, M)}``); the sites whose guide
+    distribution is not Gaussian over the inducing values are left to sampling."""
+    out = {}
+    for site in _guide_samples(guide_trace, u_sites):
+        posterior = site_posterior(site, u_sites[site["name"]], structured)
+        if posterior is not None:
+            out[site["name"]] = posterior
+    return out
+
+
+def site_posterior(
+    site: dict, shape: tuple[int, int], structured: bool = True
+) -> tuple[jax.Array, jax.Array] | ChainLink | JointBlock | None:
+    """A guide site's Gaussian over its ``(P, M)`` inducing values.
+
+    :param site: the guide's site.
+    :param shape: ``(P, M)``.
+    :param structured: prefer the structure the site declares (``infer[GAUSSIAN]``:
+        :class:`~numpyro_dgp.posteriors.ChainLink`, :class:`~numpyro_dgp.posteriors.JointBlock`,
+        the marginal over the layers).
+    :return: the declared structure if ``structured``, else the site's Gaussian given the
+        earlier samples (``infer[CONDITIONAL]``, or the site distribution itself); ``None`` if
+        neither is Gaussian.
+    """
+    declared = get_tag(site, GAUSSIAN)
+    if structured and declared is not None:
+        return declared
+    conditional = get_tag(site, CONDITIONAL)
+    if conditional is not None:
+        return conditional
+    return site_gaussian(site["name"], site["fn"], shape)
+
+
+def autocontinuous_posteriors(
+    guide: AutoContinuous,
+    guide_trace: dict,
+    model_u_sites: dict[str, tuple[int, int]],
+    objective: str,
+) -> dict[str, Any]:
+    """The Gaussian over the inducing sites of a run of NumPyro's ``AutoContinuous`` guide.
+
+    Such a guide (``AutoDiagonalNormal``, ``AutoMultivariateNormal``,
+    ``AutoLowRankMultivariateNormal``, ``AutoIAFNormal``, ``AutoBNAF``) draws one flat latent
+    vector on an auxiliary site and hands each model site a ``Delta`` of its slice. A diagonal
+    latent Gaussian gives each inducing site its own ``(loc (P, M), scale (P, M))``; a full or
+    low-rank one gives one :class:`~numpyro_dgp.posteriors.JointBlock` over all inducing sites
+    in the model's execution order (the order NumPyro packs them in).
+
+    :param guide: the set-up guide.
+    :param guide_trace: a trace of its run.
+    :param model_u_sites: ``{u-site: (P, M)}`` of the model, in execution order.
+    :param objective: the objective's name, for error messages.
+    :return: ``{u-site: posterior}``.
+    :raises ValueError: the latent vector holds sites other than inducing values (their
+        correlation with the inducing values would be dropped), packs the inducing sites out of
+        execution order, or its distribution is not Gaussian.
+    """
+    layout = autocontinuous_layout(guide)
+    name = type(guide).__name__
+    others = [s for s in layout if s not in model_u_sites]
+    if others:
+        raise ValueError(
+            f"{objective} with {name}: the guide's latent vector also holds {others}, whose "
+            f"correlation with the inducing values {objective} cannot integrate over. Use "
+            "numpyro_dgp.guides.AutoJointDGP (a joint Gaussian over the inducing values; other "
+            "latent sites get their own AutoNormal), or NumPyro's Trace_ELBO with this guide"
+        )
+    latent = unwrap_distribution(guide_trace[f"_{guide.prefix}_latent"]["fn"])
+    sites = [s for s in model_u_sites if s in layout]
+    if isinstance(latent, dist.Normal):
+        loc, scale = jnp.broadcast_arrays(latent.loc, latent.scale)
+        out: dict[str, Any] = {}
+        for s in sites:
+            start, stop, shape = layout[s]
+            out[s] = (loc[start:stop].reshape(shape), scale[start:stop].reshape(shape))
+        return out
+    if not isinstance(latent, (dist.MultivariateNormal, dist.LowRankMultivariateNormal)):
+        raise ValueError(
+            f"{objective} with {name}: the guide's distribution over the inducing values is not "
+            f"Gaussian ({type(latent).__name__}), so {objective} cannot integrate them out. Use "
+            "NumPyro's Trace_ELBO with this guide, or a Gaussian guide "
+            "(numpyro_dgp.guides.AutoFactorizedDGP, AutoJointDGP, NumPyro's AutoNormal, "
+            "AutoMultivariateNormal) with this objective"
+        )
+    order = [layout[s][0] for s in sites]
+    if order != sorted(order):
+        raise ValueError(
+            f"{objective} with {name}: the guide packs the inducing sites out of execution order"
+        )
+    block = JointBlock(
+        tuple(sites), tuple(tuple(layout[s][2]) for s in sites), latent.loc, latent.scale_tril
+    )
+    return {s: block for s in sites}

@@ -17,7 +17,7 @@ from numpyro.primitives import Messenger
 
 from numpyro_dgp._engine.marginal import marginalize_inducing
 from numpyro_dgp._engine.observation import observation_kind, spherical_rule
-from numpyro_dgp._engine.traces import layers_by_u_site
+from numpyro_dgp._engine.run import layers_by_u_site
 from numpyro_dgp._predict.inputs import checked_test_inputs
 from numpyro_dgp._predict.mixture import (
     component_of,

@@ -14,16 +14,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-import numpyro.distributions as dist
 from jax.typing import ArrayLike, DTypeLike
-from numpyro.distributions import constraints
 from numpyro.distributions.util import vec_to_tril_matrix
 
-from numpyro_dgp._protocol import inducing_tag
+from numpyro_dgp._protocol import INDUCING
 from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.guides._base import InducingSite
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
-from numpyro_dgp.guides._latent import mlp, register_mlp
+from numpyro_dgp.guides._latent import Placeholder, mlp, register_mlp
 from numpyro_dgp.posteriors import (
     AMORTIZATION_RULES,
     AmortizedPosterior,
@@ -34,55 +32,8 @@ from numpyro_dgp.posteriors import (
     quadrature_points,
 )
 
-__all__ = ["AutoAmortizedDGP", "AmortizedQ", "mlp"]
-
 #: The values of ``AutoAmortizedDGP(..., covariance=...)``.
 COVARIANCES = ("diagonal", "full")
-
-
-class AmortizedQ(dist.Distribution):
-    """Placeholder guide site for a layer with per-point inducing sets.
-
-    ``q(u_n | p_n)`` depends on the model's encoder input ``p_n`` (for inner layers, on the
-    layers before), so it is evaluated inside the model's run by
-    the objectives' inducing-marginalization engine (``DGPElbo``, ``PredictiveObjective``,
-    ``predict``); the site only carries :attr:`posterior`. It is the u site itself (marked
-    auxiliary), shaped like it, so NumPyro's own ELBOs meet it, and its density is refused:
-    an objective that samples the guide on its own (``Trace_ELBO``, ``TraceMeanField_ELBO``)
-    fails loudly instead of scoring a draw of the prior.
-
-    :param posterior: the layer's amortized posterior.
-    :param site: the layer's u-site name.
-    :param value_shape: ``(..., B, P, M)`` the u site's shape in the model run the guide was
-        set up on.
-    """
-
-    support = constraints.real
-
-    def __init__(
-        self, posterior: AmortizedPosterior, site: str, value_shape: tuple[int, ...] = ()
-    ) -> None:
-        self.posterior = posterior
-        self.site = site
-        value_shape = tuple(value_shape)
-        super().__init__(batch_shape=value_shape[:-2], event_shape=value_shape[-2:])
-
-    def sample(self, key: jax.Array, sample_shape: tuple[int, ...] = ()) -> jax.Array:
-        """Zeros: a placeholder value, never used as a draw (the objectives replace it)."""
-        return jnp.zeros(tuple(sample_shape) + self.batch_shape + self.event_shape)
-
-    def log_prob(self, value: ArrayLike) -> NoReturn:
-        """Refused: ``q(u_n | p_n)`` cannot be evaluated outside the model's run.
-
-        :raises NotImplementedError: always.
-        """
-        raise NotImplementedError(
-            f"AutoAmortizedDGP: q({self.site}) depends on the model's layer outputs (the encoder "
-            "input), so the guide cannot be sampled on its own (NumPyro's Trace_ELBO, "
-            "TraceMeanField_ELBO, Predictive); use numpyro_dgp.DGPElbo or "
-            "numpyro_dgp.PredictiveObjective to train and numpyro_dgp.predict to predict: they "
-            "evaluate the encoders inside the model's run"
-        )
 
 
 class AutoAmortizedDGP(AutoFactorizedDGP):
@@ -146,9 +97,12 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         prefix: str = "auto",
         **kwargs: Any,
     ) -> None:
-        initial_weights = _check_amortized_options(
-            rule, num_branches, covariance, init_scale, hidden_width, weights
-        )
+        check_choice(rule, AMORTIZATION_RULES, "rule", "AutoAmortizedDGP")
+        check_positive_int(num_branches, "num_branches", "AutoAmortizedDGP")
+        check_choice(covariance, COVARIANCES, "covariance", "AutoAmortizedDGP")
+        if not float(init_scale) > 0:
+            raise ValueError(f"AutoAmortizedDGP: init_scale must be positive, got {init_scale!r}")
+        check_positive_int(hidden_width, "hidden_width", "AutoAmortizedDGP", allow_none=True)
         self.rule = rule
         self.num_branches = int(num_branches)
         self.covariance = covariance
@@ -156,7 +110,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         self.num_hidden = int(num_hidden)
         self.encoder_init_scale = float(init_scale)
         self.initial_points = points
-        self.initial_weights = initial_weights
+        self.initial_weights = check_weights(weights, int(num_branches), "AutoAmortizedDGP")
         self.learn_points = bool(learn_points)
         self.amortized_sites: dict[str, int] = {}  # u-site -> encoder input width D
         super().__init__(model, prefix=prefix, **kwargs)
@@ -165,12 +119,17 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
 
     def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
         super()._setup_prototype(*args, **kwargs)
+        # u-site -> the width D of its layer's encoder input (read off the site's tag)
         self.amortized_sites = {
-            s.name: _encoder_width(self.prototype_trace[s.name])
+            s.name: int(self.prototype_trace[s.name]["infer"][INDUCING].encoder_input.shape[-1])
             for s in self.inducing_sites
             if s.inducing == "amortized"
         }
-        _check_has_amortized_layers(self.amortized_sites)
+        if not self.amortized_sites:
+            raise ValueError(
+                "AutoAmortizedDGP: the model has no gp_layer with inducing='amortized'; use "
+                "AutoFactorizedDGP (or build the layers with inducing='amortized')"
+            )
 
     def _encoder(self, site: InducingSite, in_dim: int, dtype: DTypeLike) -> Callable:
         """``p -> (loc (..., P, M), scale)`` with its parameters registered."""
@@ -214,7 +173,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
         """Sample the global latent sites and register each amortized layer's encoder (a
-        placeholder site ``"<u-site>.amortized"`` carries it)."""
+        placeholder on the layer's u site carries it)."""
         rng_key = self._prepare(*args, **kwargs)
         result = dict(self._sample_others(*args, **kwargs))
         for site in self.inducing_sites:
@@ -236,11 +195,15 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
             # under the u site's own name, so NumPyro's ELBOs meet it (and refuse it) instead of
             # finding the model's u site uncovered; auxiliary: it is never a draw of u
             value_shape = self.prototype_trace[site.name]["value"].shape
-            numpyro.sample(
-                site.name,
-                AmortizedQ(posterior, site.name, value_shape),
-                infer={"is_auxiliary": True},
+            refusal = (
+                f"AutoAmortizedDGP: q({site.name}) depends on the model's layer outputs (the "
+                "encoder input), so the guide cannot be sampled on its own (NumPyro's "
+                "Trace_ELBO, TraceMeanField_ELBO, Predictive); use numpyro_dgp.DGPElbo or "
+                "numpyro_dgp.PredictiveObjective to train and numpyro_dgp.predict to predict: "
+                "they evaluate the encoders inside the model's run"
             )
+            placeholder = Placeholder(posterior, site.name, value_shape, 2, refusal)
+            numpyro.sample(site.name, placeholder, infer={"is_auxiliary": True})
         return result
 
     def median(self, params: dict) -> NoReturn:
@@ -259,44 +222,3 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         :raises NotImplementedError: always; use :func:`numpyro_dgp.predict`.
         """
         self.median(params)
-
-
-def _check_amortized_options(
-    rule: str,
-    num_branches: int,
-    covariance: str,
-    init_scale: float,
-    hidden_width: int | None,
-    weights: ArrayLike | None,
-) -> np.ndarray:
-    """:class:`AutoAmortizedDGP`'s options; returns the starting branch weights, normalized.
-
-    :raises ValueError: for an unknown ``rule`` or ``covariance``, or invalid ``num_branches``,
-        ``init_scale``, ``hidden_width`` or ``weights``.
-    """
-    check_choice(rule, AMORTIZATION_RULES, "rule", "AutoAmortizedDGP")
-    check_positive_int(num_branches, "num_branches", "AutoAmortizedDGP")
-    check_choice(covariance, COVARIANCES, "covariance", "AutoAmortizedDGP")
-    if not float(init_scale) > 0:
-        raise ValueError(f"AutoAmortizedDGP: init_scale must be positive, got {init_scale!r}")
-    check_positive_int(hidden_width, "hidden_width", "AutoAmortizedDGP", allow_none=True)
-    return check_weights(weights, int(num_branches), "AutoAmortizedDGP")
-
-
-def _encoder_width(site: dict) -> int:
-    """The width ``D`` of the encoder input of an amortized layer's inducing site."""
-    tag = inducing_tag(site)
-    assert tag is not None and tag.encoder_input is not None  # an amortized layer's tag carries it
-    return int(tag.encoder_input.shape[-1])
-
-
-def _check_has_amortized_layers(amortized_sites: dict[str, int]) -> None:
-    """:class:`AutoAmortizedDGP` needs a model with some ``gp_layer(..., inducing='amortized')``.
-
-    :raises ValueError: otherwise.
-    """
-    if not amortized_sites:
-        raise ValueError(
-            "AutoAmortizedDGP: the model has no gp_layer with inducing='amortized'; use "
-            "AutoFactorizedDGP (or build the layers with inducing='amortized')"
-        )

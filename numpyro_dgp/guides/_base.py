@@ -19,8 +19,6 @@ from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.guides._latent import LATENT_GUIDES, LatentSite, latent_sites, sample_latent
 from numpyro_dgp.posteriors import gaussian_parameters
 
-__all__ = ["InducingSite", "DGPGuide"]
-
 
 class InducingSite(NamedTuple):
     """One layer's inducing-value site as the guide sees it.
@@ -67,21 +65,6 @@ def _init_inducing_to_mean(
 INNER_INITS = ("deterministic", "prior")
 
 
-def _check_guide_options(
-    name: str, inner_init: str, init_scale: float, latent_inputs: str, latent_hidden_width: int
-) -> None:
-    """:class:`DGPGuide`'s options (``name``: the guide's class in messages).
-
-    :raises ValueError: for an unknown ``inner_init`` or ``latent_inputs``, or an ``init_scale`` or
-        ``latent_hidden_width`` that is not positive.
-    """
-    check_choice(inner_init, INNER_INITS, "inner_init", name)
-    if not float(init_scale) > 0:
-        raise ValueError(f"{name}: init_scale must be positive, got {init_scale!r}")
-    check_choice(latent_inputs, LATENT_GUIDES, "latent_inputs", name)
-    check_positive_int(latent_hidden_width, "latent_hidden_width", name)
-
-
 def _check_inducing_site(
     guide: str, name: str, site: dict, tag: InducingTag, encodes_inducing_sets: bool
 ) -> None:
@@ -102,32 +85,6 @@ def _check_inducing_site(
         raise ValueError(
             f"{guide}: inducing site {name!r} is inside plate(s) {plates}; "
             "call gp_layer outside data plates (subsample the inputs first)"
-        )
-
-
-def _check_has_inducing_sites(guide: str, sites: list) -> None:
-    """A model a guide takes has ``gp_layer`` inducing sites.
-
-    :raises ValueError: otherwise.
-    """
-    if not sites:
-        raise ValueError(
-            f"{guide}: the model has no gp_layer inducing sites ('<name>.u'); "
-            "build the model with numpyro_dgp.gp_layer"
-        )
-
-
-def _check_local_sites(guide: str, latent_names: list[str], local: list[str]) -> None:
-    """A model with latent inputs has no other local latent sites (their guides would subsample
-    twice).
-
-    :raises ValueError: otherwise.
-    """
-    if local and latent_names:
-        raise ValueError(
-            f"{guide}: the model has latent inputs {latent_names} and other "
-            f"local latent sites {local}; their guides would draw the data plate's subsample "
-            "twice. Make the other local sites latent inputs, or give them a guide of your own"
         )
 
 
@@ -164,9 +121,12 @@ class DGPGuide(AutoGuide):
         latent_inputs: str = "per_point",
         latent_hidden_width: int = 32,
     ) -> None:
-        _check_guide_options(
-            type(self).__name__, inner_init, init_scale, latent_inputs, latent_hidden_width
-        )
+        name = type(self).__name__
+        check_choice(inner_init, INNER_INITS, "inner_init", name)
+        if not float(init_scale) > 0:
+            raise ValueError(f"{name}: init_scale must be positive, got {init_scale!r}")
+        check_choice(latent_inputs, LATENT_GUIDES, "latent_inputs", name)
+        check_positive_int(latent_hidden_width, "latent_hidden_width", name)
         self.latent_inputs = latent_inputs
         self.latent_hidden_width = int(latent_hidden_width)
         self.latent_sites: list[LatentSite] = []
@@ -234,7 +194,14 @@ class DGPGuide(AutoGuide):
             if s["type"] == "sample" and not s["is_observed"] and n not in u_names
         ]
         local = [n for n in others if self.prototype_trace[n]["cond_indep_stack"]]
-        _check_local_sites(type(self).__name__, [s.name for s in self.latent_sites], local)
+        latent_names = [s.name for s in self.latent_sites]
+        if local and latent_names:
+            raise ValueError(
+                f"{type(self).__name__}: the model has latent inputs {latent_names} and other "
+                f"local latent sites {local}; their guides would draw the data plate's "
+                "subsample twice. Make the other local sites latent inputs, or give them a "
+                "guide of your own"
+            )
         if others:
             self._other_guide = AutoNormal(
                 handlers.block(self.model, hide=list(u_names)), prefix=f"{self.prefix}_other"
@@ -242,23 +209,28 @@ class DGPGuide(AutoGuide):
 
     def _read_inducing_sites(self) -> list[InducingSite]:
         """The prototype trace's inducing sites in execution order, each checked
-        (:func:`_check_inducing_site`), at least one (:func:`_check_has_inducing_sites`)."""
+        (:func:`_check_inducing_site`), at least one.
+
+        :raises ValueError: if the model has no ``gp_layer`` inducing sites.
+        """
+        guide = type(self).__name__
         sites = []
         for name, site in self.prototype_trace.items():
             tag = inducing_tag(site)
             if tag is None:
                 continue
             P, M = site["value"].shape[-2:]
-            _check_inducing_site(type(self).__name__, name, site, tag, self.encodes_inducing_sets)
+            _check_inducing_site(guide, name, site, tag, self.encodes_inducing_sets)
             whiten = False if tag.inducing == "amortized" else tag.whiten
-            sites.append((name, tag.layer, P, M, whiten, tag.inducing, site["value"].dtype))
-        _check_has_inducing_sites(type(self).__name__, sites)
-        return [
-            InducingSite(
-                name, layer, P, M, whiten, is_last=(i == len(sites) - 1), inducing=mode, dtype=dtype
+            dtype = site["value"].dtype
+            sites.append(InducingSite(name, tag.layer, P, M, whiten, False, tag.inducing, dtype))
+        if not sites:
+            raise ValueError(
+                f"{guide}: the model has no gp_layer inducing sites ('<name>.u'); "
+                "build the model with numpyro_dgp.gp_layer"
             )
-            for i, (name, layer, P, M, whiten, mode, dtype) in enumerate(sites)
-        ]
+        sites[-1] = sites[-1]._replace(is_last=True)
+        return sites
 
     def _prepare(self, *args: Any, **kwargs: Any) -> jax.Array | None:
         """Start a run of the guide: draw its key (on every call, so the key stream does not

@@ -21,6 +21,7 @@ marginalizes the inducing values exactly, point by point, with closed-form KLs.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import jax
@@ -33,12 +34,20 @@ from jax.typing import ArrayLike
 
 from numpyro_dgp._compat import softplus_lower_cholesky
 from numpyro_dgp._protocol import CONDITIONAL, GAUSSIAN
-from numpyro_dgp.core import block_diag_covariance
-from numpyro_dgp.guides._base import DGPGuide, InducingSite
+from numpyro_dgp.core import (
+    Belief,
+    block_covariances,
+    block_diag_covariance,
+    chain_transition,
+    condition_on_output,
+    joint_covariance,
+    output_moments,
+    point_projection,
+)
+from numpyro_dgp.guides._base import DGPGuide
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
+from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import ChainLink, JointBlock
-
-__all__ = ["AutoJointDGP", "AutoChainDGP"]
 
 
 def _quantiles_from_cov(loc: jax.Array, cov: jax.Array, quantiles: ArrayLike) -> jax.Array:
@@ -72,12 +81,10 @@ class AutoJointDGP(DGPGuide):
     ) -> tuple[jax.Array, jax.Array]:
         loc_name, tril_name = self._names
         sites = self.inducing_sites
-        priors: list[tuple[jax.Array, jax.Array]] = []
 
+        @cache  # computed once, when the first parameter is created
         def prior_moments():
-            if not priors:
-                priors.extend(self._prior_moments(s, rng_key, args, kwargs) for s in sites)
-            return priors
+            return [self._prior_moments(s, rng_key, args, kwargs) for s in sites]
 
         def init_loc():
             return jnp.concatenate([loc.reshape(-1) for loc, _ in prior_moments()])
@@ -192,39 +199,24 @@ class AutoChainDGP(AutoFactorizedDGP):
         and (from the second layer on) ``"<site>_<prefix>_coupling"``.
     """
 
-    def _chain_q(
-        self,
-        site: InducingSite,
-        parent: InducingSite | None,
-        rng_key: jax.Array | None,
-        args: tuple,
-        kwargs: dict,
-    ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-        """``m_l``, ``D_l`` (the factorized guide's parameters) and ``C_l`` (``None`` for the
-        first layer)."""
-        loc, tril = self._q(site, rng_key, args, kwargs)
-        coupling = None
-        if parent is not None:
-            coupling = numpyro.param(
-                f"{site.name}_{self.prefix}_coupling",
-                jnp.zeros((site.size, parent.size), loc.dtype),
-            )
-        return loc, tril, coupling
-
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
         """Sample every latent site of the model (the guide as a NumPyro program)."""
         rng_key = self._prepare(*args, **kwargs)
         result = dict(self._sample_others(*args, **kwargs))
         parent = parent_loc = parent_u = None
         for site in self.inducing_sites:
-            loc, tril, coupling = self._chain_q(site, parent, rng_key, args, kwargs)
+            # m_l and D_l are the factorized guide's parameters
+            loc, tril = self._q(site, rng_key, args, kwargs)
             if parent is None:
                 cond_loc = loc
                 link = ChainLink(None, loc, tril)
             else:
-                # set with the parent: the coupling by _chain_q, the parent's values by the
-                # last step
-                assert coupling is not None and parent_u is not None and parent_loc is not None
+                coupling = numpyro.param(
+                    f"{site.name}_{self.prefix}_coupling",
+                    jnp.zeros((site.size, parent.size), loc.dtype),
+                )
+                # set with the parent by the last step
+                assert parent_u is not None and parent_loc is not None
                 shift = coupling @ (parent_u - parent_loc).reshape(-1)
                 cond_loc = loc + shift.reshape(loc.shape)
                 link = ChainLink(parent.name, loc, tril, parent_loc, coupling)
@@ -273,3 +265,141 @@ class AutoChainDGP(AutoFactorizedDGP):
                 params[f"{s.name}_{self.prefix}_loc"], covs[s.name], quantiles
             )
         return out
+
+
+class CorrelatedRecursion:
+    """The exact per-point recursion over the layers of a Gaussian that correlates their
+    inducing values (:class:`~numpyro_dgp.posteriors.ChainLink` /
+    :class:`~numpyro_dgp.posteriors.JointBlock`, declared by the guides above or read off
+    NumPyro's ``AutoMultivariateNormal``): the inducing-marginalization engine's plug-in for
+    such posteriors, one per run of the model.
+
+    :meth:`output` gives a layer's per-point output Gaussian given the outputs the layers
+    before it drew at each point; once the engine has drawn this layer's outputs,
+    :meth:`condition` conditions the belief over the inducing values of the layers still to
+    come on them. Cost per layer ``O(N D^2)``, ``D`` the inducing values still to come.
+
+    :param posteriors: ``{u-site: posterior}`` of the run (:meth:`independent` already applied).
+    """
+
+    def __init__(self, posteriors: dict[str, Any]) -> None:
+        self.parents = _chain_parents(posteriors)
+        # chain: u-site -> per-point belief over its values given its output
+        self._beliefs: dict[str, Belief] = {}
+        # joint group -> (next block index, per-point belief over the rest)
+        self._joint_states: dict[tuple, tuple[int, Belief]] = {}
+        # the belief, its projection, the output covariance and mean of the layer just run
+        self._last: tuple = ()
+
+    @staticmethod
+    def claims(posterior: Any) -> bool:
+        """Whether ``posterior`` correlates its layer with others (the recursion's to run)."""
+        return isinstance(posterior, (ChainLink, JointBlock))
+
+    @staticmethod
+    def independent(posteriors: dict[str, Any]) -> dict[str, Any]:
+        """``posteriors`` with each chain factor that has neither parent nor child as the
+        independent Gaussian ``(mean, scale_tril)`` it is (for the engine's DSVI marginals)."""
+        parents = _chain_parents(posteriors)
+        out = dict(posteriors)
+        for name, post in posteriors.items():
+            if isinstance(post, ChainLink) and post.parent is None and name not in parents:
+                out[name] = (post.mean, post.scale_tril)
+        return out
+
+    def _belief(self, layer: Layer, post: ChainLink | JointBlock) -> Belief:
+        """The belief over this layer's inducing values (first) and those of later layers in
+        its joint group, given the outputs of the layers before."""
+        name = layer.u_site
+        if isinstance(post, ChainLink):
+            if post.parent is None:
+                # the first link's covariance is block-diagonal: kept as its blocks
+                return Belief(post.mean.reshape(-1), block_covariances(post.scale_tril))
+            if post.parent not in self._beliefs:
+                raise ValueError(
+                    f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, "
+                    "but layer "
+                    f"{post.parent!r} has not run before it at these points"
+                )
+            parent_mean, coupling = post.parent_mean, post.coupling
+            assert (
+                parent_mean is not None and coupling is not None
+            )  # a chain factor with a parent has both
+            return chain_transition(
+                self._beliefs.pop(post.parent),
+                parent_mean.reshape(-1),
+                post.mean,
+                coupling,
+                post.scale_tril,
+            )
+        k = post.sites.index(name)
+        if k == 0:
+            return Belief(post.loc, joint_covariance(post.scale_tril))
+        state = self._joint_states.get(post.sites)
+        if state is None or state[0] != k:
+            raise ValueError(
+                f"marginalize_inducing: the guide's joint Gaussian orders the layers {post.sites}; "
+                f"{name!r} ran out of that order"
+            )
+        return state[1]
+
+    def output(
+        self, layer: Layer, X: jax.Array, post: ChainLink | JointBlock
+    ) -> tuple[jax.Array, jax.Array]:
+        """``(mean (N, P), cov (N, P, P))`` of the layer's outputs at each point ``X (N, D)``,
+        given the outputs the layers before drew at that point.
+
+        :raises ValueError: if the layer runs at other points than the layer before it in the
+            chain, or out of the order of the guide's joint Gaussian.
+        """
+        N = X.shape[0]
+        P = layer.out_dim
+        belief = self._belief(layer, post)
+        if belief.loc.ndim == 2 and belief.loc.shape[0] != N:
+            raise ValueError(
+                f"marginalize_inducing: layer {layer.name!r} runs at {N} points but the layer "
+                f"before it in the guide's chain ran at {belief.loc.shape[0]}; a correlated guide "
+                "needs each "
+                "point's chain of layer outputs"
+            )
+        Z = layer.inducing_inputs
+        alpha, base_var = point_projection(
+            layer.kernel(Z, X),
+            layer.Kmm_chol,
+            layer.kernel.diag(X),
+            layer.whiten,
+            layer.Kmm_chol_inv,
+        )
+        res_mean, out_cov, HB = output_moments(alpha, base_var, belief, P)
+        # the belief is over the inducing values themselves; the conditional needs their
+        # residual about the prior mean (zero except for inducing="locations")
+        assert layer.prior_mean is not None  # gp_layer gives every layer its prior mean
+        res_mean = res_mean - alpha @ layer.prior_mean.T
+        mean = res_mean + layer.mean_fn(X)
+        if layer.noise is not None:
+            # the output is f + eps: eps adds to its variance, not to its covariance with u
+            out_cov = out_cov + layer.noise * jnp.eye(P, dtype=out_cov.dtype)
+        self._last = (belief, HB, out_cov, mean)
+        return mean, out_cov
+
+    def condition(self, layer: Layer, post: ChainLink | JointBlock, value: jax.Array) -> None:
+        """Condition the belief over the later layers' inducing values on ``value (N, P)``, the
+        outputs the engine drew from :meth:`output`'s Gaussian."""
+        belief, HB, out_cov, mean = self._last
+        if isinstance(post, ChainLink):
+            if layer.u_site in self.parents:
+                self._beliefs[layer.u_site] = condition_on_output(belief, HB, out_cov, value - mean)
+        else:
+            k = post.sites.index(layer.u_site)
+            if k + 1 < len(post.sites):
+                # this layer's block is used: keep the belief over the later blocks only
+                given = condition_on_output(belief, HB, out_cov, value - mean)
+                M = layer.inducing_inputs.shape[0]
+                self._joint_states[post.sites] = (k + 1, given.tail(layer.out_dim * M))
+
+
+def _chain_parents(posteriors: dict[str, Any]) -> set[str]:
+    """The u-sites another chain factor of ``posteriors`` is chained to."""
+    return {
+        p.parent for p in posteriors.values() if isinstance(p, ChainLink) and p.parent is not None
+    }

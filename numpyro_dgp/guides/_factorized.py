@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from functools import cache, partial
 from typing import Any
 
 import jax
@@ -19,8 +20,6 @@ from jax.typing import ArrayLike
 from numpyro_dgp._compat import softplus_lower_cholesky
 from numpyro_dgp.guides._base import DGPGuide, InducingSite
 from numpyro_dgp.posteriors import CholeskyNormal
-
-__all__ = ["AutoFactorizedDGP"]
 
 
 class AutoFactorizedDGP(DGPGuide):
@@ -47,17 +46,12 @@ class AutoFactorizedDGP(DGPGuide):
         """The parameters of ``q(u)`` for one inducing site: ``loc (P, M)``,
         ``scale_tril (P, M, M)`` (starting, when they are created, from the prior at
         initialization)."""
-        prior: dict[str, jax.Array] = {}
-
-        def moments():
-            if not prior:
-                prior["loc"], prior["scale_tril"] = self._prior_moments(site, rng_key, args, kwargs)
-            return prior
-
-        loc = self._lazy_param(f"{site.name}_{self.prefix}_loc", lambda: moments()["loc"])
+        # computed once, when the first parameter is created
+        prior = cache(partial(self._prior_moments, site, rng_key, args, kwargs))
+        loc = self._lazy_param(f"{site.name}_{self.prefix}_loc", lambda: prior()[0])
         scale_tril = self._lazy_param(
             f"{site.name}_{self.prefix}_scale_tril",
-            lambda: self._initial_scale_tril(site, moments()["scale_tril"]),
+            lambda: self._initial_scale_tril(site, prior()[1]),
             constraint=softplus_lower_cholesky,
         )
         return loc, scale_tril

@@ -1,7 +1,7 @@
 """The guides' ``q(w_n)`` for latent inputs (:func:`numpyro_dgp.latent_input`), and the small
 MLP encoders the amortized guides share.
 
-A latent input's guide site is a placeholder (:class:`LatentQ`) carrying a
+A latent input's guide site is a placeholder (:class:`Placeholder`) carrying a
 :class:`~numpyro_dgp.posteriors.LatentPosterior`: the objectives evaluate it inside the model's
 run (an encoder needs the model's encoder input), draw ``w`` from it (once, or ``K`` times for
 the importance-weighted bound) and take its KL to the prior in closed form; prediction draws
@@ -22,8 +22,6 @@ from jax.typing import ArrayLike, DTypeLike
 from numpyro.distributions import constraints
 
 from numpyro_dgp.posteriors import LatentPosterior
-
-__all__ = ["LATENT_GUIDES", "LatentQ", "LatentSite", "latent_sites", "mlp", "sample_latent"]
 
 #: The values of a guide's ``latent_inputs``: free parameters per point, or an encoder.
 LATENT_GUIDES = ("per_point", "amortized")
@@ -68,10 +66,9 @@ class LatentSite(NamedTuple):
     :ivar name: the sample site.
     :ivar latent_dim: ``Q``.
     :ivar encoder_dim: ``E``, the encoder input's width.
-    :ivar plate: the data plate's name.
+    :ivar plate: the data plate's name (its dimension is ``-1``).
     :ivar plate_size: its full size ``N``.
     :ivar batch_size: its subsample size ``B`` in the run the guide was set up on.
-    :ivar plate_dim: its dimension.
     :ivar dtype: the site's dtype.
     """
 
@@ -81,7 +78,6 @@ class LatentSite(NamedTuple):
     plate: str
     plate_size: int
     batch_size: int
-    plate_dim: int
     dtype: Any
 
 
@@ -104,46 +100,58 @@ def latent_sites(trace: dict, specs: dict, full_sizes: dict) -> list[LatentSite]
                 frame.name,
                 int(full_sizes.get(frame.name, frame.size)),
                 int(frame.size),
-                frame.dim,
                 trace[name]["value"].dtype,
             )
         )
     return out
 
 
-class LatentQ(dist.Distribution):
-    """Placeholder guide site of a latent input: it only carries :attr:`posterior`, which the
-    objectives evaluate inside the model's run. Its density is refused, so an objective that
-    samples the guide on its own (NumPyro's ``Trace_ELBO``) fails loudly instead of scoring a
-    placeholder.
+class Placeholder(dist.Distribution):
+    """A guide's placeholder site for a ``q`` that depends on the model's run (a latent input's
+    ``q(w_n)``, an amortized layer's ``q(u_n | p_n)``): it only carries :attr:`posterior`,
+    which the objectives evaluate inside the model's run. Its density is refused (with
+    ``refusal``), so an objective that samples the guide on its own (NumPyro's ``Trace_ELBO``)
+    fails loudly instead of scoring a placeholder.
 
-    :param posterior: the site's ``q(w_n)``.
+    :param posterior: the site's ``q``.
     :param site: the site's name.
-    :param value_shape: ``(B, Q)``.
+    :param value_shape: the site's value shape.
+    :param event_dim: how many of its trailing dimensions are the event.
+    :param refusal: the message :meth:`log_prob` raises.
     """
 
     support = constraints.real
 
-    def __init__(self, posterior: LatentPosterior, site: str, value_shape: tuple[int, ...]) -> None:
+    def __init__(
+        self, posterior: Any, site: str, value_shape: tuple[int, ...], event_dim: int, refusal: str
+    ) -> None:
         self.posterior = posterior
         self.site = site
-        super().__init__(batch_shape=tuple(value_shape[:-1]), event_shape=tuple(value_shape[-1:]))
+        self.refusal = refusal
+        value_shape = tuple(value_shape)
+        super().__init__(batch_shape=value_shape[:-event_dim], event_shape=value_shape[-event_dim:])
 
     def sample(self, key: jax.Array, sample_shape: tuple[int, ...] = ()) -> jax.Array:
         """Zeros: a placeholder value, never used as a draw (the objectives replace it)."""
         return jnp.zeros(tuple(sample_shape) + self.batch_shape + self.event_shape)
 
     def log_prob(self, value: ArrayLike) -> NoReturn:
-        """Refused: ``q(w_n)`` is evaluated inside the model's run.
+        """Refused: ``q`` is evaluated inside the model's run.
 
         :raises NotImplementedError: always.
         """
-        raise NotImplementedError(
-            f"the guide's q({self.site}) is evaluated inside the model's run, so the guide cannot "
-            "be sampled on its own (NumPyro's Trace_ELBO, TraceMeanField_ELBO, Predictive); use "
-            "numpyro_dgp.DGPElbo or numpyro_dgp.ImportanceWeightedElbo to train and "
-            "numpyro_dgp.predict to predict"
-        )
+        raise NotImplementedError(self.refusal)
+
+
+def _latent_placeholder(site: LatentSite, posterior: LatentPosterior) -> Placeholder:
+    refusal = (
+        f"the guide's q({site.name}) is evaluated inside the model's run, so the guide cannot "
+        "be sampled on its own (NumPyro's Trace_ELBO, TraceMeanField_ELBO, Predictive); use "
+        "numpyro_dgp.DGPElbo or numpyro_dgp.ImportanceWeightedElbo to train and "
+        "numpyro_dgp.predict to predict"
+    )
+    shape = (site.batch_size, site.latent_dim)
+    return Placeholder(posterior, site.name, shape, 1, refusal)
 
 
 def _softplus_scale(raw: jax.Array) -> jax.Array:
@@ -176,7 +184,7 @@ def sample_latent(site: LatentSite, mode: str, prefix: str, hidden_width: int) -
 
         return numpyro.sample(
             site.name,
-            LatentQ(LatentPosterior(encode), site.name, (site.batch_size, Q)),
+            _latent_placeholder(site, LatentPosterior(encode)),
             infer={"is_auxiliary": True},
         )
     loc = numpyro.param(f"{base}_loc", jnp.zeros((site.plate_size, Q), site.dtype))
@@ -184,11 +192,32 @@ def sample_latent(site: LatentSite, mode: str, prefix: str, hidden_width: int) -
         f"{base}_scale", jnp.ones((site.plate_size, Q), site.dtype), constraint=constraints.positive
     )
     with numpyro.plate(
-        site.plate, site.plate_size, subsample_size=site.batch_size, dim=site.plate_dim
+        site.plate, site.plate_size, subsample_size=site.batch_size, dim=-1
     ) as index:
         batch = (loc[index], scale[index])
         return numpyro.sample(
             site.name,
-            LatentQ(LatentPosterior(lambda _: batch), site.name, (site.batch_size, Q)),
+            _latent_placeholder(site, LatentPosterior(lambda _: batch)),
             infer={"is_auxiliary": True},
         )
+
+
+def latent_draw(
+    posterior: Any, encoder_input: jax.Array, eps: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(w, loc, scale)``: draws ``w = loc + scale * eps`` of a latent input's ``q(w_n)``
+    (``posterior``: a :class:`~numpyro_dgp.posteriors.LatentPosterior`, evaluated at the
+    model's ``encoder_input``, or ``(loc, scale)``), in the encoder input's dtype."""
+    if isinstance(posterior, LatentPosterior):
+        loc, scale = posterior.encode(encoder_input)
+    else:
+        loc, scale = posterior
+    dtype = encoder_input.dtype
+    loc, scale = jnp.asarray(loc, dtype), jnp.asarray(scale, dtype)
+    return loc + scale * eps, loc, scale
+
+
+def latent_kl(loc: jax.Array, scale: jax.Array) -> jax.Array:
+    """``(B,)`` ``KL[N(loc, scale^2) || N(0, I)]`` of each point's ``q(w_n)``."""
+    kl = -jnp.log(scale) + 0.5 * (scale**2 + loc**2 - 1.0)
+    return jnp.sum(kl, axis=-1)

@@ -22,8 +22,7 @@ import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.handlers import trace
 
-from numpyro_dgp._engine.run import guide_then_model
-from numpyro_dgp._engine.traces import layers_by_u_site
+from numpyro_dgp._engine.run import guide_then_model, layers_by_u_site
 from numpyro_dgp._protocol import LAYER_MESSAGE, LAYER_RULE, get_tag, layer_call
 from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import COLLAPSED_METHODS, collapsed_log_marginal

@@ -22,8 +22,13 @@ from jax.scipy.linalg import block_diag
 from jax.typing import ArrayLike
 
 from numpyro_dgp._engine.observation import closed_form_log_prob, needs_closed_form, unwrap
-from numpyro_dgp._engine.run import MarginalRun, marginal_trace
-from numpyro_dgp._engine.traces import layers_by_u_site, site_posterior, uses_inducing_locations
+from numpyro_dgp._engine.run import (
+    MarginalRun,
+    layers_by_u_site,
+    marginal_trace,
+    site_posterior,
+    uses_inducing_locations,
+)
 from numpyro_dgp._protocol import IMPORTANCE_LOG_WEIGHTS, LOCAL_KL, NODE_AXIS, get_tag
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.core import (

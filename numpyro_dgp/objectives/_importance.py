@@ -23,7 +23,7 @@ bound grows with ``K``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -34,12 +34,80 @@ from numpyro_dgp._compat import is_tracer
 from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp._protocol import IMPORTANCE_LOG_WEIGHTS, get_tag
 from numpyro_dgp._validation import check_positive_int
+from numpyro_dgp.layers import Layer, layer_moments, sample_moments
 from numpyro_dgp.objectives._base import Objective
 from numpyro_dgp.objectives._dsvi import expected_log_prob, objective_terms, plate_ndim
 
-__all__ = ["ImportanceWeightedElbo"]
-
 _NAME = "ImportanceWeightedElbo"
+
+
+class ImportanceDraws(NamedTuple):
+    """How the inducing-marginalization engine draws under the importance-weighted bound: its
+    ``importance`` plug-in (:class:`~numpyro_dgp._engine.marginal.marginalize_inducing`).
+
+    Every latent input is drawn ``num`` times per point (a leading axis), the draws' log
+    weights ``log p(w) - log q(w)`` tagged :data:`~numpyro_dgp._protocol.IMPORTANCE_LOG_WEIGHTS`
+    (:meth:`latent_log_weights`); a layer between the latent input and the last layer draws a
+    point's ``num`` outputs jointly (:meth:`layer_value`). The bound takes independent
+    Gaussian layers only (:meth:`check_model`, :meth:`check_layer`).
+
+    :ivar num: ``K``, the draws per point.
+    """
+
+    num: int
+
+    def check_model(self, encoded: list[str], objective: str) -> None:
+        """Refuse layers with per-point inducing sets (``encoded``).
+
+        :raises ValueError: if there are some.
+        """
+        if encoded:
+            raise ValueError(
+                f"{objective}: layers {encoded} have per-point inducing sets, which the "
+                "importance-weighted bound does not take; use DGPElbo"
+            )
+
+    def check_layer(self, layer: Any, rule: Any, correlated: bool) -> None:
+        """Refuse a layer with a rule (a flow, a mixture) or a guide that correlates the layers.
+
+        :raises ValueError: for either.
+        """
+        if rule is not None or correlated:
+            raise ValueError(
+                f"ImportanceWeightedElbo: layer {layer.name!r} is an SDE flow, has branches or a "
+                "guide that correlates the layers; the importance-weighted bound takes "
+                "independent Gaussian layers (AutoFactorizedDGP, AutoNormal) without handlers"
+            )
+
+    def missing_latent(self, name: str) -> NoReturn:
+        """Refuse a latent input whose ``q(w_n)`` the guide does not give.
+
+        :raises ValueError: always.
+        """
+        raise ValueError(
+            f"ImportanceWeightedElbo: the guide gives no Gaussian q({name}) to draw the "
+            "latent input from; use a numpyro_dgp.guides guide (or NumPyro's AutoNormal)"
+        )
+
+    def latent_log_weights(self, w: jax.Array, eps: jax.Array, scale: jax.Array) -> jax.Array:
+        """``(K, B)`` ``log N(w | 0, I) - log N(w | loc, scale)`` of the draws
+        ``w = loc + scale eps``."""
+        log_ratio = -0.5 * w**2 + 0.5 * eps**2 + jnp.log(scale)
+        return jnp.sum(log_ratio, axis=-1)
+
+    def layer_value(
+        self, layer: Layer, X: jax.Array, q_mean: Any, q_sqrt: Any, rng_key: jax.Array
+    ) -> jax.Array:
+        """The layer's outputs at a point's ``K`` draws ``X (K, B, D)``, drawn jointly (their
+        ``K x K`` covariance under the layer's marginal at ``q(u) = (q_mean, q_sqrt)``): the
+        draws share the inducing values, as the bound needs."""
+
+        def at_point(X_n, key):  # (K, D) -> (K, P)
+            mean, cov = layer_moments(layer, X_n, q_mean, q_sqrt, full_cov=True)
+            return sample_moments(key, mean, cov, True, layer.jitter)
+
+        keys = jax.random.split(rng_key, X.shape[1])
+        return jnp.swapaxes(jax.vmap(at_point, in_axes=(1, 0))(X, keys), 0, 1)
 
 
 def _common_scale(scales: dict) -> Any:
@@ -118,7 +186,7 @@ class ImportanceWeightedElbo(Objective):
             ``importance_weighted_log_likelihood - kl_inducing + other``.
         """
         K = self.num_importance
-        rule = (self.num_quadrature, _NAME, self.num_likelihood_samples, K)
+        rule = (self.num_quadrature, _NAME, self.num_likelihood_samples, ImportanceDraws(K))
         run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, *rule)
         observed, kl, other = objective_terms(run, "ImportanceWeightedElbo")
         log_weights = sum(

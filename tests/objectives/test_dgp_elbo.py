@@ -402,7 +402,7 @@ def test_each_inducing_site_in_a_model_with_locations_has_the_kl_against_its_own
     whitens with each layer's own L^{-1} instead."""
     from numpyro import handlers
 
-    from numpyro_dgp._engine.traces import layers_by_u_site, site_posterior
+    from numpyro_dgp._engine.run import layers_by_u_site, site_posterior
     from numpyro_dgp.objectives._dsvi import inducing_kl
     from numpyro_dgp.posteriors import gaussian_parameters
 
