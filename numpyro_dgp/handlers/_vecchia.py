@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, Mapping
 
 import jax
@@ -25,6 +24,7 @@ import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
+from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.core import (
     VecchiaFactors,
     nearest_previous_neighbors,
@@ -32,6 +32,7 @@ from numpyro_dgp.core import (
     vecchia_log_density,
     vecchia_sample,
 )
+from numpyro_dgp.handlers._base import SpreadTotal
 from numpyro_dgp.handlers._mcmc import (
     CollapsedLayer,
     CollapsedNormal,
@@ -127,11 +128,9 @@ class vecchia_layers(exact_layers):
         ordering_seed: int = 0,
         neighbor_inputs: Mapping[str, ArrayLike] | None = None,
     ) -> None:
-        self.num_neighbors = _check_num_neighbors(num_neighbors)
-        if ordering not in ORDERINGS:
-            raise ValueError(
-                f"vecchia_layers: ordering must be one of {ORDERINGS}, got {ordering!r}"
-            )
+        check_positive_int(num_neighbors, "num_neighbors", "vecchia_layers")
+        check_choice(ordering, ORDERINGS, "ordering", "vecchia_layers")
+        self.num_neighbors = int(num_neighbors)
         self.ordering = ordering
         self.ordering_seed = int(ordering_seed)
         self.neighbor_inputs = _check_neighbor_inputs(neighbor_inputs)
@@ -232,18 +231,6 @@ def _diag(layer: Layer, jitter: float | jax.Array, n: int, dtype: Any) -> jax.Ar
     return jnp.full((n,), extra, dtype)
 
 
-def _check_num_neighbors(num_neighbors: Any) -> int:
-    try:
-        value = 0 if isinstance(num_neighbors, bool) else operator.index(num_neighbors)
-    except TypeError:
-        value = 0
-    if value < 1:
-        raise ValueError(
-            f"vecchia_layers: num_neighbors must be a positive integer, got {num_neighbors!r}"
-        )
-    return value
-
-
 def _check_neighbor_inputs(given: Mapping[str, ArrayLike] | None) -> dict[str, jax.Array]:
     checked = {}
     for name, points in (given or {}).items():
@@ -287,8 +274,8 @@ class _CollapsedVecchia(CollapsedNormal):
 
     def __init__(self, loc: jax.Array, factors: VecchiaFactors, order: jax.Array) -> None:
         self.factors, self.order = factors, order
-        dist.Distribution.__init__(self, batch_shape=jnp.shape(loc), event_shape=())
+        SpreadTotal.__init__(self, batch_shape=jnp.shape(loc), event_shape=())
         self.loc = loc
 
-    def _total_log_prob(self, residual: jax.Array) -> jax.Array:
+    def _residual_log_prob(self, residual: jax.Array) -> jax.Array:
         return jnp.sum(vecchia_log_density(self.factors, residual[:, self.order]))

@@ -17,8 +17,6 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.handlers import trace
 
@@ -27,10 +25,15 @@ from numpyro_dgp._engine.traces import layers_by_u_site
 from numpyro_dgp._protocol import LAYER_MESSAGE, LAYER_RULE, get_tag, layer_call
 from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import COLLAPSED_METHODS, collapsed_log_marginal
-from numpyro_dgp.handlers import PerRunMessenger, check_layer_supported, check_observed_rows
+from numpyro_dgp.handlers import (
+    PerRunMessenger,
+    SpreadTotal,
+    check_layer_supported,
+    gaussian_observation,
+    replace_observation,
+)
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.objectives._base import Objective
-from numpyro_dgp.posteriors import unwrap_distribution
 
 __all__ = ["CollapsedData", "CollapsedSparseGP", "collapse_sparse_layer"]
 
@@ -50,25 +53,15 @@ class CollapsedData(NamedTuple):
     noise_var: jax.Array
 
 
-class _SpreadTotal(dist.Distribution):
-    """Stands in for an observed site whose joint log density ``total`` does not factorize over
-    points: spread evenly over the batch entries (their sum is exact). Scoring only."""
+class _SpreadTotal(SpreadTotal):
+    """The collapsed objective ``total`` as the observed site's log density (its batch shape)."""
 
-    support = dist.constraints.real
-    reparametrized_params: list[str] = []
-
-    def __init__(
-        self, total: jax.Array, batch_shape: tuple, *, validate_args: bool | None = None
-    ) -> None:
+    def __init__(self, total: jax.Array, batch_shape: tuple) -> None:
         self.total = total
-        super().__init__(batch_shape=batch_shape, event_shape=(), validate_args=validate_args)
+        super().__init__(batch_shape=batch_shape, event_shape=())
 
-    def log_prob(self, value: ArrayLike) -> jax.Array:
-        return jnp.full(
-            self.batch_shape,
-            self.total / np.prod(self.batch_shape),
-            dtype=jnp.result_type(self.total),
-        )
+    def total_log_prob(self, value: ArrayLike) -> jax.Array:
+        return self.total
 
 
 class collapse_sparse_layer(PerRunMessenger):
@@ -134,13 +127,6 @@ class collapse_sparse_layer(PerRunMessenger):
         pending, self._pending = self._pending, None
         assert pending is not None  # process_message scores a site only with a layer pending
         layer, X = pending
-        base = unwrap_distribution(msg["fn"])
-        if not isinstance(base, dist.Normal):
-            raise NotImplementedError(
-                f"{self.caller}: observation site {msg['name']!r} has likelihood "
-                f"{type(base).__name__}; the collapsed objective integrates q(u) out against a "
-                "Gaussian likelihood; use DGPElbo"
-            )
         if msg["scale"] is not None and not _is_one(msg["scale"]):
             raise NotImplementedError(
                 f"{self.caller}: observation site {msg['name']!r} is scaled by {msg['scale']} (a "
@@ -148,9 +134,11 @@ class collapse_sparse_layer(PerRunMessenger):
                 "data in every step; use DGPElbo for minibatches"
             )
         N, P = X.shape[0], layer.out_dim
-        y = check_observed_rows(msg, layer, N, self.caller)
+        refusal = (
+            "the collapsed objective integrates q(u) out against a Gaussian likelihood; use DGPElbo"
+        )
+        base, y, noise_var = gaussian_observation(msg, layer, N, self.caller, refusal)
         loc = jnp.broadcast_to(base.loc, y.shape).reshape(N, P)
-        noise_var = jnp.broadcast_to(base.scale**2, y.shape).reshape(N, P)
         if layer.noise is not None:
             noise_var = noise_var + layer.noise
         residual = y.reshape(N, P) - loc
@@ -164,9 +152,9 @@ class collapse_sparse_layer(PerRunMessenger):
             method=self.method,
             Kmm_chol_inv=layer.Kmm_chol_inv,
         )
-        fn = _SpreadTotal(total, tuple(base.batch_shape) if base.batch_shape else y.shape)
-        event_dim = msg["fn"].event_dim
-        msg["fn"] = dist.Independent(fn, event_dim) if event_dim else fn
+        replace_observation(
+            msg, _SpreadTotal(total, tuple(base.batch_shape) if base.batch_shape else y.shape)
+        )
 
 
 def _is_one(scale: Any) -> bool:

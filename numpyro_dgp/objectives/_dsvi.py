@@ -225,6 +225,7 @@ def objective_terms(
         objective does not score; for a point-mass ``q(u)`` under ``PredictiveObjective``.
     """
     guide_trace, model_trace, weights = run.guide_trace, run.model_trace, run.node_weights
+    mixture = run.mixture_log_weights
     layers = layers_by_u_site(model_trace)
     locations = uses_inducing_locations(model_trace)
     observed = {}
@@ -237,16 +238,15 @@ def objective_terms(
         if site["is_observed"]:
             observed[name] = site
             continue
-        site_kl = None
         if get_tag(site, IMPORTANCE_LOG_WEIGHTS) is not None:
             continue  # a latent input drawn K times: weighted inside the importance-weighted bound
+        scale = site["scale"] if site["scale"] is not None else 1.0
         local_kl = get_tag(site, LOCAL_KL)
         if local_kl is not None:
             # per-point KLs of per-point inducing sets (mixture axis first under rule AR1)
-            per_point = _reduce_mixture(local_kl, plate_ndim(site), run.mixture_log_weights)
-            scale = site["scale"] if site["scale"] is not None else 1.0
-            kl = kl + jnp.sum(scale * per_point)
+            kl = kl + jnp.sum(scale * _reduce_mixture(local_kl, plate_ndim(site), mixture))
             continue
+        site_kl = None
         if name in layers and name in guide_trace:
             site_kl = inducing_kl(
                 name,
@@ -259,10 +259,9 @@ def objective_terms(
                 objective,
             )
         if site_kl is not None:
-            kl = kl + (site["scale"] if site["scale"] is not None else 1.0) * site_kl
+            kl = kl + scale * site_kl
         else:
             _check_other_site(name, site, guide_trace, name in layers, objective, run.guide_name)
-            mixture = run.mixture_log_weights
             other = (
                 other
                 + weighted_log_prob(site, weights, mixture)
@@ -275,8 +274,13 @@ def _check_other_site(
     name: str, site: dict, guide_trace: dict, inducing: bool, objective: str, guide_name: str
 ) -> None:
     """Refuse a latent site scored by its sampled value (``log p - log q``) that comes after the
-    last layer, that the guide does not cover, or whose sampled score would be wrong
-    (:func:`_check_sampled_site`).
+    last layer, that the guide does not cover, or whose sampled score would be wrong.
+
+    A guide that draws the site as a ``Delta`` of an auxiliary draw (NumPyro's
+    ``AutoContinuous`` family) keeps the density on the auxiliary site, which these objectives
+    do not score: ``log q`` would be missing. A ``Delta`` without auxiliary sites is a point
+    estimate (``AutoDelta``): ``DGPElbo`` then gives NumPyro's MAP objective, as
+    ``Trace_ELBO`` does; ``PredictiveObjective``'s KL to the prior has no value for it.
 
     :raises ValueError: naming the site.
     """
@@ -287,20 +291,6 @@ def _check_other_site(
         )
     if name not in guide_trace:
         raise ValueError(f"{objective}: latent site {name!r} is not covered by the guide")
-    _check_sampled_site(name, guide_trace, inducing, objective, guide_name)
-
-
-def _check_sampled_site(
-    name: str, guide_trace: dict, inducing: bool, objective: str, guide_name: str
-) -> None:
-    """Refuse a latent site scored by its sampled value when that score would be wrong.
-
-    A guide that draws the site as a ``Delta`` of an auxiliary draw (NumPyro's
-    ``AutoContinuous`` family) keeps the density on the auxiliary site, which these objectives
-    do not score: ``log q`` would be missing. A ``Delta`` without auxiliary sites is a point
-    estimate (``AutoDelta``): ``DGPElbo`` then gives NumPyro's MAP objective, as
-    ``Trace_ELBO`` does; ``PredictiveObjective``'s KL to the prior has no value for it.
-    """
     if not isinstance(unwrap_distribution(guide_trace[name]["fn"]), dist.Delta):
         return
     auxiliary = [

@@ -57,18 +57,6 @@ def _tail_scale(observed: dict) -> Any:
     return 1.0 if scales[0] is None else scales[0]
 
 
-def _check_num_particles(num_particles: int) -> None:
-    """Refuse ``num_particles`` other than 1 (:class:`NestedCompressionElbo`'s bound is
-    deterministic).
-
-    :raises ValueError: for another number.
-    """
-    if int(num_particles) != 1:
-        raise ValueError(
-            f"{_NAME}: the bound is deterministic; num_particles must be 1, got {num_particles}"
-        )
-
-
 class NestedCompressionElbo(Objective):
     """The nested variational compression bound of Hensman & Lawrence (2014), for the same
     ``gp_layer`` models and guides with an independent Gaussian ``q(u_l) = N(m_l, S_l)`` per
@@ -130,7 +118,10 @@ class NestedCompressionElbo(Objective):
     """
 
     def __init__(self, propagate_inducing_variance: bool = True, num_particles: int = 1) -> None:
-        _check_num_particles(num_particles)
+        if int(num_particles) != 1:
+            raise ValueError(
+                f"{_NAME}: the bound is deterministic; num_particles must be 1, got {num_particles}"
+            )
         self.propagate_inducing_variance = bool(propagate_inducing_variance)
         super().__init__(num_particles=1)
 

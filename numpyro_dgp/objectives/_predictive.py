@@ -77,32 +77,6 @@ def _log_predictive(
     return lp, scale
 
 
-def _check_predictive_options(
-    num_particles: int,
-    num_likelihood_samples: int,
-    num_quadrature: int | None,
-    beta: float,
-    particle_weights: ArrayLike | None,
-) -> None:
-    """Check :class:`PredictiveObjective`'s settings: positive counts, ``beta >= 0``, and
-    ``num_particles`` non-negative particle weights summing to 1.
-
-    :raises ValueError: for each.
-    """
-    check_positive_int(num_particles, "num_particles", "PredictiveObjective")
-    check_positive_int(num_likelihood_samples, "num_likelihood_samples", "PredictiveObjective")
-    check_positive_int(num_quadrature, "num_quadrature", "PredictiveObjective", allow_none=True)
-    if not (float(beta) >= 0):
-        raise ValueError(f"PredictiveObjective: beta must be >= 0, got {beta}")
-    if particle_weights is not None:
-        w = np.asarray(particle_weights, float)
-        if w.shape != (int(num_particles),) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
-            raise ValueError(
-                "PredictiveObjective: particle_weights must be num_particles non-negative "
-                f"weights summing to 1, got {particle_weights!r}"
-            )
-
-
 class PredictiveObjective(Objective):
     """The predictive (DSPP / PPGPR) objective of Jankowiak et al. (2020), AR2PP in
     Meng & Zhang (2024).
@@ -143,9 +117,18 @@ class PredictiveObjective(Objective):
         particle_weights: ArrayLike | None = None,
         num_likelihood_samples: int = 32,
     ) -> None:
-        _check_predictive_options(
-            num_particles, num_likelihood_samples, num_quadrature, beta, particle_weights
-        )
+        check_positive_int(num_particles, "num_particles", "PredictiveObjective")
+        check_positive_int(num_likelihood_samples, "num_likelihood_samples", "PredictiveObjective")
+        check_positive_int(num_quadrature, "num_quadrature", "PredictiveObjective", allow_none=True)
+        if not (float(beta) >= 0):
+            raise ValueError(f"PredictiveObjective: beta must be >= 0, got {beta}")
+        if particle_weights is not None:
+            w = np.asarray(particle_weights, float)
+            if w.shape != (int(num_particles),) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
+                raise ValueError(
+                    "PredictiveObjective: particle_weights must be num_particles non-negative "
+                    f"weights summing to 1, got {particle_weights!r}"
+                )
         self.num_likelihood_samples = int(num_likelihood_samples)
         self.beta = float(beta)
         self.num_quadrature = num_quadrature
