@@ -168,11 +168,10 @@ class exact_layers(PerRunMessenger):
         super().__init__(fn)
 
     def _reset(self) -> None:
-        self._grid_inputs = self.grid if hasattr(self, "grid") else None
+        self._grid_inputs = self.grid
         self.layer_order: list[str] = []
-        self._collapsed: CollapsedLayer | None = (
-            None  # the collapsed layer's prior, until its observation site
-        )
+        # the collapsed layer's prior, until its observation site
+        self._collapsed: CollapsedLayer | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model under the handler (finding its last layer first for ``collapse_last``)."""
@@ -384,9 +383,6 @@ class latent_conditionals(PerRunMessenger):
         self.full_cov = bool(full_cov)
         super().__init__(fn)
 
-    def _reset(self) -> None:
-        self.layer_order: list[str] = []
-
     def process_message(self, msg: dict) -> None:
         """Make every layer's output a latent site given its inducing values."""
         if msg["type"] == LAYER_MESSAGE:
@@ -395,7 +391,6 @@ class latent_conditionals(PerRunMessenger):
 
     def _conditional(self, layer: Layer, X: jax.Array, u: jax.Array, **_: Any) -> jax.Array:
         """The layer's value (its message's ``fn``): its output site given ``u``."""
-        self.layer_order.append(layer.name)
         mean, var = layer_moments(layer, X, u, None, self.full_cov)
         if self.full_cov:
             scale = jittered_cholesky(var, layer.jitter)  # (P, n, n), one per output
@@ -439,9 +434,8 @@ class collapse_last_layer(PerRunMessenger):
 
     def _reset(self) -> None:
         self.moments: tuple[jax.Array, jax.Array] | None = None
-        self._pending: jax.Array | None = (
-            None  # var (N, P) of the collapsed layer until the observation site
-        )
+        # var (N, P) of the collapsed layer until the observation site
+        self._pending: jax.Array | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model under the handler (finding its last layer first if no ``layer`` is

@@ -17,7 +17,7 @@ from jax.typing import ArrayLike
 from numpyro_dgp._protocol import LAYER_MESSAGE, LAYER_RULE, layer_call, with_tag
 from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.core import euler_maruyama
-from numpyro_dgp.handlers._base import PerRunMessenger
+from numpyro_dgp.handlers._base import PerRunMessenger, check_layer_supported
 from numpyro_dgp.layers import Layer, layer_moments
 from numpyro_dgp.posteriors import ChainLink, JointBlock
 
@@ -221,11 +221,7 @@ class sde_flow(PerRunMessenger):
         self.layers_seen.append(layer.name)
         if layer.name != self.spec.layer:
             return
-        if layer.inducing == "amortized":
-            raise NotImplementedError(
-                f"sde_flow: layer {layer.name!r} has per-point inducing sets "
-                "(inducing='amortized'); a flow layer needs global inducing points"
-            )
+        check_layer_supported(msg, "sde_flow")
         if layer.noise is not None:
             raise ValueError(
                 f"sde_flow: layer {layer.name!r} has output noise (gp_layer(..., noise=...)); a "

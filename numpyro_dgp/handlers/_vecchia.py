@@ -133,7 +133,15 @@ class vecchia_layers(exact_layers):
         self.num_neighbors = int(num_neighbors)
         self.ordering = ordering
         self.ordering_seed = int(ordering_seed)
-        self.neighbor_inputs = _check_neighbor_inputs(neighbor_inputs)
+        given = neighbor_inputs or {}
+        self.neighbor_inputs = {name: jnp.asarray(points) for name, points in given.items()}
+        for name, points in self.neighbor_inputs.items():
+            if points.ndim != 2 or not bool(jnp.all(jnp.isfinite(points))):
+                raise ValueError(
+                    f"vecchia_layers: neighbor_inputs[{name!r}] must be a finite (num_points, dim) "
+                    f"array, got shape {points.shape}"
+                    + ("" if points.ndim != 2 else " with NaN or inf values")
+                )
         super().__init__(fn, grid, parameterization, jitter, collapse_last)
 
     def _reset(self) -> None:
@@ -173,17 +181,15 @@ class vecchia_layers(exact_layers):
         if self._neighbors is None:
             num_data = A.shape[0] - (0 if self.grid is None else self.grid.shape[0])
             with jax.ensure_compile_time_eval():
-                order = self._order(num_data, A.shape[0])
+                data = jnp.arange(num_data)
+                if self.ordering == "random":
+                    key = jax.random.PRNGKey(self.ordering_seed)
+                    data = jax.random.permutation(key, num_data)
+                order = jnp.concatenate([data, jnp.arange(num_data, A.shape[0])])
                 points = jax.lax.stop_gradient(A)[order]
                 run = _Neighbors(order, nearest_previous_neighbors(points, self.num_neighbors))
             self._neighbors = run
         return self._neighbors
-
-    def _order(self, num_data: int, num_points: int) -> jax.Array:
-        data = jnp.arange(num_data)
-        if self.ordering == "random":
-            data = jax.random.permutation(jax.random.PRNGKey(self.ordering_seed), num_data)
-        return jnp.concatenate([data, jnp.arange(num_data, num_points)])
 
     def _layer_sets(
         self, layer: Layer, A: jax.Array, run: _Neighbors
@@ -229,20 +235,6 @@ def _diag(layer: Layer, jitter: float | jax.Array, n: int, dtype: Any) -> jax.Ar
     """``(n,)`` the prior's diagonal addition: the jitter, plus a noisy layer's noise."""
     extra = jitter if layer.noise is None else jitter + layer.noise
     return jnp.full((n,), extra, dtype)
-
-
-def _check_neighbor_inputs(given: Mapping[str, ArrayLike] | None) -> dict[str, jax.Array]:
-    checked = {}
-    for name, points in (given or {}).items():
-        points = jnp.asarray(points)
-        if points.ndim != 2 or not bool(jnp.all(jnp.isfinite(points))):
-            raise ValueError(
-                f"vecchia_layers: neighbor_inputs[{name!r}] must be a finite (num_points, dim) "
-                f"array, got shape {points.shape}"
-                + ("" if points.ndim != 2 else " with NaN or inf values")
-            )
-        checked[name] = points
-    return checked
 
 
 class _VecchiaPrior(dist.Distribution):

@@ -220,17 +220,28 @@ class CollapsedSparseGP(Objective):
         handler = collapse_sparse_layer(seeded, self.method, "CollapsedSparseGP")
         model_trace = trace(handler).get_trace(*args, **kwargs)
         u_sites = set(layers_by_u_site(model_trace))
-        _check_guide_sites(model_trace, guide_trace, u_sites)
         log_marginal: jax.Array | float = 0.0
         other: jax.Array | float = 0.0
         for name, site in model_trace.items():
-            if site["type"] != "sample" or name in u_sites and not site["is_observed"]:
+            if site["type"] != "sample":
                 continue
             scale = 1.0 if site["scale"] is None else site["scale"]
-            log_p = scale * jnp.sum(site["fn"].log_prob(site["value"]))
             if site["is_observed"]:
-                log_marginal = log_marginal + log_p
+                log_marginal = log_marginal + scale * jnp.sum(site["fn"].log_prob(site["value"]))
                 continue
+            if name in u_sites:
+                if name in guide_trace:
+                    raise ValueError(
+                        f"CollapsedSparseGP: the guide samples the inducing values {name!r}, "
+                        "which the objective integrates out; give a guide for the other latent "
+                        "sites only (lambda *args, **kwargs: None when there are none)"
+                    )
+                continue
+            if name not in guide_trace:
+                raise ValueError(
+                    f"CollapsedSparseGP: latent site {name!r} is not covered by the guide"
+                )
+            log_p = scale * jnp.sum(site["fn"].log_prob(site["value"]))
             q_site = guide_trace[name]
             q_scale = 1.0 if q_site["scale"] is None else q_site["scale"]
             other = other + log_p - q_scale * jnp.sum(q_site["fn"].log_prob(q_site["value"]))
@@ -239,23 +250,3 @@ class CollapsedSparseGP(Objective):
     def combine(self, parts: dict[str, Any]) -> jax.Array:
         """``log_marginal + other``."""
         return parts["log_marginal"] + parts["other"]
-
-
-def _check_guide_sites(model_trace: dict, guide_trace: dict, u_sites: set[str]) -> None:
-    """Refuse a guide that samples the inducing values, or misses another latent site of the
-    model (:class:`CollapsedSparseGP`; the first offending site in execution order).
-
-    :raises ValueError: naming the site.
-    """
-    for name, site in model_trace.items():
-        if site["type"] != "sample" or site["is_observed"]:
-            continue
-        if name in u_sites:
-            if name in guide_trace:
-                raise ValueError(
-                    f"CollapsedSparseGP: the guide samples the inducing values {name!r}, which the "
-                    "objective integrates out; give a guide for the other latent sites only "
-                    "(lambda *args, **kwargs: None when there are none)"
-                )
-        elif name not in guide_trace:
-            raise ValueError(f"CollapsedSparseGP: latent site {name!r} is not covered by the guide")
