@@ -224,9 +224,8 @@ class exact_layers(PerRunMessenger):
         if grid is not None and grid.shape[-1] != X.shape[-1]:
             raise ValueError(
                 f"{type(self).__name__}: layer {layer.name!r} takes inputs of width {X.shape[-1]} "
-                "but the "
-                f"grid reaching it has width {grid.shape[-1]}; the layers must form a chain "
-                "starting at the grid's input space"
+                f"but the grid reaching it has width {grid.shape[-1]}; the layers must form a "
+                "chain starting at the grid's input space"
             )
         with jax.ensure_compile_time_eval():  # concrete data and grid stay concrete (vecchia's
             # neighbour search runs once per compilation only on concrete inputs)

@@ -32,7 +32,6 @@ from numpyro_dgp.core import (
     vecchia_log_density,
     vecchia_sample,
 )
-from numpyro_dgp.handlers._base import SpreadTotal
 from numpyro_dgp.handlers._mcmc import (
     CollapsedLayer,
     CollapsedNormal,
@@ -266,7 +265,7 @@ class _CollapsedVecchia(CollapsedNormal):
 
     def __init__(self, loc: jax.Array, factors: VecchiaFactors, order: jax.Array) -> None:
         self.factors, self.order = factors, order
-        SpreadTotal.__init__(self, batch_shape=jnp.shape(loc), event_shape=())
+        dist.Distribution.__init__(self, batch_shape=jnp.shape(loc), event_shape=())
         self.loc = loc
 
     def _residual_log_prob(self, residual: jax.Array) -> jax.Array:
