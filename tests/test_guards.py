@@ -236,7 +236,7 @@ def _nested_loss(model):
 
 
 def test_nested_refuses_a_model_without_observations_after_the_last_layer():
-    """objectives/_nested.py _tail_scale: no observed site after the last layer (no likelihood term)."""
+    """objectives/_collapsed.py _tail_scale: no observed site after the last layer (no likelihood term)."""
 
     def model(X, y=None):
         _layer("f", X)
@@ -246,7 +246,7 @@ def test_nested_refuses_a_model_without_observations_after_the_last_layer():
 
 
 def test_nested_refuses_observation_sites_scaled_differently():
-    """objectives/_nested.py _tail_scale: observation sites after the last layer with different plate scales."""
+    """objectives/_collapsed.py _tail_scale: observation sites after the last layer with different plate scales."""
 
     def model(X, y=None):
         f = _layer("f", X)

@@ -36,8 +36,10 @@ Other inference schemes:
 """
 
 from numpyro_dgp.handlers._base import PerRunMessenger as PerRunMessenger
+from numpyro_dgp.handlers._base import SpreadTotal as SpreadTotal
 from numpyro_dgp.handlers._base import check_layer_supported as check_layer_supported
-from numpyro_dgp.handlers._base import check_observed_rows as check_observed_rows
+from numpyro_dgp.handlers._base import gaussian_observation as gaussian_observation
+from numpyro_dgp.handlers._base import replace_observation as replace_observation
 from numpyro_dgp.handlers._evaluation import coherent_layers, layer_inputs
 from numpyro_dgp.handlers._mcmc import (
     PARAMETERIZATIONS,

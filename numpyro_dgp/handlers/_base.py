@@ -1,4 +1,5 @@
-"""What several handlers share: per-run state, refusing special layers, finding the last layer."""
+"""What several handlers share: per-run state, refusing special layers, finding the last layer,
+scoring a Gaussian observation site with a density that does not factorize over points."""
 
 from __future__ import annotations
 
@@ -7,13 +8,23 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
 from numpyro.handlers import block, seed, trace
 from numpyro.primitives import Messenger
 
 from numpyro_dgp._protocol import LAYER_RULE, get_tag, message_layer, trace_layer_names
 from numpyro_dgp.layers import Layer
+from numpyro_dgp.posteriors import unwrap_distribution
 
-__all__ = ["PerRunMessenger", "check_layer_supported", "last_layer_name", "check_observed_rows"]
+__all__ = [
+    "PerRunMessenger",
+    "SpreadTotal",
+    "check_layer_supported",
+    "gaussian_observation",
+    "last_layer_name",
+    "replace_observation",
+]
 
 
 class PerRunMessenger(Messenger):
@@ -71,12 +82,23 @@ def check_layer_supported(msg: dict, handler: str) -> None:
         )
 
 
-def check_observed_rows(msg: dict, layer: Layer, N: int, caller: str) -> jax.Array:
-    """The value of an observation site scored against ``layer``'s ``P`` outputs at ``N``
-    points, checked to be ``(N, P)`` (or ``(N,)`` for one output).
+def gaussian_observation(
+    msg: dict, layer: Layer, N: int, caller: str, refusal: str
+) -> tuple[dist.Normal, jax.Array, jax.Array]:
+    """The Normal likelihood of an observation site scored against ``layer``'s ``P`` outputs at
+    ``N`` points, its value checked to be ``(N, P)`` (or ``(N,)`` for one output), and the
+    likelihood's variances ``(N, P)``.
 
-    :raises ValueError: for another shape.
+    :param refusal: what the error for another likelihood says after naming it.
+    :raises NotImplementedError: for a likelihood that is not a Normal.
+    :raises ValueError: for a value of another shape.
     """
+    base = unwrap_distribution(msg["fn"])
+    if not isinstance(base, dist.Normal):
+        raise NotImplementedError(
+            f"{caller}: observation site {msg['name']!r} has likelihood {type(base).__name__}; "
+            + refusal
+        )
     y = jnp.asarray(msg["value"])
     P = layer.out_dim
     if y.shape not in [(N, P)] + ([(N,)] if P == 1 else []):
@@ -85,7 +107,32 @@ def check_observed_rows(msg: dict, layer: Layer, N: int, caller: str) -> jax.Arr
             f"{layer.name!r} puts {P} output(s) at {N} points, so it must be ({N}, {P})"
             + (f" or ({N},)" if P == 1 else "")
         )
-    return y
+    return base, y, jnp.broadcast_to(base.scale**2, y.shape).reshape(N, P)
+
+
+class SpreadTotal(dist.Distribution):
+    """Stands in for an observed site whose joint log density (:meth:`total_log_prob`) does not
+    factorize over points: spread evenly over the batch entries (their sum is exact; a single
+    entry means nothing on its own). Scoring only."""
+
+    support = dist.constraints.real
+    reparametrized_params: list[str] = []
+
+    def log_prob(self, value: jax.Array) -> jax.Array:
+        total = self.total_log_prob(value)
+        return jnp.full(
+            self.batch_shape, total / np.prod(self.batch_shape), dtype=jnp.result_type(total)
+        )
+
+    def total_log_prob(self, value: jax.Array) -> jax.Array:
+        """The joint log density of the observations ``value``."""
+        raise NotImplementedError
+
+
+def replace_observation(msg: dict, fn: SpreadTotal) -> None:
+    """Score the observation site ``msg`` with ``fn`` (its batch shape the site's)."""
+    event_dim = msg["fn"].event_dim
+    msg["fn"] = dist.Independent(fn, event_dim) if event_dim else fn
 
 
 def last_layer_name(fn: Callable, args: tuple, kwargs: dict, handler: str) -> str:

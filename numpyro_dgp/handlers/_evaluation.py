@@ -68,11 +68,10 @@ class layer_inputs(PerRunMessenger):
         check_mapping(inputs, "inputs", "layer_inputs")
         assert inputs is not None  # refused above
         self.inputs = {name: jnp.asarray(value) for name, value in inputs.items()}
-        self._seen: set[str] = set()
         super().__init__(fn)
 
     def _reset(self) -> None:
-        self._seen = set()
+        self._seen: set[str] = set()
 
     def _problem_after_run(self) -> str | None:
         missing = sorted(set(self.inputs) - self._seen)

@@ -31,7 +31,6 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from jax.scipy.linalg import solve_triangular
@@ -39,29 +38,23 @@ from jax.typing import ArrayLike
 
 from numpyro_dgp._compat import lazy_param_initializer
 from numpyro_dgp._protocol import INDUCING, LAYER_MESSAGE, layer_call
+from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import cholesky, jittered_cholesky
 from numpyro_dgp.handlers._base import (
     PerRunMessenger,
+    SpreadTotal,
     check_layer_supported,
-    check_observed_rows,
+    gaussian_observation,
     last_layer_name,
+    replace_observation,
 )
 from numpyro_dgp.layers import Layer, layer_moments
-from numpyro_dgp.posteriors import unwrap_distribution
 
 __all__ = ["PARAMETERIZATIONS", "collapse_last_layer", "exact_layers", "latent_conditionals"]
 
 
 #: The values of ``parameterization`` of :class:`exact_layers` and :class:`latent_conditionals`.
 PARAMETERIZATIONS = ("noncentered", "centered")
-
-
-def _check_parameterization(handler: str, parameterization: str) -> None:
-    if parameterization not in PARAMETERIZATIONS:
-        raise ValueError(
-            f"{handler}: parameterization must be one of {PARAMETERIZATIONS}, "
-            f"got {parameterization!r}"
-        )
 
 
 def _layer_output_site(
@@ -107,31 +100,6 @@ def check_points(site: str, value: jax.Array, shape: tuple) -> jax.Array:
             "samples of the '<layer>.u' sites and of the parameters"
         )
     return value
-
-
-def _check_grid(grid: ArrayLike | None, handler: str) -> jax.Array | None:
-    """``grid`` as an array, checked to be finite and ``(G, D)`` (``None`` passes;
-    :class:`exact_layers`).
-
-    :raises ValueError: otherwise.
-    """
-    if grid is None:
-        return None
-    grid = jnp.asarray(grid)
-    if grid.ndim != 2:
-        raise ValueError(f"{handler}: grid must have shape (num_grid, dim), got {grid.shape}")
-    if not bool(jnp.all(jnp.isfinite(grid))):
-        raise ValueError(f"{handler}: grid contains NaN or inf values")
-    return grid
-
-
-def _check_jitter(jitter: float | None, handler: str) -> None:
-    """Refuse a given ``jitter`` that is not positive (:class:`exact_layers`).
-
-    :raises ValueError: for one.
-    """
-    if jitter is not None and not (jitter > 0):
-        raise ValueError(f"{handler}: jitter must be positive, got {jitter!r}")
 
 
 class exact_layers(PerRunMessenger):
@@ -183,10 +151,16 @@ class exact_layers(PerRunMessenger):
         collapse_last: bool = False,
     ) -> None:
         name = type(self).__name__  # exact_layers, or a subclass (vecchia_layers)
-        _check_parameterization(name, parameterization)
-        checked_grid = _check_grid(grid, name)
-        _check_jitter(jitter, name)
-        self.grid = checked_grid
+        check_choice(parameterization, PARAMETERIZATIONS, "parameterization", name)
+        if grid is not None:
+            grid = jnp.asarray(grid)
+            if grid.ndim != 2:
+                raise ValueError(f"{name}: grid must have shape (num_grid, dim), got {grid.shape}")
+            if not bool(jnp.all(jnp.isfinite(grid))):
+                raise ValueError(f"{name}: grid contains NaN or inf values")
+        if jitter is not None and not (jitter > 0):
+            raise ValueError(f"{name}: jitter must be positive, got {jitter!r}")
+        self.grid = grid
         self.parameterization = parameterization
         self.jitter = jitter
         self.collapse_last = bool(collapse_last)
@@ -194,11 +168,10 @@ class exact_layers(PerRunMessenger):
         super().__init__(fn)
 
     def _reset(self) -> None:
-        self._grid_inputs = self.grid if hasattr(self, "grid") else None
+        self._grid_inputs = self.grid
         self.layer_order: list[str] = []
-        self._collapsed: CollapsedLayer | None = (
-            None  # the collapsed layer's prior, until its observation site
-        )
+        # the collapsed layer's prior, until its observation site
+        self._collapsed: CollapsedLayer | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model under the handler (finding its last layer first for ``collapse_last``)."""
@@ -251,9 +224,8 @@ class exact_layers(PerRunMessenger):
         if grid is not None and grid.shape[-1] != X.shape[-1]:
             raise ValueError(
                 f"{type(self).__name__}: layer {layer.name!r} takes inputs of width {X.shape[-1]} "
-                "but the "
-                f"grid reaching it has width {grid.shape[-1]}; the layers must form a chain "
-                "starting at the grid's input space"
+                f"but the grid reaching it has width {grid.shape[-1]}; the layers must form a "
+                "chain starting at the grid's input space"
             )
         with jax.ensure_compile_time_eval():  # concrete data and grid stay concrete (vecchia's
             # neighbour search runs once per compilation only on concrete inputs)
@@ -294,19 +266,12 @@ class exact_layers(PerRunMessenger):
     def _score_collapsed(self, msg: dict) -> None:
         state, self._collapsed = self._collapsed, None
         assert state is not None  # process_message calls this only with a collapsed layer pending
-        layer, N = state.layer, state.num_data
-        base = unwrap_distribution(msg["fn"])
-        if not isinstance(base, dist.Normal):
-            raise NotImplementedError(
-                f"{type(self).__name__}(collapse_last=True): observation site {msg['name']!r} has "
-                f"likelihood {type(base).__name__}; only a Normal likelihood can be integrated "
-                f"against layer {layer.name!r}"
-            )
-        y = check_observed_rows(msg, layer, N, f"{type(self).__name__}(collapse_last=True)")
-        P = layer.out_dim
-        noise_var = jnp.broadcast_to(base.scale**2, y.shape).reshape(N, P)
+        layer = state.layer
+        refusal = f"only a Normal likelihood can be integrated against layer {layer.name!r}"
+        caller = f"{type(self).__name__}(collapse_last=True)"
+        _, y, noise_var = gaussian_observation(msg, layer, state.num_data, caller, refusal)
         fn, grid = self._collapsed_parts(state, y, noise_var)
-        msg["fn"] = dist.Independent(fn, msg["fn"].event_dim) if msg["fn"].event_dim else fn
+        replace_observation(msg, fn)
         if grid is not None:
             numpyro.deterministic(f"{layer.name}.grid", grid)
 
@@ -354,35 +319,26 @@ class CollapsedLayer(NamedTuple):
     grid_white: jax.Array | None  # (P, G)
 
 
-class CollapsedNormal(dist.Distribution):
+class CollapsedNormal(SpreadTotal):
     """Observations of a collapsed GP layer: ``y[:, p] ~ N(loc[:, p], L_p L_p^T)`` with
     ``L_p`` the Cholesky factor of ``K + diag(noise_var[:, p])`` (``scale_tril (P, N, N)``).
 
-    Batch shape ``(N,)`` or ``(N, P)`` like the Normal it replaces (so plates still match);
-    the joint log density, which does not factorize over points, is spread evenly over the
-    batch entries (their sum is exact; a single entry means nothing on its own). Scoring only:
-    it stands in for an observed site.
+    Batch shape ``(N,)`` or ``(N, P)`` like the Normal it replaces (so plates still match).
     """
 
-    support = dist.constraints.real
-    reparametrized_params: list[str] = []
-
-    def __init__(
-        self, loc: jax.Array, scale_tril: jax.Array, *, validate_args: bool | None = None
-    ) -> None:
+    def __init__(self, loc: jax.Array, scale_tril: jax.Array) -> None:
         self.loc, self.scale_tril = loc, scale_tril
-        super().__init__(batch_shape=jnp.shape(loc), event_shape=(), validate_args=validate_args)
+        super().__init__(batch_shape=jnp.shape(loc), event_shape=())
 
     @property
     def mean(self) -> jax.Array:
         return self.loc
 
-    def log_prob(self, value: jax.Array) -> jax.Array:
+    def total_log_prob(self, value: jax.Array) -> jax.Array:
         residual = (value - self.loc).reshape(value.shape[0], -1).T  # (P, N)
-        total = self._total_log_prob(residual)
-        return jnp.full(self.batch_shape, total / np.prod(self.batch_shape), dtype=total.dtype)
+        return self._residual_log_prob(residual)
 
-    def _total_log_prob(self, residual: jax.Array) -> jax.Array:
+    def _residual_log_prob(self, residual: jax.Array) -> jax.Array:
         """The joint log density of the residuals ``(P, N)``."""
         alpha = solve_triangular(self.scale_tril, residual[..., None], lower=True)[..., 0]
         log_det = jnp.log(jnp.diagonal(self.scale_tril, axis1=-2, axis2=-1)).sum()
@@ -421,13 +377,10 @@ class latent_conditionals(PerRunMessenger):
         parameterization: str = "noncentered",
         full_cov: bool = False,
     ) -> None:
-        _check_parameterization("latent_conditionals", parameterization)
+        check_choice(parameterization, PARAMETERIZATIONS, "parameterization", "latent_conditionals")
         self.parameterization = parameterization
         self.full_cov = bool(full_cov)
         super().__init__(fn)
-
-    def _reset(self) -> None:
-        self.layer_order: list[str] = []
 
     def process_message(self, msg: dict) -> None:
         """Make every layer's output a latent site given its inducing values."""
@@ -437,7 +390,6 @@ class latent_conditionals(PerRunMessenger):
 
     def _conditional(self, layer: Layer, X: jax.Array, u: jax.Array, **_: Any) -> jax.Array:
         """The layer's value (its message's ``fn``): its output site given ``u``."""
-        self.layer_order.append(layer.name)
         mean, var = layer_moments(layer, X, u, None, self.full_cov)
         if self.full_cov:
             scale = jittered_cholesky(var, layer.jitter)  # (P, n, n), one per output
@@ -481,9 +433,8 @@ class collapse_last_layer(PerRunMessenger):
 
     def _reset(self) -> None:
         self.moments: tuple[jax.Array, jax.Array] | None = None
-        self._pending: jax.Array | None = (
-            None  # var (N, P) of the collapsed layer until the observation site
-        )
+        # var (N, P) of the collapsed layer until the observation site
+        self._pending: jax.Array | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model under the handler (finding its last layer first if no ``layer`` is

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import jax
 from jax.typing import ArrayLike
 from numpyro.primitives import Messenger
 
@@ -79,16 +78,6 @@ class quadrature(Messenger):
         self.learnable = bool(learnable)
         super().__init__(fn)
 
-    def initial_points(self, layer: str, out_dim: int) -> jax.Array:
-        """Starting points of ``layer``.
-
-        :param layer: the layer's name.
-        :param out_dim: the layer's output width ``P``.
-        :return: ``(S, P)`` points.
-        :raises ValueError: if the given points do not have that shape.
-        """
-        return check_points(self.points, layer, self.num_points, out_dim, "quadrature")
-
     def process_message(self, msg: dict) -> None:
         """Tag every layer message with its points and weights (its
         :class:`~numpyro_dgp._protocol.LayerRule`)."""
@@ -104,7 +93,7 @@ class quadrature(Messenger):
         # points go unused: marginalize_inducing integrates that layer by Gauss-Hermite
         points = quadrature_points(
             f"quadrature.{layer.name}.points",
-            self.initial_points(layer.name, layer.out_dim),
+            check_points(self.points, layer.name, self.num_points, layer.out_dim, "quadrature"),
             self.learnable,
         )
         log_weights = quadrature_log_weights("quadrature.logits", self.weights, self.learnable)

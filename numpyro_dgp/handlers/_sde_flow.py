@@ -17,7 +17,7 @@ from jax.typing import ArrayLike
 from numpyro_dgp._protocol import LAYER_MESSAGE, LAYER_RULE, layer_call, with_tag
 from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.core import euler_maruyama
-from numpyro_dgp.handlers._base import PerRunMessenger
+from numpyro_dgp.handlers._base import PerRunMessenger, check_layer_supported
 from numpyro_dgp.layers import Layer, layer_moments
 from numpyro_dgp.posteriors import ChainLink, JointBlock
 
@@ -49,49 +49,6 @@ class FlowSpec(NamedTuple):
     record: bool = False
 
 
-def integrate_flow(
-    spec: FlowSpec,
-    box: dict,
-    layer: Layer,
-    X: jax.Array,
-    q_mean: ArrayLike,
-    q_sqrt: ArrayLike | None,
-    rng_key: jax.Array,
-) -> jax.Array:
-    """Euler–Maruyama flow of ``X``'s state columns with drift and diffusion the layer's mean
-    and marginal variance under ``u ~ N(q_mean, q_sqrt q_sqrt^T)``.
-
-    :param spec: the flow's settings.
-    :param box: a dict the recorded path is written into (key ``"path"``, with ``spec.record``).
-    :param layer: the flow layer.
-    :param X: ``(N, D)`` start states, or ``(N, D + 1)`` with a time column (``spec.time_input``).
-    :param q_mean: ``(P, M)`` inducing values or their means.
-    :param q_sqrt: ``(P, M, M)`` or ``(P, M)``, or ``None`` (the flow given ``u = q_mean``).
-    :param rng_key: PRNG key of the Brownian increments.
-    :return: ``(N, D)`` end states ``x_T``.
-    """
-    x0 = X[:, :-1] if spec.time_input else X
-
-    def drift_diffusion(x, t):
-        if spec.time_input:
-            x = jnp.concatenate([x, jnp.full((x.shape[0], 1), t, x.dtype)], axis=-1)
-        return layer_moments(layer, x, q_mean, q_sqrt, False)
-
-    out = euler_maruyama(
-        drift_diffusion,
-        x0,
-        spec.T,
-        spec.num_steps,
-        rng_key,
-        diffusion=spec.diffusion,
-        record=spec.record,
-    )
-    if spec.record:
-        end, box["path"] = out
-        return end
-    return cast(jax.Array, out)  # record=False: euler_maruyama returns the end state alone
-
-
 class _FlowRule:
     """The :class:`~numpyro_dgp._protocol.LayerRule` of an :class:`sde_flow` layer: the flow
     computes the layer, and writes its recorded path into ``record`` (key ``"path"``)."""
@@ -104,12 +61,54 @@ class _FlowRule:
         self.spec = spec
         self.record = record
 
+    def integrate(
+        self,
+        layer: Layer,
+        X: jax.Array,
+        q_mean: ArrayLike,
+        q_sqrt: ArrayLike | None,
+        rng_key: jax.Array,
+    ) -> jax.Array:
+        """Euler–Maruyama flow of ``X``'s state columns with drift and diffusion the layer's mean
+        and marginal variance under ``u ~ N(q_mean, q_sqrt q_sqrt^T)``; the path is recorded
+        in ``record["path"]`` with ``spec.record``.
+
+        :param layer: the flow layer.
+        :param X: ``(N, D)`` start states, or ``(N, D + 1)`` with a time column
+            (``spec.time_input``).
+        :param q_mean: ``(P, M)`` inducing values or their means.
+        :param q_sqrt: ``(P, M, M)`` or ``(P, M)``, or ``None`` (the flow given ``u = q_mean``).
+        :param rng_key: PRNG key of the Brownian increments.
+        :return: ``(N, D)`` end states ``x_T``.
+        """
+        spec = self.spec
+        x0 = X[:, :-1] if spec.time_input else X
+
+        def drift_diffusion(x, t):
+            if spec.time_input:
+                x = jnp.concatenate([x, jnp.full((x.shape[0], 1), t, x.dtype)], axis=-1)
+            return layer_moments(layer, x, q_mean, q_sqrt, False)
+
+        out = euler_maruyama(
+            drift_diffusion,
+            x0,
+            spec.T,
+            spec.num_steps,
+            rng_key,
+            diffusion=spec.diffusion,
+            record=spec.record,
+        )
+        if spec.record:
+            end, self.record["path"] = out
+            return end
+        return cast(jax.Array, out)  # record=False: euler_maruyama returns the end state alone
+
     def __call__(
         self, layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array, **_: Any
     ) -> jax.Array:
         """A plain run's value of the layer: drift and diffusion given the sampled ``u``
         (``full_cov`` is moot: the flow moves each point on its own)."""
-        return integrate_flow(self.spec, self.record, layer, X, u, None, rng_key)
+        return self.integrate(layer, X, u, None, rng_key)
 
     def marginal_value(
         self,
@@ -139,28 +138,7 @@ class _FlowRule:
                 "(AutoFactorizedDGP, AutoNormal)"
             )
         q_mean, q_sqrt = (u, None) if post is None or self.spec.estimator != "marginal" else post
-        return integrate_flow(self.spec, self.record, layer, X, q_mean, q_sqrt, rng_key)
-
-
-def _check_flow_settings(
-    layer: str | None, T: float, num_steps: int, estimator: str
-) -> tuple[str, float]:
-    """``(layer, T as a float)``, checked: a layer name, a finite ``T >= 0``, a positive number of
-    steps and a known estimator (:class:`sde_flow`).
-
-    :raises ValueError: otherwise.
-    """
-    if not isinstance(layer, str) or not layer:
-        raise ValueError(f"sde_flow: layer must be the name of a gp_layer, got {layer!r}")
-    try:
-        T_value = float(T)
-    except (TypeError, ValueError):
-        raise ValueError(f"sde_flow: T must be a number, got {T!r}") from None
-    if not (T_value >= 0 and T_value < float("inf")):
-        raise ValueError(f"sde_flow: T must be finite and >= 0, got {T!r}")
-    check_positive_int(num_steps, "num_steps", "sde_flow")
-    check_choice(estimator, FLOW_ESTIMATORS, "estimator", "sde_flow")
-    return layer, T_value
+        return self.integrate(layer, X, q_mean, q_sqrt, rng_key)
 
 
 class sde_flow(PerRunMessenger):
@@ -216,7 +194,16 @@ class sde_flow(PerRunMessenger):
         time_input: bool = False,
         record: bool = False,
     ) -> None:
-        layer, T_value = _check_flow_settings(layer, T, num_steps, estimator)
+        if not isinstance(layer, str) or not layer:
+            raise ValueError(f"sde_flow: layer must be the name of a gp_layer, got {layer!r}")
+        try:
+            T_value = float(T)
+        except (TypeError, ValueError):
+            raise ValueError(f"sde_flow: T must be a number, got {T!r}") from None
+        if not (T_value >= 0 and T_value < float("inf")):
+            raise ValueError(f"sde_flow: T must be finite and >= 0, got {T!r}")
+        check_positive_int(num_steps, "num_steps", "sde_flow")
+        check_choice(estimator, FLOW_ESTIMATORS, "estimator", "sde_flow")
         self.spec = FlowSpec(
             layer, T_value, num_steps, estimator, bool(diffusion), bool(time_input), bool(record)
         )
@@ -234,11 +221,7 @@ class sde_flow(PerRunMessenger):
         self.layers_seen.append(layer.name)
         if layer.name != self.spec.layer:
             return
-        if layer.inducing == "amortized":
-            raise NotImplementedError(
-                f"sde_flow: layer {layer.name!r} has per-point inducing sets "
-                "(inducing='amortized'); a flow layer needs global inducing points"
-            )
+        check_layer_supported(msg, "sde_flow")
         if layer.noise is not None:
             raise ValueError(
                 f"sde_flow: layer {layer.name!r} has output noise (gp_layer(..., noise=...)); a "

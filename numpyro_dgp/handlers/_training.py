@@ -81,11 +81,6 @@ def _top_k_positions(uniforms: jax.Array, k: int, margin: float = _CANDIDATE_MAR
     return jax.lax.cond(short, from_candidates, from_all, uniforms)
 
 
-def _draws_numpyro_s_way(msg: dict) -> bool:
-    """A plate message drawn with NumPyro's function."""
-    return msg["fn"] is numpyro_subsample_fn
-
-
 class fast_subsample(Messenger):
     """Draw ``numpyro.plate(..., subsample_size=B)`` indices as the ``lax.top_k`` of uniforms.
 
@@ -102,19 +97,8 @@ class fast_subsample(Messenger):
 
     def process_message(self, msg: dict) -> None:
         """Swap NumPyro's subsample function of a plate message for the ``top_k`` one."""
-        if msg["type"] == "plate" and msg["value"] is None and _draws_numpyro_s_way(msg):
+        if msg["type"] == "plate" and msg["value"] is None and msg["fn"] is numpyro_subsample_fn:
             msg["fn"] = _top_k_subsample
-
-
-def _check_mesh_axis(mesh: Mesh, axis_name: str) -> None:
-    """Refuse an ``axis_name`` that is not an axis of ``mesh`` (:class:`data_parallel`).
-
-    :raises ValueError: naming the mesh's axes.
-    """
-    if axis_name not in mesh.axis_names:
-        raise ValueError(
-            f"data_parallel: axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}"
-        )
 
 
 class data_parallel(Messenger):
@@ -159,7 +143,11 @@ class data_parallel(Messenger):
             mesh = Mesh(np.asarray(jax.devices()), (axis_name,))
         elif axis_name is None:
             axis_name = mesh.axis_names[0]
-        _check_mesh_axis(mesh, axis_name)
+        if axis_name not in mesh.axis_names:
+            raise ValueError(
+                f"data_parallel: axis_name {axis_name!r} is not an axis of the mesh "
+                f"{mesh.axis_names}"
+            )
         self.mesh, self.axis_name, self.plate_name = mesh, axis_name, plate_name
         super().__init__(fn)
 

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, Mapping
 
 import jax
@@ -25,6 +24,7 @@ import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
+from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.core import (
     VecchiaFactors,
     nearest_previous_neighbors,
@@ -127,14 +127,20 @@ class vecchia_layers(exact_layers):
         ordering_seed: int = 0,
         neighbor_inputs: Mapping[str, ArrayLike] | None = None,
     ) -> None:
-        self.num_neighbors = _check_num_neighbors(num_neighbors)
-        if ordering not in ORDERINGS:
-            raise ValueError(
-                f"vecchia_layers: ordering must be one of {ORDERINGS}, got {ordering!r}"
-            )
+        check_positive_int(num_neighbors, "num_neighbors", "vecchia_layers")
+        check_choice(ordering, ORDERINGS, "ordering", "vecchia_layers")
+        self.num_neighbors = int(num_neighbors)
         self.ordering = ordering
         self.ordering_seed = int(ordering_seed)
-        self.neighbor_inputs = _check_neighbor_inputs(neighbor_inputs)
+        given = neighbor_inputs or {}
+        self.neighbor_inputs = {name: jnp.asarray(points) for name, points in given.items()}
+        for name, points in self.neighbor_inputs.items():
+            if points.ndim != 2 or not bool(jnp.all(jnp.isfinite(points))):
+                raise ValueError(
+                    f"vecchia_layers: neighbor_inputs[{name!r}] must be a finite (num_points, dim) "
+                    f"array, got shape {points.shape}"
+                    + ("" if points.ndim != 2 else " with NaN or inf values")
+                )
         super().__init__(fn, grid, parameterization, jitter, collapse_last)
 
     def _reset(self) -> None:
@@ -174,17 +180,15 @@ class vecchia_layers(exact_layers):
         if self._neighbors is None:
             num_data = A.shape[0] - (0 if self.grid is None else self.grid.shape[0])
             with jax.ensure_compile_time_eval():
-                order = self._order(num_data, A.shape[0])
+                data = jnp.arange(num_data)
+                if self.ordering == "random":
+                    key = jax.random.PRNGKey(self.ordering_seed)
+                    data = jax.random.permutation(key, num_data)
+                order = jnp.concatenate([data, jnp.arange(num_data, A.shape[0])])
                 points = jax.lax.stop_gradient(A)[order]
                 run = _Neighbors(order, nearest_previous_neighbors(points, self.num_neighbors))
             self._neighbors = run
         return self._neighbors
-
-    def _order(self, num_data: int, num_points: int) -> jax.Array:
-        data = jnp.arange(num_data)
-        if self.ordering == "random":
-            data = jax.random.permutation(jax.random.PRNGKey(self.ordering_seed), num_data)
-        return jnp.concatenate([data, jnp.arange(num_data, num_points)])
 
     def _layer_sets(
         self, layer: Layer, A: jax.Array, run: _Neighbors
@@ -232,32 +236,6 @@ def _diag(layer: Layer, jitter: float | jax.Array, n: int, dtype: Any) -> jax.Ar
     return jnp.full((n,), extra, dtype)
 
 
-def _check_num_neighbors(num_neighbors: Any) -> int:
-    try:
-        value = 0 if isinstance(num_neighbors, bool) else operator.index(num_neighbors)
-    except TypeError:
-        value = 0
-    if value < 1:
-        raise ValueError(
-            f"vecchia_layers: num_neighbors must be a positive integer, got {num_neighbors!r}"
-        )
-    return value
-
-
-def _check_neighbor_inputs(given: Mapping[str, ArrayLike] | None) -> dict[str, jax.Array]:
-    checked = {}
-    for name, points in (given or {}).items():
-        points = jnp.asarray(points)
-        if points.ndim != 2 or not bool(jnp.all(jnp.isfinite(points))):
-            raise ValueError(
-                f"vecchia_layers: neighbor_inputs[{name!r}] must be a finite (num_points, dim) "
-                f"array, got shape {points.shape}"
-                + ("" if points.ndim != 2 else " with NaN or inf values")
-            )
-        checked[name] = points
-    return checked
-
-
 class _VecchiaPrior(dist.Distribution):
     """A layer's Vecchia prior over ``f^T (P, n)`` (event shape ``(P, n)``, points in their
     own order; ``order`` is the Vecchia order)."""
@@ -290,5 +268,5 @@ class _CollapsedVecchia(CollapsedNormal):
         dist.Distribution.__init__(self, batch_shape=jnp.shape(loc), event_shape=())
         self.loc = loc
 
-    def _total_log_prob(self, residual: jax.Array) -> jax.Array:
+    def _residual_log_prob(self, residual: jax.Array) -> jax.Array:
         return jnp.sum(vecchia_log_density(self.factors, residual[:, self.order]))

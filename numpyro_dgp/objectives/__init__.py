@@ -27,11 +27,9 @@
 * Snelson, Ghahramani (2006). Sparse Gaussian processes using pseudo-inputs. NIPS.
 """
 
-from numpyro_dgp.objectives._collapsed import CollapsedSparseGP
-from numpyro_dgp.objectives._dsvi import DGPElbo
+from numpyro_dgp.objectives._collapsed import CollapsedSparseGP, NestedCompressionElbo
+from numpyro_dgp.objectives._dsvi import DGPElbo, PredictiveObjective
 from numpyro_dgp.objectives._importance import ImportanceWeightedElbo
-from numpyro_dgp.objectives._nested import NestedCompressionElbo
-from numpyro_dgp.objectives._predictive import PredictiveObjective
 
 __all__ = [
     "CollapsedSparseGP",
@@ -43,12 +41,6 @@ __all__ = [
 
 # The classes live in private modules; their public home is this module (as it was when it was
 # one file): documentation, reprs and pickles name them numpyro_dgp.objectives.<Class>.
-for _cls in (
-    CollapsedSparseGP,
-    DGPElbo,
-    ImportanceWeightedElbo,
-    NestedCompressionElbo,
-    PredictiveObjective,
-):
-    _cls.__module__ = __name__
-del _cls
+for _name in __all__:
+    globals()[_name].__module__ = __name__
+del _name

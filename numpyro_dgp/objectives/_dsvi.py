@@ -1,11 +1,12 @@
-"""The DSVI evidence lower bound on the Gaussian a guide exposes over each layer's inducing
-values, and the pieces other objectives reuse (``_predictive`` among them): the
+"""The DSVI evidence lower bound and the predictive (DSPP / PPGPR) objective on the Gaussian a
+guide exposes over each layer's inducing values, and the pieces other objectives reuse: the
 closed-form KL of the inducing sites, the plate- and quadrature-weighted log densities.
 
 **References:**
 
 * Salimbeni, Deisenroth (2017). Doubly stochastic variational inference for deep Gaussian
   processes. NeurIPS.
+* Jankowiak, Pleiss, Gardner (2020). Deep sigma point processes. UAI.
 * Ustyuzhaninov, Kazlauskaite, Kaiser, Bodin, Campbell, Ek (2020). Compositional uncertainty
   in deep Gaussian processes. UAI.
 * Meng, Zhang (2024). Amortized variational inference for deep Gaussian processes.
@@ -17,11 +18,19 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro.distributions as dist
 from jax.scipy.linalg import block_diag
+from jax.scipy.special import logsumexp
 from jax.typing import ArrayLike
 
-from numpyro_dgp._engine.observation import closed_form_log_prob, needs_closed_form, unwrap
+from numpyro_dgp._engine.observation import (
+    closed_form_log_prob,
+    masked_value,
+    needs_closed_form,
+    observation_kind,
+    unwrap,
+)
 from numpyro_dgp._engine.run import (
     MarginalRun,
     layers_by_u_site,
@@ -47,7 +56,7 @@ from numpyro_dgp.posteriors import (
     unwrap_distribution,
 )
 
-__all__ = ["DGPElbo"]
+__all__ = ["DGPElbo", "PredictiveObjective"]
 
 
 def _reduce_mixture(
@@ -73,9 +82,7 @@ def has_node_axis(site: dict, lp: jax.Array, weights: ArrayLike) -> bool:
     such axis."""
     if not get_tag(site, NODE_AXIS):
         return False
-    batch_ndim = max(
-        [-f.dim for f in site["cond_indep_stack"]] + [len(site["fn"].batch_shape) - 1, 0]
-    )
+    batch_ndim = max(plate_ndim(site), len(site["fn"].batch_shape) - 1)
     return jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == jnp.shape(weights)[0]
 
 
@@ -230,6 +237,7 @@ def objective_terms(
         objective does not score; for a point-mass ``q(u)`` under ``PredictiveObjective``.
     """
     guide_trace, model_trace, weights = run.guide_trace, run.model_trace, run.node_weights
+    mixture = run.mixture_log_weights
     layers = layers_by_u_site(model_trace)
     locations = uses_inducing_locations(model_trace)
     observed = {}
@@ -242,16 +250,15 @@ def objective_terms(
         if site["is_observed"]:
             observed[name] = site
             continue
-        site_kl = None
         if get_tag(site, IMPORTANCE_LOG_WEIGHTS) is not None:
             continue  # a latent input drawn K times: weighted inside the importance-weighted bound
+        scale = site["scale"] if site["scale"] is not None else 1.0
         local_kl = get_tag(site, LOCAL_KL)
         if local_kl is not None:
             # per-point KLs of per-point inducing sets (mixture axis first under rule AR1)
-            per_point = _reduce_mixture(local_kl, plate_ndim(site), run.mixture_log_weights)
-            scale = site["scale"] if site["scale"] is not None else 1.0
-            kl = kl + jnp.sum(scale * per_point)
+            kl = kl + jnp.sum(scale * _reduce_mixture(local_kl, plate_ndim(site), mixture))
             continue
+        site_kl = None
         if name in layers and name in guide_trace:
             site_kl = inducing_kl(
                 name,
@@ -264,10 +271,9 @@ def objective_terms(
                 objective,
             )
         if site_kl is not None:
-            kl = kl + (site["scale"] if site["scale"] is not None else 1.0) * site_kl
+            kl = kl + scale * site_kl
         else:
             _check_other_site(name, site, guide_trace, name in layers, objective, run.guide_name)
-            mixture = run.mixture_log_weights
             other = (
                 other
                 + weighted_log_prob(site, weights, mixture)
@@ -280,8 +286,13 @@ def _check_other_site(
     name: str, site: dict, guide_trace: dict, inducing: bool, objective: str, guide_name: str
 ) -> None:
     """Refuse a latent site scored by its sampled value (``log p - log q``) that comes after the
-    last layer, that the guide does not cover, or whose sampled score would be wrong
-    (:func:`_check_sampled_site`).
+    last layer, that the guide does not cover, or whose sampled score would be wrong.
+
+    A guide that draws the site as a ``Delta`` of an auxiliary draw (NumPyro's
+    ``AutoContinuous`` family) keeps the density on the auxiliary site, which these objectives
+    do not score: ``log q`` would be missing. A ``Delta`` without auxiliary sites is a point
+    estimate (``AutoDelta``): ``DGPElbo`` then gives NumPyro's MAP objective, as
+    ``Trace_ELBO`` does; ``PredictiveObjective``'s KL to the prior has no value for it.
 
     :raises ValueError: naming the site.
     """
@@ -292,20 +303,6 @@ def _check_other_site(
         )
     if name not in guide_trace:
         raise ValueError(f"{objective}: latent site {name!r} is not covered by the guide")
-    _check_sampled_site(name, guide_trace, inducing, objective, guide_name)
-
-
-def _check_sampled_site(
-    name: str, guide_trace: dict, inducing: bool, objective: str, guide_name: str
-) -> None:
-    """Refuse a latent site scored by its sampled value when that score would be wrong.
-
-    A guide that draws the site as a ``Delta`` of an auxiliary draw (NumPyro's
-    ``AutoContinuous`` family) keeps the density on the auxiliary site, which these objectives
-    do not score: ``log q`` would be missing. A ``Delta`` without auxiliary sites is a point
-    estimate (``AutoDelta``): ``DGPElbo`` then gives NumPyro's MAP objective, as
-    ``Trace_ELBO`` does; ``PredictiveObjective``'s KL to the prior has no value for it.
-    """
     if not isinstance(unwrap_distribution(guide_trace[name]["fn"]), dist.Delta):
         return
     auxiliary = [
@@ -465,3 +462,155 @@ class DGPElbo(Objective):
             return one_particle(rng_key)
         keys = jax.random.split(rng_key, self.num_particles)
         return jnp.mean(self.vectorize_particles_fn(one_particle, keys))
+
+
+def _log_predictive(
+    site: dict, weights: ArrayLike, mixture_log_weights: jax.Array | None = None
+) -> tuple[jax.Array, ArrayLike]:
+    """Per-point ``log E[p(y | f)]`` of an observed site over the last layer's marginal, with
+    the site's plate scale; shape: the site's batch shape. With branches (a leading branch
+    axis after the quadrature axis), ``log sum_s w_s E[p(y | f_s)]``.
+
+    A Normal site whose scale does not depend on the layer has its location taken as affine in
+    the layer output (``Normal(f[..., 0], s)``): ``log N(y | E[loc], Var[loc] + s^2)`` with the
+    node-weighted moments, exact then; other likelihoods: ``log sum_k w_k p(y | node_k)``
+    (Gauss-Hermite or Monte Carlo)."""
+    scale = site["scale"] if site["scale"] is not None else 1.0
+    fn, value = site["fn"], site["value"]
+    lp = fn.log_prob(value)
+    if not has_node_axis(site, lp, weights):
+        return lp, scale
+    refuse_without_closed_form(site, "PredictiveObjective")
+    parts = unwrap(fn)
+    if observation_kind(fn, site["name"], "PredictiveObjective") == "normal":
+        loc = jnp.broadcast_to(parts.base.loc, parts.shape)
+        w = jnp.reshape(jnp.asarray(weights, loc.dtype), (-1,) + (1,) * (loc.ndim - 1))
+        mean = jnp.sum(w * loc, axis=0)
+        var = (
+            jnp.sum(w * (loc - mean) ** 2, axis=0)
+            + jnp.broadcast_to(parts.base.scale, parts.shape)[0] ** 2
+        )
+        lp = dist.Normal(mean, jnp.sqrt(var)).log_prob(masked_value(parts, value))
+        if parts.mask is not None:
+            lp = jnp.where(jnp.broadcast_to(parts.mask, parts.shape)[0], lp, 0.0)
+        if parts.event_ndims:
+            lp = jnp.sum(lp, axis=tuple(range(-parts.event_ndims, 0)))
+    else:
+        w = jnp.reshape(jnp.asarray(weights, lp.dtype), (-1,) + (1,) * (lp.ndim - 1))
+        lp = logsumexp(lp, axis=0, b=w)
+    if (
+        mixture_log_weights is not None
+        and lp.ndim > plate_ndim(site)
+        and lp.shape[0] == mixture_log_weights.shape[0]
+    ):
+        log_w = jax.nn.log_softmax(mixture_log_weights).astype(lp.dtype)
+        lp = logsumexp(lp + log_w.reshape((-1,) + (1,) * (lp.ndim - 1)), axis=0)
+    return lp, scale
+
+
+class PredictiveObjective(Objective):
+    """The predictive (DSPP / PPGPR) objective of Jankowiak et al. (2020), AR2PP in
+    Meng & Zhang (2024).
+
+    ``sum_n log sum_s w_s p(y_n | x_n, s) - beta KL``, where particle ``s`` propagates the
+    inputs through the inner layers (as :class:`DGPElbo` does, inducing values marginalized)
+    and ``p(y_n | x_n, s) = E[p(y_n | f_L)]`` over the last layer's Gaussian marginal (for a
+    Normal likelihood whose location is affine in the last layer, the exact ``N(y | m_s, v_s +
+    noise)`` from the nodes' moments; otherwise Gauss-Hermite for one output, and for several
+    the average over Monte Carlo draws, whose ``log`` is then a downward-biased estimate, the
+    bias falling as ``1 / num_likelihood_samples``). The ``log`` sits
+    outside the mixture over particles and the likelihood expectation, unlike the ELBO's
+    ``E log``: it scores the predictive distribution directly and is no lower bound on the
+    evidence. The KL terms (closed form, averaged over particles) act as a regularizer of
+    weight ``beta``; latent sites other than inducing values (hyperparameter priors) enter
+    as ``log p - log q`` like in ``Trace_ELBO``, also weighted by ``beta``.
+
+    Plate subsampling rescales each point's log predictive by ``N / B``.
+
+    :param num_particles: ``S`` propagated samples of the inner layers per step.
+    :param beta: KL weight (Meng & Zhang 2024 use 1).
+    :param num_quadrature: Gauss-Hermite nodes per output of the last layer (default: 20 for
+        one output; several outputs: as for :class:`DGPElbo`).
+    :param particle_weights: ``(S,)`` mixture weights ``w_s`` (default ``1/S``), e.g. the
+        weights of a quadrature rule over a guide's sample space.
+    :param num_likelihood_samples: Monte Carlo draws of the last layer's outputs per point, where
+        the expectation is sampled (as for :class:`DGPElbo`).
+    :raises ValueError: if ``num_particles``, ``num_likelihood_samples`` or a given
+        ``num_quadrature`` is not a positive integer, ``beta < 0``, or ``particle_weights`` are
+        not ``num_particles`` non-negative weights summing to 1.
+    """
+
+    def __init__(
+        self,
+        num_particles: int = 8,
+        beta: float = 1.0,
+        num_quadrature: int | None = None,
+        particle_weights: ArrayLike | None = None,
+        num_likelihood_samples: int = 32,
+    ) -> None:
+        check_positive_int(num_particles, "num_particles", "PredictiveObjective")
+        check_positive_int(num_likelihood_samples, "num_likelihood_samples", "PredictiveObjective")
+        check_positive_int(num_quadrature, "num_quadrature", "PredictiveObjective", allow_none=True)
+        if not (float(beta) >= 0):
+            raise ValueError(f"PredictiveObjective: beta must be >= 0, got {beta}")
+        if particle_weights is not None:
+            w = np.asarray(particle_weights, float)
+            if w.shape != (int(num_particles),) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
+                raise ValueError(
+                    "PredictiveObjective: particle_weights must be num_particles non-negative "
+                    f"weights summing to 1, got {particle_weights!r}"
+                )
+        self.num_likelihood_samples = int(num_likelihood_samples)
+        self.beta = float(beta)
+        self.num_quadrature = num_quadrature
+        self.particle_weights = particle_weights
+        super().__init__(num_particles=num_particles, vectorize_particles=True)
+
+    def components(
+        self,
+        rng_key: jax.Array,
+        param_map: dict,
+        model: Callable,
+        guide: Callable,
+        *args: Any,
+        **kwargs: Any,
+    ) -> dict[str, jax.Array | float]:
+        """The objective's parts over ``num_particles`` particles (arguments as for
+        :meth:`DGPElbo.components`).
+
+        :return: ``{"log_predictive", "kl_inducing", "other"}``; the objective is
+            ``log_predictive - beta (kl_inducing - other)``.
+        """
+
+        def one(key):
+            rule = (self.num_quadrature, "PredictiveObjective", self.num_likelihood_samples)
+            run = marginal_trace(model, guide, param_map, key, args, kwargs, *rule)
+            observed, kl, other = objective_terms(run, "PredictiveObjective")
+            per_point = {}
+            for name, site in observed.items():
+                lp, scale = _log_predictive(site, run.node_weights, run.mixture_log_weights)
+                per_point[name] = (lp, jnp.asarray(scale, lp.dtype))
+            return per_point, kl, other
+
+        keys = jax.random.split(rng_key, self.num_particles)
+        per_point, kl, other = jax.vmap(one)(keys)
+        if self.particle_weights is None:
+            log_w = jnp.full((self.num_particles,), -np.log(self.num_particles))
+        else:
+            log_w = jnp.log(jnp.asarray(self.particle_weights))
+        total = 0.0
+        for lp, scale in per_point.values():  # lp (S, batch...), scale (S,) (the same for all)
+            mixture = logsumexp(
+                lp + jnp.reshape(log_w.astype(lp.dtype), (-1,) + (1,) * (lp.ndim - 1)), axis=0
+            )
+            total = total + scale[0] * jnp.sum(mixture)
+        if self.particle_weights is None:
+            kl, other = jnp.mean(kl), jnp.mean(other)
+        else:
+            weights = jnp.asarray(self.particle_weights)
+            kl, other = weights @ kl, weights @ other
+        return {"log_predictive": total, "kl_inducing": kl, "other": other}
+
+    def combine(self, parts: dict[str, Any]) -> jax.Array:
+        """``log_predictive - beta (kl_inducing - other)``."""
+        return parts["log_predictive"] - self.beta * (parts["kl_inducing"] - parts["other"])
