@@ -24,18 +24,18 @@ from numpyro.handlers import seed, substitute, trace
 
 from numpyro_dgp._engine.marginal import marginalize_inducing
 from numpyro_dgp._engine.moments import moment_trace
-from numpyro_dgp._engine.observation import observation_kind, shared_rule
-from numpyro_dgp._predict.inputs import check_guide_is_set_up, checked_test_inputs
+from numpyro_dgp._engine.observation import shared_rule
 from numpyro_dgp._predict.mixture import PREDICTION_NODES, Component, component_of, mixture_fields
 from numpyro_dgp._predict.prediction import (
     Prediction,
-    observation_site,
+    abstract,
+    check_guide_is_set_up,
+    checked_test_inputs,
+    observation_of,
     warn_if_not_finite,
 )
 from numpyro_dgp.core import collapsed_posterior
 from numpyro_dgp.objectives._collapsed import CollapsedData, collapse_sparse_layer
-
-__all__ = ["predict_collapsed", "predict_moment_matched"]
 
 
 def _one_component(likelihood: str, component: Component, node_weights: ArrayLike) -> Prediction:
@@ -84,38 +84,24 @@ def predict_moment_matched(
     check_guide_is_set_up(guide, caller)
     X_new = checked_test_inputs(X_new, caller, params, model, guide)
     key = jax.random.PRNGKey(0)  # the guide's draws are not used: the moments are deterministic
-    found = {}
+
+    def run(params, X_new, num_nodes, kind="normal"):
+        inputs = (X_new,) + tuple(args)
+        return moment_trace(
+            model, guide, params, key, inputs, kwargs, "predict", num_nodes, caller, kind=kind
+        )
 
     def probe():
-        run = moment_trace(
-            model, guide, params, key, (X_new,) + tuple(args), kwargs, "predict", 3, caller
-        )
-        found["name"] = observation_site(run.model_trace, obs_site)
-        found["likelihood"] = observation_kind(
-            run.model_trace[found["name"]]["fn"], found["name"], caller
-        )
-        found["layers"] = list(run.layer_order)
-        return 0
+        out = run(params, X_new, 3)
+        return observation_of(out.model_trace, obs_site, caller), list(out.layer_order)
 
-    jax.eval_shape(probe)
-    name, likelihood = found["name"], found["likelihood"]
+    (name, likelihood), layers = abstract(probe)
 
     @jax.jit
     def run_once(params, X_new):
-        inputs, num_nodes = (X_new,) + tuple(args), PREDICTION_NODES[likelihood]
-        run = moment_trace(
-            model, guide, params, key, inputs, kwargs, "predict", num_nodes, caller, kind=likelihood
-        )
-        component = component_of(
-            run.model_trace,
-            run.moments,
-            name,
-            likelihood,
-            run.node_weights,
-            found["layers"],
-            key,
-        )
-        return component, run.node_weights
+        out = run(params, X_new, PREDICTION_NODES[likelihood], likelihood)
+        tr, moments, weights = out.model_trace, out.moments, out.node_weights
+        return component_of(tr, moments, name, likelihood, weights, layers, key), weights
 
     component, node_weights = run_once(params, X_new)
     return warn_if_not_finite(_one_component(likelihood, component, node_weights), caller)
@@ -174,22 +160,13 @@ def predict_collapsed(
         method=method,
         whiten=layer.whiten,
     )
-    found = {}
 
     def run(num_nodes, kind):
         nodes, weights = shared_rule(layer.out_dim, kind, num_nodes, caller)
         m = marginalize_inducing(fitted, {layer.u_site: q}, layer.name, nodes, weights)
         return trace(m).get_trace(X_new, *args, **kwargs), m.moments, weights
 
-    def probe():
-        tr, _, _ = run(3, "normal")
-        found["name"] = observation_site(tr, obs_site)
-        found["likelihood"] = observation_kind(tr[found["name"]]["fn"], found["name"], caller)
-        return 0
-
-    jax.eval_shape(probe)
-    tr, moments, weights = run(PREDICTION_NODES[found["likelihood"]], found["likelihood"])
-    component = component_of(
-        tr, moments, found["name"], found["likelihood"], weights, [layer.name], key
-    )
-    return warn_if_not_finite(_one_component(found["likelihood"], component, weights), caller)
+    name, likelihood = abstract(lambda: observation_of(run(3, "normal")[0], obs_site, caller))
+    tr, moments, weights = run(PREDICTION_NODES[likelihood], likelihood)
+    component = component_of(tr, moments, name, likelihood, weights, [layer.name], key)
+    return warn_if_not_finite(_one_component(likelihood, component, weights), caller)

@@ -22,21 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpyro.distributions as dist
 
-from numpyro_dgp._engine.observation import Rule, likelihood_rule, unwrap
+from numpyro_dgp._engine.observation import unwrap
 from numpyro_dgp.core import standard_normal
-
-__all__ = [
-    "Component",
-    "PREDICTION_DRAWS",
-    "PREDICTION_NODES",
-    "component_of",
-    "flatten_mixture",
-    "mixture_fields",
-    "prediction_rule",
-    "rebuild",
-    "rule_arguments",
-    "summarize",
-]
 
 #: Gauss-Hermite nodes per component for a one-output last layer, by kind: 3 give the exact
 #: moments of a location affine in the layer; probabilities and other likelihoods are smooth
@@ -48,21 +35,11 @@ PREDICTION_NODES = {"normal": 3, "bernoulli": 20, "categorical": 20, "general": 
 PREDICTION_DRAWS = {"normal": 16, "bernoulli": 16, "categorical": 16, "general": 8}
 
 
-def prediction_rule(kind: str, out_dim: int) -> Rule:
-    """The rule a prediction of this ``kind`` takes the last layer's marginal with.
-
-    :param kind: the observation's kind.
-    :param out_dim: the last layer's ``P``.
-    :return: the :class:`~numpyro_dgp._engine.observation.Rule`.
-    """
-    if out_dim == 1:
-        return likelihood_rule(1, [kind], PREDICTION_NODES[kind])
-    return likelihood_rule(out_dim, [kind], None, PREDICTION_DRAWS[kind], "predict")
-
-
 def rule_arguments(kind: str, out_dim: int) -> tuple[int | None, int]:
-    """``(num_quadrature, num_samples)`` for :func:`~numpyro_dgp._engine.run.marginal_trace` that
-    give :func:`prediction_rule`."""
+    """``(num_quadrature, num_samples)`` of a prediction of this ``kind`` for
+    :func:`~numpyro_dgp._engine.run.marginal_trace` and
+    :func:`~numpyro_dgp._engine.observation.likelihood_rule`: Gauss-Hermite nodes for a one-output
+    last layer, else Monte Carlo draws (a Normal takes the exact ``2 P``-node rule instead)."""
     return (PREDICTION_NODES[kind] if out_dim == 1 else None), PREDICTION_DRAWS[kind]
 
 

@@ -16,24 +16,23 @@ from numpyro.handlers import seed, substitute, trace
 from numpyro.primitives import Messenger
 
 from numpyro_dgp._engine.marginal import marginalize_inducing
-from numpyro_dgp._engine.observation import observation_kind, spherical_rule
+from numpyro_dgp._engine.observation import likelihood_rule, spherical_rule
 from numpyro_dgp._engine.traces import layers_by_u_site
-from numpyro_dgp._predict.inputs import checked_test_inputs
 from numpyro_dgp._predict.mixture import (
     component_of,
     flatten_mixture,
     mixture_fields,
-    prediction_rule,
+    rule_arguments,
 )
 from numpyro_dgp._predict.prediction import (
     Prediction,
-    observation_site,
+    abstract,
+    checked_test_inputs,
+    observation_of,
     warn_if_not_finite,
 )
 from numpyro_dgp._protocol import trace_layers
 from numpyro_dgp.io import PREDICT_HINT, check_params_against
-
-__all__ = ["predict_from_samples"]
 
 
 def predict_from_samples(
@@ -82,24 +81,24 @@ def predict_from_samples(
     samples, S = _check_sample_arrays(samples)
     fixed = _check_samples(model, samples, params, X_new, args, kwargs, strict)
 
-    def run(sample, key, node_rule):
-        data = {**fixed, **sample}
-        return _marginalized_run(model, data, key, node_rule, X_new, args, kwargs)
+    def run(sample, key, node_rule=()):
+        # one run at X_new with the sample substituted, the layers marginalized (the last one at
+        # the quadrature ``(layer, nodes, weights)``): trace, moments and branch log weights
+        handler = marginalize_inducing(
+            substitute(seed(model, key), data={**fixed, **sample}), None, *node_rule
+        )
+        tr = trace(handler).get_trace(X_new, *args, **kwargs)
+        return tr, handler.moments, handler.mixture_log_weights
 
-    one_sample = {k: v[0] for k, v in samples.items()}
-    layers, out_dim, sites = _model_layers(run, one_sample, samples)
-    last = layers[-1]
-    name, likelihood, mixed = _model_observation(run, one_sample, last, out_dim, obs_site)
-    nodes, weights = prediction_rule(likelihood, out_dim)
-    quad = (last, nodes, weights)
+    layers, sites, name, likelihood, mixed, rule = _probe(run, samples, obs_site)
+    weights = rule[1]
     # substitute the model's latent and param sites only (not deterministic layer outputs
     # recorded at training points, nor the observation site)
-    keep = [k for k in samples if k in sites and k != name]
-    samples = {k: samples[k] for k in keep}
+    samples = {k: v for k, v in samples.items() if k in sites and k != name}
 
     def one(sample, key):
         run_key, draw_key = jax.random.split(key)
-        tr, moments, log_weights = run(sample, run_key, quad)
+        tr, moments, log_weights = run(sample, run_key, (layers[-1], *rule))
         return component_of(tr, moments, name, likelihood, weights, layers, draw_key), log_weights
 
     def mixture(samples, keys):
@@ -114,66 +113,43 @@ def predict_from_samples(
     return warn_if_not_finite(Prediction(**fields, likelihood=likelihood), "predict_from_samples")
 
 
-def _marginalized_run(
-    model: Callable,
-    data: dict,
-    key: jax.Array,
-    node_rule: tuple | None,
-    X_new: jax.Array,
-    args: tuple,
-    kwargs: dict,
-) -> tuple[dict, dict, jax.Array | None]:
-    """``(trace, moments, branch log weights)`` of one run of the model at ``X_new`` with
-    ``data`` substituted, under :class:`marginalize_inducing` (with the quadrature
-    ``(layer, nodes, weights)``, or none)."""
-    handler = marginalize_inducing(
-        substitute(seed(model, key), data=data), None, *(node_rule or ())
-    )
-    tr = trace(handler).get_trace(X_new, *args, **kwargs)
-    return tr, handler.moments, handler.mixture_log_weights
+def _probe(run: Callable, samples: dict, obs_site: str | None) -> tuple:
+    """``(layer names, {sample or param site: its type}, observation site, its kind, number of
+    branches or None, the last layer's rule (nodes, weights))`` from two abstract runs with the
+    first sample (the second with the last layer at quadrature nodes), the model's layers checked
+    against the samples.
 
+    :raises ValueError: a model without a ``gp_layer``, or samples without some layer's inducing
+        values.
+    """
+    first = {k: v[0] for k, v in samples.items()}
+    key = jax.random.PRNGKey(0)
 
-def _model_layers(
-    run: Callable, one_sample: dict, samples: dict
-) -> tuple[list[str], int, dict[str, str]]:
-    """``(layer names, last layer's out_dim, {sample or param site: its type})`` from one
-    abstract run with the first sample, the model's layers checked against the samples."""
-    found: dict[str, Any] = {}
-
-    def probe():
-        tr, _, _ = run(one_sample, jax.random.PRNGKey(0), None)
+    def probe_layers():
+        tr = run(first, key)[0]
         layers = trace_layers(tr)
-        u_sites = sorted(layers_by_u_site(tr))
-        _check_model_layers(layers, u_sites, samples)
-        found["layers"] = [layer.name for layer in layers]
-        found["out_dim"] = layers[-1].out_dim
-        found["sites"] = {n: s["type"] for n, s in tr.items() if s["type"] in ("sample", "param")}
-        return 0
+        if not layers:
+            raise ValueError("predict_from_samples: the model runs no gp_layer")
+        missing = [u for u in sorted(layers_by_u_site(tr)) if u not in samples]
+        if missing:
+            raise ValueError(
+                f"predict_from_samples: samples lack the inducing-value site(s) {missing}; they "
+                f"hold {sorted(samples)}. Pass the samples of an MCMC run on the model "
+                "(its '<layer>.u' sites)"
+            )
+        sites = {n: s["type"] for n, s in tr.items() if s["type"] in ("sample", "param")}
+        return [layer.name for layer in layers], layers[-1].out_dim, sites
 
-    jax.eval_shape(probe)
-    return found["layers"], found["out_dim"], found["sites"]
-
-
-def _model_observation(
-    run: Callable, one_sample: dict, last: str, out_dim: int, obs_site: str | None
-) -> tuple[str, str, int | None]:
-    """``(observation site, its likelihood kind, number of branches or None)`` from one
-    abstract run with the first sample and the last layer at quadrature nodes."""
-    found: dict[str, Any] = {}
+    layers, out_dim, sites = abstract(probe_layers)
 
     def probe_tail():
-        tr, _, log_weights = run(
-            one_sample, jax.random.PRNGKey(0), (last, *spherical_rule(out_dim))
-        )
-        found["name"] = observation_site(tr, obs_site)
-        found["likelihood"] = observation_kind(
-            tr[found["name"]]["fn"], found["name"], "predict_from_samples"
-        )
-        found["components"] = None if log_weights is None else log_weights.shape[0]
-        return 0
+        tr, _, log_weights = run(first, key, (layers[-1], *spherical_rule(out_dim)))
+        name, likelihood = observation_of(tr, obs_site, "predict_from_samples")
+        return name, likelihood, None if log_weights is None else log_weights.shape[0]
 
-    jax.eval_shape(probe_tail)
-    return found["name"], found["likelihood"], found["components"]
+    name, likelihood, mixed = abstract(probe_tail)
+    rule = likelihood_rule(out_dim, [likelihood], *rule_arguments(likelihood, out_dim), "predict")
+    return layers, sites, name, likelihood, mixed, rule
 
 
 def _check_sample_arrays(samples: Any) -> tuple[dict[str, jax.Array], int]:
@@ -189,14 +165,12 @@ def _check_sample_arrays(samples: Any) -> tuple[dict[str, jax.Array], int]:
         )
     arrays = {k: jnp.asarray(v) for k, v in samples.items()}
     sizes = {k: (v.shape[0] if v.ndim else None) for k, v in arrays.items()}
-    S_set = set(sizes.values())
-    if None in S_set or len(S_set) != 1:
+    if None in sizes.values() or len(set(sizes.values())) != 1:
         raise ValueError(
             "predict_from_samples: every sample array needs the same leading (sample) axis; "
             f"got {sizes}"
         )
-    S = S_set.pop()
-    assert S is not None  # refused above
+    S = len(next(iter(arrays.values())))
     if S < 1:
         raise ValueError(
             "predict_from_samples: samples is empty (0 samples along the leading axis)"
@@ -204,45 +178,28 @@ def _check_sample_arrays(samples: Any) -> tuple[dict[str, jax.Array], int]:
     return arrays, S
 
 
-def _check_model_layers(layers: list, u_sites: list[str], samples: dict) -> None:
-    """Refuse a model without a ``gp_layer``, and samples without some layer's inducing values
-    (``u_sites``, sorted), from the model's run at the test inputs.
-
-    :raises ValueError: for either.
-    """
-    if not layers:
-        raise ValueError("predict_from_samples: the model runs no gp_layer")
-    missing = [u for u in u_sites if u not in samples]
-    if missing:
-        raise ValueError(
-            f"predict_from_samples: samples lack the inducing-value site(s) {missing}; they hold "
-            f"{sorted(samples)}. Pass the samples of an MCMC run on the model "
-            "(its '<layer>.u' sites)"
-        )
-
-
 def _check_samples(model, samples, params, X_new, args, kwargs, strict):
     """``predict_from_samples``'s door, from one abstract run of the model at ``X_new`` with the
-    first sample and ``params`` substituted: ``params`` names only sites of the model and holds
-    finite values, and each latent site's samples have the shape of the site's distribution
-    there (another ``out_dim``, or inducing values that do not match the inducing inputs, are
-    reported by name). Returns ``params`` as arrays."""
+    first sample and ``params`` substituted: every param site is given, ``params`` names only
+    sites of the model and holds finite values, and each latent site's samples have the shape of
+    the site's distribution there (another ``out_dim``, or inducing values that do not match the
+    inducing inputs, are reported by name). Returns ``params`` as arrays."""
     fixed = {k: jnp.asarray(v) for k, v in (params or {}).items()}
     data = {**fixed, **{k: v[0] for k, v in samples.items()}}
-    _check_no_param_unset(model, data, X_new, args, kwargs)
-    found = {}
 
-    def run():
-        tr = trace(substitute(seed(model, jax.random.PRNGKey(0)), data=data)).get_trace(
-            X_new, *args, **kwargs
-        )
+    def specs():
+        with _refuse_unset_params():
+            tr = trace(substitute(seed(model, jax.random.PRNGKey(0)), data=data)).get_trace(
+                X_new, *args, **kwargs
+            )
+        found = {}
         for name, site in tr.items():
             if site["type"] == "param" or (site["type"] == "sample" and not site["is_observed"]):
                 shape = site["fn"].shape() if site["type"] == "sample" else jnp.shape(site["value"])
                 found[name] = jax.ShapeDtypeStruct(tuple(shape), jnp.result_type(site["value"]))
-        return 0
+        return found
 
-    jax.eval_shape(run)
+    found = abstract(specs)
     check_params_against(
         {k: v for k, v in found.items() if k not in samples},
         fixed,
@@ -259,31 +216,18 @@ def _check_samples(model, samples, params, X_new, args, kwargs, strict):
     return fixed
 
 
-class _UnsetParam(Exception):
-    """Raised by :class:`_stop_at_unset_param` with the name of the first unset param site."""
+class _refuse_unset_params(Messenger):
+    """Refuse a run's first ``numpyro.param`` site that nothing substituted, before its initial
+    value is computed (from the inputs at hand: k-means at fewer points than ``num_inducing``
+    would fail, and at more would silently stand in for the fitted values).
 
-
-class _stop_at_unset_param(Messenger):
-    """Stop a run at the first ``numpyro.param`` site that nothing substituted, before its
-    initial value is computed (from the inputs at hand: k-means at fewer points than
-    ``num_inducing`` would fail, and at more would silently stand in for the fitted values)."""
+    :raises ValueError: naming the site.
+    """
 
     def process_message(self, msg: dict) -> None:
         if msg["type"] == "param" and msg["value"] is None:
-            raise _UnsetParam(msg["name"])
-
-
-def _check_no_param_unset(model, data, X_new, args, kwargs):
-    def run():
-        with _stop_at_unset_param():
-            substitute(seed(model, jax.random.PRNGKey(0)), data=data)(X_new, *args, **kwargs)
-        return 0
-
-    try:
-        jax.eval_shape(run)
-    except _UnsetParam as unset:
-        raise ValueError(
-            f"predict_from_samples: param site {unset.args[0]!r} is neither in the samples nor "
-            "in params=; it would take its initial value (e.g. k-means on X_new). Pass params= "
-            "(the fitted values, or those the MCMC run used)"
-        ) from None
+            raise ValueError(
+                f"predict_from_samples: param site {msg['name']!r} is neither in the samples nor "
+                "in params=; it would take its initial value (e.g. k-means on X_new). Pass "
+                "params= (the fitted values, or those the MCMC run used)"
+            )
