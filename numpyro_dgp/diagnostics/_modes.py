@@ -204,37 +204,6 @@ class ModeEvidence(NamedTuple):
     khat: np.ndarray
 
 
-def _check_mode_settings(modes: list[list[int]], num_draws: int, inflate: float) -> None:
-    """Refuse empty modes, fewer than 100 proposal draws and a non-positive ``inflate``
-    (:func:`mode_evidence`).
-
-    :raises ValueError: for each.
-    """
-    if not modes or any(len(m) == 0 for m in modes):
-        raise ValueError(
-            f"mode_evidence: modes must be non-empty lists of chain indices, got {modes!r}"
-        )
-    if num_draws < 100:
-        raise ValueError(f"mode_evidence: num_draws must be at least 100, got {num_draws}")
-    if not inflate > 0:
-        raise ValueError(f"mode_evidence: inflate must be positive, got {inflate!r}")
-
-
-def _check_mode_samples(names: list[str], samples: dict, modes: list[list[int]]) -> None:
-    """Refuse samples that lack a latent site of the model, and modes that name chains the
-    samples do not have.
-
-    :raises ValueError: for either.
-    """
-    missing = [n for n in names if n not in samples]
-    if missing:
-        raise ValueError(f"mode_evidence: samples lack the model's latent sites {missing}")
-    C = np.asarray(samples[names[0]]).shape[0]
-    bad = [m for m in modes for c in m if not 0 <= c < C]
-    if bad:
-        raise ValueError(f"mode_evidence: modes name chains outside 0..{C - 1}: {bad}")
-
-
 def _mode_proposal(draws: np.ndarray, chains: list[int], inflate: float) -> dist.MultivariateNormal:
     """The Gaussian ``q`` fitted to a mode's ``(n, d)`` unconstrained draws: their mean, and
     their covariance shrunk towards its diagonal, times ``inflate``."""
@@ -317,14 +286,26 @@ def mode_evidence(
     :param kwargs: the model's keyword arguments, as given to ``mcmc.run``.
     :return: :class:`ModeEvidence`.
     """
-    from arviz_stats.base import array_stats
     from jax.flatten_util import ravel_pytree
     from numpyro.infer.util import potential_energy, unconstrain_fn
 
-    _check_mode_settings(modes, num_draws, inflate)
+    if not modes or any(len(m) == 0 for m in modes):
+        raise ValueError(
+            f"mode_evidence: modes must be non-empty lists of chain indices, got {modes!r}"
+        )
+    if num_draws < 100:
+        raise ValueError(f"mode_evidence: num_draws must be at least 100, got {num_draws}")
+    if not inflate > 0:
+        raise ValueError(f"mode_evidence: inflate must be positive, got {inflate!r}")
     tr = trace(seed(model, 0)).get_trace(*args, **kwargs)  # the latent sites, in order
     names = [n for n, site in tr.items() if site["type"] == "sample" and not site["is_observed"]]
-    _check_mode_samples(names, samples, modes)
+    missing = [n for n in names if n not in samples]
+    if missing:
+        raise ValueError(f"mode_evidence: samples lack the model's latent sites {missing}")
+    C = np.asarray(samples[names[0]]).shape[0]
+    bad = [m for m in modes for c in m if not 0 <= c < C]
+    if bad:
+        raise ValueError(f"mode_evidence: modes name chains outside 0..{C - 1}: {bad}")
     latent = {n: jnp.asarray(samples[n]) for n in names}
     # every latent site is given, so the log density does not depend on the key; the seed
     # only satisfies layers that ask for one
@@ -334,40 +315,47 @@ def mode_evidence(
     _, unravel = ravel_pytree(jax.tree.map(lambda v: v[0, 0], unconstrained))
     flat = jax.vmap(jax.vmap(lambda t: ravel_pytree(t)[0]))(unconstrained)  # (C, D, dim)
     log_joint = jax.jit(jax.vmap(lambda z: -potential_energy(model, args, kwargs, unravel(z))))
-    log_z: list[float] = []
-    log_z_se: list[float] = []
-    khat: list[float] = []
-    for k, chains in enumerate(modes):
-        draws = np.asarray(flat[np.asarray(chains)]).reshape(-1, flat.shape[-1])
-        proposal = _mode_proposal(draws, chains, inflate)
-        theta = proposal.sample(jax.random.fold_in(rng_key, k), (num_draws,))
-        log_ratio = np.asarray(log_joint(theta) - proposal.log_prob(theta), dtype=float)
-        if not np.all(np.isfinite(log_ratio)):
-            raise FloatingPointError(
-                f"mode_evidence: {int(np.sum(~np.isfinite(log_ratio)))} of {num_draws} proposal "
-                f"draws of mode {chains} have a non-finite log density"
-            )
-        # bridge sampling (Meng & Wong 1996, optimal bridge, iterated): uses the mode's own draws
-        # too, so it stays accurate where plain importance sampling from q has heavy-tailed ratios
-        own = np.asarray(
-            log_joint(jnp.asarray(draws)) - proposal.log_prob(jnp.asarray(draws)), dtype=float
+    per_mode = [
+        _mode_log_evidence(
+            flat, chains, inflate, log_joint, jax.random.fold_in(rng_key, k), num_draws
         )
-        estimate, se = _bridge_log_evidence(own, log_ratio)
-        log_z.append(estimate)
-        log_z_se.append(se)
-        with np.errstate(over="ignore", invalid="ignore"), warnings.catch_warnings():
-            # the Pareto fit overflows (k-hat nan) when the ratios span hundreds of nats
-            warnings.simplefilter("ignore", RuntimeWarning)
-            khat.append(float(array_stats.psislw(log_ratio)[1]))
-    log_evidence = np.asarray(log_z)
+        for k, chains in enumerate(modes)
+    ]
+    log_evidence, log_evidence_se, khat = (np.asarray(v) for v in zip(*per_mode))
     weights = np.exp(log_evidence - log_evidence.max())
-    return ModeEvidence(
-        [list(m) for m in modes],
-        log_evidence,
-        np.asarray(log_z_se),
-        weights / weights.sum(),
-        np.asarray(khat),
+    modes = [list(m) for m in modes]
+    return ModeEvidence(modes, log_evidence, log_evidence_se, weights / weights.sum(), khat)
+
+
+def _mode_log_evidence(flat, chains, inflate, log_joint, key, num_draws):
+    """``(log Z, its standard error, k-hat)`` of the mode of ``chains`` (:func:`mode_evidence`),
+    from the ``(C, D, dim)`` unconstrained draws ``flat`` and ``num_draws`` draws of ``key``
+    from the Gaussian fitted to the mode's.
+
+    :raises FloatingPointError: proposal draws where ``log p/q`` is not finite.
+    """
+    from arviz_stats.base import array_stats
+
+    draws = np.asarray(flat[np.asarray(chains)]).reshape(-1, flat.shape[-1])
+    proposal = _mode_proposal(draws, chains, inflate)
+    theta = proposal.sample(key, (num_draws,))
+    log_ratio = np.asarray(log_joint(theta) - proposal.log_prob(theta), dtype=float)
+    if not np.all(np.isfinite(log_ratio)):
+        raise FloatingPointError(
+            f"mode_evidence: {int(np.sum(~np.isfinite(log_ratio)))} of {num_draws} proposal "
+            f"draws of mode {chains} have a non-finite log density"
+        )
+    # bridge sampling (Meng & Wong 1996, optimal bridge, iterated): uses the mode's own draws
+    # too, so it stays accurate where plain importance sampling from q has heavy-tailed ratios
+    own = np.asarray(
+        log_joint(jnp.asarray(draws)) - proposal.log_prob(jnp.asarray(draws)), dtype=float
     )
+    estimate, se = _bridge_log_evidence(own, log_ratio)
+    with np.errstate(over="ignore", invalid="ignore"), warnings.catch_warnings():
+        # the Pareto fit overflows (k-hat nan) when the ratios span hundreds of nats
+        warnings.simplefilter("ignore", RuntimeWarning)
+        khat = float(array_stats.psislw(log_ratio)[1])
+    return estimate, se, khat
 
 
 def mode_mixture(
@@ -529,16 +517,9 @@ def ground_truth(
     checked = sorted({heaviest} | {k for k, w in enumerate(evidence.weights) if w > min_weight})
     converged = all(bool(mode_health[k].table.ok.all()) for k in checked)
     reference = mode_mixture(explored, evidence, key_mixture, label="MCMC (modes by mass)")
+    seconds = {"sampling": sampled, "weighing": weighed}
     return GroundTruth(
-        converged,
-        reference,
-        explored,
-        health,
-        evidence,
-        mode_health,
-        checked,
-        mcmc,
-        {"sampling": sampled, "weighing": weighed},
+        converged, reference, explored, health, evidence, mode_health, checked, mcmc, seconds
     )
 
 
