@@ -89,8 +89,9 @@ def _mix(lp: jax.Array, weights: jax.Array | None) -> jax.Array:
 
 def _point_axes(lp: jax.Array, num_point_axes: int) -> jax.Array:
     """Sum the column axes after the leading component and point axes."""
-    extra = lp.ndim - num_point_axes
-    return jnp.sum(lp, axis=tuple(range(num_point_axes, lp.ndim))) if extra > 0 else lp
+    if lp.ndim > num_point_axes:
+        return jnp.sum(lp, axis=tuple(range(num_point_axes, lp.ndim)))
+    return lp
 
 
 def log_likelihood(prediction: Prediction, y: ArrayLike, per_column: bool = False) -> jax.Array:
@@ -213,11 +214,8 @@ def _calibration_error(confidence: jax.Array, correct: jax.Array) -> jax.Array:
     """The expected calibration error over :data:`ECE_BINS` equal-width confidence bins:
     ``sum_b (n_b / N) |accuracy_b - confidence_b|``."""
     bins = jnp.clip(jnp.floor(confidence * ECE_BINS).astype(jnp.int32), 0, ECE_BINS - 1)
-    gap = (
-        jnp.zeros(ECE_BINS, confidence.dtype)
-        .at[bins]
-        .add(correct.astype(confidence.dtype) - confidence)
-    )
+    surplus = correct.astype(confidence.dtype) - confidence
+    gap = jnp.zeros(ECE_BINS, confidence.dtype).at[bins].add(surplus)
     return jnp.sum(jnp.abs(gap)) / confidence.shape[0]
 
 

@@ -44,11 +44,12 @@ def rule_arguments(kind: str, out_dim: int) -> tuple[int | None, int]:
 
 
 class Component(NamedTuple):
-    """One mixture component (or, stacked, all of them).
+    """One mixture component (or, stacked, all of them), its fields named as the
+    :class:`~numpyro_dgp.Prediction`'s.
 
-    :ivar mean: the mean of ``y`` (``(..., N)``, ``(..., N, T)`` for columns, ``(..., N, C)``
-        class probabilities for a categorical site).
-    :ivar variance: the variance of ``y`` (same shape).
+    :ivar component_means: the mean of ``y`` (``(..., N)``, ``(..., N, T)`` for columns,
+        ``(..., N, C)`` class probabilities for a categorical site).
+    :ivar component_variances: the variance of ``y`` (same shape).
     :ivar layers: ``{layer: (..., N, P)}`` one draw of every layer.
     :ivar layer_means: ``{layer: (..., N, P)}`` the layers' marginal means.
     :ivar layer_variances: ``{layer: (..., N, P)}`` their variances.
@@ -56,8 +57,8 @@ class Component(NamedTuple):
         batch shape ``(..., K, N, ...)``; ``None`` otherwise.
     """
 
-    mean: jax.Array
-    variance: jax.Array
+    component_means: jax.Array
+    component_variances: jax.Array
     layers: dict
     layer_means: dict
     layer_variances: dict
@@ -158,7 +159,7 @@ def flatten_mixture(
     """Components ``(num_samples, S, ...)`` with branch log weights ``(num_samples, S)`` as one
     mixture of ``num_samples * S`` components (weights ``w_s / num_samples``); layer arrays
     without a branch axis (layers before the first branch) are broadcast to it."""
-    num_samples = components.mean.shape[0]
+    num_samples = components.component_means.shape[0]
 
     def flat(a: jax.Array) -> jax.Array:
         return a.reshape((-1,) + a.shape[2:])
@@ -168,17 +169,12 @@ def flatten_mixture(
             a = jnp.broadcast_to(a[:, None], (num_samples, num_components) + a.shape[1:])
         return flat(a)
 
-    tree = jax.tree_util.tree_map
     weights = (jax.nn.softmax(log_weights, axis=-1) / num_samples).reshape(-1)
-    flattened = Component(
-        flat(components.mean),
-        flat(components.variance),
-        tree(flat_layer, components.layers),
-        tree(flat_layer, components.layer_means),
-        tree(flat_layer, components.layer_variances),
-        None if components.atoms is None else tree(flat, components.atoms),
-    )
-    return flattened, weights.astype(components.mean.dtype)
+    flattened = {
+        field: jax.tree_util.tree_map(flat_layer if field.startswith("layer") else flat, value)
+        for field, value in components._asdict().items()
+    }
+    return Component(**flattened), weights.astype(components.component_means.dtype)
 
 
 def mixture_fields(
@@ -194,22 +190,15 @@ def mixture_fields(
         average = lambda a: jnp.mean(a, axis=0)  # noqa: E731
     else:
         average = lambda a: jnp.tensordot(weights, a, axes=(0, 0))  # noqa: E731
-    mean = average(components.mean)
+    means = components.component_means
+    mean = average(means)
     if kind in ("bernoulli", "categorical"):
         variance = mean * (1 - mean)
     else:
-        variance = average(components.variance + components.mean**2) - mean**2
-    general = components.atoms is not None
-    return {
-        "mean": mean,
-        "variance": variance,
-        "component_means": components.mean,
-        "component_variances": components.variance,
-        "layers": components.layers,
-        "layer_means": components.layer_means,
-        "layer_variances": components.layer_variances,
-        # rebuilt: a distribution mapped over (vmap, tree_map) keeps the batch shape it had
-        "weights": weights,
-        "atoms": None if components.atoms is None else rebuild(components.atoms, lambda a: a),
-        "atom_weights": jnp.asarray(atom_weights, mean.dtype) if general else None,
-    }
+        variance = average(components.component_variances + means**2) - mean**2
+    fields = {**components._asdict(), "mean": mean, "variance": variance, "weights": weights}
+    if components.atoms is None:
+        return {**fields, "atom_weights": None}
+    # rebuilt: a distribution mapped over (vmap, tree_map) keeps the batch shape it had
+    atoms = rebuild(components.atoms, lambda a: a)
+    return {**fields, "atoms": atoms, "atom_weights": jnp.asarray(atom_weights, mean.dtype)}
