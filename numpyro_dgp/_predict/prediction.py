@@ -79,8 +79,8 @@ def warn_if_not_finite(prediction, caller):
         warnings.warn(
             f"{caller}: {num_bad} of {bad.shape[0]} test points have a NaN or infinite "
             f"predictive mean or variance (first: {first}); usually a Cholesky factorization "
-            "failed for them (raise the "
-            "layers' jitter, or use float64). Their metrics will be NaN.",
+            "failed for them (raise the layers' jitter, or use float64). Their metrics will be "
+            "NaN.",
             NonFinitePredictionWarning,
             stacklevel=3,
         )
@@ -196,8 +196,7 @@ def observation_of(model_trace: dict, obs_site: str | None, caller: str = "predi
         if len(tail) != 1:
             raise ValueError(
                 "predict: cannot tell the observation site; sample sites after the last layer: "
-                f"{tail}. "
-                "Pass obs_site="
+                f"{tail}. Pass obs_site="
             )
         obs_site = tail[0]
     if obs_site not in tail:
@@ -338,9 +337,8 @@ def _predict_in_batches(request, X_new, batch_size):
         if out is None:
             out = _allocate_outputs(along_points, N)
         out = _write_window(out, along_points, start)
-    fixed = {
-        k: v for k, v in fields.items() if k not in _POINT_AXIS
-    }  # weights: the same for every window
+    # weights: the same for every window
+    fixed = {k: v for k, v in fields.items() if k not in _POINT_AXIS}
     return warn_if_not_finite(_as_prediction(found, {**out, **fixed}), "predict")
 
 
@@ -492,21 +490,12 @@ def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_
     num_nodes, num_draws = rule_arguments(kind, found["out_dim"])
 
     def one(key, params, X_new, dyn_args, dyn_kwargs):
-        call_args = tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
+        inputs = (X_new,) + tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
         call_kwargs = {**dict(static_kwargs), **dyn_kwargs}
         run_key, draw_key = jax.random.split(key)
-        inputs = (X_new,) + call_args
+        rule = dict(num_samples=num_draws, joint_draws=joint_draws)
         run = marginal_trace(
-            model,
-            guide_ref(),
-            params,
-            run_key,
-            inputs,
-            call_kwargs,
-            num_nodes,
-            objective="predict",
-            num_samples=num_draws,
-            joint_draws=joint_draws,
+            model, guide_ref(), params, run_key, inputs, call_kwargs, num_nodes, "predict", **rule
         )
         component = component_of(
             run.model_trace, run.moments, name, kind, run.node_weights, layer_names, draw_key
