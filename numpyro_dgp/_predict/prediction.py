@@ -364,13 +364,10 @@ def take_points(prediction: Prediction, index: ArrayLike) -> Prediction:
     if prediction.atoms is not None:
         raise NotImplementedError("take_points: a prediction with atoms is not sliced here")
     index = jnp.asarray(index, jnp.int32)
-    fields = {
-        field: jax.tree_util.tree_map(
-            lambda a, axis=axis: jnp.take(a, index, axis=axis), getattr(prediction, field)
-        )
-        for field, axis in _POINT_AXIS.items()
-        if field != "atoms"
-    }
+    fields = {}
+    for field, axis in _POINT_AXIS.items():  # atoms: None
+        take = partial(jnp.take, indices=index, axis=axis)
+        fields[field] = jax.tree_util.tree_map(take, getattr(prediction, field))
     return prediction._replace(**fields)
 
 

@@ -392,11 +392,8 @@ def mode_mixture(
         idx = rng.choice(len(pool), size=int(count), replace=True)
         picks += [pool[i] for i in idx]
     layers = {n: np.stack([values[n][c, d] for c, d in picks]) for n in names}
-    return from_layer_samples(
-        layers,
-        grid_inputs(tree),
-        label=label or f"{tree.attrs.get('label', 'MCMC')} (modes by mass)",
-    )
+    label = label or f"{tree.attrs.get('label', 'MCMC')} (modes by mass)"
+    return from_layer_samples(layers, grid_inputs(tree), label=label)
 
 
 class GroundTruth(NamedTuple):

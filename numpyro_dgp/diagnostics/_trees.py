@@ -131,13 +131,9 @@ def from_layer_samples(
             v = v[None]
         return v
 
-    posterior, dims = {}, {}
     names = list(layers)
-    for name in names:
-        value = np.asarray(layers[name])
-        value = value if value.ndim == 4 else shaped(value)
-        posterior[name] = value
-        dims[name] = ["grid", f"{name}_output"]
+    posterior = {n: np.asarray(v) if np.ndim(v) == 4 else shaped(v) for n, v in layers.items()}
+    dims = {name: ["grid", f"{name}_output"] for name in names}
     for name, value in (extra or {}).items():
         value = np.asarray(value)
         posterior[name] = (
