@@ -82,8 +82,7 @@ def summarize(
         ``"general"`` kind, the atoms (``fn``'s distribution with every parameter broadcast to
         its batch shape), else ``None``.
     """
-    parts = unwrap(fn)
-    base, shape = parts.base, parts.shape
+    base, shape = unwrap(fn)[:2]
     if kind == "normal":
         loc = jnp.broadcast_to(base.loc, shape)
         mean = _node_average(weights, loc)
@@ -97,15 +96,12 @@ def summarize(
     mean_k = jnp.broadcast_to(base.mean, shape)
     second = jnp.broadcast_to(base.variance, shape) + mean_k**2
     mean = _node_average(weights, mean_k)
-    return mean, _node_average(weights, second) - mean**2, _broadcast_atoms(base, shape)
-
-
-def _broadcast_atoms(base: dist.Distribution, shape: tuple) -> dist.Distribution:
-    """``base`` (plain: a recipe of :mod:`numpyro_dgp.likelihoods` as its NumPyro parent) with
-    every parameter broadcast to the batch shape ``shape``, so the atoms can be stacked,
-    sliced and written along the point axis like any array."""
+    # the atoms: base (plain: a recipe of numpyro_dgp.likelihoods as its NumPyro parent) with
+    # every parameter broadcast to the batch shape, so that they can be stacked, sliced and
+    # written along the point axis like any array
     plain = base.plain() if hasattr(base, "plain") else base
-    return rebuild(plain, lambda a: jnp.broadcast_to(a, shape))
+    atoms = rebuild(plain, lambda a: jnp.broadcast_to(a, shape))
+    return mean, _node_average(weights, second) - mean**2, atoms
 
 
 def rebuild(d: dist.Distribution, transform: Any) -> dist.Distribution:

@@ -459,6 +459,11 @@ def _probe_prediction(request, X_new):
         inputs = (X_new,) + tuple(args)
         run = marginal_trace(model, guide, params, rng_key, inputs, kwargs, None, "predict", 2)
         name, likelihood = observation_of(run.model_trace, request.obs_site)
+        if run.correlated_outputs and likelihood == "normal":
+            # a guide that correlates the layers correlates the last layer's outputs at a point:
+            # a component's per-column moments would drop that from a row's joint density, atoms
+            # at joint draws keep it (the 2 P nodes exact for the moments are not for the density)
+            likelihood = "general"
         log_weights = run.mixture_log_weights
         return {
             "name": name,
@@ -469,13 +474,7 @@ def _probe_prediction(request, X_new):
             "correlated": run.correlated_outputs,
         }
 
-    found = abstract(probe)
-    if found["correlated"] and found["likelihood"] == "normal":
-        # a guide that correlates the layers correlates the last layer's outputs at a point: a
-        # component's per-column moments would drop that from a row's joint density, atoms at
-        # joint draws keep it (the 2 P nodes exact for the moments are not for the density)
-        found["likelihood"] = "general"
-    return found
+    return abstract(probe)
 
 
 def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_layers):
@@ -553,11 +552,16 @@ def sample_layers(
             X, *args, **kwargs
         )
         m = substitute(replay(seed(model, model_key), guide_trace), data=params)
-        if coherent:
-            m = coherent_layers(m)
-        tr = trace(m).get_trace(X, *args, **kwargs)
-        names = trace_layer_names(tr)
-        return {n: tr[n]["value"] for n in names}
+        return layer_outputs(m, coherent, (X, *args), kwargs)
 
     keys = jax.random.split(rng_key, int(num_samples))
     return jax.jit(jax.vmap(one, in_axes=(0, None, None)))(keys, params, jnp.asarray(X))
+
+
+def layer_outputs(model: Callable, coherent: bool, args: tuple, kwargs: dict) -> dict:
+    """``{layer: output}`` of one run of ``model`` (a seeded one), every layer drawn jointly
+    over the points with ``coherent`` (:class:`~numpyro_dgp.handlers.coherent_layers`)."""
+    if coherent:
+        model = coherent_layers(model)
+    tr = trace(model).get_trace(*args, **kwargs)
+    return {n: tr[n]["value"] for n in trace_layer_names(tr)}

@@ -10,9 +10,8 @@ import numpy as np
 from jax.typing import ArrayLike
 from numpyro.handlers import seed, substitute, trace
 
-from numpyro_dgp._predict.prediction import sample_layers
-from numpyro_dgp._protocol import inducing_site_names, trace_layer_names
-from numpyro_dgp.handlers import coherent_layers
+from numpyro_dgp._predict.prediction import layer_outputs, sample_layers
+from numpyro_dgp._protocol import inducing_site_names
 
 if TYPE_CHECKING:
     import numpyro.infer
@@ -47,7 +46,6 @@ def layer_samples(
     params = dict(params or {})
     probe = trace(seed(substitute(model, data=params), rng_key)).get_trace(grid, *args, **kwargs)
     latent = {n for n, s in probe.items() if s["type"] == "sample" and not s["is_observed"]}
-    names = trace_layer_names(probe)
     chosen = {k: jnp.asarray(v) for k, v in samples.items() if k in latent}
     missing = sorted(n for n in inducing_site_names(probe) if n not in chosen)
     if missing:
@@ -65,10 +63,7 @@ def layer_samples(
 
     def one(key, sample):
         m = substitute(seed(model, key), data={**params, **sample})
-        if coherent:
-            m = coherent_layers(m)
-        tr = trace(m).get_trace(grid, *args, **kwargs)
-        return {n: tr[n]["value"] for n in names}
+        return layer_outputs(m, coherent, (grid, *args), kwargs)
 
     keys = jax.random.split(rng_key, S)
     return jax.jit(jax.vmap(one))(keys, chosen)
