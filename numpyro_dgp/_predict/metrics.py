@@ -261,9 +261,10 @@ def _regression_scores(
     (not NaN) targets, in the units ``y_scale`` maps back to."""
     present = ~jnp.isnan(y)
     count = jnp.sum(present, axis=0) if columns else jnp.sum(present)
-    reduce = lambda a: (  # noqa: E731
-        jnp.sum(jnp.where(present, a, 0.0), axis=0 if columns else None) / count
-    )
+
+    def reduce(a):
+        return jnp.sum(jnp.where(present, a, 0.0), axis=0 if columns else None) / count
+
     lp = _log_likelihood(kind, columns, y, p)
     if columns:
         ll = reduce(lp) - jnp.log(y_scale)
@@ -423,25 +424,20 @@ def _component_weights(arrays: dict) -> jax.Array:
 def _bisect_quantiles(q: jax.Array, arrays: dict, num_iters: int) -> jax.Array:
     """Bisection on the mixture's distribution function, from a bracket around the components
     widened until it holds every level (heavy tails)."""
-    from jax.scipy.stats import norm
-
     m, v = arrays["component_means"], arrays["component_variances"]
     # (S, K, N...)
     weights = _component_weights(arrays).reshape((m.shape[0], -1) + (1,) * (m.ndim - 1))
-    if arrays["atoms"] is None:
-        s = jnp.sqrt(jnp.maximum(v, jnp.finfo(v.dtype).tiny))
-        cdf_at = lambda x: (  # noqa: E731
-            norm.cdf((x[:, None, None] - m[None, :, None]) / s[None, :, None])
-        )
-    else:
-        cdf_at = lambda x: arrays["atoms"].cdf(x[:, None, None])  # noqa: E731
+    s = jnp.sqrt(jnp.maximum(v, jnp.finfo(v.dtype).tiny))
 
     def cdf(x):  # (Q, N...) -> (Q, N...)
-        return jnp.sum(weights[None] * cdf_at(x), axis=(1, 2))
+        if arrays["atoms"] is None:
+            at = norm.cdf((x[:, None, None] - m[None, :, None]) / s[None, :, None])
+        else:
+            at = arrays["atoms"].cdf(x[:, None, None])
+        return jnp.sum(weights[None] * at, axis=(1, 2))
 
     q_full = q.reshape((-1,) + (1,) * (m.ndim - 1))
-    spread = jnp.sqrt(jnp.maximum(v, jnp.finfo(v.dtype).tiny))
-    spread = jnp.where(jnp.isfinite(spread), spread, 1.0)
+    spread = jnp.where(jnp.isfinite(s), s, 1.0)
     z = jnp.max(jnp.abs(norm.ppf(q))) + 1
     lo = jnp.broadcast_to(jnp.min(m - z * spread, axis=0), q.shape + m.shape[1:])
     hi = jnp.broadcast_to(jnp.max(m + z * spread, axis=0), lo.shape)

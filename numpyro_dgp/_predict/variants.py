@@ -128,8 +128,7 @@ def predict_from_samples(
             components, mixing = flatten_mixture(mixed, components, log_weights)
         return mixture_fields(likelihood, components, mixing, weights)
 
-    keys = jax.random.split(rng_key, S)
-    fields = jax.jit(mixture)(samples, keys)
+    fields = jax.jit(mixture)(samples, jax.random.split(rng_key, S))
     return warn_if_not_finite(Prediction(**fields, likelihood=likelihood), "predict_from_samples")
 
 

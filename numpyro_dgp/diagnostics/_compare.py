@@ -352,10 +352,8 @@ def plot_marginals(
             ax = axes[r, c]
             for k, method in enumerate(methods):
                 draws = layer_draws(trees[method], name)
-                v = draws[:, g, 0]
-                ax.hist(
-                    v, bins=bins, density=True, histtype="step", lw=1.2, color=f"C{k}", label=method
-                )
+                style = dict(density=True, histtype="step", lw=1.2, color=f"C{k}", label=method)
+                ax.hist(draws[:, g, 0], bins=bins, **style)
             ax.set_title(f"{_output_label(name, draws.shape[-1])} at {_point(grid, g)}", fontsize=9)
             ax.tick_params(labelsize=7)
     axes[0, 0].legend(fontsize=7)
