@@ -50,19 +50,19 @@ if TYPE_CHECKING:
     from numpyro_dgp import posteriors as posteriors
     from numpyro_dgp import recipes as recipes
     from numpyro_dgp import sde as sde
-    from numpyro_dgp._predict.deterministic import predict_collapsed as predict_collapsed
-    from numpyro_dgp._predict.deterministic import predict_moment_matched as predict_moment_matched
     from numpyro_dgp._predict.metrics import gaussian_mixture_crps as gaussian_mixture_crps
     from numpyro_dgp._predict.metrics import log_likelihood as log_likelihood
     from numpyro_dgp._predict.metrics import metrics as metrics
+    from numpyro_dgp._predict.metrics import predictive_quantiles as predictive_quantiles
     from numpyro_dgp._predict.prediction import (
         NonFinitePredictionWarning as NonFinitePredictionWarning,
     )
     from numpyro_dgp._predict.prediction import Prediction as Prediction
     from numpyro_dgp._predict.prediction import predict as predict
     from numpyro_dgp._predict.prediction import sample_layers as sample_layers
-    from numpyro_dgp._predict.quantiles import predictive_quantiles as predictive_quantiles
-    from numpyro_dgp._predict.samples import predict_from_samples as predict_from_samples
+    from numpyro_dgp._predict.variants import predict_collapsed as predict_collapsed
+    from numpyro_dgp._predict.variants import predict_from_samples as predict_from_samples
+    from numpyro_dgp._predict.variants import predict_moment_matched as predict_moment_matched
     from numpyro_dgp._saved_model import ModelFileError as ModelFileError
     from numpyro_dgp._saved_model import SavedModel as SavedModel
     from numpyro_dgp._saved_model import Standardization as Standardization

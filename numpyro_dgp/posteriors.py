@@ -140,13 +140,9 @@ def unwrap_distribution(fn: dist.Distribution) -> dist.Distribution:
     :param fn: a distribution, possibly wrapped.
     :return: the innermost distribution that is neither ``Independent`` nor expanded.
     """
-    while True:
-        if isinstance(fn, dist.Independent):
-            fn = fn.base_dist
-        elif isinstance(fn, dist.ExpandedDistribution):
-            fn = fn.base_dist
-        else:
-            return fn
+    while isinstance(fn, (dist.Independent, dist.ExpandedDistribution)):
+        fn = fn.base_dist
+    return fn
 
 
 class CholeskyNormal(dist.TransformedDistribution):
@@ -208,9 +204,7 @@ def gaussian_parameters(
     if isinstance(base, (CholeskyNormal, dist.MultivariateNormal)):
         if base.event_shape != (M,):
             return None
-        loc = jnp.broadcast_to(base.loc, shape)
-        scale = jnp.broadcast_to(base.scale_tril, (P, M, M))
-        return loc, scale
+        return jnp.broadcast_to(base.loc, shape), jnp.broadcast_to(base.scale_tril, (P, M, M))
     if isinstance(base, dist.Normal):
         return jnp.broadcast_to(base.loc, shape), jnp.broadcast_to(base.scale, shape)
     return None

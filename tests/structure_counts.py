@@ -42,7 +42,7 @@ LAYERS = (
 ALLOWED_PRIVATE_IMPORTS = {
     ("numpyro_dgp/_compat.py", "numpyro_dgp.core._triangular"):
         "NumPyro's lower-Cholesky layout read with the core's gather (not public core API)",
-    ("numpyro_dgp/_predict/deterministic.py", "numpyro_dgp.objectives._collapsed"):
+    ("numpyro_dgp/_predict/variants.py", "numpyro_dgp.objectives._collapsed"):
         "the collapsed prediction reuses the collapsed objective's handler",
     ("numpyro_dgp/_engine/marginal.py", "numpyro_dgp.guides._correlated"):
         "the per-point recursion of the guides that correlate the layers lives with them",

@@ -274,21 +274,21 @@ def two_observations_fit():
 
 
 def test_predict_refuses_to_guess_among_several_observation_sites(two_observations_fit):
-    """_predict/prediction.py _check_observation_site: several sample sites after the last layer and no obs_site."""
+    """_predict/prediction.py observation_of: several sample sites after the last layer and no obs_site."""
     guide, params = two_observations_fit
     with pytest.raises(ValueError, match=r"predict: cannot tell the observation site; sample sites after the last layer: \['y', 'y2'\]"):
         dgp.predict(two_observations, guide, params, KEY, X, num_samples=2)
 
 
 def test_predict_refuses_an_obs_site_that_is_not_after_the_last_layer(two_observations_fit):
-    """_predict/prediction.py _check_observation_site: an obs_site not a sample site after the last layer (a typo)."""
+    """_predict/prediction.py observation_of: an obs_site not a sample site after the last layer (a typo)."""
     guide, params = two_observations_fit
     with pytest.raises(ValueError, match="predict: obs_site 'z' is not a sample site after the last GP layer"):
         dgp.predict(two_observations, guide, params, KEY, X, num_samples=2, obs_site="z")
 
 
 def test_predict_from_samples_refuses_a_model_without_gp_layer():
-    """_predict/samples.py _check_model_layers (predict_from_samples): a model that runs no gp_layer."""
+    """_predict/variants.py _probe (predict_from_samples): a model that runs no gp_layer."""
 
     def plain(X, y=None):
         m = numpyro.sample("m", dist.Normal(0.0, 1.0))
@@ -300,13 +300,13 @@ def test_predict_from_samples_refuses_a_model_without_gp_layer():
 
 
 def test_moment_matched_prediction_refuses_x_new_of_another_shape():
-    """_predict/inputs.py checked_test_inputs, for predict_moment_matched: X_new that is not (num_points, dim)."""
+    """_predict/prediction.py checked_test_inputs, for predict_moment_matched: X_new that is not (num_points, dim)."""
     with pytest.raises(ValueError, match=r"predict_moment_matched: X_new must have shape \(num_points, dim\), got shape \(6,\)"):
         dgp.predict_moment_matched(one_layer, None, {}, X[:, 0])
 
 
 def test_collapsed_prediction_refuses_non_finite_x_new():
-    """_predict/inputs.py checked_test_inputs, for predict_collapsed: X_new with NaN (a NaN prediction otherwise)."""
+    """_predict/prediction.py checked_test_inputs, for predict_collapsed: X_new with NaN (a NaN prediction otherwise)."""
     with pytest.raises(ValueError, match="predict_collapsed: X_new contains 1 NaN or inf"):
         dgp.predict_collapsed(one_layer, {}, X, Y, X.at[2, 0].set(jnp.nan))
 
@@ -333,7 +333,7 @@ def test_check_params_refuses_params_that_are_not_a_dict():
 
 
 def test_layer_samples_refuses_samples_of_no_latent_site():
-    """diagnostics/_trees.py _check_chosen_samples: samples none of whose sites the model has (a wrong dict)."""
+    """diagnostics/_trees.py layer_samples: samples none of whose sites the model has (a wrong dict)."""
 
     def plain(X):
         numpyro.sample("m", dist.Normal(0.0, 1.0))
@@ -349,19 +349,19 @@ def _tree(names, grid=X, draws=8):
 
 
 def test_layer_metrics_refuses_a_vi_result_missing_a_layer():
-    """diagnostics/_metrics.py _check_comparable: a VI result without some layer of the MCMC reference."""
+    """diagnostics/_compare.py layer_metrics: a VI result without some layer of the MCMC reference."""
     with pytest.raises(ValueError, match=r"layer_metrics: the VI result lacks layers \['h2'\]"):
         diagnostics.layer_metrics(_tree(["h1"]), _tree(["h1", "h2"]))
 
 
 def test_compare_refuses_no_vi_result():
-    """diagnostics/_compare.py _check_methods (compare): an empty dict of variational results."""
+    """diagnostics/_compare.py compare: an empty dict of variational results."""
     with pytest.raises(ValueError, match="compare: vi must name at least one variational result"):
         diagnostics.compare({}, _tree(["h1"]), plot=False)
 
 
 def test_compare_refuses_points_outside_the_grid():
-    """diagnostics/_compare.py _check_points (compare): summary points that are not grid indices."""
+    """diagnostics/_compare.py compare: summary points that are not grid indices."""
     with warnings.catch_warnings():  # 8 draws: the health report may warn about them
         warnings.simplefilter("ignore")
         with pytest.raises(ValueError, match=r"compare: points must be grid indices in \[0, 6\), got \[6\]"):

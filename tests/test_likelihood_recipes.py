@@ -274,7 +274,7 @@ def test_poisson_prediction_is_the_node_mixture(X):
         dgp.metrics(pred, counts, y_scale=2.0)
     # the distribution function accumulated over blocks of counts is the one-table answer,
     # and a level the counts scanned do not reach is NaN, not the last count
-    from numpyro_dgp._predict import quantiles as _quantiles
+    from numpyro_dgp._predict import metrics as _quantiles
 
     arrays = {k: getattr(pred, k) for k in ("component_means", "component_variances", "weights", "atoms",
                                             "atom_weights")}

@@ -1,8 +1,10 @@
-"""Scores of a predictive mixture.
+"""Scores and quantiles of a predictive mixture.
 
 Regression (Normal and other continuous or count likelihoods): test log-likelihood, RMSE and
 CRPS; classification (Bernoulli, categorical): log-likelihood, accuracy, error rate, Brier
-score and expected calibration error.
+score and expected calibration error. Quantiles of a regression prediction: bisection on the
+distribution function of a continuous mixture, and the first count reaching each level for
+counts.
 
 **References:**
 
@@ -15,6 +17,7 @@ score and expected calibration error.
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +29,6 @@ from jax.typing import ArrayLike
 from numpyro_dgp._engine.observation import is_discrete
 from numpyro_dgp._predict.mixture import rebuild
 from numpyro_dgp._predict.prediction import Prediction
-
-__all__ = ["gaussian_mixture_crps", "log_likelihood", "metrics"]
 
 #: equal-width confidence bins of the expected calibration error
 ECE_BINS = 10
@@ -41,14 +42,26 @@ def _target_shape(prediction: Prediction) -> tuple:
     return shape[:-1] if prediction.likelihood == "categorical" else shape
 
 
-def _check_labels(y: jax.Array, prediction: Prediction, caller: str) -> None:
-    """Raise ``ValueError`` unless a concrete ``y`` holds class labels the prediction has
-    (0/1 for Bernoulli, ``0..C-1`` for categorical; traced values are not checked)."""
+def _check_targets(prediction: Prediction, y: ArrayLike, caller: str) -> jax.Array:
+    """``y`` as an array, of the prediction's target shape and, for a classification prediction,
+    holding class labels it has (0/1 for Bernoulli, ``0..C-1`` for categorical; traced values
+    are not checked).
+
+    :raises ValueError: for another shape or other labels.
+    """
+    y = jnp.asarray(y)
+    if y.shape != _target_shape(prediction):
+        raise ValueError(
+            f"{caller}: y has shape {y.shape}, the prediction's targets have "
+            f"{_target_shape(prediction)}"
+        )
+    if prediction.likelihood not in ("bernoulli", "categorical"):
+        return y
     num_classes = 2 if prediction.likelihood == "bernoulli" else prediction.mean.shape[-1]
     try:
         values = np.asarray(y)
     except jax.errors.TracerArrayConversionError:
-        return
+        return y
     bad = ~np.isin(values, np.arange(num_classes))
     if bad.any():
         labels = "0/1 labels" if num_classes == 2 else f"labels in 0..{num_classes - 1}"
@@ -56,17 +69,6 @@ def _check_labels(y: jax.Array, prediction: Prediction, caller: str) -> None:
             f"{caller}: y must hold only {labels} for a {prediction.likelihood} prediction; got "
             f"{int(bad.sum())} other value(s), e.g. {values[bad].ravel()[0].item()!r}"
         )
-
-
-def _check_targets(prediction: Prediction, y: ArrayLike, caller: str) -> jax.Array:
-    y = jnp.asarray(y)
-    if y.shape != _target_shape(prediction):
-        raise ValueError(
-            f"{caller}: y has shape {y.shape}, the prediction's targets have "
-            f"{_target_shape(prediction)}"
-        )
-    if prediction.likelihood in ("bernoulli", "categorical"):
-        _check_labels(y, prediction, caller)
     return y
 
 
@@ -87,8 +89,9 @@ def _mix(lp: jax.Array, weights: jax.Array | None) -> jax.Array:
 
 def _point_axes(lp: jax.Array, num_point_axes: int) -> jax.Array:
     """Sum the column axes after the leading component and point axes."""
-    extra = lp.ndim - num_point_axes
-    return jnp.sum(lp, axis=tuple(range(num_point_axes, lp.ndim))) if extra > 0 else lp
+    if lp.ndim > num_point_axes:
+        return jnp.sum(lp, axis=tuple(range(num_point_axes, lp.ndim)))
+    return lp
 
 
 def log_likelihood(prediction: Prediction, y: ArrayLike, per_column: bool = False) -> jax.Array:
@@ -122,29 +125,22 @@ def _log_likelihood(kind, per_column, y, p):
     present = ~jnp.isnan(y) if jnp.issubdtype(y.dtype, jnp.inexact) else jnp.ones(y.shape, bool)
     y = jnp.where(present, y, 0)
     if kind == "general":
-        lp = jnp.where(
-            present, p["atoms"].log_prob(y.astype(p["mean"].dtype)), 0.0
-        )  # (S, K, N, ...)
+        lp = jnp.where(present, p["atoms"].log_prob(y.astype(p["mean"].dtype)), 0.0)  # (S, K, N..)
         if not per_column:  # each node is a joint draw of the outputs: a row's joint density at it
             lp = _point_axes(lp, 3)
         lp = logsumexp(lp, axis=1, b=jnp.reshape(p["atom_weights"], (-1,) + (1,) * (lp.ndim - 2)))
-        return (
-            jnp.where(present, _mix(lp, p["weights"]), jnp.nan)
-            if per_column
-            else _mix(lp, p["weights"])
-        )
-    if kind == "bernoulli":
-        lp = _bernoulli_log_prob(y, p["component_means"])
     else:
-        lp = norm.logpdf(y, p["component_means"], jnp.sqrt(p["component_variances"]))
-    lp = jnp.where(
-        present, lp, 0.0
-    )  # a missing target adds nothing (a row's joint is over its present columns)
-    return (
-        jnp.where(present, _mix(lp, p["weights"]), jnp.nan)
-        if per_column
-        else _mix(_point_axes(lp, 2), p["weights"])
-    )
+        if kind == "bernoulli":
+            lp = _bernoulli_log_prob(y, p["component_means"])
+        else:
+            lp = norm.logpdf(y, p["component_means"], jnp.sqrt(p["component_variances"]))
+        # a missing target adds nothing (a row's joint is over its present columns)
+        lp = jnp.where(present, lp, 0.0)
+        if not per_column:
+            lp = _point_axes(lp, 2)
+    if per_column:
+        return jnp.where(present, _mix(lp, p["weights"]), jnp.nan)
+    return _mix(lp, p["weights"])
 
 
 def _crps_A(mu, var):
@@ -170,11 +166,9 @@ def gaussian_mixture_crps(
     """
     y = jnp.asarray(y)
     S = means.shape[0]
-    w = (
-        jnp.full((S,), 1.0 / S, means.dtype)
-        if weights is None
-        else jnp.asarray(weights, means.dtype)
-    )
+    if weights is None:
+        weights = jnp.full((S,), 1.0 / S, means.dtype)
+    w = jnp.asarray(weights, means.dtype)
     # (S, N...) -> (N..., S)
     flat = lambda a: jnp.moveaxis(jnp.reshape(a, (S, -1)), 0, -1)  # noqa: E731
 
@@ -220,11 +214,8 @@ def _calibration_error(confidence: jax.Array, correct: jax.Array) -> jax.Array:
     """The expected calibration error over :data:`ECE_BINS` equal-width confidence bins:
     ``sum_b (n_b / N) |accuracy_b - confidence_b|``."""
     bins = jnp.clip(jnp.floor(confidence * ECE_BINS).astype(jnp.int32), 0, ECE_BINS - 1)
-    gap = (
-        jnp.zeros(ECE_BINS, confidence.dtype)
-        .at[bins]
-        .add(correct.astype(confidence.dtype) - confidence)
-    )
+    surplus = correct.astype(confidence.dtype) - confidence
+    gap = jnp.zeros(ECE_BINS, confidence.dtype).at[bins].add(surplus)
     return jnp.sum(jnp.abs(gap)) / confidence.shape[0]
 
 
@@ -241,13 +232,12 @@ def _arrays(prediction: Prediction) -> dict:
 @partial(jax.jit, static_argnums=0)
 def _classification_scores(kind: str, y: jax.Array, p: dict) -> dict:
     """Mean log-likelihood, accuracy, error rate, Brier score and expected calibration error."""
+    probs = p["mean"]
     if kind == "bernoulli":
-        probs = p["mean"]
         predicted, confidence = probs > 0.5, jnp.maximum(probs, 1 - probs)
         correct = predicted == (y == 1)
         brier = jnp.mean((probs - y) ** 2)
     else:
-        probs = p["mean"]
         predicted, confidence = jnp.argmax(probs, axis=-1), jnp.max(probs, axis=-1)
         correct = predicted == y
         brier = jnp.mean(
@@ -271,9 +261,10 @@ def _regression_scores(
     (not NaN) targets, in the units ``y_scale`` maps back to."""
     present = ~jnp.isnan(y)
     count = jnp.sum(present, axis=0) if columns else jnp.sum(present)
-    reduce = lambda a: (  # noqa: E731
-        jnp.sum(jnp.where(present, a, 0.0), axis=0 if columns else None) / count
-    )
+
+    def reduce(a):
+        return jnp.sum(jnp.where(present, a, 0.0), axis=0 if columns else None) / count
+
     lp = _log_likelihood(kind, columns, y, p)
     if columns:
         ll = reduce(lp) - jnp.log(y_scale)
@@ -380,3 +371,137 @@ def metrics(
     if columns:
         return {k: [float(v) for v in np.asarray(scores[k])] for k in _REGRESSION_SCORES}
     return {k: float(scores[k]) for k in _REGRESSION_SCORES}
+
+
+def predictive_quantiles(
+    prediction: Any, quantiles: ArrayLike, *, num_iters: int = 60
+) -> jax.Array:
+    """Quantiles of a regression prediction's mixture (a :class:`~numpyro_dgp.Prediction` with a
+    Normal or any other likelihood of a number), per point: by bisection on the mixture's
+    distribution function, or, for counts, the smallest count whose probability of not being
+    exceeded reaches the level (from the distribution function accumulated over the counts up
+    to the largest mean plus 12 standard deviations, at most 10^6; NaN where that does not
+    reach the level).
+
+    :param prediction: the prediction.
+    :param quantiles: ``(Q,)`` levels in ``(0, 1)``, e.g. ``[0.025, 0.975]``.
+    :param num_iters: bisection steps (60 halve the starting bracket to below float64's
+        resolution).
+    :return: ``(Q, N)`` quantiles (``(Q, N, T)`` for ``T`` target columns).
+    :raises ValueError: a classification prediction, or levels outside ``(0, 1)``.
+    """
+    if prediction.likelihood not in ("normal", "general"):
+        raise ValueError(
+            "predictive_quantiles: needs a regression prediction (Normal or another likelihood of "
+            f"a number), got likelihood {prediction.likelihood!r}"
+        )
+    levels = np.atleast_1d(np.asarray(quantiles, np.float64))
+    if not np.all((levels > 0) & (levels < 1)):
+        raise ValueError(f"predictive_quantiles: quantiles must lie in (0, 1), got {quantiles!r}")
+    q = jnp.asarray(levels, prediction.mean.dtype)
+    arrays = _arrays(prediction)
+    if prediction.atoms is not None and bool(prediction.atoms.support.is_discrete):
+        mean = np.asarray(prediction.mean)
+        spread = np.sqrt(np.maximum(np.asarray(prediction.variance), 0.0))
+        largest = int(np.nanmax(np.where(np.isfinite(spread), mean + 12 * spread, 0.0))) + 10
+        return _count_quantiles(q, arrays, min(largest, 1_000_000))
+    return _bisect_quantiles(q, arrays, int(num_iters))
+
+
+def _component_weights(arrays: dict) -> jax.Array:
+    """``(S, K)`` weights of every atom (``(S, 1)`` for Gaussian components)."""
+    m = arrays["component_means"]
+    w = arrays["weights"]
+    if w is None:
+        w = jnp.full((m.shape[0],), 1.0 / m.shape[0], m.dtype)
+    if arrays["atoms"] is None:
+        return w[:, None] * jnp.ones((1,), m.dtype)
+    return w[:, None] * arrays["atom_weights"][None]
+
+
+# One program per shape: eagerly, every operation of the loops would compile on its own.
+@partial(jax.jit, static_argnums=2)
+def _bisect_quantiles(q: jax.Array, arrays: dict, num_iters: int) -> jax.Array:
+    """Bisection on the mixture's distribution function, from a bracket around the components
+    widened until it holds every level (heavy tails)."""
+    m, v = arrays["component_means"], arrays["component_variances"]
+    # (S, K, N...)
+    weights = _component_weights(arrays).reshape((m.shape[0], -1) + (1,) * (m.ndim - 1))
+    s = jnp.sqrt(jnp.maximum(v, jnp.finfo(v.dtype).tiny))
+
+    def cdf(x):  # (Q, N...) -> (Q, N...)
+        if arrays["atoms"] is None:
+            at = norm.cdf((x[:, None, None] - m[None, :, None]) / s[None, :, None])
+        else:
+            at = arrays["atoms"].cdf(x[:, None, None])
+        return jnp.sum(weights[None] * at, axis=(1, 2))
+
+    q_full = q.reshape((-1,) + (1,) * (m.ndim - 1))
+    spread = jnp.where(jnp.isfinite(s), s, 1.0)
+    z = jnp.max(jnp.abs(norm.ppf(q))) + 1
+    lo = jnp.broadcast_to(jnp.min(m - z * spread, axis=0), q.shape + m.shape[1:])
+    hi = jnp.broadcast_to(jnp.max(m + z * spread, axis=0), lo.shape)
+
+    def unbracketed(state):
+        lo, hi, count = state
+        return (count < 64) & (jnp.any(cdf(lo) >= q_full) | jnp.any(cdf(hi) < q_full))
+
+    def widen(state):
+        lo, hi, count = state
+        width = hi - lo + 1.0
+        return (
+            jnp.where(cdf(lo) < q_full, lo, lo - width),
+            jnp.where(cdf(hi) >= q_full, hi, hi + width),
+            count + 1,
+        )
+
+    def halve(_, bracket):
+        lo, hi = bracket
+        mid = 0.5 * (lo + hi)
+        below = cdf(mid) < q_full
+        return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
+
+    lo, hi, _ = jax.lax.while_loop(unbracketed, widen, (lo, hi, 0))
+    lo, hi = jax.lax.fori_loop(0, num_iters, halve, (lo, hi))
+    return 0.5 * (lo + hi)
+
+
+#: entries of the probability table of one block of counts (counts x components x atoms)
+_COUNT_TABLE_ENTRIES = 1 << 22
+
+
+@partial(jax.jit, static_argnums=2)
+def _count_quantiles(q: jax.Array, arrays: dict, largest: int) -> jax.Array:
+    """Quantiles of a mixture of count distributions: its distribution function accumulated
+    over blocks of the counts ``0 .. largest`` (a table of at most :data:`_COUNT_TABLE_ENTRIES`
+    at a time), point by point, and the first count that reaches each level (NaN for a level
+    the counts up to ``largest`` do not reach)."""
+    atoms = arrays["atoms"]
+    weights = _component_weights(arrays)  # (S, K)
+    S, K = weights.shape
+    points = arrays["component_means"].shape[1:]
+    block = max(1, min(largest + 1, _COUNT_TABLE_ENTRIES // (S * K)))
+    starts = jnp.arange(0, largest + 1, block)
+    levels = q * (1 - 1e-12)
+
+    def at_point(index):  # the atoms of one point (of one column): (S, K)
+        point = rebuild(atoms, lambda a: a.reshape(S, K, -1)[:, :, index])
+
+        def accumulate(carry, start):
+            # the distribution function before this block; counts found (-1: not yet)
+            below, found = carry
+            counts = (start + jnp.arange(block)).astype(q.dtype)
+            pmf = jnp.exp(point.log_prob(counts[:, None, None]))  # (block, S, K)
+            cdf = below + jnp.cumsum(jnp.sum(pmf * weights[None], axis=(1, 2)))
+            # the smallest count in the block with cdf >= q, or block
+            first = jnp.searchsorted(cdf, levels)
+            found = jnp.where((found < 0) & (first < block), start + first, found)
+            return (cdf[-1], found), None
+
+        (_, found), _ = jax.lax.scan(
+            accumulate, (jnp.zeros((), q.dtype), jnp.full(q.shape, -1)), starts
+        )
+        return jnp.where(found < 0, jnp.nan, found.astype(q.dtype))
+
+    per_point = jax.lax.map(at_point, jnp.arange(int(np.prod(points))))  # (N T, Q)
+    return per_point.T.reshape(q.shape + points)

@@ -22,21 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpyro.distributions as dist
 
-from numpyro_dgp._engine.observation import Rule, likelihood_rule, unwrap
+from numpyro_dgp._engine.observation import unwrap
 from numpyro_dgp.core import standard_normal
-
-__all__ = [
-    "Component",
-    "PREDICTION_DRAWS",
-    "PREDICTION_NODES",
-    "component_of",
-    "flatten_mixture",
-    "mixture_fields",
-    "prediction_rule",
-    "rebuild",
-    "rule_arguments",
-    "summarize",
-]
 
 #: Gauss-Hermite nodes per component for a one-output last layer, by kind: 3 give the exact
 #: moments of a location affine in the layer; probabilities and other likelihoods are smooth
@@ -48,30 +35,21 @@ PREDICTION_NODES = {"normal": 3, "bernoulli": 20, "categorical": 20, "general": 
 PREDICTION_DRAWS = {"normal": 16, "bernoulli": 16, "categorical": 16, "general": 8}
 
 
-def prediction_rule(kind: str, out_dim: int) -> Rule:
-    """The rule a prediction of this ``kind`` takes the last layer's marginal with.
-
-    :param kind: the observation's kind.
-    :param out_dim: the last layer's ``P``.
-    :return: the :class:`~numpyro_dgp._engine.observation.Rule`.
-    """
-    if out_dim == 1:
-        return likelihood_rule(1, [kind], PREDICTION_NODES[kind])
-    return likelihood_rule(out_dim, [kind], None, PREDICTION_DRAWS[kind], "predict")
-
-
 def rule_arguments(kind: str, out_dim: int) -> tuple[int | None, int]:
-    """``(num_quadrature, num_samples)`` for :func:`~numpyro_dgp._engine.run.marginal_trace` that
-    give :func:`prediction_rule`."""
+    """``(num_quadrature, num_samples)`` of a prediction of this ``kind`` for
+    :func:`~numpyro_dgp._engine.run.marginal_trace` and
+    :func:`~numpyro_dgp._engine.observation.likelihood_rule`: Gauss-Hermite nodes for a one-output
+    last layer, else Monte Carlo draws (a Normal takes the exact ``2 P``-node rule instead)."""
     return (PREDICTION_NODES[kind] if out_dim == 1 else None), PREDICTION_DRAWS[kind]
 
 
 class Component(NamedTuple):
-    """One mixture component (or, stacked, all of them).
+    """One mixture component (or, stacked, all of them), its fields named as the
+    :class:`~numpyro_dgp.Prediction`'s.
 
-    :ivar mean: the mean of ``y`` (``(..., N)``, ``(..., N, T)`` for columns, ``(..., N, C)``
-        class probabilities for a categorical site).
-    :ivar variance: the variance of ``y`` (same shape).
+    :ivar component_means: the mean of ``y`` (``(..., N)``, ``(..., N, T)`` for columns,
+        ``(..., N, C)`` class probabilities for a categorical site).
+    :ivar component_variances: the variance of ``y`` (same shape).
     :ivar layers: ``{layer: (..., N, P)}`` one draw of every layer.
     :ivar layer_means: ``{layer: (..., N, P)}`` the layers' marginal means.
     :ivar layer_variances: ``{layer: (..., N, P)}`` their variances.
@@ -79,8 +57,8 @@ class Component(NamedTuple):
         batch shape ``(..., K, N, ...)``; ``None`` otherwise.
     """
 
-    mean: jax.Array
-    variance: jax.Array
+    component_means: jax.Array
+    component_variances: jax.Array
     layers: dict
     layer_means: dict
     layer_variances: dict
@@ -104,8 +82,7 @@ def summarize(
         ``"general"`` kind, the atoms (``fn``'s distribution with every parameter broadcast to
         its batch shape), else ``None``.
     """
-    parts = unwrap(fn)
-    base, shape = parts.base, parts.shape
+    base, shape = unwrap(fn)[:2]
     if kind == "normal":
         loc = jnp.broadcast_to(base.loc, shape)
         mean = _node_average(weights, loc)
@@ -119,15 +96,12 @@ def summarize(
     mean_k = jnp.broadcast_to(base.mean, shape)
     second = jnp.broadcast_to(base.variance, shape) + mean_k**2
     mean = _node_average(weights, mean_k)
-    return mean, _node_average(weights, second) - mean**2, _broadcast_atoms(base, shape)
-
-
-def _broadcast_atoms(base: dist.Distribution, shape: tuple) -> dist.Distribution:
-    """``base`` (plain: a recipe of :mod:`numpyro_dgp.likelihoods` as its NumPyro parent) with
-    every parameter broadcast to the batch shape ``shape``, so the atoms can be stacked,
-    sliced and written along the point axis like any array."""
+    # the atoms: base (plain: a recipe of numpyro_dgp.likelihoods as its NumPyro parent) with
+    # every parameter broadcast to the batch shape, so that they can be stacked, sliced and
+    # written along the point axis like any array
     plain = base.plain() if hasattr(base, "plain") else base
-    return rebuild(plain, lambda a: jnp.broadcast_to(a, shape))
+    atoms = rebuild(plain, lambda a: jnp.broadcast_to(a, shape))
+    return mean, _node_average(weights, second) - mean**2, atoms
 
 
 def rebuild(d: dist.Distribution, transform: Any) -> dist.Distribution:
@@ -181,7 +155,7 @@ def flatten_mixture(
     """Components ``(num_samples, S, ...)`` with branch log weights ``(num_samples, S)`` as one
     mixture of ``num_samples * S`` components (weights ``w_s / num_samples``); layer arrays
     without a branch axis (layers before the first branch) are broadcast to it."""
-    num_samples = components.mean.shape[0]
+    num_samples = components.component_means.shape[0]
 
     def flat(a: jax.Array) -> jax.Array:
         return a.reshape((-1,) + a.shape[2:])
@@ -191,17 +165,12 @@ def flatten_mixture(
             a = jnp.broadcast_to(a[:, None], (num_samples, num_components) + a.shape[1:])
         return flat(a)
 
-    tree = jax.tree_util.tree_map
     weights = (jax.nn.softmax(log_weights, axis=-1) / num_samples).reshape(-1)
-    flattened = Component(
-        flat(components.mean),
-        flat(components.variance),
-        tree(flat_layer, components.layers),
-        tree(flat_layer, components.layer_means),
-        tree(flat_layer, components.layer_variances),
-        None if components.atoms is None else tree(flat, components.atoms),
-    )
-    return flattened, weights.astype(components.mean.dtype)
+    flattened = {
+        field: jax.tree_util.tree_map(flat_layer if field.startswith("layer") else flat, value)
+        for field, value in components._asdict().items()
+    }
+    return Component(**flattened), weights.astype(components.component_means.dtype)
 
 
 def mixture_fields(
@@ -217,22 +186,15 @@ def mixture_fields(
         average = lambda a: jnp.mean(a, axis=0)  # noqa: E731
     else:
         average = lambda a: jnp.tensordot(weights, a, axes=(0, 0))  # noqa: E731
-    mean = average(components.mean)
+    means = components.component_means
+    mean = average(means)
     if kind in ("bernoulli", "categorical"):
         variance = mean * (1 - mean)
     else:
-        variance = average(components.variance + components.mean**2) - mean**2
-    general = components.atoms is not None
-    return {
-        "mean": mean,
-        "variance": variance,
-        "component_means": components.mean,
-        "component_variances": components.variance,
-        "layers": components.layers,
-        "layer_means": components.layer_means,
-        "layer_variances": components.layer_variances,
-        # rebuilt: a distribution mapped over (vmap, tree_map) keeps the batch shape it had
-        "weights": weights,
-        "atoms": None if components.atoms is None else rebuild(components.atoms, lambda a: a),
-        "atom_weights": jnp.asarray(atom_weights, mean.dtype) if general else None,
-    }
+        variance = average(components.component_variances + means**2) - mean**2
+    fields = {**components._asdict(), "mean": mean, "variance": variance, "weights": weights}
+    if components.atoms is None:
+        return {**fields, "atom_weights": None}
+    # rebuilt: a distribution mapped over (vmap, tree_map) keeps the batch shape it had
+    atoms = rebuild(components.atoms, lambda a: a)
+    return {**fields, "atoms": atoms, "atom_weights": jnp.asarray(atom_weights, mean.dtype)}

@@ -41,7 +41,6 @@ from numpyro.handlers import replay, seed, substitute, trace
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._engine.observation import observation_kind
 from numpyro_dgp._engine.run import marginal_trace
-from numpyro_dgp._predict.inputs import check_guide_is_set_up, checked_test_inputs
 from numpyro_dgp._predict.mixture import (
     component_of,
     flatten_mixture,
@@ -51,18 +50,14 @@ from numpyro_dgp._predict.mixture import (
 )
 from numpyro_dgp._protocol import node_tail, trace_layer_names
 from numpyro_dgp._validation import (
+    as_float_array,
+    check_finite,
     check_positive_int,
     split_traced,
+    warn_if_not_standardized,
 )
 from numpyro_dgp.handlers import coherent_layers
-from numpyro_dgp.io import PREDICT_HINT, check_params_against, param_specs
-
-__all__ = [
-    "NonFinitePredictionWarning",
-    "Prediction",
-    "predict",
-    "sample_layers",
-]
+from numpyro_dgp.io import PREDICT_HINT, check_params_against, param_specs, training_arguments
 
 
 class NonFinitePredictionWarning(UserWarning):
@@ -84,12 +79,65 @@ def warn_if_not_finite(prediction, caller):
         warnings.warn(
             f"{caller}: {num_bad} of {bad.shape[0]} test points have a NaN or infinite "
             f"predictive mean or variance (first: {first}); usually a Cholesky factorization "
-            "failed for them (raise the "
-            "layers' jitter, or use float64). Their metrics will be NaN.",
+            "failed for them (raise the layers' jitter, or use float64). Their metrics will be "
+            "NaN.",
             NonFinitePredictionWarning,
             stacklevel=3,
         )
     return prediction
+
+
+def checked_test_inputs(
+    X_new: ArrayLike,
+    caller: str,
+    values: Any = None,
+    model: Callable | None = None,
+    guide: Callable | None = None,
+) -> jax.Array:
+    """``X_new`` at the door: a finite float ``(N, D)`` array with at least one row (integers
+    cast), in the dtype the model was fitted in (a model predicts so whatever the inputs' dtype,
+    since default jitters follow the inputs' dtype): the training inputs' where ``guide`` recorded
+    them for ``model``, else that of the fitted ``values`` (parameters or samples); with the
+    training inputs' number of columns; a warning when its features are spread far beyond the
+    unit scale kernels start at.
+
+    :raises ValueError: no rows, NaN or inf, or another number of columns than the training
+        inputs had.
+    """
+    X_new = as_float_array(X_new, "X_new", caller, ndim=2)
+    if X_new.shape[0] == 0:
+        raise ValueError(f"{caller}: X_new has no rows (shape {tuple(X_new.shape)})")
+    check_finite(X_new, "X_new", caller)
+    training = None if guide is None or model is None else training_arguments(model, guide)
+    X_train: Any = training[0][0] if training is not None and training[0] else None
+    D = X_train.shape[-1] if getattr(X_train, "ndim", 0) == 2 else X_new.shape[-1]
+    if D != X_new.shape[-1]:
+        raise ValueError(
+            f"{caller}: X_new has {X_new.shape[-1]} columns; the model was fitted on inputs with "
+            f"{D} (X_new must be (N, {D}), its columns in the training order)"
+        )
+    floating = [
+        leaf.dtype
+        for leaf in jax.tree_util.tree_leaves(values)
+        if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating)
+    ]
+    if getattr(X_train, "ndim", 0) == 2 and jnp.issubdtype(X_train.dtype, jnp.floating):
+        X_new = X_new.astype(X_train.dtype)  # the inputs it was fitted on, where the guide knows
+    elif floating:
+        X_new = X_new.astype(jnp.result_type(*floating))
+    warn_if_not_standardized(X_new, "X_new", caller, upper_only=True, stacklevel=4)
+    return X_new
+
+
+def check_guide_is_set_up(guide: Callable, caller: str) -> None:
+    # AutoGuides build themselves on first call; inside jit/eval_shape that would leak
+    # tracers, and on test inputs (y absent) it would treat y as a latent site.
+    if getattr(guide, "prototype_trace", "absent") is None:
+        raise ValueError(
+            f"{caller}: the guide has not been set up. Run svi.init(...) / fit(...) with it, or "
+            "call guide.setup(rng_key, X_train, y_train) on the training data "
+            "(e.g. after load_params)"
+        )
 
 
 class Prediction(NamedTuple):
@@ -135,31 +183,40 @@ class Prediction(NamedTuple):
     atom_weights: jax.Array | None = None
 
 
-def observation_site(model_trace: dict, obs_site: str | None) -> str:
-    """The observation site of a run: ``obs_site``, or the one sample site after the last layer."""
-    return _check_observation_site(node_tail(model_trace), obs_site)
-
-
-def _check_observation_site(tail: list[str], obs_site: str | None) -> str:
-    """``obs_site`` (or the only site of ``tail``), checked to be a sample site after the last
-    layer.
+def observation_of(model_trace: dict, obs_site: str | None, caller: str = "predict") -> tuple:
+    """``(name, kind)`` of the observation site of a marginalized run: ``obs_site`` (or the only
+    sample site after the last layer), checked to be a sample site after the last layer, and its
+    kind (:func:`~numpyro_dgp._engine.observation.observation_kind`).
 
     :raises ValueError: several sites after the last layer and no ``obs_site``, or an ``obs_site``
         that is not one of them.
     """
+    tail = node_tail(model_trace)
     if obs_site is None:
         if len(tail) != 1:
             raise ValueError(
                 "predict: cannot tell the observation site; sample sites after the last layer: "
-                f"{tail}. "
-                "Pass obs_site="
+                f"{tail}. Pass obs_site="
             )
         obs_site = tail[0]
     if obs_site not in tail:
         raise ValueError(
             f"predict: obs_site {obs_site!r} is not a sample site after the last GP layer ({tail})"
         )
-    return obs_site
+    return obs_site, observation_kind(model_trace[obs_site]["fn"], obs_site, caller)
+
+
+def abstract(fn: Callable[[], Any]) -> Any:
+    """What ``fn()`` returns (names, kinds, shapes: no arrays), from an abstract run
+    (``jax.eval_shape``: nothing is computed)."""
+    out = []
+
+    def run():
+        out.append(fn())
+        return 0
+
+    jax.eval_shape(run)
+    return out[0]
 
 
 def predict(
@@ -280,9 +337,8 @@ def _predict_in_batches(request, X_new, batch_size):
         if out is None:
             out = _allocate_outputs(along_points, N)
         out = _write_window(out, along_points, start)
-    fixed = {
-        k: v for k, v in fields.items() if k not in _POINT_AXIS
-    }  # weights: the same for every window
+    # weights: the same for every window
+    fixed = {k: v for k, v in fields.items() if k not in _POINT_AXIS}
     return warn_if_not_finite(_as_prediction(found, {**out, **fixed}), "predict")
 
 
@@ -305,26 +361,14 @@ def take_points(prediction: Prediction, index: ArrayLike) -> Prediction:
 
     :raises NotImplementedError: a prediction with atoms (another likelihood's distributions).
     """
-    _check_without_atoms(prediction, "take_points")
-    index = jnp.asarray(index, jnp.int32)
-    fields = {
-        field: jax.tree_util.tree_map(
-            lambda a, axis=axis: jnp.take(a, index, axis=axis), getattr(prediction, field)
-        )
-        for field, axis in _POINT_AXIS.items()
-        if field != "atoms"
-    }
-    return prediction._replace(**fields)
-
-
-def _check_without_atoms(prediction: Prediction, caller: str) -> None:
-    """Refuse a prediction with atoms (another likelihood's distributions, not sliced along the
-    points).
-
-    :raises NotImplementedError: for one.
-    """
     if prediction.atoms is not None:
-        raise NotImplementedError(f"{caller}: a prediction with atoms is not sliced here")
+        raise NotImplementedError("take_points: a prediction with atoms is not sliced here")
+    index = jnp.asarray(index, jnp.int32)
+    fields = {}
+    for field, axis in _POINT_AXIS.items():  # atoms: None
+        take = partial(jnp.take, indices=index, axis=axis)
+        fields[field] = jax.tree_util.tree_map(take, getattr(prediction, field))
+    return prediction._replace(**fields)
 
 
 @partial(jax.jit, static_argnums=1)
@@ -386,17 +430,19 @@ def _predictor(request, X_new, static_args, static_kwargs):
     arguments, and valid for the guide's prototype trace (its structure, built once), so
     repeated predictions (validation during training, plots) reuse one compiled executable
     per input shape instead of retracing; array arguments are traced, never baked in."""
-    model, guide, params, rng_key, args, kwargs, _, obs_site, _, keep_layers = request
+    model, guide, keep_layers = request.model, request.guide, request.keep_layers
     prototype = getattr(guide, "prototype_trace", None)
-    key = _predictor_key(model, obs_site, static_args, static_kwargs, keep_layers)
+    key = (model, request.obs_site, static_args, static_kwargs, keep_layers)
+    try:
+        hash(key)
+    except TypeError:  # unhashable static arguments: compile for this call only
+        key = None
     entry = None if key is None else _PREDICTORS.get(guide, key)
     if entry is not None and entry[0] is prototype:
         return entry[1], entry[2]
-    guide_ref = weakref.ref(guide)
-
-    found = _probe_prediction(model, guide, params, rng_key, X_new, args, kwargs, obs_site)
+    found = _probe_prediction(request, X_new)
     predictive_mixture = _mixture_function(
-        model, guide_ref, found, static_args, static_kwargs, keep_layers
+        model, weakref.ref(guide), found, static_args, static_kwargs, keep_layers
     )
     predictor = jax.jit(predictive_mixture, static_argnums=5)
     if key is not None:
@@ -404,43 +450,31 @@ def _predictor(request, X_new, static_args, static_kwargs):
     return found, predictor
 
 
-def _predictor_key(model, obs_site, static_args, static_kwargs, keep_layers):
-    """The key of a predictor in :data:`_PREDICTORS`, or ``None`` for unhashable static
-    arguments (then it is compiled for this call only)."""
-    key = (model, obs_site, static_args, static_kwargs, keep_layers)
-    try:
-        hash(key)
-    except TypeError:  # unhashable static arguments: compile for this call only
-        key = None
-    return key
-
-
-def _probe_prediction(model, guide, params, rng_key, X_new, args, kwargs, obs_site):
+def _probe_prediction(request, X_new):
     """``found``: what an abstract run of the model's trace says (observation site, likelihood,
     layers, last layer's width, branches, correlated outputs)."""
-    found = {}
+    model, guide, params, rng_key, args, kwargs = request[:6]
 
     def probe():
-        # abstract run (jax.eval_shape): finds the observation site and the layers, computes nothing
         inputs = (X_new,) + tuple(args)
         run = marginal_trace(model, guide, params, rng_key, inputs, kwargs, None, "predict", 2)
-        found["name"] = observation_site(run.model_trace, obs_site)
-        found["likelihood"] = observation_kind(run.model_trace[found["name"]]["fn"], found["name"])
-        found["layers"] = list(run.layer_order)
-        found["out_dim"] = run.moments[run.layer_order[-1]][0].shape[-1]
-        found["branches"] = (
-            None if run.mixture_log_weights is None else run.mixture_log_weights.shape[0]
-        )
-        found["correlated"] = run.correlated_outputs
-        return 0
+        name, likelihood = observation_of(run.model_trace, request.obs_site)
+        if run.correlated_outputs and likelihood == "normal":
+            # a guide that correlates the layers correlates the last layer's outputs at a point:
+            # a component's per-column moments would drop that from a row's joint density, atoms
+            # at joint draws keep it (the 2 P nodes exact for the moments are not for the density)
+            likelihood = "general"
+        log_weights = run.mixture_log_weights
+        return {
+            "name": name,
+            "likelihood": likelihood,
+            "layers": list(run.layer_order),
+            "out_dim": run.moments[run.layer_order[-1]][0].shape[-1],
+            "branches": None if log_weights is None else log_weights.shape[0],
+            "correlated": run.correlated_outputs,
+        }
 
-    jax.eval_shape(probe)
-    if found["correlated"] and found["likelihood"] == "normal":
-        # a guide that correlates the layers correlates the last layer's outputs at a point: a
-        # component's per-column moments would drop that from a row's joint density, atoms at
-        # joint draws keep it (the 2 P nodes exact for the moments are not for the density)
-        found["likelihood"] = "general"
-    return found
+    return abstract(probe)
 
 
 def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_layers):
@@ -452,21 +486,12 @@ def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_
     num_nodes, num_draws = rule_arguments(kind, found["out_dim"])
 
     def one(key, params, X_new, dyn_args, dyn_kwargs):
-        call_args = tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
+        inputs = (X_new,) + tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
         call_kwargs = {**dict(static_kwargs), **dyn_kwargs}
         run_key, draw_key = jax.random.split(key)
-        inputs = (X_new,) + call_args
+        rule = dict(num_samples=num_draws, joint_draws=joint_draws)
         run = marginal_trace(
-            model,
-            guide_ref(),
-            params,
-            run_key,
-            inputs,
-            call_kwargs,
-            num_nodes,
-            objective="predict",
-            num_samples=num_draws,
-            joint_draws=joint_draws,
+            model, guide_ref(), params, run_key, inputs, call_kwargs, num_nodes, "predict", **rule
         )
         component = component_of(
             run.model_trace, run.moments, name, kind, run.node_weights, layer_names, draw_key
@@ -527,11 +552,16 @@ def sample_layers(
             X, *args, **kwargs
         )
         m = substitute(replay(seed(model, model_key), guide_trace), data=params)
-        if coherent:
-            m = coherent_layers(m)
-        tr = trace(m).get_trace(X, *args, **kwargs)
-        names = trace_layer_names(tr)
-        return {n: tr[n]["value"] for n in names}
+        return layer_outputs(m, coherent, (X, *args), kwargs)
 
     keys = jax.random.split(rng_key, int(num_samples))
     return jax.jit(jax.vmap(one, in_axes=(0, None, None)))(keys, params, jnp.asarray(X))
+
+
+def layer_outputs(model: Callable, coherent: bool, args: tuple, kwargs: dict) -> dict:
+    """``{layer: output}`` of one run of ``model`` (a seeded one), every layer drawn jointly
+    over the points with ``coherent`` (:class:`~numpyro_dgp.handlers.coherent_layers`)."""
+    if coherent:
+        model = coherent_layers(model)
+    tr = trace(model).get_trace(*args, **kwargs)
+    return {n: tr[n]["value"] for n in trace_layer_names(tr)}

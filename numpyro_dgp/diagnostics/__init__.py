@@ -46,11 +46,12 @@ from numpyro_dgp.diagnostics._compare import (
     plot_marginals,
     wasserstein_1d,
 )
-from numpyro_dgp.diagnostics._ground_truth import GroundTruth, ground_truth
 from numpyro_dgp.diagnostics._modes import (
+    GroundTruth,
     Health,
     ModeEvidence,
     MultimodalityWarning,
+    ground_truth,
     mcmc_health,
     mode_evidence,
     mode_mixture,

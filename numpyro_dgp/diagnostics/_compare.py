@@ -45,29 +45,6 @@ def layer_draws(tree, name):
     return v.reshape((-1,) + v.shape[2:])
 
 
-def _check_comparable(
-    vi: xarray.DataTree, mcmc: xarray.DataTree, interval: float
-) -> tuple[list[str], np.ndarray]:
-    """The reference's layer names and grid, checked against the VI result's
-    (:func:`layer_metrics`).
-
-    :raises ValueError: ``interval`` outside ``(0, 1)``, a layer the VI result lacks, or another
-        grid.
-    """
-    if not 0 < interval < 1:
-        raise ValueError(f"layer_metrics: interval must be in (0, 1), got {interval!r}")
-    names = layer_names(mcmc)
-    missing = [n for n in names if n not in layer_names(vi)]
-    if missing:
-        raise ValueError(
-            f"layer_metrics: the VI result lacks layers {missing} (it has {layer_names(vi)})"
-        )
-    x, vi_x = grid_inputs(mcmc), grid_inputs(vi)
-    if x.shape != vi_x.shape or not np.allclose(x, vi_x):
-        raise ValueError("layer_metrics: the VI and MCMC results are on different grids")
-    return names, x
-
-
 def layer_metrics(
     vi: xarray.DataTree, mcmc: xarray.DataTree, *, interval: float = 0.9, label: str | None = None
 ) -> pandas.DataFrame:
@@ -86,7 +63,17 @@ def layer_metrics(
     """
     import pandas as pd
 
-    names, x = _check_comparable(vi, mcmc, interval)
+    if not 0 < interval < 1:
+        raise ValueError(f"layer_metrics: interval must be in (0, 1), got {interval!r}")
+    names = layer_names(mcmc)
+    missing = [n for n in names if n not in layer_names(vi)]
+    if missing:
+        raise ValueError(
+            f"layer_metrics: the VI result lacks layers {missing} (it has {layer_names(vi)})"
+        )
+    x, vi_x = grid_inputs(mcmc), grid_inputs(vi)
+    if x.shape != vi_x.shape or not np.allclose(x, vi_x):
+        raise ValueError("layer_metrics: the VI and MCMC results are on different grids")
     label = label or vi.attrs.get("label", "vi")
     lo, hi = 0.5 - interval / 2, 0.5 + interval / 2
     frames = []
@@ -163,8 +150,12 @@ def compare(
     """
     import pandas as pd
 
-    _check_methods(vi)
-    points = _check_points(points, mcmc["posterior"].sizes["grid"])
+    if not vi:
+        raise ValueError("compare: vi must name at least one variational result")
+    G = mcmc["posterior"].sizes["grid"]
+    points = list(range(G)) if points is None else [int(p) for p in points]
+    if any(p < 0 or p >= G for p in points):
+        raise ValueError(f"compare: points must be grid indices in [0, {G}), got {points}")
     if plot:
         _horizontal(grid_inputs(mcmc), x)
     health = mcmc_health(mcmc, rhat_threshold=rhat_threshold, ess_threshold=ess_threshold)
@@ -190,26 +181,6 @@ def compare(
             {**vi, "MCMC": mcmc}, points=points[:: max(1, len(points) // 3)][:3]
         )
     return Comparison(table, summary, health, figures)
-
-
-def _check_methods(vi: dict[str, xarray.DataTree]) -> None:
-    """Refuse an empty ``vi`` (:func:`compare`).
-
-    :raises ValueError: for one.
-    """
-    if not vi:
-        raise ValueError("compare: vi must name at least one variational result")
-
-
-def _check_points(points: Sequence[int] | None, G: int) -> list[int]:
-    """``points`` as a list of grid indices (default: all ``G``), each checked to be in ``[0, G)``.
-
-    :raises ValueError: for an index outside.
-    """
-    chosen = list(range(G)) if points is None else [int(p) for p in points]
-    if any(p < 0 or p >= G for p in chosen):
-        raise ValueError(f"compare: points must be grid indices in [0, {G}), got {chosen}")
-    return chosen
 
 
 def _check_x(x: int | ArrayLike, G: int, D: int) -> np.ndarray | int:
@@ -381,10 +352,8 @@ def plot_marginals(
             ax = axes[r, c]
             for k, method in enumerate(methods):
                 draws = layer_draws(trees[method], name)
-                v = draws[:, g, 0]
-                ax.hist(
-                    v, bins=bins, density=True, histtype="step", lw=1.2, color=f"C{k}", label=method
-                )
+                style = dict(density=True, histtype="step", lw=1.2, color=f"C{k}", label=method)
+                ax.hist(draws[:, g, 0], bins=bins, **style)
             ax.set_title(f"{_output_label(name, draws.shape[-1])} at {_point(grid, g)}", fontsize=9)
             ax.tick_params(labelsize=7)
     axes[0, 0].legend(fontsize=7)

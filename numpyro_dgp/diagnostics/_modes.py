@@ -1,5 +1,25 @@
 """MCMC health per layer (R-hat, ESS, divergences), the chains grouped into modes, the
-posterior mass of each mode (bridge sampling), and the modes pooled.
+posterior mass of each mode (bridge sampling), the modes pooled, and converged MCMC ground truth
+in one call (:func:`ground_truth`): explore, weigh, check within each mode.
+
+A DGP's posterior has modes (compositions that fit the data equally well up to a few nats, or
+not at all) that chains seldom leave, so "the chains converged" cannot mean one R-hat over all
+chains. This library's definition, the protocol of ``benchmarks/results/mcmc_ground_truth.md``:
+
+1. **explore** -- chains from dispersed starts (the kernel's own: uniform in ``(-2, 2)`` on
+   the unconstrained latent sites for NUTS, prior draws for
+   :class:`~numpyro_dgp.infer.EllipticalSlice`), grouped into the modes they settled in
+   (:func:`~numpyro_dgp.diagnostics.mcmc_health`);
+2. **weigh** -- each mode's posterior mass by bridge sampling
+   (:func:`~numpyro_dgp.diagnostics.mode_evidence`), relative to the mass of all modes found;
+3. **check** -- within every mode that holds more than ``min_weight`` of that mass (and always
+   the heaviest), R-hat at most ``rhat_threshold``, bulk ESS at least ``ess_threshold`` for
+   every layer output at the grid, and no divergent transition (a mode found by one chain is
+   checked on that chain's two halves: split R-hat).
+
+The ground truth is then the modes pooled by their mass
+(:func:`~numpyro_dgp.diagnostics.mode_mixture`). A heavier mode that no chain found is
+missed, whatever the numbers say: only more chains guard against that.
 
 **References:**
 
@@ -11,18 +31,24 @@ posterior mass of each mode (bridge sampling), and the modes pooled.
 
 from __future__ import annotations
 
+import time
 import warnings
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
+import xarray
+from jax.typing import ArrayLike
 from numpyro.handlers import seed, trace
+from numpyro.infer import MCMC, NUTS
 
 from numpyro_dgp.diagnostics._trees import (
     divergences,
     from_layer_samples,
+    from_mcmc,
     grid_inputs,
     layer_names,
     layer_values,
@@ -30,7 +56,6 @@ from numpyro_dgp.diagnostics._trees import (
 
 if TYPE_CHECKING:
     import pandas
-    import xarray
 
 
 class MultimodalityWarning(UserWarning):
@@ -179,58 +204,13 @@ class ModeEvidence(NamedTuple):
     khat: np.ndarray
 
 
-def _latent_sites(model: Callable, args: tuple, kwargs: dict) -> list[str]:
-    """The model's latent sample sites, in execution order."""
-    tr = trace(seed(model, 0)).get_trace(*args, **kwargs)
-    return [n for n, site in tr.items() if site["type"] == "sample" and not site["is_observed"]]
-
-
-def _check_mode_settings(modes: list[list[int]], num_draws: int, inflate: float) -> None:
-    """Refuse empty modes, fewer than 100 proposal draws and a non-positive ``inflate``
-    (:func:`mode_evidence`).
-
-    :raises ValueError: for each.
-    """
-    if not modes or any(len(m) == 0 for m in modes):
-        raise ValueError(
-            f"mode_evidence: modes must be non-empty lists of chain indices, got {modes!r}"
-        )
-    if num_draws < 100:
-        raise ValueError(f"mode_evidence: num_draws must be at least 100, got {num_draws}")
-    if not inflate > 0:
-        raise ValueError(f"mode_evidence: inflate must be positive, got {inflate!r}")
-
-
-def _check_mode_samples(names: list[str], samples: dict, modes: list[list[int]]) -> None:
-    """Refuse samples that lack a latent site of the model, and modes that name chains the
-    samples do not have.
-
-    :raises ValueError: for either.
-    """
-    missing = [n for n in names if n not in samples]
-    if missing:
-        raise ValueError(f"mode_evidence: samples lack the model's latent sites {missing}")
-    C = np.asarray(samples[names[0]]).shape[0]
-    bad = [m for m in modes for c in m if not 0 <= c < C]
-    if bad:
-        raise ValueError(f"mode_evidence: modes name chains outside 0..{C - 1}: {bad}")
-
-
-def _check_mode_draws(chains: list[int], n: int) -> None:
-    """Refuse a mode with fewer than two draws (its Gaussian ``q`` needs a covariance).
-
-    :raises ValueError: for one.
-    """
-    if n < 2:
-        raise ValueError(f"mode_evidence: mode {chains} has {n} draw(s); at least 2 are needed")
-
-
 def _mode_proposal(draws: np.ndarray, chains: list[int], inflate: float) -> dist.MultivariateNormal:
     """The Gaussian ``q`` fitted to a mode's ``(n, d)`` unconstrained draws: their mean, and
     their covariance shrunk towards its diagonal, times ``inflate``."""
     mean = draws.mean(0)
     n, d = draws.shape
-    _check_mode_draws(chains, n)
+    if n < 2:  # the covariance needs two
+        raise ValueError(f"mode_evidence: mode {chains} has {n} draw(s); at least 2 are needed")
     cov = np.cov(draws, rowvar=False).reshape(d, d)
     # shrink towards the diagonal by d / (n + d): keeps q proper with fewer draws than
     # dimensions; the bridge estimate is consistent for any q, so this costs only variance
@@ -239,18 +219,6 @@ def _mode_proposal(draws: np.ndarray, chains: list[int], inflate: float) -> dist
     cov = cov + 1e-12 * np.trace(cov) / d * np.eye(d)
     scale_tril = jnp.linalg.cholesky(jnp.asarray(cov) * inflate)
     return dist.MultivariateNormal(jnp.asarray(mean), scale_tril=scale_tril)
-
-
-def _check_finite_ratios(log_ratio: np.ndarray, num_draws: int, chains: list[int]) -> None:
-    """Refuse proposal draws of a mode where ``log p/q`` is not finite.
-
-    :raises FloatingPointError: naming how many.
-    """
-    if not np.all(np.isfinite(log_ratio)):
-        raise FloatingPointError(
-            f"mode_evidence: {int(np.sum(~np.isfinite(log_ratio)))} of {num_draws} proposal "
-            f"draws of mode {chains} have a non-finite log density"
-        )
 
 
 def _bridge_log_evidence(log_ratio_posterior, log_ratio_proposal, num_iterations: int = 200):
@@ -318,13 +286,26 @@ def mode_evidence(
     :param kwargs: the model's keyword arguments, as given to ``mcmc.run``.
     :return: :class:`ModeEvidence`.
     """
-    from arviz_stats.base import array_stats
     from jax.flatten_util import ravel_pytree
     from numpyro.infer.util import potential_energy, unconstrain_fn
 
-    _check_mode_settings(modes, num_draws, inflate)
-    names = _latent_sites(model, args, kwargs)
-    _check_mode_samples(names, samples, modes)
+    if not modes or any(len(m) == 0 for m in modes):
+        raise ValueError(
+            f"mode_evidence: modes must be non-empty lists of chain indices, got {modes!r}"
+        )
+    if num_draws < 100:
+        raise ValueError(f"mode_evidence: num_draws must be at least 100, got {num_draws}")
+    if not inflate > 0:
+        raise ValueError(f"mode_evidence: inflate must be positive, got {inflate!r}")
+    tr = trace(seed(model, 0)).get_trace(*args, **kwargs)  # the latent sites, in order
+    names = [n for n, site in tr.items() if site["type"] == "sample" and not site["is_observed"]]
+    missing = [n for n in names if n not in samples]
+    if missing:
+        raise ValueError(f"mode_evidence: samples lack the model's latent sites {missing}")
+    C = np.asarray(samples[names[0]]).shape[0]
+    bad = [m for m in modes for c in m if not 0 <= c < C]
+    if bad:
+        raise ValueError(f"mode_evidence: modes name chains outside 0..{C - 1}: {bad}")
     latent = {n: jnp.asarray(samples[n]) for n in names}
     # every latent site is given, so the log density does not depend on the key; the seed
     # only satisfies layers that ask for one
@@ -334,36 +315,47 @@ def mode_evidence(
     _, unravel = ravel_pytree(jax.tree.map(lambda v: v[0, 0], unconstrained))
     flat = jax.vmap(jax.vmap(lambda t: ravel_pytree(t)[0]))(unconstrained)  # (C, D, dim)
     log_joint = jax.jit(jax.vmap(lambda z: -potential_energy(model, args, kwargs, unravel(z))))
-    log_z: list[float] = []
-    log_z_se: list[float] = []
-    khat: list[float] = []
-    for k, chains in enumerate(modes):
-        draws = np.asarray(flat[np.asarray(chains)]).reshape(-1, flat.shape[-1])
-        proposal = _mode_proposal(draws, chains, inflate)
-        theta = proposal.sample(jax.random.fold_in(rng_key, k), (num_draws,))
-        log_ratio = np.asarray(log_joint(theta) - proposal.log_prob(theta), dtype=float)
-        _check_finite_ratios(log_ratio, num_draws, chains)
-        # bridge sampling (Meng & Wong 1996, optimal bridge, iterated): uses the mode's own draws
-        # too, so it stays accurate where plain importance sampling from q has heavy-tailed ratios
-        own = np.asarray(
-            log_joint(jnp.asarray(draws)) - proposal.log_prob(jnp.asarray(draws)), dtype=float
+    per_mode = [
+        _mode_log_evidence(
+            flat, chains, inflate, log_joint, jax.random.fold_in(rng_key, k), num_draws
         )
-        estimate, se = _bridge_log_evidence(own, log_ratio)
-        log_z.append(estimate)
-        log_z_se.append(se)
-        with np.errstate(over="ignore", invalid="ignore"), warnings.catch_warnings():
-            # the Pareto fit overflows (k-hat nan) when the ratios span hundreds of nats
-            warnings.simplefilter("ignore", RuntimeWarning)
-            khat.append(float(array_stats.psislw(log_ratio)[1]))
-    log_evidence = np.asarray(log_z)
+        for k, chains in enumerate(modes)
+    ]
+    log_evidence, log_evidence_se, khat = (np.asarray(v) for v in zip(*per_mode))
     weights = np.exp(log_evidence - log_evidence.max())
-    return ModeEvidence(
-        [list(m) for m in modes],
-        log_evidence,
-        np.asarray(log_z_se),
-        weights / weights.sum(),
-        np.asarray(khat),
+    modes = [list(m) for m in modes]
+    return ModeEvidence(modes, log_evidence, log_evidence_se, weights / weights.sum(), khat)
+
+
+def _mode_log_evidence(flat, chains, inflate, log_joint, key, num_draws):
+    """``(log Z, its standard error, k-hat)`` of the mode of ``chains`` (:func:`mode_evidence`),
+    from the ``(C, D, dim)`` unconstrained draws ``flat`` and ``num_draws`` draws of ``key``
+    from the Gaussian fitted to the mode's.
+
+    :raises FloatingPointError: proposal draws where ``log p/q`` is not finite.
+    """
+    from arviz_stats.base import array_stats
+
+    draws = np.asarray(flat[np.asarray(chains)]).reshape(-1, flat.shape[-1])
+    proposal = _mode_proposal(draws, chains, inflate)
+    theta = proposal.sample(key, (num_draws,))
+    log_ratio = np.asarray(log_joint(theta) - proposal.log_prob(theta), dtype=float)
+    if not np.all(np.isfinite(log_ratio)):
+        raise FloatingPointError(
+            f"mode_evidence: {int(np.sum(~np.isfinite(log_ratio)))} of {num_draws} proposal "
+            f"draws of mode {chains} have a non-finite log density"
+        )
+    # bridge sampling (Meng & Wong 1996, optimal bridge, iterated): uses the mode's own draws
+    # too, so it stays accurate where plain importance sampling from q has heavy-tailed ratios
+    own = np.asarray(
+        log_joint(jnp.asarray(draws)) - proposal.log_prob(jnp.asarray(draws)), dtype=float
     )
+    estimate, se = _bridge_log_evidence(own, log_ratio)
+    with np.errstate(over="ignore", invalid="ignore"), warnings.catch_warnings():
+        # the Pareto fit overflows (k-hat nan) when the ratios span hundreds of nats
+        warnings.simplefilter("ignore", RuntimeWarning)
+        khat = float(array_stats.psislw(log_ratio)[1])
+    return estimate, se, khat
 
 
 def mode_mixture(
@@ -400,8 +392,142 @@ def mode_mixture(
         idx = rng.choice(len(pool), size=int(count), replace=True)
         picks += [pool[i] for i in idx]
     layers = {n: np.stack([values[n][c, d] for c, d in picks]) for n in names}
-    return from_layer_samples(
-        layers,
-        grid_inputs(tree),
-        label=label or f"{tree.attrs.get('label', 'MCMC')} (modes by mass)",
+    label = label or f"{tree.attrs.get('label', 'MCMC')} (modes by mass)"
+    return from_layer_samples(layers, grid_inputs(tree), label=label)
+
+
+class GroundTruth(NamedTuple):
+    """The result of :func:`ground_truth`.
+
+    :ivar converged: every mode above ``min_weight`` passed its within-mode check.
+    :ivar reference: the modes pooled by mass, a ``DataTree`` in the diagnostics' layout (what
+        :func:`~numpyro_dgp.diagnostics.compare` takes as ``mcmc``).
+    :ivar explored: every chain, as :func:`~numpyro_dgp.diagnostics.from_mcmc` gives it.
+    :ivar health: the chains' health across all of them (its ``modes``).
+    :ivar evidence: each mode's mass (:class:`~numpyro_dgp.diagnostics.ModeEvidence`).
+    :ivar mode_health: one :class:`~numpyro_dgp.diagnostics.Health` per mode (within-mode
+        R-hat and ESS), in the order of ``health.modes``.
+    :ivar checked: indices of the modes above ``min_weight`` (those the verdict rests on).
+    :ivar mcmc: the ``numpyro.infer.MCMC`` run (its samples, for a confirmation run).
+    :ivar seconds: wall seconds of the sampling and of the weighing.
+    """
+
+    converged: bool
+    reference: xarray.DataTree
+    explored: xarray.DataTree
+    health: Health
+    evidence: ModeEvidence
+    mode_health: list[Health]
+    checked: list[int]
+    mcmc: MCMC
+    seconds: dict[str, float]
+
+    def report(self) -> str:
+        """A few lines a person reads: the verdict, and per mode its chains, weight, worst
+        R-hat and smallest bulk ESS.
+
+        :return: the text.
+        """
+        lines = [
+            f"converged ground truth: {self.converged} ({len(self.health.modes)} mode(s) found; "
+            f"checked: those above the weight threshold, {self.checked})"
+        ]
+        for k, chains in enumerate(self.health.modes):
+            table = self.mode_health[k].table
+            lines.append(
+                f"mode {k} chains {chains}: weight {self.evidence.weights[k]:.3g}, "
+                f"max R-hat {table.max_rhat.max():.3f}, min bulk ESS {table.min_ess_bulk.min():.0f}"
+            )
+        return "\n".join(lines)
+
+
+def ground_truth(
+    model: Callable,
+    rng_key: jax.Array,
+    grid: ArrayLike,
+    *args: Any,
+    kernel: Callable[[Callable], Any] = NUTS,
+    num_chains: int = 16,
+    num_warmup: int = 500,
+    num_samples: int = 500,
+    min_weight: float = 0.01,
+    rhat_threshold: float = 1.01,
+    ess_threshold: float = 400.0,
+    evidence_draws: int = 4000,
+    **kwargs: Any,
+) -> GroundTruth:
+    """Run the explore / weigh / check protocol (module docstring) and say whether the result
+    is converged ground truth.
+
+    The model is one whose layer outputs at ``grid`` are sites ``"<layer>.grid"``:
+    :class:`~numpyro_dgp.handlers.exact_layers` or
+    :class:`~numpyro_dgp.handlers.vecchia_layers` with this ``grid``. Chains run one after
+    another (``chain_method="sequential"``). Cost: ``num_chains * (num_warmup + num_samples)``
+    sampler steps, then ``evidence_draws`` log densities per mode.
+
+    :param model: the model under its MCMC handler.
+    :param rng_key: PRNG key.
+    :param grid: ``(G, D)``, the handler's grid (the points the check looks at).
+    :param args: the model's positional arguments (e.g. ``X, y``).
+    :param kernel: ``model -> MCMCKernel`` (default NUTS; e.g.
+        ``lambda m: NUTS(m, max_tree_depth=8)`` or :class:`~numpyro_dgp.infer.EllipticalSlice`).
+    :param num_chains: exploration chains.
+    :param num_warmup: warm-up steps per chain.
+    :param num_samples: draws per chain.
+    :param min_weight: modes lighter than this share of the mass found are not checked.
+    :param rhat_threshold: the largest within-mode R-hat allowed.
+    :param ess_threshold: the smallest within-mode bulk ESS allowed.
+    :param evidence_draws: Gaussian draws per mode of the bridge-sampling estimate.
+    :param kwargs: the model's keyword arguments.
+    :return: :class:`GroundTruth`.
+    :raises ValueError: for fewer than two chains or ``min_weight`` outside ``[0, 1)``.
+    """
+    if int(num_chains) < 2:
+        raise ValueError(f"ground_truth: num_chains must be at least 2, got {num_chains!r}")
+    if not 0 <= min_weight < 1:
+        raise ValueError(f"ground_truth: min_weight must be in [0, 1), got {min_weight!r}")
+    key_run, key_evidence, key_mixture = jax.random.split(rng_key, 3)
+    mcmc = MCMC(
+        kernel(model),
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        num_chains=num_chains,
+        chain_method="sequential",
+        progress_bar=False,
     )
+    start = time.perf_counter()
+    mcmc.run(key_run, *args, **kwargs)
+    sampled = time.perf_counter() - start
+    explored = from_mcmc(mcmc, grid, label="MCMC (explore)")
+    health_of = partial(
+        mcmc_health, rhat_threshold=rhat_threshold, ess_threshold=ess_threshold, warn=False
+    )
+    health = health_of(explored)
+    start = time.perf_counter()
+    samples = mcmc.get_samples(group_by_chain=True)
+    evidence = mode_evidence(
+        model, samples, health.modes, key_evidence, *args, num_draws=evidence_draws, **kwargs
+    )
+    weighed = time.perf_counter() - start
+    mode_health = [health_of(_chains(explored, chains)) for chains in health.modes]
+    heaviest = int(np.argmax(evidence.weights))
+    checked = sorted({heaviest} | {k for k, w in enumerate(evidence.weights) if w > min_weight})
+    converged = all(bool(mode_health[k].table.ok.all()) for k in checked)
+    reference = mode_mixture(explored, evidence, key_mixture, label="MCMC (modes by mass)")
+    seconds = {"sampling": sampled, "weighing": weighed}
+    return GroundTruth(
+        converged, reference, explored, health, evidence, mode_health, checked, mcmc, seconds
+    )
+
+
+def _chains(tree: xarray.DataTree, chains: list[int]) -> xarray.DataTree:
+    """The tree of the given chains only, divergences kept; one chain becomes its two halves
+    (so that its R-hat is the split R-hat)."""
+    layers = {n: layer_values(tree, n)[chains] for n in layer_names(tree)}
+    diverging = divergences(tree)
+    stats = {} if diverging is None else {"diverging": diverging[chains]}
+    if len(chains) == 1:
+        half = next(iter(layers.values())).shape[1] // 2
+        layers = {n: np.stack([v[0, :half], v[0, half : 2 * half]]) for n, v in layers.items()}
+        stats = {k: np.stack([v[0, :half], v[0, half : 2 * half]]) for k, v in stats.items()}
+    return from_layer_samples(layers, grid_inputs(tree), sample_stats=stats or None)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +10,8 @@ import numpy as np
 from jax.typing import ArrayLike
 from numpyro.handlers import seed, substitute, trace
 
-from numpyro_dgp._predict.prediction import sample_layers
-from numpyro_dgp._protocol import inducing_site_names, trace_layer_names
-from numpyro_dgp.handlers import coherent_layers
+from numpyro_dgp._predict.prediction import layer_outputs, sample_layers
+from numpyro_dgp._protocol import inducing_site_names
 
 if TYPE_CHECKING:
     import numpyro.infer
@@ -47,29 +46,8 @@ def layer_samples(
     params = dict(params or {})
     probe = trace(seed(substitute(model, data=params), rng_key)).get_trace(grid, *args, **kwargs)
     latent = {n for n, s in probe.items() if s["type"] == "sample" and not s["is_observed"]}
-    names = trace_layer_names(probe)
     chosen = {k: jnp.asarray(v) for k, v in samples.items() if k in latent}
-    _check_chosen_samples(chosen, samples, inducing_site_names(probe))
-    S = next(iter(chosen.values())).shape[0]
-
-    def one(key, sample):
-        m = substitute(seed(model, key), data={**params, **sample})
-        if coherent:
-            m = coherent_layers(m)
-        tr = trace(m).get_trace(grid, *args, **kwargs)
-        return {n: tr[n]["value"] for n in names}
-
-    keys = jax.random.split(rng_key, S)
-    return jax.jit(jax.vmap(one))(keys, chosen)
-
-
-def _check_chosen_samples(chosen: dict, samples: dict, inducing_sites: Any) -> None:
-    """Refuse samples without some layer's inducing values, or without any latent site of the
-    model (``chosen``: the samples of its latent sites; :func:`layer_samples`).
-
-    :raises ValueError: for either.
-    """
-    missing = sorted(n for n in inducing_sites if n not in chosen)
+    missing = sorted(n for n in inducing_site_names(probe) if n not in chosen)
     if missing:
         # drawing them from the prior would silently mix prior and posterior draws
         raise ValueError(
@@ -81,6 +59,14 @@ def _check_chosen_samples(chosen: dict, samples: dict, inducing_sites: Any) -> N
             f"layer_samples: none of the samples' sites {sorted(samples)} is a latent site of the "
             "model"
         )
+    S = next(iter(chosen.values())).shape[0]
+
+    def one(key, sample):
+        m = substitute(seed(model, key), data={**params, **sample})
+        return layer_outputs(m, coherent, (grid, *args), kwargs)
+
+    keys = jax.random.split(rng_key, S)
+    return jax.jit(jax.vmap(one))(keys, chosen)
 
 
 def grid_inputs(tree: xarray.DataTree) -> np.ndarray:
@@ -140,13 +126,9 @@ def from_layer_samples(
             v = v[None]
         return v
 
-    posterior, dims = {}, {}
     names = list(layers)
-    for name in names:
-        value = np.asarray(layers[name])
-        value = value if value.ndim == 4 else shaped(value)
-        posterior[name] = value
-        dims[name] = ["grid", f"{name}_output"]
+    posterior = {n: np.asarray(v) if np.ndim(v) == 4 else shaped(v) for n, v in layers.items()}
+    dims = {name: ["grid", f"{name}_output"] for name in names}
     for name, value in (extra or {}).items():
         value = np.asarray(value)
         posterior[name] = (
@@ -200,32 +182,6 @@ def from_guide(
     return from_layer_samples(layers, grid, label=label)
 
 
-def _check_grid_or_rerun(
-    samples: dict,
-    grid_sites: list[str],
-    grid: ArrayLike,
-    model: Callable | None,
-    rng_key: jax.Array | None,
-) -> None:
-    """An MCMC run's ``"<layer>.grid"`` sites must be on ``grid``; without them, ``model`` and
-    ``rng_key`` must be given to re-run the layers on it (:func:`from_mcmc`).
-
-    :raises ValueError: otherwise.
-    """
-    if grid_sites:
-        grid_rows = np.asarray(samples[grid_sites[0]]).shape[2]
-        if grid_rows != np.asarray(grid).shape[0]:
-            raise ValueError(
-                f"from_mcmc: the run's grid has {grid_rows} points, grid has "
-                f"{np.asarray(grid).shape[0]}"
-            )
-    elif model is None or rng_key is None:
-        raise ValueError(
-            "from_mcmc: the run has no '<layer>.grid' sites (exact_layers with a grid); pass "
-            "model= and rng_key= to re-run the layers on the grid with the sampled inducing values"
-        )
-
-
 def from_mcmc(
     mcmc: numpyro.infer.MCMC,
     grid: ArrayLike,
@@ -258,15 +214,22 @@ def from_mcmc(
     :return: a ``DataTree`` in this module's layout with the run's chains and draws.
     """
     samples = mcmc.get_samples(group_by_chain=True)
-    first = next(iter(samples.values()))
-    C, D = first.shape[:2]
+    C, D = next(iter(samples.values())).shape[:2]
     grid_sites = [k for k in samples if k.endswith(".grid")]
-    _check_grid_or_rerun(samples, grid_sites, grid, model, rng_key)
-    layers: dict[str, np.ndarray]
     if grid_sites:
+        grid_rows = np.asarray(samples[grid_sites[0]]).shape[2]
+        if grid_rows != np.asarray(grid).shape[0]:
+            raise ValueError(
+                f"from_mcmc: the run's grid has {grid_rows} points, grid has "
+                f"{np.asarray(grid).shape[0]}"
+            )
         layers = {k[: -len(".grid")]: np.asarray(samples[k]) for k in grid_sites}
+    elif model is None or rng_key is None:
+        raise ValueError(
+            "from_mcmc: the run has no '<layer>.grid' sites (exact_layers with a grid); pass "
+            "model= and rng_key= to re-run the layers on the grid with the sampled inducing values"
+        )
     else:
-        assert model is not None and rng_key is not None  # refused above
         flat = {k: np.asarray(v).reshape((C * D,) + v.shape[2:]) for k, v in samples.items()}
         rerun = layer_samples(model, flat, rng_key, grid, *args, params=params, **(kwargs or {}))
         layers = {k: np.asarray(v).reshape((C, D) + v.shape[1:]) for k, v in rerun.items()}

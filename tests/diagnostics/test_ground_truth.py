@@ -81,7 +81,7 @@ def test_ground_truth_refuses_bad_arguments(kwargs, match):
 def test_a_mode_of_one_chain_is_checked_on_its_halves_and_divergences_are_kept():
     """The within-mode tree of one chain holds its two halves (split R-hat); a mode's divergences
     reach its health check (one divergent transition fails it)."""
-    from numpyro_dgp.diagnostics._ground_truth import _chains
+    from numpyro_dgp.diagnostics._modes import _chains
 
     rng = np.random.default_rng(0)
     draws = rng.normal(size=(3, 100, 4, 1))
