@@ -57,6 +57,13 @@ class Progress(NamedTuple):
     losses: np.ndarray
     num_skipped: int
 
+    @classmethod
+    def fresh(cls, svi: Any, state: SVIState, average: bool) -> Progress:
+        """A fit's start at ``state``, before any step; with ``average``, the running mean
+        starts at the state's parameters (without, it is an empty placeholder)."""
+        mean = svi.optim.get_params(state.optim_state) if average else {}
+        return cls(0, state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
+
 
 def _is_key(leaf: Any) -> bool:
     return jnp.issubdtype(getattr(leaf, "dtype", np.float64), jax.dtypes.prng_key)
@@ -181,7 +188,7 @@ class Checkpoints:
     path is checked, and with ``resume`` a checkpoint of another fit is refused, naming what
     differs), :meth:`start` once the initial state exists, :meth:`write` after chunks."""
 
-    def __init__(self, path, svi, args, kwargs, average_from, resume, num_steps) -> None:
+    def __init__(self, path, svi, args, kwargs, average_from, resume, num_steps, every) -> None:
         """Raise unless a checkpoint can be written at ``path``: a new file in an existing
         folder, or a fit checkpoint (which the fit then replaces); never a folder or a file the
         library did not write. With ``resume``, refuse a checkpoint of another fit.
@@ -190,7 +197,7 @@ class Checkpoints:
         :raises FileExistsError: ``path`` is a folder, or a file that is not a fit checkpoint.
         :raises ValueError: a checkpoint of another fit, or one beyond ``num_steps``.
         """
-        self.path, self.num_steps = path, num_steps
+        self.path, self.num_steps, self.every = path, num_steps, every
         self.identity = fit_identity(svi, args, kwargs, average_from)
         self.resume = False
         path = Path(os.fspath(path)).expanduser()
@@ -262,6 +269,13 @@ class Checkpoints:
                 f"{where} is at step {step}, beyond this fit's num_steps={self.num_steps}"
             )
         return step
+
+    def after_chunk(self, log: Any, carry: tuple) -> None:
+        """Write a checkpoint where one is due: every ``every`` steps and at the end (``log``:
+        the fit's ``TrainingLog``; ``carry``: its state, running mean and count)."""
+        done, (state, mean, count) = log.done, carry
+        if done == self.num_steps or (self.every and done % self.every == 0):
+            self.write(Progress(done, state, mean, count, log.losses[:done], log.num_skipped))
 
     def write(self, progress: Progress) -> None:
         """Write ``progress`` atomically (see the module docstring)."""

@@ -48,7 +48,7 @@ from numpyro.infer.util import potential_energy, transform_fn
 from numpyro_dgp._protocol import amortized_layer_names
 from numpyro_dgp._validation import check_positive_int, tree_all_finite
 from numpyro_dgp.infer._elliptical import ChainKernel
-from numpyro_dgp.infer._loop import select
+from numpyro_dgp.infer._fit import select
 
 if TYPE_CHECKING:
     import optax
@@ -371,21 +371,10 @@ class SGHMC(ChainKernel):
             )
 
         z_new, pe = unravel(z_new_flat), pe.astype(dtype)
-        proposed = SGHMCState(
-            state.i,
-            z_new,
-            momentum,
-            xi,
-            g,
-            g2,
-            params,
-            opt_state,
-            window,
-            window_count,
-            pe,
-            state.num_skipped,
-            state.rng_key,
+        proposed = state._replace(
+            z=z_new, momentum=momentum, xi=xi, g=g, g2=g2, params=params, opt_state=opt_state
         )
+        proposed = proposed._replace(window=window, window_count=window_count, potential_energy=pe)
         # Reject the whole step on a non-finite potential or gradient rather than poison the chain.
         ok = jnp.isfinite(pe) & tree_all_finite(grad) & ok_params
         new = select(ok, proposed, state)

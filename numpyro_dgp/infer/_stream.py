@@ -31,9 +31,9 @@ from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._validation import check_positive_int
-from numpyro_dgp.infer._fit import FitResult
+from numpyro_dgp.infer._checks import check_start
+from numpyro_dgp.infer._fit import FitResult, TrainingLog, guarded_update
 from numpyro_dgp.infer._init import initial_state
-from numpyro_dgp.infer._loop import TrainingLog, guarded_update, report_skipped
 
 __all__ = ["HostMinibatches", "fit_minibatches"]
 
@@ -155,6 +155,7 @@ def fit_minibatches(
     check_positive_int(num_steps, "num_steps", "fit_minibatches")
     check_positive_int(num_data, "num_data", "fit_minibatches")
     check_positive_int(sync_every, "sync_every", "fit_minibatches")
+    check_start("fit_minibatches", rng_key, init_state)
     iterator = iter(batches)
 
     def next_batch():
@@ -164,8 +165,6 @@ def fit_minibatches(
             raise ValueError("fit_minibatches: batches ran out before num_steps updates") from None
         return _to_device(batch, mesh)
 
-    if init_state is None and rng_key is None:
-        raise ValueError("fit_minibatches: rng_key is None; pass a PRNG key (or init_state=)")
     batch = next_batch()
     kwargs = {"num_data": int(num_data)}
     state = initial_state(svi, rng_key, batch, kwargs) if init_state is None else init_state
@@ -198,8 +197,7 @@ def fit_minibatches(
     log.run(run, lambda done: min(sync_every, num_steps - done))
     # the diagnostic's eager run would need every process of a distributed fit: only without a mesh
     params = svi.get_params(state)
-    report_skipped(log, svi, params, batch, kwargs, diagnose=mesh is None)
-    seconds = np.asarray(log.chunk_seconds)
-    return FitResult(
-        params, log.losses, state, log.num_skipped, seconds, int(sync_every), compile_seconds
+    chunk = int(sync_every)
+    return log.result(
+        svi, params, state, batch, kwargs, chunk, compile_seconds, diagnose=mesh is None
     )
