@@ -69,9 +69,11 @@ def _is_key(leaf: Any) -> bool:
     return jnp.issubdtype(getattr(leaf, "dtype", np.float64), jax.dtypes.prng_key)
 
 
-def _carried(progress: Progress) -> tuple:
-    """What a checkpoint stores of ``progress`` besides its losses: the state and averaging."""
-    return progress.state, progress.mean, progress.count
+def _carried(progress: Progress) -> tuple[list, Any]:
+    """What a checkpoint stores of ``progress`` besides its losses (the state and averaging):
+    its leaves (keys as raw key data) and their tree."""
+    leaves, treedef = jax.tree_util.tree_flatten((progress.state, progress.mean, progress.count))
+    return [jax.random.key_data(leaf) if _is_key(leaf) else leaf for leaf in leaves], treedef
 
 
 def _described(obj: Any) -> str:
@@ -122,8 +124,7 @@ def with_state(identity: dict, params: dict, template: Progress) -> dict:
     """``identity`` with the optimizer's parameters (names, shapes, dtypes) and the structure of
     the state a checkpoint holds (``template``, a fresh start: the optimizer's state, the key,
     the averaging state; each array's shape and dtype)."""
-    leaves, treedef = jax.tree_util.tree_flatten(_carried(template))
-    arrays = [jax.random.key_data(leaf) if _is_key(leaf) else leaf for leaf in leaves]
+    arrays, treedef = _carried(template)
     return {
         **identity,
         "params": {
@@ -234,7 +235,8 @@ class Checkpoints:
         stored, meta = load_params(self.path, return_metadata=True, as_numpy=True)
         step = self._step(meta)
         # the same fit: the stored arrays are those of this structure (its identity says so)
-        template_leaves, treedef = jax.tree_util.tree_flatten(_carried(fresh))
+        template = (fresh.state, fresh.mean, fresh.count)
+        template_leaves, treedef = jax.tree_util.tree_flatten(template)
         given = stored["leaves"]
         leaves = [
             jax.random.wrap_key_data(given[str(i)], impl=jax.random.key_impl(like))
@@ -279,10 +281,7 @@ class Checkpoints:
 
     def write(self, progress: Progress) -> None:
         """Write ``progress`` atomically (see the module docstring)."""
-        leaves = {
-            str(i): np.asarray(jax.random.key_data(leaf) if _is_key(leaf) else leaf)
-            for i, leaf in enumerate(jax.tree_util.tree_leaves(_carried(progress)))
-        }
+        leaves = {str(i): np.asarray(leaf) for i, leaf in enumerate(_carried(progress)[0])}
         metadata = {
             "format": CHECKPOINT_FORMAT,
             "step": int(progress.step),

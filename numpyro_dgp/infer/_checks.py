@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.distributions import Normal, StudentT
+from numpyro.handlers import block, replay, seed, substitute, trace
 from numpyro.primitives import Messenger
 
 from numpyro_dgp._protocol import LAYER_MESSAGE, message_layer, model_config
@@ -115,14 +116,11 @@ def check_observed(model: Any, args: tuple, kwargs: dict, caller: str) -> None:
     :raises ValueError: an observed value outside its distribution's support, naming the site
         and the argument.
     """
-    from numpyro import handlers
-    from numpyro.distributions import Normal, StudentT
-
     found = []
 
     def probe():
-        with handlers.block():
-            tr = handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)
+        with block():
+            tr = trace(seed(model, 0)).get_trace(*args, **kwargs)
         for name, site in tr.items():
             if site["type"] == "sample" and site["is_observed"]:
                 value = concrete(site["value"])

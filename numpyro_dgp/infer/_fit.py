@@ -104,16 +104,10 @@ def guarded_update(
     if barrier:
         finite, new_optim_state = jax.lax.optimization_barrier((finite, new_optim_state))
     accept = finite & active
-    mutable = new_state.mutable_state
-    if mutable is not None:
-        mutable = select(accept, mutable, state.mutable_state)
-    rng_key = (
-        new_state.rng_key if active is True else select(active, new_state.rng_key, state.rng_key)
-    )
     state = new_state._replace(
         optim_state=select(accept, new_optim_state, state.optim_state),
-        mutable_state=mutable,
-        rng_key=rng_key,
+        mutable_state=select(accept, new_state.mutable_state, state.mutable_state),
+        rng_key=select(active, new_state.rng_key, state.rng_key),
     )
     return state, loss, active & ~finite
 
@@ -132,15 +126,14 @@ class TrainingLog:
         self,
         caller: str,
         num_steps: int,
-        losses: np.ndarray | None = None,
+        losses: np.ndarray = np.empty(0),
         num_skipped: int = 0,
         progress_bar: bool = True,
     ) -> None:
         self.caller, self.num_steps = caller, int(num_steps)
-        self.done = 0 if losses is None else len(losses)
-        self.num_skipped = int(num_skipped)
+        self.done, self.num_skipped = len(losses), int(num_skipped)
         self.losses = np.empty(num_steps)
-        self.losses[: self.done] = [] if losses is None else losses
+        self.losses[: self.done] = losses
         self.chunk_seconds: list[float] = []
         self.progress_bar = progress_bar
 

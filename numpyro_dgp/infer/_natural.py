@@ -104,9 +104,9 @@ def _site_pairs(
         )
     by_layer = {site.layer: site for site in sites}
     chosen = sites[-1:] if layers == "last" else list(sites)
-    if layers not in ("last", "all"):
+    if layers not in ("last", "all"):  # natural_gradients refused any other string
         unknown = [name for name in layers if name not in by_layer]
-        if isinstance(layers, str) or unknown:
+        if unknown:
             raise ValueError(
                 f"natural_gradients: layers must be 'last', 'all' or a list of the model's layers "
                 f"{sorted(by_layer)}; got {layers!r}"

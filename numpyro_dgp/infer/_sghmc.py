@@ -33,10 +33,11 @@ moment estimates ``g, g2`` of ``grad / num_data`` and the window length ``xi`` a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 from jax import random
 from jax.flatten_util import ravel_pytree
 from numpyro.distributions import constraints
@@ -49,9 +50,6 @@ from numpyro_dgp._protocol import amortized_layer_names
 from numpyro_dgp._validation import check_positive_int, tree_all_finite
 from numpyro_dgp.infer._elliptical import ChainKernel
 from numpyro_dgp.infer._fit import select
-
-if TYPE_CHECKING:
-    import optax
 
 __all__ = ["SGHMC", "SGHMCState"]
 
@@ -210,9 +208,6 @@ class SGHMC(ChainKernel):
         self._mdecay = float(mdecay)
         self._num_data_arg = num_data
         if param_optimizer == "adam":
-            # only where SGHMC learns params: optax is not needed to import the package
-            import optax
-
             param_optimizer = optax.adam(0.01)
         elif isinstance(param_optimizer, str):
             raise ValueError(
@@ -354,12 +349,7 @@ class SGHMC(ChainKernel):
                 updates, new_opt_state = self._optimizer.update(
                     p_grad, state.opt_state, state.params
                 )
-                # what optax.apply_updates does per leaf (keeps the parameter's dtype)
-                new_params = jax.tree.map(
-                    lambda p, u: jnp.asarray(p + u).astype(jnp.asarray(p).dtype),
-                    state.params,
-                    updates,
-                )
+                new_params = optax.apply_updates(state.params, updates)
                 return new_params, new_opt_state, tree_all_finite(p_grad)
 
             # cond, not where: skips the gradient when params are frozen after warmup.

@@ -72,7 +72,7 @@ class HostMinibatches:
         if batch_size > N:
             raise ValueError(f"HostMinibatches: batch_size={batch_size} exceeds the {N} rows")
         self.X, self.y, self.batch_size, self.dtype = X, y, int(batch_size), dtype
-        self.num_data = int(np.shape(X)[0])
+        self.num_data = int(N)
         self._rng = np.random.default_rng(seed)
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
@@ -182,14 +182,13 @@ def fit_minibatches(
     def run(done, n):
         # dispatch is asynchronous: the host gathers the next batch while the device runs a step
         nonlocal state, batch
-        losses, skipped = [], []
+        steps = []
         for step in range(done, done + n):
             if step:
                 batch = next_batch()
             state, loss, skip = compiled(state, batch)
-            losses.append(loss)
-            skipped.append(skip)
-        return np.asarray([float(x) for x in losses]), np.asarray([bool(x) for x in skipped])
+            steps.append((loss, skip))
+        return np.asarray([float(x) for x, _ in steps]), np.asarray([bool(x) for _, x in steps])
 
     log = TrainingLog(
         "fit_minibatches", num_steps, progress_bar=progress_bar and jax.process_index() == 0
