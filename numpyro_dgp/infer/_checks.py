@@ -37,6 +37,7 @@ from numpyro_dgp._validation import (
 
 __all__ = [
     "check_data",
+    "check_finite_start",
     "check_observed",
     "check_start",
     "diagnosis",
@@ -238,6 +239,14 @@ def diagnosis(svi: Any, params: dict, args: tuple, kwargs: dict) -> str:
         "from elsewhere: a NaN or inf in a minibatch, the likelihood or the objective, or too "
         "large a learning rate."
     )
+
+
+def check_finite_start(svi: Any, state: Any, caller: str) -> None:
+    """Refuse a start whose parameters hold NaN or inf: the optimizer's (unconstrained) values,
+    finite where the constrained ones are, and read without compiling anything."""
+    bad = non_finite_params(svi.optim.get_params(state.optim_state))
+    if bad:
+        raise FloatingPointError(f"{caller}: initial parameters are not finite: {bad}")
 
 
 def check_start(caller: str, rng_key: Any, init_state: Any, init_params: Any = None) -> None:

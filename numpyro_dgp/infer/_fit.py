@@ -5,7 +5,7 @@ update whose loss or new parameters are not finite is not applied) and the host 
 chunks of steps (:class:`TrainingLog`: timing, losses, progress bar). The two drivers differ
 only in what a chunk is: ``fit`` runs a compiled ``lax.scan`` over its steps (the data stay on
 the device); ``fit_minibatches`` dispatches one compiled update per minibatch taken from an
-iterator. Checkpointing (:mod:`._checkpoint`) is an optional piece run after each chunk.
+iterator. Checkpointing (``Checkpoints``) is an optional piece run after each chunk.
 
 **References:**
 
@@ -30,14 +30,14 @@ from numpyro_dgp._validation import check_positive_int, split_traced, tree_all_f
 from numpyro_dgp.infer._checkpoint import Checkpoints, Progress
 from numpyro_dgp.infer._checks import (
     check_data,
+    check_finite_start,
     check_observed,
     check_start,
-    non_finite_params,
     report_skipped,
 )
 from numpyro_dgp.infer._init import initial_state
 
-__all__ = ["FitResult", "TrainingLog", "fit", "guarded_update", "select"]
+__all__ = ["FitResult", "TrainingLog", "fit", "guarded_update", "select", "timed_compile"]
 
 
 class FitResult(NamedTuple):
@@ -110,6 +110,14 @@ def guarded_update(
         rng_key=select(active, new_state.rng_key, state.rng_key),
     )
     return state, loss, active & ~finite
+
+
+def timed_compile(jitted: Any, *args: Any) -> tuple[Any, float]:
+    """``jitted`` compiled for ``args`` ahead of its first call, so that compilation is timed on
+    its own, and the seconds that took."""
+    start = time.perf_counter()
+    compiled = jitted.lower(*args).compile()
+    return compiled, time.perf_counter() - start
 
 
 class TrainingLog:
@@ -347,20 +355,13 @@ def fit(
     progress = Progress.fresh(svi, init_state, average_from is not None)
     if checkpoints is not None:
         progress = checkpoints.start(svi, progress)
-    # the optimizer's (unconstrained) values: finite where the constrained ones are, and read
-    # without compiling anything
-    bad = non_finite_params(svi.optim.get_params(progress.state.optim_state))
-    if bad:
-        raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
+    check_finite_start(svi, progress.state, "fit")
     carry, params = (progress.state, progress.mean, progress.count), None
     compile_seconds = 0.0
     if progress.step < num_steps:
-        # compiled ahead of the first chunk, so that compilation is timed on its own (the jitted
-        # call reuses this executable; cheap when svi already has it for these shapes)
-        start = time.perf_counter()
-        active, average_start = jnp.asarray(num_steps), jnp.asarray(0)
-        _run_chunk.lower(statics, carry, active, average_start, dyn_args, dyn_kwargs).compile()
-        compile_seconds = time.perf_counter() - start
+        # the jitted call reuses this executable; cheap when svi already has it for these shapes
+        first = (statics, carry, jnp.asarray(num_steps), jnp.asarray(0), dyn_args, dyn_kwargs)
+        compile_seconds = timed_compile(_run_chunk, *first)[1]
 
     def run(done, n):
         nonlocal carry, params

@@ -304,8 +304,7 @@ class SGHMC(ChainKernel):
         dtype = z_flat.dtype
         n = self._num_data
         assert n is not None, "SGHMC.sample before init"  # init sets it
-        eta = self._step_size**2 / n
-        mdecay = self._mdecay
+        eta, mdecay = self._step_size**2 / n, self._mdecay
 
         def u_flat(zf):
             return self._potential(unravel(zf), state.params, key_u, model_args, model_kwargs)

@@ -20,7 +20,6 @@ reach on the joined minibatches.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterable, Iterator
 
 import jax
@@ -32,7 +31,7 @@ from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.infer._checks import check_start
-from numpyro_dgp.infer._fit import FitResult, TrainingLog, guarded_update
+from numpyro_dgp.infer._fit import FitResult, TrainingLog, guarded_update, timed_compile
 from numpyro_dgp.infer._init import initial_state
 
 __all__ = ["HostMinibatches", "fit_minibatches"]
@@ -175,9 +174,7 @@ def fit_minibatches(
         # results are those of fit_minibatches before it shared fit's loop, bit for bit
         return guarded_update(svi, state, batch, kwargs, barrier=False)
 
-    start = time.perf_counter()
-    compiled = update.lower(state, batch).compile()
-    compile_seconds = time.perf_counter() - start
+    compiled, compile_seconds = timed_compile(update, state, batch)
 
     def run(done, n):
         # dispatch is asynchronous: the host gathers the next batch while the device runs a step
