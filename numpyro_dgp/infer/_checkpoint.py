@@ -57,14 +57,23 @@ class Progress(NamedTuple):
     losses: np.ndarray
     num_skipped: int
 
+    @classmethod
+    def fresh(cls, svi: Any, state: SVIState, average: bool) -> Progress:
+        """A fit's start at ``state``, before any step; with ``average``, the running mean
+        starts at the state's parameters (without, it is an empty placeholder)."""
+        mean = svi.optim.get_params(state.optim_state) if average else {}
+        return cls(0, state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
+
 
 def _is_key(leaf: Any) -> bool:
     return jnp.issubdtype(getattr(leaf, "dtype", np.float64), jax.dtypes.prng_key)
 
 
-def _carried(progress: Progress) -> tuple:
-    """What a checkpoint stores of ``progress`` besides its losses: the state and averaging."""
-    return progress.state, progress.mean, progress.count
+def _carried(progress: Progress) -> tuple[list, Any]:
+    """What a checkpoint stores of ``progress`` besides its losses (the state and averaging):
+    its leaves (keys as raw key data) and their tree."""
+    leaves, treedef = jax.tree_util.tree_flatten((progress.state, progress.mean, progress.count))
+    return [jax.random.key_data(leaf) if _is_key(leaf) else leaf for leaf in leaves], treedef
 
 
 def _described(obj: Any) -> str:
@@ -115,8 +124,7 @@ def with_state(identity: dict, params: dict, template: Progress) -> dict:
     """``identity`` with the optimizer's parameters (names, shapes, dtypes) and the structure of
     the state a checkpoint holds (``template``, a fresh start: the optimizer's state, the key,
     the averaging state; each array's shape and dtype)."""
-    leaves, treedef = jax.tree_util.tree_flatten(_carried(template))
-    arrays = [jax.random.key_data(leaf) if _is_key(leaf) else leaf for leaf in leaves]
+    arrays, treedef = _carried(template)
     return {
         **identity,
         "params": {
@@ -181,7 +189,7 @@ class Checkpoints:
     path is checked, and with ``resume`` a checkpoint of another fit is refused, naming what
     differs), :meth:`start` once the initial state exists, :meth:`write` after chunks."""
 
-    def __init__(self, path, svi, args, kwargs, average_from, resume, num_steps) -> None:
+    def __init__(self, path, svi, args, kwargs, average_from, resume, num_steps, every) -> None:
         """Raise unless a checkpoint can be written at ``path``: a new file in an existing
         folder, or a fit checkpoint (which the fit then replaces); never a folder or a file the
         library did not write. With ``resume``, refuse a checkpoint of another fit.
@@ -190,7 +198,7 @@ class Checkpoints:
         :raises FileExistsError: ``path`` is a folder, or a file that is not a fit checkpoint.
         :raises ValueError: a checkpoint of another fit, or one beyond ``num_steps``.
         """
-        self.path, self.num_steps = path, num_steps
+        self.path, self.num_steps, self.every = path, num_steps, every
         self.identity = fit_identity(svi, args, kwargs, average_from)
         self.resume = False
         path = Path(os.fspath(path)).expanduser()
@@ -227,7 +235,8 @@ class Checkpoints:
         stored, meta = load_params(self.path, return_metadata=True, as_numpy=True)
         step = self._step(meta)
         # the same fit: the stored arrays are those of this structure (its identity says so)
-        template_leaves, treedef = jax.tree_util.tree_flatten(_carried(fresh))
+        template = (fresh.state, fresh.mean, fresh.count)
+        template_leaves, treedef = jax.tree_util.tree_flatten(template)
         given = stored["leaves"]
         leaves = [
             jax.random.wrap_key_data(given[str(i)], impl=jax.random.key_impl(like))
@@ -263,12 +272,16 @@ class Checkpoints:
             )
         return step
 
+    def after_chunk(self, log: Any, carry: tuple) -> None:
+        """Write a checkpoint where one is due: every ``every`` steps and at the end (``log``:
+        the fit's ``TrainingLog``; ``carry``: its state, running mean and count)."""
+        done, (state, mean, count) = log.done, carry
+        if done == self.num_steps or (self.every and done % self.every == 0):
+            self.write(Progress(done, state, mean, count, log.losses[:done], log.num_skipped))
+
     def write(self, progress: Progress) -> None:
         """Write ``progress`` atomically (see the module docstring)."""
-        leaves = {
-            str(i): np.asarray(jax.random.key_data(leaf) if _is_key(leaf) else leaf)
-            for i, leaf in enumerate(jax.tree_util.tree_leaves(_carried(progress)))
-        }
+        leaves = {str(i): np.asarray(leaf) for i, leaf in enumerate(_carried(progress)[0])}
         metadata = {
             "format": CHECKPOINT_FORMAT,
             "step": int(progress.step),

@@ -14,13 +14,15 @@ layer's ``Kmm_chol`` and names the first that is not finite (:func:`failed_layer
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.distributions import Normal, StudentT
+from numpyro.handlers import block, replay, seed, substitute, trace
 from numpyro.primitives import Messenger
 
 from numpyro_dgp._protocol import LAYER_MESSAGE, message_layer, model_config
@@ -33,7 +35,17 @@ from numpyro_dgp._validation import (
     warn_if_target_not_standardized,
 )
 
-__all__ = ["check_data", "check_observed", "diagnosis", "failed_layer", "named_arguments"]
+__all__ = [
+    "check_data",
+    "check_finite_start",
+    "check_observed",
+    "check_start",
+    "diagnosis",
+    "failed_layer",
+    "named_arguments",
+    "non_finite_params",
+    "report_skipped",
+]
 
 
 def _base_distribution(fn: Any) -> Any:
@@ -105,14 +117,11 @@ def check_observed(model: Any, args: tuple, kwargs: dict, caller: str) -> None:
     :raises ValueError: an observed value outside its distribution's support, naming the site
         and the argument.
     """
-    from numpyro import handlers
-    from numpyro.distributions import Normal, StudentT
-
     found = []
 
     def probe():
-        with handlers.block():
-            tr = handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)
+        with block():
+            tr = trace(seed(model, 0)).get_trace(*args, **kwargs)
         for name, site in tr.items():
             if site["type"] == "sample" and site["is_observed"]:
                 value = concrete(site["value"])
@@ -229,4 +238,71 @@ def diagnosis(svi: Any, params: dict, args: tuple, kwargs: dict) -> str:
         " Every layer's K(Z, Z) factorizes at the final parameters, so the non-finite values came "
         "from elsewhere: a NaN or inf in a minibatch, the likelihood or the objective, or too "
         "large a learning rate."
+    )
+
+
+def check_finite_start(svi: Any, state: Any, caller: str) -> None:
+    """Refuse a start whose parameters hold NaN or inf: the optimizer's (unconstrained) values,
+    finite where the constrained ones are, and read without compiling anything."""
+    bad = non_finite_params(svi.optim.get_params(state.optim_state))
+    if bad:
+        raise FloatingPointError(f"{caller}: initial parameters are not finite: {bad}")
+
+
+def check_start(caller: str, rng_key: Any, init_state: Any, init_params: Any = None) -> None:
+    """Refuse a run with nothing to start from, or two starts."""
+    if init_state is None and rng_key is None:
+        raise ValueError(
+            f"{caller}: rng_key is None; pass a PRNG key (or init_state= to continue a fit)"
+        )
+    if init_state is not None and init_params is not None:
+        raise ValueError(
+            f"{caller}: give init_state (continue a fit) or init_params (start from values), "
+            "not both"
+        )
+
+
+def non_finite_params(params: dict) -> list[str]:
+    """Names of the entries of ``params`` holding NaN or inf (checked on the host)."""
+    return [
+        k
+        for k, v in params.items()
+        if np.issubdtype(np.asarray(v).dtype, np.inexact) and not np.all(np.isfinite(np.asarray(v)))
+    ]
+
+
+def report_skipped(
+    log: Any, svi: Any, params: dict, args: tuple, kwargs: dict, diagnose: bool = True
+) -> None:
+    """Warn about the skipped updates of a run (its ``TrainingLog``); raise when the run
+    diverged: every update skipped, or final (constrained) parameters ``params`` that are not
+    finite, which no model can be loaded or predict with. With ``diagnose``, an eager run at
+    the final parameters names the layer whose ``K(Z, Z)`` fails."""
+    bad = non_finite_params(params)
+    if not (log.num_skipped or bad):
+        return
+    why = diagnosis(svi, params, args, kwargs) if diagnose else ""
+    if log.num_skipped == log.num_steps:
+        raise FloatingPointError(
+            f"{log.caller}: every update produced a non-finite loss or parameters; check the data "
+            "scale, the jitter (numpyro_dgp.core.default_jitter) and the learning rate." + why
+        )
+    if bad:
+        first = np.flatnonzero(~np.isfinite(log.losses))
+        at = " at its last step"
+        if first.size:
+            at = (
+                f" at step {first[0] + 1} (the first whose loss was not finite; "
+                f"{log.num_skipped} of {log.num_steps} updates skipped)"
+            )
+        raise FloatingPointError(
+            f"{log.caller}: the fit diverged{at}: the final parameters {bad} are not finite. "
+            "Lower the learning rate or clip the updates (optax.clip_by_global_norm), and check "
+            "the data scale." + why
+        )
+    warnings.warn(
+        f"{log.caller}: skipped {log.num_skipped} of {log.num_steps} updates with non-finite loss "
+        "or parameters (not applied)." + why,
+        RuntimeWarning,
+        stacklevel=4,
     )

@@ -186,9 +186,7 @@ class EllipticalSlice(ChainKernel):
         :param state: the current state (one chain).
         :return: the text.
         """
-        return "loglik={:.4g}, evals={}".format(
-            float(state.log_likelihood), int(state.num_evaluations)
-        )
+        return f"loglik={float(state.log_likelihood):.4g}, evals={int(state.num_evaluations)}"
 
     def _start(self, first, second, num_warmup, init_params, model_args, model_kwargs):
         """The initial state, after checking that every latent site is standard normal."""

@@ -1,5 +1,12 @@
 """``fit``: a compiled SVI loop (``lax.scan`` over chunks of steps) with a host progress bar.
 
+The loop here is shared with :func:`~numpyro_dgp.fit_minibatches`: the guarded update (an
+update whose loss or new parameters are not finite is not applied) and the host loop over
+chunks of steps (:class:`TrainingLog`: timing, losses, progress bar). The two drivers differ
+only in what a chunk is: ``fit`` runs a compiled ``lax.scan`` over its steps (the data stay on
+the device); ``fit_minibatches`` dispatches one compiled update per minibatch taken from an
+iterator. Checkpointing (``Checkpoints``) is an optional piece run after each chunk.
+
 **References:**
 
 * Izmailov, Podoprikhin, Garipov, Vetrov, Wilson (2018). Averaging weights leads to wider
@@ -11,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,13 +26,18 @@ import numpy as np
 from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
-from numpyro_dgp._validation import check_positive_int, split_traced
+from numpyro_dgp._validation import check_positive_int, split_traced, tree_all_finite
 from numpyro_dgp.infer._checkpoint import Checkpoints, Progress
-from numpyro_dgp.infer._checks import check_data, check_observed
+from numpyro_dgp.infer._checks import (
+    check_data,
+    check_finite_start,
+    check_observed,
+    check_start,
+    report_skipped,
+)
 from numpyro_dgp.infer._init import initial_state
-from numpyro_dgp.infer._loop import TrainingLog, guarded_update, non_finite_params, report_skipped
 
-__all__ = ["FitResult", "fit"]
+__all__ = ["FitResult", "TrainingLog", "fit", "guarded_update", "select", "timed_compile"]
 
 
 class FitResult(NamedTuple):
@@ -57,6 +69,124 @@ class FitResult(NamedTuple):
     def seconds_per_step(self) -> float:
         """Time per step: median over the chunks (compilation is not in them)."""
         return float(np.median(self.chunk_seconds) / self.chunk_size)
+
+
+def select(flag: jax.Array | bool, new: Any, old: Any) -> Any:
+    """``new`` where ``flag``, else ``old``, leaf by leaf."""
+    return jax.tree_util.tree_map(lambda n, o: jnp.where(flag, n, o), new, old)
+
+
+def guarded_update(
+    svi: SVI,
+    state: SVIState,
+    args: tuple,
+    kwargs: dict,
+    active: jax.Array | bool = True,
+    barrier: bool = True,
+) -> tuple[SVIState, jax.Array, jax.Array]:
+    """One SVI update, applied only where its loss and new parameters are finite.
+
+    A skipped update still advances the key (it is not retried with the same draw). An
+    inactive step (``active`` false: padding a chunk) leaves the whole state as it was, key
+    included, so that a run does not depend on how its steps are cut into chunks.
+
+    ``barrier`` materializes the finiteness check and the new state before selecting with them:
+    otherwise XLA fuses every select with the reduction over all parameters, and a scan over
+    the steps of a large model compiles 3-4x longer. The fusion it prevents changes round-off,
+    so a run with and without it differs in the last digits (and a chaotic optimization then
+    further).
+
+    :return: ``(state, loss, skipped)``; ``skipped`` is ``active & ~finite``.
+    """
+    new_state, loss = svi.update(state, *args, **kwargs)
+    finite = jnp.isfinite(loss) & tree_all_finite(new_state.optim_state)
+    new_optim_state = new_state.optim_state
+    if barrier:
+        finite, new_optim_state = jax.lax.optimization_barrier((finite, new_optim_state))
+    accept = finite & active
+    state = new_state._replace(
+        optim_state=select(accept, new_optim_state, state.optim_state),
+        mutable_state=select(accept, new_state.mutable_state, state.mutable_state),
+        rng_key=select(active, new_state.rng_key, state.rng_key),
+    )
+    return state, loss, active & ~finite
+
+
+def timed_compile(jitted: Any, *args: Any) -> tuple[Any, float]:
+    """``jitted`` compiled for ``args`` ahead of its first call, so that compilation is timed on
+    its own, and the seconds that took."""
+    start = time.perf_counter()
+    compiled = jitted.lower(*args).compile()
+    return compiled, time.perf_counter() - start
+
+
+class TrainingLog:
+    """The host's record of a run: losses, skipped updates, chunk times, progress bar.
+
+    :param caller: the driver's name (messages).
+    :param num_steps: steps of the whole run.
+    :param losses: losses of the steps already done (a resumed run).
+    :param num_skipped: skipped updates among them.
+    :param progress_bar: show a tqdm progress bar (plain text: no ipywidgets needed in notebooks).
+    """
+
+    def __init__(
+        self,
+        caller: str,
+        num_steps: int,
+        losses: np.ndarray = np.empty(0),
+        num_skipped: int = 0,
+        progress_bar: bool = True,
+    ) -> None:
+        self.caller, self.num_steps = caller, int(num_steps)
+        self.done, self.num_skipped = len(losses), int(num_skipped)
+        self.losses = np.empty(num_steps)
+        self.losses[: self.done] = losses
+        self.chunk_seconds: list[float] = []
+        self.progress_bar = progress_bar
+
+    def run(
+        self,
+        run_chunk: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
+        chunk_length: Callable[[int], int],
+        after_chunk: Callable[[TrainingLog], None] = lambda log: None,
+    ) -> None:
+        """Run chunks until every step is done: ``run_chunk(done, n)`` runs the
+        ``n = chunk_length(done)`` steps after the ``done`` steps so far and returns their losses
+        and skip flags on the host (the synchronization that ends the chunk);
+        ``after_chunk(self)`` follows each chunk."""
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=self.num_steps,
+            initial=self.done,
+            desc="fit",
+            unit="step",
+            disable=not self.progress_bar,
+        )
+        with bar:
+            while self.done < self.num_steps:
+                n = chunk_length(self.done)
+                start = time.perf_counter()
+                losses, skipped = map(np.asarray, run_chunk(self.done, n))
+                self.chunk_seconds.append(time.perf_counter() - start)
+                self.losses[self.done : self.done + n] = losses
+                self.num_skipped += int(np.sum(skipped))
+                self.done += n
+                finite = losses[np.isfinite(losses)]
+                loss = f"{finite.mean():.4g}" if finite.size else "nan"
+                bar.set_postfix(loss=loss, skipped=self.num_skipped)
+                bar.update(n)
+                after_chunk(self)
+
+    def result(
+        self, svi, params, state, args, kwargs, chunk_size, compile_seconds, averaged=None, **how
+    ) -> FitResult:
+        """The :class:`FitResult` of the finished run, after reporting its skipped updates
+        (``how``: :func:`report_skipped`'s options)."""
+        report_skipped(self, svi, params, args, kwargs, **how)
+        timing = np.asarray(self.chunk_seconds), chunk_size, compile_seconds
+        return FitResult(params, self.losses, state, self.num_skipped, *timing, averaged)
 
 
 @partial(jax.jit, static_argnums=0)
@@ -207,14 +337,14 @@ def fit(
     """
     every = checkpoint_every
     _check_options(num_steps, chunk_size, average_from, checkpoint_path, every, resume)
-    _check_start(rng_key, init_state, init_params)
+    check_start("fit", rng_key, init_state, init_params)
     check_data(svi.model, args, kwargs, allow_missing)
     # after fit's own warning about X: the layers' warning about the same problem is then quiet
     check_observed(svi.model, args, {**kwargs, **svi.static_kwargs}, "fit")
     checkpoints = None
     if checkpoint_path is not None:  # another fit's checkpoint is refused before any work
         checkpoints = Checkpoints(
-            checkpoint_path, svi, args, kwargs, average_from, resume, num_steps
+            checkpoint_path, svi, args, kwargs, average_from, resume, num_steps, every
         )
     # arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static
     dyn_args, static_args, dyn_kwargs, static_kwargs = split_traced(args, kwargs)
@@ -222,16 +352,16 @@ def fit(
     statics = _statics(svi, chunk, average_from is not None, static_args, static_kwargs)
     if init_state is None:
         init_state = initial_state(svi, rng_key, args, kwargs, init_params, strict)
-    progress = _start(svi, init_state, average_from, checkpoints)
+    progress = Progress.fresh(svi, init_state, average_from is not None)
+    if checkpoints is not None:
+        progress = checkpoints.start(svi, progress)
+    check_finite_start(svi, progress.state, "fit")
     carry, params = (progress.state, progress.mean, progress.count), None
     compile_seconds = 0.0
     if progress.step < num_steps:
-        # compiled ahead of the first chunk, so that compilation is timed on its own (the jitted
-        # call reuses this executable; cheap when svi already has it for these shapes)
-        start = time.perf_counter()
-        active, average_start = jnp.asarray(num_steps), jnp.asarray(0)
-        _run_chunk.lower(statics, carry, active, average_start, dyn_args, dyn_kwargs).compile()
-        compile_seconds = time.perf_counter() - start
+        # the jitted call reuses this executable; cheap when svi already has it for these shapes
+        first = (statics, carry, jnp.asarray(num_steps), jnp.asarray(0), dyn_args, dyn_kwargs)
+        compile_seconds = timed_compile(_run_chunk, *first)[1]
 
     def run(done, n):
         nonlocal carry, params
@@ -245,21 +375,17 @@ def fit(
         # a chunk ends at the next checkpoint, so checkpoints fall on exact step counts
         return min(chunk, num_steps - done, every - done % every if every else chunk)
 
-    def after_chunk(done):
-        if checkpoints is not None and (done == num_steps or (every and done % every == 0)):
-            checkpoints.write(Progress(done, *carry, log.losses[:done], log.num_skipped))
+    def after_chunk(log):
+        if checkpoints is not None:
+            checkpoints.after_chunk(log, carry)
 
     log = TrainingLog("fit", num_steps, progress.losses, progress.num_skipped, progress_bar)
     log.run(run, chunk_length, after_chunk)
     state, mean, _ = carry
     if params is None:  # no chunk ran: resumed from the checkpoint of the finished run
         params = _get_params(svi, state)
-    report_skipped(log, svi, params, args, kwargs)
     averaged = svi.constrain_fn(mean) if average_from is not None else None
-    seconds = np.asarray(log.chunk_seconds)
-    return FitResult(
-        params, log.losses, state, log.num_skipped, seconds, chunk, compile_seconds, averaged
-    )
+    return log.result(svi, params, state, args, kwargs, chunk, compile_seconds, averaged)
 
 
 def _statics(svi, chunk, average, static_args, static_kwargs):
@@ -270,31 +396,6 @@ def _statics(svi, chunk, average, static_args, static_kwargs):
     except TypeError:
         return _Unhashable(statics)
     return statics
-
-
-def _start(svi, init_state, average_from, checkpoints):
-    """The :class:`Progress` the fit starts from: ``init_state``, or the checkpoint's when
-    resuming; refuses non-finite parameters."""
-    # without averaging the mean is an empty placeholder carried through the scan
-    mean = svi.optim.get_params(init_state.optim_state) if average_from is not None else {}
-    progress = Progress(0, init_state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
-    if checkpoints is not None:
-        progress = checkpoints.start(svi, progress)
-    # the optimizer's (unconstrained) values: finite where the constrained ones are, and read
-    # without compiling anything
-    bad = non_finite_params(svi.optim.get_params(progress.state.optim_state))
-    if bad:
-        raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
-    return progress
-
-
-def _check_start(rng_key, init_state, init_params):
-    if init_state is None and rng_key is None:
-        raise ValueError("fit: rng_key is None; pass a PRNG key (or init_state= to continue a fit)")
-    if init_state is not None and init_params is not None:
-        raise ValueError(
-            "fit: give init_state (continue a fit) or init_params (start from values), not both"
-        )
 
 
 def _check_options(num_steps, chunk_size, average_from, checkpoint_path, every, resume):

@@ -104,9 +104,9 @@ def _site_pairs(
         )
     by_layer = {site.layer: site for site in sites}
     chosen = sites[-1:] if layers == "last" else list(sites)
-    if layers not in ("last", "all"):
+    if layers not in ("last", "all"):  # natural_gradients refused any other string
         unknown = [name for name in layers if name not in by_layer]
-        if isinstance(layers, str) or unknown:
+        if unknown:
             raise ValueError(
                 f"natural_gradients: layers must be 'last', 'all' or a list of the model's layers "
                 f"{sorted(by_layer)}; got {layers!r}"
@@ -208,13 +208,9 @@ def natural_gradients(
         return NaturalGradientState(jnp.zeros((), jnp.int32), others.init(split(params, pairs)))
 
     def update(
-        grads: dict, state: NaturalGradientState, params: dict | None = None
+        grads: dict, state: NaturalGradientState, params: dict
     ) -> tuple[dict, NaturalGradientState]:
-        if params is None:  # optax's signature has it optional; the natural step needs q(u) itself
-            raise ValueError(
-                "natural_gradients: update needs the current params (the natural step is taken "
-                "from q(u)'s mean and Cholesky factor)"
-            )
+        # NumPyro's optimizer always passes the current params (the natural step needs q(u))
         pairs = _site_pairs(guide, list(grads), layers)
         rest = split(params, pairs)
         rest_updates, rest_state = others.update(split(grads, pairs), state.others, rest)

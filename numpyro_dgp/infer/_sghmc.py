@@ -33,10 +33,11 @@ moment estimates ``g, g2`` of ``grad / num_data`` and the window length ``xi`` a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 from jax import random
 from jax.flatten_util import ravel_pytree
 from numpyro.distributions import constraints
@@ -48,10 +49,7 @@ from numpyro.infer.util import potential_energy, transform_fn
 from numpyro_dgp._protocol import amortized_layer_names
 from numpyro_dgp._validation import check_positive_int, tree_all_finite
 from numpyro_dgp.infer._elliptical import ChainKernel
-from numpyro_dgp.infer._loop import select
-
-if TYPE_CHECKING:
-    import optax
+from numpyro_dgp.infer._fit import select
 
 __all__ = ["SGHMC", "SGHMCState"]
 
@@ -210,9 +208,6 @@ class SGHMC(ChainKernel):
         self._mdecay = float(mdecay)
         self._num_data_arg = num_data
         if param_optimizer == "adam":
-            # only where SGHMC learns params: optax is not needed to import the package
-            import optax
-
             param_optimizer = optax.adam(0.01)
         elif isinstance(param_optimizer, str):
             raise ValueError(
@@ -309,8 +304,7 @@ class SGHMC(ChainKernel):
         dtype = z_flat.dtype
         n = self._num_data
         assert n is not None, "SGHMC.sample before init"  # init sets it
-        eta = self._step_size**2 / n
-        mdecay = self._mdecay
+        eta, mdecay = self._step_size**2 / n, self._mdecay
 
         def u_flat(zf):
             return self._potential(unravel(zf), state.params, key_u, model_args, model_kwargs)
@@ -354,12 +348,7 @@ class SGHMC(ChainKernel):
                 updates, new_opt_state = self._optimizer.update(
                     p_grad, state.opt_state, state.params
                 )
-                # what optax.apply_updates does per leaf (keeps the parameter's dtype)
-                new_params = jax.tree.map(
-                    lambda p, u: jnp.asarray(p + u).astype(jnp.asarray(p).dtype),
-                    state.params,
-                    updates,
-                )
+                new_params = optax.apply_updates(state.params, updates)
                 return new_params, new_opt_state, tree_all_finite(p_grad)
 
             # cond, not where: skips the gradient when params are frozen after warmup.
@@ -371,21 +360,10 @@ class SGHMC(ChainKernel):
             )
 
         z_new, pe = unravel(z_new_flat), pe.astype(dtype)
-        proposed = SGHMCState(
-            state.i,
-            z_new,
-            momentum,
-            xi,
-            g,
-            g2,
-            params,
-            opt_state,
-            window,
-            window_count,
-            pe,
-            state.num_skipped,
-            state.rng_key,
+        proposed = state._replace(
+            z=z_new, momentum=momentum, xi=xi, g=g, g2=g2, params=params, opt_state=opt_state
         )
+        proposed = proposed._replace(window=window, window_count=window_count, potential_energy=pe)
         # Reject the whole step on a non-finite potential or gradient rather than poison the chain.
         ok = jnp.isfinite(pe) & tree_all_finite(grad) & ok_params
         new = select(ok, proposed, state)

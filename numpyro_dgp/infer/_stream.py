@@ -20,7 +20,6 @@ reach on the joined minibatches.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterable, Iterator
 
 import jax
@@ -31,9 +30,9 @@ from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._validation import check_positive_int
-from numpyro_dgp.infer._fit import FitResult
+from numpyro_dgp.infer._checks import check_start
+from numpyro_dgp.infer._fit import FitResult, TrainingLog, guarded_update, timed_compile
 from numpyro_dgp.infer._init import initial_state
-from numpyro_dgp.infer._loop import TrainingLog, guarded_update, report_skipped
 
 __all__ = ["HostMinibatches", "fit_minibatches"]
 
@@ -72,7 +71,7 @@ class HostMinibatches:
         if batch_size > N:
             raise ValueError(f"HostMinibatches: batch_size={batch_size} exceeds the {N} rows")
         self.X, self.y, self.batch_size, self.dtype = X, y, int(batch_size), dtype
-        self.num_data = int(np.shape(X)[0])
+        self.num_data = int(N)
         self._rng = np.random.default_rng(seed)
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
@@ -155,6 +154,7 @@ def fit_minibatches(
     check_positive_int(num_steps, "num_steps", "fit_minibatches")
     check_positive_int(num_data, "num_data", "fit_minibatches")
     check_positive_int(sync_every, "sync_every", "fit_minibatches")
+    check_start("fit_minibatches", rng_key, init_state)
     iterator = iter(batches)
 
     def next_batch():
@@ -164,8 +164,6 @@ def fit_minibatches(
             raise ValueError("fit_minibatches: batches ran out before num_steps updates") from None
         return _to_device(batch, mesh)
 
-    if init_state is None and rng_key is None:
-        raise ValueError("fit_minibatches: rng_key is None; pass a PRNG key (or init_state=)")
     batch = next_batch()
     kwargs = {"num_data": int(num_data)}
     state = initial_state(svi, rng_key, batch, kwargs) if init_state is None else init_state
@@ -176,21 +174,18 @@ def fit_minibatches(
         # results are those of fit_minibatches before it shared fit's loop, bit for bit
         return guarded_update(svi, state, batch, kwargs, barrier=False)
 
-    start = time.perf_counter()
-    compiled = update.lower(state, batch).compile()
-    compile_seconds = time.perf_counter() - start
+    compiled, compile_seconds = timed_compile(update, state, batch)
 
     def run(done, n):
         # dispatch is asynchronous: the host gathers the next batch while the device runs a step
         nonlocal state, batch
-        losses, skipped = [], []
+        steps = []
         for step in range(done, done + n):
             if step:
                 batch = next_batch()
             state, loss, skip = compiled(state, batch)
-            losses.append(loss)
-            skipped.append(skip)
-        return np.asarray([float(x) for x in losses]), np.asarray([bool(x) for x in skipped])
+            steps.append((loss, skip))
+        return np.asarray([float(x) for x, _ in steps]), np.asarray([bool(x) for _, x in steps])
 
     log = TrainingLog(
         "fit_minibatches", num_steps, progress_bar=progress_bar and jax.process_index() == 0
@@ -198,8 +193,7 @@ def fit_minibatches(
     log.run(run, lambda done: min(sync_every, num_steps - done))
     # the diagnostic's eager run would need every process of a distributed fit: only without a mesh
     params = svi.get_params(state)
-    report_skipped(log, svi, params, batch, kwargs, diagnose=mesh is None)
-    seconds = np.asarray(log.chunk_seconds)
-    return FitResult(
-        params, log.losses, state, log.num_skipped, seconds, int(sync_every), compile_seconds
+    chunk = int(sync_every)
+    return log.result(
+        svi, params, state, batch, kwargs, chunk, compile_seconds, diagnose=mesh is None
     )
