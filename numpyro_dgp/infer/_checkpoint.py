@@ -92,7 +92,7 @@ def fit_identity(svi: Any, args: tuple, kwargs: dict, average_from: int | None) 
     ``average_from``, the guide's class, the objective and the optimizer (class and the settings
     it exposes: NumPyro's optimizers do not expose their step size).
     :func:`with_state` adds the parameters and the state's structure once they exist. Hashing
-    reads the data once (0.15 s per 100 MB here)."""
+    reads the data once (time linear in its size)."""
     from numpyro_dgp._compat import innermost_guide
     from numpyro_dgp._validation import concrete, is_array
 

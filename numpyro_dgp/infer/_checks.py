@@ -107,7 +107,7 @@ def _check_support(name: str, where: str, fn: Any, value: np.ndarray, caller: st
 
 def check_observed(model: Any, args: tuple, kwargs: dict, caller: str) -> None:
     """Check the observed values of one abstract run of ``model`` (``jax.eval_shape``: nothing is
-    computed; about 20 ms): values the likelihood reads (its mask's, not NaN) outside their
+    computed): values the likelihood reads (its mask's, not NaN) outside their
     distribution's support are refused, and a Gaussian or Student-t target far from standardized
     gets a :class:`TargetScaleWarning`. Only values the model observes as they were passed
     (``obs=y``) are concrete here; an observation computed from the arguments inside the model
