@@ -310,11 +310,8 @@ def default_data_dir(data_dir: os.PathLike | str | None = None) -> Path:
         )
     path = Path(env_value if data_dir is None else data_dir).expanduser()
     if not path.is_dir():
-        given = (
-            f"data_dir={str(path)!r}"
-            if data_dir is not None
-            else f"{DATA_DIR_ENV_VAR}={env_value!r}"
-        )
+        env = f"{DATA_DIR_ENV_VAR}={env_value!r}"
+        given = env if data_dir is None else f"data_dir={str(path)!r}"
         raise FileNotFoundError(f"{given} is not an existing directory")
     return path.resolve()
 

@@ -190,7 +190,8 @@ def fit_table(
             f"--likelihood {args.likelihood} takes one --target column of labels, got {targets}"
         )
     table = read_table(args.data, allow_missing=targets)
-    X, y, names = table.split(targets[0] if len(targets) == 1 else targets)
+    target = targets[0] if len(targets) == 1 else targets
+    X, y, names = table.split(target)
     assert y is not None  # a target was named
     gaps = [name for j, name in enumerate(targets) if np.isnan(y.reshape(len(y), -1)[:, j]).any()]
     if gaps and args.missing_targets != "mask":
@@ -208,9 +209,8 @@ def fit_table(
             f"--test-fraction {args.test_fraction} leaves {train.size} training rows of {N}"
         )
     check_inducing(args.num_inducing, train.size, "points of the training rows")
-    shown = repr(targets[0]) if len(targets) == 1 else str(targets)
     print(
-        f"{args.data}: {N} rows, {len(names)} features, target {shown} ({args.likelihood}"
+        f"{args.data}: {N} rows, {len(names)} features, target {target!r} ({args.likelihood}"
         f"{f', {num_classes} classes' if num_classes else ''}); {train.size} training, "
         f"{test.size} test rows"
     )
@@ -460,8 +460,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     write_atomically(Path(args.output), lambda f: csv.writer(f).writerows(rows))
     print(f"wrote {X.shape[0]} predictions to {args.output} (row, {', '.join(header)})")
     if targets and all(name in table.columns for name in targets):
-        y = table.data[:, [table.columns.index(name) for name in targets]]
-        y = y[:, 0] if len(targets) == 1 else y
-        shown = repr(targets[0]) if len(targets) == 1 else str(targets)
-        print(f"against the table's {shown}: " + scores_text(pred, y, targets))
+        target = targets[0] if len(targets) == 1 else targets
+        _, y, _ = table.split(target)
+        print(f"against the table's {target!r}: " + scores_text(pred, y, targets))
     return 0
