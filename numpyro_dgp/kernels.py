@@ -23,7 +23,9 @@ hyperparameter; traced values (a kernel built inside ``jit`` or ``vmap``) are no
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar
+import functools
+import operator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -385,6 +387,8 @@ class _Combination(Kernel):
     """
 
     kernels: tuple
+    #: how the parts' matrices and diagonals are combined, left to right
+    _combine: ClassVar[Callable[[Any, Any], Any]]
 
     def __init__(self, *kernels: Kernel) -> None:
         flat: list[Kernel] = []
@@ -417,38 +421,30 @@ class _Combination(Kernel):
         """A copy whose parts have their ARD lengthscales broadcast to ``(input_dim,)``."""
         return type(self)(*(k.with_input_dim(input_dim) for k in self.kernels))
 
+    def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
+        """The covariance matrix ``(N1, N2)``: the parts' matrices combined."""
+        return functools.reduce(type(self)._combine, (k(X1, X2) for k in self.kernels))
+
+    def diag(self, X: ArrayLike) -> jax.Array:
+        """Diagonal of ``self(X, X)``, shape ``(N,)``: the parts' diagonals combined."""
+        return functools.reduce(type(self)._combine, (k.diag(X) for k in self.kernels))
+
 
 class Sum(_Combination):
-    """Sum of kernels: ``Sum(k1, k2)`` or ``k1 + k2``.
+    """Sum of kernels: ``Sum(k1, k2)`` or ``k1 + k2`` (matrices and diagonals are the sums of the
+    parts').
 
     :param kernels: the summands.
     """
 
-    def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
-        """The covariance matrix ``(N1, N2)``: the sum of the parts' matrices."""
-        return sum(k(X1, X2) for k in self.kernels)
-
-    def diag(self, X: ArrayLike) -> jax.Array:
-        """Diagonal of ``self(X, X)``, shape ``(N,)``: the sum of the parts' diagonals."""
-        return sum(k.diag(X) for k in self.kernels)
+    _combine = operator.add
 
 
 class Product(_Combination):
-    """Elementwise product of kernels: ``Product(k1, k2)`` or ``k1 * k2``.
+    """Elementwise product of kernels: ``Product(k1, k2)`` or ``k1 * k2`` (matrices and diagonals
+    are the elementwise products of the parts').
 
     :param kernels: the factors.
     """
 
-    def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
-        """The covariance matrix ``(N1, N2)``: the elementwise product of the parts' matrices."""
-        out = self.kernels[0](X1, X2)
-        for k in self.kernels[1:]:
-            out = out * k(X1, X2)
-        return out
-
-    def diag(self, X: ArrayLike) -> jax.Array:
-        """Diagonal of ``self(X, X)``, shape ``(N,)``: the product of the parts' diagonals."""
-        out = self.kernels[0].diag(X)
-        for k in self.kernels[1:]:
-            out = out * k.diag(X)
-        return out
+    _combine = operator.mul

@@ -297,21 +297,21 @@ def is_discrete(base: dist.Distribution) -> bool:
     return bool(base.support.is_discrete)
 
 
-#: The factories' likelihoods: the last layer's width per target column and what ``y`` holds
-#: (:mod:`numpyro_dgp.likelihoods`).
-LIKELIHOODS = (
-    "gaussian",
-    "probit",
-    "softmax",
-    "robust_max",
-    "student_t",
-    "poisson",
-    "negative_binomial",
-    "heteroscedastic",
-)
-#: likelihoods whose targets are class labels, and those whose targets are counts
-_LABELS = ("probit", "softmax", "robust_max")
-_COUNTS = ("poisson", "negative_binomial")
+#: The factories' likelihoods (:mod:`numpyro_dgp.likelihoods`): what their targets ``y`` hold
+#: (real numbers, 0/1 labels, class labels ``0..C-1`` or counts) and the recipe of their
+#: distribution given the last layer's output
+_TABLE: dict[str, tuple[str, Any]] = {
+    "gaussian": ("real", None),
+    "probit": ("labels", likelihoods.bernoulli_probit),
+    "softmax": ("classes", likelihoods.softmax),
+    "robust_max": ("classes", likelihoods.robust_max),
+    "student_t": ("real", likelihoods.student_t),
+    "poisson": ("counts", likelihoods.poisson),
+    "negative_binomial": ("counts", likelihoods.negative_binomial),
+    "heteroscedastic": ("real", likelihoods.heteroscedastic_normal),
+}
+#: The factories' likelihoods by name
+LIKELIHOODS = tuple(_TABLE)
 #: the values of ``missing_targets``
 MISSING_TARGETS = ("raise", "mask")
 
@@ -336,12 +336,12 @@ class Observation(NamedTuple):
     @property
     def continuous(self) -> bool:
         """Whether the targets are real numbers (not class labels or counts)."""
-        return self.likelihood not in _LABELS + _COUNTS
+        return _TABLE[self.likelihood][0] == "real"
 
     @property
     def width(self) -> int:
         """The last layer's number of outputs."""
-        if self.likelihood in ("softmax", "robust_max"):
+        if _TABLE[self.likelihood][0] == "classes":
             return int(cast(int, self.num_classes))  # given for these likelihoods (see check)
         return 2 * self.num_outputs if self.likelihood == "heteroscedastic" else self.num_outputs
 
@@ -355,7 +355,7 @@ class Observation(NamedTuple):
         check_positive_int(self.num_outputs, "num_outputs", caller)
         # num_classes: an integer >= 2 for the class likelihoods (one column of labels), else absent
         likelihood, num_classes = self.likelihood, self.num_classes
-        classes = likelihood in ("softmax", "robust_max")
+        classes = _TABLE[likelihood][0] == "classes"
         if classes and not (
             isinstance(num_classes, (int, np.integer))
             and not isinstance(num_classes, bool)
@@ -425,7 +425,7 @@ class Observation(NamedTuple):
             present = ~jnp.isnan(y)
             fn = fn.mask(present)
             y = jnp.where(present, y, 0.0)
-            if self.likelihood in _LABELS + _COUNTS:
+            if not self.continuous:
                 y = y.astype(jnp.int32)
         if self.num_outputs > 1:
             fn = fn.to_event(1)
@@ -439,21 +439,15 @@ class Observation(NamedTuple):
         if name == "gaussian":
             noise = self._param("noise", self.noise_init, constraints.positive, dtype)
             return validated_normal(f, jnp.sqrt(noise))
+        recipe = _TABLE[name][1]
         if name == "student_t":
             df = self._param("df", 4.0, constraints.greater_than(1.0), dtype)
             scale = self._param("scale", np.sqrt(self.noise_init), constraints.positive, dtype)
-            return likelihoods.student_t(f, df, scale)
+            return recipe(f, df, scale)
         if name == "negative_binomial":
             concentration = self._param("concentration", 1.0, constraints.positive, dtype)
-            return likelihoods.negative_binomial(f, concentration)
-        recipes = {
-            "probit": likelihoods.bernoulli_probit,
-            "softmax": likelihoods.softmax,
-            "robust_max": likelihoods.robust_max,
-            "poisson": likelihoods.poisson,
-            "heteroscedastic": likelihoods.heteroscedastic_normal,
-        }
-        return recipes[name](f)
+            return recipe(f, concentration)
+        return recipe(f)
 
     def _param(self, name: str, init: Any, constraint: Any, dtype: Any) -> jax.Array:
         """A learned parameter of the likelihood: one per target column."""
@@ -468,7 +462,7 @@ def _check_discrete_targets(y: jax.Array, observation: Observation, caller: str)
     if value is None:
         return
     value = value[~np.isnan(value)] if np.issubdtype(value.dtype, np.inexact) else value.ravel()
-    if observation.likelihood in _COUNTS:
+    if _TABLE[observation.likelihood][0] == "counts":
         bad = (value < 0) | (value != np.round(value))
         what = "non-negative integer counts"
     else:
