@@ -231,10 +231,11 @@ class AmortizedSets:
     (an encoder posterior such as :class:`~numpyro_dgp.posteriors.AmortizedPosterior`: its
     ``encode``, ``mixture`` and ``sees_mixture_mean``), one per run of the model.
 
-    :meth:`encoder_input` gives an AR2 / AR2P encoder the weighted mean of the last mixture's
-    component means, :meth:`record_input` keeps each layer's encoder input, :meth:`site`
-    evaluates the encoder at the layer's ``u`` site, :meth:`q` gives the layer its
-    ``q(u_n | p_n)`` and :meth:`branched` records a mixture's weighted mean.
+    :meth:`encoders` reads the encoders off a guide's trace; in a run, :meth:`encoder_input`
+    gives an AR2 / AR2P encoder the weighted mean of the last mixture's component means,
+    :meth:`record_input` keeps each layer's encoder input, :meth:`site` evaluates the encoder
+    at the layer's ``u`` site, :meth:`q` gives the layer its ``q(u_n | p_n)`` and
+    :meth:`branched` records a mixture's weighted mean.
 
     :param posteriors: ``{u-site: posterior}`` of the run.
     """
@@ -247,6 +248,18 @@ class AmortizedSets:
         self._encoder_inputs: dict[str, jax.Array] = {}
         # weighted mean of the last mixture's component means (AR2 / AR2P)
         self._mixture_mean: jax.Array | None = None
+
+    @staticmethod
+    def encoders(guide_trace: dict) -> dict[str, Any]:
+        """``{u-site: encoder}`` from the placeholder sites of a guide that encodes per-point
+        inducing sets (:class:`AutoAmortizedDGP`: the site's distribution carries a
+        ``posterior`` with ``encode`` and a ``mixture``)."""
+        return {
+            site["fn"].site: site["fn"].posterior
+            for site in guide_trace.values()
+            if site["type"] == "sample"
+            and hasattr(getattr(site["fn"], "posterior", None), "mixture")
+        }
 
     def encoder_input(self, msg: dict) -> None:
         """An encoder-input message: after a mixture, an AR2 / AR2P encoder sees the weighted
