@@ -15,8 +15,8 @@ and live in the modules that own them:
   :class:`~numpyro_dgp.guides._correlated.CorrelatedRecursion` (``output`` per layer, then
   ``condition`` on the drawn outputs);
 * per-point inducing sets: :class:`~numpyro_dgp.guides._amortized.AmortizedSets` evaluates
-  the guide's encoder at a layer's ``u`` site (``site``: ``q(u_n | p_n)`` and its KL; ``q``
-  for the layer) and gives an AR2 / AR2P encoder the weighted mean of the branches
+  the guide's encoder at a layer's ``u`` site (``site``: ``q(u_n | p_n)`` and its KL, kept in
+  ``local_q`` for the layer) and gives an AR2 / AR2P encoder the weighted mean of the branches
   (``encoder_input``, ``branched``);
 * latent inputs: the draw from the guide's ``q(w_n)`` (``latent_draw`` and ``latent_kl`` in
   :mod:`numpyro_dgp.guides._latent`);
@@ -195,7 +195,8 @@ class marginalize_inducing(PerRunMessenger):
             msg["value"] = self._correlated_value(layer, X, post, rng_key)
             return
         if layer.inducing == "amortized":
-            mean, var = layer_moments(layer, X, *self._amortized.q(layer.u_site, u))
+            q_mean, q_sqrt = self._amortized.local_q.get(layer.u_site, (u, None))
+            mean, var = layer_moments(layer, X, q_mean, q_sqrt)
         else:
             q_mean, q_sqrt = (u, None) if post is None else post
             mean, var = layer_moments(layer, X, q_mean, q_sqrt, full_cov)

@@ -234,7 +234,7 @@ class AmortizedSets:
     :meth:`encoders` reads the encoders off a guide's trace; in a run, :meth:`encoder_input`
     gives an AR2 / AR2P encoder the weighted mean of the last mixture's component means,
     :meth:`record_input` keeps each layer's encoder input, :meth:`site` evaluates the encoder
-    at the layer's ``u`` site, :meth:`q` gives the layer its ``q(u_n | p_n)`` and
+    at the layer's ``u`` site (:attr:`local_q` keeps the layer's ``q(u_n | p_n)``) and
     :meth:`branched` records a mixture's weighted mean.
 
     :param posteriors: ``{u-site: posterior}`` of the run.
@@ -243,7 +243,7 @@ class AmortizedSets:
     def __init__(self, posteriors: dict[str, Any]) -> None:
         self.posteriors = posteriors
         # u-site -> (loc, scale) of an encoder's q(u_n | p_n) at the model's p
-        self._local_q: dict[str, tuple[jax.Array, jax.Array]] = {}
+        self.local_q: dict[str, tuple[jax.Array, jax.Array]] = {}
         # u-site -> the encoder input p of its layer
         self._encoder_inputs: dict[str, jax.Array] = {}
         # weighted mean of the last mixture's component means (AR2 / AR2P)
@@ -297,13 +297,9 @@ class AmortizedSets:
             flat(scale, scale.ndim - len(batch)),
             flat(jnp.broadcast_to(prior_chol, batch + prior_chol.shape[-2:]), 2),
         ).reshape(batch)
-        self._local_q[msg["name"]] = (loc, scale)
+        self.local_q[msg["name"]] = (loc, scale)
         msg["value"] = loc  # never used as a draw: the layer marginalizes it
         with_tag(msg, LOCAL_KL, kl)
-
-    def q(self, u_site: str, u: Any) -> tuple:
-        """``(loc, scale)`` of the layer's ``q(u_n | p_n)``, or ``(u, None)`` without an encoder."""
-        return self._local_q.get(u_site, (u, None))
 
     def branched(self, log_weights: jax.Array, mean: jax.Array, shape: tuple) -> None:
         """Record the weighted mean of a mixture's component means ``mean``: the next layer's
