@@ -44,10 +44,6 @@ ALLOWED_PRIVATE_IMPORTS = {
         "NumPyro's lower-Cholesky layout read with the core's gather (not public core API)",
     ("numpyro_dgp/_predict/variants.py", "numpyro_dgp.objectives._collapsed"):
         "the collapsed prediction reuses the collapsed objective's handler",
-    ("numpyro_dgp/_engine/marginal.py", "numpyro_dgp.guides._correlated"):
-        "the per-point recursion of the guides that correlate the layers lives with them",
-    ("numpyro_dgp/_engine/marginal.py", "numpyro_dgp.guides._latent"):
-        "a latent input's draw from the guide's q(w_n) lives with the guides' latent sites",
 }
 
 

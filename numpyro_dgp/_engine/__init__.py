@@ -6,5 +6,6 @@ reads layers and guide Gaussians (NumPyro's own autoguides' too) off their trace
 propagates Gaussian moments through the layers; ``observation`` reads the likelihood sites
 after the last layer.
 Used by the objectives and by prediction; imports only the layers below it (core,
-the message protocol, layers, handlers, guides' posteriors).
+the message protocol, layers, handlers, guides' posteriors and the plug-ins
+``numpyro_dgp.guides`` exports for it).
 """

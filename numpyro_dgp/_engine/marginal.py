@@ -14,13 +14,19 @@ and live in the modules that own them:
   :class:`~numpyro_dgp.posteriors.JointBlock`): the per-point recursion of
   :class:`~numpyro_dgp.guides._correlated.CorrelatedRecursion` (``output`` per layer, then
   ``condition`` on the drawn outputs);
+* per-point inducing sets: :class:`~numpyro_dgp.guides._amortized.AmortizedSets` evaluates
+  the guide's encoder at a layer's ``u`` site (``site``: ``q(u_n | p_n)`` and its KL, kept in
+  ``local_q`` for the layer) and gives an AR2 / AR2P encoder the weighted mean of the branches
+  (``encoder_input``, ``branched``);
 * latent inputs: the draw from the guide's ``q(w_n)`` (``latent_draw`` and ``latent_kl`` in
   :mod:`numpyro_dgp.guides._latent`);
 * the importance-weighted bound: the ``importance`` plug-in
   (:class:`~numpyro_dgp.objectives._importance.ImportanceDraws`: ``num`` draws per point,
   their log weights, a layer's joint draws, its refusals);
-* per-point inducing sets: an encoder posterior (``encode``, ``mixture``,
-  ``sees_mixture_mean``), evaluated inside the model's run.
+* mixtures: the branches of a layer's outputs, asked of the guide's posterior (an encoder's
+  ``mixture``) or of the layer's rule.
+
+The guides' plug-ins come from :mod:`numpyro_dgp.guides` (exported beside its ``__all__``).
 
 :func:`~numpyro_dgp._engine.run.marginal_trace` runs a guide and then the model under that
 handler and returns both traces with what the objectives need.
@@ -48,7 +54,6 @@ from numpyro_dgp._protocol import (
     LAYER_RULE,
     LOCAL_KL,
     NODE_AXIS,
-    encoder_input_layer,
     get_tag,
     layer_call,
     message_latent_spec,
@@ -56,12 +61,10 @@ from numpyro_dgp._protocol import (
     wants_full_cov,
     with_tag,
 )
-from numpyro_dgp.core import local_kl, output_at_nodes, sample_output, standard_normal
-from numpyro_dgp.guides._correlated import CorrelatedRecursion
-from numpyro_dgp.guides._latent import latent_draw, latent_kl
+from numpyro_dgp.core import output_at_nodes, sample_output, standard_normal
+from numpyro_dgp.guides import AmortizedSets, CorrelatedRecursion, latent_draw, latent_kl
 from numpyro_dgp.handlers import PerRunMessenger
 from numpyro_dgp.layers import Layer, layer_moments, sample_moments
-from numpyro_dgp.posteriors import unwrap_distribution
 
 
 class marginalize_inducing(PerRunMessenger):
@@ -141,14 +144,9 @@ class marginalize_inducing(PerRunMessenger):
         self.layer_order: list[str] = []
         self._in_tail = False
         self._correlated = CorrelatedRecursion(self.posteriors)
-        # u-site -> (loc, scale) of an encoder's q(u_n | p_n) at the model's p
-        self._local_q: dict[str, tuple[jax.Array, jax.Array]] = {}
-        # u-site -> the encoder input p of its layer
-        self._encoder_inputs: dict[str, jax.Array] = {}
+        self._amortized = AmortizedSets(self.posteriors)
         # latent-input site -> (LatentSpec, key) from its announcing message
         self._latents: dict[str, tuple[Any, jax.Array]] = {}
-        # weighted mean of the last mixture's component means (AR2 / AR2P)
-        self._mixture_mean: jax.Array | None = None
         self.mixture_log_weights: jax.Array | None = None
         self.last_output: jax.Array | None = None
         self.correlated_outputs = False
@@ -162,20 +160,14 @@ class marginalize_inducing(PerRunMessenger):
             spec = message_latent_spec(msg)
             self._latents[spec.name] = (spec, message_rng_key(msg))
         elif msg["type"] == ENCODER_INPUT_MESSAGE:
-            post = self.posteriors.get(f"{encoder_input_layer(msg)}.u")
-            # after a mixture, an AR2 / AR2P encoder sees the weighted mean of its components
-            if getattr(post, "sees_mixture_mean", False) and self._mixture_mean is not None:
-                msg["value"] = self._mixture_mean
+            self._amortized.encoder_input(msg)
         elif msg["type"] == LAYER_MESSAGE:
             self._layer_message(msg)
 
     def _sample_site(self, msg: dict) -> None:
         """A sample site: the ``u`` site of a layer with per-point inducing sets, a latent
         input's site, or a site after the last layer (tagged with :data:`NODE_AXIS`)."""
-        # such a layer's u site follows its encoder-input message (found by name: the
-        # guide's placeholder site of the same name replaces the site's infer tags)
-        if msg["name"] in self._encoder_inputs and not msg["is_observed"]:
-            self._local_site(msg, self._encoder_inputs[msg["name"]])
+        self._amortized.site(msg)
         if msg["name"] in self._latents and not msg["is_observed"]:
             self._latent_site(msg, *self._latents[msg["name"]])
         if self._in_tail:
@@ -203,7 +195,8 @@ class marginalize_inducing(PerRunMessenger):
             msg["value"] = self._correlated_value(layer, X, post, rng_key)
             return
         if layer.inducing == "amortized":
-            mean, var = layer_moments(layer, X, *self._local_q.get(layer.u_site, (u, None)))
+            q_mean, q_sqrt = self._amortized.local_q.get(layer.u_site, (u, None))
+            mean, var = layer_moments(layer, X, q_mean, q_sqrt)
         else:
             q_mean, q_sqrt = (u, None) if post is None else post
             mean, var = layer_moments(layer, X, q_mean, q_sqrt, full_cov)
@@ -239,34 +232,7 @@ class marginalize_inducing(PerRunMessenger):
         """Record the encoder input of a layer with per-point inducing sets (its message's
         final value)."""
         if msg["type"] == ENCODER_INPUT_MESSAGE:
-            self._encoder_inputs[f"{encoder_input_layer(msg)}.u"] = msg["value"]
-
-    # --- per-point inducing sets and mixtures (Meng & Zhang 2024) ---
-
-    def _local_site(self, msg: dict, encoder_input: jax.Array) -> None:
-        """The ``u`` site of a layer with per-point inducing sets: evaluate the guide's encoder
-        at the model's encoder input and record ``q(u_n | p_n)`` and its per-point KL."""
-        post = self.posteriors.get(msg["name"])
-        if post is None or not hasattr(post, "encode"):
-            shape = msg["fn"].shape()
-            if msg["value"] is not None and jnp.shape(msg["value"]) != shape:
-                # the guide's placeholder, replayed into an abstract first pass that knows no
-                # posteriors yet (marginal_trace's probe): any value of the right shape serves
-                msg["value"] = jnp.zeros(shape, jnp.result_type(msg["value"]))
-            return  # no encoder for this layer: the sampled value is used
-        loc, scale = post.encode(encoder_input)
-        base = unwrap_distribution(msg["fn"])
-        prior_mean, prior_chol = base.loc, base.scale_tril[..., 0, :, :]
-        batch = loc.shape[:-2]
-        flat = lambda a, k: a.reshape((-1,) + a.shape[-k:])  # noqa: E731
-        kl = local_kl(
-            flat(loc - prior_mean, 2),
-            flat(scale, scale.ndim - len(batch)),
-            flat(jnp.broadcast_to(prior_chol, batch + prior_chol.shape[-2:]), 2),
-        ).reshape(batch)
-        self._local_q[msg["name"]] = (loc, scale)
-        msg["value"] = loc  # never used as a draw: the layer marginalizes it
-        with_tag(msg, LOCAL_KL, kl)
+            self._amortized.record_input(msg)
 
     def _latent_site(self, msg: dict, spec: Any, rng_key: jax.Array) -> None:
         """A latent input's site: draw ``w`` from the prior (new points), or from the guide's
@@ -290,6 +256,8 @@ class marginalize_inducing(PerRunMessenger):
         else:
             with_tag(msg, LOCAL_KL, latent_kl(loc, scale))
         msg["value"] = w
+
+    # --- mixtures: an encoder's branches (Meng & Zhang 2024) or a rule's ---
 
     def _mixture(self, layer: Layer, X: jax.Array, post: Any, rule: Any) -> tuple | None:
         """``(points (S, P) or None, log_weights (S,))`` if this layer's outputs become a
@@ -327,9 +295,8 @@ class marginalize_inducing(PerRunMessenger):
         std = jnp.sqrt(jnp.maximum(var, 0.0))
         if mean.ndim == 2:
             mean, std = mean[None], std[None]
-        weights = jax.nn.softmax(log_weights).astype(mean.dtype)
         # AR2 / AR2P: the next layer's encoder sees the weighted mean of these component means
-        self._mixture_mean = jnp.tensordot(weights, jnp.broadcast_to(mean, shape), axes=(0, 0))
+        self._amortized.branched(log_weights, mean, shape)
         return mean + std * eps
 
     def _correlated_value(

@@ -53,9 +53,9 @@ from numpyro_dgp._protocol import (
     with_tag,
 )
 from numpyro_dgp.core import uncertain_input_moments
+from numpyro_dgp.guides import CorrelatedRecursion
 from numpyro_dgp.handlers import PerRunMessenger
 from numpyro_dgp.layers import Layer
-from numpyro_dgp.posteriors import ChainLink, JointBlock
 
 _INSTEAD = "use DGPElbo (sampling propagation), which supports it"
 
@@ -204,7 +204,7 @@ class propagate_moments(PerRunMessenger):
             self._refuse(layer, "is an sde_flow layer or branches at quadrature points")
         if X.ndim != 2:
             self._refuse(layer, f"takes branched inputs of shape {X.shape}")
-        if isinstance(post, (ChainLink, JointBlock)):
+        if CorrelatedRecursion.claims(post):
             self._refuse(
                 layer,
                 "has a guide that correlates layers; moment propagation needs an independent "

@@ -31,6 +31,7 @@ from numpyro_dgp._protocol import (
     node_tail,
     trace_layers,
 )
+from numpyro_dgp.guides import AmortizedSets
 from numpyro_dgp.handlers import fast_subsample
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import (
@@ -190,7 +191,7 @@ def marginal_trace(
             )
         else:
             posteriors = guide_posteriors(guide_trace, found["u_sites"])
-        posteriors.update(encoder_posteriors(guide_trace))
+        posteriors.update(AmortizedSets.encoders(guide_trace))
         posteriors.update(latent_posteriors(guide_trace, found["latents"]))
         handler = marginalize_inducing(
             seeded_model, posteriors, last, nodes, weights, latent_mode, importance
@@ -324,17 +325,6 @@ def latent_posteriors(guide_trace: dict, names: list[str]) -> dict[str, Any]:
         elif isinstance(base, dist.Normal):
             out[site["name"]] = (base.loc, base.scale)
     return out
-
-
-def encoder_posteriors(guide_trace: dict) -> dict[str, Any]:
-    """``{u-site: encoder}`` from the placeholder sites of a guide that encodes per-point
-    inducing sets (:class:`~numpyro_dgp.guides.AutoAmortizedDGP`: the site's distribution
-    carries a ``posterior`` with ``encode`` and a ``mixture``)."""
-    return {
-        site["fn"].site: site["fn"].posterior
-        for site in guide_trace.values()
-        if site["type"] == "sample" and hasattr(getattr(site["fn"], "posterior", None), "mixture")
-    }
 
 
 def guide_posteriors(

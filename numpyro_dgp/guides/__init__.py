@@ -4,12 +4,20 @@
 * :class:`AutoJointDGP` -- one Gaussian over all layers.
 * :class:`AutoChainDGP` -- chain-structured ``q(u_1) prod q(u_l | u_{l-1})``.
 * :class:`AutoAmortizedDGP` -- per-point inducing sets from encoder networks (Meng & Zhang 2024).
+
+Not in ``__all__``: the plug-ins through which the inducing-marginalization engine runs what
+these guides' posteriors need beyond independent Gaussians (``CorrelatedRecursion``,
+``AmortizedSets``, ``latent_draw``, ``latent_kl``).
 """
 
+from numpyro_dgp.guides._amortized import AmortizedSets as AmortizedSets
 from numpyro_dgp.guides._amortized import AutoAmortizedDGP
 from numpyro_dgp.guides._base import DGPGuide, InducingSite
 from numpyro_dgp.guides._correlated import AutoChainDGP, AutoJointDGP
+from numpyro_dgp.guides._correlated import CorrelatedRecursion as CorrelatedRecursion
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
+from numpyro_dgp.guides._latent import latent_draw as latent_draw
+from numpyro_dgp.guides._latent import latent_kl as latent_kl
 
 __all__ = [
     "AutoAmortizedDGP",

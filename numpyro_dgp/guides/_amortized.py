@@ -17,8 +17,9 @@ import numpyro
 from jax.typing import ArrayLike, DTypeLike
 from numpyro.distributions.util import vec_to_tril_matrix
 
-from numpyro_dgp._protocol import INDUCING
+from numpyro_dgp._protocol import INDUCING, LOCAL_KL, encoder_input_layer, with_tag
 from numpyro_dgp._validation import check_choice, check_positive_int
+from numpyro_dgp.core import local_kl
 from numpyro_dgp.guides._base import InducingSite
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
 from numpyro_dgp.guides._latent import Placeholder, mlp, register_mlp
@@ -30,6 +31,7 @@ from numpyro_dgp.posteriors import (
     check_weights,
     quadrature_log_weights,
     quadrature_points,
+    unwrap_distribution,
 )
 
 #: The values of ``AutoAmortizedDGP(..., covariance=...)``.
@@ -222,3 +224,85 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         :raises NotImplementedError: always; use :func:`numpyro_dgp.predict`.
         """
         self.median(params)
+
+
+class AmortizedSets:
+    """The inducing-marginalization engine's plug-in for layers with per-point inducing sets
+    (an encoder posterior such as :class:`~numpyro_dgp.posteriors.AmortizedPosterior`: its
+    ``encode``, ``mixture`` and ``sees_mixture_mean``), one per run of the model.
+
+    :meth:`encoders` reads the encoders off a guide's trace; in a run, :meth:`encoder_input`
+    gives an AR2 / AR2P encoder the weighted mean of the last mixture's component means,
+    :meth:`record_input` keeps each layer's encoder input, :meth:`site` evaluates the encoder
+    at the layer's ``u`` site (:attr:`local_q` keeps the layer's ``q(u_n | p_n)``) and
+    :meth:`branched` records a mixture's weighted mean.
+
+    :param posteriors: ``{u-site: posterior}`` of the run.
+    """
+
+    def __init__(self, posteriors: dict[str, Any]) -> None:
+        self.posteriors = posteriors
+        # u-site -> (loc, scale) of an encoder's q(u_n | p_n) at the model's p
+        self.local_q: dict[str, tuple[jax.Array, jax.Array]] = {}
+        # u-site -> the encoder input p of its layer
+        self._encoder_inputs: dict[str, jax.Array] = {}
+        # weighted mean of the last mixture's component means (AR2 / AR2P)
+        self._mixture_mean: jax.Array | None = None
+
+    @staticmethod
+    def encoders(guide_trace: dict) -> dict[str, Any]:
+        """``{u-site: encoder}`` from the placeholder sites of a guide that encodes per-point
+        inducing sets (:class:`AutoAmortizedDGP`: the site's distribution carries a
+        ``posterior`` with ``encode`` and a ``mixture``)."""
+        return {
+            site["fn"].site: site["fn"].posterior
+            for site in guide_trace.values()
+            if site["type"] == "sample"
+            and hasattr(getattr(site["fn"], "posterior", None), "mixture")
+        }
+
+    def encoder_input(self, msg: dict) -> None:
+        """An encoder-input message: after a mixture, an AR2 / AR2P encoder sees the weighted
+        mean of its components."""
+        post = self.posteriors.get(f"{encoder_input_layer(msg)}.u")
+        if getattr(post, "sees_mixture_mean", False) and self._mixture_mean is not None:
+            msg["value"] = self._mixture_mean
+
+    def record_input(self, msg: dict) -> None:
+        """Record the encoder input of a layer (its message's final value)."""
+        self._encoder_inputs[f"{encoder_input_layer(msg)}.u"] = msg["value"]
+
+    def site(self, msg: dict) -> None:
+        """A sample site: if it is the ``u`` site of a layer with per-point inducing sets (it
+        follows its encoder-input message; found by name: the guide's placeholder site of the
+        same name replaces the site's infer tags), evaluate the guide's encoder at the model's
+        encoder input and record ``q(u_n | p_n)`` and its per-point KL."""
+        if msg["name"] not in self._encoder_inputs or msg["is_observed"]:
+            return
+        post = self.posteriors.get(msg["name"])
+        if post is None or not hasattr(post, "encode"):
+            shape = msg["fn"].shape()
+            if msg["value"] is not None and jnp.shape(msg["value"]) != shape:
+                # the guide's placeholder, replayed into an abstract first pass that knows no
+                # posteriors yet (marginal_trace's probe): any value of the right shape serves
+                msg["value"] = jnp.zeros(shape, jnp.result_type(msg["value"]))
+            return  # no encoder for this layer: the sampled value is used
+        loc, scale = post.encode(self._encoder_inputs[msg["name"]])
+        base = unwrap_distribution(msg["fn"])
+        prior_mean, prior_chol = base.loc, base.scale_tril[..., 0, :, :]
+        batch = loc.shape[:-2]
+        flat = lambda a, k: a.reshape((-1,) + a.shape[-k:])  # noqa: E731
+        kl = local_kl(
+            flat(loc - prior_mean, 2),
+            flat(scale, scale.ndim - len(batch)),
+            flat(jnp.broadcast_to(prior_chol, batch + prior_chol.shape[-2:]), 2),
+        ).reshape(batch)
+        self.local_q[msg["name"]] = (loc, scale)
+        msg["value"] = loc  # never used as a draw: the layer marginalizes it
+        with_tag(msg, LOCAL_KL, kl)
+
+    def branched(self, log_weights: jax.Array, mean: jax.Array, shape: tuple) -> None:
+        """Record the weighted mean of a mixture's component means ``mean``: the next layer's
+        AR2 / AR2P encoder sees it."""
+        weights = jax.nn.softmax(log_weights).astype(mean.dtype)
+        self._mixture_mean = jnp.tensordot(weights, jnp.broadcast_to(mean, shape), axes=(0, 0))
