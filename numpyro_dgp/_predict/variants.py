@@ -35,7 +35,6 @@ from numpyro_dgp._engine.observation import likelihood_rule, shared_rule, spheri
 from numpyro_dgp._engine.run import layers_by_u_site
 from numpyro_dgp._predict.mixture import (
     PREDICTION_NODES,
-    Component,
     component_of,
     flatten_mixture,
     mixture_fields,
@@ -252,12 +251,27 @@ class _refuse_unset_params(Messenger):
             )
 
 
-def _one_component(likelihood: str, component: Component, node_weights: ArrayLike) -> Prediction:
-    """The prediction of a single (deterministic) component."""
-    stacked = jax.tree_util.tree_map(lambda a: a[None], component)
-    return Prediction(
-        **mixture_fields(likelihood, stacked, None, node_weights), likelihood=likelihood
-    )
+def _one_component(run: Callable, arrays: tuple, obs_site, caller: str, jit: bool) -> Prediction:
+    """The prediction of a single (deterministic) component: ``run(*arrays, num_nodes, kind)``
+    gives ``(trace, moments, node weights, layer names)`` of one run with nodes on the last
+    layer; an abstract run at 3 Normal nodes finds the observation site, then one run (jitted
+    with ``jit``, ``arrays`` its inputs) at the nodes its likelihood takes."""
+    key = jax.random.PRNGKey(0)  # nothing is sampled: the component is deterministic
+
+    def probe():
+        tr, _, _, layers = run(*arrays, 3, "normal")
+        return observation_of(tr, obs_site, caller), layers
+
+    (name, likelihood), layers = abstract(probe)
+
+    def component(*arrays):
+        tr, moments, weights, _ = run(*arrays, PREDICTION_NODES[likelihood], likelihood)
+        return component_of(tr, moments, name, likelihood, weights, layers, key), weights
+
+    one, node_weights = (jax.jit(component) if jit else component)(*arrays)
+    stacked = jax.tree_util.tree_map(lambda a: a[None], one)
+    fields = mixture_fields(likelihood, stacked, None, node_weights)
+    return warn_if_not_finite(Prediction(**fields, likelihood=likelihood), caller)
 
 
 def predict_moment_matched(
@@ -299,26 +313,14 @@ def predict_moment_matched(
     X_new = checked_test_inputs(X_new, caller, params, model, guide)
     key = jax.random.PRNGKey(0)  # the guide's draws are not used: the moments are deterministic
 
-    def run(params, X_new, num_nodes, kind="normal"):
+    def run(params, X_new, num_nodes, kind):
         inputs = (X_new,) + tuple(args)
-        return moment_trace(
+        out = moment_trace(
             model, guide, params, key, inputs, kwargs, "predict", num_nodes, caller, kind=kind
         )
+        return out.model_trace, out.moments, out.node_weights, list(out.layer_order)
 
-    def probe():
-        out = run(params, X_new, 3)
-        return observation_of(out.model_trace, obs_site, caller), list(out.layer_order)
-
-    (name, likelihood), layers = abstract(probe)
-
-    @jax.jit
-    def run_once(params, X_new):
-        out = run(params, X_new, PREDICTION_NODES[likelihood], likelihood)
-        tr, moments, weights = out.model_trace, out.moments, out.node_weights
-        return component_of(tr, moments, name, likelihood, weights, layers, key), weights
-
-    component, node_weights = run_once(params, X_new)
-    return warn_if_not_finite(_one_component(likelihood, component, node_weights), caller)
+    return _one_component(run, (params, X_new), obs_site, caller, jit=True)
 
 
 def predict_collapsed(
@@ -378,9 +380,6 @@ def predict_collapsed(
     def run(num_nodes, kind):
         nodes, weights = shared_rule(layer.out_dim, kind, num_nodes, caller)
         m = marginalize_inducing(fitted, {layer.u_site: q}, layer.name, nodes, weights)
-        return trace(m).get_trace(X_new, *args, **kwargs), m.moments, weights
+        return trace(m).get_trace(X_new, *args, **kwargs), m.moments, weights, [layer.name]
 
-    name, likelihood = abstract(lambda: observation_of(run(3, "normal")[0], obs_site, caller))
-    tr, moments, weights = run(PREDICTION_NODES[likelihood], likelihood)
-    component = component_of(tr, moments, name, likelihood, weights, [layer.name], key)
-    return warn_if_not_finite(_one_component(likelihood, component, weights), caller)
+    return _one_component(run, (), obs_site, caller, jit=False)
