@@ -4,7 +4,7 @@ scoring a Gaussian observation site with a density that does not factorize over 
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +22,6 @@ __all__ = [
     "SpreadTotal",
     "check_layer_supported",
     "gaussian_observation",
-    "last_layer_name",
     "replace_observation",
 ]
 
@@ -41,8 +40,39 @@ class PerRunMessenger(Messenger):
         super().__enter__()
         return self
 
+    #: The last ``gp_layer`` the model runs, found once (by an abstract run) for a handler
+    #: whose :meth:`_needs_last_layer` asks for it.
+    _last_layer: str | None = None
+
     def _reset(self) -> None:
         """Reset the per-run state (subclasses override this)."""
+
+    def _needs_last_layer(self) -> bool:
+        """Whether the handler acts on the model's last layer (subclasses override this)."""
+        return False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the model under the handler (finding its last layer first where it needs it)."""
+        if self._needs_last_layer() and self._last_layer is None:
+            self._last_layer = self._find_last_layer(args, kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def _find_last_layer(self, args: tuple, kwargs: dict) -> str:
+        """Name of the last ``gp_layer`` the model runs, found by an abstract run."""
+        found = {}
+
+        def probe():
+            # block: the probe's messages reach none of the handlers outside this one
+            with block():
+                tr = trace(seed(self.fn, 0)).get_trace(*args, **kwargs)
+            names = trace_layer_names(tr)
+            if not names:
+                raise ValueError(f"{type(self).__name__}: the model runs no gp_layer")
+            found["last"] = names[-1]
+            return 0
+
+        jax.eval_shape(probe)
+        return found["last"]
 
     def _problem_after_run(self) -> str | None:
         """What went wrong in a run that finished without an exception, or ``None``
@@ -133,21 +163,3 @@ def replace_observation(msg: dict, fn: SpreadTotal) -> None:
     """Score the observation site ``msg`` with ``fn`` (its batch shape the site's)."""
     event_dim = msg["fn"].event_dim
     msg["fn"] = dist.Independent(fn, event_dim) if event_dim else fn
-
-
-def last_layer_name(fn: Callable, args: tuple, kwargs: dict, handler: str) -> str:
-    """Name of the last ``gp_layer`` the model ``fn`` runs, found by an abstract run."""
-    found = {}
-
-    def probe():
-        # block: the probe's messages reach none of the handlers outside this one
-        with block():
-            tr = trace(seed(fn, 0)).get_trace(*args, **kwargs)
-        names = trace_layer_names(tr)
-        if not names:
-            raise ValueError(f"{handler}: the model runs no gp_layer")
-        found["last"] = names[-1]
-        return 0
-
-    jax.eval_shape(probe)
-    return found["last"]

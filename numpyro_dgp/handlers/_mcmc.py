@@ -45,7 +45,6 @@ from numpyro_dgp.handlers._base import (
     SpreadTotal,
     check_layer_supported,
     gaussian_observation,
-    last_layer_name,
     replace_observation,
 )
 from numpyro_dgp.layers import Layer, layer_moments
@@ -69,15 +68,9 @@ def _layer_output_site(
     ``f^T (P, n)`` itself.
     """
     dense = scale.ndim == 3
+    shape = mean.shape[::-1]
     if parameterization == "noncentered":
-        site = f"{name}.f_white"
-        eps = check_points(
-            site,
-            numpyro.sample(
-                site, dist.Normal(jnp.zeros(mean.shape[::-1], mean.dtype), 1.0).to_event(2)
-            ),
-            mean.shape[::-1],
-        )
+        eps = white_output_site(name, shape, mean.dtype)
         if dense:
             return mean + jnp.einsum("pnm,pm->np", scale, eps)
         return mean + scale * eps.T
@@ -85,7 +78,24 @@ def _layer_output_site(
         fn = dist.MultivariateNormal(mean.T, scale_tril=scale).to_event(1)
     else:
         fn = dist.Normal(mean.T, scale.T).to_event(2)
-    return check_points(f"{name}.f", numpyro.sample(f"{name}.f", fn), mean.shape[::-1]).T
+    return centered_output_site(name, fn, shape)
+
+
+def standard_normal_site(site: str, shape: tuple, dtype: Any) -> jax.Array:
+    """A sample site of standard normals of ``shape`` (two event dimensions)."""
+    return numpyro.sample(site, dist.Normal(jnp.zeros(shape, dtype), 1.0).to_event(2))
+
+
+def white_output_site(name: str, shape: tuple, dtype: Any) -> jax.Array:
+    """The non-centered output site ``"<name>.f_white"``: ``eps (P, n) ~ N(0, I)``."""
+    site = f"{name}.f_white"
+    return check_points(site, standard_normal_site(site, shape, dtype), shape)
+
+
+def centered_output_site(name: str, fn: dist.Distribution, shape: tuple) -> jax.Array:
+    """The centered output site ``"<name>.f"`` over ``f^T (P, n)`` with prior ``fn``; ``f``."""
+    site = f"{name}.f"
+    return check_points(site, numpyro.sample(site, fn), shape).T
 
 
 def check_points(site: str, value: jax.Array, shape: tuple) -> jax.Array:
@@ -164,7 +174,6 @@ class exact_layers(PerRunMessenger):
         self.parameterization = parameterization
         self.jitter = jitter
         self.collapse_last = bool(collapse_last)
-        self._last_layer: str | None = None
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -173,11 +182,8 @@ class exact_layers(PerRunMessenger):
         # the collapsed layer's prior, until its observation site
         self._collapsed: CollapsedLayer | None = None
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the model under the handler (finding its last layer first for ``collapse_last``)."""
-        if self.collapse_last and self._last_layer is None:
-            self._last_layer = last_layer_name(self.fn, args, kwargs, type(self).__name__)
-        return super().__call__(*args, **kwargs)
+    def _needs_last_layer(self) -> bool:
+        return self.collapse_last
 
     def _problem_after_run(self) -> str | None:
         if self._collapsed is not None:
@@ -257,9 +263,7 @@ class exact_layers(PerRunMessenger):
             # the grid values' conditional depends on y, known only at the observation site;
             # their standard-normal noise is drawn here, in the layer's place in the run
             shape = (layer.out_dim, A.shape[0] - N)
-            grid_white = numpyro.sample(
-                f"{layer.name}.grid_white", dist.Normal(jnp.zeros(shape, A.dtype), 1.0).to_event(2)
-            )
+            grid_white = standard_normal_site(f"{layer.name}.grid_white", shape, A.dtype)
         self._collapsed = CollapsedLayer(layer, N, A, mean, jitter, grid_white)
         return mean[:N]
 
@@ -428,7 +432,6 @@ class collapse_last_layer(PerRunMessenger):
     ) -> None:
         self.layer = layer
         self.obs_site = obs_site
-        self._found_last: str | None = None
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -436,17 +439,13 @@ class collapse_last_layer(PerRunMessenger):
         # var (N, P) of the collapsed layer until the observation site
         self._pending: jax.Array | None = None
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the model under the handler (finding its last layer first if no ``layer`` is
-        given)."""
-        if self.layer is None and self._found_last is None:
-            self._found_last = last_layer_name(self.fn, args, kwargs, "collapse_last_layer")
-        return super().__call__(*args, **kwargs)
+    def _needs_last_layer(self) -> bool:
+        return self.layer is None
 
     @property
     def target(self) -> str | None:
         """Name of the collapsed layer (``None`` before the first run if no ``layer`` was given)."""
-        return self.layer if self.layer is not None else self._found_last
+        return self.layer if self.layer is not None else self._last_layer
 
     def _problem_after_run(self) -> str | None:
         # the layer returned its conditional mean; unless a Normal site absorbed its variance,

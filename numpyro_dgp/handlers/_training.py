@@ -102,7 +102,7 @@ class fast_subsample(Messenger):
 
 
 class data_parallel(Messenger):
-    """Data-parallel training: shard the points of the plate ``plate_name`` across devices.
+    """Data-parallel training: shard the points of the plate ``"data"`` across devices.
 
     The plate's indices (the minibatch drawn inside the step, or all points) get a sharding
     constraint over ``mesh`` (default: every device on one axis), so XLA's partitioner runs
@@ -127,7 +127,6 @@ class data_parallel(Messenger):
     :param fn: the model or guide.
     :param mesh: a ``jax.sharding.Mesh``; default one axis over ``jax.devices()``.
     :param axis_name: the mesh axis the points are split over.
-    :param plate_name: the plate whose points are split.
     :raises ValueError: if ``axis_name`` is not an axis of ``mesh``.
     """
 
@@ -136,7 +135,6 @@ class data_parallel(Messenger):
         fn: Callable | None = None,
         mesh: Mesh | None = None,
         axis_name: str | None = None,
-        plate_name: str = "data",
     ) -> None:
         if mesh is None:
             axis_name = axis_name or "data"
@@ -148,11 +146,11 @@ class data_parallel(Messenger):
                 f"data_parallel: axis_name {axis_name!r} is not an axis of the mesh "
                 f"{mesh.axis_names}"
             )
-        self.mesh, self.axis_name, self.plate_name = mesh, axis_name, plate_name
+        self.mesh, self.axis_name = mesh, axis_name
         super().__init__(fn)
 
     def postprocess_message(self, msg: dict) -> None:
         """Constrain the plate's indices to be sharded over the mesh axis."""
-        if msg["type"] == "plate" and msg["name"] == self.plate_name and msg["value"] is not None:
+        if msg["type"] == "plate" and msg["name"] == "data" and msg["value"] is not None:
             sharding = NamedSharding(self.mesh, PartitionSpec(self.axis_name))
             msg["value"] = jax.lax.with_sharding_constraint(msg["value"], sharding)

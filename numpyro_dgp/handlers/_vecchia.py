@@ -20,7 +20,6 @@ from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
-import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
@@ -35,8 +34,9 @@ from numpyro_dgp.core import (
 from numpyro_dgp.handlers._mcmc import (
     CollapsedLayer,
     CollapsedNormal,
-    check_points,
+    centered_output_site,
     exact_layers,
+    white_output_site,
 )
 from numpyro_dgp.layers import Layer
 
@@ -166,14 +166,11 @@ class vecchia_layers(exact_layers):
         mean = layer.mean_fn(A).T  # (P, n), the points' order
         shape = mean.shape
         if self.parameterization == "noncentered":
-            site = f"{layer.name}.f_white"
-            eps = numpyro.sample(site, dist.Normal(jnp.zeros(shape, A.dtype), 1.0).to_event(2))
-            eps = check_points(site, eps, shape)
+            eps = white_output_site(layer.name, shape, A.dtype)
             residual = vecchia_sample(factors, eps[:, run.order])[:, run.inverse]
             return (mean + residual).T
-        site = f"{layer.name}.f"
         prior = _VecchiaPrior(mean, factors, run.order, run.inverse)
-        return check_points(site, numpyro.sample(site, prior), shape).T
+        return centered_output_site(layer.name, prior, shape)
 
     def _run_neighbors(self, A: jax.Array) -> _Neighbors:
         """This run's ordering and the first layer's neighbour sets (found at the first layer)."""

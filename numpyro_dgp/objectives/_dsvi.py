@@ -403,7 +403,6 @@ class DGPElbo(Objective):
     :param num_quadrature: quadrature nodes per output of the last layer (default: 20
         Gauss-Hermite nodes for one output; several outputs: see above). Given with several
         outputs, a tensor-product rule with this many nodes per output.
-    :param vectorize_particles: ``jax.vmap`` over particles (else ``lax.map``).
     :param num_likelihood_samples: Monte Carlo draws of the last layer's outputs per point, where
         the expectation is sampled.
     :raises ValueError: if ``num_particles``, ``num_likelihood_samples`` or a given
@@ -414,7 +413,6 @@ class DGPElbo(Objective):
         self,
         num_particles: int = 1,
         num_quadrature: int | None = None,
-        vectorize_particles: bool = True,
         num_likelihood_samples: int = 32,
     ) -> None:
         check_positive_int(num_particles, "num_particles", "DGPElbo")
@@ -422,7 +420,7 @@ class DGPElbo(Objective):
         check_positive_int(num_quadrature, "num_quadrature", "DGPElbo", allow_none=True)
         self.num_quadrature = num_quadrature
         self.num_likelihood_samples = int(num_likelihood_samples)
-        super().__init__(num_particles=num_particles, vectorize_particles=vectorize_particles)
+        super().__init__(num_particles=num_particles)
 
     def components(
         self,
