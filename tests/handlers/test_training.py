@@ -89,38 +89,6 @@ def test_fast_subsample_draws_uniform_subsets():
     assert abs(together - 1 / 15) < 5 * np.sqrt((1 / 15) * (14 / 15) / 3000)
 
 
-@pytest.mark.parametrize(
-    "size, k", [(10, 3), (2_000, 1_000), (7_373, 1_000), (10_000, 1_000), (100_000, 500)]
-)
-def test_top_k_positions_equal_top_k(size, k):
-    from numpyro_dgp.handlers._training import _top_k_positions
-
-    fast = jax.jit(lambda u: _top_k_positions(u, k))
-    for key in jax.random.split(jax.random.PRNGKey(size), 20):
-        uniforms = jax.random.uniform(key, (size,), jnp.float32)
-        expected = jax.lax.top_k(uniforms, k)[1]
-        np.testing.assert_array_equal(np.asarray(fast(uniforms)), np.asarray(expected))
-    # ties (values on a grid of 64): top_k's order, the lower position first, is kept
-    tied = jnp.floor(jax.random.uniform(jax.random.PRNGKey(1), (size,)) * 64) / 64
-    np.testing.assert_array_equal(np.asarray(fast(tied)), np.asarray(jax.lax.top_k(tied, k)[1]))
-
-
-def test_top_k_positions_both_paths_and_both_fallbacks_agree_with_top_k():
-    from numpyro_dgp.handlers._training import _candidate_window, _top_k_positions
-
-    size, k, margin = 10_000, 1_000, 1.0  # a narrow window: each path taken in 60 draws
-    t, capacity = _candidate_window(size, k, margin)
-    fast = jax.jit(lambda u: _top_k_positions(u, k, margin))
-    seen = set()
-    for key in jax.random.split(jax.random.PRNGKey(3), 60):
-        uniforms = jax.random.uniform(key, (size,), jnp.float32)
-        count = int(jnp.sum(uniforms >= jnp.float32(1.0 - t)))
-        seen.add("too few" if count < k else "too many" if count > capacity else "short")
-        expected = jax.lax.top_k(uniforms, k)[1]
-        np.testing.assert_array_equal(np.asarray(fast(uniforms)), np.asarray(expected))
-    assert seen == {"too few", "too many", "short"}, seen
-
-
 def test_fast_subsample_indices_are_top_k_of_the_key_s_uniforms():
     # the same indices as one top_k of the key's float32 uniforms (what earlier releases drew)
     from numpyro_dgp.handlers._training import _top_k_subsample
