@@ -103,7 +103,8 @@ def check_layer_supported(msg: dict, handler: str) -> None:
     if layer.inducing == "amortized":
         raise NotImplementedError(
             f"{handler}: layer {layer.name!r} has per-point inducing sets "
-            f"(inducing='amortized'), which {handler} does not support"
+            f"(inducing='amortized'), which {handler} does not support; give the layer "
+            "global inducing points (inducing='global' or 'locations')"
         )
     rule = get_tag(msg, LAYER_RULE)
     if rule is not None and rule.computes_layer:
