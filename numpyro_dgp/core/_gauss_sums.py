@@ -122,10 +122,6 @@ def _rows(stacked: jax.Array, N: int) -> jax.Array:
     return stacked.reshape((-1,) + stacked.shape[2:])[:N]
 
 
-def _summed(stacked: tuple) -> tuple:
-    return tuple(jnp.sum(a, 0) for a in stacked)
-
-
 def _centred(mean: jax.Array, centers: jax.Array) -> tuple[jax.Array, jax.Array]:
     c = jax.lax.stop_gradient(jnp.mean(centers, axis=0))
     return mean - c, centers - c
@@ -169,7 +165,7 @@ def _per_point_bwd(res, g):
             return _grads(a, s, zc, E * (gb @ Wc.T)) + (E.T @ gb,)
 
         dm, ds, dw, dz, dWt = _over_chunks(chunk, chunks)
-        return _summed((dm, ds, dw)) + (_rows(dz, Q), _rows(dWt, Q))
+        return tuple(jnp.sum(a, 0) for a in (dm, ds, dw)) + (_rows(dz, Q), _rows(dWt, Q))
 
     # padded rows get a zero cotangent: they add nothing to the summed dz and dW
     dm, ds, dw, dz, dWt = _blocked(block, (m, scale, log_weight, g), (False, False, False, True), Q)
@@ -200,9 +196,6 @@ def gauss_sums_over_points(
     return _over_points_fwd(mean, scale, log_weight, centers, point_weight)[0]
 
 
-_OVER_POINTS_PADDING = (False, False, False, True)  # padded points get weight zero
-
-
 def _over_points_fwd(mean, scale, log_weight, centers, point_weight):
     m, z = _centred(mean, centers)
     Q, chunks = z.shape[0], _center_chunks(z)
@@ -210,7 +203,8 @@ def _over_points_fwd(mean, scale, log_weight, centers, point_weight):
     def block(a, s, w, p):
         return _rows(_over_chunks(lambda zc: p @ _bumps(a, s, w, zc), chunks), Q)
 
-    out = _blocked(block, (m, scale, log_weight, point_weight), _OVER_POINTS_PADDING, Q)
+    # padded points get weight zero
+    out = _blocked(block, (m, scale, log_weight, point_weight), (False, False, False, True), Q)
     return jnp.sum(out, 0), (mean, scale, log_weight, centers, point_weight)
 
 
@@ -225,11 +219,10 @@ def _over_points_bwd(res, g):
             return _grads(a, s, zc, Eg * p[:, None]) + (jnp.sum(Eg, axis=1),)
 
         dm, ds, dw, dz, dp = _over_chunks(chunk, chunks)
-        return _summed((dm, ds, dw)) + (_rows(dz, Q), jnp.sum(dp, 0))
+        return tuple(jnp.sum(a, 0) for a in (dm, ds, dw)) + (_rows(dz, Q), jnp.sum(dp, 0))
 
-    dm, ds, dw, dz, dp = _blocked(
-        block, (m, scale, log_weight, point_weight), _OVER_POINTS_PADDING, Q
-    )
+    padding = (False, False, False, True)
+    dm, ds, dw, dz, dp = _blocked(block, (m, scale, log_weight, point_weight), padding, Q)
     N = mean.shape[0]
     return _rows(dm, N), _rows(ds, N), _rows(dw, N), jnp.sum(dz, 0), _rows(dp, N)
 

@@ -104,12 +104,6 @@ def _factor_pair(K: jax.Array) -> tuple[jax.Array, jax.Array]:
     return _pair_recursion(K, _leaf_size(K.shape[-1], _CHOLESKY_LEAF, _CHOLESKY_MOST_LEAVES))
 
 
-def _factor_alone(K: jax.Array) -> jax.Array:
-    """``L`` of :func:`_factor_pair` (compiled alone, XLA drops the inverse's operations that
-    ``L`` does not need: the second halves' inverses and the joined lower-left blocks)."""
-    return _factor_pair(K)[0]
-
-
 def _pair_recursion(K: jax.Array, leaf: int) -> tuple[jax.Array, jax.Array]:
     # at M = 500 the step ran 20% faster with OpenBLAS held to one thread: its threads and
     # XLA's competed for the cores during the one large LAPACK call
@@ -311,4 +305,6 @@ def _triangular_inverse_jvp(primals: tuple, tangents: tuple) -> tuple[jax.Array,
 # operations would otherwise each compile on their own; inside jit they are inlined.
 _triangular_inverse_compiled = jax.jit(_triangular_inverse)
 _factor_and_inverse = jax.jit(_factor_pair)
-_factor = jax.jit(_factor_alone)
+# L alone: XLA drops the inverse's operations that L does not need (the second halves' inverses
+# and the joined lower-left blocks)
+_factor = jax.jit(lambda K: _factor_pair(K)[0])

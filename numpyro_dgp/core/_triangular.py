@@ -169,19 +169,13 @@ def lower_from_vector(vector: jax.Array) -> jax.Array:
 
     :param vector: ``(..., n (n + 1) / 2)``.
     :return: ``(..., n, n)``, zero above the diagonal.
+    :raises ValueError: for a last axis whose length is no triangular number.
     """
-    return _lower_from_vector(vector, _check_triangle_size(vector.shape[-1]))
-
-
-def _check_triangle_size(length: int) -> int:
-    """``n`` of a lower-triangle vector of ``length = n (n + 1) / 2`` entries.
-
-    :raises ValueError: for a length that is no triangular number.
-    """
+    length = vector.shape[-1]
     n = round((np.sqrt(1 + 8 * length) - 1) / 2)
     if n * (n + 1) // 2 != length:
         raise ValueError(f"vector's last axis must be n (n + 1) / 2 long; got {length}")
-    return n
+    return _lower_from_vector(vector, n)
 
 
 @lru_cache(maxsize=None)
