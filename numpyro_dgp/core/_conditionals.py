@@ -13,8 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from numpyro_dgp.core._linalg import triangular_inverse
-from numpyro_dgp.core._triangular import lower_times, quadratic_form_diagonals
+from numpyro_dgp.core._triangular import lower_times, quadratic_form_diagonals, triangular_inverse
 
 
 def factors_transpose_times(q_sqrt: ArrayLike, B: ArrayLike) -> jax.Array:

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from numpyro_dgp.core._conditionals import inverse_factor
-from numpyro_dgp.core._linalg import cholesky, triangular_inverse
+from numpyro_dgp.core._triangular import cholesky, triangular_inverse
 
 #: The values of ``method``: ``"vfe"`` (Titsias' bound) and ``"fitc"`` (not a bound).
 COLLAPSED_METHODS = ("vfe", "fitc")
