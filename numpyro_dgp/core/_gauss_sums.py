@@ -34,18 +34,15 @@ _BLOCK_ENTRIES = 2**18
 _MOST_CENTERS = 2**10
 
 
-def _sqdist(mean: jax.Array, inv: jax.Array, centers: jax.Array) -> jax.Array:
+def _bumps(
+    mean: jax.Array, scale: jax.Array, log_weight: jax.Array, centers: jax.Array
+) -> jax.Array:
+    inv = 1.0 / scale
     # the cross and centre terms as one product of inner size 2 D (one pass over the tile)
     left = jnp.concatenate([mean * inv, inv], -1)
     right = jnp.concatenate([-2.0 * centers, centers**2], -1)
     sq = jnp.sum(mean**2 * inv, -1)[:, None] + left @ right.T
-    return jnp.maximum(sq, 0.0)
-
-
-def _bumps(
-    mean: jax.Array, scale: jax.Array, log_weight: jax.Array, centers: jax.Array
-) -> jax.Array:
-    return jnp.exp(log_weight[:, None] - _sqdist(mean, 1.0 / scale, centers))
+    return jnp.exp(log_weight[:, None] - jnp.maximum(sq, 0.0))
 
 
 def _grads(mean, scale, centers, G):
