@@ -30,13 +30,14 @@ def gauss_kl(
     :raises ValueError: if ``prior_chol_inv`` is given without ``prior_chol`` or with another
         shape.
     """
-    if prior_chol_inv is not None and prior_chol is None:
-        raise ValueError("gauss_kl: prior_chol_inv needs prior_chol (None means K = I)")
-    if prior_chol_inv is not None and jnp.shape(prior_chol_inv) != jnp.shape(prior_chol):
-        raise ValueError(
-            f"gauss_kl: prior_chol_inv must have prior_chol's shape {jnp.shape(prior_chol)}; "
-            f"got {jnp.shape(prior_chol_inv)}"
-        )
+    if prior_chol_inv is not None:
+        if prior_chol is None:
+            raise ValueError("gauss_kl: prior_chol_inv needs prior_chol (None means K = I)")
+        if jnp.shape(prior_chol_inv) != jnp.shape(prior_chol):
+            raise ValueError(
+                f"gauss_kl: prior_chol_inv must have prior_chol's shape {jnp.shape(prior_chol)}; "
+                f"got {jnp.shape(prior_chol_inv)}"
+            )
     return _gauss_kl(q_mean, q_sqrt, prior_chol, prior_chol_inv)
 
 
