@@ -10,8 +10,6 @@ from __future__ import annotations
 import weakref
 from typing import Any, Hashable
 
-__all__ = ["OwnerCache"]
-
 
 class OwnerCache:
     """``{owner: {key: value}}`` with weak owners and at most ``max_entries`` keys per owner.

@@ -28,20 +28,6 @@ from numpyro_dgp.core._triangular import lower_from_vector
 if TYPE_CHECKING:
     from numpyro.optim import _NumPyroOptim as NumPyroOptimizer  # noqa: F401
 
-__all__ = [
-    "active_plates",
-    "apply_stack",
-    "autocontinuous_layout",
-    "distribution_validation_enabled",
-    "handler_stack_is_empty",
-    "innermost_guide",
-    "innermost_trace",
-    "is_tracer",
-    "lazy_param_initializer",
-    "numpyro_subsample_fn",
-    "softplus_lower_cholesky",
-]
-
 #: NumPyro's function that draws plate subsample indices (sequential Fisher-Yates on CPU).
 numpyro_subsample_fn: Callable | None = getattr(_primitives, "_subsample_fn", None)
 
@@ -49,18 +35,14 @@ numpyro_subsample_fn: Callable | None = getattr(_primitives, "_subsample_fn", No
 apply_stack = _primitives.apply_stack
 
 
-def _stack() -> list:
-    return _primitives._PYRO_STACK
-
-
 def handler_stack_is_empty() -> bool:
     """Whether no NumPyro handler (in particular no ``seed``) is active."""
-    return not _stack()
+    return not _primitives._PYRO_STACK
 
 
 def active_plates() -> list[numpyro.plate]:
     """The ``numpyro.plate`` handlers active at the call site, outermost first."""
-    return [h for h in _stack() if isinstance(h, numpyro.plate)]
+    return [h for h in _primitives._PYRO_STACK if isinstance(h, numpyro.plate)]
 
 
 def innermost_trace() -> dict | None:
@@ -70,7 +52,7 @@ def innermost_trace() -> dict | None:
     NumPyro refuses a duplicate sample site with an ``assert`` (gone under ``python -O``);
     looking a name up here detects a duplicate in every mode.
     """
-    for handler in reversed(_stack()):
+    for handler in reversed(_primitives._PYRO_STACK):
         if isinstance(handler, numpyro.handlers.trace):
             return handler.trace
     return None

@@ -14,9 +14,9 @@ from numpyro.distributions.util import vec_to_tril_matrix  # noqa: E402
 
 from numpyro_dgp._compat import softplus_lower_cholesky  # noqa: E402
 from numpyro_dgp.core import cholesky, conditional, inverse_cholesky, triangular_inverse  # noqa: E402
-from numpyro_dgp.core._linalg import _leaf_size  # noqa: E402
 from numpyro_dgp.core._triangular import (  # noqa: E402
     LOWER_TIMES_BLOCK,
+    _leaf_size,
     QUADRATIC_FORM_BLOCK,
     QUADRATIC_FORM_MOST_BLOCKS,
     lower_from_vector,

@@ -13,8 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from numpyro_dgp.core._linalg import triangular_inverse
-from numpyro_dgp.core._triangular import lower_times, quadratic_form_diagonals
+from numpyro_dgp.core._triangular import lower_times, quadratic_form_diagonals, triangular_inverse
 
 
 def factors_transpose_times(q_sqrt: ArrayLike, B: ArrayLike) -> jax.Array:
@@ -123,7 +122,11 @@ def _conditional(
     whiten: bool,
     full_cov: bool,
 ) -> tuple[jax.Array, jax.Array]:
-    _check_conditional_shapes(Knn, q_sqrt, full_cov)
+    if q_sqrt is not None and q_sqrt.ndim not in (2, 3):
+        raise ValueError(f"q_sqrt must be (P, M, M) or (P, M); got shape {q_sqrt.shape}")
+    if Knn.ndim != (2 if full_cov else 1):
+        expected = "(N, N)" if full_cov else "(N,)"
+        raise ValueError(f"full_cov={full_cov} needs Knn of shape {expected}; got {Knn.shape}")
     A, B = project(Kmn, Kmm_chol, whiten, Kmm_chol_inv)
     mean = (q_mean @ B).T
     if full_cov:
@@ -136,19 +139,6 @@ def _conditional(
     # Near the inducing inputs the prior variance and its reduction cancel; in float32, with a
     # kernel variance far above the jitter, the round-off can leave them below zero.
     return mean, jnp.maximum(jnp.broadcast_to(var, mean.shape), 0.0)
-
-
-def _check_conditional_shapes(Knn: jax.Array, q_sqrt: jax.Array | None, full_cov: bool) -> None:
-    """The conditional's ``q_sqrt`` (``(P, M, M)``, ``(P, M)`` or ``None``) and ``Knn`` (``(N, N)``
-    with ``full_cov``, else ``(N,)``) by their numbers of dimensions.
-
-    :raises ValueError: for another number of dimensions.
-    """
-    if q_sqrt is not None and q_sqrt.ndim not in (2, 3):
-        raise ValueError(f"q_sqrt must be (P, M, M) or (P, M); got shape {q_sqrt.shape}")
-    if Knn.ndim != (2 if full_cov else 1):
-        expected = "(N, N)" if full_cov else "(N,)"
-        raise ValueError(f"full_cov={full_cov} needs Knn of shape {expected}; got {Knn.shape}")
 
 
 def _covariance(

@@ -34,18 +34,15 @@ _BLOCK_ENTRIES = 2**18
 _MOST_CENTERS = 2**10
 
 
-def _sqdist(mean: jax.Array, inv: jax.Array, centers: jax.Array) -> jax.Array:
+def _bumps(
+    mean: jax.Array, scale: jax.Array, log_weight: jax.Array, centers: jax.Array
+) -> jax.Array:
+    inv = 1.0 / scale
     # the cross and centre terms as one product of inner size 2 D (one pass over the tile)
     left = jnp.concatenate([mean * inv, inv], -1)
     right = jnp.concatenate([-2.0 * centers, centers**2], -1)
     sq = jnp.sum(mean**2 * inv, -1)[:, None] + left @ right.T
-    return jnp.maximum(sq, 0.0)
-
-
-def _bumps(
-    mean: jax.Array, scale: jax.Array, log_weight: jax.Array, centers: jax.Array
-) -> jax.Array:
-    return jnp.exp(log_weight[:, None] - _sqdist(mean, 1.0 / scale, centers))
+    return jnp.exp(log_weight[:, None] - jnp.maximum(sq, 0.0))
 
 
 def _grads(mean, scale, centers, G):
@@ -122,10 +119,6 @@ def _rows(stacked: jax.Array, N: int) -> jax.Array:
     return stacked.reshape((-1,) + stacked.shape[2:])[:N]
 
 
-def _summed(stacked: tuple) -> tuple:
-    return tuple(jnp.sum(a, 0) for a in stacked)
-
-
 def _centred(mean: jax.Array, centers: jax.Array) -> tuple[jax.Array, jax.Array]:
     c = jax.lax.stop_gradient(jnp.mean(centers, axis=0))
     return mean - c, centers - c
@@ -169,7 +162,7 @@ def _per_point_bwd(res, g):
             return _grads(a, s, zc, E * (gb @ Wc.T)) + (E.T @ gb,)
 
         dm, ds, dw, dz, dWt = _over_chunks(chunk, chunks)
-        return _summed((dm, ds, dw)) + (_rows(dz, Q), _rows(dWt, Q))
+        return tuple(jnp.sum(a, 0) for a in (dm, ds, dw)) + (_rows(dz, Q), _rows(dWt, Q))
 
     # padded rows get a zero cotangent: they add nothing to the summed dz and dW
     dm, ds, dw, dz, dWt = _blocked(block, (m, scale, log_weight, g), (False, False, False, True), Q)
@@ -200,9 +193,6 @@ def gauss_sums_over_points(
     return _over_points_fwd(mean, scale, log_weight, centers, point_weight)[0]
 
 
-_OVER_POINTS_PADDING = (False, False, False, True)  # padded points get weight zero
-
-
 def _over_points_fwd(mean, scale, log_weight, centers, point_weight):
     m, z = _centred(mean, centers)
     Q, chunks = z.shape[0], _center_chunks(z)
@@ -210,7 +200,8 @@ def _over_points_fwd(mean, scale, log_weight, centers, point_weight):
     def block(a, s, w, p):
         return _rows(_over_chunks(lambda zc: p @ _bumps(a, s, w, zc), chunks), Q)
 
-    out = _blocked(block, (m, scale, log_weight, point_weight), _OVER_POINTS_PADDING, Q)
+    # padded points get weight zero
+    out = _blocked(block, (m, scale, log_weight, point_weight), (False, False, False, True), Q)
     return jnp.sum(out, 0), (mean, scale, log_weight, centers, point_weight)
 
 
@@ -225,11 +216,10 @@ def _over_points_bwd(res, g):
             return _grads(a, s, zc, Eg * p[:, None]) + (jnp.sum(Eg, axis=1),)
 
         dm, ds, dw, dz, dp = _over_chunks(chunk, chunks)
-        return _summed((dm, ds, dw)) + (_rows(dz, Q), jnp.sum(dp, 0))
+        return tuple(jnp.sum(a, 0) for a in (dm, ds, dw)) + (_rows(dz, Q), jnp.sum(dp, 0))
 
-    dm, ds, dw, dz, dp = _blocked(
-        block, (m, scale, log_weight, point_weight), _OVER_POINTS_PADDING, Q
-    )
+    padding = (False, False, False, True)
+    dm, ds, dw, dz, dp = _blocked(block, (m, scale, log_weight, point_weight), padding, Q)
     N = mean.shape[0]
     return _rows(dm, N), _rows(ds, N), _rows(dw, N), jnp.sum(dz, 0), _rows(dp, N)
 

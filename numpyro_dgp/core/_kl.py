@@ -31,19 +31,14 @@ def gauss_kl(
         shape.
     """
     if prior_chol_inv is not None:
-        _check_prior_inverse(prior_chol, prior_chol_inv)
+        if prior_chol is None:
+            raise ValueError("gauss_kl: prior_chol_inv needs prior_chol (None means K = I)")
+        if jnp.shape(prior_chol_inv) != jnp.shape(prior_chol):
+            raise ValueError(
+                f"gauss_kl: prior_chol_inv must have prior_chol's shape {jnp.shape(prior_chol)}; "
+                f"got {jnp.shape(prior_chol_inv)}"
+            )
     return _gauss_kl(q_mean, q_sqrt, prior_chol, prior_chol_inv)
-
-
-def _check_prior_inverse(prior_chol: ArrayLike | None, prior_chol_inv: ArrayLike) -> None:
-    """:raises ValueError: for ``prior_chol_inv`` without ``prior_chol`` or of another shape."""
-    if prior_chol is None:
-        raise ValueError("gauss_kl: prior_chol_inv needs prior_chol (None means K = I)")
-    if jnp.shape(prior_chol_inv) != jnp.shape(prior_chol):
-        raise ValueError(
-            f"gauss_kl: prior_chol_inv must have prior_chol's shape {jnp.shape(prior_chol)}; "
-            f"got {jnp.shape(prior_chol_inv)}"
-        )
 
 
 # One program per shape: outside jit (interactive use, tests) the KL's operations would

@@ -9,10 +9,6 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 
-def _sqdist_to(X: jax.Array, c: jax.Array) -> jax.Array:
-    return jnp.sum((X - c) ** 2, -1)
-
-
 def _kmeanspp_start(rng_key: jax.Array, X: jax.Array, num_clusters: int) -> jax.Array:
     """k-means++ seeding: ``num_clusters`` distinct data points, each drawn with probability
     proportional to its squared distance from the points already chosen.
@@ -24,7 +20,7 @@ def _kmeanspp_start(rng_key: jax.Array, X: jax.Array, num_clusters: int) -> jax.
     first_key, rest_key = jax.random.split(rng_key)
     first = jax.random.randint(first_key, (), 0, N)
     chosen = jnp.zeros((N,), bool).at[first].set(True)
-    d2 = _sqdist_to(X, X[first])
+    d2 = jnp.sum((X - X[first]) ** 2, -1)
     idx = jnp.zeros((num_clusters,), first.dtype).at[0].set(first)
 
     def body(i, carry):
@@ -40,7 +36,7 @@ def _kmeanspp_start(rng_key: jax.Array, X: jax.Array, num_clusters: int) -> jax.
         )
         new = jax.random.categorical(key, logits).astype(idx.dtype)
         chosen = chosen.at[new].set(True)
-        d2 = jnp.minimum(d2, _sqdist_to(X, X[new]))
+        d2 = jnp.minimum(d2, jnp.sum((X - X[new]) ** 2, -1))
         return idx.at[i].set(new), chosen, d2
 
     idx, _, _ = jax.lax.fori_loop(1, num_clusters, body, (idx, chosen, d2))
@@ -72,24 +68,10 @@ def kmeans(
     :param max_points: the subsample bound (default :data:`MAX_KMEANS_POINTS` = 100,000;
         ``None``: every point).
     :return: ``(M, D)`` centers; an empty cluster keeps its previous center.
-    :raises ValueError: if ``num_clusters`` exceeds the number of points ``N``.
+    :raises ValueError: if ``num_clusters`` exceeds the number of points ``N``, or
+        ``max_points`` when the data are subsampled.
     """
     N = jnp.shape(X)[0]
-    _check_kmeans_sizes(N, num_clusters, max_points)
-    if max_points is not None and N > max_points:
-        # drawn once, at initialization; the Lloyd iterations then cost O(max_points M D)
-        subsample_key = jax.random.fold_in(rng_key, 0x5AB)
-        keep = jax.random.choice(subsample_key, N, (int(max_points),), replace=False)
-        X = jnp.asarray(X)[keep]
-    return _kmeans(rng_key, X, int(num_clusters), int(num_iters))
-
-
-def _check_kmeans_sizes(N: int, num_clusters: int, max_points: int | None) -> None:
-    """k-means needs at least ``num_clusters`` points, in the data and in the subsample.
-
-    :raises ValueError: if ``num_clusters`` exceeds ``N``, or ``max_points`` when the data are
-        subsampled.
-    """
     if num_clusters > N:
         raise ValueError(
             f"num_inducing={num_clusters} exceeds the {N} points available to initialize "
@@ -97,6 +79,12 @@ def _check_kmeans_sizes(N: int, num_clusters: int, max_points: int | None) -> No
         )
     if max_points is not None and N > max_points and not num_clusters <= max_points:
         raise ValueError(f"kmeans: num_clusters={num_clusters} exceeds max_points={max_points}")
+    if max_points is not None and N > max_points:
+        # drawn once, at initialization; the Lloyd iterations then cost O(max_points M D)
+        subsample_key = jax.random.fold_in(rng_key, 0x5AB)
+        keep = jax.random.choice(subsample_key, N, (int(max_points),), replace=False)
+        X = jnp.asarray(X)[keep]
+    return _kmeans(rng_key, X, int(num_clusters), int(num_iters))
 
 
 @partial(jax.jit, static_argnums=(2, 3))

@@ -41,7 +41,7 @@ from typing import Callable, TypeGuard
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.typing import ArrayLike, DTypeLike
+from jax.typing import ArrayLike
 
 from numpyro_dgp.core._gauss_sums import gauss_sums_over_points, gauss_sums_per_point, split_rows
 from numpyro_dgp.core._quadrature import gauss_hermite_product
@@ -67,14 +67,9 @@ def _check_input_moments(
     if not jnp.issubdtype(mean.dtype, jnp.floating):
         mean = mean.astype(jnp.result_type(float))
     var = jnp.asarray(var, mean.dtype)
-    try:
-        if shared and var.ndim <= 1:
-            return mean, jnp.broadcast_to(var, mean.shape[1:])
-        return mean, jnp.broadcast_to(var, mean.shape)
-    except ValueError:
-        raise ValueError(
-            f"{caller}: var of shape {jnp.shape(var)} does not broadcast to mean's {mean.shape}"
-        ) from None
+    if shared and var.ndim <= 1:
+        return mean, jnp.broadcast_to(var, mean.shape[1:])
+    return mean, jnp.broadcast_to(var, mean.shape)
 
 
 def _check_inducing_inputs(Z: ArrayLike, mean: jax.Array, caller: str) -> jax.Array:
@@ -112,26 +107,21 @@ def _scaled_sqdist(mean: jax.Array, scale: jax.Array, points: jax.Array) -> jax.
     return jnp.maximum(sq, 0.0)
 
 
-def _check_rule_size(num_points: int, D: int, caller: str) -> None:
-    """The fallback's tensor-product rule must stay within :data:`_MAX_NODES` nodes per point.
+def _gh_nodes(
+    mean: jax.Array, var: jax.Array, num_points: int, caller: str
+) -> tuple[jax.Array, jax.Array]:
+    """Tensor-product Gauss-Hermite nodes ``(N, K, D)`` of every point's input and weights
+    ``(K,)``.
 
-    :raises ValueError: for ``num_points ** D`` above it.
+    :raises ValueError: for a rule over :data:`_MAX_NODES` nodes per point.
     """
+    D = mean.shape[1]
     if int(num_points) ** D > _MAX_NODES:
         raise ValueError(
             f"{caller}: the Gauss-Hermite fallback needs num_points ** D = {int(num_points)}^{D} "
             f"nodes per point (over {_MAX_NODES}); lower num_points or use a kernel with "
             "closed-form psi statistics (RBF, Linear)"
         )
-
-
-def _gh_nodes(
-    mean: jax.Array, var: jax.Array, num_points: int, caller: str
-) -> tuple[jax.Array, jax.Array]:
-    """Tensor-product Gauss-Hermite nodes ``(N, K, D)`` of every point's input and weights
-    ``(K,)``."""
-    D = mean.shape[1]
-    _check_rule_size(num_points, D, caller)
     nodes, weights = gauss_hermite_product(int(num_points), D)
     x = (
         mean[:, None, :]
@@ -386,7 +376,9 @@ def psi2_traces(
     mean, var = _check_input_moments(mean, var, "psi2_traces", shared=True)
     Z = _check_inducing_inputs(Z, mean, "psi2_traces")
     M = Z.shape[0]
-    A = _check_trace_matrices(matrices, M, mean.dtype)
+    A = jnp.asarray(matrices, mean.dtype)
+    if A.ndim != 3 or A.shape[1:] != (M, M):
+        raise ValueError(f"psi2_traces: matrices must have shape (J, {M}, {M}), got {A.shape}")
     if _is_rbf(kernel) and var.ndim == 1:
         scale, B, Phi = _rbf_shared_psi2(kernel, mean, var, Z)
         # tr(Psi2_n A) = scale phi_n (B * A^T) phi_n^T
@@ -405,14 +397,3 @@ def psi2_traces(
     N, K, D = x.shape
     Kx = kernel(x.reshape(N * K, D), Z).reshape(N, K, M)
     return jnp.einsum("nkm,jml,nkl,k->nj", Kx, A, Kx, w)
-
-
-def _check_trace_matrices(matrices: ArrayLike, M: int, dtype: DTypeLike) -> jax.Array:
-    """:func:`psi2_traces`' matrices as ``(J, M, M)`` in the inputs' dtype.
-
-    :raises ValueError: for another shape.
-    """
-    A = jnp.asarray(matrices, dtype)
-    if A.ndim != 3 or A.shape[1:] != (M, M):
-        raise ValueError(f"psi2_traces: matrices must have shape (J, {M}, {M}), got {A.shape}")
-    return A

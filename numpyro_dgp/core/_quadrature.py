@@ -19,18 +19,10 @@ def gauss_hermite(num_points: int) -> tuple[np.ndarray, np.ndarray]:
     :return: ``(nodes (K,), weights (K,))`` as NumPy float64 arrays; weights sum to 1.
     :raises ValueError: if ``num_points < 1``.
     """
-    _check_num_points(num_points)
-    nodes, weights = np.polynomial.hermite_e.hermegauss(int(num_points))
-    return nodes, weights / weights.sum()
-
-
-def _check_num_points(num_points: int) -> None:
-    """A Gauss-Hermite rule has at least one node.
-
-    :raises ValueError: if ``num_points < 1``.
-    """
     if int(num_points) < 1:
         raise ValueError(f"num_points must be >= 1, got {num_points}")
+    nodes, weights = np.polynomial.hermite_e.hermegauss(int(num_points))
+    return nodes, weights / weights.sum()
 
 
 def gauss_hermite_product(num_points: int, dim: int) -> tuple[np.ndarray, np.ndarray]:

@@ -41,23 +41,10 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from numpyro_dgp.core._conditionals import inverse_factor
-from numpyro_dgp.core._linalg import cholesky, triangular_inverse
+from numpyro_dgp.core._triangular import cholesky, triangular_inverse
 
 #: The values of ``method``: ``"vfe"`` (Titsias' bound) and ``"fitc"`` (not a bound).
 COLLAPSED_METHODS = ("vfe", "fitc")
-
-
-def _check(
-    method: str, y: ArrayLike, noise_var: ArrayLike, caller: str
-) -> tuple[jax.Array, jax.Array]:
-    if method not in COLLAPSED_METHODS:
-        raise ValueError(f"{caller}: method must be one of {COLLAPSED_METHODS}, got {method!r}")
-    y = jnp.asarray(y)
-    Y = y[:, None] if y.ndim == 1 else y
-    noise = jnp.asarray(noise_var, Y.dtype)
-    if noise.ndim == 1 and noise.shape[0] == Y.shape[0]:
-        noise = noise[:, None]  # one variance per point, shared by the outputs
-    return Y, jnp.broadcast_to(noise, Y.shape)
 
 
 def _one_output(V: jax.Array, Knn_diag: jax.Array, y: jax.Array, noise: jax.Array, method: str):
@@ -83,7 +70,14 @@ def _one_output(V: jax.Array, Knn_diag: jax.Array, y: jax.Array, noise: jax.Arra
 
 
 def _per_output(Kmm_chol, Kmn, Knn_diag, y, noise_var, method, caller, Kmm_chol_inv=None):
-    Y, noise = _check(method, y, noise_var, caller)
+    if method not in COLLAPSED_METHODS:
+        raise ValueError(f"{caller}: method must be one of {COLLAPSED_METHODS}, got {method!r}")
+    y = jnp.asarray(y)
+    Y = y[:, None] if y.ndim == 1 else y
+    noise = jnp.asarray(noise_var, Y.dtype)
+    if noise.ndim == 1 and noise.shape[0] == Y.shape[0]:
+        noise = noise[:, None]  # one variance per point, shared by the outputs
+    noise = jnp.broadcast_to(noise, Y.shape)
     Linv = inverse_factor(jnp.asarray(Kmm_chol, Y.dtype), Kmm_chol_inv)
     V = jnp.asarray(Linv, Y.dtype) @ jnp.asarray(Kmn, Y.dtype)
     Knn_diag = jnp.asarray(Knn_diag, Y.dtype)

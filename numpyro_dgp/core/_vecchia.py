@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 from jax.typing import ArrayLike
 
-from numpyro_dgp.core._linalg import cholesky
+from numpyro_dgp.core._triangular import cholesky
 
 
 class VecchiaFactors(NamedTuple):
