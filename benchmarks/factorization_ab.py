@@ -32,7 +32,7 @@ from _harness import command, header, machine, now, table, write_results
 ARMS = ("blocked", "library")
 
 
-def use_library(linalg) -> None:
+def use_library(core_module) -> None:
     """Swap the core's factorization and triangular inverse for the library's (primal only)."""
     import jax.numpy as jnp
     from jax.scipy.linalg import solve_triangular
@@ -45,8 +45,8 @@ def use_library(linalg) -> None:
         L = jnp.linalg.cholesky(K)
         return L, inverse(L)
 
-    linalg._pair_recursion = pair
-    linalg._triangular_inverse.fun = inverse
+    core_module._pair_recursion = pair
+    core_module._triangular_inverse.fun = inverse
 
 
 def child(M: int, width: int, precision: str, rounds: int, steps: int) -> dict:
@@ -57,7 +57,7 @@ def child(M: int, width: int, precision: str, rounds: int, steps: int) -> dict:
     from numpyro.infer import SVI
 
     import numpyro_dgp as dgp
-    from numpyro_dgp.core import _linalg
+    from numpyro_dgp.core import _triangular
 
     rs = np.random.RandomState(0)
     X = rs.randn(7373, 8).astype(precision)
@@ -68,7 +68,7 @@ def child(M: int, width: int, precision: str, rounds: int, steps: int) -> dict:
     compiled, losses = {}, {}
     for arm in ARMS:
         if arm == "library":
-            use_library(_linalg)
+            use_library(_triangular)
         jax.clear_caches()
         start = time.perf_counter()
         compiled[arm] = jax.jit(lambda s: svi.update(s, X, y, batch_size=1000)).lower(state).compile()
