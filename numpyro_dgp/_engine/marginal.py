@@ -14,7 +14,7 @@ and live in the modules that own them:
   :class:`~numpyro_dgp.posteriors.JointBlock`): the per-point recursion of
   :class:`~numpyro_dgp.guides._correlated.CorrelatedRecursion` (``output`` per layer, then
   ``condition`` on the drawn outputs);
-* per-point inducing sets: :class:`~numpyro_dgp.guides._amortized.AmortizedSets` evaluates
+* per-point inducing sets: :class:`~numpyro_dgp.guides._amortized.EncodedSets` evaluates
   the guide's encoder at a layer's ``u`` site (``site``: ``q(u_n | p_n)`` and its KL, kept in
   ``local_q`` for the layer) and gives an AR2 / AR2P encoder the weighted mean of the branches
   (``encoder_input``, ``branched``);
@@ -62,7 +62,7 @@ from numpyro_dgp._protocol import (
     with_tag,
 )
 from numpyro_dgp.core import output_at_nodes, sample_output, standard_normal
-from numpyro_dgp.guides import AmortizedSets, CorrelatedRecursion, latent_draw, latent_kl
+from numpyro_dgp.guides import CorrelatedRecursion, EncodedSets, latent_draw, latent_kl
 from numpyro_dgp.handlers import PerRunMessenger
 from numpyro_dgp.layers import Layer, layer_moments, sample_moments
 
@@ -144,7 +144,7 @@ class marginalize_inducing(PerRunMessenger):
         self.layer_order: list[str] = []
         self._in_tail = False
         self._correlated = CorrelatedRecursion(self.posteriors)
-        self._amortized = AmortizedSets(self.posteriors)
+        self._encoded = EncodedSets(self.posteriors)
         # latent-input site -> (LatentSpec, key) from its announcing message
         self._latents: dict[str, tuple[Any, jax.Array]] = {}
         self.mixture_log_weights: jax.Array | None = None
@@ -160,14 +160,14 @@ class marginalize_inducing(PerRunMessenger):
             spec = message_latent_spec(msg)
             self._latents[spec.name] = (spec, message_rng_key(msg))
         elif msg["type"] == ENCODER_INPUT_MESSAGE:
-            self._amortized.encoder_input(msg)
+            self._encoded.encoder_input(msg)
         elif msg["type"] == LAYER_MESSAGE:
             self._layer_message(msg)
 
     def _sample_site(self, msg: dict) -> None:
         """A sample site: the ``u`` site of a layer with per-point inducing sets, a latent
         input's site, or a site after the last layer (tagged with :data:`NODE_AXIS`)."""
-        self._amortized.site(msg)
+        self._encoded.site(msg)
         if msg["name"] in self._latents and not msg["is_observed"]:
             self._latent_site(msg, *self._latents[msg["name"]])
         if self._in_tail:
@@ -195,7 +195,7 @@ class marginalize_inducing(PerRunMessenger):
             msg["value"] = self._correlated_value(layer, X, post, rng_key)
             return
         if layer.inducing == "amortized":
-            q_mean, q_sqrt = self._amortized.local_q.get(layer.u_site, (u, None))
+            q_mean, q_sqrt = self._encoded.local_q.get(layer.u_site, (u, None))
             mean, var = layer_moments(layer, X, q_mean, q_sqrt)
         else:
             q_mean, q_sqrt = (u, None) if post is None else post
@@ -232,7 +232,7 @@ class marginalize_inducing(PerRunMessenger):
         """Record the encoder input of a layer with per-point inducing sets (its message's
         final value)."""
         if msg["type"] == ENCODER_INPUT_MESSAGE:
-            self._amortized.record_input(msg)
+            self._encoded.record_input(msg)
 
     def _latent_site(self, msg: dict, spec: Any, rng_key: jax.Array) -> None:
         """A latent input's site: draw ``w`` from the prior (new points), or from the guide's
@@ -296,7 +296,7 @@ class marginalize_inducing(PerRunMessenger):
         if mean.ndim == 2:
             mean, std = mean[None], std[None]
         # AR2 / AR2P: the next layer's encoder sees the weighted mean of these component means
-        self._amortized.branched(log_weights, mean, shape)
+        self._encoded.branched(log_weights, mean, shape)
         return mean + std * eps
 
     def _correlated_value(

@@ -31,7 +31,7 @@ from numpyro_dgp._protocol import (
     node_tail,
     trace_layers,
 )
-from numpyro_dgp.guides import AmortizedSets
+from numpyro_dgp.guides import EncodedSets
 from numpyro_dgp.handlers import fast_subsample
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import (
@@ -191,7 +191,7 @@ def marginal_trace(
             )
         else:
             posteriors = guide_posteriors(guide_trace, found["u_sites"])
-        posteriors.update(AmortizedSets.encoders(guide_trace))
+        posteriors.update(EncodedSets.encoders(guide_trace))
         posteriors.update(latent_posteriors(guide_trace, found["latents"]))
         handler = marginalize_inducing(
             seeded_model, posteriors, last, nodes, weights, latent_mode, importance

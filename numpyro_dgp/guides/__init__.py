@@ -7,11 +7,11 @@
 
 Not in ``__all__``: the plug-ins through which the inducing-marginalization engine runs what
 these guides' posteriors need beyond independent Gaussians (``CorrelatedRecursion``,
-``AmortizedSets``, ``latent_draw``, ``latent_kl``).
+``EncodedSets``, ``latent_draw``, ``latent_kl``).
 """
 
-from numpyro_dgp.guides._amortized import AmortizedSets as AmortizedSets
 from numpyro_dgp.guides._amortized import AutoAmortizedDGP
+from numpyro_dgp.guides._amortized import EncodedSets as EncodedSets
 from numpyro_dgp.guides._base import DGPGuide, InducingSite
 from numpyro_dgp.guides._correlated import AutoChainDGP, AutoJointDGP
 from numpyro_dgp.guides._correlated import CorrelatedRecursion as CorrelatedRecursion

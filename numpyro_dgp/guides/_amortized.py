@@ -226,7 +226,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         self.median(params)
 
 
-class AmortizedSets:
+class EncodedSets:
     """The inducing-marginalization engine's plug-in for layers with per-point inducing sets
     (an encoder posterior such as :class:`~numpyro_dgp.posteriors.AmortizedPosterior`: its
     ``encode``, ``mixture`` and ``sees_mixture_mean``), one per run of the model.
