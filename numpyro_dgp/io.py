@@ -493,6 +493,8 @@ def _decode(node: dict, key_path: tuple[str, ...], members: Mapping[str, np.ndar
     if node["type"] == "dict":
         return {key: _decode(item, key_path + (key,), members) for key, item in node["items"]}
     where, name, shape = _where(key_path), node["name"], tuple(node["shape"])
+    if node["type"] != "array" or node["encoding"] not in ("raw", "npy"):
+        raise ValueError(f"malformed tree entry at {where}")
     if name not in members:
         raise ValueError(f"array for {where} (member {name!r}) is missing")
     arr = members[name]
@@ -534,6 +536,8 @@ def _read(path: Path) -> tuple[dict, dict]:
     )
     try:
         params = _decode(header["tree"], (), members)
+        if not isinstance(params, dict):
+            raise ValueError("its tree is not a dict of parameters")
     except (ValueError, TypeError, AttributeError, KeyError) as err:  # ml_dtypes names too
         raise ValueError(f"parameter file {str(path)!r} is corrupt: {err}") from err
     return header, params

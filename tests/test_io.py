@@ -331,3 +331,29 @@ def test_check_arguments_without_a_model_are_refused(tmp_path):
     path = save_params(tmp_path / "p.npz", {"a": np.ones(2)})
     with pytest.raises(ValueError, match="pass model= too"):
         load_params(path, args=(np.ones((3, 1)),))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda tree: {**tree, "items": [["a", {**tree["items"][0][1], "type": "arr"}]]},
+        lambda tree: {**tree, "items": [["a", {**tree["items"][0][1], "encoding": "zip"}]]},
+        lambda tree: tree["items"][0][1],  # the tree is one array, not a dict of parameters
+    ],
+    ids=["unknown node type", "unknown encoding", "top level not a dict"],
+)
+def test_hand_edited_header_trees_are_refused(tmp_path, edit):
+    import json
+
+    from numpyro_dgp.io import _HEADER_KEY
+
+    path = tmp_path / "p.npz"
+    save_params(path, {"a": np.arange(3.0)})
+    with np.load(path) as npz:
+        members = {name: npz[name] for name in npz.files}
+    header = json.loads(str(members[_HEADER_KEY][()]))
+    header["tree"] = edit(header["tree"])
+    members[_HEADER_KEY] = np.asarray(json.dumps(header))
+    np.savez(path, **members)
+    with pytest.raises(ValueError, match="is corrupt"):
+        load_params(path)

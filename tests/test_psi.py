@@ -291,6 +291,17 @@ def test_uncertain_input_moments_take_the_callers_inverse_factor(inputs, whiten,
         core.uncertain_input_moments(kernel, Z, L, q_mean, q_sqrt, mean, var, Kmm_chol_inv=np.eye(M + 1))
 
 
+def test_uncertain_input_moments_refuse_bad_options(inputs):
+    """A ``q_sqrt`` of neither shape, and per-point variances without the per-point inducing
+    part they are built from, are refused by name (not a shape error deep inside)."""
+    mean, var, _, _ = inputs
+    kernel, Z, L, q_mean, q_sqrt, _, _ = _layer(9, True, diag=False)
+    with pytest.raises(ValueError, match=r"q_sqrt must be \(P, M, M\) or \(P, M\)"):
+        core.uncertain_input_moments(kernel, Z, L, q_mean, q_sqrt[0, 0], mean, var)
+    with pytest.raises(ValueError, match="per_point=True needs per_point_inducing=True"):
+        core.uncertain_input_moments(kernel, Z, L, q_mean, q_sqrt, mean, var, per_point_inducing=False)
+
+
 @pytest.mark.parametrize("whiten", [True, False])
 def test_deterministic_inputs_give_the_sparse_conditional(inputs, whiten):
     mean, _, _, _ = inputs

@@ -480,8 +480,8 @@ def _check_discrete_targets(y: jax.Array, observation: Observation, caller: str)
 def validated_normal(loc: jax.Array, scale: jax.Array) -> dist.Normal:
     """``Normal(loc, scale)``, its arguments checked as NumPyro checks them (``arg_constraints``
     in their order, NumPyro's message) but on host copies of concrete arguments: NumPyro's own
-    check runs JAX operations, which run eagerly (``svi.init``) compile a program each, about
-    0.15 s on a 2-core CPU; its constraints evaluate NumPy arrays with NumPy. Traced arguments,
+    check runs JAX operations, which run eagerly (``svi.init``) compile a program each; its
+    constraints evaluate NumPy arrays with NumPy. Traced arguments,
     or validation switched off (``numpyro.enable_validation(False)``), go to NumPyro as they
     are. An instance checked here has NumPyro's validation off, so its ``log_prob`` does not
     also check the value against the support (NumPyro would give ``-inf`` and warn for a

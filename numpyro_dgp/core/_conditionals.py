@@ -20,7 +20,7 @@ def factors_transpose_times(q_sqrt: ArrayLike, B: ArrayLike) -> jax.Array:
     """``L_p^T B`` for every output ``p``.
 
     Laid out as one ``(P K, M) x (M, N)`` product: its gradient is two unbatched products too,
-    20-25% faster on CPU than the output-batched einsum (measured with the project's benchmarks).
+    faster on CPU than the output-batched einsum.
 
     :param q_sqrt: ``(P, M, K)`` factors ``L_p``.
     :param B: ``(M, N)``.

@@ -269,9 +269,9 @@ def cholesky(K: jax.Array) -> jax.Array:
     that inverse and matrix products only, which skip the zero blocks of the triangular factors
     above ``M = 128`` (about ``3 M^3`` FLOPs where dense products take ``6 M^3``;
     ``lower_times_lower`` and ``lower_of_times_transpose``). JAX's own rule uses two triangular
-    solves, which on CPU cost 100x a product of the same size (measured with the project's
-    benchmarks); a DGP training step differentiates one factor per layer. NaN where the
-    factorization fails, like ``jnp.linalg.cholesky``.
+    solves, which on CPU are far slower than a product of the same size; a DGP training step
+    differentiates one factor per layer. NaN where the factorization fails, like
+    ``jnp.linalg.cholesky``.
 
     :param K: ``(..., M, M)`` symmetric positive-definite matrix.
     :return: ``(..., M, M)`` lower-triangular factor.
@@ -439,8 +439,8 @@ def triangular_inverse(L: ArrayLike) -> jax.Array:
     solves against many right-hand sides. The inverse itself is built by block recursion,
     ``[[A, 0], [C, D]]^{-1} = [[A^{-1}, 0], [-D^{-1} C A^{-1}, D^{-1}]]``, down to blocks of
     at most 16 that a triangular solve inverts (small enough that OpenBLAS stays on one
-    thread): XLA's CPU triangular solve is slow and erratic on a 100 x 100 identity (0.2-8 ms
-    against 0.07 ms for the recursion, measured in the project's benchmarks). The recursion
+    thread): XLA's CPU triangular solve is slow and erratic against an identity of more than a
+    few dozen rows. The recursion
     runs breadth first (one batched solve of every leaf, one batched combination per level),
     so the program has ``O(log M)`` operations. Its derivative ``-L^{-1} dL L^{-1}`` is two
     lower-times-lower products that skip their zero blocks above ``M = 128``.

@@ -130,6 +130,18 @@ def _psi_variances(
     return conditional_var, input_var
 
 
+def _check_moment_options(
+    q_sqrt: ArrayLike | None, per_point: bool, per_point_inducing: bool
+) -> None:
+    if q_sqrt is not None and jnp.ndim(q_sqrt) not in (2, 3):
+        raise ValueError(
+            "uncertain_input_moments: q_sqrt must be (P, M, M) or (P, M); "
+            f"got shape {jnp.shape(q_sqrt)}"
+        )
+    if per_point and not per_point_inducing:
+        raise ValueError("uncertain_input_moments: per_point=True needs per_point_inducing=True")
+
+
 def uncertain_input_moments(
     kernel: Kernel,
     Z: ArrayLike,
@@ -166,15 +178,17 @@ def uncertain_input_moments(
     :param per_point: return ``input_var`` and ``conditional_var`` per point; ``False`` sums
         them over the points, using the summed ``Psi2`` (no per-point ``M x M`` statistic).
     :param per_point_inducing: return ``inducing_var`` per point; ``False`` sums it over the
-        points as ``tr(Psi1^T Psi1 C_p)`` (``O(N M^2 + P M^3)`` instead of ``O(P N M^2)``).
-        ``per_point=True`` returns it per point in any case (its per-point variances need it).
+        points as ``tr(Psi1^T Psi1 C_p)`` (``O(N M^2 + P M^3)`` instead of ``O(P N M^2)``);
+        ``per_point=True`` needs it (its per-point variances are built from it).
     :param num_points: Gauss-Hermite nodes per input dimension for kernels without closed-form
         psi statistics (see :mod:`numpyro_dgp.core` ``psi1``).
     :param Kmm_chol_inv: ``L^{-1}`` when the caller has it (see
         :func:`~numpyro_dgp.core.project`); ``None``: ``Kmm_chol`` is inverted here.
     :return: :class:`UncertainInputMoments`.
-    :raises ValueError: if ``Kmm_chol_inv``'s shape is not ``Kmm_chol``'s.
+    :raises ValueError: if ``Kmm_chol_inv``'s shape is not ``Kmm_chol``'s, ``q_sqrt`` is not
+        ``(P, M, M)`` or ``(P, M)``, or ``per_point`` comes without ``per_point_inducing``.
     """
+    _check_moment_options(q_sqrt, per_point, per_point_inducing)
     mean = jnp.asarray(mean)
     Z = jnp.asarray(Z, mean.dtype)
     q_mean = jnp.asarray(q_mean, mean.dtype)
@@ -197,7 +211,7 @@ def uncertain_input_moments(
         f_mean = f_mean + mean @ jnp.asarray(mean_weight, mean.dtype)
     if mean_bias is not None:
         f_mean = f_mean + jnp.asarray(mean_bias, mean.dtype)
-    inducing_var = _inducing_variance(R, P1, f_mean, mean.dtype, per_point or per_point_inducing)
+    inducing_var = _inducing_variance(R, P1, f_mean, mean.dtype, per_point_inducing)
     if var is None:  # the conditional variance alone, no input_var
         explained = jnp.sum((P1 @ T) ** 2, -1) if whiten else jnp.sum((P1 @ K_inv) * P1, -1)
         conditional_var = kernel.diag(mean) - explained

@@ -92,9 +92,9 @@ def guarded_update(
 
     ``barrier`` materializes the finiteness check and the new state before selecting with them:
     otherwise XLA fuses every select with the reduction over all parameters, and a scan over
-    the steps of a large model compiles 3-4x longer. The fusion it prevents changes round-off,
-    so a run with and without it differs in the last digits (and a chaotic optimization then
-    further).
+    the steps of a large model compiles several times longer. The fusion it prevents changes
+    round-off, so a run with and without it differs in the last digits (and a chaotic
+    optimization then further).
 
     :return: ``(state, loss, skipped)``; ``skipped`` is ``active & ~finite``.
     """
