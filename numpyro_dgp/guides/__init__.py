@@ -5,9 +5,10 @@
 * :class:`AutoChainDGP` -- chain-structured ``q(u_1) prod q(u_l | u_{l-1})``.
 * :class:`AutoAmortizedDGP` -- per-point inducing sets from encoder networks (Meng & Zhang 2024).
 
-Not in ``__all__``: the plug-ins through which the inducing-marginalization engine runs what
-these guides' posteriors need beyond independent Gaussians (``CorrelatedRecursion``,
-``EncodedSets``, ``latent_draw``, ``latent_kl``).
+Not in ``__all__`` and not public API (their interface may change without notice): the
+plug-ins through which the inducing-marginalization engine runs what these guides' posteriors
+need beyond independent Gaussians (``CorrelatedRecursion``, ``EncodedSets``, ``latent_draw``,
+``latent_kl``).
 """
 
 from numpyro_dgp.guides._amortized import AutoAmortizedDGP
