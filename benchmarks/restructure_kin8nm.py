@@ -2,9 +2,10 @@
 (``numpyro_dgp.recipes.run_uci``, float64), an old checkout against this one, one fresh process
 per run with the checkout's package first on ``PYTHONPATH``, seeds interleaved.
 
-The new package should land within the old one's spread over seeds; from the same key it
-should give the old one's numbers (the restructure keeps every step's floating-point
-operations).
+The new package should land within the old one's spread over seeds, and from the same key
+near the old one's numbers: the restructure keeps each step's answers to round-off (see
+``same_answers.py``), which 5,000 steps of optimization grow but do not turn into a different
+fit.
 
 Usage::
 
@@ -34,7 +35,7 @@ import numpyro_dgp
 from numpyro_dgp.recipes import run_uci
 r = run_uci("kin8nm", 0, rng_key=jax.random.PRNGKey(int(sys.argv[1])), data_dir=sys.argv[2],
             num_steps=int(sys.argv[3]))
-print(json.dumps({**{k: float(v) for k, v in r.metrics.items()}, "package": numpyro_dgp.__file__}))
+print(json.dumps({**{k: float(v) for k, v in r.metrics.items()}, "package_file": numpyro_dgp.__file__}))
 """
 
 
@@ -44,7 +45,7 @@ def run(package: Path, seed: int, data_dir: str, steps: int) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, str(seed), data_dir, str(steps)],
                          capture_output=True, text=True, env=env, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["package"].startswith(str(package)), result["package"]
+    assert result["package_file"].startswith(str(package)), result["package_file"]
     return result
 
 
