@@ -32,21 +32,22 @@ object ``{"format", "format_version", "library_version", "tree", "metadata"}``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from numpyro import handlers
 
 from numpyro_dgp import __version__
 from numpyro_dgp._cache import OwnerCache
-from numpyro_dgp._persist import check_format, write_atomically
-from numpyro_dgp._validation import check_directory, check_file, concrete
+
+if TYPE_CHECKING:
+    import jax
 
 __all__ = ["FORMAT_VERSION", "save_params", "load_params"]
 
@@ -142,6 +143,8 @@ def set_up_guide(guide: Callable, rng_key: jax.Array, args: tuple, kwargs: dict)
     """
     if getattr(guide, "prototype_trace", "absent") is not None:
         return
+    from numpyro import handlers
+
     from numpyro_dgp._compat import innermost_guide
     from numpyro_dgp.guides import DGPGuide
 
@@ -157,6 +160,7 @@ def set_up_guide(guide: Callable, rng_key: jax.Array, args: tuple, kwargs: dict)
 
 def _signature(args: tuple, kwargs: dict) -> tuple | None:
     """A hashable summary: arrays by shape and dtype, other values as they are."""
+    import jax
 
     def one(v):
         if isinstance(v, (jax.Array, np.ndarray)):
@@ -187,6 +191,8 @@ def _guide_run_arguments(args: tuple, kwargs: dict, training: tuple[tuple, dict]
     """``(arrays, rebuild)``: the arguments the guide runs on (the training ones where known)
     split into abstract arrays (the inputs of ``jax.eval_shape``) and a function that puts them
     back with the other values (kept concrete: subsample sizes, flags)."""
+    import jax
+
     if training is None:
         return (), lambda arrays: (args, kwargs)
     leaves, treedef = jax.tree_util.tree_flatten(training)
@@ -223,6 +229,10 @@ def param_specs(
     :return: ``{name: ShapeDtypeStruct}`` (weak types kept: a Python-number initial value takes any
         dtype of its kind).
     """
+    import jax
+    import jax.numpy as jnp
+    from numpyro import handlers
+
     owner = model if guide is None else guide
     # the prototype records this model only if the guide was built on it
     prototype = (
@@ -298,6 +308,8 @@ def check_params_against(
     :raises ParameterMismatchError: if anything does not match.
     :raises TypeError: if ``params`` is not a mapping.
     """
+    from numpyro_dgp._validation import concrete
+
     if not isinstance(params, Mapping):
         raise TypeError(
             f"{caller}: params must be a dict {{site name: array}}, got {type(params).__name__}"
@@ -337,6 +349,8 @@ def _check_against_model(
     caller: str,
 ) -> None:
     """:func:`check_params` with the caller named in the message (``load_params`` runs it)."""
+    import jax
+
     if guide is not None:
         set_up_guide(guide, jax.random.PRNGKey(0), args, kwargs)
     check_params_against(
@@ -389,6 +403,61 @@ PREDICT_HINT = (
     "Pass the parameters fitted with this model and guide (same layer names, num_inducing, widths "
     "and dtype); strict=False ignores unexpected entries."
 )
+
+
+def check_format(
+    document: Any, name: str, version: int, shown: str, what: str, error: type = ValueError
+) -> None:
+    """Raise ``error`` unless ``document`` (a parsed JSON header, of the file named ``shown`` in
+    messages) describes numpyro_dgp ``what`` in the format ``name``, of a version from 1 to
+    ``version`` (the message says to upgrade the library when it is newer)."""
+    if not isinstance(document, dict) or document.get("format") != name:
+        raise error(f"{shown} does not describe a numpyro_dgp {what}")
+    found = document.get("format_version")
+    if not isinstance(found, int) or not 1 <= found <= version:
+        raise error(
+            f"{shown} has format_version={found!r}, written by numpyro_dgp "
+            f"{document.get('library_version')!r}; this library ({__version__}) reads versions "
+            f"1..{version} (upgrade numpyro_dgp to load it)"
+        )
+
+
+def write_atomically(path: Path, write: Callable[[Any], object], binary: bool = False) -> None:
+    """Write the file ``path`` by ``write(file)`` into a temporary file in its directory, flushed
+    to disk and renamed onto ``path`` (the rename made durable where POSIX allows): a failed
+    write leaves any previous file whole. A replaced file keeps its permissions; a new one gets
+    those ``open`` would give it.
+
+    :param path: the file to write (its directory exists).
+    :param write: writes the contents to the open file.
+    :param binary: open the file in binary mode (else text, UTF-8, no newline translation).
+    """
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0o022)  # mkstemp creates 0600 files; open() would not
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    text: dict[str, Any] = {} if binary else {"encoding": "utf-8", "newline": ""}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with open(fd, "wb" if binary else "w", **text) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if os.name == "posix":  # makes the rename itself durable
+        with contextlib.suppress(OSError):
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def _where(key_path: tuple[str, ...]) -> str:
@@ -479,6 +548,8 @@ def save_params(
         members[_HEADER_KEY] = np.array(json.dumps(header), dtype=np.str_)
     except (TypeError, ValueError) as err:
         raise TypeError(f"metadata must be JSON-serializable: {err}") from err
+    from numpyro_dgp._validation import check_directory
+
     check_directory(path.parent, "directory", "save_params")
     # Writing through a file object stops np.savez from appending ".npz" to the name.
     write_atomically(path, lambda f: np.savez(f, allow_pickle=False, **members), binary=True)
@@ -544,6 +615,8 @@ def _read(path: Path) -> tuple[dict, dict]:
 
 
 def _to_jax(tree: dict) -> dict:
+    import jax.numpy as jnp
+
     return {k: _to_jax(v) if isinstance(v, dict) else jnp.asarray(v) for k, v in tree.items()}
 
 
@@ -588,6 +661,10 @@ def load_params(
         is off (and ``as_numpy`` is false); ``guide``, ``args`` or ``kwargs`` without ``model``.
     :raises ~numpyro_dgp.ParameterMismatchError: with ``model``, parameters that do not match it.
     """
+    import jax
+
+    from numpyro_dgp._validation import check_file
+
     if model is None and (guide is not None or args or kwargs):
         raise ValueError(
             "load_params: guide=, args= and kwargs= are for the check against model=; pass "

@@ -28,7 +28,6 @@ LAYERS = (
     ("handlers", "guides"),
     ("_engine",),
     ("objectives",),
-    ("_persist",),
     ("io",),
     ("infer",),
     ("_predict",),

@@ -380,7 +380,7 @@ def _(env, capsys):
 def _copy_model(env, name: str, params: dict) -> Path:
     """The saved model with ``params.npz`` replaced and its checksum in model.json updated (a
     file edited consistently: only the check of the values can catch it)."""
-    from numpyro_dgp._persist import sha256
+    from numpyro_dgp._saved_model import sha256
 
     target = env.root / name
     target.mkdir(exist_ok=True)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-    from numpyro_dgp._persist import Table
+    from numpyro_dgp.datasets import Table
 
 #: ``--likelihood`` -> the factories' name (:data:`numpyro_dgp.models.LIKELIHOODS`)
 LIKELIHOODS = {
@@ -182,7 +182,7 @@ def fit_table(
     only: a bad table is reported before JAX loads."""
     import numpy as np
 
-    from numpyro_dgp._persist import read_table
+    from numpyro_dgp.datasets import read_table
 
     targets = args.target
     if len(targets) > 1 and likelihood in ("probit", "softmax", "robust_max"):
@@ -293,7 +293,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     """
     import time
 
-    from numpyro_dgp._persist import check_model_output
+    from numpyro_dgp._saved_model import check_model_output
 
     # NumPy only: the output path and the table are checked before JAX loads or anything runs
     check_model_output(Path(args.output), args.overwrite, "--output", "--overwrite", (args.data,))
@@ -395,12 +395,8 @@ def predict_table(args: argparse.Namespace) -> tuple[Table, list[str], list[str]
     :raises PermissionError: its directory is not writable.
     :raises ValueError: a bad table or model directory, or missing feature columns.
     """
-    from numpyro_dgp._persist import (
-        check_model_directory,
-        check_output_place,
-        read_config,
-        read_table,
-    )
+    from numpyro_dgp._saved_model import check_model_directory, check_output_place, read_config
+    from numpyro_dgp.datasets import read_table
 
     path = Path(args.output)
     shown = f"--output {str(path)!r}"
@@ -444,7 +440,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     import numpy as np
 
     from numpyro_dgp import load_model
-    from numpyro_dgp._persist import write_atomically
+    from numpyro_dgp.io import write_atomically
 
     model = load_model(args.model_dir)
     X = table.data[:, [table.columns.index(n) for n in names]]
