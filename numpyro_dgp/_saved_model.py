@@ -20,6 +20,11 @@ The directory is written next to its target under a temporary name and renamed o
 model in place. Loading checks the format version, the presence of both files, the checksum
 of the parameters, and the parameters' names, shapes and dtypes against the rebuilt model
 and guide (:class:`~numpyro_dgp.ParameterMismatchError`).
+
+The checks of a model directory's files (``read_config``, ``check_model_directory``,
+``check_model_output``, ``check_output_place``) need NumPy only: this module imports
+JAX in the functions that run a model, so the command line checks its paths and a saved
+model's ``model.json`` before JAX loads.
 """
 
 from __future__ import annotations
@@ -643,13 +648,6 @@ class SavedModel:
         self.target_name = config.get("target_name")
         self.likelihood = (config["model"].get("arguments") or {}).get("likelihood", "gaussian")
         self.input_dim = int(config["input_dim"])
-
-    @property
-    def target_names(self) -> list[str]:
-        """The target column names as a list (empty when none was recorded)."""
-        if self.target_name is None:
-            return []
-        return [self.target_name] if isinstance(self.target_name, str) else list(self.target_name)
 
     def __repr__(self) -> str:
         return (

@@ -1,9 +1,11 @@
-"""Toy regression problems and the standard UCI regression splits.
+"""Toy regression problems, the standard UCI regression splits and a user's own table.
 
-Two kinds of data are provided:
+Three kinds of data are read:
 
 * one-dimensional toy problems (:func:`step_function`, :func:`sine`, :func:`identity`) used
-  to show what depth buys a Gaussian-process model, and
+  to show what depth buys a Gaussian-process model,
+* a user's own table (:func:`read_table`): a CSV file with a header row, or an ``.npz`` of
+  named columns (the command line's ``fit`` and ``predict`` read their data with it), and
 * regression data in the standard UCI split layout used across the Bayesian deep-learning
   literature (the 20 fixed 90/10 train/test splits of Hernández-Lobato & Adams 2015 for
   boston, concrete, energy, kin8nm, naval, power, protein, wine, yacht, year): any folder

@@ -12,7 +12,10 @@ generated names and the tree is described by a JSON header, so keys are never pa
 
 Writes are atomic: the archive goes to a temporary file in the target's directory, is
 flushed to disk and then renamed onto the target, so a failed save leaves any previous file
-untouched.
+untouched (``write_atomically``, which ``model.json`` and the command line's predictions
+are written with too; ``check_format`` checks the header of a parameter file and of a
+``model.json``). NumPy only at import: JAX and NumPyro are imported by the functions that run
+them, so the command line checks a saved model's files before JAX loads.
 
 ``load_params(path, model=..., guide=..., args=(X, y))`` also checks the loaded entries
 against the parameters the model and guide create (names, shapes, dtypes), so a file from
@@ -96,16 +99,13 @@ class ParameterMismatchError(ValueError):
         self.mismatched = dict(mismatched)
         self.non_finite = list(non_finite)
         lines = [f"{caller}: the parameters do not match those the model (and guide) create:"]
-        if self.missing:
-            lines.append(
-                "  missing (the model/guide would silently use initial values): "
-                f"{_listed(self.missing)}"
-            )
-        if self.unexpected:
-            lines.append(
-                f"  unexpected (no such parameter: misspelt, renamed or from another model?): "
-                f"{_listed(self.unexpected)}"
-            )
+        listed = {
+            "missing (the model/guide would silently use initial values)": self.missing,
+            "unexpected (no such parameter: misspelt, renamed or from another model?)": (
+                self.unexpected
+            ),
+        }
+        lines += [f"  {kind}: {_listed(names)}" for kind, names in listed.items() if names]
         for name, (given, expected) in list(self.mismatched.items())[:_MAX_LISTED]:
             lines.append(
                 f"  mis-shaped {name!r}: given {given}, the model/guide creates {expected}"
