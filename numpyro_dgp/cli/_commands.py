@@ -14,14 +14,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-    from numpyro_dgp._persist import Table
-
 #: ``--likelihood``'s choices: the factories' likelihoods
 #: (:data:`numpyro_dgp.models.LIKELIHOODS`) with ``-`` for ``_`` and ``normal`` for ``gaussian``
 LIKELIHOODS = (
     "normal probit softmax robust-max student-t poisson negative-binomial heteroscedastic"
 ).split()
-CONTINUOUS = ("gaussian", "student_t", "heteroscedastic")
 
 
 def setup_jax(float32: bool) -> None:
@@ -58,10 +55,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     png = out_dir / "demo_step_function.png"
-    print(
-        "Fitting a 2-layer DGP and a 1-layer SVGP to the step function "
-        f"({args.steps} steps each)..."
-    )
+    print(f"Fitting a 2-layer DGP and an SVGP to the step function ({args.steps} steps each)...")
     runs = run_demo(jax.random.PRNGKey(args.seed), num_steps=args.steps, output=png)
     print()
     print(f"{'model':<14} {'final ELBO':>11} {'test LL':>9} {'RMSE':>8} {'CRPS':>8} {'ms/step':>8}")
@@ -300,7 +294,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from numpyro_dgp.models import deep_gp_regression
     from numpyro_dgp.recipes import fit_factorized
 
-    continuous = likelihood in CONTINUOUS
+    continuous = likelihood in ("gaussian", "student_t", "heteroscedastic")
     y_float = continuous or args.missing_targets == "mask"
     s = Standardization.fit(X[train], y[train] if continuous else None)
     dtype = jnp.float32 if args.float32 else jnp.float64
@@ -371,14 +365,17 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def predict_table(args: argparse.Namespace) -> tuple[Table, list[str], list[str], bool]:
-    """``(table, target names, feature names, whether the model is float32)`` of ``predict``,
-    checked before any work (NumPy only: before JAX loads): ``--output`` no input of the
+def cmd_predict(args: argparse.Namespace) -> int:
+    """``numpyro-dgp predict``: predict with a saved model and write a CSV, one row per input row.
+
+    Checked before any work (NumPy only: before JAX loads): ``--output`` no input of the
     command (the table, the model directory or a file in it), no folder, in a writable
     directory and new unless ``--overwrite``; the model directory's ``model.json``; the table
     holding every feature column of the model (for a model saved without feature names: every
     column but the targets).
 
+    :param args: the parsed ``predict`` arguments (see :func:`build_parser`).
+    :return: the exit status, 0.
     :raises FileExistsError: ``--output`` an input, a folder, or an existing file without
         ``--overwrite``.
     :raises FileNotFoundError: its directory, the table or the model directory does not exist.
@@ -390,6 +387,7 @@ def predict_table(args: argparse.Namespace) -> tuple[Table, list[str], list[str]
         check_output_place,
         read_config,
         read_table,
+        write_atomically,
     )
 
     path = Path(args.output)
@@ -410,29 +408,17 @@ def predict_table(args: argparse.Namespace) -> tuple[Table, list[str], list[str]
             f"{args.data}: the model needs the columns {missing}, which the table lacks "
             f"(it has {table.columns})"
         )
-    return table, targets, names, config.get("dtype") == "float32"
 
-
-def cmd_predict(args: argparse.Namespace) -> int:
-    """``numpyro-dgp predict``: predict with a saved model and write a CSV, one row per input row.
-
-    :param args: the parsed ``predict`` arguments (see :func:`build_parser`).
-    :return: the exit status, 0.
-    :raises ValueError: a table without the model's feature columns, or a bad model directory.
-    """
-    table, targets, names, float32 = predict_table(args)
-    setup_jax(float32)
+    setup_jax(config.get("dtype") == "float32")
     import csv
 
     import jax
     import numpy as np
 
     from numpyro_dgp import load_model
-    from numpyro_dgp._persist import write_atomically
 
-    model = load_model(args.model_dir)
     X = table.data[:, [table.columns.index(n) for n in names]]
-    pred = model.predict(
+    pred = load_model(args.model_dir).predict(
         X,
         rng_key=jax.random.PRNGKey(args.seed),
         num_samples=args.num_samples,
@@ -441,7 +427,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     header, columns = prediction_columns(pred, args.quantiles, targets)
     values = np.stack(columns, axis=1).tolist()
     rows = [["row"] + header] + [[i] + r for i, r in enumerate(values)]
-    write_atomically(Path(args.output), lambda f: csv.writer(f).writerows(rows))
+    write_atomically(path, lambda f: csv.writer(f).writerows(rows))
     print(f"wrote {X.shape[0]} predictions to {args.output} (row, {', '.join(header)})")
     if targets and all(name in table.columns for name in targets):
         target = targets[0] if len(targets) == 1 else targets
