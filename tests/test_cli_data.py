@@ -82,6 +82,15 @@ def test_fit_reports_an_unknown_target_and_too_many_inducing_points(tmp_path, ca
     assert "needs a target of 0s and 1s" in capsys.readouterr().err
 
 
+def test_fit_refuses_a_test_fraction_that_leaves_under_two_training_rows(tmp_path, capsys):
+    data = tmp_path / "t.csv"
+    _write_csv(data, n=4)
+    assert cli.main(["fit", str(data), "--target", "speed", "--test-fraction", "0.9", "--output",
+                     str(tmp_path / "m")]) == 2
+    assert "--test-fraction 0.9 leaves 0 training rows of 4" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+
+
 def test_fit_probit_on_npz_and_predict(tmp_path, capsys):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(80, 2))

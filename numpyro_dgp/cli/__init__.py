@@ -98,146 +98,116 @@ _SHARED: dict[str, dict[str, Any]] = {
     "--float32": dict(action="store_true", help="single precision (else float64)"),
 }
 
+_DEMO: dict[str, dict[str, Any]] = {
+    "--steps": dict(default=3000, help="training steps per model"),
+    "--seed": {},
+    "--output-dir": dict(default="demo_output", help="folder of the PNG (created if missing)"),
+    "--float32": {},
+}
 
-def _add(parser: argparse.ArgumentParser, *flags: str, **options: Any) -> None:
-    """Add an argument: a shared one of :data:`_SHARED` (``options`` override its keywords) or
-    a new one; a default its help does not state is appended to it."""
-    options = {**_SHARED.get(flags[0], {}), **options}
-    stated = "default" in options["help"] or options.get("action") == "store_true"
-    if options.get("default") is not None and not stated:
-        options["help"] += " (default: %(default)s)"
-    parser.add_argument(*flags, **options)
-
-
-def _add_demo(demo: argparse.ArgumentParser) -> None:
-    """The arguments of ``demo``."""
-    _add(demo, "--steps", default=3000, help="training steps per model")
-    _add(demo, "--seed")
-    _add(demo, "--output-dir", default="demo_output", help="folder of the PNG (created if missing)")
-    _add(demo, "--float32")
-
-
-def _add_uci(uci: argparse.ArgumentParser) -> None:
-    """The arguments of ``uci``."""
-    _add(
-        uci,
-        "--dataset",
+_UCI: dict[str, dict[str, Any]] = {
+    "--dataset": dict(
         required=True,
         help="a data set folder under --data-dir (e.g. kin8nm, boston, concrete, energy, power, "
         "wine, yacht, or any other folder in the standard split layout), or the path of such a "
         "folder",
-    )
-    _add(uci, "--splits", type=_parse_splits, default=[0], help="e.g. 0-4 or 0,3,7 (default: 0)")
-    _add(uci, "--layers")
-    _add(uci, "--num-inducing", help="M per layer (at most the number of training points)")
-    for flag in ("--steps", "--batch-size", "--lr"):
-        _add(uci, flag)
-    _add(uci, "--data-dir", help="folder holding the data sets (default: $NUMPYRO_DGP_DATA)")
-    _add(uci, "--float32")
+    ),
+    "--splits": dict(type=_parse_splits, default=[0], help="e.g. 0-4 or 0,3,7 (default: 0)"),
+    "--layers": {},
+    "--num-inducing": dict(help="M per layer (at most the number of training points)"),
+    "--steps": {},
+    "--batch-size": {},
+    "--lr": {},
+    "--data-dir": dict(help="folder holding the data sets (default: $NUMPYRO_DGP_DATA)"),
+    "--float32": {},
+}
 
-
-def _add_fit(fit: argparse.ArgumentParser) -> None:
-    """The arguments of ``fit``."""
-    _add(fit, "data", help="a CSV file with a header row, or an .npz of named columns")
-    _add(
-        fit,
-        "--target",
+_FIT: dict[str, dict[str, Any]] = {
+    "data": dict(help="a CSV file with a header row, or an .npz of named columns"),
+    "--target": dict(
         required=True,
         metavar="COLUMN[,COLUMN...]",
         type=_target_list,
         help="the column to predict, or several separated by commas (one model for all); every "
         "other column is a feature",
-    )
-    _add(
-        fit,
-        "--output",
+    ),
+    "--output": dict(
         required=True,
         metavar="MODEL_DIR",
         help="the model directory to write (new, or see --overwrite); checked before the fit",
-    )
-    _add(fit, "--layers")
-    _add(fit, "--num-inducing")
-    _add(fit, "--hidden-width", type=_positive_int, help="inner-layer width (default: D)")
-    _add(fit, "--steps")
-    _add(fit, "--batch-size", help="minibatch size (full batch below)")
-    _add(fit, "--lr")
-    _add(
-        fit,
-        "--likelihood",
-        choices=tuple(LIKELIHOODS),
+    ),
+    "--layers": {},
+    "--num-inducing": {},
+    "--hidden-width": dict(type=_positive_int, help="inner-layer width (default: D)"),
+    "--steps": {},
+    "--batch-size": dict(help="minibatch size (full batch below)"),
+    "--lr": {},
+    "--likelihood": dict(
+        choices=LIKELIHOODS,
         metavar="NAME",
         default="normal",
         help="normal or heteroscedastic (regression), student-t (robust regression), probit "
         "(target 0/1), softmax or robust-max (target 0..C-1), poisson or negative-binomial "
         "(counts)",
-    )
-    _add(
-        fit,
-        "--missing-targets",
+    ),
+    "--missing-targets": dict(
         choices=("raise", "mask"),
         default="raise",
         help="mask: empty or NaN target cells are left out of the likelihood (default: raise, "
         "refused by name)",
-    )
-    _add(
-        fit,
-        "--test-fraction",
+    ),
+    "--test-fraction": dict(
         type=_fraction,
         default=0.0,
         help="hold out this fraction of rows (at random) and print metrics on them",
-    )
-    _add(fit, "--seed")
-    _add(fit, "--float32")
-    _add(
-        fit,
-        "--overwrite",
+    ),
+    "--seed": {},
+    "--float32": {},
+    "--overwrite": dict(
         action="store_true",
         help="replace an existing model directory written by numpyro-dgp (never a file, a "
         "folder of your own or an input)",
-    )
-    _add(fit, "--no-progress", action="store_true", help="no progress bar")
+    ),
+    "--no-progress": dict(action="store_true", help="no progress bar"),
+}
 
-
-def _add_predict(predict: argparse.ArgumentParser) -> None:
-    """The arguments of ``predict``."""
-    _add(predict, "model_dir", help="a model directory written by 'numpyro-dgp fit' or save_model")
-    _add(predict, "data", help="a CSV or .npz table with the model's feature columns")
-    _add(
-        predict,
-        "--output",
+_PREDICT: dict[str, dict[str, Any]] = {
+    "model_dir": dict(help="a model directory written by 'numpyro-dgp fit' or save_model"),
+    "data": dict(help="a CSV or .npz table with the model's feature columns"),
+    "--output": dict(
         required=True,
         metavar="CSV",
         help="the CSV file to write, one row per input row (its 0-based index in 'row')",
-    )
-    _add(predict, "--num-samples", type=_positive_int, default=100, help="mixture components")
-    _add(predict, "--batch-size", default=10_000, help="rows predicted at a time")
-    _add(
-        predict,
-        "--quantiles",
+    ),
+    "--num-samples": dict(type=_positive_int, default=100, help="mixture components"),
+    "--batch-size": dict(default=10_000, help="rows predicted at a time"),
+    "--quantiles": dict(
         type=_quantile_list,
         default=[0.025, 0.975],
         help="comma-separated levels (regression; default: 0.025,0.975)",
-    )
-    _add(predict, "--seed")
-    _add(predict, "--overwrite", action="store_true", help="replace an existing --output file")
+    ),
+    "--seed": {},
+    "--overwrite": dict(action="store_true", help="replace an existing --output file"),
+}
 
-
-#: subcommand -> its help, the function adding its arguments and the function running it
-_SUBCOMMANDS = {
-    "demo": ("fit a DGP to the built-in step function and plot each layer", _add_demo, cmd_demo),
-    "uci": ("DSVI on UCI regression splits", _add_uci, cmd_uci),
+#: subcommand -> its help, the function running it and its arguments: flag or name ->
+#: ``add_argument``'s keywords (over those of the flag in :data:`_SHARED`)
+_SUBCOMMANDS: dict[str, tuple[str, Callable, dict[str, dict[str, Any]]]] = {
+    "demo": ("fit a DGP to the built-in step function and plot each layer", cmd_demo, _DEMO),
+    "uci": ("DSVI on UCI regression splits", cmd_uci, _UCI),
     "fit": (
         "fit a DGP to your own table (CSV with a header row, or .npz) and save it",
-        _add_fit,
         cmd_fit,
+        _FIT,
     ),
-    "predict": ("predict with a saved model; writes a CSV", _add_predict, cmd_predict),
+    "predict": ("predict with a saved model; writes a CSV", cmd_predict, _PREDICT),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``numpyro-dgp`` command, with the subcommands ``demo``,
-    ``uci``, ``fit`` and ``predict``; each sets ``func`` to the function that runs it.
+    ``uci``, ``fit`` and ``predict``; each sets ``func`` to the function that runs it. A
+    default an argument's help does not state is appended to it.
 
     :return: the parser.
     """
@@ -247,9 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="'numpyro-dgp COMMAND --help' lists a command's options.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (help_text, add_arguments, run) in _SUBCOMMANDS.items():
+    for name, (help_text, run, arguments) in _SUBCOMMANDS.items():
         command = sub.add_parser(name, help=help_text)
-        add_arguments(command)
+        for flag, own in arguments.items():
+            options = {**_SHARED.get(flag, {}), **own}
+            stated = "default" in options["help"] or options.get("action") == "store_true"
+            if options.get("default") is not None and not stated:
+                options["help"] += " (default: %(default)s)"
+            command.add_argument(flag, **options)
         command.set_defaults(func=run)
     return parser
 

@@ -14,21 +14,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-    from numpyro_dgp.datasets import Table
 
-#: ``--likelihood`` -> the factories' name (:data:`numpyro_dgp.models.LIKELIHOODS`)
-LIKELIHOODS = {
-    "normal": "gaussian",
-    "probit": "probit",
-    "softmax": "softmax",
-    "robust-max": "robust_max",
-    "student-t": "student_t",
-    "poisson": "poisson",
-    "negative-binomial": "negative_binomial",
-    "heteroscedastic": "heteroscedastic",
-}
-
-CONTINUOUS = ("gaussian", "student_t", "heteroscedastic")
+#: ``--likelihood``'s choices: the factories' likelihoods
+#: (:data:`numpyro_dgp.models.LIKELIHOODS`) with ``-`` for ``_`` and ``normal`` for ``gaussian``
+LIKELIHOODS = (
+    "normal probit softmax robust-max student-t poisson negative-binomial heteroscedastic"
+).split()
 
 
 def setup_jax(float32: bool) -> None:
@@ -65,10 +56,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     png = out_dir / "demo_step_function.png"
-    print(
-        "Fitting a 2-layer DGP and a 1-layer SVGP to the step function "
-        f"({args.steps} steps each)..."
-    )
+    print(f"Fitting a 2-layer DGP and an SVGP to the step function ({args.steps} steps each)...")
     runs = run_demo(jax.random.PRNGKey(args.seed), num_steps=args.steps, output=png)
     print()
     print(f"{'model':<14} {'final ELBO':>11} {'test LL':>9} {'RMSE':>8} {'CRPS':>8} {'ms/step':>8}")
@@ -109,7 +97,7 @@ def cmd_uci(args: argparse.Namespace) -> int:
         f"batch {args.batch_size}"
     )
     print(f"{'split':>5} {'test LL':>9} {'RMSE':>9} {'CRPS':>9} {'ms/step':>8} {'seconds':>8}")
-    lls, rmses = [], []
+    scores = []
     for split in args.splits:
         r = run_uci(
             args.dataset,
@@ -121,15 +109,14 @@ def cmd_uci(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             learning_rate=args.lr,
         )
-        lls.append(r.metrics["log_likelihood"])
-        rmses.append(r.metrics["rmse"])
+        scores.append(r.metrics)
         print(
-            f"{split:>5} {lls[-1]:>9.4f} {rmses[-1]:>9.4g} {r.metrics['crps']:>9.4g} "
-            f"{r.seconds_per_step * 1e3:>8.2f} {r.total_seconds:>8.1f}",
+            f"{split:>5} {r.metrics['log_likelihood']:>9.4f} {r.metrics['rmse']:>9.4g} "
+            f"{r.metrics['crps']:>9.4g} {r.seconds_per_step * 1e3:>8.2f} {r.total_seconds:>8.1f}",
             flush=True,
         )
-
-    (ll, ll_se), (rm, rm_se) = mean_and_standard_error(lls), mean_and_standard_error(rmses)
+    ll, ll_se = mean_and_standard_error([m["log_likelihood"] for m in scores])
+    rm, rm_se = mean_and_standard_error([m["rmse"] for m in scores])
     print(f"{'mean':>5} {ll:>9.4f} {rm:>9.4g}")
     print(f"{'s.e.':>5} {ll_se:>9.4f} {rm_se:>9.4g}")
     return 0
@@ -193,7 +180,7 @@ def fit_table(
     target = targets[0] if len(targets) == 1 else targets
     X, y, names = table.split(target)
     assert y is not None  # a target was named
-    gaps = [name for j, name in enumerate(targets) if np.isnan(y.reshape(len(y), -1)[:, j]).any()]
+    gaps = [name for name, gap in zip(targets, np.isnan(y.reshape(len(y), -1)).any(0)) if gap]
     if gaps and args.missing_targets != "mask":
         raise ValueError(
             f"{args.data}: target column(s) {gaps} have missing values; pass --missing-targets "
@@ -297,8 +284,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     # NumPy only: the output path and the table are checked before JAX loads or anything runs
     check_model_output(Path(args.output), args.overwrite, "--output", "--overwrite", (args.data,))
-    targets = args.target
-    likelihood = LIKELIHOODS[args.likelihood]
+    likelihood = "gaussian" if args.likelihood == "normal" else args.likelihood.replace("-", "_")
     X, y, names, num_classes, train, test = fit_table(args, likelihood)
 
     setup_jax(args.float32)
@@ -309,14 +295,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from numpyro_dgp.models import deep_gp_regression
     from numpyro_dgp.recipes import fit_factorized
 
-    continuous = likelihood in CONTINUOUS
+    continuous = likelihood in ("gaussian", "student_t", "heteroscedastic")
+    y_float = continuous or args.missing_targets == "mask"
     s = Standardization.fit(X[train], y[train] if continuous else None)
     dtype = jnp.float32 if args.float32 else jnp.float64
     X_train = jnp.asarray(s.inputs(X[train]), dtype)
-    if continuous or args.missing_targets == "mask":
-        y_train = jnp.asarray(s.targets(y[train]) if continuous else y[train], dtype)
-    else:  # labels or counts
-        y_train = jnp.asarray(y[train], jnp.int32)
+    # labels and counts as integers, unless missing ones (NaN) are masked
+    y_train = jnp.asarray(s.targets(y[train]), dtype if y_float else jnp.int32)
     batch = args.batch_size if args.batch_size < train.size else None
     print(
         f"{args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, "
@@ -329,7 +314,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         num_inducing=args.num_inducing,
         hidden_width=args.hidden_width,
         likelihood=likelihood,
-        num_outputs=len(targets),
+        num_outputs=len(args.target),
         num_classes=num_classes,
         missing_targets=args.missing_targets,
     )
@@ -366,7 +351,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         input_dim=len(names),
         standardization=s,
         feature_names=names,
-        target_name=targets[0] if len(targets) == 1 else targets,
+        target_name=args.target[0] if len(args.target) == 1 else args.target,
         metadata=summary,
         overwrite=args.overwrite,
     )
@@ -377,18 +362,21 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if test.size:  # the saved model, loaded again, on the held-out rows
         key = jax.random.PRNGKey(args.seed + 1)
         pred = load_model(out).predict(X[test], rng_key=key, batch_size=10_000)
-        print("held-out: " + scores_text(pred, y[test], targets))
+        print("held-out: " + scores_text(pred, y[test], args.target))
     return 0
 
 
-def predict_table(args: argparse.Namespace) -> tuple[Table, list[str], list[str], bool]:
-    """``(table, target names, feature names, whether the model is float32)`` of ``predict``,
-    checked before any work (NumPy only: before JAX loads): ``--output`` no input of the
+def cmd_predict(args: argparse.Namespace) -> int:
+    """``numpyro-dgp predict``: predict with a saved model and write a CSV, one row per input row.
+
+    Checked before any work (NumPy only: before JAX loads): ``--output`` no input of the
     command (the table, the model directory or a file in it), no folder, in a writable
     directory and new unless ``--overwrite``; the model directory's ``model.json``; the table
-    holding every feature column of the model (and, for a model saved without feature names,
-    whose features are every column but the targets, ``input_dim`` of them).
+    holding every feature column of the model (for a model saved without feature names: every
+    column but the targets).
 
+    :param args: the parsed ``predict`` arguments (see :func:`build_parser`).
+    :return: the exit status, 0.
     :raises FileExistsError: ``--output`` an input, a folder, or an existing file without
         ``--overwrite``.
     :raises FileNotFoundError: its directory, the table or the model directory does not exist.
@@ -397,6 +385,7 @@ def predict_table(args: argparse.Namespace) -> tuple[Table, list[str], list[str]
     """
     from numpyro_dgp._saved_model import check_model_directory, check_output_place, read_config
     from numpyro_dgp.datasets import read_table
+    from numpyro_dgp.io import write_atomically
 
     path = Path(args.output)
     shown = f"--output {str(path)!r}"
@@ -416,35 +405,17 @@ def predict_table(args: argparse.Namespace) -> tuple[Table, list[str], list[str]
             f"{args.data}: the model needs the columns {missing}, which the table lacks "
             f"(it has {table.columns})"
         )
-    input_dim = config.get("input_dim")
-    if isinstance(input_dim, int) and len(names) != input_dim:
-        raise ValueError(
-            f"{args.data}: the model takes {input_dim} feature columns; the table has "
-            f"{len(names)} besides its targets ({names})"
-        )
-    return table, targets, names, config.get("dtype") == "float32"
 
-
-def cmd_predict(args: argparse.Namespace) -> int:
-    """``numpyro-dgp predict``: predict with a saved model and write a CSV, one row per input row.
-
-    :param args: the parsed ``predict`` arguments (see :func:`build_parser`).
-    :return: the exit status, 0.
-    :raises ValueError: a table without the model's feature columns, or a bad model directory.
-    """
-    table, targets, names, float32 = predict_table(args)
-    setup_jax(float32)
+    setup_jax(config.get("dtype") == "float32")
     import csv
 
     import jax
     import numpy as np
 
     from numpyro_dgp import load_model
-    from numpyro_dgp.io import write_atomically
 
-    model = load_model(args.model_dir)
     X = table.data[:, [table.columns.index(n) for n in names]]
-    pred = model.predict(
+    pred = load_model(args.model_dir).predict(
         X,
         rng_key=jax.random.PRNGKey(args.seed),
         num_samples=args.num_samples,
@@ -453,7 +424,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     header, columns = prediction_columns(pred, args.quantiles, targets)
     values = np.stack(columns, axis=1).tolist()
     rows = [["row"] + header] + [[i] + r for i, r in enumerate(values)]
-    write_atomically(Path(args.output), lambda f: csv.writer(f).writerows(rows))
+    write_atomically(path, lambda f: csv.writer(f).writerows(rows))
     print(f"wrote {X.shape[0]} predictions to {args.output} (row, {', '.join(header)})")
     if targets and all(name in table.columns for name in targets):
         target = targets[0] if len(targets) == 1 else targets
