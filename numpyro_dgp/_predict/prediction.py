@@ -41,13 +41,7 @@ from numpyro.handlers import replay, seed, substitute, trace
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._engine.observation import observation_kind
 from numpyro_dgp._engine.run import marginal_trace
-from numpyro_dgp._predict.mixture import (
-    component_of,
-    flatten_mixture,
-    mixture_fields,
-    rebuild,
-    rule_arguments,
-)
+from numpyro_dgp._predict.mixture import component_of, mixture_fields, rebuild, rule_arguments
 from numpyro_dgp._protocol import node_tail, trace_layer_names
 from numpyro_dgp._validation import (
     as_float_array,
@@ -268,12 +262,13 @@ def predict(
     :param batch_size: predict ``batch_size`` points at a time, for working memory bounded by
         the batch instead of ``N``: each window of points is predicted as :func:`predict`
         predicts it alone (the last window ends at the last point and overlaps the one before,
-        so every window has one shape and one compiled function serves all) and written into
-        the preallocated outputs. Every window uses the same ``rng_key``; points are predicted
-        independently, so a one-layer model gives the same numbers as without batches, and a
-        deeper one other Monte Carlo draws of the same mixture. Only for models whose extra
-        arguments do not depend on the points (``args``/``kwargs`` are passed to every window
-        as they are).
+        so every window has one shape and one compiled function serves all; the later window's
+        values are kept where two overlap), and moved to the host until all are joined, so the
+        accelerator holds one window and then the joined outputs. Every window uses the same
+        ``rng_key``; points are predicted independently, so a one-layer model gives the same
+        numbers as without batches, and a deeper one other Monte Carlo draws of the same
+        mixture. Only for models whose extra arguments do not depend on the points
+        (``args``/``kwargs`` are passed to every window as they are).
     :param keep_layers: return every layer's draws and moments (``S x N x P`` numbers per
         layer and kind); ``False`` leaves ``layers``, ``layer_means`` and ``layer_variances``
         empty, so that a large ``N`` keeps only the ``S x N`` mixture components.
@@ -287,59 +282,47 @@ def predict(
     check_positive_int(batch_size, "batch_size", "predict", allow_none=True)
     check_guide_is_set_up(guide, "predict")
     X_new = checked_test_inputs(X_new, "predict", params, model, guide)
-    request = _Request(
-        model, guide, params, rng_key, args, kwargs, num_samples, obs_site, strict, keep_layers
+    inputs = (X_new,) + tuple(args)
+    check_params_against(
+        param_specs(model, guide, inputs, kwargs),
+        params,
+        "predict",
+        allow_unexpected=not strict,
+        require_finite=True,
+        hint=PREDICT_HINT,
     )
-    if batch_size is not None and batch_size < X_new.shape[0]:
-        return _predict_in_batches(request, X_new, int(batch_size))
-    found, fields = _predict_mixture(request, X_new)
-    return warn_if_not_finite(_as_prediction(found, fields), "predict")
+    dyn_args, static_args, dyn_kwargs, static_kwargs = split_traced(args, kwargs)
+    static = (static_args, static_kwargs, keep_layers)
+    found, predictor = _predictor(model, guide, params, rng_key, inputs, kwargs, obs_site, static)
+
+    def window(X):
+        return predictor(rng_key, params, X, dyn_args, dyn_kwargs, int(num_samples))
+
+    if batch_size is None or batch_size >= X_new.shape[0]:
+        fields = window(X_new)
+    else:
+        fields = _in_windows(window, X_new, int(batch_size))
+    prediction = Prediction(**_with_atoms(fields), likelihood=found["likelihood"])
+    return warn_if_not_finite(prediction, "predict")
 
 
-class _Request(NamedTuple):
-    """What :func:`predict` was asked, but the test inputs."""
-
-    model: Callable
-    guide: Callable
-    params: dict
-    rng_key: jax.Array
-    args: tuple
-    kwargs: dict
-    num_samples: int
-    obs_site: str | None
-    strict: bool
-    keep_layers: bool
-
-
-def _as_prediction(found, fields):
-    """The :class:`Prediction` of the predictor's arrays
-    (:func:`~numpyro_dgp._predict.mixture.mixture_fields`)."""
-    if fields["atoms"] is not None:  # written window by window: rebuilt for its full batch shape
-        fields = {**fields, "atoms": rebuild(fields["atoms"], lambda a: a)}
-    return Prediction(**fields, likelihood=found["likelihood"])
-
-
-def _predict_in_batches(request, X_new, batch_size):
-    """:func:`predict` over windows of ``batch_size`` points, written into preallocated outputs.
+def _in_windows(window: Callable, X_new: jax.Array, size: int) -> dict:
+    """The fields of ``window`` (the compiled predictor at some points) over ``X_new``, ``size``
+    points at a time.
 
     Every window has the same shape (one compiled predictor): the last one is shifted back to
     end at the last point, so it overlaps the one before (those points are predicted again,
-    independently, and the later values kept) instead of being padded. Each window's mixture is
-    formed on its own and written in place into the outputs (a donated buffer), so that the
-    memory is the outputs plus one window's working set, never the outputs twice.
+    independently, and the later values kept) instead of being padded. Each window goes to the
+    host; the joined fields come back at the end.
     """
     N = X_new.shape[0]
-    starts = sorted({min(start, N - batch_size) for start in range(0, N, batch_size)})
-    out = None
-    for start in starts:
-        found, fields = _predict_mixture(request, X_new[start : start + batch_size])
-        along_points = {k: v for k, v in fields.items() if k in _POINT_AXIS}
-        if out is None:
-            out = _allocate_outputs(along_points, N)
-        out = _write_window(out, along_points, start)
-    # weights: the same for every window
-    fixed = {k: v for k, v in fields.items() if k not in _POINT_AXIS}
-    return warn_if_not_finite(_as_prediction(found, {**out, **fixed}), "predict")
+    starts = sorted({min(start, N - size) for start in range(0, N, size)})
+    pieces = []
+    for start, end in zip(starts, starts[1:] + [N]):
+        kept = np.arange(end - start)  # a later window wins where two overlap
+        fields = window(X_new[start : start + size])
+        pieces.append(_along_points(lambda axis, a: np.asarray(a).take(kept, axis), fields))
+    return _along_points(lambda axis, *a: jnp.asarray(np.concatenate(a, axis)), *pieces)
 
 
 #: the axis of the points in each field of a :class:`Prediction` that has one
@@ -355,84 +338,46 @@ _POINT_AXIS = {
 }
 
 
+def _along_points(fn: Callable, fields: dict, *more: dict) -> dict:
+    """``fields`` (a prediction's, as a dict) with ``fn(axis, array, *the same array of more)``
+    in place of every array that has a point axis."""
+    out = dict(fields)
+    for field, axis in _POINT_AXIS.items():
+        more_arrays = [m[field] for m in more]
+        out[field] = jax.tree_util.tree_map(partial(fn, axis), fields[field], *more_arrays)
+    return out
+
+
+def _with_atoms(fields: dict) -> dict:
+    """``fields`` with the atoms (if any) rebuilt for the batch shape of their new arrays."""
+    if fields["atoms"] is not None:
+        fields["atoms"] = rebuild(fields["atoms"], lambda a: a)
+    return fields
+
+
 def take_points(prediction: Prediction, index: ArrayLike) -> Prediction:
     """The prediction at the points ``index`` (integers), every field that has a point axis
-    taken along it.
-
-    :raises NotImplementedError: a prediction with atoms (another likelihood's distributions).
-    """
-    if prediction.atoms is not None:
-        raise NotImplementedError("take_points: a prediction with atoms is not sliced here")
+    taken along it."""
     index = jnp.asarray(index, jnp.int32)
-    fields = {}
-    for field, axis in _POINT_AXIS.items():  # atoms: None
-        take = partial(jnp.take, indices=index, axis=axis)
-        fields[field] = jax.tree_util.tree_map(take, getattr(prediction, field))
-    return prediction._replace(**fields)
-
-
-@partial(jax.jit, static_argnums=1)
-def _allocate_outputs(window, num_points):
-    """Zero arrays shaped as ``window`` with ``num_points`` points."""
-
-    def allocate(field, tree):
-        axis = _POINT_AXIS[field]
-        return jax.tree_util.tree_map(
-            lambda a: jnp.zeros(a.shape[:axis] + (num_points,) + a.shape[axis + 1 :], a.dtype), tree
-        )
-
-    return {field: allocate(field, tree) for field, tree in window.items()}
-
-
-@partial(jax.jit, donate_argnums=0)
-def _write_window(out, window, start):
-    """``out`` with ``window`` written at point ``start`` (in place: ``out`` is donated)."""
-
-    def write(field, out_tree, window_tree):
-        def put(o, w):
-            index = [0] * o.ndim
-            index[_POINT_AXIS[field]] = start
-            return jax.lax.dynamic_update_slice(o, w, index)
-
-        return jax.tree_util.tree_map(put, out_tree, window_tree)
-
-    return {field: write(field, out[field], window[field]) for field in out}
-
-
-def _predict_mixture(request, X_new):
-    """``(found, fields)`` of :func:`predict` at one block of test inputs: the parameters checked,
-    the compiled predictor run; ``fields`` are the arrays of the :class:`Prediction` (mean,
-    variance, components ``(S, N)``, layers ``(S, N, P)``, weights)."""
-    model, guide, params, rng_key, args, kwargs, num_samples, _, strict, _ = request
-    specs = param_specs(model, guide, (X_new,) + tuple(args), kwargs)
-    check_params_against(
-        specs,
-        params,
-        "predict",
-        allow_unexpected=not strict,
-        require_finite=True,
-        hint=PREDICT_HINT,
-    )
-    dyn_args, static_args, dyn_kwargs, static_kwargs = split_traced(args, kwargs)
-    found, predictor = _predictor(request, X_new, static_args, static_kwargs)
-    return found, predictor(rng_key, params, X_new, dyn_args, dyn_kwargs, int(num_samples))
+    take = lambda axis, a: jnp.take(a, index, axis=axis)  # noqa: E731
+    return Prediction(**_with_atoms(_along_points(take, prediction._asdict())))
 
 
 #: compiled predictors per guide (weakly keyed: they go when the guide goes)
 _PREDICTORS = OwnerCache(max_entries=8)
 
 
-def _predictor(request, X_new, static_args, static_kwargs):
-    """``(found, batched)``: what the model's trace says (observation site, likelihood, layers,
-    branches) and the jitted, vmapped mixture-component function.
+def _predictor(model, guide, params, rng_key, inputs, kwargs, obs_site, static):
+    """``(found, predictor)``: what the model's trace says (:func:`_probe`) and the jitted,
+    vmapped mixture-component function.
 
-    Both are cached per guide, keyed by the model, the observation site and the non-array
-    arguments, and valid for the guide's prototype trace (its structure, built once), so
-    repeated predictions (validation during training, plots) reuse one compiled executable
-    per input shape instead of retracing; array arguments are traced, never baked in."""
-    model, guide, keep_layers = request.model, request.guide, request.keep_layers
+    Both are cached per guide, keyed by the model, the observation site and ``static`` (the
+    non-array arguments, ``keep_layers``), and valid for the guide's prototype trace (its
+    structure, built once), so repeated predictions (validation during training, plots) reuse
+    one compiled executable per input shape instead of retracing; array arguments are traced,
+    never baked in."""
     prototype = getattr(guide, "prototype_trace", None)
-    key = (model, request.obs_site, static_args, static_kwargs, keep_layers)
+    key = (model, obs_site, static)
     try:
         hash(key)
     except TypeError:  # unhashable static arguments: compile for this call only
@@ -440,41 +385,31 @@ def _predictor(request, X_new, static_args, static_kwargs):
     entry = None if key is None else _PREDICTORS.get(guide, key)
     if entry is not None and entry[0] is prototype:
         return entry[1], entry[2]
-    found = _probe_prediction(request, X_new)
-    predictive_mixture = _mixture_function(
-        model, weakref.ref(guide), found, static_args, static_kwargs, keep_layers
-    )
-    predictor = jax.jit(predictive_mixture, static_argnums=5)
+    found = abstract(partial(_probe, model, guide, params, rng_key, inputs, kwargs, obs_site))
+    mixture = _mixture_function(model, weakref.ref(guide), found, *static)
+    predictor = jax.jit(mixture, static_argnums=5)
     if key is not None:
         _PREDICTORS.put(guide, key, (prototype, found, predictor))
     return found, predictor
 
 
-def _probe_prediction(request, X_new):
-    """``found``: what an abstract run of the model's trace says (observation site, likelihood,
-    layers, last layer's width, branches, correlated outputs)."""
-    model, guide, params, rng_key, args, kwargs = request[:6]
-
-    def probe():
-        inputs = (X_new,) + tuple(args)
-        run = marginal_trace(model, guide, params, rng_key, inputs, kwargs, None, "predict", 2)
-        name, likelihood = observation_of(run.model_trace, request.obs_site)
-        if run.correlated_outputs and likelihood == "normal":
-            # a guide that correlates the layers correlates the last layer's outputs at a point:
-            # a component's per-column moments would drop that from a row's joint density, atoms
-            # at joint draws keep it (the 2 P nodes exact for the moments are not for the density)
-            likelihood = "general"
-        log_weights = run.mixture_log_weights
-        return {
-            "name": name,
-            "likelihood": likelihood,
-            "layers": list(run.layer_order),
-            "out_dim": run.moments[run.layer_order[-1]][0].shape[-1],
-            "branches": None if log_weights is None else log_weights.shape[0],
-            "correlated": run.correlated_outputs,
-        }
-
-    return abstract(probe)
+def _probe(model, guide, params, rng_key, inputs, kwargs, obs_site) -> dict:
+    """What a marginal run of the model says (observation site, likelihood, layers, last
+    layer's width, correlated outputs); run abstractly."""
+    run = marginal_trace(model, guide, params, rng_key, inputs, kwargs, None, "predict", 2)
+    name, likelihood = observation_of(run.model_trace, obs_site)
+    if run.correlated_outputs and likelihood == "normal":
+        # a guide that correlates the layers correlates the last layer's outputs at a point:
+        # a component's per-column moments would drop that from a row's joint density, atoms
+        # at joint draws keep it (the 2 P nodes exact for the moments are not for the density)
+        likelihood = "general"
+    return {
+        "name": name,
+        "likelihood": likelihood,
+        "layers": list(run.layer_order),
+        "out_dim": run.moments[run.layer_order[-1]][0].shape[-1],
+        "correlated": run.correlated_outputs,
+    }
 
 
 def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_layers):
@@ -507,10 +442,7 @@ def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_
         components, log_weights, node_weights = jax.vmap(one, in_axes=(0, None, None, None, None))(
             keys, params, X_new, dyn_args, dyn_kwargs
         )
-        weights = None
-        if found["branches"]:
-            components, weights = flatten_mixture(found["branches"], components, log_weights)
-        return mixture_fields(kind, components, weights, node_weights[0])
+        return mixture_fields(kind, components, log_weights, node_weights[0])
 
     return predictive_mixture
 

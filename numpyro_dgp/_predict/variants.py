@@ -36,7 +36,6 @@ from numpyro_dgp._engine.run import layers_by_u_site
 from numpyro_dgp._predict.mixture import (
     PREDICTION_NODES,
     component_of,
-    flatten_mixture,
     mixture_fields,
     rule_arguments,
 )
@@ -109,7 +108,7 @@ def predict_from_samples(
         tr = trace(handler).get_trace(X_new, *args, **kwargs)
         return tr, handler.moments, handler.mixture_log_weights
 
-    layers, sites, name, likelihood, mixed, rule = _probe(run, samples, obs_site)
+    layers, sites, name, likelihood, rule = _probe(run, samples, obs_site)
     weights = rule[1]
     # substitute the model's latent and param sites only (not deterministic layer outputs
     # recorded at training points, nor the observation site)
@@ -121,19 +120,17 @@ def predict_from_samples(
         return component_of(tr, moments, name, likelihood, weights, layers, draw_key), log_weights
 
     def mixture(samples, keys):
+        # log_weights: a weighted mixture (quadrature handler) of sample x branch components
         components, log_weights = jax.vmap(one)(samples, keys)
-        mixing = None
-        if mixed:  # a weighted mixture (quadrature handler): sample x mixture components
-            components, mixing = flatten_mixture(mixed, components, log_weights)
-        return mixture_fields(likelihood, components, mixing, weights)
+        return mixture_fields(likelihood, components, log_weights, weights)
 
     fields = jax.jit(mixture)(samples, jax.random.split(rng_key, S))
     return warn_if_not_finite(Prediction(**fields, likelihood=likelihood), "predict_from_samples")
 
 
 def _probe(run: Callable, samples: dict, obs_site: str | None) -> tuple:
-    """``(layer names, {sample or param site: its type}, observation site, its kind, number of
-    branches or None, the last layer's rule (nodes, weights))`` from two abstract runs with the
+    """``(layer names, {sample or param site: its type}, observation site, its kind, the last
+    layer's rule (nodes, weights))`` from two abstract runs with the
     first sample (the second with the last layer at quadrature nodes), the model's layers checked
     against the samples.
 
@@ -161,13 +158,12 @@ def _probe(run: Callable, samples: dict, obs_site: str | None) -> tuple:
     layers, out_dim, sites = abstract(probe_layers)
 
     def probe_tail():
-        tr, _, log_weights = run(first, key, (layers[-1], *spherical_rule(out_dim)))
-        name, likelihood = observation_of(tr, obs_site, "predict_from_samples")
-        return name, likelihood, None if log_weights is None else log_weights.shape[0]
+        tr = run(first, key, (layers[-1], *spherical_rule(out_dim)))[0]
+        return observation_of(tr, obs_site, "predict_from_samples")
 
-    name, likelihood, mixed = abstract(probe_tail)
+    name, likelihood = abstract(probe_tail)
     rule = likelihood_rule(out_dim, [likelihood], *rule_arguments(likelihood, out_dim), "predict")
-    return layers, sites, name, likelihood, mixed, rule
+    return layers, sites, name, likelihood, rule
 
 
 def _check_sample_arrays(samples: Any) -> tuple[dict[str, jax.Array], int]:
