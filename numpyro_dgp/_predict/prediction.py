@@ -262,13 +262,12 @@ def predict(
     :param batch_size: predict ``batch_size`` points at a time, for working memory bounded by
         the batch instead of ``N``: each window of points is predicted as :func:`predict`
         predicts it alone (the last window ends at the last point and overlaps the one before,
-        so every window has one shape and one compiled function serves all; the later window's
-        values are kept where two overlap), and moved to the host until all are joined, so the
-        accelerator holds one window and then the joined outputs. Every window uses the same
-        ``rng_key``; points are predicted independently, so a one-layer model gives the same
-        numbers as without batches, and a deeper one other Monte Carlo draws of the same
-        mixture. Only for models whose extra arguments do not depend on the points
-        (``args``/``kwargs`` are passed to every window as they are).
+        so every window has one shape and one compiled function serves all) and written into
+        the preallocated outputs. Every window uses the same ``rng_key``; points are predicted
+        independently, so a one-layer model gives the same numbers as without batches, and a
+        deeper one other Monte Carlo draws of the same mixture. Only for models whose extra
+        arguments do not depend on the points (``args``/``kwargs`` are passed to every window
+        as they are).
     :param keep_layers: return every layer's draws and moments (``S x N x P`` numbers per
         layer and kind); ``False`` leaves ``layers``, ``layer_means`` and ``layer_variances``
         empty, so that a large ``N`` keeps only the ``S x N`` mixture components.
@@ -308,21 +307,20 @@ def predict(
 
 def _in_windows(window: Callable, X_new: jax.Array, size: int) -> dict:
     """The fields of ``window`` (the compiled predictor at some points) over ``X_new``, ``size``
-    points at a time.
+    points at a time, written into preallocated outputs.
 
     Every window has the same shape (one compiled predictor): the last one is shifted back to
     end at the last point, so it overlaps the one before (those points are predicted again,
-    independently, and the later values kept) instead of being padded. Each window goes to the
-    host; the joined fields come back at the end.
+    independently, and the later values kept) instead of being padded. Each window is written
+    in place into the outputs (a donated buffer), so that the memory is the outputs plus one
+    window's working set, never the outputs twice.
     """
     N = X_new.shape[0]
-    starts = sorted({min(start, N - size) for start in range(0, N, size)})
-    pieces = []
-    for start, end in zip(starts, starts[1:] + [N]):
-        kept = np.arange(end - start)  # a later window wins where two overlap
+    out = None
+    for start in sorted({min(start, N - size) for start in range(0, N, size)}):
         fields = window(X_new[start : start + size])
-        pieces.append(_along_points(lambda axis, a: np.asarray(a).take(kept, axis), fields))
-    return _along_points(lambda axis, *a: jnp.asarray(np.concatenate(a, axis)), *pieces)
+        out = _write_window(_allocate_outputs(fields, N) if out is None else out, fields, start)
+    return out
 
 
 #: the axis of the points in each field of a :class:`Prediction` that has one
@@ -353,6 +351,27 @@ def _with_atoms(fields: dict) -> dict:
     if fields["atoms"] is not None:
         fields["atoms"] = rebuild(fields["atoms"], lambda a: a)
     return fields
+
+
+@partial(jax.jit, static_argnums=1)
+def _allocate_outputs(fields: dict, num_points: int) -> dict:
+    """Zero arrays shaped as ``fields`` with ``num_points`` points."""
+
+    def zeros(axis, a):
+        return jnp.zeros(a.shape[:axis] + (num_points,) + a.shape[axis + 1 :], a.dtype)
+
+    return _along_points(zeros, fields)
+
+
+@partial(jax.jit, donate_argnums=0)
+def _write_window(out: dict, fields: dict, start: int) -> dict:
+    """``out`` with ``fields`` written at point ``start`` (in place: ``out`` is donated); the
+    other fields (weights) are ``fields``'."""
+
+    def write(axis, f, o):
+        return jax.lax.dynamic_update_slice_in_dim(o, f, start, axis)
+
+    return _along_points(write, fields, out)
 
 
 def take_points(prediction: Prediction, index: ArrayLike) -> Prediction:
