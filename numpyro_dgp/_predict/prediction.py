@@ -36,11 +36,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
-from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.handlers import trace
 
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._engine.observation import observation_kind
-from numpyro_dgp._engine.run import marginal_trace
+from numpyro_dgp._engine.run import guide_then_model, marginal_trace
 from numpyro_dgp._predict.mixture import component_of, mixture_fields, rebuild, rule_arguments
 from numpyro_dgp._protocol import node_tail, trace_layer_names
 from numpyro_dgp._validation import (
@@ -498,12 +498,8 @@ def sample_layers(
     check_guide_is_set_up(guide, "sample_layers")
 
     def one(key, params, X):
-        guide_key, model_key = jax.random.split(key)
-        guide_trace = trace(substitute(seed(guide, guide_key), data=params)).get_trace(
-            X, *args, **kwargs
-        )
-        m = substitute(replay(seed(model, model_key), guide_trace), data=params)
-        return layer_outputs(m, coherent, (X, *args), kwargs)
+        seeded_model = guide_then_model(model, guide, params, key, (X, *args), kwargs)[1]
+        return layer_outputs(seeded_model, coherent, (X, *args), kwargs)
 
     keys = jax.random.split(rng_key, int(num_samples))
     return jax.jit(jax.vmap(one, in_axes=(0, None, None)))(keys, params, jnp.asarray(X))
