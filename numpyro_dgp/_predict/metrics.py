@@ -60,7 +60,9 @@ def _check_targets(prediction: Prediction, y: ArrayLike, caller: str) -> jax.Arr
         return y
     num_classes = 2 if prediction.likelihood == "bernoulli" else prediction.mean.shape[-1]
     values = concrete(y)
-    bad = np.zeros(0, bool) if values is None else ~np.isin(values, np.arange(num_classes))
+    if values is None:  # traced: not checked
+        return y
+    bad = ~np.isin(values, np.arange(num_classes))
     if bad.any():
         labels = "0/1 labels" if num_classes == 2 else f"labels in 0..{num_classes - 1}"
         raise ValueError(
@@ -284,8 +286,14 @@ def _regression_scores(
 
 
 # A compiled program returns its dict with sorted keys; the scores are reported in this order.
-_CLASSIFICATION_SCORES = ("log_likelihood", "accuracy", "error_rate", "brier", "ece")
-_REGRESSION_SCORES = ("log_likelihood", "rmse", "crps")
+_CLASSIFICATION_SCORES: tuple[str, ...] = (
+    "log_likelihood",
+    "accuracy",
+    "error_rate",
+    "brier",
+    "ece",
+)
+_REGRESSION_SCORES: tuple[str, ...] = ("log_likelihood", "rmse", "crps")
 
 
 def metrics(

@@ -204,12 +204,7 @@ def abstract(fn: Callable[[], Any]) -> Any:
     """What ``fn()`` returns (names, kinds, shapes: no arrays), from an abstract run
     (``jax.eval_shape``: nothing is computed)."""
     out = []
-
-    def run():
-        out.append(fn())
-        return 0
-
-    jax.eval_shape(run)
+    jax.eval_shape(lambda: out.append(fn()))
     return out[0]
 
 
@@ -316,7 +311,7 @@ def _in_windows(window: Callable, X_new: jax.Array, size: int) -> dict:
     window's working set, never the outputs twice.
     """
     N = X_new.shape[0]
-    out = None
+    out: Any = None
     for start in sorted({min(start, N - size) for start in range(0, N, size)}):
         fields = window(X_new[start : start + size])
         out = _write_window(_allocate_outputs(fields, N) if out is None else out, fields, start)
