@@ -286,14 +286,7 @@ def _regression_scores(
 
 
 # A compiled program returns its dict with sorted keys; the scores are reported in this order.
-_CLASSIFICATION_SCORES: tuple[str, ...] = (
-    "log_likelihood",
-    "accuracy",
-    "error_rate",
-    "brier",
-    "ece",
-)
-_REGRESSION_SCORES: tuple[str, ...] = ("log_likelihood", "rmse", "crps")
+_SCORES = ("log_likelihood", "accuracy", "error_rate", "brier", "ece", "rmse", "crps")
 
 
 def metrics(
@@ -356,15 +349,14 @@ def metrics(
     y = _check_targets(prediction, y, "metrics")
     arrays = _arrays(prediction)
     if kind in ("bernoulli", "categorical"):
-        names, scores = _CLASSIFICATION_SCORES, _classification_scores(kind, y, arrays)
+        scores = _classification_scores(kind, y, arrays)
     else:
         y = y.astype(prediction.mean.dtype)
         key = jax.random.PRNGKey(0) if rng_key is None else rng_key
         by_column = per_column and y.ndim > 1
         scores = _regression_scores(kind, by_column, y, jnp.asarray(y_scale, y.dtype), arrays, key)
-        names = _REGRESSION_SCORES
     # floats (lists of floats for per-column scores)
-    return {k: np.asarray(scores[k]).tolist() for k in names}
+    return {k: np.asarray(scores[k]).tolist() for k in _SCORES if k in scores}
 
 
 def predictive_quantiles(prediction: Any, quantiles: ArrayLike) -> jax.Array:
