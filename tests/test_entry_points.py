@@ -582,7 +582,7 @@ def no_work(monkeypatch):
     import numpyro_dgp.infer._fit as fit_module
 
     monkeypatch.setattr(fit_module, "initial_state", _started("the fit's initialization"))
-    monkeypatch.setattr(prediction_module, "_predict_mixture", _started("the predictor"))
+    monkeypatch.setattr(prediction_module, "_predictor", _started("the predictor"))
     monkeypatch.setattr(dgp, "load_model", _started("loading the model"))
     monkeypatch.setattr(dgp.io, "save_params", _started("writing parameters"))
 

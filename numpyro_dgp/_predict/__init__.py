@@ -1,4 +1,5 @@
-"""Prediction (private): ``predict`` and its engines (``prediction``, ``deterministic``,
-``samples``), the predictive mixtures (``mixture``), their quantiles (``quantiles``) and the
-test metrics (``metrics``). Sits above the engine and the training drivers.
+"""Prediction (private): ``predict`` and ``sample_layers`` (``prediction``), the other
+predictives (``variants``: over posterior samples, moment matched, collapsed), the predictive
+mixtures' components (``mixture``), and the test metrics and quantiles (``metrics``). Sits above
+the engine and the training drivers.
 """

@@ -29,6 +29,7 @@ from jax.typing import ArrayLike
 from numpyro_dgp._engine.observation import is_discrete
 from numpyro_dgp._predict.mixture import rebuild
 from numpyro_dgp._predict.prediction import Prediction
+from numpyro_dgp._validation import concrete
 
 #: equal-width confidence bins of the expected calibration error
 ECE_BINS = 10
@@ -58,9 +59,8 @@ def _check_targets(prediction: Prediction, y: ArrayLike, caller: str) -> jax.Arr
     if prediction.likelihood not in ("bernoulli", "categorical"):
         return y
     num_classes = 2 if prediction.likelihood == "bernoulli" else prediction.mean.shape[-1]
-    try:
-        values = np.asarray(y)
-    except jax.errors.TracerArrayConversionError:
+    values = concrete(y)
+    if values is None:  # traced: not checked
         return y
     bad = ~np.isin(values, np.arange(num_classes))
     if bad.any():
@@ -286,38 +286,7 @@ def _regression_scores(
 
 
 # A compiled program returns its dict with sorted keys; the scores are reported in this order.
-_CLASSIFICATION_SCORES = ("log_likelihood", "accuracy", "error_rate", "brier", "ece")
-_REGRESSION_SCORES = ("log_likelihood", "rmse", "crps")
-
-
-def _check_y_scale(prediction: Prediction, y_scale: ArrayLike) -> None:
-    """Refuse a ``y_scale`` that is not finite and positive, of another shape than a number or
-    one per target column, or other than 1 for a classification or count prediction
-    (:func:`metrics`).
-
-    :raises ValueError: naming ``y_scale`` (and the prediction's kind).
-    """
-    kind = prediction.likelihood
-    scale = np.asarray(y_scale, dtype=np.float64)
-    columns = _target_shape(prediction)[1:]
-    # a number (also as a Standardization's (1,) for a (N, 1) target), or one per column
-    fits = scale.size == 1 or scale.shape == columns
-    if not fits or not np.all(np.isfinite(scale) & (scale > 0)):
-        raise ValueError(
-            f"metrics: y_scale must be a finite positive number, or one per target column "
-            f"(shape {columns}); got {y_scale!r}"
-        )
-    scaled = not np.all(scale == 1.0)
-    if kind in ("bernoulli", "categorical") and scaled:
-        raise ValueError(
-            f"metrics: y_scale applies to regression predictions; a {kind} prediction takes "
-            f"y_scale=1.0, got {y_scale!r}"
-        )
-    if scaled and kind == "general" and is_discrete(prediction.atoms):
-        raise ValueError(
-            f"metrics: y_scale applies to continuous targets; {type(prediction.atoms).__name__} "
-            f"predictions are of counts, got y_scale={y_scale!r}"
-        )
+_SCORES = ("log_likelihood", "accuracy", "error_rate", "brier", "ece", "rmse", "crps")
 
 
 def metrics(
@@ -356,37 +325,51 @@ def metrics(
         ``y_scale`` that is not finite and positive or of another shape, or one other than 1
         for a classification or count prediction.
     """
-    _check_y_scale(prediction, y_scale)
-    y = _check_targets(prediction, y, "metrics")
     kind = prediction.likelihood
+    scale = np.asarray(y_scale, dtype=np.float64)
+    columns = _target_shape(prediction)[1:]
+    # a number (also as a Standardization's (1,) for a (N, 1) target), or one per column
+    fits = scale.size == 1 or scale.shape == columns
+    if not fits or not np.all(np.isfinite(scale) & (scale > 0)):
+        raise ValueError(
+            f"metrics: y_scale must be a finite positive number, or one per target column "
+            f"(shape {columns}); got {y_scale!r}"
+        )
+    scaled = not np.all(scale == 1.0)
+    if kind in ("bernoulli", "categorical") and scaled:
+        raise ValueError(
+            f"metrics: y_scale applies to regression predictions; a {kind} prediction takes "
+            f"y_scale=1.0, got {y_scale!r}"
+        )
+    if scaled and kind == "general" and is_discrete(prediction.atoms):
+        raise ValueError(
+            f"metrics: y_scale applies to continuous targets; {type(prediction.atoms).__name__} "
+            f"predictions are of counts, got y_scale={y_scale!r}"
+        )
+    y = _check_targets(prediction, y, "metrics")
+    arrays = _arrays(prediction)
     if kind in ("bernoulli", "categorical"):
-        scores = _classification_scores(kind, y, _arrays(prediction))
-        return {k: float(scores[k]) for k in _CLASSIFICATION_SCORES}
-    y = y.astype(prediction.mean.dtype)
-    key = jax.random.PRNGKey(0) if rng_key is None else rng_key
-    columns = per_column and y.ndim > 1
-    scores = _regression_scores(
-        kind, columns, y, jnp.asarray(y_scale, y.dtype), _arrays(prediction), key
-    )
-    if columns:
-        return {k: [float(v) for v in np.asarray(scores[k])] for k in _REGRESSION_SCORES}
-    return {k: float(scores[k]) for k in _REGRESSION_SCORES}
+        scores = _classification_scores(kind, y, arrays)
+    else:
+        y = y.astype(prediction.mean.dtype)
+        key = jax.random.PRNGKey(0) if rng_key is None else rng_key
+        by_column = per_column and y.ndim > 1
+        scores = _regression_scores(kind, by_column, y, jnp.asarray(y_scale, y.dtype), arrays, key)
+    # floats (lists of floats for per-column scores)
+    return {k: np.asarray(scores[k]).tolist() for k in _SCORES if k in scores}
 
 
-def predictive_quantiles(
-    prediction: Any, quantiles: ArrayLike, *, num_iters: int = 60
-) -> jax.Array:
+def predictive_quantiles(prediction: Any, quantiles: ArrayLike) -> jax.Array:
     """Quantiles of a regression prediction's mixture (a :class:`~numpyro_dgp.Prediction` with a
     Normal or any other likelihood of a number), per point: by bisection on the mixture's
     distribution function, or, for counts, the smallest count whose probability of not being
     exceeded reaches the level (from the distribution function accumulated over the counts up
     to the largest mean plus 12 standard deviations, at most 10^6; NaN where that does not
-    reach the level).
+    reach the level). The bisection takes 60 steps, which halve the starting bracket to below
+    float64's resolution.
 
     :param prediction: the prediction.
     :param quantiles: ``(Q,)`` levels in ``(0, 1)``, e.g. ``[0.025, 0.975]``.
-    :param num_iters: bisection steps (60 halve the starting bracket to below float64's
-        resolution).
     :return: ``(Q, N)`` quantiles (``(Q, N, T)`` for ``T`` target columns).
     :raises ValueError: a classification prediction, or levels outside ``(0, 1)``.
     """
@@ -405,7 +388,7 @@ def predictive_quantiles(
         spread = np.sqrt(np.maximum(np.asarray(prediction.variance), 0.0))
         largest = int(np.nanmax(np.where(np.isfinite(spread), mean + 12 * spread, 0.0))) + 10
         return _count_quantiles(q, arrays, min(largest, 1_000_000))
-    return _bisect_quantiles(q, arrays, int(num_iters))
+    return _bisect_quantiles(q, arrays)
 
 
 def _component_weights(arrays: dict) -> jax.Array:
@@ -420,8 +403,8 @@ def _component_weights(arrays: dict) -> jax.Array:
 
 
 # One program per shape: eagerly, every operation of the loops would compile on its own.
-@partial(jax.jit, static_argnums=2)
-def _bisect_quantiles(q: jax.Array, arrays: dict, num_iters: int) -> jax.Array:
+@jax.jit
+def _bisect_quantiles(q: jax.Array, arrays: dict) -> jax.Array:
     """Bisection on the mixture's distribution function, from a bracket around the components
     widened until it holds every level (heavy tails)."""
     m, v = arrays["component_means"], arrays["component_variances"]
@@ -462,7 +445,7 @@ def _bisect_quantiles(q: jax.Array, arrays: dict, num_iters: int) -> jax.Array:
         return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
 
     lo, hi, _ = jax.lax.while_loop(unbracketed, widen, (lo, hi, 0))
-    lo, hi = jax.lax.fori_loop(0, num_iters, halve, (lo, hi))
+    lo, hi = jax.lax.fori_loop(0, 60, halve, (lo, hi))
     return 0.5 * (lo + hi)
 
 

@@ -149,20 +149,18 @@ def component_of(
     return Component(mean, variance, layers, means, variances, atoms)
 
 
-def flatten_mixture(
-    num_components: int, components: Component, log_weights: jax.Array
-) -> tuple[Component, jax.Array]:
-    """Components ``(num_samples, S, ...)`` with branch log weights ``(num_samples, S)`` as one
-    mixture of ``num_samples * S`` components (weights ``w_s / num_samples``); layer arrays
+def _flatten(components: Component, log_weights: jax.Array) -> tuple[Component, jax.Array]:
+    """Components ``(num_samples, B, ...)`` with branch log weights ``(num_samples, B)`` as one
+    mixture of ``num_samples * B`` components (weights ``w_b / num_samples``); layer arrays
     without a branch axis (layers before the first branch) are broadcast to it."""
-    num_samples = components.component_means.shape[0]
+    num_samples, num_branches = log_weights.shape
 
     def flat(a: jax.Array) -> jax.Array:
         return a.reshape((-1,) + a.shape[2:])
 
     def flat_layer(a: jax.Array) -> jax.Array:
         if a.ndim == 3:  # (num_samples, N, P) before the first branching layer
-            a = jnp.broadcast_to(a[:, None], (num_samples, num_components) + a.shape[1:])
+            a = jnp.broadcast_to(a[:, None], (num_samples, num_branches) + a.shape[1:])
         return flat(a)
 
     weights = (jax.nn.softmax(log_weights, axis=-1) / num_samples).reshape(-1)
@@ -174,17 +172,20 @@ def flatten_mixture(
 
 
 def mixture_fields(
-    kind: str, components: Component, weights: jax.Array | None, atom_weights: Any
+    kind: str, components: Component, log_weights: jax.Array | None, atom_weights: Any
 ) -> dict:
     """The arrays of the :class:`~numpyro_dgp.Prediction` of stacked ``components`` (leading
-    axis ``S``), mixed with equal weights or ``weights (S,)``: the mean, and the variance by the
-    law of total variance (``mean (1 - mean)`` for probabilities).
+    axis ``S``), mixed with equal weights, or, with branches (a quadrature handler, an
+    amortized guide), ``(S, B)`` components with the branch ``log_weights (S, B)`` as one mixture
+    of ``S B`` (:func:`_flatten`): the mean, and the variance by the law of total variance
+    (``mean (1 - mean)`` for probabilities).
 
     :return: ``{field: value}`` for every array field of the prediction.
     """
-    if weights is None:
-        average = lambda a: jnp.mean(a, axis=0)  # noqa: E731
-    else:
+    average = lambda a: jnp.mean(a, axis=0)  # noqa: E731
+    weights = None
+    if log_weights is not None:
+        components, weights = _flatten(components, log_weights)
         average = lambda a: jnp.tensordot(weights, a, axes=(0, 0))  # noqa: E731
     means = components.component_means
     mean = average(means)

@@ -36,18 +36,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
-from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.handlers import trace
 
 from numpyro_dgp._cache import OwnerCache
 from numpyro_dgp._engine.observation import observation_kind
-from numpyro_dgp._engine.run import marginal_trace
-from numpyro_dgp._predict.mixture import (
-    component_of,
-    flatten_mixture,
-    mixture_fields,
-    rebuild,
-    rule_arguments,
-)
+from numpyro_dgp._engine.run import guide_then_model, marginal_trace
+from numpyro_dgp._predict.mixture import component_of, mixture_fields, rebuild, rule_arguments
 from numpyro_dgp._protocol import node_tail, trace_layer_names
 from numpyro_dgp._validation import (
     as_float_array,
@@ -210,12 +204,7 @@ def abstract(fn: Callable[[], Any]) -> Any:
     """What ``fn()`` returns (names, kinds, shapes: no arrays), from an abstract run
     (``jax.eval_shape``: nothing is computed)."""
     out = []
-
-    def run():
-        out.append(fn())
-        return 0
-
-    jax.eval_shape(run)
+    jax.eval_shape(lambda: out.append(fn()))
     return out[0]
 
 
@@ -287,59 +276,46 @@ def predict(
     check_positive_int(batch_size, "batch_size", "predict", allow_none=True)
     check_guide_is_set_up(guide, "predict")
     X_new = checked_test_inputs(X_new, "predict", params, model, guide)
-    request = _Request(
-        model, guide, params, rng_key, args, kwargs, num_samples, obs_site, strict, keep_layers
+    inputs = (X_new,) + tuple(args)
+    check_params_against(
+        param_specs(model, guide, inputs, kwargs),
+        params,
+        "predict",
+        allow_unexpected=not strict,
+        require_finite=True,
+        hint=PREDICT_HINT,
     )
-    if batch_size is not None and batch_size < X_new.shape[0]:
-        return _predict_in_batches(request, X_new, int(batch_size))
-    found, fields = _predict_mixture(request, X_new)
-    return warn_if_not_finite(_as_prediction(found, fields), "predict")
+    dyn_args, static_args, dyn_kwargs, static_kwargs = split_traced(args, kwargs)
+    static = (static_args, static_kwargs, keep_layers)
+    found, predictor = _predictor(model, guide, params, rng_key, inputs, kwargs, obs_site, static)
+
+    def window(X):
+        return predictor(rng_key, params, X, dyn_args, dyn_kwargs, int(num_samples))
+
+    if batch_size is None or batch_size >= X_new.shape[0]:
+        fields = window(X_new)
+    else:
+        fields = _in_windows(window, X_new, int(batch_size))
+    prediction = Prediction(**_with_atoms(fields), likelihood=found["likelihood"])
+    return warn_if_not_finite(prediction, "predict")
 
 
-class _Request(NamedTuple):
-    """What :func:`predict` was asked, but the test inputs."""
-
-    model: Callable
-    guide: Callable
-    params: dict
-    rng_key: jax.Array
-    args: tuple
-    kwargs: dict
-    num_samples: int
-    obs_site: str | None
-    strict: bool
-    keep_layers: bool
-
-
-def _as_prediction(found, fields):
-    """The :class:`Prediction` of the predictor's arrays
-    (:func:`~numpyro_dgp._predict.mixture.mixture_fields`)."""
-    if fields["atoms"] is not None:  # written window by window: rebuilt for its full batch shape
-        fields = {**fields, "atoms": rebuild(fields["atoms"], lambda a: a)}
-    return Prediction(**fields, likelihood=found["likelihood"])
-
-
-def _predict_in_batches(request, X_new, batch_size):
-    """:func:`predict` over windows of ``batch_size`` points, written into preallocated outputs.
+def _in_windows(window: Callable, X_new: jax.Array, size: int) -> dict:
+    """The fields of ``window`` (the compiled predictor at some points) over ``X_new``, ``size``
+    points at a time, written into preallocated outputs.
 
     Every window has the same shape (one compiled predictor): the last one is shifted back to
     end at the last point, so it overlaps the one before (those points are predicted again,
-    independently, and the later values kept) instead of being padded. Each window's mixture is
-    formed on its own and written in place into the outputs (a donated buffer), so that the
-    memory is the outputs plus one window's working set, never the outputs twice.
+    independently, and the later values kept) instead of being padded. Each window is written
+    in place into the outputs (a donated buffer), so that the memory is the outputs plus one
+    window's working set, never the outputs twice.
     """
     N = X_new.shape[0]
-    starts = sorted({min(start, N - batch_size) for start in range(0, N, batch_size)})
-    out = None
-    for start in starts:
-        found, fields = _predict_mixture(request, X_new[start : start + batch_size])
-        along_points = {k: v for k, v in fields.items() if k in _POINT_AXIS}
-        if out is None:
-            out = _allocate_outputs(along_points, N)
-        out = _write_window(out, along_points, start)
-    # weights: the same for every window
-    fixed = {k: v for k, v in fields.items() if k not in _POINT_AXIS}
-    return warn_if_not_finite(_as_prediction(found, {**out, **fixed}), "predict")
+    out: Any = None
+    for start in sorted({min(start, N - size) for start in range(0, N, size)}):
+        fields = window(X_new[start : start + size])
+        out = _write_window(_allocate_outputs(fields, N) if out is None else out, fields, start)
+    return out
 
 
 #: the axis of the points in each field of a :class:`Prediction` that has one
@@ -355,84 +331,67 @@ _POINT_AXIS = {
 }
 
 
-def take_points(prediction: Prediction, index: ArrayLike) -> Prediction:
-    """The prediction at the points ``index`` (integers), every field that has a point axis
-    taken along it.
+def _along_points(fn: Callable, fields: dict, *more: dict) -> dict:
+    """``fields`` (a prediction's, as a dict) with ``fn(axis, array, *the same array of more)``
+    in place of every array that has a point axis."""
+    out = dict(fields)
+    for field, axis in _POINT_AXIS.items():
+        more_arrays = [m[field] for m in more]
+        out[field] = jax.tree_util.tree_map(partial(fn, axis), fields[field], *more_arrays)
+    return out
 
-    :raises NotImplementedError: a prediction with atoms (another likelihood's distributions).
-    """
-    if prediction.atoms is not None:
-        raise NotImplementedError("take_points: a prediction with atoms is not sliced here")
-    index = jnp.asarray(index, jnp.int32)
-    fields = {}
-    for field, axis in _POINT_AXIS.items():  # atoms: None
-        take = partial(jnp.take, indices=index, axis=axis)
-        fields[field] = jax.tree_util.tree_map(take, getattr(prediction, field))
-    return prediction._replace(**fields)
+
+def _with_atoms(fields: dict) -> dict:
+    """``fields`` with the atoms (if any) rebuilt for the batch shape of their new arrays."""
+    if fields["atoms"] is not None:
+        fields["atoms"] = rebuild(fields["atoms"], lambda a: a)
+    return fields
 
 
 @partial(jax.jit, static_argnums=1)
-def _allocate_outputs(window, num_points):
-    """Zero arrays shaped as ``window`` with ``num_points`` points."""
+def _allocate_outputs(fields: dict, num_points: int) -> dict:
+    """Zero arrays shaped as ``fields`` with ``num_points`` points."""
 
-    def allocate(field, tree):
-        axis = _POINT_AXIS[field]
-        return jax.tree_util.tree_map(
-            lambda a: jnp.zeros(a.shape[:axis] + (num_points,) + a.shape[axis + 1 :], a.dtype), tree
-        )
+    def zeros(axis, a):
+        return jnp.zeros(a.shape[:axis] + (num_points,) + a.shape[axis + 1 :], a.dtype)
 
-    return {field: allocate(field, tree) for field, tree in window.items()}
+    return _along_points(zeros, fields)
 
 
 @partial(jax.jit, donate_argnums=0)
-def _write_window(out, window, start):
-    """``out`` with ``window`` written at point ``start`` (in place: ``out`` is donated)."""
+def _write_window(out: dict, fields: dict, start: int) -> dict:
+    """``out`` with ``fields`` written at point ``start`` (in place: ``out`` is donated); the
+    other fields (weights) are ``fields``'."""
 
-    def write(field, out_tree, window_tree):
-        def put(o, w):
-            index = [0] * o.ndim
-            index[_POINT_AXIS[field]] = start
-            return jax.lax.dynamic_update_slice(o, w, index)
+    def write(axis, f, o):
+        return jax.lax.dynamic_update_slice_in_dim(o, f, start, axis)
 
-        return jax.tree_util.tree_map(put, out_tree, window_tree)
-
-    return {field: write(field, out[field], window[field]) for field in out}
+    return _along_points(write, fields, out)
 
 
-def _predict_mixture(request, X_new):
-    """``(found, fields)`` of :func:`predict` at one block of test inputs: the parameters checked,
-    the compiled predictor run; ``fields`` are the arrays of the :class:`Prediction` (mean,
-    variance, components ``(S, N)``, layers ``(S, N, P)``, weights)."""
-    model, guide, params, rng_key, args, kwargs, num_samples, _, strict, _ = request
-    specs = param_specs(model, guide, (X_new,) + tuple(args), kwargs)
-    check_params_against(
-        specs,
-        params,
-        "predict",
-        allow_unexpected=not strict,
-        require_finite=True,
-        hint=PREDICT_HINT,
-    )
-    dyn_args, static_args, dyn_kwargs, static_kwargs = split_traced(args, kwargs)
-    found, predictor = _predictor(request, X_new, static_args, static_kwargs)
-    return found, predictor(rng_key, params, X_new, dyn_args, dyn_kwargs, int(num_samples))
+def take_points(prediction: Prediction, index: ArrayLike) -> Prediction:
+    """The prediction at the points ``index`` (integers), every field that has a point axis
+    taken along it."""
+    index = jnp.asarray(index, jnp.int32)
+    take = lambda axis, a: jnp.take(a, index, axis=axis)  # noqa: E731
+    return Prediction(**_with_atoms(_along_points(take, prediction._asdict())))
 
 
 #: compiled predictors per guide (weakly keyed: they go when the guide goes)
 _PREDICTORS = OwnerCache(max_entries=8)
 
 
-def _predictor(request, X_new, static_args, static_kwargs):
-    """``(found, batched)``: what the model's trace says (observation site, likelihood, layers,
-    branches) and the jitted, vmapped mixture-component function.
+def _predictor(model, guide, params, rng_key, inputs, kwargs, obs_site, static):
+    """``(found, predictor)``: what the model's trace says (:func:`_probe`) and the jitted,
+    vmapped mixture-component function.
 
-    Both are cached per guide, keyed by the model, the observation site and the non-array
-    arguments, and valid for the guide's prototype trace (its structure, built once), so
-    repeated predictions (validation during training, plots) reuse one compiled executable
-    per input shape instead of retracing; array arguments are traced, never baked in."""
-    model, guide, keep_layers = request.model, request.guide, request.keep_layers
+    Both are cached per guide, keyed by the model, the observation site and ``static`` (the
+    non-array arguments, ``keep_layers``), and valid for the guide's prototype trace (its
+    structure, built once), so repeated predictions (validation during training, plots) reuse
+    one compiled executable per input shape instead of retracing; array arguments are traced,
+    never baked in."""
     prototype = getattr(guide, "prototype_trace", None)
-    key = (model, request.obs_site, static_args, static_kwargs, keep_layers)
+    key = (model, obs_site, static)
     try:
         hash(key)
     except TypeError:  # unhashable static arguments: compile for this call only
@@ -440,41 +399,31 @@ def _predictor(request, X_new, static_args, static_kwargs):
     entry = None if key is None else _PREDICTORS.get(guide, key)
     if entry is not None and entry[0] is prototype:
         return entry[1], entry[2]
-    found = _probe_prediction(request, X_new)
-    predictive_mixture = _mixture_function(
-        model, weakref.ref(guide), found, static_args, static_kwargs, keep_layers
-    )
-    predictor = jax.jit(predictive_mixture, static_argnums=5)
+    found = abstract(partial(_probe, model, guide, params, rng_key, inputs, kwargs, obs_site))
+    mixture = _mixture_function(model, weakref.ref(guide), found, *static)
+    predictor = jax.jit(mixture, static_argnums=5)
     if key is not None:
         _PREDICTORS.put(guide, key, (prototype, found, predictor))
     return found, predictor
 
 
-def _probe_prediction(request, X_new):
-    """``found``: what an abstract run of the model's trace says (observation site, likelihood,
-    layers, last layer's width, branches, correlated outputs)."""
-    model, guide, params, rng_key, args, kwargs = request[:6]
-
-    def probe():
-        inputs = (X_new,) + tuple(args)
-        run = marginal_trace(model, guide, params, rng_key, inputs, kwargs, None, "predict", 2)
-        name, likelihood = observation_of(run.model_trace, request.obs_site)
-        if run.correlated_outputs and likelihood == "normal":
-            # a guide that correlates the layers correlates the last layer's outputs at a point:
-            # a component's per-column moments would drop that from a row's joint density, atoms
-            # at joint draws keep it (the 2 P nodes exact for the moments are not for the density)
-            likelihood = "general"
-        log_weights = run.mixture_log_weights
-        return {
-            "name": name,
-            "likelihood": likelihood,
-            "layers": list(run.layer_order),
-            "out_dim": run.moments[run.layer_order[-1]][0].shape[-1],
-            "branches": None if log_weights is None else log_weights.shape[0],
-            "correlated": run.correlated_outputs,
-        }
-
-    return abstract(probe)
+def _probe(model, guide, params, rng_key, inputs, kwargs, obs_site) -> dict:
+    """What a marginal run of the model says (observation site, likelihood, layers, last
+    layer's width, correlated outputs); run abstractly."""
+    run = marginal_trace(model, guide, params, rng_key, inputs, kwargs, None, "predict", 2)
+    name, likelihood = observation_of(run.model_trace, obs_site)
+    if run.correlated_outputs and likelihood == "normal":
+        # a guide that correlates the layers correlates the last layer's outputs at a point:
+        # a component's per-column moments would drop that from a row's joint density, atoms
+        # at joint draws keep it (the 2 P nodes exact for the moments are not for the density)
+        likelihood = "general"
+    return {
+        "name": name,
+        "likelihood": likelihood,
+        "layers": list(run.layer_order),
+        "out_dim": run.moments[run.layer_order[-1]][0].shape[-1],
+        "correlated": run.correlated_outputs,
+    }
 
 
 def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_layers):
@@ -507,10 +456,7 @@ def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_
         components, log_weights, node_weights = jax.vmap(one, in_axes=(0, None, None, None, None))(
             keys, params, X_new, dyn_args, dyn_kwargs
         )
-        weights = None
-        if found["branches"]:
-            components, weights = flatten_mixture(found["branches"], components, log_weights)
-        return mixture_fields(kind, components, weights, node_weights[0])
+        return mixture_fields(kind, components, log_weights, node_weights[0])
 
     return predictive_mixture
 
@@ -547,12 +493,8 @@ def sample_layers(
     check_guide_is_set_up(guide, "sample_layers")
 
     def one(key, params, X):
-        guide_key, model_key = jax.random.split(key)
-        guide_trace = trace(substitute(seed(guide, guide_key), data=params)).get_trace(
-            X, *args, **kwargs
-        )
-        m = substitute(replay(seed(model, model_key), guide_trace), data=params)
-        return layer_outputs(m, coherent, (X, *args), kwargs)
+        seeded_model = guide_then_model(model, guide, params, key, (X, *args), kwargs)[1]
+        return layer_outputs(seeded_model, coherent, (X, *args), kwargs)
 
     keys = jax.random.split(rng_key, int(num_samples))
     return jax.jit(jax.vmap(one, in_axes=(0, None, None)))(keys, params, jnp.asarray(X))

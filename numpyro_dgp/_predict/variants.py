@@ -32,11 +32,9 @@ from numpyro.primitives import Messenger
 from numpyro_dgp._engine.marginal import marginalize_inducing
 from numpyro_dgp._engine.moments import moment_trace
 from numpyro_dgp._engine.observation import likelihood_rule, shared_rule, spherical_rule
-from numpyro_dgp._engine.run import layers_by_u_site
 from numpyro_dgp._predict.mixture import (
     PREDICTION_NODES,
     component_of,
-    flatten_mixture,
     mixture_fields,
     rule_arguments,
 )
@@ -96,9 +94,12 @@ def predict_from_samples(
     :raises ~numpyro_dgp.ParameterMismatchError: samples or ``params`` that do not match the model.
     :raises ValueError: for invalid arguments (empty samples, a missing ``"<layer>.u"`` site, ...).
     """
-    X_new = checked_test_inputs(X_new, "predict_from_samples", (samples, params))
-    samples, S = _check_sample_arrays(samples)
-    fixed = _check_samples(model, samples, params, X_new, args, kwargs, strict)
+    caller = "predict_from_samples"
+    X_new = checked_test_inputs(X_new, caller, (samples, params))
+    checked = _check_samples(model, samples, params, X_new, args, kwargs, strict)
+    samples, fixed, (layers, out_dim, sites) = checked
+    first = {k: v[0] for k, v in samples.items()}
+    num_samples = len(next(iter(samples.values())))
 
     def run(sample, key, node_rule=()):
         # one run at X_new with the sample substituted, the layers marginalized (the last one at
@@ -109,7 +110,12 @@ def predict_from_samples(
         tr = trace(handler).get_trace(X_new, *args, **kwargs)
         return tr, handler.moments, handler.mixture_log_weights
 
-    layers, sites, name, likelihood, mixed, rule = _probe(run, samples, obs_site)
+    def probe():  # the observation at the last layer's spherical nodes
+        tr = run(first, jax.random.PRNGKey(0), (layers[-1], *spherical_rule(out_dim)))[0]
+        return observation_of(tr, obs_site, caller)
+
+    name, likelihood = abstract(probe)
+    rule = likelihood_rule(out_dim, [likelihood], *rule_arguments(likelihood, out_dim), "predict")
     weights = rule[1]
     # substitute the model's latent and param sites only (not deterministic layer outputs
     # recorded at training points, nor the observation site)
@@ -121,59 +127,25 @@ def predict_from_samples(
         return component_of(tr, moments, name, likelihood, weights, layers, draw_key), log_weights
 
     def mixture(samples, keys):
+        # log_weights: a weighted mixture (quadrature handler) of sample x branch components
         components, log_weights = jax.vmap(one)(samples, keys)
-        mixing = None
-        if mixed:  # a weighted mixture (quadrature handler): sample x mixture components
-            components, mixing = flatten_mixture(mixed, components, log_weights)
-        return mixture_fields(likelihood, components, mixing, weights)
+        return mixture_fields(likelihood, components, log_weights, weights)
 
-    fields = jax.jit(mixture)(samples, jax.random.split(rng_key, S))
-    return warn_if_not_finite(Prediction(**fields, likelihood=likelihood), "predict_from_samples")
+    fields = jax.jit(mixture)(samples, jax.random.split(rng_key, num_samples))
+    return warn_if_not_finite(Prediction(**fields, likelihood=likelihood), caller)
 
 
-def _probe(run: Callable, samples: dict, obs_site: str | None) -> tuple:
-    """``(layer names, {sample or param site: its type}, observation site, its kind, number of
-    branches or None, the last layer's rule (nodes, weights))`` from two abstract runs with the
-    first sample (the second with the last layer at quadrature nodes), the model's layers checked
-    against the samples.
+def _check_samples(model, samples, params, X_new, args, kwargs, strict):
+    """``predict_from_samples``'s door: ``samples`` a non-empty dict of arrays that share one
+    leading (sample) axis of length at least 1; then, from one abstract run of the model at
+    ``X_new`` with the first sample and ``params`` substituted: every param site is given,
+    ``params`` names only sites of the model and holds finite values, each latent site's samples
+    have the shape of the site's distribution there (another ``out_dim``, or inducing values
+    that do not match the inducing inputs, are reported by name), the model runs a ``gp_layer``
+    and the samples hold every layer's inducing values.
 
-    :raises ValueError: a model without a ``gp_layer``, or samples without some layer's inducing
-        values.
-    """
-    first = {k: v[0] for k, v in samples.items()}
-    key = jax.random.PRNGKey(0)
-
-    def probe_layers():
-        tr = run(first, key)[0]
-        layers = trace_layers(tr)
-        if not layers:
-            raise ValueError("predict_from_samples: the model runs no gp_layer")
-        missing = [u for u in sorted(layers_by_u_site(tr)) if u not in samples]
-        if missing:
-            raise ValueError(
-                f"predict_from_samples: samples lack the inducing-value site(s) {missing}; they "
-                f"hold {sorted(samples)}. Pass the samples of an MCMC run on the model "
-                "(its '<layer>.u' sites)"
-            )
-        sites = {n: s["type"] for n, s in tr.items() if s["type"] in ("sample", "param")}
-        return [layer.name for layer in layers], layers[-1].out_dim, sites
-
-    layers, out_dim, sites = abstract(probe_layers)
-
-    def probe_tail():
-        tr, _, log_weights = run(first, key, (layers[-1], *spherical_rule(out_dim)))
-        name, likelihood = observation_of(tr, obs_site, "predict_from_samples")
-        return name, likelihood, None if log_weights is None else log_weights.shape[0]
-
-    name, likelihood, mixed = abstract(probe_tail)
-    rule = likelihood_rule(out_dim, [likelihood], *rule_arguments(likelihood, out_dim), "predict")
-    return layers, sites, name, likelihood, mixed, rule
-
-
-def _check_sample_arrays(samples: Any) -> tuple[dict[str, jax.Array], int]:
-    """``samples`` as arrays and their number ``S``: a non-empty dict of arrays that share one
-    leading (sample) axis of length at least 1.
-
+    :return: ``(samples, params, (layer names, last layer's width, the model's latent and param
+        sites))``, the samples and ``params`` as arrays.
     :raises ValueError: otherwise.
     """
     if not isinstance(samples, dict) or not samples:
@@ -181,31 +153,21 @@ def _check_sample_arrays(samples: Any) -> tuple[dict[str, jax.Array], int]:
             "predict_from_samples: samples is empty; pass mcmc.get_samples() "
             "(a dict of (S, ...) arrays)"
         )
-    arrays = {k: jnp.asarray(v) for k, v in samples.items()}
-    sizes = {k: (v.shape[0] if v.ndim else None) for k, v in arrays.items()}
+    samples = {k: jnp.asarray(v) for k, v in samples.items()}
+    sizes = {k: (v.shape[0] if v.ndim else None) for k, v in samples.items()}
     if None in sizes.values() or len(set(sizes.values())) != 1:
         raise ValueError(
             "predict_from_samples: every sample array needs the same leading (sample) axis; "
             f"got {sizes}"
         )
-    S = len(next(iter(arrays.values())))
-    if S < 1:
+    if 0 in sizes.values():
         raise ValueError(
             "predict_from_samples: samples is empty (0 samples along the leading axis)"
         )
-    return arrays, S
-
-
-def _check_samples(model, samples, params, X_new, args, kwargs, strict):
-    """``predict_from_samples``'s door, from one abstract run of the model at ``X_new`` with the
-    first sample and ``params`` substituted: every param site is given, ``params`` names only
-    sites of the model and holds finite values, and each latent site's samples have the shape of
-    the site's distribution there (another ``out_dim``, or inducing values that do not match the
-    inducing inputs, are reported by name). Returns ``params`` as arrays."""
     fixed = {k: jnp.asarray(v) for k, v in (params or {}).items()}
     data = {**fixed, **{k: v[0] for k, v in samples.items()}}
 
-    def specs():
+    def door():
         with _refuse_unset_params():
             tr = trace(substitute(seed(model, jax.random.PRNGKey(0)), data=data)).get_trace(
                 X_new, *args, **kwargs
@@ -215,23 +177,32 @@ def _check_samples(model, samples, params, X_new, args, kwargs, strict):
             if site["type"] == "param" or (site["type"] == "sample" and not site["is_observed"]):
                 shape = site["fn"].shape() if site["type"] == "sample" else jnp.shape(site["value"])
                 found[name] = jax.ShapeDtypeStruct(tuple(shape), jnp.result_type(site["value"]))
-        return found
+        check_params_against(
+            {k: v for k, v in found.items() if k not in samples},
+            fixed,
+            "predict_from_samples (params)",
+            allow_missing=True,
+            allow_unexpected=not strict,
+            require_finite=True,
+            hint=PREDICT_HINT,
+        )
+        latent = {k: v for k, v in found.items() if k in samples}
+        check_params_against(
+            latent, {k: samples[k] for k in latent}, "predict_from_samples (samples)", leading=1
+        )
+        layers = trace_layers(tr)
+        if not layers:
+            raise ValueError("predict_from_samples: the model runs no gp_layer")
+        missing = sorted(layer.u_site for layer in layers if layer.u_site not in samples)
+        if missing:
+            raise ValueError(
+                f"predict_from_samples: samples lack the inducing-value site(s) {missing}; they "
+                f"hold {sorted(samples)}. Pass the samples of an MCMC run on the model "
+                "(its '<layer>.u' sites)"
+            )
+        return [layer.name for layer in layers], layers[-1].out_dim, set(found)
 
-    found = abstract(specs)
-    check_params_against(
-        {k: v for k, v in found.items() if k not in samples},
-        fixed,
-        "predict_from_samples (params)",
-        allow_missing=True,
-        allow_unexpected=not strict,
-        require_finite=True,
-        hint=PREDICT_HINT,
-    )
-    latent = {k: v for k, v in found.items() if k in samples}
-    check_params_against(
-        latent, {k: samples[k] for k in latent}, "predict_from_samples (samples)", leading=1
-    )
-    return fixed
+    return samples, fixed, abstract(door)
 
 
 class _refuse_unset_params(Messenger):
