@@ -118,21 +118,16 @@ def from_layer_samples(
     """
     import arviz as az
 
-    def shaped(v):
-        v = np.asarray(v)
-        if v.ndim >= 1 and num_chains > 1 and v.shape[0] % num_chains == 0:
-            v = v.reshape((num_chains, v.shape[0] // num_chains) + v.shape[1:])
-        elif num_chains == 1:
-            v = v[None]
-        return v
+    def shaped(v):  # (S, ...) -> (C, S / C, ...)
+        return np.reshape(v, (num_chains, -1) + np.shape(v)[1:])
 
     names = list(layers)
     posterior = {n: np.asarray(v) if np.ndim(v) == 4 else shaped(v) for n, v in layers.items()}
     dims = {name: ["grid", f"{name}_output"] for name in names}
+    chains_draws = next(iter(posterior.values())).shape[:2]
     for name, value in (extra or {}).items():
-        value = np.asarray(value)
         posterior[name] = (
-            value if value.shape[:2] == next(iter(posterior.values())).shape[:2] else shaped(value)
+            np.asarray(value) if np.shape(value)[:2] == chains_draws else shaped(value)
         )
     data = {"posterior": posterior, "constant_data": {"grid_x": np.asarray(grid)}}
     if sample_stats:

@@ -160,7 +160,7 @@ class SpreadTotal(dist.Distribution):
         raise NotImplementedError
 
 
-def replace_observation(msg: dict, fn: SpreadTotal) -> None:
+def replace_observation(msg: dict, fn: dist.Distribution) -> None:
     """Score the observation site ``msg`` with ``fn`` (its batch shape the site's)."""
     event_dim = msg["fn"].event_dim
     msg["fn"] = dist.Independent(fn, event_dim) if event_dim else fn
