@@ -157,16 +157,9 @@ def compare(
         ignore_index=True,
     )
     chosen = table[table["grid"].isin(points)]
-    summary = (
-        chosen.groupby(["method", "layer"], sort=False)
-        .agg(
-            variance_ratio=("variance_ratio", "median"),
-            wasserstein=("wasserstein", "mean"),
-            kl_gaussian=("kl_gaussian", "mean"),
-            coverage=("coverage", "mean"),
-        )
-        .reset_index()
-    )
+    how = dict.fromkeys(["variance_ratio", "wasserstein", "kl_gaussian", "coverage"], "mean")
+    how["variance_ratio"] = "median"
+    summary = chosen.groupby(["method", "layer"], sort=False).agg(how).reset_index()
     figures = {}
     if plot:
         figures["layers"] = plot_layers({**vi, "MCMC": mcmc}, x=x)

@@ -83,6 +83,10 @@ class Health(NamedTuple):
     multimodal: bool
 
 
+#: The columns of :attr:`Health.table`, one row per layer.
+_HEALTH_COLUMNS = "layer chains draws max_rhat min_ess_bulk min_ess_tail divergences ok".split()
+
+
 def _chain_modes(tree, names, tolerance):
     """Group chains whose per-chain means agree within ``tolerance`` within-chain sds, measured
     in the coordinates that whiten the pooled within-chain covariance of all layers' grid values:
@@ -150,24 +154,14 @@ def mcmc_health(
     for name in names:
         rhat = float(np.nanmax(az.rhat(posterior[name]).values)) if C > 1 else float("nan")
         bulk = float(np.nanmin(az.ess(posterior[name], method="bulk").values))
+        tail = float(np.nanmin(az.ess(posterior[name], method="tail").values))
         ok = (C == 1 or rhat < rhat_threshold) and bulk > ess_threshold and not div
-        rows.append(
-            dict(
-                layer=name,
-                chains=C,
-                draws=posterior.sizes["draw"],
-                max_rhat=rhat,
-                min_ess_bulk=bulk,
-                min_ess_tail=float(np.nanmin(az.ess(posterior[name], method="tail").values)),
-                divergences=div,
-                ok=bool(ok),
-            )
-        )
+        rows.append((name, C, posterior.sizes["draw"], rhat, bulk, tail, div, bool(ok)))
         means = layer_values(tree, name).mean(1)  # (C, G, P)
         chain, grid, output = np.indices(means.shape).reshape(3, -1)
         columns = dict(layer=name, chain=chain, grid=grid, output=output, mean=means.ravel())
         chain_means.append(pd.DataFrame(columns))
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame(rows, columns=_HEALTH_COLUMNS)
     modes = _chain_modes(tree, names, mode_tolerance) if C > 1 else [[0]]
     multimodal = len(modes) > 1
     if multimodal and warn:

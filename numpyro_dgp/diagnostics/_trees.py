@@ -119,7 +119,7 @@ def from_layer_samples(
     import arviz as az
 
     def shaped(v):  # (S, ...) -> (C, S / C, ...)
-        return np.reshape(v, (num_chains, -1) + np.shape(v)[1:])
+        return np.asarray(v).reshape((num_chains, -1) + np.shape(v)[1:])
 
     names = list(layers)
     posterior = {n: np.asarray(v) if np.ndim(v) == 4 else shaped(v) for n, v in layers.items()}

@@ -38,7 +38,7 @@ from jax.typing import ArrayLike
 
 from numpyro_dgp._compat import lazy_param_initializer
 from numpyro_dgp._protocol import INDUCING, LAYER_MESSAGE, layer_call
-from numpyro_dgp._validation import check_choice
+from numpyro_dgp._validation import as_float_array, check_choice
 from numpyro_dgp.core import cholesky, jittered_cholesky
 from numpyro_dgp.handlers._base import (
     PerRunMessenger,
@@ -164,9 +164,7 @@ class exact_layers(PerRunMessenger):
         name = type(self).__name__  # exact_layers, or a subclass (vecchia_layers)
         check_choice(parameterization, PARAMETERIZATIONS, "parameterization", name)
         if grid is not None:
-            grid = jnp.asarray(grid)
-            if grid.ndim != 2:
-                raise ValueError(f"{name}: grid must have shape (num_grid, dim), got {grid.shape}")
+            grid = as_float_array(grid, "grid", name, ndim=2)
             if not bool(jnp.all(jnp.isfinite(grid))):
                 raise ValueError(f"{name}: grid contains NaN or inf values")
         if jitter is not None and not (jitter > 0):
@@ -201,18 +199,14 @@ class exact_layers(PerRunMessenger):
         if self._collapsed is not None and msg["type"] == "sample" and msg["is_observed"]:
             self._score_collapsed(msg)
             return
-        infer = msg.get("infer") or {}
-        if (
-            msg["type"] == "param"
-            and msg["name"].endswith(".inducing_inputs")
-            and msg["value"] is None
-        ):
+        if msg["type"] == "param" and msg["name"].endswith(".inducing_inputs"):
             # No inducing points in the exact model: skip the k-means initialization.
             init = lazy_param_initializer(msg)
-            if init is not None:
+            if init is not None and msg["value"] is None:
                 shape = jax.eval_shape(init, jax.random.PRNGKey(0))
                 msg["value"] = jnp.zeros(shape.shape, shape.dtype)
             return
+        infer = msg.get("infer") or {}
         if msg["type"] == "sample" and INDUCING in infer and not msg["is_observed"]:
             # the inducing values do not exist in the exact model: hide the site from the
             # handlers outside (trace, substitute, MCMC) and give it an inert value
