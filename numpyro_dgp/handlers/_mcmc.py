@@ -82,26 +82,26 @@ def _layer_output_site(
     return centered_output_site(name, fn, shape)
 
 
-def standard_normal_site(site: str, shape: tuple, dtype: Any) -> jax.Array:
-    """A sample site of standard normals of ``shape`` (two event dimensions)."""
-    return numpyro.sample(site, dist.Normal(jnp.zeros(shape, dtype), 1.0).to_event(2))
+def standard_normal(shape: tuple, dtype: Any) -> dist.Distribution:
+    """Standard normals of ``shape`` (two event dimensions)."""
+    return dist.Normal(jnp.zeros(shape, dtype), 1.0).to_event(2)
 
 
 def white_output_site(name: str, shape: tuple, dtype: Any) -> jax.Array:
     """The non-centered output site ``"<name>.f_white"``: ``eps (P, n) ~ N(0, I)``."""
-    site = f"{name}.f_white"
-    return check_points(site, standard_normal_site(site, shape, dtype), shape)
+    return _latent_site(f"{name}.f_white", standard_normal(shape, dtype), shape)
 
 
 def centered_output_site(name: str, fn: dist.Distribution, shape: tuple) -> jax.Array:
     """The centered output site ``"<name>.f"`` over ``f^T (P, n)`` with prior ``fn``; ``f``."""
-    site = f"{name}.f"
-    return check_points(site, numpyro.sample(site, fn), shape).T
+    return _latent_site(f"{name}.f", fn, shape).T
 
 
-def check_points(site: str, value: jax.Array, shape: tuple) -> jax.Array:
-    """A substituted latent layer output (e.g. MCMC samples given to ``Predictive``) must have
-    the layer's number of points: it exists only at the inputs it was sampled at."""
+def _latent_site(site: str, fn: dist.Distribution, shape: tuple) -> jax.Array:
+    """The latent layer output site ``site`` of ``shape``. A substituted value (e.g. MCMC samples
+    given to ``Predictive``) must have the layer's number of points: it exists only at the
+    inputs it was sampled at."""
+    value = numpyro.sample(site, fn)
     if tuple(jnp.shape(value))[-2:] != tuple(shape):
         raise ValueError(
             f"latent layer output {site!r} has shape {tuple(jnp.shape(value))[-2:]}, but the layer "
@@ -258,7 +258,7 @@ class exact_layers(PerRunMessenger):
             # the grid values' conditional depends on y, known only at the observation site;
             # their standard-normal noise is drawn here, in the layer's place in the run
             shape = (layer.out_dim, A.shape[0] - N)
-            grid_white = standard_normal_site(f"{layer.name}.grid_white", shape, A.dtype)
+            grid_white = numpyro.sample(f"{layer.name}.grid_white", standard_normal(shape, A.dtype))
         self._collapsed = CollapsedLayer(layer, N, A, mean, jitter, grid_white)
         return mean[:N]
 

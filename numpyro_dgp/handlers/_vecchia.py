@@ -131,8 +131,7 @@ class vecchia_layers(exact_layers):
         self.num_neighbors = int(num_neighbors)
         self.ordering = ordering
         self.ordering_seed = int(ordering_seed)
-        given = neighbor_inputs or {}
-        self.neighbor_inputs = {name: jnp.asarray(points) for name, points in given.items()}
+        self.neighbor_inputs = {n: jnp.asarray(p) for n, p in (neighbor_inputs or {}).items()}
         for name, points in self.neighbor_inputs.items():
             if points.ndim != 2 or not bool(jnp.all(jnp.isfinite(points))):
                 raise ValueError(
