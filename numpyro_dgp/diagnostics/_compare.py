@@ -220,13 +220,15 @@ def _horizontal(grid: np.ndarray, x: int | ArrayLike | None) -> tuple[np.ndarray
 
 
 def _draw(ax, h: np.ndarray, v: np.ndarray, joined: bool, color: str) -> None:
-    """One sample on ``ax``: ``v`` against ``h``, sorted by ``h``; a line if ``joined``, else
-    small translucent markers (the horizontal value does not determine the point)."""
-    order = np.argsort(h, kind="stable")
-    if joined:
-        ax.plot(h[order], v[order], lw=0.7, alpha=0.6, color=color)
-    else:
-        ax.scatter(h[order], v[order], s=4, alpha=0.35, color=color, linewidths=0)
+    """Samples ``v (S, G)`` on ``ax`` against ``h (S, G)`` or ``(G,)``, each sorted by its
+    ``h``; lines if ``joined``, else small translucent markers (the horizontal value does not
+    determine the point)."""
+    for hs, vs in zip(np.broadcast_to(h, v.shape), v):
+        order = np.argsort(hs, kind="stable")
+        if joined:
+            ax.plot(hs[order], vs[order], lw=0.7, alpha=0.6, color=color)
+        else:
+            ax.scatter(hs[order], vs[order], s=4, alpha=0.35, color=color, linewidths=0)
 
 
 def _output_label(name: str, P: int) -> str:
@@ -273,17 +275,15 @@ def plot_layers(
         draws = {n: layer_draws(trees[method], n) for n in names}
         S = draws[names[0]].shape[0]
         idx = rng.choice(S, size=min(25, S), replace=False)
-        inputs, label, joined = np.broadcast_to(h0, (len(idx), h0.size)), h0_label, h0_joined
+        inputs, label, joined = h0, h0_label, h0_joined
         for c, name in enumerate(names):
             out, P = draws[name][idx, :, 0], draws[name].shape[-1]
-            for s in range(len(idx)):
-                _draw(axes[r, c], inputs[s], out[s], joined, f"C{r}")
+            _draw(axes[r, c], inputs, out, joined, f"C{r}")
             axes[r, c].set(
                 title=f"{name} vs its input", xlabel=label, ylabel=_output_label(name, P)
             )
             inputs, label, joined = out, _output_label(name, P), P == 1
-        for s in range(len(idx)):
-            _draw(axes[r, -1], h0, inputs[s], h0_joined, f"C{r}")
+        _draw(axes[r, -1], h0, inputs, h0_joined, f"C{r}")
         axes[r, -1].set(title="composition vs x", xlabel=h0_label, ylabel=label)
         axes[r, 0].set_ylabel(f"{method}\n{axes[r, 0].get_ylabel()}")
     for ax in axes.flat:
