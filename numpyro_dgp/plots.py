@@ -25,24 +25,21 @@ def plot_layer_samples(
     samples: Mapping[str, ArrayLike],
     X: ArrayLike | None = None,
     y: ArrayLike | None = None,
-    layer_names: Sequence[str] | None = None,
     axes: Sequence[matplotlib.axes.Axes] | np.ndarray | None = None,
-    output_dim: int = 0,
 ) -> matplotlib.figure.Figure:
     """Each layer's samples and their composition (in the style of Fig. 5 of Ustyuzhaninov et
     al., 2020).
 
     Panels: the first layer against ``x``; every later layer against its own input, drawn
     along the range each sample of the previous layer covers; the composition against ``x``
-    (with the data, if given). Only output ``output_dim`` of each layer is shown.
+    (with the data, if given). Only each layer's first output is shown.
 
     :param grid: ``(N, 1)`` inputs the samples were drawn at.
-    :param samples: ``{layer: (S, N, P)}`` from :func:`numpyro_dgp.sample_layers`.
+    :param samples: ``{layer: (S, N, P)}`` from :func:`numpyro_dgp.sample_layers`, the layers
+        in order.
     :param X: ``(n, 1)`` training inputs to scatter on the composition panel.
     :param y: ``(n,)`` training targets.
-    :param layer_names: layers in order (default: the order of ``samples``).
     :param axes: ``len(layers) + 1`` matplotlib axes to draw on (default: a new figure).
-    :param output_dim: the output of each layer to show.
     :return: the matplotlib figure.
     :raises ValueError: for a ``grid`` of more than one input dimension (lines joined along
         one coordinate of several would mislead): for those, draw
@@ -57,8 +54,8 @@ def plot_layer_samples(
             f"plot_layer_samples: grid must have shape (N, 1), got {np.shape(grid)}; for inputs "
             "of several dimensions use numpyro_dgp.diagnostics.plot_layers(..., x=...)"
         )
-    names = list(samples) if layer_names is None else list(layer_names)
-    values = [np.asarray(samples[n])[..., output_dim] for n in names]
+    names = list(samples)
+    values = [np.asarray(samples[n])[..., 0] for n in names]
     x = np.asarray(grid)[:, 0]
     if axes is None:
         fig, axes = plt.subplots(1, len(names) + 1, figsize=(4.3 * (len(names) + 1), 3.7))

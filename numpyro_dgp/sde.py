@@ -20,6 +20,7 @@ from jax.typing import ArrayLike
 
 from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp._protocol import LAYER_RULE, get_tag
+from numpyro_dgp._validation import as_float_array, check_positive_int
 from numpyro_dgp.core import kmeans
 from numpyro_dgp.handlers import sde_flow
 
@@ -59,11 +60,8 @@ def flow_trajectories(
             "flow_trajectories: model must be the sde_flow-wrapped model itself "
             f"(sde_flow(model, layer=..., T=...)), got {type(model).__name__}"
         )
-    X = jnp.asarray(X)
-    if X.ndim != 2:
-        raise ValueError(f"flow_trajectories: X must have shape (num_points, dim), got {X.shape}")
-    if int(num_samples) < 1:
-        raise ValueError(f"flow_trajectories: num_samples must be >= 1, got {num_samples}")
+    X = as_float_array(X, "X", "flow_trajectories", ndim=2)
+    check_positive_int(num_samples, "num_samples", "flow_trajectories")
     recording = sde_flow(model.fn, **{**model.spec._asdict(), "record": True})  # its path too
     name = f"{recording.spec.layer}.layer"
 
@@ -71,7 +69,7 @@ def flow_trajectories(
         run = marginal_trace(recording, guide, params, key, (X,) + args, kwargs, 3)
         return get_tag(run.model_trace[name], LAYER_RULE).record["path"]
 
-    keys = jax.random.split(rng_key, int(num_samples))
+    keys = jax.random.split(rng_key, num_samples)
     return jax.jit(jax.vmap(one, in_axes=(0, None, None)))(keys, params, X)
 
 
@@ -86,12 +84,8 @@ def temporal_inducing_inputs(X: ArrayLike, num_inducing: int, times: ArrayLike) 
         second, ... (the time in the last column).
     :raises ValueError: for the shape of ``X`` or ``times``.
     """
-    X = jnp.asarray(X)
+    X = as_float_array(X, "X", "temporal_inducing_inputs", ndim=2)
     times = jnp.atleast_1d(jnp.asarray(times, X.dtype))
-    if X.ndim != 2:
-        raise ValueError(
-            f"temporal_inducing_inputs: X must have shape (num_points, dim), got {X.shape}"
-        )
     if times.ndim != 1 or times.shape[0] < 1:
         raise ValueError(
             "temporal_inducing_inputs: times must be a non-empty 1-D array, got shape "

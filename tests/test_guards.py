@@ -548,19 +548,31 @@ def test_sde_flow_refuses_a_layer_another_handler_already_handled():
         trace(seed(handled, 0)).get_trace(X, Y)
 
 
-def test_collapse_last_layer_refuses_a_named_non_normal_observation_site():
-    """handlers/_mcmc.py collapse_last_layer: obs_site with a likelihood that cannot absorb the layer's variance."""
+def test_collapse_last_layer_refuses_a_non_normal_observation_site():
+    """handlers/_mcmc.py collapse_last_layer: a likelihood that cannot absorb the layer's variance."""
 
     def model(X, y=None):
         f = _layer("f", X)
         with numpyro.plate("data", X.shape[0]):
             numpyro.sample("y", dist.Bernoulli(logits=f[..., 0]), obs=y)
 
-    with pytest.raises(NotImplementedError, match="collapse_last_layer: observation site 'y' has likelihood .*only Normal"):
-        trace(seed(collapse_last_layer(model, obs_site="y"), 0)).get_trace(X, (Y > 0).astype(jnp.int32))
-    # unnamed, the run must not end with the layer's variance silently dropped
+    # the run must not end with the layer's variance silently dropped
     with pytest.raises(ValueError, match="collapse_last_layer: no Normal observation site followed layer 'f'"):
         trace(seed(collapse_last_layer(model), 0)).get_trace(X, (Y > 0).astype(jnp.int32))
+
+
+def test_sde_helpers_refuse_inputs_of_another_shape():
+    """sde.py flow_trajectories and temporal_inducing_inputs: X of another shape, bad num_samples
+    or times."""
+    flow = sde_flow(one_layer, "f")
+    with pytest.raises(ValueError, match=r"flow_trajectories: X must have shape \(num_points, dim\)"):
+        dgp.sde.flow_trajectories(flow, None, {}, KEY, X[:, 0])
+    with pytest.raises(ValueError, match="flow_trajectories: num_samples must be a positive integer"):
+        dgp.sde.flow_trajectories(flow, None, {}, KEY, X, num_samples=0)
+    with pytest.raises(ValueError, match=r"temporal_inducing_inputs: X must have shape \(num_points, dim\)"):
+        dgp.sde.temporal_inducing_inputs(X[:, 0], 2, [0.0, 1.0])
+    with pytest.raises(ValueError, match="temporal_inducing_inputs: times must be a non-empty 1-D array"):
+        dgp.sde.temporal_inducing_inputs(X, 2, jnp.zeros((2, 2)))
 
 
 def test_exact_layers_collapse_last_refuses_observations_of_another_shape():

@@ -36,8 +36,6 @@ sampled hyperparameters; ``constant_data/grid_x`` holds the first layer's grid i
   (2017). A tutorial on bridge sampling. Journal of Mathematical Psychology.
 """
 
-from __future__ import annotations
-
 from numpyro_dgp.diagnostics._compare import (
     Comparison,
     compare,

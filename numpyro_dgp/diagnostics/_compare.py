@@ -34,11 +34,6 @@ def wasserstein_1d(a: ArrayLike, b: ArrayLike) -> float:
     return float(np.sum(np.abs(Fa - Fb) * widths))
 
 
-def _gaussian_kl(m0, v0, m1, v1):
-    """KL(N(m0, v0) || N(m1, v1)), elementwise."""
-    return 0.5 * (np.log(v1 / v0) + (v0 + (m0 - m1) ** 2) / v1 - 1.0)
-
-
 def layer_draws(tree, name):
     """``(C * D, G, P)`` draws of a layer variable."""
     v = layer_values(tree, name)
@@ -81,6 +76,7 @@ def layer_metrics(
         a, b = layer_draws(vi, name), layer_draws(mcmc, name)
         q_lo, q_hi = np.quantile(a, lo, axis=0), np.quantile(a, hi, axis=0)
         ma, va, mb, vb = a.mean(0), a.var(0), b.mean(0), b.var(0)
+        kl = 0.5 * (np.log(vb / va) + (va + (ma - mb) ** 2) / vb - 1.0)  # KL(N_vi || N_mcmc)
         grid, output = np.indices(ma.shape).reshape(2, -1)  # rows: grid points, then outputs
         columns = dict(
             method=label,
@@ -94,7 +90,7 @@ def layer_metrics(
             var_mcmc=vb.ravel(),
             variance_ratio=(va / vb).ravel(),
             wasserstein=[wasserstein_1d(a[:, g, p], b[:, g, p]) for g, p in zip(grid, output)],
-            kl_gaussian=_gaussian_kl(ma, va, mb, vb).ravel(),
+            kl_gaussian=kl.ravel(),
             coverage=((b >= q_lo) & (b <= q_hi)).mean(0).ravel(),
         )
         frames.append(pd.DataFrame(columns))
@@ -108,7 +104,8 @@ class Comparison(NamedTuple):
         (:func:`layer_metrics`).
     :ivar summary: ``pandas.DataFrame``, per method and layer over the chosen points: median
         variance ratio, mean W1, mean Gaussian KL, mean coverage.
-    :ivar health: :class:`Health` of the MCMC reference.
+    :ivar health: :class:`Health` of the MCMC reference (:func:`mcmc_health`'s default
+        thresholds).
     :ivar figures: ``{"layers": Figure, "marginals": Figure}`` (when ``plot``; else ``{}``).
     """
 
@@ -125,8 +122,6 @@ def compare(
     points: Sequence[int] | None = None,
     interval: float = 0.9,
     plot: bool = True,
-    rhat_threshold: float = 1.01,
-    ess_threshold: float = 400.0,
     x: int | ArrayLike | None = None,
 ) -> Comparison:
     """Compare variational results with an MCMC reference, layer by layer.
@@ -139,8 +134,6 @@ def compare(
         :func:`layer_metrics`).
     :param plot: also draw :func:`plot_layers` and :func:`plot_marginals` (at up to three of
         ``points``).
-    :param rhat_threshold: R-hat limit of the health report (see :func:`mcmc_health`).
-    :param ess_threshold: bulk-ESS limit of the health report.
     :param x: the horizontal axis of the layer figure (see :func:`plot_layers`): an input
         coordinate index, or one value per grid point; default: the grid's one coordinate, or
         the first principal component of grid inputs of more than one dimension.
@@ -158,22 +151,15 @@ def compare(
         raise ValueError(f"compare: points must be grid indices in [0, {G}), got {points}")
     if plot:
         _horizontal(grid_inputs(mcmc), x)
-    health = mcmc_health(mcmc, rhat_threshold=rhat_threshold, ess_threshold=ess_threshold)
+    health = mcmc_health(mcmc)
     table = pd.concat(
         [layer_metrics(tree, mcmc, interval=interval, label=name) for name, tree in vi.items()],
         ignore_index=True,
     )
     chosen = table[table["grid"].isin(points)]
-    summary = (
-        chosen.groupby(["method", "layer"], sort=False)
-        .agg(
-            variance_ratio=("variance_ratio", "median"),
-            wasserstein=("wasserstein", "mean"),
-            kl_gaussian=("kl_gaussian", "mean"),
-            coverage=("coverage", "mean"),
-        )
-        .reset_index()
-    )
+    how = dict.fromkeys(["variance_ratio", "wasserstein", "kl_gaussian", "coverage"], "mean")
+    how["variance_ratio"] = "median"
+    summary = chosen.groupby(["method", "layer"], sort=False).agg(how).reset_index()
     figures = {}
     if plot:
         figures["layers"] = plot_layers({**vi, "MCMC": mcmc}, x=x)
@@ -234,13 +220,15 @@ def _horizontal(grid: np.ndarray, x: int | ArrayLike | None) -> tuple[np.ndarray
 
 
 def _draw(ax, h: np.ndarray, v: np.ndarray, joined: bool, color: str) -> None:
-    """One sample on ``ax``: ``v`` against ``h``, sorted by ``h``; a line if ``joined``, else
-    small translucent markers (the horizontal value does not determine the point)."""
-    order = np.argsort(h, kind="stable")
-    if joined:
-        ax.plot(h[order], v[order], lw=0.7, alpha=0.6, color=color)
-    else:
-        ax.scatter(h[order], v[order], s=4, alpha=0.35, color=color, linewidths=0)
+    """Samples ``v (S, G)`` on ``ax`` against ``h (S, G)`` or ``(G,)``, each sorted by its
+    ``h``; lines if ``joined``, else small translucent markers (the horizontal value does not
+    determine the point)."""
+    for hs, vs in zip(np.broadcast_to(h, v.shape), v):
+        order = np.argsort(hs, kind="stable")
+        if joined:
+            ax.plot(hs[order], vs[order], lw=0.7, alpha=0.6, color=color)
+        else:
+            ax.scatter(hs[order], vs[order], s=4, alpha=0.35, color=color, linewidths=0)
 
 
 def _output_label(name: str, P: int) -> str:
@@ -249,13 +237,10 @@ def _output_label(name: str, P: int) -> str:
 
 
 def plot_layers(
-    trees: dict[str, xarray.DataTree],
-    num_samples: int = 25,
-    seed: int = 0,
-    *,
-    x: int | ArrayLike | None = None,
+    trees: dict[str, xarray.DataTree], *, x: int | ArrayLike | None = None
 ) -> matplotlib.figure.Figure:
-    """Per method (rows): each layer's samples against its own input, and the composition.
+    """Per method (rows): each layer's samples against its own input, and the composition (25
+    samples per method, or all its draws if fewer).
 
     Columns: the first layer against the grid inputs, every later layer against the previous
     layer's values, the last layer against the grid inputs again. Every panel shows a layer's
@@ -267,8 +252,6 @@ def plot_layers(
 
     :param trees: ``{method: DataTree}`` in this module's layout (the first one's layers
         and grid are used for all).
-    :param num_samples: samples drawn per method (at most the number of draws).
-    :param seed: NumPy seed choosing the samples.
     :param x: the horizontal axis of the first and last columns: an input coordinate index
         in ``[0, D)``, or one value per grid point (a projection such as ``X_grid @ w``,
         drawn with markers). Default: the grid's one coordinate for ``D = 1``; for ``D > 1``
@@ -287,22 +270,20 @@ def plot_layers(
     fig, axes = plt.subplots(
         len(methods), ncols, figsize=(3.1 * ncols, 2.4 * len(methods)), squeeze=False
     )
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     for r, method in enumerate(methods):
         draws = {n: layer_draws(trees[method], n) for n in names}
         S = draws[names[0]].shape[0]
-        idx = rng.choice(S, size=min(num_samples, S), replace=False)
-        inputs, label, joined = np.broadcast_to(h0, (len(idx), h0.size)), h0_label, h0_joined
+        idx = rng.choice(S, size=min(25, S), replace=False)
+        inputs, label, joined = h0, h0_label, h0_joined
         for c, name in enumerate(names):
             out, P = draws[name][idx, :, 0], draws[name].shape[-1]
-            for s in range(len(idx)):
-                _draw(axes[r, c], inputs[s], out[s], joined, f"C{r}")
+            _draw(axes[r, c], inputs, out, joined, f"C{r}")
             axes[r, c].set(
                 title=f"{name} vs its input", xlabel=label, ylabel=_output_label(name, P)
             )
             inputs, label, joined = out, _output_label(name, P), P == 1
-        for s in range(len(idx)):
-            _draw(axes[r, -1], h0, inputs[s], h0_joined, f"C{r}")
+        _draw(axes[r, -1], h0, inputs, h0_joined, f"C{r}")
         axes[r, -1].set(title="composition vs x", xlabel=h0_label, ylabel=label)
         axes[r, 0].set_ylabel(f"{method}\n{axes[r, 0].get_ylabel()}")
     for ax in axes.flat:

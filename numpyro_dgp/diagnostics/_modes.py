@@ -83,6 +83,10 @@ class Health(NamedTuple):
     multimodal: bool
 
 
+#: The columns of :attr:`Health.table`, one row per layer.
+_HEALTH_COLUMNS = "layer chains draws max_rhat min_ess_bulk min_ess_tail divergences ok".split()
+
+
 def _chain_modes(tree, names, tolerance):
     """Group chains whose per-chain means agree within ``tolerance`` within-chain sds, measured
     in the coordinates that whiten the pooled within-chain covariance of all layers' grid values:
@@ -150,24 +154,14 @@ def mcmc_health(
     for name in names:
         rhat = float(np.nanmax(az.rhat(posterior[name]).values)) if C > 1 else float("nan")
         bulk = float(np.nanmin(az.ess(posterior[name], method="bulk").values))
+        tail = float(np.nanmin(az.ess(posterior[name], method="tail").values))
         ok = (C == 1 or rhat < rhat_threshold) and bulk > ess_threshold and not div
-        rows.append(
-            dict(
-                layer=name,
-                chains=C,
-                draws=posterior.sizes["draw"],
-                max_rhat=rhat,
-                min_ess_bulk=bulk,
-                min_ess_tail=float(np.nanmin(az.ess(posterior[name], method="tail").values)),
-                divergences=div,
-                ok=bool(ok),
-            )
-        )
+        rows.append((name, C, posterior.sizes["draw"], rhat, bulk, tail, div, bool(ok)))
         means = layer_values(tree, name).mean(1)  # (C, G, P)
         chain, grid, output = np.indices(means.shape).reshape(3, -1)
         columns = dict(layer=name, chain=chain, grid=grid, output=output, mean=means.ravel())
         chain_means.append(pd.DataFrame(columns))
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame(rows, columns=_HEALTH_COLUMNS)
     modes = _chain_modes(tree, names, mode_tolerance) if C > 1 else [[0]]
     multimodal = len(modes) > 1
     if multimodal and warn:
@@ -204,9 +198,9 @@ class ModeEvidence(NamedTuple):
     khat: np.ndarray
 
 
-def _mode_proposal(draws: np.ndarray, chains: list[int], inflate: float) -> dist.MultivariateNormal:
+def _mode_proposal(draws: np.ndarray, chains: list[int]) -> dist.MultivariateNormal:
     """The Gaussian ``q`` fitted to a mode's ``(n, d)`` unconstrained draws: their mean, and
-    their covariance shrunk towards its diagonal, times ``inflate``."""
+    their covariance shrunk towards its diagonal."""
     mean = draws.mean(0)
     n, d = draws.shape
     if n < 2:  # the covariance needs two
@@ -217,7 +211,7 @@ def _mode_proposal(draws: np.ndarray, chains: list[int], inflate: float) -> dist
     shrink = d / (n + d)
     cov = (1 - shrink) * cov + shrink * np.diag(np.diag(cov))
     cov = cov + 1e-12 * np.trace(cov) / d * np.eye(d)
-    scale_tril = jnp.linalg.cholesky(jnp.asarray(cov) * inflate)
+    scale_tril = jnp.linalg.cholesky(jnp.asarray(cov))
     return dist.MultivariateNormal(jnp.asarray(mean), scale_tril=scale_tril)
 
 
@@ -256,24 +250,22 @@ def mode_evidence(
     rng_key: jax.Array,
     *args,
     num_draws: int = 4000,
-    inflate: float = 1.0,
     **kwargs,
 ) -> ModeEvidence:
     """How much posterior mass each mode holds, from chains that each stay in one mode.
 
-    Chains from dispersed starts that settle in different modes say nothing about the
-    modes' relative mass (a chain count is not a probability). For each mode this fits a
-    Gaussian ``q`` to the mode's draws in the unconstrained space (covariance times
-    ``inflate``) and estimates the mode's mass ``Z_k = int p(theta, y) dtheta`` by bridge
-    sampling between ``q`` (``num_draws`` draws of ``rng_key``) and the mode's draws
-    (Meng & Wong, 1996; Gronau et al., 2017), which stays accurate where importance sampling
-    from ``q`` alone would not (``khat`` says how far that would be off). Valid when the modes
-    are separated (``q`` fitted to one mode puts next to no mass on another) and each mode's
-    chains cover it; the weights ``Z_k / sum Z`` then give :func:`mode_mixture`. A mode split
-    over several groups of chains would be counted twice: merge them first
-    (``mcmc_health(..., mode_tolerance=...)``). Estimating a several-chain mode from each of
-    its chains alone shows how far to trust ``log_evidence``: the standard error treats the
-    draws as independent and ignores the fit of ``q``.
+    Chains from dispersed starts that settle in different modes say nothing about the modes'
+    relative mass (a chain count is not a probability). For each mode this fits a Gaussian ``q``
+    to the mode's draws in the unconstrained space and estimates the mode's mass ``Z_k = int
+    p(theta, y) dtheta`` by bridge sampling between ``q`` (``num_draws`` draws of ``rng_key``)
+    and the mode's draws (Meng & Wong, 1996; Gronau et al., 2017), which stays accurate where
+    importance sampling from ``q`` alone would not (``khat`` says how far that would be off).
+    Valid when the modes are separated (``q`` fitted to one mode puts next to no mass on
+    another) and each mode's chains cover it; the weights ``Z_k / sum Z`` then give
+    :func:`mode_mixture`. A mode split over several groups of chains would be counted twice:
+    merge them first (``mcmc_health(..., mode_tolerance=...)``). Estimating a several-chain mode
+    from each of its chains alone shows how far to trust ``log_evidence``: the standard error
+    treats the draws as independent and ignores the fit of ``q``.
 
     :param model: the model MCMC ran on (with its handlers, e.g. ``exact_layers(model, ...)``).
     :param samples: ``mcmc.get_samples(group_by_chain=True)``: ``{site: (C, D, ...)}``
@@ -282,7 +274,6 @@ def mode_evidence(
     :param rng_key: PRNG key of the proposal draws.
     :param args: the model's positional arguments, as given to ``mcmc.run``.
     :param num_draws: draws from each mode's Gaussian ``q`` (at least 100).
-    :param inflate: factor on the covariance of ``q`` (``> 0``).
     :param kwargs: the model's keyword arguments, as given to ``mcmc.run``.
     :return: :class:`ModeEvidence`.
     """
@@ -295,8 +286,6 @@ def mode_evidence(
         )
     if num_draws < 100:
         raise ValueError(f"mode_evidence: num_draws must be at least 100, got {num_draws}")
-    if not inflate > 0:
-        raise ValueError(f"mode_evidence: inflate must be positive, got {inflate!r}")
     tr = trace(seed(model, 0)).get_trace(*args, **kwargs)  # the latent sites, in order
     names = [n for n, site in tr.items() if site["type"] == "sample" and not site["is_observed"]]
     missing = [n for n in names if n not in samples]
@@ -316,9 +305,7 @@ def mode_evidence(
     flat = jax.vmap(jax.vmap(lambda t: ravel_pytree(t)[0]))(unconstrained)  # (C, D, dim)
     log_joint = jax.jit(jax.vmap(lambda z: -potential_energy(model, args, kwargs, unravel(z))))
     per_mode = [
-        _mode_log_evidence(
-            flat, chains, inflate, log_joint, jax.random.fold_in(rng_key, k), num_draws
-        )
+        _mode_log_evidence(flat, chains, log_joint, jax.random.fold_in(rng_key, k), num_draws)
         for k, chains in enumerate(modes)
     ]
     log_evidence, log_evidence_se, khat = (np.asarray(v) for v in zip(*per_mode))
@@ -327,7 +314,7 @@ def mode_evidence(
     return ModeEvidence(modes, log_evidence, log_evidence_se, weights / weights.sum(), khat)
 
 
-def _mode_log_evidence(flat, chains, inflate, log_joint, key, num_draws):
+def _mode_log_evidence(flat, chains, log_joint, key, num_draws):
     """``(log Z, its standard error, k-hat)`` of the mode of ``chains`` (:func:`mode_evidence`),
     from the ``(C, D, dim)`` unconstrained draws ``flat`` and ``num_draws`` draws of ``key``
     from the Gaussian fitted to the mode's.
@@ -337,7 +324,7 @@ def _mode_log_evidence(flat, chains, inflate, log_joint, key, num_draws):
     from arviz_stats.base import array_stats
 
     draws = np.asarray(flat[np.asarray(chains)]).reshape(-1, flat.shape[-1])
-    proposal = _mode_proposal(draws, chains, inflate)
+    proposal = _mode_proposal(draws, chains)
     theta = proposal.sample(key, (num_draws,))
     log_ratio = np.asarray(log_joint(theta) - proposal.log_prob(theta), dtype=float)
     if not np.all(np.isfinite(log_ratio)):

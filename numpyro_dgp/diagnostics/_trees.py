@@ -25,10 +25,10 @@ def layer_samples(
     grid: ArrayLike,
     *args,
     params: dict | None = None,
-    coherent: bool = True,
     **kwargs,
 ) -> dict[str, jax.Array]:
-    """Every layer's values on ``grid`` for each posterior sample of a sparse DGP.
+    """Every layer's values on ``grid`` for each posterior sample of a sparse DGP, each layer
+    drawn jointly over the grid (smooth samples).
 
     :param model: the model (the plain one, without MCMC handlers).
     :param samples: ``{site: (S, ...)}`` posterior samples; the model's latent sites among
@@ -38,7 +38,6 @@ def layer_samples(
     :param grid: ``(G, D)`` inputs of the first layer.
     :param args: further positional arguments of the model (called as ``model(grid, *args)``).
     :param params: ``numpyro.param`` values (fitted ones, or the model's own if ``None``).
-    :param coherent: draw each layer jointly over the grid (smooth samples).
     :param kwargs: keyword arguments of the model.
     :return: ``{layer: (S, G, P)}``.
     """
@@ -63,7 +62,7 @@ def layer_samples(
 
     def one(key, sample):
         m = substitute(seed(model, key), data={**params, **sample})
-        return layer_outputs(m, coherent, (grid, *args), kwargs)
+        return layer_outputs(m, True, (grid, *args), kwargs)
 
     keys = jax.random.split(rng_key, S)
     return jax.jit(jax.vmap(one))(keys, chosen)
@@ -118,21 +117,16 @@ def from_layer_samples(
     """
     import arviz as az
 
-    def shaped(v):
-        v = np.asarray(v)
-        if v.ndim >= 1 and num_chains > 1 and v.shape[0] % num_chains == 0:
-            v = v.reshape((num_chains, v.shape[0] // num_chains) + v.shape[1:])
-        elif num_chains == 1:
-            v = v[None]
-        return v
+    def shaped(v):  # (S, ...) -> (C, S / C, ...)
+        return np.asarray(v).reshape((num_chains, -1) + np.shape(v)[1:])
 
     names = list(layers)
     posterior = {n: np.asarray(v) if np.ndim(v) == 4 else shaped(v) for n, v in layers.items()}
     dims = {name: ["grid", f"{name}_output"] for name in names}
+    chains_draws = next(iter(posterior.values())).shape[:2]
     for name, value in (extra or {}).items():
-        value = np.asarray(value)
         posterior[name] = (
-            value if value.shape[:2] == next(iter(posterior.values())).shape[:2] else shaped(value)
+            np.asarray(value) if np.shape(value)[:2] == chains_draws else shaped(value)
         )
     data = {"posterior": posterior, "constant_data": {"grid_x": np.asarray(grid)}}
     if sample_stats:
@@ -213,15 +207,15 @@ def from_mcmc(
     :param label: a name for the method (stored in ``attrs``).
     :return: a ``DataTree`` in this module's layout with the run's chains and draws.
     """
+    grid = np.asarray(grid)
     samples = mcmc.get_samples(group_by_chain=True)
     C, D = next(iter(samples.values())).shape[:2]
     grid_sites = [k for k in samples if k.endswith(".grid")]
     if grid_sites:
         grid_rows = np.asarray(samples[grid_sites[0]]).shape[2]
-        if grid_rows != np.asarray(grid).shape[0]:
+        if grid_rows != len(grid):
             raise ValueError(
-                f"from_mcmc: the run's grid has {grid_rows} points, grid has "
-                f"{np.asarray(grid).shape[0]}"
+                f"from_mcmc: the run's grid has {grid_rows} points, grid has {len(grid)}"
             )
         layers = {k[: -len(".grid")]: np.asarray(samples[k]) for k in grid_sites}
     elif model is None or rng_key is None:

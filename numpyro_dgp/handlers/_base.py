@@ -3,7 +3,6 @@ scoring a Gaussian observation site with a density that does not factorize over 
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any, Callable
 
 import jax
@@ -79,15 +78,10 @@ class PerRunMessenger(Messenger):
         (subclasses override this; the error is raised after the handler leaves the stack)."""
         return None
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_rest: Any) -> None:
         """Pop the handler off the stack; raise :meth:`_problem_after_run` if the run had one."""
         problem = self._problem_after_run() if exc_type is None else None
-        super().__exit__(exc_type, exc_value, traceback)
+        super().__exit__(exc_type, *exc_rest)
         if problem is not None:
             raise ValueError(problem)
 
@@ -160,7 +154,7 @@ class SpreadTotal(dist.Distribution):
         raise NotImplementedError
 
 
-def replace_observation(msg: dict, fn: SpreadTotal) -> None:
+def replace_observation(msg: dict, fn: dist.Distribution) -> None:
     """Score the observation site ``msg`` with ``fn`` (its batch shape the site's)."""
     event_dim = msg["fn"].event_dim
     msg["fn"] = dist.Independent(fn, event_dim) if event_dim else fn

@@ -38,7 +38,7 @@ from jax.typing import ArrayLike
 
 from numpyro_dgp._compat import lazy_param_initializer
 from numpyro_dgp._protocol import INDUCING, LAYER_MESSAGE, layer_call
-from numpyro_dgp._validation import check_choice
+from numpyro_dgp._validation import as_float_array, check_choice
 from numpyro_dgp.core import cholesky, jittered_cholesky
 from numpyro_dgp.handlers._base import (
     PerRunMessenger,
@@ -48,6 +48,7 @@ from numpyro_dgp.handlers._base import (
     replace_observation,
 )
 from numpyro_dgp.layers import Layer, layer_moments
+from numpyro_dgp.posteriors import unwrap_distribution
 
 __all__ = ["PARAMETERIZATIONS", "collapse_last_layer", "exact_layers", "latent_conditionals"]
 
@@ -81,26 +82,26 @@ def _layer_output_site(
     return centered_output_site(name, fn, shape)
 
 
-def standard_normal_site(site: str, shape: tuple, dtype: Any) -> jax.Array:
-    """A sample site of standard normals of ``shape`` (two event dimensions)."""
-    return numpyro.sample(site, dist.Normal(jnp.zeros(shape, dtype), 1.0).to_event(2))
+def standard_normal(shape: tuple, dtype: Any) -> dist.Distribution:
+    """Standard normals of ``shape`` (two event dimensions)."""
+    return dist.Normal(jnp.zeros(shape, dtype), 1.0).to_event(2)
 
 
 def white_output_site(name: str, shape: tuple, dtype: Any) -> jax.Array:
     """The non-centered output site ``"<name>.f_white"``: ``eps (P, n) ~ N(0, I)``."""
-    site = f"{name}.f_white"
-    return check_points(site, standard_normal_site(site, shape, dtype), shape)
+    return _latent_site(f"{name}.f_white", standard_normal(shape, dtype), shape)
 
 
 def centered_output_site(name: str, fn: dist.Distribution, shape: tuple) -> jax.Array:
     """The centered output site ``"<name>.f"`` over ``f^T (P, n)`` with prior ``fn``; ``f``."""
-    site = f"{name}.f"
-    return check_points(site, numpyro.sample(site, fn), shape).T
+    return _latent_site(f"{name}.f", fn, shape).T
 
 
-def check_points(site: str, value: jax.Array, shape: tuple) -> jax.Array:
-    """A substituted latent layer output (e.g. MCMC samples given to ``Predictive``) must have
-    the layer's number of points: it exists only at the inputs it was sampled at."""
+def _latent_site(site: str, fn: dist.Distribution, shape: tuple) -> jax.Array:
+    """The latent layer output site ``site`` of ``shape``. A substituted value (e.g. MCMC samples
+    given to ``Predictive``) must have the layer's number of points: it exists only at the
+    inputs it was sampled at."""
+    value = numpyro.sample(site, fn)
     if tuple(jnp.shape(value))[-2:] != tuple(shape):
         raise ValueError(
             f"latent layer output {site!r} has shape {tuple(jnp.shape(value))[-2:]}, but the layer "
@@ -163,9 +164,7 @@ class exact_layers(PerRunMessenger):
         name = type(self).__name__  # exact_layers, or a subclass (vecchia_layers)
         check_choice(parameterization, PARAMETERIZATIONS, "parameterization", name)
         if grid is not None:
-            grid = jnp.asarray(grid)
-            if grid.ndim != 2:
-                raise ValueError(f"{name}: grid must have shape (num_grid, dim), got {grid.shape}")
+            grid = as_float_array(grid, "grid", name, ndim=2)
             if not bool(jnp.all(jnp.isfinite(grid))):
                 raise ValueError(f"{name}: grid contains NaN or inf values")
         if jitter is not None and not (jitter > 0):
@@ -200,18 +199,14 @@ class exact_layers(PerRunMessenger):
         if self._collapsed is not None and msg["type"] == "sample" and msg["is_observed"]:
             self._score_collapsed(msg)
             return
-        infer = msg.get("infer") or {}
-        if (
-            msg["type"] == "param"
-            and msg["name"].endswith(".inducing_inputs")
-            and msg["value"] is None
-        ):
+        if msg["type"] == "param" and msg["name"].endswith(".inducing_inputs"):
             # No inducing points in the exact model: skip the k-means initialization.
             init = lazy_param_initializer(msg)
-            if init is not None:
+            if init is not None and msg["value"] is None:
                 shape = jax.eval_shape(init, jax.random.PRNGKey(0))
                 msg["value"] = jnp.zeros(shape.shape, shape.dtype)
             return
+        infer = msg.get("infer") or {}
         if msg["type"] == "sample" and INDUCING in infer and not msg["is_observed"]:
             # the inducing values do not exist in the exact model: hide the site from the
             # handlers outside (trace, substitute, MCMC) and give it an inert value
@@ -263,7 +258,7 @@ class exact_layers(PerRunMessenger):
             # the grid values' conditional depends on y, known only at the observation site;
             # their standard-normal noise is drawn here, in the layer's place in the run
             shape = (layer.out_dim, A.shape[0] - N)
-            grid_white = standard_normal_site(f"{layer.name}.grid_white", shape, A.dtype)
+            grid_white = numpyro.sample(f"{layer.name}.grid_white", standard_normal(shape, A.dtype))
         self._collapsed = CollapsedLayer(layer, N, A, mean, jitter, grid_white)
         return mean[:N]
 
@@ -410,9 +405,9 @@ class collapse_last_layer(PerRunMessenger):
     Havasi et al. (2018) score the data with ``log N(y | m_L, v_L + s^2)``, where ``m_L, v_L``
     are the last layer's conditional mean and variance given its inducing values ``u_L``
     (and the sampled inner layers), instead of sampling ``f_L ~ p(f_L | u_L, f_{L-1})`` and
-    scoring ``log N(y | f_L, s^2)``. Under this handler the collapsed layer's
-    layer message returns the conditional mean ``m_L`` (point by point), and the observation site
-    after it (a Normal whose location is that layer's output: ``Normal(f[..., 0], s)`` for a
+    scoring ``log N(y | f_L, s^2)``. Under this handler the collapsed layer's layer message
+    returns the conditional mean ``m_L`` (point by point), and the first Normal sample site
+    after it (whose location must be that layer's output: ``Normal(f[..., 0], s)`` for a
     one-output layer, or ``Normal(f, s)``) gets the scale ``sqrt(s^2 + v_L)``. Inner layers
     keep their default propagation (sampled given their ``u``, point by point: FITC). After a
     run, :attr:`moments` holds ``(mean (N, P), var (N, P))`` of the collapsed layer (its
@@ -421,17 +416,11 @@ class collapse_last_layer(PerRunMessenger):
     :param fn: the model.
     :param layer: name of the layer to collapse (default: the last ``gp_layer`` the model
         runs, found once by an abstract run of the model and cached).
-    :param obs_site: name of the observation site (default: the first Normal sample site
-        after the collapsed layer).
-    :raises NotImplementedError: during a run, if the named ``obs_site`` is not a Normal.
     :raises ValueError: after a run in which no Normal observation site followed the layer.
     """
 
-    def __init__(
-        self, fn: Callable | None = None, layer: str | None = None, obs_site: str | None = None
-    ) -> None:
+    def __init__(self, fn: Callable | None = None, layer: str | None = None) -> None:
         self.layer = layer
-        self.obs_site = obs_site
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -475,42 +464,24 @@ class collapse_last_layer(PerRunMessenger):
             return
         if msg["type"] != "sample" or self._pending is None:
             return
-        if self.obs_site is not None and msg["name"] != self.obs_site:
-            return
-        rebuilt = _add_normal_variance(msg["fn"], self._pending)
-        if rebuilt is None:
-            if self.obs_site is not None:
-                raise NotImplementedError(
-                    f"collapse_last_layer: observation site {msg['name']!r} has likelihood "
-                    f"{type(msg['fn']).__name__}; only Normal likelihoods can absorb the layer's "
-                    "variance"
-                )
-            return
-        msg["fn"] = rebuilt
-        self._pending = None
+        base = unwrap_distribution(msg["fn"])
+        if isinstance(base, dist.Normal):
+            extra = _matched_variance(self._pending, jnp.shape(base.loc))
+            shape = msg["fn"].batch_shape + msg["fn"].event_shape
+            normal = dist.Normal(base.loc, jnp.sqrt(base.scale**2 + extra))
+            replace_observation(msg, normal.expand(shape))
+            self._pending = None
 
 
-def _add_normal_variance(fn: dist.Distribution, var: jax.Array) -> dist.Distribution | None:
-    """``fn`` (a Normal, possibly wrapped in Independent / Expanded) with ``var`` added to its
-    variance; ``var (N, P)`` is matched to the location ``(..., N)`` (``P = 1``) or ``(..., N, P)``.
-    ``None`` if ``fn`` is not such a Normal."""
-    if isinstance(fn, dist.Independent):
-        inner = _add_normal_variance(fn.base_dist, var)
-        return None if inner is None else dist.Independent(inner, fn.reinterpreted_batch_ndims)
-    if isinstance(fn, dist.ExpandedDistribution):
-        inner = _add_normal_variance(fn.base_dist, var)
-        return None if inner is None else inner.expand(fn.batch_shape)
-    if not isinstance(fn, dist.Normal):
-        return None
-    loc_shape = jnp.shape(fn.loc)
+def _matched_variance(var: jax.Array, loc_shape: tuple) -> jax.Array:
+    """The layer's variance ``var (N, P)`` matched to a Normal's location ``(..., N)``
+    (``P = 1``) or ``(..., N, P)``."""
     if var.shape[-1] == 1 and loc_shape[-1:] == var.shape[:1]:
-        extra = var[..., 0]
-    elif loc_shape[-2:] == var.shape:
-        extra = var
-    else:
-        raise ValueError(
-            f"collapse_last_layer: cannot match the layer's variance {var.shape} to the "
-            f"observation's location {loc_shape}; the location must be the layer's output "
-            "(Normal(f[..., 0], s) for one output, Normal(f, s))"
-        )
-    return dist.Normal(fn.loc, jnp.sqrt(fn.scale**2 + extra))
+        return var[..., 0]
+    if loc_shape[-2:] == var.shape:
+        return var
+    raise ValueError(
+        f"collapse_last_layer: cannot match the layer's variance {var.shape} to the "
+        f"observation's location {loc_shape}; the location must be the layer's output "
+        "(Normal(f[..., 0], s) for one output, Normal(f, s))"
+    )

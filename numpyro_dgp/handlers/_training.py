@@ -69,32 +69,16 @@ class data_parallel(Messenger):
     gives two devices to test with; the speed-up is for several accelerators.
 
     :param fn: the model or guide.
-    :param mesh: a ``jax.sharding.Mesh``; default one axis over ``jax.devices()``.
-    :param axis_name: the mesh axis the points are split over.
-    :raises ValueError: if ``axis_name`` is not an axis of ``mesh``.
+    :param mesh: a ``jax.sharding.Mesh`` whose first axis the points are split over; default
+        one axis over ``jax.devices()``.
     """
 
-    def __init__(
-        self,
-        fn: Callable | None = None,
-        mesh: Mesh | None = None,
-        axis_name: str | None = None,
-    ) -> None:
-        if mesh is None:
-            axis_name = axis_name or "data"
-            mesh = Mesh(np.asarray(jax.devices()), (axis_name,))
-        elif axis_name is None:
-            axis_name = mesh.axis_names[0]
-        if axis_name not in mesh.axis_names:
-            raise ValueError(
-                f"data_parallel: axis_name {axis_name!r} is not an axis of the mesh "
-                f"{mesh.axis_names}"
-            )
-        self.mesh, self.axis_name = mesh, axis_name
+    def __init__(self, fn: Callable | None = None, mesh: Mesh | None = None) -> None:
+        self.mesh = Mesh(np.asarray(jax.devices()), ("data",)) if mesh is None else mesh
         super().__init__(fn)
 
     def postprocess_message(self, msg: dict) -> None:
-        """Constrain the plate's indices to be sharded over the mesh axis."""
+        """Constrain the plate's indices to be sharded over the mesh's first axis."""
         if msg["type"] == "plate" and msg["name"] == "data" and msg["value"] is not None:
-            sharding = NamedSharding(self.mesh, PartitionSpec(self.axis_name))
+            sharding = NamedSharding(self.mesh, PartitionSpec(self.mesh.axis_names[0]))
             msg["value"] = jax.lax.with_sharding_constraint(msg["value"], sharding)

@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,13 +46,12 @@ __all__ = ["ORDERINGS", "vecchia_layers"]
 ORDERINGS = ("random", "given")
 
 
-class _Neighbors:
+class _Neighbors(NamedTuple):
     """One run's ordering and neighbour sets (``(n, m)`` indices into the ordered points)."""
 
-    def __init__(self, order: jax.Array, sets: tuple[jax.Array, jax.Array]) -> None:
-        self.order = order
-        self.inverse = jnp.argsort(order)
-        self.sets = sets
+    order: jax.Array
+    inverse: jax.Array
+    sets: tuple[jax.Array, jax.Array]
 
 
 class vecchia_layers(exact_layers):
@@ -132,8 +131,7 @@ class vecchia_layers(exact_layers):
         self.num_neighbors = int(num_neighbors)
         self.ordering = ordering
         self.ordering_seed = int(ordering_seed)
-        given = neighbor_inputs or {}
-        self.neighbor_inputs = {name: jnp.asarray(points) for name, points in given.items()}
+        self.neighbor_inputs = {n: jnp.asarray(p) for n, p in (neighbor_inputs or {}).items()}
         for name, points in self.neighbor_inputs.items():
             if points.ndim != 2 or not bool(jnp.all(jnp.isfinite(points))):
                 raise ValueError(
@@ -158,8 +156,7 @@ class vecchia_layers(exact_layers):
 
     def _output_site(self, layer: Layer, A: jax.Array, jitter: float | jax.Array) -> jax.Array:
         """The layer's output ``(n, P)`` at ``A (n, D)``: a site with the Vecchia prior."""
-        run = self._run_neighbors(A)
-        neighbors, mask = self._layer_sets(layer, A, run)
+        run, neighbors, mask = self._neighbor_sets(layer, A)
         factors = vecchia_factors(
             layer.kernel, A[run.order], neighbors, mask, _diag(layer, jitter, A.shape[0], A.dtype)
         )
@@ -172,8 +169,9 @@ class vecchia_layers(exact_layers):
         prior = _VecchiaPrior(mean, factors, run.order, run.inverse)
         return centered_output_site(layer.name, prior, shape)
 
-    def _run_neighbors(self, A: jax.Array) -> _Neighbors:
-        """This run's ordering and the first layer's neighbour sets (found at the first layer)."""
+    def _neighbor_sets(self, layer: Layer, A: jax.Array) -> tuple[_Neighbors, jax.Array, jax.Array]:
+        """This run's ordering and the first layer's neighbour sets (found at the first layer),
+        and the layer's neighbour sets: its own ``neighbor_inputs``, or the first layer's."""
         if self._neighbors is None:
             num_data = A.shape[0] - (0 if self.grid is None else self.grid.shape[0])
             with jax.ensure_compile_time_eval():
@@ -183,24 +181,19 @@ class vecchia_layers(exact_layers):
                     data = jax.random.permutation(key, num_data)
                 order = jnp.concatenate([data, jnp.arange(num_data, A.shape[0])])
                 points = jax.lax.stop_gradient(A)[order]
-                run = _Neighbors(order, nearest_previous_neighbors(points, self.num_neighbors))
-            self._neighbors = run
-        return self._neighbors
-
-    def _layer_sets(
-        self, layer: Layer, A: jax.Array, run: _Neighbors
-    ) -> tuple[jax.Array, jax.Array]:
-        """The layer's neighbour sets: its own ``neighbor_inputs``, or the first layer's."""
+                sets = nearest_previous_neighbors(points, self.num_neighbors)
+                self._neighbors = _Neighbors(order, jnp.argsort(order), sets)
+        run = self._neighbors
         given = self.neighbor_inputs.get(layer.name)
         if given is None:
-            return run.sets
+            return run, *run.sets
         if given.shape[0] != A.shape[0]:
             raise ValueError(
                 f"vecchia_layers: neighbor_inputs[{layer.name!r}] has {given.shape[0]} rows, but "
                 f"the layer has {A.shape[0]} points (data rows, then grid rows)"
             )
         with jax.ensure_compile_time_eval():
-            return nearest_previous_neighbors(given[run.order], self.num_neighbors)
+            return run, *nearest_previous_neighbors(given[run.order], self.num_neighbors)
 
     def _collapsed_parts(
         self, state: CollapsedLayer, y: jax.Array, noise_var: jax.Array
@@ -209,8 +202,7 @@ class vecchia_layers(exact_layers):
         values from the same approximation's conditional given them."""
         N, P = noise_var.shape
         A, layer = state.inputs, state.layer
-        run = self._run_neighbors(A)
-        neighbors, mask = self._layer_sets(layer, A, run)
+        run, neighbors, mask = self._neighbor_sets(layer, A)
         diag = _diag(layer, state.jitter, A.shape[0], A.dtype)
         diag = jnp.broadcast_to(diag, (P, A.shape[0])).at[:, :N].add(noise_var.T[:, run.order[:N]])
         factors = vecchia_factors(layer.kernel, A[run.order], neighbors, mask, diag)

@@ -157,10 +157,3 @@ def test_data_parallel_loss_equals_single_device_on_two_cpu_devices():
     assert out["all_reduce"], "the sharded loss must reduce across devices"
     assert out["mcmc_shape"] == [2, 50] and out["mcmc_chains_differ"]
 
-
-def test_data_parallel_rejects_an_unknown_axis():
-    from jax.sharding import Mesh
-
-    mesh = Mesh(np.asarray(jax.devices()[:1]), ("batch",))
-    with pytest.raises(ValueError, match="axis_name"):
-        dgp.handlers.data_parallel(lambda: None, mesh=mesh, axis_name="model")
