@@ -256,7 +256,8 @@ def _check_shared_args(
             )
         if len(X) != 2:
             raise ValueError(f"{caller}: X must be an array or the pair (X, Z); got {len(X)} items")
-        X, propagated_Z = X[0], X[1]
+        propagated_Z = X[1]
+        X = X[0]
     if handler_stack_is_empty():
         raise RuntimeError(
             f"{caller} needs a random key: run the model under numpyro.handlers.seed "
