@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpyro
 from jax.typing import ArrayLike
-from numpyro.primitives import Messenger
 
 from numpyro_dgp._engine.observation import LIKELIHOODS, MISSING_TARGETS, Observation
 from numpyro_dgp._protocol import attach_model_config
@@ -378,18 +377,6 @@ def amortized_dgp(
     return _remember(model, "amortized_dgp", config)
 
 
-class _plate_indices(Messenger):
-    """Serve the subsample indices of the plate ``name`` (NumPyro would draw them)."""
-
-    def __init__(self, name, indices):
-        self.name, self.indices = name, indices
-        super().__init__()
-
-    def process_message(self, msg):
-        if msg["type"] == "plate" and msg["name"] == self.name and msg["value"] is None:
-            msg["value"] = self.indices
-
-
 def _subsample(X, y, batch_size, caller, num_data):
     """The data plate and the minibatch: ``batch_size`` points of ``X`` (drawn here), or, with
     ``num_data``, ``X`` itself as a minibatch of a data set of ``num_data`` points (drawn by
@@ -413,15 +400,12 @@ def _subsample(X, y, batch_size, caller, num_data):
             raise ValueError(
                 f"{caller}: num_data={num_data} is below the {N} points of the minibatch X"
             )
-        with _plate_indices("data", jnp.arange(N)):
-            data = numpyro.plate("data", int(num_data), subsample_size=N)
-        return data, X, y
+        with numpyro.handlers.substitute(data={"data": jnp.arange(N)}):  # the plate's indices
+            return numpyro.plate("data", int(num_data), subsample_size=N), X, y
     subsample_size = batch_size if batch_size and batch_size < N else None
     key = numpyro.prng_key() if subsample_size and N > WITH_REPLACEMENT_ABOVE else None
-    if key is not None:
-        with _plate_indices("data", jax.random.randint(key, (subsample_size,), 0, N)):
-            data = numpyro.plate("data", N, subsample_size=subsample_size)
-    else:
+    indices = None if key is None else jax.random.randint(key, (subsample_size,), 0, N)
+    with numpyro.handlers.substitute(data={"data": indices}):  # None: NumPyro draws them
         data = numpyro.plate("data", N, subsample_size=subsample_size)
     with data:
         X_batch = numpyro.subsample(X, event_dim=1)
