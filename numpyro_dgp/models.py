@@ -267,7 +267,6 @@ def diffgp(
             num_inducing=None if flow_inducing_inputs is not None else num_inducing,
             inducing_inputs=flow_inducing_inputs,
             out_dim=D,
-            mean="zero",
             jitter=jitter,
         )
         f = gp_layer(
@@ -276,24 +275,13 @@ def diffgp(
             kernel,
             num_inducing=num_inducing,
             out_dim=observation.width,
-            mean="zero",
             jitter=jitter,
         )
         observation.observe(f, y_batch, data, X.dtype)
 
-    return _remember(
-        sde_flow(
-            model,
-            "flow",
-            T=T,
-            num_steps=num_steps,
-            estimator=estimator,
-            diffusion=diffusion,
-            time_input=time_input,
-        ),
-        "diffgp",
-        config,
-    )
+    options = dict(estimator=estimator, diffusion=diffusion, time_input=time_input)
+    flow = sde_flow(model, "flow", T=T, num_steps=num_steps, **options)
+    return _remember(flow, "diffgp", config)
 
 
 def amortized_dgp(

@@ -363,9 +363,7 @@ def gp_layer(
         name, X, kernel, num_inducing, out_dim, priors, whiten, jitter, inducing, inducing_inputs
     )
     X, in_dim = args.X, args.X.shape[-1]
-    kernel = hyperparameter_sites(
-        name, kernel.with_input_dim(in_dim), X.dtype, args.priors, learn_hyperparameters
-    )
+    kernel = hyperparameter_sites(name, kernel.with_input_dim(in_dim), args, learn_hyperparameters)
     if inducing == "amortized":
         mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
         noise_var = noise_variance(name, noise, X.dtype)
@@ -389,9 +387,7 @@ def gp_layer(
         prior_mean = mean_fn(Z).T if args.locations else jnp.zeros((out_dim, Z.shape[0]), X.dtype)
         u = numpyro.sample(
             f"{name}.u",
-            inducing_prior(
-                Kmm_chol, prior_mean, out_dim, args.whiten, args.locations, X.dtype
-            ).to_event(1),
+            inducing_prior(args, Kmm_chol, prior_mean, out_dim).to_event(1),
             infer={INDUCING: InducingTag(name, args.whiten, inducing)},
         )
     # NumPyro draws in the default float type; keep the layer in its inputs' precision
@@ -534,34 +530,31 @@ def latent_input(
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"latent_input: name must be a non-empty string, got {name!r}")
-    check_positive_int(latent_dim, "latent_dim", f"latent_input {name!r}")
+    caller = f"latent_input {name!r}"
+    check_positive_int(latent_dim, "latent_dim", caller)
     plates = [p for p in active_plates() if p.dim == -1]
     if not plates:
         raise ValueError(
-            f"latent_input {name!r}: w is one latent per point; call it inside the data plate "
+            f"{caller}: w is one latent per point; call it inside the data plate "
             "(with numpyro.plate('data', N): h = latent_input(...))"
         )
     B = plates[0].subsample_size
-    X = as_float_array(X, "X", f"latent_input {name!r}")
+    X = as_float_array(X, "X", caller)
     if X.ndim != 2 or X.shape[0] != B:
         raise ValueError(
-            f"latent_input {name!r}: X must have shape ({B}, dim), the plate's {B} points; "
-            f"got {X.shape}"
+            f"{caller}: X must have shape ({B}, dim), the plate's {B} points; got {X.shape}"
         )
     encoder_input = (
-        X
-        if encoder_input is None
-        else as_float_array(encoder_input, "encoder_input", f"latent_input {name!r}")
+        X if encoder_input is None else as_float_array(encoder_input, "encoder_input", caller)
     )
     if encoder_input.ndim != 2 or encoder_input.shape[0] != B:
         raise ValueError(
-            f"latent_input {name!r}: encoder_input must have shape ({B}, features), got "
-            f"{encoder_input.shape}"
+            f"{caller}: encoder_input must have shape ({B}, features), got {encoder_input.shape}"
         )
     rng_key = numpyro.prng_key()
     if rng_key is None:
         raise RuntimeError(
-            f"latent_input {name!r} needs a random key: run the model under numpyro.handlers.seed"
+            f"{caller} needs a random key: run the model under numpyro.handlers.seed"
         )
     send_latent(LatentSpec(name, int(latent_dim), encoder_input), rng_key)
     prior = dist.Normal(jnp.zeros((B, int(latent_dim)), X.dtype), 1.0).to_event(1)

@@ -123,18 +123,16 @@ def noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax.
     )
 
 
-def hyperparameter_sites(
-    name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, learn: bool
-) -> Kernel:
+def hyperparameter_sites(name: str, kernel: Kernel, args: LayerArgs, learn: bool) -> Kernel:
     """The kernel with its hyperparameters read from sites ``"<name>.kernel.<hp>"``: a
     ``numpyro.sample`` site where ``priors`` has one, else a positive ``numpyro.param``
     (gradient stopped unless ``learn``)."""
     values = {}
     for hp, init in kernel.hyperparameters().items():
         site = f"{name}.kernel.{hp}"
-        init = jnp.asarray(init, dtype)
-        if hp in priors:
-            prior = priors[hp]
+        init = jnp.asarray(init, args.X.dtype)
+        if hp in args.priors:
+            prior = args.priors[hp]
             if prior.event_shape == () and prior.batch_shape != init.shape:
                 # a scalar prior on an ARD hyperparameter: one independent copy per dimension
                 prior = prior.expand(init.shape).to_event(init.ndim)
@@ -466,19 +464,14 @@ def inducing_factor(
 
 
 def inducing_prior(
-    Kmm_chol: jax.Array,
-    prior_mean: jax.Array,
-    out_dim: int,
-    whiten: bool,
-    locations: bool,
-    dtype: np.dtype,
+    args: LayerArgs, Kmm_chol: jax.Array, prior_mean: jax.Array, out_dim: int
 ) -> dist.Distribution:
     """``p(u)`` per output: N(mean(Z), K) for locations, else N(0, I) whitened or N(0, K)."""
-    if locations:
+    if args.locations:
         return dist.MultivariateNormal(prior_mean, scale_tril=Kmm_chol)
-    M = Kmm_chol.shape[-1]
+    M, dtype = Kmm_chol.shape[-1], args.X.dtype
     zeros, eye = jnp.zeros(M, dtype), jnp.eye(M, dtype=dtype)
-    if whiten:
+    if args.whiten:
         # the standard normal by construction: nothing to validate
         prior = dist.MultivariateNormal(zeros, scale_tril=eye, validate_args=False)
     else:
