@@ -249,15 +249,14 @@ def check_choice(
         raise error(f"{caller}: {name} must be one of {tuple(choices)}, got {value!r}")
 
 
-def check_mapping(value: Any, name: str, caller: str, allow_empty: bool = False) -> None:
-    """Raise unless ``value`` is a dict (non-empty unless ``allow_empty``).
+def check_mapping(value: Any, name: str, caller: str) -> None:
+    """Raise unless ``value`` is a non-empty dict.
 
     :raises ValueError: otherwise.
     """
-    if not isinstance(value, dict) or not (value or allow_empty):
-        what = "a dict" if allow_empty else "a non-empty dict"
+    if not isinstance(value, dict) or not value:
         raise ValueError(
-            f"{caller}: {name} must be {what}, got {type(value).__name__} {value!r:.80}"
+            f"{caller}: {name} must be a non-empty dict, got {type(value).__name__} {value!r:.80}"
         )
 
 

@@ -132,12 +132,8 @@ def deep_gp_regression(
     check_mean(inner_mean, "inner_mean", caller)
     kernel = RBF() if kernel is None else kernel
 
-    def model(X, y=None, batch_size=None, num_data=None):
-        where = f"{caller} model"
-        X, data, X_batch, y_batch = _data(X, y, batch_size, num_data, where, observation)
-        D = X.shape[1]
-        h = X_batch
-        width = D if hidden_width is None else hidden_width
+    def layers(h, data):
+        width = h.shape[-1] if hidden_width is None else hidden_width
         for layer in range(1, num_layers + 1):
             last = layer == num_layers
             h = gp_layer(
@@ -151,9 +147,9 @@ def deep_gp_regression(
                 jitter=jitter,
                 noise=None if last else inner_noise,
             )
-        observation.observe(h, y_batch, data, X.dtype)
+        return h
 
-    return _remember(model, caller, config)
+    return _remember(_model(caller, observation, layers), caller, config)
 
 
 def _observation(arguments: dict, caller: str) -> tuple[dict, Observation]:
@@ -172,15 +168,22 @@ def _remember(model, factory, arguments):
     return model
 
 
-def _data(X, y, batch_size, num_data, caller, observation):
-    """The model's data at the door and its data plate: ``X`` a finite float ``(N, D)`` array
-    (integers cast to the default float, never left integer: the noise is created in ``X``'s
-    dtype), ``y`` as :meth:`Observation.targets` takes it; then ``(X, plate, X_batch, y_batch)``
-    (:func:`_subsample`)."""
-    X = as_float_array(X, "X", caller, ndim=2)
-    check_finite(X, "X", caller)
-    y = observation.targets(y, X.shape[0], X.dtype, caller)
-    return X, *_subsample(X, y, batch_size, caller, num_data)
+def _model(caller: str, observation: Observation, layers: Callable) -> Callable:
+    """A factory's ``model(X, y=None, batch_size=None, num_data=None)``: the data at the door
+    (``X`` a finite float ``(N, D)`` array: integers cast to the default float, never left
+    integer, as the noise is created in ``X``'s dtype; ``y`` as :meth:`Observation.targets`
+    takes it), the data plate and the minibatch (:func:`_subsample`), ``layers(X_batch,
+    plate)`` (the last layer's output), then the observation."""
+
+    def model(X, y=None, batch_size=None, num_data=None):
+        where = f"{caller} model"
+        X = as_float_array(X, "X", where, ndim=2)
+        check_finite(X, "X", where)
+        y = observation.targets(y, X.shape[0], X.dtype, where)
+        data, X_batch, y_batch = _subsample(X, y, batch_size, where, num_data)
+        observation.observe(layers(X_batch, data), y_batch, data, X.dtype)
+
+    return model
 
 
 def diffgp(
@@ -252,9 +255,8 @@ def diffgp(
     flow_kernel = RBF(variance=0.01) if flow_kernel is None else flow_kernel
     kernel = RBF() if kernel is None else kernel
 
-    def model(X, y=None, batch_size=None, num_data=None):
-        X, data, X_batch, y_batch = _data(X, y, batch_size, num_data, "diffgp model", observation)
-        D = X.shape[-1]
+    def layers(X_batch, data):
+        D = X_batch.shape[-1]
         flow_in = X_batch
         if time_input:
             flow_in = jnp.concatenate(
@@ -269,18 +271,14 @@ def diffgp(
             out_dim=D,
             jitter=jitter,
         )
-        f = gp_layer(
-            "g",
-            h,
-            kernel,
-            num_inducing=num_inducing,
-            out_dim=observation.width,
-            jitter=jitter,
+        return gp_layer(
+            "g", h, kernel, num_inducing=num_inducing, out_dim=observation.width, jitter=jitter
         )
-        observation.observe(f, y_batch, data, X.dtype)
 
     options = dict(estimator=estimator, diffusion=diffusion, time_input=time_input)
-    flow = sde_flow(model, "flow", T=T, num_steps=num_steps, **options)
+    flow = sde_flow(
+        _model("diffgp", observation, layers), "flow", T=T, num_steps=num_steps, **options
+    )
     return _remember(flow, "diffgp", config)
 
 
@@ -343,11 +341,8 @@ def amortized_dgp(
     check_model_args("amortized_dgp", kernel, noise_init, jitter)
     kernel = Matern52(ard=False) if kernel is None else kernel
 
-    def model(X, y=None, batch_size=None, num_data=None):
-        where = "amortized_dgp model"
-        X, data, X_batch, y_batch = _data(X, y, batch_size, num_data, where, observation)
+    def layers(h, data):
         with data:
-            h = X_batch
             for layer, (width, M) in enumerate(zip(widths, num_inducing), start=1):
                 h = gp_layer(
                     f"h{layer}",
@@ -360,9 +355,9 @@ def amortized_dgp(
                     average_kl=average_kl,
                     jitter=jitter,
                 )
-        observation.observe(h, y_batch, data, X.dtype)
+        return h
 
-    return _remember(model, "amortized_dgp", config)
+    return _remember(_model("amortized_dgp", observation, layers), "amortized_dgp", config)
 
 
 def _subsample(X, y, batch_size, caller, num_data):

@@ -196,14 +196,33 @@ def layer_moments(
 def _noiseless_moments(
     layer: Layer, X: jax.Array, q_mean: jax.Array, q_sqrt: jax.Array | None, full_cov: bool
 ) -> tuple[jax.Array, jax.Array]:
-    """:func:`layer_moments` of the GP ``f`` itself (the layer's noise not added)."""
+    """:func:`layer_moments` of the GP ``f`` itself (the layer's noise not added).
+
+    A layer with per-point inducing sets (``inducing="amortized"``) takes ``X`` ``(B, D)``, or
+    ``(S, B, D)`` with a leading branch axis (the branches of Meng & Zhang 2024), in which case
+    the inducing sets (``layer.inducing_inputs``) and ``q_mean``/``q_sqrt`` are either shared by
+    the branches (``(B, ...)``, rules AR2/AR2P) or per branch (``(S, B, ...)``, rule AR1):
+    ``q_mean`` ``(..., B, P, M)``, ``q_sqrt`` ``(..., B, P, M, M)`` lower factors, ``(..., B, P,
+    M)`` standard deviations or ``None``; the moments are ``X.shape[:-1] + (P,)``.
+    """
     if layer.inducing == "amortized" and full_cov:
         raise NotImplementedError(
             f"layer {layer.name!r} has per-point inducing sets (inducing='amortized'): its "
             "outputs are independent across points given the sets, so only marginals exist"
         )
     if layer.inducing == "amortized":
-        return amortized_moments(layer, X, q_mean, q_sqrt)
+        assert layer.prior_mean is not None  # an amortized layer always has its sets' prior means
+        q_mean = q_mean - layer.prior_mean
+
+        def base(Z, L, X, m, s):
+            mean, var = local_conditional(layer.kernel, Z, L, X, m, s)
+            return mean + layer.mean_fn(X), var
+
+        Z, L = layer.inducing_inputs, layer.Kmm_chol
+        if X.ndim == 2:
+            return base(Z, L, X, q_mean, q_sqrt)
+        shared = None if Z.ndim == 3 else 0
+        return jax.vmap(base, (shared, shared, 0, shared, shared))(Z, L, X, q_mean, q_sqrt)
     if X.ndim == 3 and not full_cov:  # a leading branch axis: every branch's points alike
         mean, var = _noiseless_moments(layer, X.reshape(-1, X.shape[-1]), q_mean, q_sqrt, False)
         return mean.reshape(X.shape[:-1] + mean.shape[-1:]), var.reshape(
@@ -225,37 +244,6 @@ def _noiseless_moments(
         Kmm_chol_inv=layer.Kmm_chol_inv,
     )
     return mean + layer.mean_fn(X), var
-
-
-def amortized_moments(
-    layer: Layer, X: jax.Array, q_mean: jax.Array, q_sqrt: jax.Array | None = None
-) -> tuple[jax.Array, jax.Array]:
-    """:func:`layer_moments` of a layer with per-point inducing sets (without the layer's noise).
-
-    ``X`` is ``(B, D)``, or ``(S, B, D)`` with a leading branch axis (the branches of Meng &
-    Zhang 2024), in which case the inducing sets (``layer.inducing_inputs``) and
-    ``q_mean``/``q_sqrt`` are either shared by the branches (``(B, ...)``, rules AR2/AR2P) or
-    per branch (``(S, B, ...)``, rule AR1).
-
-    :param layer: the layer (``layer.inducing == "amortized"``).
-    :param X: ``(B, D)`` or ``(S, B, D)`` layer inputs.
-    :param q_mean: ``(..., B, P, M)`` inducing values or their means.
-    :param q_sqrt: ``(..., B, P, M, M)`` lower factors, ``(..., B, P, M)`` standard deviations
-        or ``None``.
-    :return: ``(mean, var)``, each of shape ``X.shape[:-1] + (P,)``.
-    """
-    assert layer.prior_mean is not None  # an amortized layer always has its sets' prior means
-    q_mean = q_mean - layer.prior_mean
-
-    def base(Z, L, X, m, s):
-        mean, var = local_conditional(layer.kernel, Z, L, X, m, s)
-        return mean + layer.mean_fn(X), var
-
-    Z, L = layer.inducing_inputs, layer.Kmm_chol
-    if X.ndim == 2:
-        return base(Z, L, X, q_mean, q_sqrt)
-    shared = None if Z.ndim == 3 else 0
-    return jax.vmap(base, (shared, shared, 0, shared, shared))(Z, L, X, q_mean, q_sqrt)
 
 
 def sample_moments(
