@@ -103,9 +103,8 @@ class Kernel:
     other field is static."""
 
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ()
-    if (
-        TYPE_CHECKING
-    ):  # every concrete kernel is a dataclass (dataclasses.replace and fields take it)
+    # every concrete kernel is a dataclass (dataclasses.replace and fields take it)
+    if TYPE_CHECKING:
         __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __post_init__(self) -> None:
@@ -401,11 +400,11 @@ class _Combination(Kernel):
 
     def hyperparameters(self) -> dict[str, Any]:
         """Flat dict of ``"k<i>.<name>"`` -> value over the parts."""
-        out = {}
-        for i, k in enumerate(self.kernels):
-            for name, value in k.hyperparameters().items():
-                out[f"k{i}.{name}"] = value
-        return out
+        return {
+            f"k{i}.{name}": value
+            for i, k in enumerate(self.kernels)
+            for name, value in k.hyperparameters().items()
+        }
 
     def replace(self, **values: Any) -> _Combination:
         """A copy with some parts' hyperparameters replaced (names ``"k<i>.<name>"``)."""

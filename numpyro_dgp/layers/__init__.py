@@ -356,9 +356,8 @@ def gp_layer(
         mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
         noise_var = noise_variance(name, noise, X.dtype)
         assert num_inducing is not None  # check_layer_args: a positive integer
-        M = int(num_inducing)
         Z, Kmm_chol, prior_mean, u = _amortized_sets(
-            name, args, kernel, M, mean_fn, learn_inducing, average_kl
+            name, args, kernel, int(num_inducing), mean_fn, learn_inducing, average_kl
         )
         Kmm_chol_inv = None
         layer_jitter: float | jax.Array = args.jitter  # relative: each set's own variance
@@ -418,9 +417,25 @@ def _amortized_sets(
     average_kl: bool,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """``gp_layer(..., inducing="amortized")``'s per-point inducing sets (Meng & Zhang 2024):
-    ``(Z, the factors of K(Z_n, Z_n), the prior means, u)``."""
+    ``(Z, the factors of K(Z_n, Z_n), the prior means, u)``.
+
+    Each point's inducing inputs ``Z (..., B, M, D)`` are ``M`` learned affine maps
+    ``z_m = W_m p + b_m`` of its encoder input ``p`` (``W_m = I``, ``b_m ~ N(0, I)`` at the
+    start, from a key fixed by the name, so every run of the model starts from the same maps)."""
     X, D, jitter = args.X, args.X.shape[-1], args.jitter
-    Z, p = _amortized_inducing_inputs(name, X, M, learn_inducing)
+    weight = numpyro.param(
+        f"{name}.inducing_maps.weight",
+        lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)),
+    )
+    bias_key = jax.random.PRNGKey(zlib.crc32(name.encode()))
+    bias = numpyro.param(
+        f"{name}.inducing_maps.bias", lambda _: jax.random.normal(bias_key, (M, D), X.dtype)
+    )
+    if not learn_inducing:
+        weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
+    # the encoder input of a handler's amortization rule: (..., B, D) by construction
+    p = jnp.asarray(send_encoder_input(name, X, identity), X.dtype)
+    Z = affine_inducing_inputs(weight, bias, p)
     Kzz = jax.vmap(kernel)(Z.reshape(-1, M, D)).reshape(Z.shape[:-1] + (M,))
     # The jitter is relative to each set's prior variance: float32 round-off in K(Z_n, Z_n)
     # grows with the kernel variance (a probit output layer's reaches ~100 on the letters
@@ -445,28 +460,6 @@ def _amortized_sets(
             "numpyro_dgp.PredictiveObjective to train and numpyro_dgp.predict to predict"
         )
     return Z, Kzz_chol, prior_mean, u
-
-
-def _amortized_inducing_inputs(
-    name: str, X: jax.Array, M: int, learn_inducing: bool
-) -> tuple[jax.Array, jax.Array]:
-    """``(Z (..., B, M, D), p)``: each point's inducing inputs, ``M`` learned affine maps
-    ``z_m = W_m p + b_m`` of its encoder input ``p`` (``W_m = I``, ``b_m ~ N(0, I)`` at the start,
-    from a key fixed by the name, so every run of the model starts from the same maps)."""
-    D = X.shape[-1]
-    weight = numpyro.param(
-        f"{name}.inducing_maps.weight",
-        lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)),
-    )
-    bias_key = jax.random.PRNGKey(zlib.crc32(name.encode()))
-    bias = numpyro.param(
-        f"{name}.inducing_maps.bias", lambda _: jax.random.normal(bias_key, (M, D), X.dtype)
-    )
-    if not learn_inducing:
-        weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
-    # the encoder input of a handler's amortization rule: (..., B, D) by construction
-    p = jnp.asarray(send_encoder_input(name, X, identity), X.dtype)
-    return affine_inducing_inputs(weight, bias, p), p
 
 
 class LatentSpec(NamedTuple):
