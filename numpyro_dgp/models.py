@@ -275,10 +275,8 @@ def diffgp(
             "g", h, kernel, num_inducing=num_inducing, out_dim=observation.width, jitter=jitter
         )
 
-    options = dict(estimator=estimator, diffusion=diffusion, time_input=time_input)
-    flow = sde_flow(
-        _model("diffgp", observation, layers), "flow", T=T, num_steps=num_steps, **options
-    )
+    model = _model("diffgp", observation, layers)
+    flow = sde_flow(model, "flow", T, num_steps, estimator, diffusion, time_input)
     return _remember(flow, "diffgp", config)
 
 

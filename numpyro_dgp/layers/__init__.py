@@ -225,9 +225,8 @@ def _noiseless_moments(
         return jax.vmap(base, (shared, shared, 0, shared, shared))(Z, L, X, q_mean, q_sqrt)
     if X.ndim == 3 and not full_cov:  # a leading branch axis: every branch's points alike
         mean, var = _noiseless_moments(layer, X.reshape(-1, X.shape[-1]), q_mean, q_sqrt, False)
-        return mean.reshape(X.shape[:-1] + mean.shape[-1:]), var.reshape(
-            X.shape[:-1] + var.shape[-1:]
-        )
+        shape = X.shape[:-1] + (-1,)  # (S, N, P)
+        return mean.reshape(shape), var.reshape(shape)
     Z = layer.inducing_inputs
     Kmn = layer.kernel(Z, X)
     Knn = layer.kernel(X) if full_cov else layer.kernel.diag(X)
