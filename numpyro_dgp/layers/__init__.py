@@ -351,9 +351,11 @@ def gp_layer(
     )
     X, in_dim = args.X, args.X.shape[-1]
     kernel = hyperparameter_sites(name, kernel.with_input_dim(in_dim), args, learn_hyperparameters)
+    # the parameters' initial values ignore the keys they are given: the order of these sites
+    # leaves every draw as it is
+    mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
+    noise_var = noise_variance(name, noise, X.dtype)
     if inducing == "amortized":
-        mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
-        noise_var = noise_variance(name, noise, X.dtype)
         assert num_inducing is not None  # check_layer_args: a positive integer
         Z, Kmm_chol, prior_mean, u = _amortized_sets(
             name, args, kernel, int(num_inducing), mean_fn, learn_inducing, average_kl
@@ -362,8 +364,6 @@ def gp_layer(
         layer_jitter: float | jax.Array = args.jitter  # relative: each set's own variance
     else:
         Z = inducing_inputs_site(name, args, num_inducing, learn_inducing)
-        mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
-        noise_var = noise_variance(name, noise, X.dtype)
         # a whitened layer's step reads L^{-1} alone; elsewhere the prior reads L as well
         reads_factor = args.locations or not args.whiten
         Kmm_chol, Kmm_chol_inv, layer_jitter = inducing_factor(
