@@ -148,9 +148,7 @@ class Kernel:
     def __radd__(self, other: Any) -> Kernel:
         """``0 + self`` is ``self``, so that ``sum([k1, k2])`` works."""
         # sum([k1, k2]) starts from 0
-        if isinstance(other, (int, float)) and other == 0:
-            return self
-        return NotImplemented
+        return self if isinstance(other, (int, float)) and other == 0 else NotImplemented
 
     def __mul__(self, other: Kernel) -> Product:
         """``self * other``: the :class:`Product` of the two kernels."""
@@ -259,9 +257,7 @@ class Stationary(Kernel):
         """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default
         ``X1``)."""
         X1, X2 = _check_inputs(X1, X2)
-        if not is_jit_argument(self):
-            return _gram(self, X1, X2)
-        return _stationary_gram(self, X1, X2)
+        return (_stationary_gram if is_jit_argument(self) else _gram)(self, X1, X2)
 
     def diag(self, X: ArrayLike) -> jax.Array:
         """Diagonal of ``self(X, X)``: ``variance`` at every point, shape ``(N,)``."""
