@@ -249,15 +249,14 @@ def check_choice(
         raise error(f"{caller}: {name} must be one of {tuple(choices)}, got {value!r}")
 
 
-def check_mapping(value: Any, name: str, caller: str, allow_empty: bool = False) -> None:
-    """Raise unless ``value`` is a dict (non-empty unless ``allow_empty``).
+def check_mapping(value: Any, name: str, caller: str) -> None:
+    """Raise unless ``value`` is a non-empty dict.
 
     :raises ValueError: otherwise.
     """
-    if not isinstance(value, dict) or not (value or allow_empty):
-        what = "a dict" if allow_empty else "a non-empty dict"
+    if not isinstance(value, dict) or not value:
         raise ValueError(
-            f"{caller}: {name} must be {what}, got {type(value).__name__} {value!r:.80}"
+            f"{caller}: {name} must be a non-empty dict, got {type(value).__name__} {value!r:.80}"
         )
 
 
@@ -327,17 +326,14 @@ def _feature_spread(X: np.ndarray) -> np.ndarray:
     copied whole (a float64 copy of a million-row float32 array would double its memory)."""
     X = X.reshape(-1, X.shape[-1])
     block = 1 << 16
-    if X.shape[0] <= block:
-        std = X.astype(np.float64).std(axis=0)
-    else:
-        total = np.zeros(X.shape[-1])
-        for start in range(0, X.shape[0], block):
-            total += X[start : start + block].astype(np.float64).sum(axis=0)
-        mean = total / X.shape[0]
-        squares = np.zeros(X.shape[-1])
-        for start in range(0, X.shape[0], block):
-            squares += ((X[start : start + block].astype(np.float64) - mean) ** 2).sum(axis=0)
-        std = np.sqrt(squares / X.shape[0])
+    total = np.zeros(X.shape[-1])
+    for start in range(0, X.shape[0], block):
+        total += X[start : start + block].astype(np.float64).sum(axis=0)
+    mean = total / X.shape[0]
+    squares = np.zeros(X.shape[-1])
+    for start in range(0, X.shape[0], block):
+        squares += ((X[start : start + block].astype(np.float64) - mean) ** 2).sum(axis=0)
+    std = np.sqrt(squares / X.shape[0])
     return np.where(std > 0, std, np.nan)
 
 

@@ -103,9 +103,8 @@ class Kernel:
     other field is static."""
 
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ()
-    if (
-        TYPE_CHECKING
-    ):  # every concrete kernel is a dataclass (dataclasses.replace and fields take it)
+    # every concrete kernel is a dataclass (dataclasses.replace and fields take it)
+    if TYPE_CHECKING:
         __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __post_init__(self) -> None:
@@ -149,9 +148,7 @@ class Kernel:
     def __radd__(self, other: Any) -> Kernel:
         """``0 + self`` is ``self``, so that ``sum([k1, k2])`` works."""
         # sum([k1, k2]) starts from 0
-        if isinstance(other, (int, float)) and other == 0:
-            return self
-        return NotImplemented
+        return self if isinstance(other, (int, float)) and other == 0 else NotImplemented
 
     def __mul__(self, other: Kernel) -> Product:
         """``self * other``: the :class:`Product` of the two kernels."""
@@ -260,9 +257,7 @@ class Stationary(Kernel):
         """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default
         ``X1``)."""
         X1, X2 = _check_inputs(X1, X2)
-        if not is_jit_argument(self):
-            return _gram(self, X1, X2)
-        return _stationary_gram(self, X1, X2)
+        return (_stationary_gram if is_jit_argument(self) else _gram)(self, X1, X2)
 
     def diag(self, X: ArrayLike) -> jax.Array:
         """Diagonal of ``self(X, X)``: ``variance`` at every point, shape ``(N,)``."""
@@ -401,11 +396,11 @@ class _Combination(Kernel):
 
     def hyperparameters(self) -> dict[str, Any]:
         """Flat dict of ``"k<i>.<name>"`` -> value over the parts."""
-        out = {}
-        for i, k in enumerate(self.kernels):
-            for name, value in k.hyperparameters().items():
-                out[f"k{i}.{name}"] = value
-        return out
+        return {
+            f"k{i}.{name}": value
+            for i, k in enumerate(self.kernels)
+            for name, value in k.hyperparameters().items()
+        }
 
     def replace(self, **values: Any) -> _Combination:
         """A copy with some parts' hyperparameters replaced (names ``"k<i>.<name>"``)."""

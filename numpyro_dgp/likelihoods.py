@@ -204,14 +204,9 @@ class RobustMax(dist.CategoricalProbs):
         return p * np.log1p(-self.epsilon) + (1 - p) * np.log(self.epsilon / (C - 1))
 
 
-def robust_max(f: ArrayLike, epsilon: float = 1e-3) -> RobustMax:
-    """Multi-class classification with the robust max (see :class:`RobustMax`).
-
-    :param f: ``(..., N, C)`` the last layer's output, ``C >= 2``.
-    :param epsilon: the probability of a class other than the largest output's, in ``(0, 1)``.
-    :return: a :class:`RobustMax`, batch shape ``(..., N)``.
-    """
-    return RobustMax(f, epsilon)
+#: Multi-class classification with the robust max: ``robust_max(f, epsilon=1e-3)``, ``f``
+#: ``(..., N, C)`` with ``C >= 2`` (the class :class:`RobustMax`).
+robust_max = RobustMax
 
 
 class HeteroscedasticNormal(dist.Normal):
@@ -261,14 +256,9 @@ class HeteroscedasticNormal(dist.Normal):
         return dist.Normal(self.loc, self.scale)
 
 
-def heteroscedastic_normal(f: ArrayLike) -> HeteroscedasticNormal:
-    """Heteroscedastic regression: the last layer's outputs are the mean and the log-variance of
-    a Gaussian (see :class:`HeteroscedasticNormal`; Saul et al. 2016).
-
-    :param f: ``(..., N, 2)`` (or ``(..., N, 2 T)`` for ``T`` target columns).
-    :return: a :class:`HeteroscedasticNormal`, batch shape ``(..., N)`` (or ``(..., N, T)``).
-    """
-    return HeteroscedasticNormal(f)
+#: Heteroscedastic regression (Saul et al. 2016): ``heteroscedastic_normal(f)``, ``f``
+#: ``(..., N, 2 T)``, the means then the log-variances (the class :class:`HeteroscedasticNormal`).
+heteroscedastic_normal = HeteroscedasticNormal
 
 
 def student_t(f: ArrayLike, df: ArrayLike, scale: ArrayLike) -> dist.StudentT:
@@ -326,14 +316,9 @@ class PoissonLogLink(dist.Poisson):
         return dist.Poisson(self.rate)
 
 
-def poisson(f: ArrayLike, exposure: ArrayLike = 1.0) -> PoissonLogLink:
-    """Counts: ``Poisson(exposure * exp(f))`` (see :class:`PoissonLogLink`).
-
-    :param f: ``(..., N, 1)`` the last layer's output (or ``(..., N, T)`` for ``T`` columns).
-    :param exposure: positive multipliers of the rate, broadcast against the points.
-    :return: a :class:`PoissonLogLink`.
-    """
-    return PoissonLogLink(f, exposure)
+#: Counts: ``poisson(f, exposure=1.0)``, ``Poisson(exposure * exp(f))`` (the class
+#: :class:`PoissonLogLink`).
+poisson = PoissonLogLink
 
 
 def negative_binomial(f: ArrayLike, concentration: ArrayLike) -> dist.NegativeBinomial2:

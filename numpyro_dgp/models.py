@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpyro
 from jax.typing import ArrayLike
-from numpyro.primitives import Messenger
 
 from numpyro_dgp._engine.observation import LIKELIHOODS, MISSING_TARGETS, Observation
 from numpyro_dgp._protocol import attach_model_config
@@ -133,12 +132,8 @@ def deep_gp_regression(
     check_mean(inner_mean, "inner_mean", caller)
     kernel = RBF() if kernel is None else kernel
 
-    def model(X, y=None, batch_size=None, num_data=None):
-        where = f"{caller} model"
-        X, data, X_batch, y_batch = _data(X, y, batch_size, num_data, where, observation)
-        D = X.shape[1]
-        h = X_batch
-        width = D if hidden_width is None else hidden_width
+    def layers(h, data):
+        width = h.shape[-1] if hidden_width is None else hidden_width
         for layer in range(1, num_layers + 1):
             last = layer == num_layers
             h = gp_layer(
@@ -152,9 +147,9 @@ def deep_gp_regression(
                 jitter=jitter,
                 noise=None if last else inner_noise,
             )
-        observation.observe(h, y_batch, data, X.dtype)
+        return h
 
-    return _remember(model, caller, config)
+    return _remember(_model(caller, observation, layers), caller, config)
 
 
 def _observation(arguments: dict, caller: str) -> tuple[dict, Observation]:
@@ -173,15 +168,22 @@ def _remember(model, factory, arguments):
     return model
 
 
-def _data(X, y, batch_size, num_data, caller, observation):
-    """The model's data at the door and its data plate: ``X`` a finite float ``(N, D)`` array
-    (integers cast to the default float, never left integer: the noise is created in ``X``'s
-    dtype), ``y`` as :meth:`Observation.targets` takes it; then ``(X, plate, X_batch, y_batch)``
-    (:func:`_subsample`)."""
-    X = as_float_array(X, "X", caller, ndim=2)
-    check_finite(X, "X", caller)
-    y = observation.targets(y, X.shape[0], X.dtype, caller)
-    return X, *_subsample(X, y, batch_size, caller, num_data)
+def _model(caller: str, observation: Observation, layers: Callable) -> Callable:
+    """A factory's ``model(X, y=None, batch_size=None, num_data=None)``: the data at the door
+    (``X`` a finite float ``(N, D)`` array: integers cast to the default float, never left
+    integer, as the noise is created in ``X``'s dtype; ``y`` as :meth:`Observation.targets`
+    takes it), the data plate and the minibatch (:func:`_subsample`), ``layers(X_batch,
+    plate)`` (the last layer's output), then the observation."""
+
+    def model(X, y=None, batch_size=None, num_data=None):
+        where = f"{caller} model"
+        X = as_float_array(X, "X", where, ndim=2)
+        check_finite(X, "X", where)
+        y = observation.targets(y, X.shape[0], X.dtype, where)
+        data, X_batch, y_batch = _subsample(X, y, batch_size, where, num_data)
+        observation.observe(layers(X_batch, data), y_batch, data, X.dtype)
+
+    return model
 
 
 def diffgp(
@@ -253,9 +255,8 @@ def diffgp(
     flow_kernel = RBF(variance=0.01) if flow_kernel is None else flow_kernel
     kernel = RBF() if kernel is None else kernel
 
-    def model(X, y=None, batch_size=None, num_data=None):
-        X, data, X_batch, y_batch = _data(X, y, batch_size, num_data, "diffgp model", observation)
-        D = X.shape[-1]
+    def layers(X_batch, data):
+        D = X_batch.shape[-1]
         flow_in = X_batch
         if time_input:
             flow_in = jnp.concatenate(
@@ -268,33 +269,15 @@ def diffgp(
             num_inducing=None if flow_inducing_inputs is not None else num_inducing,
             inducing_inputs=flow_inducing_inputs,
             out_dim=D,
-            mean="zero",
             jitter=jitter,
         )
-        f = gp_layer(
-            "g",
-            h,
-            kernel,
-            num_inducing=num_inducing,
-            out_dim=observation.width,
-            mean="zero",
-            jitter=jitter,
+        return gp_layer(
+            "g", h, kernel, num_inducing=num_inducing, out_dim=observation.width, jitter=jitter
         )
-        observation.observe(f, y_batch, data, X.dtype)
 
-    return _remember(
-        sde_flow(
-            model,
-            "flow",
-            T=T,
-            num_steps=num_steps,
-            estimator=estimator,
-            diffusion=diffusion,
-            time_input=time_input,
-        ),
-        "diffgp",
-        config,
-    )
+    model = _model("diffgp", observation, layers)
+    flow = sde_flow(model, "flow", T, num_steps, estimator, diffusion, time_input)
+    return _remember(flow, "diffgp", config)
 
 
 def amortized_dgp(
@@ -356,11 +339,8 @@ def amortized_dgp(
     check_model_args("amortized_dgp", kernel, noise_init, jitter)
     kernel = Matern52(ard=False) if kernel is None else kernel
 
-    def model(X, y=None, batch_size=None, num_data=None):
-        where = "amortized_dgp model"
-        X, data, X_batch, y_batch = _data(X, y, batch_size, num_data, where, observation)
+    def layers(h, data):
         with data:
-            h = X_batch
             for layer, (width, M) in enumerate(zip(widths, num_inducing), start=1):
                 h = gp_layer(
                     f"h{layer}",
@@ -373,21 +353,9 @@ def amortized_dgp(
                     average_kl=average_kl,
                     jitter=jitter,
                 )
-        observation.observe(h, y_batch, data, X.dtype)
+        return h
 
-    return _remember(model, "amortized_dgp", config)
-
-
-class _plate_indices(Messenger):
-    """Serve the subsample indices of the plate ``name`` (NumPyro would draw them)."""
-
-    def __init__(self, name, indices):
-        self.name, self.indices = name, indices
-        super().__init__()
-
-    def process_message(self, msg):
-        if msg["type"] == "plate" and msg["name"] == self.name and msg["value"] is None:
-            msg["value"] = self.indices
+    return _remember(_model("amortized_dgp", observation, layers), "amortized_dgp", config)
 
 
 def _subsample(X, y, batch_size, caller, num_data):
@@ -413,15 +381,12 @@ def _subsample(X, y, batch_size, caller, num_data):
             raise ValueError(
                 f"{caller}: num_data={num_data} is below the {N} points of the minibatch X"
             )
-        with _plate_indices("data", jnp.arange(N)):
-            data = numpyro.plate("data", int(num_data), subsample_size=N)
-        return data, X, y
+        with numpyro.handlers.substitute(data={"data": jnp.arange(N)}):  # the plate's indices
+            return numpyro.plate("data", int(num_data), subsample_size=N), X, y
     subsample_size = batch_size if batch_size and batch_size < N else None
     key = numpyro.prng_key() if subsample_size and N > WITH_REPLACEMENT_ABOVE else None
-    if key is not None:
-        with _plate_indices("data", jax.random.randint(key, (subsample_size,), 0, N)):
-            data = numpyro.plate("data", N, subsample_size=subsample_size)
-    else:
+    indices = None if key is None else jax.random.randint(key, (subsample_size,), 0, N)
+    with numpyro.handlers.substitute(data={"data": indices}):  # None: NumPyro draws them
         data = numpyro.plate("data", N, subsample_size=subsample_size)
     with data:
         X_batch = numpyro.subsample(X, event_dim=1)

@@ -410,7 +410,7 @@ def test_tree_all_finite_reads_every_floating_leaf_and_skips_counters():
     (lambda: _validation.check_choice([1], {"a": 1}, "mode", "f", NotImplementedError), NotImplementedError,
      r"f: mode must be one of \('a',\), got \[1\]"),
     (lambda: _validation.check_mapping({}, "inputs", "f"), ValueError, "f: inputs must be a non-empty dict"),
-    (lambda: _validation.check_mapping([1], "inputs", "f", allow_empty=True), ValueError, "must be a dict, got list"),
+    (lambda: _validation.check_mapping([1], "inputs", "f"), ValueError, "must be a non-empty dict, got list"),
 ])
 def test_generic_checks_fire_with_the_argument_named(call, error, match):
     with pytest.raises(error, match=match):
@@ -419,4 +419,4 @@ def test_generic_checks_fire_with_the_argument_named(call, error, match):
 
 def test_generic_checks_pass_what_they_accept():
     _validation.check_choice("eig", ("chol", "eig"), "method", "f")
-    _validation.check_mapping({}, "inputs", "f", allow_empty=True)
+    _validation.check_mapping({"a": 1}, "inputs", "f")

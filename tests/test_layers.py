@@ -144,7 +144,7 @@ def test_fewer_points_than_inducing_points_start_from_the_points_and_draws_aroun
 
 @pytest.mark.stochastic
 def test_gaussian_draws_have_the_points_mean_and_covariance():
-    from numpyro_dgp.layers._inducing import points_and_gaussian_draws
+    from numpyro_dgp.layers._parts import points_and_gaussian_draws
 
     rng = np.random.RandomState(4)
     points = rng.randn(30, 3) @ np.array([[2.0, 0.0, 0.0], [1.0, 0.5, 0.0], [0.0, -0.3, 0.2]]) + 5.0
@@ -165,7 +165,7 @@ def test_gaussian_draws_have_the_points_mean_and_covariance():
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_gaussian_draws_from_degenerate_points_stay_distinct(dtype):
-    from numpyro_dgp.layers._inducing import points_and_gaussian_draws
+    from numpyro_dgp.layers._parts import points_and_gaussian_draws
 
     ridge = dgp.core.default_jitter(dtype)
     # identical points: a unit covariance around them
@@ -433,10 +433,10 @@ def test_layers_carry_the_inverse_factor_and_the_loss_and_gradient_are_unchanged
         return jax.jit(jax.value_and_grad(lambda p: dgp.DGPElbo().loss(jax.random.PRNGKey(1), p, model, guide, X, y)))(params)
 
     value, grad = loss_and_grad()
-    from numpyro_dgp.layers import _inducing
+    from numpyro_dgp.layers import _parts
 
     def inverting(kernel, Z, jitter, reads_factor=True):  # the factor alone: the conditional inverts it
-        L, _, absolute = _inducing.inducing_factor(kernel, Z, jitter, False)  # L = cholesky(K + jI)
+        L, _, absolute = _parts.inducing_factor(kernel, Z, jitter, False)  # L = cholesky(K + jI)
         return L, None, absolute
 
     monkeypatch.setattr("numpyro_dgp.layers.inducing_factor", inverting)

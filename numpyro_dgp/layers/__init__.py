@@ -1,4 +1,5 @@
-"""The ``gp_layer`` primitive: one sparse GP layer of a deep GP, as NumPyro sites.
+"""The ``gp_layer`` primitive: one sparse GP layer of a deep GP, as NumPyro sites (and
+``latent_input``, a per-point latent concatenated to a layer's input).
 
 A call ``gp_layer("h1", X, kernel, num_inducing=50, out_dim=2)`` inside a model
 
@@ -64,7 +65,16 @@ import numpyro
 import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
-from numpyro_dgp._protocol import INDUCING, InducingTag, LayerCall, send_encoder_input, send_layer
+from numpyro_dgp._compat import active_plates
+from numpyro_dgp._protocol import (
+    INDUCING,
+    InducingTag,
+    LayerCall,
+    send_encoder_input,
+    send_latent,
+    send_layer,
+)
+from numpyro_dgp._validation import MEAN_FUNCTIONS, as_float_array, check_positive_int
 from numpyro_dgp.core import (
     affine_inducing_inputs,
     conditional,
@@ -74,19 +84,15 @@ from numpyro_dgp.core import (
     standard_normal,
 )
 from numpyro_dgp.kernels import Kernel
-from numpyro_dgp.layers._inducing import (
-    inducing_factor,
-    inducing_inputs_site,
-    inducing_prior,
-    mean_diagonal,
-)
-from numpyro_dgp.layers._latent import latent_input as latent_input
 from numpyro_dgp.layers._parts import (
-    MEAN_FUNCTIONS,
     LayerArgs,
     check_layer_args,
     hyperparameter_sites,
     identity,
+    inducing_factor,
+    inducing_inputs_site,
+    inducing_prior,
+    mean_diagonal,
     mean_function,
     mean_projection,
     noise_variance,
@@ -190,19 +196,37 @@ def layer_moments(
 def _noiseless_moments(
     layer: Layer, X: jax.Array, q_mean: jax.Array, q_sqrt: jax.Array | None, full_cov: bool
 ) -> tuple[jax.Array, jax.Array]:
-    """:func:`layer_moments` of the GP ``f`` itself (the layer's noise not added)."""
+    """:func:`layer_moments` of the GP ``f`` itself (the layer's noise not added).
+
+    A layer with per-point inducing sets (``inducing="amortized"``) takes ``X`` ``(B, D)``, or
+    ``(S, B, D)`` with a leading branch axis (the branches of Meng & Zhang 2024), in which case
+    the inducing sets (``layer.inducing_inputs``) and ``q_mean``/``q_sqrt`` are either shared by
+    the branches (``(B, ...)``, rules AR2/AR2P) or per branch (``(S, B, ...)``, rule AR1):
+    ``q_mean`` ``(..., B, P, M)``, ``q_sqrt`` ``(..., B, P, M, M)`` lower factors, ``(..., B, P,
+    M)`` standard deviations or ``None``; the moments are ``X.shape[:-1] + (P,)``.
+    """
     if layer.inducing == "amortized" and full_cov:
         raise NotImplementedError(
             f"layer {layer.name!r} has per-point inducing sets (inducing='amortized'): its "
             "outputs are independent across points given the sets, so only marginals exist"
         )
     if layer.inducing == "amortized":
-        return amortized_moments(layer, X, q_mean, q_sqrt)
+        assert layer.prior_mean is not None  # an amortized layer always has its sets' prior means
+        q_mean = q_mean - layer.prior_mean
+
+        def base(Z, L, X, m, s):
+            mean, var = local_conditional(layer.kernel, Z, L, X, m, s)
+            return mean + layer.mean_fn(X), var
+
+        Z, L = layer.inducing_inputs, layer.Kmm_chol
+        if X.ndim == 2:
+            return base(Z, L, X, q_mean, q_sqrt)
+        shared = None if Z.ndim == 3 else 0
+        return jax.vmap(base, (shared, shared, 0, shared, shared))(Z, L, X, q_mean, q_sqrt)
     if X.ndim == 3 and not full_cov:  # a leading branch axis: every branch's points alike
         mean, var = _noiseless_moments(layer, X.reshape(-1, X.shape[-1]), q_mean, q_sqrt, False)
-        return mean.reshape(X.shape[:-1] + mean.shape[-1:]), var.reshape(
-            X.shape[:-1] + var.shape[-1:]
-        )
+        shape = X.shape[:-1] + (-1,)  # (S, N, P)
+        return mean.reshape(shape), var.reshape(shape)
     Z = layer.inducing_inputs
     Kmn = layer.kernel(Z, X)
     Knn = layer.kernel(X) if full_cov else layer.kernel.diag(X)
@@ -219,37 +243,6 @@ def _noiseless_moments(
         Kmm_chol_inv=layer.Kmm_chol_inv,
     )
     return mean + layer.mean_fn(X), var
-
-
-def amortized_moments(
-    layer: Layer, X: jax.Array, q_mean: jax.Array, q_sqrt: jax.Array | None = None
-) -> tuple[jax.Array, jax.Array]:
-    """:func:`layer_moments` of a layer with per-point inducing sets (without the layer's noise).
-
-    ``X`` is ``(B, D)``, or ``(S, B, D)`` with a leading branch axis (the branches of Meng &
-    Zhang 2024), in which case the inducing sets (``layer.inducing_inputs``) and
-    ``q_mean``/``q_sqrt`` are either shared by the branches (``(B, ...)``, rules AR2/AR2P) or
-    per branch (``(S, B, ...)``, rule AR1).
-
-    :param layer: the layer (``layer.inducing == "amortized"``).
-    :param X: ``(B, D)`` or ``(S, B, D)`` layer inputs.
-    :param q_mean: ``(..., B, P, M)`` inducing values or their means.
-    :param q_sqrt: ``(..., B, P, M, M)`` lower factors, ``(..., B, P, M)`` standard deviations
-        or ``None``.
-    :return: ``(mean, var)``, each of shape ``X.shape[:-1] + (P,)``.
-    """
-    assert layer.prior_mean is not None  # an amortized layer always has its sets' prior means
-    q_mean = q_mean - layer.prior_mean
-
-    def base(Z, L, X, m, s):
-        mean, var = local_conditional(layer.kernel, Z, L, X, m, s)
-        return mean + layer.mean_fn(X), var
-
-    Z, L = layer.inducing_inputs, layer.Kmm_chol
-    if X.ndim == 2:
-        return base(Z, L, X, q_mean, q_sqrt)
-    shared = None if Z.ndim == 3 else 0
-    return jax.vmap(base, (shared, shared, 0, shared, shared))(Z, L, X, q_mean, q_sqrt)
 
 
 def sample_moments(
@@ -357,23 +350,20 @@ def gp_layer(
         name, X, kernel, num_inducing, out_dim, priors, whiten, jitter, inducing, inducing_inputs
     )
     X, in_dim = args.X, args.X.shape[-1]
-    kernel = hyperparameter_sites(
-        name, kernel.with_input_dim(in_dim), X.dtype, args.priors, learn_hyperparameters
-    )
+    kernel = hyperparameter_sites(name, kernel.with_input_dim(in_dim), args, learn_hyperparameters)
+    # the parameters' initial values ignore the keys they are given: the order of these sites
+    # leaves every draw as it is
+    mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
+    noise_var = noise_variance(name, noise, X.dtype)
     if inducing == "amortized":
-        mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
-        noise_var = noise_variance(name, noise, X.dtype)
         assert num_inducing is not None  # check_layer_args: a positive integer
-        M = int(num_inducing)
         Z, Kmm_chol, prior_mean, u = _amortized_sets(
-            name, args, kernel, M, mean_fn, learn_inducing, average_kl
+            name, args, kernel, int(num_inducing), mean_fn, learn_inducing, average_kl
         )
         Kmm_chol_inv = None
         layer_jitter: float | jax.Array = args.jitter  # relative: each set's own variance
     else:
         Z = inducing_inputs_site(name, args, num_inducing, learn_inducing)
-        mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
-        noise_var = noise_variance(name, noise, X.dtype)
         # a whitened layer's step reads L^{-1} alone; elsewhere the prior reads L as well
         reads_factor = args.locations or not args.whiten
         Kmm_chol, Kmm_chol_inv, layer_jitter = inducing_factor(
@@ -383,9 +373,7 @@ def gp_layer(
         prior_mean = mean_fn(Z).T if args.locations else jnp.zeros((out_dim, Z.shape[0]), X.dtype)
         u = numpyro.sample(
             f"{name}.u",
-            inducing_prior(
-                Kmm_chol, prior_mean, out_dim, args.whiten, args.locations, X.dtype
-            ).to_event(1),
+            inducing_prior(args, Kmm_chol, prior_mean, out_dim).to_event(1),
             infer={INDUCING: InducingTag(name, args.whiten, inducing)},
         )
     # NumPyro draws in the default float type; keep the layer in its inputs' precision
@@ -428,9 +416,25 @@ def _amortized_sets(
     average_kl: bool,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """``gp_layer(..., inducing="amortized")``'s per-point inducing sets (Meng & Zhang 2024):
-    ``(Z, the factors of K(Z_n, Z_n), the prior means, u)``."""
+    ``(Z, the factors of K(Z_n, Z_n), the prior means, u)``.
+
+    Each point's inducing inputs ``Z (..., B, M, D)`` are ``M`` learned affine maps
+    ``z_m = W_m p + b_m`` of its encoder input ``p`` (``W_m = I``, ``b_m ~ N(0, I)`` at the
+    start, from a key fixed by the name, so every run of the model starts from the same maps)."""
     X, D, jitter = args.X, args.X.shape[-1], args.jitter
-    Z, p = _amortized_inducing_inputs(name, X, M, learn_inducing)
+    weight = numpyro.param(
+        f"{name}.inducing_maps.weight",
+        lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)),
+    )
+    bias_key = jax.random.PRNGKey(zlib.crc32(name.encode()))
+    bias = numpyro.param(
+        f"{name}.inducing_maps.bias", lambda _: jax.random.normal(bias_key, (M, D), X.dtype)
+    )
+    if not learn_inducing:
+        weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
+    # the encoder input of a handler's amortization rule: (..., B, D) by construction
+    p = jnp.asarray(send_encoder_input(name, X, identity), X.dtype)
+    Z = affine_inducing_inputs(weight, bias, p)
     Kzz = jax.vmap(kernel)(Z.reshape(-1, M, D)).reshape(Z.shape[:-1] + (M,))
     # The jitter is relative to each set's prior variance: float32 round-off in K(Z_n, Z_n)
     # grows with the kernel variance (a probit output layer's reaches ~100 on the letters
@@ -457,23 +461,82 @@ def _amortized_sets(
     return Z, Kzz_chol, prior_mean, u
 
 
-def _amortized_inducing_inputs(
-    name: str, X: jax.Array, M: int, learn_inducing: bool
-) -> tuple[jax.Array, jax.Array]:
-    """``(Z (..., B, M, D), p)``: each point's inducing inputs, ``M`` learned affine maps
-    ``z_m = W_m p + b_m`` of its encoder input ``p`` (``W_m = I``, ``b_m ~ N(0, I)`` at the start,
-    from a key fixed by the name, so every run of the model starts from the same maps)."""
-    D = X.shape[-1]
-    weight = numpyro.param(
-        f"{name}.inducing_maps.weight",
-        lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)),
+class LatentSpec(NamedTuple):
+    """A latent input as its :data:`~numpyro_dgp._protocol.LATENT_MESSAGE` carries it.
+
+    :ivar name: the latent sample site.
+    :ivar latent_dim: ``Q``, the latent dimensions per point.
+    :ivar encoder_input: ``(B, E)`` what an amortized guide's encoder sees.
+    """
+
+    name: str
+    latent_dim: int
+    encoder_input: jax.Array
+
+
+def latent_input(
+    name: str, X: ArrayLike, latent_dim: int = 1, *, encoder_input: ArrayLike | None = None
+) -> jax.Array:
+    """Concatenate a latent ``w_n ~ N(0, I_Q)`` to every point's input: ``[x_n, w_n]``.
+
+    A layer that sees ``[x_n, w_n]`` can represent conditional densities a GP alone cannot
+    (several modes, input-dependent noise of any shape): the latent-variable layer of Salimbeni,
+    Dutordoir, Hensman & Deisenroth (2019, ICML: deep Gaussian processes with
+    importance-weighted variational inference) and GPflux's ``LatentVariableLayer``::
+
+        with numpyro.plate("data", N):
+            h = latent_input("w", X, latent_dim=1)          # (N, D + 1)
+        f = gp_layer("f", h, RBF(), num_inducing=50)
+
+    The library's guides give each point's ``q(w_n)``: free parameters per point, or an encoder
+    of ``encoder_input`` (default ``X``; pass ``[x_n, y_n]`` to let the targets inform it, as in
+    the paper). :class:`~numpyro_dgp.DGPElbo` takes the KL of ``q(w_n)`` in closed form;
+    :class:`~numpyro_dgp.ImportanceWeightedElbo` draws ``K`` latents per point and
+    importance-weights them; :func:`~numpyro_dgp.predict` draws the latents of new points from
+    their prior, so the predictive is a mixture over them (multimodal where the data are).
+
+    Call it inside the data plate (``w`` is local: one per point, subsampled with the points);
+    the sample site ``name`` holds ``w`` (``(B, Q)``).
+
+    :param name: the latent site's name.
+    :param X: ``(B, D)`` the points' inputs (the plate's ``B`` points).
+    :param latent_dim: ``Q``.
+    :param encoder_input: ``(B, E)`` what an amortized guide's encoder maps to ``q(w_n)``
+        (default ``X``; e.g. ``jnp.concatenate([X, y[:, None]], -1)`` when ``y`` is given).
+    :return: ``(B, D + Q)``; with ``K`` importance draws of ``w`` (an objective's),
+        ``(K, B, D + Q)``.
+    :raises ValueError: outside a data plate, or inputs of another shape than the plate's.
+    :raises RuntimeError: without a random key (the model must run under ``seed``).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"latent_input: name must be a non-empty string, got {name!r}")
+    caller = f"latent_input {name!r}"
+    check_positive_int(latent_dim, "latent_dim", caller)
+    plates = [p for p in active_plates() if p.dim == -1]
+    if not plates:
+        raise ValueError(
+            f"{caller}: w is one latent per point; call it inside the data plate "
+            "(with numpyro.plate('data', N): h = latent_input(...))"
+        )
+    B = plates[0].subsample_size
+    X = as_float_array(X, "X", caller)
+    if X.ndim != 2 or X.shape[0] != B:
+        raise ValueError(
+            f"{caller}: X must have shape ({B}, dim), the plate's {B} points; got {X.shape}"
+        )
+    encoder_input = (
+        X if encoder_input is None else as_float_array(encoder_input, "encoder_input", caller)
     )
-    bias_key = jax.random.PRNGKey(zlib.crc32(name.encode()))
-    bias = numpyro.param(
-        f"{name}.inducing_maps.bias", lambda _: jax.random.normal(bias_key, (M, D), X.dtype)
-    )
-    if not learn_inducing:
-        weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
-    # the encoder input of a handler's amortization rule: (..., B, D) by construction
-    p = jnp.asarray(send_encoder_input(name, X, identity), X.dtype)
-    return affine_inducing_inputs(weight, bias, p), p
+    if encoder_input.ndim != 2 or encoder_input.shape[0] != B:
+        raise ValueError(
+            f"{caller}: encoder_input must have shape ({B}, features), got {encoder_input.shape}"
+        )
+    rng_key = numpyro.prng_key()
+    if rng_key is None:
+        raise RuntimeError(
+            f"{caller} needs a random key: run the model under numpyro.handlers.seed"
+        )
+    send_latent(LatentSpec(name, int(latent_dim), encoder_input), rng_key)
+    prior = dist.Normal(jnp.zeros((B, int(latent_dim)), X.dtype), 1.0).to_event(1)
+    w = jnp.asarray(numpyro.sample(name, prior), X.dtype)
+    return jnp.concatenate([jnp.broadcast_to(X, w.shape[:-1] + X.shape[-1:]), w], axis=-1)

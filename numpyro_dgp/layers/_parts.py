@@ -1,4 +1,6 @@
-"""What a ``gp_layer`` call is made of: hyperparameter and mean-function sites, checks, messages."""
+"""What a ``gp_layer`` call is made of: hyperparameter and mean-function sites, checks, messages,
+and its inducing part (the inducing inputs' parameter, the factor of ``K(Z, Z)`` and its inverse,
+the prior of the inducing values)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ from numpyro.distributions import constraints
 
 from numpyro_dgp._compat import active_plates, handler_stack_is_empty, innermost_trace
 from numpyro_dgp._validation import (
-    MEAN_FUNCTIONS,
     as_float_array,
     check_kernel,
     check_mean,
@@ -24,89 +25,28 @@ from numpyro_dgp._validation import (
     non_finite_entries,
     warn_if_not_standardized,
 )
-from numpyro_dgp.core import default_jitter
+from numpyro_dgp.core import (
+    cholesky,
+    cholesky_and_inverse,
+    default_jitter,
+    inverse_cholesky,
+    kmeans,
+)
 from numpyro_dgp.kernels import Kernel
-
-__all__ = ["MEAN_FUNCTIONS", "mean_projection"]
 
 #: The values of ``gp_layer(..., inducing=...)``.
 INDUCING_MODES = ("global", "locations", "amortized")
 
 
-def _holds(check: Callable[..., Any], value: ArrayLike) -> bool | None:
-    """``bool(check(xp, value))`` for a concrete value, ``None`` for a traced one (checks run
-    only eagerly). Values in host memory are checked with NumPy (``xp = numpy``), so that an eager
-    check compiles nothing; arrays on an accelerator where they are (``xp = jax.numpy``) rather
-    than copied to the host."""
-    if isinstance(value, jax.core.Tracer):
-        return None
-    if isinstance(value, jax.Array) and any(d.platform != "cpu" for d in value.devices()):
-        try:
-            return bool(check(jnp, value))
-        except jax.errors.ConcretizationTypeError:
-            return None
-    array = concrete(value)
-    return None if array is None else bool(check(np, array))
-
-
-def _all_finite(xp: Any, x: Any) -> Any:
-    if not np.issubdtype(x.dtype, np.inexact):
-        return True
-    # NumPy: by blocks of rows (no whole-size mask for a large data set)
-    return non_finite_entries(x)[0] == 0 if xp is np else xp.all(xp.isfinite(x))
-
-
-def _check_layer_jitter(name: str, jitter: float | None, dtype: Any) -> float:
-    """The layer's jitter: the dtype's default, or the given one once checked.
-
-    :raises ValueError: for a given jitter that is not a finite positive number.
-    """
-    if jitter is None:
-        return default_jitter(dtype)
-    check_positive_number(jitter, "jitter", f"gp_layer {name!r}")
-    return jitter
-
-
-def _check_unique_name(name: str) -> None:
-    """Refuse a second layer ``name`` in one run of the model (NumPyro's own check of duplicate
-    sites is an ``assert``, gone under ``python -O``; a duplicate would silently overwrite the
-    first layer's sites in the trace)."""
-    recorded = innermost_trace()
-    if recorded is None:
-        return
-    clash = [site for site in (f"{name}.u", f"{name}.layer", name) if site in recorded]
-    if clash:
-        raise ValueError(
-            f"gp_layer: duplicate layer name {name!r}: this run of the model already has the "
-            f"site(s) {clash}; give every gp_layer call its own name (e.g. 'h1', 'h2', ...)"
-        )
-
-
-def _check_kernel_values(name: str, kernel: Kernel) -> None:
-    """The kernel's initial hyperparameters must be positive (a kernel built as a pytree skips
-    its constructor's check)."""
-    for hp, value in kernel.hyperparameters().items():
-        if _holds(lambda xp, v: xp.all(v > 0), value) is False:
-            raise ValueError(
-                f"gp_layer {name!r}: kernel hyperparameter {hp!r} must be positive, got {value}"
-            )
-
-
-def _check_input_scale(name: str, X: jax.Array, kernel: Kernel) -> None:
-    """Warn (once) when the layer's inputs spread far beyond its kernel's lengthscales. Only
-    the upper side: an inner layer's inputs (the previous layer's outputs) legitimately start
-    with a tiny spread (a near-deterministic q(u), zero-padded identity means); too small a
-    spread of the data is reported by :func:`numpyro_dgp.fit`."""
-    lengthscales = [
-        v for k, v in kernel.hyperparameters().items() if k.rpartition(".")[2] == "lengthscale"
-    ]
-    warn_if_not_standardized(
-        X, "X", f"gp_layer {name!r}", lengthscales or None, upper_only=True, stacklevel=4
-    )
-
-
 def _check_finite(x: ArrayLike, what: str) -> None:
-    if _holds(_all_finite, x) is False:
+    """Refuse a concrete ``x`` holding NaN or inf values (checked on the host by blocks of rows:
+    no whole-size mask for a large data set; traced values pass)."""
+    value = concrete(x)
+    if (
+        value is not None
+        and np.issubdtype(value.dtype, np.inexact)
+        and non_finite_entries(value)[0]
+    ):
         raise ValueError(f"{what} contains NaN or inf values")
 
 
@@ -173,7 +113,8 @@ def noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax.
     """
     if noise is None:
         return None
-    if np.ndim(noise) != 0 or _holds(lambda xp, v: xp.isfinite(v) & (v > 0), noise) is False:
+    value = concrete(noise)
+    if np.ndim(noise) != 0 or (value is not None and not (np.isfinite(value) and value > 0)):
         raise ValueError(
             f"gp_layer {name!r}: noise must be a finite positive scalar (a variance), got {noise!r}"
         )
@@ -182,24 +123,22 @@ def noise_variance(name: str, noise: ArrayLike | None, dtype: jnp.dtype) -> jax.
     )
 
 
-def hyperparameter_sites(
-    name: str, kernel: Kernel, dtype: jnp.dtype, priors: dict, learn: bool
-) -> Kernel:
+def hyperparameter_sites(name: str, kernel: Kernel, args: LayerArgs, learn: bool) -> Kernel:
     """The kernel with its hyperparameters read from sites ``"<name>.kernel.<hp>"``: a
     ``numpyro.sample`` site where ``priors`` has one, else a positive ``numpyro.param``
     (gradient stopped unless ``learn``)."""
     values = {}
     for hp, init in kernel.hyperparameters().items():
         site = f"{name}.kernel.{hp}"
-        init = jnp.asarray(init, dtype)
-        if hp in priors:
-            prior = priors[hp]
+        init = jnp.asarray(init, args.X.dtype)
+        if hp in args.priors:
+            prior = args.priors[hp]
             if prior.event_shape == () and prior.batch_shape != init.shape:
                 # a scalar prior on an ARD hyperparameter: one independent copy per dimension
                 prior = prior.expand(init.shape).to_event(init.ndim)
             values[hp] = numpyro.sample(site, prior)
             continue
-        # initial values were checked positive by check_layer_args (_check_kernel_values)
+        # initial values were checked positive by check_layer_args
         value = numpyro.param(site, init, constraint=constraints.positive)
         values[hp] = value if learn else jax.lax.stop_gradient(value)
     try:
@@ -220,8 +159,8 @@ class LayerArgs(NamedTuple):
     locations: bool
     whiten: bool
     priors: dict
-    jitter: float  #: relative jitter (scaled by the mean prior variance later)
     data_plate: Any = None  #: the data plate of a per-point (amortized) layer
+    jitter: float = 0.0  #: relative jitter (scaled by the mean prior variance later)
 
 
 def check_layer_args(
@@ -236,198 +175,312 @@ def check_layer_args(
     inducing: str,
     inducing_inputs: ArrayLike | None,
 ) -> LayerArgs:
-    """Every check of ``gp_layer``'s arguments, before any site is sent or JAX work done."""
+    """Every check of ``gp_layer``'s arguments, before any site is sent or JAX work done.
+
+    A second layer ``name`` in one run of the model is refused (NumPyro's own check of
+    duplicate sites is an ``assert``, gone under ``python -O``; a duplicate would silently
+    overwrite the first layer's sites in the trace). The kernel's initial hyperparameters must
+    be positive (a kernel built as a pytree skips its constructor's check). Inputs spread far
+    beyond the kernel's lengthscales are warned about once, only on the upper side: an inner
+    layer's inputs (the previous layer's outputs) legitimately start with a tiny spread (a
+    near-deterministic q(u), zero-padded identity means); too small a spread of the data is
+    reported by :func:`numpyro_dgp.fit`.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"gp_layer: name must be a non-empty string, got {name!r}")
-    check_kernel(kernel, "kernel", f"gp_layer {name!r}")
-    _check_unique_name(name)
-    _check_kernel_values(name, kernel)
+    caller = f"gp_layer {name!r}"
+    check_kernel(kernel, "kernel", caller)
+    recorded = innermost_trace()
+    clash = [site for site in (f"{name}.u", f"{name}.layer", name) if site in (recorded or {})]
+    if clash:
+        raise ValueError(
+            f"gp_layer: duplicate layer name {name!r}: this run of the model already has the "
+            f"site(s) {clash}; give every gp_layer call its own name (e.g. 'h1', 'h2', ...)"
+        )
+    for hp, value in kernel.hyperparameters().items():
+        array = concrete(value)
+        if array is not None and not np.all(array > 0):
+            raise ValueError(
+                f"{caller}: kernel hyperparameter {hp!r} must be positive, got {value}"
+            )
     if inducing not in INDUCING_MODES:
         raise NotImplementedError(
-            f"gp_layer {name!r}: inducing={inducing!r} is not available; "
-            f"supported: {INDUCING_MODES}"
+            f"{caller}: inducing={inducing!r} is not available; supported: {INDUCING_MODES}"
         )
-    check_positive_int(out_dim, "out_dim", f"gp_layer {name!r}")
+    check_positive_int(out_dim, "out_dim", caller)
     if inducing == "amortized":
-        return _check_amortized_args(
-            name, X, kernel, num_inducing, inducing_inputs, priors, whiten, jitter
-        )
-    locations = inducing == "locations"
-    whiten = _check_whiten(name, whiten, locations)
-    X, propagated_Z = _check_locations_pair(name, X, locations)
-    _check_run_context(name)
-    X = _check_layer_inputs(name, X, kernel, locations)
-    priors = _check_priors(name, priors, kernel)
-    jitter = _check_layer_jitter(name, jitter, X.dtype)
-    if propagated_Z is not None:
-        propagated_Z = _check_inducing_array(
-            name, propagated_Z, num_inducing, X, "the inducing locations Z of (X, Z)"
-        )
-        if inducing_inputs is not None:
-            raise ValueError(
-                f"gp_layer {name!r}: the inducing locations come with X as (X, Z); do not also "
-                "pass inducing_inputs"
-            )
-    elif inducing_inputs is not None:
-        inducing_inputs = _check_inducing_array(
-            name, inducing_inputs, num_inducing, X, "inducing_inputs"
-        )
-        _check_finite(inducing_inputs, f"gp_layer {name!r}: inducing_inputs")
-    elif isinstance(num_inducing, bool) or not (
-        isinstance(num_inducing, (int, np.integer)) and num_inducing >= 1
-    ):
-        raise ValueError(
-            f"gp_layer {name!r}: give num_inducing (a positive integer) or inducing_inputs; "
-            f"got num_inducing={num_inducing!r}"
-        )
-    return LayerArgs(X, propagated_Z, inducing_inputs, locations, whiten, priors, jitter)
+        args = _check_amortized_args(caller, X, num_inducing, inducing_inputs, priors, whiten)
+    else:
+        locations = inducing == "locations"
+        args = _check_shared_args(caller, X, kernel, num_inducing, priors, whiten, locations)
+        args = _check_inducing_inputs(caller, args, num_inducing, inducing_inputs)
+    _check_finite(args.X, f"{caller}: X")
+    lengthscales = [
+        v for k, v in kernel.hyperparameters().items() if k.rpartition(".")[2] == "lengthscale"
+    ]
+    warn_if_not_standardized(
+        args.X, "X", caller, lengthscales or None, upper_only=True, stacklevel=4
+    )
+    if jitter is None:
+        return args._replace(jitter=default_jitter(args.X.dtype))
+    check_positive_number(jitter, "jitter", caller)
+    return args._replace(jitter=jitter)
 
 
-def _check_whiten(name: str, whiten: bool | None, locations: bool) -> bool:
-    """``whiten`` resolved: by default whitened, except inducing locations, which cannot be."""
-    if whiten is None:
-        return not locations
+def _check_shared_args(
+    caller: str,
+    X: ArrayLike | tuple,
+    kernel: Kernel,
+    num_inducing: int | None,
+    priors: dict | None,
+    whiten: bool | None,
+    locations: bool,
+) -> LayerArgs:
+    """The checks of a layer with shared inducing inputs (``"global"``, ``"locations"``): by
+    default whitened, except inducing locations, which cannot be; a previous locations layer
+    hands on the pair ``(X, Z)``; the layer runs under ``seed`` and outside data plates (its
+    inducing points are global)."""
     if whiten and locations:
         raise ValueError(
-            f"gp_layer {name!r}: inducing='locations' does not support whiten=True (whitening "
+            f"{caller}: inducing='locations' does not support whiten=True (whitening "
             "q(f_l^z) against K(f_(l-1)^z) would be a different variational family)"
         )
-    return bool(whiten)
-
-
-def _check_locations_pair(
-    name: str, X: ArrayLike | tuple, locations: bool
-) -> tuple[ArrayLike, ArrayLike | None]:
-    """``(X, Z or None)``: a previous locations layer hands on the pair ``(X, Z)``.
-
-    :raises ValueError: for a pair without ``inducing='locations'``, or not two items.
-    """
-    if not isinstance(X, (tuple, list)):
-        return X, None
-    if not locations:
-        raise ValueError(
-            f"gp_layer {name!r}: X is a pair (points, inducing locations), which only "
-            "inducing='locations' takes; pass the points alone"
-        )
-    if len(X) != 2:
-        raise ValueError(
-            f"gp_layer {name!r}: X must be an array or the pair (X, Z); got {len(X)} items"
-        )
-    return X[0], X[1]
-
-
-def _check_run_context(name: str) -> None:
-    """A global layer runs under ``seed`` and outside data plates (its inducing points are
-    global)."""
+    propagated_Z = None
+    if isinstance(X, (tuple, list)):
+        if not locations:
+            raise ValueError(
+                f"{caller}: X is a pair (points, inducing locations), which only "
+                "inducing='locations' takes; pass the points alone"
+            )
+        if len(X) != 2:
+            raise ValueError(f"{caller}: X must be an array or the pair (X, Z); got {len(X)} items")
+        propagated_Z = X[1]
+        X = X[0]
     if handler_stack_is_empty():
         raise RuntimeError(
-            f"gp_layer {name!r} needs a random key: run the model under numpyro.handlers.seed "
+            f"{caller} needs a random key: run the model under numpyro.handlers.seed "
             "(SVI, MCMC and Predictive do this)"
         )
     plates = [h.name for h in active_plates()]
     if plates:
         raise ValueError(
-            f"gp_layer {name!r} is called inside plate(s) {plates}: its inducing points are "
+            f"{caller} is called inside plate(s) {plates}: its inducing points are "
             "global. Call it outside data plates and subsample the inputs first "
             "(with plate: X_batch = numpyro.subsample(X, event_dim=1))"
         )
-
-
-def _check_layer_inputs(name: str, X: ArrayLike, kernel: Kernel, locations: bool) -> jax.Array:
-    """``X`` as a float array of points (or branches of points), finite and on a sane scale."""
     if not isinstance(X, jax.Array):  # keep a traced input as it is: moment propagation tracks it
         X = jnp.asarray(X)
     if X.ndim == 3 and locations:
         raise ValueError(
-            f"gp_layer {name!r}: inducing='locations' does not take branched inputs (S, N, D): "
+            f"{caller}: inducing='locations' does not take branched inputs (S, N, D): "
             "the inducing locations of a layer follow one input, not weighted branches. Use "
             "inducing='global' under numpyro_dgp.handlers.quadrature"
         )
     if X.ndim not in (2, 3):
         raise ValueError(
-            f"gp_layer {name!r}: X must have shape (num_points, dim), or (num_branches, "
+            f"{caller}: X must have shape (num_points, dim), or (num_branches, "
             "num_points, dim) under numpyro_dgp.handlers.quadrature or an amortized guide; "
             f"got {X.shape}"
         )
-    X = as_float_array(X, "X", f"gp_layer {name!r}")
-    _check_finite(X, f"gp_layer {name!r}: X")
-    _check_input_scale(name, X, kernel)
-    return X
-
-
-def _check_priors(name: str, priors: dict | None, kernel: Kernel) -> dict:
-    """``priors`` as a dict of distributions over the kernel's hyperparameters."""
+    X = as_float_array(X, "X", caller)
     priors = dict(priors or {})
     for hp, prior in priors.items():
         if hp not in kernel.hyperparameters():
             raise ValueError(
-                f"gp_layer {name!r}: priors has {hp!r}, not a hyperparameter of "
+                f"{caller}: priors has {hp!r}, not a hyperparameter of "
                 f"{type(kernel).__name__} (it has {sorted(kernel.hyperparameters())})"
             )
         if not isinstance(prior, dist.Distribution):
-            raise TypeError(f"gp_layer {name!r}: priors[{hp!r}] must be a Distribution")
-    return priors
+            raise TypeError(f"{caller}: priors[{hp!r}] must be a Distribution")
+    whiten = not locations if whiten is None else bool(whiten)
+    return LayerArgs(X, propagated_Z, None, locations, whiten, priors)
 
 
-def _check_inducing_array(
-    name: str, Z: ArrayLike, num_inducing: int | None, X: jax.Array, what: str
-) -> jax.Array:
-    """Given inducing inputs or locations as ``(M, D)`` in ``X``'s dtype, agreeing with
+def _check_inducing_inputs(
+    caller: str, args: LayerArgs, num_inducing: int | None, inducing_inputs: ArrayLike | None
+) -> LayerArgs:
+    """A shared layer's inducing inputs: the locations of an ``(X, Z)`` pair, given ones, or
+    ``num_inducing`` for k-means; given ones as ``(M, D)`` in ``X``'s dtype, agreeing with
     ``num_inducing``."""
-    Z = jnp.asarray(Z, X.dtype)
-    in_dim = X.shape[-1]
+    given = args.propagated_Z if args.propagated_Z is not None else inducing_inputs
+    if given is None:
+        if isinstance(num_inducing, bool) or not (
+            isinstance(num_inducing, (int, np.integer)) and num_inducing >= 1
+        ):
+            raise ValueError(
+                f"{caller}: give num_inducing (a positive integer) or inducing_inputs; "
+                f"got num_inducing={num_inducing!r}"
+            )
+        return args
+    what = "inducing_inputs" if args.propagated_Z is None else "the inducing locations Z of (X, Z)"
+    Z = jnp.asarray(given, args.X.dtype)
+    in_dim = args.X.shape[-1]
     if Z.ndim != 2 or Z.shape[1] != in_dim:
-        raise ValueError(f"gp_layer {name!r}: {what} must have shape (M, {in_dim}), got {Z.shape}")
+        raise ValueError(f"{caller}: {what} must have shape (M, {in_dim}), got {Z.shape}")
     if num_inducing is not None and num_inducing != Z.shape[0]:
         raise ValueError(
-            f"gp_layer {name!r}: num_inducing={num_inducing} disagrees with {what} of shape "
-            f"{Z.shape}"
+            f"{caller}: num_inducing={num_inducing} disagrees with {what} of shape {Z.shape}"
         )
-    return Z
+    if args.propagated_Z is not None:
+        if inducing_inputs is not None:
+            raise ValueError(
+                f"{caller}: the inducing locations come with X as (X, Z); do not also "
+                "pass inducing_inputs"
+            )
+        return args._replace(propagated_Z=Z)
+    _check_finite(Z, f"{caller}: inducing_inputs")
+    return args._replace(inducing_inputs=Z)
 
 
 def _check_amortized_args(
-    name: str,
+    caller: str,
     X: ArrayLike | tuple,
-    kernel: Kernel,
     num_inducing: int | None,
     inducing_inputs: ArrayLike | None,
     priors: dict | None,
     whiten: bool | None,
-    jitter: float | None,
 ) -> LayerArgs:
     """Every check of a per-point (amortized) layer."""
     if whiten:
         raise ValueError(
-            f"gp_layer {name!r}: inducing='amortized' is unwhitened (the prior "
+            f"{caller}: inducing='amortized' is unwhitened (the prior "
             "N(m(Z_n), K(Z_n, Z_n)) of Meng & Zhang 2024); whiten=True is not available"
         )
     if inducing_inputs is not None:
         raise ValueError(
-            f"gp_layer {name!r}: with inducing='amortized' the inducing inputs come from learned "
+            f"{caller}: with inducing='amortized' the inducing inputs come from learned "
             "affine maps of the encoder input; inducing_inputs cannot be given"
         )
     if priors:
         raise ValueError(
-            f"gp_layer {name!r}: inducing='amortized' is called inside the data plate, where a "
+            f"{caller}: inducing='amortized' is called inside the data plate, where a "
             "hyperparameter prior would become one sample per point; priors are not available"
         )
-    check_positive_int(num_inducing, "num_inducing", f"gp_layer {name!r}")
+    check_positive_int(num_inducing, "num_inducing", caller)
     data_plate = [p for p in active_plates() if p.dim == -1]
     if not data_plate:
         raise ValueError(
-            f"gp_layer {name!r}: inducing='amortized' gives every point its own inducing set; call "
+            f"{caller}: inducing='amortized' gives every point its own inducing set; call "
             "it inside the data plate: with numpyro.plate('data', N, subsample_size=B): "
             "x = numpyro.subsample(X, event_dim=1); h = gp_layer(..., x, inducing='amortized')"
         )
-    X = as_float_array(X, "X", f"gp_layer {name!r}")
+    X = as_float_array(X, "X", caller)
     B = data_plate[0].subsample_size
     if X.ndim not in (2, 3) or X.shape[-2] != B:
         raise ValueError(
-            f"gp_layer {name!r}: X must have shape ({B}, dim) (the plate's {B} points), or "
+            f"{caller}: X must have shape ({B}, dim) (the plate's {B} points), or "
             f"(num_branches, {B}, dim); got {X.shape}"
         )
-    _check_finite(X, f"gp_layer {name!r}: X")
-    _check_input_scale(name, X, kernel)
-    jitter = _check_layer_jitter(name, jitter, X.dtype)
-    return LayerArgs(X, None, None, False, False, {}, jitter, data_plate[0])
+    return LayerArgs(X, None, None, False, False, {}, data_plate[0])
+
+
+# ---- the inducing part: inducing inputs, the factor of K(Z, Z), the prior of u ----
+
+
+def inducing_inputs_site(
+    name: str, args: LayerArgs, num_inducing: int | None, learn_inducing: bool
+) -> jax.Array:
+    """The layer's inducing inputs: the propagated locations, or a parameter initialized from the
+    given inputs or by k-means on ``X``."""
+    if args.propagated_Z is not None:
+        return args.propagated_Z
+    init: jax.Array | Callable[[jax.Array], jax.Array]
+    if args.inducing_inputs is not None:
+        init = args.inducing_inputs
+    else:
+        assert num_inducing is not None  # check_layer_args: given when inducing_inputs is not
+        X, M = args.X, int(num_inducing)
+        init = lambda _: kmeans_inducing_inputs(X, M)  # noqa: E731
+    Z = numpyro.param(f"{name}.inducing_inputs", init)
+    if jnp.ndim(Z) != 2 or jnp.shape(Z)[-1] != args.X.shape[-1]:  # fitted values given to a run
+        raise ValueError(
+            f"gp_layer {name!r}: its inputs have {args.X.shape[-1]} columns, its inducing_inputs "
+            f"have shape {jnp.shape(Z)}: inputs with another number of columns than the layer "
+            "was fitted on (for the first layer, X_new must have the training inputs' columns)"
+        )
+    return Z if learn_inducing else jax.lax.stop_gradient(Z)
+
+
+def kmeans_inducing_inputs(X: jax.Array, num_inducing: int) -> jax.Array:
+    """k-means centers of the rows of ``X`` (leading axes flattened) as inducing inputs.
+
+    A fixed key: the same data give the same inducing inputs in every run of the model (a
+    guide's prototype run and SVI's initial run must agree, e.g. for inducing locations). With
+    fewer rows than ``num_inducing`` (a minibatch
+    smaller than ``M``, which is all a layer sees at initialization) k-means cannot give
+    ``M`` distinct centers: :func:`points_and_gaussian_draws` instead."""
+    points = jax.lax.stop_gradient(X.reshape(-1, X.shape[-1]))
+    if points.shape[0] < num_inducing:
+        return points_and_gaussian_draws(points, num_inducing)
+    return kmeans(jax.random.PRNGKey(0), points, num_inducing)
+
+
+def points_and_gaussian_draws(points: jax.Array, num_inducing: int) -> jax.Array:
+    """``(M, D)`` inducing inputs from ``n < M`` points: the ``n`` points, then ``M - n`` draws
+    (fixed key) from the Gaussian with their mean and covariance.
+
+    The draws cover the region the points span, and with probability one no two inducing
+    inputs coincide (``K(Z, Z)`` stays invertible). The covariance gets a ridge of
+    :func:`~numpyro_dgp.core.default_jitter` times its mean variance (fewer points than
+    dimensions leave it singular, and its round-off in float32 can make it indefinite);
+    identical points (or one) give a unit covariance.
+
+    :param points: ``(n, D)``.
+    :param num_inducing: ``M > n``.
+    :return: ``(M, D)``, the points first.
+    """
+    n, D = points.shape
+    mean = points.mean(0)
+    centered = points - mean
+    cov = centered.T @ centered / max(n - 1, 1)
+    scale = jnp.trace(cov) / D
+    identity = jnp.eye(D, dtype=points.dtype)
+    ridge = default_jitter(points.dtype) * scale
+    cov = jnp.where(scale > 0, cov + ridge * identity, identity)
+    eps = jax.random.normal(jax.random.PRNGKey(0), (num_inducing - n, D), points.dtype)
+    return jnp.concatenate([points, mean + eps @ jnp.linalg.cholesky(cov).T])
+
+
+def inducing_factor(
+    kernel: Kernel, Z: jax.Array, jitter: float, reads_factor: bool = True
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The jittered Cholesky factor ``L`` of ``K(Z, Z)``, its inverse and the jitter it used.
+
+    ``reads_factor``: the caller's step reads ``L`` as well as ``L^{-1}`` (a non-whitened
+    layer's prior, inducing locations), and the two are differentiated together
+    (:func:`~numpyro_dgp.core.cholesky_and_inverse`); ``False``: a whitened layer's step reads
+    ``L^{-1}`` alone, whose own rule (:func:`~numpyro_dgp.core.inverse_cholesky`) is cheaper."""
+    # A failed factorization gives NaN, which fit() detects (skips and counts the step);
+    # a lax.cond retry here would triple the compile time of every layer.
+    Kmm = kernel(Z)
+    # Relative to the prior variance, as for per-point sets: a classifier's output layer grows
+    # its kernel variance to ~100, and a fixed 1e-4 then falls below float32 round-off.
+    absolute = jitter * mean_diagonal(Kmm)
+    jittered = Kmm + absolute * jnp.eye(Kmm.shape[-1], dtype=Kmm.dtype)
+    if reads_factor:
+        return *cholesky_and_inverse(jittered), absolute
+    # L's own rule applies only where a step reads L after all (XLA drops it otherwise)
+    return cholesky(jittered), inverse_cholesky(jittered), absolute
+
+
+def inducing_prior(
+    args: LayerArgs, Kmm_chol: jax.Array, prior_mean: jax.Array, out_dim: int
+) -> dist.Distribution:
+    """``p(u)`` per output: N(mean(Z), K) for locations, else N(0, I) whitened or N(0, K)."""
+    if args.locations:
+        return dist.MultivariateNormal(prior_mean, scale_tril=Kmm_chol)
+    M, dtype = Kmm_chol.shape[-1], args.X.dtype
+    zeros, eye = jnp.zeros(M, dtype), jnp.eye(M, dtype=dtype)
+    if args.whiten:
+        # the standard normal by construction: nothing to validate
+        prior = dist.MultivariateNormal(zeros, scale_tril=eye, validate_args=False)
+    else:
+        prior = dist.MultivariateNormal(zeros, scale_tril=Kmm_chol)
+    return prior.expand([out_dim])
+
+
+def mean_diagonal(K: jax.Array) -> jax.Array:
+    """The mean of the diagonal of ``K`` (per matrix of a batch), kept above the smallest
+    normal number so that a relative jitter never becomes zero."""
+    mean = jnp.mean(jnp.diagonal(K, axis1=-2, axis2=-1), axis=-1)
+    return jnp.maximum(mean, jnp.finfo(K.dtype).tiny)
