@@ -32,8 +32,6 @@ from numpyro.infer.svi import SVIState
 from numpyro_dgp.infer._checks import named_arguments
 from numpyro_dgp.io import load_params, save_params
 
-__all__ = ["CHECKPOINT_FORMAT", "Checkpoints", "Progress"]
-
 #: the ``metadata["format"]`` of a fit checkpoint
 CHECKPOINT_FORMAT = "numpyro_dgp.fit_checkpoint"
 
