@@ -198,6 +198,11 @@ class _Unhashable(tuple):
         return self is other
 
 
+def _cache_key(statics: tuple) -> tuple:
+    """``statics`` as they are, or compared by identity when they cannot be hashed."""
+    return statics if hashable(statics) else _Unhashable(statics)
+
+
 @partial(jax.jit, static_argnums=0)
 def _run_chunk(statics, carry, num_active, average_start, dyn_args, dyn_kwargs):
     """A ``lax.scan`` over ``chunk`` SVI steps; the steps with index ``>= num_active`` are
@@ -342,9 +347,7 @@ def fit(
     dyn_args, static_args, dyn_kwargs, static_kwargs = split_traced(args, kwargs)
     chunk = min(int(chunk_size), int(num_steps), int(every or num_steps))
     # what a chunk's program is compiled for besides its arguments' shapes (a cache key)
-    statics = (svi, chunk, average_from is not None, static_args, static_kwargs)
-    if not hashable(statics):
-        statics = _Unhashable(statics)
+    statics = _cache_key((svi, chunk, average_from is not None, static_args, static_kwargs))
     if init_state is None:
         init_state = initial_state(svi, rng_key, args, kwargs, init_params, strict)
     progress = Progress.fresh(svi, init_state, average_from is not None)
