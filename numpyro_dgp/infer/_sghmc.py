@@ -252,6 +252,9 @@ class SGHMC(ChainKernel):
         }
         values = {k: s["value"] for k, s in param_sites.items()}
         params = transform_fn(self._param_transforms, values, invert=True)
+        # strongly typed, as a step's optimizer update returns them (a compiled step takes its
+        # own output)
+        params = jax.tree.map(lambda v: jnp.asarray(v, jnp.result_type(v)), params)
         z = z if init_params is None else init_params
         init_state = jax.jit(self._init_state)  # one compilation instead of many eager ops
         if self._vectorized:
