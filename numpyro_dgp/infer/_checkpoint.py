@@ -32,8 +32,6 @@ from numpyro.infer.svi import SVIState
 from numpyro_dgp.infer._checks import named_arguments
 from numpyro_dgp.io import load_params, save_params
 
-__all__ = ["CHECKPOINT_FORMAT", "Checkpoints", "Progress"]
-
 #: the ``metadata["format"]`` of a fit checkpoint
 CHECKPOINT_FORMAT = "numpyro_dgp.fit_checkpoint"
 
@@ -137,10 +135,14 @@ def with_state(identity: dict, params: dict, template: Progress) -> dict:
     }
 
 
-def _data_difference(stored: dict, current: dict) -> str | None:
-    """How this fit's model arguments (``current``) differ from the checkpoint's, or ``None``."""
-    for where in sorted(set(stored) | set(current)):
-        was, now = stored.get(where), current.get(where)
+def _identity_difference(stored: Any, current: dict) -> str | None:
+    """How this fit differs from the one that wrote the checkpoint (its identity ``stored``),
+    or ``None`` for the same fit (the parameters compared once ``current`` has them)."""
+    if not isinstance(stored, dict):
+        return "the checkpoint does not record its fit (written by an older numpyro_dgp)"
+    stored_data, data = stored.get("data") or {}, current["data"]
+    for where in sorted(set(stored_data) | set(data)):  # the model's arguments first
+        was, now = stored_data.get(where), data.get(where)
         if was == now:
             continue
         if was is None or now is None:
@@ -155,17 +157,6 @@ def _data_difference(stored: dict, current: dict) -> str | None:
             )
         if None not in (was["sha256"], now["sha256"]):
             return f"{where} holds other values (the same shape and dtype; another SHA-256)"
-    return None
-
-
-def _identity_difference(stored: Any, current: dict) -> str | None:
-    """How this fit differs from the one that wrote the checkpoint (its identity ``stored``),
-    or ``None`` for the same fit (the parameters compared once ``current`` has them)."""
-    if not isinstance(stored, dict):
-        return "the checkpoint does not record its fit (written by an older numpyro_dgp)"
-    difference = _data_difference(stored.get("data") or {}, current["data"])
-    if difference is not None:
-        return difference
     if stored.get("average_from") != current["average_from"]:
         here, there = current["average_from"], stored.get("average_from")
         return f"average_from={here!r} here, average_from={there!r} in the checkpoint's fit"

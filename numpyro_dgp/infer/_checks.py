@@ -35,18 +35,6 @@ from numpyro_dgp._validation import (
     warn_if_target_not_standardized,
 )
 
-__all__ = [
-    "check_data",
-    "check_finite_start",
-    "check_observed",
-    "check_start",
-    "diagnosis",
-    "failed_layer",
-    "named_arguments",
-    "non_finite_params",
-    "report_skipped",
-]
-
 
 def _base_distribution(fn: Any) -> Any:
     while hasattr(fn, "base_dist"):  # Independent, Expanded, Masked wrappers

@@ -36,8 +36,6 @@ from numpyro.util import identity, is_prng_key
 
 from numpyro_dgp.posteriors import unwrap_distribution
 
-__all__ = ["ChainKernel", "EllipticalSlice", "EllipticalSliceState", "elliptical_slice_gibbs"]
-
 
 class EllipticalSliceState(NamedTuple):
     """The state of an :class:`EllipticalSlice` chain.

@@ -35,9 +35,7 @@ from numpyro_dgp.infer._checks import (
     check_start,
     report_skipped,
 )
-from numpyro_dgp.infer._init import initial_state
-
-__all__ = ["FitResult", "TrainingLog", "fit", "guarded_update", "select", "timed_compile"]
+from numpyro_dgp.infer._init import hashable, initial_state
 
 
 class FitResult(NamedTuple):
@@ -189,12 +187,6 @@ class TrainingLog:
         return FitResult(params, self.losses, state, self.num_skipped, *timing, averaged)
 
 
-@partial(jax.jit, static_argnums=0)
-def _get_params(svi, state):
-    # eagerly, svi.get_params compiles one program per parameter
-    return svi.get_params(state)
-
-
 class _Unhashable(tuple):
     """A chunk's statics holding a model argument that cannot be hashed: compiled for this fit
     alone (compared by identity)."""
@@ -204,6 +196,11 @@ class _Unhashable(tuple):
 
     def __eq__(self, other: object) -> bool:
         return self is other
+
+
+def _cache_key(statics: tuple) -> tuple:
+    """``statics`` as they are, or compared by identity when they cannot be hashed."""
+    return statics if hashable(statics) else _Unhashable(statics)
 
 
 @partial(jax.jit, static_argnums=0)
@@ -349,7 +346,8 @@ def fit(
     # arrays are traced arguments; everything else (ints used as subsample sizes, flags) is static
     dyn_args, static_args, dyn_kwargs, static_kwargs = split_traced(args, kwargs)
     chunk = min(int(chunk_size), int(num_steps), int(every or num_steps))
-    statics = _statics(svi, chunk, average_from is not None, static_args, static_kwargs)
+    # what a chunk's program is compiled for besides its arguments' shapes (a cache key)
+    statics = _cache_key((svi, chunk, average_from is not None, static_args, static_kwargs))
     if init_state is None:
         init_state = initial_state(svi, rng_key, args, kwargs, init_params, strict)
     progress = Progress.fresh(svi, init_state, average_from is not None)
@@ -383,19 +381,9 @@ def fit(
     log.run(run, chunk_length, after_chunk)
     state, mean, _ = carry
     if params is None:  # no chunk ran: resumed from the checkpoint of the finished run
-        params = _get_params(svi, state)
+        params = svi.get_params(state)
     averaged = svi.constrain_fn(mean) if average_from is not None else None
     return log.result(svi, params, state, args, kwargs, chunk, compile_seconds, averaged)
-
-
-def _statics(svi, chunk, average, static_args, static_kwargs):
-    """What a chunk's program is compiled for besides its arguments' shapes (a cache key)."""
-    statics = (svi, chunk, average, static_args, static_kwargs)
-    try:
-        hash(statics)
-    except TypeError:
-        return _Unhashable(statics)
-    return statics
 
 
 def _check_options(num_steps, chunk_size, average_from, checkpoint_path, every, resume):

@@ -30,8 +30,6 @@ from numpyro_dgp.io import (
     set_up_guide,
 )
 
-__all__ = ["init", "initial_state"]
-
 #: ``fold_in`` data of the key that sets up the guide (apart from the key ``svi.init`` gets)
 _SETUP_STREAM = 0x5E7
 
@@ -71,15 +69,21 @@ def init(
     # that own no NumPyro sub-guide (an AutoNormal for latent hyperparameters builds its
     # structure from concrete values on its first call)
     compilable = isinstance(guide, DGPGuide) and guide._other_guide is None
-    try:
-        hash((static_args, static_kwargs))
-    except TypeError:  # unhashable static arguments: as svi.init does
-        compilable = False
-    if not compilable:
+    # unhashable static arguments: as svi.init does
+    if not (compilable and hashable((static_args, static_kwargs))):
         return svi.init(rng_key, *args, init_params=init_params, **kwargs)
     return _compiled_init(
         svi, static_args, static_kwargs, rng_key, dyn_args, dyn_kwargs, init_params
     )
+
+
+def hashable(value: Any) -> bool:
+    """Whether ``value`` can be hashed (a static argument of a compiled function)."""
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2), compiler_options=ONE_SHOT_OPTIONS)

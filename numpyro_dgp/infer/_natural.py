@@ -29,13 +29,11 @@ from numpyro.distributions.transforms import biject_to
 from numpyro.optim import optax_to_numpyro
 
 from numpyro_dgp._compat import softplus_lower_cholesky
-from numpyro_dgp._validation import check_positive_int
+from numpyro_dgp._validation import check_positive_int, check_positive_number
 from numpyro_dgp.core import cholesky, inverse_cholesky, triangular_inverse
 
 if TYPE_CHECKING:
     from numpyro_dgp._compat import NumPyroOptimizer
-
-__all__ = ["NaturalGradientState", "natural_gradient_ramp", "natural_gradients"]
 
 
 class NaturalGradientState(NamedTuple):
@@ -63,10 +61,8 @@ def natural_gradient_ramp(
     :return: an optax schedule (step count -> step size).
     :raises ValueError: for non-positive sizes or ``num_steps < 1``.
     """
-    if not (float(initial) > 0 and float(final) > 0):
-        raise ValueError(
-            f"natural_gradient_ramp: initial and final must be positive, got {initial!r}, {final!r}"
-        )
+    check_positive_number(initial, "initial", "natural_gradient_ramp")
+    check_positive_number(final, "final", "natural_gradient_ramp")
     check_positive_int(num_steps, "num_steps", "natural_gradient_ramp")
     log_initial, log_final = np.log(float(initial)), np.log(float(final))
 

@@ -47,11 +47,9 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import potential_energy, transform_fn
 
 from numpyro_dgp._protocol import amortized_layer_names
-from numpyro_dgp._validation import check_positive_int, tree_all_finite
+from numpyro_dgp._validation import check_positive_int, check_positive_number, tree_all_finite
 from numpyro_dgp.infer._elliptical import ChainKernel
 from numpyro_dgp.infer._fit import select
-
-__all__ = ["SGHMC", "SGHMCState"]
 
 # Regularizer of the moment estimates, as in the reference implementations.
 _EPS = 1e-16
@@ -151,11 +149,9 @@ class SGHMC(ChainKernel):
     :param num_data: ``N`` scaling the step. Default: the (full) size of the model's largest
         ``numpyro.plate``, or 1 if it has none.
     :param param_optimizer: an optax optimizer for the unconstrained ``numpyro.param`` values
-        (default ``"adam"``: ``optax.adam(0.01)``), minimizing ``U(theta_w, params) / num_data``
+        (default ``optax.adam(0.01)``), minimizing ``U(theta_w, params) / num_data``
         with ``theta_w`` drawn from the window; ``None`` keeps the params at their initial values.
     :param window_size: number of recent latent samples kept for MW-MCEM (default 100).
-    :param optimize_after_warmup: keep optimizing the params during sampling (default True,
-        as in sghmc_dgp); if False they are frozen after warmup.
     :param init_strategy: per-site initialization strategy (default ``init_to_uniform``).
 
     Notes:
@@ -189,34 +185,23 @@ class SGHMC(ChainKernel):
         step_size: float = 0.01,
         mdecay: float = 0.05,
         num_data: int | None = None,
-        param_optimizer: optax.GradientTransformation | str | None = "adam",
+        param_optimizer: optax.GradientTransformation | None = optax.adam(0.01),
         window_size: int = 100,
-        optimize_after_warmup: bool = True,
         init_strategy: Callable = init_to_uniform,
     ) -> None:
         if model is None or not callable(model):
             raise ValueError(f"SGHMC: model must be a callable NumPyro model, got {model!r}")
-        if not step_size > 0:
-            raise ValueError(f"SGHMC: step_size must be positive, got {step_size!r}")
+        check_positive_number(step_size, "step_size", "SGHMC")
         if not 0 < mdecay <= 1:
             raise ValueError(f"SGHMC: mdecay must be in (0, 1], got {mdecay!r}")
         check_positive_int(window_size, "window_size", "SGHMC")
-        if num_data is not None and not num_data > 0:
-            raise ValueError(f"SGHMC: num_data must be positive, got {num_data!r}")
+        check_positive_int(num_data, "num_data", "SGHMC", allow_none=True)
         super().__init__(model, init_strategy)
         self._step_size = float(step_size)
         self._mdecay = float(mdecay)
         self._num_data_arg = num_data
-        if param_optimizer == "adam":
-            param_optimizer = optax.adam(0.01)
-        elif isinstance(param_optimizer, str):
-            raise ValueError(
-                "SGHMC: param_optimizer must be an optax optimizer, 'adam' or None, "
-                f"got {param_optimizer!r}"
-            )
         self._optimizer = param_optimizer
         self._window_size = window_size
-        self._optimize_after_warmup = bool(optimize_after_warmup)
         # set by init
         self._num_warmup = 0
         self._num_data: int | None = None
@@ -267,6 +252,9 @@ class SGHMC(ChainKernel):
         }
         values = {k: s["value"] for k, s in param_sites.items()}
         params = transform_fn(self._param_transforms, values, invert=True)
+        # strongly typed, as a step's optimizer update returns them (a compiled step takes its
+        # own output)
+        params = jax.tree.map(lambda v: jnp.asarray(v, jnp.result_type(v)), params)
         z = z if init_params is None else init_params
         init_state = jax.jit(self._init_state)  # one compilation instead of many eager ops
         if self._vectorized:
@@ -277,7 +265,7 @@ class SGHMC(ChainKernel):
     def _init_state(self, z, params, rng_key):
         z_flat, _ = ravel_pytree(z)
         ones = jnp.ones_like(z_flat)
-        opt_state = self._optimizer.init(params) if self._optimizes(params) else ()
+        opt_state = self._optimizer.init(params) if self._optimizer is not None and params else ()
         window = jnp.zeros((self._window_size,) + z_flat.shape, z_flat.dtype)
         # counters: int32, not a weakly typed int, so a step returns the state's own types
         # (an ahead-of-time compiled step refused its second call otherwise)
@@ -287,9 +275,6 @@ class SGHMC(ChainKernel):
         return SGHMCState(
             zero, z, momentum, ones, ones, ones, params, opt_state, window, zero, pe, zero, rng_key
         )
-
-    def _optimizes(self, params):
-        return self._optimizer is not None and len(params) > 0
 
     def _potential(self, z, params, rng_key, model_args, model_kwargs):
         """``U(z; params)`` for unconstrained ``z`` and ``params``, with a given model key."""
@@ -336,28 +321,17 @@ class SGHMC(ChainKernel):
         window = state.window.at[state.window_count % self._window_size].set(z_new_flat)
         window_count = state.window_count + 1
         params, opt_state, ok_params = state.params, state.opt_state, jnp.array(True)
-        if self._optimizes(state.params):
+        if self._optimizer is not None and state.params:
             filled = jnp.minimum(window_count, self._window_size)
             z_w = unravel(window[random.randint(key_win, (), 0, filled)])
 
             def loss(p):
                 return self._potential(z_w, p, key_opt, model_args, model_kwargs) / n
 
-            def optimize(_):
-                p_grad = jax.grad(loss)(state.params)
-                updates, new_opt_state = self._optimizer.update(
-                    p_grad, state.opt_state, state.params
-                )
-                new_params = optax.apply_updates(state.params, updates)
-                return new_params, new_opt_state, tree_all_finite(p_grad)
-
-            # cond, not where: skips the gradient when params are frozen after warmup.
-            params, opt_state, ok_params = jax.lax.cond(
-                warmup | self._optimize_after_warmup,
-                optimize,
-                lambda _: (state.params, state.opt_state, jnp.array(True)),
-                None,
-            )
+            p_grad = jax.grad(loss)(state.params)
+            updates, opt_state = self._optimizer.update(p_grad, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
+            ok_params = tree_all_finite(p_grad)
 
         z_new, pe = unravel(z_new_flat), pe.astype(dtype)
         proposed = state._replace(

@@ -34,8 +34,6 @@ from numpyro_dgp.infer._checks import check_start
 from numpyro_dgp.infer._fit import FitResult, TrainingLog, guarded_update, timed_compile
 from numpyro_dgp.infer._init import initial_state
 
-__all__ = ["HostMinibatches", "fit_minibatches"]
-
 
 class HostMinibatches:
     """An endless stream of minibatches ``(X[idx], y[idx])`` gathered on the host.
@@ -49,7 +47,6 @@ class HostMinibatches:
     :param y: ``(N,)`` targets (or ``None``).
     :param batch_size: rows per batch (``<= N``).
     :param seed: seed of the index stream (give each process of a distributed fit its own).
-    :param dtype: dtype of the returned batches (default: as stored).
     :raises ValueError: for mismatched lengths or a bad ``batch_size``.
     """
 
@@ -60,7 +57,6 @@ class HostMinibatches:
         batch_size: int,
         *,
         seed: int = 0,
-        dtype: Any = None,
     ) -> None:
         check_positive_int(batch_size, "batch_size", "HostMinibatches")
         if np.ndim(X) != 2:
@@ -70,31 +66,19 @@ class HostMinibatches:
             raise ValueError(f"HostMinibatches: y has {np.shape(y)[0]} rows, X has {N}")
         if batch_size > N:
             raise ValueError(f"HostMinibatches: batch_size={batch_size} exceeds the {N} rows")
-        self.X, self.y, self.batch_size, self.dtype = X, y, int(batch_size), dtype
-        self.num_data = int(N)
+        self.X, self.y, self.batch_size, self.num_data = X, y, int(batch_size), int(N)
         self._rng = np.random.default_rng(seed)
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
         return self
 
-    def indices(self) -> np.ndarray:
-        """The next batch's row indices (sorted).
-
-        :return: ``(batch_size,)`` int64 indices.
-        """
-        return np.sort(
+    def __next__(self) -> tuple[np.ndarray, ...]:
+        # sorted row indices: a memory map is read front to back
+        idx = np.sort(
             self._rng.choice(self.num_data, self.batch_size, replace=False, shuffle=False)
         )
-
-    def __next__(self) -> tuple[np.ndarray, ...]:
-        idx = self.indices()
-        X = np.asarray(self.X[idx], dtype=self.dtype)
-        if self.y is None:
-            return (X,)
-        return X, np.asarray(
-            self.y[idx],
-            dtype=self.dtype if np.issubdtype(np.asarray(self.y[:1]).dtype, np.floating) else None,
-        )
+        X = np.asarray(self.X[idx])
+        return (X,) if self.y is None else (X, np.asarray(self.y[idx]))
 
 
 def _to_device(batch, mesh):
@@ -103,13 +87,9 @@ def _to_device(batch, mesh):
         return tuple(jnp.asarray(a) for a in arrays)
     from jax.sharding import NamedSharding, PartitionSpec
 
-    axis = mesh.axis_names[0]
-    return tuple(
-        jax.make_array_from_process_local_data(
-            NamedSharding(mesh, PartitionSpec(axis, *([None] * (a.ndim - 1)))), a
-        )
-        for a in arrays
-    )
+    # rows sharded over the mesh's first axis, the other axes whole
+    rows = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+    return tuple(jax.make_array_from_process_local_data(rows, a) for a in arrays)
 
 
 def fit_minibatches(
