@@ -38,7 +38,6 @@ from numpyro_dgp._compat import innermost_guide, is_tracer
 from numpyro_dgp._engine.observation import shared_rule
 from numpyro_dgp._engine.run import (
     MarginalRun,
-    abstract_read,
     guide_posteriors,
     guide_then_model,
     model_facts,
@@ -48,6 +47,7 @@ from numpyro_dgp._protocol import (
     LAYER_MESSAGE,
     LAYER_RULE,
     NODE_AXIS,
+    abstract_read,
     get_tag,
     layer_call,
     with_tag,

@@ -26,6 +26,7 @@ from numpyro_dgp._engine.observation import likelihood_rule, observation_kind
 from numpyro_dgp._protocol import (
     CONDITIONAL,
     GAUSSIAN,
+    abstract_read,
     get_tag,
     latent_specs,
     node_tail,
@@ -71,20 +72,6 @@ class MarginalRun(NamedTuple):
     last_output: Any = None
     correlated_outputs: bool = False
     penalties: list | tuple = ()
-
-
-def abstract_read(model: Callable, args: tuple, kwargs: dict, read: Callable) -> Any:
-    """``read(trace)`` of one abstract run of ``model`` (``jax.eval_shape``: it computes
-    nothing, so it adds nothing to the compiled computation). Closing over ``args`` keeps
-    static ones (subsample sizes) concrete."""
-    found = []
-
-    def probe():
-        found.append(read(trace(model).get_trace(*args, **kwargs)))
-        return 0
-
-    jax.eval_shape(probe)
-    return found[0]
 
 
 def model_facts(model_trace: dict) -> dict:

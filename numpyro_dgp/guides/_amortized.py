@@ -26,7 +26,6 @@ from numpyro_dgp.guides._latent import Placeholder, mlp, register_mlp
 from numpyro_dgp.posteriors import (
     AMORTIZATION_RULES,
     AmortizedPosterior,
-    CholeskyNormal,
     check_points,
     check_weights,
     quadrature_log_weights,
@@ -173,40 +172,33 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         )
         return points, log_weights.astype(dtype)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
-        """Sample the global latent sites and register each amortized layer's encoder (a
-        placeholder on the layer's u site carries it)."""
-        rng_key = self._prepare(*args, **kwargs)
-        result = dict(self._sample_others(*args, **kwargs))
-        for site in self.inducing_sites:
-            if site.inducing != "amortized":
-                loc, scale_tril = self._q(site, rng_key, args, kwargs)
-                result[site.name] = numpyro.sample(
-                    site.name, CholeskyNormal(loc, scale_tril).to_event(1)
-                )
-                continue
-            dtype = self.prototype_trace[site.name]["value"].dtype
-            points, log_weights = self._branches(site, dtype)
-            posterior = AmortizedPosterior(
-                self._encoder(site, self.amortized_sites[site.name], dtype),
-                self.rule,
-                self.num_branches,
-                points,
-                log_weights,
-            )
-            # under the u site's own name, so NumPyro's ELBOs meet it (and refuse it) instead of
-            # finding the model's u site uncovered; auxiliary: it is never a draw of u
-            value_shape = self.prototype_trace[site.name]["value"].shape
-            refusal = (
-                f"AutoAmortizedDGP: q({site.name}) depends on the model's layer outputs (the "
-                "encoder input), so the guide cannot be sampled on its own (NumPyro's "
-                "Trace_ELBO, TraceMeanField_ELBO, Predictive); use numpyro_dgp.DGPElbo or "
-                "numpyro_dgp.PredictiveObjective to train and numpyro_dgp.predict to predict: "
-                "they evaluate the encoders inside the model's run"
-            )
-            placeholder = Placeholder(posterior, site.name, value_shape, 2, refusal)
-            numpyro.sample(site.name, placeholder, infer={"is_auxiliary": True})
-        return result
+    def _sample_site(
+        self, site: InducingSite, rng_key: jax.Array | None, args: tuple, kwargs: dict
+    ) -> jax.Array:
+        """A global site's Gaussian, or the placeholder that carries an amortized layer's
+        encoder."""
+        if site.inducing != "amortized":
+            return super()._sample_site(site, rng_key, args, kwargs)
+        points, log_weights = self._branches(site, site.dtype)
+        posterior = AmortizedPosterior(
+            self._encoder(site, self.amortized_sites[site.name], site.dtype),
+            self.rule,
+            self.num_branches,
+            points,
+            log_weights,
+        )
+        # under the u site's own name, so NumPyro's ELBOs meet it (and refuse it) instead of
+        # finding the model's u site uncovered; auxiliary: it is never a draw of u
+        value_shape = self.prototype_trace[site.name]["value"].shape
+        refusal = (
+            f"AutoAmortizedDGP: q({site.name}) depends on the model's layer outputs (the "
+            "encoder input), so the guide cannot be sampled on its own (NumPyro's "
+            "Trace_ELBO, TraceMeanField_ELBO, Predictive); use numpyro_dgp.DGPElbo or "
+            "numpyro_dgp.PredictiveObjective to train and numpyro_dgp.predict to predict: "
+            "they evaluate the encoders inside the model's run"
+        )
+        placeholder = Placeholder(posterior, site.name, value_shape, 2, refusal)
+        return numpyro.sample(site.name, placeholder, infer={"is_auxiliary": True})
 
     def median(self, params: dict) -> NoReturn:
         """Refused: the inducing values are functions of each point's encoder input.
