@@ -300,9 +300,10 @@ def _guide_samples(guide_trace: dict, names: Any) -> list[dict]:
 
 
 def latent_posteriors(guide_trace: dict, names: list[str]) -> dict[str, Any]:
-    """``{site: q(w_n)}`` of the latent inputs ``names``: a library guide's
-    :class:`~numpyro_dgp.posteriors.LatentPosterior`, or ``(loc, scale)`` of a guide site that is
-    a Normal (NumPyro's ``AutoNormal``); sites with neither are left out."""
+    """``{site: q(w_n)}`` of the latent inputs ``names``, each a
+    :class:`~numpyro_dgp.posteriors.LatentPosterior`: a library guide's, or the ``(loc, scale)``
+    of a guide site that is a Normal (NumPyro's ``AutoNormal``); sites with neither are left
+    out."""
     out: dict[str, Any] = {}
     for site in _guide_samples(guide_trace, names):
         posterior = getattr(site["fn"], "posterior", None)
@@ -310,7 +311,7 @@ def latent_posteriors(guide_trace: dict, names: list[str]) -> dict[str, Any]:
         if isinstance(posterior, LatentPosterior):
             out[site["name"]] = posterior
         elif isinstance(base, dist.Normal):
-            out[site["name"]] = (base.loc, base.scale)
+            out[site["name"]] = LatentPosterior(lambda _, q=(base.loc, base.scale): q)
     return out
 
 

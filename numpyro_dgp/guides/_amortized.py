@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-from jax.typing import ArrayLike, DTypeLike
+from jax.typing import ArrayLike
 from numpyro.distributions.util import vec_to_tril_matrix
 
 from numpyro_dgp._protocol import INDUCING, LOCAL_KL, encoder_input_layer, with_tag
@@ -22,7 +22,7 @@ from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.core import local_kl
 from numpyro_dgp.guides._base import InducingSite
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
-from numpyro_dgp.guides._latent import Placeholder, mlp, register_mlp
+from numpyro_dgp.guides._latent import Placeholder, mlp
 from numpyro_dgp.posteriors import (
     AMORTIZATION_RULES,
     AmortizedPosterior,
@@ -113,43 +113,36 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         self.initial_points = points
         self.initial_weights = check_weights(weights, int(num_branches), "AutoAmortizedDGP")
         self.learn_points = bool(learn_points)
-        self.amortized_sites: dict[str, int] = {}  # u-site -> encoder input width D
         super().__init__(model, prefix=prefix, **kwargs)
 
     encodes_inducing_sets = True
 
     def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
         super()._setup_prototype(*args, **kwargs)
-        # u-site -> the width D of its layer's encoder input (read off the site's tag)
-        self.amortized_sites = {
-            s.name: int(self.prototype_trace[s.name]["infer"][INDUCING].encoder_input.shape[-1])
-            for s in self.inducing_sites
-            if s.inducing == "amortized"
-        }
-        if not self.amortized_sites:
+        if not any(s.inducing == "amortized" for s in self.inducing_sites):
             raise ValueError(
                 "AutoAmortizedDGP: the model has no gp_layer with inducing='amortized'; use "
                 "AutoFactorizedDGP (or build the layers with inducing='amortized')"
             )
 
-    def _encoder(self, site: InducingSite, in_dim: int, dtype: DTypeLike) -> Callable:
+    def _encoder(self, site: InducingSite) -> Callable:
         """``p -> (loc (..., P, M), scale)`` with its parameters registered."""
-        P, M = site.out_dim, site.num_inducing
+        P, M, dtype = site.out_dim, site.num_inducing, site.dtype
+        # the width D of the layer's encoder input, read off the site's tag
+        in_dim = int(self.prototype_trace[site.name]["infer"][INDUCING].encoder_input.shape[-1])
         width = self.hidden_width or min(in_dim, P * M)
         base = f"{site.name}_{self.prefix}"
-        mean_init, mean_apply = mlp(width, P * M, self.num_hidden)
         full = self.covariance == "full"
         scale_out = P * M * (M + 1) // 2 if full else P * M
-        scale_init, scale_apply = mlp(width, scale_out, self.num_hidden)
-        mean_params = register_mlp(f"{base}.mean_net", mean_init, in_dim, dtype)
-        scale_params = register_mlp(f"{base}.scale_net", scale_init, in_dim, dtype)
+        mean_net = mlp(f"{base}.mean_net", in_dim, width, P * M, dtype, self.num_hidden)
+        scale_net = mlp(f"{base}.scale_net", in_dim, width, scale_out, dtype, self.num_hidden)
         # softplus(raw + shift) starts at init_scale when the network's output is near 0
         shift = float(np.log(np.expm1(self.encoder_init_scale)))
 
         def encode(p):
             lead = p.shape[:-1]
-            loc = mean_apply(mean_params, p).reshape(lead + (P, M))
-            raw = scale_apply(scale_params, p)
+            loc = mean_net(p).reshape(lead + (P, M))
+            raw = scale_net(p)
             if not full:
                 return loc, jax.nn.softplus(raw + shift).reshape(lead + (P, M)) + 1e-6
             tril = vec_to_tril_matrix(raw.reshape(lead + (P, M * (M + 1) // 2)))
@@ -158,9 +151,9 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
 
         return encode
 
-    def _branches(self, site: InducingSite, dtype: DTypeLike) -> tuple[jax.Array | None, jax.Array]:
+    def _branches(self, site: InducingSite) -> tuple[jax.Array | None, jax.Array]:
         """``(points (S, P) or None, log_weights (S,))`` of this layer's branches."""
-        S = self.num_branches
+        S, dtype = self.num_branches, site.dtype
         if self.rule != "AR2P":
             return None, jnp.full((S,), -np.log(S), dtype)
         init = check_points(
@@ -179,9 +172,9 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         encoder."""
         if site.inducing != "amortized":
             return super()._sample_site(site, rng_key, args, kwargs)
-        points, log_weights = self._branches(site, site.dtype)
+        points, log_weights = self._branches(site)
         posterior = AmortizedPosterior(
-            self._encoder(site, self.amortized_sites[site.name], site.dtype),
+            self._encoder(site),
             self.rule,
             self.num_branches,
             points,

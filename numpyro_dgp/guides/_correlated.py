@@ -174,7 +174,7 @@ class AutoChainDGP(AutoFactorizedDGP):
 
     def _sample_inducing(self, rng_key: jax.Array | None, args: tuple, kwargs: dict) -> dict:
         result = {}
-        parent = parent_loc = parent_u = None
+        parent = parent_loc = None
         for site in self.inducing_sites:
             # m_l and D_l are the factorized guide's parameters
             loc, tril = self._q(site, rng_key, args, kwargs)
@@ -186,9 +186,8 @@ class AutoChainDGP(AutoFactorizedDGP):
                     f"{site.name}_{self.prefix}_coupling",
                     jnp.zeros((site.size, parent.size), loc.dtype),
                 )
-                # set with the parent by the last step
-                assert parent_u is not None and parent_loc is not None
-                shift = coupling @ (parent_u - parent_loc).reshape(-1)
+                assert parent_loc is not None  # set with the parent by the last step
+                shift = coupling @ (result[parent.name] - parent_loc).reshape(-1)
                 cond_loc = loc + shift.reshape(loc.shape)
                 link = ChainLink(parent.name, loc, tril, parent_loc, coupling)
             # u = cond_loc + D z as a Delta with log-density -log|D|: exact log q without a
@@ -200,13 +199,12 @@ class AutoChainDGP(AutoFactorizedDGP):
             )
             value = cond_loc + jnp.einsum("pmk,pk->pm", tril, z)
             log_det = jnp.sum(jnp.log(jnp.diagonal(tril, axis1=-2, axis2=-1)))
-            u = numpyro.sample(
+            result[site.name] = numpyro.sample(
                 site.name,
                 dist.Delta(value, log_density=-log_det, event_dim=2),
                 infer={GAUSSIAN: link, CONDITIONAL: (cond_loc, tril)},
             )
-            result[site.name] = u
-            parent, parent_loc, parent_u = site, loc, u
+            parent, parent_loc = site, loc
         return result
 
     def marginal_covariances(self, params: dict) -> dict[str, jax.Array]:
@@ -285,14 +283,12 @@ class CorrelatedRecursion:
                 return Belief(post.mean.reshape(-1), block_covariances(post.scale_tril))
             if post.parent not in self._beliefs:
                 raise ValueError(
-                    f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, "
-                    "but layer "
-                    f"{post.parent!r} has not run before it at these points"
+                    f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, but "
+                    f"layer {post.parent!r} has not run before it at these points"
                 )
             parent_mean, coupling = post.parent_mean, post.coupling
-            assert (
-                parent_mean is not None and coupling is not None
-            )  # a chain factor with a parent has both
+            # a chain factor with a parent has both
+            assert parent_mean is not None and coupling is not None
             return chain_transition(
                 self._beliefs.pop(post.parent),
                 parent_mean.reshape(-1),
@@ -327,8 +323,7 @@ class CorrelatedRecursion:
             raise ValueError(
                 f"marginalize_inducing: layer {layer.name!r} runs at {N} points but the layer "
                 f"before it in the guide's chain ran at {belief.loc.shape[0]}; a correlated guide "
-                "needs each "
-                "point's chain of layer outputs"
+                "needs each point's chain of layer outputs"
             )
         Z = layer.inducing_inputs
         alpha, base_var = point_projection(
