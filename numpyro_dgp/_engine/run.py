@@ -156,9 +156,7 @@ def marginal_trace(
         last = found["last"]
         kinds = None
         if found["out_dim"] > 1 and nodes_per_output is None and not joint_draws:
-            kinds = _tail_kinds(
-                seeded_model, last, found["out_dim"], args, kwargs, objective, latent_mode
-            )
+            kinds = _tail_kinds(seeded_model, found, args, kwargs, objective, latent_mode)
         nodes, weights = likelihood_rule(
             found["out_dim"], kinds, nodes_per_output, num_samples, objective
         )
@@ -229,18 +227,14 @@ def _check_guide_fits_model(
 
 
 def _tail_kinds(
-    seeded_model: Callable,
-    last: str,
-    out_dim: int,
-    args: tuple,
-    kwargs: dict,
-    objective: str,
-    latent_mode: str,
+    seeded_model: Callable, found: dict, args: tuple, kwargs: dict, objective: str, latent_mode: str
 ) -> list[str]:
     """The kinds (:func:`~numpyro_dgp._engine.observation.observation_kind`) of the sample sites
     after the last layer (observed in training, not yet at prediction), from an abstract run with
-    two nodes on it (so that a parameter that depends on the layer carries the node axis)."""
-    nodes = np.stack([np.ones(out_dim), -np.ones(out_dim)])
+    two nodes on it (so that a parameter that depends on the layer carries the node axis);
+    ``found``: what :func:`marginal_trace`'s probe found."""
+    nodes = np.stack([np.ones(found["out_dim"]), -np.ones(found["out_dim"])])
+    last = found["last"]
     handler = marginalize_inducing(seeded_model, None, last, nodes, np.full(2, 0.5), latent_mode)
 
     def read(tr):

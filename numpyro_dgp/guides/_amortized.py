@@ -18,7 +18,7 @@ from jax.typing import ArrayLike
 from numpyro.distributions.util import vec_to_tril_matrix
 
 from numpyro_dgp._protocol import INDUCING, LOCAL_KL, encoder_input_layer, with_tag
-from numpyro_dgp._validation import check_choice, check_positive_int
+from numpyro_dgp._validation import check_choice, check_positive_int, check_positive_number
 from numpyro_dgp.core import local_kl
 from numpyro_dgp.guides._base import InducingSite
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
@@ -75,9 +75,9 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         draws, a fixed key).
     :param weights: AR2P starting weights ``(S,)`` (default uniform).
     :param learn_points: AR2P: learn the points and weights (else they stay at their start).
-    :param prefix: parameter-name prefix.
-    :param kwargs: passed to :class:`~numpyro_dgp.guides.DGPGuide` (``inner_init``,
-        ``init_scale``, ``init_loc_fn``; they concern the layers with global inducing points).
+    :param kwargs: passed to :class:`~numpyro_dgp.guides.DGPGuide`: ``prefix`` (the
+        parameter-name prefix), and ``inner_init``, ``init_scale``, ``init_loc_fn`` (they concern
+        the layers with global inducing points).
     :raises ValueError: for an unknown ``rule`` or ``covariance``, or invalid ``num_branches``,
         ``init_scale``, ``hidden_width`` or ``weights``.
     """
@@ -95,14 +95,12 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         points: dict[str, ArrayLike] | None = None,
         weights: ArrayLike | None = None,
         learn_points: bool = True,
-        prefix: str = "auto",
         **kwargs: Any,
     ) -> None:
         check_choice(rule, AMORTIZATION_RULES, "rule", "AutoAmortizedDGP")
         check_positive_int(num_branches, "num_branches", "AutoAmortizedDGP")
         check_choice(covariance, COVARIANCES, "covariance", "AutoAmortizedDGP")
-        if not float(init_scale) > 0:
-            raise ValueError(f"AutoAmortizedDGP: init_scale must be positive, got {init_scale!r}")
+        check_positive_number(init_scale, "init_scale", "AutoAmortizedDGP")
         check_positive_int(hidden_width, "hidden_width", "AutoAmortizedDGP", allow_none=True)
         self.rule = rule
         self.num_branches = int(num_branches)
@@ -113,7 +111,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         self.initial_points = points
         self.initial_weights = check_weights(weights, int(num_branches), "AutoAmortizedDGP")
         self.learn_points = bool(learn_points)
-        super().__init__(model, prefix=prefix, **kwargs)
+        super().__init__(model, **kwargs)
 
     encodes_inducing_sets = True
 

@@ -16,7 +16,7 @@ from numpyro.infer.autoguide import AutoGuide, AutoNormal
 from numpyro.infer.initialization import init_to_mean, init_to_uniform
 
 from numpyro_dgp._protocol import abstract_read, inducing_tag, latent_specs
-from numpyro_dgp._validation import check_choice, check_positive_int
+from numpyro_dgp._validation import check_choice, check_positive_int, check_positive_number
 from numpyro_dgp.guides._latent import LATENT_GUIDES, LatentSite, latent_sites, sample_latent
 from numpyro_dgp.posteriors import gaussian_parameters
 
@@ -101,8 +101,7 @@ class DGPGuide(AutoGuide):
     ) -> None:
         name = type(self).__name__
         check_choice(inner_init, INNER_INITS, "inner_init", name)
-        if not float(init_scale) > 0:
-            raise ValueError(f"{name}: init_scale must be positive, got {init_scale!r}")
+        check_positive_number(init_scale, "init_scale", name)
         check_choice(latent_inputs, LATENT_GUIDES, "latent_inputs", name)
         check_positive_int(latent_hidden_width, "latent_hidden_width", name)
         self.latent_inputs = latent_inputs
