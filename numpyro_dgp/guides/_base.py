@@ -15,7 +15,7 @@ from numpyro import handlers
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
 from numpyro.infer.initialization import init_to_mean, init_to_uniform
 
-from numpyro_dgp._protocol import abstract_read, inducing_tag, latent_specs
+from numpyro_dgp._protocol import abstract_read, inducing_tag
 from numpyro_dgp._validation import check_choice, check_positive_int, check_positive_number
 from numpyro_dgp.guides._latent import LATENT_GUIDES, LatentSite, latent_sites, sample_latent
 from numpyro_dgp.posteriors import gaussian_parameters
@@ -135,25 +135,15 @@ class DGPGuide(AutoGuide):
         guide starts from (the inducing values' prior, which depends on the data through the
         k-means initialization of inducing inputs) are computed when the parameters are
         created (:meth:`_prior_moments`), inside the same run as the rest of initialization."""
-
-        def read(tr):
-            latents = {
-                name: spec._replace(encoder_input=_abstract_value(spec.encoder_input))
-                for name, spec in latent_specs(tr).items()
-            }
-            return _abstract_trace(tr), latents
-
         with handlers.block():
             model = self._prototype_model(jax.random.PRNGKey(0))
-            self.prototype_trace, latents = abstract_read(model, args, kwargs, read)
+            self.prototype_trace = abstract_read(model, args, kwargs, _abstract_trace)
         self.prototype_args = jax.tree_util.tree_map(_abstract_value, (args, kwargs))
         for name, site in self.prototype_trace.items():
             if site["type"] == "plate":
                 self._prototype_frame_full_sizes[name] = site["args"][0]
         self.inducing_sites = self._read_inducing_sites()
-        self.latent_sites = latent_sites(
-            self.prototype_trace, latents, self._prototype_frame_full_sizes
-        )
+        self.latent_sites = latent_sites(self.prototype_trace, self._prototype_frame_full_sizes)
         u_names = {s.name for s in self.inducing_sites} | {s.name for s in self.latent_sites}
         others = [
             n
@@ -306,8 +296,7 @@ class DGPGuide(AutoGuide):
                 and not s["infer"].get("is_auxiliary")
             }
 
-        num = int(np.prod(sample_shape)) if sample_shape else 1
-        keys = jax.random.split(rng_key, num)
+        keys = jax.random.split(rng_key, int(np.prod(sample_shape)))
         samples = jax.jit(jax.vmap(one, in_axes=(0, None)))(keys, params)
         return jax.tree_util.tree_map(
             lambda x: x.reshape(tuple(sample_shape) + x.shape[1:]), samples
@@ -372,6 +361,10 @@ class DGPGuide(AutoGuide):
 
 
 def _abstract_value(x: Any) -> Any:
+    """``x`` with its arrays as ``jax.ShapeDtypeStruct`` (an :class:`InducingTag` or a
+    ``LatentSpec``: its ``encoder_input``)."""
+    if hasattr(x, "encoder_input"):
+        return x._replace(encoder_input=_abstract_value(x.encoder_input))
     if isinstance(x, (jax.Array, np.ndarray)) or hasattr(x, "aval"):
         weak = bool(getattr(getattr(x, "aval", None), "weak_type", False))
         return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x), weak_type=weak)
@@ -380,25 +373,22 @@ def _abstract_value(x: Any) -> Any:
 
 def _abstract_trace(tr: dict) -> dict:
     """What the guides keep of a prototype trace: each site's type, value shape and dtype
-    (``jax.ShapeDtypeStruct``), tags, plates and observed flag; no distributions and no
-    values, so nothing of the abstract run (its tracers) outlives it."""
+    (``jax.ShapeDtypeStruct``), tags, plates, observed flag and plain arguments (sizes, a
+    latent input's ``LatentSpec``); no distributions and no values, so nothing of the abstract
+    run (its tracers) outlives it."""
     out = {}
     for name, site in tr.items():
-        infer = {
-            k: v._replace(encoder_input=_abstract_value(v.encoder_input))
-            if hasattr(v, "encoder_input")
-            else _abstract_value(v)
-            for k, v in (site.get("infer") or {}).items()
-        }
         out[name] = {
             "type": site["type"],
             "name": name,
             "value": _abstract_value(site.get("value")),
-            "infer": infer,
+            "infer": {k: _abstract_value(v) for k, v in (site.get("infer") or {}).items()},
             "is_observed": site.get("is_observed", False),
             "cond_indep_stack": site.get("cond_indep_stack", []),
             "args": tuple(
-                a for a in site.get("args", ()) if isinstance(a, (int, np.integer, type(None)))
+                _abstract_value(a)
+                for a in site.get("args", ())
+                if isinstance(a, (int, np.integer, type(None))) or hasattr(a, "encoder_input")
             ),
         }
     return out

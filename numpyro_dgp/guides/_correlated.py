@@ -72,7 +72,6 @@ class AutoJointDGP(DGPGuide):
     def _q(
         self, rng_key: jax.Array | None, args: tuple, kwargs: dict
     ) -> tuple[jax.Array, jax.Array]:
-        loc_name, tril_name = self._names
         sites = self.inducing_sites
 
         @cache  # computed once, when the first parameter is created
@@ -89,8 +88,8 @@ class AutoJointDGP(DGPGuide):
             ]
             return block_diag(*blocks)
 
-        loc = self._lazy_param(loc_name, init_loc)
-        tril = self._lazy_param(tril_name, init_tril, constraint=softplus_lower_cholesky)
+        loc = self._lazy_param(self._names[0], init_loc)
+        tril = self._lazy_param(self._names[1], init_tril, constraint=softplus_lower_cholesky)
         return loc, tril
 
     def _sample_inducing(self, rng_key: jax.Array | None, args: tuple, kwargs: dict) -> dict:

@@ -22,6 +22,7 @@ from jax.example_libraries import stax
 from jax.typing import ArrayLike, DTypeLike
 from numpyro.distributions import constraints
 
+from numpyro_dgp._protocol import latent_specs
 from numpyro_dgp.posteriors import LatentPosterior
 
 #: The values of a guide's ``latent_inputs``: free parameters per point, or an encoder.
@@ -70,16 +71,15 @@ class LatentSite(NamedTuple):
     dtype: Any
 
 
-def latent_sites(trace: dict, specs: dict, full_sizes: dict) -> list[LatentSite]:
-    """The latent inputs of a prototype trace.
+def latent_sites(trace: dict, full_sizes: dict) -> list[LatentSite]:
+    """The latent inputs of a prototype trace (its :func:`~numpyro_dgp._protocol.latent_specs`).
 
     :param trace: the model's trace.
-    :param specs: ``{site: LatentSpec}`` (:func:`numpyro_dgp._protocol.latent_specs`).
     :param full_sizes: ``{plate name: full size}``.
     :return: one :class:`LatentSite` per latent input, in execution order.
     """
     out = []
-    for name, spec in specs.items():
+    for name, spec in latent_specs(trace).items():
         frame = [f for f in trace[name]["cond_indep_stack"] if f.dim == -1][0]
         out.append(
             LatentSite(
