@@ -49,14 +49,11 @@ class InducingSite(NamedTuple):
         return self.out_dim * self.num_inducing
 
 
-def _init_inducing_to_mean(
-    site: dict | None = None, init_loc_fn: Callable = init_to_uniform
-) -> Any:
+def _init_inducing_to_mean(site: dict, init_loc_fn: Callable) -> Any:
     """Initial values for the prototype run: inducing sites at their prior mean (so that, with
     inducing locations, each layer's locations are the previous layer's prior mean), others
-    by ``init_loc_fn``. (A ``functools.partial``, as NumPyro's ``initialize_model`` expects.)"""
-    if site is None:
-        return partial(_init_inducing_to_mean, init_loc_fn=init_loc_fn)
+    by ``init_loc_fn``. (Given as a ``functools.partial``, as NumPyro's ``initialize_model``
+    expects.)"""
     if inducing_tag(site) is not None:
         return init_to_mean(site)
     return init_loc_fn(site)
