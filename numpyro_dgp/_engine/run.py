@@ -75,9 +75,9 @@ class MarginalRun(NamedTuple):
 
 
 def model_facts(model_trace: dict) -> dict:
-    """What the engine needs to know of a model's trace: its last layer (``"last"``, its
-    ``"out_dim"`` and ``"last_u_site"``), ``"u_sites"`` (``{u-site: (P, M)}`` in execution
-    order), whether a layer uses inducing ``"locations"``, the ``"latents"`` (latent-input
+    """What the engine needs to know of a model's trace: its last layer (``"last"`` and its
+    ``"out_dim"``), ``"u_sites"`` (``{u-site: (P, M)}`` in execution order, the last layer's
+    last), whether a layer uses inducing ``"locations"``, the ``"latents"`` (latent-input
     sites) and the ``"encoded"`` layers (per-point inducing sets).
 
     :raises ValueError: if the model ran no ``gp_layer``.
@@ -91,7 +91,6 @@ def model_facts(model_trace: dict) -> dict:
     return {
         "last": layers[-1].name,
         "out_dim": layers[-1].out_dim,
-        "last_u_site": layers[-1].u_site,
         "u_sites": {lay.u_site: (lay.out_dim, lay.inducing_inputs.shape[0]) for lay in layers},
         "locations": any(lay.inducing == "locations" for lay in layers),
         "latents": list(latent_specs(model_trace)),
@@ -170,7 +169,7 @@ def marginal_trace(
             # Layer l's inducing inputs are layer l-1's inducing values: those must be the very
             # samples every point is propagated with, so the inner layers run on sampled u and only
             # the last layer is marginalized, given the samples (its guide site's own Gaussian).
-            last_u = found["last_u_site"]
+            last_u = list(found["u_sites"])[-1]
             posteriors = guide_posteriors(
                 guide_trace, {last_u: found["u_sites"][last_u]}, structured=False
             )

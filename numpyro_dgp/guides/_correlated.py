@@ -324,9 +324,8 @@ class CorrelatedRecursion:
                 f"before it in the guide's chain ran at {belief.loc.shape[0]}; a correlated guide "
                 "needs each point's chain of layer outputs"
             )
-        Z = layer.inducing_inputs
         alpha, base_var = point_projection(
-            layer.kernel(Z, X),
+            layer.kernel(layer.inducing_inputs, X),
             layer.Kmm_chol,
             layer.kernel.diag(X),
             layer.whiten,
