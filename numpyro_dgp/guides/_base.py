@@ -358,8 +358,8 @@ class DGPGuide(AutoGuide):
 
 
 def _abstract_value(x: Any) -> Any:
-    """``x`` with its arrays as ``jax.ShapeDtypeStruct`` (an :class:`InducingTag` or a
-    ``LatentSpec``: its ``encoder_input``)."""
+    """``x`` with its arrays as ``jax.ShapeDtypeStruct`` (a
+    :class:`~numpyro_dgp._protocol.InducingTag` or a ``LatentSpec``: its ``encoder_input``)."""
     if hasattr(x, "encoder_input"):
         return x._replace(encoder_input=_abstract_value(x.encoder_input))
     if isinstance(x, (jax.Array, np.ndarray)) or hasattr(x, "aval"):
