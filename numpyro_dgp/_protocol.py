@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple, Protocol
 
 import jax
+from numpyro import handlers
 
 from numpyro_dgp._compat import apply_stack
 
@@ -205,6 +206,20 @@ def model_config(model: Any) -> dict | None:
     """``{"factory", "arguments"}`` of a model built by a factory of :mod:`numpyro_dgp.models`,
     ``None`` for any other model."""
     return getattr(model, MODEL_CONFIG, None)
+
+
+def abstract_read(model: Callable, args: tuple, kwargs: dict, read: Callable) -> Any:
+    """``read(trace)`` of one abstract run of ``model`` (``jax.eval_shape``: it computes
+    nothing, so it adds nothing to the compiled computation). Closing over ``args`` keeps
+    static ones (subsample sizes) concrete."""
+    found = []
+
+    def probe():
+        found.append(read(handlers.trace(model).get_trace(*args, **kwargs)))
+        return 0
+
+    jax.eval_shape(probe)
+    return found[0]
 
 
 def get_tag(site: dict, key: str, default: Any = None) -> Any:

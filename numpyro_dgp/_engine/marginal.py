@@ -213,7 +213,7 @@ class marginalize_inducing(PerRunMessenger):
         if mixture is not None:
             msg["value"] = self._mix(mean, var, mixture, rng_key)
         elif self.importance is not None and X.ndim == 3 and not full_cov:
-            q_mean, q_sqrt = post if post is not None else (u, None)
+            # the importance plug-in refuses per-point inducing sets: q is the layer's own
             msg["value"] = self.importance.layer_value(layer, X, q_mean, q_sqrt, rng_key)
         else:
             msg["value"] = sample_moments(rng_key, mean, var, full_cov, layer.jitter)

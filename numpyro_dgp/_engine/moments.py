@@ -38,7 +38,6 @@ from numpyro_dgp._compat import innermost_guide, is_tracer
 from numpyro_dgp._engine.observation import shared_rule
 from numpyro_dgp._engine.run import (
     MarginalRun,
-    abstract_read,
     guide_posteriors,
     guide_then_model,
     model_facts,
@@ -48,6 +47,7 @@ from numpyro_dgp._protocol import (
     LAYER_MESSAGE,
     LAYER_RULE,
     NODE_AXIS,
+    abstract_read,
     get_tag,
     layer_call,
     with_tag,
@@ -233,9 +233,7 @@ class propagate_moments(PerRunMessenger):
                     "with its noise precision",
                     "give it gp_layer(..., noise=...) (e.g. 1e-3), or use DGPElbo",
                 )
-            if last:
-                var = parts.inducing_var + parts.input_var + parts.conditional_var[:, None]
-            else:
+            if not last:
                 assert noise is not None  # an inner layer without noise is refused above
                 spread = jnp.sum(parts.input_var) + layer.out_dim * parts.conditional_var
                 if self.propagate_inducing_variance:
@@ -246,11 +244,10 @@ class propagate_moments(PerRunMessenger):
                     spread = spread + jnp.sum(parts.inducing_var)
                     var = noise
                 self.penalties.append(spread / (2.0 * noise))
-        else:
-            var = parts.inducing_var + parts.input_var + parts.conditional_var[:, None]
-            if noise is not None:
-                var = var + noise
-        return var
+                return var
+        var = parts.inducing_var + parts.input_var + parts.conditional_var[:, None]
+        # the last layer of a "bound" run has no noise (refused above)
+        return var if noise is None else var + noise
 
 
 def _same_values(X: jax.Array, output: jax.Array) -> bool:

@@ -26,6 +26,7 @@ from numpyro_dgp._engine.observation import likelihood_rule, observation_kind
 from numpyro_dgp._protocol import (
     CONDITIONAL,
     GAUSSIAN,
+    abstract_read,
     get_tag,
     latent_specs,
     node_tail,
@@ -73,24 +74,10 @@ class MarginalRun(NamedTuple):
     penalties: list | tuple = ()
 
 
-def abstract_read(model: Callable, args: tuple, kwargs: dict, read: Callable) -> Any:
-    """``read(trace)`` of one abstract run of ``model`` (``jax.eval_shape``: it computes
-    nothing, so it adds nothing to the compiled computation). Closing over ``args`` keeps
-    static ones (subsample sizes) concrete."""
-    found = []
-
-    def probe():
-        found.append(read(trace(model).get_trace(*args, **kwargs)))
-        return 0
-
-    jax.eval_shape(probe)
-    return found[0]
-
-
 def model_facts(model_trace: dict) -> dict:
-    """What the engine needs to know of a model's trace: its last layer (``"last"``, its
-    ``"out_dim"`` and ``"last_u_site"``), ``"u_sites"`` (``{u-site: (P, M)}`` in execution
-    order), whether a layer uses inducing ``"locations"``, the ``"latents"`` (latent-input
+    """What the engine needs to know of a model's trace: its last layer (``"last"`` and its
+    ``"out_dim"``), ``"u_sites"`` (``{u-site: (P, M)}`` in execution order, the last layer's
+    last), whether a layer uses inducing ``"locations"``, the ``"latents"`` (latent-input
     sites) and the ``"encoded"`` layers (per-point inducing sets).
 
     :raises ValueError: if the model ran no ``gp_layer``.
@@ -104,7 +91,6 @@ def model_facts(model_trace: dict) -> dict:
     return {
         "last": layers[-1].name,
         "out_dim": layers[-1].out_dim,
-        "last_u_site": layers[-1].u_site,
         "u_sites": {lay.u_site: (lay.out_dim, lay.inducing_inputs.shape[0]) for lay in layers},
         "locations": any(lay.inducing == "locations" for lay in layers),
         "latents": list(latent_specs(model_trace)),
@@ -169,9 +155,7 @@ def marginal_trace(
         last = found["last"]
         kinds = None
         if found["out_dim"] > 1 and nodes_per_output is None and not joint_draws:
-            kinds = _tail_kinds(
-                seeded_model, last, found["out_dim"], args, kwargs, objective, latent_mode
-            )
+            kinds = _tail_kinds(seeded_model, found, args, kwargs, objective, latent_mode)
         nodes, weights = likelihood_rule(
             found["out_dim"], kinds, nodes_per_output, num_samples, objective
         )
@@ -185,7 +169,7 @@ def marginal_trace(
             # Layer l's inducing inputs are layer l-1's inducing values: those must be the very
             # samples every point is propagated with, so the inner layers run on sampled u and only
             # the last layer is marginalized, given the samples (its guide site's own Gaussian).
-            last_u = found["last_u_site"]
+            last_u = list(found["u_sites"])[-1]
             posteriors = guide_posteriors(
                 guide_trace, {last_u: found["u_sites"][last_u]}, structured=False
             )
@@ -242,18 +226,14 @@ def _check_guide_fits_model(
 
 
 def _tail_kinds(
-    seeded_model: Callable,
-    last: str,
-    out_dim: int,
-    args: tuple,
-    kwargs: dict,
-    objective: str,
-    latent_mode: str,
+    seeded_model: Callable, found: dict, args: tuple, kwargs: dict, objective: str, latent_mode: str
 ) -> list[str]:
     """The kinds (:func:`~numpyro_dgp._engine.observation.observation_kind`) of the sample sites
     after the last layer (observed in training, not yet at prediction), from an abstract run with
-    two nodes on it (so that a parameter that depends on the layer carries the node axis)."""
-    nodes = np.stack([np.ones(out_dim), -np.ones(out_dim)])
+    two nodes on it (so that a parameter that depends on the layer carries the node axis);
+    ``found``: what :func:`marginal_trace`'s probe found."""
+    nodes = np.stack([np.ones(found["out_dim"]), -np.ones(found["out_dim"])])
+    last = found["last"]
     handler = marginalize_inducing(seeded_model, None, last, nodes, np.full(2, 0.5), latent_mode)
 
     def read(tr):
@@ -313,9 +293,10 @@ def _guide_samples(guide_trace: dict, names: Any) -> list[dict]:
 
 
 def latent_posteriors(guide_trace: dict, names: list[str]) -> dict[str, Any]:
-    """``{site: q(w_n)}`` of the latent inputs ``names``: a library guide's
-    :class:`~numpyro_dgp.posteriors.LatentPosterior`, or ``(loc, scale)`` of a guide site that is
-    a Normal (NumPyro's ``AutoNormal``); sites with neither are left out."""
+    """``{site: q(w_n)}`` of the latent inputs ``names``, each a
+    :class:`~numpyro_dgp.posteriors.LatentPosterior`: a library guide's, or the ``(loc, scale)``
+    of a guide site that is a Normal (NumPyro's ``AutoNormal``); sites with neither are left
+    out."""
     out: dict[str, Any] = {}
     for site in _guide_samples(guide_trace, names):
         posterior = getattr(site["fn"], "posterior", None)
@@ -323,7 +304,7 @@ def latent_posteriors(guide_trace: dict, names: list[str]) -> dict[str, Any]:
         if isinstance(posterior, LatentPosterior):
             out[site["name"]] = posterior
         elif isinstance(base, dist.Normal):
-            out[site["name"]] = (base.loc, base.scale)
+            out[site["name"]] = LatentPosterior(lambda _, q=(base.loc, base.scale): q)
     return out
 
 

@@ -14,19 +14,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-from jax.typing import ArrayLike, DTypeLike
+from jax.typing import ArrayLike
 from numpyro.distributions.util import vec_to_tril_matrix
 
 from numpyro_dgp._protocol import INDUCING, LOCAL_KL, encoder_input_layer, with_tag
-from numpyro_dgp._validation import check_choice, check_positive_int
+from numpyro_dgp._validation import check_choice, check_positive_int, check_positive_number
 from numpyro_dgp.core import local_kl
 from numpyro_dgp.guides._base import InducingSite
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
-from numpyro_dgp.guides._latent import Placeholder, mlp, register_mlp
+from numpyro_dgp.guides._latent import Placeholder, mlp
 from numpyro_dgp.posteriors import (
     AMORTIZATION_RULES,
     AmortizedPosterior,
-    CholeskyNormal,
     check_points,
     check_weights,
     quadrature_log_weights,
@@ -76,9 +75,9 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         draws, a fixed key).
     :param weights: AR2P starting weights ``(S,)`` (default uniform).
     :param learn_points: AR2P: learn the points and weights (else they stay at their start).
-    :param prefix: parameter-name prefix.
-    :param kwargs: passed to :class:`~numpyro_dgp.guides.DGPGuide` (``inner_init``,
-        ``init_scale``, ``init_loc_fn``; they concern the layers with global inducing points).
+    :param kwargs: passed to :class:`~numpyro_dgp.guides.DGPGuide`: ``prefix`` (the
+        parameter-name prefix), and ``inner_init``, ``init_scale``, ``init_loc_fn`` (they concern
+        the layers with global inducing points).
     :raises ValueError: for an unknown ``rule`` or ``covariance``, or invalid ``num_branches``,
         ``init_scale``, ``hidden_width`` or ``weights``.
     """
@@ -96,14 +95,12 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         points: dict[str, ArrayLike] | None = None,
         weights: ArrayLike | None = None,
         learn_points: bool = True,
-        prefix: str = "auto",
         **kwargs: Any,
     ) -> None:
         check_choice(rule, AMORTIZATION_RULES, "rule", "AutoAmortizedDGP")
         check_positive_int(num_branches, "num_branches", "AutoAmortizedDGP")
         check_choice(covariance, COVARIANCES, "covariance", "AutoAmortizedDGP")
-        if not float(init_scale) > 0:
-            raise ValueError(f"AutoAmortizedDGP: init_scale must be positive, got {init_scale!r}")
+        check_positive_number(init_scale, "init_scale", "AutoAmortizedDGP")
         check_positive_int(hidden_width, "hidden_width", "AutoAmortizedDGP", allow_none=True)
         self.rule = rule
         self.num_branches = int(num_branches)
@@ -114,43 +111,36 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         self.initial_points = points
         self.initial_weights = check_weights(weights, int(num_branches), "AutoAmortizedDGP")
         self.learn_points = bool(learn_points)
-        self.amortized_sites: dict[str, int] = {}  # u-site -> encoder input width D
-        super().__init__(model, prefix=prefix, **kwargs)
+        super().__init__(model, **kwargs)
 
     encodes_inducing_sets = True
 
     def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
         super()._setup_prototype(*args, **kwargs)
-        # u-site -> the width D of its layer's encoder input (read off the site's tag)
-        self.amortized_sites = {
-            s.name: int(self.prototype_trace[s.name]["infer"][INDUCING].encoder_input.shape[-1])
-            for s in self.inducing_sites
-            if s.inducing == "amortized"
-        }
-        if not self.amortized_sites:
+        if not any(s.inducing == "amortized" for s in self.inducing_sites):
             raise ValueError(
                 "AutoAmortizedDGP: the model has no gp_layer with inducing='amortized'; use "
                 "AutoFactorizedDGP (or build the layers with inducing='amortized')"
             )
 
-    def _encoder(self, site: InducingSite, in_dim: int, dtype: DTypeLike) -> Callable:
+    def _encoder(self, site: InducingSite) -> Callable:
         """``p -> (loc (..., P, M), scale)`` with its parameters registered."""
-        P, M = site.out_dim, site.num_inducing
+        P, M, dtype = site.out_dim, site.num_inducing, site.dtype
+        # the width D of the layer's encoder input, read off the site's tag
+        in_dim = int(self.prototype_trace[site.name]["infer"][INDUCING].encoder_input.shape[-1])
         width = self.hidden_width or min(in_dim, P * M)
         base = f"{site.name}_{self.prefix}"
-        mean_init, mean_apply = mlp(width, P * M, self.num_hidden)
         full = self.covariance == "full"
         scale_out = P * M * (M + 1) // 2 if full else P * M
-        scale_init, scale_apply = mlp(width, scale_out, self.num_hidden)
-        mean_params = register_mlp(f"{base}.mean_net", mean_init, in_dim, dtype)
-        scale_params = register_mlp(f"{base}.scale_net", scale_init, in_dim, dtype)
+        mean_net = mlp(f"{base}.mean_net", in_dim, width, P * M, dtype, self.num_hidden)
+        scale_net = mlp(f"{base}.scale_net", in_dim, width, scale_out, dtype, self.num_hidden)
         # softplus(raw + shift) starts at init_scale when the network's output is near 0
         shift = float(np.log(np.expm1(self.encoder_init_scale)))
 
         def encode(p):
             lead = p.shape[:-1]
-            loc = mean_apply(mean_params, p).reshape(lead + (P, M))
-            raw = scale_apply(scale_params, p)
+            loc = mean_net(p).reshape(lead + (P, M))
+            raw = scale_net(p)
             if not full:
                 return loc, jax.nn.softplus(raw + shift).reshape(lead + (P, M)) + 1e-6
             tril = vec_to_tril_matrix(raw.reshape(lead + (P, M * (M + 1) // 2)))
@@ -159,9 +149,9 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
 
         return encode
 
-    def _branches(self, site: InducingSite, dtype: DTypeLike) -> tuple[jax.Array | None, jax.Array]:
+    def _branches(self, site: InducingSite) -> tuple[jax.Array | None, jax.Array]:
         """``(points (S, P) or None, log_weights (S,))`` of this layer's branches."""
-        S = self.num_branches
+        S, dtype = self.num_branches, site.dtype
         if self.rule != "AR2P":
             return None, jnp.full((S,), -np.log(S), dtype)
         init = check_points(
@@ -173,40 +163,33 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         )
         return points, log_weights.astype(dtype)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
-        """Sample the global latent sites and register each amortized layer's encoder (a
-        placeholder on the layer's u site carries it)."""
-        rng_key = self._prepare(*args, **kwargs)
-        result = dict(self._sample_others(*args, **kwargs))
-        for site in self.inducing_sites:
-            if site.inducing != "amortized":
-                loc, scale_tril = self._q(site, rng_key, args, kwargs)
-                result[site.name] = numpyro.sample(
-                    site.name, CholeskyNormal(loc, scale_tril).to_event(1)
-                )
-                continue
-            dtype = self.prototype_trace[site.name]["value"].dtype
-            points, log_weights = self._branches(site, dtype)
-            posterior = AmortizedPosterior(
-                self._encoder(site, self.amortized_sites[site.name], dtype),
-                self.rule,
-                self.num_branches,
-                points,
-                log_weights,
-            )
-            # under the u site's own name, so NumPyro's ELBOs meet it (and refuse it) instead of
-            # finding the model's u site uncovered; auxiliary: it is never a draw of u
-            value_shape = self.prototype_trace[site.name]["value"].shape
-            refusal = (
-                f"AutoAmortizedDGP: q({site.name}) depends on the model's layer outputs (the "
-                "encoder input), so the guide cannot be sampled on its own (NumPyro's "
-                "Trace_ELBO, TraceMeanField_ELBO, Predictive); use numpyro_dgp.DGPElbo or "
-                "numpyro_dgp.PredictiveObjective to train and numpyro_dgp.predict to predict: "
-                "they evaluate the encoders inside the model's run"
-            )
-            placeholder = Placeholder(posterior, site.name, value_shape, 2, refusal)
-            numpyro.sample(site.name, placeholder, infer={"is_auxiliary": True})
-        return result
+    def _sample_site(
+        self, site: InducingSite, rng_key: jax.Array | None, args: tuple, kwargs: dict
+    ) -> jax.Array:
+        """A global site's Gaussian, or the placeholder that carries an amortized layer's
+        encoder."""
+        if site.inducing != "amortized":
+            return super()._sample_site(site, rng_key, args, kwargs)
+        points, log_weights = self._branches(site)
+        posterior = AmortizedPosterior(
+            self._encoder(site),
+            self.rule,
+            self.num_branches,
+            points,
+            log_weights,
+        )
+        # under the u site's own name, so NumPyro's ELBOs meet it (and refuse it) instead of
+        # finding the model's u site uncovered; auxiliary: it is never a draw of u
+        value_shape = self.prototype_trace[site.name]["value"].shape
+        refusal = (
+            f"AutoAmortizedDGP: q({site.name}) depends on the model's layer outputs (the "
+            "encoder input), so the guide cannot be sampled on its own (NumPyro's "
+            "Trace_ELBO, TraceMeanField_ELBO, Predictive); use numpyro_dgp.DGPElbo or "
+            "numpyro_dgp.PredictiveObjective to train and numpyro_dgp.predict to predict: "
+            "they evaluate the encoders inside the model's run"
+        )
+        placeholder = Placeholder(posterior, site.name, value_shape, 2, refusal)
+        return numpyro.sample(site.name, placeholder, infer={"is_auxiliary": True})
 
     def median(self, params: dict) -> NoReturn:
         """Refused: the inducing values are functions of each point's encoder input.

@@ -9,13 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
+from jax.scipy.special import ndtri
 from jax.typing import ArrayLike
 from numpyro import handlers
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
 from numpyro.infer.initialization import init_to_mean, init_to_uniform
 
-from numpyro_dgp._protocol import InducingTag, inducing_tag, latent_specs
-from numpyro_dgp._validation import check_choice, check_positive_int
+from numpyro_dgp._protocol import abstract_read, inducing_tag
+from numpyro_dgp._validation import check_choice, check_positive_int, check_positive_number
 from numpyro_dgp.guides._latent import LATENT_GUIDES, LatentSite, latent_sites, sample_latent
 from numpyro_dgp.posteriors import gaussian_parameters
 
@@ -48,14 +49,11 @@ class InducingSite(NamedTuple):
         return self.out_dim * self.num_inducing
 
 
-def _init_inducing_to_mean(
-    site: dict | None = None, init_loc_fn: Callable = init_to_uniform
-) -> Any:
+def _init_inducing_to_mean(site: dict, init_loc_fn: Callable) -> Any:
     """Initial values for the prototype run: inducing sites at their prior mean (so that, with
     inducing locations, each layer's locations are the previous layer's prior mean), others
-    by ``init_loc_fn``. (A ``functools.partial``, as NumPyro's ``initialize_model`` expects.)"""
-    if site is None:
-        return partial(_init_inducing_to_mean, init_loc_fn=init_loc_fn)
+    by ``init_loc_fn``. (Given as a ``functools.partial``, as NumPyro's ``initialize_model``
+    expects.)"""
     if inducing_tag(site) is not None:
         return init_to_mean(site)
     return init_loc_fn(site)
@@ -63,29 +61,6 @@ def _init_inducing_to_mean(
 
 #: The values of ``inner_init``.
 INNER_INITS = ("deterministic", "prior")
-
-
-def _check_inducing_site(
-    guide: str, name: str, site: dict, tag: InducingTag, encodes_inducing_sets: bool
-) -> None:
-    """A model's inducing site as a guide takes it: global ones outside data plates, per-point
-    ones (``inducing='amortized'``) only for a guide that ``encodes_inducing_sets``.
-
-    :raises ValueError: otherwise.
-    """
-    if tag.inducing == "amortized":
-        if not encodes_inducing_sets:
-            raise ValueError(
-                f"{guide}: layer {tag.layer!r} has per-point "
-                "inducing sets (inducing='amortized'); use numpyro_dgp.guides.AutoAmortizedDGP"
-            )
-        return
-    if site["cond_indep_stack"]:
-        plates = [f.name for f in site["cond_indep_stack"]]
-        raise ValueError(
-            f"{guide}: inducing site {name!r} is inside plate(s) {plates}; "
-            "call gp_layer outside data plates (subsample the inputs first)"
-        )
 
 
 class DGPGuide(AutoGuide):
@@ -123,8 +98,7 @@ class DGPGuide(AutoGuide):
     ) -> None:
         name = type(self).__name__
         check_choice(inner_init, INNER_INITS, "inner_init", name)
-        if not float(init_scale) > 0:
-            raise ValueError(f"{name}: init_scale must be positive, got {init_scale!r}")
+        check_positive_number(init_scale, "init_scale", name)
         check_choice(latent_inputs, LATENT_GUIDES, "latent_inputs", name)
         check_positive_int(latent_hidden_width, "latent_hidden_width", name)
         self.latent_inputs = latent_inputs
@@ -158,35 +132,15 @@ class DGPGuide(AutoGuide):
         guide starts from (the inducing values' prior, which depends on the data through the
         k-means initialization of inducing inputs) are computed when the parameters are
         created (:meth:`_prior_moments`), inside the same run as the rest of initialization."""
-        found = {}
-
-        def probe():
-            with handlers.block():
-                tr = handlers.trace(self._prototype_model(jax.random.PRNGKey(0))).get_trace(
-                    *args, **kwargs
-                )
-            found["trace"] = _abstract_trace(tr)
-            found["latents"] = {
-                name: spec._replace(encoder_input=_abstract_value(spec.encoder_input))
-                for name, spec in latent_specs(tr).items()
-            }
-            return 0
-
-        jax.eval_shape(probe)  # an abstract run: it computes nothing
-        self.prototype_trace = found["trace"]
+        with handlers.block():
+            model = self._prototype_model(jax.random.PRNGKey(0))
+            self.prototype_trace = abstract_read(model, args, kwargs, _abstract_trace)
         self.prototype_args = jax.tree_util.tree_map(_abstract_value, (args, kwargs))
-        self._prototype_frames: dict[str, Any] = {}
-        self._prototype_plate_sizes: dict[str, int] = {}
         for name, site in self.prototype_trace.items():
             if site["type"] == "plate":
                 self._prototype_frame_full_sizes[name] = site["args"][0]
-            elif site["type"] == "sample" and not site["is_observed"]:
-                for frame in site["cond_indep_stack"]:
-                    self._prototype_frames.setdefault(frame.name, frame)
         self.inducing_sites = self._read_inducing_sites()
-        self.latent_sites = latent_sites(
-            self.prototype_trace, found["latents"], self._prototype_frame_full_sizes
-        )
+        self.latent_sites = latent_sites(self.prototype_trace, self._prototype_frame_full_sizes)
         u_names = {s.name for s in self.inducing_sites} | {s.name for s in self.latent_sites}
         others = [
             n
@@ -208,10 +162,11 @@ class DGPGuide(AutoGuide):
             )
 
     def _read_inducing_sites(self) -> list[InducingSite]:
-        """The prototype trace's inducing sites in execution order, each checked
-        (:func:`_check_inducing_site`), at least one.
+        """The prototype trace's inducing sites in execution order, at least one: global ones
+        outside data plates, per-point ones (``inducing='amortized'``) only for a guide that
+        ``encodes_inducing_sets``.
 
-        :raises ValueError: if the model has no ``gp_layer`` inducing sites.
+        :raises ValueError: otherwise, or if the model has no ``gp_layer`` inducing sites.
         """
         guide = type(self).__name__
         sites = []
@@ -219,8 +174,18 @@ class DGPGuide(AutoGuide):
             tag = inducing_tag(site)
             if tag is None:
                 continue
+            if tag.inducing == "amortized" and not self.encodes_inducing_sets:
+                raise ValueError(
+                    f"{guide}: layer {tag.layer!r} has per-point "
+                    "inducing sets (inducing='amortized'); use numpyro_dgp.guides.AutoAmortizedDGP"
+                )
+            if tag.inducing != "amortized" and site["cond_indep_stack"]:
+                plates = [f.name for f in site["cond_indep_stack"]]
+                raise ValueError(
+                    f"{guide}: inducing site {name!r} is inside plate(s) {plates}; "
+                    "call gp_layer outside data plates (subsample the inputs first)"
+                )
             P, M = site["value"].shape[-2:]
-            _check_inducing_site(guide, name, site, tag, self.encodes_inducing_sets)
             whiten = False if tag.inducing == "amortized" else tag.whiten
             dtype = site["value"].dtype
             sites.append(InducingSite(name, tag.layer, P, M, whiten, False, tag.inducing, dtype))
@@ -232,16 +197,23 @@ class DGPGuide(AutoGuide):
         sites[-1] = sites[-1]._replace(is_last=True)
         return sites
 
-    def _prepare(self, *args: Any, **kwargs: Any) -> jax.Array | None:
-        """Start a run of the guide: draw its key (on every call, so the key stream does not
-        depend on whether the structure was built before) and build the structure once.
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
+        """Sample every latent site of the model (the guide as a NumPyro program).
 
-        :return: the key the run's starting values (:meth:`_prior_moments`) are computed with.
+        The run's key is drawn on every call (so the key stream does not depend on whether the
+        structure was built before); the starting values (:meth:`_prior_moments`) are computed
+        with it. The structure is built once.
         """
         rng_key = numpyro.prng_key()
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
-        return rng_key
+        result = self._sample_others(*args, **kwargs)
+        result.update(self._sample_inducing(rng_key, args, kwargs))
+        return result
+
+    def _sample_inducing(self, rng_key: jax.Array | None, args: tuple, kwargs: dict) -> dict:
+        """``{site: value}`` of the inducing sites (each guide's own)."""
+        raise NotImplementedError
 
     def _prior_moments(
         self, site: InducingSite, rng_key: jax.Array | None, args: tuple, kwargs: dict
@@ -321,8 +293,7 @@ class DGPGuide(AutoGuide):
                 and not s["infer"].get("is_auxiliary")
             }
 
-        num = int(np.prod(sample_shape)) if sample_shape else 1
-        keys = jax.random.split(rng_key, num)
+        keys = jax.random.split(rng_key, int(np.prod(sample_shape)))
         samples = jax.jit(jax.vmap(one, in_axes=(0, None)))(keys, params)
         return jax.tree_util.tree_map(
             lambda x: x.reshape(tuple(sample_shape) + x.shape[1:]), samples
@@ -351,14 +322,46 @@ class DGPGuide(AutoGuide):
             return prior_scale_tril * self.init_scale
         return prior_scale_tril
 
-    def _other_median(self, params: dict) -> dict:
-        return {} if self._other_guide is None else self._other_guide.median(params)
+    def _locs(self, params: dict) -> dict[str, jax.Array]:
+        """``{site: (P, M)}`` the means of the inducing values (each guide's own)."""
+        raise NotImplementedError
 
-    def _other_quantiles(self, params: dict, quantiles: ArrayLike) -> dict:
-        return {} if self._other_guide is None else self._other_guide.quantiles(params, quantiles)
+    def _stds(self, params: dict) -> dict[str, jax.Array]:
+        """``{site: (P, M)}`` the marginal standard deviations of the inducing values."""
+        raise NotImplementedError
+
+    def median(self, params: dict) -> dict[str, jax.Array]:
+        """Posterior medians: the means of the inducing values (and AutoNormal's for others).
+
+        :param params: the guide's parameter values.
+        :return: ``{site: value}``, ``(P, M)`` per inducing site.
+        """
+        out = {} if self._other_guide is None else self._other_guide.median(params)
+        out.update(self._locs(params))
+        return out
+
+    def quantiles(self, params: dict, quantiles: ArrayLike) -> dict[str, jax.Array]:
+        """Marginal quantiles ``m + z_q sd`` of every site (``sd`` the marginal standard
+        deviation).
+
+        :param params: the guide's parameter values.
+        :param quantiles: ``(Q,)`` probabilities.
+        :return: ``{site: value}``, ``(Q, P, M)`` per inducing site.
+        """
+        quantiles = jnp.asarray(quantiles)
+        out = {} if self._other_guide is None else self._other_guide.quantiles(params, quantiles)
+        z = ndtri(quantiles).reshape((-1, 1, 1))
+        stds = self._stds(params)
+        for name, loc in self._locs(params).items():
+            out[name] = loc + z * stds[name]
+        return out
 
 
 def _abstract_value(x: Any) -> Any:
+    """``x`` with its arrays as ``jax.ShapeDtypeStruct`` (a
+    :class:`~numpyro_dgp._protocol.InducingTag` or a ``LatentSpec``: its ``encoder_input``)."""
+    if hasattr(x, "encoder_input"):
+        return x._replace(encoder_input=_abstract_value(x.encoder_input))
     if isinstance(x, (jax.Array, np.ndarray)) or hasattr(x, "aval"):
         weak = bool(getattr(getattr(x, "aval", None), "weak_type", False))
         return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x), weak_type=weak)
@@ -367,25 +370,22 @@ def _abstract_value(x: Any) -> Any:
 
 def _abstract_trace(tr: dict) -> dict:
     """What the guides keep of a prototype trace: each site's type, value shape and dtype
-    (``jax.ShapeDtypeStruct``), tags, plates and observed flag; no distributions and no
-    values, so nothing of the abstract run (its tracers) outlives it."""
+    (``jax.ShapeDtypeStruct``), tags, plates, observed flag and plain arguments (sizes, a
+    latent input's ``LatentSpec``); no distributions and no values, so nothing of the abstract
+    run (its tracers) outlives it."""
     out = {}
     for name, site in tr.items():
-        infer = {
-            k: v._replace(encoder_input=_abstract_value(v.encoder_input))
-            if hasattr(v, "encoder_input")
-            else _abstract_value(v)
-            for k, v in (site.get("infer") or {}).items()
-        }
         out[name] = {
             "type": site["type"],
             "name": name,
             "value": _abstract_value(site.get("value")),
-            "infer": infer,
+            "infer": {k: _abstract_value(v) for k, v in (site.get("infer") or {}).items()},
             "is_observed": site.get("is_observed", False),
             "cond_indep_stack": site.get("cond_indep_stack", []),
             "args": tuple(
-                a for a in site.get("args", ()) if isinstance(a, (int, np.integer, type(None)))
+                _abstract_value(a)
+                for a in site.get("args", ())
+                if isinstance(a, (int, np.integer, type(None))) or hasattr(a, "encoder_input")
             ),
         }
     return out

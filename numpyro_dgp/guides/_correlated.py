@@ -29,8 +29,6 @@ import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
 from jax.scipy.linalg import block_diag
-from jax.scipy.special import ndtri
-from jax.typing import ArrayLike
 
 from numpyro_dgp._compat import softplus_lower_cholesky
 from numpyro_dgp._protocol import CONDITIONAL, GAUSSIAN
@@ -44,15 +42,10 @@ from numpyro_dgp.core import (
     output_moments,
     point_projection,
 )
-from numpyro_dgp.guides._base import DGPGuide
+from numpyro_dgp.guides._base import DGPGuide, InducingSite
 from numpyro_dgp.guides._factorized import AutoFactorizedDGP
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import ChainLink, JointBlock
-
-
-def _quantiles_from_cov(loc: jax.Array, cov: jax.Array, quantiles: ArrayLike) -> jax.Array:
-    std = jnp.sqrt(jnp.diagonal(cov)).reshape(loc.shape)
-    return loc + ndtri(jnp.asarray(quantiles)).reshape((-1,) + (1,) * loc.ndim) * std
 
 
 class AutoJointDGP(DGPGuide):
@@ -79,7 +72,6 @@ class AutoJointDGP(DGPGuide):
     def _q(
         self, rng_key: jax.Array | None, args: tuple, kwargs: dict
     ) -> tuple[jax.Array, jax.Array]:
-        loc_name, tril_name = self._names
         sites = self.inducing_sites
 
         @cache  # computed once, when the first parameter is created
@@ -96,14 +88,12 @@ class AutoJointDGP(DGPGuide):
             ]
             return block_diag(*blocks)
 
-        loc = self._lazy_param(loc_name, init_loc)
-        tril = self._lazy_param(tril_name, init_tril, constraint=softplus_lower_cholesky)
+        loc = self._lazy_param(self._names[0], init_loc)
+        tril = self._lazy_param(self._names[1], init_tril, constraint=softplus_lower_cholesky)
         return loc, tril
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
-        """Sample every latent site of the model (the guide as a NumPyro program)."""
-        rng_key = self._prepare(*args, **kwargs)
-        result = dict(self._sample_others(*args, **kwargs))
+    def _sample_inducing(self, rng_key: jax.Array | None, args: tuple, kwargs: dict) -> dict:
+        result = {}
         loc, tril = self._q(rng_key, args, kwargs)
         block = JointBlock(
             tuple(s.name for s in self.inducing_sites),
@@ -122,23 +112,20 @@ class AutoJointDGP(DGPGuide):
             dist.Normal(jnp.zeros(D, loc.dtype), 1.0).to_event(1),
             infer={"is_auxiliary": True},
         )
-        start = 0
-        for site in self.inducing_sites:
-            stop = start + site.size
-            factor = tril[start:stop, start:stop]
-            cond_loc = loc[start:stop] + tril[start:stop, :start] @ z[:start]
-            value = (cond_loc + factor @ z[start:stop]).reshape(site.out_dim, site.num_inducing)
+        for site, block_slice in self._blocks():
+            factor = tril[block_slice, block_slice]
+            start = block_slice.start
+            cond_loc = loc[block_slice] + tril[block_slice, :start] @ z[:start]
+            value = (cond_loc + factor @ z[block_slice]).reshape(site.out_dim, site.num_inducing)
             log_det = jnp.sum(jnp.log(jnp.diagonal(factor)))
             conditional = JointBlock(
                 (site.name,), ((site.out_dim, site.num_inducing),), cond_loc, factor
             )
-            u = numpyro.sample(
+            result[site.name] = numpyro.sample(
                 site.name,
                 dist.Delta(value, log_density=-log_det, event_dim=2),
                 infer={GAUSSIAN: block, CONDITIONAL: conditional},
             )
-            result[site.name] = u
-            start = stop
         return result
 
     def covariance(self, params: dict) -> jax.Array:
@@ -150,36 +137,21 @@ class AutoJointDGP(DGPGuide):
         tril = params[self._names[1]]
         return tril @ tril.T
 
-    def median(self, params: dict) -> dict[str, jax.Array]:
-        """Posterior medians: the means of the inducing values (and AutoNormal's for others).
+    def _blocks(self) -> list[tuple[InducingSite, slice]]:
+        """Each inducing site with its slice of the joint vector, in layer order."""
+        out, start = [], 0
+        for site in self.inducing_sites:
+            out.append((site, slice(start, start + site.size)))
+            start += site.size
+        return out
 
-        :param params: the guide's parameter values.
-        :return: ``{site: value}``, ``(P, M)`` per inducing site.
-        """
-        out = self._other_median(params)
+    def _locs(self, params: dict) -> dict[str, jax.Array]:
         loc = params[self._names[0]]
-        start = 0
-        for s in self.inducing_sites:
-            out[s.name] = loc[start : start + s.size].reshape(s.out_dim, s.num_inducing)
-            start += s.size
-        return out
+        return {s.name: loc[sl].reshape(s.out_dim, s.num_inducing) for s, sl in self._blocks()}
 
-    def quantiles(self, params: dict, quantiles: ArrayLike) -> dict[str, jax.Array]:
-        """Marginal quantiles of every site.
-
-        :param params: the guide's parameter values.
-        :param quantiles: ``(Q,)`` probabilities.
-        :return: ``{site: value}``, ``(Q, P, M)`` per inducing site.
-        """
-        out = self._other_quantiles(params, jnp.asarray(quantiles))
-        loc, cov = params[self._names[0]], self.covariance(params)
-        start = 0
-        for s in self.inducing_sites:
-            sl = slice(start, start + s.size)
-            q = _quantiles_from_cov(loc[sl], cov[sl, sl], quantiles)
-            out[s.name] = q.reshape((-1, s.out_dim, s.num_inducing))
-            start += s.size
-        return out
+    def _stds(self, params: dict) -> dict[str, jax.Array]:
+        std = jnp.sqrt(jnp.diagonal(self.covariance(params)))
+        return {s.name: std[sl].reshape(s.out_dim, s.num_inducing) for s, sl in self._blocks()}
 
 
 class AutoChainDGP(AutoFactorizedDGP):
@@ -199,11 +171,9 @@ class AutoChainDGP(AutoFactorizedDGP):
         and (from the second layer on) ``"<site>_<prefix>_coupling"``.
     """
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
-        """Sample every latent site of the model (the guide as a NumPyro program)."""
-        rng_key = self._prepare(*args, **kwargs)
-        result = dict(self._sample_others(*args, **kwargs))
-        parent = parent_loc = parent_u = None
+    def _sample_inducing(self, rng_key: jax.Array | None, args: tuple, kwargs: dict) -> dict:
+        result = {}
+        parent = parent_loc = None
         for site in self.inducing_sites:
             # m_l and D_l are the factorized guide's parameters
             loc, tril = self._q(site, rng_key, args, kwargs)
@@ -215,9 +185,8 @@ class AutoChainDGP(AutoFactorizedDGP):
                     f"{site.name}_{self.prefix}_coupling",
                     jnp.zeros((site.size, parent.size), loc.dtype),
                 )
-                # set with the parent by the last step
-                assert parent_u is not None and parent_loc is not None
-                shift = coupling @ (parent_u - parent_loc).reshape(-1)
+                assert parent_loc is not None  # set with the parent by the last step
+                shift = coupling @ (result[parent.name] - parent_loc).reshape(-1)
                 cond_loc = loc + shift.reshape(loc.shape)
                 link = ChainLink(parent.name, loc, tril, parent_loc, coupling)
             # u = cond_loc + D z as a Delta with log-density -log|D|: exact log q without a
@@ -229,13 +198,12 @@ class AutoChainDGP(AutoFactorizedDGP):
             )
             value = cond_loc + jnp.einsum("pmk,pk->pm", tril, z)
             log_det = jnp.sum(jnp.log(jnp.diagonal(tril, axis1=-2, axis2=-1)))
-            u = numpyro.sample(
+            result[site.name] = numpyro.sample(
                 site.name,
                 dist.Delta(value, log_density=-log_det, event_dim=2),
                 infer={GAUSSIAN: link, CONDITIONAL: (cond_loc, tril)},
             )
-            result[site.name] = u
-            parent, parent_loc, parent_u = site, loc, u
+            parent, parent_loc = site, loc
         return result
 
     def marginal_covariances(self, params: dict) -> dict[str, jax.Array]:
@@ -255,16 +223,13 @@ class AutoChainDGP(AutoFactorizedDGP):
             prev = site.name
         return out
 
-    def quantiles(self, params: dict, quantiles: ArrayLike) -> dict[str, jax.Array]:
-        """Marginal quantiles ``(Q, P, M)`` of every site at probabilities ``quantiles (Q,)``,
-        from the marginal covariances :meth:`marginal_covariances`."""
-        out = self._other_quantiles(params, jnp.asarray(quantiles))
+    def _stds(self, params: dict) -> dict[str, jax.Array]:
+        """The square roots of the diagonals of :meth:`marginal_covariances`."""
         covs = self.marginal_covariances(params)
-        for s in self.inducing_sites:
-            out[s.name] = _quantiles_from_cov(
-                params[f"{s.name}_{self.prefix}_loc"], covs[s.name], quantiles
-            )
-        return out
+        return {
+            s.name: jnp.sqrt(jnp.diagonal(covs[s.name])).reshape(s.out_dim, s.num_inducing)
+            for s in self.inducing_sites
+        }
 
 
 class CorrelatedRecursion:
@@ -317,14 +282,12 @@ class CorrelatedRecursion:
                 return Belief(post.mean.reshape(-1), block_covariances(post.scale_tril))
             if post.parent not in self._beliefs:
                 raise ValueError(
-                    f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, "
-                    "but layer "
-                    f"{post.parent!r} has not run before it at these points"
+                    f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, but "
+                    f"layer {post.parent!r} has not run before it at these points"
                 )
             parent_mean, coupling = post.parent_mean, post.coupling
-            assert (
-                parent_mean is not None and coupling is not None
-            )  # a chain factor with a parent has both
+            # a chain factor with a parent has both
+            assert parent_mean is not None and coupling is not None
             return chain_transition(
                 self._beliefs.pop(post.parent),
                 parent_mean.reshape(-1),
@@ -359,12 +322,10 @@ class CorrelatedRecursion:
             raise ValueError(
                 f"marginalize_inducing: layer {layer.name!r} runs at {N} points but the layer "
                 f"before it in the guide's chain ran at {belief.loc.shape[0]}; a correlated guide "
-                "needs each "
-                "point's chain of layer outputs"
+                "needs each point's chain of layer outputs"
             )
-        Z = layer.inducing_inputs
         alpha, base_var = point_projection(
-            layer.kernel(Z, X),
+            layer.kernel(layer.inducing_inputs, X),
             layer.Kmm_chol,
             layer.kernel.diag(X),
             layer.whiten,

@@ -9,13 +9,10 @@
 from __future__ import annotations
 
 from functools import cache, partial
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpyro
-from jax.scipy.special import ndtri
-from jax.typing import ArrayLike
 
 from numpyro_dgp._compat import softplus_lower_cholesky
 from numpyro_dgp.guides._base import DGPGuide, InducingSite
@@ -56,40 +53,22 @@ class AutoFactorizedDGP(DGPGuide):
         )
         return loc, scale_tril
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
-        """Sample every latent site of the model (the guide as a NumPyro program)."""
-        rng_key = self._prepare(*args, **kwargs)
-        result = dict(self._sample_others(*args, **kwargs))
+    def _sample_inducing(self, rng_key: jax.Array | None, args: tuple, kwargs: dict) -> dict:
+        return {s.name: self._sample_site(s, rng_key, args, kwargs) for s in self.inducing_sites}
+
+    def _sample_site(
+        self, site: InducingSite, rng_key: jax.Array | None, args: tuple, kwargs: dict
+    ) -> jax.Array:
+        loc, scale_tril = self._q(site, rng_key, args, kwargs)
+        return numpyro.sample(site.name, CholeskyNormal(loc, scale_tril).to_event(1))
+
+    def _locs(self, params: dict) -> dict[str, jax.Array]:
+        return {s.name: params[f"{s.name}_{self.prefix}_loc"] for s in self.inducing_sites}
+
+    def _stds(self, params: dict) -> dict[str, jax.Array]:
+        """``sqrt(diag S)`` per site."""
+        out = {}
         for site in self.inducing_sites:
-            loc, scale_tril = self._q(site, rng_key, args, kwargs)
-            result[site.name] = numpyro.sample(
-                site.name, CholeskyNormal(loc, scale_tril).to_event(1)
-            )
-        return result
-
-    def median(self, params: dict) -> dict[str, jax.Array]:
-        """Posterior medians: the means ``m`` of the inducing values (and AutoNormal's for others).
-
-        :param params: the guide's parameter values.
-        :return: ``{site: value}``, ``(P, M)`` per inducing site.
-        """
-        out = self._other_median(params)
-        for site in self.inducing_sites:
-            out[site.name] = params[f"{site.name}_{self.prefix}_loc"]
-        return out
-
-    def quantiles(self, params: dict, quantiles: ArrayLike) -> dict[str, jax.Array]:
-        """Marginal quantiles ``m + z_q sqrt(diag S)``.
-
-        :param params: the guide's parameter values.
-        :param quantiles: ``(Q,)`` probabilities.
-        :return: ``{site: value}``, ``(Q, P, M)`` per inducing site.
-        """
-        quantiles = jnp.asarray(quantiles)
-        out = self._other_quantiles(params, quantiles)
-        for site in self.inducing_sites:
-            loc = params[f"{site.name}_{self.prefix}_loc"]
             tril = params[f"{site.name}_{self.prefix}_scale_tril"]
-            std = jnp.sqrt(jnp.sum(tril**2, axis=-1))
-            out[site.name] = loc + ndtri(quantiles).reshape((-1, 1, 1)) * std
+            out[site.name] = jnp.sqrt(jnp.sum(tril**2, axis=-1))
         return out

@@ -11,6 +11,7 @@ the latents of new points from their prior.
 from __future__ import annotations
 
 import zlib
+from functools import partial
 from typing import Any, Callable, NamedTuple, NoReturn
 
 import jax
@@ -21,6 +22,7 @@ from jax.example_libraries import stax
 from jax.typing import ArrayLike, DTypeLike
 from numpyro.distributions import constraints
 
+from numpyro_dgp._protocol import latent_specs
 from numpyro_dgp.posteriors import LatentPosterior
 
 #: The values of a guide's ``latent_inputs``: free parameters per point, or an encoder.
@@ -28,36 +30,24 @@ LATENT_GUIDES = ("per_point", "amortized")
 
 
 def mlp(
-    hidden_width: int, out_dim: int, num_hidden: int = 2, negative_slope: float = 0.2
-) -> tuple[Callable, Callable]:
-    """A ``stax`` MLP: ``num_hidden`` Dense layers of ``hidden_width`` with LeakyReLU, then a
-    Dense output layer.
+    name: str, in_dim: int, width: int, out_dim: int, dtype: DTypeLike, num_hidden: int = 2
+) -> Callable:
+    """A ``stax`` MLP ``in_dim -> out_dim``: ``num_hidden`` Dense layers of ``width`` with
+    LeakyReLU(0.2), then a Dense output layer. Its parameters are ``numpyro.param`` sites
+    ``"<name>.<i>"``, initialized with a key fixed by the name (the same start in every run).
 
-    :param hidden_width: width of the hidden layers.
-    :param out_dim: output width.
-    :param num_hidden: number of hidden layers.
-    :param negative_slope: LeakyReLU slope for negative inputs.
-    :return: ``(init_fn, apply_fn)``.
+    :return: the network, ``(..., in_dim) -> (..., out_dim)``.
     """
     layers = []
     for _ in range(num_hidden):
-        layers += [
-            stax.Dense(hidden_width),
-            stax.elementwise(jax.nn.leaky_relu, negative_slope=negative_slope),
-        ]
-    return stax.serial(*layers, stax.Dense(out_dim))
-
-
-def register_mlp(prefix: str, init_fn: Callable, in_dim: int, dtype: DTypeLike) -> Any:
-    """The MLP's parameters as ``numpyro.param`` sites ``"<prefix>.<i>"``, initialized by
-    ``init_fn`` with a key fixed by the prefix (the same start in every run)."""
-    key = jax.random.PRNGKey(zlib.crc32(prefix.encode()))
-    _, params = init_fn(key, (-1, in_dim))
+        layers += [stax.Dense(width), stax.elementwise(jax.nn.leaky_relu, negative_slope=0.2)]
+    init_fn, apply_fn = stax.serial(*layers, stax.Dense(out_dim))
+    _, params = init_fn(jax.random.PRNGKey(zlib.crc32(name.encode())), (-1, in_dim))
     leaves, treedef = jax.tree_util.tree_flatten(params)
     leaves = [
-        numpyro.param(f"{prefix}.{i}", jnp.asarray(leaf, dtype)) for i, leaf in enumerate(leaves)
+        numpyro.param(f"{name}.{i}", jnp.asarray(leaf, dtype)) for i, leaf in enumerate(leaves)
     ]
-    return jax.tree_util.tree_unflatten(treedef, leaves)
+    return partial(apply_fn, jax.tree_util.tree_unflatten(treedef, leaves))
 
 
 class LatentSite(NamedTuple):
@@ -81,16 +71,15 @@ class LatentSite(NamedTuple):
     dtype: Any
 
 
-def latent_sites(trace: dict, specs: dict, full_sizes: dict) -> list[LatentSite]:
-    """The latent inputs of a prototype trace.
+def latent_sites(trace: dict, full_sizes: dict) -> list[LatentSite]:
+    """The latent inputs of a prototype trace (its :func:`~numpyro_dgp._protocol.latent_specs`).
 
     :param trace: the model's trace.
-    :param specs: ``{site: LatentSpec}`` (:func:`numpyro_dgp._protocol.latent_specs`).
     :param full_sizes: ``{plate name: full size}``.
     :return: one :class:`LatentSite` per latent input, in execution order.
     """
     out = []
-    for name, spec in specs.items():
+    for name, spec in latent_specs(trace).items():
         frame = [f for f in trace[name]["cond_indep_stack"] if f.dim == -1][0]
         out.append(
             LatentSite(
@@ -154,10 +143,6 @@ def _latent_placeholder(site: LatentSite, posterior: LatentPosterior) -> Placeho
     return Placeholder(posterior, site.name, shape, 1, refusal)
 
 
-def _softplus_scale(raw: jax.Array) -> jax.Array:
-    return jax.nn.softplus(raw) + 1e-6
-
-
 def sample_latent(site: LatentSite, mode: str, prefix: str, hidden_width: int) -> jax.Array:
     """The guide's placeholder site of one latent input.
 
@@ -175,12 +160,11 @@ def sample_latent(site: LatentSite, mode: str, prefix: str, hidden_width: int) -
     """
     Q, base = site.latent_dim, f"{site.name}_{prefix}"
     if mode == "amortized":
-        init_fn, apply_fn = mlp(hidden_width, 2 * Q)
-        params = register_mlp(f"{base}_encoder", init_fn, site.encoder_dim, site.dtype)
+        network = mlp(f"{base}_encoder", site.encoder_dim, hidden_width, 2 * Q, site.dtype)
 
         def encode(encoder_input):
-            out = apply_fn(params, encoder_input)
-            return out[..., :Q], _softplus_scale(out[..., Q:])
+            out = network(encoder_input)
+            return out[..., :Q], jax.nn.softplus(out[..., Q:]) + 1e-6
 
         return numpyro.sample(
             site.name,
@@ -203,15 +187,11 @@ def sample_latent(site: LatentSite, mode: str, prefix: str, hidden_width: int) -
 
 
 def latent_draw(
-    posterior: Any, encoder_input: jax.Array, eps: jax.Array
+    posterior: LatentPosterior, encoder_input: jax.Array, eps: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(w, loc, scale)``: draws ``w = loc + scale * eps`` of a latent input's ``q(w_n)``
-    (``posterior``: a :class:`~numpyro_dgp.posteriors.LatentPosterior`, evaluated at the
-    model's ``encoder_input``, or ``(loc, scale)``), in the encoder input's dtype."""
-    if isinstance(posterior, LatentPosterior):
-        loc, scale = posterior.encode(encoder_input)
-    else:
-        loc, scale = posterior
+    (``posterior``, evaluated at the model's ``encoder_input``), in the encoder input's dtype."""
+    loc, scale = posterior.encode(encoder_input)
     dtype = encoder_input.dtype
     loc, scale = jnp.asarray(loc, dtype), jnp.asarray(scale, dtype)
     return loc + scale * eps, loc, scale

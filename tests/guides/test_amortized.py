@@ -321,6 +321,10 @@ def test_errors():
         AutoFactorizedDGP(model).setup(jax.random.PRNGKey(0), X, y)
     with pytest.raises(ValueError, match="rule"):
         AutoAmortizedDGP(model, rule="AR3")
+    with pytest.raises(ValueError, match="AutoAmortizedDGP: init_scale must be a finite positive"):
+        AutoAmortizedDGP(model, init_scale=0.0)
+    with pytest.raises(ValueError, match="AutoFactorizedDGP: init_scale must be a finite positive"):
+        AutoFactorizedDGP(model, init_scale=-1.0)
     with pytest.raises(ValueError, match="no gp_layer with inducing='amortized'"):
         AutoAmortizedDGP(dgp.models.deep_gp_regression(1, num_inducing=2)).setup(jax.random.PRNGKey(0), X, y)
     guide = AutoAmortizedDGP(model)
