@@ -42,26 +42,6 @@ from numpyro_dgp._validation import (
 )
 from numpyro_dgp.core import gauss_hermite, gauss_hermite_product
 
-__all__ = [
-    "LIKELIHOODS",
-    "MISSING_TARGETS",
-    "Observation",
-    "Rule",
-    "Unwrapped",
-    "closed_form_log_prob",
-    "is_discrete",
-    "likelihood_rule",
-    "masked_value",
-    "needs_closed_form",
-    "observation_kind",
-    "point_mask",
-    "shared_rule",
-    "spherical_rule",
-    "unwrap",
-    "validated_normal",
-]
-
-
 #: the most nodes a tensor-product Gauss-Hermite rule may have
 MAX_NODES = 20_000
 
