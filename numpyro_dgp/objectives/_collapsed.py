@@ -165,6 +165,12 @@ class collapse_sparse_layer(PerRunMessenger):
         )
 
 
+def _scaled_log_prob(site: dict) -> jax.Array:
+    """A site's log-density summed, times its plate scale."""
+    scale = 1.0 if site["scale"] is None else site["scale"]
+    return scale * jnp.sum(site["fn"].log_prob(site["value"]))
+
+
 def _is_one(scale: Any) -> bool:
     try:
         return float(scale) == 1.0
@@ -219,9 +225,8 @@ class CollapsedSparseGP(Objective):
         for name, site in model_trace.items():
             if site["type"] != "sample":
                 continue
-            scale = 1.0 if site["scale"] is None else site["scale"]
             if site["is_observed"]:
-                log_marginal = log_marginal + scale * jnp.sum(site["fn"].log_prob(site["value"]))
+                log_marginal = log_marginal + _scaled_log_prob(site)
                 continue
             if name in u_sites:
                 if name in guide_trace:
@@ -235,10 +240,7 @@ class CollapsedSparseGP(Objective):
                 raise ValueError(
                     f"CollapsedSparseGP: latent site {name!r} is not covered by the guide"
                 )
-            log_p = scale * jnp.sum(site["fn"].log_prob(site["value"]))
-            q_site = guide_trace[name]
-            q_scale = 1.0 if q_site["scale"] is None else q_site["scale"]
-            other = other + log_p - q_scale * jnp.sum(q_site["fn"].log_prob(q_site["value"]))
+            other = other + _scaled_log_prob(site) - _scaled_log_prob(guide_trace[name])
         return {"log_marginal": log_marginal, "other": other}
 
     def combine(self, parts: dict[str, Any]) -> jax.Array:

@@ -27,7 +27,6 @@ from jax.typing import ArrayLike
 from numpyro_dgp._engine.observation import (
     closed_form_log_prob,
     masked_value,
-    needs_closed_form,
     observation_kind,
     unwrap,
 )
@@ -49,12 +48,7 @@ from numpyro_dgp.core import (
 )
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.objectives._base import Call, Objective
-from numpyro_dgp.posteriors import (
-    ChainLink,
-    JointBlock,
-    gaussian_parameters,
-    unwrap_distribution,
-)
+from numpyro_dgp.posteriors import ChainLink, JointBlock, gaussian_parameters, unwrap_distribution
 
 
 def plate_ndim(site: dict) -> int:
@@ -194,11 +188,10 @@ def inducing_kl(
     q = posterior if posterior is not None else site_posterior(guide_site, shape)
     if q is None:
         return None
-    prior_chol = _prior_chol(layer)
     prior_mean = layer.prior_mean
     assert prior_mean is not None  # gp_layer gives every layer its prior mean
     if isinstance(q, ChainLink):
-        return _chain_link_kl(name, q, prior_mean, prior_chol, marginal_covs, objective)
+        return _chain_link_kl(name, q, prior_mean, layer, marginal_covs, objective)
     if isinstance(q, JointBlock):
         if name != q.sites[0]:
             return jnp.zeros((), q.loc.dtype)  # the group's KL was counted at its first site
@@ -216,16 +209,12 @@ def inducing_kl(
 
 
 def _chain_link_kl(
-    name: str,
-    q: ChainLink,
-    prior_mean: jax.Array,
-    prior_chol: jax.Array | None,
-    marginal_covs: dict[str, jax.Array],
-    objective: str,
+    name: str, q: ChainLink, mean: jax.Array, layer: Layer, marginal_covs: dict, objective: str
 ) -> jax.Array:
-    """One link's term of the chain decomposition of the KL (:func:`inducing_kl`); its marginal
-    covariance is recorded in ``marginal_covs`` for its child (a first link's as its diagonal
-    blocks, ``(P, M, M)``)."""
+    """One link's term of the chain decomposition of the KL (:func:`inducing_kl`) against the
+    layer's prior (``mean``, its prior mean, and its factor); its marginal covariance is
+    recorded in ``marginal_covs`` for its child (a first link's as its diagonal blocks,
+    ``(P, M, M)``)."""
     if q.parent is None:
         cov = block_covariances(q.scale_tril)  # block-diagonal: its blocks, not its zeros
     else:
@@ -238,7 +227,7 @@ def _chain_link_kl(
         assert coupling is not None  # a chain factor with a parent has its coupling
         cov = block_diag_covariance(q.scale_tril) + congruence(coupling, marginal_covs[q.parent])
     marginal_covs[name] = cov
-    return chain_gauss_kl_term(q.mean - prior_mean, q.scale_tril, cov, prior_chol)
+    return chain_gauss_kl_term(q.mean - mean, q.scale_tril, cov, _prior_chol(layer))
 
 
 def objective_terms(
@@ -280,15 +269,10 @@ def objective_terms(
             continue
         site_kl = None
         if name in layers and name in guide_trace:
+            posterior = run.posteriors.get(name)  # read off the guide's site for locations
+            q_site = guide_trace[name]
             site_kl = inducing_kl(
-                name,
-                site,
-                guide_trace[name],
-                layers,
-                locations,
-                marginal_covs,
-                None if locations else run.posteriors.get(name),
-                objective,
+                name, site, q_site, layers, locations, marginal_covs, posterior, objective
             )
         if site_kl is not None:
             kl = kl + scale * site_kl
@@ -369,10 +353,11 @@ def expected_log_prob(
 def refuse_without_closed_form(site: dict, objective: str) -> None:
     """A likelihood that is piecewise constant in ``f`` (the robust max) has no gradient at
     nodes: without its closed form the objective would silently stop training the layers."""
-    if get_tag(site, NODE_AXIS) and needs_closed_form(site):
+    base = unwrap(site["fn"]).base
+    if get_tag(site, NODE_AXIS) and getattr(base, "requires_closed_form", False):
         raise ValueError(
             f"{objective}: observation site {site['name']!r} "
-            f"({type(unwrap(site['fn']).base).__name__}) is piecewise constant in the last layer, "
+            f"({type(base).__name__}) is piecewise constant in the last layer, "
             "so it trains only through its closed form, which needs the layer's whole output "
             "(robust_max(f), not a slice of it) and an independent Gaussian per layer "
             "(AutoFactorizedDGP, AutoNormal; not a guide that correlates the layers); "
@@ -388,7 +373,10 @@ class MarginalObjective(Objective):
     _name: str  # the objective's name, in messages
 
     def __init__(
-        self, num_particles: int, num_quadrature: int | None, num_likelihood_samples: int
+        self,
+        num_particles: int = 1,
+        num_quadrature: int | None = None,
+        num_likelihood_samples: int = 32,
     ) -> None:
         check_positive_int(num_particles, "num_particles", self._name)
         check_positive_int(num_likelihood_samples, "num_likelihood_samples", self._name)
@@ -441,14 +429,6 @@ class DGPElbo(MarginalObjective):
     """
 
     _name = "DGPElbo"
-
-    def __init__(
-        self,
-        num_particles: int = 1,
-        num_quadrature: int | None = None,
-        num_likelihood_samples: int = 32,
-    ) -> None:
-        super().__init__(num_particles, num_quadrature, num_likelihood_samples)
 
     def _terms(self, call: Call) -> dict[str, jax.Array | float]:
         """One-particle ELBO split into its parts.

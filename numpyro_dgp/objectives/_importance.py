@@ -164,8 +164,7 @@ class ImportanceWeightedElbo(MarginalObjective):
             ``importance_weighted_log_likelihood - kl_inducing + other``.
         """
         K = self.num_importance
-        draws = ImportanceDraws(K)
-        run, observed, kl, other = self._run(call, draws)
+        run, observed, kl, other = self._run(call, ImportanceDraws(K))
         log_weights = sum(
             get_tag(site, IMPORTANCE_LOG_WEIGHTS)
             for site in run.model_trace.values()
