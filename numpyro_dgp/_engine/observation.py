@@ -42,26 +42,6 @@ from numpyro_dgp._validation import (
 )
 from numpyro_dgp.core import gauss_hermite, gauss_hermite_product
 
-__all__ = [
-    "LIKELIHOODS",
-    "MISSING_TARGETS",
-    "Observation",
-    "Rule",
-    "Unwrapped",
-    "closed_form_log_prob",
-    "is_discrete",
-    "likelihood_rule",
-    "masked_value",
-    "needs_closed_form",
-    "observation_kind",
-    "point_mask",
-    "shared_rule",
-    "spherical_rule",
-    "unwrap",
-    "validated_normal",
-]
-
-
 #: the most nodes a tensor-product Gauss-Hermite rule may have
 MAX_NODES = 20_000
 
@@ -151,18 +131,6 @@ def observation_kind(fn: dist.Distribution, name: str, caller: str = "predict") 
     )
 
 
-class Rule(NamedTuple):
-    """How the expectation over the last layer's ``P`` outputs is taken.
-
-    :ivar nodes: ``(K, P)`` standard-normal nodes shared by every point, or ``None`` for ``K``
-        independent standard-normal draws per point (Monte Carlo).
-    :ivar weights: ``(K,)`` weights summing to one.
-    """
-
-    nodes: np.ndarray | None
-    weights: np.ndarray
-
-
 def spherical_rule(dim: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``2 dim`` nodes ``+-sqrt(dim) e_i`` with weights ``1 / (2 dim)``: exact for every
     polynomial of degree up to 3 in ``xi ~ N(0, I_dim)`` (so for the expectation of a Gaussian
@@ -181,8 +149,11 @@ def likelihood_rule(
     nodes_per_output: int | None = None,
     num_samples: int | None = None,
     caller: str = "DGPElbo",
-) -> Rule:
-    """The rule for ``E_f[...]`` over the last layer's ``P = out_dim`` outputs.
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """The rule for ``E_f[...]`` over the last layer's ``P = out_dim`` outputs: ``(nodes,
+    weights)``, ``(K, P)`` standard-normal nodes shared by every point (``None`` for ``K``
+    independent standard-normal draws per point, Monte Carlo) and ``(K,)`` weights summing to
+    one.
 
     * one output: ``nodes_per_output`` (default 20) Gauss-Hermite nodes;
     * several, with ``nodes_per_output`` given: the tensor-product Gauss-Hermite rule;
@@ -195,12 +166,12 @@ def likelihood_rule(
     :param nodes_per_output: nodes per output.
     :param num_samples: Monte Carlo draws per point.
     :param caller: who asks (in error messages).
-    :return: the :class:`Rule`.
+    :return: ``(nodes, weights)``.
     :raises ValueError: a tensor-product rule with more than 20,000 nodes.
     """
     if out_dim == 1:
         nodes, weights = gauss_hermite(20 if nodes_per_output is None else nodes_per_output)
-        return Rule(nodes[:, None], weights)
+        return nodes[:, None], weights
     if nodes_per_output is not None:
         if nodes_per_output**out_dim > MAX_NODES:
             raise ValueError(
@@ -208,11 +179,11 @@ def likelihood_rule(
                 f"{out_dim} outputs has {nodes_per_output**out_dim} nodes; lower num_quadrature, "
                 "or leave it None for Monte Carlo draws"
             )
-        return Rule(*gauss_hermite_product(nodes_per_output, out_dim))
+        return gauss_hermite_product(nodes_per_output, out_dim)
     if kinds and all(kind == "normal" for kind in kinds):
-        return Rule(*spherical_rule(out_dim))
+        return spherical_rule(out_dim)
     num = 32 if num_samples is None else int(num_samples)
-    return Rule(None, np.full(num, 1.0 / num))
+    return None, np.full(num, 1.0 / num)
 
 
 def shared_rule(
@@ -284,12 +255,6 @@ def closed_form_log_prob(
     if parts.event_ndims:
         lp = jnp.sum(lp, axis=tuple(range(-parts.event_ndims, 0)))
     return lp
-
-
-def needs_closed_form(site: dict) -> bool:
-    """Whether the site's likelihood has no usable gradient at sampled ``f`` (it is piecewise
-    constant in ``f``, as the robust max is) and so must take its closed form."""
-    return bool(getattr(unwrap(site["fn"]).base, "requires_closed_form", False))
 
 
 def is_discrete(base: dist.Distribution) -> bool:

@@ -39,11 +39,9 @@ from numpyro_dgp.handlers import (
     replace_observation,
 )
 from numpyro_dgp.layers import Layer
-from numpyro_dgp.objectives._base import Objective
+from numpyro_dgp.objectives._base import Call, Objective
 from numpyro_dgp.objectives._dsvi import objective_terms, weighted_log_prob
 from numpyro_dgp.posteriors import unwrap_distribution
-
-__all__ = ["CollapsedData", "CollapsedSparseGP", "NestedCompressionElbo", "collapse_sparse_layer"]
 
 _NVC = "NestedCompressionElbo"  # nested variational compression, in messages
 
@@ -167,6 +165,12 @@ class collapse_sparse_layer(PerRunMessenger):
         )
 
 
+def _scaled_log_prob(site: dict) -> jax.Array:
+    """A site's log-density summed, times its plate scale."""
+    scale = 1.0 if site["scale"] is None else site["scale"]
+    return scale * jnp.sum(site["fn"].log_prob(site["value"]))
+
+
 def _is_one(scale: Any) -> bool:
     try:
         return float(scale) == 1.0
@@ -205,39 +209,24 @@ class CollapsedSparseGP(Objective):
         self.method = method
         super().__init__(num_particles=1)
 
-    def components(
-        self,
-        rng_key: jax.Array,
-        param_map: dict,
-        model: Callable,
-        guide: Callable,
-        *args: Any,
-        **kwargs: Any,
-    ) -> dict[str, jax.Array | float]:
-        """The collapsed objective's parts.
+    def _terms(self, call: Call) -> dict[str, jax.Array | float]:
+        """The collapsed objective's parts (the PRNG key serves the guide's latent sites, if any).
 
-        :param rng_key: PRNG key (for the guide's latent sites, if any).
-        :param param_map: parameter values ``{name: value}``.
-        :param model: the model.
-        :param guide: the guide of the latent sites other than the inducing values.
-        :param args: the model's and guide's positional arguments.
-        :param kwargs: their keyword arguments.
         :return: ``{"log_marginal", "other"}``: the observed sites' collapsed log density, and
             ``log p - log q`` of the other latent sites; the objective is their sum.
         :raises ValueError: if the guide samples the inducing values or misses a latent site.
         """
-        guide_trace, seeded = guide_then_model(model, guide, param_map, rng_key, args, kwargs)
+        guide_trace, seeded = guide_then_model(*call)
         handler = collapse_sparse_layer(seeded, self.method, "CollapsedSparseGP")
-        model_trace = trace(handler).get_trace(*args, **kwargs)
+        model_trace = trace(handler).get_trace(*call.args, **call.kwargs)
         u_sites = set(layers_by_u_site(model_trace))
         log_marginal: jax.Array | float = 0.0
         other: jax.Array | float = 0.0
         for name, site in model_trace.items():
             if site["type"] != "sample":
                 continue
-            scale = 1.0 if site["scale"] is None else site["scale"]
             if site["is_observed"]:
-                log_marginal = log_marginal + scale * jnp.sum(site["fn"].log_prob(site["value"]))
+                log_marginal = log_marginal + _scaled_log_prob(site)
                 continue
             if name in u_sites:
                 if name in guide_trace:
@@ -251,10 +240,7 @@ class CollapsedSparseGP(Objective):
                 raise ValueError(
                     f"CollapsedSparseGP: latent site {name!r} is not covered by the guide"
                 )
-            log_p = scale * jnp.sum(site["fn"].log_prob(site["value"]))
-            q_site = guide_trace[name]
-            q_scale = 1.0 if q_site["scale"] is None else q_site["scale"]
-            other = other + log_p - q_scale * jnp.sum(q_site["fn"].log_prob(q_site["value"]))
+            other = other + _scaled_log_prob(site) - _scaled_log_prob(guide_trace[name])
         return {"log_marginal": log_marginal, "other": other}
 
     def combine(self, parts: dict[str, Any]) -> jax.Array:
@@ -347,40 +333,21 @@ class NestedCompressionElbo(Objective):
 
     :param propagate_inducing_variance: forward each inner layer's inducing variance to the
         next layer (``True``, the bound above) or pay for it in the penalty (``False``).
-    :param num_particles: must be 1 (the bound is deterministic; kept for NumPyro's interface).
-    :raises ValueError: if ``num_particles != 1``.
     """
 
-    def __init__(self, propagate_inducing_variance: bool = True, num_particles: int = 1) -> None:
-        if int(num_particles) != 1:
-            raise ValueError(
-                f"{_NVC}: the bound is deterministic; num_particles must be 1, got {num_particles}"
-            )
+    def __init__(self, propagate_inducing_variance: bool = True) -> None:
         self.propagate_inducing_variance = bool(propagate_inducing_variance)
         super().__init__(num_particles=1)
 
-    def components(
-        self,
-        rng_key: jax.Array,
-        param_map: dict,
-        model: Callable,
-        guide: Callable,
-        *args: Any,
-        **kwargs: Any,
-    ) -> dict[str, jax.Array | float]:
-        """The bound split into its parts.
+    def _terms(self, call: Call) -> dict[str, jax.Array | float]:
+        """The bound split into its parts (the PRNG key serves only latent sites other than the
+        inducing values).
 
-        :param rng_key: PRNG key (used only by latent sites other than the inducing values).
-        :param param_map: parameter values ``{name: value}``.
-        :param model: the model.
-        :param guide: the guide.
-        :param args: the model's and guide's positional arguments.
-        :param kwargs: their keyword arguments.
         :return: ``{"expected_log_likelihood", "inner_penalty", "kl_inducing", "other"}``; the
             bound is ``expected_log_likelihood - inner_penalty - kl_inducing + other``.
         """
         options = ("bound", 2, _NVC, self.propagate_inducing_variance)
-        run = moment_trace(model, guide, param_map, rng_key, args, kwargs, *options)
+        run = moment_trace(*call, *options)
         observed, kl, other = objective_terms(run, _NVC)
         scale = _tail_scale(observed)
         ell = sum(weighted_log_prob(site, run.node_weights) for site in observed.values())

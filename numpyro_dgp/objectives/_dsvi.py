@@ -27,7 +27,6 @@ from jax.typing import ArrayLike
 from numpyro_dgp._engine.observation import (
     closed_form_log_prob,
     masked_value,
-    needs_closed_form,
     observation_kind,
     unwrap,
 )
@@ -48,32 +47,34 @@ from numpyro_dgp.core import (
     gauss_kl,
 )
 from numpyro_dgp.layers import Layer
-from numpyro_dgp.objectives._base import Objective
-from numpyro_dgp.posteriors import (
-    ChainLink,
-    JointBlock,
-    gaussian_parameters,
-    unwrap_distribution,
-)
-
-__all__ = ["DGPElbo", "PredictiveObjective"]
-
-
-def _reduce_mixture(
-    x: jax.Array, plate_ndim: int, mixture_log_weights: jax.Array | None
-) -> jax.Array:
-    """Average a leading branch axis of ``x`` with the branch weights, if it is there."""
-    if (
-        mixture_log_weights is None
-        or jnp.ndim(x) <= plate_ndim
-        or jnp.shape(x)[0] != mixture_log_weights.shape[0]
-    ):
-        return x
-    return jnp.tensordot(jax.nn.softmax(mixture_log_weights).astype(x.dtype), x, axes=(0, 0))
+from numpyro_dgp.objectives._base import Call, Objective
+from numpyro_dgp.posteriors import ChainLink, JointBlock, gaussian_parameters, unwrap_distribution
 
 
 def plate_ndim(site: dict) -> int:
     return max([-f.dim for f in site["cond_indep_stack"]] + [0])
+
+
+def _leading(w: ArrayLike, like: jax.Array) -> jax.Array:
+    """``w`` in ``like``'s dtype, shaped to broadcast along ``like``'s leading axis."""
+    return jnp.reshape(jnp.asarray(w, like.dtype), (-1,) + (1,) * (like.ndim - 1))
+
+
+def _log_mix(lp: jax.Array, log_w: jax.Array) -> jax.Array:
+    """``log sum_s w_s exp(lp_s)`` over ``lp``'s leading axis."""
+    return logsumexp(lp + _leading(log_w, lp), axis=0)
+
+
+def _branched(x: jax.Array, site: dict, mixture_log_weights: jax.Array) -> bool:
+    """Whether ``x`` (a site's per-point values) carries a leading branch axis."""
+    return jnp.ndim(x) > plate_ndim(site) and jnp.shape(x)[0] == mixture_log_weights.shape[0]
+
+
+def _reduce_mixture(x: jax.Array, site: dict, mixture_log_weights: jax.Array | None) -> jax.Array:
+    """Average a leading branch axis of ``x`` with the branch weights, if it is there."""
+    if mixture_log_weights is None or not _branched(x, site, mixture_log_weights):
+        return x
+    return jnp.tensordot(jax.nn.softmax(mixture_log_weights).astype(x.dtype), x, axes=(0, 0))
 
 
 def has_node_axis(site: dict, lp: jax.Array, weights: ArrayLike) -> bool:
@@ -86,18 +87,31 @@ def has_node_axis(site: dict, lp: jax.Array, weights: ArrayLike) -> bool:
     return jnp.ndim(lp) > batch_ndim and jnp.shape(lp)[0] == jnp.shape(weights)[0]
 
 
+def _node_average(
+    site: dict, weights: ArrayLike, mixture_log_weights: jax.Array | None = None
+) -> jax.Array:
+    """Site log-density per point, averaging the quadrature axis and then the branch axis
+    (:class:`numpyro_dgp.handlers.quadrature`, amortized guides) if present."""
+    lp = site["fn"].log_prob(site["value"])
+    if has_node_axis(site, lp, weights):
+        lp = jnp.tensordot(jnp.asarray(weights, lp.dtype), lp, axes=(0, 0))
+        lp = _reduce_mixture(lp, site, mixture_log_weights)
+    return lp
+
+
+def _scaled_sum(site: dict, lp: jax.Array) -> jax.Array:
+    """``lp`` times the site's plate scale, summed."""
+    if site["scale"] is not None:
+        lp = site["scale"] * lp
+    return jnp.sum(lp)
+
+
 def weighted_log_prob(
     site: dict, weights: ArrayLike, mixture_log_weights: jax.Array | None = None
 ) -> jax.Array:
     """Site log-density summed over its plates, averaging the quadrature axis and then the
-    branch axis (:class:`numpyro_dgp.handlers.quadrature`, amortized guides) if present."""
-    lp = site["fn"].log_prob(site["value"])
-    if has_node_axis(site, lp, weights):
-        lp = jnp.tensordot(jnp.asarray(weights, lp.dtype), lp, axes=(0, 0))
-        lp = _reduce_mixture(lp, plate_ndim(site), mixture_log_weights)
-    if site["scale"] is not None:
-        lp = site["scale"] * lp
-    return jnp.sum(lp)
+    branch axis (:func:`_node_average`) if present."""
+    return _scaled_sum(site, _node_average(site, weights, mixture_log_weights))
 
 
 def _prior_chol(layer: Layer) -> jax.Array | None:
@@ -174,11 +188,10 @@ def inducing_kl(
     q = posterior if posterior is not None else site_posterior(guide_site, shape)
     if q is None:
         return None
-    prior_chol = _prior_chol(layer)
     prior_mean = layer.prior_mean
     assert prior_mean is not None  # gp_layer gives every layer its prior mean
     if isinstance(q, ChainLink):
-        return _chain_link_kl(name, q, prior_mean, prior_chol, marginal_covs, objective)
+        return _chain_link_kl(name, q, prior_mean, layer, marginal_covs, objective)
     if isinstance(q, JointBlock):
         if name != q.sites[0]:
             return jnp.zeros((), q.loc.dtype)  # the group's KL was counted at its first site
@@ -196,16 +209,12 @@ def inducing_kl(
 
 
 def _chain_link_kl(
-    name: str,
-    q: ChainLink,
-    prior_mean: jax.Array,
-    prior_chol: jax.Array | None,
-    marginal_covs: dict[str, jax.Array],
-    objective: str,
+    name: str, q: ChainLink, mean: jax.Array, layer: Layer, marginal_covs: dict, objective: str
 ) -> jax.Array:
-    """One link's term of the chain decomposition of the KL (:func:`inducing_kl`); its marginal
-    covariance is recorded in ``marginal_covs`` for its child (a first link's as its diagonal
-    blocks, ``(P, M, M)``)."""
+    """One link's term of the chain decomposition of the KL (:func:`inducing_kl`) against the
+    layer's prior (``mean``, its prior mean, and its factor); its marginal covariance is
+    recorded in ``marginal_covs`` for its child (a first link's as its diagonal blocks,
+    ``(P, M, M)``)."""
     if q.parent is None:
         cov = block_covariances(q.scale_tril)  # block-diagonal: its blocks, not its zeros
     else:
@@ -218,7 +227,7 @@ def _chain_link_kl(
         assert coupling is not None  # a chain factor with a parent has its coupling
         cov = block_diag_covariance(q.scale_tril) + congruence(coupling, marginal_covs[q.parent])
     marginal_covs[name] = cov
-    return chain_gauss_kl_term(q.mean - prior_mean, q.scale_tril, cov, prior_chol)
+    return chain_gauss_kl_term(q.mean - mean, q.scale_tril, cov, _prior_chol(layer))
 
 
 def objective_terms(
@@ -256,19 +265,14 @@ def objective_terms(
         local_kl = get_tag(site, LOCAL_KL)
         if local_kl is not None:
             # per-point KLs of per-point inducing sets (mixture axis first under rule AR1)
-            kl = kl + jnp.sum(scale * _reduce_mixture(local_kl, plate_ndim(site), mixture))
+            kl = kl + jnp.sum(scale * _reduce_mixture(local_kl, site, mixture))
             continue
         site_kl = None
         if name in layers and name in guide_trace:
+            posterior = run.posteriors.get(name)  # read off the guide's site for locations
+            q_site = guide_trace[name]
             site_kl = inducing_kl(
-                name,
-                site,
-                guide_trace[name],
-                layers,
-                locations,
-                marginal_covs,
-                None if locations else run.posteriors.get(name),
-                objective,
+                name, site, q_site, layers, locations, marginal_covs, posterior, objective
             )
         if site_kl is not None:
             kl = kl + scale * site_kl
@@ -330,44 +334,30 @@ def _check_other_site(
         )
 
 
-def _expected_log_likelihood(site: dict, run: MarginalRun, objective: str = "DGPElbo") -> jax.Array:
-    """``E_f[log p(y | f)]`` of an observed site, summed with its plate scale: in closed form
-    where its likelihood has one (:func:`~numpyro_dgp._engine.observation.closed_form_log_prob`),
-    else the node-weighted log-density (quadrature or Monte Carlo)."""
+def expected_log_prob(
+    site: dict, run: MarginalRun, objective: str, mixture_log_weights: jax.Array | None = None
+) -> jax.Array:
+    """``E_f[log p(y | f)]`` of an observed site per point, without its plate scale: its batch
+    shape with the last layer's node axis averaged out, then the branch axis with
+    ``mixture_log_weights`` if given: in closed form where its likelihood has one
+    (:func:`~numpyro_dgp._engine.observation.closed_form_log_prob`), else the node-weighted
+    log-density (quadrature or Monte Carlo)."""
     last = run.layer_order[-1] if run.layer_order else None
     lp = closed_form_log_prob(site, run.last_output, run.moments.get(last), run.correlated_outputs)
     if lp is None:
         refuse_without_closed_form(site, objective)
-        return weighted_log_prob(site, run.node_weights, run.mixture_log_weights)
-    lp = _reduce_mixture(lp, plate_ndim(site), run.mixture_log_weights)
-    if site["scale"] is not None:
-        lp = site["scale"] * lp
-    return jnp.sum(lp)
-
-
-def expected_log_prob(
-    site: dict, run: MarginalRun, objective: str = "ImportanceWeightedElbo"
-) -> jax.Array:
-    """``E_f[log p(y | f)]`` of an observed site per point, without its plate scale: its batch
-    shape with the last layer's node axis averaged out (closed form where there is one)."""
-    last = run.layer_order[-1] if run.layer_order else None
-    lp = closed_form_log_prob(site, run.last_output, run.moments.get(last), run.correlated_outputs)
-    if lp is not None:
-        return lp
-    refuse_without_closed_form(site, objective)
-    lp = site["fn"].log_prob(site["value"])
-    if has_node_axis(site, lp, run.node_weights):
-        lp = jnp.tensordot(jnp.asarray(run.node_weights, lp.dtype), lp, axes=(0, 0))
-    return lp
+        return _node_average(site, run.node_weights, mixture_log_weights)
+    return _reduce_mixture(lp, site, mixture_log_weights)
 
 
 def refuse_without_closed_form(site: dict, objective: str) -> None:
     """A likelihood that is piecewise constant in ``f`` (the robust max) has no gradient at
     nodes: without its closed form the objective would silently stop training the layers."""
-    if get_tag(site, NODE_AXIS) and needs_closed_form(site):
+    base = unwrap(site["fn"]).base
+    if get_tag(site, NODE_AXIS) and getattr(base, "requires_closed_form", False):
         raise ValueError(
             f"{objective}: observation site {site['name']!r} "
-            f"({type(unwrap(site['fn']).base).__name__}) is piecewise constant in the last layer, "
+            f"({type(base).__name__}) is piecewise constant in the last layer, "
             "so it trains only through its closed form, which needs the layer's whole output "
             "(robust_max(f), not a slice of it) and an independent Gaussian per layer "
             "(AutoFactorizedDGP, AutoNormal; not a guide that correlates the layers); "
@@ -375,7 +365,36 @@ def refuse_without_closed_form(site: dict, objective: str) -> None:
         )
 
 
-class DGPElbo(Objective):
+class MarginalObjective(Objective):
+    """An objective on runs of the engine with the inducing values marginalized
+    (:func:`~numpyro_dgp._engine.run.marginal_trace`): its particle, quadrature and
+    likelihood-sample options, checked once here, and one run's terms."""
+
+    _name: str  # the objective's name, in messages
+
+    def __init__(
+        self,
+        num_particles: int = 1,
+        num_quadrature: int | None = None,
+        num_likelihood_samples: int = 32,
+    ) -> None:
+        check_positive_int(num_particles, "num_particles", self._name)
+        check_positive_int(num_likelihood_samples, "num_likelihood_samples", self._name)
+        check_positive_int(num_quadrature, "num_quadrature", self._name, allow_none=True)
+        self.num_quadrature = num_quadrature
+        self.num_likelihood_samples = int(num_likelihood_samples)
+        super().__init__(num_particles=num_particles)
+
+    def _run(
+        self, call: Call, importance: Any = None
+    ) -> tuple[MarginalRun, dict[str, dict], jax.Array | float, jax.Array | float]:
+        """One run at ``call`` and its :func:`objective_terms`: ``(run, observed, kl, other)``."""
+        rule = (self.num_quadrature, self._name, self.num_likelihood_samples, importance)
+        run = marginal_trace(*call, *rule)
+        return (run, *objective_terms(run, self._name))
+
+
+class DGPElbo(MarginalObjective):
     """The DSVI evidence lower bound with the inducing values marginalized analytically.
 
     For every layer whose inducing site the guide covers with a Gaussian (``AutoFactorizedDGP``,
@@ -409,62 +428,27 @@ class DGPElbo(Objective):
         ``num_quadrature`` is not a positive integer.
     """
 
-    def __init__(
-        self,
-        num_particles: int = 1,
-        num_quadrature: int | None = None,
-        num_likelihood_samples: int = 32,
-    ) -> None:
-        check_positive_int(num_particles, "num_particles", "DGPElbo")
-        check_positive_int(num_likelihood_samples, "num_likelihood_samples", "DGPElbo")
-        check_positive_int(num_quadrature, "num_quadrature", "DGPElbo", allow_none=True)
-        self.num_quadrature = num_quadrature
-        self.num_likelihood_samples = int(num_likelihood_samples)
-        super().__init__(num_particles=num_particles)
+    _name = "DGPElbo"
 
-    def components(
-        self,
-        rng_key: jax.Array,
-        param_map: dict,
-        model: Callable,
-        guide: Callable,
-        *args: Any,
-        **kwargs: Any,
-    ) -> dict[str, jax.Array | float]:
+    def _terms(self, call: Call) -> dict[str, jax.Array | float]:
         """One-particle ELBO split into its parts.
 
-        :param rng_key: PRNG key.
-        :param param_map: parameter values ``{name: value}``.
-        :param model: the model.
-        :param guide: the guide.
-        :param args: the model's and guide's positional arguments.
-        :param kwargs: their keyword arguments.
         :return: ``{"expected_log_likelihood", "kl_inducing", "other"}``; the ELBO is
             ``expected_log_likelihood - kl_inducing + other``.
         """
-        rule = (self.num_quadrature, "DGPElbo", self.num_likelihood_samples)
-        run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, *rule)
-        observed, kl, other = objective_terms(run)
-        ell = sum(_expected_log_likelihood(site, run) for site in observed.values())
+        run, observed, kl, other = self._run(call)
+        ell = sum(
+            _scaled_sum(site, expected_log_prob(site, run, self._name, run.mixture_log_weights))
+            for site in observed.values()
+        )
         return {"expected_log_likelihood": ell, "kl_inducing": kl, "other": other}
 
     def combine(self, parts: dict[str, Any]) -> jax.Array:
         """``expected_log_likelihood - kl_inducing + other``."""
         return parts["expected_log_likelihood"] - parts["kl_inducing"] + parts["other"]
 
-    def average_particles(
-        self, one_particle: Callable[[jax.Array], jax.Array], rng_key: jax.Array
-    ) -> jax.Array:
-        """The ELBO averaged over ``num_particles`` independent keys."""
-        if self.num_particles == 1:
-            return one_particle(rng_key)
-        keys = jax.random.split(rng_key, self.num_particles)
-        return jnp.mean(self.vectorize_particles_fn(one_particle, keys))
 
-
-def _log_predictive(
-    site: dict, weights: ArrayLike, mixture_log_weights: jax.Array | None = None
-) -> tuple[jax.Array, ArrayLike]:
+def _log_predictive(site: dict, run: MarginalRun) -> tuple[jax.Array, ArrayLike]:
     """Per-point ``log E[p(y | f)]`` of an observed site over the last layer's marginal, with
     the site's plate scale; shape: the site's batch shape. With branches (a leading branch
     axis after the quadrature axis), ``log sum_s w_s E[p(y | f_s)]``.
@@ -476,13 +460,14 @@ def _log_predictive(
     scale = site["scale"] if site["scale"] is not None else 1.0
     fn, value = site["fn"], site["value"]
     lp = fn.log_prob(value)
+    weights = run.node_weights
     if not has_node_axis(site, lp, weights):
         return lp, scale
     refuse_without_closed_form(site, "PredictiveObjective")
     parts = unwrap(fn)
     if observation_kind(fn, site["name"], "PredictiveObjective") == "normal":
         loc = jnp.broadcast_to(parts.base.loc, parts.shape)
-        w = jnp.reshape(jnp.asarray(weights, loc.dtype), (-1,) + (1,) * (loc.ndim - 1))
+        w = _leading(weights, loc)
         mean = jnp.sum(w * loc, axis=0)
         var = (
             jnp.sum(w * (loc - mean) ** 2, axis=0)
@@ -494,19 +479,14 @@ def _log_predictive(
         if parts.event_ndims:
             lp = jnp.sum(lp, axis=tuple(range(-parts.event_ndims, 0)))
     else:
-        w = jnp.reshape(jnp.asarray(weights, lp.dtype), (-1,) + (1,) * (lp.ndim - 1))
-        lp = logsumexp(lp, axis=0, b=w)
-    if (
-        mixture_log_weights is not None
-        and lp.ndim > plate_ndim(site)
-        and lp.shape[0] == mixture_log_weights.shape[0]
-    ):
-        log_w = jax.nn.log_softmax(mixture_log_weights).astype(lp.dtype)
-        lp = logsumexp(lp + log_w.reshape((-1,) + (1,) * (lp.ndim - 1)), axis=0)
+        lp = logsumexp(lp, axis=0, b=_leading(weights, lp))
+    mixture = run.mixture_log_weights
+    if mixture is not None and _branched(lp, site, mixture):
+        lp = _log_mix(lp, jax.nn.log_softmax(mixture))
     return lp, scale
 
 
-class PredictiveObjective(Objective):
+class PredictiveObjective(MarginalObjective):
     """The predictive (DSPP / PPGPR) objective of Jankowiak et al. (2020), AR2PP in
     Meng & Zhang (2024).
 
@@ -538,6 +518,8 @@ class PredictiveObjective(Objective):
         not ``num_particles`` non-negative weights summing to 1.
     """
 
+    _name = "PredictiveObjective"
+
     def __init__(
         self,
         num_particles: int = 8,
@@ -546,9 +528,7 @@ class PredictiveObjective(Objective):
         particle_weights: ArrayLike | None = None,
         num_likelihood_samples: int = 32,
     ) -> None:
-        check_positive_int(num_particles, "num_particles", "PredictiveObjective")
-        check_positive_int(num_likelihood_samples, "num_likelihood_samples", "PredictiveObjective")
-        check_positive_int(num_quadrature, "num_quadrature", "PredictiveObjective", allow_none=True)
+        super().__init__(num_particles, num_quadrature, num_likelihood_samples)
         if not (float(beta) >= 0):
             raise ValueError(f"PredictiveObjective: beta must be >= 0, got {beta}")
         if particle_weights is not None:
@@ -558,56 +538,43 @@ class PredictiveObjective(Objective):
                     "PredictiveObjective: particle_weights must be num_particles non-negative "
                     f"weights summing to 1, got {particle_weights!r}"
                 )
-        self.num_likelihood_samples = int(num_likelihood_samples)
         self.beta = float(beta)
-        self.num_quadrature = num_quadrature
         self.particle_weights = particle_weights
-        super().__init__(num_particles=num_particles, vectorize_particles=True)
 
-    def components(
-        self,
-        rng_key: jax.Array,
-        param_map: dict,
-        model: Callable,
-        guide: Callable,
-        *args: Any,
-        **kwargs: Any,
-    ) -> dict[str, jax.Array | float]:
-        """The objective's parts over ``num_particles`` particles (arguments as for
-        :meth:`DGPElbo.components`).
+    def _terms(self, call: Call) -> dict[str, jax.Array | float]:
+        """The objective's parts over ``num_particles`` particles.
 
         :return: ``{"log_predictive", "kl_inducing", "other"}``; the objective is
             ``log_predictive - beta (kl_inducing - other)``.
         """
 
         def one(key):
-            rule = (self.num_quadrature, "PredictiveObjective", self.num_likelihood_samples)
-            run = marginal_trace(model, guide, param_map, key, args, kwargs, *rule)
-            observed, kl, other = objective_terms(run, "PredictiveObjective")
+            run, observed, kl, other = self._run(call._replace(rng_key=key))
             per_point = {}
             for name, site in observed.items():
-                lp, scale = _log_predictive(site, run.node_weights, run.mixture_log_weights)
+                lp, scale = _log_predictive(site, run)
                 per_point[name] = (lp, jnp.asarray(scale, lp.dtype))
             return per_point, kl, other
 
-        keys = jax.random.split(rng_key, self.num_particles)
+        keys = jax.random.split(call.rng_key, self.num_particles)
         per_point, kl, other = jax.vmap(one)(keys)
         if self.particle_weights is None:
             log_w = jnp.full((self.num_particles,), -np.log(self.num_particles))
-        else:
-            log_w = jnp.log(jnp.asarray(self.particle_weights))
-        total = 0.0
-        for lp, scale in per_point.values():  # lp (S, batch...), scale (S,) (the same for all)
-            mixture = logsumexp(
-                lp + jnp.reshape(log_w.astype(lp.dtype), (-1,) + (1,) * (lp.ndim - 1)), axis=0
-            )
-            total = total + scale[0] * jnp.sum(mixture)
-        if self.particle_weights is None:
             kl, other = jnp.mean(kl), jnp.mean(other)
         else:
             weights = jnp.asarray(self.particle_weights)
+            log_w = jnp.log(weights)
             kl, other = weights @ kl, weights @ other
+        total = 0.0
+        for lp, scale in per_point.values():  # lp (S, batch...), scale (S,) (the same for all)
+            total = total + scale[0] * jnp.sum(_log_mix(lp, log_w))
         return {"log_predictive": total, "kl_inducing": kl, "other": other}
+
+    def average_particles(
+        self, one_particle: Callable[[jax.Array], jax.Array], rng_key: jax.Array
+    ) -> jax.Array:
+        """The objective at ``rng_key``: :meth:`components` draws the particles."""
+        return one_particle(rng_key)
 
     def combine(self, parts: dict[str, Any]) -> jax.Array:
         """``log_predictive - beta (kl_inducing - other)``."""

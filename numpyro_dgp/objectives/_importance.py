@@ -31,12 +31,11 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from numpyro_dgp._compat import is_tracer
-from numpyro_dgp._engine.run import marginal_trace
 from numpyro_dgp._protocol import IMPORTANCE_LOG_WEIGHTS, get_tag
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.layers import Layer, layer_moments, sample_moments
-from numpyro_dgp.objectives._base import Objective
-from numpyro_dgp.objectives._dsvi import expected_log_prob, objective_terms, plate_ndim
+from numpyro_dgp.objectives._base import Call
+from numpyro_dgp.objectives._dsvi import MarginalObjective, expected_log_prob, plate_ndim
 
 _NAME = "ImportanceWeightedElbo"
 
@@ -126,7 +125,7 @@ def _common_scale(scales: dict) -> Any:
     return first
 
 
-class ImportanceWeightedElbo(Objective):
+class ImportanceWeightedElbo(MarginalObjective):
     """The importance-weighted evidence lower bound for DGPs with latent inputs
     (Salimbeni et al. 2019; see the module docstring).
 
@@ -145,6 +144,8 @@ class ImportanceWeightedElbo(Objective):
         a given ``num_quadrature`` is not a positive integer.
     """
 
+    _name = _NAME
+
     def __init__(
         self,
         num_importance: int = 8,
@@ -152,43 +153,18 @@ class ImportanceWeightedElbo(Objective):
         num_quadrature: int | None = None,
         num_likelihood_samples: int = 32,
     ) -> None:
-        check_positive_int(num_importance, "num_importance", "ImportanceWeightedElbo")
-        check_positive_int(num_particles, "num_particles", "ImportanceWeightedElbo")
-        check_positive_int(
-            num_likelihood_samples, "num_likelihood_samples", "ImportanceWeightedElbo"
-        )
-        check_positive_int(
-            num_quadrature, "num_quadrature", "ImportanceWeightedElbo", allow_none=True
-        )
+        check_positive_int(num_importance, "num_importance", _NAME)
         self.num_importance = int(num_importance)
-        self.num_quadrature = num_quadrature
-        self.num_likelihood_samples = int(num_likelihood_samples)
-        super().__init__(num_particles=num_particles, vectorize_particles=True)
+        super().__init__(num_particles, num_quadrature, num_likelihood_samples)
 
-    def components(
-        self,
-        rng_key: jax.Array,
-        param_map: dict,
-        model: Callable,
-        guide: Callable,
-        *args: Any,
-        **kwargs: Any,
-    ) -> dict[str, jax.Array | float]:
+    def _terms(self, call: Call) -> dict[str, jax.Array | float]:
         """One particle's bound split into its parts.
 
-        :param rng_key: PRNG key.
-        :param param_map: parameter values ``{name: value}``.
-        :param model: the model.
-        :param guide: the guide.
-        :param args: the model's and guide's positional arguments.
-        :param kwargs: their keyword arguments.
         :return: ``{"importance_weighted_log_likelihood", "kl_inducing", "other"}``; the bound is
             ``importance_weighted_log_likelihood - kl_inducing + other``.
         """
         K = self.num_importance
-        rule = (self.num_quadrature, _NAME, self.num_likelihood_samples, ImportanceDraws(K))
-        run = marginal_trace(model, guide, param_map, rng_key, args, kwargs, *rule)
-        observed, kl, other = objective_terms(run, "ImportanceWeightedElbo")
+        run, observed, kl, other = self._run(call, ImportanceDraws(K))
         log_weights = sum(
             get_tag(site, IMPORTANCE_LOG_WEIGHTS)
             for site in run.model_trace.values()
@@ -200,7 +176,7 @@ class ImportanceWeightedElbo(Objective):
         outside: jax.Array | float = 0.0
         scales: dict[str, Any] = {}
         for site in observed.values():
-            lp = expected_log_prob(site, run)  # (K, B) with latent inputs, else (B,)
+            lp = expected_log_prob(site, run, _NAME)  # (K, B) with latent inputs, else (B,)
             scale = site["scale"] if site["scale"] is not None else 1.0
             if jnp.ndim(lp) > plate_ndim(site):
                 inside, scales[site["name"]] = inside + lp, scale

@@ -357,8 +357,6 @@ def test_refuses_guides_and_layers_it_cannot_use(data):
     flow = dgp.models.diffgp(1.0, num_steps=2, num_inducing=5)
     with pytest.raises(NotImplementedError, match="sde_flow"):
         _loss(flow, AutoFactorizedDGP(flow), X, y)
-    with pytest.raises(ValueError, match="num_particles must be 1"):
-        dgp.NestedCompressionElbo(num_particles=4)
 
 
 _DATA_PARALLEL_SCRIPT = """
