@@ -285,10 +285,8 @@ def resolve_uci_name(name: str) -> str:
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     key = name.strip().lower()
-    for canonical in UCI_DATASETS:
-        if canonical.lower() == key:
-            return canonical
-    return UCI_ALIASES.get(key, name.strip())
+    canonical = {known.lower(): known for known in UCI_DATASETS} | UCI_ALIASES
+    return canonical.get(key, name.strip())
 
 
 def default_data_dir(data_dir: os.PathLike | str | None = None) -> Path:
