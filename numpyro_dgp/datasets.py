@@ -432,14 +432,15 @@ def _features_and_target(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     return data[:, features], data[:, target[0]]
 
 
-def _split_files(
-    name: os.PathLike | str, split: int, data_dir: os.PathLike | str | None
-) -> tuple[str, Path, int]:
-    """``(name, folder, split)`` of a split the data set has.
+def _split_indices(
+    canonical: str, folder: Path, split: int, upper: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(train_idx, test_idx)`` of a split the data set in ``folder`` has, each index below
+    ``upper`` where given.
 
-    :raises ValueError: ``split`` is not an integer, or out of range.
+    :raises ValueError: ``split`` is not an integer or out of range, malformed index files, or
+        a row in both parts.
     """
-    canonical, folder = _dataset_dir(name, data_dir)
     n_splits = num_uci_splits(folder)
     whole = not isinstance(split, bool) and isinstance(split, (int, np.integer))
     if not whole or not 0 <= split < n_splits:
@@ -447,7 +448,16 @@ def _split_files(
             f"split={split!r} is out of range for {canonical!r}: valid splits are the integers "
             f"0..{n_splits - 1}"
         )
-    return canonical, folder, int(split)
+    train_idx, test_idx = (
+        _read_indices(folder / f"index_{part}_{split}.txt", upper) for part in ("train", "test")
+    )
+    overlap = np.intersect1d(train_idx, test_idx)
+    if overlap.size:
+        raise ValueError(
+            f"split={split} of {canonical!r}: {overlap.size} row(s) appear in both "
+            f"index_train_{split}.txt and index_test_{split}.txt"
+        )
+    return train_idx, test_idx
 
 
 def uci_split_indices(
@@ -460,18 +470,13 @@ def uci_split_indices(
     :param data_dir: data directory; see :func:`default_data_dir`.
     :return: ``(train_idx (N,), test_idx (N*,))`` 0-based ``int64`` row indices into
         ``data.txt``.
+    :raises ValueError: ``split`` out of range, malformed index files, or a row in both parts.
     """
-    _, folder, split = _split_files(name, split, data_dir)
-    return (
-        _read_indices(folder / f"index_train_{split}.txt"),
-        _read_indices(folder / f"index_test_{split}.txt"),
-    )
+    return _split_indices(*_dataset_dir(name, data_dir), split)
 
 
 def load_uci(
-    name: os.PathLike | str,
-    split: int = 0,
-    data_dir: os.PathLike | str | None = None,
+    name: os.PathLike | str, split: int = 0, data_dir: os.PathLike | str | None = None
 ) -> UCISplit:
     """Load one standardized train/test split of a UCI regression data set.
 
@@ -490,19 +495,10 @@ def load_uci(
         overlapping train/test indices.
     :raises FileNotFoundError: missing data directory or files.
     """
-    canonical, folder, split = _split_files(name, split, data_dir)
+    canonical, folder = _dataset_dir(name, data_dir)
     X, y = _features_and_target(folder)
-    train_idx, test_idx = (
-        _read_indices(folder / f"index_{part}_{split}.txt", X.shape[0])
-        for part in ("train", "test")
-    )
-    overlap = np.intersect1d(train_idx, test_idx)
-    if overlap.size:
-        raise ValueError(
-            f"split={split} of {canonical!r}: {overlap.size} row(s) appear in both "
-            f"index_train_{split}.txt and index_test_{split}.txt"
-        )
-    return _standardized_split(X, y, train_idx, test_idx, canonical, split)
+    train_idx, test_idx = _split_indices(canonical, folder, split, X.shape[0])
+    return _standardized_split(X, y, train_idx, test_idx, canonical, int(split))
 
 
 def random_uci_split(
