@@ -13,7 +13,7 @@ Three kinds of data are read:
   ``index_{train,test}_<i>.txt`` (:func:`load_uci`), found by path or by name under a data
   directory you give (``data_dir=`` or ``$NUMPYRO_DGP_DATA``).
 
-All arrays are returned as NumPy arrays (``float64`` unless asked otherwise); pass them to
+All arrays are returned as ``float64`` NumPy arrays; pass them to
 ``jnp.asarray`` when a model needs them on the device.
 
 **References:**
@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal, NamedTuple
 
 import numpy as np
-from numpy.typing import DTypeLike
 
 if TYPE_CHECKING:
     import jax
@@ -286,10 +285,8 @@ def resolve_uci_name(name: str) -> str:
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     key = name.strip().lower()
-    for canonical in UCI_DATASETS:
-        if canonical.lower() == key:
-            return canonical
-    return UCI_ALIASES.get(key, name.strip())
+    canonical = {known.lower(): known for known in UCI_DATASETS} | UCI_ALIASES
+    return canonical.get(key, name.strip())
 
 
 def default_data_dir(data_dir: os.PathLike | str | None = None) -> Path:
@@ -435,14 +432,15 @@ def _features_and_target(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     return data[:, features], data[:, target[0]]
 
 
-def _split_files(
-    name: os.PathLike | str, split: int, data_dir: os.PathLike | str | None
-) -> tuple[str, Path, int]:
-    """``(name, folder, split)`` of a split the data set has.
+def _split_indices(
+    canonical: str, folder: Path, split: int, upper: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(train_idx, test_idx)`` of a split the data set in ``folder`` has, each index below
+    ``upper`` where given.
 
-    :raises ValueError: ``split`` is not an integer, or out of range.
+    :raises ValueError: ``split`` is not an integer or out of range, malformed index files, or
+        a row in both parts.
     """
-    canonical, folder = _dataset_dir(name, data_dir)
     n_splits = num_uci_splits(folder)
     whole = not isinstance(split, bool) and isinstance(split, (int, np.integer))
     if not whole or not 0 <= split < n_splits:
@@ -450,7 +448,16 @@ def _split_files(
             f"split={split!r} is out of range for {canonical!r}: valid splits are the integers "
             f"0..{n_splits - 1}"
         )
-    return canonical, folder, int(split)
+    train_idx, test_idx = (
+        _read_indices(folder / f"index_{part}_{split}.txt", upper) for part in ("train", "test")
+    )
+    overlap = np.intersect1d(train_idx, test_idx)
+    if overlap.size:
+        raise ValueError(
+            f"split={split} of {canonical!r}: {overlap.size} row(s) appear in both "
+            f"index_train_{split}.txt and index_test_{split}.txt"
+        )
+    return train_idx, test_idx
 
 
 def uci_split_indices(
@@ -463,27 +470,13 @@ def uci_split_indices(
     :param data_dir: data directory; see :func:`default_data_dir`.
     :return: ``(train_idx (N,), test_idx (N*,))`` 0-based ``int64`` row indices into
         ``data.txt``.
+    :raises ValueError: ``split`` out of range, malformed index files, or a row in both parts.
     """
-    _, folder, split = _split_files(name, split, data_dir)
-    return (
-        _read_indices(folder / f"index_train_{split}.txt"),
-        _read_indices(folder / f"index_test_{split}.txt"),
-    )
-
-
-def _check_float_dtype(dtype: DTypeLike) -> np.dtype:
-    """``dtype`` as a NumPy dtype, checked to be a floating one (else ``ValueError``)."""
-    dtype = np.dtype(dtype)
-    if dtype.kind != "f":
-        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
-    return dtype
+    return _split_indices(*_dataset_dir(name, data_dir), split)
 
 
 def load_uci(
-    name: os.PathLike | str,
-    split: int = 0,
-    data_dir: os.PathLike | str | None = None,
-    dtype: DTypeLike = np.float64,
+    name: os.PathLike | str, split: int = 0, data_dir: os.PathLike | str | None = None
 ) -> UCISplit:
     """Load one standardized train/test split of a UCI regression data set.
 
@@ -496,27 +489,16 @@ def load_uci(
         split layout (a :class:`~pathlib.Path`, or a string containing a path separator).
     :param split: split index, ``0 <= split < num_uci_splits(name)``.
     :param data_dir: data directory; see :func:`default_data_dir`.
-    :param dtype: floating dtype of the returned arrays (statistics are computed in float64).
     :return: :class:`UCISplit` with ``X_train (N, D)``, ``y_train (N,)``, ``X_test (N*, D)``,
         ``y_test (N*,)``, ``x_mean (D,)``, ``x_std (D,)`` and float ``y_mean``, ``y_std``.
     :raises ValueError: ``split`` out of range, malformed or NaN-holding files,
         overlapping train/test indices.
     :raises FileNotFoundError: missing data directory or files.
     """
-    dtype = _check_float_dtype(dtype)
-    canonical, folder, split = _split_files(name, split, data_dir)
+    canonical, folder = _dataset_dir(name, data_dir)
     X, y = _features_and_target(folder)
-    train_idx, test_idx = (
-        _read_indices(folder / f"index_{part}_{split}.txt", X.shape[0])
-        for part in ("train", "test")
-    )
-    overlap = np.intersect1d(train_idx, test_idx)
-    if overlap.size:
-        raise ValueError(
-            f"split={split} of {canonical!r}: {overlap.size} row(s) appear in both "
-            f"index_train_{split}.txt and index_test_{split}.txt"
-        )
-    return _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split)
+    train_idx, test_idx = _split_indices(canonical, folder, split, X.shape[0])
+    return _standardized_split(X, y, train_idx, test_idx, canonical, int(split))
 
 
 def random_uci_split(
@@ -525,7 +507,6 @@ def random_uci_split(
     train_fraction: float = 0.8,
     test_fraction: float = 0.1,
     data_dir: os.PathLike | str | None = None,
-    dtype: DTypeLike = np.float64,
     part: str = "test",
 ) -> UCISplit:
     """A random train/test split of a UCI set (the protocol of Meng & Zhang (2024): 8:1:1
@@ -540,14 +521,11 @@ def random_uci_split(
     :param train_fraction: share of rows for training.
     :param test_fraction: share of rows for testing (the rest is the validation part).
     :param data_dir: data directory; see :func:`default_data_dir`.
-    :param dtype: floating dtype of the returned arrays (statistics are computed in float64).
     :param part: ``"test"``, or ``"validation"`` to get the validation rows in ``X_test`` /
         ``y_test`` instead (same training rows and statistics), e.g. for early stopping.
     :return: :class:`UCISplit` (as from :func:`load_uci`, with ``split`` set to ``seed``).
-    :raises ValueError: fractions out of range, an empty held-out part, an unknown ``part``
-        or a non-floating ``dtype``.
+    :raises ValueError: fractions out of range, an empty held-out part or an unknown ``part``.
     """
-    dtype = _check_float_dtype(dtype)
     # the tolerance lets 0.8 + 0.2 (1.0000000000000002 in floating point) through
     if not (0 < train_fraction < 1 and 0 < test_fraction <= 1 - train_fraction + 1e-12):
         raise ValueError(
@@ -571,10 +549,10 @@ def random_uci_split(
             f"random_uci_split: the {part} part is empty (train_fraction={train_fraction}, "
             f"test_fraction={test_fraction}, {num_rows} rows)"
         )
-    return _standardized_split(X, y, train_idx, held_out_idx, dtype, canonical, int(seed))
+    return _standardized_split(X, y, train_idx, held_out_idx, canonical, int(seed))
 
 
-def _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split):
+def _standardized_split(X, y, train_idx, test_idx, canonical, split):
     X_train, X_test = X[train_idx], X[test_idx]
     y_train, y_test = y[train_idx], y[test_idx]
 
@@ -584,12 +562,12 @@ def _standardized_split(X, y, train_idx, test_idx, dtype, canonical, split):
     x_std, y_std = np.where(x_std > 0.0, x_std, 1.0), np.where(y_std > 0.0, y_std, 1.0)
 
     return UCISplit(
-        X_train=((X_train - x_mean) / x_std).astype(dtype),
-        y_train=((y_train - y_mean) / y_std).astype(dtype),
-        X_test=((X_test - x_mean) / x_std).astype(dtype),
-        y_test=((y_test - y_mean) / y_std).astype(dtype),
-        x_mean=x_mean.astype(dtype),
-        x_std=x_std.astype(dtype),
+        X_train=(X_train - x_mean) / x_std,
+        y_train=(y_train - y_mean) / y_std,
+        X_test=(X_test - x_mean) / x_std,
+        y_test=(y_test - y_mean) / y_std,
+        x_mean=x_mean,
+        x_std=x_std,
         y_mean=float(y_mean),
         y_std=float(y_std),
         name=canonical,

@@ -233,12 +233,11 @@ def run_uci(
     data_dir: os.PathLike | str | None = None,
     num_inducing: int = 100,
     batch_size: int = 1000,
-    hidden_width: int | None = None,
     num_test_samples: int = 100,
     **options: Any,
 ) -> RunResult:
-    """DSVI on one UCI split (the recipe of Salimbeni & Deisenroth, 2017); metrics in the
-    original units.
+    """DSVI on one UCI split (the recipe of Salimbeni & Deisenroth, 2017, inner layers of width
+    ``min(D, 30)`` as in its experiments); metrics in the original units.
 
     :param name: data set name under ``data_dir``, or a path to a folder in the standard split
         layout.
@@ -247,7 +246,6 @@ def run_uci(
     :param data_dir: folder holding the data sets.
     :param num_inducing: ``M`` per layer (at most the number of training points).
     :param batch_size: minibatch size (full batch when the training set is smaller).
-    :param hidden_width: inner-layer width (default ``min(D, 30)`` as in DSVI's experiments).
     :param num_test_samples: mixture components of the prediction.
     :param options: the other options of :func:`fit_dsvi`: ``num_layers`` (default 2),
         ``num_steps`` (5000), ``learning_rate`` (Adam's step size, 0.01), ``progress_bar``, ...
@@ -260,7 +258,7 @@ def run_uci(
             X,
             y,
             num_inducing=min(num_inducing, X.shape[0]),
-            hidden_width=min(X.shape[1], 30) if hidden_width is None else hidden_width,
+            hidden_width=min(X.shape[1], 30),
             batch_size=batch_size if batch_size < X.shape[0] else None,
             **options,
         )

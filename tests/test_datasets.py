@@ -271,8 +271,8 @@ def test_fake_split_standardizes_with_train_statistics(tmp_path):
 
 def test_fake_split_integer_indices_and_dtype(tmp_path):
     _write_fake(tmp_path, float_indices=False)
-    s = load_uci("yacht", data_dir=tmp_path, dtype=np.float32)
-    assert s.X_train.dtype == np.float32 and s.y_test.dtype == np.float32
+    s = load_uci("yacht", data_dir=tmp_path)
+    assert s.X_train.dtype == np.float64 and s.y_test.dtype == np.float64
     assert s.X_train.shape == (7, 3) and s.X_test.shape == (3, 3)
     assert num_uci_splits("yacht", data_dir=tmp_path) == 2
 
@@ -457,5 +457,3 @@ def test_malformed_split_files_and_dtypes_are_refused(tmp_path):
         index_file.unlink()
     with pytest.raises(FileNotFoundError, match="holds no index_train"):
         num_uci_splits(folder)
-    with pytest.raises(ValueError, match="floating dtype"):
-        load_uci(folder, dtype=np.int32)
