@@ -88,10 +88,8 @@ def _mix(lp: jax.Array, weights: jax.Array | None) -> jax.Array:
 
 
 def _point_axes(lp: jax.Array, num_point_axes: int) -> jax.Array:
-    """Sum the column axes after the leading component and point axes."""
-    if lp.ndim > num_point_axes:
-        return jnp.sum(lp, axis=tuple(range(num_point_axes, lp.ndim)))
-    return lp
+    """Sum the column axes after the leading component and point axes (none: ``lp`` as it is)."""
+    return jnp.sum(lp, axis=tuple(range(num_point_axes, lp.ndim)))
 
 
 def log_likelihood(prediction: Prediction, y: ArrayLike, per_column: bool = False) -> jax.Array:
