@@ -320,8 +320,11 @@ def _mode_log_evidence(flat, chains, log_joint, key, num_draws):
     cov = cov + 1e-12 * np.trace(cov) / d * np.eye(d)
     scale_tril = jnp.linalg.cholesky(jnp.asarray(cov))
     proposal = dist.MultivariateNormal(jnp.asarray(draws.mean(0)), scale_tril=scale_tril)
-    theta = proposal.sample(key, (num_draws,))
-    log_ratio = np.asarray(log_joint(theta) - proposal.log_prob(theta), dtype=float)
+
+    def log_ratio_at(theta):  # log p/q at draws theta
+        return np.asarray(log_joint(theta) - proposal.log_prob(theta), dtype=float)
+
+    log_ratio = log_ratio_at(proposal.sample(key, (num_draws,)))
     if not np.all(np.isfinite(log_ratio)):
         raise FloatingPointError(
             f"mode_evidence: {int(np.sum(~np.isfinite(log_ratio)))} of {num_draws} proposal "
@@ -329,10 +332,7 @@ def _mode_log_evidence(flat, chains, log_joint, key, num_draws):
         )
     # bridge sampling (Meng & Wong 1996, optimal bridge, iterated): uses the mode's own draws
     # too, so it stays accurate where plain importance sampling from q has heavy-tailed ratios
-    own = np.asarray(
-        log_joint(jnp.asarray(draws)) - proposal.log_prob(jnp.asarray(draws)), dtype=float
-    )
-    estimate, se = _bridge_log_evidence(own, log_ratio)
+    estimate, se = _bridge_log_evidence(log_ratio_at(jnp.asarray(draws)), log_ratio)
     with np.errstate(over="ignore", invalid="ignore"), warnings.catch_warnings():
         # the Pareto fit overflows (k-hat nan) when the ratios span hundreds of nats
         warnings.simplefilter("ignore", RuntimeWarning)
