@@ -92,7 +92,6 @@ def temporal_inducing_inputs(X: ArrayLike, num_inducing: int, times: ArrayLike) 
             f"{times.shape}"
         )
     centers = kmeans(jax.random.PRNGKey(0), X, int(num_inducing))
-    M = centers.shape[0]
     grid_x = jnp.tile(centers, (times.shape[0], 1))
-    grid_t = jnp.repeat(times, M)[:, None]
+    grid_t = jnp.repeat(times, centers.shape[0])[:, None]
     return jnp.concatenate([grid_x, grid_t], axis=-1)

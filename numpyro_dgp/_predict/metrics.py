@@ -72,26 +72,11 @@ def _check_targets(prediction: Prediction, y: ArrayLike, caller: str) -> jax.Arr
     return y
 
 
-def _bernoulli_log_prob(y, probs):
-    """``log Bernoulli(y | probs)`` with ``probs`` clipped into ``[tiny, 1 - eps]`` (a component
-    whose probability rounded to 0 or 1 keeps a finite log-probability)."""
-    info = jnp.finfo(probs.dtype)
-    p = jnp.clip(probs, info.tiny, 1 - info.epsneg)
-    return jnp.where(y == 1, jnp.log(p), jnp.log1p(-p))
-
-
 def _mix(lp: jax.Array, weights: jax.Array | None) -> jax.Array:
     """``log sum_s w_s exp(lp_s)`` over the leading component axis."""
     if weights is not None:
         return logsumexp(lp, axis=0, b=jnp.reshape(weights, (-1,) + (1,) * (lp.ndim - 1)))
     return logsumexp(lp, axis=0) - jnp.log(lp.shape[0])
-
-
-def _point_axes(lp: jax.Array, num_point_axes: int) -> jax.Array:
-    """Sum the column axes after the leading component and point axes."""
-    if lp.ndim > num_point_axes:
-        return jnp.sum(lp, axis=tuple(range(num_point_axes, lp.ndim)))
-    return lp
 
 
 def log_likelihood(prediction: Prediction, y: ArrayLike, per_column: bool = False) -> jax.Array:
@@ -127,17 +112,21 @@ def _log_likelihood(kind, per_column, y, p):
     if kind == "general":
         lp = jnp.where(present, p["atoms"].log_prob(y.astype(p["mean"].dtype)), 0.0)  # (S, K, N..)
         if not per_column:  # each node is a joint draw of the outputs: a row's joint density at it
-            lp = _point_axes(lp, 3)
+            lp = jnp.sum(lp, axis=tuple(range(3, lp.ndim)))  # the column axes after (S, K, N)
         lp = logsumexp(lp, axis=1, b=jnp.reshape(p["atom_weights"], (-1,) + (1,) * (lp.ndim - 2)))
     else:
         if kind == "bernoulli":
-            lp = _bernoulli_log_prob(y, p["component_means"])
+            # probabilities clipped into [tiny, 1 - eps]: a component whose probability rounded
+            # to 0 or 1 keeps a finite log-probability
+            info = jnp.finfo(p["component_means"].dtype)
+            probs = jnp.clip(p["component_means"], info.tiny, 1 - info.epsneg)
+            lp = jnp.where(y == 1, jnp.log(probs), jnp.log1p(-probs))
         else:
             lp = norm.logpdf(y, p["component_means"], jnp.sqrt(p["component_variances"]))
         # a missing target adds nothing (a row's joint is over its present columns)
         lp = jnp.where(present, lp, 0.0)
         if not per_column:
-            lp = _point_axes(lp, 2)
+            lp = jnp.sum(lp, axis=tuple(range(2, lp.ndim)))  # the column axes after (S, N)
     if per_column:
         return jnp.where(present, _mix(lp, p["weights"]), jnp.nan)
     return _mix(lp, p["weights"])

@@ -198,23 +198,6 @@ class ModeEvidence(NamedTuple):
     khat: np.ndarray
 
 
-def _mode_proposal(draws: np.ndarray, chains: list[int]) -> dist.MultivariateNormal:
-    """The Gaussian ``q`` fitted to a mode's ``(n, d)`` unconstrained draws: their mean, and
-    their covariance shrunk towards its diagonal."""
-    mean = draws.mean(0)
-    n, d = draws.shape
-    if n < 2:  # the covariance needs two
-        raise ValueError(f"mode_evidence: mode {chains} has {n} draw(s); at least 2 are needed")
-    cov = np.cov(draws, rowvar=False).reshape(d, d)
-    # shrink towards the diagonal by d / (n + d): keeps q proper with fewer draws than
-    # dimensions; the bridge estimate is consistent for any q, so this costs only variance
-    shrink = d / (n + d)
-    cov = (1 - shrink) * cov + shrink * np.diag(np.diag(cov))
-    cov = cov + 1e-12 * np.trace(cov) / d * np.eye(d)
-    scale_tril = jnp.linalg.cholesky(jnp.asarray(cov))
-    return dist.MultivariateNormal(jnp.asarray(mean), scale_tril=scale_tril)
-
-
 def _bridge_log_evidence(log_ratio_posterior, log_ratio_proposal, num_iterations: int = 200):
     """log Z by the iterated optimal bridge of Meng & Wong (1996) from ``log p/q`` at posterior
     draws and at proposal draws; the standard error by the delta method on the final bridge."""
@@ -317,16 +300,31 @@ def mode_evidence(
 def _mode_log_evidence(flat, chains, log_joint, key, num_draws):
     """``(log Z, its standard error, k-hat)`` of the mode of ``chains`` (:func:`mode_evidence`),
     from the ``(C, D, dim)`` unconstrained draws ``flat`` and ``num_draws`` draws of ``key``
-    from the Gaussian fitted to the mode's.
+    from the Gaussian ``q`` fitted to the mode's: their mean, and their covariance shrunk
+    towards its diagonal.
 
+    :raises ValueError: a mode of fewer than 2 draws (the covariance needs two).
     :raises FloatingPointError: proposal draws where ``log p/q`` is not finite.
     """
     from arviz_stats.base import array_stats
 
     draws = np.asarray(flat[np.asarray(chains)]).reshape(-1, flat.shape[-1])
-    proposal = _mode_proposal(draws, chains)
-    theta = proposal.sample(key, (num_draws,))
-    log_ratio = np.asarray(log_joint(theta) - proposal.log_prob(theta), dtype=float)
+    n, d = draws.shape
+    if n < 2:
+        raise ValueError(f"mode_evidence: mode {chains} has {n} draw(s); at least 2 are needed")
+    cov = np.cov(draws, rowvar=False).reshape(d, d)
+    # shrink towards the diagonal by d / (n + d): keeps q proper with fewer draws than
+    # dimensions; the bridge estimate is consistent for any q, so this costs only variance
+    shrink = d / (n + d)
+    cov = (1 - shrink) * cov + shrink * np.diag(np.diag(cov))
+    cov = cov + 1e-12 * np.trace(cov) / d * np.eye(d)
+    scale_tril = jnp.linalg.cholesky(jnp.asarray(cov))
+    proposal = dist.MultivariateNormal(jnp.asarray(draws.mean(0)), scale_tril=scale_tril)
+
+    def log_ratio_at(theta):  # log p/q at draws theta
+        return np.asarray(log_joint(theta) - proposal.log_prob(theta), dtype=float)
+
+    log_ratio = log_ratio_at(proposal.sample(key, (num_draws,)))
     if not np.all(np.isfinite(log_ratio)):
         raise FloatingPointError(
             f"mode_evidence: {int(np.sum(~np.isfinite(log_ratio)))} of {num_draws} proposal "
@@ -334,10 +332,7 @@ def _mode_log_evidence(flat, chains, log_joint, key, num_draws):
         )
     # bridge sampling (Meng & Wong 1996, optimal bridge, iterated): uses the mode's own draws
     # too, so it stays accurate where plain importance sampling from q has heavy-tailed ratios
-    own = np.asarray(
-        log_joint(jnp.asarray(draws)) - proposal.log_prob(jnp.asarray(draws)), dtype=float
-    )
-    estimate, se = _bridge_log_evidence(own, log_ratio)
+    estimate, se = _bridge_log_evidence(log_ratio_at(jnp.asarray(draws)), log_ratio)
     with np.errstate(over="ignore", invalid="ignore"), warnings.catch_warnings():
         # the Pareto fit overflows (k-hat nan) when the ratios span hundreds of nats
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -122,7 +122,6 @@ def from_layer_samples(
 
     names = list(layers)
     posterior = {n: np.asarray(v) if np.ndim(v) == 4 else shaped(v) for n, v in layers.items()}
-    dims = {name: ["grid", f"{name}_output"] for name in names}
     chains_draws = next(iter(posterior.values())).shape[:2]
     for name, value in (extra or {}).items():
         posterior[name] = (
@@ -133,7 +132,7 @@ def from_layer_samples(
         data["sample_stats"] = {k: np.asarray(v) for k, v in sample_stats.items()}
     tree = az.from_dict(
         data,
-        dims={**dims, "grid_x": ["grid", "grid_x_dim"]},
+        dims={**{n: ["grid", f"{n}_output"] for n in names}, "grid_x": ["grid", "grid_x_dim"]},
         coords={"grid": np.arange(np.asarray(grid).shape[0])},
     )
     tree.attrs["layers"] = names
