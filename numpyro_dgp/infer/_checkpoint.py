@@ -140,39 +140,32 @@ def _identity_difference(stored: Any, current: dict) -> str | None:
     or ``None`` for the same fit (the parameters compared once ``current`` has them)."""
     if not isinstance(stored, dict):
         return "the checkpoint does not record its fit (written by an older numpyro_dgp)"
-    stored_data, data = stored.get("data") or {}, current["data"]
-    for where in sorted(set(stored_data) | set(data)):  # the model's arguments first
-        was, now = stored_data.get(where), data.get(where)
-        if was == now:
-            continue
-        if was is None or now is None:
-            return f"{where} is {'new' if was is None else 'missing'} in this fit"
-        if "value" in was or "value" in now:
-            here, there = now.get("value"), was.get("value")
-            return f"{where} is {here!r} here, {there!r} in the checkpoint's fit"
-        if (was["shape"], was["dtype"]) != (now["shape"], now["dtype"]):
-            return (
-                f"{where} has shape {tuple(now['shape'])} {now['dtype']} here, "
-                f"{tuple(was['shape'])} {was['dtype']} in the checkpoint's fit"
-            )
-        if None not in (was["sha256"], now["sha256"]):
-            return f"{where} holds other values (the same shape and dtype; another SHA-256)"
-    if stored.get("average_from") != current["average_from"]:
-        here, there = current["average_from"], stored.get("average_from")
-        return f"average_from={here!r} here, average_from={there!r} in the checkpoint's fit"
-    for what in ("guide", "objective", "optimizer"):
-        if stored.get(what) != current[what]:
-            return f"the {what} is {current[what]} here, {stored.get(what)} in the checkpoint's fit"
-    if "params" in current and stored.get("params") != current["params"]:
-        was, now = stored.get("params") or {}, current["params"]
-        changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
-        return f"the parameters differ ({changed[:5]}: other names, shapes or dtypes)"
-    if "state" in current and stored.get("state") != current["state"]:
-        return (
-            "the optimizer's state has another structure, or arrays of other shapes or dtypes "
-            "(another optimizer, or other settings of it)"
-        )
+    for key in current:  # the model's arguments first, then the settings and the state
+        difference = _difference(stored.get(key), current[key], key)
+        if difference is not None:
+            return difference
     return None
+
+
+def _difference(was: Any, now: Any, where: str) -> str | None:
+    """The first entry where ``now`` (this fit's identity) differs from ``was`` (the
+    checkpoint's), with both values; an unknown SHA-256 (another process's shard) matches."""
+    if isinstance(was, dict) and isinstance(now, dict):
+        for key in {**now, **was}:  # in this fit's order: an array's shape before its SHA-256
+            difference = _difference(was.get(key), now.get(key), f"{where}.{key}")
+            if difference is not None:
+                return difference
+        return None
+    if was == now or (where.endswith(".sha256") and None in (was, now)):
+        return None
+    # long values (the state's structure) are shown from a little before they part
+    now_text, was_text = repr(now), repr(was)
+    cut = max(len(os.path.commonprefix([now_text, was_text])) - 40, 0)
+    lead = "..." if cut else ""
+    return (
+        f"{where} is {lead}{now_text[cut:][:200]} here, "
+        f"{lead}{was_text[cut:][:200]} in the checkpoint's fit"
+    )
 
 
 class Checkpoints:
