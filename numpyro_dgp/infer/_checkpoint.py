@@ -67,10 +67,10 @@ def _is_key(leaf: Any) -> bool:
     return jnp.issubdtype(getattr(leaf, "dtype", np.float64), jax.dtypes.prng_key)
 
 
-def _carried(progress: Progress) -> tuple[list, Any]:
-    """What a checkpoint stores of ``progress`` besides its losses (the state and averaging):
-    its leaves (keys as raw key data) and their tree."""
-    leaves, treedef = jax.tree_util.tree_flatten((progress.state, progress.mean, progress.count))
+def _carried(carry: tuple) -> tuple[list, Any]:
+    """What a checkpoint stores of a fit's ``carry`` (its state, running mean and count): its
+    leaves (keys as raw key data) and their tree."""
+    leaves, treedef = jax.tree_util.tree_flatten(carry)
     return [jax.random.key_data(leaf) if _is_key(leaf) else leaf for leaf in leaves], treedef
 
 
@@ -122,7 +122,7 @@ def with_state(identity: dict, params: dict, template: Progress) -> dict:
     """``identity`` with the optimizer's parameters (names, shapes, dtypes) and the structure of
     the state a checkpoint holds (``template``, a fresh start: the optimizer's state, the key,
     the averaging state; each array's shape and dtype)."""
-    arrays, treedef = _carried(template)
+    arrays, treedef = _carried((template.state, template.mean, template.count))
     return {
         **identity,
         "params": {
@@ -171,7 +171,7 @@ def _difference(was: Any, now: Any, where: str) -> str | None:
 class Checkpoints:
     """The checkpoints of one :func:`~numpyro_dgp.fit` at ``path``: made before any work (the
     path is checked, and with ``resume`` a checkpoint of another fit is refused, naming what
-    differs), :meth:`start` once the initial state exists, :meth:`write` after chunks."""
+    differs), :meth:`start` once the initial state exists, :meth:`after_chunk` after chunks."""
 
     def __init__(self, path, svi, args, kwargs, average_from, resume, num_steps, every) -> None:
         """Raise unless a checkpoint can be written at ``path``: a new file in an existing
@@ -257,21 +257,19 @@ class Checkpoints:
         return step
 
     def after_chunk(self, log: Any, carry: tuple) -> None:
-        """Write a checkpoint where one is due: every ``every`` steps and at the end (``log``:
-        the fit's ``TrainingLog``; ``carry``: its state, running mean and count)."""
-        done, (state, mean, count) = log.done, carry
-        if done == self.num_steps or (self.every and done % self.every == 0):
-            self.write(Progress(done, state, mean, count, log.losses[:done], log.num_skipped))
-
-    def write(self, progress: Progress) -> None:
-        """Write ``progress`` atomically (see the module docstring)."""
-        leaves = {str(i): np.asarray(leaf) for i, leaf in enumerate(_carried(progress)[0])}
+        """Write a checkpoint, atomically (see the module docstring), where one is due: every
+        ``every`` steps and at the end (``log``: the fit's ``TrainingLog``; ``carry``: its
+        state, running mean and count)."""
+        done = log.done
+        if done < self.num_steps and not (self.every and done % self.every == 0):
+            return
+        leaves = {str(i): np.asarray(leaf) for i, leaf in enumerate(_carried(carry)[0])}
         metadata = {
             "format": CHECKPOINT_FORMAT,
-            "step": int(progress.step),
+            "step": int(done),
             "num_steps": int(self.num_steps),
-            "num_skipped": int(progress.num_skipped),
+            "num_skipped": int(log.num_skipped),
             "fit": self.identity,
         }
-        arrays = {"leaves": leaves, "losses": np.asarray(progress.losses, np.float64)}
+        arrays = {"leaves": leaves, "losses": np.asarray(log.losses[:done], np.float64)}
         save_params(self.path, arrays, metadata=metadata)
