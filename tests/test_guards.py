@@ -443,7 +443,7 @@ def test_resume_refuses_a_checkpoint_of_another_optimizer(checkpoint):
     """infer/_checkpoint.py check_same_fit: resuming an SGD fit from an Adam checkpoint (before any work)."""
     model = deep_gp_regression(1, num_inducing=2)
     svi = SVI(model, AutoFactorizedDGP(model), numpyro.optim.SGD(0.01), dgp.DGPElbo())
-    with pytest.raises(ValueError, match=r"written by another fit: the optimizer is SGD\(.*\) here, Adam\(.*\) in the"):
+    with pytest.raises(ValueError, match=r"written by another fit: optimizer is 'SGD\(.*\)' here, 'Adam\(.*\)' in the"):
         dgp.fit(svi, KEY, X, Y, num_steps=2, progress_bar=False, checkpoint_path=checkpoint, resume=True)
 
 
@@ -459,7 +459,7 @@ def test_resume_refuses_a_checkpoint_of_an_optimizer_with_another_state(tmp_path
 
     path = tmp_path / "fit.ckpt"
     dgp.fit(svi(optax.adam(0.01)), KEY, X, Y, num_steps=1, progress_bar=False, checkpoint_path=path)
-    with pytest.raises(ValueError, match="written by another fit: the optimizer's state has another structure"):
+    with pytest.raises(ValueError, match=r"written by another fit: state\.structure is \.\.\..*BeliefState.* here, \.\.\..*AdamState"):
         dgp.fit(svi(optax.adabelief(0.01)), KEY, X, Y, num_steps=2, progress_bar=False, checkpoint_path=path,
                 resume=True)
 
@@ -469,7 +469,7 @@ def test_resume_refuses_a_checkpoint_of_another_precision(checkpoint):
     with _x64_disabled():
         model = deep_gp_regression(1, num_inducing=2)
         X32, Y32 = jnp.asarray(X, jnp.float32), jnp.asarray(Y, jnp.float32)
-        with pytest.raises(ValueError, match=r"written by another fit: args\[0\] has shape \(\d+, \d+\) float32 here, \(\d+, \d+\) float64"):
+        with pytest.raises(ValueError, match=r"written by another fit: data\.args\[0\]\.dtype is 'float32' here, 'float64'"):
             dgp.fit(_svi(model), KEY, X32, Y32, num_steps=2, progress_bar=False, checkpoint_path=checkpoint,
                     resume=True)
 

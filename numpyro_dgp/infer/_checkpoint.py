@@ -67,10 +67,10 @@ def _is_key(leaf: Any) -> bool:
     return jnp.issubdtype(getattr(leaf, "dtype", np.float64), jax.dtypes.prng_key)
 
 
-def _carried(progress: Progress) -> tuple[list, Any]:
-    """What a checkpoint stores of ``progress`` besides its losses (the state and averaging):
-    its leaves (keys as raw key data) and their tree."""
-    leaves, treedef = jax.tree_util.tree_flatten((progress.state, progress.mean, progress.count))
+def _carried(carry: tuple) -> tuple[list, Any]:
+    """What a checkpoint stores of a fit's ``carry`` (its state, running mean and count): its
+    leaves (keys as raw key data) and their tree."""
+    leaves, treedef = jax.tree_util.tree_flatten(carry)
     return [jax.random.key_data(leaf) if _is_key(leaf) else leaf for leaf in leaves], treedef
 
 
@@ -122,7 +122,7 @@ def with_state(identity: dict, params: dict, template: Progress) -> dict:
     """``identity`` with the optimizer's parameters (names, shapes, dtypes) and the structure of
     the state a checkpoint holds (``template``, a fresh start: the optimizer's state, the key,
     the averaging state; each array's shape and dtype)."""
-    arrays, treedef = _carried(template)
+    arrays, treedef = _carried((template.state, template.mean, template.count))
     return {
         **identity,
         "params": {
@@ -140,45 +140,38 @@ def _identity_difference(stored: Any, current: dict) -> str | None:
     or ``None`` for the same fit (the parameters compared once ``current`` has them)."""
     if not isinstance(stored, dict):
         return "the checkpoint does not record its fit (written by an older numpyro_dgp)"
-    stored_data, data = stored.get("data") or {}, current["data"]
-    for where in sorted(set(stored_data) | set(data)):  # the model's arguments first
-        was, now = stored_data.get(where), data.get(where)
-        if was == now:
-            continue
-        if was is None or now is None:
-            return f"{where} is {'new' if was is None else 'missing'} in this fit"
-        if "value" in was or "value" in now:
-            here, there = now.get("value"), was.get("value")
-            return f"{where} is {here!r} here, {there!r} in the checkpoint's fit"
-        if (was["shape"], was["dtype"]) != (now["shape"], now["dtype"]):
-            return (
-                f"{where} has shape {tuple(now['shape'])} {now['dtype']} here, "
-                f"{tuple(was['shape'])} {was['dtype']} in the checkpoint's fit"
-            )
-        if None not in (was["sha256"], now["sha256"]):
-            return f"{where} holds other values (the same shape and dtype; another SHA-256)"
-    if stored.get("average_from") != current["average_from"]:
-        here, there = current["average_from"], stored.get("average_from")
-        return f"average_from={here!r} here, average_from={there!r} in the checkpoint's fit"
-    for what in ("guide", "objective", "optimizer"):
-        if stored.get(what) != current[what]:
-            return f"the {what} is {current[what]} here, {stored.get(what)} in the checkpoint's fit"
-    if "params" in current and stored.get("params") != current["params"]:
-        was, now = stored.get("params") or {}, current["params"]
-        changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
-        return f"the parameters differ ({changed[:5]}: other names, shapes or dtypes)"
-    if "state" in current and stored.get("state") != current["state"]:
-        return (
-            "the optimizer's state has another structure, or arrays of other shapes or dtypes "
-            "(another optimizer, or other settings of it)"
-        )
+    for key in current:  # the model's arguments first, then the settings and the state
+        difference = _difference(stored.get(key), current[key], key)
+        if difference is not None:
+            return difference
     return None
+
+
+def _difference(was: Any, now: Any, where: str) -> str | None:
+    """The first entry where ``now`` (this fit's identity) differs from ``was`` (the
+    checkpoint's), with both values; an unknown SHA-256 (another process's shard) matches."""
+    if isinstance(was, dict) and isinstance(now, dict):
+        for key in {**now, **was}:  # in this fit's order: an array's shape before its SHA-256
+            difference = _difference(was.get(key), now.get(key), f"{where}.{key}")
+            if difference is not None:
+                return difference
+        return None
+    if was == now or (where.endswith(".sha256") and None in (was, now)):
+        return None
+    # long values (the state's structure) are shown from a little before they part
+    now_text, was_text = repr(now), repr(was)
+    cut = max(len(os.path.commonprefix([now_text, was_text])) - 40, 0)
+    lead = "..." if cut else ""
+    return (
+        f"{where} is {lead}{now_text[cut:][:200]} here, "
+        f"{lead}{was_text[cut:][:200]} in the checkpoint's fit"
+    )
 
 
 class Checkpoints:
     """The checkpoints of one :func:`~numpyro_dgp.fit` at ``path``: made before any work (the
     path is checked, and with ``resume`` a checkpoint of another fit is refused, naming what
-    differs), :meth:`start` once the initial state exists, :meth:`write` after chunks."""
+    differs), :meth:`start` once the initial state exists, :meth:`after_chunk` after chunks."""
 
     def __init__(self, path, svi, args, kwargs, average_from, resume, num_steps, every) -> None:
         """Raise unless a checkpoint can be written at ``path``: a new file in an existing
@@ -264,21 +257,19 @@ class Checkpoints:
         return step
 
     def after_chunk(self, log: Any, carry: tuple) -> None:
-        """Write a checkpoint where one is due: every ``every`` steps and at the end (``log``:
-        the fit's ``TrainingLog``; ``carry``: its state, running mean and count)."""
-        done, (state, mean, count) = log.done, carry
-        if done == self.num_steps or (self.every and done % self.every == 0):
-            self.write(Progress(done, state, mean, count, log.losses[:done], log.num_skipped))
-
-    def write(self, progress: Progress) -> None:
-        """Write ``progress`` atomically (see the module docstring)."""
-        leaves = {str(i): np.asarray(leaf) for i, leaf in enumerate(_carried(progress)[0])}
+        """Write a checkpoint, atomically (see the module docstring), where one is due: every
+        ``every`` steps and at the end (``log``: the fit's ``TrainingLog``; ``carry``: its
+        state, running mean and count)."""
+        done = log.done
+        if done < self.num_steps and not (self.every and done % self.every == 0):
+            return
+        leaves = {str(i): np.asarray(leaf) for i, leaf in enumerate(_carried(carry)[0])}
         metadata = {
             "format": CHECKPOINT_FORMAT,
-            "step": int(progress.step),
+            "step": int(done),
             "num_steps": int(self.num_steps),
-            "num_skipped": int(progress.num_skipped),
+            "num_skipped": int(log.num_skipped),
             "fit": self.identity,
         }
-        arrays = {"leaves": leaves, "losses": np.asarray(progress.losses, np.float64)}
+        arrays = {"leaves": leaves, "losses": np.asarray(log.losses[:done], np.float64)}
         save_params(self.path, arrays, metadata=metadata)

@@ -137,11 +137,10 @@ class ChainKernel(MCMCKernel):
         """``batch`` (a leading chain axis), less that axis for one chain."""
         return batch if self._vectorized else jax.tree.map(lambda v: v[0], batch)
 
-    def _start(self, first, second, num_warmup, init_params, model_args, model_kwargs) -> Any:
-        raise NotImplementedError
-
-    def _chain_step(self, state: Any, model_args: tuple, model_kwargs: dict) -> Any:
-        raise NotImplementedError
+    #: ``_start(first_keys, second_keys, num_warmup, init_params, model_args, model_kwargs)``:
+    #: the initial state; ``_chain_step(state, model_args, model_kwargs)``: one chain's step
+    _start: Callable[..., Any]
+    _chain_step: Callable[..., Any]
 
 
 class EllipticalSlice(ChainKernel):
@@ -176,7 +175,6 @@ class EllipticalSlice(ChainKernel):
 
     def __init__(self, model: Callable, *, init_strategy: Callable = init_to_sample) -> None:
         super().__init__(model, init_strategy)
-        self._log_likelihood_gen: Callable | None = None
 
     def get_diagnostics_str(self, state: EllipticalSliceState) -> str:
         """The progress-bar text, e.g. ``"loglik=-123.4, evals=3"``.
@@ -210,7 +208,6 @@ class EllipticalSlice(ChainKernel):
 
     def _chain_step(self, state, model_args, model_kwargs):
         """One elliptical slice step (Murray et al. 2010, Figure 2) of one chain."""
-        assert self._log_likelihood_gen is not None, "call init first"
         return _step(state, self._log_likelihood_gen(*model_args, **model_kwargs))
 
 

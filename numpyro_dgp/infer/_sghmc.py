@@ -202,10 +202,7 @@ class SGHMC(ChainKernel):
         self._num_data_arg = num_data
         self._optimizer = param_optimizer
         self._window_size = window_size
-        # set by init
-        self._num_warmup = 0
-        self._num_data: int | None = None
-        self._param_transforms: dict[str, Any] = {}
+        self._num_data: int | None = None  # set by init
 
     #: the field of :class:`SGHMCState` collected as the sample
     sample_field = "position"

@@ -34,6 +34,9 @@ from numpyro_dgp.infer._checks import check_start
 from numpyro_dgp.infer._fit import FitResult, TrainingLog, guarded_update, timed_compile
 from numpyro_dgp.infer._init import initial_state
 
+#: steps between host synchronizations of :func:`fit_minibatches` (loss fetch, progress bar)
+SYNC_EVERY = 100
+
 
 class HostMinibatches:
     """An endless stream of minibatches ``(X[idx], y[idx])`` gathered on the host.
@@ -102,7 +105,6 @@ def fit_minibatches(
     mesh: Any = None,
     init_state: SVIState | None = None,
     progress_bar: bool = True,
-    sync_every: int = 100,
 ) -> FitResult:
     """Run ``num_steps`` SVI updates, each on the next minibatch of ``batches``.
 
@@ -111,7 +113,7 @@ def fit_minibatches(
     :func:`numpyro_dgp.fit` (the same loop: a warning, or an error when every update was skipped,
     names the layer whose ``K(Z, Z)`` fails at the final parameters, if one does; not with
     ``mesh``). The host gathers the next batch while the device runs the step
-    (dispatch is asynchronous); the losses are fetched every ``sync_every`` steps.
+    (dispatch is asynchronous); the losses are fetched every ``SYNC_EVERY`` (100) steps.
 
     :param svi: a ``numpyro.infer.SVI`` whose model takes ``num_data=`` (the models of
         :mod:`numpyro_dgp.models` do).
@@ -125,15 +127,13 @@ def fit_minibatches(
         shards the batch (data parallelism across processes); ``None``: one process.
     :param init_state: continue from a previous ``FitResult.state``.
     :param progress_bar: show a tqdm progress bar (on process 0 only).
-    :param sync_every: steps between host synchronizations (loss fetch, progress bar).
     :return: :class:`~numpyro_dgp.FitResult` (``chunk_seconds`` per synchronization interval,
-        ``chunk_size = sync_every``).
+        ``chunk_size = SYNC_EVERY``).
     :raises ValueError: for invalid arguments or an exhausted ``batches``.
     :raises FloatingPointError: every update skipped.
     """
     check_positive_int(num_steps, "num_steps", "fit_minibatches")
     check_positive_int(num_data, "num_data", "fit_minibatches")
-    check_positive_int(sync_every, "sync_every", "fit_minibatches")
     check_start("fit_minibatches", rng_key, init_state)
     iterator = iter(batches)
 
@@ -170,10 +170,9 @@ def fit_minibatches(
     log = TrainingLog(
         "fit_minibatches", num_steps, progress_bar=progress_bar and jax.process_index() == 0
     )
-    log.run(run, lambda done: min(sync_every, num_steps - done))
+    log.run(run, lambda done: min(SYNC_EVERY, num_steps - done))
     # the diagnostic's eager run would need every process of a distributed fit: only without a mesh
     params = svi.get_params(state)
-    chunk = int(sync_every)
     return log.result(
-        svi, params, state, batch, kwargs, chunk, compile_seconds, diagnose=mesh is None
+        svi, params, state, batch, kwargs, SYNC_EVERY, compile_seconds, diagnose=mesh is None
     )

@@ -58,10 +58,10 @@ svi = SVI(model, guide, Adam(0.01), dgp.DGPElbo())
 if process_id >= 0:
     mesh = Mesh(np.array(jax.devices()), ("data",))
     result = fit_minibatches(svi, jax.random.PRNGKey(0), stream(process_id), num_steps=STEPS, num_data=N, mesh=mesh,
-                             progress_bar=False, sync_every=10)
+                             progress_bar=False)
 else:
     result = fit_minibatches(svi, jax.random.PRNGKey(0), Joined(), num_steps=STEPS, num_data=N,
-                             progress_bar=False, sync_every=10)
+                             progress_bar=False)
 params = {k: np.asarray(jax.device_get(v.addressable_data(0) if hasattr(v, "addressable_data") else v))
           for k, v in result.params.items()}
 np.savez(out, losses=result.losses, **{f"param:{k}": v for k, v in params.items()})

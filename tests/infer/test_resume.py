@@ -102,14 +102,14 @@ def test_a_checkpoint_of_another_fit_is_refused(tmp_path):
     svi, X, y = problem()
     path = tmp_path / "fit.ckpt"
     dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=4, progress_bar=False, checkpoint_path=path)
-    with pytest.raises(ValueError, match="average_from=None"):
+    with pytest.raises(ValueError, match="average_from is 2 here, None in the"):
         dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=8, average_from=2, progress_bar=False,
                 checkpoint_path=path, resume=True)
     with pytest.raises(ValueError, match="beyond this fit's num_steps=2"):
         dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=2, progress_bar=False, checkpoint_path=path, resume=True)
     other = deep_gp_regression(1, num_inducing=4)
     other_svi = SVI(other, dgp.guides.AutoFactorizedDGP(other), numpyro.optim.Adam(0.02), dgp.DGPElbo())
-    with pytest.raises(ValueError, match=r"written by another fit: the parameters differ \(\[.h2\."):
+    with pytest.raises(ValueError, match=r"written by another fit: params\.h2\."):
         dgp.fit(other_svi, jax.random.PRNGKey(0), X, y, num_steps=8, progress_bar=False, checkpoint_path=path,
                 resume=True)
     dgp.save_params(tmp_path / "params.npz", {"a": jnp.ones(2)})

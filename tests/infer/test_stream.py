@@ -47,7 +47,7 @@ def test_whole_data_batches_reproduce_fit():
             yield X, y
 
     streamed = fit_minibatches(_svi(), jax.random.PRNGKey(0), whole(), num_steps=12, num_data=40,
-                               progress_bar=False, sync_every=5)
+                               progress_bar=False)
     compiled = dgp.fit(_svi(), jax.random.PRNGKey(0), jnp.asarray(X), jnp.asarray(y), num_steps=12,
                        progress_bar=False)
     np.testing.assert_allclose(streamed.losses, compiled.losses, rtol=1e-9)
