@@ -262,3 +262,26 @@ def test_read_table_refuses_ragged_or_ambiguous_tables(tmp_path):
     np.savez(tmp_path / "s.npz", u=np.ones(3), v=np.ones(4))
     with pytest.raises(ValueError, match=r"every array must be one column.*\['v'\]"):
         read_table(tmp_path / "s.npz")
+
+
+
+@pytest.mark.slow
+def test_fit_hidden_width_and_predict_sampling_flags_reach_the_library(tmp_path):
+    import jax
+
+    from numpyro_dgp import load_model
+
+    data, out = tmp_path / "t.csv", tmp_path / "p.csv"
+    X, _ = _write_csv(data, n=40)
+    assert cli.main(["fit", str(data), "--target", "speed", "--layers", "2", "--hidden-width", "3",
+                     "--num-inducing", "6", "--steps", "20", "--no-progress", "--output", str(tmp_path / "m")]) == 0
+    model = load_model(tmp_path / "m")
+    assert model.params["h2.inducing_inputs"].shape == (6, 3)  # the second layer reads 3 hidden outputs
+    assert cli.main(["predict", str(tmp_path / "m"), str(data), "--output", str(out), "--num-samples", "7",
+                     "--seed", "3", "--batch-size", "9"]) == 0
+    expected = model.predict(X, rng_key=jax.random.PRNGKey(3), num_samples=7, batch_size=9)
+    rows = list(csv.reader(open(out)))
+    assert rows[0][1] == "mean"
+    np.testing.assert_array_equal(np.array(rows[1:], float)[:, 1], np.asarray(expected.mean).ravel())
+    other = model.predict(X, rng_key=jax.random.PRNGKey(4), num_samples=7, batch_size=9)
+    assert not np.array_equal(np.asarray(other.mean), np.asarray(expected.mean))  # the seed matters

@@ -137,6 +137,7 @@ _FIT: dict[str, dict[str, Any]] = {
     ),
     "--layers": {},
     "--num-inducing": {},
+    "--hidden-width": dict(type=_positive_int, help="inner-layer width (default: D)"),
     "--steps": {},
     "--batch-size": dict(help="minibatch size (full batch below)"),
     "--lr": {},
@@ -177,11 +178,14 @@ _PREDICT: dict[str, dict[str, Any]] = {
         metavar="CSV",
         help="the CSV file to write, one row per input row (its 0-based index in 'row')",
     ),
+    "--num-samples": dict(type=_positive_int, default=100, help="mixture components"),
+    "--batch-size": dict(default=10_000, help="rows predicted at a time"),
     "--quantiles": dict(
         type=_quantile_list,
         default=[0.025, 0.975],
         help="comma-separated levels (regression; default: 0.025,0.975)",
     ),
+    "--seed": {},
     "--overwrite": dict(action="store_true", help="replace an existing --output file"),
 }
 

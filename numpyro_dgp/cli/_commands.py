@@ -311,6 +311,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     model = deep_gp_regression(
         args.layers,
         num_inducing=args.num_inducing,
+        hidden_width=args.hidden_width,
         likelihood=likelihood,
         num_outputs=len(args.target),
         num_classes=num_classes,
@@ -407,12 +408,18 @@ def cmd_predict(args: argparse.Namespace) -> int:
     setup_jax(config.get("dtype") == "float32")
     import csv
 
+    import jax
     import numpy as np
 
     from numpyro_dgp import load_model
 
     X = table.data[:, [table.columns.index(n) for n in names]]
-    pred = load_model(args.model_dir).predict(X, batch_size=10_000)
+    pred = load_model(args.model_dir).predict(
+        X,
+        rng_key=jax.random.PRNGKey(args.seed),
+        num_samples=args.num_samples,
+        batch_size=args.batch_size,
+    )
     header, columns = prediction_columns(pred, args.quantiles, targets)
     values = np.stack(columns, axis=1).tolist()
     rows = [["row"] + header] + [[i] + r for i, r in enumerate(values)]
