@@ -282,20 +282,6 @@ def check_mean(mean: Any, name: str, caller: str) -> None:
         )
 
 
-def check_model_args(caller: str, kernel: Any, noise_init: Any, jitter: Any) -> None:
-    """The model factories' shared arguments, checked when the model is built: ``kernel``
-    (``None``: the factory's default), ``noise_init`` and ``jitter`` (``None``: by dtype).
-
-    :raises TypeError: for a ``kernel`` that is not a :class:`~numpyro_dgp.kernels.Kernel`.
-    :raises ValueError: for a ``noise_init`` or ``jitter`` that is not a finite positive number.
-    """
-    if kernel is not None:
-        check_kernel(kernel, "kernel", caller)
-    check_positive_number(noise_init, "noise_init", caller)
-    if jitter is not None:
-        check_positive_number(jitter, "jitter", caller)
-
-
 def check_file(path: Any, what: str, caller: str) -> None:
     """Raise unless ``path`` is an existing file.
 
@@ -412,18 +398,6 @@ def warn_if_not_standardized(
         InputScaleWarning,
         stacklevel=stacklevel,
     )
-
-
-def check_rows(args: tuple, kwargs: dict, caller: str) -> None:
-    """Refuse array arguments with no rows (a zero-length first axis), naming the argument.
-
-    :raises ValueError: for one.
-    """
-    for where, value in [(f"args[{i}]", a) for i, a in enumerate(args)] + [
-        (f"{k}=", v) for k, v in kwargs.items()
-    ]:
-        if is_array(value) and value.ndim >= 1 and value.shape[0] == 0:
-            raise ValueError(f"{caller}: {where} has no rows (shape {tuple(value.shape)})")
 
 
 def warn_if_target_not_standardized(

@@ -38,7 +38,6 @@ from numpyro_dgp._validation import (
     check_finite,
     check_kernel,
     check_mean,
-    check_model_args,
     check_positive_int,
     check_positive_number,
 )
@@ -128,7 +127,6 @@ def deep_gp_regression(
     check_positive_int(num_layers, "num_layers", caller)
     check_positive_int(num_inducing, "num_inducing", caller)
     check_positive_int(hidden_width, "hidden_width", caller, allow_none=True)
-    check_model_args(caller, kernel, noise_init, jitter)
     check_mean(inner_mean, "inner_mean", caller)
     kernel = RBF() if kernel is None else kernel
 
@@ -154,10 +152,21 @@ def deep_gp_regression(
 
 def _observation(arguments: dict, caller: str) -> tuple[dict, Observation]:
     """A factory's arguments as given (``locals()`` at its top), for :func:`_remember`, and its
-    observation site built from them and checked."""
+    observation site built from them and checked, with the factories' shared arguments:
+    ``kernel`` (``None``: the factory's default), ``noise_init`` and ``jitter`` (``None``: by
+    dtype).
+
+    :raises TypeError: for a ``kernel`` that is not a :class:`~numpyro_dgp.kernels.Kernel`.
+    :raises ValueError: for a ``noise_init`` or ``jitter`` that is not a finite positive number.
+    """
     config = {k: v for k, v in arguments.items() if k != "caller"}
     observation = Observation(*(config[field] for field in Observation._fields))
     observation.check(caller)
+    if config["kernel"] is not None:
+        check_kernel(config["kernel"], "kernel", caller)
+    check_positive_number(config["noise_init"], "noise_init", caller)
+    if config["jitter"] is not None:
+        check_positive_number(config["jitter"], "jitter", caller)
     return config, observation
 
 
@@ -244,7 +253,6 @@ def diffgp(
     check_positive_number(T, "T", "diffgp", allow_zero=True)
     check_positive_int(num_steps, "num_steps", "diffgp")
     check_positive_int(num_inducing, "num_inducing", "diffgp")
-    check_model_args("diffgp", kernel, noise_init, jitter)
     if flow_kernel is not None:
         check_kernel(flow_kernel, "flow_kernel", "diffgp")
     if time_input and flow_inducing_inputs is None:
@@ -336,7 +344,6 @@ def amortized_dgp(
     for i, (width, M) in enumerate(zip(widths, num_inducing)):
         check_positive_int(width, f"widths[{i}]", "amortized_dgp")
         check_positive_int(M, f"num_inducing[{i}]", "amortized_dgp")
-    check_model_args("amortized_dgp", kernel, noise_init, jitter)
     kernel = Matern52(ard=False) if kernel is None else kernel
 
     def layers(h, data):

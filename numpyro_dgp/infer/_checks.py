@@ -27,7 +27,6 @@ from numpyro.primitives import Messenger
 
 from numpyro_dgp._protocol import LAYER_MESSAGE, message_layer, model_config
 from numpyro_dgp._validation import (
-    check_rows,
     concrete,
     is_array,
     non_finite_entries,
@@ -133,7 +132,8 @@ def check_data(model, args, kwargs, allow_missing):
     """Refuse empty arguments and NaN or inf in the model's array arguments; with
     ``allow_missing`` (or a model of :mod:`numpyro_dgp.models` built with
     ``missing_targets="mask"``), NaN (but not inf) in those after the first (the inputs), which
-    the model masks as missing targets. Warn about inputs ``X`` far from standardized."""
+    the model masks as missing targets; then refuse array arguments with no rows. Warn about
+    inputs ``X`` far from standardized."""
     config = model_config(model) or {}
     allow_missing |= (config.get("arguments") or {}).get("missing_targets") == "mask"
     for where, value in named_arguments(args, kwargs):
@@ -149,7 +149,9 @@ def check_data(model, args, kwargs, allow_missing):
         elif non_finite_entries(value, max_first=0)[0]:
             hint = "" if where == "args[0]" else _MISSING_HINT
             raise ValueError(f"fit: model argument {where} contains NaN or inf values{hint}")
-    check_rows(args, kwargs, "fit")
+    for where, value in named_arguments(args, kwargs):
+        if is_array(value) and value.ndim >= 1 and value.shape[0] == 0:
+            raise ValueError(f"fit: {where} has no rows (shape {tuple(value.shape)})")
     X = args[0] if args else None
     if is_array(X) and X.ndim == 2 and jnp.issubdtype(X.dtype, jnp.floating):
         warn_if_not_standardized(X, "X (its first argument)", "fit", stacklevel=4)
@@ -252,11 +254,7 @@ def check_start(caller: str, rng_key: Any, init_state: Any, init_params: Any = N
 
 def non_finite_params(params: dict) -> list[str]:
     """Names of the entries of ``params`` holding NaN or inf (checked on the host)."""
-    return [
-        k
-        for k, v in params.items()
-        if np.issubdtype(np.asarray(v).dtype, np.inexact) and not np.all(np.isfinite(np.asarray(v)))
-    ]
+    return [k for k, v in params.items() if non_finite_entries(np.asarray(v), max_first=0)[0]]
 
 
 def report_skipped(

@@ -268,8 +268,7 @@ def _check_shared_args(
             "global. Call it outside data plates and subsample the inputs first "
             "(with plate: X_batch = numpyro.subsample(X, event_dim=1))"
         )
-    if not isinstance(X, jax.Array):  # keep a traced input as it is: moment propagation tracks it
-        X = jnp.asarray(X)
+    X = as_float_array(X, "X", caller)  # a JAX array (a traced one too) is kept as it is
     if X.ndim == 3 and locations:
         raise ValueError(
             f"{caller}: inducing='locations' does not take branched inputs (S, N, D): "
@@ -282,7 +281,6 @@ def _check_shared_args(
             "num_points, dim) under numpyro_dgp.handlers.quadrature or an amortized guide; "
             f"got {X.shape}"
         )
-    X = as_float_array(X, "X", caller)
     priors = dict(priors or {})
     for hp, prior in priors.items():
         if hp not in kernel.hyperparameters():
