@@ -347,25 +347,6 @@ class Standardization(NamedTuple):
             atoms=atoms,
         )
 
-    def to_json(self) -> dict:
-        """A JSON-serializable dict (lists of floats; Python's float repr round-trips exactly).
-
-        :return: ``{"x_mean", "x_scale", "y_mean", "y_scale"}``.
-        """
-        return {name: np.asarray(v, np.float64).tolist() for name, v in self._asdict().items()}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Standardization:
-        """The inverse of :meth:`to_json`.
-
-        :param data: the dict written by :meth:`to_json`.
-        :return: the :class:`Standardization`.
-        """
-        values = [data[name] for name in cls._fields]
-        return cls._make(
-            np.asarray(v, np.float64) if isinstance(v, list) else float(v) for v in values
-        )
-
 
 def _check_standardization(s: Standardization, input_dim: int, caller: str) -> None:
     """Raise unless ``s`` maps ``input_dim`` features and its targets by finite means and finite,
@@ -572,7 +553,9 @@ def save_model(
         "guide": _guide_config(guide),
         "input_dim": int(input_dim),
         "dtype": _params_dtype(params),
-        "standardization": None if standardization is None else standardization.to_json(),
+        "standardization": None
+        if standardization is None
+        else {k: np.asarray(v, np.float64).tolist() for k, v in standardization._asdict().items()},
         "feature_names": None if feature_names is None else [str(n) for n in feature_names],
         "target_name": target_name
         if target_name is None or isinstance(target_name, str)
@@ -750,7 +733,10 @@ def load_model(path: os.PathLike | str) -> SavedModel:
     params = load_params(params_path)
     standardization = config.get("standardization")
     if standardization is not None:
-        standardization = Standardization.from_json(standardization)
+        standardization = Standardization._make(
+            np.asarray(v, np.float64) if isinstance(v, list) else float(v)
+            for v in (standardization[name] for name in Standardization._fields)
+        )
         try:
             _check_standardization(standardization, int(config["input_dim"]), "load_model")
         except ValueError as err:

@@ -615,6 +615,7 @@ def _read(path: Path) -> tuple[dict, dict]:
 
 
 def _to_jax(tree: dict) -> dict:
+    # keeps the keys' order (jax.tree_util.tree_map would sort them)
     import jax.numpy as jnp
 
     return {k: _to_jax(v) if isinstance(v, dict) else jnp.asarray(v) for k, v in tree.items()}
@@ -628,16 +629,15 @@ def load_params(
     model: Callable | None = None,
     guide: Callable | None = None,
     args: tuple = (),
-    kwargs: Mapping[str, Any] | None = None,
     strict: bool = True,
 ) -> Any:
     """Load a parameter dict written by :func:`save_params`, optionally checked against a model.
 
     With ``model`` (and ``guide``, for SVI parameters) the loaded entries are compared with
-    what the model and guide create when run on ``args``/``kwargs`` (an abstract run: nothing
+    what the model and guide create when run on ``args`` (an abstract run: nothing
     is computed): the same names, shapes and dtypes, or
     :class:`~numpyro_dgp.ParameterMismatchError` lists the missing, unexpected and mis-shaped
-    entries. A guide that is not set up yet is set up here on ``args``/``kwargs`` (pass the
+    entries. A guide that is not set up yet is set up here on ``args`` (pass the
     training arguments, ``y`` included, as to ``svi.init``), ready for
     :func:`~numpyro_dgp.predict`.
 
@@ -649,7 +649,6 @@ def load_params(
     :param guide: and against this guide (``None``: the model's own ``numpyro.param`` sites,
         e.g. for values substituted into MCMC).
     :param args: the model's positional arguments for the check (the training data).
-    :param kwargs: the model's keyword arguments for the check.
     :param strict: ``False`` accepts missing and unexpected entries (a partial file, e.g. for
         ``fit(init_params=..., strict=False)``); shapes and dtypes are always checked.
     :return: nested dict of arrays (``jax.Array``, or ``np.ndarray`` with ``as_numpy``) with
@@ -658,17 +657,16 @@ def load_params(
     :raises FileNotFoundError: ``path`` does not exist or is a directory.
     :raises ValueError: the file is truncated, corrupt, not written by :func:`save_params`,
         written by a newer format version, or holds 64-bit arrays while JAX's 64-bit mode
-        is off (and ``as_numpy`` is false); ``guide``, ``args`` or ``kwargs`` without ``model``.
+        is off (and ``as_numpy`` is false); ``guide`` or ``args`` without ``model``.
     :raises ~numpyro_dgp.ParameterMismatchError: with ``model``, parameters that do not match it.
     """
     import jax
 
     from numpyro_dgp._validation import check_file
 
-    if model is None and (guide is not None or args or kwargs):
+    if model is None and (guide is not None or args):
         raise ValueError(
-            "load_params: guide=, args= and kwargs= are for the check against model=; pass "
-            "model= too"
+            "load_params: guide= and args= are for the check against model=; pass model= too"
         )
     path = Path(os.fspath(path)).expanduser()
     check_file(path, "parameter file", "load_params")
@@ -688,7 +686,7 @@ def load_params(
         params = _to_jax(params)
     if model is not None:
         where = f"load_params({str(path)!r})"
-        _check_against_model(model, guide, params, tuple(args), dict(kwargs or {}), strict, where)
+        _check_against_model(model, guide, params, tuple(args), {}, strict, where)
     if return_metadata:
         return params, header.get("metadata") or {}
     return params

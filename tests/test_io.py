@@ -327,7 +327,7 @@ def test_file_is_an_ordinary_npz(tmp_path):
 
 
 def test_check_arguments_without_a_model_are_refused(tmp_path):
-    # guide=, args= and kwargs= alone would load unchecked while the caller believes them checked
+    # guide= and args= alone would load unchecked while the caller believes them checked
     path = save_params(tmp_path / "p.npz", {"a": np.ones(2)})
     with pytest.raises(ValueError, match="pass model= too"):
         load_params(path, args=(np.ones((3, 1)),))
