@@ -260,26 +260,26 @@ def _pair_entries(A: jax.Array) -> jax.Array:
 
 
 def _sum_over_point_blocks(fn: Callable, mean: jax.Array, var: jax.Array, width: int) -> jax.Array:
-    """``sum`` over the points of ``fn(mean_block, var_block) -> (n, J)``, in blocks of at most
-    ``_BLOCK_ENTRIES / width`` points (a ``lax.scan`` whose blocks are recomputed in the
-    backward pass) when the points do not fit in one."""
+    """``fn(mean_block, var_block, keep_block)``, the sum over a block's kept points, summed over
+    blocks of at most ``_BLOCK_ENTRIES / width`` points (a ``lax.scan`` whose blocks are
+    recomputed in the backward pass) when the points do not fit in one."""
     N = mean.shape[0]
     block = max(1, _BLOCK_ENTRIES // max(width, 1))
     if N <= block:
-        return jnp.sum(fn(mean, var), 0)
+        return fn(mean, var, jnp.ones(N, bool))
     num_blocks = -(-N // block)
-    # padded points are the first point again, masked out of the sum
+    # padded points are the first point again, left out of the block's sum by ``keep``
     mean_b = split_rows(mean, num_blocks, block, mean[:1])
     var_b = split_rows(var, num_blocks, block, var[:1])
     keep = (jnp.arange(num_blocks * block) < N).reshape(num_blocks, block)
     step = jax.checkpoint(fn)
 
     def body(total, xs):
-        m, v, k = xs
-        return total + jnp.sum(jnp.where(k[:, None], step(m, v), 0.0), 0), None
+        return total + step(*xs), None
 
-    init = jnp.zeros(jax.eval_shape(fn, mean[:1], var[:1]).shape[1:], mean.dtype)
-    return jax.lax.scan(body, init, (mean_b, var_b, keep))[0]
+    return jax.lax.scan(
+        body, step(mean_b[0], var_b[0], keep[0]), (mean_b[1:], var_b[1:], keep[1:])
+    )[0]
 
 
 def psi2(
@@ -342,11 +342,12 @@ def psi2(
         Kx = weighted_kernel(x)
         return jnp.einsum("nkm,nkl->nml", Kx, Kx)
 
-    def block_sum(m, v):
-        Kx = weighted_kernel(_gh_nodes(m, v, num_points, "psi2")[0]).reshape(-1, M)
-        return (Kx.T @ Kx).reshape(1, M * M)
+    def block_sum(m, v, keep):
+        Kx = weighted_kernel(_gh_nodes(m, v, num_points, "psi2")[0])
+        Kx = jnp.where(keep[:, None, None], Kx, 0.0).reshape(-1, M)
+        return Kx.T @ Kx
 
-    return _sum_over_point_blocks(block_sum, mean, var, K * M).reshape(M, M)
+    return _sum_over_point_blocks(block_sum, mean, var, K * M)
 
 
 def psi2_traces(
