@@ -251,14 +251,6 @@ def _fill_symmetric(values: jax.Array, M: int) -> jax.Array:
     return upper + jnp.swapaxes(upper, -1, -2) - upper * jnp.eye(M, dtype=values.dtype)
 
 
-def _pair_entries(A: jax.Array) -> jax.Array:
-    """``(..., Q)``: the weights of the pairs ``m <= m'`` in ``sum_{m, m'} Psi2[m, m'] A[m, m']``
-    for symmetric ``Psi2`` (``A[m, m'] + A[m', m]`` off the diagonal)."""
-    i, j = np.triu_indices(A.shape[-1])
-    sym = A + jnp.swapaxes(A, -1, -2)
-    return jnp.where(i == j, A[..., i, j], sym[..., i, j])
-
-
 def _sum_over_point_blocks(fn: Callable, mean: jax.Array, var: jax.Array, width: int) -> jax.Array:
     """``fn(mean_block, var_block, keep_block)``, the sum over a block's kept points, summed over
     blocks of at most ``_BLOCK_ENTRIES / width`` points (a ``lax.scan`` whose blocks are
@@ -388,7 +380,12 @@ def psi2_traces(
     var = jnp.broadcast_to(var, mean.shape)
     if _is_rbf(kernel):
         pair_factor, bump_args = _rbf_psi2_pairs(kernel, mean, var, Z)
-        return gauss_sums_per_point(*bump_args, pair_factor[None] * _pair_entries(A))
+        # the weights of the pairs m <= m' in sum_{m, m'} Psi2[m, m'] A[m, m'] for symmetric
+        # Psi2: A[m, m'] + A[m', m] off the diagonal
+        i, j = np.triu_indices(M)
+        sym = A + jnp.swapaxes(A, -1, -2)
+        pairs = jnp.where(i == j, A[..., i, j], sym[..., i, j])
+        return gauss_sums_per_point(*bump_args, pair_factor[None] * pairs)
     if type(kernel) is Linear:
         sigma2 = jnp.asarray(kernel.variance, mean.dtype)
         ZAZ = jnp.einsum("md,jmk,ke->jde", Z, A, Z)  # (J, D, D)
