@@ -145,6 +145,9 @@ def test_shared_variance_and_blocked_paths_equal_the_plain_ones(inputs, monkeypa
     matern = _kernels()["matern32"]
     np.testing.assert_allclose(core.psi2(matern, mean, var, Z, num_points=5),
                                core.psi2(matern, mean, var, Z, num_points=5, per_point=True).sum(0), rtol=1e-12)
+    monkeypatch.setattr(_psi, "_BLOCK_ENTRIES", 375)  # blocks of 3 points, the last one padded
+    np.testing.assert_allclose(core.psi2(matern, mean, var, Z, num_points=5),
+                               core.psi2(matern, mean, var, Z, num_points=5, per_point=True).sum(0), rtol=1e-12)
 
 
 def _rbf(ls):

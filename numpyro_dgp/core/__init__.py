@@ -30,8 +30,7 @@ from numpyro_dgp.core._kl import gauss_kl
 from numpyro_dgp.core._kmeans import kmeans
 from numpyro_dgp.core._psi import expected_input_kernel, psi0, psi1, psi2, psi2_traces
 from numpyro_dgp.core._quadrature import expected_log_normal, gauss_hermite, gauss_hermite_product
-from numpyro_dgp.core._random import standard_normal
-from numpyro_dgp.core._sde import euler_maruyama
+from numpyro_dgp.core._sde import euler_maruyama, standard_normal
 from numpyro_dgp.core._sparse import COLLAPSED_METHODS, collapsed_log_marginal, collapsed_posterior
 from numpyro_dgp.core._triangular import (
     check_jitter,

@@ -117,7 +117,16 @@ def output_moments(
     P = int(out_dim)
     loc = jnp.broadcast_to(belief.loc, (N,) + belief.loc.shape[-1:])
     mean = jnp.einsum("npm,nm->np", loc[:, : P * M].reshape(N, P, M), alpha)
-    HB = _projected_rows(alpha, belief.shared_cov, P)
+    # row p of H_n times the shared covariance; from the diagonal blocks alone when it is
+    # block-diagonal ((P, M, M))
+    cov = belief.shared_cov
+    if cov.ndim == 2:
+        HB = jnp.einsum("nm,pmk->npk", alpha, cov[: P * M].reshape(P, M, cov.shape[-1]))
+    else:
+        _check_blocks(cov, (P, M, M), "the belief's shared_cov")
+        rows = jnp.einsum("nm,pmk->npk", alpha, cov)  # output p's block, (N, P, M)
+        eye = jnp.eye(P, dtype=rows.dtype)
+        HB = (rows[:, :, None, :] * eye[None, :, :, None]).reshape(N, P, P * M)
     if belief.downdate is not None:
         V = belief.downdate  # (N, r, K)
         HV = jnp.einsum("nm,njpm->npj", alpha, V[:, :, : P * M].reshape(N, V.shape[1], P, M))
@@ -125,19 +134,6 @@ def output_moments(
     HBH = jnp.einsum("npqm,nm->npq", HB[:, :, : P * M].reshape(N, P, P, M), alpha)
     out_cov = HBH + base_var[:, None, None] * jnp.eye(P, dtype=alpha.dtype)
     return mean, out_cov, HB
-
-
-def _projected_rows(alpha: jax.Array, shared_cov: jax.Array, P: int) -> jax.Array:
-    """``(N, P, K)``: row ``p`` of ``H_n`` times the shared covariance, for each point; from the
-    diagonal blocks alone when the covariance is block-diagonal (``(P, M, M)``)."""
-    N, M = alpha.shape
-    if shared_cov.ndim == 2:
-        K = shared_cov.shape[-1]
-        return jnp.einsum("nm,pmk->npk", alpha, shared_cov[: P * M].reshape(P, M, K))
-    _check_blocks(shared_cov, (P, M, M), "the belief's shared_cov")
-    rows = jnp.einsum("nm,pmk->npk", alpha, shared_cov)  # output p's block, (N, P, M)
-    eye = jnp.eye(P, dtype=rows.dtype)
-    return (rows[:, :, None, :] * eye[None, :, :, None]).reshape(N, P, P * M)
 
 
 def _stabilized(out_cov: jax.Array) -> jax.Array:

@@ -129,8 +129,15 @@ def _conditional(
         raise ValueError(f"full_cov={full_cov} needs Knn of shape {expected}; got {Knn.shape}")
     A, B = project(Kmn, Kmm_chol, whiten, Kmm_chol_inv)
     mean = (q_mean @ B).T
-    if full_cov:
-        return mean, _covariance(A, B, Knn, q_sqrt, q_mean.shape[0])
+    if full_cov:  # (P, N, N): Knn - A^T A + B^T S_p B
+        cov = jnp.broadcast_to(Knn - A.T @ A, (q_mean.shape[0],) + Knn.shape)
+        if q_sqrt is None:
+            return mean, cov
+        if q_sqrt.ndim == 3:
+            SB = factors_transpose_times(jnp.tril(q_sqrt), B)  # so B^T S B = SB^T SB
+        else:
+            SB = q_sqrt[:, :, None] * B[None]
+        return mean, cov + jnp.einsum("pkn,pkm->pnm", SB, SB)
     var = (Knn - jnp.sum(A**2, axis=0))[:, None]
     if q_sqrt is not None and q_sqrt.ndim == 3:
         var = var + quadratic_form_diagonals(q_sqrt, B).T  # diag(B^T S_p B), skipping tril's zeros
@@ -139,17 +146,3 @@ def _conditional(
     # Near the inducing inputs the prior variance and its reduction cancel; in float32, with a
     # kernel variance far above the jitter, the round-off can leave them below zero.
     return mean, jnp.maximum(jnp.broadcast_to(var, mean.shape), 0.0)
-
-
-def _covariance(
-    A: jax.Array, B: jax.Array, Knn: jax.Array, q_sqrt: jax.Array | None, P: int
-) -> jax.Array:
-    """``(P, N, N)``: ``Knn - A^T A + B^T S_p B``."""
-    cov = jnp.broadcast_to(Knn - A.T @ A, (P,) + Knn.shape)
-    if q_sqrt is None:
-        return cov
-    if q_sqrt.ndim == 3:
-        SB = factors_transpose_times(jnp.tril(q_sqrt), B)  # so B^T S B = SB^T SB
-    else:
-        SB = q_sqrt[:, :, None] * B[None]
-    return cov + jnp.einsum("pkn,pkm->pnm", SB, SB)

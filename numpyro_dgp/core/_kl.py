@@ -60,28 +60,22 @@ def _gauss_kl(
         mahalanobis = jnp.sum(q_mean**2)
         logdet_p: float | jax.Array = 0.0
     else:
-        mahalanobis, trace = _whitened_sums(q_mean, q_sqrt, prior_chol, prior_chol_inv)
+        # sum_p |L^{-1} m_p|^2 and sum_p |L^{-1} L_p|_F^2: with L^{-1} products that skip its
+        # zero blocks (its upper triangle is read as zero), else triangular solves
+        L, Linv = prior_chol, prior_chol_inv
+        if Linv is None:
+            Linv_m = solve_triangular(L, q_mean.T, lower=True)  # (M, P)
+        else:
+            Linv_m = lower_times(Linv, q_mean.T)
+        if diag:  # diagonal factors: |L^{-1} diag(s_p)|_F^2
+            if Linv is None:
+                Linv = solve_triangular(L, jnp.eye(M, dtype=q_mean.dtype), lower=True)
+            trace = jnp.sum((jnp.tril(Linv)[None] * q_sqrt[:, None, :]) ** 2)
+        elif Linv is None:
+            trace = jnp.sum(solve_triangular(L[None], q_sqrt, lower=True) ** 2)
+        else:
+            # all of q_sqrt, as the solves read it: (M, M) times (P, M, M)
+            trace = jnp.sum(lower_times(Linv, q_sqrt) ** 2)
+        mahalanobis = jnp.sum(Linv_m**2)
         logdet_p = P * 2.0 * jnp.sum(jnp.log(jnp.diagonal(prior_chol)))
     return 0.5 * (trace + mahalanobis - P * M + logdet_p - logdet_q)
-
-
-def _whitened_sums(
-    q_mean: jax.Array, q_sqrt: jax.Array, L: jax.Array, Linv: jax.Array | None
-) -> tuple[jax.Array, jax.Array]:
-    """``sum_p |L^{-1} m_p|^2`` and ``sum_p |L^{-1} L_p|_F^2``: with ``L^{-1}`` products that
-    skip its zero blocks (its upper triangle is read as zero), else triangular solves."""
-    M = q_mean.shape[-1]
-    if Linv is None:
-        Linv_m = solve_triangular(L, q_mean.T, lower=True)  # (M, P)
-    else:
-        Linv_m = lower_times(Linv, q_mean.T)
-    if q_sqrt.ndim == 2:  # diagonal factors: |L^{-1} diag(s_p)|_F^2
-        if Linv is None:
-            Linv = solve_triangular(L, jnp.eye(M, dtype=q_mean.dtype), lower=True)
-        return jnp.sum(Linv_m**2), jnp.sum((jnp.tril(Linv)[None] * q_sqrt[:, None, :]) ** 2)
-    if Linv is None:
-        Linv_S = solve_triangular(L[None], q_sqrt, lower=True)
-    else:
-        # all of q_sqrt, as the solves read it
-        Linv_S = lower_times(Linv, q_sqrt)  # (M, M) times (P, M, M)
-    return jnp.sum(Linv_m**2), jnp.sum(Linv_S**2)

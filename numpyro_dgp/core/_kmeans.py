@@ -68,8 +68,8 @@ def kmeans(
     :param max_points: the subsample bound (default :data:`MAX_KMEANS_POINTS` = 100,000;
         ``None``: every point).
     :return: ``(M, D)`` centers; an empty cluster keeps its previous center.
-    :raises ValueError: if ``num_clusters`` exceeds the number of points ``N``, or
-        ``max_points`` when the data are subsampled.
+    :raises ValueError: if ``num_clusters`` exceeds the number of points ``N`` (keep it at most
+        ``max_points`` too).
     """
     N = jnp.shape(X)[0]
     if num_clusters > N:
@@ -77,8 +77,6 @@ def kmeans(
             f"num_inducing={num_clusters} exceeds the {N} points available to initialize "
             "the inducing inputs by k-means; lower num_inducing or pass inducing_inputs="
         )
-    if max_points is not None and N > max_points and not num_clusters <= max_points:
-        raise ValueError(f"kmeans: num_clusters={num_clusters} exceeds max_points={max_points}")
     if max_points is not None and N > max_points:
         # drawn once, at initialization; the Lloyd iterations then cost O(max_points M D)
         subsample_key = jax.random.fold_in(rng_key, 0x5AB)

@@ -36,7 +36,7 @@ cost as the sum. With zero input variance every statistic is the kernel evaluate
 
 from __future__ import annotations
 
-from typing import Callable, TypeGuard
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -81,10 +81,6 @@ def _check_inducing_inputs(Z: ArrayLike, mean: jax.Array, caller: str) -> jax.Ar
     if Z.ndim != 2 or Z.shape[1] != mean.shape[1]:
         raise ValueError(f"{caller}: Z must have shape (M, {mean.shape[1]}), got {Z.shape}")
     return Z
-
-
-def _is_rbf(kernel: Kernel) -> TypeGuard[RBF]:
-    return type(kernel) is RBF
 
 
 def _rbf_parts(kernel: RBF, mean: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -141,7 +137,7 @@ def psi0(kernel: Kernel, mean: ArrayLike, var: ArrayLike, *, num_points: int = 1
     :raises ValueError: for inputs of the wrong shape, or a fallback rule over 20,000 nodes.
     """
     mean, var = _check_input_moments(mean, var, "psi0")
-    if _is_rbf(kernel):
+    if type(kernel) is RBF:
         return jnp.broadcast_to(jnp.asarray(kernel.variance, mean.dtype), mean.shape[:1])
     if type(kernel) is Linear:
         return jnp.asarray(kernel.variance, mean.dtype) * jnp.sum(mean**2 + var, -1)
@@ -168,7 +164,7 @@ def psi1(
     """
     mean, var = _check_input_moments(mean, var, "psi1")
     Z = _check_inducing_inputs(Z, mean, "psi1")
-    if _is_rbf(kernel):
+    if type(kernel) is RBF:
         sf2, ls = _rbf_parts(kernel, mean)
         scale = ls**2 + var
         log_det = -0.5 * jnp.sum(jnp.log(scale / ls**2), -1)
@@ -199,7 +195,7 @@ def expected_input_kernel(
     """
     mean, var = _check_input_moments(mean, var, "expected_input_kernel")
     Z = _check_inducing_inputs(Z, mean, "expected_input_kernel")
-    if _is_rbf(kernel):
+    if type(kernel) is RBF:
         _, ls = _rbf_parts(kernel, mean)
         scale = ls**2 + var  # (N, D)
         P1 = psi1(kernel, mean, var, Z)
@@ -251,35 +247,27 @@ def _fill_symmetric(values: jax.Array, M: int) -> jax.Array:
     return upper + jnp.swapaxes(upper, -1, -2) - upper * jnp.eye(M, dtype=values.dtype)
 
 
-def _pair_entries(A: jax.Array) -> jax.Array:
-    """``(..., Q)``: the weights of the pairs ``m <= m'`` in ``sum_{m, m'} Psi2[m, m'] A[m, m']``
-    for symmetric ``Psi2`` (``A[m, m'] + A[m', m]`` off the diagonal)."""
-    i, j = np.triu_indices(A.shape[-1])
-    sym = A + jnp.swapaxes(A, -1, -2)
-    return jnp.where(i == j, A[..., i, j], sym[..., i, j])
-
-
 def _sum_over_point_blocks(fn: Callable, mean: jax.Array, var: jax.Array, width: int) -> jax.Array:
-    """``sum`` over the points of ``fn(mean_block, var_block) -> (n, J)``, in blocks of at most
-    ``_BLOCK_ENTRIES / width`` points (a ``lax.scan`` whose blocks are recomputed in the
-    backward pass) when the points do not fit in one."""
+    """``fn(mean_block, var_block, keep_block)``, the sum over a block's kept points, summed over
+    blocks of at most ``_BLOCK_ENTRIES / width`` points (a ``lax.scan`` whose blocks are
+    recomputed in the backward pass) when the points do not fit in one."""
     N = mean.shape[0]
     block = max(1, _BLOCK_ENTRIES // max(width, 1))
     if N <= block:
-        return jnp.sum(fn(mean, var), 0)
+        return fn(mean, var, jnp.ones(N, bool))
     num_blocks = -(-N // block)
-    # padded points are the first point again, masked out of the sum
+    # padded points are the first point again, left out of the block's sum by ``keep``
     mean_b = split_rows(mean, num_blocks, block, mean[:1])
     var_b = split_rows(var, num_blocks, block, var[:1])
     keep = (jnp.arange(num_blocks * block) < N).reshape(num_blocks, block)
     step = jax.checkpoint(fn)
 
     def body(total, xs):
-        m, v, k = xs
-        return total + jnp.sum(jnp.where(k[:, None], step(m, v), 0.0), 0), None
+        return total + step(*xs), None
 
-    init = jnp.zeros(jax.eval_shape(fn, mean[:1], var[:1]).shape[1:], mean.dtype)
-    return jax.lax.scan(body, init, (mean_b, var_b, keep))[0]
+    return jax.lax.scan(
+        body, step(mean_b[0], var_b[0], keep[0]), (mean_b[1:], var_b[1:], keep[1:])
+    )[0]
 
 
 def psi2(
@@ -311,13 +299,13 @@ def psi2(
     mean, var = _check_input_moments(mean, var, "psi2", shared=True)
     Z = _check_inducing_inputs(Z, mean, "psi2")
     M = Z.shape[0]
-    if _is_rbf(kernel) and var.ndim == 1:
+    if type(kernel) is RBF and var.ndim == 1:
         scale, B, Phi = _rbf_shared_psi2(kernel, mean, var, Z)
         if per_point:
             return scale * B[None] * Phi[:, :, None] * Phi[:, None, :]
         return scale * B * (Phi.T @ Phi)
     var = jnp.broadcast_to(var, mean.shape)
-    if _is_rbf(kernel):
+    if type(kernel) is RBF:
         pair_factor, (m, scale, log_det, zbar) = _rbf_psi2_pairs(kernel, mean, var, Z)
         if per_point:
             bumps = jnp.exp(log_det[:, None] - _scaled_sqdist(m, scale, zbar))
@@ -342,11 +330,12 @@ def psi2(
         Kx = weighted_kernel(x)
         return jnp.einsum("nkm,nkl->nml", Kx, Kx)
 
-    def block_sum(m, v):
-        Kx = weighted_kernel(_gh_nodes(m, v, num_points, "psi2")[0]).reshape(-1, M)
-        return (Kx.T @ Kx).reshape(1, M * M)
+    def block_sum(m, v, keep):
+        Kx = weighted_kernel(_gh_nodes(m, v, num_points, "psi2")[0])
+        Kx = jnp.where(keep[:, None, None], Kx, 0.0).reshape(-1, M)
+        return Kx.T @ Kx
 
-    return _sum_over_point_blocks(block_sum, mean, var, K * M).reshape(M, M)
+    return _sum_over_point_blocks(block_sum, mean, var, K * M)
 
 
 def psi2_traces(
@@ -379,15 +368,20 @@ def psi2_traces(
     A = jnp.asarray(matrices, mean.dtype)
     if A.ndim != 3 or A.shape[1:] != (M, M):
         raise ValueError(f"psi2_traces: matrices must have shape (J, {M}, {M}), got {A.shape}")
-    if _is_rbf(kernel) and var.ndim == 1:
+    if type(kernel) is RBF and var.ndim == 1:
         scale, B, Phi = _rbf_shared_psi2(kernel, mean, var, Z)
         # tr(Psi2_n A) = scale phi_n (B * A^T) phi_n^T
         BA = B[None] * jnp.swapaxes(A, -1, -2)  # (J, M, M)
         return scale * jnp.einsum("nm,jmk,nk->nj", Phi, BA, Phi)
     var = jnp.broadcast_to(var, mean.shape)
-    if _is_rbf(kernel):
+    if type(kernel) is RBF:
         pair_factor, bump_args = _rbf_psi2_pairs(kernel, mean, var, Z)
-        return gauss_sums_per_point(*bump_args, pair_factor[None] * _pair_entries(A))
+        # the weights of the pairs m <= m' in sum_{m, m'} Psi2[m, m'] A[m, m'] for symmetric
+        # Psi2: A[m, m'] + A[m', m] off the diagonal
+        i, j = np.triu_indices(M)
+        sym = A + jnp.swapaxes(A, -1, -2)
+        pairs = jnp.where(i == j, A[..., i, j], sym[..., i, j])
+        return gauss_sums_per_point(*bump_args, pair_factor[None] * pairs)
     if type(kernel) is Linear:
         sigma2 = jnp.asarray(kernel.variance, mean.dtype)
         ZAZ = jnp.einsum("md,jmk,ke->jde", Z, A, Z)  # (J, D, D)

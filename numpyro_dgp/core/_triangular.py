@@ -409,9 +409,9 @@ def robust_cholesky(
     :param max_tries: number of tries (the ``k``-th adds ``jitter * factor**k``).
     :param factor: jitter growth per retry.
     :return: ``(L, used_jitter)``; ``L`` is still NaN if every try failed.
-    :raises ValueError: if a concrete ``jitter`` is not a finite positive number.
+    :raises ValueError: if a concrete ``jitter`` is not a finite positive number (checked by
+        the first try).
     """
-    check_jitter(jitter)
     K = jnp.asarray(K)
     jitter = jnp.asarray(jitter, K.dtype)
 
@@ -481,9 +481,8 @@ def _triangular_inverse(L: jax.Array) -> jax.Array:
     while width < size:
         lower_left = _diagonal_blocks(L, 2 * width)[..., width:, :width]
         A_inv, D_inv = inverse[..., 0::2, :, :], inverse[..., 1::2, :, :]
-        top = jnp.concatenate([A_inv, jnp.zeros_like(lower_left)], axis=-1)
-        bottom = jnp.concatenate([-(D_inv @ lower_left) @ A_inv, D_inv], axis=-1)
-        inverse = jnp.concatenate([top, bottom], axis=-2)
+        zeros = jnp.zeros_like(lower_left)
+        inverse = _join_lower(A_inv, zeros, -(D_inv @ lower_left) @ A_inv, D_inv)
         width *= 2
     return inverse[..., 0, :n, :n]
 

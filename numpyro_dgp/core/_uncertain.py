@@ -130,18 +130,6 @@ def _psi_variances(
     return conditional_var, input_var
 
 
-def _check_moment_options(
-    q_sqrt: ArrayLike | None, per_point: bool, per_point_inducing: bool
-) -> None:
-    if q_sqrt is not None and jnp.ndim(q_sqrt) not in (2, 3):
-        raise ValueError(
-            "uncertain_input_moments: q_sqrt must be (P, M, M) or (P, M); "
-            f"got shape {jnp.shape(q_sqrt)}"
-        )
-    if per_point and not per_point_inducing:
-        raise ValueError("uncertain_input_moments: per_point=True needs per_point_inducing=True")
-
-
 def uncertain_input_moments(
     kernel: Kernel,
     Z: ArrayLike,
@@ -188,7 +176,13 @@ def uncertain_input_moments(
     :raises ValueError: if ``Kmm_chol_inv``'s shape is not ``Kmm_chol``'s, ``q_sqrt`` is not
         ``(P, M, M)`` or ``(P, M)``, or ``per_point`` comes without ``per_point_inducing``.
     """
-    _check_moment_options(q_sqrt, per_point, per_point_inducing)
+    if q_sqrt is not None and jnp.ndim(q_sqrt) not in (2, 3):
+        raise ValueError(
+            "uncertain_input_moments: q_sqrt must be (P, M, M) or (P, M); "
+            f"got shape {jnp.shape(q_sqrt)}"
+        )
+    if per_point and not per_point_inducing:
+        raise ValueError("uncertain_input_moments: per_point=True needs per_point_inducing=True")
     mean = jnp.asarray(mean)
     Z = jnp.asarray(Z, mean.dtype)
     q_mean = jnp.asarray(q_mean, mean.dtype)
