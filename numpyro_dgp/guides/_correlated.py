@@ -42,8 +42,7 @@ from numpyro_dgp.core import (
     output_moments,
     point_projection,
 )
-from numpyro_dgp.guides._base import DGPGuide, InducingSite
-from numpyro_dgp.guides._factorized import AutoFactorizedDGP
+from numpyro_dgp.guides._base import AutoFactorizedDGP, DGPGuide, InducingSite
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import ChainLink, JointBlock
 

@@ -38,18 +38,22 @@ Other inference schemes:
 from numpyro_dgp.handlers._base import PerRunMessenger as PerRunMessenger
 from numpyro_dgp.handlers._base import SpreadTotal as SpreadTotal
 from numpyro_dgp.handlers._base import check_layer_supported as check_layer_supported
+from numpyro_dgp.handlers._base import (
+    coherent_layers,
+    data_parallel,
+    fast_subsample,
+    layer_inputs,
+    quadrature,
+)
 from numpyro_dgp.handlers._base import gaussian_observation as gaussian_observation
 from numpyro_dgp.handlers._base import replace_observation as replace_observation
-from numpyro_dgp.handlers._evaluation import coherent_layers, layer_inputs
 from numpyro_dgp.handlers._mcmc import (
     PARAMETERIZATIONS,
     collapse_last_layer,
     exact_layers,
     latent_conditionals,
 )
-from numpyro_dgp.handlers._quadrature import quadrature
 from numpyro_dgp.handlers._sde_flow import FLOW_ESTIMATORS, FlowSpec, sde_flow
-from numpyro_dgp.handlers._training import data_parallel, fast_subsample
 from numpyro_dgp.handlers._vecchia import ORDERINGS, vecchia_layers
 
 __all__ = [

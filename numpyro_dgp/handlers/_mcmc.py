@@ -71,7 +71,7 @@ def _layer_output_site(
     dense = scale.ndim == 3
     shape = mean.shape[::-1]
     if parameterization == "noncentered":
-        eps = white_output_site(name, shape, mean.dtype)
+        eps = output_site(name, shape, mean.dtype)
         if dense:
             return mean + jnp.einsum("pnm,pm->np", scale, eps)
         return mean + scale * eps.T
@@ -79,7 +79,7 @@ def _layer_output_site(
         fn = dist.MultivariateNormal(mean.T, scale_tril=scale).to_event(1)
     else:
         fn = dist.Normal(mean.T, scale.T).to_event(2)
-    return centered_output_site(name, fn, shape)
+    return output_site(name, shape, mean.dtype, fn)
 
 
 def standard_normal(shape: tuple, dtype: Any) -> dist.Distribution:
@@ -87,21 +87,16 @@ def standard_normal(shape: tuple, dtype: Any) -> dist.Distribution:
     return dist.Normal(jnp.zeros(shape, dtype), 1.0).to_event(2)
 
 
-def white_output_site(name: str, shape: tuple, dtype: Any) -> jax.Array:
-    """The non-centered output site ``"<name>.f_white"``: ``eps (P, n) ~ N(0, I)``."""
-    return _latent_site(f"{name}.f_white", standard_normal(shape, dtype), shape)
-
-
-def centered_output_site(name: str, fn: dist.Distribution, shape: tuple) -> jax.Array:
-    """The centered output site ``"<name>.f"`` over ``f^T (P, n)`` with prior ``fn``; ``f``."""
-    return _latent_site(f"{name}.f", fn, shape).T
-
-
-def _latent_site(site: str, fn: dist.Distribution, shape: tuple) -> jax.Array:
-    """The latent layer output site ``site`` of ``shape``. A substituted value (e.g. MCMC samples
-    given to ``Predictive``) must have the layer's number of points: it exists only at the
-    inputs it was sampled at."""
-    value = numpyro.sample(site, fn)
+def output_site(
+    name: str, shape: tuple, dtype: Any, prior: dist.Distribution | None = None
+) -> jax.Array:
+    """A layer's latent output site of ``shape (P, n)``: without ``prior`` the non-centered
+    ``"<name>.f_white"`` (``eps (P, n) ~ N(0, I)``, returned as drawn); with it the centered
+    ``"<name>.f"`` over ``f^T (P, n)`` (``f (n, P)`` returned). A substituted value (e.g. MCMC
+    samples given to ``Predictive``) must have the layer's number of points: it exists only at
+    the inputs it was sampled at."""
+    site = f"{name}.f_white" if prior is None else f"{name}.f"
+    value = numpyro.sample(site, standard_normal(shape, dtype) if prior is None else prior)
     if tuple(jnp.shape(value))[-2:] != tuple(shape):
         raise ValueError(
             f"latent layer output {site!r} has shape {tuple(jnp.shape(value))[-2:]}, but the layer "
@@ -110,7 +105,7 @@ def _latent_site(site: str, fn: dist.Distribution, shape: tuple) -> jax.Array:
             "numpyro_dgp.predict_from_samples(model, samples, ...), or pass Predictive only the "
             "samples of the '<layer>.u' sites and of the parameters"
         )
-    return value
+    return value if prior is None else value.T
 
 
 class exact_layers(PerRunMessenger):

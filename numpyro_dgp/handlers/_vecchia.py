@@ -34,9 +34,8 @@ from numpyro_dgp.core import (
 from numpyro_dgp.handlers._mcmc import (
     CollapsedLayer,
     CollapsedNormal,
-    centered_output_site,
     exact_layers,
-    white_output_site,
+    output_site,
 )
 from numpyro_dgp.layers import Layer
 
@@ -163,11 +162,11 @@ class vecchia_layers(exact_layers):
         mean = layer.mean_fn(A).T  # (P, n), the points' order
         shape = mean.shape
         if self.parameterization == "noncentered":
-            eps = white_output_site(layer.name, shape, A.dtype)
+            eps = output_site(layer.name, shape, A.dtype)
             residual = vecchia_sample(factors, eps[:, run.order])[:, run.inverse]
             return (mean + residual).T
         prior = _VecchiaPrior(mean, factors, run.order, run.inverse)
-        return centered_output_site(layer.name, prior, shape)
+        return output_site(layer.name, shape, A.dtype, prior)
 
     def _neighbor_sets(self, layer: Layer, A: jax.Array) -> tuple[_Neighbors, jax.Array, jax.Array]:
         """This run's ordering and the first layer's neighbour sets (found at the first layer),

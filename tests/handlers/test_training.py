@@ -91,7 +91,7 @@ def test_fast_subsample_draws_uniform_subsets():
 
 def test_fast_subsample_indices_are_top_k_of_the_key_s_uniforms():
     # the same indices as one top_k of the key's float32 uniforms (what earlier releases drew)
-    from numpyro_dgp.handlers._training import _top_k_subsample
+    from numpyro_dgp.handlers._base import _top_k_subsample
 
     key = jax.random.PRNGKey(5)
     expected = jax.lax.top_k(jax.random.uniform(key, (7_373,), jnp.float32), 1_000)[1]
@@ -120,7 +120,7 @@ def test_factory_plate_draws_numpyro_s_indices_compiled_and_fast_subsample_repla
     from numpyro.primitives import Messenger
 
     from numpyro_dgp import _compat
-    from numpyro_dgp.handlers._training import _top_k_subsample
+    from numpyro_dgp.handlers._base import _top_k_subsample
     from numpyro_dgp.models import _subsample
 
     X, y = jnp.zeros((40, 2)), jnp.zeros(40)
