@@ -117,6 +117,7 @@ _UCI: dict[str, dict[str, Any]] = {
     "--num-inducing": dict(help="M per layer (at most the number of training points)"),
     "--steps": {},
     "--batch-size": {},
+    "--lr": {},
     "--data-dir": dict(help="folder holding the data sets (default: $NUMPYRO_DGP_DATA)"),
     "--float32": {},
 }

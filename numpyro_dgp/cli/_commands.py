@@ -107,6 +107,7 @@ def cmd_uci(args: argparse.Namespace) -> int:
             num_inducing=args.num_inducing,
             num_steps=args.steps,
             batch_size=args.batch_size,
+            learning_rate=args.lr,
         )
         scores.append(r.metrics)
         print(
