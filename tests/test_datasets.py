@@ -457,3 +457,12 @@ def test_malformed_split_files_and_dtypes_are_refused(tmp_path):
         index_file.unlink()
     with pytest.raises(FileNotFoundError, match="holds no index_train"):
         num_uci_splits(folder)
+
+
+def test_a_split_whose_train_and_test_rows_overlap_is_refused_by_both_readers(tmp_path):
+    folder, _ = _write_fake(tmp_path, "yacht", n_splits=1)
+    train = np.loadtxt(folder / "index_train_0.txt")
+    np.savetxt(folder / "index_test_0.txt", train[:2], fmt="%.1f")
+    for read in (lambda: uci_split_indices(folder, 0), lambda: load_uci(folder, split=0)):
+        with pytest.raises(ValueError, match=r"split=0 of 'yacht': 2 row\(s\) appear in both"):
+            read()
