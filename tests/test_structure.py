@@ -32,6 +32,12 @@ def test_at_most_five_private_modules_at_the_top_level():
     assert len(counts.private_top_level_modules()) <= 5, counts.private_top_level_modules()
 
 
+def test_no_module_is_longer_than_650_lines():
+    long = {counts._rel(p): n for p in counts.package_files()
+            if (n := len(p.read_text().splitlines())) > 650}
+    assert not long, f"split these modules by job: {long}"
+
+
 def test_the_message_protocol_is_read_only_through_its_module():
     assert counts.protocol_literals() == []
 
