@@ -10,7 +10,8 @@ first; nothing sets a persistent compilation cache.
 * ``step``: the kin8nm-sized DSVI model (synthetic data, 7,373 x 8, batch 1,000 drawn inside the
   step, 2 layers, ``AutoFactorizedDGP`` + ``DGPElbo``, Adam) at each M x hidden width x
   precision: ms per step through ``fit`` (``FitResult.seconds_per_step``, chunks of 50) and
-  through a jitted ``svi.update`` called from Python.
+  through a jitted ``svi.update`` called from Python (three timed blocks of ``steps // 3``
+  calls, at least 10).
 
 Usage::
 
@@ -60,12 +61,13 @@ def step_child(M: int, width: int, precision: str, steps: int) -> dict:
     state, loss = update(state)
     jax.block_until_ready(loss)
     times = []
+    calls = max(10, steps // 3)
     for _ in range(3):
         t0 = time.perf_counter()
-        for _ in range(50):
+        for _ in range(calls):
             state, loss = update(state)
         jax.block_until_ready(loss)
-        times.append((time.perf_counter() - t0) / 50)
+        times.append((time.perf_counter() - t0) / calls)
     return {"fit_ms": 1e3 * result.seconds_per_step, "update_ms": 1e3 * float(np.median(times)),
             "package_path": str(Path(dgp.__file__).parent)}
 
