@@ -46,7 +46,7 @@ from numpyro_dgp._predict.prediction import (
     observation_of,
     warn_if_not_finite,
 )
-from numpyro_dgp._protocol import trace_layers
+from numpyro_dgp._protocol import abstract_read, trace_layers
 from numpyro_dgp.core import collapsed_posterior
 from numpyro_dgp.io import PREDICT_HINT, check_params_against
 from numpyro_dgp.objectives._collapsed import CollapsedData, collapse_sparse_layer
@@ -167,11 +167,7 @@ def _check_samples(model, samples, params, X_new, args, kwargs, strict):
     fixed = {k: jnp.asarray(v) for k, v in (params or {}).items()}
     data = {**fixed, **{k: v[0] for k, v in samples.items()}}
 
-    def door():
-        with _refuse_unset_params():
-            tr = trace(substitute(seed(model, jax.random.PRNGKey(0)), data=data)).get_trace(
-                X_new, *args, **kwargs
-            )
+    def door(tr):
         found = {}
         for name, site in tr.items():
             if site["type"] == "param" or (site["type"] == "sample" and not site["is_observed"]):
@@ -202,7 +198,8 @@ def _check_samples(model, samples, params, X_new, args, kwargs, strict):
             )
         return [layer.name for layer in layers], layers[-1].out_dim, set(found)
 
-    return samples, fixed, abstract(door)
+    substituted = _refuse_unset_params(substitute(seed(model, jax.random.PRNGKey(0)), data=data))
+    return samples, fixed, abstract_read(substituted, (X_new, *args), kwargs, door)
 
 
 class _refuse_unset_params(Messenger):
