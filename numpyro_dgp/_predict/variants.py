@@ -148,21 +148,17 @@ def _check_samples(model, samples, params, X_new, args, kwargs, strict):
         sites))``, the samples and ``params`` as arrays.
     :raises ValueError: otherwise.
     """
-    if not isinstance(samples, dict) or not samples:
-        raise ValueError(
-            "predict_from_samples: samples is empty; pass mcmc.get_samples() "
-            "(a dict of (S, ...) arrays)"
-        )
-    samples = {k: jnp.asarray(v) for k, v in samples.items()}
+    samples = {k: jnp.asarray(v) for k, v in samples.items()} if isinstance(samples, dict) else {}
     sizes = {k: (v.shape[0] if v.ndim else None) for k, v in samples.items()}
-    if None in sizes.values() or len(set(sizes.values())) != 1:
+    if None in sizes.values() or len(set(sizes.values())) > 1:
         raise ValueError(
             "predict_from_samples: every sample array needs the same leading (sample) axis; "
             f"got {sizes}"
         )
-    if 0 in sizes.values():
+    if not sizes or 0 in sizes.values():
         raise ValueError(
-            "predict_from_samples: samples is empty (0 samples along the leading axis)"
+            "predict_from_samples: samples is empty (no sites, or 0 samples along the leading "
+            "axis); pass mcmc.get_samples() (a dict of (S, ...) arrays)"
         )
     fixed = {k: jnp.asarray(v) for k, v in (params or {}).items()}
     data = {**fixed, **{k: v[0] for k, v in samples.items()}}
