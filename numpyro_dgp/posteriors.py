@@ -268,18 +268,17 @@ def check_points(
 
     :raises ValueError: for points of another shape.
     """
-    S = num_points
     if isinstance(points, dict):
         points = points.get(layer)
     if points is None:
         key = jax.random.PRNGKey(zlib.crc32(layer.encode()))
-        return jax.random.normal(key, (S, out_dim), dtype or float)
+        return jax.random.normal(key, (num_points, out_dim), dtype or float)
     points = jnp.asarray(points, dtype)
     if points.ndim == 1:
-        points = jnp.broadcast_to(points[:, None], (S, out_dim))
-    if points.shape != (S, out_dim):
+        points = jnp.broadcast_to(points[:, None], (num_points, out_dim))
+    if points.shape != (num_points, out_dim):
         raise ValueError(
-            f"{caller}: points for layer {layer!r} must have shape ({S}, {out_dim}), "
+            f"{caller}: points for layer {layer!r} must have shape ({num_points}, {out_dim}), "
             f"got {points.shape}"
         )
     return points

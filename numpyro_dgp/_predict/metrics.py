@@ -382,13 +382,11 @@ def predictive_quantiles(prediction: Any, quantiles: ArrayLike) -> jax.Array:
 
 def _component_weights(arrays: dict) -> jax.Array:
     """``(S, K)`` weights of every atom (``(S, 1)`` for Gaussian components)."""
-    m = arrays["component_means"]
-    w = arrays["weights"]
+    m, w = arrays["component_means"], arrays["weights"]
     if w is None:
         w = jnp.full((m.shape[0],), 1.0 / m.shape[0], m.dtype)
-    if arrays["atoms"] is None:
-        return w[:, None] * jnp.ones((1,), m.dtype)
-    return w[:, None] * arrays["atom_weights"][None]
+    atom_weights = jnp.ones((1,), m.dtype) if arrays["atoms"] is None else arrays["atom_weights"]
+    return w[:, None] * atom_weights[None]
 
 
 # One program per shape: eagerly, every operation of the loops would compile on its own.

@@ -16,7 +16,7 @@ The components are then mixed with equal weights (or a branching layer's weights
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,28 +41,6 @@ def rule_arguments(kind: str, out_dim: int) -> tuple[int | None, int]:
     :func:`~numpyro_dgp._engine.observation.likelihood_rule`: Gauss-Hermite nodes for a one-output
     last layer, else Monte Carlo draws (a Normal takes the exact ``2 P``-node rule instead)."""
     return (PREDICTION_NODES[kind] if out_dim == 1 else None), PREDICTION_DRAWS[kind]
-
-
-class Component(NamedTuple):
-    """One mixture component (or, stacked, all of them), its fields named as the
-    :class:`~numpyro_dgp.Prediction`'s.
-
-    :ivar component_means: the mean of ``y`` (``(..., N)``, ``(..., N, T)`` for columns,
-        ``(..., N, C)`` class probabilities for a categorical site).
-    :ivar component_variances: the variance of ``y`` (same shape).
-    :ivar layers: ``{layer: (..., N, P)}`` one draw of every layer.
-    :ivar layer_means: ``{layer: (..., N, P)}`` the layers' marginal means.
-    :ivar layer_variances: ``{layer: (..., N, P)}`` their variances.
-    :ivar atoms: for the ``"general"`` kind, the observation distribution at the nodes,
-        batch shape ``(..., K, N, ...)``; ``None`` otherwise.
-    """
-
-    component_means: jax.Array
-    component_variances: jax.Array
-    layers: dict
-    layer_means: dict
-    layer_variances: dict
-    atoms: Any = None
 
 
 def _node_average(weights: jax.Array, values: jax.Array) -> jax.Array:
@@ -134,9 +112,17 @@ def component_of(
     weights: jax.Array,
     layer_names: list,
     draw_key: jax.Array,
-) -> Component:
+) -> dict:
     """One mixture component from a run with nodes on the last layer: the observation
-    summarized (:func:`summarize`), one draw of every layer, and the layers' moments."""
+    summarized (:func:`summarize`), one draw of every layer, and the layers' moments.
+
+    :return: the component's fields, named as the :class:`~numpyro_dgp.Prediction`'s (stacked,
+        with a leading component axis): ``component_means`` and ``component_variances`` of
+        ``y`` (``(N,)``, ``(N, T)`` for columns, ``(N, C)`` class probabilities), ``layers``
+        (``{layer: (N, P)}`` one draw of every layer), ``layer_means`` and
+        ``layer_variances`` (their marginal moments), and ``atoms`` (``"general"`` kind: the
+        observation distribution at the nodes, batch shape ``(K, N, ...)``; else ``None``).
+    """
     last = layer_names[-1]
     mean, variance, atoms = summarize(trace[name]["fn"], kind, weights)
     layers = {n: trace[n]["value"] for n in layer_names if n != last}
@@ -144,12 +130,17 @@ def component_of(
     layers[last] = mean_L + jnp.sqrt(jnp.maximum(var_L, 0)) * standard_normal(
         draw_key, mean_L.shape, mean_L.dtype
     )
-    means = {n: moments[n][0] for n in layer_names}
-    variances = {n: moments[n][1] for n in layer_names}
-    return Component(mean, variance, layers, means, variances, atoms)
+    return {
+        "component_means": mean,
+        "component_variances": variance,
+        "layers": layers,
+        "layer_means": {n: moments[n][0] for n in layer_names},
+        "layer_variances": {n: moments[n][1] for n in layer_names},
+        "atoms": atoms,
+    }
 
 
-def _flatten(components: Component, log_weights: jax.Array) -> tuple[Component, jax.Array]:
+def _flatten(components: dict, log_weights: jax.Array) -> tuple[dict, jax.Array]:
     """Components ``(num_samples, B, ...)`` with branch log weights ``(num_samples, B)`` as one
     mixture of ``num_samples * B`` components (weights ``w_b / num_samples``); layer arrays
     without a branch axis (layers before the first branch) are broadcast to it."""
@@ -166,13 +157,13 @@ def _flatten(components: Component, log_weights: jax.Array) -> tuple[Component, 
     weights = (jax.nn.softmax(log_weights, axis=-1) / num_samples).reshape(-1)
     flattened = {
         field: jax.tree_util.tree_map(flat_layer if field.startswith("layer") else flat, value)
-        for field, value in components._asdict().items()
+        for field, value in components.items()
     }
-    return Component(**flattened), weights.astype(components.component_means.dtype)
+    return flattened, weights.astype(components["component_means"].dtype)
 
 
 def mixture_fields(
-    kind: str, components: Component, log_weights: jax.Array | None, atom_weights: Any
+    kind: str, components: dict, log_weights: jax.Array | None, atom_weights: Any
 ) -> dict:
     """The arrays of the :class:`~numpyro_dgp.Prediction` of stacked ``components`` (leading
     axis ``S``), mixed with equal weights, or, with branches (a quadrature handler, an
@@ -187,15 +178,15 @@ def mixture_fields(
     if log_weights is not None:
         components, weights = _flatten(components, log_weights)
         average = lambda a: jnp.tensordot(weights, a, axes=(0, 0))  # noqa: E731
-    means = components.component_means
+    means = components["component_means"]
     mean = average(means)
     if kind in ("bernoulli", "categorical"):
         variance = mean * (1 - mean)
     else:
-        variance = average(components.component_variances + means**2) - mean**2
-    fields = {**components._asdict(), "mean": mean, "variance": variance, "weights": weights}
-    if components.atoms is None:
+        variance = average(components["component_variances"] + means**2) - mean**2
+    fields = {**components, "mean": mean, "variance": variance, "weights": weights}
+    if components["atoms"] is None:
         return {**fields, "atom_weights": None}
     # rebuilt: a distribution mapped over (vmap, tree_map) keeps the batch shape it had
-    atoms = rebuild(components.atoms, lambda a: a)
+    atoms = rebuild(components["atoms"], lambda a: a)
     return {**fields, "atoms": atoms, "atom_weights": jnp.asarray(atom_weights, mean.dtype)}

@@ -446,7 +446,7 @@ def _mixture_function(model, guide_ref, found, static_args, static_kwargs, keep_
             run.model_trace, run.moments, name, kind, run.node_weights, layer_names, draw_key
         )
         if not keep_layers:  # nothing computed for them in the compiled function
-            component = component._replace(layers={}, layer_means={}, layer_variances={})
+            component = {**component, "layers": {}, "layer_means": {}, "layer_variances": {}}
         return component, run.mixture_log_weights, run.node_weights
 
     def predictive_mixture(rng_key, params, X_new, dyn_args, dyn_kwargs, num_samples):

@@ -46,7 +46,7 @@ from numpyro_dgp._predict.prediction import (
     observation_of,
     warn_if_not_finite,
 )
-from numpyro_dgp._protocol import trace_layers
+from numpyro_dgp._protocol import abstract_read, trace_layers
 from numpyro_dgp.core import collapsed_posterior
 from numpyro_dgp.io import PREDICT_HINT, check_params_against
 from numpyro_dgp.objectives._collapsed import CollapsedData, collapse_sparse_layer
@@ -148,30 +148,22 @@ def _check_samples(model, samples, params, X_new, args, kwargs, strict):
         sites))``, the samples and ``params`` as arrays.
     :raises ValueError: otherwise.
     """
-    if not isinstance(samples, dict) or not samples:
-        raise ValueError(
-            "predict_from_samples: samples is empty; pass mcmc.get_samples() "
-            "(a dict of (S, ...) arrays)"
-        )
-    samples = {k: jnp.asarray(v) for k, v in samples.items()}
+    samples = {k: jnp.asarray(v) for k, v in samples.items()} if isinstance(samples, dict) else {}
     sizes = {k: (v.shape[0] if v.ndim else None) for k, v in samples.items()}
-    if None in sizes.values() or len(set(sizes.values())) != 1:
+    if None in sizes.values() or len(set(sizes.values())) > 1:
         raise ValueError(
             "predict_from_samples: every sample array needs the same leading (sample) axis; "
             f"got {sizes}"
         )
-    if 0 in sizes.values():
+    if not sizes or 0 in sizes.values():
         raise ValueError(
-            "predict_from_samples: samples is empty (0 samples along the leading axis)"
+            "predict_from_samples: samples is empty (no sites, or 0 samples along the leading "
+            "axis); pass mcmc.get_samples() (a dict of (S, ...) arrays)"
         )
     fixed = {k: jnp.asarray(v) for k, v in (params or {}).items()}
     data = {**fixed, **{k: v[0] for k, v in samples.items()}}
 
-    def door():
-        with _refuse_unset_params():
-            tr = trace(substitute(seed(model, jax.random.PRNGKey(0)), data=data)).get_trace(
-                X_new, *args, **kwargs
-            )
+    def door(tr):
         found = {}
         for name, site in tr.items():
             if site["type"] == "param" or (site["type"] == "sample" and not site["is_observed"]):
@@ -202,7 +194,8 @@ def _check_samples(model, samples, params, X_new, args, kwargs, strict):
             )
         return [layer.name for layer in layers], layers[-1].out_dim, set(found)
 
-    return samples, fixed, abstract(door)
+    substituted = _refuse_unset_params(substitute(seed(model, jax.random.PRNGKey(0)), data=data))
+    return samples, fixed, abstract_read(substituted, (X_new, *args), kwargs, door)
 
 
 class _refuse_unset_params(Messenger):
