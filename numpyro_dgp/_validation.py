@@ -379,16 +379,14 @@ def warn_if_not_standardized(
     if fingerprint in _WARNED:
         return
     _WARNED.add(fingerprint)
-    parts = []
-    if too_big.size:
-        parts.append(
-            f"feature(s) {too_big.tolist()[:10]} have a spread up to {np.nanmax(best[too_big]):.3g}"
+    parts = [
+        f"feature(s) {index.tolist()[:10]} have a spread {side} {extreme(best[index]):.3g}"
+        for index, side, extreme in (
+            (too_big, "up to", np.nanmax),
+            (too_small, "down to", np.nanmin),
         )
-    if too_small.size:
-        parts.append(
-            f"feature(s) {too_small.tolist()[:10]} have a spread down to "
-            f"{np.nanmin(best[too_small]):.3g}"
-        )
+        if index.size
+    ]
     relative = " times the kernel's lengthscale" if lengthscales else ""
     warnings.warn(
         f"{caller}: {name} is far from standardized: {'; '.join(parts)}{relative} (expected within "

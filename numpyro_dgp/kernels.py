@@ -156,8 +156,6 @@ class Kernel:
 
 
 def _flatten_kernel(kernel: Kernel) -> tuple[tuple, tuple]:
-    if isinstance(kernel, _Combination):
-        return tuple(kernel.kernels), ()
     names = kernel._hyperparameter_names
     static = tuple(
         (f.name, getattr(kernel, f.name)) for f in dataclasses.fields(kernel) if f.name not in names
@@ -186,9 +184,6 @@ def is_jit_argument(value: Any) -> bool:
 
 def _unflatten_kernel(cls: type[Kernel], static: tuple, leaves: tuple) -> Kernel:
     out = object.__new__(cls)
-    if issubclass(cls, _Combination):
-        object.__setattr__(out, "kernels", tuple(leaves))
-        return out
     for name, value in zip(cls._hyperparameter_names, leaves):
         object.__setattr__(out, name, value)
     for name, value in static:
@@ -382,6 +377,9 @@ class _Combination(Kernel):
     """
 
     kernels: tuple
+    # the parts are the pytree's children (their hyperparameters its leaves); a combination's
+    # hyperparameters() and replace() read the parts' own
+    _hyperparameter_names: ClassVar[tuple[str, ...]] = ("kernels",)
     #: how the parts' matrices and diagonals are combined, left to right
     _combine: ClassVar[Callable[[Any, Any], Any]]
 
