@@ -84,6 +84,7 @@ from numpyro_dgp.layers._parts import (
     inducing_prior,
     mean_function,
     mean_projection,
+    missing_key,
     noise_variance,
 )
 
@@ -382,10 +383,7 @@ def gp_layer(
     )
     rng_key = numpyro.prng_key()
     if rng_key is None:
-        raise RuntimeError(
-            f"gp_layer {name!r} needs a random key: run the model under "
-            "numpyro.handlers.seed (SVI, MCMC and Predictive do this)"
-        )
+        raise missing_key(f"gp_layer {name!r}")
     # the layer's message (default: draw f(X) | u), then its output recorded
     out = send_layer(LayerCall(layer, X, u), rng_key, _propagate)
     numpyro.deterministic(name, out)
@@ -462,9 +460,7 @@ def latent_input(
             )
     rng_key = numpyro.prng_key()
     if rng_key is None:
-        raise RuntimeError(
-            f"{caller} needs a random key: run the model under numpyro.handlers.seed"
-        )
+        raise missing_key(caller)
     send_latent(LatentSpec(name, int(latent_dim), encoder_input), rng_key)
     prior = dist.Normal(jnp.zeros((B, int(latent_dim)), X.dtype), 1.0).to_event(1)
     w = jnp.asarray(numpyro.sample(name, prior), X.dtype)

@@ -52,6 +52,14 @@ def _check_finite(x: ArrayLike, what: str) -> None:
         raise ValueError(f"{what} contains NaN or inf values")
 
 
+def missing_key(caller: str) -> RuntimeError:
+    """The error of a layer or latent input that runs without a random key."""
+    return RuntimeError(
+        f"{caller} needs a random key: run the model under numpyro.handlers.seed "
+        "(SVI, MCMC and Predictive do this)"
+    )
+
+
 def mean_projection(X: ArrayLike, in_dim: int, out_dim: int) -> jax.Array:
     """DSVI's fixed inner-layer mean weight ``W`` (the mean function is ``X @ W``).
 
@@ -143,8 +151,10 @@ def hyperparameter_sites(name: str, kernel: Kernel, args: LayerArgs, learn: bool
         # initial values were checked positive by check_layer_args
         value = numpyro.param(site, init, constraint=constraints.positive)
         values[hp] = value if learn else jax.lax.stop_gradient(value)
-    # a given (substituted) value that is not positive: the kernel's own check names it
-    return kernel.replace(**values)
+    try:
+        return kernel.replace(**values)
+    except ValueError as err:  # a given (substituted) value that is not positive: name the layer
+        raise ValueError(f"gp_layer {name!r}: {err} (site '{name}.kernel.*')") from None
 
 
 # ---- gp_layer's argument checks: all of them run before any site is sent ----
@@ -254,10 +264,7 @@ def _check_shared_args(
             raise ValueError(f"{caller}: X must be an array or the pair (X, Z); got {len(X)} items")
         X, propagated_Z = X
     if handler_stack_is_empty():
-        raise RuntimeError(
-            f"{caller} needs a random key: run the model under numpyro.handlers.seed "
-            "(SVI, MCMC and Predictive do this)"
-        )
+        raise missing_key(caller)
     plates = [h.name for h in active_plates()]
     if plates:
         raise ValueError(
@@ -367,7 +374,7 @@ def _check_amortized_args(
             f"{caller}: X must have shape ({B}, dim) (the plate's {B} points), or "
             f"(num_branches, {B}, dim); got {X.shape}"
         )
-    return LayerArgs(X, None, None, False, False, {}, data_plate[0], 0.0, int(num_inducing))
+    return LayerArgs(X, None, None, False, False, {}, data_plate[0], num_inducing=int(num_inducing))
 
 
 # ---- the inducing part: inducing inputs, the factor of K(Z, Z), the prior of u ----
