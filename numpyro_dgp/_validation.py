@@ -329,7 +329,7 @@ def warn_if_not_standardized(
     caller: str,
     lengthscales: list | None = None,
     upper_only: bool = False,
-    stacklevel: int = 3,
+    stacklevel: int = 4,
 ) -> None:
     """Issue :class:`InputScaleWarning` (once per distinct problem) when some feature of the
     concrete array ``X`` has a spread outside :data:`SCALE_LIMITS` relative to the lengthscale.
@@ -340,18 +340,16 @@ def warn_if_not_standardized(
     :param X: ``(..., N, D)`` inputs (tracers pass).
     :param name: the argument's name in messages.
     :param caller: the function in messages.
-    :param lengthscales: the kernel's initial lengthscales (scalars or ``(D,)``); default 1.
+    :param lengthscales: the kernel's initial lengthscales (scalars or ``(D,)``); none: 1.
     :param upper_only: flag only spreads above the upper limit (test inputs: a few nearby
         points legitimately have a small spread).
-    :param stacklevel: of the warning (3: the caller's caller, the user's line).
+    :param stacklevel: of the warning (4: the line calling the caller's caller, the user's call
+        of gp_layer, fit or predict).
     """
     value = concrete(X)
-    if (
-        value is None
-        or value.ndim < 2
-        or value.shape[-2] < 2
-        or not np.issubdtype(value.dtype, np.floating)
-    ):
+    if value is None or not np.issubdtype(value.dtype, np.floating):
+        return
+    if value.ndim < 2 or value.shape[-2] < 2:  # no spread to measure
         return
     spread = _feature_spread(value)
     candidates = []
@@ -379,16 +377,14 @@ def warn_if_not_standardized(
     if fingerprint in _WARNED:
         return
     _WARNED.add(fingerprint)
-    parts = []
-    if too_big.size:
-        parts.append(
-            f"feature(s) {too_big.tolist()[:10]} have a spread up to {np.nanmax(best[too_big]):.3g}"
+    parts = [
+        f"feature(s) {index.tolist()[:10]} have a spread {side} {extreme(best[index]):.3g}"
+        for index, side, extreme in (
+            (too_big, "up to", np.nanmax),
+            (too_small, "down to", np.nanmin),
         )
-    if too_small.size:
-        parts.append(
-            f"feature(s) {too_small.tolist()[:10]} have a spread down to "
-            f"{np.nanmin(best[too_small]):.3g}"
-        )
+        if index.size
+    ]
     relative = " times the kernel's lengthscale" if lengthscales else ""
     warnings.warn(
         f"{caller}: {name} is far from standardized: {'; '.join(parts)}{relative} (expected within "

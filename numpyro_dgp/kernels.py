@@ -47,31 +47,6 @@ __all__ = [
 ]
 
 
-def _check_inputs(X1: ArrayLike, X2: ArrayLike | None) -> tuple[jax.Array, jax.Array]:
-    X1 = jnp.asarray(X1)
-    X2 = X1 if X2 is None else jnp.asarray(X2)
-    if X1.ndim != 2 or X2.ndim != 2:
-        raise ValueError(
-            f"kernel inputs must be 2-D (num_points, dim); got shapes {X1.shape} and {X2.shape}"
-        )
-    if X1.shape[-1] != X2.shape[-1]:
-        raise ValueError(f"kernel inputs disagree in dimension: {X1.shape[-1]} vs {X2.shape[-1]}")
-    return X1, X2
-
-
-def _check_diag_input(X: ArrayLike) -> jax.Array:
-    X = jnp.asarray(X)
-    if X.ndim < 2:
-        raise ValueError(f"kernel inputs must be 2-D (num_points, dim); got shape {X.shape}")
-    return X
-
-
-def _constant_diag(variance: ArrayLike, X: ArrayLike) -> jax.Array:
-    """``variance`` at every point of ``X``: the diagonal of a stationary kernel's matrix."""
-    X = _check_diag_input(X)
-    return jnp.broadcast_to(jnp.asarray(variance, X.dtype), X.shape[:-1])
-
-
 def _check_hyperparameter(kernel: str, name: str, value: Any) -> None:
     """Raise unless the concrete ``value`` is numeric, finite and positive (tracers pass)."""
     try:
@@ -100,7 +75,8 @@ def _check_hyperparameter_names(kernel: Kernel, values: dict[str, Any]) -> None:
 class Kernel:
     """Base class. Subclasses are frozen dataclasses whose fields listed in
     ``_hyperparameter_names`` are the positive hyperparameters (the pytree leaves); every
-    other field is static."""
+    other field is static. A subclass computes its matrix in ``_matrix(X1, X2)`` and its diagonal
+    in ``_diag(X)`` from inputs :meth:`__call__` and :meth:`diag` have checked."""
 
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ()
     # every concrete kernel is a dataclass (dataclasses.replace and fields take it)
@@ -121,11 +97,34 @@ class Kernel:
 
     def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
         """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default
-        ``X1``)."""
-        raise NotImplementedError
+        ``X1``).
+
+        :raises ValueError: for inputs that are not 2-D or disagree in their dimension.
+        """
+        X1 = jnp.asarray(X1)
+        X2 = X1 if X2 is None else jnp.asarray(X2)
+        if X1.ndim != 2 or X2.ndim != 2:
+            raise ValueError(
+                f"kernel inputs must be 2-D (num_points, dim); got shapes {X1.shape} and {X2.shape}"
+            )
+        if X1.shape[-1] != X2.shape[-1]:
+            raise ValueError(
+                f"kernel inputs disagree in dimension: {X1.shape[-1]} vs {X2.shape[-1]}"
+            )
+        return self._matrix(X1, X2)
 
     def diag(self, X: ArrayLike) -> jax.Array:
-        """Diagonal of ``self(X, X)``, shape ``(N,)``, without forming the matrix."""
+        """Diagonal of ``self(X, X)``, shape ``(N,)`` (``(..., N)`` for ``(..., N, D)``), without
+        forming the matrix."""
+        X = jnp.asarray(X)
+        if X.ndim < 2:
+            raise ValueError(f"kernel inputs must be 2-D (num_points, dim); got shape {X.shape}")
+        return self._diag(X)
+
+    def _matrix(self, X1: jax.Array, X2: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def _diag(self, X: jax.Array) -> jax.Array:
         raise NotImplementedError
 
     def hyperparameters(self) -> dict[str, Any]:
@@ -156,8 +155,6 @@ class Kernel:
 
 
 def _flatten_kernel(kernel: Kernel) -> tuple[tuple, tuple]:
-    if isinstance(kernel, _Combination):
-        return tuple(kernel.kernels), ()
     names = kernel._hyperparameter_names
     static = tuple(
         (f.name, getattr(kernel, f.name)) for f in dataclasses.fields(kernel) if f.name not in names
@@ -186,9 +183,6 @@ def is_jit_argument(value: Any) -> bool:
 
 def _unflatten_kernel(cls: type[Kernel], static: tuple, leaves: tuple) -> Kernel:
     out = object.__new__(cls)
-    if issubclass(cls, _Combination):
-        object.__setattr__(out, "kernels", tuple(leaves))
-        return out
     for name, value in zip(cls._hyperparameter_names, leaves):
         object.__setattr__(out, name, value)
     for name, value in static:
@@ -253,15 +247,11 @@ class Stationary(Kernel):
         """``g`` as a function of the squared scaled distance ``r^2``."""
         raise NotImplementedError
 
-    def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
-        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default
-        ``X1``)."""
-        X1, X2 = _check_inputs(X1, X2)
+    def _matrix(self, X1: jax.Array, X2: jax.Array) -> jax.Array:
         return (_stationary_gram if is_jit_argument(self) else _gram)(self, X1, X2)
 
-    def diag(self, X: ArrayLike) -> jax.Array:
-        """Diagonal of ``self(X, X)``: ``variance`` at every point, shape ``(N,)``."""
-        return _constant_diag(self.variance, X)
+    def _diag(self, X: jax.Array) -> jax.Array:  # variance at every point
+        return jnp.broadcast_to(jnp.asarray(self.variance, X.dtype), X.shape[:-1])
 
 
 # One program per kernel type and input shapes. Called outside jit (interactive use, tests),
@@ -338,17 +328,13 @@ class Periodic(Kernel):
     period: ArrayLike = 1.0
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ("variance", "lengthscale", "period")
 
-    def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
-        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default
-        ``X1``)."""
-        X1, X2 = _check_inputs(X1, X2)
+    def _matrix(self, X1: jax.Array, X2: jax.Array) -> jax.Array:
         diff = X1[:, None, :] - X2[None, :, :]
         s = jnp.sin(jnp.pi * diff / self.period) / jnp.asarray(self.lengthscale)
         return jnp.asarray(self.variance) * jnp.exp(-2.0 * jnp.sum(s**2, -1))
 
-    def diag(self, X: ArrayLike) -> jax.Array:
-        """Diagonal of ``self(X, X)``: ``variance`` at every point, shape ``(N,)``."""
-        return _constant_diag(self.variance, X)
+    def _diag(self, X: jax.Array) -> jax.Array:  # variance at every point
+        return jnp.broadcast_to(jnp.asarray(self.variance, X.dtype), X.shape[:-1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,15 +347,10 @@ class Linear(Kernel):
     variance: ArrayLike = 1.0
     _hyperparameter_names: ClassVar[tuple[str, ...]] = ("variance",)
 
-    def __call__(self, X1: ArrayLike, X2: ArrayLike | None = None) -> jax.Array:
-        """The covariance matrix ``(N1, N2)`` between ``X1 (N1, D)`` and ``X2 (N2, D)`` (default
-        ``X1``)."""
-        X1, X2 = _check_inputs(X1, X2)
+    def _matrix(self, X1: jax.Array, X2: jax.Array) -> jax.Array:
         return jnp.asarray(self.variance) * (X1 @ X2.T)
 
-    def diag(self, X: ArrayLike) -> jax.Array:
-        """Diagonal of ``self(X, X)``: ``variance * |x|^2`` per point, shape ``(N,)``."""
-        X = _check_diag_input(X)
+    def _diag(self, X: jax.Array) -> jax.Array:  # variance * |x|^2 per point
         return jnp.asarray(self.variance) * jnp.sum(X**2, -1)
 
 
@@ -382,6 +363,9 @@ class _Combination(Kernel):
     """
 
     kernels: tuple
+    # the parts are the pytree's children (their hyperparameters its leaves); a combination's
+    # hyperparameters() and replace() read the parts' own
+    _hyperparameter_names: ClassVar[tuple[str, ...]] = ("kernels",)
     #: how the parts' matrices and diagonals are combined, left to right
     _combine: ClassVar[Callable[[Any, Any], Any]]
 

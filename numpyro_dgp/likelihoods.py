@@ -245,11 +245,8 @@ class HeteroscedasticNormal(dist.Normal):
         :return: the batch shape of ``value`` broadcast against the layer's.
         """
         (m0, m1), (v0, v1) = self._split(mean), self._split(var)
-        return (
-            -0.5 * np.log(2 * np.pi)
-            - 0.5 * m1
-            - 0.5 * ((value - m0) ** 2 + v0) * jnp.exp(-m1 + 0.5 * v1)
-        )
+        log_normalizer = -0.5 * np.log(2 * np.pi) - 0.5 * m1
+        return log_normalizer - 0.5 * ((value - m0) ** 2 + v0) * jnp.exp(-m1 + 0.5 * v1)
 
     def plain(self) -> dist.Normal:
         """The same distribution as a plain ``dist.Normal``."""
@@ -305,11 +302,8 @@ class PoissonLogLink(dist.Poisson):
         """
         m, v = _squeeze_output(mean), _squeeze_output(var)
         a, y = self.exposure, jnp.asarray(value)
-        return (
-            y * (m + jnp.log(a))
-            - a * jnp.exp(m + 0.5 * v)
-            - gammaln(jnp.asarray(value, m.dtype) + 1)
-        )
+        log_factorial = gammaln(jnp.asarray(value, m.dtype) + 1)
+        return y * (m + jnp.log(a)) - a * jnp.exp(m + 0.5 * v) - log_factorial
 
     def plain(self) -> dist.Poisson:
         """The same distribution as a plain ``dist.Poisson``."""

@@ -264,19 +264,16 @@ def diffgp(
     kernel = RBF() if kernel is None else kernel
 
     def layers(X_batch, data):
-        D = X_batch.shape[-1]
         flow_in = X_batch
-        if time_input:
-            flow_in = jnp.concatenate(
-                [X_batch, jnp.zeros((X_batch.shape[0], 1), X_batch.dtype)], axis=-1
-            )
+        if time_input:  # the flow's input [x, t] at t = 0
+            flow_in = jnp.concatenate([X_batch, jnp.zeros((len(X_batch), 1), X_batch.dtype)], -1)
         h = gp_layer(
             "flow",
             flow_in,
             flow_kernel,
             num_inducing=None if flow_inducing_inputs is not None else num_inducing,
             inducing_inputs=flow_inducing_inputs,
-            out_dim=D,
+            out_dim=X_batch.shape[-1],
             jitter=jitter,
         )
         return gp_layer(
@@ -397,7 +394,6 @@ def _subsample(X, y, batch_size, caller, num_data):
         data = numpyro.plate("data", N, subsample_size=subsample_size)
     with data:
         X_batch = numpyro.subsample(X, event_dim=1)
-        y_batch = (
-            None if y is None else numpyro.subsample(y, event_dim=y.ndim - 1)
-        )  # (N,) or (N, T)
+        # y (N,) or (N, T)
+        y_batch = None if y is None else numpyro.subsample(y, event_dim=y.ndim - 1)
     return data, X_batch, y_batch

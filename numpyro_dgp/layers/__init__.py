@@ -56,7 +56,6 @@ by default, the KL is averaged over points as in Meng & Zhang (2024) (the site i
 
 from __future__ import annotations
 
-import zlib
 from typing import Callable, NamedTuple
 
 import jax
@@ -66,17 +65,9 @@ import numpyro.distributions as dist
 from jax.typing import ArrayLike
 
 from numpyro_dgp._compat import active_plates
-from numpyro_dgp._protocol import (
-    INDUCING,
-    InducingTag,
-    LayerCall,
-    send_encoder_input,
-    send_latent,
-    send_layer,
-)
+from numpyro_dgp._protocol import INDUCING, InducingTag, LayerCall, send_latent, send_layer
 from numpyro_dgp._validation import MEAN_FUNCTIONS, as_float_array, check_positive_int
 from numpyro_dgp.core import (
-    affine_inducing_inputs,
     conditional,
     default_jitter,
     jittered_cholesky,
@@ -85,16 +76,15 @@ from numpyro_dgp.core import (
 )
 from numpyro_dgp.kernels import Kernel
 from numpyro_dgp.layers._parts import (
-    LayerArgs,
+    amortized_sets,
     check_layer_args,
     hyperparameter_sites,
-    identity,
     inducing_factor,
     inducing_inputs_site,
     inducing_prior,
-    mean_diagonal,
     mean_function,
     mean_projection,
+    missing_key,
     noise_variance,
 )
 
@@ -356,14 +346,11 @@ def gp_layer(
     mean_fn, mean_affine = mean_function(name, mean, X.reshape(-1, in_dim), in_dim, out_dim)
     noise_var = noise_variance(name, noise, X.dtype)
     if inducing == "amortized":
-        assert num_inducing is not None  # check_layer_args: a positive integer
-        Z, Kmm_chol, prior_mean, u = _amortized_sets(
-            name, args, kernel, int(num_inducing), mean_fn, learn_inducing, average_kl
+        Z, Kmm_chol, Kmm_chol_inv, layer_jitter, prior_mean, u = amortized_sets(
+            name, args, kernel, mean_fn, learn_inducing, average_kl
         )
-        Kmm_chol_inv = None
-        layer_jitter: float | jax.Array = args.jitter  # relative: each set's own variance
     else:
-        Z = inducing_inputs_site(name, args, num_inducing, learn_inducing)
+        Z = inducing_inputs_site(name, args, learn_inducing)
         # a whitened layer's step reads L^{-1} alone; elsewhere the prior reads L as well
         reads_factor = args.locations or not args.whiten
         Kmm_chol, Kmm_chol_inv, layer_jitter = inducing_factor(
@@ -396,69 +383,11 @@ def gp_layer(
     )
     rng_key = numpyro.prng_key()
     if rng_key is None:
-        raise RuntimeError(
-            f"gp_layer {name!r} needs a random key: run the model under "
-            "numpyro.handlers.seed (SVI, MCMC and Predictive do this)"
-        )
+        raise missing_key(f"gp_layer {name!r}")
     # the layer's message (default: draw f(X) | u), then its output recorded
     out = send_layer(LayerCall(layer, X, u), rng_key, _propagate)
     numpyro.deterministic(name, out)
     return (out, u.T) if args.locations else out
-
-
-def _amortized_sets(
-    name: str,
-    args: LayerArgs,
-    kernel: Kernel,
-    M: int,
-    mean_fn: Callable,
-    learn_inducing: bool,
-    average_kl: bool,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """``gp_layer(..., inducing="amortized")``'s per-point inducing sets (Meng & Zhang 2024):
-    ``(Z, the factors of K(Z_n, Z_n), the prior means, u)``.
-
-    Each point's inducing inputs ``Z (..., B, M, D)`` are ``M`` learned affine maps
-    ``z_m = W_m p + b_m`` of its encoder input ``p`` (``W_m = I``, ``b_m ~ N(0, I)`` at the
-    start, from a key fixed by the name, so every run of the model starts from the same maps)."""
-    X, D, jitter = args.X, args.X.shape[-1], args.jitter
-    weight = numpyro.param(
-        f"{name}.inducing_maps.weight",
-        lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)),
-    )
-    bias_key = jax.random.PRNGKey(zlib.crc32(name.encode()))
-    bias = numpyro.param(
-        f"{name}.inducing_maps.bias", lambda _: jax.random.normal(bias_key, (M, D), X.dtype)
-    )
-    if not learn_inducing:
-        weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
-    # the encoder input of a handler's amortization rule: (..., B, D) by construction
-    p = jnp.asarray(send_encoder_input(name, X, identity), X.dtype)
-    Z = affine_inducing_inputs(weight, bias, p)
-    Kzz = jax.vmap(kernel)(Z.reshape(-1, M, D)).reshape(Z.shape[:-1] + (M,))
-    # The jitter is relative to each set's prior variance: float32 round-off in K(Z_n, Z_n)
-    # grows with the kernel variance (a probit output layer's reaches ~100 on the letters
-    # task), and a fixed 1e-4 then loses to it at one point in thousands, NaN-ing the step.
-    Kzz_chol = jittered_cholesky(Kzz, jitter * mean_diagonal(Kzz)[..., None, None])
-    prior_mean = jnp.swapaxes(mean_fn(Z), -1, -2)  # (..., B, P, M)
-    # valid by construction (a failed factorization is NaN, which fit detects); validating it
-    # in the set-up run, where the arguments are concrete, compiled ~30 small programs eagerly
-    prior = dist.MultivariateNormal(
-        prior_mean, scale_tril=Kzz_chol[..., None, :, :], validate_args=False
-    ).to_event(1)
-    infer = {INDUCING: InducingTag(name, False, "amortized", p)}
-    with numpyro.handlers.scale(scale=1.0 / args.data_plate.size if average_kl else 1.0):
-        u = numpyro.sample(f"{name}.u", prior, infer=infer)
-    if jnp.shape(u) != prior.shape():
-        # the placeholder of AutoAmortizedDGP (shaped as at its set-up), replayed at another
-        # batch size by an objective that samples the guide on its own (Trace_ELBO, ...)
-        raise NotImplementedError(
-            f"gp_layer {name!r} (inducing='amortized'): AutoAmortizedDGP's q(u_n | p_n) depends "
-            "on the model's layer outputs, so NumPyro's Trace_ELBO, TraceMeanField_ELBO and "
-            "Predictive cannot sample the guide on its own; use numpyro_dgp.DGPElbo or "
-            "numpyro_dgp.PredictiveObjective to train and numpyro_dgp.predict to predict"
-        )
-    return Z, Kzz_chol, prior_mean, u
 
 
 class LatentSpec(NamedTuple):
@@ -520,22 +449,18 @@ def latent_input(
         )
     B = plates[0].subsample_size
     X = as_float_array(X, "X", caller)
-    if X.ndim != 2 or X.shape[0] != B:
-        raise ValueError(
-            f"{caller}: X must have shape ({B}, dim), the plate's {B} points; got {X.shape}"
-        )
     encoder_input = (
         X if encoder_input is None else as_float_array(encoder_input, "encoder_input", caller)
     )
-    if encoder_input.ndim != 2 or encoder_input.shape[0] != B:
-        raise ValueError(
-            f"{caller}: encoder_input must have shape ({B}, features), got {encoder_input.shape}"
-        )
+    for what, value, columns in (("X", X, "dim"), ("encoder_input", encoder_input, "features")):
+        if value.ndim != 2 or value.shape[0] != B:
+            raise ValueError(
+                f"{caller}: {what} must have shape ({B}, {columns}), the plate's {B} points; "
+                f"got {value.shape}"
+            )
     rng_key = numpyro.prng_key()
     if rng_key is None:
-        raise RuntimeError(
-            f"{caller} needs a random key: run the model under numpyro.handlers.seed"
-        )
+        raise missing_key(caller)
     send_latent(LatentSpec(name, int(latent_dim), encoder_input), rng_key)
     prior = dist.Normal(jnp.zeros((B, int(latent_dim)), X.dtype), 1.0).to_event(1)
     w = jnp.asarray(numpyro.sample(name, prior), X.dtype)

@@ -4,6 +4,7 @@ the prior of the inducing values)."""
 
 from __future__ import annotations
 
+import zlib
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -15,6 +16,7 @@ from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
 from numpyro_dgp._compat import active_plates, handler_stack_is_empty, innermost_trace
+from numpyro_dgp._protocol import INDUCING, InducingTag, send_encoder_input
 from numpyro_dgp._validation import (
     as_float_array,
     check_kernel,
@@ -26,10 +28,12 @@ from numpyro_dgp._validation import (
     warn_if_not_standardized,
 )
 from numpyro_dgp.core import (
+    affine_inducing_inputs,
     cholesky,
     cholesky_and_inverse,
     default_jitter,
     inverse_cholesky,
+    jittered_cholesky,
     kmeans,
 )
 from numpyro_dgp.kernels import Kernel
@@ -42,12 +46,18 @@ def _check_finite(x: ArrayLike, what: str) -> None:
     """Refuse a concrete ``x`` holding NaN or inf values (checked on the host by blocks of rows:
     no whole-size mask for a large data set; traced values pass)."""
     value = concrete(x)
-    if (
-        value is not None
-        and np.issubdtype(value.dtype, np.inexact)
-        and non_finite_entries(value)[0]
-    ):
+    if value is None or not np.issubdtype(value.dtype, np.inexact):
+        return
+    if non_finite_entries(value)[0]:
         raise ValueError(f"{what} contains NaN or inf values")
+
+
+def missing_key(caller: str) -> RuntimeError:
+    """The error of a layer or latent input that runs without a random key."""
+    return RuntimeError(
+        f"{caller} needs a random key: run the model under numpyro.handlers.seed "
+        "(SVI, MCMC and Predictive do this)"
+    )
 
 
 def mean_projection(X: ArrayLike, in_dim: int, out_dim: int) -> jax.Array:
@@ -161,6 +171,7 @@ class LayerArgs(NamedTuple):
     priors: dict
     data_plate: Any = None  #: the data plate of a per-point (amortized) layer
     jitter: float = 0.0  #: relative jitter (scaled by the mean prior variance later)
+    num_inducing: int = 0  #: ``M`` of k-means or of every point's set; 0 with given inputs
 
 
 def check_layer_args(
@@ -212,15 +223,13 @@ def check_layer_args(
         args = _check_amortized_args(caller, X, num_inducing, inducing_inputs, priors, whiten)
     else:
         locations = inducing == "locations"
-        args = _check_shared_args(caller, X, kernel, num_inducing, priors, whiten, locations)
+        args = _check_shared_args(caller, X, kernel, priors, whiten, locations)
         args = _check_inducing_inputs(caller, args, num_inducing, inducing_inputs)
     _check_finite(args.X, f"{caller}: X")
     lengthscales = [
         v for k, v in kernel.hyperparameters().items() if k.rpartition(".")[2] == "lengthscale"
     ]
-    warn_if_not_standardized(
-        args.X, "X", caller, lengthscales or None, upper_only=True, stacklevel=4
-    )
+    warn_if_not_standardized(args.X, "X", caller, lengthscales, upper_only=True)
     if jitter is None:
         return args._replace(jitter=default_jitter(args.X.dtype))
     check_positive_number(jitter, "jitter", caller)
@@ -231,7 +240,6 @@ def _check_shared_args(
     caller: str,
     X: ArrayLike | tuple,
     kernel: Kernel,
-    num_inducing: int | None,
     priors: dict | None,
     whiten: bool | None,
     locations: bool,
@@ -254,13 +262,9 @@ def _check_shared_args(
             )
         if len(X) != 2:
             raise ValueError(f"{caller}: X must be an array or the pair (X, Z); got {len(X)} items")
-        propagated_Z = X[1]
-        X = X[0]
+        X, propagated_Z = X
     if handler_stack_is_empty():
-        raise RuntimeError(
-            f"{caller} needs a random key: run the model under numpyro.handlers.seed "
-            "(SVI, MCMC and Predictive do this)"
-        )
+        raise missing_key(caller)
     plates = [h.name for h in active_plates()]
     if plates:
         raise ValueError(
@@ -309,7 +313,7 @@ def _check_inducing_inputs(
                 f"{caller}: give num_inducing (a positive integer) or inducing_inputs; "
                 f"got num_inducing={num_inducing!r}"
             )
-        return args
+        return args._replace(num_inducing=int(num_inducing))
     what = "inducing_inputs" if args.propagated_Z is None else "the inducing locations Z of (X, Z)"
     Z = jnp.asarray(given, args.X.dtype)
     in_dim = args.X.shape[-1]
@@ -355,6 +359,7 @@ def _check_amortized_args(
             "hyperparameter prior would become one sample per point; priors are not available"
         )
     check_positive_int(num_inducing, "num_inducing", caller)
+    assert num_inducing is not None  # a positive integer, checked
     data_plate = [p for p in active_plates() if p.dim == -1]
     if not data_plate:
         raise ValueError(
@@ -369,26 +374,20 @@ def _check_amortized_args(
             f"{caller}: X must have shape ({B}, dim) (the plate's {B} points), or "
             f"(num_branches, {B}, dim); got {X.shape}"
         )
-    return LayerArgs(X, None, None, False, False, {}, data_plate[0])
+    return LayerArgs(X, None, None, False, False, {}, data_plate[0], num_inducing=int(num_inducing))
 
 
 # ---- the inducing part: inducing inputs, the factor of K(Z, Z), the prior of u ----
 
 
-def inducing_inputs_site(
-    name: str, args: LayerArgs, num_inducing: int | None, learn_inducing: bool
-) -> jax.Array:
+def inducing_inputs_site(name: str, args: LayerArgs, learn_inducing: bool) -> jax.Array:
     """The layer's inducing inputs: the propagated locations, or a parameter initialized from the
     given inputs or by k-means on ``X``."""
     if args.propagated_Z is not None:
         return args.propagated_Z
-    init: jax.Array | Callable[[jax.Array], jax.Array]
-    if args.inducing_inputs is not None:
-        init = args.inducing_inputs
-    else:
-        assert num_inducing is not None  # check_layer_args: given when inducing_inputs is not
-        X, M = args.X, int(num_inducing)
-        init = lambda _: kmeans_inducing_inputs(X, M)  # noqa: E731
+    init: jax.Array | Callable[[jax.Array], jax.Array] | None = args.inducing_inputs
+    if init is None:
+        init = lambda _: kmeans_inducing_inputs(args.X, args.num_inducing)  # noqa: E731
     Z = numpyro.param(f"{name}.inducing_inputs", init)
     if jnp.ndim(Z) != 2 or jnp.shape(Z)[-1] != args.X.shape[-1]:  # fitted values given to a run
         raise ValueError(
@@ -475,6 +474,62 @@ def inducing_prior(
     else:
         prior = dist.MultivariateNormal(zeros, scale_tril=Kmm_chol)
     return prior.expand([out_dim])
+
+
+def amortized_sets(
+    name: str,
+    args: LayerArgs,
+    kernel: Kernel,
+    mean_fn: Callable,
+    learn_inducing: bool,
+    average_kl: bool,
+) -> tuple[jax.Array, jax.Array, jax.Array | None, float | jax.Array, jax.Array, jax.Array]:
+    """``gp_layer(..., inducing="amortized")``'s per-point inducing sets (Meng & Zhang 2024):
+    ``(Z, the factors of K(Z_n, Z_n), None (no inverse factor: the conditional solves with each
+    point's factor), the relative jitter (each set's own variance scales it), the prior means,
+    u)``.
+
+    Each point's inducing inputs ``Z (..., B, M, D)`` are ``M`` learned affine maps
+    ``z_m = W_m p + b_m`` of its encoder input ``p`` (``W_m = I``, ``b_m ~ N(0, I)`` at the
+    start, from a key fixed by the name, so every run of the model starts from the same maps)."""
+    X, D, M, jitter = args.X, args.X.shape[-1], args.num_inducing, args.jitter
+    weight = numpyro.param(
+        f"{name}.inducing_maps.weight",
+        lambda _: jnp.broadcast_to(jnp.eye(D, dtype=X.dtype), (M, D, D)),
+    )
+    bias_key = jax.random.PRNGKey(zlib.crc32(name.encode()))
+    bias = numpyro.param(
+        f"{name}.inducing_maps.bias", lambda _: jax.random.normal(bias_key, (M, D), X.dtype)
+    )
+    if not learn_inducing:
+        weight, bias = jax.lax.stop_gradient(weight), jax.lax.stop_gradient(bias)
+    # the encoder input of a handler's amortization rule: (..., B, D) by construction
+    p = jnp.asarray(send_encoder_input(name, X, identity), X.dtype)
+    Z = affine_inducing_inputs(weight, bias, p)
+    Kzz = jax.vmap(kernel)(Z.reshape(-1, M, D)).reshape(Z.shape[:-1] + (M,))
+    # The jitter is relative to each set's prior variance: float32 round-off in K(Z_n, Z_n)
+    # grows with the kernel variance (a probit output layer's reaches ~100 on the letters
+    # task), and a fixed 1e-4 then loses to it at one point in thousands, NaN-ing the step.
+    Kzz_chol = jittered_cholesky(Kzz, jitter * mean_diagonal(Kzz)[..., None, None])
+    prior_mean = jnp.swapaxes(mean_fn(Z), -1, -2)  # (..., B, P, M)
+    # valid by construction (a failed factorization is NaN, which fit detects); validating it
+    # in the set-up run, where the arguments are concrete, compiled ~30 small programs eagerly
+    prior = dist.MultivariateNormal(
+        prior_mean, scale_tril=Kzz_chol[..., None, :, :], validate_args=False
+    ).to_event(1)
+    infer = {INDUCING: InducingTag(name, False, "amortized", p)}
+    with numpyro.handlers.scale(scale=1.0 / args.data_plate.size if average_kl else 1.0):
+        u = numpyro.sample(f"{name}.u", prior, infer=infer)
+    if jnp.shape(u) != prior.shape():
+        # the placeholder of AutoAmortizedDGP (shaped as at its set-up), replayed at another
+        # batch size by an objective that samples the guide on its own (Trace_ELBO, ...)
+        raise NotImplementedError(
+            f"gp_layer {name!r} (inducing='amortized'): AutoAmortizedDGP's q(u_n | p_n) depends "
+            "on the model's layer outputs, so NumPyro's Trace_ELBO, TraceMeanField_ELBO and "
+            "Predictive cannot sample the guide on its own; use numpyro_dgp.DGPElbo or "
+            "numpyro_dgp.PredictiveObjective to train and numpyro_dgp.predict to predict"
+        )
+    return Z, Kzz_chol, None, jitter, prior_mean, u
 
 
 def mean_diagonal(K: jax.Array) -> jax.Array:
