@@ -87,7 +87,7 @@ class marginalize_inducing(PerRunMessenger):
         ``node_weights``.
     :param nodes: ``(K, P)`` standard-normal nodes, or ``None`` for ``K`` Monte Carlo draws per
         point (``K`` the length of ``node_weights``; drawn with the layer's key).
-    :param node_weights: ``(K,)`` weights summing to one.
+    :param node_weights: ``(K,)`` weights summing to one (needed with ``last_layer``).
     :param latent_mode: how latent inputs (:func:`~numpyro_dgp.latent_input`) are drawn:
         ``"posterior"`` (from the guide's ``q(w_n)`` in ``posteriors`` when it is there: one draw
         per point, its KL to the prior tagged :data:`LOCAL_KL`; or ``importance.num`` draws,
@@ -107,8 +107,6 @@ class marginalize_inducing(PerRunMessenger):
     the mixture a layer made (or ``None``) and :attr:`correlated_outputs` says whether the
     last layer's outputs are correlated at a point (a guide that correlates the layers).
 
-    :raises ValueError: if ``last_layer`` is given without ``node_weights``, or for an unknown
-        ``latent_mode``.
     """
 
     def __init__(
@@ -121,16 +119,6 @@ class marginalize_inducing(PerRunMessenger):
         latent_mode: str = "posterior",
         importance: Any = None,
     ) -> None:
-        if last_layer is not None and node_weights is None:
-            raise ValueError(
-                "marginalize_inducing: last_layer needs node_weights (with nodes, or without "
-                "them for as many Monte Carlo draws per point)"
-            )
-        if latent_mode not in ("posterior", "prior"):
-            raise ValueError(
-                "marginalize_inducing: latent_mode must be 'posterior' or 'prior', got "
-                f"{latent_mode!r}"
-            )
         self.posteriors = CorrelatedRecursion.independent(posteriors or {})
         self.last_layer = last_layer
         self.nodes = nodes
@@ -222,7 +210,7 @@ class marginalize_inducing(PerRunMessenger):
         """The standard-normal nodes for the last layer, broadcastable against
         ``(K,) + mean.shape``: the shared rule's, or fresh draws per point (Monte Carlo)."""
         if self.nodes is None:
-            assert self.node_weights is not None  # refused by __init__
+            assert self.node_weights is not None  # given with last_layer
             K = jnp.shape(self.node_weights)[0]
             return standard_normal(rng_key, (K,) + mean.shape, mean.dtype)
         nodes = jnp.asarray(self.nodes, mean.dtype)  # (K, P)

@@ -70,10 +70,9 @@ class propagate_moments(PerRunMessenger):
     :param mode: ``"bound"`` or ``"predict"``.
     :param last_layer: name of the model's last ``gp_layer``.
     :param nodes: ``(K, P)`` standard-normal nodes for the last layer.
-    :param caller: the name errors are reported under.
+    :param caller: the name errors are reported under (``"<objective> with <guide>"``).
     :param propagate_inducing_variance: ``"bound"`` mode: forward each inner layer's inducing
         variance to the next layer (``True``) or pay for it in the penalty (``False``).
-    :param guide_name: the guide's class name, for error messages.
 
     After a run, :attr:`moments` maps layer names to the ``(mean (N, P), var (N, P))`` each
     forwarded (the last layer's: the variance its nodes spread), :attr:`penalties` lists the
@@ -83,22 +82,20 @@ class propagate_moments(PerRunMessenger):
 
     def __init__(
         self,
-        fn: Callable | None = None,
-        posteriors: dict[str, Any] | None = None,
-        mode: str = "bound",
-        last_layer: str | None = None,
-        nodes: np.ndarray | None = None,
-        caller: str = "propagate_moments",
-        propagate_inducing_variance: bool = True,
-        guide_name: str | None = None,
+        fn: Callable,
+        posteriors: dict[str, Any],
+        mode: str,
+        last_layer: str,
+        nodes: np.ndarray,
+        caller: str,
+        propagate_inducing_variance: bool,
     ) -> None:
-        self.posteriors = dict(posteriors or {})
+        self.posteriors = posteriors
         self.mode = mode
         self.last_layer = last_layer
         self.nodes = nodes
         self.caller = caller
-        self.guide_name = guide_name
-        self.propagate_inducing_variance = bool(propagate_inducing_variance)
+        self.propagate_inducing_variance = propagate_inducing_variance
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -118,10 +115,7 @@ class propagate_moments(PerRunMessenger):
             msg["value"] = self._layer(msg)
 
     def _refuse(self, layer: Layer, problem: str, instead: str = _INSTEAD) -> NoReturn:
-        with_guide = f" with {self.guide_name}" if self.guide_name else ""
-        raise NotImplementedError(
-            f"{self.caller}{with_guide}: layer {layer.name!r} {problem}; {instead}"
-        )
+        raise NotImplementedError(f"{self.caller}: layer {layer.name!r} {problem}; {instead}")
 
     def _input_moments(self, layer: Layer, X: jax.Array) -> tuple[jax.Array, jax.Array | None]:
         """``(mean, var)`` of the layer's input: fixed for the first layer (``var=None``), the
@@ -296,9 +290,9 @@ def moment_trace(
         found = abstract_read(seeded_model, args, kwargs, model_facts)
         nodes, weights = shared_rule(found["out_dim"], kind, nodes_per_output, caller)
         posteriors = guide_posteriors(guide_trace, found["u_sites"])
-        guide_name = type(innermost_guide(guide)).__name__
-        options = (caller, propagate_inducing_variance, guide_name)
-        handler = propagate_moments(seeded_model, posteriors, mode, found["last"], nodes, *options)
+        named = f"{caller} with {type(innermost_guide(guide)).__name__}"
+        options = (nodes, named, propagate_inducing_variance)
+        handler = propagate_moments(seeded_model, posteriors, mode, found["last"], *options)
         model_trace = trace(handler).get_trace(*args, **kwargs)
         return MarginalRun(
             guide_trace,

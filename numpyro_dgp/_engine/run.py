@@ -104,11 +104,6 @@ def layers_by_u_site(model_trace: dict) -> dict[str, Layer]:
     return {layer.u_site: layer for layer in trace_layers(model_trace)}
 
 
-def uses_inducing_locations(model_trace: dict) -> bool:
-    """Whether any ``gp_layer`` of the trace has ``inducing="locations"``."""
-    return any(layer.inducing == "locations" for layer in trace_layers(model_trace))
-
-
 def marginal_trace(
     model: Callable,
     guide: Callable,
@@ -152,7 +147,6 @@ def marginal_trace(
         )
         probed = marginalize_inducing(seeded_model, latent_mode=latent_mode)
         found = abstract_read(probed, args, kwargs, model_facts)
-        last = found["last"]
         kinds = None
         if found["out_dim"] > 1 and nodes_per_output is None and not joint_draws:
             kinds = _tail_kinds(seeded_model, found, args, kwargs, objective, latent_mode)
@@ -178,7 +172,7 @@ def marginal_trace(
         posteriors.update(EncodedSets.encoders(guide_trace))
         posteriors.update(latent_posteriors(guide_trace, found["latents"]))
         handler = marginalize_inducing(
-            seeded_model, posteriors, last, nodes, weights, latent_mode, importance
+            seeded_model, posteriors, found["last"], nodes, weights, latent_mode, importance
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         return MarginalRun(

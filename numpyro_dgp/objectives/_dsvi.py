@@ -26,7 +26,7 @@ from jax.typing import ArrayLike
 
 from numpyro_dgp._engine.observation import (
     closed_form_log_prob,
-    masked_value,
+    masked_log_prob,
     observation_kind,
     unwrap,
 )
@@ -35,7 +35,6 @@ from numpyro_dgp._engine.run import (
     layers_by_u_site,
     marginal_trace,
     site_posterior,
-    uses_inducing_locations,
 )
 from numpyro_dgp._protocol import IMPORTANCE_LOG_WEIGHTS, LOCAL_KL, NODE_AXIS, get_tag
 from numpyro_dgp._validation import check_positive_int
@@ -248,7 +247,7 @@ def objective_terms(
     guide_trace, model_trace, weights = run.guide_trace, run.model_trace, run.node_weights
     mixture = run.mixture_log_weights
     layers = layers_by_u_site(model_trace)
-    locations = uses_inducing_locations(model_trace)
+    locations = any(layer.inducing == "locations" for layer in layers.values())
     observed = {}
     kl: jax.Array | float = 0.0  # 0.0 where the model has no such site
     other: jax.Array | float = 0.0
@@ -278,11 +277,8 @@ def objective_terms(
             kl = kl + scale * site_kl
         else:
             _check_other_site(name, site, guide_trace, name in layers, objective, run.guide_name)
-            other = (
-                other
-                + weighted_log_prob(site, weights, mixture)
-                - weighted_log_prob(guide_trace[name], weights, mixture)
-            )
+            log_q = weighted_log_prob(guide_trace[name], weights, mixture)
+            other = other + weighted_log_prob(site, weights, mixture) - log_q
     return observed, kl, other
 
 
@@ -473,11 +469,7 @@ def _log_predictive(site: dict, run: MarginalRun) -> tuple[jax.Array, ArrayLike]
             jnp.sum(w * (loc - mean) ** 2, axis=0)
             + jnp.broadcast_to(parts.base.scale, parts.shape)[0] ** 2
         )
-        lp = dist.Normal(mean, jnp.sqrt(var)).log_prob(masked_value(parts, value))
-        if parts.mask is not None:
-            lp = jnp.where(jnp.broadcast_to(parts.mask, parts.shape)[0], lp, 0.0)
-        if parts.event_ndims:
-            lp = jnp.sum(lp, axis=tuple(range(-parts.event_ndims, 0)))
+        lp = masked_log_prob(parts, value, dist.Normal(mean, jnp.sqrt(var)).log_prob)
     else:
         lp = logsumexp(lp, axis=0, b=_leading(weights, lp))
     mixture = run.mixture_log_weights
