@@ -242,11 +242,8 @@ def closed_form_log_prob(
     """
     parts = unwrap(site["fn"])
     expected = getattr(parts.base, "expected_log_prob", None)
-    if (
-        expected is None
-        or moments is None
-        or getattr(parts.base, "latent", None) is not last_output
-    ):
+    latent = getattr(parts.base, "latent", None)
+    if expected is None or moments is None or latent is not last_output:
         return None
     mean, var = moments
     if correlated and mean.shape[-1] > 1:

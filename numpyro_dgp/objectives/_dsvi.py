@@ -330,20 +330,18 @@ def _check_other_site(
         )
 
 
-def expected_log_prob(
-    site: dict, run: MarginalRun, objective: str, mixture_log_weights: jax.Array | None = None
-) -> jax.Array:
+def expected_log_prob(site: dict, run: MarginalRun, objective: str) -> jax.Array:
     """``E_f[log p(y | f)]`` of an observed site per point, without its plate scale: its batch
-    shape with the last layer's node axis averaged out, then the branch axis with
-    ``mixture_log_weights`` if given: in closed form where its likelihood has one
+    shape with the last layer's node axis averaged out, then the branch axis with the run's
+    ``mixture_log_weights`` if it branched: in closed form where its likelihood has one
     (:func:`~numpyro_dgp._engine.observation.closed_form_log_prob`), else the node-weighted
     log-density (quadrature or Monte Carlo)."""
     last = run.layer_order[-1] if run.layer_order else None
     lp = closed_form_log_prob(site, run.last_output, run.moments.get(last), run.correlated_outputs)
     if lp is None:
         refuse_without_closed_form(site, objective)
-        return _node_average(site, run.node_weights, mixture_log_weights)
-    return _reduce_mixture(lp, site, mixture_log_weights)
+        return _node_average(site, run.node_weights, run.mixture_log_weights)
+    return _reduce_mixture(lp, site, run.mixture_log_weights)
 
 
 def refuse_without_closed_form(site: dict, objective: str) -> None:
@@ -434,7 +432,7 @@ class DGPElbo(MarginalObjective):
         """
         run, observed, kl, other = self._run(call)
         ell = sum(
-            _scaled_sum(site, expected_log_prob(site, run, self._name, run.mixture_log_weights))
+            _scaled_sum(site, expected_log_prob(site, run, self._name))
             for site in observed.values()
         )
         return {"expected_log_likelihood": ell, "kl_inducing": kl, "other": other}
