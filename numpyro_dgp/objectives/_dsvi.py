@@ -130,8 +130,7 @@ def _dense_kl(loc: jax.Array, scale_tril: jax.Array, prior_blocks: list) -> jax.
     stand for identity blocks (whitened)."""
     if all(b is None for b, _ in prior_blocks):
         return gauss_kl(loc[None], scale_tril[None])
-    eye = lambda m: jnp.eye(m, dtype=loc.dtype)  # noqa: E731
-    chol = block_diag(*[eye(m) if b is None else b for b, m in prior_blocks])
+    chol = block_diag(*[jnp.eye(m, dtype=loc.dtype) if b is None else b for b, m in prior_blocks])
     return gauss_kl(loc[None], scale_tril[None], chol)
 
 
