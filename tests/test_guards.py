@@ -676,10 +676,6 @@ def test_latent_inputs_refuse_a_bad_name_a_missing_key_and_a_bad_guide_width():
         in_plate(lambda: dgp.latent_input("w", X))
     with pytest.raises(ValueError, match="latent_hidden_width must be a positive integer"):
         AutoFactorizedDGP(one_layer, latent_hidden_width=0)
-    with pytest.raises(ValueError, match="latent_mode must be 'posterior' or 'prior'"):
-        marginalize_inducing(one_layer, latent_mode="guide")
-    with pytest.raises(ValueError, match="last_layer needs node_weights"):
-        marginalize_inducing(one_layer, last_layer="f")
 
 
 def test_importance_weighting_refuses_amortized_layers():

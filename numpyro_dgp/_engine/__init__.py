@@ -1,10 +1,10 @@
 """The inducing-marginalization and moment engine (private).
 
-``marginal`` integrates each layer's inducing values out point by point under a guide's Gaussian
-(the handler ``marginalize_inducing``); ``run`` runs a guide and then the model under it and
-reads layers and guide Gaussians (NumPyro's own autoguides' too) off their traces; ``moments``
-propagates Gaussian moments through the layers; ``observation`` reads the likelihood sites
-after the last layer.
+``marginal`` holds the two handlers that integrate each layer's inducing values out under a
+guide's Gaussian: point by point with sampled inner layers (``marginalize_inducing``) and by
+Gaussian moment propagation (``propagate_moments``); ``run`` runs a guide and then the model
+under one of them and reads layers and guide Gaussians (NumPyro's own autoguides' too) off
+their traces; ``observation`` reads the likelihood sites after the last layer.
 Used by the objectives and by prediction; imports only the layers below it (core,
 the message protocol, layers, handlers, guides' posteriors and the plug-ins
 ``numpyro_dgp.guides`` exports for it).

@@ -20,7 +20,7 @@ the layer's Gaussian marginal, on a leading node axis, and this module reads the
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, cast
+from typing import Any, Callable, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -83,24 +83,26 @@ def unwrap(fn: dist.Distribution) -> Unwrapped:
     return Unwrapped(fn, shape, event_ndims, mask)
 
 
-def masked_value(parts: Unwrapped, value: jax.Array) -> jax.Array:
-    """``value`` with its masked-out entries replaced by a point of the base's support.
+def masked_log_prob(parts: Unwrapped, value: jax.Array, log_prob: Callable) -> jax.Array:
+    """``log_prob(value)`` with the site's mask applied and its event dimensions summed.
 
     A missing target is often NaN: ``jnp.where(mask, log_prob(NaN), 0)`` is finite but its
-    gradient is ``0 * NaN``, so it must never reach the density (NumPyro's
-    ``MaskedDistribution`` does the same).
+    gradient is ``0 * NaN``, so masked-out entries are replaced by a point of the base's support
+    before ``log_prob`` sees them (NumPyro's ``MaskedDistribution`` does the same). A mask that
+    the engine broadcast over the leading node axis is the same at every node: that axis is
+    dropped.
     """
-    if parts.mask is None:
-        return value
-    return jnp.where(point_mask(parts, value), value, parts.base.support.feasible_like(value))
-
-
-def point_mask(parts: Unwrapped, value: jax.Array) -> jax.Array:
-    """The site's mask per entry of ``value``: a mask that the engine broadcast over the
-    leading node axis is the same at every node, and that axis is dropped."""
-    mask = jnp.asarray(parts.mask)
-    extra = mask.ndim - jnp.ndim(value)
-    return mask[(0,) * extra] if extra > 0 else mask
+    mask = None if parts.mask is None else jnp.asarray(parts.mask)
+    if mask is not None:
+        extra = mask.ndim - jnp.ndim(value)
+        mask = mask[(0,) * extra] if extra > 0 else mask
+        value = jnp.where(mask, value, parts.base.support.feasible_like(value))
+    lp = log_prob(value)
+    if mask is not None:
+        lp = jnp.where(mask, lp, 0.0)
+    if parts.event_ndims:
+        lp = jnp.sum(lp, axis=tuple(range(-parts.event_ndims, 0)))
+    return lp
 
 
 def observation_kind(fn: dist.Distribution, name: str, caller: str = "predict") -> str:
@@ -240,21 +242,13 @@ def closed_form_log_prob(
     """
     parts = unwrap(site["fn"])
     expected = getattr(parts.base, "expected_log_prob", None)
-    if (
-        expected is None
-        or moments is None
-        or getattr(parts.base, "latent", None) is not last_output
-    ):
+    latent = getattr(parts.base, "latent", None)
+    if expected is None or moments is None or latent is not last_output:
         return None
     mean, var = moments
     if correlated and mean.shape[-1] > 1:
         return None
-    lp = expected(masked_value(parts, site["value"]), mean, var)
-    if parts.mask is not None:  # per point: the moments have no node axis
-        lp = jnp.where(point_mask(parts, site["value"]), lp, 0.0)
-    if parts.event_ndims:
-        lp = jnp.sum(lp, axis=tuple(range(-parts.event_ndims, 0)))
-    return lp
+    return masked_log_prob(parts, site["value"], lambda value: expected(value, mean, var))
 
 
 def is_discrete(base: dist.Distribution) -> bool:

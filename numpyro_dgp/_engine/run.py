@@ -1,10 +1,12 @@
 """One run of a guide and then the model under
-:class:`~numpyro_dgp._engine.marginal.marginalize_inducing`, and the reading of both traces.
+:class:`~numpyro_dgp._engine.marginal.marginalize_inducing` (or
+:class:`~numpyro_dgp._engine.marginal.propagate_moments`), and the reading of both traces.
 
 :func:`marginal_trace` finds the layers and the observation rule (an abstract first pass),
 reads the guide's Gaussian over each inducing site (:func:`guide_posteriors`; for NumPyro's
 ``AutoContinuous`` guides, :func:`autocontinuous_posteriors`) and returns both traces with
-what the objectives and ``predict`` need (:class:`MarginalRun`).
+what the objectives and ``predict`` need (:class:`MarginalRun`); :func:`moment_trace` does the
+same for moment propagation.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoContinuous
 
 from numpyro_dgp._compat import autocontinuous_layout, innermost_guide, is_tracer
-from numpyro_dgp._engine.marginal import marginalize_inducing
-from numpyro_dgp._engine.observation import likelihood_rule, observation_kind
+from numpyro_dgp._engine.marginal import marginalize_inducing, propagate_moments
+from numpyro_dgp._engine.observation import likelihood_rule, observation_kind, shared_rule
 from numpyro_dgp._protocol import (
     CONDITIONAL,
     GAUSSIAN,
@@ -58,7 +60,7 @@ class MarginalRun(NamedTuple):
     :ivar last_output: the last layer's value at its nodes, ``(K, ..., N, P)``.
     :ivar correlated_outputs: whether the last layer's outputs are correlated at a point.
     :ivar penalties: the inner layers' penalties of a moment-propagation run
-        (:func:`~numpyro_dgp._engine.moments.moment_trace`, ``"bound"`` mode).
+        (:func:`moment_trace`, ``"bound"`` mode).
     """
 
     guide_trace: dict
@@ -104,11 +106,6 @@ def layers_by_u_site(model_trace: dict) -> dict[str, Layer]:
     return {layer.u_site: layer for layer in trace_layers(model_trace)}
 
 
-def uses_inducing_locations(model_trace: dict) -> bool:
-    """Whether any ``gp_layer`` of the trace has ``inducing="locations"``."""
-    return any(layer.inducing == "locations" for layer in trace_layers(model_trace))
-
-
 def marginal_trace(
     model: Callable,
     guide: Callable,
@@ -152,7 +149,6 @@ def marginal_trace(
         )
         probed = marginalize_inducing(seeded_model, latent_mode=latent_mode)
         found = abstract_read(probed, args, kwargs, model_facts)
-        last = found["last"]
         kinds = None
         if found["out_dim"] > 1 and nodes_per_output is None and not joint_draws:
             kinds = _tail_kinds(seeded_model, found, args, kwargs, objective, latent_mode)
@@ -178,7 +174,7 @@ def marginal_trace(
         posteriors.update(EncodedSets.encoders(guide_trace))
         posteriors.update(latent_posteriors(guide_trace, found["latents"]))
         handler = marginalize_inducing(
-            seeded_model, posteriors, last, nodes, weights, latent_mode, importance
+            seeded_model, posteriors, found["last"], nodes, weights, latent_mode, importance
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         return MarginalRun(
@@ -266,14 +262,11 @@ def guide_then_model(
     With ``replay_plates=False`` the model draws its own plates' subsamples (prediction at new
     points: a guide's plate over the training points must not choose them)."""
     guide_key, model_key = jax.random.split(rng_key)
-    guide_trace = trace(substitute(seed(fast_subsample(guide), guide_key), data=params)).get_trace(
-        *args, **kwargs
-    )
-    replayed = (
-        guide_trace
-        if replay_plates
-        else {k: v for k, v in guide_trace.items() if v["type"] != "plate"}
-    )
+    seeded_guide = substitute(seed(fast_subsample(guide), guide_key), data=params)
+    guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
+    replayed = guide_trace
+    if not replay_plates:
+        replayed = {k: v for k, v in guide_trace.items() if v["type"] != "plate"}
     seeded_model = substitute(replay(seed(fast_subsample(model), model_key), replayed), data=params)
     return guide_trace, seeded_model
 
@@ -405,3 +398,57 @@ def autocontinuous_posteriors(
         tuple(sites), tuple(tuple(layout[s][2]) for s in sites), latent.loc, latent.scale_tril
     )
     return {s: block for s in sites}
+
+
+def moment_trace(
+    model: Callable,
+    guide: Callable,
+    params: dict,
+    rng_key: jax.Array,
+    args: tuple,
+    kwargs: dict,
+    mode: str,
+    nodes_per_output: int,
+    caller: str,
+    propagate_inducing_variance: bool = True,
+    kind: str = "normal",
+) -> MarginalRun:
+    """Run ``guide``, then ``model`` under
+    :class:`~numpyro_dgp._engine.marginal.propagate_moments`.
+
+    :param model: the model.
+    :param guide: the guide (its inducing sites give the Gaussians; their sampled values are
+        unused).
+    :param params: parameter values substituted into both.
+    :param rng_key: PRNG key (the guide's draws of sites other than the inducing values).
+    :param args: positional arguments of the model and guide.
+    :param kwargs: keyword arguments of the model and guide.
+    :param mode: ``"bound"`` or ``"predict"``.
+    :param nodes_per_output: Gauss-Hermite nodes per output of the last layer.
+    :param caller: the name errors are reported under.
+    :param propagate_inducing_variance: see
+        :class:`~numpyro_dgp._engine.marginal.propagate_moments`.
+    :param kind: the observation's kind, which picks the rule over several outputs
+        (:func:`~numpyro_dgp._engine.observation.shared_rule`).
+    :return: :class:`MarginalRun` with the inner layers' penalties
+        (``"bound"`` mode).
+    """
+    with validation_off_when_traced(params):
+        guide_trace, seeded_model = guide_then_model(model, guide, params, rng_key, args, kwargs)
+        # the layers and which one is last, from an abstract run
+        found = abstract_read(seeded_model, args, kwargs, model_facts)
+        nodes, weights = shared_rule(found["out_dim"], kind, nodes_per_output, caller)
+        posteriors = guide_posteriors(guide_trace, found["u_sites"])
+        named = f"{caller} with {type(innermost_guide(guide)).__name__}"
+        options = (nodes, named, propagate_inducing_variance)
+        handler = propagate_moments(seeded_model, posteriors, mode, found["last"], *options)
+        model_trace = trace(handler).get_trace(*args, **kwargs)
+        return MarginalRun(
+            guide_trace,
+            model_trace,
+            posteriors,
+            handler.moments,
+            handler.layer_order,
+            weights,
+            penalties=handler.penalties,
+        )

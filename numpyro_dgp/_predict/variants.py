@@ -30,8 +30,8 @@ from numpyro.handlers import seed, substitute, trace
 from numpyro.primitives import Messenger
 
 from numpyro_dgp._engine.marginal import marginalize_inducing
-from numpyro_dgp._engine.moments import moment_trace
 from numpyro_dgp._engine.observation import likelihood_rule, shared_rule, spherical_rule
+from numpyro_dgp._engine.run import moment_trace
 from numpyro_dgp._predict.mixture import (
     PREDICTION_NODES,
     component_of,

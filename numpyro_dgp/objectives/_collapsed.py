@@ -26,8 +26,7 @@ import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.handlers import trace
 
-from numpyro_dgp._engine.moments import moment_trace
-from numpyro_dgp._engine.run import guide_then_model, layers_by_u_site
+from numpyro_dgp._engine.run import guide_then_model, layers_by_u_site, moment_trace
 from numpyro_dgp._protocol import LAYER_MESSAGE, LAYER_RULE, NODE_AXIS, get_tag, layer_call
 from numpyro_dgp._validation import check_choice
 from numpyro_dgp.core import COLLAPSED_METHODS, collapsed_log_marginal
@@ -85,9 +84,7 @@ class collapse_sparse_layer(PerRunMessenger):
     :param caller: the name errors are reported under.
     """
 
-    def __init__(
-        self, fn: Callable | None = None, method: str = "vfe", caller: str = "collapse_sparse_layer"
-    ) -> None:
+    def __init__(self, fn: Callable, method: str, caller: str) -> None:
         check_choice(method, COLLAPSED_METHODS, "method", caller)
         self.method = method
         self.caller = caller

@@ -26,7 +26,7 @@ from jax.typing import ArrayLike
 
 from numpyro_dgp._engine.observation import (
     closed_form_log_prob,
-    masked_value,
+    masked_log_prob,
     observation_kind,
     unwrap,
 )
@@ -35,7 +35,6 @@ from numpyro_dgp._engine.run import (
     layers_by_u_site,
     marginal_trace,
     site_posterior,
-    uses_inducing_locations,
 )
 from numpyro_dgp._protocol import IMPORTANCE_LOG_WEIGHTS, LOCAL_KL, NODE_AXIS, get_tag
 from numpyro_dgp._validation import check_positive_int
@@ -131,8 +130,7 @@ def _dense_kl(loc: jax.Array, scale_tril: jax.Array, prior_blocks: list) -> jax.
     stand for identity blocks (whitened)."""
     if all(b is None for b, _ in prior_blocks):
         return gauss_kl(loc[None], scale_tril[None])
-    eye = lambda m: jnp.eye(m, dtype=loc.dtype)  # noqa: E731
-    chol = block_diag(*[eye(m) if b is None else b for b, m in prior_blocks])
+    chol = block_diag(*[jnp.eye(m, dtype=loc.dtype) if b is None else b for b, m in prior_blocks])
     return gauss_kl(loc[None], scale_tril[None], chol)
 
 
@@ -248,7 +246,7 @@ def objective_terms(
     guide_trace, model_trace, weights = run.guide_trace, run.model_trace, run.node_weights
     mixture = run.mixture_log_weights
     layers = layers_by_u_site(model_trace)
-    locations = uses_inducing_locations(model_trace)
+    locations = any(layer.inducing == "locations" for layer in layers.values())
     observed = {}
     kl: jax.Array | float = 0.0  # 0.0 where the model has no such site
     other: jax.Array | float = 0.0
@@ -278,11 +276,8 @@ def objective_terms(
             kl = kl + scale * site_kl
         else:
             _check_other_site(name, site, guide_trace, name in layers, objective, run.guide_name)
-            other = (
-                other
-                + weighted_log_prob(site, weights, mixture)
-                - weighted_log_prob(guide_trace[name], weights, mixture)
-            )
+            log_q = weighted_log_prob(guide_trace[name], weights, mixture)
+            other = other + weighted_log_prob(site, weights, mixture) - log_q
     return observed, kl, other
 
 
@@ -334,20 +329,18 @@ def _check_other_site(
         )
 
 
-def expected_log_prob(
-    site: dict, run: MarginalRun, objective: str, mixture_log_weights: jax.Array | None = None
-) -> jax.Array:
+def expected_log_prob(site: dict, run: MarginalRun, objective: str) -> jax.Array:
     """``E_f[log p(y | f)]`` of an observed site per point, without its plate scale: its batch
-    shape with the last layer's node axis averaged out, then the branch axis with
-    ``mixture_log_weights`` if given: in closed form where its likelihood has one
+    shape with the last layer's node axis averaged out, then the branch axis with the run's
+    ``mixture_log_weights`` if it branched: in closed form where its likelihood has one
     (:func:`~numpyro_dgp._engine.observation.closed_form_log_prob`), else the node-weighted
     log-density (quadrature or Monte Carlo)."""
     last = run.layer_order[-1] if run.layer_order else None
     lp = closed_form_log_prob(site, run.last_output, run.moments.get(last), run.correlated_outputs)
     if lp is None:
         refuse_without_closed_form(site, objective)
-        return _node_average(site, run.node_weights, mixture_log_weights)
-    return _reduce_mixture(lp, site, mixture_log_weights)
+        return _node_average(site, run.node_weights, run.mixture_log_weights)
+    return _reduce_mixture(lp, site, run.mixture_log_weights)
 
 
 def refuse_without_closed_form(site: dict, objective: str) -> None:
@@ -438,7 +431,7 @@ class DGPElbo(MarginalObjective):
         """
         run, observed, kl, other = self._run(call)
         ell = sum(
-            _scaled_sum(site, expected_log_prob(site, run, self._name, run.mixture_log_weights))
+            _scaled_sum(site, expected_log_prob(site, run, self._name))
             for site in observed.values()
         )
         return {"expected_log_likelihood": ell, "kl_inducing": kl, "other": other}
@@ -473,11 +466,7 @@ def _log_predictive(site: dict, run: MarginalRun) -> tuple[jax.Array, ArrayLike]
             jnp.sum(w * (loc - mean) ** 2, axis=0)
             + jnp.broadcast_to(parts.base.scale, parts.shape)[0] ** 2
         )
-        lp = dist.Normal(mean, jnp.sqrt(var)).log_prob(masked_value(parts, value))
-        if parts.mask is not None:
-            lp = jnp.where(jnp.broadcast_to(parts.mask, parts.shape)[0], lp, 0.0)
-        if parts.event_ndims:
-            lp = jnp.sum(lp, axis=tuple(range(-parts.event_ndims, 0)))
+        lp = masked_log_prob(parts, value, dist.Normal(mean, jnp.sqrt(var)).log_prob)
     else:
         lp = logsumexp(lp, axis=0, b=_leading(weights, lp))
     mixture = run.mixture_log_weights
