@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from numpyro_dgp import __version__
-from numpyro_dgp._saved_model._directory import (
+from numpyro_dgp._saved_model._directory import (  # noqa: F401 (check_output_place: the CLI's)
     CONFIG_FILE,
     MODEL_FORMAT,
     MODEL_FORMAT_VERSION,
@@ -48,12 +48,10 @@ from numpyro_dgp._saved_model._directory import (
     ModelFileError,
     check_model_directory,
     check_model_output,
+    check_output_place,
     newer_library_hint,
     read_config,
     sha256,
-)
-from numpyro_dgp._saved_model._directory import (
-    check_output_place as check_output_place,  # for the command line
 )
 from numpyro_dgp.io import (
     STRICT_HINT,
@@ -173,8 +171,7 @@ class Standardization(NamedTuple):
                 raise ValueError(
                     f"Standardization.to_data_units: a {type(atoms).__name__} prediction has no "
                     "location and scale to map to the data's units (its targets should not have "
-                    "been standardized; SavedModel.predict(..., standardized=True) returns the "
-                    "prediction as it is)"
+                    "been standardized)"
                 )
             params = {name: getattr(atoms, name) for name in atoms.arg_constraints}
             params["loc"], params["scale"] = params["loc"] * sc + m, params["scale"] * sc
@@ -440,6 +437,7 @@ def _write_directory(path: Path, document: dict[str, Any], params: Mapping[str, 
         raise
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class SavedModel:
     """A model loaded by :func:`load_model`: the rebuilt model and guide (set up), the
     parameters and the standardization; :meth:`predict` works in the data's units.
@@ -454,23 +452,18 @@ class SavedModel:
     :ivar likelihood: the factory's likelihood (``"gaussian"``, ``"probit"``, ``"softmax"``, ...).
     """
 
-    def __init__(
-        self,
-        model: Callable,
-        guide: Callable,
-        params: dict,
-        config: dict,
-        standardization: Standardization | None,
-    ) -> None:
-        self.model = model
-        self.guide = guide
-        self.params = params
-        self.config = config
-        self.standardization = standardization
-        self.feature_names = config.get("feature_names")
-        self.target_name = config.get("target_name")
-        self.likelihood = (config["model"].get("arguments") or {}).get("likelihood", "gaussian")
-        self.input_dim = int(config["input_dim"])
+    model: Callable
+    guide: Callable
+    params: dict
+    config: dict
+    standardization: Standardization | None
+
+    def __post_init__(self) -> None:
+        arguments = self.config["model"].get("arguments") or {}
+        self.feature_names = self.config.get("feature_names")
+        self.target_name = self.config.get("target_name")
+        self.likelihood = arguments.get("likelihood", "gaussian")
+        self.input_dim = int(self.config["input_dim"])
 
     def __repr__(self) -> str:
         return (
@@ -485,21 +478,17 @@ class SavedModel:
         rng_key: jax.Array | None = None,
         num_samples: int = 100,
         batch_size: int | None = None,
-        standardized: bool = False,
-        keep_layers: bool = False,
     ) -> Any:
-        """The predictive mixture at ``X`` in the data's units.
+        """The predictive mixture at ``X`` in the data's units (without every layer's draws and
+        moments, to keep memory at ``S x N``: :func:`numpyro_dgp.predict` of :attr:`model`,
+        :attr:`guide` and :attr:`params` on standardized inputs gives them).
 
         :param X: ``(N, D)`` inputs in the data's units (standardized here with the stored
-            standardization, unless ``standardized``).
+            standardization).
         :param rng_key: PRNG key (default ``PRNGKey(0)``).
         :param num_samples: mixture components ``S``.
         :param batch_size: predict this many points at a time (bounded memory; see
             :func:`numpyro_dgp.predict`).
-        :param standardized: ``X`` is already standardized, and the result is returned in
-            standardized units.
-        :param keep_layers: also return every layer's draws and moments (see
-            :func:`numpyro_dgp.predict`; off by default to keep memory at ``S x N``).
         :return: a :class:`~numpyro_dgp.Prediction` (regression: means, variances and, for other
             likelihoods than the Gaussian, the atoms mapped back to the target's units;
             classification: class probabilities; counts: as predicted).
@@ -520,15 +509,13 @@ class SavedModel:
             raise ValueError(
                 f"SavedModel.predict: X contains {int(np.sum(~np.isfinite(X)))} NaN or inf values"
             )
-        s = None if standardized else self.standardization
-        if s is not None:
-            X = s.inputs(X)
+        s = self.standardization
+        X = jnp.asarray(X if s is None else s.inputs(X), dtype=self.config["dtype"])
         key = jax.random.PRNGKey(0) if rng_key is None else rng_key
-        X = jnp.asarray(X, dtype=self.config["dtype"])
-        options: dict[str, Any] = dict(
-            num_samples=num_samples, batch_size=batch_size, keep_layers=keep_layers
+        options: dict[str, Any] = dict(num_samples=num_samples, batch_size=batch_size)
+        prediction = predict(
+            self.model, self.guide, self.params, key, X, keep_layers=False, **options
         )
-        prediction = predict(self.model, self.guide, self.params, key, X, **options)
         return prediction if s is None else s.to_data_units(prediction)
 
 

@@ -47,32 +47,18 @@ from typing import Any, Callable
 import numpy as np
 
 from numpyro_dgp import __version__
-from numpyro_dgp.io._checks import (
-    PREDICT_HINT as PREDICT_HINT,
-)
-from numpyro_dgp.io._checks import (
-    STRICT_HINT as STRICT_HINT,
-)
-from numpyro_dgp.io._checks import (
-    ParameterMismatchError as ParameterMismatchError,
-)
-from numpyro_dgp.io._checks import (
+
+# the library's modules take the checks from here (numpyro_dgp.io._checks is private)
+from numpyro_dgp.io._checks import (  # noqa: F401
+    PREDICT_HINT,
+    STRICT_HINT,
+    ParameterMismatchError,
     check_against_model,
-)
-from numpyro_dgp.io._checks import (
-    check_params as check_params,
-)
-from numpyro_dgp.io._checks import (
-    check_params_against as check_params_against,
-)
-from numpyro_dgp.io._checks import (
-    param_specs as param_specs,
-)
-from numpyro_dgp.io._checks import (
-    set_up_guide as set_up_guide,
-)
-from numpyro_dgp.io._checks import (
-    training_arguments as training_arguments,
+    check_params,
+    check_params_against,
+    param_specs,
+    set_up_guide,
+    training_arguments,
 )
 
 __all__ = ["FORMAT_VERSION", "save_params", "load_params"]
