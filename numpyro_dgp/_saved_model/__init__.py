@@ -158,9 +158,7 @@ class Standardization(NamedTuple):
         """
         import jax.numpy as jnp
 
-        identity = np.all(np.asarray(self.y_mean) == 0.0) and np.all(
-            np.asarray(self.y_scale) == 1.0
-        )
+        identity = np.all(np.equal(self.y_mean, 0.0)) and np.all(np.equal(self.y_scale, 1.0))
         if identity or prediction.likelihood in ("bernoulli", "categorical"):
             return prediction
         m = jnp.asarray(self.y_mean, prediction.mean.dtype)
@@ -284,17 +282,14 @@ def _guide_config(guide: Any) -> dict:
     :raises TypeError: a guide of another library, a wrapped guide, or an ``AutoAmortizedDGP``
         built with ``points=``.
     """
-    from numpyro_dgp._compat import innermost_guide
-
-    inner: Any = innermost_guide(guide)
-    name = type(inner).__name__
-    if inner is not guide or name not in _GUIDE_OPTIONS:
+    name = type(guide).__name__  # a wrapped guide (a handler's) has its handler's class
+    if name not in _GUIDE_OPTIONS:
         raise TypeError(
             f"save_model: guide must be one of the library's guides {sorted(_GUIDE_OPTIONS)} "
             f"(not wrapped), got {type(guide).__name__}"
         )
     amortized = name == "AutoAmortizedDGP"
-    if amortized and inner.initial_points is not None:
+    if amortized and guide.initial_points is not None:
         raise TypeError(
             "save_model: an AutoAmortizedDGP built with points= cannot be saved yet; "
             "build it without points= (they are then initialized and learned)"
@@ -306,16 +301,6 @@ def _guide_config(guide: Any) -> dict:
     if amortized:
         options["weights"] = [float(w) for w in guide.initial_weights]
     return {"class": name, "options": options}
-
-
-def _params_dtype(params: Mapping[str, Any]) -> str:
-    import jax.numpy as jnp
-
-    for value in params.values():
-        dtype = np.dtype(getattr(value, "dtype", np.asarray(value).dtype))
-        if np.issubdtype(dtype, np.floating):
-            return dtype.name
-    return np.dtype(jnp.zeros(()).dtype).name
 
 
 def save_model(
@@ -361,8 +346,11 @@ def save_model(
         (another model's, or not finite): the model is rebuilt from what is written and
         checked as loading checks it, so that a saved model always loads.
     """
+    import jax.numpy as jnp
+
     from numpyro_dgp._protocol import model_config
     from numpyro_dgp._validation import check_positive_int
+    from numpyro_dgp.io import save_params  # looked up here: tests replace it to see it unreached
 
     path = Path(os.fspath(path)).expanduser()
     check_model_output(path, overwrite, "save_model: path", "overwrite=True")
@@ -379,6 +367,9 @@ def save_model(
         raise ValueError(
             f"save_model: {len(feature_names)} feature_names for input_dim={input_dim}"
         )
+    # the fitted dtype: that of the floating parameters (the default one if there are none)
+    dtypes = [np.asarray(value).dtype for value in params.values()]
+    dtype = next((d for d in dtypes if np.issubdtype(d, np.floating)), jnp.zeros(()).dtype)
     document: dict[str, Any] = {
         "format": MODEL_FORMAT,
         "format_version": MODEL_FORMAT_VERSION,
@@ -389,7 +380,7 @@ def save_model(
         },
         "guide": _guide_config(guide),
         "input_dim": int(input_dim),
-        "dtype": _params_dtype(params),
+        "dtype": np.dtype(dtype).name,
         "standardization": None
         if standardization is None
         else {k: np.asarray(v, np.float64).tolist() for k, v in standardization._asdict().items()},
@@ -405,22 +396,13 @@ def save_model(
     except (TypeError, ValueError) as err:
         raise TypeError(f"save_model: metadata must be JSON-serializable: {err}") from err
     _rebuilt(document, params, f"save_model (input_dim={int(input_dim)})")
-    _write_directory(path, document, params)
-    return path
-
-
-def _write_directory(path: Path, document: dict[str, Any], params: Mapping[str, Any]) -> None:
-    """Write the model directory under a temporary name next to ``path`` and rename it onto
-    ``path`` (a previous model directory there is moved aside first, then deleted)."""
-    from numpyro_dgp.io import save_params  # looked up here: tests replace it to see it unreached
-
+    # written under a temporary name next to path and renamed onto it (a previous model
+    # directory there is moved aside first, then deleted)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
-        save_params(tmp / PARAMS_FILE, dict(params))
-        document["files"][PARAMS_FILE] = {
-            "sha256": sha256(tmp / PARAMS_FILE),
-            "bytes": (tmp / PARAMS_FILE).stat().st_size,
-        }
+        npz = tmp / PARAMS_FILE
+        save_params(npz, dict(params))
+        document["files"][PARAMS_FILE] = {"sha256": sha256(npz), "bytes": npz.stat().st_size}
         write_atomically(
             tmp / CONFIG_FILE, lambda f: f.write(json.dumps(document, indent=2) + "\n")
         )
@@ -435,6 +417,7 @@ def _write_directory(path: Path, document: dict[str, Any], params: Mapping[str, 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return path
 
 
 @dataclasses.dataclass(eq=False, repr=False)
