@@ -130,12 +130,6 @@ def _where(key_path: tuple[str, ...]) -> str:
     return "params" + "".join(f"[{k!r}]" for k in key_path)
 
 
-def _is_ml_dtype(dtype: np.dtype) -> bool:
-    # bfloat16, float8_* etc. come from ml_dtypes (a jax dependency); np.save would store
-    # them as opaque void bytes, so they are stored as their raw bytes.
-    return dtype.kind == "V" and getattr(dtype.type, "__module__", "").startswith("ml_dtypes")
-
-
 def _encode(tree: Mapping, key_path: tuple[str, ...], members: dict[str, np.ndarray]) -> dict:
     """The header's tree of ``tree``, its arrays put in ``members`` (named ``a0``, ``a1``, ...).
 
@@ -161,7 +155,9 @@ def _encode(tree: Mapping, key_path: tuple[str, ...], members: dict[str, np.ndar
         name = f"a{len(members)}"
         node = {"type": "array", "name": name, "dtype": arr.dtype.str, "shape": list(arr.shape)}
         node["encoding"] = "npy"
-        if _is_ml_dtype(arr.dtype):
+        # bfloat16, float8_* etc. come from ml_dtypes (a jax dependency); np.save would store
+        # them as opaque void bytes, so they are stored as their raw bytes
+        if arr.dtype.kind == "V" and arr.dtype.type.__module__.startswith("ml_dtypes"):
             node["dtype"], node["encoding"] = arr.dtype.name, "raw"
             # Bytes as uint8 keep the exact bits; reshape(-1) first so 0-d arrays can be viewed.
             arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
