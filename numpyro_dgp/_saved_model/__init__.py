@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from numpyro_dgp import __version__
-from numpyro_dgp._saved_model._directory import (
+from numpyro_dgp._saved_model._directory import (  # noqa: F401 (check_output_place: the CLI's)
     CONFIG_FILE,
     MODEL_FORMAT,
     MODEL_FORMAT_VERSION,
@@ -48,12 +48,10 @@ from numpyro_dgp._saved_model._directory import (
     ModelFileError,
     check_model_directory,
     check_model_output,
+    check_output_place,
     newer_library_hint,
     read_config,
     sha256,
-)
-from numpyro_dgp._saved_model._directory import (
-    check_output_place as check_output_place,  # for the command line
 )
 from numpyro_dgp.io import (
     STRICT_HINT,
@@ -160,9 +158,7 @@ class Standardization(NamedTuple):
         """
         import jax.numpy as jnp
 
-        identity = np.all(np.asarray(self.y_mean) == 0.0) and np.all(
-            np.asarray(self.y_scale) == 1.0
-        )
+        identity = np.all(np.equal(self.y_mean, 0.0)) and np.all(np.equal(self.y_scale, 1.0))
         if identity or prediction.likelihood in ("bernoulli", "categorical"):
             return prediction
         m = jnp.asarray(self.y_mean, prediction.mean.dtype)
@@ -173,8 +169,7 @@ class Standardization(NamedTuple):
                 raise ValueError(
                     f"Standardization.to_data_units: a {type(atoms).__name__} prediction has no "
                     "location and scale to map to the data's units (its targets should not have "
-                    "been standardized; SavedModel.predict(..., standardized=True) returns the "
-                    "prediction as it is)"
+                    "been standardized)"
                 )
             params = {name: getattr(atoms, name) for name in atoms.arg_constraints}
             params["loc"], params["scale"] = params["loc"] * sc + m, params["scale"] * sc
@@ -287,17 +282,14 @@ def _guide_config(guide: Any) -> dict:
     :raises TypeError: a guide of another library, a wrapped guide, or an ``AutoAmortizedDGP``
         built with ``points=``.
     """
-    from numpyro_dgp._compat import innermost_guide
-
-    inner: Any = innermost_guide(guide)
-    name = type(inner).__name__
-    if inner is not guide or name not in _GUIDE_OPTIONS:
+    name = type(guide).__name__  # a wrapped guide (a handler's) has its handler's class
+    if name not in _GUIDE_OPTIONS:
         raise TypeError(
             f"save_model: guide must be one of the library's guides {sorted(_GUIDE_OPTIONS)} "
             f"(not wrapped), got {type(guide).__name__}"
         )
     amortized = name == "AutoAmortizedDGP"
-    if amortized and inner.initial_points is not None:
+    if amortized and guide.initial_points is not None:
         raise TypeError(
             "save_model: an AutoAmortizedDGP built with points= cannot be saved yet; "
             "build it without points= (they are then initialized and learned)"
@@ -309,16 +301,6 @@ def _guide_config(guide: Any) -> dict:
     if amortized:
         options["weights"] = [float(w) for w in guide.initial_weights]
     return {"class": name, "options": options}
-
-
-def _params_dtype(params: Mapping[str, Any]) -> str:
-    import jax.numpy as jnp
-
-    for value in params.values():
-        dtype = np.dtype(getattr(value, "dtype", np.asarray(value).dtype))
-        if np.issubdtype(dtype, np.floating):
-            return dtype.name
-    return np.dtype(jnp.zeros(()).dtype).name
 
 
 def save_model(
@@ -364,8 +346,11 @@ def save_model(
         (another model's, or not finite): the model is rebuilt from what is written and
         checked as loading checks it, so that a saved model always loads.
     """
+    import jax.numpy as jnp
+
     from numpyro_dgp._protocol import model_config
     from numpyro_dgp._validation import check_positive_int
+    from numpyro_dgp.io import save_params  # looked up here: tests replace it to see it unreached
 
     path = Path(os.fspath(path)).expanduser()
     check_model_output(path, overwrite, "save_model: path", "overwrite=True")
@@ -382,6 +367,9 @@ def save_model(
         raise ValueError(
             f"save_model: {len(feature_names)} feature_names for input_dim={input_dim}"
         )
+    # the fitted dtype: that of the floating parameters (the default one if there are none)
+    dtypes = [np.asarray(value).dtype for value in params.values()]
+    dtype = next((d for d in dtypes if np.issubdtype(d, np.floating)), jnp.zeros(()).dtype)
     document: dict[str, Any] = {
         "format": MODEL_FORMAT,
         "format_version": MODEL_FORMAT_VERSION,
@@ -392,7 +380,7 @@ def save_model(
         },
         "guide": _guide_config(guide),
         "input_dim": int(input_dim),
-        "dtype": _params_dtype(params),
+        "dtype": np.dtype(dtype).name,
         "standardization": None
         if standardization is None
         else {k: np.asarray(v, np.float64).tolist() for k, v in standardization._asdict().items()},
@@ -408,22 +396,13 @@ def save_model(
     except (TypeError, ValueError) as err:
         raise TypeError(f"save_model: metadata must be JSON-serializable: {err}") from err
     _rebuilt(document, params, f"save_model (input_dim={int(input_dim)})")
-    _write_directory(path, document, params)
-    return path
-
-
-def _write_directory(path: Path, document: dict[str, Any], params: Mapping[str, Any]) -> None:
-    """Write the model directory under a temporary name next to ``path`` and rename it onto
-    ``path`` (a previous model directory there is moved aside first, then deleted)."""
-    from numpyro_dgp.io import save_params  # looked up here: tests replace it to see it unreached
-
+    # written under a temporary name next to path and renamed onto it (a previous model
+    # directory there is moved aside first, then deleted)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
-        save_params(tmp / PARAMS_FILE, dict(params))
-        document["files"][PARAMS_FILE] = {
-            "sha256": sha256(tmp / PARAMS_FILE),
-            "bytes": (tmp / PARAMS_FILE).stat().st_size,
-        }
+        npz = tmp / PARAMS_FILE
+        save_params(npz, dict(params))
+        document["files"][PARAMS_FILE] = {"sha256": sha256(npz), "bytes": npz.stat().st_size}
         write_atomically(
             tmp / CONFIG_FILE, lambda f: f.write(json.dumps(document, indent=2) + "\n")
         )
@@ -438,8 +417,10 @@ def _write_directory(path: Path, document: dict[str, Any], params: Mapping[str, 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return path
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class SavedModel:
     """A model loaded by :func:`load_model`: the rebuilt model and guide (set up), the
     parameters and the standardization; :meth:`predict` works in the data's units.
@@ -454,23 +435,18 @@ class SavedModel:
     :ivar likelihood: the factory's likelihood (``"gaussian"``, ``"probit"``, ``"softmax"``, ...).
     """
 
-    def __init__(
-        self,
-        model: Callable,
-        guide: Callable,
-        params: dict,
-        config: dict,
-        standardization: Standardization | None,
-    ) -> None:
-        self.model = model
-        self.guide = guide
-        self.params = params
-        self.config = config
-        self.standardization = standardization
-        self.feature_names = config.get("feature_names")
-        self.target_name = config.get("target_name")
-        self.likelihood = (config["model"].get("arguments") or {}).get("likelihood", "gaussian")
-        self.input_dim = int(config["input_dim"])
+    model: Callable
+    guide: Callable
+    params: dict
+    config: dict
+    standardization: Standardization | None
+
+    def __post_init__(self) -> None:
+        arguments = self.config["model"].get("arguments") or {}
+        self.feature_names = self.config.get("feature_names")
+        self.target_name = self.config.get("target_name")
+        self.likelihood = arguments.get("likelihood", "gaussian")
+        self.input_dim = int(self.config["input_dim"])
 
     def __repr__(self) -> str:
         return (
@@ -485,21 +461,17 @@ class SavedModel:
         rng_key: jax.Array | None = None,
         num_samples: int = 100,
         batch_size: int | None = None,
-        standardized: bool = False,
-        keep_layers: bool = False,
     ) -> Any:
-        """The predictive mixture at ``X`` in the data's units.
+        """The predictive mixture at ``X`` in the data's units (without every layer's draws and
+        moments, to keep memory at ``S x N``: :func:`numpyro_dgp.predict` of :attr:`model`,
+        :attr:`guide` and :attr:`params` on standardized inputs gives them).
 
         :param X: ``(N, D)`` inputs in the data's units (standardized here with the stored
-            standardization, unless ``standardized``).
+            standardization).
         :param rng_key: PRNG key (default ``PRNGKey(0)``).
         :param num_samples: mixture components ``S``.
         :param batch_size: predict this many points at a time (bounded memory; see
             :func:`numpyro_dgp.predict`).
-        :param standardized: ``X`` is already standardized, and the result is returned in
-            standardized units.
-        :param keep_layers: also return every layer's draws and moments (see
-            :func:`numpyro_dgp.predict`; off by default to keep memory at ``S x N``).
         :return: a :class:`~numpyro_dgp.Prediction` (regression: means, variances and, for other
             likelihoods than the Gaussian, the atoms mapped back to the target's units;
             classification: class probabilities; counts: as predicted).
@@ -520,15 +492,13 @@ class SavedModel:
             raise ValueError(
                 f"SavedModel.predict: X contains {int(np.sum(~np.isfinite(X)))} NaN or inf values"
             )
-        s = None if standardized else self.standardization
-        if s is not None:
-            X = s.inputs(X)
+        s = self.standardization
+        X = jnp.asarray(X if s is None else s.inputs(X), dtype=self.config["dtype"])
         key = jax.random.PRNGKey(0) if rng_key is None else rng_key
-        X = jnp.asarray(X, dtype=self.config["dtype"])
-        options: dict[str, Any] = dict(
-            num_samples=num_samples, batch_size=batch_size, keep_layers=keep_layers
+        options: dict[str, Any] = dict(num_samples=num_samples, batch_size=batch_size)
+        prediction = predict(
+            self.model, self.guide, self.params, key, X, keep_layers=False, **options
         )
-        prediction = predict(self.model, self.guide, self.params, key, X, **options)
         return prediction if s is None else s.to_data_units(prediction)
 
 

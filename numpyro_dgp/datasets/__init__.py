@@ -33,8 +33,7 @@ from typing import TYPE_CHECKING, Callable, Literal, NamedTuple
 
 import numpy as np
 
-from numpyro_dgp.datasets._tables import Table as Table  # noqa: F401 (public here)
-from numpyro_dgp.datasets._tables import read_table as read_table  # noqa: F401
+from numpyro_dgp.datasets._tables import Table, read_table
 
 if TYPE_CHECKING:
     import jax

@@ -21,17 +21,15 @@ class Table(NamedTuple):
     columns: list
     data: np.ndarray
 
-    def split(self, target: str | list[str] | None) -> tuple[np.ndarray, np.ndarray | None, list]:
+    def split(self, target: str | list[str]) -> tuple[np.ndarray, np.ndarray, list]:
         """Features and target: ``(X (N, D), y, feature names)``, ``y`` ``(N,)`` for one target
-        column, ``(N, T)`` for a list of ``T``, ``None`` without.
+        column, ``(N, T)`` for a list of ``T``.
 
-        :param target: the target column or columns (``None``: every column is a feature).
+        :param target: the target column or columns.
         :return: ``(X, y, feature_names)``.
         :raises ValueError: a target that is not a column (the message lists the columns), or a
             column named twice.
         """
-        if target is None:
-            return self.data, None, list(self.columns)
         names = [target] if isinstance(target, str) else list(target)
         missing = [name for name in names if name not in self.columns]
         if missing:

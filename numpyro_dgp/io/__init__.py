@@ -47,32 +47,18 @@ from typing import Any, Callable
 import numpy as np
 
 from numpyro_dgp import __version__
-from numpyro_dgp.io._checks import (
-    PREDICT_HINT as PREDICT_HINT,
-)
-from numpyro_dgp.io._checks import (
-    STRICT_HINT as STRICT_HINT,
-)
-from numpyro_dgp.io._checks import (
-    ParameterMismatchError as ParameterMismatchError,
-)
-from numpyro_dgp.io._checks import (
+
+# the library's modules take the checks from here (numpyro_dgp.io._checks is private)
+from numpyro_dgp.io._checks import (  # noqa: F401
+    PREDICT_HINT,
+    STRICT_HINT,
+    ParameterMismatchError,
     check_against_model,
-)
-from numpyro_dgp.io._checks import (
-    check_params as check_params,
-)
-from numpyro_dgp.io._checks import (
-    check_params_against as check_params_against,
-)
-from numpyro_dgp.io._checks import (
-    param_specs as param_specs,
-)
-from numpyro_dgp.io._checks import (
-    set_up_guide as set_up_guide,
-)
-from numpyro_dgp.io._checks import (
-    training_arguments as training_arguments,
+    check_params,
+    check_params_against,
+    param_specs,
+    set_up_guide,
+    training_arguments,
 )
 
 __all__ = ["FORMAT_VERSION", "save_params", "load_params"]
@@ -144,12 +130,6 @@ def _where(key_path: tuple[str, ...]) -> str:
     return "params" + "".join(f"[{k!r}]" for k in key_path)
 
 
-def _is_ml_dtype(dtype: np.dtype) -> bool:
-    # bfloat16, float8_* etc. come from ml_dtypes (a jax dependency); np.save would store
-    # them as opaque void bytes, so they are stored as their raw bytes.
-    return dtype.kind == "V" and getattr(dtype.type, "__module__", "").startswith("ml_dtypes")
-
-
 def _encode(tree: Mapping, key_path: tuple[str, ...], members: dict[str, np.ndarray]) -> dict:
     """The header's tree of ``tree``, its arrays put in ``members`` (named ``a0``, ``a1``, ...).
 
@@ -175,7 +155,9 @@ def _encode(tree: Mapping, key_path: tuple[str, ...], members: dict[str, np.ndar
         name = f"a{len(members)}"
         node = {"type": "array", "name": name, "dtype": arr.dtype.str, "shape": list(arr.shape)}
         node["encoding"] = "npy"
-        if _is_ml_dtype(arr.dtype):
+        # bfloat16, float8_* etc. come from ml_dtypes (a jax dependency); np.save would store
+        # them as opaque void bytes, so they are stored as their raw bytes
+        if arr.dtype.kind == "V" and arr.dtype.type.__module__.startswith("ml_dtypes"):
             node["dtype"], node["encoding"] = arr.dtype.name, "raw"
             # Bytes as uint8 keep the exact bits; reshape(-1) first so 0-d arrays can be viewed.
             arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
