@@ -75,8 +75,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
     :param weights: AR2P starting weights ``(S,)`` (default uniform).
     :param learn_points: AR2P: learn the points and weights (else they stay at their start).
     :param kwargs: passed to :class:`~numpyro_dgp.guides.DGPGuide`: ``prefix`` (the
-        parameter-name prefix), and ``inner_init``, ``init_scale``, ``init_loc_fn`` (they concern
-        the layers with global inducing points).
+        parameter-name prefix) and ``inner_init`` (for the layers with global inducing points).
     :raises ValueError: for an unknown ``rule`` or ``covariance``, or invalid ``num_branches``,
         ``init_scale``, ``hidden_width`` or ``weights``.
     """

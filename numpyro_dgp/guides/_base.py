@@ -57,14 +57,11 @@ class InducingSite(NamedTuple):
         return self.out_dim * self.num_inducing
 
 
-def _init_inducing_to_mean(site: dict, init_loc_fn: Callable) -> Any:
+def _init_inducing_to_mean(site: dict) -> Any:
     """Initial values for the prototype run: inducing sites at their prior mean (so that, with
     inducing locations, each layer's locations are the previous layer's prior mean), others
-    by ``init_loc_fn``. (Given as a ``functools.partial``, as NumPyro's ``initialize_model``
-    expects.)"""
-    if inducing_tag(site) is not None:
-        return init_to_mean(site)
-    return init_loc_fn(site)
+    by NumPyro's ``init_to_uniform``."""
+    return init_to_mean(site) if inducing_tag(site) is not None else init_to_uniform(site)
 
 
 #: The values of ``inner_init``.
@@ -80,8 +77,6 @@ class DGPGuide(AutoGuide):
         prior factor, the DSVI convention) or ``"prior"``; the last layer starts at its prior.
     :param init_scale: the factor for ``"deterministic"``.
     :param prefix: parameter-name prefix.
-    :param init_loc_fn: initialization strategy of the prototype run for the sites other than
-        the inducing values (which start at their prior mean); default ``init_to_uniform``.
     :param latent_inputs: the ``q(w_n)`` of the model's latent inputs
         (:func:`numpyro_dgp.latent_input`): ``"per_point"`` (free parameters per training point)
         or ``"amortized"`` (an MLP of the site's encoder input).
@@ -100,7 +95,6 @@ class DGPGuide(AutoGuide):
         inner_init: str = "deterministic",
         init_scale: float = 1e-5,
         prefix: str = "auto",
-        init_loc_fn: Callable | None = None,
         latent_inputs: str = "per_point",
         latent_hidden_width: int = 32,
     ) -> None:
@@ -114,12 +108,7 @@ class DGPGuide(AutoGuide):
         self.latent_sites: list[LatentSite] = []
         self.inner_init = inner_init
         self.init_scale = float(init_scale)
-        init_loc_fn = init_to_uniform if init_loc_fn is None else init_loc_fn
-        super().__init__(
-            model,
-            prefix=prefix,
-            init_loc_fn=partial(_init_inducing_to_mean, init_loc_fn=init_loc_fn),
-        )
+        super().__init__(model, prefix=prefix, init_loc_fn=_init_inducing_to_mean)
         self.inducing_sites: list[InducingSite] = []
         self._other_guide = None
         #: the shapes and dtypes of the arguments the structure was built from (the
@@ -194,9 +183,10 @@ class DGPGuide(AutoGuide):
                     "call gp_layer outside data plates (subsample the inputs first)"
                 )
             P, M = site["value"].shape[-2:]
-            whiten = False if tag.inducing == "amortized" else tag.whiten
             dtype = site["value"].dtype
-            sites.append(InducingSite(name, tag.layer, P, M, whiten, False, tag.inducing, dtype))
+            sites.append(
+                InducingSite(name, tag.layer, P, M, tag.whiten, False, tag.inducing, dtype)
+            )
         if not sites:
             raise ValueError(
                 f"{guide}: the model has no gp_layer inducing sites ('<name>.u'); "

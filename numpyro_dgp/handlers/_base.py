@@ -20,13 +20,14 @@ import numpy as np
 import numpyro.distributions as dist
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax.typing import ArrayLike
-from numpyro.handlers import block, seed, trace
+from numpyro.handlers import block, seed
 from numpyro.primitives import Messenger
 
 from numpyro_dgp._compat import numpyro_subsample_fn
 from numpyro_dgp._protocol import (
     LAYER_MESSAGE,
     LAYER_RULE,
+    abstract_read,
     get_tag,
     layer_call,
     message_layer,
@@ -92,20 +93,12 @@ class PerRunMessenger(Messenger):
 
     def _find_last_layer(self, args: tuple, kwargs: dict) -> str:
         """Name of the last ``gp_layer`` the model runs, found by an abstract run."""
-        found = {}
-
-        def probe():
-            # block: the probe's messages reach none of the handlers outside this one
-            with block():
-                tr = trace(seed(self.fn, 0)).get_trace(*args, **kwargs)
-            names = trace_layer_names(tr)
-            if not names:
-                raise ValueError(f"{type(self).__name__}: the model runs no gp_layer")
-            found["last"] = names[-1]
-            return 0
-
-        jax.eval_shape(probe)
-        return found["last"]
+        # block: the probe's messages reach none of the handlers outside this one
+        with block():
+            names = abstract_read(seed(self.fn, 0), args, kwargs, trace_layer_names)
+        if not names:
+            raise ValueError(f"{type(self).__name__}: the model runs no gp_layer")
+        return names[-1]
 
     def _problem_after_run(self) -> str | None:
         """What went wrong in a run that finished without an exception, or ``None``
