@@ -20,8 +20,7 @@ from numpyro.distributions.util import vec_to_tril_matrix
 from numpyro_dgp._protocol import INDUCING, LOCAL_KL, encoder_input_layer, with_tag
 from numpyro_dgp._validation import check_choice, check_positive_int, check_positive_number
 from numpyro_dgp.core import local_kl
-from numpyro_dgp.guides._base import AutoFactorizedDGP, InducingSite
-from numpyro_dgp.guides._latent import Placeholder, mlp
+from numpyro_dgp.guides._base import AutoFactorizedDGP, InducingSite, Placeholder, mlp
 from numpyro_dgp.posteriors import (
     AMORTIZATION_RULES,
     AmortizedPosterior,
