@@ -169,11 +169,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
             return super()._sample_site(site, rng_key, args, kwargs)
         points, log_weights = self._branches(site)
         posterior = AmortizedPosterior(
-            self._encoder(site),
-            self.rule,
-            self.num_branches,
-            points,
-            log_weights,
+            self._encoder(site), self.rule, self.num_branches, points, log_weights
         )
         # under the u site's own name, so NumPyro's ELBOs meet it (and refuse it) instead of
         # finding the model's u site uncovered; auxiliary: it is never a draw of u
