@@ -565,15 +565,16 @@ class Placeholder(dist.Distribution):
         raise NotImplementedError(self.refusal)
 
 
-def _latent_placeholder(site: LatentSite, posterior: LatentPosterior) -> Placeholder:
+def _latent_site(site: LatentSite, posterior: LatentPosterior) -> jax.Array:
+    """The latent input's auxiliary guide site: a :class:`Placeholder` carrying ``posterior``."""
     refusal = (
         f"the guide's q({site.name}) is evaluated inside the model's run, so the guide cannot "
         "be sampled on its own (NumPyro's Trace_ELBO, TraceMeanField_ELBO, Predictive); use "
         "numpyro_dgp.DGPElbo or numpyro_dgp.ImportanceWeightedElbo to train and "
         "numpyro_dgp.predict to predict"
     )
-    shape = (site.batch_size, site.latent_dim)
-    return Placeholder(posterior, site.name, shape, 1, refusal)
+    fn = Placeholder(posterior, site.name, (site.batch_size, site.latent_dim), 1, refusal)
+    return numpyro.sample(site.name, fn, infer={"is_auxiliary": True})
 
 
 def sample_latent(site: LatentSite, mode: str, prefix: str, hidden_width: int) -> jax.Array:
@@ -599,11 +600,7 @@ def sample_latent(site: LatentSite, mode: str, prefix: str, hidden_width: int) -
             out = network(encoder_input)
             return out[..., :Q], jax.nn.softplus(out[..., Q:]) + 1e-6
 
-        return numpyro.sample(
-            site.name,
-            _latent_placeholder(site, LatentPosterior(encode)),
-            infer={"is_auxiliary": True},
-        )
+        return _latent_site(site, LatentPosterior(encode))
     loc = numpyro.param(f"{base}_loc", jnp.zeros((site.plate_size, Q), site.dtype))
     scale = numpyro.param(
         f"{base}_scale", jnp.ones((site.plate_size, Q), site.dtype), constraint=constraints.positive
@@ -612,11 +609,7 @@ def sample_latent(site: LatentSite, mode: str, prefix: str, hidden_width: int) -
         site.plate, site.plate_size, subsample_size=site.batch_size, dim=-1
     ) as index:
         batch = (loc[index], scale[index])
-        return numpyro.sample(
-            site.name,
-            _latent_placeholder(site, LatentPosterior(lambda _: batch)),
-            infer={"is_auxiliary": True},
-        )
+        return _latent_site(site, LatentPosterior(lambda _: batch))
 
 
 def latent_draw(

@@ -22,6 +22,7 @@ marginalizes the inducing values exactly, point by point, with closed-form KLs.
 from __future__ import annotations
 
 from functools import cache
+from itertools import accumulate
 from typing import Any
 
 import jax
@@ -126,11 +127,8 @@ class AutoJointDGP(DGPGuide):
 
     def _blocks(self) -> list[tuple[InducingSite, slice]]:
         """Each inducing site with its slice of the joint vector, in layer order."""
-        out, start = [], 0
-        for site in self.inducing_sites:
-            out.append((site, slice(start, start + site.size)))
-            start += site.size
-        return out
+        ends = accumulate(site.size for site in self.inducing_sites)
+        return [(site, slice(end - site.size, end)) for site, end in zip(self.inducing_sites, ends)]
 
     def _locs(self, params: dict) -> dict[str, jax.Array]:
         loc = params[f"{self.prefix}_joint_loc"]

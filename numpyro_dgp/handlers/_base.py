@@ -12,7 +12,7 @@ function samples, layers at chosen inputs, weighted quadrature branches (AR2P fo
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -330,15 +330,13 @@ class layer_inputs(PerRunMessenger):
         replace_layer_inputs(msg, value)
 
 
-class _WeightedPoints:
+class _WeightedPoints(NamedTuple):
     """The :class:`~numpyro_dgp._protocol.LayerRule` of a :class:`quadrature` layer: its
     outputs become a weighted mixture at ``mixture = (points (S, P), log_weights (S,))``."""
 
-    what = "a quadrature layer"
-    computes_layer = False
-
-    def __init__(self, mixture: tuple) -> None:
-        self.mixture = mixture
+    mixture: tuple
+    what: str = "a quadrature layer"
+    computes_layer: bool = False
 
 
 class quadrature(Messenger):
