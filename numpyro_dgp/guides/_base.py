@@ -216,7 +216,13 @@ class DGPGuide(AutoGuide):
         rng_key = numpyro.prng_key()
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
-        result = self._sample_others(*args, **kwargs)
+        # the latent sites other than the inducing values: AutoNormal's, and the latent
+        # inputs' placeholders
+        result = {} if self._other_guide is None else dict(self._other_guide(*args, **kwargs))
+        for site in self.latent_sites:
+            result[site.name] = sample_latent(
+                site, self.latent_inputs, self.prefix, self.latent_hidden_width
+            )
         result.update(self._sample_inducing(rng_key, args, kwargs))
         return result
 
@@ -259,16 +265,6 @@ class DGPGuide(AutoGuide):
         with handlers.block():
             handlers.seed(self, rng_key)(*args, **kwargs)
         return self
-
-    def _sample_others(self, *args: Any, **kwargs: Any) -> dict:
-        """The latent sites other than the inducing values: AutoNormal's, and the latent inputs'
-        placeholders (:func:`sample_latent`)."""
-        out = {} if self._other_guide is None else dict(self._other_guide(*args, **kwargs))
-        for site in self.latent_sites:
-            out[site.name] = sample_latent(
-                site, self.latent_inputs, self.prefix, self.latent_hidden_width
-            )
-        return out
 
     def sample_posterior(
         self,
