@@ -86,19 +86,16 @@ class PerRunMessenger(Messenger):
         return False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the model under the handler (finding its last layer first where it needs it)."""
+        """Run the model under the handler (finding its last layer first, by an abstract run,
+        where it needs it)."""
         if self._needs_last_layer() and self._last_layer is None:
-            self._last_layer = self._find_last_layer(args, kwargs)
+            # block: the probe's messages reach none of the handlers outside this one
+            with block():
+                names = abstract_read(seed(self.fn, 0), args, kwargs, trace_layer_names)
+            if not names:
+                raise ValueError(f"{type(self).__name__}: the model runs no gp_layer")
+            self._last_layer = names[-1]
         return super().__call__(*args, **kwargs)
-
-    def _find_last_layer(self, args: tuple, kwargs: dict) -> str:
-        """Name of the last ``gp_layer`` the model runs, found by an abstract run."""
-        # block: the probe's messages reach none of the handlers outside this one
-        with block():
-            names = abstract_read(seed(self.fn, 0), args, kwargs, trace_layer_names)
-        if not names:
-            raise ValueError(f"{type(self).__name__}: the model runs no gp_layer")
-        return names[-1]
 
     def _problem_after_run(self) -> str | None:
         """What went wrong in a run that finished without an exception, or ``None``
