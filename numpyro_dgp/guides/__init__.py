@@ -14,10 +14,10 @@ need beyond independent Gaussians (``CorrelatedRecursion``, ``EncodedSets``, ``l
 from numpyro_dgp.guides._amortized import AutoAmortizedDGP
 from numpyro_dgp.guides._amortized import EncodedSets as EncodedSets
 from numpyro_dgp.guides._base import AutoFactorizedDGP, DGPGuide, InducingSite
+from numpyro_dgp.guides._base import latent_draw as latent_draw
+from numpyro_dgp.guides._base import latent_kl as latent_kl
 from numpyro_dgp.guides._correlated import AutoChainDGP, AutoJointDGP
 from numpyro_dgp.guides._correlated import CorrelatedRecursion as CorrelatedRecursion
-from numpyro_dgp.guides._latent import latent_draw as latent_draw
-from numpyro_dgp.guides._latent import latent_kl as latent_kl
 
 __all__ = [
     "AutoAmortizedDGP",

@@ -20,8 +20,7 @@ from numpyro.distributions.util import vec_to_tril_matrix
 from numpyro_dgp._protocol import INDUCING, LOCAL_KL, encoder_input_layer, with_tag
 from numpyro_dgp._validation import check_choice, check_positive_int, check_positive_number
 from numpyro_dgp.core import local_kl
-from numpyro_dgp.guides._base import AutoFactorizedDGP, InducingSite
-from numpyro_dgp.guides._latent import Placeholder, mlp
+from numpyro_dgp.guides._base import AutoFactorizedDGP, InducingSite, Placeholder, mlp
 from numpyro_dgp.posteriors import (
     AMORTIZATION_RULES,
     AmortizedPosterior,
@@ -75,8 +74,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
     :param weights: AR2P starting weights ``(S,)`` (default uniform).
     :param learn_points: AR2P: learn the points and weights (else they stay at their start).
     :param kwargs: passed to :class:`~numpyro_dgp.guides.DGPGuide`: ``prefix`` (the
-        parameter-name prefix), and ``inner_init``, ``init_scale``, ``init_loc_fn`` (they concern
-        the layers with global inducing points).
+        parameter-name prefix) and ``inner_init`` (for the layers with global inducing points).
     :raises ValueError: for an unknown ``rule`` or ``covariance``, or invalid ``num_branches``,
         ``init_scale``, ``hidden_width`` or ``weights``.
     """
@@ -171,11 +169,7 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
             return super()._sample_site(site, rng_key, args, kwargs)
         points, log_weights = self._branches(site)
         posterior = AmortizedPosterior(
-            self._encoder(site),
-            self.rule,
-            self.num_branches,
-            points,
-            log_weights,
+            self._encoder(site), self.rule, self.num_branches, points, log_weights
         )
         # under the u site's own name, so NumPyro's ELBOs meet it (and refuse it) instead of
         # finding the model's u site uncovered; auxiliary: it is never a draw of u

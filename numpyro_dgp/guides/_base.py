@@ -1,5 +1,13 @@
-"""Shared machinery of the DGP guides (finding the layers' inducing sites in a model), and
-``AutoFactorizedDGP``: independent Gaussians over each layer's inducing values (DSVI).
+"""Shared machinery of the DGP guides (finding the layers' inducing sites in a model),
+``AutoFactorizedDGP``: independent Gaussians over each layer's inducing values (DSVI), and the
+guides' ``q(w_n)`` for latent inputs (:func:`numpyro_dgp.latent_input`) with the small MLP
+encoders the amortized guides share.
+
+A latent input's guide site is a placeholder (:class:`Placeholder`) carrying a
+:class:`~numpyro_dgp.posteriors.LatentPosterior`: the objectives evaluate it inside the model's
+run (an encoder needs the model's encoder input), draw ``w`` from it (once, or ``K`` times for
+the importance-weighted bound) and take its KL to the prior in closed form; prediction draws
+the latents of new points from their prior.
 
 **References:**
 
@@ -9,24 +17,27 @@
 
 from __future__ import annotations
 
+import zlib
 from functools import cache, partial
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, NoReturn
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
+import numpyro.distributions as dist
+from jax.example_libraries import stax
 from jax.scipy.special import ndtri
-from jax.typing import ArrayLike
+from jax.typing import ArrayLike, DTypeLike
 from numpyro import handlers
+from numpyro.distributions import constraints
 from numpyro.infer.autoguide import AutoGuide, AutoNormal
 from numpyro.infer.initialization import init_to_mean, init_to_uniform
 
 from numpyro_dgp._compat import softplus_lower_cholesky
-from numpyro_dgp._protocol import abstract_read, inducing_tag
+from numpyro_dgp._protocol import abstract_read, inducing_tag, latent_specs
 from numpyro_dgp._validation import check_choice, check_positive_int, check_positive_number
-from numpyro_dgp.guides._latent import LATENT_GUIDES, LatentSite, latent_sites, sample_latent
-from numpyro_dgp.posteriors import CholeskyNormal, gaussian_parameters
+from numpyro_dgp.posteriors import CholeskyNormal, LatentPosterior, gaussian_parameters
 
 
 class InducingSite(NamedTuple):
@@ -57,14 +68,11 @@ class InducingSite(NamedTuple):
         return self.out_dim * self.num_inducing
 
 
-def _init_inducing_to_mean(site: dict, init_loc_fn: Callable) -> Any:
+def _init_inducing_to_mean(site: dict) -> Any:
     """Initial values for the prototype run: inducing sites at their prior mean (so that, with
     inducing locations, each layer's locations are the previous layer's prior mean), others
-    by ``init_loc_fn``. (Given as a ``functools.partial``, as NumPyro's ``initialize_model``
-    expects.)"""
-    if inducing_tag(site) is not None:
-        return init_to_mean(site)
-    return init_loc_fn(site)
+    by NumPyro's ``init_to_uniform``."""
+    return init_to_mean(site) if inducing_tag(site) is not None else init_to_uniform(site)
 
 
 #: The values of ``inner_init``.
@@ -80,8 +88,6 @@ class DGPGuide(AutoGuide):
         prior factor, the DSVI convention) or ``"prior"``; the last layer starts at its prior.
     :param init_scale: the factor for ``"deterministic"``.
     :param prefix: parameter-name prefix.
-    :param init_loc_fn: initialization strategy of the prototype run for the sites other than
-        the inducing values (which start at their prior mean); default ``init_to_uniform``.
     :param latent_inputs: the ``q(w_n)`` of the model's latent inputs
         (:func:`numpyro_dgp.latent_input`): ``"per_point"`` (free parameters per training point)
         or ``"amortized"`` (an MLP of the site's encoder input).
@@ -100,7 +106,6 @@ class DGPGuide(AutoGuide):
         inner_init: str = "deterministic",
         init_scale: float = 1e-5,
         prefix: str = "auto",
-        init_loc_fn: Callable | None = None,
         latent_inputs: str = "per_point",
         latent_hidden_width: int = 32,
     ) -> None:
@@ -114,12 +119,7 @@ class DGPGuide(AutoGuide):
         self.latent_sites: list[LatentSite] = []
         self.inner_init = inner_init
         self.init_scale = float(init_scale)
-        init_loc_fn = init_to_uniform if init_loc_fn is None else init_loc_fn
-        super().__init__(
-            model,
-            prefix=prefix,
-            init_loc_fn=partial(_init_inducing_to_mean, init_loc_fn=init_loc_fn),
-        )
+        super().__init__(model, prefix=prefix, init_loc_fn=_init_inducing_to_mean)
         self.inducing_sites: list[InducingSite] = []
         self._other_guide = None
         #: the shapes and dtypes of the arguments the structure was built from (the
@@ -194,9 +194,10 @@ class DGPGuide(AutoGuide):
                     "call gp_layer outside data plates (subsample the inputs first)"
                 )
             P, M = site["value"].shape[-2:]
-            whiten = False if tag.inducing == "amortized" else tag.whiten
             dtype = site["value"].dtype
-            sites.append(InducingSite(name, tag.layer, P, M, whiten, False, tag.inducing, dtype))
+            sites.append(
+                InducingSite(name, tag.layer, P, M, tag.whiten, False, tag.inducing, dtype)
+            )
         if not sites:
             raise ValueError(
                 f"{guide}: the model has no gp_layer inducing sites ('<name>.u'); "
@@ -215,7 +216,13 @@ class DGPGuide(AutoGuide):
         rng_key = numpyro.prng_key()
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
-        result = self._sample_others(*args, **kwargs)
+        # the latent sites other than the inducing values: AutoNormal's, and the latent
+        # inputs' placeholders
+        result = {} if self._other_guide is None else dict(self._other_guide(*args, **kwargs))
+        for site in self.latent_sites:
+            result[site.name] = sample_latent(
+                site, self.latent_inputs, self.prefix, self.latent_hidden_width
+            )
         result.update(self._sample_inducing(rng_key, args, kwargs))
         return result
 
@@ -258,16 +265,6 @@ class DGPGuide(AutoGuide):
         with handlers.block():
             handlers.seed(self, rng_key)(*args, **kwargs)
         return self
-
-    def _sample_others(self, *args: Any, **kwargs: Any) -> dict:
-        """The latent sites other than the inducing values: AutoNormal's, and the latent inputs'
-        placeholders (:func:`~numpyro_dgp.guides._latent.sample_latent`)."""
-        out = {} if self._other_guide is None else dict(self._other_guide(*args, **kwargs))
-        for site in self.latent_sites:
-            out[site.name] = sample_latent(
-                site, self.latent_inputs, self.prefix, self.latent_hidden_width
-            )
-        return out
 
     def sample_posterior(
         self,
@@ -452,3 +449,177 @@ class AutoFactorizedDGP(DGPGuide):
             tril = params[f"{site.name}_{self.prefix}_scale_tril"]
             out[site.name] = jnp.sqrt(jnp.sum(tril**2, axis=-1))
         return out
+
+
+# ---- latent inputs: the guides' q(w_n), and the MLP encoders ----
+
+
+#: The values of a guide's ``latent_inputs``: free parameters per point, or an encoder.
+LATENT_GUIDES = ("per_point", "amortized")
+
+
+def mlp(
+    name: str, in_dim: int, width: int, out_dim: int, dtype: DTypeLike, num_hidden: int = 2
+) -> Callable:
+    """A ``stax`` MLP ``in_dim -> out_dim``: ``num_hidden`` Dense layers of ``width`` with
+    LeakyReLU(0.2), then a Dense output layer. Its parameters are ``numpyro.param`` sites
+    ``"<name>.<i>"``, initialized with a key fixed by the name (the same start in every run).
+
+    :return: the network, ``(..., in_dim) -> (..., out_dim)``.
+    """
+    layers = []
+    for _ in range(num_hidden):
+        layers += [stax.Dense(width), stax.elementwise(jax.nn.leaky_relu, negative_slope=0.2)]
+    init_fn, apply_fn = stax.serial(*layers, stax.Dense(out_dim))
+    _, params = init_fn(jax.random.PRNGKey(zlib.crc32(name.encode())), (-1, in_dim))
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    leaves = [
+        numpyro.param(f"{name}.{i}", jnp.asarray(leaf, dtype)) for i, leaf in enumerate(leaves)
+    ]
+    return partial(apply_fn, jax.tree_util.tree_unflatten(treedef, leaves))
+
+
+class LatentSite(NamedTuple):
+    """A latent input as a guide sees it.
+
+    :ivar name: the sample site.
+    :ivar latent_dim: ``Q``.
+    :ivar encoder_dim: ``E``, the encoder input's width.
+    :ivar plate: the data plate's name (its dimension is ``-1``).
+    :ivar plate_size: its full size ``N``.
+    :ivar batch_size: its subsample size ``B`` in the run the guide was set up on.
+    :ivar dtype: the site's dtype.
+    """
+
+    name: str
+    latent_dim: int
+    encoder_dim: int
+    plate: str
+    plate_size: int
+    batch_size: int
+    dtype: Any
+
+
+def latent_sites(trace: dict, full_sizes: dict) -> list[LatentSite]:
+    """The latent inputs of a prototype trace (its :func:`~numpyro_dgp._protocol.latent_specs`).
+
+    :param trace: the model's trace.
+    :param full_sizes: ``{plate name: full size}``.
+    :return: one :class:`LatentSite` per latent input, in execution order.
+    """
+    out = []
+    for name, spec in latent_specs(trace).items():
+        frame = [f for f in trace[name]["cond_indep_stack"] if f.dim == -1][0]
+        out.append(
+            LatentSite(
+                name,
+                spec.latent_dim,
+                int(spec.encoder_input.shape[-1]),
+                frame.name,
+                int(full_sizes.get(frame.name, frame.size)),
+                int(frame.size),
+                trace[name]["value"].dtype,
+            )
+        )
+    return out
+
+
+class Placeholder(dist.Distribution):
+    """A guide's placeholder site for a ``q`` that depends on the model's run (a latent input's
+    ``q(w_n)``, an amortized layer's ``q(u_n | p_n)``): it only carries :attr:`posterior`,
+    which the objectives evaluate inside the model's run. Its density is refused (with
+    ``refusal``), so an objective that samples the guide on its own (NumPyro's ``Trace_ELBO``)
+    fails loudly instead of scoring a placeholder.
+
+    :param posterior: the site's ``q``.
+    :param site: the site's name.
+    :param value_shape: the site's value shape.
+    :param event_dim: how many of its trailing dimensions are the event.
+    :param refusal: the message :meth:`log_prob` raises.
+    """
+
+    support = constraints.real
+
+    def __init__(
+        self, posterior: Any, site: str, value_shape: tuple[int, ...], event_dim: int, refusal: str
+    ) -> None:
+        self.posterior = posterior
+        self.site = site
+        self.refusal = refusal
+        value_shape = tuple(value_shape)
+        super().__init__(batch_shape=value_shape[:-event_dim], event_shape=value_shape[-event_dim:])
+
+    def sample(self, key: jax.Array, sample_shape: tuple[int, ...] = ()) -> jax.Array:
+        """Zeros: a placeholder value, never used as a draw (the objectives replace it)."""
+        return jnp.zeros(tuple(sample_shape) + self.batch_shape + self.event_shape)
+
+    def log_prob(self, value: ArrayLike) -> NoReturn:
+        """Refused: ``q`` is evaluated inside the model's run.
+
+        :raises NotImplementedError: always.
+        """
+        raise NotImplementedError(self.refusal)
+
+
+def _latent_site(site: LatentSite, posterior: LatentPosterior) -> jax.Array:
+    """The latent input's auxiliary guide site: a :class:`Placeholder` carrying ``posterior``."""
+    refusal = (
+        f"the guide's q({site.name}) is evaluated inside the model's run, so the guide cannot "
+        "be sampled on its own (NumPyro's Trace_ELBO, TraceMeanField_ELBO, Predictive); use "
+        "numpyro_dgp.DGPElbo or numpyro_dgp.ImportanceWeightedElbo to train and "
+        "numpyro_dgp.predict to predict"
+    )
+    fn = Placeholder(posterior, site.name, (site.batch_size, site.latent_dim), 1, refusal)
+    return numpyro.sample(site.name, fn, infer={"is_auxiliary": True})
+
+
+def sample_latent(site: LatentSite, mode: str, prefix: str, hidden_width: int) -> jax.Array:
+    """The guide's placeholder site of one latent input.
+
+    ``"per_point"``: parameters ``"<site>_<prefix>_loc"`` and ``"<site>_<prefix>_scale"`` of
+    shape ``(N, Q)`` (starting at the prior, ``N(0, I)``), indexed by the data plate's
+    subsample (the guide's plate, whose indices the model's plate replays). ``"amortized"``: an
+    MLP ``E -> 2 Q`` (two hidden layers of ``hidden_width``, parameters
+    ``"<site>_<prefix>_encoder.<i>"``) giving the mean and, through a softplus, the scale.
+
+    :param site: the latent input.
+    :param mode: one of :data:`LATENT_GUIDES`.
+    :param prefix: the guide's parameter prefix.
+    :param hidden_width: the encoder's width.
+    :return: the placeholder's value (zeros, ``(B, Q)``).
+    """
+    Q, base = site.latent_dim, f"{site.name}_{prefix}"
+    if mode == "amortized":
+        network = mlp(f"{base}_encoder", site.encoder_dim, hidden_width, 2 * Q, site.dtype)
+
+        def encode(encoder_input):
+            out = network(encoder_input)
+            return out[..., :Q], jax.nn.softplus(out[..., Q:]) + 1e-6
+
+        return _latent_site(site, LatentPosterior(encode))
+    loc = numpyro.param(f"{base}_loc", jnp.zeros((site.plate_size, Q), site.dtype))
+    scale = numpyro.param(
+        f"{base}_scale", jnp.ones((site.plate_size, Q), site.dtype), constraint=constraints.positive
+    )
+    with numpyro.plate(
+        site.plate, site.plate_size, subsample_size=site.batch_size, dim=-1
+    ) as index:
+        batch = (loc[index], scale[index])
+        return _latent_site(site, LatentPosterior(lambda _: batch))
+
+
+def latent_draw(
+    posterior: LatentPosterior, encoder_input: jax.Array, eps: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(w, loc, scale)``: draws ``w = loc + scale * eps`` of a latent input's ``q(w_n)``
+    (``posterior``, evaluated at the model's ``encoder_input``), in the encoder input's dtype."""
+    loc, scale = posterior.encode(encoder_input)
+    dtype = encoder_input.dtype
+    loc, scale = jnp.asarray(loc, dtype), jnp.asarray(scale, dtype)
+    return loc + scale * eps, loc, scale
+
+
+def latent_kl(loc: jax.Array, scale: jax.Array) -> jax.Array:
+    """``(B,)`` ``KL[N(loc, scale^2) || N(0, I)]`` of each point's ``q(w_n)``."""
+    kl = -jnp.log(scale) + 0.5 * (scale**2 + loc**2 - 1.0)
+    return jnp.sum(kl, axis=-1)

@@ -22,6 +22,7 @@ marginalizes the inducing values exactly, point by point, with closed-form KLs.
 from __future__ import annotations
 
 from functools import cache
+from itertools import accumulate
 from typing import Any
 
 import jax
@@ -64,10 +65,6 @@ class AutoJointDGP(DGPGuide):
     :param prefix: parameters are ``"<prefix>_joint_loc"`` and ``"<prefix>_joint_scale_tril"``.
     """
 
-    @property
-    def _names(self) -> tuple[str, str]:
-        return f"{self.prefix}_joint_loc", f"{self.prefix}_joint_scale_tril"
-
     def _q(
         self, rng_key: jax.Array | None, args: tuple, kwargs: dict
     ) -> tuple[jax.Array, jax.Array]:
@@ -87,8 +84,10 @@ class AutoJointDGP(DGPGuide):
             ]
             return block_diag(*blocks)
 
-        loc = self._lazy_param(self._names[0], init_loc)
-        tril = self._lazy_param(self._names[1], init_tril, constraint=softplus_lower_cholesky)
+        loc = self._lazy_param(f"{self.prefix}_joint_loc", init_loc)
+        tril = self._lazy_param(
+            f"{self.prefix}_joint_scale_tril", init_tril, constraint=softplus_lower_cholesky
+        )
         return loc, tril
 
     def _sample_inducing(self, rng_key: jax.Array | None, args: tuple, kwargs: dict) -> dict:
@@ -105,26 +104,16 @@ class AutoJointDGP(DGPGuide):
         # L, which becomes badly conditioned when a near-deterministic layer (1e-5 start) grows
         # cross-layer terms. The conditional N(loc_k + L[k, <k] z_<k, L_kk L_kk^T) of each block
         # given the earlier ones is declared for DGPElbo (inducing locations).
-        D = loc.shape[0]
-        z = numpyro.sample(
-            f"_{self.prefix}_joint_std_normal",
-            dist.Normal(jnp.zeros(D, loc.dtype), 1.0).to_event(1),
-            infer={"is_auxiliary": True},
-        )
+        z = _standard_normal(f"_{self.prefix}_joint_std_normal", loc)
         for site, block_slice in self._blocks():
             factor = tril[block_slice, block_slice]
             start = block_slice.start
             cond_loc = loc[block_slice] + tril[block_slice, :start] @ z[:start]
             value = (cond_loc + factor @ z[block_slice]).reshape(site.out_dim, site.num_inducing)
-            log_det = jnp.sum(jnp.log(jnp.diagonal(factor)))
             conditional = JointBlock(
                 (site.name,), ((site.out_dim, site.num_inducing),), cond_loc, factor
             )
-            result[site.name] = numpyro.sample(
-                site.name,
-                dist.Delta(value, log_density=-log_det, event_dim=2),
-                infer={GAUSSIAN: block, CONDITIONAL: conditional},
-            )
+            result[site.name] = _delta_site(site.name, value, factor, block, conditional)
         return result
 
     def covariance(self, params: dict) -> jax.Array:
@@ -133,19 +122,16 @@ class AutoJointDGP(DGPGuide):
         :param params: the guide's parameter values.
         :return: ``(D, D)`` covariance, blocks in layer order.
         """
-        tril = params[self._names[1]]
+        tril = params[f"{self.prefix}_joint_scale_tril"]
         return tril @ tril.T
 
     def _blocks(self) -> list[tuple[InducingSite, slice]]:
         """Each inducing site with its slice of the joint vector, in layer order."""
-        out, start = [], 0
-        for site in self.inducing_sites:
-            out.append((site, slice(start, start + site.size)))
-            start += site.size
-        return out
+        ends = accumulate(site.size for site in self.inducing_sites)
+        return [(site, slice(end - site.size, end)) for site, end in zip(self.inducing_sites, ends)]
 
     def _locs(self, params: dict) -> dict[str, jax.Array]:
-        loc = params[self._names[0]]
+        loc = params[f"{self.prefix}_joint_loc"]
         return {s.name: loc[sl].reshape(s.out_dim, s.num_inducing) for s, sl in self._blocks()}
 
     def _stds(self, params: dict) -> dict[str, jax.Array]:
@@ -190,18 +176,9 @@ class AutoChainDGP(AutoFactorizedDGP):
                 link = ChainLink(parent.name, loc, tril, parent_loc, coupling)
             # u = cond_loc + D z as a Delta with log-density -log|D|: exact log q without a
             # triangular solve against D, which a near-deterministic layer makes ill-conditioned
-            z = numpyro.sample(
-                f"_{site.name}_{self.prefix}_std_normal",
-                dist.Normal(jnp.zeros_like(loc), 1.0).to_event(2),
-                infer={"is_auxiliary": True},
-            )
+            z = _standard_normal(f"_{site.name}_{self.prefix}_std_normal", loc)
             value = cond_loc + jnp.einsum("pmk,pk->pm", tril, z)
-            log_det = jnp.sum(jnp.log(jnp.diagonal(tril, axis1=-2, axis2=-1)))
-            result[site.name] = numpyro.sample(
-                site.name,
-                dist.Delta(value, log_density=-log_det, event_dim=2),
-                infer={GAUSSIAN: link, CONDITIONAL: (cond_loc, tril)},
-            )
+            result[site.name] = _delta_site(site.name, value, tril, link, (cond_loc, tril))
             parent, parent_loc = site, loc
         return result
 
@@ -356,6 +333,23 @@ class CorrelatedRecursion:
                 given = condition_on_output(belief, HB, out_cov, value - mean)
                 M = layer.inducing_inputs.shape[0]
                 self._joint_states[post.sites] = (k + 1, given.tail(layer.out_dim * M))
+
+
+def _standard_normal(name: str, like: jax.Array) -> jax.Array:
+    """An auxiliary standard-normal site shaped like ``like``."""
+    fn = dist.Normal(jnp.zeros_like(like), 1.0).to_event(like.ndim)
+    return numpyro.sample(name, fn, infer={"is_auxiliary": True})
+
+
+def _delta_site(
+    name: str, value: jax.Array, factor: jax.Array, gaussian: Any, conditional: Any
+) -> jax.Array:
+    """The inducing site ``name`` at ``value = loc + factor z`` as a Delta with the log-density
+    ``-log|factor|`` of the draw, tagged with the structure (:data:`GAUSSIAN`) and the site's
+    conditional Gaussian (:data:`CONDITIONAL`)."""
+    log_det = jnp.sum(jnp.log(jnp.diagonal(factor, axis1=-2, axis2=-1)))
+    fn = dist.Delta(value, log_density=-log_det, event_dim=2)
+    return numpyro.sample(name, fn, infer={GAUSSIAN: gaussian, CONDITIONAL: conditional})
 
 
 def _chain_parents(posteriors: dict[str, Any]) -> set[str]:

@@ -12,7 +12,7 @@ function samples, layers at chosen inputs, weighted quadrature branches (AR2P fo
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,13 +20,14 @@ import numpy as np
 import numpyro.distributions as dist
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax.typing import ArrayLike
-from numpyro.handlers import block, seed, trace
+from numpyro.handlers import block, seed
 from numpyro.primitives import Messenger
 
 from numpyro_dgp._compat import numpyro_subsample_fn
 from numpyro_dgp._protocol import (
     LAYER_MESSAGE,
     LAYER_RULE,
+    abstract_read,
     get_tag,
     layer_call,
     message_layer,
@@ -85,27 +86,16 @@ class PerRunMessenger(Messenger):
         return False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the model under the handler (finding its last layer first where it needs it)."""
+        """Run the model under the handler (finding its last layer first, by an abstract run,
+        where it needs it)."""
         if self._needs_last_layer() and self._last_layer is None:
-            self._last_layer = self._find_last_layer(args, kwargs)
-        return super().__call__(*args, **kwargs)
-
-    def _find_last_layer(self, args: tuple, kwargs: dict) -> str:
-        """Name of the last ``gp_layer`` the model runs, found by an abstract run."""
-        found = {}
-
-        def probe():
             # block: the probe's messages reach none of the handlers outside this one
             with block():
-                tr = trace(seed(self.fn, 0)).get_trace(*args, **kwargs)
-            names = trace_layer_names(tr)
+                names = abstract_read(seed(self.fn, 0), args, kwargs, trace_layer_names)
             if not names:
                 raise ValueError(f"{type(self).__name__}: the model runs no gp_layer")
-            found["last"] = names[-1]
-            return 0
-
-        jax.eval_shape(probe)
-        return found["last"]
+            self._last_layer = names[-1]
+        return super().__call__(*args, **kwargs)
 
     def _problem_after_run(self) -> str | None:
         """What went wrong in a run that finished without an exception, or ``None``
@@ -337,15 +327,13 @@ class layer_inputs(PerRunMessenger):
         replace_layer_inputs(msg, value)
 
 
-class _WeightedPoints:
+class _WeightedPoints(NamedTuple):
     """The :class:`~numpyro_dgp._protocol.LayerRule` of a :class:`quadrature` layer: its
     outputs become a weighted mixture at ``mixture = (points (S, P), log_weights (S,))``."""
 
-    what = "a quadrature layer"
-    computes_layer = False
-
-    def __init__(self, mixture: tuple) -> None:
-        self.mixture = mixture
+    mixture: tuple
+    what: str = "a quadrature layer"
+    computes_layer: bool = False
 
 
 class quadrature(Messenger):

@@ -37,7 +37,7 @@ from jax.scipy.linalg import solve_triangular
 from jax.typing import ArrayLike
 
 from numpyro_dgp._compat import lazy_param_initializer
-from numpyro_dgp._protocol import INDUCING, LAYER_MESSAGE, layer_call
+from numpyro_dgp._protocol import LAYER_MESSAGE, inducing_tag, layer_call
 from numpyro_dgp._validation import as_float_array, check_choice
 from numpyro_dgp.core import cholesky, jittered_cholesky
 from numpyro_dgp.handlers._base import (
@@ -201,8 +201,7 @@ class exact_layers(PerRunMessenger):
                 shape = jax.eval_shape(init, jax.random.PRNGKey(0))
                 msg["value"] = jnp.zeros(shape.shape, shape.dtype)
             return
-        infer = msg.get("infer") or {}
-        if msg["type"] == "sample" and INDUCING in infer and not msg["is_observed"]:
+        if inducing_tag(msg) is not None and not msg["is_observed"]:
             # the inducing values do not exist in the exact model: hide the site from the
             # handlers outside (trace, substitute, MCMC) and give it an inert value
             msg["value"] = jnp.zeros(msg["fn"].shape(), msg["fn"].mean.dtype) + msg["fn"].mean

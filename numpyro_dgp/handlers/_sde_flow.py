@@ -61,17 +61,21 @@ class _FlowRule:
         self.spec = spec
         self.record = record
 
-    def integrate(
+    def __call__(
         self,
         layer: Layer,
         X: jax.Array,
         q_mean: ArrayLike,
-        q_sqrt: ArrayLike | None,
+        q_sqrt: ArrayLike | None = None,
+        *,
         rng_key: jax.Array,
+        **_: Any,
     ) -> jax.Array:
         """Euler–Maruyama flow of ``X``'s state columns with drift and diffusion the layer's mean
         and marginal variance under ``u ~ N(q_mean, q_sqrt q_sqrt^T)``; the path is recorded
-        in ``record["path"]`` with ``spec.record``.
+        in ``record["path"]`` with ``spec.record``. As the layer message's ``fn`` (a plain run)
+        it is the flow given the sampled ``u`` (``full_cov`` is moot: the flow moves each point
+        on its own).
 
         :param layer: the flow layer.
         :param X: ``(N, D)`` start states, or ``(N, D + 1)`` with a time column
@@ -103,21 +107,8 @@ class _FlowRule:
             return end
         return cast(jax.Array, out)  # record=False: euler_maruyama returns the end state alone
 
-    def __call__(
-        self, layer: Layer, X: jax.Array, u: jax.Array, *, rng_key: jax.Array, **_: Any
-    ) -> jax.Array:
-        """A plain run's value of the layer: drift and diffusion given the sampled ``u``
-        (``full_cov`` is moot: the flow moves each point on its own)."""
-        return self.integrate(layer, X, u, None, rng_key)
-
     def marginal_value(
-        self,
-        layer: Layer,
-        X: jax.Array,
-        u: jax.Array,
-        post: Any,
-        rng_key: jax.Array,
-        last: bool,
+        self, layer: Layer, X: jax.Array, u: jax.Array, post: Any, rng_key: jax.Array, last: bool
     ) -> jax.Array:
         """The layer's value under marginalized inducing values: the flow with the guide's
         marginal moments (the ``"marginal"`` estimator) or the sampled inducing values
@@ -138,7 +129,7 @@ class _FlowRule:
                 "(AutoFactorizedDGP, AutoNormal)"
             )
         q_mean, q_sqrt = (u, None) if post is None or self.spec.estimator != "marginal" else post
-        return self.integrate(layer, X, q_mean, q_sqrt, rng_key)
+        return self(layer, X, q_mean, q_sqrt, rng_key=rng_key)
 
 
 class sde_flow(PerRunMessenger):

@@ -31,12 +31,7 @@ from numpyro_dgp.core import (
     vecchia_log_density,
     vecchia_sample,
 )
-from numpyro_dgp.handlers._mcmc import (
-    CollapsedLayer,
-    CollapsedNormal,
-    exact_layers,
-    output_site,
-)
+from numpyro_dgp.handlers._mcmc import CollapsedLayer, CollapsedNormal, exact_layers, output_site
 from numpyro_dgp.layers import Layer
 
 __all__ = ["ORDERINGS", "vecchia_layers"]
