@@ -135,24 +135,14 @@ def with_state(identity: dict, params: dict, template: Progress) -> dict:
     }
 
 
-def _identity_difference(stored: Any, current: dict) -> str | None:
-    """How this fit differs from the one that wrote the checkpoint (its identity ``stored``),
-    or ``None`` for the same fit (the parameters compared once ``current`` has them)."""
-    if not isinstance(stored, dict):
-        return "the checkpoint does not record its fit (written by an older numpyro_dgp)"
-    for key in current:  # the model's arguments first, then the settings and the state
-        difference = _difference(stored.get(key), current[key], key)
-        if difference is not None:
-            return difference
-    return None
-
-
 def _difference(was: Any, now: Any, where: str) -> str | None:
     """The first entry where ``now`` (this fit's identity) differs from ``was`` (the
-    checkpoint's), with both values; an unknown SHA-256 (another process's shard) matches."""
+    checkpoint's), with both values; an unknown SHA-256 (another process's shard) matches.
+    ``where`` is the entry's path (``""`` at the top)."""
     if isinstance(was, dict) and isinstance(now, dict):
         for key in {**now, **was}:  # in this fit's order: an array's shape before its SHA-256
-            difference = _difference(was.get(key), now.get(key), f"{where}.{key}")
+            path = f"{where}.{key}" if where else key
+            difference = _difference(was.get(key), now.get(key), path)
             if difference is not None:
                 return difference
         return None
@@ -242,7 +232,13 @@ class Checkpoints:
             ``num_steps``.
         """
         where = f"fit: checkpoint {os.fspath(self.path)!r}"
-        difference = _identity_difference(meta.get("fit"), self.identity)
+        stored = meta.get("fit")
+        if isinstance(stored, dict):
+            # the parameters and the state are compared once this fit's identity has them
+            stored = {key: stored.get(key) for key in self.identity}
+            difference = _difference(stored, self.identity, "")
+        else:
+            difference = "the checkpoint does not record its fit (written by an older numpyro_dgp)"
         if difference is not None:
             raise ValueError(
                 f"{where} was written by another fit: {difference}. resume=True continues only "

@@ -231,14 +231,6 @@ def diagnosis(svi: Any, params: dict, args: tuple, kwargs: dict) -> str:
     )
 
 
-def check_finite_start(svi: Any, state: Any, caller: str) -> None:
-    """Refuse a start whose parameters hold NaN or inf: the optimizer's (unconstrained) values,
-    finite where the constrained ones are, and read without compiling anything."""
-    bad = non_finite_params(svi.optim.get_params(state.optim_state))
-    if bad:
-        raise FloatingPointError(f"{caller}: initial parameters are not finite: {bad}")
-
-
 def check_start(caller: str, rng_key: Any, init_state: Any, init_params: Any = None) -> None:
     """Refuse a run with nothing to start from, or two starts."""
     if init_state is None and rng_key is None:

@@ -40,10 +40,10 @@ from numpyro_dgp.guides import DGPGuide
 from numpyro_dgp.infer._checkpoint import Checkpoints, Progress
 from numpyro_dgp.infer._checks import (
     check_data,
-    check_finite_start,
     check_observed,
     check_start,
     failed_layer,
+    non_finite_params,
     report_skipped,
 )
 from numpyro_dgp.io import (
@@ -310,11 +310,8 @@ class _Unhashable(tuple):
     """A chunk's statics holding a model argument that cannot be hashed: compiled for this fit
     alone (compared by identity)."""
 
-    def __hash__(self) -> int:
-        return id(self)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
 
 
 def _cache_key(statics: tuple) -> tuple:
@@ -472,7 +469,10 @@ def fit(
     progress = Progress.fresh(svi, init_state, average_from is not None)
     if checkpoints is not None:
         progress = checkpoints.start(svi, progress)
-    check_finite_start(svi, progress.state, "fit")
+    # the optimizer's (unconstrained) values, finite where the constrained ones are
+    bad = non_finite_params(svi.optim.get_params(progress.state.optim_state))
+    if bad:
+        raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
     carry, params = (progress.state, progress.mean, progress.count), None
     compile_seconds = 0.0
     if progress.step < num_steps:
