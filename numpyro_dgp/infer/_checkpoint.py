@@ -40,18 +40,15 @@ class Progress(NamedTuple):
     """Where a fit stands after ``step`` of its steps (what a checkpoint holds).
 
     :ivar step: steps of the fit done.
-    :ivar state: the ``SVIState``.
-    :ivar mean: running mean of the unconstrained parameters (``{}`` without averaging).
-    :ivar count: steps in the running mean.
+    :ivar carry: what the fit's steps carry: ``(state, mean, count)``, the ``SVIState``, the
+        running mean of the unconstrained parameters (``{}`` without averaging) and the number
+        of steps in it.
     :ivar losses: ``(step,)`` losses so far.
     :ivar num_skipped: steps skipped so far.
     """
 
     step: int
-    state: SVIState
-    mean: dict
-    # a field named like tuple.count: the checker's clash, not a bug
-    count: jax.Array  # type: ignore[assignment]
+    carry: tuple[SVIState, dict, jax.Array]
     losses: np.ndarray
     num_skipped: int
 
@@ -60,7 +57,7 @@ class Progress(NamedTuple):
         """A fit's start at ``state``, before any step; with ``average``, the running mean
         starts at the state's parameters (without, it is an empty placeholder)."""
         mean = svi.optim.get_params(state.optim_state) if average else {}
-        return cls(0, state, mean, jnp.zeros((), jnp.int32), np.empty(0), 0)
+        return cls(0, (state, mean, jnp.zeros((), jnp.int32)), np.empty(0), 0)
 
 
 def _is_key(leaf: Any) -> bool:
@@ -118,11 +115,11 @@ def fit_identity(svi: Any, args: tuple, kwargs: dict, average_from: int | None) 
     }
 
 
-def with_state(identity: dict, params: dict, template: Progress) -> dict:
+def with_state(identity: dict, params: dict, carry: tuple) -> dict:
     """``identity`` with the optimizer's parameters (names, shapes, dtypes) and the structure of
-    the state a checkpoint holds (``template``, a fresh start: the optimizer's state, the key,
+    the state a checkpoint holds (``carry`` of a fresh start: the optimizer's state, the key,
     the averaging state; each array's shape and dtype)."""
-    arrays, treedef = _carried((template.state, template.mean, template.count))
+    arrays, treedef = _carried(carry)
     return {
         **identity,
         "params": {
@@ -202,15 +199,14 @@ class Checkpoints:
 
         :raises ValueError: a checkpoint written by another fit (other parameters or state).
         """
-        params = svi.optim.get_params(fresh.state.optim_state)
-        self.identity = with_state(self.identity, params, fresh)
+        params = svi.optim.get_params(fresh.carry[0].optim_state)
+        self.identity = with_state(self.identity, params, fresh.carry)
         if not self.resume:
             return fresh
         stored, meta = load_params(self.path, return_metadata=True, as_numpy=True)
         step = self._step(meta)
         # the same fit: the stored arrays are those of this structure (its identity says so)
-        template = (fresh.state, fresh.mean, fresh.count)
-        template_leaves, treedef = jax.tree_util.tree_flatten(template)
+        template_leaves, treedef = jax.tree_util.tree_flatten(fresh.carry)
         given = stored["leaves"]
         leaves = [
             jax.random.wrap_key_data(given[str(i)], impl=jax.random.key_impl(like))
@@ -218,9 +214,9 @@ class Checkpoints:
             else jnp.asarray(given[str(i)])
             for i, like in enumerate(template_leaves)
         ]
-        state, mean, count = jax.tree_util.tree_unflatten(treedef, leaves)
+        carry = jax.tree_util.tree_unflatten(treedef, leaves)
         losses = np.asarray(stored["losses"])
-        return Progress(step, state, mean, count, losses, int(meta["num_skipped"]))
+        return Progress(step, carry, losses, int(meta["num_skipped"]))
 
     def _step(self, meta: dict) -> int:
         """The step the checkpoint (its metadata ``meta``) stands at, checked to record this fit

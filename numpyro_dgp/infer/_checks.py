@@ -129,14 +129,16 @@ def check_observed(model: Any, args: tuple, kwargs: dict, caller: str) -> None:
 
 
 def check_data(model, args, kwargs, allow_missing):
-    """Refuse empty arguments and NaN or inf in the model's array arguments; with
+    """Refuse the model's array arguments with no rows or with NaN or inf; with
     ``allow_missing`` (or a model of :mod:`numpyro_dgp.models` built with
     ``missing_targets="mask"``), NaN (but not inf) in those after the first (the inputs), which
-    the model masks as missing targets; then refuse array arguments with no rows. Warn about
-    inputs ``X`` far from standardized."""
+    the model masks as missing targets. Each argument is checked in turn. Warn about inputs
+    ``X`` far from standardized."""
     config = model_config(model) or {}
     allow_missing |= (config.get("arguments") or {}).get("missing_targets") == "mask"
     for where, value in named_arguments(args, kwargs):
+        if is_array(value) and value.ndim >= 1 and value.shape[0] == 0:
+            raise ValueError(f"fit: {where} has no rows (shape {tuple(value.shape)})")
         if not (is_array(value) and jnp.issubdtype(value.dtype, jnp.floating)):
             continue
         # on the host (NumPy): an eager jnp check would compile a program per argument shape
@@ -149,9 +151,6 @@ def check_data(model, args, kwargs, allow_missing):
         elif non_finite_entries(value, max_first=0)[0]:
             hint = "" if where == "args[0]" else _MISSING_HINT
             raise ValueError(f"fit: model argument {where} contains NaN or inf values{hint}")
-    for where, value in named_arguments(args, kwargs):
-        if is_array(value) and value.ndim >= 1 and value.shape[0] == 0:
-            raise ValueError(f"fit: {where} has no rows (shape {tuple(value.shape)})")
     X = args[0] if args else None
     if is_array(X) and X.ndim == 2 and jnp.issubdtype(X.dtype, jnp.floating):
         warn_if_not_standardized(X, "X (its first argument)", "fit", stacklevel=4)

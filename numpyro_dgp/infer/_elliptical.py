@@ -60,7 +60,7 @@ class ChainKernel(MCMCKernel):
     of samples) and one chain, or a batch of chains stepped as one program (a batch of keys at
     ``init``: ``chain_method="vectorized"``). A kernel defines ``_start`` and ``_chain_step``."""
 
-    def __init__(self, model: Callable, init_strategy: Callable) -> None:
+    def __init__(self, model: Callable, *, init_strategy: Callable = init_to_sample) -> None:
         self._model, self._init_strategy = model, init_strategy
         self._postprocess_fn: Callable | None = None
         self._vectorized = False
@@ -172,9 +172,6 @@ class EllipticalSlice(ChainKernel):
     sample_field = "z"
     #: the fields collected by default: the latent values and the evaluations per step
     default_fields = ("z", "num_evaluations")
-
-    def __init__(self, model: Callable, *, init_strategy: Callable = init_to_sample) -> None:
-        super().__init__(model, init_strategy)
 
     def get_diagnostics_str(self, state: EllipticalSliceState) -> str:
         """The progress-bar text, e.g. ``"loglik=-123.4, evals=3"``.

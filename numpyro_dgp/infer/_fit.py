@@ -470,10 +470,10 @@ def fit(
     if checkpoints is not None:
         progress = checkpoints.start(svi, progress)
     # the optimizer's (unconstrained) values, finite where the constrained ones are
-    bad = non_finite_params(svi.optim.get_params(progress.state.optim_state))
+    bad = non_finite_params(svi.optim.get_params(progress.carry[0].optim_state))
     if bad:
         raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
-    carry, params = (progress.state, progress.mean, progress.count), None
+    carry, params = progress.carry, None
     compile_seconds = 0.0
     if progress.step < num_steps:
         # the jitted call reuses this executable; cheap when svi already has it for these shapes
