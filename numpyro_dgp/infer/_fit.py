@@ -37,8 +37,9 @@ from numpyro.infer.svi import SVIState
 from numpyro_dgp._compat import innermost_guide
 from numpyro_dgp._validation import check_positive_int, split_traced, tree_all_finite
 from numpyro_dgp.guides import DGPGuide
-from numpyro_dgp.infer._checkpoint import Checkpoints, Progress
 from numpyro_dgp.infer._checks import (
+    Checkpoints,
+    Progress,
     check_data,
     check_observed,
     check_start,

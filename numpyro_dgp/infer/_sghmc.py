@@ -226,7 +226,7 @@ class SGHMC(ChainKernel):
         # Validate the model before initialize_model (which would try to enumerate discrete
         # sites); an abstract trace suffices and compiles nothing.
         latent, discrete, plate_sizes = _inspect_model(
-            self._model, self._init_strategy, init_keys[0], model_args, model_kwargs
+            self.model, self._init_strategy, init_keys[0], model_args, model_kwargs
         )
         if discrete:
             raise ValueError(f"SGHMC: discrete latent sites are not supported: {discrete}")
@@ -236,7 +236,7 @@ class SGHMC(ChainKernel):
         # The postprocess replay (deterministic sites) runs the model without a seed; give its
         # plate subsampling a fixed key (only plates: latents still get distinct init values).
         hide = ["sample", "prng_key", "control_flow"]
-        plates_seeded = seed(self._model, rng_seed=0, hide_types=hide)
+        plates_seeded = seed(self.model, rng_seed=0, hide_types=hide)
         info, z = self._initialize(init_keys, plates_seeded, model_args, model_kwargs)
         param_sites = {k: s for k, s in info.model_trace.items() if s["type"] == "param"}
         self._param_transforms = {
@@ -272,7 +272,7 @@ class SGHMC(ChainKernel):
     def _potential(self, z, params, rng_key, model_args, model_kwargs):
         """``U(z; params)`` for unconstrained ``z`` and ``params``, with a given model key."""
         constrained = transform_fn(self._param_transforms, params)
-        model = seed(substitute(self._model, data=constrained), rng_key)
+        model = seed(substitute(self.model, data=constrained), rng_key)
         # potential_energy adds the log-Jacobians of constrained latents.
         return potential_energy(model, model_args, model_kwargs, z)
 
