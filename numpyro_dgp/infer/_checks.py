@@ -37,7 +37,7 @@ import hashlib
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +45,6 @@ import numpy as np
 import numpyro
 from numpyro.distributions import Normal, StudentT
 from numpyro.handlers import block, replay, seed, substitute, trace
-from numpyro.infer.svi import SVIState
 from numpyro.primitives import Messenger
 
 from numpyro_dgp._compat import innermost_guide
@@ -314,30 +313,6 @@ def report_skipped(
 CHECKPOINT_FORMAT = "numpyro_dgp.fit_checkpoint"
 
 
-class Progress(NamedTuple):
-    """Where a fit stands after ``step`` of its steps (what a checkpoint holds).
-
-    :ivar step: steps of the fit done.
-    :ivar carry: what the fit's steps carry: ``(state, mean, count)``, the ``SVIState``, the
-        running mean of the unconstrained parameters (``{}`` without averaging) and the number
-        of steps in it.
-    :ivar losses: ``(step,)`` losses so far.
-    :ivar num_skipped: steps skipped so far.
-    """
-
-    step: int
-    carry: tuple[SVIState, dict, jax.Array]
-    losses: np.ndarray
-    num_skipped: int
-
-    @classmethod
-    def fresh(cls, svi: Any, state: SVIState, average: bool) -> Progress:
-        """A fit's start at ``state``, before any step; with ``average``, the running mean
-        starts at the state's parameters (without, it is an empty placeholder)."""
-        mean = svi.optim.get_params(state.optim_state) if average else {}
-        return cls(0, (state, mean, jnp.zeros((), jnp.int32)), np.empty(0), 0)
-
-
 def _is_key(leaf: Any) -> bool:
     return jnp.issubdtype(getattr(leaf, "dtype", np.float64), jax.dtypes.prng_key)
 
@@ -468,20 +443,21 @@ class Checkpoints:
         if resume:
             self._step(meta)
 
-    def start(self, svi: Any, fresh: Progress) -> Progress:
-        """Where the fit starts: ``fresh`` (a new start, whose structure the identity records),
-        or the checkpoint's progress, rebuilt on that structure, when resuming.
+    def start(self, svi: Any, carry: tuple) -> tuple[int, tuple, np.ndarray, int]:
+        """Where the fit starts, ``(step, carry, losses, num_skipped)``: ``carry`` (the fit's
+        ``(state, mean, count)`` at a new start, whose structure the identity records) before
+        any step, or the checkpoint's progress, rebuilt on that structure, when resuming.
 
         :raises ValueError: a checkpoint written by another fit (other parameters or state).
         """
-        params = svi.optim.get_params(fresh.carry[0].optim_state)
-        self.identity = with_state(self.identity, params, fresh.carry)
+        params = svi.optim.get_params(carry[0].optim_state)
+        self.identity = with_state(self.identity, params, carry)
         if not self.resume:
-            return fresh
+            return 0, carry, np.empty(0), 0
         stored, meta = load_params(self.path, return_metadata=True, as_numpy=True)
         step = self._step(meta)
         # the same fit: the stored arrays are those of this structure (its identity says so)
-        template_leaves, treedef = jax.tree_util.tree_flatten(fresh.carry)
+        template_leaves, treedef = jax.tree_util.tree_flatten(carry)
         given = stored["leaves"]
         leaves = [
             jax.random.wrap_key_data(given[str(i)], impl=jax.random.key_impl(like))
@@ -490,8 +466,7 @@ class Checkpoints:
             for i, like in enumerate(template_leaves)
         ]
         carry = jax.tree_util.tree_unflatten(treedef, leaves)
-        losses = np.asarray(stored["losses"])
-        return Progress(step, carry, losses, int(meta["num_skipped"]))
+        return step, carry, np.asarray(stored["losses"]), int(meta["num_skipped"])
 
     def _step(self, meta: dict) -> int:
         """The step the checkpoint (its metadata ``meta``) stands at, checked to record this fit

@@ -39,7 +39,6 @@ from numpyro_dgp._validation import check_positive_int, split_traced, tree_all_f
 from numpyro_dgp.guides import DGPGuide
 from numpyro_dgp.infer._checks import (
     Checkpoints,
-    Progress,
     check_data,
     check_observed,
     check_start,
@@ -467,16 +466,13 @@ def fit(
     statics = _cache_key((svi, chunk, average_from is not None, static_args, static_kwargs))
     if init_state is None:
         init_state = initial_state(svi, rng_key, args, kwargs, init_params, strict)
-    progress = Progress.fresh(svi, init_state, average_from is not None)
-    if checkpoints is not None:
-        progress = checkpoints.start(svi, progress)
+    step, carry, losses, num_skipped = _start(svi, init_state, average_from, checkpoints)
     # the optimizer's (unconstrained) values, finite where the constrained ones are
-    bad = non_finite_params(svi.optim.get_params(progress.carry[0].optim_state))
+    bad = non_finite_params(svi.optim.get_params(carry[0].optim_state))
     if bad:
         raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
-    carry, params = progress.carry, None
-    compile_seconds = 0.0
-    if progress.step < num_steps:
+    params, compile_seconds = None, 0.0
+    if step < num_steps:
         # the jitted call reuses this executable; cheap when svi already has it for these shapes
         first = (statics, carry, jnp.asarray(num_steps), jnp.asarray(0), dyn_args, dyn_kwargs)
         compile_seconds = timed_compile(_run_chunk, *first)[1]
@@ -497,13 +493,24 @@ def fit(
         if checkpoints is not None:
             checkpoints.after_chunk(log, carry)
 
-    log = TrainingLog("fit", num_steps, progress.losses, progress.num_skipped, progress_bar)
+    log = TrainingLog("fit", num_steps, losses, num_skipped, progress_bar)
     log.run(run, chunk_length, after_chunk)
     state, mean, _ = carry
     if params is None:  # no chunk ran: resumed from the checkpoint of the finished run
         params = svi.get_params(state)
     averaged = svi.constrain_fn(mean) if average_from is not None else None
     return log.result(svi, params, state, args, kwargs, chunk, compile_seconds, averaged)
+
+
+def _start(svi, state, average_from, checkpoints):
+    """Where the fit starts, ``(step, carry, losses, num_skipped)``: ``state`` before any step
+    (the running mean of averaging starts at its parameters), or the checkpoint's progress when
+    resuming."""
+    mean = svi.optim.get_params(state.optim_state) if average_from is not None else {}
+    carry = (state, mean, jnp.zeros((), jnp.int32))
+    if checkpoints is None:
+        return 0, carry, np.empty(0), 0
+    return checkpoints.start(svi, carry)
 
 
 def _check_options(num_steps, chunk_size, average_from, checkpoint_path, every, resume):
