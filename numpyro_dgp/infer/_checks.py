@@ -21,9 +21,9 @@ previous checkpoint), holding
   the random key, as raw key data) and of the averaging state (running mean and count);
 * the losses of the steps done so far;
 * metadata: the number of steps done, the fit's ``num_steps``, the number of skipped steps,
-  and what identifies the fit (:func:`fit_identity`, :func:`with_state`: the data's shapes,
-  dtypes and SHA-256, ``average_from``, the guide, the objective, the optimizer, the
-  parameters' names, shapes and dtypes and the state's structure), so that ``resume=True``
+  and what identifies the fit (:func:`fit_identity`, then :meth:`Checkpoints.start`: the
+  data's shapes, dtypes and SHA-256, ``average_from``, the guide, the objective, the optimizer,
+  the parameters' names, shapes and dtypes and the state's structure), so that ``resume=True``
   refuses another fit's checkpoint before any work, naming what differs.
 
 The tree itself is not stored: resuming rebuilds it from ``svi.init`` on the same model, guide
@@ -339,7 +339,7 @@ def fit_identity(svi: Any, args: tuple, kwargs: dict, average_from: int | None) 
     dtype and the SHA-256 of their bytes; other values as they are, or by type),
     ``average_from``, the guide's class, the objective and the optimizer (class and the settings
     it exposes: NumPyro's optimizers do not expose their step size).
-    :func:`with_state` adds the parameters and the state's structure once they exist. Hashing
+    :meth:`Checkpoints.start` adds the parameters and the state's structure once they exist. Hashing
     reads the data once (time linear in its size)."""
     data = {}
     for where, value in named_arguments(args, dict(sorted(kwargs.items()))):
@@ -362,23 +362,6 @@ def fit_identity(svi: Any, args: tuple, kwargs: dict, average_from: int | None) 
         "guide": type(innermost_guide(svi.guide)).__name__,
         "objective": _described(svi.loss),
         "optimizer": _described(svi.optim),
-    }
-
-
-def with_state(identity: dict, params: dict, carry: tuple) -> dict:
-    """``identity`` with the optimizer's parameters (names, shapes, dtypes) and the structure of
-    the state a checkpoint holds (``carry`` of a fresh start: the optimizer's state, the key,
-    the averaging state; each array's shape and dtype)."""
-    arrays, treedef = _carried(carry)
-    return {
-        **identity,
-        "params": {
-            k: [list(np.shape(v)), str(jnp.result_type(v))] for k, v in sorted(params.items())
-        },
-        "state": {
-            "structure": str(treedef),
-            "arrays": [[list(np.shape(a)), str(jnp.result_type(a))] for a in arrays],
-        },
     }
 
 
@@ -451,7 +434,17 @@ class Checkpoints:
         :raises ValueError: a checkpoint written by another fit (other parameters or state).
         """
         params = svi.optim.get_params(carry[0].optim_state)
-        self.identity = with_state(self.identity, params, carry)
+        # the identity adds the parameters (names, shapes, dtypes) and the structure of the state
+        # a checkpoint holds (the optimizer's state, the key, the averaging state; each array's
+        # shape and dtype)
+        self.identity["params"] = {
+            k: [list(np.shape(v)), str(jnp.result_type(v))] for k, v in sorted(params.items())
+        }
+        arrays, treedef = _carried(carry)
+        self.identity["state"] = {
+            "structure": str(treedef),
+            "arrays": [[list(np.shape(a)), str(jnp.result_type(a))] for a in arrays],
+        }
         if not self.resume:
             return 0, carry, np.empty(0), 0
         stored, meta = load_params(self.path, return_metadata=True, as_numpy=True)
@@ -470,8 +463,8 @@ class Checkpoints:
 
     def _step(self, meta: dict) -> int:
         """The step the checkpoint (its metadata ``meta``) stands at, checked to record this fit
-        (its identity: :func:`fit_identity`, and :func:`with_state` once the state exists) and to
-        be no further on than ``num_steps``.
+        (its identity: :func:`fit_identity`, and what :meth:`start` adds once the state exists)
+        and to be no further on than ``num_steps``.
 
         :raises ValueError: a checkpoint of another fit (other data, ``average_from``, guide,
             objective, optimizer, parameters or state), naming what differs, or one beyond

@@ -93,12 +93,11 @@ def init(
     # that own no NumPyro sub-guide (an AutoNormal for latent hyperparameters builds its
     # structure from concrete values on its first call)
     compilable = isinstance(guide, DGPGuide) and guide._other_guide is None
+    statics = (svi, static_args, static_kwargs)
     # unhashable static arguments: as svi.init does
-    if not (compilable and hashable((static_args, static_kwargs))):
+    if not (compilable and hashable(statics)):
         return svi.init(rng_key, *args, init_params=init_params, **kwargs)
-    return _compiled_init(
-        svi, static_args, static_kwargs, rng_key, dyn_args, dyn_kwargs, init_params
-    )
+    return _compiled_init(statics, rng_key, dyn_args, dyn_kwargs, init_params)
 
 
 def hashable(value: Any) -> bool:
@@ -110,16 +109,12 @@ def hashable(value: Any) -> bool:
     return True
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2), compiler_options=ONE_SHOT_OPTIONS)
+@partial(jax.jit, static_argnums=0, compiler_options=ONE_SHOT_OPTIONS)
 def _compiled_init(
-    svi: SVI,
-    static_args: tuple,
-    static_kwargs: tuple,
-    rng_key: jax.Array,
-    dyn_args: tuple,
-    dyn_kwargs: dict,
-    init_params: dict | None,
+    statics: tuple, rng_key: jax.Array, dyn_args: tuple, dyn_kwargs: dict, init_params: dict | None
 ) -> SVIState:
+    """``svi.init`` of ``statics = (svi, static_args, static_kwargs)`` and the traced arguments."""
+    svi, static_args, static_kwargs = statics
     call_args = tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
     model_kwargs = {**dict(static_kwargs), **dyn_kwargs}
     return svi.init(rng_key, *call_args, init_params=init_params, **model_kwargs)
