@@ -404,8 +404,8 @@ class Checkpoints:
         """
         self.path, self.num_steps, self.every = path, num_steps, every
         self.identity = fit_identity(svi, args, kwargs, average_from)
-        self.resume = False
         path = Path(os.fspath(path)).expanduser()
+        self.resume = resume and path.exists()  # a new file: nothing to resume
         shown = f"fit: checkpoint_path {str(path)!r}"
         if path.is_dir():
             raise FileExistsError(f"{shown} is a folder; give the path of a checkpoint file")
@@ -422,7 +422,6 @@ class Checkpoints:
                 f"{shown} exists and is not a fit checkpoint; a fit writes over only its own "
                 "checkpoints, so nothing was touched: choose another path"
             )
-        self.resume = resume
         if resume:
             self._step(meta)
 
