@@ -520,7 +520,7 @@ def test_a_checkpoint_path_in_a_missing_folder_is_refused(tmp_path):
 
 
 def test_resume_refuses_a_checkpoint_without_its_fit_and_names_new_or_changed_arguments(tmp_path):
-    from numpyro_dgp.infer._checkpoint import CHECKPOINT_FORMAT
+    from numpyro_dgp.infer._checks import CHECKPOINT_FORMAT
 
     rs = np.random.RandomState(11)
     X, y = jnp.asarray(rs.randn(12, 1)), jnp.asarray(rs.randn(12))

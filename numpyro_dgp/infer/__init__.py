@@ -11,8 +11,7 @@ from numpyro_dgp.infer._elliptical import (
     EllipticalSliceState,
     elliptical_slice_gibbs,
 )
-from numpyro_dgp.infer._fit import FitResult, fit
-from numpyro_dgp.infer._init import init
+from numpyro_dgp.infer._fit import FitResult, fit, init
 from numpyro_dgp.infer._natural import (
     NaturalGradientState,
     natural_gradient_ramp,

@@ -1,4 +1,5 @@
-"""What the training drivers check in their data, and how they find a layer to blame.
+"""What the training drivers check in their data and checkpoints, and how they find a layer to
+blame.
 
 Before any work, :func:`check_data` refuses empty or non-finite model arguments and
 :func:`check_observed` runs the model once abstractly (``jax.eval_shape``; nothing is
@@ -10,11 +11,32 @@ A failed Cholesky factorization inside a compiled step gives NaN, which the guar
 skips; on its own that says nothing about where. After a fit that skipped steps (or a model that
 cannot be initialized), one eager run of the guide and the model at the parameters checks every
 layer's ``Kmm_chol`` and names the first that is not finite (:func:`failed_layer`).
+
+The checkpoints of a running :func:`~numpyro_dgp.fit` (:class:`Checkpoints`) hold everything
+needed to continue it bit for bit. A checkpoint is a parameter file of :mod:`numpyro_dgp.io`
+(written atomically: a temporary file in the same folder, flushed, then renamed over the
+previous checkpoint), holding
+
+* every leaf of the ``SVIState`` (the optimizer state, its step count, any mutable state and
+  the random key, as raw key data) and of the averaging state (running mean and count);
+* the losses of the steps done so far;
+* metadata: the number of steps done, the fit's ``num_steps``, the number of skipped steps,
+  and what identifies the fit (:func:`fit_identity`, then :meth:`Checkpoints.start`: the
+  data's shapes, dtypes and SHA-256, ``average_from``, the guide, the objective, the optimizer,
+  the parameters' names, shapes and dtypes and the state's structure), so that ``resume=True``
+  refuses another fit's checkpoint before any work, naming what differs.
+
+The tree itself is not stored: resuming rebuilds it from ``svi.init`` on the same model, guide
+and optimizer (the identity recorded its structure and every array's shape and dtype), then
+fills in the stored leaves.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -25,6 +47,7 @@ from numpyro.distributions import Normal, StudentT
 from numpyro.handlers import block, replay, seed, substitute, trace
 from numpyro.primitives import Messenger
 
+from numpyro_dgp._compat import innermost_guide
 from numpyro_dgp._protocol import LAYER_MESSAGE, message_layer, model_config
 from numpyro_dgp._validation import (
     concrete,
@@ -33,6 +56,7 @@ from numpyro_dgp._validation import (
     warn_if_not_standardized,
     warn_if_target_not_standardized,
 )
+from numpyro_dgp.io import load_params, save_params
 
 
 def _base_distribution(fn: Any) -> Any:
@@ -129,14 +153,16 @@ def check_observed(model: Any, args: tuple, kwargs: dict, caller: str) -> None:
 
 
 def check_data(model, args, kwargs, allow_missing):
-    """Refuse empty arguments and NaN or inf in the model's array arguments; with
+    """Refuse the model's array arguments with no rows or with NaN or inf; with
     ``allow_missing`` (or a model of :mod:`numpyro_dgp.models` built with
     ``missing_targets="mask"``), NaN (but not inf) in those after the first (the inputs), which
-    the model masks as missing targets; then refuse array arguments with no rows. Warn about
-    inputs ``X`` far from standardized."""
+    the model masks as missing targets. Each argument is checked in turn. Warn about inputs
+    ``X`` far from standardized."""
     config = model_config(model) or {}
     allow_missing |= (config.get("arguments") or {}).get("missing_targets") == "mask"
     for where, value in named_arguments(args, kwargs):
+        if is_array(value) and value.ndim >= 1 and value.shape[0] == 0:
+            raise ValueError(f"fit: {where} has no rows (shape {tuple(value.shape)})")
         if not (is_array(value) and jnp.issubdtype(value.dtype, jnp.floating)):
             continue
         # on the host (NumPy): an eager jnp check would compile a program per argument shape
@@ -149,9 +175,6 @@ def check_data(model, args, kwargs, allow_missing):
         elif non_finite_entries(value, max_first=0)[0]:
             hint = "" if where == "args[0]" else _MISSING_HINT
             raise ValueError(f"fit: model argument {where} contains NaN or inf values{hint}")
-    for where, value in named_arguments(args, kwargs):
-        if is_array(value) and value.ndim >= 1 and value.shape[0] == 0:
-            raise ValueError(f"fit: {where} has no rows (shape {tuple(value.shape)})")
     X = args[0] if args else None
     if is_array(X) and X.ndim == 2 and jnp.issubdtype(X.dtype, jnp.floating):
         warn_if_not_standardized(X, "X (its first argument)", "fit", stacklevel=4)
@@ -231,14 +254,6 @@ def diagnosis(svi: Any, params: dict, args: tuple, kwargs: dict) -> str:
     )
 
 
-def check_finite_start(svi: Any, state: Any, caller: str) -> None:
-    """Refuse a start whose parameters hold NaN or inf: the optimizer's (unconstrained) values,
-    finite where the constrained ones are, and read without compiling anything."""
-    bad = non_finite_params(svi.optim.get_params(state.optim_state))
-    if bad:
-        raise FloatingPointError(f"{caller}: initial parameters are not finite: {bad}")
-
-
 def check_start(caller: str, rng_key: Any, init_state: Any, init_params: Any = None) -> None:
     """Refuse a run with nothing to start from, or two starts."""
     if init_state is None and rng_key is None:
@@ -292,3 +307,203 @@ def report_skipped(
         RuntimeWarning,
         stacklevel=4,
     )
+
+
+#: the ``metadata["format"]`` of a fit checkpoint
+CHECKPOINT_FORMAT = "numpyro_dgp.fit_checkpoint"
+
+
+def _is_key(leaf: Any) -> bool:
+    return jnp.issubdtype(getattr(leaf, "dtype", np.float64), jax.dtypes.prng_key)
+
+
+def _carried(carry: tuple) -> tuple[list, Any]:
+    """What a checkpoint stores of a fit's ``carry`` (its state, running mean and count): its
+    leaves (keys as raw key data) and their tree."""
+    leaves, treedef = jax.tree_util.tree_flatten(carry)
+    return [jax.random.key_data(leaf) if _is_key(leaf) else leaf for leaf in leaves], treedef
+
+
+def _described(obj: Any) -> str:
+    """``Name(setting=value, ...)``: the class and its plain settings (e.g. ``num_particles``)."""
+    settings = {
+        k: v
+        for k, v in sorted(vars(obj).items())
+        if not k.startswith("_") and isinstance(v, (bool, int, float, str))
+    }
+    return f"{type(obj).__name__}({', '.join(f'{k}={v!r}' for k, v in settings.items())})"
+
+
+def fit_identity(svi: Any, args: tuple, kwargs: dict, average_from: int | None) -> dict:
+    """What identifies a fit before it starts, as JSON: each model argument (arrays by shape,
+    dtype and the SHA-256 of their bytes; other values as they are, or by type),
+    ``average_from``, the guide's class, the objective and the optimizer (class and the settings
+    it exposes: NumPyro's optimizers do not expose their step size).
+    :meth:`Checkpoints.start` adds the parameters and the state's structure once they exist. Hashing
+    reads the data once (time linear in its size)."""
+    data = {}
+    for where, value in named_arguments(args, dict(sorted(kwargs.items()))):
+        if is_array(value):
+            host = concrete(value)  # None: another process's shard, known by its shape
+            data[where] = {
+                "shape": list(value.shape),
+                "dtype": str(value.dtype),
+                "sha256": None
+                if host is None
+                else hashlib.sha256(np.ascontiguousarray(host).tobytes()).hexdigest(),
+            }
+        else:
+            # a plain setting as it is (JSON), anything else by its type: stable across processes
+            plain = value is None or isinstance(value, (bool, int, float, str))
+            data[where] = {"value": value if plain else type(value).__name__}
+    return {
+        "data": data,
+        "average_from": None if average_from is None else int(average_from),
+        "guide": type(innermost_guide(svi.guide)).__name__,
+        "objective": _described(svi.loss),
+        "optimizer": _described(svi.optim),
+    }
+
+
+def _difference(was: Any, now: Any, where: str) -> str | None:
+    """The first entry where ``now`` (this fit's identity) differs from ``was`` (the
+    checkpoint's), with both values; an unknown SHA-256 (another process's shard) matches.
+    ``where`` is the entry's path (``""`` at the top)."""
+    if isinstance(was, dict) and isinstance(now, dict):
+        for key in {**now, **was}:  # in this fit's order: an array's shape before its SHA-256
+            path = f"{where}.{key}" if where else key
+            difference = _difference(was.get(key), now.get(key), path)
+            if difference is not None:
+                return difference
+        return None
+    if was == now or (where.endswith(".sha256") and None in (was, now)):
+        return None
+    # long values (the state's structure) are shown from a little before they part
+    now_text, was_text = repr(now), repr(was)
+    cut = max(len(os.path.commonprefix([now_text, was_text])) - 40, 0)
+    lead = "..." if cut else ""
+    return (
+        f"{where} is {lead}{now_text[cut:][:200]} here, "
+        f"{lead}{was_text[cut:][:200]} in the checkpoint's fit"
+    )
+
+
+class Checkpoints:
+    """The checkpoints of one :func:`~numpyro_dgp.fit` at ``path``: made before any work (the
+    path is checked, and with ``resume`` a checkpoint of another fit is refused, naming what
+    differs), :meth:`start` once the initial state exists, :meth:`after_chunk` after chunks."""
+
+    def __init__(self, path, svi, args, kwargs, average_from, resume, num_steps, every) -> None:
+        """Raise unless a checkpoint can be written at ``path``: a new file in an existing
+        folder, or a fit checkpoint (which the fit then replaces); never a folder or a file the
+        library did not write. With ``resume``, refuse a checkpoint of another fit.
+
+        :raises FileNotFoundError: the folder does not exist.
+        :raises FileExistsError: ``path`` is a folder, or a file that is not a fit checkpoint.
+        :raises ValueError: a checkpoint of another fit, or one beyond ``num_steps``.
+        """
+        self.path, self.num_steps, self.every = path, num_steps, every
+        self.identity = fit_identity(svi, args, kwargs, average_from)
+        path = Path(os.fspath(path)).expanduser()
+        self.resume = resume and path.exists()  # a new file: nothing to resume
+        shown = f"fit: checkpoint_path {str(path)!r}"
+        if path.is_dir():
+            raise FileExistsError(f"{shown} is a folder; give the path of a checkpoint file")
+        if not path.parent.is_dir():
+            raise FileNotFoundError(f"{shown}: the folder {str(path.parent)!r} does not exist")
+        if not path.exists():
+            return
+        try:
+            _, meta = load_params(path, return_metadata=True, as_numpy=True)
+        except ValueError:
+            meta = {}
+        if meta.get("format") != CHECKPOINT_FORMAT:
+            raise FileExistsError(
+                f"{shown} exists and is not a fit checkpoint; a fit writes over only its own "
+                "checkpoints, so nothing was touched: choose another path"
+            )
+        if resume:
+            self._step(meta)
+
+    def start(self, svi: Any, carry: tuple) -> tuple[int, tuple, np.ndarray, int]:
+        """Where the fit starts, ``(step, carry, losses, num_skipped)``: ``carry`` (the fit's
+        ``(state, mean, count)`` at a new start, whose structure the identity records) before
+        any step, or the checkpoint's progress, rebuilt on that structure, when resuming.
+
+        :raises ValueError: a checkpoint written by another fit (other parameters or state).
+        """
+        params = svi.optim.get_params(carry[0].optim_state)
+        # the identity adds the parameters (names, shapes, dtypes) and the structure of the state
+        # a checkpoint holds (the optimizer's state, the key, the averaging state; each array's
+        # shape and dtype)
+        self.identity["params"] = {
+            k: [list(np.shape(v)), str(jnp.result_type(v))] for k, v in sorted(params.items())
+        }
+        arrays, treedef = _carried(carry)
+        self.identity["state"] = {
+            "structure": str(treedef),
+            "arrays": [[list(np.shape(a)), str(jnp.result_type(a))] for a in arrays],
+        }
+        if not self.resume:
+            return 0, carry, np.empty(0), 0
+        stored, meta = load_params(self.path, return_metadata=True, as_numpy=True)
+        step = self._step(meta)
+        # the same fit: the stored arrays are those of this structure (its identity says so)
+        template_leaves, treedef = jax.tree_util.tree_flatten(carry)
+        given = stored["leaves"]
+        leaves = [
+            jax.random.wrap_key_data(given[str(i)], impl=jax.random.key_impl(like))
+            if _is_key(like)
+            else jnp.asarray(given[str(i)])
+            for i, like in enumerate(template_leaves)
+        ]
+        carry = jax.tree_util.tree_unflatten(treedef, leaves)
+        return step, carry, np.asarray(stored["losses"]), int(meta["num_skipped"])
+
+    def _step(self, meta: dict) -> int:
+        """The step the checkpoint (its metadata ``meta``) stands at, checked to record this fit
+        (its identity: :func:`fit_identity`, and what :meth:`start` adds once the state exists)
+        and to be no further on than ``num_steps``.
+
+        :raises ValueError: a checkpoint of another fit (other data, ``average_from``, guide,
+            objective, optimizer, parameters or state), naming what differs, or one beyond
+            ``num_steps``.
+        """
+        where = f"fit: checkpoint {os.fspath(self.path)!r}"
+        stored = meta.get("fit")
+        if isinstance(stored, dict):
+            # the parameters and the state are compared once this fit's identity has them
+            stored = {key: stored.get(key) for key in self.identity}
+            difference = _difference(stored, self.identity, "")
+        else:
+            difference = "the checkpoint does not record its fit (written by an older numpyro_dgp)"
+        if difference is not None:
+            raise ValueError(
+                f"{where} was written by another fit: {difference}. resume=True continues only "
+                "the same fit (the same data, model, guide, objective and optimizer); pass another "
+                "checkpoint_path to start this one afresh"
+            )
+        step = int(meta["step"])
+        if step > self.num_steps:
+            raise ValueError(
+                f"{where} is at step {step}, beyond this fit's num_steps={self.num_steps}"
+            )
+        return step
+
+    def after_chunk(self, log: Any, carry: tuple) -> None:
+        """Write a checkpoint, atomically (see the module docstring), where one is due: every
+        ``every`` steps and at the end (``log``: the fit's ``TrainingLog``; ``carry``: its
+        state, running mean and count)."""
+        done = log.done
+        if done < self.num_steps and not (self.every and done % self.every == 0):
+            return
+        leaves = {str(i): np.asarray(leaf) for i, leaf in enumerate(_carried(carry)[0])}
+        metadata = {
+            "format": CHECKPOINT_FORMAT,
+            "step": int(done),
+            "num_steps": int(self.num_steps),
+            "num_skipped": int(log.num_skipped),
+            "fit": self.identity,
+        }
+        arrays = {"leaves": leaves, "losses": np.asarray(log.losses[:done], np.float64)}
+        save_params(self.path, arrays, metadata=metadata)

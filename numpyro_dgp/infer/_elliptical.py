@@ -60,15 +60,12 @@ class ChainKernel(MCMCKernel):
     of samples) and one chain, or a batch of chains stepped as one program (a batch of keys at
     ``init``: ``chain_method="vectorized"``). A kernel defines ``_start`` and ``_chain_step``."""
 
-    def __init__(self, model: Callable, init_strategy: Callable) -> None:
-        self._model, self._init_strategy = model, init_strategy
+    def __init__(self, model: Callable, *, init_strategy: Callable = init_to_sample) -> None:
+        #: the NumPyro model being sampled
+        self.model = model
+        self._init_strategy = init_strategy
         self._postprocess_fn: Callable | None = None
         self._vectorized = False
-
-    @property
-    def model(self) -> Callable:
-        """The NumPyro model being sampled."""
-        return self._model
 
     def postprocess_fn(self, model_args: tuple, model_kwargs: dict | None) -> Callable:
         """The function mapping a collected sample to constrained values (latent sites by their
@@ -173,9 +170,6 @@ class EllipticalSlice(ChainKernel):
     #: the fields collected by default: the latent values and the evaluations per step
     default_fields = ("z", "num_evaluations")
 
-    def __init__(self, model: Callable, *, init_strategy: Callable = init_to_sample) -> None:
-        super().__init__(model, init_strategy)
-
     def get_diagnostics_str(self, state: EllipticalSliceState) -> str:
         """The progress-bar text, e.g. ``"loglik=-123.4, evals=3"``.
 
@@ -186,7 +180,7 @@ class EllipticalSlice(ChainKernel):
 
     def _start(self, first, second, num_warmup, init_params, model_args, model_kwargs):
         """The initial state, after checking that every latent site is standard normal."""
-        info, z = self._initialize(first, self._model, model_args, model_kwargs)
+        info, z = self._initialize(first, self.model, model_args, model_kwargs)
         _check_standard_normal(info.model_trace)
         potential_gen = info.potential_fn
 

@@ -7,6 +7,14 @@ only in what a chunk is: ``fit`` runs a compiled ``lax.scan`` over its steps (th
 the device); ``fit_minibatches`` dispatches one compiled update per minibatch taken from an
 iterator. Checkpointing (``Checkpoints``) is an optional piece run after each chunk.
 
+Both start from :func:`initial_state`: the guide set up under a key of its own, ``init_params``
+checked, then :func:`init`, ``svi.init`` compiled as one program. NumPyro's ``svi.init`` runs
+the guide and the model eagerly, and JAX compiles every operation outside a jitted function on
+its first use: a two-layer DGP's initialization (k-means of the inducing inputs, kernel
+matrices, Cholesky factors, the guide's draws) compiles dozens of small programs, seconds of a
+fresh process. :func:`init` reads the guide's structure from one abstract run (nothing
+compiled) and runs ``svi.init`` inside ``jax.jit``: one program, the same initial values.
+
 **References:**
 
 * Izmailov, Podoprikhin, Garipov, Vetrov, Wilson (2018). Averaging weights leads to wider
@@ -26,16 +34,122 @@ import numpy as np
 from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
+from numpyro_dgp._compat import innermost_guide
 from numpyro_dgp._validation import check_positive_int, split_traced, tree_all_finite
-from numpyro_dgp.infer._checkpoint import Checkpoints, Progress
+from numpyro_dgp.guides import DGPGuide
 from numpyro_dgp.infer._checks import (
+    Checkpoints,
     check_data,
-    check_finite_start,
     check_observed,
     check_start,
+    failed_layer,
+    non_finite_params,
     report_skipped,
 )
-from numpyro_dgp.infer._init import hashable, initial_state
+from numpyro_dgp.io import (
+    STRICT_HINT,
+    ParameterMismatchError,
+    check_params_against,
+    param_specs,
+    set_up_guide,
+)
+
+#: ``fold_in`` data of the key that sets up the guide (apart from the key ``svi.init`` gets)
+_SETUP_STREAM = 0x5E7
+
+#: XLA options of the initialization's program, which runs once per shape: without XLA's
+#: optimization passes it compiles in about half the time, rounded alike up to fused arithmetic
+ONE_SHOT_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
+def init(
+    svi: SVI, rng_key: jax.Array, *args: Any, init_params: dict | None = None, **kwargs: Any
+) -> SVIState:
+    """The initial ``SVIState`` of ``svi``: ``svi.init`` compiled as one program.
+
+    The same state as ``svi.init(rng_key, *args, init_params=init_params, **kwargs)``, for the
+    library's guides (``AutoFactorizedDGP``, ``AutoJointDGP``, ``AutoChainDGP``,
+    ``AutoAmortizedDGP``) without latent hyperparameters; other guides run ``svi.init`` as it
+    is. Array arguments are inputs of the compiled program; other arguments (a batch size)
+    are static. JAX keeps the program per ``svi`` and argument shapes: a second initialization
+    (another key, other data of the same shapes) does not compile again.
+    :func:`numpyro_dgp.fit` initializes with it.
+
+    Checks that NumPyro's distributions make on concrete values are skipped in the compiled
+    run; :func:`numpyro_dgp.fit` checks its data for NaN and inf first.
+
+    :param svi: a ``numpyro.infer.SVI``.
+    :param rng_key: PRNG key (as for ``svi.init``).
+    :param args: the model's positional arguments.
+    :param init_params: initial constrained values of some parameters.
+    :param kwargs: the model's keyword arguments.
+    :return: the initial ``SVIState``.
+    """
+    guide = innermost_guide(svi.guide)
+    if isinstance(guide, DGPGuide) and guide.prototype_trace is None:
+        guide._setup_prototype(*args, **kwargs)
+    dyn_args, static_args, dyn_kwargs, static_kwargs = split_traced(args, kwargs)
+    # svi.init runs inside jit for the library's guides, whose structure is read abstractly, and
+    # that own no NumPyro sub-guide (an AutoNormal for latent hyperparameters builds its
+    # structure from concrete values on its first call)
+    compilable = isinstance(guide, DGPGuide) and guide._other_guide is None
+    statics = (svi, static_args, static_kwargs)
+    # unhashable static arguments: as svi.init does
+    if not (compilable and hashable(statics)):
+        return svi.init(rng_key, *args, init_params=init_params, **kwargs)
+    return _compiled_init(statics, rng_key, dyn_args, dyn_kwargs, init_params)
+
+
+def hashable(value: Any) -> bool:
+    """Whether ``value`` can be hashed (a static argument of a compiled function)."""
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+@partial(jax.jit, static_argnums=0, compiler_options=ONE_SHOT_OPTIONS)
+def _compiled_init(
+    statics: tuple, rng_key: jax.Array, dyn_args: tuple, dyn_kwargs: dict, init_params: dict | None
+) -> SVIState:
+    """``svi.init`` of ``statics = (svi, static_args, static_kwargs)`` and the traced arguments."""
+    svi, static_args, static_kwargs = statics
+    call_args = tuple(s if d is None else d for d, s in zip(dyn_args, static_args))
+    model_kwargs = {**dict(static_kwargs), **dyn_kwargs}
+    return svi.init(rng_key, *call_args, init_params=init_params, **model_kwargs)
+
+
+def initial_state(svi, rng_key, args, kwargs, init_params=None, strict=True):
+    """``svi.init`` (compiled: :func:`numpyro_dgp.infer.init`) after setting up the guide (see
+    :func:`numpyro_dgp.io.set_up_guide`) and checking ``init_params``; when the model
+    cannot be initialized (NaN from a layer), name the layer whose ``K(Z, Z)`` fails."""
+    model_kwargs = {**kwargs, **svi.static_kwargs}
+    try:
+        set_up_guide(svi.guide, jax.random.fold_in(rng_key, _SETUP_STREAM), args, model_kwargs)
+        if init_params is not None:
+            check_params_against(
+                param_specs(svi.model, svi.guide, args, model_kwargs),
+                init_params,
+                "fit (init_params)",
+                allow_missing=not strict,
+                allow_unexpected=not strict,
+                require_finite=True,
+                hint=STRICT_HINT,
+            )
+        return init(svi, rng_key, *args, init_params=init_params, **kwargs)
+    except (ValueError, RuntimeError) as err:
+        if isinstance(err, ParameterMismatchError):
+            raise
+        layer, _ = failed_layer(svi.model, None, dict(init_params or {}), args, model_kwargs)
+        if layer is None:
+            raise
+        raise type(err)(
+            "fit: the model cannot be initialized: the Cholesky factorization of K(Z, Z) fails in "
+            f"layer {layer!r} at its initial values; raise that layer's jitter "
+            f"(gp_layer({layer!r}, ..., jitter=...)), use float64 "
+            f"(jax.config.update('jax_enable_x64', True)) or spread its inducing inputs. ({err})"
+        ) from err
 
 
 class FitResult(NamedTuple):
@@ -191,11 +305,8 @@ class _Unhashable(tuple):
     """A chunk's statics holding a model argument that cannot be hashed: compiled for this fit
     alone (compared by identity)."""
 
-    def __hash__(self) -> int:
-        return id(self)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
 
 
 def _cache_key(statics: tuple) -> tuple:
@@ -350,13 +461,13 @@ def fit(
     statics = _cache_key((svi, chunk, average_from is not None, static_args, static_kwargs))
     if init_state is None:
         init_state = initial_state(svi, rng_key, args, kwargs, init_params, strict)
-    progress = Progress.fresh(svi, init_state, average_from is not None)
-    if checkpoints is not None:
-        progress = checkpoints.start(svi, progress)
-    check_finite_start(svi, progress.state, "fit")
-    carry, params = (progress.state, progress.mean, progress.count), None
-    compile_seconds = 0.0
-    if progress.step < num_steps:
+    step, carry, losses, num_skipped = _start(svi, init_state, average_from, checkpoints)
+    # the optimizer's (unconstrained) values, finite where the constrained ones are
+    bad = non_finite_params(svi.optim.get_params(carry[0].optim_state))
+    if bad:
+        raise FloatingPointError(f"fit: initial parameters are not finite: {bad}")
+    params, compile_seconds = None, 0.0
+    if step < num_steps:
         # the jitted call reuses this executable; cheap when svi already has it for these shapes
         first = (statics, carry, jnp.asarray(num_steps), jnp.asarray(0), dyn_args, dyn_kwargs)
         compile_seconds = timed_compile(_run_chunk, *first)[1]
@@ -377,13 +488,24 @@ def fit(
         if checkpoints is not None:
             checkpoints.after_chunk(log, carry)
 
-    log = TrainingLog("fit", num_steps, progress.losses, progress.num_skipped, progress_bar)
+    log = TrainingLog("fit", num_steps, losses, num_skipped, progress_bar)
     log.run(run, chunk_length, after_chunk)
     state, mean, _ = carry
     if params is None:  # no chunk ran: resumed from the checkpoint of the finished run
         params = svi.get_params(state)
     averaged = svi.constrain_fn(mean) if average_from is not None else None
     return log.result(svi, params, state, args, kwargs, chunk, compile_seconds, averaged)
+
+
+def _start(svi, state, average_from, checkpoints):
+    """Where the fit starts, ``(step, carry, losses, num_skipped)``: ``state`` before any step
+    (the running mean of averaging starts at its parameters), or the checkpoint's progress when
+    resuming."""
+    mean = svi.optim.get_params(state.optim_state) if average_from is not None else {}
+    carry = (state, mean, jnp.zeros((), jnp.int32))
+    if checkpoints is None:
+        return 0, carry, np.empty(0), 0
+    return checkpoints.start(svi, carry)
 
 
 def _check_options(num_steps, chunk_size, average_from, checkpoint_path, every, resume):

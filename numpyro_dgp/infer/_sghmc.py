@@ -196,24 +196,20 @@ class SGHMC(ChainKernel):
             raise ValueError(f"SGHMC: mdecay must be in (0, 1], got {mdecay!r}")
         check_positive_int(window_size, "window_size", "SGHMC")
         check_positive_int(num_data, "num_data", "SGHMC", allow_none=True)
-        super().__init__(model, init_strategy)
+        super().__init__(model, init_strategy=init_strategy)
         self._step_size = float(step_size)
         self._mdecay = float(mdecay)
         self._num_data_arg = num_data
         self._optimizer = param_optimizer
         self._window_size = window_size
-        self._num_data: int | None = None  # set by init
+        #: ``N`` used to scale the step (known after ``init``; ``None`` before)
+        self.num_data: int | None = None
 
     #: the field of :class:`SGHMCState` collected as the sample
     sample_field = "position"
     #: the fields collected by default: the position, the potential energy and the number of
     #: skipped steps
     default_fields = ("position", "potential_energy", "num_skipped")
-
-    @property
-    def num_data(self) -> int | None:
-        """``N`` used to scale the step (known after ``init``; ``None`` before)."""
-        return self._num_data
 
     def get_diagnostics_str(self, state: SGHMCState) -> str:
         """The progress-bar text: the potential energy and the number of skipped steps.
@@ -230,17 +226,17 @@ class SGHMC(ChainKernel):
         # Validate the model before initialize_model (which would try to enumerate discrete
         # sites); an abstract trace suffices and compiles nothing.
         latent, discrete, plate_sizes = _inspect_model(
-            self._model, self._init_strategy, init_keys[0], model_args, model_kwargs
+            self.model, self._init_strategy, init_keys[0], model_args, model_kwargs
         )
         if discrete:
             raise ValueError(f"SGHMC: discrete latent sites are not supported: {discrete}")
         if not latent:
             raise ValueError("SGHMC: the model has no latent sample sites to sample")
-        self._num_data = self._num_data_arg or max(plate_sizes, default=1)
+        self.num_data = self._num_data_arg or max(plate_sizes, default=1)
         # The postprocess replay (deterministic sites) runs the model without a seed; give its
         # plate subsampling a fixed key (only plates: latents still get distinct init values).
         hide = ["sample", "prng_key", "control_flow"]
-        plates_seeded = seed(self._model, rng_seed=0, hide_types=hide)
+        plates_seeded = seed(self.model, rng_seed=0, hide_types=hide)
         info, z = self._initialize(init_keys, plates_seeded, model_args, model_kwargs)
         param_sites = {k: s for k, s in info.model_trace.items() if s["type"] == "param"}
         self._param_transforms = {
@@ -276,7 +272,7 @@ class SGHMC(ChainKernel):
     def _potential(self, z, params, rng_key, model_args, model_kwargs):
         """``U(z; params)`` for unconstrained ``z`` and ``params``, with a given model key."""
         constrained = transform_fn(self._param_transforms, params)
-        model = seed(substitute(self._model, data=constrained), rng_key)
+        model = seed(substitute(self.model, data=constrained), rng_key)
         # potential_energy adds the log-Jacobians of constrained latents.
         return potential_energy(model, model_args, model_kwargs, z)
 
@@ -284,7 +280,7 @@ class SGHMC(ChainKernel):
         rng_key, key_u, key_noise, key_win, key_opt = random.split(state.rng_key, 5)
         z_flat, unravel = ravel_pytree(state.z)
         dtype = z_flat.dtype
-        n = self._num_data
+        n = self.num_data
         assert n is not None, "SGHMC.sample before init"  # init sets it
         eta, mdecay = self._step_size**2 / n, self._mdecay
 

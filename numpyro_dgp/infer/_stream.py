@@ -31,8 +31,13 @@ from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._validation import check_positive_int
 from numpyro_dgp.infer._checks import check_start
-from numpyro_dgp.infer._fit import FitResult, TrainingLog, guarded_update, timed_compile
-from numpyro_dgp.infer._init import initial_state
+from numpyro_dgp.infer._fit import (
+    FitResult,
+    TrainingLog,
+    guarded_update,
+    initial_state,
+    timed_compile,
+)
 
 #: steps between host synchronizations of :func:`fit_minibatches` (loss fetch, progress bar)
 SYNC_EVERY = 100

@@ -171,7 +171,7 @@ def test_a_step_that_cannot_be_traced_fails_at_the_chunk_s_compile_not_at_initia
 ):
     # the step's failure is raised by the chunk's compile, never by the initialization (which
     # would look for a layer to blame)
-    from numpyro_dgp.infer import _init
+    from numpyro_dgp.infer import _fit
 
     class Untraceable(nd.DGPElbo):
         def loss(self, *args, **kwargs):
@@ -181,7 +181,7 @@ def test_a_step_that_cannot_be_traced_fails_at_the_chunk_s_compile_not_at_initia
     model = models.deep_gp_regression(num_layers=1, num_inducing=5)
     svi = SVI(model, guides.AutoFactorizedDGP(model), optax.adam(0.01), Untraceable())
     blamed = []
-    monkeypatch.setattr(_init, "failed_layer", lambda *args, **kwargs: blamed.append(1) or (None, None))
+    monkeypatch.setattr(_fit, "failed_layer", lambda *args, **kwargs: blamed.append(1) or (None, None))
     with pytest.raises(ValueError, match="the step cannot be traced"):
         nd.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=2, progress_bar=False)
     assert blamed == []

@@ -51,16 +51,16 @@ def test_compiled_init_is_kept_per_svi_and_reused():
     from numpyro.infer import SVI
 
     import numpyro_dgp as dgp
-    from numpyro_dgp.infer import _init
+    from numpyro_dgp.infer import _fit
     from tests.init_reference_models import _data
 
     X, y = _data()
     model = dgp.models.deep_gp_regression(2, num_inducing=5, hidden_width=2)
     svi = SVI(model, dgp.guides.AutoFactorizedDGP(model), numpyro.optim.Adam(0.01), dgp.DGPElbo())
     a = init(svi, jax.random.PRNGKey(0), X, y)
-    compiled = _init._compiled_init._cache_size()
+    compiled = _fit._compiled_init._cache_size()
     b = init(svi, jax.random.PRNGKey(0), X, y)  # same key: the same state, from the same program
-    assert _init._compiled_init._cache_size() == compiled
+    assert _fit._compiled_init._cache_size() == compiled
     for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         np.testing.assert_array_equal(u, v)
 

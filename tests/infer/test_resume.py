@@ -128,11 +128,12 @@ jax.config.update("jax_enable_x64", True)
 mode, path, out = sys.argv[1:]
 if mode == "slow":
     # pause after each checkpoint, so that the parent kills this process mid-fit
-    write = _fit.Checkpoints.write
-    def write_and_wait(*args, **kwargs):
-        write(*args, **kwargs)
-        time.sleep(60)
-    _fit.Checkpoints.write = write_and_wait
+    write = _fit.Checkpoints.after_chunk
+    def write_and_wait(self, log, carry):
+        write(self, log, carry)
+        if log.done % 8 == 0:  # a checkpoint was written
+            time.sleep(60)
+    _fit.Checkpoints.after_chunk = write_and_wait
 svi, X, y = problem()
 result = dgp.fit(svi, jax.random.PRNGKey(4), X, y, num_steps=24, chunk_size=5, average_from=10, progress_bar=False,
                  checkpoint_path=path, checkpoint_every=8, resume=True)
