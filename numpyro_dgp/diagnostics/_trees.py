@@ -227,11 +227,6 @@ def from_mcmc(
         rerun = layer_samples(model, flat, rng_key, grid, *args, params=params, **(kwargs or {}))
         layers = {k: np.asarray(v).reshape((C, D) + v.shape[1:]) for k, v in rerun.items()}
     hyper = {k: np.asarray(v) for k, v in samples.items() if ".kernel." in k}
-    stats = {}
-    try:
-        extra = mcmc.get_extra_fields(group_by_chain=True)
-        if "diverging" in extra:
-            stats["diverging"] = np.asarray(extra["diverging"])
-    except Exception:  # kernels without extra fields
-        pass
-    return from_layer_samples(layers, grid, extra=hyper, sample_stats=stats or None, label=label)
+    extra = mcmc.get_extra_fields(group_by_chain=True)  # NUTS records divergences, others not
+    stats = {"diverging": np.asarray(extra["diverging"])} if "diverging" in extra else None
+    return from_layer_samples(layers, grid, extra=hyper, sample_stats=stats, label=label)
