@@ -35,12 +35,6 @@ def wasserstein_1d(a: ArrayLike, b: ArrayLike) -> float:
     return float(np.sum(np.abs(Fa - Fb) * widths))
 
 
-def layer_draws(tree, name):
-    """``(C * D, G, P)`` draws of a layer variable."""
-    v = layer_values(tree, name)
-    return v.reshape((-1,) + v.shape[2:])
-
-
 def layer_metrics(
     vi: xarray.DataTree, mcmc: xarray.DataTree, *, interval: float = 0.9, label: str | None = None
 ) -> pandas.DataFrame:
@@ -74,7 +68,7 @@ def layer_metrics(
     lo, hi = 0.5 - interval / 2, 0.5 + interval / 2
     frames = []
     for name in names:
-        a, b = layer_draws(vi, name), layer_draws(mcmc, name)
+        a, b = layer_values(vi, name, flat=True), layer_values(mcmc, name, flat=True)
         q_lo, q_hi = np.quantile(a, lo, axis=0), np.quantile(a, hi, axis=0)
         ma, va, mb, vb = a.mean(0), a.var(0), b.mean(0), b.var(0)
         kl = 0.5 * (np.log(vb / va) + (va + (ma - mb) ** 2) / vb - 1.0)  # KL(N_vi || N_mcmc)
@@ -255,7 +249,7 @@ def plot_layers(
     )
     rng = np.random.default_rng(0)
     for r, method in enumerate(methods):
-        draws = {n: layer_draws(trees[method], n) for n in names}
+        draws = {n: layer_values(trees[method], n, flat=True) for n in names}
         S = draws[names[0]].shape[0]
         idx = rng.choice(S, size=min(25, S), replace=False)
         draw_layers(axes[r], {n: v[idx] for n, v in draws.items()}, horizontal, f"C{r}")
@@ -306,7 +300,7 @@ def plot_marginals(
         for c, g in enumerate(points):
             ax = axes[r, c]
             for k, method in enumerate(methods):
-                draws = layer_draws(trees[method], name)
+                draws = layer_values(trees[method], name, flat=True)
                 style = dict(density=True, histtype="step", lw=1.2, color=f"C{k}", label=method)
                 ax.hist(draws[:, g, 0], bins=bins, **style)
             ax.set_title(f"{output_label(name, draws.shape[-1])} at {_point(grid, g)}", fontsize=9)

@@ -362,18 +362,15 @@ def mode_mixture(
     :param label: name of the result (default: ``tree``'s label with ``" (modes by mass)"``).
     :return: a ``DataTree`` in this module's layout with one chain of ``num_draws`` draws.
     """
-    names = layer_names(tree)
-    values = {n: layer_values(tree, n) for n in names}
-    C, D = values[names[0]].shape[:2]
-    total = num_draws or C * D
+    C, D = tree["posterior"].sizes["chain"], tree["posterior"].sizes["draw"]
     rng = np.random.default_rng(int(jax.random.randint(rng_key, (), 0, 2**31 - 1)))
-    counts = rng.multinomial(total, np.asarray(evidence.weights, float))
-    picks = []
+    counts = rng.multinomial(num_draws or C * D, np.asarray(evidence.weights, float))
+    picks = []  # indices of the chains' draws one after another
     for chains, count in zip(evidence.modes, counts):
-        pool = [(c, d) for c in chains for d in range(D)]
-        idx = rng.choice(len(pool), size=int(count), replace=True)
-        picks += [pool[i] for i in idx]
-    layers = {n: np.stack([values[n][c, d] for c, d in picks]) for n in names}
+        pool = (np.asarray(chains)[:, None] * D + np.arange(D)).ravel()
+        picks.append(pool[rng.choice(pool.size, size=int(count), replace=True)])
+    picked = np.concatenate(picks)
+    layers = {n: layer_values(tree, n, flat=True)[picked] for n in layer_names(tree)}
     label = label or f"{tree.attrs.get('label', 'MCMC')} (modes by mass)"
     return from_layer_samples(layers, grid_inputs(tree), label=label)
 
