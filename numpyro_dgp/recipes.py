@@ -167,17 +167,9 @@ def _fit_and_score(
     model, guide, result = fit_fn(fit_key, X, y)
     pred = predict(model, guide, result.params, pred_key, X_test, num_samples=num_test_samples)
     scores = metrics(pred, y_test, y_scale=y_scale)
-    return RunResult(
-        scores,
-        float(-np.nanmean(result.losses[-100:])),
-        result.seconds_per_step,
-        result.compile_seconds,
-        time.perf_counter() - start,
-        result.num_skipped,
-        model,
-        guide,
-        result.params,
-    )
+    timing = (result.seconds_per_step, result.compile_seconds, time.perf_counter() - start)
+    final_elbo = float(-np.nanmean(result.losses[-100:]))
+    return RunResult(scores, final_elbo, *timing, result.num_skipped, model, guide, result.params)
 
 
 def fit_dsvi(

@@ -191,11 +191,7 @@ _PREDICT: dict[str, dict[str, Any]] = {
 _SUBCOMMANDS: dict[str, tuple[str, Callable, dict[str, dict[str, Any]]]] = {
     "demo": ("fit a DGP to the built-in step function and plot each layer", cmd_demo, _DEMO),
     "uci": ("DSVI on UCI regression splits", cmd_uci, _UCI),
-    "fit": (
-        "fit a DGP to your own table (CSV with a header row, or .npz) and save it",
-        cmd_fit,
-        _FIT,
-    ),
+    "fit": ("fit a DGP to your own table (CSV or .npz) and save it", cmd_fit, _FIT),
     "predict": ("predict with a saved model; writes a CSV", cmd_predict, _PREDICT),
 }
 

@@ -502,11 +502,12 @@ def ground_truth(
 def _chains(tree: xarray.DataTree, chains: list[int]) -> xarray.DataTree:
     """The tree of the given chains only, divergences kept; one chain becomes its two halves
     (so that its R-hat is the split R-hat)."""
-    layers = {n: layer_values(tree, n)[chains] for n in layer_names(tree)}
+
+    def pick(v):  # (C, D, ...) -> the chains (one chain: its two halves)
+        v, half = v[chains], v.shape[1] // 2
+        return v if len(chains) > 1 else np.stack([v[0, :half], v[0, half : 2 * half]])
+
+    layers = {n: pick(layer_values(tree, n)) for n in layer_names(tree)}
     diverging = divergences(tree)
-    stats = {} if diverging is None else {"diverging": diverging[chains]}
-    if len(chains) == 1:
-        half = next(iter(layers.values())).shape[1] // 2
-        layers = {n: np.stack([v[0, :half], v[0, half : 2 * half]]) for n, v in layers.items()}
-        stats = {k: np.stack([v[0, :half], v[0, half : 2 * half]]) for k, v in stats.items()}
-    return from_layer_samples(layers, grid_inputs(tree), sample_stats=stats or None)
+    stats = None if diverging is None else {"diverging": pick(diverging)}
+    return from_layer_samples(layers, grid_inputs(tree), sample_stats=stats)
