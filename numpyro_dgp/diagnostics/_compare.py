@@ -289,18 +289,17 @@ def plot_marginals(
     """
     import matplotlib.pyplot as plt
 
-    methods = list(trees)
-    names = layer_names(trees[methods[-1]])
+    last = list(trees.values())[-1]  # its layers and grid are used for all
+    names, grid = layer_names(last), grid_inputs(last)
     points = list(points)
     fig, axes = plt.subplots(
         len(names), len(points), figsize=(3.2 * len(points), 2.4 * len(names)), squeeze=False
     )
-    grid = grid_inputs(trees[methods[-1]])
     for r, name in enumerate(names):
         for c, g in enumerate(points):
             ax = axes[r, c]
-            for k, method in enumerate(methods):
-                draws = layer_values(trees[method], name, flat=True)
+            for k, (method, tree) in enumerate(trees.items()):
+                draws = layer_values(tree, name, flat=True)
                 style = dict(density=True, histtype="step", lw=1.2, color=f"C{k}", label=method)
                 ax.hist(draws[:, g, 0], bins=bins, **style)
             ax.set_title(f"{output_label(name, draws.shape[-1])} at {_point(grid, g)}", fontsize=9)

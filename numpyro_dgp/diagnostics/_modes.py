@@ -215,10 +215,9 @@ def _bridge_log_evidence(log_ratio_posterior, log_ratio_proposal, num_iterations
     log_r = lse(log_ratio_proposal) - np.log(n2)  # start from the importance-sampling estimate
     for _ in range(num_iterations):
         num, den = terms(log_r)
-        new = (lse(num) - np.log(n2)) - (lse(den) - np.log(n1))
-        converged = abs(new - log_r) < 1e-10
-        log_r = new
-        if converged:
+        previous = log_r
+        log_r = (lse(num) - np.log(n2)) - (lse(den) - np.log(n1))
+        if abs(log_r - previous) < 1e-10:
             break
     num, den = terms(log_r)
     num, den = np.exp(num), np.exp(den + log_r)
