@@ -113,9 +113,8 @@ _DEMO: dict[str, dict[str, Any]] = {
 _UCI: dict[str, dict[str, Any]] = {
     "--dataset": dict(
         required=True,
-        help="a data set folder under --data-dir (e.g. kin8nm, boston, concrete, energy, power, "
-        "wine, yacht, or any other folder in the standard split layout), or the path of such a "
-        "folder",
+        help="a data set folder under --data-dir (kin8nm, boston, concrete, energy, power, wine, "
+        "yacht or any other in the standard split layout), or the path of such a folder",
     ),
     "--splits": dict(type=_parse_splits, default=[0], help="e.g. 0-4 or 0,3,7 (default: 0)"),
     "--num-inducing": dict(help="M per layer (at most the number of training points)"),

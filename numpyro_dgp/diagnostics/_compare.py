@@ -256,8 +256,7 @@ def plot_layers(
         axes[r, 0].set_ylabel(f"{method}\n{axes[r, 0].get_ylabel()}")
     for ax in axes.flat:
         ax.title.set_fontsize(9)
-        ax.xaxis.label.set_fontsize(8)
-        ax.yaxis.label.set_fontsize(8)
+        plt.setp([ax.xaxis.label, ax.yaxis.label], fontsize=8)
         ax.tick_params(labelsize=7)
     fig.tight_layout()
     return fig
