@@ -58,13 +58,12 @@ def layer_samples(
             f"layer_samples: none of the samples' sites {sorted(samples)} is a latent site of the "
             "model"
         )
-    S = next(iter(chosen.values())).shape[0]
 
     def one(key, sample):
         m = substitute(seed(model, key), data={**params, **sample})
         return layer_outputs(m, True, (grid, *args), kwargs)
 
-    keys = jax.random.split(rng_key, S)
+    keys = jax.random.split(rng_key, next(iter(chosen.values())).shape[0])  # one per sample
     return jax.jit(jax.vmap(one))(keys, chosen)
 
 
