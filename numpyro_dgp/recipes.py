@@ -95,13 +95,10 @@ def fit_factorized(
     X: ArrayLike,
     y: ArrayLike,
     *,
-    num_steps: int,
     batch_size: int | None = None,
     learning_rate: float = 0.01,
     num_particles: int = 1,
-    progress_bar: bool = False,
-    chunk_size: int = 500,
-    init_params: dict | None = None,
+    **options: Any,
 ) -> Fitted:
     """Fit ``model(X, y, batch_size=...)`` with ``AutoFactorizedDGP``, ``DGPElbo`` and Adam.
 
@@ -110,32 +107,21 @@ def fit_factorized(
     :param rng_key: PRNG key.
     :param X: ``(N, D)`` training inputs.
     :param y: ``(N,)`` training targets.
-    :param num_steps: optimization steps.
     :param batch_size: minibatch size (``None``: every point in every step).
     :param learning_rate: Adam's step size.
     :param num_particles: Monte Carlo samples of the inner layers per step.
-    :param progress_bar: show a progress bar.
-    :param chunk_size: steps per compiled chunk.
-    :param init_params: initial constrained values of some parameters (a partial dict: the
-        entries given are checked against the model, see ``fit(..., strict=False)``).
+    :param options: the options of :func:`~numpyro_dgp.fit`: ``num_steps`` (required),
+        ``progress_bar`` (default here ``False``), ``chunk_size`` (steps per compiled chunk,
+        default here 500), ``init_params`` (initial constrained values of some parameters: a
+        partial dict, its entries checked against the model, as ``strict=False``, the default
+        here, checks them), ...
     :return: ``(model, guide, FitResult)``.
     """
     guide = AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(learning_rate), DGPElbo(num_particles=num_particles))
     kwargs: dict[str, Any] = {"batch_size": batch_size} if batch_size else {}
-    result = fit(
-        svi,
-        rng_key,
-        X,
-        y,
-        num_steps=num_steps,
-        chunk_size=min(chunk_size, num_steps),
-        progress_bar=progress_bar,
-        init_params=init_params,
-        strict=False,
-        **kwargs,
-    )
-    return model, guide, result
+    options = {"progress_bar": False, "chunk_size": 500, "strict": False, **options}
+    return model, guide, fit(svi, rng_key, X, y, **options, **kwargs)
 
 
 def run_on_uci(
@@ -181,17 +167,9 @@ def _fit_and_score(
     model, guide, result = fit_fn(fit_key, X, y)
     pred = predict(model, guide, result.params, pred_key, X_test, num_samples=num_test_samples)
     scores = metrics(pred, y_test, y_scale=y_scale)
-    return RunResult(
-        scores,
-        float(-np.nanmean(result.losses[-100:])),
-        result.seconds_per_step,
-        result.compile_seconds,
-        time.perf_counter() - start,
-        result.num_skipped,
-        model,
-        guide,
-        result.params,
-    )
+    timing = (result.seconds_per_step, result.compile_seconds, time.perf_counter() - start)
+    final_elbo = float(-np.nanmean(result.losses[-100:]))
+    return RunResult(scores, final_elbo, *timing, result.num_skipped, model, guide, result.params)
 
 
 def fit_dsvi(

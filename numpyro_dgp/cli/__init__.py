@@ -98,28 +98,28 @@ _SHARED: dict[str, dict[str, Any]] = {
     "--float32": dict(action="store_true", help="single precision (else float64)"),
 }
 
+
+def _shared(flags: str) -> dict[str, dict[str, Any]]:
+    """The options ``flags`` (separated by spaces) as :data:`_SHARED` has them."""
+    return dict.fromkeys(flags.split(), {})
+
+
 _DEMO: dict[str, dict[str, Any]] = {
     "--steps": dict(default=3000, help="training steps per model"),
-    "--seed": {},
     "--output-dir": dict(default="demo_output", help="folder of the PNG (created if missing)"),
-    "--float32": {},
+    **_shared("--seed --float32"),
 }
 
 _UCI: dict[str, dict[str, Any]] = {
     "--dataset": dict(
         required=True,
-        help="a data set folder under --data-dir (e.g. kin8nm, boston, concrete, energy, power, "
-        "wine, yacht, or any other folder in the standard split layout), or the path of such a "
-        "folder",
+        help="a data set folder under --data-dir (kin8nm, boston, concrete, energy, power, wine, "
+        "yacht or any other in the standard split layout), or the path of such a folder",
     ),
     "--splits": dict(type=_parse_splits, default=[0], help="e.g. 0-4 or 0,3,7 (default: 0)"),
-    "--layers": {},
     "--num-inducing": dict(help="M per layer (at most the number of training points)"),
-    "--steps": {},
-    "--batch-size": {},
-    "--lr": {},
     "--data-dir": dict(help="folder holding the data sets (default: $NUMPYRO_DGP_DATA)"),
-    "--float32": {},
+    **_shared("--layers --steps --batch-size --lr --float32"),
 }
 
 _FIT: dict[str, dict[str, Any]] = {
@@ -136,12 +136,9 @@ _FIT: dict[str, dict[str, Any]] = {
         metavar="MODEL_DIR",
         help="the model directory to write (new, or see --overwrite); checked before the fit",
     ),
-    "--layers": {},
-    "--num-inducing": {},
+    **_shared("--layers --num-inducing --steps --lr --seed --float32"),
     "--hidden-width": dict(type=_positive_int, help="inner-layer width (default: D)"),
-    "--steps": {},
     "--batch-size": dict(help="minibatch size (full batch below)"),
-    "--lr": {},
     "--likelihood": dict(
         choices=LIKELIHOODS,
         metavar="NAME",
@@ -161,8 +158,6 @@ _FIT: dict[str, dict[str, Any]] = {
         default=0.0,
         help="hold out this fraction of rows (at random) and print metrics on them",
     ),
-    "--seed": {},
-    "--float32": {},
     "--overwrite": dict(
         action="store_true",
         help="replace an existing model directory written by numpyro-dgp (never a file, a "
@@ -195,11 +190,7 @@ _PREDICT: dict[str, dict[str, Any]] = {
 _SUBCOMMANDS: dict[str, tuple[str, Callable, dict[str, dict[str, Any]]]] = {
     "demo": ("fit a DGP to the built-in step function and plot each layer", cmd_demo, _DEMO),
     "uci": ("DSVI on UCI regression splits", cmd_uci, _UCI),
-    "fit": (
-        "fit a DGP to your own table (CSV with a header row, or .npz) and save it",
-        cmd_fit,
-        _FIT,
-    ),
+    "fit": ("fit a DGP to your own table (CSV or .npz) and save it", cmd_fit, _FIT),
     "predict": ("predict with a saved model; writes a CSV", cmd_predict, _PREDICT),
 }
 

@@ -38,6 +38,12 @@ def setup_jax(float32: bool) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
+def plan(args: argparse.Namespace, batch: int | None) -> str:
+    """The fit's plan as the commands print it: layers, ``M``, steps and the minibatch."""
+    batches = f"batch {batch}" if batch else "full batch"
+    return f"{args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, {batches}"
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """``numpyro-dgp demo``: fit a 2-layer DGP and an SVGP to the step function, print a table
     of their ELBOs and test metrics and write a PNG of the DGP's layer samples.
@@ -92,23 +98,19 @@ def cmd_uci(args: argparse.Namespace) -> int:
     setup_jax(args.float32)
     from numpyro_dgp.recipes import mean_and_standard_error, run_uci
 
-    print(
-        f"{data.name}: {args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, "
-        f"batch {args.batch_size}"
-    )
+    print(f"{data.name}: {plan(args, args.batch_size)}")
     print(f"{'split':>5} {'test LL':>9} {'RMSE':>9} {'CRPS':>9} {'ms/step':>8} {'seconds':>8}")
+    options = dict(
+        data_dir=args.data_dir,
+        num_layers=args.layers,
+        num_inducing=args.num_inducing,
+        num_steps=args.steps,
+        batch_size=args.batch_size,
+        learning_rate=args.lr,
+    )
     scores = []
     for split in args.splits:
-        r = run_uci(
-            args.dataset,
-            split,
-            data_dir=args.data_dir,
-            num_layers=args.layers,
-            num_inducing=args.num_inducing,
-            num_steps=args.steps,
-            batch_size=args.batch_size,
-            learning_rate=args.lr,
-        )
+        r = run_uci(args.dataset, split, **options)
         scores.append(r.metrics)
         print(
             f"{split:>5} {r.metrics['log_likelihood']:>9.4f} {r.metrics['rmse']:>9.4g} "
@@ -304,9 +306,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     y_train = jnp.asarray(s.targets(y[train]), dtype if y_float else jnp.int32)
     batch = args.batch_size if args.batch_size < train.size else None
     print(
-        f"{args.layers}-layer DSVI DGP, M={args.num_inducing}, {args.steps} steps, "
-        f"{'batch ' + str(batch) if batch else 'full batch'}, {jnp.dtype(dtype).name}; "
-        "inducing inputs by k-means on "
+        f"{plan(args, batch)}, {jnp.dtype(dtype).name}; inducing inputs by k-means on "
         f"{'one minibatch of ' + str(batch) if batch else str(min(train.size, 100_000))} points"
     )
     model = deep_gp_regression(

@@ -10,6 +10,7 @@ from jax.typing import ArrayLike
 
 from numpyro_dgp.diagnostics._modes import Health, mcmc_health
 from numpyro_dgp.diagnostics._trees import grid_inputs, layer_names, layer_values
+from numpyro_dgp.plots import draw_layers, output_label
 
 if TYPE_CHECKING:
     import matplotlib.figure
@@ -32,12 +33,6 @@ def wasserstein_1d(a: ArrayLike, b: ArrayLike) -> float:
     Fa = np.searchsorted(a, both[:-1], side="right") / a.size
     Fb = np.searchsorted(b, both[:-1], side="right") / b.size
     return float(np.sum(np.abs(Fa - Fb) * widths))
-
-
-def layer_draws(tree, name):
-    """``(C * D, G, P)`` draws of a layer variable."""
-    v = layer_values(tree, name)
-    return v.reshape((-1,) + v.shape[2:])
 
 
 def layer_metrics(
@@ -73,7 +68,7 @@ def layer_metrics(
     lo, hi = 0.5 - interval / 2, 0.5 + interval / 2
     frames = []
     for name in names:
-        a, b = layer_draws(vi, name), layer_draws(mcmc, name)
+        a, b = layer_values(vi, name, flat=True), layer_values(mcmc, name, flat=True)
         q_lo, q_hi = np.quantile(a, lo, axis=0), np.quantile(a, hi, axis=0)
         ma, va, mb, vb = a.mean(0), a.var(0), b.mean(0), b.var(0)
         kl = 0.5 * (np.log(vb / va) + (va + (ma - mb) ** 2) / vb - 1.0)  # KL(N_vi || N_mcmc)
@@ -219,23 +214,6 @@ def _horizontal(grid: np.ndarray, x: int | ArrayLike | None) -> tuple[np.ndarray
     return centred @ pc, f"x: 1st principal component\n({share:.0%} of variance, D = {D})", False
 
 
-def _draw(ax, h: np.ndarray, v: np.ndarray, joined: bool, color: str) -> None:
-    """Samples ``v (S, G)`` on ``ax`` against ``h (S, G)`` or ``(G,)``, each sorted by its
-    ``h``; lines if ``joined``, else small translucent markers (the horizontal value does not
-    determine the point)."""
-    for hs, vs in zip(np.broadcast_to(h, v.shape), v):
-        order = np.argsort(hs, kind="stable")
-        if joined:
-            ax.plot(hs[order], vs[order], lw=0.7, alpha=0.6, color=color)
-        else:
-            ax.scatter(hs[order], vs[order], s=4, alpha=0.35, color=color, linewidths=0)
-
-
-def _output_label(name: str, P: int) -> str:
-    """Axis label of a layer's first output (of ``P``)."""
-    return name if P == 1 else f"{name}[0] (output 0 of {P})"
-
-
 def plot_layers(
     trees: dict[str, xarray.DataTree], *, x: int | ArrayLike | None = None
 ) -> matplotlib.figure.Figure:
@@ -264,32 +242,21 @@ def plot_layers(
 
     methods = list(trees)
     names = layer_names(trees[methods[0]])
-    grid = grid_inputs(trees[methods[0]])
-    h0, h0_label, h0_joined = _horizontal(grid, x)
+    horizontal = _horizontal(grid_inputs(trees[methods[0]]), x)
     ncols = len(names) + 1
     fig, axes = plt.subplots(
         len(methods), ncols, figsize=(3.1 * ncols, 2.4 * len(methods)), squeeze=False
     )
     rng = np.random.default_rng(0)
     for r, method in enumerate(methods):
-        draws = {n: layer_draws(trees[method], n) for n in names}
+        draws = {n: layer_values(trees[method], n, flat=True) for n in names}
         S = draws[names[0]].shape[0]
         idx = rng.choice(S, size=min(25, S), replace=False)
-        inputs, label, joined = h0, h0_label, h0_joined
-        for c, name in enumerate(names):
-            out, P = draws[name][idx, :, 0], draws[name].shape[-1]
-            _draw(axes[r, c], inputs, out, joined, f"C{r}")
-            axes[r, c].set(
-                title=f"{name} vs its input", xlabel=label, ylabel=_output_label(name, P)
-            )
-            inputs, label, joined = out, _output_label(name, P), P == 1
-        _draw(axes[r, -1], h0, inputs, h0_joined, f"C{r}")
-        axes[r, -1].set(title="composition vs x", xlabel=h0_label, ylabel=label)
+        draw_layers(axes[r], {n: v[idx] for n, v in draws.items()}, horizontal, f"C{r}")
         axes[r, 0].set_ylabel(f"{method}\n{axes[r, 0].get_ylabel()}")
     for ax in axes.flat:
         ax.title.set_fontsize(9)
-        ax.xaxis.label.set_fontsize(8)
-        ax.yaxis.label.set_fontsize(8)
+        plt.setp([ax.xaxis.label, ax.yaxis.label], fontsize=8)
         ax.tick_params(labelsize=7)
     fig.tight_layout()
     return fig
@@ -321,21 +288,20 @@ def plot_marginals(
     """
     import matplotlib.pyplot as plt
 
-    methods = list(trees)
-    names = layer_names(trees[methods[-1]])
+    last = list(trees.values())[-1]  # its layers and grid are used for all
+    names, grid = layer_names(last), grid_inputs(last)
     points = list(points)
     fig, axes = plt.subplots(
         len(names), len(points), figsize=(3.2 * len(points), 2.4 * len(names)), squeeze=False
     )
-    grid = grid_inputs(trees[methods[-1]])
     for r, name in enumerate(names):
         for c, g in enumerate(points):
             ax = axes[r, c]
-            for k, method in enumerate(methods):
-                draws = layer_draws(trees[method], name)
+            for k, (method, tree) in enumerate(trees.items()):
+                draws = layer_values(tree, name, flat=True)
                 style = dict(density=True, histtype="step", lw=1.2, color=f"C{k}", label=method)
                 ax.hist(draws[:, g, 0], bins=bins, **style)
-            ax.set_title(f"{_output_label(name, draws.shape[-1])} at {_point(grid, g)}", fontsize=9)
+            ax.set_title(f"{output_label(name, draws.shape[-1])} at {_point(grid, g)}", fontsize=9)
             ax.tick_params(labelsize=7)
     axes[0, 0].legend(fontsize=7)
     fig.tight_layout()

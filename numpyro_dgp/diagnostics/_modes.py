@@ -215,10 +215,9 @@ def _bridge_log_evidence(log_ratio_posterior, log_ratio_proposal, num_iterations
     log_r = lse(log_ratio_proposal) - np.log(n2)  # start from the importance-sampling estimate
     for _ in range(num_iterations):
         num, den = terms(log_r)
-        new = (lse(num) - np.log(n2)) - (lse(den) - np.log(n1))
-        converged = abs(new - log_r) < 1e-10
-        log_r = new
-        if converged:
+        previous = log_r
+        log_r = (lse(num) - np.log(n2)) - (lse(den) - np.log(n1))
+        if abs(log_r - previous) < 1e-10:
             break
     num, den = terms(log_r)
     num, den = np.exp(num), np.exp(den + log_r)
@@ -362,18 +361,15 @@ def mode_mixture(
     :param label: name of the result (default: ``tree``'s label with ``" (modes by mass)"``).
     :return: a ``DataTree`` in this module's layout with one chain of ``num_draws`` draws.
     """
-    names = layer_names(tree)
-    values = {n: layer_values(tree, n) for n in names}
-    C, D = values[names[0]].shape[:2]
-    total = num_draws or C * D
+    C, D = tree["posterior"].sizes["chain"], tree["posterior"].sizes["draw"]
     rng = np.random.default_rng(int(jax.random.randint(rng_key, (), 0, 2**31 - 1)))
-    counts = rng.multinomial(total, np.asarray(evidence.weights, float))
-    picks = []
+    counts = rng.multinomial(num_draws or C * D, np.asarray(evidence.weights, float))
+    picks = []  # indices of the chains' draws one after another
     for chains, count in zip(evidence.modes, counts):
-        pool = [(c, d) for c in chains for d in range(D)]
-        idx = rng.choice(len(pool), size=int(count), replace=True)
-        picks += [pool[i] for i in idx]
-    layers = {n: np.stack([values[n][c, d] for c, d in picks]) for n in names}
+        pool = (np.asarray(chains)[:, None] * D + np.arange(D)).ravel()
+        picks.append(pool[rng.choice(pool.size, size=int(count), replace=True)])
+    picked = np.concatenate(picks)
+    layers = {n: layer_values(tree, n, flat=True)[picked] for n in layer_names(tree)}
     label = label or f"{tree.attrs.get('label', 'MCMC')} (modes by mass)"
     return from_layer_samples(layers, grid_inputs(tree), label=label)
 
@@ -505,11 +501,12 @@ def ground_truth(
 def _chains(tree: xarray.DataTree, chains: list[int]) -> xarray.DataTree:
     """The tree of the given chains only, divergences kept; one chain becomes its two halves
     (so that its R-hat is the split R-hat)."""
-    layers = {n: layer_values(tree, n)[chains] for n in layer_names(tree)}
+
+    def pick(v):  # (C, D, ...) -> the chains (one chain: its two halves)
+        v, half = v[chains], v.shape[1] // 2
+        return v if len(chains) > 1 else np.stack([v[0, :half], v[0, half : 2 * half]])
+
+    layers = {n: pick(layer_values(tree, n)) for n in layer_names(tree)}
     diverging = divergences(tree)
-    stats = {} if diverging is None else {"diverging": diverging[chains]}
-    if len(chains) == 1:
-        half = next(iter(layers.values())).shape[1] // 2
-        layers = {n: np.stack([v[0, :half], v[0, half : 2 * half]]) for n, v in layers.items()}
-        stats = {k: np.stack([v[0, :half], v[0, half : 2 * half]]) for k, v in stats.items()}
-    return from_layer_samples(layers, grid_inputs(tree), sample_stats=stats or None)
+    stats = None if diverging is None else {"diverging": pick(diverging)}
+    return from_layer_samples(layers, grid_inputs(tree), sample_stats=stats)

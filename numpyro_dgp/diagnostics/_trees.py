@@ -58,13 +58,12 @@ def layer_samples(
             f"layer_samples: none of the samples' sites {sorted(samples)} is a latent site of the "
             "model"
         )
-    S = next(iter(chosen.values())).shape[0]
 
     def one(key, sample):
         m = substitute(seed(model, key), data={**params, **sample})
         return layer_outputs(m, True, (grid, *args), kwargs)
 
-    keys = jax.random.split(rng_key, S)
+    keys = jax.random.split(rng_key, next(iter(chosen.values())).shape[0])  # one per sample
     return jax.jit(jax.vmap(one))(keys, chosen)
 
 
@@ -73,9 +72,11 @@ def grid_inputs(tree: xarray.DataTree) -> np.ndarray:
     return np.asarray(tree["constant_data"]["grid_x"].values)
 
 
-def layer_values(tree: xarray.DataTree, name: str) -> np.ndarray:
-    """The ``(C, D, G, P)`` draws of layer ``name`` of a tree in this module's layout."""
-    return np.asarray(tree["posterior"][name].values)
+def layer_values(tree: xarray.DataTree, name: str, flat: bool = False) -> np.ndarray:
+    """The ``(C, D, G, P)`` draws of layer ``name`` of a tree in this module's layout (``flat``:
+    the chains one after another, ``(C * D, G, P)``)."""
+    values = np.asarray(tree["posterior"][name].values)
+    return values.reshape((-1,) + values.shape[2:]) if flat else values
 
 
 def divergences(tree: xarray.DataTree) -> np.ndarray | None:
@@ -109,7 +110,8 @@ def from_layer_samples(
         ``num_chains`` chains).
     :param grid: ``(G, D_in)`` first-layer inputs.
     :param num_chains: ``C`` for layers given as ``(S, G, P)`` (``S`` a multiple of it).
-    :param extra: more posterior variables (e.g. hyperparameters), same leading dims.
+    :param extra: more posterior variables (e.g. hyperparameters), with the leading dims of
+        the layers (``(C, D, ...)`` or ``(S, ...)``).
     :param sample_stats: e.g. ``{"diverging": (C, D)}``.
     :param label: a name for the method (stored in ``attrs``).
     :return: the ``DataTree``: groups ``posterior``, ``constant_data`` (``grid_x``) and, if
@@ -117,16 +119,13 @@ def from_layer_samples(
     """
     import arviz as az
 
-    def shaped(v):  # (S, ...) -> (C, S / C, ...)
-        return np.asarray(v).reshape((num_chains, -1) + np.shape(v)[1:])
+    def shaped(v):  # (S, ...) -> (C, S / C, ...), unless given by chain as the layers are
+        v = np.asarray(v)
+        return v if by_chain else v.reshape((num_chains, -1) + v.shape[1:])
 
     names = list(layers)
-    posterior = {n: np.asarray(v) if np.ndim(v) == 4 else shaped(v) for n, v in layers.items()}
-    chains_draws = next(iter(posterior.values())).shape[:2]
-    for name, value in (extra or {}).items():
-        posterior[name] = (
-            np.asarray(value) if np.shape(value)[:2] == chains_draws else shaped(value)
-        )
+    by_chain = np.ndim(layers[names[0]]) == 4
+    posterior = {n: shaped(v) for n, v in {**layers, **(extra or {})}.items()}
     data = {"posterior": posterior, "constant_data": {"grid_x": np.asarray(grid)}}
     if sample_stats:
         data["sample_stats"] = {k: np.asarray(v) for k, v in sample_stats.items()}
@@ -227,11 +226,6 @@ def from_mcmc(
         rerun = layer_samples(model, flat, rng_key, grid, *args, params=params, **(kwargs or {}))
         layers = {k: np.asarray(v).reshape((C, D) + v.shape[1:]) for k, v in rerun.items()}
     hyper = {k: np.asarray(v) for k, v in samples.items() if ".kernel." in k}
-    stats = {}
-    try:
-        extra = mcmc.get_extra_fields(group_by_chain=True)
-        if "diverging" in extra:
-            stats["diverging"] = np.asarray(extra["diverging"])
-    except Exception:  # kernels without extra fields
-        pass
-    return from_layer_samples(layers, grid, extra=hyper, sample_stats=stats or None, label=label)
+    extra = mcmc.get_extra_fields(group_by_chain=True)  # NUTS records divergences, others not
+    stats = {"diverging": np.asarray(extra["diverging"])} if "diverging" in extra else None
+    return from_layer_samples(layers, grid, extra=hyper, sample_stats=stats, label=label)

@@ -212,3 +212,22 @@ def test_layer_samples_refuses_samples_without_a_layers_inducing_values(data):
         partial = {k: v for k, v in samples.items() if k != dropped}
         with pytest.raises(ValueError, match=rf"lack the inducing-value sites \['{dropped}'\]"):
             diagnostics.layer_samples(two_layer, partial, jax.random.PRNGKey(0), grid)
+
+
+def test_layer_metrics_and_mode_evidence_refuse_bad_arguments():
+    """The refusals of a central interval outside (0, 1), no modes, too few proposal draws and a
+    mode of one draw (a Gaussian needs two)."""
+    tree = _tree({"h": np.zeros((4, 2, 1))}, np.zeros((2, 1)))
+    with pytest.raises(ValueError, match=r"interval must be in \(0, 1\), got 1.0"):
+        diagnostics.layer_metrics(tree, tree, interval=1.0)
+
+    def normal():
+        numpyro.sample("x", dist.Normal(0.0, 1.0))
+
+    samples, key = {"x": np.zeros((2, 3))}, jax.random.PRNGKey(0)
+    with pytest.raises(ValueError, match="modes must be non-empty lists of chain indices"):
+        diagnostics.mode_evidence(normal, samples, [], key)
+    with pytest.raises(ValueError, match="num_draws must be at least 100, got 10"):
+        diagnostics.mode_evidence(normal, samples, [[0]], key, num_draws=10)
+    with pytest.raises(ValueError, match=r"mode \[0\] has 1 draw\(s\); at least 2 are needed"):
+        diagnostics.mode_evidence(normal, {"x": np.zeros((2, 1))}, [[0]], key)
