@@ -19,7 +19,7 @@ and live in the modules that own them:
   ``local_q`` for the layer) and gives an AR2 / AR2P encoder the weighted mean of the branches
   (``encoder_input``, ``branched``);
 * latent inputs: the draw from the guide's ``q(w_n)`` (``latent_draw`` and ``latent_kl`` in
-  :mod:`numpyro_dgp.guides._latent`);
+  :mod:`numpyro_dgp.guides._base`);
 * the importance-weighted bound: the ``importance`` plug-in
   (:class:`~numpyro_dgp.objectives._importance.ImportanceDraws`: ``num`` draws per point,
   their log weights, a layer's joint draws, its refusals);
