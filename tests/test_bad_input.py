@@ -166,6 +166,12 @@ def test_kernels_refuse_non_positive_hyperparameters(make, match):
     (lambda: dgp.kernels.RBF(lengthscale=jnp.ones(3)).with_input_dim(2), ValueError,
      "but the layer input has 2 dimensions"),
     (lambda: dgp.kernels.RBF()(jnp.ones((3, 2)), jnp.ones((3, 3))), ValueError, "kernel inputs disagree in dimension"),
+    (lambda: dgp.kernels.RBF()(jnp.ones(3)), ValueError,
+     r"kernel inputs must be 2-D \(num_points, dim\); got shapes \(3,\) and \(3,\)"),
+    (lambda: dgp.kernels.RBF()(jnp.ones((3, 1)), jnp.ones(3)), ValueError,
+     r"kernel inputs must be 2-D .*got shapes \(3, 1\) and \(3,\)"),
+    (lambda: dgp.kernels.Matern52().diag(jnp.ones(3)), ValueError,
+     r"kernel inputs must be 2-D \(num_points, dim\); got shape \(3,\)"),
 ])
 def test_kernels_name_what_is_wrong(call, error, match):
     with pytest.raises(error, match=match):

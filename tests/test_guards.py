@@ -21,9 +21,10 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import numpyro
+import numpyro.contrib.funsor as funsor
 import numpyro.distributions as dist
 import pytest
-from numpyro.handlers import block, seed, trace
+from numpyro.handlers import block, seed, substitute, trace
 from numpyro.infer import SVI
 from numpyro.infer.autoguide import AutoNormal
 
@@ -32,7 +33,13 @@ from numpyro_dgp import _compat, diagnostics
 from numpyro_dgp._engine.marginal import marginalize_inducing
 from numpyro_dgp._engine.run import layers_by_u_site
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP
-from numpyro_dgp.handlers import collapse_last_layer, exact_layers, quadrature, sde_flow
+from numpyro_dgp.handlers import (
+    collapse_last_layer,
+    exact_layers,
+    layer_inputs,
+    quadrature,
+    sde_flow,
+)
 from numpyro_dgp.infer import fit_minibatches
 from numpyro_dgp.io import load_params, save_params
 from numpyro_dgp.models import deep_gp_regression
@@ -584,6 +591,78 @@ def test_exact_layers_collapse_last_refuses_observations_of_another_shape():
     with pytest.raises(ValueError, match=r"exact_layers\(collapse_last=True\): observation site 'y' has shape \(6, 2\)"):
         trace(seed(exact_layers(model, collapse_last=True), 0)).get_trace(X, jnp.stack([Y, Y], -1))
 
+
+
+def test_quadrature_refuses_a_layer_another_handler_computes():
+    """handlers/_base.py quadrature: an sde_flow layer (its value is the flow's, not branched)."""
+
+    def model(X, y=None):
+        _observe(_layer("f", _layer("h1", X)), y)
+
+    flow = quadrature(sde_flow(model, "h1", T=1.0, num_steps=2), num_points=2)
+    with pytest.raises(NotImplementedError, match="quadrature: layer 'h1' is an sde_flow layer, "
+                                                  "which quadrature does not branch"):
+        trace(seed(flow, 0)).get_trace(X, Y)
+
+
+def test_layer_inputs_refuses_inputs_for_a_layer_the_model_lacks():
+    """handlers/_base.py layer_inputs: inputs given for a layer name that never ran."""
+    model = layer_inputs(one_layer, inputs={"g": X})
+    with pytest.raises(ValueError, match=r"layer_inputs: the model has no layer named \['g'\]"):
+        trace(seed(model, 0)).get_trace(X, Y)
+
+
+def test_collapse_last_layer_refuses_an_observation_that_is_not_the_layer_output():
+    """handlers/_mcmc.py _matched_variance: a Normal whose location is not the layer's output."""
+
+    def model(X, y=None):
+        f = _layer("f", X)
+        with numpyro.plate("data", X.shape[0] - 1):
+            numpyro.sample("y", dist.Normal(f[1:, 0], 0.1), obs=y)
+
+    with pytest.raises(ValueError, match=r"collapse_last_layer: cannot match the layer's variance "
+                                         r"\(6, 1\) to the observation's location \(5,\)"):
+        trace(seed(collapse_last_layer(model), 0)).get_trace(X, Y[1:])
+
+
+def test_flow_trajectories_refuses_a_model_not_wrapped_by_sde_flow():
+    """sde.py flow_trajectories: the plain model instead of its sde_flow wrapper."""
+    with pytest.raises(TypeError,
+                       match="flow_trajectories: model must be the sde_flow-wrapped model itself"):
+        dgp.sde.flow_trajectories(one_layer, None, {}, KEY, X)
+
+
+# --- guides ----------------------------------------------------------------------------------
+
+
+def test_guide_refuses_a_model_without_gp_layer_inducing_sites():
+    """guides/_base.py _read_inducing_sites: a model with no '<name>.u' site."""
+
+    def plain(X, y=None):
+        m = numpyro.sample("m", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(m, 1.0), obs=y)
+
+    with pytest.raises(ValueError,
+                       match="AutoFactorizedDGP: the model has no gp_layer inducing sites"):
+        seed(AutoFactorizedDGP(plain), 0)(X, Y)
+
+
+@pytest.mark.filterwarnings("ignore:init_to_mean\\(\\) skipping")
+def test_guide_refuses_a_global_inducing_site_inside_a_plate():
+    """guides/_base.py _read_inducing_sites: a global inducing site under a plate that gp_layer's
+    own check (numpyro.plate handlers only) does not see: a funsor plate, its batched u
+    fixed by substitute (unfixed, the layer cannot run on a batched u)."""
+
+    def model(X, y=None):
+        with funsor.plate("rep", 1):
+            f = _layer("f", X)
+        _observe(f, y)
+
+    fixed = substitute(funsor.enum(model, first_available_dim=-2), data={"f.u": jnp.zeros((1, 2))})
+    with pytest.raises(ValueError, match=r"AutoFactorizedDGP: inducing site 'f.u' is inside "
+                                         r"plate\(s\) \['rep'\]"):
+        seed(AutoFactorizedDGP(fixed), 0)(X, Y)
 
 # ---------------------------------------------------------------- likelihoods, targets, latent inputs
 

@@ -13,6 +13,7 @@ from numpyro.infer import MCMC, Predictive
 from numpyro.infer.util import initialize_model
 from scipy.optimize import minimize_scalar
 
+import numpyro_dgp as dgp
 from numpyro_dgp import predict_from_samples
 from numpyro_dgp.handlers import collapse_last_layer
 from numpyro_dgp.infer import SGHMC
@@ -239,6 +240,21 @@ def test_bad_models():
         mcmc = MCMC(SGHMC(model), num_warmup=1, num_samples=1, progress_bar=False)
         with pytest.raises(ValueError, match=match):
             mcmc.run(jax.random.key(0), jnp.ones(()))
+
+
+def test_refuses_a_model_that_is_not_callable():
+    for model in (None, "model"):
+        with pytest.raises(ValueError, match="SGHMC: model must be a callable NumPyro model"):
+            SGHMC(model)
+
+
+def test_refuses_per_point_inducing_sets():
+    model = dgp.models.amortized_dgp(widths=(1,), num_inducing=(2,))
+    mcmc = MCMC(SGHMC(model), num_warmup=1, num_samples=1, progress_bar=False)
+    X = jnp.linspace(-1.0, 1.0, 6)[:, None]
+    with pytest.raises(ValueError, match=r"SGHMC: layer\(s\) \['h1'\] have per-point inducing .*"
+                                         "use inducing='global'"):
+        mcmc.run(jax.random.key(0), X, jnp.sin(X[:, 0]))
 
 
 def _kinked(y):

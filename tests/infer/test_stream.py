@@ -37,6 +37,8 @@ def test_host_minibatches_read_rows_of_a_memory_map(tmp_path):
         HostMinibatches(X, y, 50)
     with pytest.raises(ValueError, match="y has 39 rows"):
         HostMinibatches(X, y[:-1], 5)
+    with pytest.raises(ValueError, match=r"HostMinibatches: X must be \(N, D\), got shape \(40,\)"):
+        HostMinibatches(X[:, 0], y, 5)
 
 
 def test_whole_data_batches_reproduce_fit():
