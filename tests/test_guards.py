@@ -447,7 +447,7 @@ def checkpoint(tmp_path_factory):
 
 
 def test_resume_refuses_a_checkpoint_of_another_optimizer(checkpoint):
-    """infer/_checkpoint.py check_same_fit: resuming an SGD fit from an Adam checkpoint (before any work)."""
+    """infer/_checks.py check_same_fit: resuming an SGD fit from an Adam checkpoint (before any work)."""
     model = deep_gp_regression(1, num_inducing=2)
     svi = SVI(model, AutoFactorizedDGP(model), numpyro.optim.SGD(0.01), dgp.DGPElbo())
     with pytest.raises(ValueError, match=r"written by another fit: optimizer is 'SGD\(.*\)' here, 'Adam\(.*\)' in the"):
@@ -455,7 +455,7 @@ def test_resume_refuses_a_checkpoint_of_another_optimizer(checkpoint):
 
 
 def test_resume_refuses_a_checkpoint_of_an_optimizer_with_another_state(tmp_path):
-    """infer/_checkpoint.py _identity_difference: two optax optimizers (one wrapper class, the same
+    """infer/_checks.py _identity_difference: two optax optimizers (one wrapper class, the same
     settings NumPyro sees) whose states differ: Adam's against AdaBelief's (same leaves, other types)."""
     import optax
 
@@ -472,7 +472,7 @@ def test_resume_refuses_a_checkpoint_of_an_optimizer_with_another_state(tmp_path
 
 
 def test_resume_refuses_a_checkpoint_of_another_precision(checkpoint):
-    """infer/_checkpoint.py check_same_fit: resuming a float32 fit from a float64 checkpoint (before any work)."""
+    """infer/_checks.py check_same_fit: resuming a float32 fit from a float64 checkpoint (before any work)."""
     with _x64_disabled():
         model = deep_gp_regression(1, num_inducing=2)
         X32, Y32 = jnp.asarray(X, jnp.float32), jnp.asarray(Y, jnp.float32)
