@@ -110,6 +110,7 @@ def from_layer_samples(
         ``num_chains`` chains).
     :param grid: ``(G, D_in)`` first-layer inputs.
     :param num_chains: ``C`` for layers given as ``(S, G, P)`` (``S`` a multiple of it).
+    :raises ValueError: ``S`` is not a multiple of ``num_chains``.
     :param extra: more posterior variables (e.g. hyperparameters), with the leading dims of
         the layers (``(C, D, ...)`` or ``(S, ...)``).
     :param sample_stats: e.g. ``{"diverging": (C, D)}``.
@@ -125,6 +126,12 @@ def from_layer_samples(
 
     names = list(layers)
     by_chain = np.ndim(layers[names[0]]) == 4
+    num_samples = np.shape(layers[names[0]])[0]
+    if not by_chain and num_samples % num_chains:
+        raise ValueError(
+            f"from_layer_samples: {num_samples} samples do not split into num_chains={num_chains} "
+            "equal chains; pass a num_chains that divides the number of samples"
+        )
     posterior = {n: shaped(v) for n, v in {**layers, **(extra or {})}.items()}
     data = {"posterior": posterior, "constant_data": {"grid_x": np.asarray(grid)}}
     if sample_stats:

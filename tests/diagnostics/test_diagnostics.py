@@ -200,6 +200,14 @@ def test_trees_from_guide_and_from_mcmc_share_a_layout(data):
         diagnostics.layer_metrics(vi, diagnostics.from_layer_samples({"h1": np.zeros((4, 5, 1)), "h2": np.zeros((4, 5, 1))}, grid + 1))
 
 
+def test_from_layer_samples_refuses_samples_that_do_not_split_into_the_chains():
+    """Ten samples cannot be three equal chains: refused, naming both numbers."""
+    layers = {"h1": np.zeros((10, 5, 1))}
+    with pytest.raises(ValueError, match="10 samples do not split into num_chains=3"):
+        diagnostics.from_layer_samples(layers, np.zeros((5, 1)), num_chains=3)
+    assert diagnostics.from_layer_samples(layers, np.zeros((5, 1)), num_chains=2)["posterior"]["h1"].shape == (2, 5, 5, 1)
+
+
 def test_layer_samples_refuses_samples_without_a_layers_inducing_values(data):
     """Samples that lack one layer's inducing values are refused, naming the site: drawing them
     from the prior instead would mix prior and posterior draws without a word."""
