@@ -95,6 +95,7 @@ def fit_factorized(
     X: ArrayLike,
     y: ArrayLike,
     *,
+    num_steps: int,
     batch_size: int | None = None,
     learning_rate: float = 0.01,
     num_particles: int = 1,
@@ -107,21 +108,22 @@ def fit_factorized(
     :param rng_key: PRNG key.
     :param X: ``(N, D)`` training inputs.
     :param y: ``(N,)`` training targets.
+    :param num_steps: optimization steps.
     :param batch_size: minibatch size (``None``: every point in every step).
     :param learning_rate: Adam's step size.
     :param num_particles: Monte Carlo samples of the inner layers per step.
-    :param options: the options of :func:`~numpyro_dgp.fit`: ``num_steps`` (required),
-        ``progress_bar`` (default here ``False``), ``chunk_size`` (steps per compiled chunk,
-        default here 500), ``init_params`` (initial constrained values of some parameters: a
-        partial dict, its entries checked against the model, as ``strict=False``, the default
-        here, checks them), ...
+    :param options: the other options of :func:`~numpyro_dgp.fit`: ``progress_bar`` (default
+        here ``False``), ``chunk_size`` (steps per compiled chunk, default here 500),
+        ``init_params`` (initial constrained values of some parameters: a partial dict, its
+        entries checked against the model, as ``strict=False``, the default here, checks
+        them), ...
     :return: ``(model, guide, FitResult)``.
     """
     guide = AutoFactorizedDGP(model)
     svi = SVI(model, guide, numpyro.optim.Adam(learning_rate), DGPElbo(num_particles=num_particles))
     kwargs: dict[str, Any] = {"batch_size": batch_size} if batch_size else {}
     options = {"progress_bar": False, "chunk_size": 500, "strict": False, **options}
-    return model, guide, fit(svi, rng_key, X, y, **options, **kwargs)
+    return model, guide, fit(svi, rng_key, X, y, num_steps=num_steps, **options, **kwargs)
 
 
 def run_on_uci(
