@@ -37,6 +37,22 @@ jax.config.update("jax_enable_x64", True)
 os.environ.setdefault("NUMPYRO_DGP_SMOKE", "1")
 
 
+# Linux caps a process at vm.max_map_count memory maps (65,530 by default). XLA's CPU backend
+# maps each compiled program's code in pieces (hundreds for a DGP's training step) and keeps it
+# while JAX's in-memory caches hold the program, so a worker that runs a few hundred
+# model-building tests (the --runslow tier: about 400 maps a test) runs out, and every later
+# compilation fails with "Failed to materialize symbols". Past 40,000 maps, drop those caches;
+# the persistent cache on disk still serves a later test that needs the same program.
+_MAPS = Path("/proc/self/maps")
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_programs():
+    yield
+    if _MAPS.exists() and _MAPS.read_bytes().count(b"\n") > 40_000:
+        jax.clear_caches()
+
+
 # Property-based tests (hypothesis) are deterministic here: the same examples on every run and
 # machine (derandomize, no example database), no per-example deadline (the first example of a
 # shape compiles), and few examples per test (each one runs JAX programs). A test may ask for
