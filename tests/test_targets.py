@@ -225,7 +225,7 @@ def test_models_refuse_targets_their_likelihood_cannot_take(likelihood, extra, y
 
 
 def test_amortized_factory_takes_the_likelihood_s_width():
-    with pytest.raises(ValueError, match=r"ending in the likelihood's 3 output\(s\)"):
+    with pytest.raises(ValueError, match=r"the last width the likelihood's 3 output\(s\)"):
         dgp.models.amortized_dgp(widths=(4, 1), num_inducing=(3, 3), likelihood="softmax", num_classes=3)
     model = dgp.models.amortized_dgp(widths=(4, 3), num_inducing=(3, 3), likelihood="softmax", num_classes=3)
     tr = numpyro.handlers.trace(numpyro.handlers.seed(model, 0)).get_trace(jnp.zeros((5, 2)), jnp.zeros(5, jnp.int32))

@@ -58,7 +58,7 @@ def listener(event, duration, fun_name=None, **kwargs):
 jax.monitoring.register_event_duration_secs_listener(listener)
 r3 = dgp.fit(two, jax.random.PRNGKey(0), X, y, batch_size=32, num_steps=15, chunk_size=15, progress_bar=False)
 jax.monitoring.unregister_event_duration_listener(listener)
-out["fit_from_key_chunk_compiles"] = compiled.count("jit(run_chunk)")
+out["fit_from_key_chunk_compiles"] = compiled.count("jit(_run_chunk)")
 out["fit_from_key_finite"] = bool(np.all(np.isfinite(r3.losses)))
 
 def lin(x, y=None):
