@@ -20,7 +20,6 @@ from numpyro_dgp.core._triangular import (  # noqa: E402
     QUADRATIC_FORM_BLOCK,
     QUADRATIC_FORM_MOST_BLOCKS,
     lower_from_vector,
-    lower_gram,
     lower_of_times_transpose,
     lower_times,
     lower_times_lower,
@@ -130,25 +129,6 @@ def test_block_products_pass_finite_difference_checks_with_several_small_blocks(
     K = jnp.asarray(_spd(rs, 8))
     check_grads(jax.jit(lambda K: jnp.sum(U * triangular_inverse(cholesky(K)))), (K,), order=1, modes=["rev", "fwd"])
     check_grads(jax.jit(lambda K: jnp.sum(U * inverse_cholesky(K))), (K,), order=1, modes=["rev", "fwd"])
-
-
-@pytest.mark.parametrize("K", [1, 7, 513, 1100])
-def test_lower_gram_is_the_dense_product_of_the_lower_factor(K):
-    # 1, 1, 2 and 3 blocks of at most 512; the upper triangle holds noise that must be ignored
-    rs = np.random.RandomState(K)
-    L = jnp.asarray(rs.randn(2, K, K))
-    dense = jnp.tril(L) @ jnp.swapaxes(jnp.tril(L), -1, -2)
-    np.testing.assert_allclose(lower_gram(L), dense, rtol=1e-12, atol=1e-12 * K)
-    assert len(triangular_blocks(K, 512, 16)) == -(-K // 512)
-
-
-def test_lower_gram_passes_finite_difference_checks_with_several_blocks(monkeypatch):
-    import numpyro_dgp.core._triangular as triangular
-
-    monkeypatch.setattr(triangular, "GRAM_BLOCK", 3)
-    L = jnp.asarray(np.random.RandomState(9).randn(8, 8))
-    np.testing.assert_allclose(lower_gram(L), jnp.tril(L) @ jnp.tril(L).T, rtol=1e-12, atol=1e-12)
-    check_grads(jax.jit(lower_gram), (L,), order=2, modes=["fwd", "rev"])
 
 
 def test_lower_times_takes_a_batch_of_factors():

@@ -34,7 +34,7 @@ from numpyro_dgp._protocol import (
     node_tail,
     trace_layers,
 )
-from numpyro_dgp.guides import EncodedSets
+from numpyro_dgp.guides import CorrelatedRecursion, EncodedSets
 from numpyro_dgp.handlers import fast_subsample
 from numpyro_dgp.layers import Layer
 from numpyro_dgp.posteriors import (
@@ -118,6 +118,7 @@ def marginal_trace(
     num_samples: int | None = None,
     importance: Any = None,
     joint_draws: bool = False,
+    correlated: str = "exact",
 ) -> MarginalRun:
     """Run ``guide`` then ``model`` with inducing values marginalized and quadrature nodes on
     the last layer (see :class:`marginalize_inducing`).
@@ -138,6 +139,10 @@ def marginal_trace(
     :param joint_draws: with several outputs, Monte Carlo draws whatever the observation (the
         ``2 P`` nodes a Normal takes are exact for its expected log-density, not for the density
         of a row under outputs correlated at a point).
+    :param correlated: for a guide that correlates the layers, ``"exact"`` (each point's
+        recursion) or ``"sampled"`` (the guide's sampled inducing values, shared by the points,
+        the last layer marginalized given them; see
+        :meth:`~numpyro_dgp.guides.CorrelatedRecursion.sampled`).
     :return: :class:`MarginalRun`. With ``objective="predict"``, latent inputs are drawn from
         their prior and the guide's plates are not replayed (new points).
     """
@@ -173,8 +178,12 @@ def marginal_trace(
             posteriors = guide_posteriors(guide_trace, found["u_sites"])
         posteriors.update(EncodedSets.encoders(guide_trace))
         posteriors.update(latent_posteriors(guide_trace, found["latents"]))
+        marginalized = posteriors
+        if correlated == "sampled":
+            conditionals = guide_posteriors(guide_trace, found["u_sites"], structured=False)
+            marginalized = CorrelatedRecursion.sampled(posteriors, conditionals)
         handler = marginalize_inducing(
-            seeded_model, posteriors, found["last"], nodes, weights, latent_mode, importance
+            seeded_model, marginalized, found["last"], nodes, weights, latent_mode, importance
         )
         model_trace = trace(handler).get_trace(*args, **kwargs)
         return MarginalRun(

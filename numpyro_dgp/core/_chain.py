@@ -6,22 +6,24 @@ observation of its inducing values::
 
     f_l = mean_l(f_{l-1}) + H u_l + e,   H = I_P (x) alpha_l(f_{l-1})^T,   e ~ N(0, s_l I_P),
 
-with ``alpha`` and ``s = k(f, f) - q(f, f)`` from :func:`point_projection`. A Gaussian belief
-``N(a, B)`` over the inducing values not yet used (the current layer's block first) gives
-the output's moments (:func:`output_moments`); the sampled output then updates the belief
-like a Kalman filter (:func:`condition_on_output`), and for a chain-structured guide the
-belief moves to the next layer through ``q(u_{l+1} | u_l)`` (:func:`chain_transition`).
-This is the exact per-point recursion, not the recursion of eqs. (16)-(17) of Ustyuzhaninov
-et al. (2020), which is wrong for ``L >= 3``.
+with ``alpha`` and ``s = k(f, f) - q(f, f)`` from :func:`point_projection`. The guide writes the
+inducing values through standard-normal draws, ``vec(u_l) = vec(m_l) + T_l eps`` with ``T``
+block lower-triangular (a joint guide's factor; for a chain, ``q(u_l | u_{l-1}) = N(m_l +
+C_l (u_{l-1} - m_{l-1}), D_l D_l^T)`` gives ``T_l = [C_l T_{l-1}, D_l]``). Each point carries a
+Gaussian belief over the draws of the layers run so far (:class:`Belief`); a layer's output is a
+linear-Gaussian observation of them with rows ``H T_l`` (:func:`output_moments`), and the sampled
+output updates the belief like a Kalman filter (:func:`condition_on_output`). This is the exact
+per-point recursion, not the recursion of eqs. (16)-(17) of Ustyuzhaninov et al. (2020), which
+is wrong for ``L >= 3``.
 
-A point's belief covariance is a covariance shared by the points minus a low-rank correction
-of its own (:class:`Belief`): each conditioning on a layer's ``P`` outputs adds ``P`` rows.
-Memory and cost per point are ``O(r K)`` for ``r`` outputs conditioned on so far, instead of
-the ``O(K^2)`` of a dense per-point covariance (a 1000-point minibatch with ``K = 800``
-inducing values would need 5 GB per covariance).
+Working in the draws, not in the inducing values, no covariance over the inducing values is
+formed: a layer costs ``O(N P M K)`` for the ``K`` draws of the layers before it, and DSVI's
+``O(N P M^2)`` for its own draws when ``T_l``'s own block is one factor per output (a chain).
+Each point's belief is the identity minus a low-rank downdate: conditioning on a layer's ``P``
+outputs adds ``P`` rows, ``O(r K)`` memory per point for ``r`` outputs so far.
 
-Shapes: ``N`` points, ``P`` outputs, ``M`` inducing points, belief over ``K >= P * M`` values
-(the current layer's ``u`` flattened output-major, ``vec(u) = u.reshape(-1)`` for ``u (P, M)``).
+Shapes: ``N`` points, ``P`` outputs, ``M`` inducing points, ``K`` draws (the current layer's
+``u`` flattened output-major, ``vec(u) = u.reshape(-1)`` for ``u (P, M)``).
 No NumPyro below this line.
 
 **References:**
@@ -40,7 +42,6 @@ from jax.scipy.linalg import block_diag, solve_triangular
 from jax.typing import ArrayLike
 
 from numpyro_dgp.core._conditionals import project
-from numpyro_dgp.core._triangular import lower_gram
 
 
 def point_projection(
@@ -66,32 +67,26 @@ def point_projection(
 
 
 class Belief(NamedTuple):
-    """A Gaussian belief per point over ``K`` inducing values:
-    ``N(loc_n, shared_cov - downdate_n^T downdate_n)``.
+    """Each point's Gaussian over the standard-normal draws ``eps`` behind the inducing values of
+    the layers run so far (``vec(u_l) = vec(m_l) + T_l eps``): ``N(loc_n, I - G_n^T W_n G_n)``.
 
-    :ivar loc: ``(K,)`` (the same for every point) or ``(N, K)``.
-    :ivar shared_cov: ``(K, K)`` the covariance before any conditioning, or ``(P, M, M)`` the
-        diagonal blocks of a block-diagonal one (``K = P M``: a chain's first layer, whose
-        products then skip the zero blocks).
-    :ivar downdate: ``(N, r, K)`` each point's correction, or ``None`` (none yet).
+    Each output conditioned on adds a row to ``G_n`` (its covariance with the draws) and the
+    layer's inverse output covariance to the block-diagonal ``W_n``, so conditioning never
+    solves against the draws.
+
+    :ivar loc: ``(N, K)``.
+    :ivar rows: ``(N, r, K)`` ``G_n``: one row per output conditioned on so far.
+    :ivar weight: ``(N, r, r)`` ``W_n``.
     """
 
     loc: jax.Array
-    shared_cov: jax.Array
-    downdate: jax.Array | None = None
+    rows: jax.Array
+    weight: jax.Array
 
     def covariance(self) -> jax.Array:
-        """The dense covariance, ``(K, K)`` or ``(N, K, K)`` (for checks; the recursion never
-        forms it)."""
-        shared = _dense(self.shared_cov)
-        if self.downdate is None:
-            return shared
-        return shared - jnp.einsum("njk,njl->nkl", self.downdate, self.downdate)
-
-    def tail(self, start: int) -> Belief:
-        """The belief over the values from index ``start`` on."""
-        downdate = None if self.downdate is None else self.downdate[..., start:]
-        return Belief(self.loc[..., start:], _dense(self.shared_cov)[start:, start:], downdate)
+        """The dense ``(N, K, K)`` covariance (for checks; the recursion never forms it)."""
+        eye = jnp.eye(self.loc.shape[-1], dtype=self.loc.dtype)
+        return eye - jnp.einsum("njk,nji,nil->nkl", self.rows, self.weight, self.rows)
 
 
 def _dense(cov: jax.Array) -> jax.Array:
@@ -100,40 +95,60 @@ def _dense(cov: jax.Array) -> jax.Array:
 
 
 def output_moments(
-    alpha: jax.Array, base_var: jax.Array, belief: Belief, out_dim: int
+    alpha: jax.Array,
+    base_var: jax.Array,
+    mean: jax.Array,
+    own: jax.Array,
+    cross: jax.Array | None = None,
+    belief: Belief | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Moments of one layer's (residual) output at each point under the belief.
+    """Moments of one layer's (residual) output at each point, its inducing values
+    ``vec(u) = vec(mean) + cross eps_before + own eps_own``.
+
+    The output's rows in the draws, ``H T`` (``H = I_P (x) alpha^T``), cost ``O(N P M K)``
+    for ``K`` draws of the layers before, and ``O(N P M^2)`` for ``own`` given as one factor per
+    output (DSVI's cost); no covariance over the inducing values is formed.
 
     :param alpha: ``(N, M)`` weights (see :func:`point_projection`).
     :param base_var: ``(N,)`` residual prior variances (see :func:`point_projection`).
-    :param belief: the belief over ``K`` values; the first ``P * M`` are this layer's.
-    :param out_dim: ``P``.
-    :return: ``(mean (N, P), cov (N, P, P), HB (N, P, K))``: the mean (add the mean function),
-        the covariance, and the output's cross-covariance with the belief (needed by
-        :func:`condition_on_output`).
-    :raises ValueError: if the belief's covariance blocks are not ``(P, M, M)``.
+    :param mean: ``(P, M)`` the guide's mean of ``u``.
+    :param own: ``(P, M, M)`` one lower factor per output (a block-diagonal ``T`` of the
+        layer's own draws), or the ``(P M, P M)`` factor.
+    :param cross: ``(P M, K)`` how ``u`` depends on the draws of the layers before (``None``:
+        on none).
+    :param belief: each point's belief over those ``K`` draws (required with ``cross``).
+    :return: ``(mean (N, P), cov (N, P, P), gain (N, P, K + P M))``: the mean (add the mean
+        function), the covariance, and the output's covariance with the draws (those before,
+        then the layer's own), needed by :func:`condition_on_output`.
+    :raises ValueError: if ``own``'s blocks are not ``(P, M, M)``.
     """
     N, M = alpha.shape
-    P = int(out_dim)
-    loc = jnp.broadcast_to(belief.loc, (N,) + belief.loc.shape[-1:])
-    mean = jnp.einsum("npm,nm->np", loc[:, : P * M].reshape(N, P, M), alpha)
-    # row p of H_n times the shared covariance; from the diagonal blocks alone when it is
-    # block-diagonal ((P, M, M))
-    cov = belief.shared_cov
-    if cov.ndim == 2:
-        HB = jnp.einsum("nm,pmk->npk", alpha, cov[: P * M].reshape(P, M, cov.shape[-1]))
+    P = mean.shape[0]
+    eye = jnp.eye(P, dtype=alpha.dtype)
+    out_mean = alpha @ mean.T
+    if own.ndim == 3:
+        _check_blocks(own, (P, M, M), "own")
+        rows = jnp.einsum("nm,pmk->npk", alpha, own)  # output p's row over its own block
+        out_cov = jnp.sum(rows**2, axis=-1)[..., None] * eye
+        gain = (rows[:, :, None, :] * eye[None, :, :, None]).reshape(N, P, P * M)
     else:
-        _check_blocks(cov, (P, M, M), "the belief's shared_cov")
-        rows = jnp.einsum("nm,pmk->npk", alpha, cov)  # output p's block, (N, P, M)
-        eye = jnp.eye(P, dtype=rows.dtype)
-        HB = (rows[:, :, None, :] * eye[None, :, :, None]).reshape(N, P, P * M)
-    if belief.downdate is not None:
-        V = belief.downdate  # (N, r, K)
-        HV = jnp.einsum("nm,njpm->npj", alpha, V[:, :, : P * M].reshape(N, V.shape[1], P, M))
-        HB = HB - jnp.einsum("npj,njk->npk", HV, V)
-    HBH = jnp.einsum("npqm,nm->npq", HB[:, :, : P * M].reshape(N, P, P, M), alpha)
-    out_cov = HBH + base_var[:, None, None] * jnp.eye(P, dtype=alpha.dtype)
-    return mean, out_cov, HB
+        gain = jnp.einsum("nm,pmk->npk", alpha, own.reshape(P, M, P * M))
+        out_cov = jnp.einsum("npk,nqk->npq", gain, gain)
+    if cross is not None:
+        assert belief is not None  # the draws before have a belief
+        rows = jnp.einsum("nm,pmk->npk", alpha, cross.reshape(P, M, cross.shape[-1]))
+        out_mean = out_mean + jnp.einsum("npk,nk->np", rows, belief.loc)
+        # rows B rows^T and rows B with B = I - G^T W G: products with the r conditioned rows
+        seen = jnp.einsum("npk,njk->npj", rows, belief.rows)  # (N, P, r)
+        weighted = jnp.einsum("npj,nji->npi", seen, belief.weight)
+        out_cov = (
+            out_cov
+            + jnp.einsum("npk,nqk->npq", rows, rows)
+            - jnp.einsum("npj,nqj->npq", weighted, seen)
+        )
+        before = rows - jnp.einsum("npj,njk->npk", weighted, belief.rows)
+        gain = jnp.concatenate([before, gain], axis=-1)
+    return out_mean, out_cov + base_var[:, None, None] * eye, gain
 
 
 def _stabilized(out_cov: jax.Array) -> jax.Array:
@@ -186,26 +201,39 @@ def output_at_nodes(mean: jax.Array, out_cov: jax.Array, nodes: jax.Array) -> ja
 
 
 def condition_on_output(
-    belief: Belief, HB: jax.Array, out_cov: jax.Array, residual: jax.Array
+    gain: jax.Array, out_cov: jax.Array, residual: jax.Array, belief: Belief | None = None
 ) -> Belief:
     """Kalman update of the belief on the sampled output of the current layer.
 
-    :param belief: the belief (see :func:`output_moments`).
-    :param HB: ``(N, P, K)`` cross-covariance from :func:`output_moments`.
+    :param gain: ``(N, P, K')`` from :func:`output_moments` (``K'``: the draws before and the
+        layer's own).
     :param out_cov: ``(N, P, P)`` output covariance from :func:`output_moments`.
     :param residual: ``(N, P)`` sampled output minus :func:`output_moments`'s mean.
-    :return: the belief given this output: the mean moves by ``W^T L^{-1} r`` and the
-        correction gains the ``P`` rows ``W = L^{-1} H B`` (``L L^T`` the output covariance),
-        so the covariance ``B - W^T W`` stays exactly symmetric.
+    :param belief: the belief over the draws before (``None``: none).
+    :return: the belief over all ``K'`` draws given this output: the mean moves by
+        ``gain^T S^{-1} r`` (``S`` the output covariance), ``gain`` joins the rows and ``S^{-1}``
+        the weight. Cost ``O(N P K' + N P^3)``: no triangular solve against ``gain``.
     """
-    N, P, K = HB.shape
-    loc = jnp.broadcast_to(belief.loc, (N,) + belief.loc.shape[-1:])
+    P = out_cov.shape[-1]
     chol = jnp.linalg.cholesky(_stabilized(out_cov))
-    W = solve_triangular(chol, HB, lower=True)  # (N, P, K)
-    r = solve_triangular(chol, residual[..., None], lower=True)[..., 0]  # (N, P)
-    new_loc = loc + jnp.einsum("npk,np->nk", W, r)
-    downdate = W if belief.downdate is None else jnp.concatenate([belief.downdate, W], axis=1)
-    return Belief(new_loc, belief.shared_cov, downdate)
+    eye = jnp.broadcast_to(jnp.eye(P, dtype=out_cov.dtype), out_cov.shape)
+    chol_inv = solve_triangular(chol, eye, lower=True)
+    precision = jnp.einsum("nqp,nqr->npr", chol_inv, chol_inv)  # S^{-1} = L^{-T} L^{-1}
+    shift = jnp.einsum("npk,np->nk", gain, jnp.einsum("npq,nq->np", precision, residual))
+    if belief is None:
+        return Belief(shift, gain, precision)
+    extra = gain.shape[-1] - belief.loc.shape[-1]
+    loc = jnp.pad(belief.loc, ((0, 0), (0, extra))) + shift
+    rows = jnp.concatenate([jnp.pad(belief.rows, ((0, 0), (0, 0), (0, extra))), gain], axis=1)
+    r = belief.weight.shape[-1]
+    weight = jnp.concatenate(
+        [
+            jnp.pad(belief.weight, ((0, 0), (0, 0), (0, P))),
+            jnp.pad(precision, ((0, 0), (0, 0), (r, 0))),
+        ],
+        axis=1,
+    )
+    return Belief(loc, rows, weight)
 
 
 def block_diag_covariance(scale_tril: ArrayLike) -> jax.Array:
@@ -259,46 +287,27 @@ def _check_blocks(blocks: jax.Array, expected: tuple[int, int, int], name: str) 
         )
 
 
-def joint_covariance(scale_tril: ArrayLike) -> jax.Array:
-    """The covariance ``L L^T`` of a joint Gaussian over several layers' inducing values.
+def chain_cross(
+    coupling: jax.Array, parent_own: jax.Array, parent_cross: jax.Array | None = None
+) -> jax.Array:
+    """How a chain link's inducing values depend on the draws of the layers before it.
 
-    Computed from the blocks of the lower factor that are not zero, each block of the product
-    summing only over the columns where both factors' rows can be non-zero: over two layers of
-    width 8 and 1 at ``M = 500`` (``K = 4500``, 9 blocks) 23% of the dense product's FLOPs, the
-    largest product of an ``AutoJointDGP`` step.
+    ``q(u_l | u_{l-1}) = N(m_l + C (u_{l-1} - m_{l-1}), D D^T)`` with ``u_{l-1} - m_{l-1} =
+    [cross_{l-1}, own_{l-1}] eps``: ``cross_l = C [cross_{l-1}, own_{l-1}]`` (computed once per
+    step, shared by the points).
 
-    :param scale_tril: ``(K, K)`` lower factor; its upper triangle is ignored.
-    :return: ``(K, K)`` covariance.
+    :param coupling: ``(J, K_l)`` ``C``.
+    :param parent_own: ``(P, M, M)`` the parent's factors ``D_{l-1}`` (``K_l = P M``).
+    :param parent_cross: ``(K_l, K)`` the parent's own ``cross`` (``None`` for a first link).
+    :return: ``(J, K + K_l)``.
+    :raises ValueError: if the parent's blocks do not cover ``coupling``'s columns.
     """
-    return lower_gram(jnp.asarray(scale_tril))
-
-
-def chain_transition(
-    belief: Belief,
-    parent_mean: jax.Array,
-    mean: jax.Array,
-    coupling: jax.Array,
-    scale_tril: jax.Array,
-) -> Belief:
-    """Belief over ``u_{l+1}`` from the belief over ``u_l`` and ``q(u_{l+1} | u_l)``.
-
-    ``q(u_{l+1} | u_l) = N(m_{l+1} + C (u_l - m_l), D D^T)``: the belief ``N(a, B)`` over
-    ``vec(u_l)`` maps to ``N(m_{l+1} + C (a - m_l), C B C^T + D D^T)`` (the shared part
-    ``C S C^T + D D^T``, each point's correction ``V C^T``).
-
-    :param belief: the belief over ``vec(u_l)`` (``K_l`` values).
-    :param parent_mean: ``(K_l,)`` ``vec(m_l)``.
-    :param mean: ``(P, M)`` ``m_{l+1}``.
-    :param coupling: ``(P * M, K_l)`` ``C``.
-    :param scale_tril: ``(P, M, M)`` ``D``, one factor per output.
-    :return: the belief over ``vec(u_{l+1})`` (``P M`` values).
-    """
-    new_loc = mean.reshape(-1) + (belief.loc - parent_mean) @ coupling.T
-    shared = congruence(coupling, belief.shared_cov) + block_diag_covariance(scale_tril)
-    downdate = (
-        None if belief.downdate is None else jnp.einsum("njk,ik->nji", belief.downdate, coupling)
+    P, M = parent_own.shape[0], coupling.shape[-1] // max(parent_own.shape[0], 1)
+    _check_blocks(
+        parent_own, (P, M, M), f"parent_own (for a coupling with {coupling.shape[-1]} columns)"
     )
-    return Belief(new_loc, shared, downdate)
+    own = jnp.einsum("jpm,pmn->jpn", coupling.reshape(-1, P, M), parent_own).reshape(-1, P * M)
+    return own if parent_cross is None else jnp.concatenate([coupling @ parent_cross, own], -1)
 
 
 def chain_gauss_kl_term(

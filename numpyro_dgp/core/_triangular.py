@@ -32,10 +32,6 @@ QUADRATIC_FORM_MOST_BLOCKS = 4
 #: use (2: 3/4 of the full product's FLOPs, faster at M >= 500 than 4 blocks' 5/8, as above).
 LOWER_TIMES_BLOCK = 128
 LOWER_TIMES_MOST_BLOCKS = 2
-#: Block edge of :func:`lower_gram`, and the most blocks it uses (a joint guide's factor over
-#: two layers of width 8 at M = 500 is 4500 square: 9 blocks, 45 products, 23% of the dense FLOPs).
-GRAM_BLOCK = 512
-GRAM_MOST_BLOCKS = 16
 
 
 def triangular_blocks(size: int, block: int, most: int) -> tuple[tuple[int, int], ...]:
@@ -132,33 +128,6 @@ def _pad_columns(block: jax.Array, n: int) -> jax.Array:
     """``block`` with zero columns appended up to ``n``."""
     pad = [(0, 0)] * (block.ndim - 1) + [(0, n - block.shape[-1])]
     return jnp.pad(block, pad)
-
-
-def lower_gram(L: jax.Array) -> jax.Array:
-    """``tril(L) @ tril(L)^T``, symmetric, reading only the lower triangle of ``L``.
-
-    Block ``(i, j)``, ``j <= i``, sums over the columns before the end of block ``j`` only (row
-    block ``j`` of ``L`` is zero right of it); the blocks above the diagonal are the transposes
-    of those below. With ``k`` blocks that is ``k (k + 1) (k + 2) / 6`` block products, the
-    fraction ``(k + 1) (k + 2) / (6 k^2)`` of the dense product's FLOPs (1/6 for many blocks).
-
-    :param L: ``(..., K, K)``; its upper triangle is ignored.
-    :return: ``(..., K, K)``.
-    """
-    L = jnp.tril(L)
-    blocks = triangular_blocks(L.shape[-1], GRAM_BLOCK, GRAM_MOST_BLOCKS)
-    below = {
-        (i, j): L[..., start:stop, :inner] @ jnp.swapaxes(L[..., inner_start:inner, :inner], -1, -2)
-        for i, (start, stop) in enumerate(blocks)
-        for j, (inner_start, inner) in enumerate(blocks[: i + 1])
-    }
-
-    def block(i: int, j: int) -> jax.Array:
-        return below[i, j] if j <= i else jnp.swapaxes(below[j, i], -1, -2)
-
-    count = len(blocks)
-    rows = [jnp.concatenate([block(i, j) for j in range(count)], axis=-1) for i in range(count)]
-    return jnp.concatenate(rows, axis=-2)
 
 
 def lower_from_vector(vector: jax.Array) -> jax.Array:

@@ -21,6 +21,7 @@ marginalizes the inducing values exactly, point by point, with closed-form KLs.
 
 from __future__ import annotations
 
+import warnings
 from functools import cache
 from itertools import accumulate
 from typing import Any
@@ -35,11 +36,9 @@ from numpyro_dgp._compat import softplus_lower_cholesky
 from numpyro_dgp._protocol import CONDITIONAL, GAUSSIAN
 from numpyro_dgp.core import (
     Belief,
-    block_covariances,
     block_diag_covariance,
-    chain_transition,
+    chain_cross,
     condition_on_output,
-    joint_covariance,
     output_moments,
     point_projection,
 )
@@ -64,6 +63,10 @@ class AutoJointDGP(DGPGuide):
     :param init_scale: the factor for ``"deterministic"``.
     :param prefix: parameters are ``"<prefix>_joint_loc"`` and ``"<prefix>_joint_scale_tril"``.
     """
+
+    def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
+        super()._setup_prototype(*args, **kwargs)
+        _warn_if_slow(self, own_dense=True)
 
     def _q(
         self, rng_key: jax.Array | None, args: tuple, kwargs: dict
@@ -156,6 +159,10 @@ class AutoChainDGP(AutoFactorizedDGP):
         and (from the second layer on) ``"<site>_<prefix>_coupling"``.
     """
 
+    def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
+        super()._setup_prototype(*args, **kwargs)
+        _warn_if_slow(self, own_dense=False)
+
     def _sample_inducing(self, rng_key: jax.Array | None, args: tuple, kwargs: dict) -> dict:
         result = {}
         parent = parent_loc = None
@@ -217,19 +224,20 @@ class CorrelatedRecursion:
 
     :meth:`output` gives a layer's per-point output Gaussian given the outputs the layers
     before it drew at each point; once the engine has drawn this layer's outputs,
-    :meth:`condition` conditions the belief over the inducing values of the layers still to
-    come on them. Cost per layer ``O(N D^2)``, ``D`` the inducing values still to come.
+    :meth:`condition` conditions each point's belief over the guide's standard-normal draws on
+    them. Cost per layer ``O(N P M K)`` for the ``K`` draws of the layers before it, plus
+    DSVI's ``O(N P M^2)`` for a chain's own draws (``O(N P^2 M^2)`` for a joint block's).
 
     :param posteriors: ``{u-site: posterior}`` of the run (:meth:`independent` already applied).
     """
 
     def __init__(self, posteriors: dict[str, Any]) -> None:
         self.parents = _chain_parents(posteriors)
-        # chain: u-site -> per-point belief over its values given its output
-        self._beliefs: dict[str, Belief] = {}
-        # joint group -> (next block index, per-point belief over the rest)
+        # chain: u-site -> (belief given its output, its cross, its own factors) for its child
+        self._links: dict[str, tuple[Belief, jax.Array | None, jax.Array]] = {}
+        # joint group -> (next block index, per-point belief over the draws so far)
         self._joint_states: dict[tuple, tuple[int, Belief]] = {}
-        # the belief, its projection, the output covariance and mean of the layer just run
+        # what the layer just run needs to condition on its output
         self._last: tuple = ()
 
     @staticmethod
@@ -248,39 +256,67 @@ class CorrelatedRecursion:
                 out[name] = (post.mean, post.scale_tril)
         return out
 
-    def _belief(self, layer: Layer, post: ChainLink | JointBlock) -> Belief:
-        """The belief over this layer's inducing values (first) and those of later layers in
-        its joint group, given the outputs of the layers before."""
+    @staticmethod
+    def sampled(posteriors: dict[str, Any], conditionals: dict[str, Any]) -> dict[str, Any]:
+        """What the engine marginalizes under the sampled estimator: each layer that a later
+        layer's inducing values depend on runs on the guide's sampled inducing values (one draw
+        shared by the points: ``p(f_l | f_{l-1}, u_l)``), and each layer that none depends on is
+        marginalized over its Gaussian given those samples (``conditionals``, the guide's
+        :data:`~numpyro_dgp._protocol.CONDITIONAL`; sampled too where the guide declares none).
+        Ustyuzhaninov et al. (2020)'s estimator (a) with the last layer integrated out: the
+        same bound as the exact recursion, its layers at DSVI's cost per point.
+
+        :param posteriors: ``{u-site: posterior}`` (structured, as the exact recursion reads them).
+        :param conditionals: ``{u-site: the guide's Gaussian given the earlier samples}``.
+        :return: ``posteriors`` with the correlated sites replaced so.
+        """
+        parents = _chain_parents(posteriors)
+        out = {}
+        for name, post in posteriors.items():
+            if not CorrelatedRecursion.claims(post):
+                out[name] = post
+            elif isinstance(post, ChainLink) and name in parents:
+                continue  # a child depends on it: its sampled value
+            elif isinstance(post, JointBlock) and name != post.sites[-1]:
+                continue
+            elif name in conditionals:
+                out[name] = conditionals[name]
+        return out
+
+    def _parts(
+        self, layer: Layer, post: ChainLink | JointBlock
+    ) -> tuple[jax.Array, jax.Array, jax.Array | None, Belief | None]:
+        """``(mean (P, M), own, cross, belief)`` of this layer's inducing values (see
+        :func:`~numpyro_dgp.core.output_moments`), given the outputs of the layers before."""
         name = layer.u_site
         if isinstance(post, ChainLink):
             if post.parent is None:
-                # the first link's covariance is block-diagonal: kept as its blocks
-                return Belief(post.mean.reshape(-1), block_covariances(post.scale_tril))
-            if post.parent not in self._beliefs:
+                return post.mean, post.scale_tril, None, None
+            if post.parent not in self._links:
                 raise ValueError(
                     f"marginalize_inducing: the guide chains {name!r} to {post.parent!r}, but "
                     f"layer {post.parent!r} has not run before it at these points"
                 )
-            parent_mean, coupling = post.parent_mean, post.coupling
-            # a chain factor with a parent has both
-            assert parent_mean is not None and coupling is not None
-            return chain_transition(
-                self._beliefs.pop(post.parent),
-                parent_mean.reshape(-1),
+            belief, parent_cross, parent_own = self._links.pop(post.parent)
+            assert post.coupling is not None  # a chain factor with a parent has its coupling
+            return (
                 post.mean,
-                coupling,
                 post.scale_tril,
+                chain_cross(post.coupling, parent_own, parent_cross),
+                belief,
             )
         k = post.sites.index(name)
-        if k == 0:
-            return Belief(post.loc, joint_covariance(post.scale_tril))
         state = self._joint_states.get(post.sites)
-        if state is None or state[0] != k:
+        if k and (state is None or state[0] != k):
             raise ValueError(
                 f"marginalize_inducing: the guide's joint Gaussian orders the layers {post.sites}; "
                 f"{name!r} ran out of that order"
             )
-        return state[1]
+        start = sum(P * M for P, M in post.shapes[:k])
+        block = slice(start, start + layer.out_dim * layer.inducing_inputs.shape[0])
+        mean = post.loc[block].reshape(layer.out_dim, -1)
+        cross = post.scale_tril[block, :start] if k else None
+        return mean, post.scale_tril[block, block], cross, state[1] if k and state else None
 
     def output(
         self, layer: Layer, X: jax.Array, post: ChainLink | JointBlock
@@ -293,8 +329,8 @@ class CorrelatedRecursion:
         """
         N = X.shape[0]
         P = layer.out_dim
-        belief = self._belief(layer, post)
-        if belief.loc.ndim == 2 and belief.loc.shape[0] != N:
+        u_mean, own, cross, belief = self._parts(layer, post)
+        if belief is not None and belief.loc.shape[0] != N:
             raise ValueError(
                 f"marginalize_inducing: layer {layer.name!r} runs at {N} points but the layer "
                 f"before it in the guide's chain ran at {belief.loc.shape[0]}; a correlated guide "
@@ -307,8 +343,8 @@ class CorrelatedRecursion:
             layer.whiten,
             layer.Kmm_chol_inv,
         )
-        res_mean, out_cov, HB = output_moments(alpha, base_var, belief, P)
-        # the belief is over the inducing values themselves; the conditional needs their
+        res_mean, out_cov, gain = output_moments(alpha, base_var, u_mean, own, cross, belief)
+        # the guide's values are the inducing values themselves; the conditional needs their
         # residual about the prior mean (zero except for inducing="locations")
         assert layer.prior_mean is not None  # gp_layer gives every layer its prior mean
         res_mean = res_mean - alpha @ layer.prior_mean.T
@@ -316,23 +352,59 @@ class CorrelatedRecursion:
         if layer.noise is not None:
             # the output is f + eps: eps adds to its variance, not to its covariance with u
             out_cov = out_cov + layer.noise * jnp.eye(P, dtype=out_cov.dtype)
-        self._last = (belief, HB, out_cov, mean)
+        self._last = (belief, gain, out_cov, mean, cross, own)
         return mean, out_cov
 
     def condition(self, layer: Layer, post: ChainLink | JointBlock, value: jax.Array) -> None:
-        """Condition the belief over the later layers' inducing values on ``value (N, P)``, the
-        outputs the engine drew from :meth:`output`'s Gaussian."""
-        belief, HB, out_cov, mean = self._last
+        """Condition each point's belief over the draws so far on ``value (N, P)``, the outputs
+        the engine drew from :meth:`output`'s Gaussian, where a later layer needs it."""
+        belief, gain, out_cov, mean, cross, own = self._last
         if isinstance(post, ChainLink):
             if layer.u_site in self.parents:
-                self._beliefs[layer.u_site] = condition_on_output(belief, HB, out_cov, value - mean)
+                given = condition_on_output(gain, out_cov, value - mean, belief)
+                self._links[layer.u_site] = (given, cross, own)
         else:
             k = post.sites.index(layer.u_site)
             if k + 1 < len(post.sites):
-                # this layer's block is used: keep the belief over the later blocks only
-                given = condition_on_output(belief, HB, out_cov, value - mean)
-                M = layer.inducing_inputs.shape[0]
-                self._joint_states[post.sites] = (k + 1, given.tail(layer.out_dim * M))
+                given = condition_on_output(gain, out_cov, value - mean, belief)
+                self._joint_states[post.sites] = (k + 1, given)
+
+
+#: the exact recursion's per-point arithmetic over the factorized guide's above which a guide
+#: warns when it is built
+SLOW_FACTOR = 5.0
+
+
+def exact_cost_factor(sites: list[InducingSite], own_dense: bool) -> float:
+    """Per-point multiply-adds of :class:`CorrelatedRecursion` over DSVI's for these inducing
+    sites (in layer order): layer ``l`` costs ``P M K`` for the ``K`` inducing values of the
+    layers before it, and ``P M^2`` (``P^2 M^2`` for a joint block, ``own_dense``) for its own,
+    against DSVI's ``P M^2``."""
+    dsvi = exact = 0.0
+    before = 0
+    for site in sites:
+        P, M = site.out_dim, site.num_inducing
+        dsvi += P * M * M
+        exact += P * M * before + (P * M * P * M if own_dense else P * M * M)
+        before += P * M
+    return exact / max(dsvi, 1.0)
+
+
+def _warn_if_slow(guide: DGPGuide, own_dense: bool) -> None:
+    """Warn, once the sites are known, where DGPElbo's exact recursion costs much more per step
+    than the factorized guide."""
+    factor = exact_cost_factor(guide.inducing_sites, own_dense)
+    if factor > SLOW_FACTOR:
+        warnings.warn(
+            f"{type(guide).__name__}: with DGPElbo's exact recursion (the default) a training step "
+            f"on this model does about {factor:.0f}x the per-point arithmetic of "
+            "AutoFactorizedDGP, and takes at least that much longer. DGPElbo(correlated='sampled') "
+            "integrates the same bound at about the factorized guide's cost per step (a noisier "
+            "estimate: see the docs' comparison)"
+            + ("; AutoChainDGP correlates neighbouring layers for less" if own_dense else ""),
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _standard_normal(name: str, like: jax.Array) -> jax.Array:

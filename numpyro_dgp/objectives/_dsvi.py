@@ -37,7 +37,7 @@ from numpyro_dgp._engine.run import (
     site_posterior,
 )
 from numpyro_dgp._protocol import IMPORTANCE_LOG_WEIGHTS, LOCAL_KL, NODE_AXIS, get_tag
-from numpyro_dgp._validation import check_positive_int
+from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.core import (
     block_covariances,
     block_diag_covariance,
@@ -364,6 +364,7 @@ class MarginalObjective(Objective):
     likelihood-sample options, checked once here, and one run's terms."""
 
     _name: str  # the objective's name, in messages
+    correlated = "exact"  # how a guide that correlates the layers is integrated (DGPElbo's option)
 
     def __init__(
         self,
@@ -383,7 +384,7 @@ class MarginalObjective(Objective):
     ) -> tuple[MarginalRun, dict[str, dict], jax.Array | float, jax.Array | float]:
         """One run at ``call`` and its :func:`objective_terms`: ``(run, observed, kl, other)``."""
         rule = (self.num_quadrature, self._name, self.num_likelihood_samples, importance)
-        run = marginal_trace(*call, *rule)
+        run = marginal_trace(*call, *rule, correlated=self.correlated)
         return (run, *objective_terms(run, self._name))
 
 
@@ -417,11 +418,30 @@ class DGPElbo(MarginalObjective):
         outputs, a tensor-product rule with this many nodes per output.
     :param num_likelihood_samples: Monte Carlo draws of the last layer's outputs per point, where
         the expectation is sampled.
+    :param correlated: how a guide that correlates the layers (``AutoJointDGP``,
+        ``AutoChainDGP``, NumPyro's ``AutoMultivariateNormal``) is integrated: ``"exact"``, each
+        point's own recursion (cost per layer ``O(N P M K)`` for the ``K`` inducing values it
+        depends on), or ``"sampled"``, the guide's inducing values drawn once per particle and
+        shared by the points, the last layer marginalized given them (Ustyuzhaninov et al. 2020's
+        estimator (a) with the last layer integrated out; DSVI's cost per point, a noisier
+        estimate). The same bound either way; guides that do not correlate layers ignore it.
     :raises ValueError: if ``num_particles``, ``num_likelihood_samples`` or a given
-        ``num_quadrature`` is not a positive integer.
+        ``num_quadrature`` is not a positive integer, or ``correlated`` is neither
+        ``"exact"`` nor ``"sampled"``.
     """
 
     _name = "DGPElbo"
+
+    def __init__(
+        self,
+        num_particles: int = 1,
+        num_quadrature: int | None = None,
+        num_likelihood_samples: int = 32,
+        correlated: str = "exact",
+    ) -> None:
+        check_choice(correlated, ("exact", "sampled"), "correlated", "DGPElbo")
+        self.correlated = correlated
+        super().__init__(num_particles, num_quadrature, num_likelihood_samples)
 
     def _terms(self, call: Call) -> dict[str, jax.Array | float]:
         """One-particle ELBO split into its parts.

@@ -287,6 +287,61 @@ def test_dgp_elbo_agrees_with_trace_elbo_and_has_lower_variance(data, guide_cls,
         assert theirs.var() > 2 * ours.var()
 
 
+@pytest.mark.parametrize("guide_cls", [AutoJointDGP, AutoChainDGP])
+@pytest.mark.parametrize("widths", [[1, 1, 1], [2, 3, 1]])
+@pytest.mark.stochastic
+def test_the_sampled_estimator_agrees_with_the_exact_recursion(data, guide_cls, widths):
+    """DGPElbo(correlated="sampled") draws the inducing values once per run (shared by the
+    points) and marginalizes the last layer given them: the same bound in expectation."""
+    X, y = data
+    kw = {"widths": widths, "noise": 0.3}
+    guide, params = setup(guide_cls, deep_model, X, y, **kw)
+    params = perturb(params, seed=12, scale=0.1)
+    keys = jax.random.split(jax.random.PRNGKey(13), 2000)
+
+    def draws(objective):
+        return np.asarray(jax.jit(jax.vmap(lambda k: -objective.loss(k, params, deep_model, guide, X, y, **kw)))(keys))
+
+    exact, sampled = draws(dgp.DGPElbo()), draws(dgp.DGPElbo(correlated="sampled"))
+    diff, se = paired_difference_and_se(exact, sampled)
+    assert abs(diff) < z_threshold() * se
+    # not the exact estimator under another name: its draws spread otherwise
+    assert not np.allclose(exact, sampled)
+
+
+def test_the_sampled_estimator_of_guides_that_correlate_nothing_is_the_exact_one(data):
+    # a factorized guide has no correlated sites: the option changes nothing
+    X, y = data
+    guide, params = setup(AutoFactorizedDGP, deep_model, X, y, num_layers=2)
+    params = perturb(params, seed=14)
+    for key in range(2):
+        assert elbo(params, deep_model, guide, X, y, key=key, num_layers=2) == -float(
+            dgp.DGPElbo(correlated="sampled").loss(jax.random.PRNGKey(key), params, deep_model, guide, X, y, num_layers=2)
+        )
+
+
+def test_a_correlated_guide_warns_where_its_exact_recursion_is_much_dearer():
+    # width 10, M = 50: the joint guide's exact recursion does 10.1x the per-point arithmetic of
+    # the factorized guide (its first layer's outputs are correlated: P^2 M^2 per point against
+    # P M^2), the chain's 1.9x
+    import warnings
+
+    from numpyro.handlers import seed
+
+    X, y = jnp.zeros((20, 10)), jnp.zeros(20)
+    model = dgp.models.deep_gp_regression(2, num_inducing=50, hidden_width=10)
+    with pytest.warns(UserWarning, match=r"AutoJointDGP: .* about 10x the per-point arithmetic .*correlated='sampled'"):
+        seed(AutoJointDGP(model), 0)(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        seed(AutoChainDGP(model), 0)(X, y)
+
+
+def test_dgp_elbo_refuses_an_unknown_correlated_estimator():
+    with pytest.raises(ValueError, match=r"correlated must be one of \('exact', 'sampled'\), got 'analytic'"):
+        dgp.DGPElbo(correlated="analytic")
+
+
 # --- inducing locations ------------------------------------------------------------------
 
 
@@ -449,16 +504,15 @@ def test_near_deterministic_layer_with_large_cross_terms_samples_stably(data, gu
     assert abs(diff) < z_threshold() * se
 
 
-def test_a_block_diagonal_shared_covariance_gives_what_the_dense_one_gives():
-    # A chain's first layer keeps its block-diagonal covariance as (P, M, M) blocks, so that the
-    # per-point projection, the transition to the next layer and the chain KL skip the zero
+def test_own_factors_as_blocks_give_what_the_dense_block_diagonal_factor_gives():
+    # A chain link's own draws enter through one factor per output, kept as (P, M, M) blocks so
+    # that the per-point rows, the cross rows of its child and the chain KL skip the zero
     # blocks; each must equal its dense computation (float64), the KL with a whitened and a
     # non-whitened prior, a belief after conditioning on an output included.
     from numpyro_dgp.core import (
-        Belief,
         block_covariances,
         block_diag_covariance,
-        chain_transition,
+        chain_cross,
         condition_on_output,
         congruence,
         output_moments,
@@ -467,40 +521,83 @@ def test_a_block_diagonal_shared_covariance_gives_what_the_dense_one_gives():
     rs = np.random.RandomState(7)
     N, P, M, J = 5, 3, 4, 6
     scale_tril = jnp.asarray(np.tril(rs.randn(P, M, M)) + 2 * np.eye(M))
-    loc, alpha = jnp.asarray(rs.randn(P * M)), jnp.asarray(rs.randn(N, M))
+    dense_tril = block_diag(*scale_tril)
+    mean, alpha = jnp.asarray(rs.randn(P, M)), jnp.asarray(rs.randn(N, M))
     base_var, coupling = jnp.asarray(rs.uniform(0.1, 0.5, N)), jnp.asarray(rs.randn(J, P * M))
     blocks, dense = block_covariances(scale_tril), block_diag_covariance(scale_tril)
     assert blocks.shape == (P, M, M)
+    np.testing.assert_allclose(dense, dense_tril @ dense_tril.T, rtol=1e-12)
     np.testing.assert_allclose(congruence(coupling, blocks), coupling @ dense @ coupling.T, rtol=1e-12)
-    by_blocks, by_dense = Belief(loc, blocks), Belief(loc, dense)
-    np.testing.assert_allclose(by_blocks.covariance(), dense, rtol=0, atol=0)
-    np.testing.assert_allclose(by_blocks.tail(M).shared_cov, dense[M:, M:], rtol=0, atol=0)
+    np.testing.assert_allclose(chain_cross(coupling, scale_tril), coupling @ dense_tril, rtol=1e-12)
+    earlier = jnp.asarray(rs.randn(P * M, 2))
+    np.testing.assert_allclose(
+        chain_cross(coupling, scale_tril, earlier), coupling @ jnp.concatenate([earlier, dense_tril], 1), rtol=1e-12
+    )
     residual = jnp.asarray(rs.randn(N, P))
-    for _ in range(2):  # as built, then after conditioning on an output
-        ours, reference = output_moments(alpha, base_var, by_blocks, P), output_moments(alpha, base_var, by_dense, P)
+    beliefs = [None, None]
+    cross = None
+    for _ in range(2):  # with no draws before, then with the draws of a layer before
+        ours, reference = (output_moments(alpha, base_var, mean, own, cross, b) for own, b in zip((scale_tril, dense_tril), beliefs))
         for a, b in zip(ours, reference):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
-        next_factor = jnp.asarray(np.tril(rs.randn(2, 3, 3)) + np.eye(3))
-        moved = [chain_transition(b, loc, jnp.zeros((2, 3)), coupling[:6], next_factor) for b in (by_blocks, by_dense)]
-        np.testing.assert_allclose(moved[0].covariance(), moved[1].covariance(), rtol=1e-12, atol=1e-12)
-        by_blocks = condition_on_output(by_blocks, ours[2], ours[1], residual)
-        by_dense = condition_on_output(by_dense, reference[2], reference[1], residual)
+        beliefs = [condition_on_output(m[2], m[1], residual, b) for m, b in zip((ours, reference), beliefs)]
+        np.testing.assert_allclose(beliefs[0].covariance(), beliefs[1].covariance(), rtol=1e-12, atol=1e-12)
+        cross = jnp.asarray(rs.randn(P * M, beliefs[0].loc.shape[-1]))
     prior_chol = jnp.asarray(np.linalg.cholesky(np.eye(M) + 0.3 * np.ones((M, M))))
-    mean = jnp.asarray(rs.randn(P, M))
     for chol in (None, prior_chol):
         np.testing.assert_allclose(
             chain_gauss_kl_term(mean, scale_tril, blocks, chol), chain_gauss_kl_term(mean, scale_tril, dense, chol), rtol=1e-12
         )
 
 
+def test_the_belief_after_an_output_is_dense_gaussian_conditioning():
+    # one point, draws eps ~ N(0, I) behind u = m + T eps, output f = H u + e: the belief over
+    # eps given f must be the dense conditional, and the next layer's moments must be
+    # those of the dense joint over (eps, f1, f2)
+    from numpyro_dgp.core import condition_on_output, output_moments
+
+    rs = np.random.RandomState(11)
+    M, P1, P2 = 3, 2, 2
+    K1, K2 = P1 * M, P2 * M
+    T = np.tril(rs.randn(K1 + K2, K1 + K2)) + 2 * np.eye(K1 + K2)
+    m1, m2 = rs.randn(P1, M), rs.randn(P2, M)
+    a1, a2 = rs.randn(1, M), rs.randn(1, M)
+    s1, s2 = rs.uniform(0.1, 0.5, 1), rs.uniform(0.1, 0.5, 1)
+    H1 = np.kron(np.eye(P1), a1)
+    H2 = np.kron(np.eye(P2), a2)
+    # dense: f1 = H1 (m1 + T11 e1) + n1, f2 = H2 (m2 + T21 e1 + T22 e2) + n2
+    A = np.zeros((P1 + P2, K1 + K2))
+    A[:P1, :K1] = H1 @ T[:K1, :K1]
+    A[P1:] = H2 @ T[K1:]
+    mu = np.concatenate([H1 @ m1.reshape(-1), H2 @ m2.reshape(-1)])
+    cov = A @ A.T + np.diag(np.concatenate([np.full(P1, s1[0]), np.full(P2, s2[0])]))
+    f1 = rs.randn(P1)
+    first = output_moments(jnp.asarray(a1), jnp.asarray(s1), jnp.asarray(m1), jnp.asarray(T[:K1, :K1]))
+    np.testing.assert_allclose(first[0][0], mu[:P1], rtol=1e-12)
+    np.testing.assert_allclose(first[1][0], cov[:P1, :P1], rtol=1e-12)
+    belief = condition_on_output(first[2], first[1], jnp.asarray(f1 - mu[:P1])[None])
+    # the belief over eps_1 given f1
+    gain = A[:P1, :K1].T @ np.linalg.inv(cov[:P1, :P1])
+    np.testing.assert_allclose(belief.loc[0], gain @ (f1 - mu[:P1]), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(belief.covariance()[0], np.eye(K1) - gain @ A[:P1, :K1], rtol=1e-10, atol=1e-12)
+    second = output_moments(
+        jnp.asarray(a2), jnp.asarray(s2), jnp.asarray(m2), jnp.asarray(T[K1:, K1:]), jnp.asarray(T[K1:, :K1]), belief
+    )
+    reg = cov[P1:, :P1] @ np.linalg.inv(cov[:P1, :P1])
+    np.testing.assert_allclose(second[0][0], mu[P1:] + reg @ (f1 - mu[:P1]), rtol=1e-10)
+    np.testing.assert_allclose(second[1][0], cov[P1:, P1:] - reg @ cov[:P1, P1:], rtol=1e-10)
+
+
 def test_block_diagonal_covariances_of_the_wrong_shape_are_refused():
-    # (1, M, M) blocks against 3 outputs would broadcast silently in the per-point projection
-    from numpyro_dgp.core import Belief, congruence, output_moments
+    # (1, M, M) blocks against 3 outputs would broadcast silently in the per-point rows
+    from numpyro_dgp.core import chain_cross, congruence, output_moments
 
     M = 4
     blocks = jnp.broadcast_to(jnp.eye(M), (1, M, M))
-    with pytest.raises(ValueError, match="shared_cov.*must have shape \\(3, 4, 4\\)"):
-        output_moments(jnp.ones((2, M)), jnp.ones(2), Belief(jnp.zeros(3 * M), blocks), 3)
+    with pytest.raises(ValueError, match="own.*must have shape \\(3, 4, 4\\)"):
+        output_moments(jnp.ones((2, M)), jnp.ones(2), jnp.zeros((3, M)), blocks)
+    with pytest.raises(ValueError, match="parent_own .*must have shape \\(1, 12, 12\\)"):
+        chain_cross(jnp.ones((5, 3 * M)), blocks)
     with pytest.raises(ValueError, match="cov .*must have shape \\(1, 12, 12\\)"):
         congruence(jnp.ones((5, 3 * M)), blocks)
     with pytest.raises(ValueError, match="marginal_cov.*must have shape \\(3, 4, 4\\)"):
