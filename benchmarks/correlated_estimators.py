@@ -7,7 +7,8 @@ points with ``--input-dim`` inputs (the data of ``scale.py``), hidden width ``--
 ``--num-inducing``, the whole batch in every step, float64. Each guide is first trained with the
 exact estimator for ``--train-steps`` Adam steps from the same start (so that the cross-layer
 terms are no longer zero). At those parameters, ``--draws`` gradients of the loss per estimator
-with independent keys give each parameter's variance over keys; "variance" is their sum, also
+with respect to the unconstrained parameters (what the optimizer moves) with independent keys
+give each parameter's variance over keys; "variance" is their sum, also
 split by what the parameter belongs to. Seconds per gradient: the jitted gradient, median of
 ``--repeats`` calls. Efficiency: variance x seconds, the variance of the mean of the gradients
 one second buys (times one second); lower is better, and the ratio says how many times more
@@ -54,11 +55,12 @@ def run(guide_name, args):
     guide = {"joint": dgp.guides.AutoJointDGP, "chain": dgp.guides.AutoChainDGP}[guide_name](model)
     svi = SVI(model, guide, numpyro.optim.Adam(0.01), dgp.DGPElbo())
     result = dgp.fit(svi, jax.random.PRNGKey(0), X, y, num_steps=args.train_steps, progress_bar=False)
-    params = result.params
+    # the gradient Adam sees: with respect to the unconstrained parameters
+    params = svi.optim.get_params(result.state.optim_state)
     rows = []
     for estimator in ESTIMATORS:
         objective = dgp.DGPElbo(correlated=estimator)
-        grad = jax.jit(jax.grad(lambda p, k: objective.loss(k, p, model, guide, X, y)))
+        grad = jax.jit(jax.grad(lambda p, k: objective.loss(k, svi.constrain_fn(p), model, guide, X, y)))
         jax.block_until_ready(grad(params, jax.random.PRNGKey(1)))
         seconds = []
         for i in range(args.repeats):

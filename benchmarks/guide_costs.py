@@ -11,7 +11,8 @@ batched call per triangular inverse) and matrix-product FLOPs. The math needs on
 factorization per layer, shared by the layer's outputs and samples; a guide that correlates
 layers adds its own factor's work (``AutoJointDGP``: one ``L P M`` square factor;
 ``AutoChainDGP``: per-layer blocks). "Per-point (MP)^2 products" counts the products that do at
-least ``(M P)^2`` multiply-adds per point (``P`` the width): DSVI's per-point work is
+least ``(M P)^2 / 2`` multiply-adds per point (``P`` the width; half, so that a product of
+exactly ``(M P)^2`` counts however XLA splits it): DSVI's per-point work is
 ``P M^2``; the exact marginalization of a correlated guide needs ``P M K`` per layer for the
 ``K`` inducing values it depends on. The SGHMC step is the sampler's update of the same
 model (``SGHMC.sample``), with the kernel hyperparameters learned by Adam (MW-MCEM).
@@ -167,7 +168,7 @@ def compile_config(config, M, width, precision, input_dim, amortized_inducing):
     t0 = time.perf_counter()
     compiled, args, init_seconds = _step(config, model, X, y)
     compile_seconds = time.perf_counter() - t0 - init_seconds
-    counts = operation_counts(compiled.as_text(), big=2.0 * N * (M * width) ** 2)
+    counts = operation_counts(compiled.as_text(), big=1.0 * N * (M * width) ** 2)
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     state = jax.block_until_ready(compiled(*args))  # warm-up
@@ -205,7 +206,7 @@ def markdown(record):
               "of {n} steps per round over {r} alternating rounds, after one warm-up. Init: the initial state (`svi.init`, SGHMC's `init`), "
               "compile: the step's lowering and compile; the configurations run one after the other in "
               "one process, so a later one reuses the eager programs an earlier one compiled (time "
-              "one alone with `--configs`). Per-point (MP)^2 products: products of at least (M P)^2 "
+              "one alone with `--configs`). Per-point (MP)^2 products: products of at least (M P)^2 / 2 "
               "multiply-adds per point (P the width).".format(M=rows[0]["M"], p=rows[0]["precision"],
                                                                w=rows[0]["width"], d=rows[0].get("input_dim", 8),
                                                                                n=record["repeats"], r=record.get("rounds", 1)), "",

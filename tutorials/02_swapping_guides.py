@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -233,17 +233,28 @@ print(f"factorized, 1e-5 start:    ELBO {table['factorized'][0]:9.2f}  Var[f1(0)
 # Every guide here also works with NumPyro's own `Trace_ELBO`, which samples the inducing values
 # (for the joint guide: Ustyuzhaninov et al.'s (2020) estimator (a)). Both estimate the same bound; `DGPElbo`
 # marginalizes what it can in closed form, so its draws vary far less.
+#
+# For the joint and chain guides `DGPElbo` runs each point's exact recursion by default. On wide
+# layers that costs several times a factorized step (the joint guide's first layer has correlated
+# outputs: `P^2 M^2` work per point against DSVI's `P M^2`; the guide warns when it is built where
+# this is large). `DGPElbo(correlated="sampled")` integrates the same bound at DSVI's cost per
+# point: the inducing values are drawn once per particle, shared by the points, and only the last
+# layer is marginalized given them. Its draws spread more; whether it pays depends on the time a
+# step costs (`benchmarks/results/correlated_estimators.md` compares them at equal time).
 
 # %%
 keys = jax.random.split(jax.random.PRNGKey(3), 100 if SMOKE else 2000)
 for name in ("factorized", "joint", "chain"):
     model, guide = families[name]
     params = fits[name].params
-    ours = jax.jit(jax.vmap(lambda k: -dgp.DGPElbo().loss(k, params, model, guide, X, y)))(keys)
-    theirs = jax.jit(jax.vmap(lambda k: -Trace_ELBO().loss(k, params, model, guide, X, y)))(keys)
-    print(f"{name:10s} DGPElbo {float(ours.mean()):9.2f} ± {float(ours.std() / np.sqrt(len(keys))):.2f}   "
-          f"Trace_ELBO {float(theirs.mean()):9.2f} ± {float(theirs.std() / np.sqrt(len(keys))):.2f}   "
-          f"variance ratio {float(theirs.var() / ours.var()):.0f}")
+    draws = {}
+    for label, objective in [("DGPElbo", dgp.DGPElbo()), ("sampled", dgp.DGPElbo(correlated="sampled")),
+                             ("Trace_ELBO", Trace_ELBO())]:
+        draws[label] = jax.jit(jax.vmap(lambda k, o=objective: -o.loss(k, params, model, guide, X, y)))(keys)
+    print(f"{name:10s} " + "   ".join(
+        f"{label} {float(d.mean()):9.2f} ± {float(d.std() / np.sqrt(len(keys))):.2f}" for label, d in draws.items()))
+    print(f"{'':10s} variance over DGPElbo's: sampled {float(draws['sampled'].var() / draws['DGPElbo'].var()):.1f}, "
+          f"Trace_ELBO {float(draws['Trace_ELBO'].var() / draws['DGPElbo'].var()):.0f}")
 
 # %% [markdown]
 # ## What to take away

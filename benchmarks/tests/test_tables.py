@@ -157,8 +157,9 @@ def test_guide_costs_counts_the_factorizations_solves_and_product_flops_of_a_com
 
     shapes = ((30, 40), (40, 50), (30, 20), (3, 5, 6), (3, 6, 7))
     args = (*(np.ones(shape, np.float32) for shape in shapes), 2 * np.eye(20, dtype=np.float32))
-    counts = guide_costs.operation_counts(jax.jit(program).lower(*args).compile().as_text())
-    assert dict(counts["counts"]) == {"dot_general": 3, "cholesky": 1, "triangular_solve": 1}
+    # "big": the products of at least 2 * 30 * 50 * 40 FLOPs (a @ b alone)
+    counts = guide_costs.operation_counts(jax.jit(program).lower(*args).compile().as_text(), big=2 * 30 * 50 * 40)
+    assert dict(counts["counts"]) == {"dot_general": 3, "cholesky": 1, "triangular_solve": 1, "big_products": 1}
     # 2 * prod(output) * prod(contracted) for each product, the batched one included
     assert sum(counts["flops"].values()) == 2 * 30 * 50 * 40 + 2 * 40 * 20 * 30 + 2 * 3 * 5 * 7 * 6
 
@@ -167,19 +168,20 @@ def test_guide_costs_table_gives_each_configuration_against_dsvi():
     guide_costs = _load("guide_costs")
     row = {"config": "dsvi", "M": 500, "width": 8, "precision": "float64", "init_seconds": 3.0, "compile_seconds": 12.0,
            "ms_per_step": 200.0, "cholesky_calls": 16, "triangular_solves": 4, "products": 250, "product_gflop": 12.4,
-           "xla_gflop": 12.6}
+           "xla_gflop": 12.6, "big_products": 0}
     record = {"command": "python benchmarks/guide_costs.py", "machine": "test", "date": "today", "repeats": 5,
               "rows": [row, {**row, "config": "chain", "ms_per_step": 300.0, "cholesky_calls": 20}]}
     # a record written before the init was timed apart has no init_seconds
-    old = {k: v for k, v in row.items() if k != "init_seconds"}
+    old = {k: v for k, v in row.items() if k not in ("init_seconds", "big_products")}
     record["rows"].append({**old, "config": "nested"})
     lines = guide_costs.markdown(record).splitlines()
     dsvi = next(line for line in lines if line.startswith("| AutoFactorizedDGP + DGPElbo"))
     chain = next(line for line in lines if line.startswith("| AutoChainDGP"))
     nested = next(line for line in lines if line.startswith("| AutoFactorizedDGP + NestedCompressionElbo"))
-    assert "| 16 | 4 | 250 | 12.40 | 12.60 | 200.0 | 1.00 | 3.0 | 12.0 |" in dsvi
-    assert "| 20 | 4 | 250 | 12.40 | 12.60 | 300.0 | 1.50 | 3.0 | 12.0 |" in chain
-    assert "| 16 | 4 | 250 | 12.40 | 12.60 | 200.0 | 1.00 | - | 12.0 |" in nested
+    assert "| 16 | 4 | 250 | 0 | 12.40 | 12.60 | 200.0 | 1.00 | 3.0 | 12.0 |" in dsvi
+    assert "| 20 | 4 | 250 | 0 | 12.40 | 12.60 | 300.0 | 1.50 | 3.0 | 12.0 |" in chain
+    # a record written before the per-point (MP)^2 products were counted has no big_products
+    assert "| 16 | 4 | 250 | - | 12.40 | 12.60 | 200.0 | 1.00 | - | 12.0 |" in nested
 
 
 @pytest.mark.parametrize("script, stem", [

@@ -101,7 +101,7 @@ class marginalize_inducing(PerRunMessenger):
         over that layer's inducing values: ``(loc (P, M), scale (P, M, M) or (P, M))`` for
         independent layers (DSVI marginals, point by point), a ``ChainLink`` / ``JointBlock``
         for guides that correlate layers (:class:`CorrelatedRecursion`: each point's outputs
-        condition the belief over the inducing values of the layers still to come), or an
+        condition its belief over the guide's draws of the layers still to come), or an
         encoder of
         per-point inducing sets (anything with ``encode(encoder_input) -> (loc, scale)``, a
         ``mixture`` and ``sees_mixture_mean``, as

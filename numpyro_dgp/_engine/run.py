@@ -51,7 +51,9 @@ class MarginalRun(NamedTuple):
 
     :ivar guide_trace: the guide's trace.
     :ivar model_trace: the model's trace, replayed against the guide's.
-    :ivar posteriors: ``{u-site name: posterior}`` the handler marginalized.
+    :ivar posteriors: ``{u-site name: posterior}`` the guide's Gaussians, as the KL reads them
+        (the handler marginalized these, or under the sampled estimator what
+        :meth:`~numpyro_dgp.guides.CorrelatedRecursion.sampled` makes of them).
     :ivar moments: ``{layer name: (mean, var)}`` of the layers' outputs.
     :ivar layer_order: layer names in execution order.
     :ivar node_weights: ``(K,)`` weights of the last layer's quadrature nodes.

@@ -272,7 +272,7 @@ class CorrelatedRecursion:
         """
         parents = _chain_parents(posteriors)
         out = {}
-        for name, post in posteriors.items():
+        for name, post in CorrelatedRecursion.independent(posteriors).items():
             if not CorrelatedRecursion.claims(post):
                 out[name] = post
             elif isinstance(post, ChainLink) and name in parents:
@@ -393,14 +393,17 @@ def exact_cost_factor(sites: list[InducingSite], own_dense: bool) -> float:
 def _warn_if_slow(guide: DGPGuide, own_dense: bool) -> None:
     """Warn, once the sites are known, where DGPElbo's exact recursion costs much more per step
     than the factorized guide."""
+    if any(site.inducing == "locations" for site in guide.inducing_sites):
+        return  # DGPElbo samples the inner layers of such a model: no recursion to pay for
     factor = exact_cost_factor(guide.inducing_sites, own_dense)
     if factor > SLOW_FACTOR:
         warnings.warn(
             f"{type(guide).__name__}: with DGPElbo's exact recursion (the default) a training step "
             f"on this model does about {factor:.0f}x the per-point arithmetic of "
-            "AutoFactorizedDGP, and takes at least that much longer. DGPElbo(correlated='sampled') "
-            "integrates the same bound at about the factorized guide's cost per step (a noisier "
-            "estimate: see the docs' comparison)"
+            "AutoFactorizedDGP, and takes at least that much longer. "
+            "DGPElbo(correlated='sampled') integrates the same bound at about the factorized "
+            "guide's cost per point where the last layer is narrow (a noisier estimate: see "
+            "docs/limitations.md, Variational families)"
             + ("; AutoChainDGP correlates neighbouring layers for less" if own_dense else ""),
             UserWarning,
             stacklevel=3,

@@ -394,12 +394,13 @@ class DGPElbo(MarginalObjective):
     For every layer whose inducing site the guide covers with a Gaussian (``AutoFactorizedDGP``,
     ``AutoNormal``, ...), the layer output is drawn from ``q(f_l | f_{l-1})`` point by point
     instead of through a sampled ``u_l``. Guides that correlate layers (``AutoChainDGP``,
-    ``AutoJointDGP``) get the exact per-point recursion (each point's sampled outputs condition
-    the belief over the later layers' inducing values; the chain functions of
-    :mod:`numpyro_dgp.core`). With ``inducing="locations"`` the inner layers run on sampled
-    inducing values (they are the next layer's inputs) and the last layer is marginalized
-    given them. KLs are computed in closed form (given the sampled locations, for inducing
-    locations); the expectation of the likelihood over the last layer's marginal as below.
+    ``AutoJointDGP``) get the exact per-point recursion by default (each point's sampled outputs
+    condition its belief over the guide's draws of the later layers' inducing values; the chain
+    functions of :mod:`numpyro_dgp.core`), or the sampled estimator (``correlated``). With
+    ``inducing="locations"`` the inner layers run on sampled inducing values (they are the next
+    layer's inputs) and the last layer is marginalized given them. KLs are computed in closed
+    form (given the sampled locations, for inducing locations); the expectation of the
+    likelihood over the last layer's marginal as below.
     Other latent sites (hyperparameters with priors) are estimated by sampling as in
     ``Trace_ELBO``.
 
@@ -422,9 +423,12 @@ class DGPElbo(MarginalObjective):
         ``AutoChainDGP``, NumPyro's ``AutoMultivariateNormal``) is integrated: ``"exact"``, each
         point's own recursion (cost per layer ``O(N P M K)`` for the ``K`` inducing values it
         depends on), or ``"sampled"``, the guide's inducing values drawn once per particle and
-        shared by the points, the last layer marginalized given them (Ustyuzhaninov et al. 2020's
-        estimator (a) with the last layer integrated out; DSVI's cost per point, a noisier
-        estimate). The same bound either way; guides that do not correlate layers ignore it.
+        shared by the points, each layer no later layer depends on marginalized given them
+        (Ustyuzhaninov et al. 2020's estimator (a) with the last layer integrated out: DSVI's
+        cost per point, a noisier estimate; NumPyro's ``AutoMultivariateNormal`` declares no
+        conditional Gaussian, so all its layers are sampled). The same bound either way; which
+        gives more per second depends on the guide and the sizes (``docs/limitations.md``);
+        guides that do not correlate layers ignore it.
     :raises ValueError: if ``num_particles``, ``num_likelihood_samples`` or a given
         ``num_quadrature`` is not a positive integer, or ``correlated`` is neither
         ``"exact"`` nor ``"sampled"``.
