@@ -268,10 +268,17 @@ def congruence(coupling: ArrayLike, cov: ArrayLike) -> jax.Array:
     coupling, cov = jnp.asarray(coupling), jnp.asarray(cov)
     if cov.ndim == 2:
         return coupling @ cov @ coupling.T
-    P, M = cov.shape[0], coupling.shape[-1] // max(cov.shape[0], 1)
-    _check_blocks(cov, (P, M, M), f"cov (for a coupling with {coupling.shape[-1]} columns)")
-    per_block = jnp.einsum("jpm,pmn->jpn", coupling.reshape(-1, P, M), cov)
-    return per_block.reshape(coupling.shape[0], P * M) @ coupling.T
+    return _times_blocks(coupling, cov, "cov") @ coupling.T
+
+
+def _times_blocks(coupling: jax.Array, blocks: jax.Array, name: str) -> jax.Array:
+    """``C blockdiag(blocks)`` for ``(P, M, M)`` blocks, block by block (not over the zeros).
+
+    :raises ValueError: if the blocks do not cover ``coupling``'s columns.
+    """
+    P, M = blocks.shape[0], coupling.shape[-1] // max(blocks.shape[0], 1)
+    _check_blocks(blocks, (P, M, M), f"{name} (for a coupling with {coupling.shape[-1]} columns)")
+    return jnp.einsum("jpm,pmn->jpn", coupling.reshape(-1, P, M), blocks).reshape(-1, P * M)
 
 
 def _check_blocks(blocks: jax.Array, expected: tuple[int, int, int], name: str) -> None:
@@ -302,11 +309,7 @@ def chain_cross(
     :return: ``(J, K + K_l)``.
     :raises ValueError: if the parent's blocks do not cover ``coupling``'s columns.
     """
-    P, M = parent_own.shape[0], coupling.shape[-1] // max(parent_own.shape[0], 1)
-    _check_blocks(
-        parent_own, (P, M, M), f"parent_own (for a coupling with {coupling.shape[-1]} columns)"
-    )
-    own = jnp.einsum("jpm,pmn->jpn", coupling.reshape(-1, P, M), parent_own).reshape(-1, P * M)
+    own = _times_blocks(coupling, parent_own, "parent_own")
     return own if parent_cross is None else jnp.concatenate([coupling @ parent_cross, own], -1)
 
 
