@@ -3,12 +3,11 @@
 NumPyro has no public API for a few things a GP-layer primitive needs: the handler stack (to
 tell whether a model runs under a ``seed`` handler and inside which plates, and which sites the
 innermost ``trace`` handler has recorded so far in this run), the function a ``numpyro.plate``
-draws subsample indices with (replaced by a faster one), the lazy initial
-value of a ``numpyro.param`` message, the constraint class behind ``softplus_lower_cholesky``
-(to register a faster transform for it), whether NumPyro validates distribution arguments by
-default (``numpyro.enable_validation``; read to run the checks on the host), and the class of
-the optimizers ``optax_to_numpyro`` returns (for annotations only). Each access is wrapped here,
-and ``tests/test_compat.py`` fails loudly if a NumPyro release changes any of them.
+draws subsample indices with (replaced by a faster one), the lazy initial value of a
+``numpyro.param`` message, the constraint class behind ``softplus_lower_cholesky`` (to register
+a faster transform for it), and the class of the optimizers ``optax_to_numpyro`` returns (for
+annotations only). Each access is wrapped here, and ``tests/test_compat.py`` fails loudly if a
+NumPyro release changes any of them.
 """
 
 from __future__ import annotations
@@ -68,12 +67,6 @@ def lazy_param_initializer(msg: dict) -> Callable | None:
     return init if callable(init) else None
 
 
-def distribution_validation_enabled() -> bool:
-    """Whether NumPyro's distributions validate their arguments by default (NumPyro's default,
-    or ``numpyro.enable_validation``)."""
-    return bool(numpyro.distributions.Distribution._validate_args)
-
-
 def is_tracer(x: Any) -> bool:
     """Whether ``x`` is a JAX tracer (an abstract value inside ``jit``/``vmap``/``grad``)."""
     return isinstance(x, jax.core.Tracer)
@@ -102,7 +95,7 @@ def autocontinuous_layout(guide: Any) -> dict[str, tuple[int, int, tuple[int, ..
 # NumPyro's constraint class is private: the base is read from its public instance (a dynamic base
 # to mypy)
 class _SoftplusLowerCholesky(type(_constraints.softplus_lower_cholesky)):  # type: ignore[misc]
-    """NumPyro's ``softplus_lower_cholesky`` constraint, transformed with one gather each way."""
+    """NumPyro's ``softplus_lower_cholesky`` constraint, transformed forward with one gather."""
 
 
 class _SoftplusLowerCholeskyTransform(_transforms.SoftplusLowerCholeskyTransform):
@@ -112,15 +105,6 @@ class _SoftplusLowerCholeskyTransform(_transforms.SoftplusLowerCholeskyTransform
         n = round((np.sqrt(1 + 8 * x.shape[-1]) - 1) / 2)
         diagonal = jax.nn.softplus(x[..., -n:])
         return lower_from_vector(jnp.concatenate([x[..., :-n], diagonal], axis=-1))
-
-    def _inverse(self, y: jax.Array) -> jax.Array:
-        """NumPyro's inverse (``matrix_to_tril_vec`` of the strict lower triangle, the inverse
-        softplus of the diagonal) with the triangle's indices built on the host."""
-        y = jnp.asarray(y)
-        rows, cols = np.tril_indices(y.shape[-1], -1)
-        strict = y[..., rows, cols]
-        diagonal = _transforms._softplus_inv(jnp.diagonal(y, axis1=-2, axis2=-1))
-        return jnp.concatenate([strict, diagonal], axis=-1)
 
 
 #: ``numpyro.distributions.constraints.softplus_lower_cholesky`` with :func:`biject_to` giving a

@@ -81,6 +81,15 @@ def split_traced(
     return dyn_args, static_args, dyn_kwargs, static_kwargs
 
 
+def hashable(value: Any) -> bool:
+    """Whether ``value`` can be hashed (a static argument of a compiled function, a cache key)."""
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 def concrete(x: Any) -> np.ndarray | None:
     """``x`` as a NumPy array, or ``None`` when it is a tracer (inside ``jit``/``eval_shape``)
     or a global array of several processes (not all of it is in this process)."""
@@ -280,29 +289,6 @@ def check_mean(mean: Any, name: str, caller: str) -> None:
         raise ValueError(
             f"{caller}: {name} must be one of {MEAN_FUNCTIONS} or a callable, got {mean!r}"
         )
-
-
-def check_file(path: Any, what: str, caller: str) -> None:
-    """Raise unless ``path`` is an existing file.
-
-    :param path: the path (``pathlib.Path``).
-    :param what: the file in messages (``"data file"``).
-    :param caller: the function in messages.
-    :raises FileNotFoundError: naming the path.
-    """
-    if not path.is_file():
-        state = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"{caller}: {what} {str(path)!r} {state}")
-
-
-def check_directory(path: Any, what: str, caller: str) -> None:
-    """Raise unless ``path`` is an existing directory.
-
-    :raises FileNotFoundError: naming the path.
-    """
-    if not path.is_dir():
-        state = "is a file, not a directory" if path.exists() else "does not exist"
-        raise FileNotFoundError(f"{caller}: {what} {str(path)!r} {state}")
 
 
 def _feature_spread(X: np.ndarray) -> np.ndarray:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from numpyro.handlers import seed, trace
@@ -78,17 +77,6 @@ def test_apply_stack_carries_messages_of_any_type():
     assert seed(model, 0)() == 0  # unhandled: its fn gives the value
     tr = trace(seed(answer(model), 0)).get_trace()
     assert tr["x"]["type"] == "custom"
-
-
-def test_distribution_validation_enabled_follows_numpyro_s_switch():
-    validating = _compat.distribution_validation_enabled()
-    try:
-        for value in (False, True):
-            numpyro.enable_validation(value)
-            assert _compat.distribution_validation_enabled() is value
-            assert dist.Normal(0.0, 1.0)._validate_args is value  # what the switch governs
-    finally:
-        numpyro.enable_validation(validating)
 
 
 def test_is_tracer():

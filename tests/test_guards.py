@@ -29,7 +29,7 @@ from numpyro.infer import SVI
 from numpyro.infer.autoguide import AutoNormal
 
 import numpyro_dgp as dgp
-from numpyro_dgp import _compat, diagnostics
+from numpyro_dgp import diagnostics
 from numpyro_dgp._engine.marginal import marginalize_inducing
 from numpyro_dgp._engine.run import layers_by_u_site
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP
@@ -44,7 +44,6 @@ from numpyro_dgp.infer import fit_minibatches
 from numpyro_dgp.io import load_params, save_params
 from numpyro_dgp.models import deep_gp_regression
 from numpyro_dgp.objectives._dsvi import inducing_kl
-from tests._compiles import compile_messages, xla_compilations
 
 X = jnp.linspace(-1.0, 1.0, 6)[:, None]
 Y = jnp.sin(2.0 * X[:, 0])
@@ -766,8 +765,8 @@ def test_importance_weighting_refuses_amortized_layers():
 
 
 def test_the_gaussian_observation_refuses_non_finite_outputs_and_a_bad_noise_as_numpyro_does():
-    """The factories' Normal likelihood is validated on the host (no compiled check), with
-    NumPyro's messages, only while NumPyro validates; traced, NumPyro's own (non-strict) way."""
+    """The factories' Normal likelihood is NumPyro's, validated as NumPyro validates: run
+    eagerly, with NumPyro's messages; traced or with validation off, not."""
     model = deep_gp_regression(1, num_inducing=2)
     u_shape = trace(seed(model, 0)).get_trace(X, Y)["h1.u"]["value"].shape
     bad_u = numpyro.handlers.substitute(model, {"h1.u": jnp.full(u_shape, jnp.nan)})
@@ -777,22 +776,8 @@ def test_the_gaussian_observation_refuses_non_finite_outputs_and_a_bad_noise_as_
     with pytest.raises(ValueError, match="Normal distribution got invalid scale parameter"):
         seed(bad_noise, 0)(X, Y)
     jax.jit(lambda: seed(bad_noise, 0)(X, Y))()  # traced: not checked (as NumPyro)
-    validating = _compat.distribution_validation_enabled()
     numpyro.enable_validation(False)
     try:
         seed(bad_noise, 0)(X, Y)  # validation off: NumPyro would not check either
     finally:
-        numpyro.enable_validation(validating)
-
-
-def test_host_validation_compiles_nothing_where_numpyro_s_compiles_its_checks():
-    from numpyro_dgp._engine.observation import validated_normal
-
-    loc, scale = jnp.ones((7, 13)), jnp.full((7, 13), 0.5)  # shapes no other test validates
-    dist.Normal(loc, scale, validate_args=False)  # its construction's own programs
-    with compile_messages() as messages:
-        checked = validated_normal(loc, scale)
-    assert xla_compilations(messages) == [] and checked.loc is loc
-    with compile_messages() as messages:
-        dist.Normal(loc, scale)  # NumPyro's checks, run eagerly: programs of their own
-    assert xla_compilations(messages)
+        numpyro.enable_validation(True)  # NumPyro's default

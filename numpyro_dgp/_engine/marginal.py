@@ -13,7 +13,7 @@ and live in the modules that own them:
 * guides that correlate the layers (:class:`~numpyro_dgp.posteriors.ChainLink`,
   :class:`~numpyro_dgp.posteriors.JointBlock`): the per-point recursion of
   :class:`~numpyro_dgp.guides._correlated.CorrelatedRecursion` (``output`` per layer, then
-  ``condition`` on the drawn outputs);
+  ``draw`` its outputs);
 * per-point inducing sets: :class:`~numpyro_dgp.guides._amortized.EncodedSets` evaluates
   the guide's encoder at a layer's ``u`` site (``site``: ``q(u_n | p_n)`` and its KL, kept in
   ``local_q`` for the layer) and gives an AR2 / AR2P encoder the weighted mean of the branches
@@ -84,7 +84,6 @@ from numpyro_dgp._protocol import (
 )
 from numpyro_dgp.core import (
     output_at_nodes,
-    sample_output,
     standard_normal,
     uncertain_input_moments,
 )
@@ -146,11 +145,8 @@ class marginalize_inducing(PerRunMessenger):
         importance: Any = None,
     ) -> None:
         self.posteriors = CorrelatedRecursion.independent(posteriors or {})
-        self.last_layer = last_layer
-        self.nodes = nodes
-        self.node_weights = node_weights
-        self.latent_mode = latent_mode
-        self.importance = importance
+        self.last_layer, self.nodes, self.node_weights = last_layer, nodes, node_weights
+        self.latent_mode, self.importance = latent_mode, importance
         super().__init__(fn)
 
     def _reset(self) -> None:
@@ -331,10 +327,7 @@ class marginalize_inducing(PerRunMessenger):
                 nodes = jnp.asarray(self.nodes, mean.dtype)
             self.last_output = output_at_nodes(mean, out_cov, nodes)
             return self.last_output
-        eps = standard_normal(rng_key, mean.shape, mean.dtype)
-        value = sample_output(mean, out_cov, eps)
-        self._correlated.condition(layer, post, value)
-        return value
+        return self._correlated.draw(layer, post, standard_normal(rng_key, mean.shape, mean.dtype))
 
     def _check_layer(self, layer: Layer, rule: Any, post: Any, full_cov: bool) -> None:
         """Refuse what the importance plug-in refuses (a layer with a rule, a guide that
@@ -387,11 +380,8 @@ class propagate_moments(PerRunMessenger):
         caller: str,
         propagate_inducing_variance: bool,
     ) -> None:
-        self.posteriors = posteriors
-        self.mode = mode
-        self.last_layer = last_layer
-        self.nodes = nodes
-        self.caller = caller
+        self.posteriors, self.mode, self.last_layer = posteriors, mode, last_layer
+        self.nodes, self.caller = nodes, caller
         self.propagate_inducing_variance = propagate_inducing_variance
         super().__init__(fn)
 

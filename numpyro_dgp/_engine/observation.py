@@ -31,7 +31,6 @@ from jax.typing import ArrayLike
 from numpyro.distributions import constraints
 
 from numpyro_dgp import likelihoods
-from numpyro_dgp._compat import distribution_validation_enabled
 from numpyro_dgp._validation import (
     as_float_array,
     check_choice,
@@ -397,7 +396,7 @@ class Observation(NamedTuple):
             f = f[..., 0]
         if name == "gaussian":
             noise = self._param("noise", self.noise_init, constraints.positive, dtype)
-            return validated_normal(f, jnp.sqrt(noise))
+            return dist.Normal(f, jnp.sqrt(noise))
         recipe = _TABLE[name][1]
         if name == "student_t":
             df = self._param("df", 4.0, constraints.greater_than(1.0), dtype)
@@ -434,25 +433,3 @@ def _check_discrete_targets(y: jax.Array, observation: Observation, caller: str)
             f"{caller}: y must hold {what} for likelihood={observation.likelihood!r}; got "
             f"{int(bad.sum())} other value(s), e.g. {value[bad][0].item()!r}"
         )
-
-
-def validated_normal(loc: jax.Array, scale: jax.Array) -> dist.Normal:
-    """``Normal(loc, scale)``, its arguments checked as NumPyro checks them (``arg_constraints``
-    in their order, NumPyro's message) but on host copies of concrete arguments: NumPyro's own
-    check runs JAX operations, which run eagerly (``svi.init``) compile a program each; its
-    constraints evaluate NumPy arrays with NumPy. Traced arguments,
-    or validation switched off (``numpyro.enable_validation(False)``), go to NumPyro as they
-    are. An instance checked here has NumPyro's validation off, so its ``log_prob`` does not
-    also check the value against the support (NumPyro would give ``-inf`` and warn for a
-    non-finite target): the factories' targets are refused non-finite at the door, or masked.
-
-    :raises ValueError: for an argument outside its constraint (NumPyro's message).
-    """
-    args = {"loc": loc, "scale": scale}
-    on_host = {name: concrete(value) for name, value in args.items()}
-    if not distribution_validation_enabled() or any(v is None for v in on_host.values()):
-        return dist.Normal(loc, scale)
-    for name, value in on_host.items():
-        if not np.all(dist.Normal.arg_constraints[name](value)):
-            raise ValueError(f"Normal distribution got invalid {name} parameter.")
-    return dist.Normal(loc, scale, validate_args=False)

@@ -47,6 +47,7 @@ from numpyro_dgp._validation import (
     as_float_array,
     check_finite,
     check_positive_int,
+    hashable,
     split_traced,
     warn_if_not_standardized,
 )
@@ -392,10 +393,7 @@ def _predictor(model, guide, params, rng_key, inputs, kwargs, obs_site, static):
     never baked in."""
     prototype = getattr(guide, "prototype_trace", None)
     key = (model, obs_site, static)
-    try:
-        hash(key)
-    except TypeError:  # unhashable static arguments: compile for this call only
-        key = None
+    key = key if hashable(key) else None  # unhashable static arguments: compile for this call only
     entry = None if key is None else _PREDICTORS.get(guide, key)
     if entry is not None and entry[0] is prototype:
         return entry[1], entry[2]

@@ -66,7 +66,6 @@ if TYPE_CHECKING:
     import jax
     from jax.typing import ArrayLike
 
-__all__ = ["ModelFileError", "SavedModel", "Standardization", "load_model", "save_model"]
 
 #: the factories a saved model can name
 _FACTORIES = ("deep_gp_regression", "diffgp", "amortized_dgp")

@@ -75,7 +75,9 @@ class Belief(NamedTuple):
     solves against the draws.
 
     :ivar loc: ``(N, K)``.
-    :ivar rows: ``(N, r, K)`` ``G_n``: one row per output conditioned on so far.
+    :ivar rows: ``(N, r, K)`` ``G_n``: one row per output conditioned on so far; or, after a
+        first layer with one factor per output, ``(N, r, K / r)``: row ``j`` lives on the
+        ``j``-th block of draws only (``r`` times less memory and work than the zeros).
     :ivar weight: ``(N, r, r)`` ``W_n``.
     """
 
@@ -83,15 +85,16 @@ class Belief(NamedTuple):
     rows: jax.Array
     weight: jax.Array
 
-    def covariance(self) -> jax.Array:
-        """The dense ``(N, K, K)`` covariance (for checks; the recursion never forms it)."""
-        eye = jnp.eye(self.loc.shape[-1], dtype=self.loc.dtype)
-        return eye - jnp.einsum("njk,nji,nil->nkl", self.rows, self.weight, self.rows)
+    def dense_rows(self) -> jax.Array:
+        """``rows`` as ``(N, r, K)``."""
+        return _spread(self.rows) if self.rows.shape[-1] != self.loc.shape[-1] else self.rows
 
 
-def _dense(cov: jax.Array) -> jax.Array:
-    """A shared covariance as a ``(K, K)`` matrix (from its diagonal blocks if it has them)."""
-    return cov if cov.ndim == 2 else block_diag(*[cov[p] for p in range(cov.shape[0])])
+def _spread(blocks: jax.Array) -> jax.Array:
+    """``(N, P, M)`` rows, row ``p`` on block ``p``, as ``(N, P, P M)`` with the zeros."""
+    N, P, M = blocks.shape
+    eye = jnp.eye(P, dtype=blocks.dtype)
+    return (blocks[:, :, None, :] * eye[None, :, :, None]).reshape(N, P, P * M)
 
 
 def output_moments(
@@ -119,7 +122,9 @@ def output_moments(
     :param belief: each point's belief over those ``K`` draws (required with ``cross``).
     :return: ``(mean (N, P), cov (N, P, P), gain (N, P, K + P M))``: the mean (add the mean
         function), the covariance, and the output's covariance with the draws (those before,
-        then the layer's own), needed by :func:`condition_on_output`.
+        then the layer's own), needed by :func:`condition_on_output`; without ``cross`` and
+        with ``own`` as blocks, ``gain`` is ``(N, P, M)``, output ``p``'s row over its own
+        block of draws only (``P`` times less memory and work than the zeros).
     :raises ValueError: if ``own``'s blocks are not ``(P, M, M)``.
     """
     N, M = alpha.shape
@@ -128,9 +133,8 @@ def output_moments(
     out_mean = alpha @ mean.T
     if own.ndim == 3:
         _check_blocks(own, (P, M, M), "own")
-        rows = jnp.einsum("nm,pmk->npk", alpha, own)  # output p's row over its own block
-        out_cov = jnp.sum(rows**2, axis=-1)[..., None] * eye
-        gain = (rows[:, :, None, :] * eye[None, :, :, None]).reshape(N, P, P * M)
+        gain = jnp.einsum("nm,pmk->npk", alpha, own)  # output p's row over its own block
+        out_cov = jnp.sum(gain**2, axis=-1)[..., None] * eye
     else:
         gain = jnp.einsum("nm,pmk->npk", alpha, own.reshape(P, M, P * M))
         out_cov = jnp.einsum("npk,nqk->npq", gain, gain)
@@ -139,15 +143,25 @@ def output_moments(
         rows = jnp.einsum("nm,pmk->npk", alpha, cross.reshape(P, M, cross.shape[-1]))
         out_mean = out_mean + jnp.einsum("npk,nk->np", rows, belief.loc)
         # rows B rows^T and rows B with B = I - G^T W G: products with the r conditioned rows
-        seen = jnp.einsum("npk,njk->npj", rows, belief.rows)  # (N, P, r)
+        # (block rows: each against its own block of draws)
+        blocks = belief.rows.shape[-1] != belief.loc.shape[-1]
+        if blocks:
+            by_block = rows.reshape(N, P, *belief.rows.shape[1:])
+            seen = jnp.einsum("npjm,njm->npj", by_block, belief.rows)  # (N, P, r)
+        else:
+            seen = jnp.einsum("npk,njk->npj", rows, belief.rows)
         weighted = jnp.einsum("npj,nji->npi", seen, belief.weight)
         out_cov = (
             out_cov
             + jnp.einsum("npk,nqk->npq", rows, rows)
             - jnp.einsum("npj,nqj->npq", weighted, seen)
         )
-        before = rows - jnp.einsum("npj,njk->npk", weighted, belief.rows)
-        gain = jnp.concatenate([before, gain], axis=-1)
+        if blocks:
+            before = (by_block - weighted[..., None] * belief.rows[:, None]).reshape(rows.shape)
+        else:
+            before = rows - jnp.einsum("npj,njk->npk", weighted, belief.rows)
+        own_rows = _spread(gain) if own.ndim == 3 else gain
+        gain = jnp.concatenate([before, own_rows], axis=-1)
     return out_mean, out_cov + base_var[:, None, None] * eye, gain
 
 
@@ -201,7 +215,11 @@ def output_at_nodes(mean: jax.Array, out_cov: jax.Array, nodes: jax.Array) -> ja
 
 
 def condition_on_output(
-    gain: jax.Array, out_cov: jax.Array, residual: jax.Array, belief: Belief | None = None
+    gain: jax.Array,
+    out_cov: jax.Array,
+    residual: jax.Array,
+    belief: Belief | None = None,
+    blocks: bool = False,
 ) -> Belief:
     """Kalman update of the belief on the sampled output of the current layer.
 
@@ -210,21 +228,30 @@ def condition_on_output(
     :param out_cov: ``(N, P, P)`` output covariance from :func:`output_moments`.
     :param residual: ``(N, P)`` sampled output minus :func:`output_moments`'s mean.
     :param belief: the belief over the draws before (``None``: none).
+    :param blocks: ``gain`` is ``(N, P, M)``, each output's row over its own block of draws
+        (:func:`output_moments` without ``cross``, ``own`` as blocks); only without ``belief``.
     :return: the belief over all ``K'`` draws given this output: the mean moves by
         ``gain^T S^{-1} r`` (``S`` the output covariance), ``gain`` joins the rows and ``S^{-1}``
         the weight. Cost ``O(N P K' + N P^3)``: no triangular solve against ``gain``.
     """
     P = out_cov.shape[-1]
-    chol = jnp.linalg.cholesky(_stabilized(out_cov))
     eye = jnp.broadcast_to(jnp.eye(P, dtype=out_cov.dtype), out_cov.shape)
+    if blocks:  # independent outputs: S is diagonal
+        assert belief is None  # block rows come from a first layer
+        precision = eye / jnp.diagonal(out_cov, axis1=-2, axis2=-1)[..., None]
+        weighted = jnp.einsum("npq,nq->np", precision, residual)
+        return Belief((gain * weighted[..., None]).reshape(gain.shape[0], -1), gain, precision)
+    chol = jnp.linalg.cholesky(_stabilized(out_cov))
     chol_inv = solve_triangular(chol, eye, lower=True)
     precision = jnp.einsum("nqp,nqr->npr", chol_inv, chol_inv)  # S^{-1} = L^{-T} L^{-1}
-    shift = jnp.einsum("npk,np->nk", gain, jnp.einsum("npq,nq->np", precision, residual))
+    weighted = jnp.einsum("npq,nq->np", precision, residual)
+    shift = jnp.einsum("npk,np->nk", gain, weighted)
     if belief is None:
         return Belief(shift, gain, precision)
     extra = gain.shape[-1] - belief.loc.shape[-1]
     loc = jnp.pad(belief.loc, ((0, 0), (0, extra))) + shift
-    rows = jnp.concatenate([jnp.pad(belief.rows, ((0, 0), (0, 0), (0, extra))), gain], axis=1)
+    before = jnp.pad(belief.dense_rows(), ((0, 0), (0, 0), (0, extra)))
+    rows = jnp.concatenate([before, gain], axis=1)
     r = belief.weight.shape[-1]
     weight = jnp.concatenate(
         [
@@ -242,7 +269,7 @@ def block_diag_covariance(scale_tril: ArrayLike) -> jax.Array:
     :param scale_tril: ``(P, M, M)`` lower factors, one per output.
     :return: ``(P * M, P * M)`` covariance.
     """
-    return _dense(block_covariances(scale_tril))
+    return block_diag(*block_covariances(scale_tril))
 
 
 def block_covariances(scale_tril: ArrayLike) -> jax.Array:

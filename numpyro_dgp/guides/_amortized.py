@@ -99,13 +99,9 @@ class AutoAmortizedDGP(AutoFactorizedDGP):
         check_choice(covariance, COVARIANCES, "covariance", "AutoAmortizedDGP")
         check_positive_number(init_scale, "init_scale", "AutoAmortizedDGP")
         check_positive_int(hidden_width, "hidden_width", "AutoAmortizedDGP", allow_none=True)
-        self.rule = rule
-        self.num_branches = int(num_branches)
-        self.covariance = covariance
-        self.hidden_width = hidden_width
-        self.num_hidden = int(num_hidden)
-        self.encoder_init_scale = float(init_scale)
-        self.initial_points = points
+        self.rule, self.num_branches, self.covariance = rule, int(num_branches), covariance
+        self.hidden_width, self.num_hidden = hidden_width, int(num_hidden)
+        self.encoder_init_scale, self.initial_points = float(init_scale), points
         self.initial_weights = check_weights(weights, int(num_branches), "AutoAmortizedDGP")
         self.learn_points = bool(learn_points)
         super().__init__(model, **kwargs)

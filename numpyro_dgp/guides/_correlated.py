@@ -21,6 +21,8 @@ marginalizes the inducing values exactly, point by point, with closed-form KLs.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from functools import cache
 from itertools import accumulate
@@ -41,6 +43,7 @@ from numpyro_dgp.core import (
     condition_on_output,
     output_moments,
     point_projection,
+    sample_output,
 )
 from numpyro_dgp.guides._base import AutoFactorizedDGP, DGPGuide, InducingSite
 from numpyro_dgp.layers import Layer
@@ -223,10 +226,10 @@ class CorrelatedRecursion:
     such posteriors, one per run of the model.
 
     :meth:`output` gives a layer's per-point output Gaussian given the outputs the layers
-    before it drew at each point; once the engine has drawn this layer's outputs,
-    :meth:`condition` conditions each point's belief over the guide's standard-normal draws on
-    them. Cost per layer ``O(N P M K)`` for the ``K`` draws of the layers before it, plus
-    DSVI's ``O(N P M^2)`` for a chain's own draws (``O(N P^2 M^2)`` for a joint block's).
+    before it drew at each point; :meth:`draw` draws them and conditions each point's belief
+    over the guide's standard-normal draws on them. Cost per layer ``O(N P M K)`` for the
+    ``K`` draws of the layers before it, plus DSVI's ``O(N P M^2)`` for a chain's own draws
+    (``O(N P^2 M^2)`` for a joint block's).
 
     :param posteriors: ``{u-site: posterior}`` of the run (:meth:`independent` already applied).
     """
@@ -355,19 +358,26 @@ class CorrelatedRecursion:
         self._last = (belief, gain, out_cov, mean, cross, own)
         return mean, out_cov
 
-    def condition(self, layer: Layer, post: ChainLink | JointBlock, value: jax.Array) -> None:
-        """Condition each point's belief over the draws so far on ``value (N, P)``, the outputs
-        the engine drew from :meth:`output`'s Gaussian, where a later layer needs it."""
+    def draw(self, layer: Layer, post: ChainLink | JointBlock, eps: jax.Array) -> jax.Array:
+        """The layer's outputs ``(N, P)`` drawn from :meth:`output`'s Gaussian with the
+        standard-normal ``eps (N, P)``; where a later layer needs it, each point's belief over
+        the draws so far is then conditioned on them."""
         belief, gain, out_cov, mean, cross, own = self._last
+        independent = cross is None and own.ndim == 3  # one factor per output: S is diagonal
+        if independent:
+            value = mean + jnp.sqrt(jnp.diagonal(out_cov, axis1=-2, axis2=-1)) * eps
+        else:
+            value = sample_output(mean, out_cov, eps)
         if isinstance(post, ChainLink):
             if layer.u_site in self.parents:
-                given = condition_on_output(gain, out_cov, value - mean, belief)
+                given = condition_on_output(gain, out_cov, value - mean, belief, independent)
                 self._links[layer.u_site] = (given, cross, own)
         else:
             k = post.sites.index(layer.u_site)
             if k + 1 < len(post.sites):
                 given = condition_on_output(gain, out_cov, value - mean, belief)
                 self._joint_states[post.sites] = (k + 1, given)
+        return value
 
 
 #: the exact recursion's per-point arithmetic over the factorized guide's above which a guide
@@ -375,27 +385,20 @@ class CorrelatedRecursion:
 SLOW_FACTOR = 5.0
 
 
-def exact_cost_factor(sites: list[InducingSite], own_dense: bool) -> float:
-    """Per-point multiply-adds of :class:`CorrelatedRecursion` over DSVI's for these inducing
-    sites (in layer order): layer ``l`` costs ``P M K`` for the ``K`` inducing values of the
-    layers before it, and ``P M^2`` (``P^2 M^2`` for a joint block, ``own_dense``) for its own,
-    against DSVI's ``P M^2``."""
-    dsvi = exact = 0.0
-    before = 0
-    for site in sites:
+def _warn_if_slow(guide: DGPGuide, own_dense: bool) -> None:
+    """Warn, once the sites are known, where DGPElbo's exact recursion costs much more per step
+    than the factorized guide: per point, layer ``l`` costs ``P M K`` for the ``K`` inducing
+    values of the layers before it and ``P M^2`` (``P^2 M^2`` for a joint block, ``own_dense``)
+    for its own, against DSVI's ``P M^2``."""
+    if any(site.inducing == "locations" for site in guide.inducing_sites):
+        return  # DGPElbo samples the inner layers of such a model: no recursion to pay for
+    dsvi = exact = before = 0
+    for site in guide.inducing_sites:
         P, M = site.out_dim, site.num_inducing
         dsvi += P * M * M
         exact += P * M * before + (P * M * P * M if own_dense else P * M * M)
         before += P * M
-    return exact / max(dsvi, 1.0)
-
-
-def _warn_if_slow(guide: DGPGuide, own_dense: bool) -> None:
-    """Warn, once the sites are known, where DGPElbo's exact recursion costs much more per step
-    than the factorized guide."""
-    if any(site.inducing == "locations" for site in guide.inducing_sites):
-        return  # DGPElbo samples the inner layers of such a model: no recursion to pay for
-    factor = exact_cost_factor(guide.inducing_sites, own_dense)
+    factor = exact / max(dsvi, 1)
     if factor > SLOW_FACTOR:
         warnings.warn(
             f"{type(guide).__name__}: with DGPElbo's exact recursion (the default) a training step "
@@ -406,7 +409,11 @@ def _warn_if_slow(guide: DGPGuide, own_dense: bool) -> None:
             "docs/limitations.md, Variational families)"
             + ("; AutoChainDGP correlates neighbouring layers for less" if own_dense else ""),
             UserWarning,
-            stacklevel=3,
+            # the user's line: the guide is set up deep inside NumPyro's (and JAX's) calls
+            skip_file_prefixes=tuple(
+                os.path.dirname(sys.modules[package].__file__ or "") + os.sep
+                for package in ("numpyro", "jax", "numpyro_dgp")
+            ),
         )
 
 

@@ -46,19 +46,6 @@ from numpyro_dgp.posteriors import (
     unwrap_distribution,
 )
 
-__all__ = [
-    "PerRunMessenger",
-    "SpreadTotal",
-    "check_layer_supported",
-    "coherent_layers",
-    "data_parallel",
-    "fast_subsample",
-    "gaussian_observation",
-    "layer_inputs",
-    "quadrature",
-    "replace_observation",
-]
-
 
 class PerRunMessenger(Messenger):
     """A handler whose per-run state (layer order, grid outputs) is reset on every model run

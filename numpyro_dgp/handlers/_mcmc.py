@@ -50,9 +50,6 @@ from numpyro_dgp.handlers._base import (
 from numpyro_dgp.layers import Layer, layer_moments
 from numpyro_dgp.posteriors import unwrap_distribution
 
-__all__ = ["PARAMETERIZATIONS", "collapse_last_layer", "exact_layers", "latent_conditionals"]
-
-
 #: The values of ``parameterization`` of :class:`exact_layers` and :class:`latent_conditionals`.
 PARAMETERIZATIONS = ("noncentered", "centered")
 

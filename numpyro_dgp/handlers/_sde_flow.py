@@ -21,9 +21,6 @@ from numpyro_dgp.handlers._base import PerRunMessenger, check_layer_supported
 from numpyro_dgp.layers import Layer, layer_moments
 from numpyro_dgp.posteriors import ChainLink, JointBlock
 
-__all__ = ["FLOW_ESTIMATORS", "FlowSpec", "sde_flow"]
-
-
 #: The values of ``sde_flow(..., estimator=...)``.
 FLOW_ESTIMATORS = ("marginal", "ancestral")
 

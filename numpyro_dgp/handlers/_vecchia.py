@@ -34,8 +34,6 @@ from numpyro_dgp.core import (
 from numpyro_dgp.handlers._mcmc import CollapsedLayer, CollapsedNormal, exact_layers, output_site
 from numpyro_dgp.layers import Layer
 
-__all__ = ["ORDERINGS", "vecchia_layers"]
-
 #: The values of ``ordering`` of :class:`vecchia_layers`.
 ORDERINGS = ("random", "given")
 

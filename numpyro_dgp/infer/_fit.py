@@ -35,7 +35,7 @@ from numpyro.infer import SVI
 from numpyro.infer.svi import SVIState
 
 from numpyro_dgp._compat import innermost_guide
-from numpyro_dgp._validation import check_positive_int, split_traced, tree_all_finite
+from numpyro_dgp._validation import check_positive_int, hashable, split_traced, tree_all_finite
 from numpyro_dgp.guides import DGPGuide
 from numpyro_dgp.infer._checks import (
     Checkpoints,
@@ -46,13 +46,7 @@ from numpyro_dgp.infer._checks import (
     non_finite_params,
     report_skipped,
 )
-from numpyro_dgp.io import (
-    STRICT_HINT,
-    ParameterMismatchError,
-    check_params_against,
-    param_specs,
-    set_up_guide,
-)
+from numpyro_dgp.io import ParameterMismatchError, check_against_model, set_up_guide
 
 #: ``fold_in`` data of the key that sets up the guide (apart from the key ``svi.init`` gets)
 _SETUP_STREAM = 0x5E7
@@ -100,15 +94,6 @@ def init(
     return _compiled_init(statics, rng_key, dyn_args, dyn_kwargs, init_params)
 
 
-def hashable(value: Any) -> bool:
-    """Whether ``value`` can be hashed (a static argument of a compiled function)."""
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
-
-
 @partial(jax.jit, static_argnums=0, compiler_options=ONE_SHOT_OPTIONS)
 def _compiled_init(
     statics: tuple, rng_key: jax.Array, dyn_args: tuple, dyn_kwargs: dict, init_params: dict | None
@@ -128,15 +113,8 @@ def initial_state(svi, rng_key, args, kwargs, init_params=None, strict=True):
     try:
         set_up_guide(svi.guide, jax.random.fold_in(rng_key, _SETUP_STREAM), args, model_kwargs)
         if init_params is not None:
-            check_params_against(
-                param_specs(svi.model, svi.guide, args, model_kwargs),
-                init_params,
-                "fit (init_params)",
-                allow_missing=not strict,
-                allow_unexpected=not strict,
-                require_finite=True,
-                hint=STRICT_HINT,
-            )
+            checked = (svi.model, svi.guide, init_params, args, model_kwargs, strict)
+            check_against_model(*checked, "fit (init_params)", require_finite=True)
         return init(svi, rng_key, *args, init_params=init_params, **kwargs)
     except (ValueError, RuntimeError) as err:
         if isinstance(err, ParameterMismatchError):

@@ -209,9 +209,9 @@ def save_params(
         members[_HEADER_KEY] = np.array(json.dumps(header), dtype=np.str_)
     except (TypeError, ValueError) as err:
         raise TypeError(f"metadata must be JSON-serializable: {err}") from err
-    from numpyro_dgp._validation import check_directory
-
-    check_directory(path.parent, "directory", "save_params")
+    if not path.parent.is_dir():
+        state = "is a file, not a directory" if path.parent.exists() else "does not exist"
+        raise FileNotFoundError(f"save_params: directory {str(path.parent)!r} {state}")
     # Writing through a file object stops np.savez from appending ".npz" to the name.
     write_atomically(path, lambda f: np.savez(f, allow_pickle=False, **members), binary=True)
     return path
@@ -323,14 +323,14 @@ def load_params(
     """
     import jax
 
-    from numpyro_dgp._validation import check_file
-
     if model is None and (guide is not None or args):
         raise ValueError(
             "load_params: guide= and args= are for the check against model=; pass model= too"
         )
     path = Path(os.fspath(path)).expanduser()
-    check_file(path, "parameter file", "load_params")
+    if not path.is_file():
+        state = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"load_params: parameter file {str(path)!r} {state}")
     header, params = _read(path)
     if not as_numpy:
         # Check every leaf first so nothing is transferred when one of them would fail.

@@ -120,12 +120,10 @@ def _signature(args: tuple, kwargs: dict) -> tuple | None:
             return ("array", tuple(v.shape), str(v.dtype))
         return v
 
+    from numpyro_dgp._validation import hashable
+
     key = (tuple(one(a) for a in args), tuple(sorted((k, one(v)) for k, v in kwargs.items())))
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return key if hashable(key) else None
 
 
 def training_arguments(model: Callable, guide: Callable | None) -> tuple[tuple, dict] | None:
@@ -300,8 +298,10 @@ def check_against_model(
     kwargs: dict,
     strict: bool,
     caller: str,
+    require_finite: bool = False,
 ) -> None:
-    """:func:`check_params` with the caller named in the message (``load_params`` runs it)."""
+    """:func:`check_params` with the caller named in the message (``load_params`` and ``fit``'s
+    ``init_params`` run it)."""
     import jax
 
     if guide is not None:
@@ -312,6 +312,7 @@ def check_against_model(
         caller,
         allow_missing=not strict,
         allow_unexpected=not strict,
+        require_finite=require_finite,
         hint=STRICT_HINT,
     )
 

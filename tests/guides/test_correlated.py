@@ -359,8 +359,9 @@ def test_a_correlated_guide_warns_where_its_exact_recursion_is_much_dearer():
 
     X, y = jnp.zeros((20, 10)), jnp.zeros(20)
     model = dgp.models.deep_gp_regression(2, num_inducing=50, hidden_width=10)
-    with pytest.warns(UserWarning, match=r"AutoJointDGP: .* about 10x the per-point arithmetic .*correlated='sampled'"):
+    with pytest.warns(UserWarning, match=r"AutoJointDGP: .* about 10x the per-point arithmetic .*correlated='sampled'") as record:
         seed(AutoJointDGP(model), 0)(X, y)
+    assert record[0].filename == __file__  # it points at the user's line
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         seed(AutoChainDGP(model), 0)(X, y)
@@ -534,6 +535,12 @@ def test_near_deterministic_layer_with_large_cross_terms_samples_stably(data, gu
     assert abs(diff) < z_threshold() * se
 
 
+def belief_covariance(belief):
+    """A belief's dense (N, K, K) covariance I - G^T W G (the recursion never forms it)."""
+    rows = belief.dense_rows()
+    return jnp.eye(belief.loc.shape[-1]) - jnp.einsum("njk,nji,nil->nkl", rows, belief.weight, rows)
+
+
 def test_own_factors_as_blocks_give_what_the_dense_block_diagonal_factor_gives():
     # A chain link's own draws enter through one factor per output, kept as (P, M, M) blocks so
     # that the per-point rows, the cross rows of its child and the chain KL skip the zero
@@ -568,10 +575,15 @@ def test_own_factors_as_blocks_give_what_the_dense_block_diagonal_factor_gives()
     cross = None
     for _ in range(2):  # with no draws before, then with the draws of a layer before
         ours, reference = (output_moments(alpha, base_var, mean, own, cross, b) for own, b in zip((scale_tril, dense_tril), beliefs))
-        for a, b in zip(ours, reference):
+        # without draws before, the blocks' gain is each output's row over its own block
+        first = cross is None
+        gain = jnp.einsum("npq,npm->npqm", jnp.broadcast_to(jnp.eye(P), (N, P, P)), ours[2]).reshape(N, P, P * M) if first else ours[2]
+        for a, b in zip((*ours[:2], gain), reference):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
-        beliefs = [condition_on_output(m[2], m[1], residual, b) for m, b in zip((ours, reference), beliefs)]
-        np.testing.assert_allclose(beliefs[0].covariance(), beliefs[1].covariance(), rtol=1e-12, atol=1e-12)
+        beliefs = [condition_on_output(ours[2], ours[1], residual, beliefs[0], first),
+                   condition_on_output(reference[2], reference[1], residual, beliefs[1])]
+        np.testing.assert_allclose(beliefs[0].loc, beliefs[1].loc, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(*map(belief_covariance, beliefs), rtol=1e-12, atol=1e-12)
         cross = jnp.asarray(rs.randn(P * M, beliefs[0].loc.shape[-1]))
     prior_chol = jnp.asarray(np.linalg.cholesky(np.eye(M) + 0.3 * np.ones((M, M))))
     for chol in (None, prior_chol):
@@ -609,7 +621,7 @@ def test_the_belief_after_an_output_is_dense_gaussian_conditioning():
     # the belief over eps_1 given f1
     gain = A[:P1, :K1].T @ np.linalg.inv(cov[:P1, :P1])
     np.testing.assert_allclose(belief.loc[0], gain @ (f1 - mu[:P1]), rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(belief.covariance()[0], np.eye(K1) - gain @ A[:P1, :K1], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(belief_covariance(belief)[0], np.eye(K1) - gain @ A[:P1, :K1], rtol=1e-10, atol=1e-12)
     second = output_moments(
         jnp.asarray(a2), jnp.asarray(s2), jnp.asarray(m2), jnp.asarray(T[K1:, K1:]), jnp.asarray(T[K1:, :K1]), belief
     )
