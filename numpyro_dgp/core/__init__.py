@@ -13,12 +13,10 @@ tested against dense linear algebra (or Monte Carlo, for expectations) in float6
 from numpyro_dgp.core._amortized import affine_inducing_inputs, local_conditional, local_kl
 from numpyro_dgp.core._chain import (
     Belief,
-    block_covariances,
     block_diag_covariance,
     chain_cross,
     chain_gauss_kl_term,
     condition_on_output,
-    congruence,
     output_at_nodes,
     output_moments,
     point_projection,
@@ -56,7 +54,6 @@ __all__ = [
     "UncertainInputMoments",
     "VecchiaFactors",
     "affine_inducing_inputs",
-    "block_covariances",
     "block_diag_covariance",
     "chain_cross",
     "chain_gauss_kl_term",
@@ -67,7 +64,6 @@ __all__ = [
     "collapsed_posterior",
     "condition_on_output",
     "conditional",
-    "congruence",
     "default_jitter",
     "euler_maruyama",
     "expected_input_kernel",

@@ -269,43 +269,8 @@ def block_diag_covariance(scale_tril: ArrayLike) -> jax.Array:
     :param scale_tril: ``(P, M, M)`` lower factors, one per output.
     :return: ``(P * M, P * M)`` covariance.
     """
-    return block_diag(*block_covariances(scale_tril))
-
-
-def block_covariances(scale_tril: ArrayLike) -> jax.Array:
-    """The diagonal blocks ``L_p L_p^T`` of :func:`block_diag_covariance`, without its zeros.
-
-    :param scale_tril: ``(P, M, M)`` lower factors, one per output.
-    :return: ``(P, M, M)``.
-    """
     scale_tril = jnp.asarray(scale_tril)
-    return jnp.einsum("pij,pkj->pik", scale_tril, scale_tril)
-
-
-def congruence(coupling: ArrayLike, cov: ArrayLike) -> jax.Array:
-    """``C S C^T``, with ``S`` ``(K, K)`` or the ``(P, M, M)`` diagonal blocks of a
-    block-diagonal ``S`` (then ``C_p S_p`` per block: ``P`` times fewer FLOPs in the first
-    product than with the zeros).
-
-    :param coupling: ``(J, K)`` ``C``.
-    :param cov: ``(K, K)``, or ``(P, M, M)`` with ``K = P M``.
-    :return: ``(J, J)``.
-    :raises ValueError: if ``(P, M, M)`` blocks do not cover ``coupling``'s ``K`` columns.
-    """
-    coupling, cov = jnp.asarray(coupling), jnp.asarray(cov)
-    if cov.ndim == 2:
-        return coupling @ cov @ coupling.T
-    return _times_blocks(coupling, cov, "cov") @ coupling.T
-
-
-def _times_blocks(coupling: jax.Array, blocks: jax.Array, name: str) -> jax.Array:
-    """``C blockdiag(blocks)`` for ``(P, M, M)`` blocks, block by block (not over the zeros).
-
-    :raises ValueError: if the blocks do not cover ``coupling``'s columns.
-    """
-    P, M = blocks.shape[0], coupling.shape[-1] // max(blocks.shape[0], 1)
-    _check_blocks(blocks, (P, M, M), f"{name} (for a coupling with {coupling.shape[-1]} columns)")
-    return jnp.einsum("jpm,pmn->jpn", coupling.reshape(-1, P, M), blocks).reshape(-1, P * M)
+    return block_diag(*jnp.einsum("pij,pkj->pik", scale_tril, scale_tril))
 
 
 def _check_blocks(blocks: jax.Array, expected: tuple[int, int, int], name: str) -> None:
@@ -336,44 +301,45 @@ def chain_cross(
     :return: ``(J, K + K_l)``.
     :raises ValueError: if the parent's blocks do not cover ``coupling``'s columns.
     """
-    own = _times_blocks(coupling, parent_own, "parent_own")
+    P, M = parent_own.shape[0], coupling.shape[-1] // max(parent_own.shape[0], 1)
+    columns = coupling.shape[-1]
+    _check_blocks(parent_own, (P, M, M), f"parent_own (for a coupling with {columns} columns)")
+    own = jnp.einsum("jpm,pmn->jpn", coupling.reshape(-1, P, M), parent_own).reshape(-1, P * M)
     return own if parent_cross is None else jnp.concatenate([coupling @ parent_cross, own], -1)
 
 
 def chain_gauss_kl_term(
     mean: jax.Array,
     scale_tril: jax.Array,
-    marginal_cov: jax.Array,
+    cross: jax.Array | None = None,
     prior_chol: jax.Array | None = None,
 ) -> jax.Array:
     """One layer's share of ``KL[q(u_1..u_L) || prod_l p(u_l)]`` for a chain-structured ``q``.
 
-    With ``q(u_l | u_{l-1}) = N(., D_l D_l^T)`` and marginal ``q(u_l) = N(m_l, S_l)``, the
-    KL is ``sum_l 0.5 [tr(K_l^{-1} S_l) + m_l^T K_l^{-1} m_l - d_l + log|K_l|] - log|D_l|``
-    (the entropy of a chain is the sum of its conditional entropies).
+    With ``vec(u_l) = vec(m_l) + [cross_l, D_l] eps`` in the guide's standard-normal draws
+    (:func:`chain_cross`), ``q(u_l)`` has the covariance ``S_l = cross_l cross_l^T + D_l D_l^T``
+    and the KL is ``sum_l 0.5 [tr(K_l^{-1} S_l) + m_l^T K_l^{-1} m_l - d_l + log|K_l|] -
+    log|D_l|`` (the entropy of a chain is the sum of its conditional entropies). The trace is
+    ``||L^{-1} [cross_p, D_p]||_F^2`` per output ``p``: no covariance is formed, ``O(P M^2 K)``
+    (``O(P M K)`` whitened).
 
     :param mean: ``(P, M)`` marginal mean ``m_l`` (about the prior mean).
     :param scale_tril: ``(P, M, M)`` ``D_l``.
-    :param marginal_cov: ``(P M, P M)`` ``S_l``, or its ``(P, M, M)`` diagonal blocks (all this
-        term reads).
+    :param cross: ``(P M, K)`` how ``u_l`` depends on the draws of the layers before it
+        (``None``: a first link).
     :param prior_chol: ``(M, M)`` Cholesky factor of ``K_l`` shared by the outputs; ``None``
         for the whitened prior ``N(0, I)``.
     :return: scalar, this layer's term (nats).
-    :raises ValueError: if ``(P, M, M)`` blocks are of another shape.
     """
     P, M = mean.shape
-    if marginal_cov.ndim == 3:
-        _check_blocks(marginal_cov, (P, M, M), "marginal_cov")
-        blocks = marginal_cov
-    else:
-        blocks = marginal_cov.reshape(P, M, P, M)[jnp.arange(P), :, jnp.arange(P), :]  # (P, M, M)
+    factors = [scale_tril] if cross is None else [scale_tril, cross.reshape(P, M, -1)]
     if prior_chol is None:
-        trace = jnp.sum(jnp.trace(blocks, axis1=-2, axis2=-1))
+        trace = sum(jnp.sum(f**2) for f in factors)
         mahalanobis = jnp.sum(mean**2)
         logdet_p: float | jax.Array = 0.0
     else:
         Linv = solve_triangular(prior_chol, jnp.eye(M, dtype=mean.dtype), lower=True)
-        trace = jnp.sum(jnp.einsum("im,pmn,in->p", Linv, blocks, Linv))
+        trace = sum(jnp.sum(jnp.einsum("im,pmk->pik", Linv, f) ** 2) for f in factors)
         mahalanobis = jnp.sum((mean @ Linv.T) ** 2)
         logdet_p = P * 2.0 * jnp.sum(jnp.log(jnp.diagonal(prior_chol)))
     logdet_d = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(scale_tril, axis1=-2, axis2=-1))))

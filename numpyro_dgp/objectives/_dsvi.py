@@ -39,10 +39,8 @@ from numpyro_dgp._engine.run import (
 from numpyro_dgp._protocol import IMPORTANCE_LOG_WEIGHTS, LOCAL_KL, NODE_AXIS, get_tag
 from numpyro_dgp._validation import check_choice, check_positive_int
 from numpyro_dgp.core import (
-    block_covariances,
-    block_diag_covariance,
+    chain_cross,
     chain_gauss_kl_term,
-    congruence,
     gauss_kl,
 )
 from numpyro_dgp.layers import Layer
@@ -140,7 +138,7 @@ def inducing_kl(
     guide_site: dict,
     layers: dict[str, Layer],
     locations: bool,
-    marginal_covs: dict[str, jax.Array],
+    chain_factors: dict[str, tuple[jax.Array | None, jax.Array]],
     posterior: Any = None,
     objective: str = "DGPElbo",
 ) -> jax.Array | None:
@@ -148,7 +146,7 @@ def inducing_kl(
 
     * global inducing points: the exact ``KL[q(u) || p(u)]`` for the guide's structure --
       per site for independent layers, the chain decomposition for a :class:`ChainLink`
-      (``marginal_covs`` carries each link's marginal covariance to its child), the whole
+      (``chain_factors`` carries each link's factor in the guide's draws to its child), the whole
       dense KL at the first site of a :class:`JointBlock` (zero at the others);
     * inducing locations: ``KL[q(u_l | earlier samples) || p(u_l | u_{l-1})]`` given the
       sampled earlier layers, whose expectation is the ELBO's KL (inducing points as
@@ -159,8 +157,9 @@ def inducing_kl(
     :param guide_site: the guide's u site.
     :param layers: ``{u-site name: Layer}`` of the model run.
     :param locations: whether the model uses inducing locations.
-    :param marginal_covs: ``{u-site name: (P M, P M)}`` marginal covariances of the chain links
-        seen so far (a first link's as its ``(P, M, M)`` diagonal blocks); updated in place.
+    :param chain_factors: ``{u-site name: (cross, own)}`` of the chain links seen so far, their
+        inducing values' factor in the guide's draws (:func:`~numpyro_dgp.core.chain_cross`);
+        updated in place.
     :param posterior: the site's Gaussian as the run read it (global inducing points; e.g.
         from a NumPyro autoguide's latent Gaussian), instead of reading it off ``guide_site``.
     :param objective: the objective's name (in error messages).
@@ -189,7 +188,7 @@ def inducing_kl(
     prior_mean = layer.prior_mean
     assert prior_mean is not None  # gp_layer gives every layer its prior mean
     if isinstance(q, ChainLink):
-        return _chain_link_kl(name, q, prior_mean, layer, marginal_covs, objective)
+        return _chain_link_kl(name, q, prior_mean, layer, chain_factors, objective)
     if isinstance(q, JointBlock):
         if name != q.sites[0]:
             return jnp.zeros((), q.loc.dtype)  # the group's KL was counted at its first site
@@ -207,25 +206,23 @@ def inducing_kl(
 
 
 def _chain_link_kl(
-    name: str, q: ChainLink, mean: jax.Array, layer: Layer, marginal_covs: dict, objective: str
+    name: str, q: ChainLink, mean: jax.Array, layer: Layer, chain_factors: dict, objective: str
 ) -> jax.Array:
     """One link's term of the chain decomposition of the KL (:func:`inducing_kl`) against the
-    layer's prior (``mean``, its prior mean, and its factor); its marginal covariance is
-    recorded in ``marginal_covs`` for its child (a first link's as its diagonal blocks,
-    ``(P, M, M)``)."""
-    if q.parent is None:
-        cov = block_covariances(q.scale_tril)  # block-diagonal: its blocks, not its zeros
-    else:
-        if q.parent not in marginal_covs:
+    layer's prior (``mean``, its prior mean, and its factor); its factor in the guide's draws,
+    ``(cross, own)``, is recorded in ``chain_factors`` for its child."""
+    cross = None
+    if q.parent is not None:
+        if q.parent not in chain_factors:
             raise ValueError(
                 f"{objective}: the guide chains {name!r} to {q.parent!r}, which the model did not "
                 "run before it"
             )
-        coupling = q.coupling
-        assert coupling is not None  # a chain factor with a parent has its coupling
-        cov = block_diag_covariance(q.scale_tril) + congruence(coupling, marginal_covs[q.parent])
-    marginal_covs[name] = cov
-    return chain_gauss_kl_term(q.mean - mean, q.scale_tril, cov, _prior_chol(layer))
+        assert q.coupling is not None  # a chain factor with a parent has its coupling
+        parent_cross, parent_own = chain_factors[q.parent]
+        cross = chain_cross(q.coupling, parent_own, parent_cross)
+    chain_factors[name] = (cross, q.scale_tril)
+    return chain_gauss_kl_term(q.mean - mean, q.scale_tril, cross, _prior_chol(layer))
 
 
 def objective_terms(
@@ -250,7 +247,7 @@ def objective_terms(
     observed = {}
     kl: jax.Array | float = 0.0  # 0.0 where the model has no such site
     other: jax.Array | float = 0.0
-    marginal_covs: dict[str, jax.Array] = {}
+    chain_factors: dict[str, tuple[jax.Array | None, jax.Array]] = {}
     for name, site in model_trace.items():
         if site["type"] != "sample":
             continue
@@ -270,7 +267,7 @@ def objective_terms(
             posterior = run.posteriors.get(name)  # read off the guide's site for locations
             q_site = guide_trace[name]
             site_kl = inducing_kl(
-                name, site, q_site, layers, locations, marginal_covs, posterior, objective
+                name, site, q_site, layers, locations, chain_factors, posterior, objective
             )
         if site_kl is not None:
             kl = kl + scale * site_kl

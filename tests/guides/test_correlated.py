@@ -13,7 +13,7 @@ from scipy.stats import norm
 
 import numpyro_dgp as dgp
 from numpyro_dgp._engine.run import marginal_trace
-from numpyro_dgp.core import chain_gauss_kl_term, gauss_kl
+from numpyro_dgp.core import chain_cross, chain_gauss_kl_term, gauss_kl
 from numpyro_dgp.guides import AutoChainDGP, AutoFactorizedDGP, AutoJointDGP
 from tests._mc import paired_difference_and_se, z_threshold
 
@@ -247,9 +247,12 @@ def test_chain_kl_equals_dense_kl(data):
     dense = float(gauss_kl(jnp.asarray(mean)[None], jnp.asarray(np.linalg.cholesky(cov))[None], block_diag(*priors)))
     parts = dgp.DGPElbo().components(jax.random.PRNGKey(0), params, deep_model, guide, X, y, num_layers=3, whiten=False)
     np.testing.assert_allclose(float(parts["kl_inducing"]), dense, rtol=1e-10)
-    covs = guide.marginal_covariances(params)
-    terms = [chain_gauss_kl_term(params[f"{s.name}_auto_loc"], params[f"{s.name}_auto_scale_tril"], covs[s.name], priors[i])
-             for i, s in enumerate(guide.inducing_sites)]
+    terms, cross, own = [], None, None
+    for i, s in enumerate(guide.inducing_sites):  # each link's factor in the guide's draws
+        if i:
+            cross = chain_cross(params[f"{s.name}_auto_coupling"], own, cross)
+        own = params[f"{s.name}_auto_scale_tril"]
+        terms.append(chain_gauss_kl_term(params[f"{s.name}_auto_loc"], own, cross, priors[i]))
     np.testing.assert_allclose(float(sum(terms)), dense, rtol=1e-10)
 
 
@@ -544,16 +547,10 @@ def belief_covariance(belief):
 def test_own_factors_as_blocks_give_what_the_dense_block_diagonal_factor_gives():
     # A chain link's own draws enter through one factor per output, kept as (P, M, M) blocks so
     # that the per-point rows, the cross rows of its child and the chain KL skip the zero
-    # blocks; each must equal its dense computation (float64), the KL with a whitened and a
-    # non-whitened prior, a belief after conditioning on an output included.
-    from numpyro_dgp.core import (
-        block_covariances,
-        block_diag_covariance,
-        chain_cross,
-        condition_on_output,
-        congruence,
-        output_moments,
-    )
+    # blocks; each must equal its dense computation (float64), the KL (against the dense
+    # Gaussian KL) with a whitened and a non-whitened prior, a belief after conditioning on an
+    # output included.
+    from numpyro_dgp.core import block_diag_covariance, chain_cross, condition_on_output, output_moments
 
     rs = np.random.RandomState(7)
     N, P, M, J = 5, 3, 4, 6
@@ -561,10 +558,8 @@ def test_own_factors_as_blocks_give_what_the_dense_block_diagonal_factor_gives()
     dense_tril = block_diag(*scale_tril)
     mean, alpha = jnp.asarray(rs.randn(P, M)), jnp.asarray(rs.randn(N, M))
     base_var, coupling = jnp.asarray(rs.uniform(0.1, 0.5, N)), jnp.asarray(rs.randn(J, P * M))
-    blocks, dense = block_covariances(scale_tril), block_diag_covariance(scale_tril)
-    assert blocks.shape == (P, M, M)
+    dense = block_diag_covariance(scale_tril)
     np.testing.assert_allclose(dense, dense_tril @ dense_tril.T, rtol=1e-12)
-    np.testing.assert_allclose(congruence(coupling, blocks), coupling @ dense @ coupling.T, rtol=1e-12)
     np.testing.assert_allclose(chain_cross(coupling, scale_tril), coupling @ dense_tril, rtol=1e-12)
     earlier = jnp.asarray(rs.randn(P * M, 2))
     np.testing.assert_allclose(
@@ -587,9 +582,15 @@ def test_own_factors_as_blocks_give_what_the_dense_block_diagonal_factor_gives()
         cross = jnp.asarray(rs.randn(P * M, beliefs[0].loc.shape[-1]))
     prior_chol = jnp.asarray(np.linalg.cholesky(np.eye(M) + 0.3 * np.ones((M, M))))
     for chol in (None, prior_chol):
-        np.testing.assert_allclose(
-            chain_gauss_kl_term(mean, scale_tril, blocks, chol), chain_gauss_kl_term(mean, scale_tril, dense, chol), rtol=1e-12
-        )
+        prior = block_diag(*[jnp.eye(M) if chol is None else chol] * P)
+        for link_cross in (None, cross):
+            # with no draws before: the KL of N(m, D D^T); else of N(m, cross cross^T + D D^T),
+            # less the entropy of the draws before (the chain's sum of conditional entropies)
+            cov = dense + (0 if link_cross is None else link_cross @ link_cross.T)
+            reference = float(gauss_kl(mean.reshape(1, -1), jnp.linalg.cholesky(cov)[None], prior))
+            if link_cross is not None:
+                reference += 0.5 * np.linalg.slogdet(cov)[1] - float(jnp.sum(jnp.log(jnp.diagonal(scale_tril, axis1=-2, axis2=-1))))
+            np.testing.assert_allclose(float(chain_gauss_kl_term(mean, scale_tril, link_cross, chol)), reference, rtol=1e-10)
 
 
 def test_the_belief_after_an_output_is_dense_gaussian_conditioning():
@@ -632,7 +633,7 @@ def test_the_belief_after_an_output_is_dense_gaussian_conditioning():
 
 def test_block_diagonal_covariances_of_the_wrong_shape_are_refused():
     # (1, M, M) blocks against 3 outputs would broadcast silently in the per-point rows
-    from numpyro_dgp.core import chain_cross, congruence, output_moments
+    from numpyro_dgp.core import chain_cross, output_moments
 
     M = 4
     blocks = jnp.broadcast_to(jnp.eye(M), (1, M, M))
@@ -640,7 +641,3 @@ def test_block_diagonal_covariances_of_the_wrong_shape_are_refused():
         output_moments(jnp.ones((2, M)), jnp.ones(2), jnp.zeros((3, M)), blocks)
     with pytest.raises(ValueError, match="parent_own .*must have shape \\(1, 12, 12\\)"):
         chain_cross(jnp.ones((5, 3 * M)), blocks)
-    with pytest.raises(ValueError, match="cov .*must have shape \\(1, 12, 12\\)"):
-        congruence(jnp.ones((5, 3 * M)), blocks)
-    with pytest.raises(ValueError, match="marginal_cov.*must have shape \\(3, 4, 4\\)"):
-        chain_gauss_kl_term(jnp.zeros((3, M)), jnp.broadcast_to(jnp.eye(M), (3, M, M)), blocks, None)
