@@ -776,8 +776,5 @@ def test_the_gaussian_observation_refuses_non_finite_outputs_and_a_bad_noise_as_
     with pytest.raises(ValueError, match="Normal distribution got invalid scale parameter"):
         seed(bad_noise, 0)(X, Y)
     jax.jit(lambda: seed(bad_noise, 0)(X, Y))()  # traced: not checked (as NumPyro)
-    numpyro.enable_validation(False)
-    try:
+    with numpyro.validation_enabled(False):
         seed(bad_noise, 0)(X, Y)  # validation off: NumPyro would not check either
-    finally:
-        numpyro.enable_validation(True)  # NumPyro's default

@@ -238,7 +238,7 @@ def condition_on_output(
     eye = jnp.broadcast_to(jnp.eye(P, dtype=out_cov.dtype), out_cov.shape)
     if blocks:  # independent outputs: S is diagonal
         assert belief is None  # block rows come from a first layer
-        precision = eye / jnp.diagonal(out_cov, axis1=-2, axis2=-1)[..., None]
+        precision = eye / jnp.diagonal(_stabilized(out_cov), axis1=-2, axis2=-1)[..., None]
         weighted = jnp.einsum("npq,nq->np", precision, residual)
         return Belief((gain * weighted[..., None]).reshape(gain.shape[0], -1), gain, precision)
     chol = jnp.linalg.cholesky(_stabilized(out_cov))
@@ -311,6 +311,7 @@ def chain_cross(
 def chain_gauss_kl_term(
     mean: jax.Array,
     scale_tril: jax.Array,
+    *,
     cross: jax.Array | None = None,
     prior_chol: jax.Array | None = None,
 ) -> jax.Array:

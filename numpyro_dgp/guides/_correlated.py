@@ -22,7 +22,6 @@ marginalizes the inducing values exactly, point by point, with closed-form KLs.
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from functools import cache
 from itertools import accumulate
@@ -365,7 +364,7 @@ class CorrelatedRecursion:
         belief, gain, out_cov, mean, cross, own = self._last
         independent = cross is None and own.ndim == 3  # one factor per output: S is diagonal
         if independent:
-            value = mean + jnp.sqrt(jnp.diagonal(out_cov, axis1=-2, axis2=-1)) * eps
+            value = mean + jnp.sqrt(jnp.maximum(jnp.diagonal(out_cov, axis1=-2, axis2=-1), 0)) * eps
         else:
             value = sample_output(mean, out_cov, eps)
         if isinstance(post, ChainLink):
@@ -383,6 +382,12 @@ class CorrelatedRecursion:
 #: the exact recursion's per-point arithmetic over the factorized guide's above which a guide
 #: warns when it is built
 SLOW_FACTOR = 5.0
+#: the folders of this package, NumPyro and JAX (a warning skips their frames)
+_LIBRARY_FOLDERS = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (numpyro.__file__, jax.__file__, os.path.dirname(__file__))
+    if path
+)
 
 
 def _warn_if_slow(guide: DGPGuide, own_dense: bool) -> None:
@@ -410,10 +415,7 @@ def _warn_if_slow(guide: DGPGuide, own_dense: bool) -> None:
             + ("; AutoChainDGP correlates neighbouring layers for less" if own_dense else ""),
             UserWarning,
             # the user's line: the guide is set up deep inside NumPyro's (and JAX's) calls
-            skip_file_prefixes=tuple(
-                os.path.dirname(sys.modules[package].__file__ or "") + os.sep
-                for package in ("numpyro", "jax", "numpyro_dgp")
-            ),
+            skip_file_prefixes=_LIBRARY_FOLDERS,
         )
 
 

@@ -222,7 +222,9 @@ def _chain_link_kl(
         parent_cross, parent_own = chain_factors[q.parent]
         cross = chain_cross(q.coupling, parent_own, parent_cross)
     chain_factors[name] = (cross, q.scale_tril)
-    return chain_gauss_kl_term(q.mean - mean, q.scale_tril, cross, _prior_chol(layer))
+    return chain_gauss_kl_term(
+        q.mean - mean, q.scale_tril, cross=cross, prior_chol=_prior_chol(layer)
+    )
 
 
 def objective_terms(
