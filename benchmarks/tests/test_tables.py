@@ -187,7 +187,8 @@ def test_guide_costs_table_gives_each_configuration_against_dsvi():
 @pytest.mark.parametrize("script, stem", [
     ("vecchia_ground_truth", "vecchia_ground_truth_kin8nm"), ("vecchia_ground_truth", "vecchia_ground_truth_power"),
     ("ground_truth_uci", "ground_truth_kin8nm"), ("ground_truth_uci", "ground_truth_power"),
-    ("ground_truth_uci", "ground_truth_kin8nm_long"), ("ground_truth_uci", "ground_truth_power_long")])
+    ("ground_truth_uci", "ground_truth_kin8nm_long"), ("ground_truth_uci", "ground_truth_power_long"),
+    ("ground_truth_uci", "ground_truth_kin8nm_methods")])
 def test_ground_truth_reports_are_the_rendering_of_their_committed_records(script, stem):
     import argparse
 
