@@ -103,10 +103,29 @@ def layer_rows(metrics):
     return rows
 
 
+#: the settings a kept ground truth depends on (a cache made with others is refused)
+REFERENCE_SETTINGS = ("dataset", "split", "num_held_out", "dsvi_steps", "chains", "warmup", "draws", "max_tree_depth",
+                      "evidence_draws")
+
+
+def cache_path(args, n):
+    return Path(f"{args.reference_cache}_{args.dataset}_{n}.pkl") if args.reference_cache else None
+
+
+def check_caches(args):
+    """Refuse, before any work, a kept ground truth made with other settings."""
+    wanted = {k: getattr(args, k) for k in REFERENCE_SETTINGS}
+    for n in args.sizes:
+        cache = cache_path(args, n)
+        if cache is not None and cache.exists() and pickle.loads(cache.read_bytes()).get("settings") != wanted:
+            raise SystemExit(f"{cache} holds a ground truth made with other settings than {wanted}; "
+                             "remove it or pass another --reference-cache")
+
+
 def reference(args, model, params, grid, X, y, n):
     """The ground truth's reference draws, verdict and seconds; kept in (or read from)
     ``--reference-cache``, so that more methods can be measured against the same draws."""
-    cache = Path(f"{args.reference_cache}_{args.dataset}_{n}.pkl") if args.reference_cache else None
+    cache = cache_path(args, n)
     if cache is not None and cache.exists():
         return pickle.loads(cache.read_bytes())
     handler = exact_layers(substitute(model, data=params), grid=grid, collapse_last=True)
@@ -116,7 +135,8 @@ def reference(args, model, params, grid, X, y, n):
                                      num_chains=args.chains, num_warmup=args.warmup, num_samples=args.draws,
                                      evidence_draws=args.evidence_draws)
     saved = {"reference": truth.reference, "converged": bool(truth.converged), "report": truth.report(),
-             "seconds": time.perf_counter() - start, "stage_seconds": dict(truth.seconds)}
+             "seconds": time.perf_counter() - start, "stage_seconds": dict(truth.seconds),
+             "settings": {k: getattr(args, k) for k in REFERENCE_SETTINGS}}
     if cache is not None:
         cache.write_bytes(pickle.dumps(saved))
     return saved
@@ -181,6 +201,7 @@ def other_methods(args, model, params, X, y, grid):
 
 def main(argv=None):
     args = parse(argv)
+    check_caches(args)
     record = base_record("ground_truth_uci.py", argv)
     split = load_uci(args.dataset, args.split, data_dir=args.data_dir)
     order = np.random.default_rng(0).permutation(len(split.X_train))

@@ -197,3 +197,18 @@ def test_ground_truth_reports_are_the_rendering_of_their_committed_records(scrip
     record = json.loads((results / f"{stem}.json").read_text())
     args = argparse.Namespace(**record["settings"])
     assert module.report(record, args) == (results / f"{stem}.md").read_text()
+
+
+def test_ground_truth_refuses_a_kept_reference_made_with_other_settings(tmp_path):
+    import pickle
+
+    module = _load("ground_truth_uci")
+    args = module.parse(["--data-dir", str(tmp_path), "--sizes", "200", "--reference-cache", str(tmp_path / "ref")])
+    settings = {k: getattr(args, k) for k in module.REFERENCE_SETTINGS}
+    cache = module.cache_path(args, 200)
+    cache.write_bytes(pickle.dumps({"settings": settings}))
+    module.check_caches(args)  # the same settings: read back
+    cache.write_bytes(pickle.dumps({"settings": {**settings, "draws": 10}}))
+    with pytest.raises(SystemExit, match="made with other settings"):
+        module.check_caches(args)
+    assert cache.exists()  # refused, not removed
