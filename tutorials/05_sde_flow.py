@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -325,7 +325,8 @@ plt.tight_layout(); plt.show()
 # model, guide, result = fit_diffgp(rng_key, X, y, T=5.0, num_steps=3000, pretrain_steps=2000)
 # ```
 #
-# The concrete files `archive/sde_flow_concrete_3k*.md` compare the three starts on the same splits.
+# On concrete neither start closes the gap to the paper (the three starts on the same splits are
+# compared in benchmarks/topics/sde_flow.md's DiffGP section).
 # The cell below prints the headline tables (each with the command that made it); benchmarks/topics/sde_flow.md's
 # DiffGP section lists every other run (T = 1 on all six sets, the starts, the probes).
 
