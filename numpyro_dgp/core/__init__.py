@@ -13,6 +13,7 @@ tested against dense linear algebra (or Monte Carlo, for expectations) in float6
 from numpyro_dgp.core._amortized import affine_inducing_inputs, local_conditional, local_kl
 from numpyro_dgp.core._chain import (
     Belief,
+    BlockBelief,
     block_diag_covariance,
     chain_cross,
     chain_gauss_kl_term,
@@ -50,6 +51,7 @@ from numpyro_dgp.core._vecchia import (
 
 __all__ = [
     "Belief",
+    "BlockBelief",
     "COLLAPSED_METHODS",
     "UncertainInputMoments",
     "VecchiaFactors",

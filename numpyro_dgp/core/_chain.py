@@ -68,26 +68,36 @@ def point_projection(
 
 class Belief(NamedTuple):
     """Each point's Gaussian over the standard-normal draws ``eps`` behind the inducing values of
-    the layers run so far (``vec(u_l) = vec(m_l) + T_l eps``): ``N(loc_n, I - G_n^T W_n G_n)``.
+    the layers run so far (``vec(u_l) = vec(m_l) + T_l eps``): ``N(G_n^T v_n, I - G_n^T W_n
+    G_n)``.
 
-    Each output conditioned on adds a row to ``G_n`` (its covariance with the draws) and the
-    layer's inverse output covariance to the block-diagonal ``W_n``, so conditioning never
-    solves against the draws.
+    Each output conditioned on adds a row to ``G_n`` (its covariance with the draws), the
+    layer's inverse output covariance to the block-diagonal ``W_n`` and its weighted residual
+    to ``v_n``, so conditioning never solves against the draws, and the mean over the draws is
+    never formed: a later layer needs it only through its rows' products with ``G_n``.
 
-    :ivar loc: ``(N, K)``.
-    :ivar rows: ``(N, r, K)`` ``G_n``: one row per output conditioned on so far; or, after a
-        first layer with one factor per output, ``(N, r, K / r)``: row ``j`` lives on the
-        ``j``-th block of draws only (``r`` times less memory and work than the zeros).
+    :ivar weighted: ``(N, r)`` ``v_n = W_n r_n``, ``r_n`` the residuals of the ``r`` outputs
+        conditioned on so far.
+    :ivar rows: ``(N, r, K)`` ``G_n``: one row per output conditioned on so far.
     :ivar weight: ``(N, r, r)`` ``W_n``.
     """
 
-    loc: jax.Array
+    weighted: jax.Array
     rows: jax.Array
     weight: jax.Array
 
     def dense_rows(self) -> jax.Array:
         """``rows`` as ``(N, r, K)``."""
-        return _spread(self.rows) if self.rows.shape[-1] != self.loc.shape[-1] else self.rows
+        return self.rows
+
+
+class BlockBelief(Belief):
+    """A :class:`Belief` after a first layer with one factor per output: ``rows`` is ``(N, r,
+    K / r)``, row ``j`` on the ``j``-th block of draws only (``r`` times less memory and work
+    than the zeros)."""
+
+    def dense_rows(self) -> jax.Array:
+        return _spread(self.rows)
 
 
 def _spread(blocks: jax.Array) -> jax.Array:
@@ -141,15 +151,15 @@ def output_moments(
     if cross is not None:
         assert belief is not None  # the draws before have a belief
         rows = jnp.einsum("nm,pmk->npk", alpha, cross.reshape(P, M, cross.shape[-1]))
-        out_mean = out_mean + jnp.einsum("npk,nk->np", rows, belief.loc)
-        # rows B rows^T and rows B with B = I - G^T W G: products with the r conditioned rows
-        # (block rows: each against its own block of draws)
-        blocks = belief.rows.shape[-1] != belief.loc.shape[-1]
+        # rows G^T v, rows B rows^T and rows B with B = I - G^T W G: products with the r
+        # conditioned rows (block rows: each against its own block of draws)
+        blocks = isinstance(belief, BlockBelief)
         if blocks:
             by_block = rows.reshape(N, P, *belief.rows.shape[1:])
             seen = jnp.einsum("npjm,njm->npj", by_block, belief.rows)  # (N, P, r)
         else:
             seen = jnp.einsum("npk,njk->npj", rows, belief.rows)
+        out_mean = out_mean + jnp.einsum("npj,nj->np", seen, belief.weighted)
         weighted = jnp.einsum("npj,nji->npi", seen, belief.weight)
         out_cov = (
             out_cov
@@ -229,28 +239,27 @@ def condition_on_output(
     :param residual: ``(N, P)`` sampled output minus :func:`output_moments`'s mean.
     :param belief: the belief over the draws before (``None``: none).
     :param blocks: ``gain`` is ``(N, P, M)``, each output's row over its own block of draws
-        (:func:`output_moments` without ``cross``, ``own`` as blocks); only without ``belief``.
-    :return: the belief over all ``K'`` draws given this output: the mean moves by
-        ``gain^T S^{-1} r`` (``S`` the output covariance), ``gain`` joins the rows and ``S^{-1}``
-        the weight. Cost ``O(N P K' + N P^3)``: no triangular solve against ``gain``.
+        (:func:`output_moments` without ``cross``, ``own`` as blocks); only without ``belief``
+        (the result is then a :class:`BlockBelief`).
+    :return: the belief over all ``K'`` draws given this output: ``gain`` joins the rows,
+        ``S^{-1}`` the weight and ``S^{-1} r`` the weighted residuals (``S`` the output
+        covariance; the mean over the draws moves by ``gain^T S^{-1} r``). Cost ``O(N P K' + N
+        P^3)``: no triangular solve against ``gain``.
     """
     P = out_cov.shape[-1]
     eye = jnp.broadcast_to(jnp.eye(P, dtype=out_cov.dtype), out_cov.shape)
     if blocks:  # independent outputs: S is diagonal
         assert belief is None  # block rows come from a first layer
         precision = eye / jnp.diagonal(_stabilized(out_cov), axis1=-2, axis2=-1)[..., None]
-        weighted = jnp.einsum("npq,nq->np", precision, residual)
-        return Belief((gain * weighted[..., None]).reshape(gain.shape[0], -1), gain, precision)
+        return BlockBelief(jnp.einsum("npq,nq->np", precision, residual), gain, precision)
     chol = jnp.linalg.cholesky(_stabilized(out_cov))
     chol_inv = solve_triangular(chol, eye, lower=True)
     precision = jnp.einsum("nqp,nqr->npr", chol_inv, chol_inv)  # S^{-1} = L^{-T} L^{-1}
     weighted = jnp.einsum("npq,nq->np", precision, residual)
-    shift = jnp.einsum("npk,np->nk", gain, weighted)
     if belief is None:
-        return Belief(shift, gain, precision)
-    extra = gain.shape[-1] - belief.loc.shape[-1]
-    loc = jnp.pad(belief.loc, ((0, 0), (0, extra))) + shift
-    before = jnp.pad(belief.dense_rows(), ((0, 0), (0, 0), (0, extra)))
+        return Belief(weighted, gain, precision)
+    before = belief.dense_rows()
+    before = jnp.pad(before, ((0, 0), (0, 0), (0, gain.shape[-1] - before.shape[-1])))
     rows = jnp.concatenate([before, gain], axis=1)
     r = belief.weight.shape[-1]
     weight = jnp.concatenate(
@@ -260,7 +269,7 @@ def condition_on_output(
         ],
         axis=1,
     )
-    return Belief(loc, rows, weight)
+    return Belief(jnp.concatenate([belief.weighted, weighted], axis=-1), rows, weight)
 
 
 def block_diag_covariance(scale_tril: ArrayLike) -> jax.Array:

@@ -332,11 +332,11 @@ class CorrelatedRecursion:
         N = X.shape[0]
         P = layer.out_dim
         u_mean, own, cross, belief = self._parts(layer, post)
-        if belief is not None and belief.loc.shape[0] != N:
+        if belief is not None and belief.weighted.shape[0] != N:
             raise ValueError(
                 f"marginalize_inducing: layer {layer.name!r} runs at {N} points but the layer "
-                f"before it in the guide's chain ran at {belief.loc.shape[0]}; a correlated guide "
-                "needs each point's chain of layer outputs"
+                f"before it in the guide's chain ran at {belief.weighted.shape[0]}; a correlated "
+                "guide needs each point's chain of layer outputs"
             )
         alpha, base_var = point_projection(
             layer.kernel(layer.inducing_inputs, X),
