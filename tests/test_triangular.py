@@ -22,6 +22,7 @@ from numpyro_dgp.core._triangular import (  # noqa: E402
     lower_from_vector,
     lower_of_times_transpose,
     lower_times,
+    lower_factors_transpose_times,
     lower_times_lower,
     quadratic_form_diagonals,
     triangular_blocks,
@@ -32,9 +33,12 @@ from numpyro_dgp.core._triangular import (  # noqa: E402
 SIZES = [1, 7, 64, 65, 130, 500, 1000]
 
 
+def _dense_factors_transpose_times(q_sqrt, B):
+    return jnp.einsum("pmk,mn->pkn", jnp.tril(q_sqrt), B)
+
+
 def _dense_quadratic_forms(q_sqrt, B):
-    SB = jnp.einsum("pmk,mn->pkn", jnp.tril(q_sqrt), B)
-    return jnp.sum(SB**2, axis=1)
+    return jnp.sum(_dense_factors_transpose_times(q_sqrt, B) ** 2, axis=1)
 
 
 @pytest.mark.parametrize("size", [1, 5, 64, 65, 500])
@@ -66,17 +70,22 @@ def test_recursions_stop_at_their_leaf_bound(n, smallest, most_leaves):
 
 
 @pytest.mark.parametrize("M", SIZES)
-def test_quadratic_form_diagonals_match_the_dense_products(M):
+@pytest.mark.parametrize(
+    "ours, dense",
+    [(quadratic_form_diagonals, _dense_quadratic_forms), (lower_factors_transpose_times, _dense_factors_transpose_times)],
+)
+def test_lower_factor_products_match_the_dense_products(M, ours, dense):
     rs = np.random.RandomState(M)
     q_sqrt = jnp.asarray(rs.randn(3, M, M))  # upper triangle is not zero: it must be ignored
-    B, W = jnp.asarray(rs.randn(M, 11)), jnp.asarray(rs.randn(3, 11))
-    np.testing.assert_allclose(quadratic_form_diagonals(q_sqrt, B), _dense_quadratic_forms(q_sqrt, B), rtol=1e-11)
+    B = jnp.asarray(rs.randn(M, 11))
+    W = jnp.asarray(rs.randn(*dense(q_sqrt, B).shape))
+    np.testing.assert_allclose(ours(q_sqrt, B), dense(q_sqrt, B), rtol=1e-11, atol=1e-12)
 
     def loss(f):
         return lambda q, B: jnp.sum(W * f(q, B))
 
-    grads = jax.grad(loss(quadratic_form_diagonals), argnums=(0, 1))(q_sqrt, B)
-    reference = jax.grad(loss(_dense_quadratic_forms), argnums=(0, 1))(q_sqrt, B)
+    grads = jax.grad(loss(ours), argnums=(0, 1))(q_sqrt, B)
+    reference = jax.grad(loss(dense), argnums=(0, 1))(q_sqrt, B)
     for g, r in zip(grads, reference):
         np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(r))))
     assert not jnp.any(jnp.triu(grads[0], 1))  # no gradient into the ignored triangle

@@ -42,6 +42,7 @@ from jax.scipy.linalg import block_diag, solve_triangular
 from jax.typing import ArrayLike
 
 from numpyro_dgp.core._conditionals import project
+from numpyro_dgp.core._triangular import lower_factors_transpose_times
 
 
 def point_projection(
@@ -120,13 +121,14 @@ def output_moments(
 
     The output's rows in the draws, ``H T`` (``H = I_P (x) alpha^T``), cost ``O(N P M K)``
     for ``K`` draws of the layers before, and ``O(N P M^2)`` for ``own`` given as one factor per
-    output (DSVI's cost); no covariance over the inducing values is formed.
+    output (DSVI's cost, skipping the factors' zero triangles as DSVI does); no covariance over
+    the inducing values is formed.
 
     :param alpha: ``(N, M)`` weights (see :func:`point_projection`).
     :param base_var: ``(N,)`` residual prior variances (see :func:`point_projection`).
     :param mean: ``(P, M)`` the guide's mean of ``u``.
     :param own: ``(P, M, M)`` one lower factor per output (a block-diagonal ``T`` of the
-        layer's own draws), or the ``(P M, P M)`` factor.
+        layer's own draws; upper triangles ignored), or the ``(P M, P M)`` factor.
     :param cross: ``(P M, K)`` how ``u`` depends on the draws of the layers before (``None``:
         on none).
     :param belief: each point's belief over those ``K`` draws (required with ``cross``).
@@ -143,7 +145,8 @@ def output_moments(
     out_mean = alpha @ mean.T
     if own.ndim == 3:
         _check_blocks(own, (P, M, M), "own")
-        gain = jnp.einsum("nm,pmk->npk", alpha, own)  # output p's row over its own block
+        # output p's row over its own block, D_p^T alpha, skipping D_p's zero triangle
+        gain = jnp.transpose(lower_factors_transpose_times(own, alpha.T), (2, 0, 1))
         out_cov = jnp.sum(gain**2, axis=-1)[..., None] * eye
     else:
         gain = jnp.einsum("nm,pmk->npk", alpha, own.reshape(P, M, P * M))

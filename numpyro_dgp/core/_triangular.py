@@ -49,17 +49,37 @@ def quadratic_form_diagonals(q_sqrt: jax.Array, B: jax.Array) -> jax.Array:
     :param B: ``(M, N)``.
     :return: ``(P, N)``.
     """
+    # summed block by block: one sum over the concatenated blocks made the step 6% slower
+    total = jnp.zeros((q_sqrt.shape[0], B.shape[1]), B.dtype)
+    for rows in _lower_transpose_blocks(q_sqrt, B):
+        total = total + jnp.sum(rows**2, axis=1)
+    return total
+
+
+def lower_factors_transpose_times(q_sqrt: jax.Array, B: jax.Array) -> jax.Array:
+    """``L_p^T B`` for every output ``p``, reading only the lower triangles (about 0.6 of the
+    dense products' work at M = 500).
+
+    :param q_sqrt: ``(P, M, M)`` factors ``L_p``; their upper triangles are ignored.
+    :param B: ``(M, N)``.
+    :return: ``(P, M, N)``.
+    """
+    return jnp.concatenate(_lower_transpose_blocks(q_sqrt, B), axis=1)
+
+
+def _lower_transpose_blocks(q_sqrt: jax.Array, B: jax.Array) -> list[jax.Array]:
+    """Rows ``[start, stop)`` of every ``L_p^T B`` (``(P, stop - start, N)``), block by block:
+    column block ``[start, stop)`` of ``L_p`` is zero above row ``start``."""
     P, M = q_sqrt.shape[0], B.shape[0]
     blocks = triangular_blocks(M, QUADRATIC_FORM_BLOCK, QUADRATIC_FORM_MOST_BLOCKS)
     # the column blocks by one split, whose derivative is one concatenation: cutting each
     # block's diagonal square and the rows below it apart made the derivative a sum of eight
     # zero-padded (P, M, M) arrays (benchmarks/topics/scale.md, item 18)
     columns = jnp.split(q_sqrt, [start for start, _ in blocks[1:]], axis=2)
-    total = jnp.zeros((P, B.shape[1]), B.dtype)
-    for (start, stop), column in zip(blocks, columns):
-        products = _block_factors(column[:, start:]).T @ B[start:]  # rows of L_p^T B in the block
-        total = total + jnp.sum(products.reshape(P, stop - start, -1) ** 2, axis=1)
-    return total
+    return [  # one product for all outputs
+        (_block_factors(column[:, start:]).T @ B[start:]).reshape(P, stop - start, -1)
+        for (start, stop), column in zip(blocks, columns)
+    ]
 
 
 def _block_factors(rows: jax.Array) -> jax.Array:
