@@ -73,6 +73,7 @@ def test_recursions_stop_at_their_leaf_bound(n, smallest, most_leaves):
 @pytest.mark.parametrize(
     "ours, dense",
     [(quadratic_form_diagonals, _dense_quadratic_forms), (lower_factors_transpose_times, _dense_factors_transpose_times)],
+    ids=["quadratic_form_diagonals", "lower_factors_transpose_times"],
 )
 def test_lower_factor_products_match_the_dense_products(M, ours, dense):
     rs = np.random.RandomState(M)
