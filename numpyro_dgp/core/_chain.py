@@ -98,6 +98,7 @@ class BlockBelief(Belief):
     than the zeros)."""
 
     def dense_rows(self) -> jax.Array:
+        """``rows`` as ``(N, r, K)``, with the zeros off each row's block."""
         return _spread(self.rows)
 
 
