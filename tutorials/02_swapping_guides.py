@@ -235,9 +235,9 @@ print(f"factorized, 1e-5 start:    ELBO {table['factorized'][0]:9.2f}  Var[f1(0)
 # marginalizes what it can in closed form, so its draws vary far less.
 #
 # For the joint and chain guides `DGPElbo` runs each point's exact recursion by default. For the
-# chain that costs about three times a factorized step; for the joint guide on wide layers 15-30
-# times (its first layer has correlated outputs: `P^2 M^2` work per point against DSVI's `P M^2`;
-# the guide warns when it is built where this is large). `DGPElbo(correlated="sampled")` integrates the same bound at DSVI's cost per
+# chain that costs two to three times a factorized step; for the joint guide on wide layers 7-12
+# times (its first layer has correlated outputs: `P (P + 1) M^2 / 2` work per point against DSVI's
+# `P M^2`; the guide warns when it is built where this is large). `DGPElbo(correlated="sampled")` integrates the same bound at DSVI's cost per
 # point: the inducing values are drawn once per particle, shared by the points, and only the last
 # layer is marginalized given them. Its draws spread more; whether it pays depends on the time a
 # step costs (`benchmarks/results/correlated_estimators.md` compares them at equal time).

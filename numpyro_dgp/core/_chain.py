@@ -129,7 +129,8 @@ def output_moments(
     :param base_var: ``(N,)`` residual prior variances (see :func:`point_projection`).
     :param mean: ``(P, M)`` the guide's mean of ``u``.
     :param own: ``(P, M, M)`` one lower factor per output (a block-diagonal ``T`` of the
-        layer's own draws; upper triangles ignored), or the ``(P M, P M)`` factor.
+        layer's own draws; upper triangles ignored), or the ``(P M, P M)`` factor (blocks
+        above its block diagonal ignored; see :func:`block_lower_rows`).
     :param cross: ``(P M, K)`` how ``u`` depends on the draws of the layers before (``None``:
         on none).
     :param belief: each point's belief over those ``K`` draws (required with ``cross``).
@@ -150,7 +151,7 @@ def output_moments(
         gain = jnp.transpose(lower_factors_transpose_times(own, alpha.T), (2, 0, 1))
         out_cov = jnp.sum(gain**2, axis=-1)[..., None] * eye
     else:
-        gain = jnp.einsum("nm,pmk->npk", alpha, own.reshape(P, M, P * M))
+        gain = block_lower_rows(alpha, own)
         out_cov = jnp.einsum("npk,nqk->npq", gain, gain)
     if cross is not None:
         assert belief is not None  # the draws before have a belief
@@ -177,6 +178,64 @@ def output_moments(
         own_rows = _spread(gain) if own.ndim == 3 else gain
         gain = jnp.concatenate([before, own_rows], axis=-1)
     return out_mean, out_cov + base_var[:, None, None] * eye, gain
+
+
+@jax.custom_vjp
+def block_lower_rows(alpha: jax.Array, factor: jax.Array) -> jax.Array:
+    """Each point's rows ``H_n T`` (``H_n = I_P (x) alpha_n^T``) for a block lower-triangular
+    factor ``T``: row ``p`` of point ``n`` is ``alpha_n^T T[pM:(p+1)M, :]``.
+
+    Reads only ``T``'s blocks on and below the block diagonal, ``(P + 1) / (2 P)`` of the dense
+    product's work, in ``P`` matrix products (one per column block). Reverse mode only
+    (``jax.jvp`` is not defined): the reverse pass is written as ``alpha^T G`` and ``G T^T``, so
+    that XLA's CPU matrix product reads the ``(N, P, P M)`` cotangent ``G`` as it lies; JAX's
+    own rule contracts ``G`` over its leading axis, and the transposing copy that needs was
+    more than half of a joint guide's step (``benchmarks/topics/scale.md``).
+
+    :param alpha: ``(N, M)`` weights (see :func:`point_projection`).
+    :param factor: ``(P M, P M)`` ``T``; its blocks above the block diagonal are ignored.
+    :return: ``(N, P, P M)``.
+    """
+    return _block_lower_rows_forward(alpha, factor)[0]
+
+
+def _block_lower_rows_forward(
+    alpha: jax.Array, factor: jax.Array
+) -> tuple[jax.Array, tuple[jax.Array, list[jax.Array]]]:
+    N, M = alpha.shape
+    P = factor.shape[0] // M
+    # column block c of T, rows c M onwards, as (M, (P - c) M): its blocks side by side
+    columns = [
+        jnp.transpose(factor[c * M :, c * M : (c + 1) * M].reshape(P - c, M, M), (1, 0, 2)).reshape(
+            M, -1
+        )
+        for c in range(P)
+    ]
+    rows = [
+        jnp.pad((alpha @ W).reshape(N, P - c, M), ((0, 0), (c, 0), (0, 0)))
+        for c, W in enumerate(columns)
+    ]
+    return jnp.stack(rows, axis=2).reshape(N, P, P * M), (alpha, columns)
+
+
+def _block_lower_rows_backward(
+    residuals: tuple[jax.Array, list[jax.Array]], cotangent: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    alpha, columns = residuals
+    N, M = alpha.shape
+    P = len(columns)
+    by_block = cotangent.reshape(N, P, P, M)
+    d_alpha = jnp.zeros_like(alpha)
+    d_columns = []
+    for c, W in enumerate(columns):
+        G = by_block[:, c:, c, :].reshape(N, -1)
+        d_alpha = d_alpha + G @ W.T
+        d_W = jnp.transpose((alpha.T @ G).reshape(M, P - c, M), (1, 0, 2)).reshape(-1, M)
+        d_columns.append(jnp.pad(d_W, ((c * M, 0), (0, 0))))
+    return d_alpha, jnp.concatenate(d_columns, axis=1)
+
+
+block_lower_rows.defvjp(_block_lower_rows_forward, _block_lower_rows_backward)
 
 
 def _stabilized(out_cov: jax.Array) -> jax.Array:

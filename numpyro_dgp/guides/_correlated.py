@@ -380,8 +380,9 @@ class CorrelatedRecursion:
 
 
 #: the exact recursion's per-point arithmetic over the factorized guide's above which a guide
-#: warns when it is built
-SLOW_FACTOR = 5.0
+#: warns when it is built (its step has taken 1.3x-2x that ratio of the factorized step's time:
+#: benchmarks/results/correlated_costs_*.md)
+SLOW_FACTOR = 4.0
 #: the folders of this package, NumPyro and JAX (a warning skips their frames)
 _LIBRARY_FOLDERS = tuple(
     os.path.dirname(os.path.abspath(path)) + os.sep
@@ -393,15 +394,16 @@ _LIBRARY_FOLDERS = tuple(
 def _warn_if_slow(guide: DGPGuide, own_dense: bool) -> None:
     """Warn, once the sites are known, where DGPElbo's exact recursion costs much more per step
     than the factorized guide: per point, layer ``l`` costs ``P M K`` for the ``K`` inducing
-    values of the layers before it and ``P M^2`` (``P^2 M^2`` for a joint block, ``own_dense``)
-    for its own, against DSVI's ``P M^2``."""
+    values of the layers before it and ``P M^2`` (``P (P + 1) M^2 / 2`` for a joint block,
+    ``own_dense``: its blocks on and below the block diagonal) for its own, against DSVI's
+    ``P M^2``."""
     if any(site.inducing == "locations" for site in guide.inducing_sites):
         return  # DGPElbo samples the inner layers of such a model: no recursion to pay for
     dsvi = exact = before = 0
     for site in guide.inducing_sites:
         P, M = site.out_dim, site.num_inducing
         dsvi += P * M * M
-        exact += P * M * before + (P * M * P * M if own_dense else P * M * M)
+        exact += P * M * before + (P * (P + 1) // 2 if own_dense else P) * M * M
         before += P * M
     factor = exact / max(dsvi, 1)
     if factor > SLOW_FACTOR:
