@@ -621,6 +621,15 @@ def test_block_lower_rows_are_the_dense_product_and_so_is_their_reverse_pass(N, 
     for g, r in zip(grads, reference):
         np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-12)
     assert not jnp.any(grads[1] * (1 - below))
+    # second derivatives in reverse mode (the documented way to curvature); no forward mode
+    hessians = (
+        jax.jacrev(jax.jacrev(lambda a, f: jnp.sum(W * rows(a, f) ** 2), argnums=(0, 1)), argnums=(0, 1))(alpha, factor)
+        for rows in (block_lower_rows, dense)
+    )
+    for h, r in zip(*map(jax.tree.leaves, hessians)):
+        np.testing.assert_allclose(h, r, rtol=1e-10, atol=1e-10)
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jvp(block_lower_rows, (alpha, factor), (alpha, factor))
 
 
 def test_the_belief_after_an_output_is_dense_gaussian_conditioning():
