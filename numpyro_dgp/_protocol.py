@@ -196,10 +196,12 @@ def message_latent_spec(msg: dict) -> Any:
     return msg["args"][0]
 
 
-def attach_model_config(model: Callable, factory: str, arguments: dict) -> None:
+def attach_model_config[F: Callable](model: F, factory: str, arguments: dict) -> F:
     """Record on ``model`` the factory of :mod:`numpyro_dgp.models` that built it and its
-    arguments (attribute :data:`MODEL_CONFIG`)."""
+    arguments (attribute :data:`MODEL_CONFIG`), so that :func:`numpyro_dgp.save_model` can
+    write it and :func:`numpyro_dgp.load_model` rebuild it; returns ``model``."""
     setattr(model, MODEL_CONFIG, {"factory": factory, "arguments": dict(arguments)})
+    return model
 
 
 def model_config(model: Any) -> dict | None:

@@ -183,9 +183,7 @@ def is_jit_argument(value: Any) -> bool:
 
 def _unflatten_kernel(cls: type[Kernel], static: tuple, leaves: tuple) -> Kernel:
     out = object.__new__(cls)
-    for name, value in zip(cls._hyperparameter_names, leaves):
-        object.__setattr__(out, name, value)
-    for name, value in static:
+    for name, value in (*zip(cls._hyperparameter_names, leaves), *static):
         object.__setattr__(out, name, value)
     return out
 

@@ -147,7 +147,7 @@ def deep_gp_regression(
             )
         return h
 
-    return _remember(_model(caller, observation, layers), caller, config)
+    return attach_model_config(_model(caller, observation, layers), caller, config)
 
 
 def _observation(arguments: dict, caller: str) -> tuple[dict, Observation]:
@@ -168,13 +168,6 @@ def _observation(arguments: dict, caller: str) -> tuple[dict, Observation]:
     if config["jitter"] is not None:
         check_positive_number(config["jitter"], "jitter", caller)
     return config, observation
-
-
-def _remember(model, factory, arguments):
-    """Attach ``{"factory", "arguments"}`` to a factory's model, so that
-    :func:`numpyro_dgp.save_model` can write it and :func:`numpyro_dgp.load_model` rebuild it."""
-    attach_model_config(model, factory, arguments)
-    return model
 
 
 def _model(caller: str, observation: Observation, layers: Callable) -> Callable:
@@ -282,7 +275,7 @@ def diffgp(
 
     model = _model("diffgp", observation, layers)
     flow = sde_flow(model, "flow", T, num_steps, estimator, diffusion, time_input)
-    return _remember(flow, "diffgp", config)
+    return attach_model_config(flow, "diffgp", config)
 
 
 def amortized_dgp(
@@ -359,7 +352,8 @@ def amortized_dgp(
                 )
         return h
 
-    return _remember(_model("amortized_dgp", observation, layers), "amortized_dgp", config)
+    model = _model("amortized_dgp", observation, layers)
+    return attach_model_config(model, "amortized_dgp", config)
 
 
 def _subsample(X, y, batch_size, caller, num_data):

@@ -312,14 +312,10 @@ class DGPGuide(AutoGuide):
         NumPyro draws a key from the run's stream for a callable initial value; the draw here
         is served by a stream of its own, so the guide's samples get the same keys as before.
         """
-
-        def create():
-            return numpyro.param(name, lambda _: init(), **kwargs)
-
-        hide_keys = handlers.block(
+        create = partial(numpyro.param, name, lambda _: init(), **kwargs)
+        return handlers.block(
             handlers.seed(create, rng_seed=0), hide_fn=lambda msg: msg["type"] == "prng_key"
-        )
-        return hide_keys()
+        )()
 
     def _initial_scale_tril(self, site: InducingSite, prior_scale_tril: jax.Array) -> jax.Array:
         """``(P, M, M)`` starting factor of ``site`` under :attr:`inner_init`."""
@@ -444,11 +440,10 @@ class AutoFactorizedDGP(DGPGuide):
 
     def _stds(self, params: dict) -> dict[str, jax.Array]:
         """``sqrt(diag S)`` per site."""
-        out = {}
-        for site in self.inducing_sites:
-            tril = params[f"{site.name}_{self.prefix}_scale_tril"]
-            out[site.name] = jnp.sqrt(jnp.sum(tril**2, axis=-1))
-        return out
+        return {
+            s.name: jnp.sqrt(jnp.sum(params[f"{s.name}_{self.prefix}_scale_tril"] ** 2, axis=-1))
+            for s in self.inducing_sites
+        }
 
 
 # ---- latent inputs: the guides' q(w_n), and the MLP encoders ----
@@ -467,10 +462,8 @@ def mlp(
 
     :return: the network, ``(..., in_dim) -> (..., out_dim)``.
     """
-    layers = []
-    for _ in range(num_hidden):
-        layers += [stax.Dense(width), stax.elementwise(jax.nn.leaky_relu, negative_slope=0.2)]
-    init_fn, apply_fn = stax.serial(*layers, stax.Dense(out_dim))
+    hidden = [stax.Dense(width), stax.elementwise(jax.nn.leaky_relu, negative_slope=0.2)]
+    init_fn, apply_fn = stax.serial(*(hidden * num_hidden), stax.Dense(out_dim))
     _, params = init_fn(jax.random.PRNGKey(zlib.crc32(name.encode())), (-1, in_dim))
     leaves, treedef = jax.tree_util.tree_flatten(params)
     leaves = [
