@@ -151,10 +151,10 @@ def deep_gp_regression(
 
 
 def _observation(arguments: dict, caller: str) -> tuple[dict, Observation]:
-    """A factory's arguments as given (``locals()`` at its top), for :func:`_remember`, and its
-    observation site built from them and checked, with the factories' shared arguments:
-    ``kernel`` (``None``: the factory's default), ``noise_init`` and ``jitter`` (``None``: by
-    dtype).
+    """A factory's arguments as given (``locals()`` at its top), to attach to its model (the
+    saved model's record), and its observation site built from them and checked, with the
+    factories' shared arguments: ``kernel`` (``None``: the factory's default), ``noise_init``
+    and ``jitter`` (``None``: by dtype).
 
     :raises TypeError: for a ``kernel`` that is not a :class:`~numpyro_dgp.kernels.Kernel`.
     :raises ValueError: for a ``noise_init`` or ``jitter`` that is not a finite positive number.

@@ -151,6 +151,7 @@ def output_moments(
         gain = jnp.transpose(lower_factors_transpose_times(own, alpha.T), (2, 0, 1))
         out_cov = jnp.sum(gain**2, axis=-1)[..., None] * eye
     else:
+        _check_blocks(own, (P * M, P * M), "own")
         gain = block_lower_rows(alpha, own)
         out_cov = jnp.einsum("npk,nqk->npq", gain, gain)
     if cross is not None:
@@ -188,9 +189,9 @@ def block_lower_rows(alpha: jax.Array, factor: jax.Array) -> jax.Array:
     Reads only ``T``'s blocks on and below the block diagonal, ``(P + 1) / (2 P)`` of the dense
     product's work, in ``P`` matrix products (one per column block). Reverse mode only
     (``jax.jvp`` is not defined): the reverse pass is written as ``alpha^T G`` and ``G T^T``, so
-    that XLA's CPU matrix product reads the ``(N, P, P M)`` cotangent ``G`` as it lies; JAX's
-    own rule contracts ``G`` over its leading axis, and the transposing copy that needs was
-    more than half of a joint guide's step (``benchmarks/topics/scale.md``).
+    that XLA's CPU matrix product reads the ``(N, P, P M)`` cotangent ``G`` with the points'
+    axis leading; JAX's own rule contracts ``G`` over that axis, and the transposing copy that
+    needs was more than half of a joint guide's step (``benchmarks/topics/scale.md``).
 
     :param alpha: ``(N, M)`` weights (see :func:`point_projection`).
     :param factor: ``(P M, P M)`` ``T``; its blocks above the block diagonal are ignored.
@@ -232,7 +233,7 @@ def _block_lower_rows_backward(
         d_alpha = d_alpha + G @ W.T
         d_W = jnp.transpose((alpha.T @ G).reshape(M, P - c, M), (1, 0, 2)).reshape(-1, M)
         d_columns.append(jnp.pad(d_W, ((c * M, 0), (0, 0))))
-    return d_alpha, jnp.concatenate(d_columns, axis=1)
+    return d_alpha.astype(alpha.dtype), jnp.concatenate(d_columns, axis=1).astype(columns[0].dtype)
 
 
 block_lower_rows.defvjp(_block_lower_rows_forward, _block_lower_rows_backward)
@@ -345,16 +346,16 @@ def block_diag_covariance(scale_tril: ArrayLike) -> jax.Array:
     return block_diag(*jnp.einsum("pij,pkj->pik", scale_tril, scale_tril))
 
 
-def _check_blocks(blocks: jax.Array, expected: tuple[int, int, int], name: str) -> None:
-    """Diagonal blocks of a block-diagonal covariance must be ``expected``: a wrong number of
-    outputs would otherwise broadcast silently.
+def _check_blocks(blocks: jax.Array, expected: tuple[int, ...], name: str) -> None:
+    """A factor (one per output, or one over all outputs) must be ``expected``: a wrong number
+    of outputs would otherwise broadcast, or be cut, silently.
 
     :raises ValueError: for another shape.
     """
     if blocks.shape != expected:
         raise ValueError(
-            f"{name}: block-diagonal covariance blocks must have shape {expected}, got "
-            f"{blocks.shape}"
+            f"{name}: the factor must have shape {expected} for these outputs and inducing "
+            f"points, got {blocks.shape}"
         )
 
 

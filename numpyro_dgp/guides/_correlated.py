@@ -380,9 +380,9 @@ class CorrelatedRecursion:
 
 
 #: the exact recursion's per-point arithmetic over the factorized guide's above which a guide
-#: warns when it is built (its step has taken 1.1x-2x that ratio of the factorized step's time:
-#: benchmarks/results/correlated_costs_*.md)
-SLOW_FACTOR = 4.0
+#: warns when it is built: its step has taken 1.1x-2x that ratio of the factorized step's time
+#: (benchmarks/results/correlated_costs_*.md), so a warned guide's step is over 3x
+SLOW_FACTOR = 3.0
 #: the folders of this package, NumPyro and JAX (a warning skips their frames)
 _LIBRARY_FOLDERS = tuple(
     os.path.dirname(os.path.abspath(path)) + os.sep

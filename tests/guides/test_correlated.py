@@ -355,7 +355,8 @@ def test_the_sampled_estimator_of_guides_that_correlate_nothing_is_the_exact_one
 def test_a_correlated_guide_warns_where_its_exact_recursion_is_much_dearer():
     # width 10, M = 50: the joint guide's exact recursion does 6x the per-point arithmetic of
     # the factorized guide (its first layer's outputs are correlated: P (P + 1) M^2 / 2 per point
-    # against P M^2), the chain's 1.9x
+    # against P M^2), the chain's 1.9x; the joint guide at width 5 does 3.5x (warned), at width
+    # 4 exactly 3x (not)
     import warnings
 
     from numpyro.handlers import seed
@@ -365,6 +366,12 @@ def test_a_correlated_guide_warns_where_its_exact_recursion_is_much_dearer():
     with pytest.warns(UserWarning, match=r"AutoJointDGP: .* about 6x the per-point arithmetic .*correlated='sampled'") as record:
         seed(AutoJointDGP(model), 0)(X, y)
     assert [w.filename for w in record if "per-point arithmetic" in str(w.message)] == [__file__]  # the user's line
+    for width, warned in [(5, True), (4, False)]:
+        narrower = dgp.models.deep_gp_regression(2, num_inducing=50, hidden_width=width)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            seed(AutoJointDGP(narrower), 0)(X, y)
+        assert any("per-point arithmetic" in str(w.message) for w in caught) == warned, width
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         seed(AutoChainDGP(model), 0)(X, y)
@@ -678,5 +685,8 @@ def test_block_diagonal_covariances_of_the_wrong_shape_are_refused():
     blocks = jnp.broadcast_to(jnp.eye(M), (1, M, M))
     with pytest.raises(ValueError, match="own.*must have shape \\(3, 4, 4\\)"):
         output_moments(jnp.ones((2, M)), jnp.ones(2), jnp.zeros((3, M)), blocks)
+    # and a factor over all outputs that does not match them, which the rows would cut silently
+    with pytest.raises(ValueError, match="own.*must have shape \\(12, 12\\)"):
+        output_moments(jnp.ones((2, M)), jnp.ones(2), jnp.zeros((3, M)), jnp.eye(4 * M))
     with pytest.raises(ValueError, match="parent_own .*must have shape \\(1, 12, 12\\)"):
         chain_cross(jnp.ones((5, 3 * M)), blocks)
