@@ -139,7 +139,7 @@ def output_moments(
         then the layer's own), needed by :func:`condition_on_output`; without ``cross`` and
         with ``own`` as blocks, ``gain`` is ``(N, P, M)``, output ``p``'s row over its own
         block of draws only (``P`` times less memory and work than the zeros).
-    :raises ValueError: if ``own``'s blocks are not ``(P, M, M)``.
+    :raises ValueError: if ``own`` is neither ``(P, M, M)`` nor ``(P M, P M)``.
     """
     N, M = alpha.shape
     P = mean.shape[0]
